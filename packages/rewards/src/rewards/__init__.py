@@ -1,0 +1,1 @@
+"""rewards: verifiable reward functions and the reward manager."""

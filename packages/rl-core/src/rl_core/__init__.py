@@ -1,0 +1,1 @@
+"""rl_core: base learner, registry, configs, sampler and shared math."""

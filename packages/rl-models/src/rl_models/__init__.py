@@ -1,0 +1,1 @@
+"""rl_models: Flax NNX decoder-only transformers and tokenizers."""
