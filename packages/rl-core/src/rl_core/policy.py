@@ -1,0 +1,53 @@
+"""The small protocol through which rl_core talks to any model.
+
+Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab.
+
+A policy is a Flax NNX module whose state is all `nnx.Param` (so that
+`nnx.split(model)` gives (graphdef, params) and optax can update params
+directly). rl_core never imports a model package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+Cache = Any  # a pytree of arrays owned by the model; rl_core only threads it through.
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A decoder-only language model.
+
+    `__call__` runs the transformer body and returns hidden states, not
+    logits, so that callers can unembed in chunks (see `rl_core.logprobs`)
+    and never materialize a [B, L, V] float32 array.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def init_cache(self, batch_size: int, max_len: int) -> Cache:
+        """A zeroed KV cache with `max_len` slots per row."""
+        ...
+
+    def __call__(
+        self,
+        tokens: jax.Array,  # [B, L] int32
+        positions: jax.Array,  # [B, L] int32, rotary positions
+        attention_mask: jax.Array,  # [B, L, S] bool, True = query may attend to slot
+        cache: Cache | None = None,
+        cache_index: jax.Array | int = 0,  # slot where tokens[:, 0] is written
+    ) -> tuple[jax.Array, Cache | None]:
+        """Hidden states [B, L, D] and the updated cache.
+
+        Without a cache, S == L and slot j is token j. With a cache, the L new
+        keys/values are written at slots [cache_index, cache_index + L) and
+        the queries attend over all S cache slots under `attention_mask`.
+        """
+        ...
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Unembed hidden states [..., D] to float32 logits [..., V]."""
+        ...
