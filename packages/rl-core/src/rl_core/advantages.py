@@ -1,0 +1,100 @@
+"""Group-relative advantage estimators: rewards [B] -> advantages [B].
+
+Rewards are laid out group-contiguous: B = num_groups * G and rows
+g*G .. g*G+G-1 are the G completions of one prompt. Every estimator is pure,
+jit- and vmap-compatible, and takes `group_size` as a Python int (it fixes a
+reshape, so it must be static under jit).
+
+- "grpo": A_i = (r_i - mean(r)) / (std(r, ddof=1) + 1e-6)   (arXiv:2402.03300)
+- "rloo": A_i = r_i - mean_{j != i} r_j                      (arXiv:2402.14740)
+
+A group whose rewards are all equal gets advantages of exactly 0.0 from every
+estimator here: such a group carries no learning signal, and the learner and
+DAPO count it (`uniform_groups`).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import jax
+import jax.numpy as jnp
+
+from rl_core.registry import register
+
+GRPO_STD_EPS = 1e-6
+"""Added to the group's standard deviation (DESIGN.md, "The formulas")."""
+
+
+def _check_groups(rewards: jax.Array, group_size: int) -> None:
+    """Trace-time shape checks: a bad layout must fail loudly, not reshape silently."""
+    try:
+        group_size = operator.index(group_size)
+    except TypeError:
+        raise TypeError(
+            f"group_size must be a Python int (it is static under jit), got {group_size!r} "
+            f"of type {type(group_size).__name__}"
+        ) from None
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 to compare completions within a group, got {group_size}")
+    if jnp.ndim(rewards) != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {jnp.shape(rewards)}")
+    num = jnp.shape(rewards)[0]
+    if num % group_size != 0:
+        raise ValueError(
+            f"rewards.shape[0] = {num} is not a multiple of group_size = {group_size}; "
+            "rewards must hold whole groups laid out contiguously"
+        )
+
+
+def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
+    """[B] -> float [B // G, G], after validating the layout."""
+    _check_groups(rewards, group_size)
+    rewards = jnp.asarray(rewards)
+    # Integer or half-precision rewards are promoted so means are not truncated.
+    rewards = rewards.astype(jnp.promote_types(rewards.dtype, jnp.float32))
+    return rewards.reshape(-1, group_size)
+
+
+def _uniform(groups: jax.Array) -> jax.Array:
+    """bool [num_groups, 1]: every reward in the group is identical."""
+    return jnp.max(groups, axis=1, keepdims=True) == jnp.min(groups, axis=1, keepdims=True)
+
+
+def uniform_groups(rewards: jax.Array, group_size: int) -> jax.Array:
+    """bool [B // G]: True for groups whose rewards are all equal (max == min).
+
+    Used for the `groups/uniform_frac` metric and by DAPO's dynamic sampling,
+    which drops such groups (their std is 0).
+    """
+    return _uniform(_grouped(rewards, group_size))[:, 0]
+
+
+@register("advantage_estimator", "grpo")
+def grpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """GRPO: A_i = (r_i - mean(r)) / (std(r, ddof=1) + 1e-6) within each group.
+
+    rewards: float [B] (group-contiguous); returns float [B].
+    """
+    groups = _grouped(rewards, group_size)
+    mean = jnp.mean(groups, axis=1, keepdims=True)
+    std = jnp.std(groups, axis=1, ddof=1, keepdims=True)
+    adv = (groups - mean) / (std + GRPO_STD_EPS)
+    # A float mean can differ from r_i by one rounding step (e.g. [0.1]*3), which
+    # divided by 1e-6 is not negligible; uniform groups are forced to exactly 0.
+    adv = jnp.where(_uniform(groups), jnp.zeros_like(adv), adv)
+    return adv.reshape(-1)
+
+
+@register("advantage_estimator", "rloo")
+def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """RLOO: A_i = r_i - mean_{j != i} r_j, the leave-one-out baseline.
+
+    rewards: float [B] (group-contiguous); returns float [B].
+    """
+    groups = _grouped(rewards, group_size)
+    total = jnp.sum(groups, axis=1, keepdims=True)
+    # The baseline for i excludes i itself, so it is unbiased for r_i.
+    adv = groups - (total - groups) / (group_size - 1)
+    adv = jnp.where(_uniform(groups), jnp.zeros_like(adv), adv)
+    return adv.reshape(-1)

@@ -1,0 +1,137 @@
+"""rl_core.policy_losses: clipped surrogate values, clip indicators and gradients by hand."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_core import registry
+from rl_core.policy_losses import PolicyLossAux, clipped_surrogate
+
+VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
+SYM = dict(eps_low=0.2, eps_high=0.2)
+ASYM = dict(eps_low=0.2, eps_high=0.28)
+
+
+def _run(variant, ratios, adv, **kw):
+    """One token per completion: logp = log(rho), old_logp = 0, so exp(logp - old_logp) = rho."""
+    logp = jnp.log(jnp.asarray(ratios, jnp.float32))[:, None]
+    fn = variant(functools.partial(clipped_surrogate, **kw))
+    loss, aux = fn(logp, jnp.zeros_like(logp), jnp.asarray(adv, jnp.float32))
+    return np.asarray(loss[:, 0]), jax.tree.map(lambda a: np.asarray(a[:, 0]), aux)
+
+
+# Rows: (A, rho). Window sym [0.8, 1.2], asym [0.8, 1.28].
+CASES_A = [1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 2.0]
+CASES_RHO = [1.5, 0.5, 1.0, 0.5, 1.5, 1.0, 1.1]
+
+
+@VARIANTS
+def test_symmetric_clipping(variant):
+    loss, aux = _run(variant, CASES_RHO, CASES_A, **SYM)
+    expected = [
+        -1.2,  # A=+1, rho=1.5 above: min(1.5, 1.2) = 1.2 -> -1.2, clipped high
+        -0.5,  # A=+1, rho=0.5 below: min(0.5, 0.8) = 0.5 -> -0.5, unclipped (pessimistic)
+        -1.0,  # rho=1 inside: -A
+        0.8,  # A=-1, rho=0.5 below: min(-0.5, -0.8) = -0.8 -> 0.8, clipped low
+        1.5,  # A=-1, rho=1.5 above: min(-1.5, -1.2) = -1.5 -> 1.5, unclipped
+        1.0,  # rho=1 inside: -A
+        -2.2,  # A=2, rho=1.1 inside: -(1.1 * 2)
+    ]
+    np.testing.assert_allclose(loss, expected, atol=1e-5)
+    np.testing.assert_allclose(aux.ratio, CASES_RHO, atol=1e-6)
+    np.testing.assert_array_equal(aux.clipped_high, [1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(aux.dual_clipped, [0] * 7)
+
+
+@VARIANTS
+def test_asymmetric_clipping(variant):
+    loss, aux = _run(variant, CASES_RHO, CASES_A, **ASYM)
+    # Only the upper bound moved (1.2 -> 1.28): row 0 is now min(1.5, 1.28) = 1.28.
+    np.testing.assert_allclose(loss, [-1.28, -0.5, -1.0, 0.8, 1.5, 1.0, -2.2], atol=1e-5)
+    np.testing.assert_array_equal(aux.clipped_high, [1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1, 0, 0, 0])
+    # rho = 1.25 is clipped by 0.2/0.2 (-1.2) but inside 0.2/0.28 (-1.25).
+    loss_sym, aux_sym = _run(variant, [1.25], [1.0], **SYM)
+    loss_asym, aux_asym = _run(variant, [1.25], [1.0], **ASYM)
+    np.testing.assert_allclose([loss_sym[0], loss_asym[0]], [-1.2, -1.25], atol=1e-5)
+    assert (aux_sym.clipped_high[0], aux_asym.clipped_high[0]) == (1.0, 0.0)
+
+
+@VARIANTS
+def test_dual_clip(variant):
+    # c = 3. A=-1, rho=5: min(-5, -1.2) = -5; max(-5, 3 * -1) = -3 -> loss 3 (not 5).
+    # A=-1, rho=2: min(-2, -1.2) = -2 > -3, so the dual bound is inactive -> 2.
+    # A=+1, rho=5: dual clip applies only to A < 0 -> -1.2, clipped high.
+    # A=-1, rho=0.5: clipped low as without dual clip -> 0.8.
+    loss, aux = _run(variant, [5.0, 2.0, 5.0, 0.5], [-1.0, -1.0, 1.0, -1.0], dual_clip=3.0, **SYM)
+    np.testing.assert_allclose(loss, [3.0, 2.0, -1.2, 0.8], atol=1e-5)
+    np.testing.assert_array_equal(aux.dual_clipped, [1, 0, 0, 0])
+    np.testing.assert_array_equal(aux.clipped_high, [0, 0, 1, 0])
+    np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("kw", [dict(ASYM, dual_clip=3.0), SYM])
+def test_gradient_zero_where_clipped(kw):
+    # d/dlogp of -rho*A is -A*rho where the unclipped term is active, 0 where clipped.
+    a = jnp.array([1.0, 1.0, -1.0, -1.0, 2.0, -1.0])
+    rho = jnp.array([1.5, 0.5, 0.5, 1.5, 1.1, 5.0])
+    # clipped-high, -1*0.5, clipped-low, +1*1.5, -2*1.1, (dual clip: 0 | no dual clip: 5).
+    dual = kw.get("dual_clip") is not None
+    expected = [0.0, -0.5, 0.0, 1.5, -2.2, 0.0 if dual else 5.0]
+    old = jnp.zeros((6, 1))
+
+    def total(logp):
+        return clipped_surrogate(logp, old, a, **kw)[0].sum()
+
+    for variant in (lambda f: f, jax.jit):
+        grad = variant(jax.grad(total))(jnp.log(rho)[:, None])
+        np.testing.assert_allclose(grad[:, 0], expected, atol=1e-5)
+
+
+def test_ratio_from_stop_gradient_old_logp():
+    # num_iterations == 1: old_logp = stop_gradient(logp) -> rho = 1, loss = -A, grad = -A.
+    logp = jnp.log(jnp.array([[0.3, 0.6], [0.2, 0.9]]))
+    adv = jnp.array([0.5, -2.0])
+
+    def total(lp):
+        return clipped_surrogate(lp, jax.lax.stop_gradient(lp), adv, **SYM)[0].sum()
+
+    loss, _ = clipped_surrogate(logp, logp, adv, **SYM)
+    np.testing.assert_allclose(loss, [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
+    np.testing.assert_allclose(jax.grad(total)(logp), [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
+
+
+def test_vmap_and_shapes():
+    # [2 batches, B=2, T=3]; each token ratio e^{log 1.5} = 1.5 with A = +1 / -1.
+    logp = jnp.full((2, 2, 3), math.log(1.5))
+    adv = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+    fn = jax.vmap(functools.partial(clipped_surrogate, **SYM))
+    loss, aux = fn(logp, jnp.zeros_like(logp), adv)
+    assert isinstance(aux, PolicyLossAux)
+    assert loss.shape == aux.clipped_high.shape == (2, 2, 3)
+    np.testing.assert_allclose(loss[0, 0], [-1.2] * 3, atol=1e-5)
+    np.testing.assert_allclose(loss[0, 1], [1.5] * 3, atol=1e-5)
+    np.testing.assert_allclose(loss[1, 0], [1.5] * 3, atol=1e-5)
+    np.testing.assert_array_equal(aux.clipped_high[1], [[0] * 3, [1] * 3])
+
+
+def test_bad_arguments_raise():
+    x = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match="dual_clip must be > 1.*0.5"):
+        clipped_surrogate(x, x, jnp.zeros(2), dual_clip=0.5, **SYM)
+    with pytest.raises(ValueError, match="eps_low"):
+        clipped_surrogate(x, x, jnp.zeros(2), eps_low=1.0, eps_high=0.2)
+    with pytest.raises(ValueError, match="adv must be"):
+        clipped_surrogate(x, x, jnp.zeros(3), **SYM)
+    with pytest.raises(ValueError, match="same shape"):
+        clipped_surrogate(x, jnp.zeros((2, 4)), jnp.zeros(2), **SYM)
+
+
+def test_registry_finds_both_names():
+    assert registry.get("policy_loss", "clipped_surrogate") is clipped_surrogate
+    assert registry.get("policy_loss", "grpo") is clipped_surrogate
