@@ -1,0 +1,193 @@
+"""Frozen, keyword-only, validated configs shared by every algorithm.
+
+Every rule is checked in `__post_init__`, before any model loads or anything
+compiles, and a violation names the field, the value and the rule.
+Subclasses call `super().__post_init__()` and add their own checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Self
+
+from rl_core import registry
+
+
+class ConfigError(ValueError):
+    """A config field violates a rule."""
+
+
+def check(ok: bool, config: Any, field: str, rule: str) -> None:
+    """Raise `ConfigError` naming the class, field, value and rule unless `ok`."""
+    if not ok:
+        value = getattr(config, field, "<missing>")
+        raise ConfigError(f"{type(config).__name__}.{field} = {value!r}: {rule}")
+
+
+def check_registered(config: Any, field: str, category: str) -> None:
+    """Choice fields are registry names; a typo fails at construction."""
+    try:
+        registry.get(category, getattr(config, field))
+    except registry.RegistryError as e:
+        raise ConfigError(f"{type(config).__name__}.{field} = {getattr(config, field)!r}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """Base of every config: dict round trip with nested configs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Build from a plain dict, recursing into nested config fields.
+
+        Unknown keys are rejected with the closest valid key.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, value in data.items():
+            if key not in fields:
+                close = difflib.get_close_matches(key, list(fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{cls.__name__} has no field {key!r}{hint} Valid fields: {', '.join(fields)}")
+            sub = _config_type(hints[key])
+            kwargs[key] = sub.from_dict(value) if sub is not None and isinstance(value, dict) else value
+        return cls(**kwargs)
+
+
+def _config_type(hint: Any) -> type[Config] | None:
+    """The Config subclass a field holds, if any (also through `X | None`)."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if isinstance(option, type) and issubclass(option, Config):
+            return option
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig(Config):
+    """Base of every algorithm's config: what the base learner needs to know."""
+
+    loss_agg_mode: str = "token-mean"
+    """How per-token losses become one number: a `loss_aggregation` registry name."""
+
+    def __post_init__(self) -> None:
+        check_registered(self, "loss_agg_mode", "loss_aggregation")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig(Config):
+    """How completions are sampled."""
+
+    max_prompt_tokens: int = 64
+    """Longest prompt in tokens (after the BOS token); longer prompts are an error."""
+    max_new_tokens: int = 16
+    """Most tokens generated per completion (L_max)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy decoding."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches p; 1.0 disables."""
+    seed: int = 0
+    """Seed of the sampling key stream."""
+    logprob_chunk_tokens: int = 64
+    """Completion tokens unembedded at once when computing log-probs."""
+
+    def __post_init__(self) -> None:
+        check(self.max_prompt_tokens >= 1, self, "max_prompt_tokens", "must be >= 1")
+        check(self.max_new_tokens >= 1, self, "max_new_tokens", "must be >= 1")
+        check(self.temperature >= 0.0, self, "temperature", "must be >= 0 (0 = greedy)")
+        check(self.top_k >= 0, self, "top_k", "must be >= 0 (0 = off)")
+        check(0.0 < self.top_p <= 1.0, self, "top_p", "must be in (0, 1]")
+        check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
+
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("constant", "cosine", "linear")
+ON_NONFINITE = ("skip", "stop")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingConfig(Config):
+    """The loop, the batch layout and the optimizer."""
+
+    optimizer: str = "adamw"
+    """One of adamw, adam, sgd (through optax)."""
+    learning_rate: float = 1e-5
+    """Peak learning rate."""
+    lr_schedule: str = "constant"
+    """constant, cosine (decay to 0 over num_steps) or linear (decay to 0)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to learning_rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (adamw only)."""
+    max_grad_norm: float | None = 1.0
+    """Clip gradients to this global norm; None disables."""
+    prompts_per_step: int = 8
+    """Prompts (groups) per training step: B."""
+    mini_batch_size: int | None = None
+    """Completions per optimizer step; None = the whole step's batch."""
+    micro_batch_size: int | None = None
+    """Completions per gradient-accumulation chunk; None = the whole mini-batch."""
+    num_steps: int = 100
+    """Training steps (batches of prompts)."""
+    eval_every_steps: int = 0
+    """Run evaluation every this many steps; 0 disables."""
+    checkpoint_every_steps: int = 0
+    """Save a checkpoint every this many steps; 0 saves only at the end."""
+    log_every_steps: int = 1
+    """Write metrics every this many steps."""
+    max_checkpoints_to_keep: int = 2
+    """Older checkpoints are deleted."""
+    output_dir: str | None = None
+    """Run folder for metrics and checkpoints; None keeps nothing on disk."""
+    seed: int = 0
+    """Seed of the data order."""
+    on_nonfinite: str = "skip"
+    """A non-finite loss or gradient: skip the update and count it, or stop the run."""
+    samples_per_step: int = 4
+    """Completions written to samples.jsonl each step."""
+
+    def __post_init__(self) -> None:
+        check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")
+        check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
+        check(self.lr_schedule in SCHEDULES, self, "lr_schedule", f"must be one of {SCHEDULES}")
+        check(self.warmup_steps >= 0, self, "warmup_steps", "must be >= 0")
+        check(self.weight_decay >= 0, self, "weight_decay", "must be >= 0")
+        check(self.weight_decay == 0 or self.optimizer == "adamw", self, "weight_decay", "needs optimizer='adamw'")
+        check(self.max_grad_norm is None or self.max_grad_norm > 0, self, "max_grad_norm", "must be > 0 or None")
+        check(self.prompts_per_step >= 1, self, "prompts_per_step", "must be >= 1")
+        check(self.mini_batch_size is None or self.mini_batch_size >= 1, self, "mini_batch_size", "must be >= 1")
+        check(self.micro_batch_size is None or self.micro_batch_size >= 1, self, "micro_batch_size", "must be >= 1")
+        if self.mini_batch_size and self.micro_batch_size:
+            check(
+                self.mini_batch_size % self.micro_batch_size == 0,
+                self,
+                "micro_batch_size",
+                f"must divide mini_batch_size ({self.mini_batch_size})",
+            )
+        check(self.num_steps >= 1, self, "num_steps", "must be >= 1")
+        for name in ("eval_every_steps", "checkpoint_every_steps", "samples_per_step"):
+            check(getattr(self, name) >= 0, self, name, "must be >= 0")
+        check(self.log_every_steps >= 1, self, "log_every_steps", "must be >= 1")
+        check(self.max_checkpoints_to_keep >= 1, self, "max_checkpoints_to_keep", "must be >= 1")
+        check(self.on_nonfinite in ON_NONFINITE, self, "on_nonfinite", f"must be one of {ON_NONFINITE}")
+
+    def batch_layout(self, batch_size: int) -> tuple[int, int]:
+        """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions."""
+        mini = self.mini_batch_size or batch_size
+        micro = self.micro_batch_size or mini
+        if batch_size % mini:
+            raise ConfigError(
+                f"TrainingConfig.mini_batch_size = {mini}: must divide the completions per step ({batch_size})"
+            )
+        if mini % micro:
+            raise ConfigError(f"TrainingConfig.micro_batch_size = {micro}: must divide mini_batch_size ({mini})")
+        return batch_size // mini, mini // micro

@@ -1,0 +1,409 @@
+"""The base RL learner: the loop every algorithm shares.
+
+It owns data iteration, repeating a batch `num_iterations` times, mini-batches
+(one optimizer step each) and micro-batches (exact gradient accumulation of
+(sum, denominator) pairs), the jitted update with donated buffers and a guard
+against non-finite updates, metrics, evaluation on a schedule and Orbax
+checkpoints with exact resume. An algorithm fills the abstract hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rl_core.checkpoint import Checkpointer
+from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
+from rl_core.data import Prompt, PromptDataset, PromptStream
+from rl_core.logprobs import completion_logprobs
+from rl_core.metrics import MetricsLogger, ProgressBar
+from rl_core.optim import make_optimizer
+from rl_core.sampler import Completions, Sampler, SamplingParams
+from rl_core.tokens import Tokenizer, left_pad
+from rl_core.types import TrainExample
+
+ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
+DATA_AXIS = "data"
+
+
+class LossOutput(NamedTuple):
+    """What `compute_loss` returns for one micro-batch: sums, never means."""
+
+    total: jax.Array  # scalar numerator of the aggregated loss
+    denom: jax.Array  # scalar denominator (independent of parameters)
+    means: Mapping[str, tuple[jax.Array, jax.Array]] = {}  # name -> (sum, count)
+    maxima: Mapping[str, jax.Array] = {}
+    minima: Mapping[str, jax.Array] = {}
+
+
+class StepBatch(NamedTuple):
+    """What `produce_examples` returns: the batch plus what to log about it."""
+
+    example: TrainExample
+    metrics: Mapping[str, float]
+    samples: Sequence[Mapping[str, Any]] = ()
+    generated_tokens: int = 0
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """A non-finite loss or gradient with `on_nonfinite='stop'`."""
+
+
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: all) with axis `data`."""
+    devices = list(devices if devices is not None else jax.devices())
+    return Mesh(np.array(devices), (DATA_AXIS,))
+
+
+class RLLearner(abc.ABC, Generic[ConfigT]):
+    """Base learner; subclasses fill `produce_examples`, `compute_loss`,
+    `num_iterations`, `group_size` and `trajectory_ids`."""
+
+    def __init__(
+        self,
+        config: ConfigT,
+        *,
+        policy: nnx.Module,
+        tokenizer: Tokenizer,
+        train_data: Sequence[Prompt] | PromptDataset,
+        training: TrainingConfig,
+        rollout: RolloutConfig,
+        reward_manager: Any = None,
+        eval_fn: Callable[[RLLearner], Mapping[str, float]] | None = None,
+        mesh: Mesh | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.config = config
+        self.training = training
+        self.rollout = rollout
+        self.tokenizer = tokenizer
+        self.reward_manager = reward_manager
+        self.eval_fn = eval_fn
+        self.mesh = mesh or data_mesh()
+        self.progress = progress
+        self.batch_size = training.prompts_per_step * self.group_size
+        self.num_mini_batches, self.num_micro_batches = training.batch_layout(self.batch_size)
+        self._check_divisible_by_devices()
+
+        self.graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
+        if jax.tree.leaves(rest):
+            raise TypeError("the policy holds state other than nnx.Param; rl_core trains Param-only modules")
+        # copy: the update donates its buffers, and the caller's module must stay valid
+        self.params = self._replicate(jax.tree.map(lambda x: jnp.array(x, copy=True), params))
+        total_updates = training.num_steps * self.num_iterations * self.num_mini_batches
+        self.tx = make_optimizer(training, total_updates)
+        self.opt_state = self._replicate(self.tx.init(self.params))
+        self.rng = jax.random.PRNGKey(rollout.seed)
+        self.data = PromptStream(train_data, seed=training.seed)
+        self.step = 0
+        self.skipped_updates = 0
+        self._stop_requested = False
+
+        self.sampler = Sampler(
+            self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id
+        )
+        self._update = jax.jit(self._update_fn, donate_argnums=(0, 1))
+        self._logprobs = jax.jit(self._logprobs_fn)
+
+        out = Path(training.output_dir) if training.output_dir else None
+        self.output_dir = out
+        self.logger = MetricsLogger(out)
+        self.checkpointer = (
+            Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
+        )
+
+    # -- hooks an algorithm fills -------------------------------------------------------
+
+    @abc.abstractmethod
+    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
+        """Turn a batch of prompts into train examples with advantages."""
+
+    @abc.abstractmethod
+    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
+        """The loss of one micro-batch as (sum, denominator) plus metric sums (traced)."""
+
+    @property
+    @abc.abstractmethod
+    def num_iterations(self) -> int:
+        """How many times each batch is trained on."""
+
+    @property
+    @abc.abstractmethod
+    def group_size(self) -> int:
+        """Completions per prompt (G)."""
+
+    @abc.abstractmethod
+    def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
+        """One id per completion of `prompts` (for samples and debugging)."""
+
+    def extra_state(self) -> dict[str, Any]:
+        """JSON-serializable algorithm state to checkpoint (e.g. carried-over groups)."""
+        return {}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `extra_state` returned."""
+
+    # -- services for subclasses ----------------------------------------------------------
+
+    def next_key(self) -> jax.Array:
+        self.rng, key = jax.random.split(self.rng)
+        return key
+
+    def encode_prompts(self, prompts: Sequence[Prompt], repeat: int = 1) -> tuple[jax.Array, jax.Array]:
+        """Left-padded prompt tokens and mask, each prompt repeated `repeat` times in a row."""
+        ids = [self.tokenizer.encode(p.text, add_bos=True) for p in prompts]
+        tokens, mask = left_pad(ids, pad_id=self.tokenizer.pad_id, max_tokens=self.rollout.max_prompt_tokens)
+        return np.repeat(tokens, repeat, axis=0), np.repeat(mask, repeat, axis=0)
+
+    def generate(
+        self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None
+    ) -> Completions:
+        """Sample one completion per row with the current parameters."""
+        sampling = sampling or SamplingParams.from_rollout(self.rollout)
+        rows = self._row_sharding(2)
+        return self.sampler(
+            self.params,
+            jax.device_put(prompt_tokens, rows),
+            jax.device_put(prompt_mask, rows),
+            self.next_key(),
+            sampling,
+        )
+
+    def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
+        """(logp, entropy) [B, T] of the example's completions under `params`."""
+        return self._logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+
+    def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+        """Completion texts (tokens under the mask, EOS dropped)."""
+        eos = set(self.tokenizer.eos_ids)
+        return [
+            self.tokenizer.decode([int(t) for t, m in zip(row, mrow, strict=True) if m > 0 and int(t) not in eos])
+            for row, mrow in zip(np.asarray(tokens), np.asarray(mask), strict=True)
+        ]
+
+    @property
+    def model(self) -> nnx.Module:
+        """The current policy as an NNX module (a view for evaluation and export)."""
+        return nnx.merge(self.graphdef, self.params)
+
+    def request_stop(self) -> None:
+        """Stop after the current step, with a checkpoint (e.g. on Ctrl-C)."""
+        self._stop_requested = True
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def train(self, num_steps: int | None = None) -> list[dict[str, Any]]:
+        """Train until `num_steps` (default: the config's) steps are done; returns logged metrics."""
+        target = num_steps if num_steps is not None else self.training.num_steps
+        with ProgressBar(target, enabled=self.progress) as bar:
+            bar.update(self.step, {})
+            while self.step < target and not self._stop_requested:
+                metrics = self.train_step()
+                bar.update(self.step, metrics)
+                every = self.training.checkpoint_every_steps
+                if self.checkpointer and every and self.step % every == 0:
+                    self.save_checkpoint()
+        if self.checkpointer and self.checkpointer.latest_step() != self.step:
+            self.save_checkpoint()
+        return self.logger.history
+
+    def train_step(self) -> dict[str, Any]:
+        """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
+        start = time.perf_counter()
+        prompts = self.data.next(self.training.prompts_per_step)
+        batch = self.produce_examples(prompts)
+        if batch.example.batch_size != self.batch_size:
+            raise ValueError(
+                f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
+            )
+        update_start = time.perf_counter()
+        minis = self._mini_batches(batch.example)
+        results = []
+        for _ in range(self.num_iterations):
+            for mini in minis:
+                self.params, self.opt_state, stats = self._update(self.params, self.opt_state, mini)
+                results.append(stats)
+        results = jax.device_get(results)
+        now = time.perf_counter()
+        metrics = dict(batch.metrics)
+        metrics.update(self._update_metrics(results))
+        metrics["time/update"] = now - update_start
+        metrics["time/step"] = now - start
+        if batch.generated_tokens:
+            metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
+        self.step += 1
+        every = self.training.eval_every_steps
+        if self.eval_fn is not None and every and self.step % every == 0:
+            metrics.update(self.eval_fn(self))
+        if self.step % self.training.log_every_steps == 0:
+            self.logger.write(self.step, metrics)
+        self._write_samples(batch.samples)
+        return metrics
+
+    def _update_metrics(self, results: list[dict[str, Any]]) -> dict[str, float]:
+        skipped = sum(int(not r["finite"]) for r in results)
+        self.skipped_updates += skipped
+        if skipped and self.training.on_nonfinite == "stop":
+            raise NonFiniteUpdateError(
+                f"step {self.step + 1}: {skipped} of {len(results)} updates had a non-finite loss or gradient "
+                f"(loss values {[float(r['loss']) for r in results]}); parameters were left unchanged. "
+                "Lower the learning rate, check rewards and inputs, or set on_nonfinite='skip'."
+            )
+        out: dict[str, float] = {
+            "train/loss": float(np.mean([r["loss"] for r in results])),
+            "train/grad_norm": float(np.mean([r["grad_norm"] for r in results])),
+            "train/skipped_updates": float(skipped),
+            "train/updates": float(len(results)),
+        }
+        for name in results[0]["means"]:
+            total = sum(float(r["means"][name][0]) for r in results)
+            count = sum(float(r["means"][name][1]) for r in results)
+            out[name] = total / count if count else 0.0
+        for name in results[0]["maxima"]:
+            out[name] = max(float(r["maxima"][name]) for r in results)
+        for name in results[0]["minima"]:
+            out[name] = min(float(r["minima"][name]) for r in results)
+        return out
+
+    # -- jitted pieces -------------------------------------------------------------------
+
+    def _update_fn(self, params: Any, opt_state: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
+        """One optimizer step over micro-batches stacked on axis 0 of every leaf."""
+
+        def micro_loss(p, example):
+            out = self.compute_loss(nnx.merge(self.graphdef, p), example)
+            return out.total, out
+
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        (_, out_shape), grad_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch))
+        zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+        init = (
+            zeros(grad_shape),
+            LossOutput(
+                total=jnp.zeros(()),
+                denom=jnp.zeros(()),
+                means=zeros(dict(out_shape.means)),
+                maxima={k: jnp.full(s.shape, -jnp.inf) for k, s in out_shape.maxima.items()},
+                minima={k: jnp.full(s.shape, jnp.inf) for k, s in out_shape.minima.items()},
+            ),
+        )
+
+        def body(acc, example):
+            grads, agg = acc
+            (_, out), g = grad_fn(params, example)
+            agg = LossOutput(
+                total=agg.total + out.total,
+                denom=agg.denom + out.denom,
+                means=jax.tree.map(jnp.add, dict(agg.means), dict(out.means)),
+                maxima={k: jnp.maximum(agg.maxima[k], out.maxima[k]) for k in agg.maxima},
+                minima={k: jnp.minimum(agg.minima[k], out.minima[k]) for k in agg.minima},
+            )
+            return (jax.tree.map(jnp.add, grads, g), agg), None
+
+        (grads, agg), _ = jax.lax.scan(body, init, batch)
+        denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        loss = agg.total / denom
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = self.tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+
+        def keep_if_finite(new, old):
+            return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+        stats = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "finite": finite,
+            "means": dict(agg.means),
+            "maxima": dict(agg.maxima),
+            "minima": dict(agg.minima),
+        }
+        return keep_if_finite(new_params, params), keep_if_finite(new_opt_state, opt_state), stats
+
+    def _logprobs_fn(self, params, prompt_tokens, prompt_mask, completion_tokens):
+        return completion_logprobs(
+            nnx.merge(self.graphdef, params),
+            prompt_tokens,
+            prompt_mask,
+            completion_tokens,
+            temperature=self.rollout.temperature,
+            chunk_tokens=self.rollout.logprob_chunk_tokens,
+        )
+
+    # -- layout -------------------------------------------------------------------------
+
+    def _mini_batches(self, example: TrainExample) -> list[TrainExample]:
+        """Split [B, ...] into mini-batches of stacked micro-batches [M, mb, ...], sharded on mb."""
+        n_mini, n_micro = self.num_mini_batches, self.num_micro_batches
+        micro = self.batch_size // (n_mini * n_micro)
+
+        def split(x):
+            return None if x is None else jnp.reshape(x, (n_mini, n_micro, micro, *x.shape[1:]))
+
+        stacked = TrainExample(*(split(x) for x in example))
+        sharded = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
+        return [jax.device_put(m, self._row_sharding(None, axis=1)) for m in sharded]
+
+    def _row_sharding(self, ndim: int | None, axis: int = 0) -> NamedSharding:
+        return NamedSharding(self.mesh, P(*([None] * axis), DATA_AXIS))
+
+    def _replicate(self, tree: Any) -> Any:
+        return jax.device_put(tree, NamedSharding(self.mesh, P()))
+
+    def _check_divisible_by_devices(self) -> None:
+        devices = self.mesh.devices.size
+        micro = self.batch_size // (self.num_mini_batches * self.num_micro_batches)
+        if micro % devices:
+            raise ValueError(
+                f"micro-batches of {micro} completions cannot be split over {devices} devices; "
+                "choose prompts_per_step, group size and micro_batch_size so that it divides"
+            )
+
+    # -- checkpoints, samples -------------------------------------------------------------
+
+    def _arrays(self) -> dict[str, Any]:
+        return {"params": self.params, "opt_state": self.opt_state, "rng": self.rng}
+
+    def save_checkpoint(self) -> None:
+        if self.checkpointer is None:
+            raise ValueError("no output_dir: nowhere to save a checkpoint")
+        meta = {"step": self.step, "data_position": self.data.position, "extra": self.extra_state()}
+        self.checkpointer.save(self.step, arrays=self._arrays(), meta=meta)
+
+    def resume(self) -> bool:
+        """Restore the latest checkpoint in the run folder, if any; True when restored."""
+        if self.checkpointer is None or self.checkpointer.latest_step() is None:
+            return False
+        arrays, meta = self.checkpointer.restore(self.checkpointer.latest_step(), like=self._arrays())
+        self.params, self.opt_state, self.rng = arrays["params"], arrays["opt_state"], arrays["rng"]
+        self.step = int(meta["step"])
+        self.data.position = int(meta["data_position"])
+        self.load_extra_state(meta.get("extra", {}))
+        self.logger.truncate_after(self.step)
+        return True
+
+    def _write_samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
+        if self.output_dir is None or not samples:
+            return
+        with (self.output_dir / "samples.jsonl").open("a") as f:
+            for sample in samples[: self.training.samples_per_step]:
+                f.write(json.dumps({"step": self.step, **sample}) + "\n")
+
+    def close(self) -> None:
+        self.logger.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()

@@ -1,0 +1,80 @@
+"""Per-token log-probs and entropy of completions, unembedded in chunks.
+
+The [B, T, V] float32 logits are never materialized: the body returns hidden
+states [B, P+T, D] and the unembedding runs over T in chunks of C tokens
+inside a rematerialized scan, so memory holds [B, C, V] at a time, forward
+and backward.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rl_core.policy import Policy
+
+
+def sequence_inputs(prompt_mask: jax.Array, completion_len: int) -> tuple[jax.Array, jax.Array]:
+    """(positions [B, P+T], attention mask [B, P+T, P+T]) for prompt + completion.
+
+    Positions count real tokens only (left padding takes none), matching the
+    sampler; queries attend to real earlier slots.
+    """
+    b = prompt_mask.shape[0]
+    valid = jnp.concatenate([prompt_mask > 0, jnp.ones((b, completion_len), bool)], axis=1)
+    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
+    length = valid.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    return positions, causal[None] & valid[:, None, :]
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
+    """log p(target) and entropy under softmax(logits / temperature), float32."""
+    logits = logits.astype(jnp.float32) / temperature
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    logp_all = logits - logz[..., None]
+    logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return logp, entropy
+
+
+def completion_logprobs(
+    model: Policy,
+    prompt_tokens: jax.Array,  # [B, P]
+    prompt_mask: jax.Array,  # [B, P]
+    completion_tokens: jax.Array,  # [B, T]
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 64,
+) -> tuple[jax.Array, jax.Array]:
+    """(logp [B, T], entropy [B, T]) of each completion token given what precedes it.
+
+    `temperature` must match the sampler's so that the ratio to sampler
+    log-probs is 1 for an unchanged policy. Greedy sampling (0) scores at 1.
+    """
+    temperature = temperature or 1.0
+    p = prompt_tokens.shape[1]
+    b, t = completion_tokens.shape
+    positions, mask = sequence_inputs(prompt_mask, t)
+    hidden, _ = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask)
+    hidden = hidden[:, p - 1 : p + t - 1]  # the state before each completion token predicts it
+
+    chunk = min(chunk_tokens, t)
+    n_chunks = -(-t // chunk)
+    pad = n_chunks * chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(completion_tokens, ((0, 0), (0, pad)))
+    hidden = hidden.reshape(b, n_chunks, chunk, -1).swapaxes(0, 1)
+    targets = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint  # recompute each chunk's logits in the backward pass instead of storing them
+    def one_chunk(h, y):
+        return token_logprobs(model.logits(h), y, temperature)
+
+    def body(_, xs):
+        return None, one_chunk(*xs)
+
+    _, (logp, entropy) = jax.lax.scan(body, None, (hidden, targets))
+    logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :t]
+    entropy = entropy.swapaxes(0, 1).reshape(b, -1)[:, :t]
+    return logp, entropy

@@ -1,0 +1,102 @@
+"""Metrics: JSONL plus TensorBoard event files, and a console progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step to `metrics.jsonl` and TensorBoard.
+
+    `history` keeps every logged record in memory as well. On resume,
+    `truncate_after(step)` drops records a crashed run wrote past its last
+    checkpoint, so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, output_dir: str | Path | None, *, tensorboard: bool = True) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.path = None
+        self._tb = None
+        if output_dir is not None:
+            out = Path(output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            self.path = out / "metrics.jsonl"
+            if tensorboard:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(str(out / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self.history = [json.loads(line) for line in kept]
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        self.history.append(record)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly Python scalars (numpy and jax scalars become float/int)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN; keep it visible rather than dropping it
+    return value
+
+
+class ProgressBar:
+    """Step, reward and speed on one console line (silent when disabled)."""
+
+    def __init__(self, total: int, *, enabled: bool, description: str = "train") -> None:
+        self.enabled = enabled
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            disable=not enabled,
+        )
+        self._task = self._progress.add_task(description, total=total, info="")
+        self._last = time.perf_counter()
+
+    def __enter__(self) -> ProgressBar:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        parts = []
+        for key, label, fmt in (
+            ("rewards/total/mean", "reward", ".3f"),
+            ("eval/accuracy", "acc", ".3f"),
+            ("perf/tokens_per_sec", "tok/s", ".0f"),
+        ):
+            if key in metrics:
+                parts.append(f"{label} {metrics[key]:{fmt}}")
+        self._progress.update(self._task, completed=step, info="  ".join(parts))

@@ -1,0 +1,210 @@
+"""Named functions and algorithms, with discovery through entry points.
+
+Configs name their choices (`advantage_estimator="grpo"`); this registry turns
+names into objects. rl_core's own math registers itself when the registry
+first loads the built-in modules (listed below, loaded explicitly, never by an
+import side effect elsewhere). Algorithm packages declare an entry point in
+the group `rl_core.algorithms` that points at an `Algorithm` value; the
+registry loads entry points on a lookup miss, so installing a package is all
+it takes. Direct construction without discovery always works too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import importlib.metadata as metadata
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+ENTRY_POINT_GROUP = "rl_core.algorithms"
+FUNCTION_CATEGORIES = ("advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator")
+ALGORITHM = "algorithm"
+CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM)
+
+# rl_core modules whose decorators register the shared math.
+_BUILTIN_MODULES = ("rl_core.advantages", "rl_core.policy_losses", "rl_core.aggregation", "rl_core.kl")
+
+T = TypeVar("T")
+
+
+class RegistryError(LookupError):
+    """A name that is unknown, registered twice, or whose provider failed to load."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Algorithm:
+    """What an algorithm package exports (and points its entry point at)."""
+
+    name: str
+    """The name users select, e.g. "dr_grpo"."""
+    config: type
+    """The frozen config class (a subclass of `rl_core.config.AlgorithmConfig`)."""
+    learner: type
+    """The learner class (a subclass of `rl_core.learner.RLLearner`)."""
+    functions: Mapping[str, Mapping[str, Callable[..., Any]]] = dataclasses.field(default_factory=dict)
+    """Math this algorithm owns, by category then name (e.g. its advantage estimator)."""
+
+
+def distribution_for(name: str) -> str:
+    """The distribution that conventionally provides algorithm `name`."""
+    return "algo-" + name.replace("_", "-")
+
+
+def _distribution_of(obj: Any) -> str:
+    """The installed distribution whose top-level package defines `obj`."""
+    top = (getattr(obj, "__module__", None) or type(obj).__module__ or "").split(".")[0]
+    dists = metadata.packages_distributions().get(top)
+    return dists[0] if dists else top or "unknown"
+
+
+class Registry:
+    """Names to objects by category; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        group: str = ENTRY_POINT_GROUP,
+        builtin_modules: Iterable[str] = _BUILTIN_MODULES,
+    ) -> None:
+        self._group = group
+        self._builtin_modules = tuple(builtin_modules)
+        self._entries: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in CATEGORIES}
+        self._builtins_loaded = False
+        self._entry_points_loaded = False
+        self._load_failures: dict[str, str] = {}  # entry point name -> why it failed
+
+    # -- registration -----------------------------------------------------------------
+
+    def register(self, category: str, name: str, obj: T, *, provider: str | None = None) -> T:
+        """Register `obj` under `name`; the same object twice is a no-op."""
+        if category not in CATEGORIES:
+            raise RegistryError(f"unknown category {category!r}; categories are {', '.join(CATEGORIES)}")
+        provider = provider or _distribution_of(obj)
+        known = self._entries[category].get(name)
+        if known is not None and known[0] is not obj:
+            raise RegistryError(
+                f"{category} {name!r} is registered twice: by {known[1]} ({known[0]!r}) "
+                f"and by {provider} ({obj!r}); rename one of them"
+            )
+        self._entries[category][name] = (obj, provider)
+        return obj
+
+    def register_algorithm(self, algorithm: Algorithm, *, provider: str | None = None) -> Algorithm:
+        """Register an algorithm and the functions it owns."""
+        provider = provider or _distribution_of(algorithm.config)
+        for category, functions in algorithm.functions.items():
+            if category not in FUNCTION_CATEGORIES:
+                raise RegistryError(
+                    f"algorithm {algorithm.name!r} declares functions in unknown category {category!r}; "
+                    f"categories are {', '.join(FUNCTION_CATEGORIES)}"
+                )
+            for fn_name, fn in functions.items():
+                self.register(category, fn_name, fn, provider=provider)
+        return self.register(ALGORITHM, algorithm.name, algorithm, provider=provider)
+
+    # -- lookup -----------------------------------------------------------------------
+
+    def get(self, category: str, name: str) -> Any:
+        """The object registered as `name`, loading providers on a miss."""
+        if category not in CATEGORIES:
+            raise RegistryError(f"unknown category {category!r}; categories are {', '.join(CATEGORIES)}")
+        self._load_builtins()
+        if name not in self._entries[category]:
+            self.load_entry_points()
+        if name not in self._entries[category]:
+            raise RegistryError(self._unknown_message(category, name))
+        return self._entries[category][name][0]
+
+    def get_algorithm(self, name: str) -> Algorithm:
+        return self.get(ALGORITHM, name)
+
+    def names(self, category: str) -> list[str]:
+        """Every name known in `category`, after loading all providers."""
+        self._load_builtins()
+        self.load_entry_points()
+        return sorted(self._entries[category])
+
+    def provider(self, category: str, name: str) -> str:
+        self.get(category, name)
+        return self._entries[category][name][1]
+
+    @property
+    def load_failures(self) -> Mapping[str, str]:
+        """Entry points that failed to load, by name, with the reason."""
+        return dict(self._load_failures)
+
+    def load_entry_points(self) -> None:
+        """Load every algorithm entry point once; failures are kept, not hidden."""
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        self._load_builtins()
+        for ep in metadata.entry_points(group=self._group):
+            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            try:
+                value = ep.load()
+            except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
+                self._load_failures[ep.name] = (
+                    f"entry point {ep.name!r} of distribution {dist!r} failed to import "
+                    f"module {ep.module!r}: {type(e).__name__}: {e}"
+                )
+                continue
+            if not isinstance(value, Algorithm):
+                self._load_failures[ep.name] = (
+                    f"entry point {ep.name!r} of distribution {dist!r} points at {ep.value!r}, "
+                    f"which is a {type(value).__name__}, not an rl_core.registry.Algorithm"
+                )
+                continue
+            self.register_algorithm(value, provider=dist)
+
+    def _load_builtins(self) -> None:
+        if self._builtins_loaded:
+            return
+        self._builtins_loaded = True
+        for module in self._builtin_modules:
+            importlib.import_module(module)
+
+    def _unknown_message(self, category: str, name: str) -> str:
+        entries = self._entries[category]
+        by_provider: dict[str, list[str]] = {}
+        for known, (_, provider) in sorted(entries.items()):
+            by_provider.setdefault(provider, []).append(known)
+        known_text = "; ".join(f"{', '.join(names)} (from {p})" for p, names in sorted(by_provider.items()))
+        lines = [f"unknown {category} {name!r}. Known: {known_text or 'none'}."]
+        close = difflib.get_close_matches(name, list(entries), n=1)
+        if close:
+            lines.append(f"Did you mean {close[0]!r}?")
+        if name in self._load_failures:
+            lines.append(f"It is installed but failed to load: {self._load_failures[name]}")
+        elif category == ALGORITHM:
+            lines.append(
+                f"If {name!r} is an algorithm package, install its distribution: "
+                f"`uv pip install {distribution_for(name)}` (or add {distribution_for(name)!r} to your dependencies)."
+            )
+        other_failures = [why for ep, why in self._load_failures.items() if ep != name]
+        if other_failures:
+            lines.append("Entry points that failed to load: " + " | ".join(other_failures))
+        return " ".join(lines)
+
+
+registry = Registry()
+"""The process-wide registry."""
+
+
+def register(category: str, name: str) -> Callable[[T], T]:
+    """Decorator: `@register("advantage_estimator", "grpo")`."""
+
+    def decorate(obj: T) -> T:
+        return registry.register(category, name, obj)
+
+    return decorate
+
+
+def get(category: str, name: str) -> Any:
+    return registry.get(category, name)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    return registry.get_algorithm(name)

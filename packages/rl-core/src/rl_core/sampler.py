@@ -1,0 +1,182 @@
+"""Batched generation with a preallocated KV cache, in one jitted program.
+
+Prefill writes the left-padded prompt into the cache; a `lax.while_loop`
+then decodes one token per iteration and stops as soon as every row has
+emitted EOS or reached `max_new_tokens`. The program depends only on
+(batch, prompt bucket) shapes, so a run compiles a fixed handful of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rl_core.config import RolloutConfig
+
+
+class Completions(NamedTuple):
+    tokens: jax.Array  # [B, T] int32; pad after EOS
+    logp: jax.Array  # [B, T] float32; sampler log-probs, 0 after EOS
+    mask: jax.Array  # [B, T] float32; 1 up to and including EOS
+    lengths: jax.Array  # [B] int32; tokens including EOS
+    truncated: jax.Array  # [B] bool; no EOS within max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """What shapes the sampling distribution (static for compilation)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig) -> SamplingParams:
+        return cls(rollout.temperature, rollout.top_k, rollout.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Tempered float32 logits with top-k / top-p exclusions set to -inf."""
+    logits = logits.astype(jnp.float32) / (params.temperature or 1.0)
+    if params.top_k:
+        kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if params.top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        # keep tokens until the cumulative mass first reaches top_p (the crossing token included)
+        cutoff_index = jnp.sum(cum < params.top_p, axis=-1, keepdims=True)
+        cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """(token [B], log-prob [B] under the distribution actually sampled from).
+
+    Greedy reports the log-prob under the untempered softmax.
+    """
+    filtered = filter_logits(logits, params)
+    logp_all = jax.nn.log_softmax(filtered, axis=-1)
+    if params.greedy:
+        token = jnp.argmax(filtered, axis=-1)
+    else:
+        token = jax.random.categorical(key, filtered, axis=-1)
+    return token.astype(jnp.int32), jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+
+
+def generate(
+    model: nnx.Module,
+    prompt_tokens: jax.Array,  # [B, P] left-padded
+    prompt_mask: jax.Array,  # [B, P]
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    params: SamplingParams,
+) -> Completions:
+    """Generate completions (trace inside jit; see `Sampler`)."""
+    b, p = prompt_tokens.shape
+    t_max = max_new_tokens
+    slots = p + t_max
+    eos = jnp.asarray(tuple(eos_ids), jnp.int32)
+    valid_prompt = prompt_mask > 0
+    prompt_len = jnp.sum(valid_prompt, axis=1).astype(jnp.int32)
+
+    # Prefill: slot k holds prompt token k; decode slots follow at p + t.
+    positions = jnp.maximum(jnp.cumsum(valid_prompt, axis=1) - 1, 0).astype(jnp.int32)
+    slot_valid = jnp.concatenate([valid_prompt, jnp.ones((b, t_max), bool)], axis=1)  # [B, S]
+    causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
+    cache = model.init_cache(b, slots)
+    hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0)
+    key, sub = jax.random.split(key)
+    first, first_logp = sample_token(sub, model.logits(hidden[:, -1]), params)
+
+    tokens = jnp.full((b, t_max), pad_id, jnp.int32).at[:, 0].set(first)
+    logps = jnp.zeros((b, t_max), jnp.float32).at[:, 0].set(first_logp)
+    done = jnp.isin(first, eos)
+
+    def cond(state):
+        t, _, _, _, done, _ = state
+        return (t < t_max - 1) & ~jnp.all(done)
+
+    def body(state):
+        t, cache, tokens, logps, done, key = state
+        last = jax.lax.dynamic_index_in_dim(tokens, t, axis=1, keepdims=True)  # [B, 1]
+        slot = p + t
+        mask = (jnp.arange(slots) <= slot)[None, None, :] & slot_valid[:, None, :]
+        hidden, cache = model(last, (prompt_len + t)[:, None], mask, cache, slot)
+        key, sub = jax.random.split(key)
+        token, logp = sample_token(sub, model.logits(hidden[:, 0]), params)
+        token = jnp.where(done, pad_id, token)
+        logp = jnp.where(done, 0.0, logp)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1)
+        logps = jax.lax.dynamic_update_index_in_dim(logps, logp, t + 1, axis=1)
+        return t + 1, cache, tokens, logps, done | jnp.isin(token, eos), key
+
+    state = (jnp.int32(0), cache, tokens, logps, done, key)
+    _, _, tokens, logps, done, _ = jax.lax.while_loop(cond, body, state)
+
+    is_eos = jnp.isin(tokens, eos)
+    # a token is real up to and including the first EOS
+    eos_before = jnp.cumsum(is_eos, axis=1) - is_eos
+    mask = (eos_before == 0).astype(jnp.float32)
+    lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
+    return Completions(tokens, logps * mask, mask, lengths, ~jnp.any(is_eos, axis=1))
+
+
+class Sampler:
+    """Jitted generation for one model structure; call with its parameters.
+
+    The jitted function is built once, so its compile cache lives as long as
+    the sampler; `compiles` counts the distinct programs traced.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        *,
+        max_new_tokens: int,
+        eos_ids: Sequence[int],
+        pad_id: int,
+    ) -> None:
+        if not eos_ids:
+            raise ValueError("eos_ids is empty: generation could never stop early")
+        self.graphdef = graphdef
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.pad_id = pad_id
+        self.compiles = 0
+        self._generate = jax.jit(self._traced, static_argnames=("params",))
+
+    def _traced(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams) -> Completions:
+        self.compiles += 1  # runs once per trace, i.e. per compiled program
+        model = nnx.merge(self.graphdef, state)
+        return generate(
+            model,
+            prompt_tokens,
+            prompt_mask,
+            key,
+            max_new_tokens=self.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            params=params,
+        )
+
+    def __call__(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams) -> Completions:
+        return self._generate(state, prompt_tokens, prompt_mask, key, params=params)
+
+

@@ -1,0 +1,43 @@
+"""The arrays that flow between rollout and the update.
+
+Shapes: B completions, P prompt tokens, T completion tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+
+class TrainExample(NamedTuple):
+    """One batch of completions ready for the loss.
+
+    Optional fields are None when the algorithm does not need them; that is
+    static per run, so it never causes recompilation.
+    """
+
+    prompt_tokens: jax.Array  # [B, P] int32, left-padded
+    prompt_mask: jax.Array  # [B, P] float32, 1 = real token
+    completion_tokens: jax.Array  # [B, T] int32, padded after EOS
+    completion_mask: jax.Array  # [B, T] float32, 1 = token in the loss
+    advantages: jax.Array  # [B] float32
+    old_logp: jax.Array | None = None  # [B, T] log-probs of the policy that sampled (num_iterations > 1)
+    ref_logp: jax.Array | None = None  # [B, T] reference policy log-probs (beta != 0)
+
+    @property
+    def batch_size(self) -> int:
+        return self.completion_tokens.shape[0]
+
+
+def take(example: TrainExample, index: np.ndarray) -> TrainExample:
+    """Rows `index` of every array (None stays None)."""
+    return TrainExample(*(None if x is None else x[index] for x in example))
+
+
+def concat(examples: list[TrainExample]) -> TrainExample:
+    """Rows of several examples stacked in order (same optional fields)."""
+    import jax.numpy as jnp
+
+    return TrainExample(*(None if xs[0] is None else jnp.concatenate(xs) for xs in zip(*examples, strict=True)))
