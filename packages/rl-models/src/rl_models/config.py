@@ -1,0 +1,170 @@
+"""Transformer hyper-parameters: a frozen, validated, keyword-only dataclass.
+
+Presets for tests and built-in tasks are classmethods (`TransformerConfig.tiny`,
+`TransformerConfig.tiny_qwen2`) and can be looked up by name with `preset`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _require(ok: bool, cls: str, field: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{cls}.{field}={value!r}: {rule}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Llama 3.1 style ("llama3") rotary frequency scaling.
+
+    Wavelengths longer than original_max_position_embeddings / low_freq_factor
+    are divided by `factor`; shorter than .../high_freq_factor are kept; the
+    band in between is interpolated smoothly.
+    """
+
+    factor: float
+    """Divisor applied to low frequencies (e.g. 8.0 for Llama 3.1, 32.0 for 3.2)."""
+    low_freq_factor: float
+    """Wavelength threshold divisor below which frequencies are fully scaled."""
+    high_freq_factor: float
+    """Wavelength threshold divisor above which frequencies are kept."""
+    original_max_position_embeddings: int
+    """Context length the model was pre-trained with (8192 for Llama 3)."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _require(self.factor > 0, name, "factor", self.factor, "must be > 0")
+        _require(
+            self.low_freq_factor > 0, name, "low_freq_factor", self.low_freq_factor, "must be > 0"
+        )
+        _require(
+            self.high_freq_factor > self.low_freq_factor,
+            name,
+            "high_freq_factor",
+            self.high_freq_factor,
+            f"must be > low_freq_factor ({self.low_freq_factor})",
+        )
+        _require(
+            self.original_max_position_embeddings > 0,
+            name,
+            "original_max_position_embeddings",
+            self.original_max_position_embeddings,
+            "must be > 0",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """A decoder-only transformer (Llama / Qwen2 / Qwen3 family)."""
+
+    vocab_size: int
+    """Number of token ids V."""
+    hidden_size: int
+    """Model width D."""
+    num_layers: int
+    """Number of transformer blocks."""
+    num_heads: int
+    """Query heads H."""
+    num_kv_heads: int
+    """Key/value heads K (grouped-query attention); must divide num_heads."""
+    mlp_hidden_size: int
+    """Inner width of the SwiGLU MLP."""
+    head_dim: int | None = None
+    """Per-head width; None means hidden_size // num_heads, filled in at construction
+    (so `dataclasses.replace(cfg, hidden_size=...)` keeps the old head_dim unless
+    head_dim=None is passed too)."""
+    rope_theta: float = 10000.0
+    """Rotary base frequency."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon inside every RMSNorm."""
+    tie_embeddings: bool = False
+    """Unembed with the (transposed) token embedding instead of a separate matrix."""
+    attention_bias: bool = False
+    """Biases on the q/k/v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.1 style frequency scaling, or None."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of parameters, activations and the KV cache (softmax and norms run in float32)."""
+    remat: bool = False
+    """Rematerialize each block in the backward pass (nnx.remat)."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                      "mlp_hidden_size"):
+            value = getattr(self, field)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                name, field, value, "must be a positive int",
+            )
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            name, "num_kv_heads", self.num_kv_heads,
+            f"must divide num_heads ({self.num_heads})",
+        )
+        if self.head_dim is None:
+            _require(
+                self.hidden_size % self.num_heads == 0,
+                name, "hidden_size", self.hidden_size,
+                f"must be divisible by num_heads ({self.num_heads}) when head_dim is None",
+            )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        _require(
+            isinstance(self.head_dim, int) and self.head_dim > 0 and self.head_dim % 2 == 0,
+            name, "head_dim", self.head_dim, "must be a positive even int (rotary halves)",
+        )
+        _require(self.rope_theta > 0, name, "rope_theta", self.rope_theta, "must be > 0")
+        _require(self.rms_norm_eps > 0, name, "rms_norm_eps", self.rms_norm_eps, "must be > 0")
+        _require(
+            self.dtype in DTYPES, name, "dtype", self.dtype, f"must be one of {DTYPES}"
+        )
+        _require(
+            self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
+            name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",
+        )
+        for field in ("tie_embeddings", "attention_bias", "qk_norm", "remat"):
+            value = getattr(self, field)
+            _require(isinstance(value, bool), name, field, value, "must be a bool")
+
+    @classmethod
+    def tiny(cls, vocab_size: int, **overrides: object) -> TransformerConfig:
+        """A very small model for unit tests: D=64, 2 layers, 4 heads, 2 KV heads."""
+        fields: dict[str, object] = dict(
+            vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=4,
+            num_kv_heads=2, mlp_hidden_size=128,
+        )
+        return cls(**(fields | overrides))  # type: ignore[arg-type]
+
+    @classmethod
+    def tiny_qwen2(cls, vocab_size: int, **overrides: object) -> TransformerConfig:
+        """A small Qwen2-shaped model for built-in tasks: D=128, 4 layers, 4/2 heads, tied."""
+        fields: dict[str, object] = dict(
+            vocab_size=vocab_size, hidden_size=128, num_layers=4, num_heads=4,
+            num_kv_heads=2, mlp_hidden_size=512, tie_embeddings=True,
+            attention_bias=True,
+        )
+        return cls(**(fields | overrides))  # type: ignore[arg-type]
+
+
+PRESETS: dict[str, Callable[..., TransformerConfig]] = {
+    "tiny": TransformerConfig.tiny,
+    "tiny_qwen2": TransformerConfig.tiny_qwen2,
+}
+
+
+def preset(name: str, *, vocab_size: int, **overrides: object) -> TransformerConfig:
+    """The named preset config for `vocab_size`; unknown names list the known ones."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}.{hint}"
+        )
+    return PRESETS[name](vocab_size, **overrides)

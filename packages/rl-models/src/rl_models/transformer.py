@@ -1,0 +1,246 @@
+"""A decoder-only transformer (Llama / Qwen2 / Qwen3 family) in Flax NNX.
+
+Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab,
+H query heads, K key/value heads, G = H // K queries per KV head, Dh head_dim.
+
+Every piece of state is an `nnx.Param`; the KV cache is a plain pytree
+(a tuple over layers of (k, v) arrays [B, S, K, Dh]) that callers pass in and
+get back, so a jitted sampler can thread it through `lax.while_loop`.
+The model adds no implicit causal mask: the caller's `attention_mask` is the
+whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rl_models.config import RopeScaling, TransformerConfig
+
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(config: TransformerConfig) -> jnp.dtype:
+    """The jnp dtype named by `config.dtype`."""
+    return jnp.dtype(_DTYPES[config.dtype])
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel (+ bias); kernel [in, out]."""
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool,
+                 dtype: jnp.dtype, rngs: nnx.Rngs):
+        init = nnx.initializers.lecun_normal()
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype))
+        self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if use_bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x @ self.kernel[...]
+        if self.bias is not None:
+            y = y + self.bias[...]
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * y.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """Rotary inverse frequencies [Dh/2] in float32, as Hugging Face computes them
+    (including the "llama3" rope_scaling rule)."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate x [B, L, N, Dh] by positions [B, L] ("rotate_half" convention:
+    the first and second halves of Dh are the two coordinates of each pair)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, L, Dh/2]
+    cos = jnp.cos(freqs)[:, :, None, :]
+    sin = jnp.sin(freqs)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, L, H, Dh], k/v [B, S, K, Dh], mask [B, L, S]
+    (True = may attend) -> [B, L, H * Dh]. Scores and softmax run in float32;
+    masked scores are the most negative float32, so a fully masked row gets a
+    finite uniform distribution instead of NaN."""
+    b, l, h, dh = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, l, kv_heads, h // kv_heads, dh)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(dh))
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum(
+        "bkgls,bskd->blkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    return out.reshape(b, l, h * dh).astype(v.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary positions (optionally q/k biases
+    and q/k RMSNorm)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtype = compute_dtype(config)
+        d, h, kv, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        assert dh is not None
+        bias = config.attention_bias
+        self.q_proj = Linear(d, h * dh, use_bias=bias, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(d, kv * dh, use_bias=bias, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(d, kv * dh, use_bias=bias, dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(h * dh, d, use_bias=False, dtype=dtype, rngs=rngs)
+        eps = config.rms_norm_eps
+        self.q_norm = RMSNorm(dh, eps=eps, dtype=dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(dh, eps=eps, dtype=dtype) if config.qk_norm else None
+        self.config = config
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+                 kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        cfg = self.config
+        b, l, _ = x.shape
+        q = self.q_proj(x).reshape(b, l, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if kv is not None:
+            zero = jnp.zeros((), jnp.int32)
+            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+            kv = (k, v)
+        return self.o_proj(attend(q, k, v, mask)), kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtype = compute_dtype(config)
+        d, f = config.hidden_size, config.mlp_hidden_size
+        self.gate_proj = Linear(d, f, use_bias=False, dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(d, f, use_bias=False, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(f, d, use_bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x))."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtype = compute_dtype(config)
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+                 kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, cache_index)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), kv
+
+
+class Transformer(nnx.Module):
+    """Decoder-only language model implementing `rl_core.policy.Policy`.
+
+    `rngs` is used only to initialize parameters; nothing random is kept.
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtype = compute_dtype(config)
+        self.config = config
+        embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+        self.embed = nnx.Param(
+            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype)
+        )
+        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.lm_head = None if config.tie_embeddings else Linear(
+            config.hidden_size, config.vocab_size, use_bias=False, dtype=dtype, rngs=rngs
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """Zeroed (k, v) per layer, each [batch_size, max_len, K, Dh] in the model dtype."""
+        cfg = self.config
+        shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+        dtype = compute_dtype(cfg)
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                 cache: KVCache | None = None, cache_index: jax.Array | int = 0,
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """Hidden states [B, L, D] (after the final norm) and the updated cache."""
+        b, l = tokens.shape
+        s = l if cache is None else cache[0][0].shape[1]
+        if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
+            raise ValueError(
+                f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
+                f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
+                f"{attention_mask.shape}); S is {'L' if cache is None else 'the cache length'}"
+            )
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
+        if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
+            raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        x = jnp.take(self.embed[...], tokens, axis=0)
+        step = nnx.remat(Block.__call__) if self.config.remat else Block.__call__
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, kv = step(layer, x, positions, attention_mask,
+                         None if cache is None else cache[i], cache_index)
+            new_cache.append(kv)
+        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits [..., V] from hidden states [..., D]."""
+        if self.lm_head is None:
+            w = self.embed[...]
+            return jnp.einsum("...d,vd->...v", hidden.astype(w.dtype), w,
+                              preferred_element_type=jnp.float32)
+        w = self.lm_head.kernel[...]
+        return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w,
+                          preferred_element_type=jnp.float32)

@@ -1,0 +1,54 @@
+"""TransformerConfig validation and presets."""
+
+import dataclasses
+
+import pytest
+
+from rl_models import RopeScaling, TransformerConfig, preset
+
+
+def test_tiny_presets():
+    tiny = TransformerConfig.tiny(50)
+    assert (tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads) == (64, 2, 4, 2)
+    assert tiny.head_dim == 16 and tiny.mlp_hidden_size == 128
+    qwen = preset("tiny_qwen2", vocab_size=99)
+    assert (qwen.hidden_size, qwen.num_layers, qwen.num_heads, qwen.num_kv_heads) == (128, 4, 4, 2)
+    assert qwen.mlp_hidden_size == 512 and qwen.tie_embeddings and qwen.vocab_size == 99
+    assert TransformerConfig.tiny(50, head_dim=8).head_dim == 8
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TransformerConfig.tiny(50).hidden_size = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(num_kv_heads=3), r"TransformerConfig.num_kv_heads=3: must divide num_heads \(4\)"),
+        (dict(vocab_size=0), r"TransformerConfig.vocab_size=0: must be a positive int"),
+        (dict(hidden_size=66), r"hidden_size=66: must be divisible by num_heads \(4\)"),
+        (dict(head_dim=7), r"head_dim=7: must be a positive even int"),
+        (dict(dtype="float16"), r"dtype='float16': must be one of \('float32', 'bfloat16'\)"),
+        (dict(rms_norm_eps=0.0), r"rms_norm_eps=0.0: must be > 0"),
+        (dict(remat=1), r"remat=1: must be a bool"),
+        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None or a RopeScaling"),
+    ],
+)
+def test_validation_names_field_value_and_rule(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.tiny(50, **overrides)
+
+
+def test_rope_scaling_validation():
+    ok = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=8192)
+    assert TransformerConfig.tiny(50, rope_scaling=ok).rope_scaling == ok
+    with pytest.raises(ValueError, match=r"high_freq_factor=1.0: must be > low_freq_factor \(1.0\)"):
+        RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                    original_max_position_embeddings=8192)
+
+
+def test_unknown_preset_suggests_the_closest():
+    with pytest.raises(ValueError, match=r"unknown model preset 'tiny_qwen'.*Did you mean 'tiny_qwen2'"):
+        preset("tiny_qwen", vocab_size=50)

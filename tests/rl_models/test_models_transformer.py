@@ -1,0 +1,240 @@
+"""The NNX transformer: cache equivalence, grouped-query layout, masking, tying, dtypes."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_models import Transformer, TransformerConfig
+
+V = 37
+
+
+def perturbed(model: Transformer, seed: int = 1) -> Transformer:
+    """Add N(0, 0.1^2) noise to every parameter so that norm scales and biases
+    are not trivially 1 and 0."""
+    graphdef, params = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+
+
+def make(seed: int = 0, **overrides) -> Transformer:
+    return perturbed(Transformer(TransformerConfig.tiny(V, **overrides), rngs=nnx.Rngs(seed)))
+
+
+def left_padded_batch():
+    """Row 0: 6 prompt tokens; row 1: 2 pads then 4 prompt tokens; then 4
+    teacher-forced completion tokens each. Positions = cumsum(valid) - 1."""
+    tokens = jnp.array([[5, 9, 3, 7, 1, 4, 8, 2, 6, 3],
+                        [0, 0, 11, 12, 13, 14, 20, 21, 22, 23]], jnp.int32)
+    valid = tokens != 0
+    positions = jnp.cumsum(valid, axis=1) - 1
+    causal = jnp.tril(jnp.ones((10, 10), bool))
+    mask = causal[None] & valid[:, None, :]
+    return tokens, positions, mask, valid
+
+
+CONFIGS = [
+    dict(),
+    dict(attention_bias=True, qk_norm=True, tie_embeddings=True),
+    dict(num_kv_heads=1, head_dim=8),  # head_dim != hidden_size // num_heads
+]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS)
+def test_incremental_decoding_with_cache_matches_full_forward(overrides):
+    model = make(**overrides)
+    tokens, positions, mask, valid = left_padded_batch()
+    full_hidden, no_cache = model(tokens, positions, mask)
+    assert no_cache is None
+    chex.assert_shape(full_hidden, (2, 10, 64))
+
+    # Prefill 6 tokens, then decode one token at a time inside a jitted
+    # lax.fori_loop (traced cache_index). The cache has 3 spare slots that
+    # stay masked out.
+    slots = 13
+    mask_slots = jnp.pad(mask, ((0, 0), (0, 0), (0, slots - 10)))
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def run(params):
+        m = nnx.merge(graphdef, params)
+        cache = m.init_cache(2, slots)
+        h0, cache = m(tokens[:, :6], positions[:, :6], mask_slots[:, :6], cache, 0)
+
+        def body(t, carry):
+            hidden, cache = carry
+            tok = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
+            pos = jax.lax.dynamic_slice_in_dim(positions, t, 1, axis=1)
+            msk = jax.lax.dynamic_slice_in_dim(mask_slots, t, 1, axis=1)
+            h, cache = nnx.merge(graphdef, params)(tok, pos, msk, cache, t)
+            return jax.lax.dynamic_update_slice_in_dim(hidden, h, t, axis=1), cache
+
+        hidden = jnp.zeros((2, 10, 64), h0.dtype).at[:, :6].set(h0)
+        hidden, cache = jax.lax.fori_loop(6, 10, body, (hidden, cache))
+        return hidden, cache
+
+    hidden, cache = run(params)
+    cfg = model.config
+    chex.assert_shape(cache[0][0], (2, slots, cfg.num_kv_heads, cfg.head_dim))
+    assert bool(jnp.all(jnp.isfinite(hidden)))
+    sel = np.asarray(valid)  # pad query rows attend to nothing: excluded
+    np.testing.assert_allclose(np.asarray(hidden)[sel], np.asarray(full_hidden)[sel], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(model.logits(hidden))[sel], np.asarray(model.logits(full_hidden))[sel],
+        atol=1e-5, rtol=1e-5,
+    )
+    # The spare slots were never written.
+    assert not bool(jnp.any(cache[0][0][:, 10:]))
+
+
+def test_left_padding_does_not_change_a_rows_outputs():
+    """Row 1 (left-padded) equals the same 8 tokens run alone without padding."""
+    model = make()
+    tokens, positions, mask, _ = left_padded_batch()
+    hidden, _ = model(tokens, positions, mask)
+    alone = tokens[1:, 2:]
+    alone_hidden, _ = model(alone, jnp.arange(8)[None], jnp.tril(jnp.ones((1, 8, 8), bool)))
+    np.testing.assert_allclose(hidden[1, 2:], alone_hidden[0], atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_query_attention_equals_multi_head_with_repeated_kv_heads():
+    """GQA with K=2 KV heads for H=4 query heads: query head h reads KV head
+    h // 2. Copying each KV head's k/v projection columns into heads 2k and
+    2k+1 of a plain multi-head model (K=H=4) must give the same outputs."""
+    gqa = make(attention_bias=True)
+    mha = Transformer(TransformerConfig.tiny(V, num_kv_heads=4, attention_bias=True),
+                      rngs=nnx.Rngs(5))
+    gqa_state, mha_state = nnx.state(gqa), nnx.state(mha)
+    dh = gqa.config.head_dim
+
+    def repeat_heads(x):  # [..., K * Dh] -> [..., H * Dh], each head twice in a row
+        heads = x.reshape(*x.shape[:-1], -1, dh)
+        return jnp.repeat(heads, 2, axis=-2).reshape(*x.shape[:-1], -1)
+
+    flat_gqa = dict(nnx.to_flat_state(gqa_state))
+    new = {}
+    for path, var in nnx.to_flat_state(mha_state):
+        value = flat_gqa[path][...]
+        if "k_proj" in path or "v_proj" in path:
+            value = repeat_heads(value)
+        new[path] = value
+    nnx.update(mha, nnx.from_flat_state(
+        [(p, v.replace(new[p])) for p, v in nnx.to_flat_state(mha_state)]))
+
+    tokens, positions, mask, valid = left_padded_batch()
+    h_gqa, _ = gqa(tokens, positions, mask)
+    h_mha, _ = mha(tokens, positions, mask)
+    np.testing.assert_allclose(h_gqa, h_mha, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_cache_slots_do_not_leak_and_fully_masked_rows_are_finite():
+    model = make()
+    tokens, positions, mask, valid = left_padded_batch()
+    cache = model.init_cache(2, 10)
+    hidden, _ = model(tokens, positions, mask, cache, 0)
+    # Overwrite the pad slots of row 1 (slots 0 and 1) with huge garbage after
+    # prefill of the first 6 tokens, then decode token 6 for both rows.
+    _, cache = model(tokens[:, :6], positions[:, :6], mask[:, :6], model.init_cache(2, 10), 0)
+    garbage = tuple((k.at[1, :2].set(1e4), v.at[1, :2].set(-1e4)) for k, v in cache)
+    h_clean, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], cache, 6)
+    h_dirty, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], garbage, 6)
+    np.testing.assert_array_equal(h_clean, h_dirty)
+    np.testing.assert_allclose(h_clean[:, 0], hidden[:, 6], atol=1e-5, rtol=1e-5)
+    # Row 1's first query (a pad) may attend to nothing: still finite.
+    assert not bool(jnp.any(mask[1, 0]))
+    assert bool(jnp.all(jnp.isfinite(hidden)))
+    assert bool(jnp.all(jnp.isfinite(model.logits(hidden))))
+
+
+def _param_count(model) -> int:
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_tied_and_untied_unembedding():
+    tied = make(tie_embeddings=True)
+    untied = make(tie_embeddings=False)
+    assert tied.lm_head is None
+    chex.assert_shape(untied.lm_head.kernel[...], (64, V))
+    # The untied head is exactly one extra D x V matrix.
+    assert _param_count(untied) - _param_count(tied) == 64 * V
+    tokens, positions, mask, _ = left_padded_batch()
+    for model in (tied, untied):
+        hidden, _ = model(tokens, positions, mask)
+        logits = model.logits(hidden)
+        chex.assert_shape(logits, (2, 10, V))
+        assert logits.dtype == jnp.float32
+    hidden, _ = tied(tokens, positions, mask)
+    np.testing.assert_allclose(tied.logits(hidden), hidden @ tied.embed[...].T, atol=1e-5, rtol=1e-5)
+
+
+def test_only_params_are_state_and_split_merge_round_trips():
+    model = make()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    assert jax.tree.leaves(rest) == []
+    again = nnx.merge(graphdef, params)
+    tokens, positions, mask, _ = left_padded_batch()
+    np.testing.assert_array_equal(model(tokens, positions, mask)[0], again(tokens, positions, mask)[0])
+
+
+def test_remat_gives_the_same_loss_and_gradients():
+    tokens, positions, mask, valid = left_padded_batch()
+
+    def loss_and_grads(model):
+        def loss(m):
+            hidden, _ = m(tokens, positions, mask)
+            return jnp.sum(jax.nn.log_softmax(m.logits(hidden))[..., 3] * valid)
+        return nnx.value_and_grad(loss)(model)
+
+    plain, remat = make(remat=False), make(remat=True)
+    (l1, g1), (l2, g2) = loss_and_grads(plain), loss_and_grads(remat)
+    np.testing.assert_allclose(l1, l2, rtol=1e-6)
+    chex.assert_trees_all_close(g1, g2, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_params_cache_and_float32_logits():
+    model = Transformer(TransformerConfig.tiny(V, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.bfloat16)}
+    cache = model.init_cache(2, 12)
+    assert cache[0][0].dtype == jnp.bfloat16
+    tokens, positions, mask, _ = left_padded_batch()
+    hidden, cache = model(tokens, positions, jnp.pad(mask, ((0, 0), (0, 0), (0, 2))), cache, 0)
+    assert hidden.dtype == jnp.bfloat16
+    logits = model.logits(hidden)
+    assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_bad_shapes_and_overflowing_cache_index_are_rejected():
+    model = make()
+    tokens, positions, mask, _ = left_padded_batch()
+    with pytest.raises(ValueError, match="attention_mask of shape"):
+        model(tokens, positions, mask[:, :, :9])
+    with pytest.raises(ValueError, match="do not fit 10 cache slots"):
+        model(tokens[:, :2], positions[:, :2], mask[:, :2], model.init_cache(2, 10), 9)
+
+
+def test_is_an_rl_core_policy():
+    from rl_core.policy import Policy
+
+    model = make()
+    assert isinstance(model, Policy)
+    assert model.vocab_size == V
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    """<rope(q, m), rope(k, n)> is a function of m - n (here 7 - 3 == 104 - 100)."""
+    from rl_models.transformer import apply_rope, rope_inv_freq
+
+    q = jax.random.normal(jax.random.key(0), (1, 1, 1, 16))
+    k = jax.random.normal(jax.random.key(1), (1, 1, 1, 16))
+    inv = rope_inv_freq(16, 10000.0, None)
+
+    def score(m, n):
+        return jnp.sum(apply_rope(q, jnp.array([[m]]), inv) * apply_rope(k, jnp.array([[n]]), inv))
+
+    np.testing.assert_allclose(score(7, 3), score(104, 100), rtol=1e-4)
+    assert abs(float(score(7, 3)) - float(score(3, 7))) > 1e-3  # not symmetric: positions matter
