@@ -1,1 +1,32 @@
-"""rewards: verifiable reward functions and the reward manager."""
+"""rewards: verifiable reward functions and the reward manager.
+
+Reward functions are called as ``fn(prompts, completions, **fields)`` with one
+entry per completion in every list, and return one float per completion.
+They never evaluate, compile or import model text, and every one returns in
+bounded time on any string.
+"""
+
+from rewards.countdown import countdown_reward
+from rewards.formatting import format_reward
+from rewards.length import length_penalty
+from rewards.manager import ON_ERROR_CHOICES, RewardError, RewardManager, RewardResult, RewardSpec
+from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer, numeric_answer_reward
+from rewards.registry import REWARD_FUNCTIONS, RewardFn, make_reward
+
+__all__ = [
+    "ON_ERROR_CHOICES",
+    "REWARD_FUNCTIONS",
+    "RewardError",
+    "RewardFn",
+    "RewardManager",
+    "RewardResult",
+    "RewardSpec",
+    "boxed_reward",
+    "countdown_reward",
+    "format_reward",
+    "gsm8k_reward",
+    "length_penalty",
+    "make_reward",
+    "numeric_answer",
+    "numeric_answer_reward",
+]
