@@ -26,7 +26,7 @@ def test_frozen():
     ("overrides", "message"),
     [
         (dict(num_kv_heads=3), r"TransformerConfig.num_kv_heads=3: must divide num_heads \(4\)"),
-        (dict(vocab_size=0), r"TransformerConfig.vocab_size=0: must be a positive int"),
+        (dict(mlp_hidden_size=0), r"TransformerConfig.mlp_hidden_size=0: must be a positive int"),
         (dict(hidden_size=66), r"hidden_size=66: must be divisible by num_heads \(4\)"),
         (dict(head_dim=7), r"head_dim=7: must be a positive even int"),
         (dict(dtype="float16"), r"dtype='float16': must be one of \('float32', 'bfloat16'\)"),
@@ -38,6 +38,11 @@ def test_frozen():
 def test_validation_names_field_value_and_rule(overrides, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig.tiny(50, **overrides)
+
+
+def test_vocab_size_validation():
+    with pytest.raises(ValueError, match=r"TransformerConfig.vocab_size=0: must be a positive int"):
+        TransformerConfig.tiny(0)
 
 
 def test_rope_scaling_validation():
