@@ -67,10 +67,8 @@ def test_numbers_are_a_multiset():
 def test_wrong_format_score_and_name():
     fn = countdown_reward(wrong_format_score=0.0)
     assert fn.__name__ == "countdown"
-    assert fn(["p", "p"], ["<answer>1 + 2</answer>", "<answer>1 + 1</answer>"], numbers=[[1, 2]] * 2, target=[3] * 2) == [
-        1.0,
-        0.0,
-    ]
+    completions = ["<answer>1 + 2</answer>", "<answer>1 + 1</answer>"]
+    assert fn(["p", "p"], completions, numbers=[[1, 2]] * 2, target=[3] * 2) == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan"), "0.1", True])

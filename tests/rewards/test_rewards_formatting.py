@@ -44,7 +44,8 @@ def test_format_reward_names_and_custom_tags():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"think_tag": ""}, {"answer_tag": "<answer>"}, {"think_tag": "a b"}, {"think_tag": "x", "answer_tag": "x"}]
+    "kwargs",
+    [{"think_tag": ""}, {"answer_tag": "<answer>"}, {"think_tag": "a b"}, {"think_tag": "x", "answer_tag": "x"}],
 )
 def test_format_reward_rejects_bad_tag_names(kwargs):
     with pytest.raises(ValueError, match="tag"):

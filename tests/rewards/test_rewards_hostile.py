@@ -48,7 +48,9 @@ HOSTILE = {
     "power_tower": "9**9**9**9",
     "power_tower_boxed": r"\boxed{9**9**9**9} #### 9**9**9**9 <answer>9**9**9**9</answer>",
     "million_digits": "7" * 1_000_000,
-    "million_digits_everywhere": "#### " + "7" * 1_000_000 + r" \boxed{" + "7" * 1_000_000 + "} <answer>" + "7" * 10_000 + "</answer>",
+    "million_digits_everywhere": (
+        "#### " + "7" * 1_000_000 + r" \boxed{" + "7" * 1_000_000 + "} <answer>" + "7" * 10_000 + "</answer>"
+    ),
     "digits_with_commas": "1" + ",000" * 100_000,
     "100kb": "The answer is 42. " * 5_700,
     "nested_parens": "(" * NESTING + "1" + ")" * NESTING,
@@ -163,7 +165,7 @@ ANY_TEXT = st.one_of(st.text(), SOUP)
 
 @pytest.mark.parametrize(("fn", "valid"), FUNCTIONS, ids=NAMES)
 @settings(max_examples=200, deadline=None)
-@given(completion=ANY_TEXT, answer=st.one_of(st.integers(-1000, 1000).map(str), st.sampled_from(["0.5", "3/4", "1,000"])))
+@given(completion=ANY_TEXT, answer=st.one_of(st.integers(-1000, 1000).map(str), st.sampled_from(["0.5", "3/4"])))
 def test_no_function_raises_on_arbitrary_text_and_scores_stay_in_range(fn, valid, completion, answer):
     scores = fn(["prompt"], [completion], answer=[answer], numbers=[[1, 2, 3]], target=[6])
     assert_in_range(fn, valid, scores, 1)
@@ -181,7 +183,7 @@ def test_countdown_never_raises_and_scores_one_of_its_three_values(completion, n
 
 
 @settings(max_examples=200, deadline=None)
-@given(expression=st.lists(st.sampled_from(["1", "2", "3", "4", "+", "-", "*", "/", "(", ")", " "]), max_size=40).map("".join))
+@given(expression=st.lists(st.sampled_from([*"1234+-*/() "]), max_size=40).map("".join))
 def test_countdown_scores_agree_with_the_parsed_value_and_literals(expression):
     # Whatever parses, scored against its own literals and value, is correct; off by one, it is wrong.
     parsed = evaluate_expression(expression)

@@ -141,4 +141,5 @@ def test_reward_functions_accept_and_ignore_unknown_fields():
 
 
 def test_names_are_the_registry_names():
-    assert (numeric_answer.__name__, gsm8k_reward.__name__, boxed_reward.__name__) == ("numeric_answer", "gsm8k", "boxed")
+    names = (numeric_answer.__name__, gsm8k_reward.__name__, boxed_reward.__name__)
+    assert names == ("numeric_answer", "gsm8k", "boxed")

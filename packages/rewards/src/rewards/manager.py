@@ -129,7 +129,8 @@ class RewardManager:
             seen[spec.name] = spec
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
-        if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1):
+        valid_workers = isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers >= 1
+        if max_workers is not None and not valid_workers:
             raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
         self.on_error = on_error
         self.max_workers = max_workers
@@ -243,7 +244,8 @@ def _check_inputs(
         if not isinstance(name, str) or not name.isidentifier() or name in ("prompts", "completions"):
             raise ValueError(f"field name {name!r} cannot be passed as a keyword argument")
         if not _is_list_like(values):
-            raise ValueError(f"field {name!r} must be a list with one entry per completion, got {type(values).__name__}")
+            got = type(values).__name__
+            raise ValueError(f"field {name!r} must be a list with one entry per completion, got {got}")
         if len(values) != n:
             raise ValueError(f"field {name!r} has {len(values)} entries for {n} completions")
         checked[name] = list(values)

@@ -35,7 +35,9 @@ def numeric_answer_reward(*, answer_tag: bool = False, tag: str = "answer") -> C
     """
     check_tag_name(tag, "tag")
 
-    def numeric_answer(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object) -> list[float]:
+    def numeric_answer(
+        prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object
+    ) -> list[float]:
         """1.0 if the completion's final number equals ``answer`` exactly, else 0.0.
 
         Numbers compare as exact fractions: ``1,000`` == ``1000``, ``42.50`` ==
@@ -63,7 +65,9 @@ def _gsm8k_number(text: str) -> Fraction | None:
     return None if mark < 0 else first_number(text[mark + len(_GSM8K_MARK) :])
 
 
-def gsm8k_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object) -> list[float]:
+def gsm8k_reward(
+    prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object
+) -> list[float]:
     """1.0 if the number after the completion's last ``####`` equals ``answer``, else 0.0.
 
     The reference may be a bare number (``"1234"``, ``1234``) or a whole GSM8K
@@ -87,7 +91,9 @@ def gsm8k_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: 
 gsm8k_reward.__name__ = "gsm8k"  # the registry and metrics name; __qualname__ keeps pickling by reference
 
 
-def boxed_reward(prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object) -> list[float]:
+def boxed_reward(
+    prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[object], **_: object
+) -> list[float]:
     """1.0 if the completion's last ``\\boxed{...}`` matches ``answer``, else 0.0.
 
     Numbers compare exactly across forms (``\\frac{1}{2}`` == ``\\dfrac12`` ==
