@@ -70,20 +70,26 @@ def uniform_groups(rewards: jax.Array, group_size: int) -> jax.Array:
     return _uniform(_grouped(rewards, group_size))[:, 0]
 
 
+def group_centered(rewards: jax.Array, group_size: int) -> jax.Array:
+    """r_i - mean(r) within each group, exactly 0 for uniform groups; float [B].
+
+    The shared numerator of GRPO and Dr. GRPO (which stops here).
+    """
+    groups = _grouped(rewards, group_size)
+    centered = groups - jnp.mean(groups, axis=1, keepdims=True)
+    # A float mean can differ from r_i by one rounding step (e.g. [0.1]*3), which
+    # divided by 1e-6 is not negligible; uniform groups are forced to exactly 0.
+    return jnp.where(_uniform(groups), jnp.zeros_like(centered), centered).reshape(-1)
+
+
 @register("advantage_estimator", "grpo")
 def grpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
     """GRPO: A_i = (r_i - mean(r)) / (std(r, ddof=1) + 1e-6) within each group.
 
     rewards: float [B] (group-contiguous); returns float [B].
     """
-    groups = _grouped(rewards, group_size)
-    mean = jnp.mean(groups, axis=1, keepdims=True)
-    std = jnp.std(groups, axis=1, ddof=1, keepdims=True)
-    adv = (groups - mean) / (std + GRPO_STD_EPS)
-    # A float mean can differ from r_i by one rounding step (e.g. [0.1]*3), which
-    # divided by 1e-6 is not negligible; uniform groups are forced to exactly 0.
-    adv = jnp.where(_uniform(groups), jnp.zeros_like(adv), adv)
-    return adv.reshape(-1)
+    std = jnp.std(_grouped(rewards, group_size), axis=1, ddof=1)
+    return group_centered(rewards, group_size) / (jnp.repeat(std, group_size) + GRPO_STD_EPS)
 
 
 @register("advantage_estimator", "rloo")

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Self
 
 from rl_core import registry
@@ -79,6 +80,14 @@ class AlgorithmConfig(Config):
 
     def __post_init__(self) -> None:
         check_registered(self, "loss_agg_mode", "loss_aggregation")
+
+    def reward_functions(self, *, max_new_tokens: int) -> tuple[Callable[..., list[float]], ...]:
+        """Reward functions the algorithm adds to the task's (e.g. DAPO's overlong shaping).
+
+        Each has the reward-function signature `fn(prompts, completions, **fields)`;
+        whoever builds the reward manager includes them.
+        """
+        return ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ class TrainExample(NamedTuple):
     advantages: jax.Array  # [B] float32
     old_logp: jax.Array | None = None  # [B, T] log-probs of the policy that sampled (num_iterations > 1)
     ref_logp: jax.Array | None = None  # [B, T] reference policy log-probs (beta != 0)
+    sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics)
 
     @property
     def batch_size(self) -> int:

@@ -1,0 +1,100 @@
+"""DAPOLearner: GRPO's pipeline with dynamic sampling in `collect_groups`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from algo_dapo.config import DAPOConfig
+from algo_grpo import GRPOLearner, Groups
+from algo_grpo.groups import concat
+from rl_core.data import Prompt
+
+
+class DynamicSamplingError(RuntimeError):
+    """`max_gen_batches` rounds did not yield enough informative groups (on_max_gen_batches='raise')."""
+
+
+class DAPOLearner(GRPOLearner):
+    """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv:2503.14476).
+
+    Overrides only group collection: generate, drop groups whose rewards
+    are all equal, keep generating from new prompts until B informative
+    groups exist, and carry the surplus over to the next step.
+    """
+
+    config: DAPOConfig
+
+    def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._carry: Groups | None = None
+        self._sampling_stats: dict[str, float] = {}
+
+    def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
+        if not self.config.dynamic_sampling:
+            return super().collect_groups(prompts)
+        want = len(prompts)
+        parts = [self._carry] if self._carry is not None else []
+        carried_in = self._carry.num_groups if self._carry is not None else 0
+        kept, rounds, sampled, uniform = carried_in, 0, 0, 0
+        last: Groups | None = None
+        while kept < want:
+            if rounds == self.config.max_gen_batches:
+                if self.config.on_max_gen_batches == "raise":
+                    raise DynamicSamplingError(
+                        f"step {self.step + 1}: only {kept} of {want} groups were informative after "
+                        f"max_gen_batches={rounds} generation rounds ({uniform} of {sampled} sampled groups had "
+                        "equal rewards). Raise max_gen_batches, use on_max_gen_batches='partial', or use "
+                        "prompts of a difficulty the policy sometimes solves."
+                    )
+                break
+            batch = prompts if rounds == 0 else self.data.next(want)
+            last = super().collect_groups(batch)
+            rounds += 1
+            is_uniform = last.uniform()
+            sampled += last.num_groups
+            uniform += int(is_uniform.sum())
+            informative = last.select(np.flatnonzero(~is_uniform))
+            parts.append(informative)
+            kept += informative.num_groups
+        groups = concat([p for p in parts if p.num_groups] or [last], pad_id=self.tokenizer.pad_id)
+        if kept >= want:
+            self._carry = groups.select(np.arange(want, kept)) if kept > want else None
+            groups = groups.select(np.arange(want))
+        else:
+            self._carry = None
+            groups = self._fill_masked(groups, last, want)
+        self._sampling_stats = {
+            "dapo/gen_rounds": float(rounds),
+            "dapo/groups_sampled": float(sampled),
+            "dapo/groups_kept": float(min(kept, want)),
+            "dapo/groups_carried_in": float(carried_in),
+            "dapo/surplus_carried": float(max(kept - want, 0)),
+            "groups/uniform_frac": uniform / sampled if sampled else 0.0,
+        }
+        return groups
+
+    def _fill_masked(self, informative: Groups, last: Groups, want: int) -> Groups:
+        """Pad a partial batch to `want` groups with masked-out uniform groups.
+
+        Shapes stay static, and rows with an all-zero mask change neither the
+        loss nor its denominator in any aggregation mode.
+        """
+        missing = want - (informative.num_groups if informative is not last else 0)
+        filler = last.select(np.arange(missing) % last.num_groups)
+        filler = dataclasses.replace(filler, completion_mask=np.zeros_like(filler.completion_mask))
+        parts = [filler] if informative is last else [informative, filler]
+        return concat(parts, pad_id=self.tokenizer.pad_id)
+
+    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        return {**super().group_metrics(groups, advantages), **self._sampling_stats}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"carry": None if self._carry is None else self._carry.to_json()}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        carry = state.get("carry")
+        self._carry = None if carry is None else Groups.from_json(carry)

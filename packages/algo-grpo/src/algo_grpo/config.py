@@ -1,0 +1,47 @@
+"""GRPOConfig: every knob of Group Relative Policy Optimization."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rl_core.config import AlgorithmConfig, check, check_registered
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOConfig(AlgorithmConfig):
+    """GRPO (Shao et al. 2024, arXiv:2402.03300)."""
+
+    group_size: int = 8
+    """G: completions sampled per prompt (>= 2, so that a group has a baseline)."""
+    num_iterations: int = 1
+    """mu: optimizer passes over each batch; > 1 computes old-policy log-probs once."""
+    beta: float = 0.04
+    """KL coefficient; 0 runs no reference model and keeps no reference parameters."""
+    kl_estimator: str = "k3"
+    """KL estimator name: k1, k2 or k3 (Schulman's unbiased, non-negative estimator)."""
+    epsilon_low: float = 0.2
+    """Lower clip: ratios below 1 - epsilon_low are clipped for negative advantages."""
+    epsilon_high: float = 0.2
+    """Upper clip: ratios above 1 + epsilon_high are clipped for positive advantages."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative advantages (None = off)."""
+    loss_agg_mode: str = "seq-mean-token-mean"
+    """Aggregation of per-token losses (a `loss_aggregation` name)."""
+    advantage_estimator: str = "grpo"
+    """Rewards -> advantages (an `advantage_estimator` name)."""
+    policy_loss: str = "grpo"
+    """Per-token policy loss (a `policy_loss` name)."""
+    mask_truncated_completions: bool = False
+    """Give completions that hit max_new_tokens mask 0 in the loss (overlong filtering)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.group_size >= 2, self, "group_size", "must be >= 2")
+        check(self.num_iterations >= 1, self, "num_iterations", "must be >= 1")
+        check(self.beta >= 0.0, self, "beta", "must be >= 0")
+        check(0.0 <= self.epsilon_low < 1.0, self, "epsilon_low", "must be in [0, 1)")
+        check(self.epsilon_high >= 0.0, self, "epsilon_high", "must be >= 0")
+        check(self.dual_clip is None or self.dual_clip > 1.0, self, "dual_clip", "must be > 1 or None")
+        check_registered(self, "kl_estimator", "kl_estimator")
+        check_registered(self, "advantage_estimator", "advantage_estimator")
+        check_registered(self, "policy_loss", "policy_loss")

@@ -1,0 +1,201 @@
+"""GRPOLearner: the group pipeline as small overridable steps.
+
+produce_examples(prompts)
+  = collect_groups(prompts)      rollout + score (DAPO overrides only this)
+  -> compute_advantages(groups)  the configured estimator
+  -> to_example(groups, adv)     arrays for the update, with the masks
+  -> add_logprobs(example)       old-policy (num_iterations > 1), reference (beta != 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from algo_grpo.config import GRPOConfig
+from algo_grpo.groups import Groups
+from algo_grpo.loss import grpo_loss
+from rl_core import registry
+from rl_core.data import Prompt
+from rl_core.learner import LossOutput, RLLearner, StepBatch
+from rl_core.logprobs import completion_logprobs
+from rl_core.types import TrainExample
+
+
+class GRPOLearner(RLLearner[GRPOConfig]):
+    """Group Relative Policy Optimization (arXiv:2402.03300), Algorithm 1.
+
+    For each batch of prompts: sample G completions per prompt, score them,
+    normalise rewards within each group into advantages, and take
+    clipped-surrogate steps with a KL penalty to the initial policy.
+    """
+
+    def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        if self.reward_manager is None:
+            raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
+        self._policy_loss = registry.get("policy_loss", config.policy_loss)
+        self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
+        self._advantages = registry.get("advantage_estimator", config.advantage_estimator)
+        self._kl = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
+        # The reference policy is the initial one; kept only when the KL term is on.
+        self.ref_params = jax.tree.map(jnp.copy, self.params) if config.beta else None
+        self._timings: dict[str, float] = {}
+
+    # -- base-learner hooks ---------------------------------------------------------------
+
+    @property
+    def num_iterations(self) -> int:
+        return self.config.num_iterations
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
+
+    def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
+        return [f"step{self.step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
+
+    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
+        self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
+        groups = self.collect_groups(prompts)
+        adv = self.compute_advantages(groups)
+        example = self.to_example(groups, adv)
+        start = time.perf_counter()
+        example = self.add_logprobs(example)
+        self._timings["time/logprob"] = time.perf_counter() - start
+        metrics = {**self.group_metrics(groups, adv), **self._timings}
+        return StepBatch(example, metrics, self.samples(groups, adv), int(groups.lengths.sum()))
+
+    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
+        logp, entropy = completion_logprobs(
+            model,
+            example.prompt_tokens,
+            example.prompt_mask,
+            example.completion_tokens,
+            temperature=self.rollout.temperature,
+            chunk_tokens=self.rollout.logprob_chunk_tokens,
+        )
+        return grpo_loss(
+            logp,
+            entropy,
+            example,
+            policy_loss=self._policy_loss,
+            aggregate=self._aggregate,
+            kl_estimator=self._kl,
+            beta=self.config.beta,
+            eps_low=self.config.epsilon_low,
+            eps_high=self.config.epsilon_high,
+            dual_clip=self.config.dual_clip,
+            max_len=self.rollout.max_new_tokens,
+        )
+
+    # -- pipeline steps -------------------------------------------------------------------
+
+    def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
+        """Generate and score one group per prompt."""
+        return self.score(self.rollout_groups(prompts))
+
+    def rollout_groups(self, prompts: Sequence[Prompt]) -> Groups:
+        """G sampled completions per prompt, decoded; rewards not yet filled in."""
+        start = time.perf_counter()
+        tokens, mask = self.encode_prompts(prompts, repeat=self.group_size)
+        out = jax.device_get(self.generate(tokens, mask))
+        self._timings["time/rollout"] += time.perf_counter() - start
+        return Groups(
+            group_size=self.group_size,
+            prompts=tuple(prompts),
+            prompt_tokens=tokens,
+            prompt_mask=mask,
+            completion_tokens=np.asarray(out.tokens),
+            completion_mask=np.asarray(out.mask),
+            sampler_logp=np.asarray(out.logp),
+            lengths=np.asarray(out.lengths),
+            truncated=np.asarray(out.truncated),
+            texts=tuple(self.decode(out.tokens, out.mask)),
+            rewards=np.zeros(len(out.lengths), np.float32),
+        )
+
+    def score(self, groups: Groups) -> Groups:
+        """Fill in rewards with the reward manager (task fields passed by name)."""
+        start = time.perf_counter()
+        g = self.group_size
+        prompts = [p for p in groups.prompts for _ in range(g)]
+        names = sorted({k for p in groups.prompts for k in p.fields})
+        fields = {k: [p.fields.get(k) for p in prompts] for k in names}
+        fields["completion_lengths"] = [int(n) for n in groups.lengths]
+        result = self.reward_manager.score([p.text for p in prompts], list(groups.texts), fields)
+        self._timings["time/reward"] += time.perf_counter() - start
+        return _replace(groups, rewards=np.asarray(result.total, np.float32), reward_metrics=result.metrics())
+
+    def compute_advantages(self, groups: Groups) -> np.ndarray:
+        return np.asarray(self._advantages(jnp.asarray(groups.rewards), self.group_size))
+
+    def to_example(self, groups: Groups, advantages: np.ndarray) -> TrainExample:
+        mask = groups.completion_mask
+        if self.config.mask_truncated_completions:
+            mask = mask * ~groups.truncated[:, None]
+        return TrainExample(
+            prompt_tokens=jnp.asarray(groups.prompt_tokens),
+            prompt_mask=jnp.asarray(groups.prompt_mask),
+            completion_tokens=jnp.asarray(groups.completion_tokens),
+            completion_mask=jnp.asarray(mask),
+            advantages=jnp.asarray(advantages, jnp.float32),
+            sampler_logp=jnp.asarray(groups.sampler_logp),
+        )
+
+    def add_logprobs(self, example: TrainExample) -> TrainExample:
+        """Old-policy log-probs only for several passes; reference only when beta != 0."""
+        if self.num_iterations > 1:
+            example = example._replace(old_logp=self.compute_logprobs(self.params, example)[0])
+        if self.config.beta:
+            example = example._replace(ref_logp=self.reference_logprobs(example))
+        return example
+
+    def reference_logprobs(self, example: TrainExample) -> jax.Array:
+        return self.compute_logprobs(self.ref_params, example)[0]
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        lengths = groups.lengths.astype(np.float64)
+        metrics = dict(groups.reward_metrics)
+        metrics.update(
+            {
+                "rewards/total/mean": float(groups.rewards.mean()),
+                "rewards/total/std": float(groups.rewards.std()),
+                "groups/uniform_frac": float(groups.uniform().mean()),
+                "advantages/mean": float(advantages.mean()),
+                "advantages/std": float(advantages.std()),
+                "completions/length_mean": float(lengths.mean()),
+                "completions/length_min": float(lengths.min()),
+                "completions/length_max": float(lengths.max()),
+                "completions/truncated_frac": float(groups.truncated.mean()),
+                "perf/generated_tokens": float(lengths.sum()),
+            }
+        )
+        return metrics
+
+    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+        ids = self.trajectory_ids(groups.prompts)
+        g = self.group_size
+        return [
+            {
+                "id": ids[i],
+                "prompt": groups.prompts[i // g].text,
+                "completion": groups.texts[i],
+                "reward": float(groups.rewards[i]),
+                "advantage": float(advantages[i]),
+            }
+            for i in range(len(groups.texts))
+        ]
+
+
+def _replace(groups: Groups, **changes: Any) -> Groups:
+    return dataclasses.replace(groups, **changes)

@@ -1,0 +1,59 @@
+"""The GRPO objective for one micro-batch, from registered pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from rl_core.learner import LossOutput
+from rl_core.types import TrainExample
+
+
+def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum over real tokens, number of real tokens): a token-mean metric."""
+    return jnp.sum(x * mask), jnp.sum(mask)
+
+
+def grpo_loss(
+    logp: jax.Array,  # [B, T] current policy
+    entropy: jax.Array,  # [B, T]
+    example: TrainExample,
+    *,
+    policy_loss: Callable,
+    aggregate: Callable,
+    kl_estimator: Callable | None,
+    beta: float,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+    max_len: int,
+) -> LossOutput:
+    """Clipped surrogate plus beta * KL, aggregated into (sum, denominator)."""
+    mask = example.completion_mask
+    # With one pass per batch the old policy is the current one: rho == 1 in value.
+    old_logp = example.old_logp if example.old_logp is not None else jax.lax.stop_gradient(logp)
+    pg, aux = policy_loss(logp, old_logp, example.advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+    per_token = pg
+    means = {
+        "train/policy_loss": aggregate(pg, mask, max_len=max_len),
+        "train/entropy": masked_sum(entropy, mask),
+        "train/clip_frac_low": masked_sum(aux.clipped_low, mask),
+        "train/clip_frac_high": masked_sum(aux.clipped_high, mask),
+        "train/ratio_mean": masked_sum(aux.ratio, mask),
+    }
+    if beta:
+        kl = kl_estimator(logp, example.ref_logp)
+        per_token = per_token + beta * kl
+        means["train/kl"] = masked_sum(kl, mask)
+    if example.sampler_logp is not None:
+        drift = jnp.abs(jax.lax.stop_gradient(logp) - example.sampler_logp) * mask
+        means["drift/logp_abs_mean"] = (jnp.sum(drift), jnp.sum(mask))
+    total, denom = aggregate(per_token, mask, max_len=max_len)
+    real = mask > 0
+    maxima = {"train/ratio_max": jnp.max(jnp.where(real, aux.ratio, -jnp.inf))}
+    minima = {"train/ratio_min": jnp.min(jnp.where(real, aux.ratio, jnp.inf))}
+    if example.sampler_logp is not None:
+        maxima["drift/logp_abs_max"] = jnp.max(drift)
+    return LossOutput(total, denom, means=means, maxima=maxima, minima=minima)
