@@ -48,6 +48,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         # The reference policy is the initial one; kept only when the KL term is on.
         self.ref_params = jax.tree.map(jnp.copy, self.params) if config.beta else None
         self._timings: dict[str, float] = {}
+        self._generated_tokens = 0
 
     # -- base-learner hooks ---------------------------------------------------------------
 
@@ -64,6 +65,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
         self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
+        self._generated_tokens = 0
         groups = self.collect_groups(prompts)
         adv = self.compute_advantages(groups)
         example = self.to_example(groups, adv)
@@ -71,7 +73,9 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         example = self.add_logprobs(example)
         self._timings["time/logprob"] = time.perf_counter() - start
         metrics = {**self.group_metrics(groups, adv), **self._timings}
-        return StepBatch(example, metrics, self.samples(groups, adv), int(groups.lengths.sum()))
+        # every sampled token counts, including groups a variant then drops
+        metrics["perf/generated_tokens"] = float(self._generated_tokens)
+        return StepBatch(example, metrics, self.samples(groups, adv), self._generated_tokens)
 
     def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
         logp, entropy = completion_logprobs(
@@ -108,6 +112,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         tokens, mask = self.encode_prompts(prompts, repeat=self.group_size)
         out = jax.device_get(self.generate(tokens, mask))
         self._timings["time/rollout"] += time.perf_counter() - start
+        self._generated_tokens += int(out.lengths.sum())
         return Groups(
             group_size=self.group_size,
             prompts=tuple(prompts),
@@ -177,7 +182,6 @@ class GRPOLearner(RLLearner[GRPOConfig]):
                 "completions/length_min": float(lengths.min()),
                 "completions/length_max": float(lengths.max()),
                 "completions/truncated_frac": float(groups.truncated.mean()),
-                "perf/generated_tokens": float(lengths.sum()),
             }
         )
         return metrics

@@ -58,8 +58,40 @@ class Config:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"{cls.__name__} has no field {key!r}{hint} Valid fields: {', '.join(fields)}")
             sub = _config_type(hints[key])
-            kwargs[key] = sub.from_dict(value) if sub is not None and isinstance(value, dict) else value
+            if sub is not None and isinstance(value, dict):
+                kwargs[key] = sub.from_dict(value)
+            else:
+                kwargs[key] = _coerce(cls.__name__, key, value, hints[key])
         return cls(**kwargs)
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _coerce(owner: str, key: str, value: Any, hint: Any) -> Any:
+    """Check a scalar against its field's type; ints widen to float, numeric strings parse.
+
+    YAML reads `1e-3` as a string, so float fields accept numeric strings;
+    anything else of the wrong type is an error naming the field.
+    """
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    scalars = [o for o in options if o in _SCALARS]
+    if not scalars:
+        return value  # containers and config objects: the class's own checks apply
+    for kind in scalars:
+        if type(value) is kind:
+            return value
+    if float in scalars and type(value) is int:
+        return float(value)
+    if float in scalars and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    expected = " or ".join(o.__name__ for o in scalars) + (" or null" if type(None) in options else "")
+    raise ConfigError(f"{owner}.{key} = {value!r}: must be {expected}, got {type(value).__name__}")
 
 
 def _config_type(hint: Any) -> type[Config] | None:

@@ -1,0 +1,1 @@
+"""The rl-variants trainer app: train, compare, eval and bench algorithm variants."""

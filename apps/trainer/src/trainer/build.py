@@ -1,0 +1,119 @@
+"""Assemble a run from settings: task, tokenizer, base policy, rewards, learner.
+
+Algorithms come from the registry (entry points), never from imports here.
+The base policy (random init plus the supervised warm start) is cached on
+disk keyed by everything it depends on, so every variant of a comparison
+starts from the very same weights and a second run skips the warm start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+from rewards import RewardManager, RewardSpec
+from rl_core import registry
+from rl_core.learner import RLLearner
+from rl_models import CharTokenizer, Transformer, preset
+
+from trainer.evaluate import evaluate
+from trainer.settings import RunSettings
+from trainer.tasks import Task
+from trainer.warmstart import warm_start
+
+
+def base_policy_key(settings: RunSettings) -> str:
+    """A short hash of the settings that determine the base policy."""
+    relevant = {
+        "task": settings.task.to_dict(),
+        "model": settings.model.to_dict(),
+        "warm_start": settings.warm_start.to_dict(),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def new_model(settings: RunSettings, tokenizer: CharTokenizer) -> Transformer:
+    config = preset(settings.model.preset, vocab_size=tokenizer.vocab_size)
+    return Transformer(config, rngs=nnx.Rngs(settings.model.seed))
+
+
+def base_policy(
+    settings: RunSettings, task: Task, tokenizer: CharTokenizer, cache_dir: Path | None, log: Callable[[str], None]
+) -> Transformer:
+    """The warm-started policy, loaded from `cache_dir` when it was made before."""
+    model = new_model(settings, tokenizer)
+    if cache_dir is None:
+        return warm_start(model, task, tokenizer, **_warm_kwargs(settings))
+    path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
+    checkpointer = ocp.StandardCheckpointer()
+    if path.exists():
+        log(f"base policy: cached at {path}")
+        state = checkpointer.restore(path, jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model)))
+        nnx.update(model, state)
+        return model
+    log(f"base policy: warm start, {settings.warm_start.steps} supervised steps on {task.name}")
+    warm_start(model, task, tokenizer, **_warm_kwargs(settings))
+    checkpointer.save(path, nnx.state(model))
+    checkpointer.wait_until_finished()
+    return model
+
+
+def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:
+    w = settings.warm_start
+    return {"steps": w.steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
+
+
+def reward_manager(task: Task, settings: RunSettings) -> RewardManager:
+    """The task's rewards plus those the algorithm adds (e.g. DAPO's overlong penalty)."""
+    extra = settings.algorithm_config().reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
+    return RewardManager([*task.rewards, *(RewardSpec(fn) for fn in extra)])
+
+
+def heldout(task: Task, settings: RunSettings) -> tuple:
+    n = settings.eval.heldout_size
+    return task.heldout if n is None else task.heldout[:n]
+
+
+def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[str, float]]:
+    """Scheduled evaluation: greedy held-out accuracy (pass@k only at the end, it is costlier)."""
+    prompts = heldout(task, settings)
+
+    def run(learner: RLLearner) -> dict[str, float]:
+        return evaluate(learner.sampler, learner.params, learner.tokenizer, task, prompts, pass_k=0)
+
+    return run
+
+
+def learner(
+    settings: RunSettings,
+    task: Task,
+    tokenizer: CharTokenizer,
+    policy: Transformer,
+    *,
+    output_dir: Path | None,
+    progress: bool,
+) -> RLLearner:
+    algorithm = registry.get_algorithm(settings.algo)
+    training = dataclasses.replace(
+        settings.training,
+        output_dir=None if output_dir is None else str(output_dir),
+        eval_every_steps=settings.eval.every_steps,
+    )
+    return algorithm.learner(
+        settings.algorithm_config(),
+        policy=policy,
+        tokenizer=tokenizer,
+        train_data=task.train,
+        training=training,
+        rollout=settings.rollout,
+        reward_manager=reward_manager(task, settings),
+        eval_fn=eval_fn(task, settings),
+        progress=progress,
+    )

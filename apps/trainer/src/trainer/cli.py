@@ -1,0 +1,151 @@
+"""The `trainer` command line: train, compare, eval, bench, explain, algos, tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rl_core.config import ConfigError
+from rl_core.registry import RegistryError
+
+DEFAULT_COMPARE_DIR = Path("runs/compare")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainer", description="RL for language models: GRPO and its variants on JAX.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one algorithm variant")
+    t.add_argument("--algo", help="algorithm name (see `trainer algos`)")
+    t.add_argument("--config", help="YAML settings file")
+    t.add_argument("--output", type=Path, help="run folder (default runs/<algo>-<time>)")
+    t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.num_steps=50")
+
+    c = sub.add_parser("compare", help="run variants from the same base policy and report")
+    c.add_argument("algos", nargs="*", metavar="ALGO|key=value", help="algorithms (default: every installed one) and dotted overrides")
+    c.add_argument("--config", help="YAML settings file applied to every variant")
+    c.add_argument("--output", type=Path, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value", help="dotted override (repeatable)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    e = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k of a run")
+    e.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
+    e.add_argument("--k", type=int, default=None, help="k of pass@k (default: the run's)")
+    e.add_argument("--samples", type=int, default=None, help="n samples per prompt (default: the run's)")
+
+    b = sub.add_parser("bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation")
+    b.add_argument("--preset", default="tiny-qwen2", help="benchmark preset (default tiny-qwen2)")
+    b.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
+    b.add_argument("--output", type=Path, default=Path("runs/bench.json"), help="JSON output file")
+
+    x = sub.add_parser("explain", help="score one group by hand under every installed algorithm")
+    x.add_argument("--rewards", required=True, help="comma-separated rewards of one group, e.g. 1,0,0,1")
+    x.add_argument("--ratios", help="comma-separated importance ratios (default all 1)")
+    x.add_argument("--lengths", help="comma-separated completion lengths in tokens (default all 4)")
+    x.add_argument("--kl", type=float, default=0.0, help="per-token KL estimate, to show the KL term")
+
+    sub.add_parser("algos", help="installed algorithms")
+    sub.add_parser("tasks", help="built-in tasks")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, RegistryError, FileNotFoundError) as e:
+        print(f"trainer {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.run import settings_of_run, train_run
+    from trainer.settings import build_settings
+
+    if args.resume:
+        settings = settings_of_run(args.resume)
+        if args.algo or args.config or args.overrides:
+            raise ConfigError("--resume continues a run with its saved settings; drop --algo, --config and overrides")
+        run_dir = args.resume
+    else:
+        if not args.algo:
+            raise ConfigError("train needs --algo NAME (see `trainer algos`) or --resume DIR")
+        settings = build_settings(algo=args.algo, config_file=args.config, overrides=args.overrides)
+        run_dir = args.output or Path("runs") / f"{settings.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train_run(settings, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from trainer.compare import compare
+
+    algos = [a for a in args.algos if "=" not in a]
+    overrides = [a for a in args.algos if "=" in a] + args.overrides
+    table, _ = compare(
+        algos, output=args.output, config_file=args.config, overrides=overrides, progress=not args.no_progress
+    )
+    print(table)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from trainer.evaluate_run import evaluate_run
+
+    print(json.dumps(evaluate_run(args.run, k=args.k, samples=args.samples), indent=2))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from trainer.bench import run_bench
+
+    run_bench(preset=args.preset, steps=args.steps, output=args.output)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from trainer.explain import explain
+
+    print(explain(rewards=args.rewards, ratios=args.ratios, lengths=args.lengths, kl=args.kl))
+    return 0
+
+
+def cmd_algos(args: argparse.Namespace) -> int:
+    from rl_core import registry
+
+    names = registry.registry.names("algorithm")
+    for name in names:
+        algo = registry.get_algorithm(name)
+        doc = (algo.learner.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:10s} {registry.registry.provider('algorithm', name):16s} {doc}")
+    for why in registry.registry.load_failures.values():
+        print(f"(failed to load: {why})")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from trainer.tasks import TASKS
+
+    for name, make in TASKS.items():
+        task = make()
+        print(f"{name:12s} {len(task.train)} train / {len(task.heldout)} held-out  {task.description}")
+    return 0
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "compare": cmd_compare,
+    "eval": cmd_eval,
+    "bench": cmd_bench,
+    "explain": cmd_explain,
+    "algos": cmd_algos,
+    "tasks": cmd_tasks,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Held-out evaluation: greedy accuracy, unbiased pass@k, lengths of right and wrong answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import comb
+
+import jax
+import numpy as np
+from flax import nnx
+from rl_core.data import Prompt
+from rl_core.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.tokens import Tokenizer, left_pad
+
+from trainer.tasks import Task
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k) for c correct of n samples."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def generate_texts(
+    sampler: Sampler,
+    params: nnx.State,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Prompt],
+    *,
+    max_prompt_tokens: int,
+    sampling: SamplingParams,
+    key: jax.Array,
+    batch_size: int = 256,
+) -> tuple[list[str], np.ndarray]:
+    """Completions (text) and their lengths in tokens, in batches of fixed shape."""
+    texts: list[str] = []
+    lengths: list[int] = []
+    eos = set(tokenizer.eos_ids)
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        real = len(chunk)
+        chunk += [chunk[-1]] * (batch_size - real)  # one shape for every batch: no recompiles
+        ids = [tokenizer.encode(p.text, add_bos=True) for p in chunk]
+        tokens, mask = left_pad(ids, pad_id=tokenizer.pad_id, max_tokens=max_prompt_tokens)
+        key, sub = jax.random.split(key)
+        out = jax.device_get(sampler(params, tokens, mask, sub, sampling))
+        for row in range(real):
+            kept = [int(t) for t, m in zip(out.tokens[row], out.mask[row], strict=True) if m > 0 and int(t) not in eos]
+            texts.append(tokenizer.decode(kept))
+            lengths.append(int(out.lengths[row]))
+    return texts, np.asarray(lengths)
+
+
+def correctness(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> np.ndarray:
+    """1.0 where the task's correctness reward gives full marks."""
+    spec = next(s for s in task.rewards if s.name == task.correct)
+    names = sorted({k for p in prompts for k in p.fields})
+    fields = {k: [p.fields.get(k) for p in prompts] for k in names}
+    scores = spec.fn([p.text for p in prompts], list(completions), **fields)
+    return (np.asarray(scores) >= 1.0).astype(np.float64)
+
+
+def evaluate(
+    sampler: Sampler,
+    params: nnx.State,
+    tokenizer: Tokenizer,
+    task: Task,
+    prompts: Sequence[Prompt],
+    *,
+    pass_k: int = 4,
+    samples_per_prompt: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Greedy accuracy and length stats, plus pass@k over `samples_per_prompt` samples."""
+    key = jax.random.PRNGKey(seed)
+    texts, lengths = generate_texts(
+        sampler, params, tokenizer, prompts, max_prompt_tokens=task.max_prompt_tokens, sampling=GREEDY, key=key
+    )
+    correct = correctness(task, prompts, texts)
+    metrics = {
+        "eval/accuracy": float(correct.mean()),
+        "eval/length_correct": float(lengths[correct > 0].mean()) if correct.any() else 0.0,
+        "eval/length_incorrect": float(lengths[correct == 0].mean()) if (correct == 0).any() else 0.0,
+    }
+    if pass_k and samples_per_prompt:
+        repeated = [p for p in prompts for _ in range(samples_per_prompt)]
+        texts, _ = generate_texts(
+            sampler,
+            params,
+            tokenizer,
+            repeated,
+            max_prompt_tokens=task.max_prompt_tokens,
+            sampling=SamplingParams(temperature=temperature),
+            key=jax.random.fold_in(key, 1),
+        )
+        c = correctness(task, repeated, texts).reshape(len(prompts), samples_per_prompt).sum(1)
+        metrics[f"eval/pass@{pass_k}"] = float(np.mean([pass_at_k(samples_per_prompt, int(ci), pass_k) for ci in c]))
+    return metrics

@@ -1,0 +1,102 @@
+"""`trainer train`: one run in a run folder, resumable, stoppable with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rl_models import CharTokenizer
+
+from trainer import build
+from trainer.evaluate import evaluate
+from trainer.settings import RunSettings, build_settings
+
+
+def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
+    """Greedy accuracy, pass@k and lengths on the held-out set."""
+    return evaluate(
+        learner.sampler,
+        learner.params,
+        learner.tokenizer,
+        task,
+        build.heldout(task, settings),
+        pass_k=settings.eval.pass_k,
+        samples_per_prompt=settings.eval.samples_per_prompt,
+        temperature=settings.rollout.temperature or 1.0,
+        seed=seed,
+    )
+
+
+def train_run(
+    settings: RunSettings,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    base_cache: Path | None = None,
+) -> dict[str, Any]:
+    """Train one variant in `run_dir`; returns the summary also written to summary.json.
+
+    The base policy is cached in `base_cache` (default: the run folder).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
+    task = settings.task.build()
+    tokenizer = CharTokenizer()
+    policy = build.base_policy(settings, task, tokenizer, base_cache or run_dir, log)
+    learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
+    before_path = run_dir / "eval_before.json"
+    if resume and learner.resume():
+        log(f"resumed {run_dir} at step {learner.step}")
+        before = json.loads(before_path.read_text())
+    else:
+        before = final_evaluation(learner, task, settings)
+        before_path.write_text(json.dumps(before, indent=2))
+    log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
+
+    previous = signal.signal(signal.SIGINT, lambda *_: _stop(learner, log))
+    start = time.perf_counter()
+    try:
+        history = learner.train()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        learner.close()
+    after = final_evaluation(learner, task, settings)
+    summary = {
+        "algo": settings.algo,
+        "steps": learner.step,
+        "before": before,
+        "after": after,
+        "train_seconds": time.perf_counter() - start,
+        "generated_tokens": sum(h.get("perf/generated_tokens", 0.0) for h in history),
+        "uniform_frac_mean": _mean(h.get("groups/uniform_frac") for h in history),
+        "skipped_updates": learner.skipped_updates,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(f"{settings.algo}: held-out accuracy after RL {after['eval/accuracy']:.3f} ({learner.step} steps)")
+    return summary
+
+
+def _stop(learner, log: Callable[[str], None]) -> None:
+    log("interrupt: stopping after the current step, with a checkpoint (Ctrl-C again to abort)")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    learner.request_stop()
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else 0.0
+
+
+def settings_of_run(run_dir: Path) -> RunSettings:
+    """The resolved settings a run folder was started with."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: {path.name} is missing")
+    return build_settings(config_file=path)

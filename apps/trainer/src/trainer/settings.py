@@ -1,0 +1,190 @@
+"""The trainer's run settings: YAML plus dotted command-line overrides, validated.
+
+A run is described by one `RunSettings`. Building it:
+  1. the task's lengths seed `rollout.max_prompt_tokens` / `max_new_tokens`;
+  2. the YAML file (if any) is merged on top;
+  3. `key=value` overrides (dotted, e.g. `training.learning_rate=3e-4`) last.
+Unknown keys are rejected with the closest valid key, wrong types and broken
+rules with the field, the value and the rule, all before any model is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rl_core import registry
+from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
+
+from trainer.tasks import TASKS, Task
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSettings(Config):
+    name: str = "arithmetic"
+    """A built-in task (`trainer tasks` lists them)."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the task's constructor, e.g. {digits: 3}."""
+
+    def __post_init__(self) -> None:
+        check(self.name in TASKS, self, "name", f"must be one of {sorted(TASKS)}")
+
+    def build(self) -> Task:
+        try:
+            return TASKS[self.name](**self.options)
+        except TypeError as e:
+            raise ConfigError(f"TaskSettings.options = {self.options!r}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSettings(Config):
+    preset: str = "tiny"
+    """An rl_models preset name (tiny, tiny_qwen2)."""
+    seed: int = 0
+    """Seed of the initial weights."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmStartSettings(Config):
+    steps: int = 800
+    """Supervised steps on the task's teacher completions before RL (0 = none)."""
+    batch_size: int = 64
+    """Sequences per supervised step."""
+    learning_rate: float = 3e-3
+    """Adam learning rate of the warm start."""
+
+    def __post_init__(self) -> None:
+        check(self.steps >= 0, self, "steps", "must be >= 0")
+        check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
+        check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSettings(Config):
+    every_steps: int = 50
+    """Held-out greedy accuracy every this many steps (0 = only before and after)."""
+    heldout_size: int | None = None
+    """Held-out problems to use (None = all of the task's held-out split)."""
+    pass_k: int = 4
+    """k of pass@k in the final evaluation."""
+    samples_per_prompt: int = 8
+    """n samples per prompt for the unbiased pass@k estimate."""
+
+    def __post_init__(self) -> None:
+        check(self.every_steps >= 0, self, "every_steps", "must be >= 0")
+        check(self.heldout_size is None or self.heldout_size >= 1, self, "heldout_size", "must be >= 1")
+        check(self.pass_k >= 1, self, "pass_k", "must be >= 1")
+        check(self.samples_per_prompt >= self.pass_k, self, "samples_per_prompt", "must be >= pass_k")
+
+
+DEFAULT_TRAINING = {
+    "learning_rate": 1e-3,
+    "prompts_per_step": 32,
+    "num_steps": 300,
+    "max_grad_norm": 1.0,
+    "checkpoint_every_steps": 100,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSettings(Config):
+    algo: str = "grpo"
+    """Algorithm name (`trainer algos` lists the installed ones)."""
+    task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
+    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    warm_start: WarmStartSettings = dataclasses.field(default_factory=WarmStartSettings)
+    training: TrainingConfig = dataclasses.field(default_factory=lambda: TrainingConfig(**DEFAULT_TRAINING))
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    algorithm: dict = dataclasses.field(default_factory=dict)
+    """Fields of the algorithm's config class (e.g. {group_size: 8, beta: 0.0})."""
+    eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+
+    def __post_init__(self) -> None:
+        self.algorithm_config()  # validates the algorithm name and its fields now
+
+    def algorithm_config(self) -> AlgorithmConfig:
+        try:
+            algorithm = registry.get_algorithm(self.algo)
+        except registry.RegistryError as e:
+            raise ConfigError(f"RunSettings.algo = {self.algo!r}: {e}") from None
+        return algorithm.config.from_dict(dict(self.algorithm))
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting, with the algorithm's defaults filled in (saved beside the run)."""
+        out = self.to_dict()
+        out["algorithm"] = self.algorithm_config().to_dict()
+        return out
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """`a.b=1` items into a nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. training.learning_rate=3e-4")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is set both as a value and as a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: dicts merge key by key, anything else in `top` replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def build_settings(
+    *, algo: str | None = None, config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> RunSettings:
+    """Task defaults < YAML < overrides (< --algo), validated into `RunSettings`."""
+    user = load_yaml(config_file) if config_file else {}
+    user = merge(user, parse_overrides(overrides))
+    if algo is not None:
+        user["algo"] = algo
+    _reject_unknown(user)
+    task = TaskSettings.from_dict(user.get("task", {})).build()
+    defaults = {
+        "training": dict(DEFAULT_TRAINING),
+        "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
+    }
+    return RunSettings.from_dict(merge(defaults, user))
+
+
+def _reject_unknown(data: Mapping[str, Any]) -> None:
+    """Top-level keys are checked here so the message shows the closest one."""
+    fields = [f.name for f in dataclasses.fields(RunSettings)]
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown setting {key!r}{hint} Valid sections: {', '.join(fields)}")

@@ -1,0 +1,131 @@
+"""Built-in verifiable tasks, generated from a seed with a fixed held-out split.
+
+A task is prompts with the fields its rewards need, a held-out set that no
+training prompt repeats, the reward functions that score it, and for each
+prompt one correct completion (the warm start imitates those).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from rewards import RewardSpec, countdown_reward, numeric_answer_reward
+from rl_core.data import Prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    train: tuple[Prompt, ...]
+    heldout: tuple[Prompt, ...]
+    rewards: tuple[RewardSpec, ...]
+    correct: str
+    """Name of the reward function whose score 1.0 means the answer is correct."""
+    teacher: Callable[[Prompt, np.random.Generator], str]
+    """The warm start's target completion for a prompt (may be deliberately fallible)."""
+    max_prompt_tokens: int
+    max_new_tokens: int
+
+
+def _split(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
+    order = np.random.default_rng(seed).permutation(len(problems))
+    shuffled = [problems[i] for i in order]
+    return shuffled[heldout_size:], shuffled[:heldout_size]
+
+
+def carryless_sum(a: int, b: int) -> int:
+    """a + b computed digit by digit without carrying (the classic slip)."""
+    out, scale = 0, 1
+    while a or b:
+        out += ((a % 10 + b % 10) % 10) * scale
+        a, b, scale = a // 10, b // 10, scale * 10
+    return out
+
+
+def arithmetic(*, digits: int = 2, teacher_slip_rate: float = 0.6, heldout_size: int = 500, seed: int = 0) -> Task:
+    """a+b= with a, b of up to `digits` digits; the answer is the exact sum.
+
+    The warm start's teacher forgets to carry with probability
+    `teacher_slip_rate`, so the base policy carries only some of the time:
+    right on problems without carries, often wrong on the others. RL has to
+    find out from the reward alone that carrying pays.
+    """
+    if not 0.0 <= teacher_slip_rate <= 1.0:
+        raise ValueError(f"teacher_slip_rate = {teacher_slip_rate!r}: must be in [0, 1]")
+    n = 10**digits
+    pairs = [(a, b) for a in range(n) for b in range(n)]
+    train, heldout = _split(pairs, heldout_size, seed)
+
+    def prompt(a: int, b: int) -> Prompt:
+        return Prompt(f"{a}+{b}=", {"answer": str(a + b)})
+
+    return Task(
+        name="arithmetic",
+        description=f"addition of two numbers below {n}; reward 1 for the exact sum",
+        train=tuple(prompt(a, b) for a, b in train),
+        heldout=tuple(prompt(a, b) for a, b in heldout),
+        rewards=(RewardSpec(numeric_answer_reward()),),
+        correct="numeric_answer",
+        teacher=lambda p, rng: str(carryless_sum(*map(int, p.text[:-1].split("+"))))
+        if rng.random() < teacher_slip_rate
+        else p.fields["answer"],
+        max_prompt_tokens=2 * digits + 3,
+        max_new_tokens=digits + 3,
+    )
+
+
+def _countdown_solution(numbers: Sequence[int], target: int) -> str | None:
+    """A left-to-right expression over all numbers that equals target, if any."""
+    for perm in itertools.permutations(numbers):
+        for ops in itertools.product("+-*", repeat=len(numbers) - 1):
+            expr = str(perm[0])
+            value = perm[0]
+            for op, x in zip(ops, perm[1:], strict=True):
+                value = value + x if op == "+" else value - x if op == "-" else value * x
+                expr = f"({expr}{op}{x})" if op != "*" or len(expr) > 2 else f"{expr}{op}{x}"
+            if value == target:
+                return expr
+    return None
+
+
+def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, seed: int = 0) -> Task:
+    """Reach the target with all given numbers and + - *; reward 1 for a correct expression."""
+    rng = np.random.default_rng(seed)
+    seen: dict[tuple, str] = {}
+    while len(seen) < 4000:
+        numbers = tuple(int(x) for x in rng.integers(1, max_number + 1, count))
+        ops = rng.choice(list("+-*"), count - 1)
+        value = numbers[0]
+        for op, x in zip(ops, numbers[1:], strict=True):
+            value = value + x if op == "+" else value - x if op == "-" else value * x
+        if value < 0 or (numbers, value) in seen:
+            continue
+        solution = _countdown_solution(numbers, value)
+        if solution is not None:
+            seen[(numbers, value)] = solution
+    problems = sorted(seen.items())
+    train, heldout = _split(problems, heldout_size, seed)
+
+    def prompt(item) -> Prompt:
+        (numbers, target), solution = item
+        text = " ".join(map(str, numbers)) + f" to {target}:"
+        return Prompt(text, {"numbers": list(numbers), "target": target, "solution": solution})
+
+    return Task(
+        name="countdown",
+        description=f"combine {count} numbers (1-{max_number}) with + - * to reach the target",
+        train=tuple(prompt(p) for p in train),
+        heldout=tuple(prompt(p) for p in heldout),
+        rewards=(RewardSpec(countdown_reward(wrong_format_score=0.1)),),
+        correct="countdown",
+        teacher=lambda p, rng: p.fields["solution"],
+        max_prompt_tokens=32,
+        max_new_tokens=16,
+    )
+
+
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "countdown": countdown}
