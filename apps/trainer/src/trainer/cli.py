@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, RegistryError, FileNotFoundError) as e:
+    except (ConfigError, RegistryError, FileNotFoundError, FileExistsError) as e:
         print(f"trainer {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -23,7 +23,11 @@ def compare(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> tuple[str, list[dict]]:
-    """Run each algorithm in `output/<algo>` and write the report into `output`."""
+    """Run each algorithm in `output/<algo>` and write the report into `output`.
+
+    Variant folders of an earlier comparison in `output` are replaced; the
+    cached base policy is reused when its settings match.
+    """
     algos = list(algos) or registry.registry.names("algorithm")
     all_settings = [build_settings(algo=a, config_file=config_file, overrides=overrides) for a in algos]
     start = time.perf_counter()
@@ -31,7 +35,7 @@ def compare(
     for settings in all_settings:
         run_dir = output / settings.algo
         # one cached base policy for all variants: same weights, one warm start
-        summary = train_run(settings, run_dir, progress=progress, log=log, base_cache=output)
+        summary = train_run(settings, run_dir, progress=progress, log=log, base_cache=output, overwrite=True)
         summaries.append(summary)
         histories[settings.algo] = _history(run_dir)
     table = write_report(output, summaries, histories)

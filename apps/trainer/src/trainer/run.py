@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -40,11 +41,16 @@ def train_run(
     progress: bool = True,
     log: Callable[[str], None] = print,
     base_cache: Path | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train one variant in `run_dir`; returns the summary also written to summary.json.
 
-    The base policy is cached in `base_cache` (default: the run folder).
+    The base policy is cached in `base_cache` (default: the run folder). A
+    folder that already holds a run is continued with `resume`, replaced with
+    `overwrite`, and otherwise refused: a finished run is never lost silently.
     """
+    if not resume:
+        _claim(run_dir, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
     task = settings.task.build()
@@ -81,6 +87,23 @@ def train_run(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"{settings.algo}: held-out accuracy after RL {after['eval/accuracy']:.3f} ({learner.step} steps)")
     return summary
+
+
+RUN_FILES = ("checkpoints", "tensorboard", "metrics.jsonl", "samples.jsonl", "eval_before.json", "summary.json")
+
+
+def _claim(run_dir: Path, overwrite: bool) -> None:
+    existing = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not existing:
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+            f"`trainer train --resume {run_dir}` or choose another --output"
+        )
+    for name in existing:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _stop(learner, log: Callable[[str], None]) -> None:
