@@ -1,4 +1,8 @@
-"""rl_models: Flax NNX decoder-only transformers and tokenizers."""
+"""rl_models: Flax NNX decoder-only transformers and tokenizers.
+
+Hugging Face checkpoints are read and written by the `rl_models.hf` subpackage
+(imported explicitly: `from rl_models.hf import load_hf_model, load_hf_tokenizer`).
+"""
 
 from rl_models.char_tokenizer import CharTokenizer
 from rl_models.config import PRESETS, RopeScaling, TransformerConfig, preset

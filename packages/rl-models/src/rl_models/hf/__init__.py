@@ -1,0 +1,47 @@
+"""Hugging Face checkpoints (Llama 3, Qwen2/2.5, Qwen3) from and to local folders.
+
+Nothing here downloads: every function takes a folder on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rl_models.hf.config import (
+    ARCHITECTURES,
+    hf_config_from_transformer_config,
+    read_json,
+    transformer_config_from_hf,
+)
+from rl_models.hf.export import export_hf
+from rl_models.hf.tokenizer import HFTokenizer
+from rl_models.hf.weights import load_params
+from rl_models.transformer import Transformer
+
+
+def load_hf_config(folder: str | Path, *, dtype: str = "float32", remat: bool = False):
+    """The TransformerConfig of `folder`'s config.json."""
+    path = Path(folder) / "config.json"
+    return transformer_config_from_hf(read_json(path), source=str(path), dtype=dtype, remat=remat)
+
+
+def load_hf_model(folder: str | Path, *, dtype: str = "float32", remat: bool = False) -> Transformer:
+    """The model in `folder` (config.json + safetensors), params cast to `dtype`."""
+    return load_params(Path(folder), load_hf_config(folder, dtype=dtype, remat=remat))
+
+
+def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:
+    """The tokenizer in `folder` (tokenizer.json, tokenizer_config.json, ...)."""
+    return HFTokenizer.from_folder(folder)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "HFTokenizer",
+    "export_hf",
+    "hf_config_from_transformer_config",
+    "load_hf_config",
+    "load_hf_model",
+    "load_hf_tokenizer",
+    "transformer_config_from_hf",
+]

@@ -1,0 +1,171 @@
+"""config.json of a Hugging Face Llama / Qwen2 / Qwen3 checkpoint <-> TransformerConfig.
+
+Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
+that most published checkpoints have, and transformers 5's `rope_parameters`.
+Anything the model here does not implement (another architecture, sliding
+window attention, an o_proj or MLP bias, another rope type, another activation)
+is an error naming the file and the field, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl_models.config import RopeScaling, TransformerConfig
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; a missing or malformed file is an error naming it."""
+    if not path.is_file():
+        found = sorted(p.name for p in path.parent.iterdir()) if path.parent.is_dir() else []
+        raise FileNotFoundError(f"{path}: no such file (the folder holds {found})")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _unsupported(source: str, field: str, value: object, why: str) -> ValueError:
+    return ValueError(f"{source}: unsupported {field}={value!r}: {why}")
+
+
+def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+    if isinstance(hf.get("rope_parameters"), dict):
+        params = dict(hf["rope_parameters"])
+        field = "rope_parameters"
+        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    else:
+        params = dict(hf.get("rope_scaling") or {})
+        field = "rope_scaling"
+        theta = hf.get("rope_theta", 10000.0)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type in (None, "default"):
+        return float(theta), None
+    if rope_type != "llama3":
+        raise _unsupported(source, f"{field}.rope_type", rope_type,
+                           "supported rope types are 'default' and 'llama3'")
+    try:
+        scaling = RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise ValueError(f"{source}: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from e
+    return float(theta), scaling
+
+
+def transformer_config_from_hf(
+    hf: dict[str, Any], *, source: str = "config.json", dtype: str = "float32",
+    remat: bool = False,
+) -> TransformerConfig:
+    """The TransformerConfig equivalent to a Hugging Face config.json dict."""
+    model_type = hf.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise _unsupported(
+            source, "architecture", f"{model_type} ({hf.get('architectures')})",
+            f"supported model_type values: {sorted(ARCHITECTURES)} "
+            f"({', '.join(ARCHITECTURES.values())})",
+        )
+    architectures = hf.get("architectures") or [ARCHITECTURES[model_type]]
+    if architectures != [ARCHITECTURES[model_type]]:
+        raise _unsupported(source, "architectures", architectures,
+                           f"model_type {model_type!r} needs [{ARCHITECTURES[model_type]!r}]")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise _unsupported(source, "hidden_act", hf["hidden_act"], "only 'silu' (SwiGLU)")
+    if hf.get("mlp_bias", False):
+        raise _unsupported(source, "mlp_bias", True, "the MLP has no biases here")
+    if model_type != "qwen2" and hf.get("attention_bias", False):
+        raise _unsupported(source, "attention_bias", True,
+                           f"{model_type} puts a bias on o_proj too, which is not implemented")
+    if hf.get("use_sliding_window", False):
+        raise _unsupported(source, "use_sliding_window", True, "only full attention")
+    layer_types = set(hf.get("layer_types") or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise _unsupported(source, "layer_types", sorted(layer_types), "only full attention")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads"):
+        if key not in hf:
+            raise ValueError(f"{source}: missing required field {key!r}")
+    theta, scaling = _rope(hf, source)
+    return TransformerConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim"),
+        mlp_hidden_size=hf["intermediate_size"],
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3",
+        dtype=dtype,  # type: ignore[arg-type]
+        remat=remat,
+    )
+
+
+def infer_model_type(config: TransformerConfig) -> str:
+    """The Hugging Face family that computes exactly what `config` computes."""
+    if config.qk_norm and config.attention_bias:
+        raise ValueError(
+            "no Hugging Face architecture has both qk_norm and q/k/v-only attention biases"
+        )
+    if config.qk_norm:
+        return "qwen3"
+    return "qwen2" if config.attention_bias else "llama"
+
+
+def hf_config_from_transformer_config(
+    config: TransformerConfig, model_type: str | None = None
+) -> dict[str, Any]:
+    """A config.json dict (older layout, which transformers 4 and 5 both read)."""
+    inferred = infer_model_type(config)
+    model_type = model_type or inferred
+    if model_type != inferred:
+        raise ValueError(
+            f"model_type={model_type!r} cannot express this config "
+            f"(qk_norm={config.qk_norm}, attention_bias={config.attention_bias}); "
+            f"it is a {inferred!r} model"
+        )
+    hf: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.mlp_hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": config.dtype,
+    }
+    if model_type != "qwen2":
+        hf["attention_bias"] = False
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        hf["rope_scaling"] = {
+            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }
+    return hf

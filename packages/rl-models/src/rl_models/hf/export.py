@@ -1,0 +1,68 @@
+"""Save a Transformer as a Hugging Face folder: config.json, model.safetensors
+and, when given a source folder, its tokenizer and generation files.
+
+`load_hf_model(export_hf(model, out))` gives back the same params bit for bit
+(in the model's dtype) and the same TransformerConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from rl_models.hf.config import (
+    hf_config_from_transformer_config,
+    read_json,
+    transformer_config_from_hf,
+)
+from rl_models.hf.weights import SINGLE_FILE, save_params
+from rl_models.transformer import Transformer
+
+# Copied from the source folder when present (config.json is handled apart).
+COPIED_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "chat_template.jinja", "generation_config.json",
+)
+
+
+def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path | None = None,
+              model_type: str | None = None) -> Path:
+    """Write `model` to `out_dir` (created; existing checkpoint files there are
+    replaced) and return it.
+
+    With `source_dir` (the folder the model was loaded from), its config.json is
+    kept (with torch_dtype updated) after checking that it describes this model,
+    and its tokenizer/generation files are copied. Without it, config.json is
+    written from the model's config (`model_type` inferred: qwen3 with qk_norm,
+    qwen2 with q/k/v biases, llama otherwise).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    if source_dir is not None:
+        source = Path(source_dir)
+        hf = read_json(source / "config.json")
+        described = transformer_config_from_hf(
+            hf, source=str(source / "config.json"), dtype=config.dtype, remat=config.remat
+        )
+        if described != config:
+            diffs = [
+                f"{f.name}: config.json {getattr(described, f.name)!r} vs model "
+                f"{getattr(config, f.name)!r}"
+                for f in dataclasses.fields(config)
+                if getattr(described, f.name) != getattr(config, f.name)
+            ]
+            raise ValueError(f"{source / 'config.json'} does not describe this model: {diffs}")
+        hf = {k: v for k, v in hf.items() if k != "dtype"} | {"torch_dtype": config.dtype}
+        for name in COPIED_FILES:
+            if (source / name).is_file():
+                shutil.copy(source / name, out / name)
+    else:
+        hf = hf_config_from_transformer_config(config, model_type)
+    for stale in [*out.glob("model-*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    save_params(model, out / SINGLE_FILE)
+    return out

@@ -1,0 +1,97 @@
+"""Broken Hugging Face folders fail with the file and the key."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from rl_models.hf import load_hf_model
+
+
+def _edit_tensors(path, edit):
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_missing_config_file(hf_copy):
+    folder = hf_copy("qwen2")
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"qwen2/config\.json: no such file"):
+        load_hf_model(folder)
+
+
+def test_missing_weights_file(hf_copy):
+    folder = hf_copy("qwen2")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
+        load_hf_model(folder)
+
+
+def test_missing_shard(hf_copy):
+    folder = hf_copy("qwen3")
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"names shard 'model-00002-of-00003\.safetensors', which is missing"):
+        load_hf_model(folder)
+
+
+def test_unknown_key(hf_copy):
+    folder = hf_copy("qwen2")
+    _edit_tensors(folder / "model.safetensors",
+                  lambda t: t.update({"model.layers.0.mlp.extra.weight": np.zeros(3, np.float32)}))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) .*'model\.layers\.0\.mlp\.extra\.weight' in .*model\.safetensors"):
+        load_hf_model(folder)
+
+
+def test_missing_key(hf_copy):
+    folder = hf_copy("llama3")
+    _edit_tensors(folder / "model.safetensors", lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(ValueError, match=r"model\.safetensors: missing key\(s\) \['lm_head\.weight'\]"):
+        load_hf_model(folder)
+
+
+def test_shape_mismatch(hf_copy):
+    folder = hf_copy("qwen2")
+    key = "model.layers.1.self_attn.k_proj.weight"
+    _edit_tensors(folder / "model.safetensors", lambda t: t.update({key: t[key][:16]}))
+    with pytest.raises(ValueError, match=rf"model\.safetensors: key '{key}' has shape \[16, 64\], but config\.json needs \[32, 64\]"):
+        load_hf_model(folder)
+
+
+def test_unsupported_architecture(hf_copy):
+    folder = hf_copy("llama3")
+    _edit_config(folder, model_type="gemma", architectures=["GemmaForCausalLM"])
+    with pytest.raises(ValueError, match=r"config\.json: unsupported architecture='gemma \(\['GemmaForCausalLM'\]\)'.*llama, qwen2, qwen3|supported model_type values: \['llama', 'qwen2', 'qwen3'\]"):
+        load_hf_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), r"rope_scaling\.rope_type='yarn'"),
+        (dict(use_sliding_window=True), r"use_sliding_window=True"),
+        (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
+        (dict(architectures=["LlamaForSequenceClassification"]), r"architectures=\['LlamaForSequenceClassification'\]"),
+        (dict(attention_bias=True), r"attention_bias=True: llama puts a bias on o_proj"),
+    ],
+)
+def test_unsupported_features(hf_copy, changes, message):
+    folder = hf_copy("llama3")
+    _edit_config(folder, **changes)
+    with pytest.raises(ValueError, match=message):
+        load_hf_model(folder)
+
+
+def test_quantized_tensor_dtype(hf_copy):
+    folder = hf_copy("qwen2")
+    key = "model.norm.weight"
+    _edit_tensors(folder / "model.safetensors", lambda t: t.update({key: t[key].astype(np.int8)}))
+    with pytest.raises(ValueError, match=rf"key '{key}' has dtype I8"):
+        load_hf_model(folder)

@@ -1,0 +1,58 @@
+"""export_hf then load_hf_model gives back the same model exactly."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_models import Transformer, TransformerConfig
+from rl_models.hf import export_hf, load_hf_model, load_hf_tokenizer
+
+
+def _assert_same_params(a, b):
+    leaves_a = jax.tree.leaves_with_path(nnx.state(a))
+    leaves_b = jax.tree.leaves_with_path(nnx.state(b))
+    assert [p for p, _ in leaves_a] == [p for p, _ in leaves_b]
+    for (path, x), (_, y) in zip(leaves_a, leaves_b):
+        assert x.dtype == y.dtype, path
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_of_a_loaded_checkpoint_loads_back_exactly(hf_name, hf_fixtures, tmp_path, dtype):
+    model = load_hf_model(hf_fixtures / hf_name, dtype=dtype)
+    out = export_hf(model, tmp_path / "out", source_dir=hf_fixtures / hf_name)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "model.safetensors"]
+        + [p.name for p in (hf_fixtures / hf_name).iterdir()
+           if p.name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                         "chat_template.jinja")]
+    )
+    again = load_hf_model(out, dtype=dtype)
+    assert again.config == model.config
+    _assert_same_params(model, again)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype
+    original, copied = load_hf_tokenizer(hf_fixtures / hf_name), load_hf_tokenizer(out)
+    assert copied.eos_ids == original.eos_ids and copied.chat_template == original.chat_template
+
+
+@pytest.mark.parametrize(
+    ("overrides", "model_type"),
+    [(dict(), "llama"), (dict(attention_bias=True, tie_embeddings=True), "qwen2"),
+     (dict(qk_norm=True, head_dim=32), "qwen3")],
+)
+def test_export_of_a_fresh_model_infers_its_family(tmp_path, overrides, model_type):
+    model = Transformer(TransformerConfig.tiny(40, **overrides), rngs=nnx.Rngs(0))
+    out = export_hf(model, tmp_path / model_type)
+    assert json.loads((out / "config.json").read_text())["model_type"] == model_type
+    again = load_hf_model(out)
+    assert again.config == model.config
+    _assert_same_params(model, again)
+
+
+def test_export_refuses_a_source_config_that_describes_another_model(hf_fixtures, tmp_path):
+    model = load_hf_model(hf_fixtures / "qwen2")
+    with pytest.raises(ValueError, match=r"does not describe this model: .*qk_norm"):
+        export_hf(model, tmp_path / "out", source_dir=hf_fixtures / "qwen3")
