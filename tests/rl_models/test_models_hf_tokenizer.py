@@ -92,3 +92,21 @@ def test_special_token_outside_the_vocabulary_is_reported(hf_copy):
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"pad_token '<\|nope\|>' is not in .*tokenizer\.json"):
         load_hf_tokenizer(folder)
+
+
+def test_template_features_used_by_published_templates(hf_copy):
+    """{% generation %} blocks, loop controls, tojson without HTML escaping,
+    strftime_now and the special tokens as variables all render."""
+    folder = hf_copy("qwen2")
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+        "{% generation %}{{ m | tojson }}{% endgeneration %}{% endfor %}"
+        "|{{ eos_token }}|{{ pad_token }}|{{ strftime_now('%Y') | length }}|{{ bos_token is defined }}"
+    )
+    tok = load_hf_tokenizer(folder)
+    messages = [{"role": "user", "content": "<a & b>"}, {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "never rendered"}]
+    assert tok.apply_chat_template(messages) == (
+        '{"role": "user", "content": "<a & b>"}{"role": "assistant", "content": "x"}'
+        "|<|im_end|>|<|endoftext|>|4|False"
+    )

@@ -16,10 +16,13 @@ from rl_models.hf.config import (
 from rl_models.hf.export import export_hf
 from rl_models.hf.tokenizer import HFTokenizer
 from rl_models.hf.weights import load_params
+from rl_models.config import TransformerConfig
 from rl_models.transformer import Transformer
 
 
-def load_hf_config(folder: str | Path, *, dtype: str = "float32", remat: bool = False):
+def load_hf_config(
+    folder: str | Path, *, dtype: str = "float32", remat: bool = False
+) -> TransformerConfig:
     """The TransformerConfig of `folder`'s config.json."""
     path = Path(folder) / "config.json"
     return transformer_config_from_hf(read_json(path), source=str(path), dtype=dtype, remat=remat)
