@@ -21,7 +21,10 @@ from flax import nnx
 from rewards import RewardManager, RewardSpec
 from rl_core import registry
 from rl_core.learner import RLLearner
+from rl_core.config import ConfigError
+from rl_core.tokens import Tokenizer
 from rl_models import CharTokenizer, Transformer, preset
+from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
@@ -35,20 +38,48 @@ def base_policy_key(settings: RunSettings) -> str:
         "task": settings.task.to_dict(),
         "model": settings.model.to_dict(),
         "warm_start": settings.warm_start.to_dict(),
+        "warm_start_steps": settings.warm_start_steps,
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def new_model(settings: RunSettings, tokenizer: CharTokenizer) -> Transformer:
-    config = preset(settings.model.preset, vocab_size=tokenizer.vocab_size)
-    return Transformer(config, rngs=nnx.Rngs(settings.model.seed))
+def tokenizer(settings: RunSettings) -> Tokenizer:
+    """The folder's tokenizer for a loaded model, else the character tokenizer."""
+    if settings.model.path:
+        return load_hf_tokenizer(settings.model.path)
+    return CharTokenizer()
+
+
+def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
+    """The loaded Hugging Face model, or a freshly initialised preset."""
+    m = settings.model
+    if m.path:
+        return load_hf_model(m.path, dtype=m.dtype, remat=m.remat)
+    config = preset(m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, remat=m.remat)
+    return Transformer(config, rngs=nnx.Rngs(m.seed))
+
+
+def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:
+    """Render a chat task's prompts through the tokenizer's chat template."""
+    if not task.chat:
+        return task
+    render = getattr(tokenizer, "apply_chat_template", None)
+    if render is None or getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"task {task.name!r} needs a model folder whose tokenizer has a chat template (model.path)")
+
+    def wrap(prompts):
+        return tuple(dataclasses.replace(p, text=render([{"role": "user", "content": p.text}])) for p in prompts)
+
+    return dataclasses.replace(task, train=wrap(task.train), heldout=wrap(task.heldout))
 
 
 def base_policy(
-    settings: RunSettings, task: Task, tokenizer: CharTokenizer, cache_dir: Path | None, log: Callable[[str], None]
+    settings: RunSettings, task: Task, tokenizer: Tokenizer, cache_dir: Path | None, log: Callable[[str], None]
 ) -> Transformer:
     """The warm-started policy, loaded from `cache_dir` when it was made before."""
     model = new_model(settings, tokenizer)
+    if settings.warm_start_steps == 0:
+        return model
     if cache_dir is None:
         return warm_start(model, task, tokenizer, **_warm_kwargs(settings))
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
@@ -58,7 +89,7 @@ def base_policy(
         state = checkpointer.restore(path, jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model)))
         nnx.update(model, state)
         return model
-    log(f"base policy: warm start, {settings.warm_start.steps} supervised steps on {task.name}")
+    log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
     warm_start(model, task, tokenizer, **_warm_kwargs(settings))
     checkpointer.save(path, nnx.state(model))
     checkpointer.wait_until_finished()
@@ -67,7 +98,7 @@ def base_policy(
 
 def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:
     w = settings.warm_start
-    return {"steps": w.steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
+    return {"steps": settings.warm_start_steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
 
 
 def reward_manager(task: Task, settings: RunSettings) -> RewardManager:
@@ -94,7 +125,7 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
 def learner(
     settings: RunSettings,
     task: Task,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     policy: Transformer,
     *,
     output_dir: Path | None,

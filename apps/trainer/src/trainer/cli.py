@@ -23,6 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML settings file")
     t.add_argument("--output", type=Path, help="run folder (default runs/<algo>-<time>)")
     t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly")
+    t.add_argument("--model", metavar="DIR", help="local Hugging Face folder (same as model.path=DIR)")
+    t.add_argument("--task", help="task name (same as task.name=NAME)")
+    t.add_argument("--data", metavar="FILE", help="JSONL or Parquet file of a file task (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.num_steps=50")
 
@@ -69,13 +72,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         settings = settings_of_run(args.resume)
-        if args.algo or args.config or args.overrides:
+        if args.algo or args.config or args.overrides or args.model or args.task or args.data:
             raise ConfigError("--resume continues a run with its saved settings; drop --algo, --config and overrides")
         run_dir = args.resume
     else:
         if not args.algo:
             raise ConfigError("train needs --algo NAME (see `trainer algos`) or --resume DIR")
-        settings = build_settings(algo=args.algo, config_file=args.config, overrides=args.overrides)
+        shortcuts = [
+            f"{key}={value}"
+            for key, value in (("model.path", args.model), ("task.name", args.task), ("task.options.data", args.data))
+            if value is not None
+        ]
+        settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
         run_dir = args.output or Path("runs") / f"{settings.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train_run(settings, run_dir, resume=bool(args.resume), progress=not args.no_progress)
     print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
@@ -109,9 +117,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from trainer.explain import explain
+    from trainer.explain import ExplainInputError, explain
 
-    print(explain(rewards=args.rewards, ratios=args.ratios, lengths=args.lengths, kl=args.kl))
+    try:
+        text = explain(rewards=args.rewards, ratios=args.ratios, lengths=args.lengths, kl=args.kl)
+    except ExplainInputError as e:
+        print(f"trainer explain: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 
@@ -132,7 +145,12 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from trainer.tasks import TASKS
 
     for name, make in TASKS.items():
-        task = make()
+        try:
+            task = make()
+        except TypeError:  # a file-backed task: it needs options.data
+            doc = (make.__doc__ or "reads task.options.data").strip().splitlines()[0]
+            print(f"{name:12s} from a local file (task.options.data=FILE)  {doc}")
+            continue
         print(f"{name:12s} {len(task.train)} train / {len(task.heldout)} held-out  {task.description}")
     return 0
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_models import CharTokenizer
 
 from trainer import build
 from trainer.evaluate import evaluate
@@ -53,8 +52,8 @@ def train_run(
         _claim(run_dir, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
-    task = settings.task.build()
-    tokenizer = CharTokenizer()
+    tokenizer = build.tokenizer(settings)
+    task = build.chat_prompts(settings.task.build(), tokenizer)
     policy = build.base_policy(settings, task, tokenizer, base_cache or run_dir, log)
     learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     before_path = run_dir / "eval_before.json"

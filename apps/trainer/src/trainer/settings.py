@@ -42,23 +42,34 @@ class TaskSettings(Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSettings(Config):
+    path: str | None = None
+    """A local Hugging Face folder (Llama 3, Qwen2/2.5, Qwen3); None = a random `preset` model."""
     preset: str = "tiny"
-    """An rl_models preset name (tiny, tiny_qwen2)."""
+    """An rl_models preset name (tiny, tiny_qwen2), used when `path` is None."""
     seed: int = 0
-    """Seed of the initial weights."""
+    """Seed of the initial weights of a preset model."""
+    dtype: str = "float32"
+    """Parameter and compute dtype: float32 or bfloat16 (optimizer state stays float32 with float32 params)."""
+    remat: bool = False
+    """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
+
+    def __post_init__(self) -> None:
+        check(self.dtype in ("float32", "bfloat16"), self, "dtype", "must be float32 or bfloat16")
+        check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WarmStartSettings(Config):
-    steps: int = 800
-    """Supervised steps on the task's teacher completions before RL (0 = none)."""
+    steps: int | None = None
+    """Supervised steps on the task's teacher completions before RL; None = 800 for a
+    preset model, 0 for a loaded one (it is already a policy)."""
     batch_size: int = 64
     """Sequences per supervised step."""
     learning_rate: float = 3e-3
     """Adam learning rate of the warm start."""
 
     def __post_init__(self) -> None:
-        check(self.steps >= 0, self, "steps", "must be >= 0")
+        check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
 
@@ -80,6 +91,8 @@ class EvalSettings(Config):
         check(self.pass_k >= 1, self, "pass_k", "must be >= 1")
         check(self.samples_per_prompt >= self.pass_k, self, "samples_per_prompt", "must be >= pass_k")
 
+
+DEFAULT_WARM_START_STEPS = 800
 
 DEFAULT_TRAINING = {
     "learning_rate": 1e-3,
@@ -105,6 +118,12 @@ class RunSettings(Config):
 
     def __post_init__(self) -> None:
         self.algorithm_config()  # validates the algorithm name and its fields now
+
+    @property
+    def warm_start_steps(self) -> int:
+        if self.warm_start.steps is not None:
+            return self.warm_start.steps
+        return 0 if self.model.path else DEFAULT_WARM_START_STEPS
 
     def algorithm_config(self) -> AlgorithmConfig:
         try:

@@ -29,9 +29,12 @@ class Task:
     """The warm start's target completion for a prompt (may be deliberately fallible)."""
     max_prompt_tokens: int
     max_new_tokens: int
+    chat: bool = False
+    """Prompts are user messages to render with the tokenizer's chat template."""
 
 
-def _split(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
+def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
+    """A seeded shuffle, cut into (train, held-out): the split is fixed by the seed."""
     order = np.random.default_rng(seed).permutation(len(problems))
     shuffled = [problems[i] for i in order]
     return shuffled[heldout_size:], shuffled[:heldout_size]
@@ -58,7 +61,7 @@ def arithmetic(*, digits: int = 2, teacher_slip_rate: float = 0.6, heldout_size:
         raise ValueError(f"teacher_slip_rate = {teacher_slip_rate!r}: must be in [0, 1]")
     n = 10**digits
     pairs = [(a, b) for a in range(n) for b in range(n)]
-    train, heldout = _split(pairs, heldout_size, seed)
+    train, heldout = split_heldout(pairs, heldout_size, seed)
 
     def prompt(a: int, b: int) -> Prompt:
         return Prompt(f"{a}+{b}=", {"answer": str(a + b)})
@@ -108,7 +111,7 @@ def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, s
         if solution is not None:
             seen[(numbers, value)] = solution
     problems = sorted(seen.items())
-    train, heldout = _split(problems, heldout_size, seed)
+    train, heldout = split_heldout(problems, heldout_size, seed)
 
     def prompt(item) -> Prompt:
         (numbers, target), solution = item
@@ -128,4 +131,19 @@ def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, s
     )
 
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "countdown": countdown}
+def _gsm8k(**options):
+    """GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated."""
+    from trainer.datasets import gsm8k
+
+    return gsm8k(**options)
+
+
+def _math(**options):
+    """MATH-style JSONL/Parquet rows (problem, solution with \\boxed{}), chat-templated."""
+    from trainer.datasets import math
+
+    return math(**options)
+
+
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "countdown": countdown, "gsm8k": _gsm8k, "math": _math}
+"""Built-in generated tasks, and file-backed ones that need `options.data`."""
