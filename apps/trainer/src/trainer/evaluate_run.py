@@ -13,7 +13,6 @@ from typing import Any
 
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import ConfigError
-from rl_models import CharTokenizer
 
 from trainer import build
 from trainer.evaluate import evaluate
@@ -38,8 +37,8 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
     if not checkpoints.is_dir():
         raise FileNotFoundError(f"{run_dir} has no checkpoints/ folder: was the run trained with `trainer train`?")
 
-    task = settings.task.build()
-    tokenizer = CharTokenizer()
+    tokenizer = build.tokenizer(settings)
+    task = build.chat_prompts(settings.task.build(), tokenizer)
     # Fresh weights only give the structure; the checkpoint replaces them. output_dir=None keeps
     # the learner from opening a metrics file, an event file or a checkpoint manager in the run.
     learner = build.learner(

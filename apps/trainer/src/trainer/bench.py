@@ -1,0 +1,458 @@
+"""`trainer bench`: rollout and train-step speed, compile count and model-FLOPs utilisation.
+
+1. The machine's float32 matmul peak: the best of several timed runs of one
+   large jitted n x n @ n x n matmul (2 n^3 FLOPs each).
+2. A learner built the way `trainer train` builds one (random initial weights,
+   no warm start), run for warm-up steps (they compile) and then timed steps,
+   with the compile count read before and after the timed ones.
+3. Each step's phases as the learner times them (time/rollout, time/reward,
+   time/logprob, time/update, time/step) and each phase's model FLOPs,
+   counted analytically from the tokens it actually processed.
+4. Prefill and decode time: the rollout program timed against the same program
+   with max_new_tokens=1 (prefill plus the first sampled token).
+
+Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them:
+    2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
+  + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
+  + 2 * D * V * u       unembedding
+The embedding lookup, norms, rotary and softmax are not counted. A training
+step is 3 forwards (forward + backward); sampling is one forward over the
+prompt and every generated token fed back (KV cache: each position once).
+Only real tokens count: padding and rows decoded after their EOS are work
+the machine does but the model does not need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rl_core.compiles import compile_count
+from rl_core.config import ConfigError
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+from rl_core.learner import DATA_AXIS
+from rl_core.sampler import Sampler, SamplingParams
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+from trainer import build
+from trainer.settings import build_settings
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchPreset:
+    """One benchmark configuration."""
+
+    model: str
+    """rl_models preset name (character vocabulary)."""
+    prompts: int
+    """Prompts per step (B)."""
+    group_size: int
+    """Completions per prompt (G)."""
+    max_new_tokens: int
+    """Most tokens generated per completion."""
+    digits: int = 2
+    """Digits of the addition problems."""
+    matmul_size: int = 2048
+    """n of the n x n float32 matmul that measures the peak."""
+    matmul_repeats: int = 5
+    """Timed matmul runs (the best counts)."""
+    warmup_steps: int = 2
+    """Untimed steps before the timed ones (the first compiles)."""
+    generate_repeats: int = 5
+    """Timed runs of the prefill-only and full generation programs (the best counts)."""
+    description: str = ""
+
+
+PRESETS: dict[str, BenchPreset] = {
+    "tiny-qwen2": BenchPreset(
+        model="tiny_qwen2",
+        prompts=8,
+        group_size=8,
+        max_new_tokens=8,
+        description="hidden 128, 4 layers, 4 heads, 2 KV heads, MLP 512, tied embeddings, character vocabulary; "
+        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0",
+    ),
+    "tiny": BenchPreset(
+        model="tiny",
+        prompts=2,
+        group_size=4,
+        max_new_tokens=4,
+        matmul_size=256,
+        matmul_repeats=3,
+        warmup_steps=1,
+        generate_repeats=2,
+        description="the unit-test model (hidden 64, 2 layers), 2 prompts x 4 completions; for quick checks",
+    ),
+}
+
+
+# -- model FLOPs ------------------------------------------------------------------------
+
+
+def block_matmul_weights(cfg: TransformerConfig) -> int:
+    """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
+    d, h, k, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_hidden_size
+    per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
+    return cfg.num_layers * per_layer
+
+
+def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray) -> float:
+    """Model FLOPs of causal forwards over sequences of `tokens` real tokens each, unembedding `unembedded`."""
+    n = np.asarray(tokens, np.float64)
+    u = np.asarray(unembedded, np.float64)
+    dense = 2.0 * block_matmul_weights(cfg) * n
+    attention = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * (n + 1) / 2
+    logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
+    return float(np.sum(dense + attention + logits))
+
+
+def sampling_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray) -> float:
+    """Prefill over the prompt, then each generated token but the last is fed back; every generated one is unembedded."""
+    generated = np.asarray(generated)
+    return forward_flops(cfg, np.asarray(prompt_tokens) + np.maximum(generated - 1, 0), generated)
+
+
+def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
+    """Forward and backward (3 forwards) over prompt + completion, completion tokens unembedded."""
+    return 3.0 * forward_flops(cfg, np.asarray(prompt_tokens) + completion_tokens, completion_tokens)
+
+
+# -- measurements ------------------------------------------------------------------------
+
+
+def matmul_peak(n: int, repeats: int) -> dict[str, float]:
+    """Best float32 FLOP/s of a jitted n x n @ n x n matmul."""
+    ka, kb = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(ka, (n, n), jnp.float32)
+    b = jax.random.normal(kb, (n, n), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()  # compile
+    best = min(_timed(lambda: matmul(a, b).block_until_ready()) for _ in range(repeats))
+    return {"n": n, "flops": 2.0 * n**3, "best_seconds": best, "flops_per_sec": 2.0 * n**3 / best}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class _Recorder:
+    """Counts the real tokens each model phase processes, by wrapping the learner's public steps."""
+
+    def __init__(self, learner: Any, cfg: TransformerConfig) -> None:
+        self.cfg = cfg
+        self.flops = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}
+        self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
+        generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.produce_examples
+
+        def recording_generate(prompt_tokens, prompt_mask, sampling=None):
+            out = generate(prompt_tokens, prompt_mask, sampling)
+            prompt = np.asarray(prompt_mask).sum(axis=1)
+            lengths = np.asarray(out.lengths)  # the learner fetches these anyway
+            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths)
+            self.tokens["prompt"] += int(prompt.sum())
+            self.tokens["generated"] += int(lengths.sum())
+            return out
+
+        def recording_logprobs(params, example):
+            out = compute_logprobs(params, example)
+            prompt, completion = _example_tokens(example)
+            self.flops["logprob"] += forward_flops(cfg, prompt + completion, completion)
+            return out
+
+        def recording_produce(prompts):
+            batch = produce(prompts)
+            prompt, completion = _example_tokens(batch.example)
+            self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion)
+            self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
+            return batch
+
+        learner.generate = recording_generate
+        learner.compute_logprobs = recording_logprobs
+        learner.produce_examples = recording_produce
+
+    def take(self) -> tuple[dict[str, float], dict[str, int]]:
+        flops, tokens = dict(self.flops), dict(self.tokens)
+        self.flops = dict.fromkeys(self.flops, 0.0)
+        self.tokens = dict.fromkeys(self.tokens, 0)
+        return flops, tokens
+
+
+def _example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Real prompt tokens and loss-masked completion tokens per row."""
+    return np.asarray(example.prompt_mask).sum(axis=1), np.asarray(example.completion_mask).sum(axis=1)
+
+
+PHASES = ("rollout", "reward", "logprob", "update")
+
+
+def run_bench(
+    *,
+    preset: str = "tiny-qwen2",
+    steps: int = 10,
+    output: Path | None = None,
+    algo: str = "grpo",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the benchmark; print a table, write JSON to `output` (if given) and return the results."""
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
+    if steps < 1:
+        raise ConfigError(f"--steps {steps}: must be >= 1")
+    p = PRESETS[preset]
+    log(f"bench {preset} ({algo}): {p.description}")
+    log(f"measuring the float32 matmul peak ({p.matmul_size} x {p.matmul_size}, best of {p.matmul_repeats})")
+    peak = matmul_peak(p.matmul_size, p.matmul_repeats)
+
+    total_steps = p.warmup_steps + steps
+    settings = build_settings(
+        algo=algo,
+        overrides=[
+            f"task.options.digits={p.digits}",
+            f"model.preset={p.model}",
+            "warm_start.steps=0",
+            f"rollout.max_new_tokens={p.max_new_tokens}",
+            "rollout.temperature=1.0",
+            f"training.prompts_per_step={p.prompts}",
+            f"training.num_steps={total_steps}",
+            "training.optimizer=adamw",
+            "training.learning_rate=1e-5",
+            "training.checkpoint_every_steps=0",
+            f"algorithm.group_size={p.group_size}",
+            "algorithm.beta=0.0",
+            "eval.every_steps=0",
+        ],
+    )
+    task = settings.task.build()
+    tokenizer = CharTokenizer()
+    policy = build.new_model(settings, tokenizer)
+    cfg = policy.config
+    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
+    recorder = _Recorder(learner, cfg)
+
+    log(f"{p.warmup_steps} warm-up step(s), then {steps} timed")
+    compiles_start = compile_count()
+    for _ in range(p.warmup_steps):
+        learner.train_step()
+    recorder.take()
+    compiles_before = compile_count()
+    records, flops, tokens = [], {k: 0.0 for k in recorder.flops}, {k: 0 for k in recorder.tokens}
+    wall = 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        records.append(learner.train_step())
+        wall += time.perf_counter() - start
+    compiles_after = compile_count()
+    step_flops, step_tokens = recorder.take()
+    flops.update(step_flops)
+    tokens.update(step_tokens)
+
+    prefill, decode = _prefill_decode(learner, task, p)
+    results = _summarise(
+        preset=preset,
+        algo=algo,
+        p=p,
+        cfg=cfg,
+        peak=peak,
+        records=records,
+        flops=flops,
+        tokens=tokens,
+        wall=wall,
+        compiles={
+            "warmup": compiles_before - compiles_start,
+            "timed_delta": compiles_after - compiles_before,
+        },
+        prefill=prefill,
+        decode=decode,
+    )
+    print_table(results)
+    if output is not None:
+        output = Path(output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2) + "\n")
+        log(f"wrote {output}")
+    return results
+
+
+def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, float], dict[str, float]]:
+    """Best times of the rollout program and of its prefill-only twin on one fixed batch."""
+    prompts = task.train[: p.prompts]
+    tokens, mask = learner.encode_prompts(prompts, repeat=p.group_size)
+    prefill_sampler = Sampler(
+        learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id
+    )
+    rows = NamedSharding(learner.mesh, PartitionSpec(DATA_AXIS))  # the input layout of the rollout
+    tokens_d, mask_d = jax.device_put(tokens, rows), jax.device_put(mask, rows)
+    sampling = SamplingParams.from_rollout(learner.rollout)
+    key = jax.random.PRNGKey(1)
+
+    def run_full():
+        return jax.block_until_ready(learner.sampler(learner.params, tokens_d, mask_d, key, sampling))
+
+    def run_prefill():
+        return jax.block_until_ready(prefill_sampler(learner.params, tokens_d, mask_d, key, sampling))
+
+    out = run_full()
+    run_prefill()
+    full = min(_timed(run_full) for _ in range(p.generate_repeats))
+    first = min(_timed(run_prefill) for _ in range(p.generate_repeats))
+    lengths = np.asarray(out.lengths)
+    prompt = mask.sum(axis=1)
+    model_cfg = learner.model.config
+    prefill_flops = forward_flops(model_cfg, prompt, np.ones_like(prompt))
+    decode_flops = sampling_flops(model_cfg, prompt, lengths) - prefill_flops
+    steps = int(lengths.max()) - 1  # decode iterations of the while loop after the prefill's token
+    decode_seconds = max(full - first, 0.0)
+    return (
+        {"seconds": first, "tokens": float(prompt.sum()), "flops": prefill_flops},
+        {
+            "seconds": decode_seconds,
+            "iterations": float(steps),
+            "seconds_per_iteration": decode_seconds / steps if steps > 0 else 0.0,
+            "generated_tokens": float(lengths.sum()),
+            "full_generate_seconds": full,
+            "tokens_per_sec": float(lengths.sum()) / full,
+            "flops": decode_flops,
+        },
+    )
+
+
+def _summarise(
+    *,
+    preset: str,
+    algo: str,
+    p: BenchPreset,
+    cfg: TransformerConfig,
+    peak: dict[str, float],
+    records: Sequence[dict[str, Any]],
+    flops: dict[str, float],
+    tokens: dict[str, int],
+    wall: float,
+    compiles: dict[str, int],
+    prefill: dict[str, float],
+    decode: dict[str, float],
+) -> dict[str, Any]:
+    n = len(records)
+    peak_rate = peak["flops_per_sec"]
+
+    def mean(key: str) -> float:
+        return float(np.mean([r.get(key, 0.0) for r in records]))
+
+    phases: dict[str, dict[str, float]] = {}
+    for name in PHASES:
+        seconds = mean(f"time/{name}")
+        phase_flops = flops.get(name, 0.0) / n
+        rate = phase_flops / seconds if seconds > 0 else 0.0
+        phases[name] = {"seconds": seconds, "model_flops": phase_flops, "flops_per_sec": rate, "mfu": rate / peak_rate}
+    step_seconds = mean("time/step")
+    other = max(step_seconds - sum(ph["seconds"] for ph in phases.values()), 0.0)
+    phases["other"] = {"seconds": other, "model_flops": 0.0, "flops_per_sec": 0.0, "mfu": 0.0}
+    step_flops = sum(flops.values()) / n
+    phases["step"] = {
+        "seconds": step_seconds,
+        "model_flops": step_flops,
+        "flops_per_sec": step_flops / step_seconds,
+        "mfu": step_flops / step_seconds / peak_rate,
+    }
+    for part in (prefill, decode):
+        part["flops_per_sec"] = part["flops"] / part["seconds"] if part["seconds"] > 0 else 0.0
+        part["mfu"] = part["flops_per_sec"] / peak_rate
+    rollout_seconds = sum(r["time/rollout"] for r in records)
+    return {
+        "preset": preset,
+        "description": p.description,
+        "algo": algo,
+        "machine": {
+            "device": str(jax.devices()[0]),
+            "platform": jax.default_backend(),
+            "cpu_count": os.cpu_count(),
+            "jax": jax.__version__,
+        },
+        "model": {
+            "preset": p.model,
+            "hidden": cfg.hidden_size,
+            "layers": cfg.num_layers,
+            "heads": cfg.num_heads,
+            "kv_heads": cfg.num_kv_heads,
+            "mlp": cfg.mlp_hidden_size,
+            "vocab": cfg.vocab_size,
+            "tied_embeddings": cfg.tie_embeddings,
+            "block_matmul_weights": block_matmul_weights(cfg),
+            "parameters": parameter_count(cfg),
+        },
+        "batch": {
+            "prompts": p.prompts,
+            "group_size": p.group_size,
+            "completions": p.prompts * p.group_size,
+            "max_new_tokens": p.max_new_tokens,
+        },
+        "steps": {"warmup": p.warmup_steps, "timed": n, "wall_seconds": wall},
+        "matmul_peak": peak,
+        "rollout": {
+            "tokens_per_sec": tokens["generated"] / rollout_seconds if rollout_seconds > 0 else 0.0,
+            "generated_tokens_per_step": tokens["generated"] / n,
+            "prompt_tokens_per_step": tokens["prompt"] / n,
+        },
+        "prefill": prefill,
+        "decode": decode,
+        "phases": phases,
+        "mfu_step": phases["step"]["mfu"],
+        "compile_count": compiles,
+    }
+
+
+def parameter_count(cfg: TransformerConfig) -> int:
+    """Every parameter of the model (embeddings, norms and biases included)."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    peak = results["matmul_peak"]["flops_per_sec"]
+    table = Table(title=f"trainer bench {results['preset']} ({results['algo']}): {results['steps']['timed']} timed steps")
+    for column, justify in (("phase", "left"), ("seconds/step", "right"), ("model GFLOP", "right"),
+                            ("GFLOP/s", "right"), ("MFU", "right")):  # fmt: skip
+        table.add_column(column, justify=justify)
+    for name, ph in results["phases"].items():
+        table.add_row(
+            name,
+            f"{ph['seconds']:.4f}",
+            f"{ph['model_flops'] / 1e9:.3f}",
+            f"{ph['flops_per_sec'] / 1e9:.2f}",
+            f"{ph['mfu']:.1%}",
+            style="bold" if name == "step" else None,
+        )
+    for name in ("prefill", "decode"):
+        part = results[name]
+        table.add_row(
+            f"{name} (standalone)",
+            f"{part['seconds']:.4f}",
+            f"{part['flops'] / 1e9:.3f}",
+            f"{part['flops_per_sec'] / 1e9:.2f}",
+            f"{part['mfu']:.1%}",
+        )
+    console = Console()
+    console.print(table)
+    decode = results["decode"]
+    console.print(
+        f"matmul peak {peak / 1e9:.1f} GFLOP/s ({results['matmul_peak']['n']}^2 float32); "
+        f"rollout {results['rollout']['tokens_per_sec']:.0f} tokens/s "
+        f"({results['rollout']['generated_tokens_per_step']:.0f} generated tokens/step); "
+        f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration; "
+        f"compiles: {results['compile_count']['warmup']} in warm-up, "
+        f"{results['compile_count']['timed_delta']} during the timed steps; "
+        f"whole-step MFU {results['mfu_step']:.1%}"
+    )

@@ -1,0 +1,61 @@
+"""`trainer bench`: the FLOP model by hand, and a short run's JSON (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from rl_models import CharTokenizer, preset
+from trainer.bench import block_matmul_weights, forward_flops, sampling_flops, training_flops
+from trainer.cli import main
+
+
+def test_block_matmul_weights_of_tiny_qwen2():
+    cfg = preset("tiny_qwen2", vocab_size=CharTokenizer().vocab_size)
+    # per layer: q 128x128 + k, v 128x64 each + o 128x128 + MLP 3 x 128x512 = 49152 + 196608
+    assert block_matmul_weights(cfg) == 4 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 512)
+
+
+def test_forward_flops_by_hand():
+    cfg = preset("tiny", vocab_size=10)  # D 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 128
+    w = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128)  # 2 layers of block matmuls = 81920
+    assert block_matmul_weights(cfg) == w
+    # one sequence of 3 tokens, 2 unembedded: dense 2*W*3, attention 4*L*H*Dh*(1+2+3), logits 2*D*V*2
+    expected = 2 * w * 3 + 4 * 2 * 4 * 16 * 6 + 2 * 64 * 10 * 2
+    assert forward_flops(cfg, np.array([3]), np.array([2])) == expected
+    # sequences add up
+    assert forward_flops(cfg, np.array([3, 3]), np.array([2, 2])) == 2 * expected
+    # training = 3 forwards over prompt + completion with the completion unembedded
+    assert training_flops(cfg, np.array([1]), np.array([2])) == 3 * expected
+    # sampling a 2-token completion after a 2-token prompt: 3 positions fed (the last token is not), 2 unembedded
+    assert sampling_flops(cfg, np.array([2]), np.array([2])) == expected
+
+
+def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(out)]) == 0
+    assert "whole-step MFU" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["preset"] == "tiny" and r["algo"] == "grpo" and r["steps"]["timed"] == 2
+    assert r["compile_count"]["timed_delta"] == 0  # flat after the warm-up step
+    assert r["compile_count"]["warmup"] > 0
+    assert r["matmul_peak"]["flops_per_sec"] > 0
+    assert r["rollout"]["tokens_per_sec"] > 0 and r["rollout"]["generated_tokens_per_step"] > 0
+    for phase in ("rollout", "reward", "update", "step"):
+        assert r["phases"][phase]["seconds"] > 0, phase
+    for phase in ("rollout", "update", "step"):
+        assert r["phases"][phase]["model_flops"] > 0 and r["phases"][phase]["mfu"] > 0, phase
+    # beta = 0 and one pass per batch: no log-prob forward at all
+    assert r["phases"]["logprob"]["model_flops"] == 0
+    assert r["phases"]["step"]["model_flops"] == pytest.approx(
+        r["phases"]["rollout"]["model_flops"] + r["phases"]["update"]["model_flops"]
+    )
+    for part in ("prefill", "decode"):
+        assert r[part]["seconds"] >= 0 and r[part]["flops"] > 0
+    assert r["mfu_step"] == r["phases"]["step"]["mfu"]
+
+
+def test_bench_rejects_unknown_preset(capsys):
+    assert main(["bench", "--preset", "huge", "--steps", "1"]) == 2
+    assert "tiny-qwen2" in capsys.readouterr().err
