@@ -47,7 +47,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         self._kl = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
         # The reference policy is the initial one; kept only when the KL term is on.
         self.ref_params = jax.tree.map(jnp.copy, self.params) if config.beta else None
-        self._timings: dict[str, float] = {}
+        # Pipeline steps add their time here; also valid when a step is called on its own.
+        self._timings: dict[str, float] = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
 
     # -- base-learner hooks ---------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""The GRPO pipeline skips work nobody needs, and micro-batching is exact.
+
+Uses the toy `BagPolicy` (a real NNX policy honouring masks and the KV cache)
+so that the many small programs compile quickly.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import rewards
+import rl_models
+from algo_dapo import DAPOConfig, DAPOLearner
+from algo_dr_grpo import DrGRPOConfig, DrGRPOLearner
+from algo_grpo import GRPOConfig, GRPOLearner
+from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.data import Prompt
+from rl_core.testing import tree_max_abs_diff
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+
+TOK = rl_models.CharTokenizer()
+PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
+
+
+def digit_fraction(prompts, completions, **_):
+    """Shaping reward: the share of digits in the completion (varies even for an untrained policy)."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def _learner(cls, config, *, micro_batch_size=None, **kwargs):
+    return cls(
+        config,
+        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
+        tokenizer=TOK,
+        train_data=PROMPTS,
+        training=TrainingConfig(
+            prompts_per_step=2,
+            optimizer="sgd",
+            learning_rate=1.0,
+            max_grad_norm=None,
+            micro_batch_size=micro_batch_size,
+        ),
+        rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
+        **kwargs,
+    )
+
+
+# -- the reference path only when beta != 0, the old policy only when num_iterations > 1 ---
+
+
+class CountingGRPO(GRPOLearner):
+    """Counts calls of the reference log-prob step (and nothing else is changed)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reference_calls = 0
+
+    def reference_logprobs(self, example):
+        self.reference_calls += 1
+        return super().reference_logprobs(example)
+
+
+def test_beta_zero_never_runs_the_reference_and_one_pass_no_old_policy():
+    learner = _learner(CountingGRPO, GRPOConfig(group_size=2, beta=0.0, num_iterations=1))
+    assert learner.ref_params is None  # no reference copy of the parameters in memory
+    metrics = [learner.train_step() for _ in range(2)]
+    assert learner.reference_calls == 0
+    assert all("train/kl" not in m for m in metrics)
+    example = learner.produce_examples(learner.data.next(2)).example
+    assert example.old_logp is None and example.ref_logp is None
+    assert learner.reference_calls == 0
+
+
+def test_beta_positive_runs_the_reference_once_per_step_and_two_passes_compute_old_logp():
+    learner = _learner(CountingGRPO, GRPOConfig(group_size=2, beta=0.04, num_iterations=2))
+    assert learner.ref_params is not None
+    m = learner.train_step()
+    # once per step, not once per pass
+    assert learner.reference_calls == 1
+    assert m["train/updates"] == 2.0 and np.isfinite(m["train/kl"])
+    example = learner.produce_examples(learner.data.next(2)).example
+    assert learner.reference_calls == 2
+    assert example.old_logp is not None and example.old_logp.shape == example.completion_tokens.shape
+    # the old policy is the current one (nothing trained since): its own log-probs
+    current, _ = learner.compute_logprobs(learner.params, example)
+    np.testing.assert_allclose(example.old_logp, current, atol=1e-6)
+    # the reference is the initial policy, which one step of SGD moved away from
+    assert example.ref_logp is not None and not np.allclose(example.ref_logp, current, atol=1e-6)
+
+
+# -- micro-batching: sizes 1, 2 and full give the same step ------------------------------
+
+# Two groups of G = 2, T = 4; lengths differ so that every aggregation mode weighs
+# rows differently; rewards [1, 0] and [0, 3] give nonzero advantages everywhere.
+LENGTHS = [4, 2, 1, 3]
+FIXED = make_groups(
+    [Prompt("a"), Prompt("b")],
+    [1.0, 0.0, 0.0, 3.0],
+    group_size=2,
+    completion_tokens=np.asarray([[10, 11, 12, 2], [13, 2, 0, 0], [2, 0, 0, 0], [14, 15, 2, 0]]),
+    lengths=LENGTHS,
+)
+
+
+def fixed_batch(cls):
+    """`cls` with group collection replaced by the fixed groups above."""
+
+    class Fixed(cls):
+        def collect_groups(self, prompts):
+            return FIXED
+
+    return Fixed
+
+
+# One config per aggregation mode used by the three algorithms. GRPO's beta is set to 0:
+# at the first step the reference equals the policy, so the k3 term and its gradient are 0.
+MODES = {
+    "seq-mean-token-mean": (GRPOLearner, dataclasses.replace(GRPOConfig(group_size=2), beta=0.0)),
+    "seq-mean-token-sum-norm": (DrGRPOLearner, DrGRPOConfig(group_size=2)),
+    "token-mean": (DAPOLearner, DAPOConfig(group_size=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def one_step_updates():
+    """(mode, micro_batch_size) -> (parameter change after one SGD step with lr 1 = -grad, loss)."""
+    out = {}
+    for mode, (cls, config) in MODES.items():
+        assert config.loss_agg_mode == mode
+        for micro in (1, 2, None):
+            learner = _learner(fixed_batch(cls), config, micro_batch_size=micro)
+            assert learner.num_micro_batches == {1: 4, 2: 2, None: 1}[micro]
+            before = jax.tree.map(np.array, learner.params)
+            metrics = learner.train_step()
+            after = jax.tree.map(np.array, learner.params)
+            out[mode, micro] = (jax.tree.map(lambda a, b: a - b, after, before), metrics["train/loss"])
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_micro_batch_sizes_give_the_same_update(one_step_updates, mode):
+    full, full_loss = one_step_updates[mode, None]
+    assert tree_max_abs_diff(full, jax.tree.map(np.zeros_like, full)) > 1e-4  # a real update
+    for micro in (1, 2):
+        delta, loss = one_step_updates[mode, micro]
+        assert tree_max_abs_diff(delta, full) < 1e-5, f"{mode}: micro_batch_size={micro} differs from full"
+        assert loss == pytest.approx(full_loss, abs=1e-6)
+
+
+def test_the_modes_really_differ(one_step_updates):
+    # Guards the test above against a mode that is silently ignored.
+    deltas = [one_step_updates[mode, None][0] for mode in MODES]
+    for i in range(len(deltas)):
+        for j in range(i + 1, len(deltas)):
+            assert tree_max_abs_diff(deltas[i], deltas[j]) > 1e-4
+
+
+def test_loss_at_ratio_one_is_minus_the_aggregated_advantage(one_step_updates):
+    # With one pass the ratio is 1 in value, so the policy loss per token is -A.
+    # GRPO advantages: [1, 0]: mean 0.5, std(ddof=1) sqrt(0.5): +-a, a = 0.5 / (0.7071068 + 1e-6) = 0.7071058;
+    # [0, 3]: mean 1.5, std 1.5 * sqrt(2): -+b, b = 1.5 / (2.1213203 + 1e-6) = 0.7071065.
+    # Dr. GRPO advantages (no std): [0.5, -0.5, -1.5, 1.5]. Lengths [4, 2, 1, 3], L_max = 4.
+    # seq-mean-token-mean: each row's token mean is -A; advantages sum to 0 within a group -> 0.
+    assert one_step_updates["seq-mean-token-mean", None][1] == pytest.approx(0.0, abs=1e-6)
+    # seq-mean-token-sum-norm: -(0.5*4 - 0.5*2 - 1.5*1 + 1.5*3) / L_max / 4 rows = -4 / 16 = -0.25
+    assert one_step_updates["seq-mean-token-sum-norm", None][1] == pytest.approx(-0.25, abs=1e-6)
+    # token-mean: -(4a - 2a - 1b + 3b) / (4 + 2 + 1 + 3) = -(2a + 2b) / 10 = -0.2828424
+    assert one_step_updates["token-mean", None][1] == pytest.approx(-0.2828424, abs=1e-6)
