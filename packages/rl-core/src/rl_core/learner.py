@@ -104,7 +104,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.params = self._replicate(jax.tree.map(lambda x: jnp.array(x, copy=True), params))
         total_updates = training.num_steps * self.num_iterations * self.num_mini_batches
         self.tx = make_optimizer(training, total_updates)
-        self.opt_state = self._replicate(self.tx.init(self.params))
+        self.opt_state = self._replicate(self.tx.init(self._optimizer_view(self.params)))
         self.rng = jax.random.PRNGKey(rollout.seed)
         self.data = PromptStream(train_data, seed=training.seed)
         self.step = 0
@@ -314,12 +314,13 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         (grads, agg), _ = jax.lax.scan(body, init, batch)
         denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
-        grads = jax.tree.map(lambda g: g / denom, grads)
+        grads = self._optimizer_view(jax.tree.map(lambda g: g / denom, grads))
         loss = agg.total / denom
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = self.tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        updates, new_opt_state = self.tx.update(grads, opt_state, self._optimizer_view(params))
+        # the sum in float32 when the optimizer state is, then back to each parameter's dtype
+        new_params = jax.tree.map(lambda p, u: (p.astype(u.dtype) + u).astype(p.dtype), params, updates)
 
         def keep_if_finite(new, old):
             return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
@@ -333,6 +334,12 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             "minima": dict(agg.minima),
         }
         return keep_if_finite(new_params, params), keep_if_finite(new_opt_state, opt_state), stats
+
+    def _optimizer_view(self, tree: Any) -> Any:
+        """Params or grads as the optimizer sees them: float32 when configured, else as they are."""
+        if self.training.optimizer_state_dtype != "float32":
+            return tree
+        return jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
     def _logprobs_fn(self, params, prompt_tokens, prompt_mask, completion_tokens):
         return completion_logprobs(
@@ -394,7 +401,16 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.data.position = int(meta["data_position"])
         self.load_extra_state(meta.get("extra", {}))
         self.logger.truncate_after(self.step)
+        self._drop_samples_after(self.step)
         return True
+
+    def _drop_samples_after(self, step: int) -> None:
+        """Like the metrics: drop samples a crashed run wrote past its last checkpoint."""
+        path = self.output_dir / "samples.jsonl" if self.output_dir else None
+        if path is None or not path.exists():
+            return
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
 
     def _write_samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
         if self.output_dir is None or not samples:

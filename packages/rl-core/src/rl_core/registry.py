@@ -56,7 +56,13 @@ def _distribution_of(obj: Any) -> str:
     """The installed distribution whose top-level package defines `obj`."""
     top = (getattr(obj, "__module__", None) or type(obj).__module__ or "").split(".")[0]
     dists = metadata.packages_distributions().get(top)
-    return dists[0] if dists else top or "unknown"
+    if dists:
+        return dists[0]
+    # editable installs are missing from packages_distributions(); folder names map one to one
+    try:
+        return metadata.distribution(top.replace("_", "-")).name
+    except metadata.PackageNotFoundError:
+        return top or "unknown"
 
 
 class Registry:
