@@ -1,0 +1,11 @@
+"""Shared pytest setup for the whole test suite (keep it small)."""
+
+import os
+
+# --- rl_core tests: faster XLA compiles ---------------------------------------------------------
+# The test programs are tiny, so XLA's CPU compile time dominates the suite; LLVM optimization
+# level 0 halves it and changes no semantics. XLA reads XLA_FLAGS once, when jax first starts a
+# backend, so this runs before any test imports jax; subprocess tests inherit it. An explicit
+# setting in the environment wins.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()

@@ -1,0 +1,55 @@
+"""Two training steps on 1 device and on every device, in this process; prints the comparison.
+
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=4 (set before jax is
+imported) to get 4 simulated CPU devices. Prints one JSON line.
+"""
+
+import json
+
+import jax
+import numpy as np
+
+from rl_core.learner import data_mesh
+from rl_core.types import TrainExample
+from toy_run import DATA_PARALLEL_TRAINING, make_learner, max_abs_diff, params_numpy
+
+
+def run(devices):
+    learner = make_learner(training=DATA_PARALLEL_TRAINING, mesh=data_mesh(devices))
+    initial = params_numpy(learner)
+    metrics = [learner.train_step() for _ in range(2)]
+    # the layout the update sees: each micro-batch's rows split over the data axis
+    b, t = learner.batch_size, learner.rollout.max_new_tokens
+    zeros = TrainExample(*(np.zeros(shape, np.float32) for shape in ((b, 8), (b, 8), (b, t), (b, t), (b,))))
+    tokens = learner._mini_batches(zeros)[0].completion_tokens  # [micro-batches, rows, T]
+    return learner, initial, metrics, {
+        "devices": len(tokens.sharding.device_set),
+        "shard_shapes": sorted({tuple(s.data.shape) for s in tokens.addressable_shards}),
+        "params_replicated": all(x.sharding.is_fully_replicated for x in jax.tree.leaves(learner.params)),
+    }
+
+
+def main() -> None:
+    devices = jax.devices()
+    one, initial, one_metrics, one_layout = run(devices[:1])
+    many, _, many_metrics, many_layout = run(devices)
+    keys = [k for k in one_metrics[0] if k.startswith(("train/", "rewards/"))]
+    print(
+        json.dumps(
+            {
+                "device_count": len(devices),
+                "params_max_abs_diff": max_abs_diff(params_numpy(one), params_numpy(many)),
+                "params_moved": max_abs_diff(initial, params_numpy(one)),
+                "metrics_max_abs_diff": max(
+                    abs(a[k] - b[k]) for a, b in zip(one_metrics, many_metrics, strict=True) for k in keys
+                ),
+                "grad_norms": [m["train/grad_norm"] for m in one_metrics],
+                "one_device": one_layout,
+                "all_devices": many_layout,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""rl_core.config: every rule names the field, the value and the rule; dict round trips."""
+
+import dataclasses
+
+import pytest
+
+from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig
+from rl_core.testing import ToyConfig
+
+# (config class, extra valid kwargs, field, bad value, the rule's text)
+RULES = [
+    (RolloutConfig, {}, "max_prompt_tokens", 0, "must be >= 1"),
+    (RolloutConfig, {}, "max_new_tokens", 0, "must be >= 1"),
+    (RolloutConfig, {}, "temperature", -0.5, "must be >= 0 (0 = greedy)"),
+    (RolloutConfig, {}, "temperature", float("nan"), "must be >= 0"),
+    (RolloutConfig, {}, "top_k", -1, "must be >= 0 (0 = off)"),
+    (RolloutConfig, {}, "top_p", 0.0, "must be in (0, 1]"),
+    (RolloutConfig, {}, "top_p", 1.5, "must be in (0, 1]"),
+    (RolloutConfig, {}, "logprob_chunk_tokens", 0, "must be >= 1"),
+    (TrainingConfig, {}, "optimizer", "adamww", "must be one of ('adamw', 'adam', 'sgd')"),
+    (TrainingConfig, {}, "learning_rate", 0.0, "must be > 0"),
+    (TrainingConfig, {}, "learning_rate", -1e-3, "must be > 0"),
+    (TrainingConfig, {}, "lr_schedule", "exponential", "must be one of ('constant', 'cosine', 'linear')"),
+    (TrainingConfig, {}, "warmup_steps", -1, "must be >= 0"),
+    (TrainingConfig, {}, "weight_decay", -0.1, "must be >= 0"),
+    (TrainingConfig, {"optimizer": "sgd"}, "weight_decay", 0.1, "needs optimizer='adamw'"),
+    (TrainingConfig, {}, "optimizer_state_dtype", "bfloat16", "must be 'float32' or 'param'"),
+    (TrainingConfig, {}, "max_grad_norm", 0.0, "must be > 0 or None"),
+    (TrainingConfig, {}, "prompts_per_step", 0, "must be >= 1"),
+    (TrainingConfig, {}, "mini_batch_size", 0, "must be >= 1"),
+    (TrainingConfig, {}, "micro_batch_size", 0, "must be >= 1"),
+    (TrainingConfig, {"mini_batch_size": 8}, "micro_batch_size", 3, "must divide mini_batch_size (8)"),
+    (TrainingConfig, {}, "num_steps", 0, "must be >= 1"),
+    (TrainingConfig, {}, "eval_every_steps", -1, "must be >= 0"),
+    (TrainingConfig, {}, "checkpoint_every_steps", -2, "must be >= 0"),
+    (TrainingConfig, {}, "samples_per_step", -1, "must be >= 0"),
+    (TrainingConfig, {}, "log_every_steps", 0, "must be >= 1"),
+    (TrainingConfig, {}, "max_checkpoints_to_keep", 0, "must be >= 1"),
+    (TrainingConfig, {}, "on_nonfinite", "ignore", "must be one of ('skip', 'stop')"),
+    (ToyConfig, {}, "group_size", 1, "must be >= 2"),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "extra", "field", "value", "rule"),
+    RULES,
+    ids=[f"{r[0].__name__}.{r[2]}={r[3]!r}" for r in RULES],
+)
+def test_every_rule_names_field_value_and_rule(cls, extra, field, value, rule):
+    cls(**extra)  # the rest of the config is valid
+    with pytest.raises(ConfigError) as info:
+        cls(**extra, **{field: value})
+    message = str(info.value)
+    assert message.startswith(f"{cls.__name__}.{field} = {value!r}: ")  # the field and the value
+    assert rule in message  # the rule
+
+
+def test_every_validated_field_has_a_rule_in_the_table():
+    """A new field with a rule gets a row above (fields without rules are listed here)."""
+    without_rules = {"seed", "output_dir"}
+    for cls in (RolloutConfig, TrainingConfig):
+        covered = {r[2] for r in RULES if r[0] is cls}
+        fields = {f.name for f in dataclasses.fields(cls)} - without_rules
+        assert fields == covered, f"{cls.__name__}: fields without a tested rule {fields - covered}"
+
+
+def test_batch_layout_divides_and_reports_the_rule():
+    assert TrainingConfig(mini_batch_size=8, micro_batch_size=2).batch_layout(16) == (2, 4)
+    assert TrainingConfig().batch_layout(16) == (1, 1)
+    with pytest.raises(ConfigError, match=r"mini_batch_size = 8: must divide the completions per step \(12\)"):
+        TrainingConfig(mini_batch_size=8).batch_layout(12)
+    with pytest.raises(ConfigError, match=r"micro_batch_size = 4: must divide mini_batch_size \(6\)"):
+        TrainingConfig(micro_batch_size=4).batch_layout(6)
+
+
+def test_configs_are_frozen_and_keyword_only():
+    config = TrainingConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.learning_rate = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RolloutConfig(64)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        RolloutConfig(max_prompt_tokens=32, temperature=0.7, top_k=5, top_p=0.9, seed=3),
+        TrainingConfig(optimizer="sgd", max_grad_norm=None, mini_batch_size=8, micro_batch_size=4, output_dir="/tmp/x"),
+        ToyConfig(loss_agg_mode="seq-mean-token-mean", group_size=3, inject_nan=True),
+        AlgorithmConfig(loss_agg_mode="seq-mean-token-sum-norm"),
+    ],
+    ids=lambda c: type(c).__name__,
+)
+def test_from_dict_round_trip(config):
+    data = config.to_dict()
+    assert type(config).from_dict(data) == config
+    assert type(config).from_dict({}) == type(config)()  # every field has a default
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Nested(Config):
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    training: TrainingConfig | None = None
+
+
+def test_from_dict_builds_nested_configs_and_validates_them():
+    nested = Nested.from_dict({"rollout": {"temperature": 0.5}, "training": {"num_steps": 3}})
+    assert nested.rollout == RolloutConfig(temperature=0.5)
+    assert nested.training == TrainingConfig(num_steps=3)
+    assert Nested.from_dict(nested.to_dict()) == nested
+    with pytest.raises(ConfigError, match=r"RolloutConfig.top_p = 2.0: must be in \(0, 1\]"):
+        Nested.from_dict({"rollout": {"top_p": 2.0}})
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError) as info:
+        TrainingConfig.from_dict({"learning_rat": 1e-4})
+    message = str(info.value)
+    assert "TrainingConfig has no field 'learning_rat'" in message
+    assert "did you mean 'learning_rate'?" in message
+    with pytest.raises(ConfigError, match="RolloutConfig has no field 'temprature'; did you mean 'temperature'"):
+        Nested.from_dict({"rollout": {"temprature": 0.5}})
+
+
+def test_from_dict_checks_scalar_types_and_parses_numeric_strings():
+    # YAML reads 1e-3 as a string; float fields accept it, ints widen to float
+    assert TrainingConfig.from_dict({"learning_rate": "1e-3", "weight_decay": 1}) == TrainingConfig(
+        learning_rate=1e-3, weight_decay=1.0
+    )
+    with pytest.raises(ConfigError, match=r"TrainingConfig.num_steps = 'ten': must be int, got str"):
+        TrainingConfig.from_dict({"num_steps": "ten"})
+    with pytest.raises(ConfigError, match=r"TrainingConfig.max_grad_norm = 'x': must be float or null"):
+        TrainingConfig.from_dict({"max_grad_norm": "x"})
+    with pytest.raises(ConfigError, match=r"Nested.rollout = False: must be a mapping of settings"):
+        Nested.from_dict({"rollout": False})
+
+
+def test_loss_agg_mode_typo_fails_at_construction_with_the_close_match():
+    with pytest.raises(ConfigError) as info:
+        AlgorithmConfig(loss_agg_mode="token-maen")
+    message = str(info.value)
+    assert "AlgorithmConfig.loss_agg_mode = 'token-maen'" in message
+    assert "Did you mean 'token-mean'?" in message
+    with pytest.raises(ConfigError, match="token-mean"):
+        ToyConfig(loss_agg_mode="token-maen")  # a subclass runs the parent's check
+
+
+def test_derive_with_replace_revalidates():
+    config = RolloutConfig()
+    assert dataclasses.replace(config, temperature=0.0).temperature == 0.0
+    with pytest.raises(ConfigError, match="max_new_tokens = -1"):
+        dataclasses.replace(config, max_new_tokens=-1)

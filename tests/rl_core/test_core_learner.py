@@ -1,0 +1,194 @@
+"""rl_core.learner: exact micro-batching, the non-finite guard and a fixed set of compiled programs.
+
+Most tests train `ToyLearner` (loss -A * logp, aggregated by the configured
+mode) on one hand-made batch, so that every learner sees identical data and
+starts from identical parameters.
+"""
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.compiles import compile_count
+from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.data import Prompt, PromptStream
+from rl_core.learner import NonFiniteUpdateError, StepBatch
+from rl_core.logprobs import completion_logprobs
+from rl_core.registry import get
+from rl_core.testing import ToyConfig, ToyLearner
+from rl_core.types import TrainExample
+
+_spec = importlib.util.spec_from_file_location("rl_core_test_toy_run", Path(__file__).parent / "scripts" / "toy_run.py")
+toy_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(toy_run)
+
+P, T = 8, 8
+ROLLOUT = RolloutConfig(max_prompt_tokens=P, max_new_tokens=T)
+LR = 0.1  # updates of about 0.05: a wrong denominator would show at 1e-2, float noise stays below 1e-6
+
+
+def hand_made_batch() -> TrainExample:
+    """4 completions (2 prompts x 2) with different prompt lengths, completion lengths
+    8, 3, 0 (a filtered completion) and 5, and advantages of both signs."""
+    rng = np.random.default_rng(0)
+    v = toy_run.TOKENIZER.vocab_size
+    prompt_mask = np.zeros((4, P), np.float32)
+    for row, n in enumerate((3, 3, 7, 7)):
+        prompt_mask[row, P - n :] = 1
+    completion_mask = np.zeros((4, T), np.float32)
+    for row, n in enumerate((8, 3, 0, 5)):
+        completion_mask[row, :n] = 1
+    return TrainExample(
+        prompt_tokens=jnp.asarray(np.where(prompt_mask > 0, rng.integers(3, v, (4, P)), 0), jnp.int32),
+        prompt_mask=jnp.asarray(prompt_mask),
+        completion_tokens=jnp.asarray(np.where(completion_mask > 0, rng.integers(3, v, (4, T)), 0), jnp.int32),
+        completion_mask=jnp.asarray(completion_mask),
+        advantages=jnp.asarray([1.0, -0.5, 0.75, -2.0], jnp.float32),
+    )
+
+
+class FixedBatchLearner(ToyLearner):
+    """ToyLearner that trains on `hand_made_batch()` instead of sampling."""
+
+    def produce_examples(self, prompts):
+        return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0})
+
+
+def fixed_learner(training: TrainingConfig, toy: ToyConfig) -> FixedBatchLearner:
+    return FixedBatchLearner(
+        toy, policy=toy_run.policy(), tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA,
+        training=training, rollout=ROLLOUT,
+    )
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.array(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
+
+
+# -- micro-batching --------------------------------------------------------------------------
+
+
+@functools.cache
+def plain_sgd_step(mode: str) -> list[np.ndarray]:
+    """params - LR * grad of (aggregated total / denominator) over the whole batch, no accumulation."""
+    graphdef, params = nnx.split(toy_run.policy(), nnx.Param)
+    example = hand_made_batch()
+
+    @jax.jit
+    def step(params):
+        def loss(p):
+            logp, _ = completion_logprobs(
+                nnx.merge(graphdef, p), example.prompt_tokens, example.prompt_mask, example.completion_tokens
+            )
+            total, denom = get("loss_aggregation", mode)(
+                -example.advantages[:, None] * logp, example.completion_mask, max_len=T
+            )
+            return total / denom
+
+        return jax.tree.map(lambda p, g: p - LR * g, params, jax.grad(loss)(params))
+
+    return leaves(step(params))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batch_size_does_not_change_the_update(mode):
+    initial = leaves(nnx.state(toy_run.policy(), nnx.Param))
+    results = {}
+    for micro in (1, 2, None):  # 4, 2 and 1 accumulated micro-batches
+        training = TrainingConfig(
+            optimizer="sgd", learning_rate=LR, max_grad_norm=None, prompts_per_step=2, micro_batch_size=micro
+        )
+        learner = fixed_learner(training, ToyConfig(group_size=2, loss_agg_mode=mode))
+        assert learner.num_micro_batches == 4 // (micro or 4)
+        metrics = learner.train_step()
+        assert metrics["train/updates"] == 1.0 and metrics["train/skipped_updates"] == 0.0
+        results[micro] = (leaves(learner.params), metrics["train/loss"])
+
+    full_batch, full_loss = results[None]
+    for micro in (1, 2):
+        params, loss = results[micro]
+        assert max_diff(params, full_batch) <= 1e-6, f"micro_batch_size={micro}"
+        assert loss == pytest.approx(full_loss, abs=1e-6)
+    # and the full-batch update is plain SGD on the aggregated loss (a composite: 1e-5)
+    expected = plain_sgd_step(mode)
+    assert max_diff(expected, initial) > 1e-2  # the step really moves the parameters
+    assert max_diff(full_batch, expected) <= 1e-5
+
+
+def test_the_two_modes_really_weigh_tokens_differently():
+    """Guards the test above: token-mean and seq-mean-token-mean differ on this batch."""
+    assert max_diff(plain_sgd_step("token-mean"), plain_sgd_step("seq-mean-token-mean")) > 1e-3
+
+
+# -- non-finite guard -------------------------------------------------------------------------
+
+
+def test_nan_loss_is_skipped_and_counted_and_never_reaches_the_parameters():
+    training = TrainingConfig(prompts_per_step=2, micro_batch_size=2, learning_rate=1e-2)  # adamw
+    learner = fixed_learner(training, ToyConfig(group_size=2, inject_nan=True))
+    params, opt_state = leaves(learner.params), leaves(learner.opt_state)
+    for step in (1, 2):
+        metrics = learner.train_step()
+        assert metrics["train/skipped_updates"] == 1.0
+        assert np.isnan(metrics["train/loss"])
+        assert learner.skipped_updates == step
+        assert learner.step == step  # the run goes on
+    assert max_diff(leaves(learner.params), params) == 0.0
+    assert max_diff(leaves(learner.opt_state), opt_state) == 0.0  # not even Adam's step count moved
+    assert all(np.isfinite(x).all() for x in leaves(learner.params))
+
+
+def test_nan_loss_with_on_nonfinite_stop_raises_a_clear_error():
+    training = TrainingConfig(prompts_per_step=2, learning_rate=1e-2, on_nonfinite="stop")
+    learner = fixed_learner(training, ToyConfig(group_size=2, inject_nan=True))
+    params = leaves(learner.params)
+    with pytest.raises(NonFiniteUpdateError) as info:
+        learner.train_step()
+    message = str(info.value)
+    assert "step 1" in message and "non-finite loss or gradient" in message
+    assert "parameters were left unchanged" in message and "on_nonfinite='skip'" in message
+    assert max_diff(leaves(learner.params), params) == 0.0
+
+
+# -- compile count -----------------------------------------------------------------------------
+
+
+def test_compile_count_stays_constant_after_each_bucket_is_seen():
+    short = [Prompt("1" * n) for n in range(2, 7)]  # 3..7 tokens with BOS: bucket 8
+    long = [Prompt("2" * n) for n in range(9, 15)]  # 10..15 tokens: bucket 16
+    training = TrainingConfig(optimizer="sgd", learning_rate=0.1, prompts_per_step=2, num_steps=100)
+    rollout = RolloutConfig(max_prompt_tokens=16, max_new_tokens=8)
+    learner = toy_run.make_learner(training=training, rollout=rollout, data=short)
+
+    def steps(data, seed, n):
+        """n steps on `data`; returns the longest prompt of each step (+1 for BOS)."""
+        learner.data = PromptStream(data, seed=seed)
+        replay = PromptStream(data, seed=seed)
+        lengths = [max(len(p.text) for p in replay.next(2)) + 1 for _ in range(n)]
+        for _ in range(n):
+            learner.train_step()
+        return lengths
+
+    steps(short, 0, 1)
+    after_first = compile_count()
+    lengths = steps(short, 1, 3)
+    assert len(set(lengths)) > 1 and max(lengths) <= 8  # varying lengths within bucket 8
+    assert compile_count() == after_first
+
+    steps(long, 0, 1)  # a new bucket compiles its programs once
+    after_buckets = compile_count()
+    assert after_buckets > after_first
+    for data, seed in ((short, 2), (long, 1), (short, 3), (long, 2)):
+        steps(data, seed, 2)
+    assert compile_count() == after_buckets
+    assert learner.sampler.compiles == 2  # one sampler program per prompt bucket

@@ -1,0 +1,120 @@
+"""rl_core.logprobs: chunked unembedding equals the plain computation (values and gradients)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.logprobs import completion_logprobs, sequence_inputs, token_logprobs
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+V = CharTokenizer().vocab_size
+T = 10  # not a multiple of the chunk size 3: the last chunk is padded
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(TransformerConfig.tiny(V), rngs=nnx.Rngs(1))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Left-padded prompts of 5, 2 and 8 tokens (P = 8) and random completions [3, T]."""
+    rng = np.random.default_rng(1)
+    prompt_mask = np.zeros((3, 8), np.float32)
+    for row, n in enumerate((5, 2, 8)):
+        prompt_mask[row, 8 - n :] = 1
+    prompt_tokens = np.where(prompt_mask > 0, rng.integers(3, V, (3, 8)), 0).astype(np.int32)
+    completion = rng.integers(3, V, (3, T)).astype(np.int32)
+    return jnp.asarray(prompt_tokens), jnp.asarray(prompt_mask), jnp.asarray(completion)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk_tokens", "temperature"))
+def chunked(state, prompt_tokens, prompt_mask, completion, *, graphdef, chunk_tokens, temperature):
+    model = nnx.merge(graphdef, state)
+    return completion_logprobs(
+        model, prompt_tokens, prompt_mask, completion, temperature=temperature, chunk_tokens=chunk_tokens
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
+def direct(state, prompt_tokens, prompt_mask, completion, *, graphdef, temperature):
+    """The plain way: full [B, P+T, V] logits, log-softmax, gather."""
+    model = nnx.merge(graphdef, state)
+    p = prompt_tokens.shape[1]
+    positions, mask = sequence_inputs(prompt_mask, completion.shape[1])
+    hidden, _ = model(jnp.concatenate([prompt_tokens, completion], axis=1), positions, mask)
+    logits = model.logits(hidden)[:, p - 1 : -1] / temperature
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_all, completion[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jax.nn.softmax(logits, axis=-1) * logp_all, axis=-1)
+    return logp, entropy
+
+
+def test_chunked_equals_unchunked_and_direct(model, batch):
+    graphdef, state = nnx.split(model)
+    kw = dict(graphdef=graphdef, temperature=0.7)  # temperature 1.0 is checked against the sampler
+    logp_3, ent_3 = chunked(state, *batch, chunk_tokens=3, **kw)
+    logp_all, ent_all = chunked(state, *batch, chunk_tokens=64, **kw)  # one chunk (>= T)
+    logp_ref, ent_ref = direct(state, *batch, **kw)
+    assert logp_3.shape == ent_3.shape == (3, T)
+    np.testing.assert_allclose(logp_3, logp_all, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(ent_3, ent_all, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(logp_all, logp_ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ent_all, ent_ref, atol=1e-5, rtol=0)
+    assert np.all(np.asarray(logp_3) < 0)
+    assert np.all((np.asarray(ent_3) > 0) & (np.asarray(ent_3) <= np.log(V) + 1e-5))
+
+
+def test_chunked_gradients_equal_unchunked(model, batch):
+    graphdef, state = nnx.split(model)
+    weights = jnp.linspace(-1.0, 1.0, 3 * T).reshape(3, T)
+
+    @functools.partial(jax.jit, static_argnames="chunk_tokens")
+    def grad(state, chunk_tokens):
+        def loss(s):
+            logp, entropy = completion_logprobs(
+                nnx.merge(graphdef, s), *batch, temperature=1.0, chunk_tokens=chunk_tokens
+            )
+            return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy)
+
+        return jax.grad(loss)(state)
+
+    g3, g_all = grad(state, 3), grad(state, T)
+    for a, b in zip(jax.tree.leaves(g3), jax.tree.leaves(g_all), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g3)) > 1e-3
+
+
+def test_what_lies_under_the_prompt_padding_does_not_matter(model, batch):
+    """Garbage tokens in the padded slots (mask 0) leave every log-prob unchanged."""
+    graphdef, state = nnx.split(model)
+    prompt_tokens, prompt_mask, completion = batch
+    garbage = jnp.where(prompt_mask > 0, prompt_tokens, jnp.arange(8, dtype=jnp.int32) + 3)
+    assert not np.array_equal(garbage, prompt_tokens)
+    kw = dict(graphdef=graphdef, chunk_tokens=3, temperature=0.7)
+    clean, _ = chunked(state, prompt_tokens, prompt_mask, completion, **kw)
+    dirty, _ = chunked(state, garbage, prompt_mask, completion, **kw)
+    np.testing.assert_allclose(dirty, clean, atol=1e-6, rtol=0)
+
+
+def test_sequence_inputs_positions_skip_left_padding():
+    positions, mask = sequence_inputs(jnp.array([[0.0, 0.0, 1.0, 1.0]]), 2)
+    np.testing.assert_array_equal(positions, [[0, 0, 0, 1, 2, 3]])
+    # query 3 (second prompt token) sees slots 2 and 3; pads are never attended to
+    np.testing.assert_array_equal(mask[0, 3], [False, False, True, True, False, False])
+    np.testing.assert_array_equal(mask[0, 5], [False, False, True, True, True, True])
+
+
+def test_token_logprobs_known_values():
+    # logits log([0.5, 0.25, 0.25]): logp(0) = log 0.5 = -0.693147; entropy = 1.5 log 2 = 1.039721
+    logits = jnp.log(jnp.array([[0.5, 0.25, 0.25]]))
+    logp, entropy = token_logprobs(logits, jnp.array([0]), 1.0)
+    np.testing.assert_allclose(logp, [-0.693147], atol=1e-5)
+    np.testing.assert_allclose(entropy, [1.039721], atol=1e-5)
+    # temperature 0.5 squares and renormalizes: [0.25, 0.0625, 0.0625] / 0.375 -> p(0) = 2/3
+    logp, _ = token_logprobs(logits, jnp.array([0]), 0.5)
+    np.testing.assert_allclose(logp, [np.log(2 / 3)], atol=1e-5)

@@ -1,0 +1,227 @@
+"""rl_core.sampler against full recomputation without a KV cache.
+
+The reference decodes greedily by running the model without a cache over
+prompt + everything generated so far and taking the argmax at the last
+position. It keeps one fixed input width P + T (slots not generated yet hold a
+placeholder) so it compiles once: the causal mask from `sequence_inputs`
+keeps those slots out of every position at or before the last generated one,
+so the logits read at position P + t - 1 are exactly those of the prefix
+prompt + generated[:t].
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.logprobs import completion_logprobs, sequence_inputs
+from rl_core.sampler import GREEDY, Sampler, SamplingParams, filter_logits
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+TOKENIZER = CharTokenizer()
+V = TOKENIZER.vocab_size
+T = 10  # max_new_tokens
+PROMPT_LENGTHS = (3, 8, 5, 1, 6, 2)  # left-padded to the bucket P = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(TransformerConfig.tiny(V), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """(tokens [B, P], mask [B, P]) of random prompts of different lengths, left-padded."""
+    from rl_core.tokens import left_pad
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(3, V, n).tolist() for n in PROMPT_LENGTHS]
+    tokens, mask = left_pad(ids, pad_id=TOKENIZER.pad_id, max_tokens=16)
+    assert tokens.shape == (len(PROMPT_LENGTHS), 8)
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+@pytest.fixture(scope="module")
+def full_logits(model):
+    """logits [B, P+T, V] of prompt + completion, computed without any cache (one compile)."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(prompt_tokens, prompt_mask, completion):
+        m = nnx.merge(graphdef, state)
+        positions, mask = sequence_inputs(prompt_mask, completion.shape[1])
+        hidden, cache = m(jnp.concatenate([prompt_tokens, completion], axis=1), positions, mask)
+        assert cache is None
+        return m.logits(hidden)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(prompts, full_logits):
+    """Greedy tokens [B, T] by full recomputation at every step."""
+    prompt_tokens, prompt_mask = prompts
+    p = prompt_tokens.shape[1]
+    generated = np.full((prompt_tokens.shape[0], T), TOKENIZER.pad_id, np.int32)  # placeholder slots
+    for t in range(T):
+        logits = full_logits(prompt_tokens, prompt_mask, jnp.asarray(generated))
+        generated[:, t] = np.argmax(np.asarray(logits[:, p + t - 1]), axis=-1)
+    return generated
+
+
+@pytest.fixture(scope="module")
+def sampler(model, greedy_reference):
+    """A sampler whose EOS id never appears in the greedy reference (every row runs T tokens)."""
+    unused = next(i for i in range(3, V) if i not in greedy_reference)
+    graphdef, state = nnx.split(model)
+    return Sampler(graphdef, max_new_tokens=T, eos_ids=(unused,), pad_id=TOKENIZER.pad_id), state
+
+
+def test_greedy_with_kv_cache_equals_full_recomputation(sampler, prompts, greedy_reference):
+    s, state = sampler
+    out = s(state, *prompts, jax.random.key(0), GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.tokens), greedy_reference)
+    np.testing.assert_array_equal(np.asarray(out.mask), np.ones_like(greedy_reference))
+    np.testing.assert_array_equal(np.asarray(out.lengths), [T] * len(PROMPT_LENGTHS))
+    assert np.asarray(out.truncated).all()
+    # rows differ from one another: the prompts (and their padding) really matter
+    assert len({tuple(row) for row in greedy_reference}) > 1
+
+
+def expected_after_eos(reference: np.ndarray, eos_ids: set[int]):
+    """(tokens, mask, lengths, truncated) that EOS handling must produce from greedy `reference`."""
+    tokens = np.full_like(reference, TOKENIZER.pad_id)
+    mask = np.zeros(reference.shape, np.float32)
+    lengths, truncated = [], []
+    for r, row in enumerate(reference):
+        hits = [i for i, tok in enumerate(row) if tok in eos_ids]
+        end = hits[0] + 1 if hits else len(row)
+        tokens[r, :end] = row[:end]
+        mask[r, :end] = 1.0
+        lengths.append(end)
+        truncated.append(not hits)
+    return tokens, mask, np.array(lengths), np.array(truncated)
+
+
+def eos_sampler(model, eos_ids):
+    return Sampler(nnx.graphdef(model), max_new_tokens=T, eos_ids=tuple(eos_ids), pad_id=TOKENIZER.pad_id)
+
+
+def check_eos_handling(model, prompts, reference, eos_ids):
+    out = eos_sampler(model, eos_ids)(nnx.state(model), *prompts, jax.random.key(0), GREEDY)
+    tokens, mask, lengths, truncated = expected_after_eos(reference, set(eos_ids))
+    np.testing.assert_array_equal(np.asarray(out.tokens), tokens)  # pad after EOS
+    np.testing.assert_array_equal(np.asarray(out.mask), mask)  # 1 up to and including EOS
+    np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
+    np.testing.assert_array_equal(np.asarray(out.truncated), truncated)
+    assert np.all(np.asarray(out.logp)[mask == 0] == 0.0)
+    assert np.all(np.asarray(out.logp)[mask == 1] < 0.0)
+    return lengths, truncated
+
+
+def test_eos_ends_some_rows_and_others_run_to_the_limit(model, prompts, greedy_reference):
+    # a token that row 0 emits early but some other row never emits
+    candidates = [
+        int(tok)
+        for tok in greedy_reference[0, 1 : T - 2]
+        if not all(tok in row for row in greedy_reference)
+    ]
+    assert candidates, "the random model emits the same tokens in every row; pick another seed"
+    lengths, truncated = check_eos_handling(model, prompts, greedy_reference, [candidates[0]])
+    assert truncated.any() and not truncated.all()
+    assert lengths.min() < T
+
+
+def test_decoding_stops_when_every_row_has_ended(model, prompts, greedy_reference):
+    # each row's token at T // 2 is an EOS: every row ends by then and the loop exits early
+    eos_ids = sorted({int(tok) for tok in greedy_reference[:, T // 2]})
+    lengths, truncated = check_eos_handling(model, prompts, greedy_reference, eos_ids)
+    assert not truncated.any()
+    assert lengths.max() <= T // 2 + 1
+
+
+def test_empty_eos_ids_is_an_error(model):
+    with pytest.raises(ValueError, match="eos_ids is empty"):
+        Sampler(nnx.graphdef(model), max_new_tokens=T, eos_ids=(), pad_id=0)
+
+
+# -- sampling --------------------------------------------------------------------------------
+
+
+def sample(sampler, prompts, key, params):
+    s, state = sampler
+    return s(state, *prompts, key, params)
+
+
+def test_same_key_same_tokens_different_key_different_tokens(sampler, prompts):
+    params = SamplingParams(temperature=1.0)
+    a = sample(sampler, prompts, jax.random.key(1), params)
+    b = sample(sampler, prompts, jax.random.key(1), params)
+    c = sample(sampler, prompts, jax.random.key(2), params)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logp), np.asarray(b.logp))
+    assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(sampler, prompts, greedy_reference):
+    for params in (SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=0.7, top_p=1e-6)):
+        out = sample(sampler, prompts, jax.random.key(3), params)
+        np.testing.assert_array_equal(np.asarray(out.tokens), greedy_reference, err_msg=str(params))
+        # one token left in the distribution actually sampled from: log-prob 0
+        np.testing.assert_allclose(np.asarray(out.logp), 0.0, atol=1e-6)
+
+
+def test_top_k_samples_only_among_the_k_most_likely(sampler, prompts, full_logits):
+    out = sample(sampler, prompts, jax.random.key(4), SamplingParams(temperature=1.0, top_k=5))
+    logits = np.asarray(full_logits(*prompts, out.tokens))[:, prompts[0].shape[1] - 1 : -1]  # [B, T, V]
+    tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
+    token_logit = np.take_along_axis(logits, tokens[..., None], axis=-1)
+    rank = np.sum(logits > token_logit, axis=-1)  # 0 = most likely
+    assert rank[mask > 0].max() < 5
+    assert rank[mask > 0].max() > 0  # not just greedy
+    # log-probs are those of the renormalized top-5 distribution
+    top5 = np.sort(logits, axis=-1)[..., -5:]
+    logz = top5[..., -1] + np.log(np.sum(np.exp(top5 - top5[..., -1:]), axis=-1))
+    expected = token_logit[..., 0] - logz
+    np.testing.assert_allclose(np.asarray(out.logp)[mask > 0], expected[mask > 0], atol=1e-5)
+
+
+def test_filter_logits_top_p_keeps_the_crossing_token():
+    # probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps the first two (0.5 < 0.7 <= 0.8)
+    logits = jnp.log(jnp.array([[0.15, 0.5, 0.05, 0.3]]))
+    kept = np.isfinite(np.asarray(filter_logits(logits, SamplingParams(top_p=0.7))))
+    np.testing.assert_array_equal(kept, [[False, True, False, True]])
+    kept = np.isfinite(np.asarray(filter_logits(logits, SamplingParams(top_p=0.45))))
+    np.testing.assert_array_equal(kept, [[False, True, False, False]])
+    kept = np.isfinite(np.asarray(filter_logits(logits, SamplingParams(top_k=3))))
+    np.testing.assert_array_equal(kept, [[True, True, False, True]])
+
+
+# -- sampler log-probs equal the learner's ----------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
+def learner_logprobs(state, prompt_tokens, prompt_mask, completion, *, graphdef, temperature):
+    return completion_logprobs(
+        nnx.merge(graphdef, state), prompt_tokens, prompt_mask, completion, temperature=temperature, chunk_tokens=4
+    )[0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_equal_recomputed_logprobs(model, sampler, prompts, temperature):
+    out = sample(sampler, prompts, jax.random.key(5), SamplingParams(temperature=temperature))
+    recomputed = learner_logprobs(
+        nnx.state(model), *prompts, out.tokens, graphdef=nnx.graphdef(model), temperature=temperature
+    )
+    mask = np.asarray(out.mask) > 0
+    np.testing.assert_allclose(np.asarray(out.logp)[mask], np.asarray(recomputed)[mask], atol=1e-5, rtol=0)
+    assert np.asarray(out.logp)[mask].std() > 0.1  # real, varied log-probs, not a constant
+
+
+def test_greedy_logprobs_are_those_of_the_untempered_policy(model, sampler, prompts):
+    out = sample(sampler, prompts, jax.random.key(0), GREEDY)
+    recomputed = learner_logprobs(nnx.state(model), *prompts, out.tokens, graphdef=nnx.graphdef(model), temperature=1.0)
+    np.testing.assert_allclose(np.asarray(out.logp), np.asarray(recomputed), atol=1e-5, rtol=0)
