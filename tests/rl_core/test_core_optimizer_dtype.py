@@ -26,8 +26,12 @@ def test_bfloat16_params_keep_their_dtype_and_the_optimizer_state_follows_the_se
         ),
         rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=4),
     )
+    batch = learner.produce_examples(learner.data.next(2)).example
+    # fixed, non-zero advantages so that the step has a gradient to apply
+    batch = batch._replace(advantages=jnp.asarray([1.0, -1.0, 1.0, -1.0]))
     before = jax.tree.map(jnp.copy, learner.params)
-    learner.train_step()
+    for mini in learner._mini_batches(batch):
+        learner.params, learner.opt_state, _ = learner._update(learner.params, learner.opt_state, mini)
     assert {x.dtype for x in jax.tree.leaves(learner.params)} == {jnp.dtype(jnp.bfloat16)}
     adam_moments = [x for x in jax.tree.leaves(learner.opt_state) if x.ndim > 0]
     assert adam_moments and {x.dtype for x in adam_moments} == {jnp.dtype(expected)}

@@ -290,7 +290,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         (_, out_shape), grad_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch))
         zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
         init = (
-            zeros(grad_shape),
+            # accumulate in float32 whatever the parameter dtype: many micro-batches add up
+            jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), grad_shape),
             LossOutput(
                 total=jnp.zeros(()),
                 denom=jnp.zeros(()),
@@ -310,11 +311,12 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                 maxima={k: jnp.maximum(agg.maxima[k], out.maxima[k]) for k in agg.maxima},
                 minima={k: jnp.minimum(agg.minima[k], out.minima[k]) for k in agg.minima},
             )
-            return (jax.tree.map(jnp.add, grads, g), agg), None
+            return (jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), agg), None
 
         (grads, agg), _ = jax.lax.scan(body, init, batch)
         denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
-        grads = self._optimizer_view(jax.tree.map(lambda g: g / denom, grads))
+        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, params)
+        grads = self._optimizer_view(grads)
         loss = agg.total / denom
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
