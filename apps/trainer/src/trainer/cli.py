@@ -59,7 +59,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills a `nargs="*"` positional from one run of arguments only, so in
+    # `compare grpo dapo --output DIR a.b=1` the overrides after the option are left over
+    if extra and args.command in ("train", "compare") and not any(x.startswith("-") for x in extra):
+        if args.command == "train":
+            args.overrides += extra
+        else:
+            args.algos += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, RegistryError, FileNotFoundError, FileExistsError) as e:
@@ -135,7 +145,7 @@ def cmd_algos(args: argparse.Namespace) -> int:
     names = registry.registry.names("algorithm")
     for name in names:
         algo = registry.get_algorithm(name)
-        doc = (algo.learner.__doc__ or "").strip().splitlines()[0]
+        doc = next(iter((algo.learner.__doc__ or algo.config.__doc__ or "").strip().splitlines()), "")
         print(f"{name:10s} {registry.registry.provider('algorithm', name):16s} {doc}")
     for why in registry.registry.load_failures.values():
         print(f"(failed to load: {why})")

@@ -202,8 +202,14 @@ def build_settings(
 def _reject_unknown(data: Mapping[str, Any]) -> None:
     """Top-level keys are checked here so the message shows the closest one."""
     fields = [f.name for f in dataclasses.fields(RunSettings)]
-    for key in data:
+    sections = [f.name for f in dataclasses.fields(RunSettings) if f.default_factory is not dataclasses.MISSING]
+    for key, value in data.items():
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else "."
             raise ConfigError(f"unknown setting {key!r}{hint} Valid sections: {', '.join(fields)}")
+        if key in sections and not isinstance(value, Mapping):
+            raise ConfigError(
+                f"RunSettings.{key} = {value!r}: must be a mapping of settings "
+                f"(set its fields, e.g. {key}.<field>=...), got {type(value).__name__}"
+            )
