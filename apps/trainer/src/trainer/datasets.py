@@ -7,6 +7,7 @@ with its file and line (row) number. Nothing is downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -110,33 +111,57 @@ def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_siz
     )
 
 
-def gsm8k(
-    *,
-    data: str,
-    question_field: str = "question",
-    answer_field: str = "answer",
-    heldout_size: int = 200,
-    seed: int = 0,
-    max_prompt_tokens: int = 256,
-    max_new_tokens: int = 512,
-) -> Task:
-    """GSM8K-style rows: a question and a solution ending in '#### <number>'."""
-    reward = RewardSpec(gsm8k_reward)
-    prompts = _load(data, question_field=question_field, answer_field=answer_field, instruction=GSM8K_INSTRUCTION, reward=reward)
-    return _file_task("gsm8k", prompts, reward, heldout_size, seed, (max_prompt_tokens, max_new_tokens))
+@dataclasses.dataclass(frozen=True)
+class FileTaskKind:
+    """What distinguishes one file-backed task from another."""
+
+    reward: RewardSpec
+    instruction: str
+    question_field: str
+    answer_field: str
+    max_prompt_tokens: int
+    max_new_tokens: int
 
 
-def math(
+FILE_TASKS = {
+    "gsm8k": FileTaskKind(RewardSpec(gsm8k_reward), GSM8K_INSTRUCTION, "question", "answer", 256, 512),
+    "math": FileTaskKind(RewardSpec(boxed_reward), MATH_INSTRUCTION, "problem", "solution", 384, 1024),
+}
+
+
+def file_task(
+    name: str,
     *,
     data: str,
-    question_field: str = "problem",
-    answer_field: str = "solution",
+    question_field: str | None = None,
+    answer_field: str | None = None,
     heldout_size: int = 200,
     seed: int = 0,
-    max_prompt_tokens: int = 384,
-    max_new_tokens: int = 1024,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> Task:
-    """MATH-style rows: a problem and a solution whose last \\boxed{} holds the answer."""
-    reward = RewardSpec(boxed_reward)
-    prompts = _load(data, question_field=question_field, answer_field=answer_field, instruction=MATH_INSTRUCTION, reward=reward)
-    return _file_task("math", prompts, reward, heldout_size, seed, (max_prompt_tokens, max_new_tokens))
+    """A task of kind `name` ("gsm8k": '#### n' answers; "math": the last \\boxed{}) from `data`.
+
+    Fields and lengths default to the kind's (GSM8K: question/answer, 256/512 tokens;
+    MATH: problem/solution, 384/1024 tokens).
+    """
+    kind = FILE_TASKS[name]
+    prompts = _load(
+        data,
+        question_field=question_field or kind.question_field,
+        answer_field=answer_field or kind.answer_field,
+        instruction=kind.instruction,
+        reward=kind.reward,
+    )
+    lengths = (max_prompt_tokens or kind.max_prompt_tokens, max_new_tokens or kind.max_new_tokens)
+    return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths)
+
+
+def gsm8k(**options: Any) -> Task:
+    """GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated."""
+    return file_task("gsm8k", **options)
+
+
+def math(**options: Any) -> Task:
+    """MATH-style JSONL/Parquet rows (problem, solution with \\boxed{}), chat-templated."""
+    return file_task("math", **options)
