@@ -48,8 +48,9 @@ def train_run(
     folder that already holds a run is continued with `resume`, replaced with
     `overwrite`, and otherwise refused: a finished run is never lost silently.
     """
-    if not resume:
-        _claim(run_dir, overwrite)
+    if not resume or not (run_dir / "checkpoints").is_dir():
+        # a resume with no checkpoint yet starts over: records past the last checkpoint never count
+        _claim(run_dir, overwrite or resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
     tokenizer = build.tokenizer(settings)
