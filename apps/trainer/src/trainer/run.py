@@ -48,7 +48,7 @@ def train_run(
     folder that already holds a run is continued with `resume`, replaced with
     `overwrite`, and otherwise refused: a finished run is never lost silently.
     """
-    if not resume or not (run_dir / "checkpoints").is_dir():
+    if not resume or not any((run_dir / "checkpoints").glob("[0-9]*")):
         # a resume with no checkpoint yet starts over: records past the last checkpoint never count
         _claim(run_dir, overwrite or resume)
     run_dir.mkdir(parents=True, exist_ok=True)
