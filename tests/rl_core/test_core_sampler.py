@@ -19,6 +19,7 @@ from flax import nnx
 
 from rl_core.logprobs import completion_logprobs, sequence_inputs
 from rl_core.sampler import GREEDY, Sampler, SamplingParams, filter_logits
+from rl_core.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 TOKENIZER = CharTokenizer()
@@ -35,8 +36,6 @@ def model():
 @pytest.fixture(scope="module")
 def prompts():
     """(tokens [B, P], mask [B, P]) of random prompts of different lengths, left-padded."""
-    from rl_core.tokens import left_pad
-
     rng = np.random.default_rng(0)
     ids = [rng.integers(3, V, n).tolist() for n in PROMPT_LENGTHS]
     tokens, mask = left_pad(ids, pad_id=TOKENIZER.pad_id, max_tokens=16)
@@ -66,6 +65,12 @@ def greedy_reference(prompts, full_logits):
     prompt_tokens, prompt_mask = prompts
     p = prompt_tokens.shape[1]
     generated = np.full((prompt_tokens.shape[0], T), TOKENIZER.pad_id, np.int32)  # placeholder slots
+    # the placeholders are invisible to the real prompt positions (causal mask); only left-padding
+    # queries, which attend to nothing and are never read, see them
+    real = np.asarray(prompt_mask) > 0
+    a = full_logits(prompt_tokens, prompt_mask, jnp.asarray(generated))[:, :p]
+    b = full_logits(prompt_tokens, prompt_mask, jnp.full_like(jnp.asarray(generated), 7))[:, :p]
+    np.testing.assert_array_equal(np.asarray(a)[real], np.asarray(b)[real])
     for t in range(T):
         logits = full_logits(prompt_tokens, prompt_mask, jnp.asarray(generated))
         generated[:, t] = np.argmax(np.asarray(logits[:, p + t - 1]), axis=-1)
