@@ -97,6 +97,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.num_mini_batches, self.num_micro_batches = training.batch_layout(self.batch_size)
         self._check_divisible_by_devices()
 
+        if rollout.top_k > policy.vocab_size:
+            raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
         self.graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise TypeError("the policy holds state other than nnx.Param; rl_core trains Param-only modules")

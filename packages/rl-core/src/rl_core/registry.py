@@ -80,6 +80,7 @@ class Registry:
         self._builtins_loaded = False
         self._entry_points_loaded = False
         self._load_failures: dict[str, str] = {}  # entry point name -> why it failed
+        self._conflicts: dict[str, str] = {}  # algorithm name -> the duplicate registration error
 
     # -- registration -----------------------------------------------------------------
 
@@ -119,6 +120,8 @@ class Registry:
         self._load_builtins()
         if name not in self._entries[category]:
             self.load_entry_points()
+        if category == ALGORITHM and name in self._conflicts:
+            raise RegistryError(self._conflicts[name])
         if name not in self._entries[category]:
             raise RegistryError(self._unknown_message(category, name))
         return self._entries[category][name][0]
@@ -163,7 +166,11 @@ class Registry:
                     f"which is a {type(value).__name__}, not an rl_core.registry.Algorithm"
                 )
                 continue
-            self.register_algorithm(value, provider=dist)
+            try:
+                self.register_algorithm(value, provider=dist)
+            except RegistryError as e:
+                # keep loading the others; the clashing name stays an error on every lookup
+                self._conflicts[value.name] = str(e)
 
     def _load_builtins(self) -> None:
         if self._builtins_loaded:

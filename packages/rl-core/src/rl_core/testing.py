@@ -69,6 +69,7 @@ class ToyLearner(RLLearner[ToyConfig]):
             example.prompt_mask,
             example.completion_tokens,
             temperature=self.rollout.temperature,
+            chunk_tokens=self.rollout.logprob_chunk_tokens,
         )
         per_token = -example.advantages[:, None] * logp
         if self.config.inject_nan:
