@@ -273,7 +273,7 @@ def test_same_algorithm_name_from_two_distributions_raises_naming_both(site):
     install("algo-a", {"dup": f"{first}:ALGORITHM"}, {first: source})
     install("algo-b", {"dup": f"{second}:ALGORITHM"}, {second: source.replace('"fake_adv"', '"other_adv"')})
     third = unique("algo_c_mod")
-    install("algo-c", {"fine": f"{third}:ALGORITHM"}, {third: source.replace('"fake"', '"fine"').replace('"fake_adv"', '"c_adv"')})
+    install("algo-c", {"fine": f"{third}:ALGORITHM"}, {third: ALGORITHM_MODULE.replace('"fake"', '"fine"').replace('"fake_adv"', '"c_adv"')})
     reg = Registry(builtin_modules=(), group=group)
     for _ in range(2):  # the clash stays an error on every lookup, not only the first
         with pytest.raises(RegistryError) as info:
