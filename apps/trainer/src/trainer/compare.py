@@ -44,5 +44,7 @@ def compare(
 
 
 def _history(run_dir: Path) -> list[dict]:
+    """The run's metrics, starting with its base-policy evaluation as step 0."""
+    before = json.loads((run_dir / "eval_before.json").read_text())
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [{"step": 0, **before}] + [json.loads(line) for line in path.read_text().splitlines() if line]
