@@ -1,7 +1,11 @@
 """`trainer bench`: rollout and train-step speed, compile count and model-FLOPs utilisation.
 
-1. The machine's float32 matmul peak: the best of several timed runs of one
-   large jitted n x n @ n x n matmul (2 n^3 FLOPs each).
+1. The machine's float32 matmul peak: jitted n x n @ n x n matmuls (2 n^3
+   FLOPs each) of a few sizes up to a large one, each the best of several
+   timed runs, measured before the steps and again after them; the peak is
+   the best rate seen. (On a small shared CPU a single large matmul often
+   runs well below what mid-sized ones reach, and a phase must not beat the
+   "peak"; taking the best makes every utilisation figure conservative.)
 2. A learner built the way `trainer train` builds one (random initial weights,
    no warm start), run for warm-up steps (they compile) and then timed steps,
    with the compile count read before and after the timed ones.
@@ -59,14 +63,19 @@ class BenchPreset:
     """Completions per prompt (G)."""
     max_new_tokens: int
     """Most tokens generated per completion."""
+    micro_batch_size: int | None = None
+    """Completions per gradient-accumulation chunk (None = the whole batch at once): the same
+    step and the same FLOPs, in pieces whose activations stay in the CPU's caches."""
     digits: int = 2
     """Digits of the addition problems."""
-    matmul_size: int = 2048
-    """n of the n x n float32 matmul that measures the peak."""
+    matmul_sizes: tuple[int, ...] = (512, 1024, 2048)
+    """n of the n x n float32 matmuls that measure the peak."""
     matmul_repeats: int = 5
-    """Timed matmul runs (the best counts)."""
+    """Timed runs per size, at least (the best counts)."""
+    matmul_min_seconds: float = 0.5
+    """Keep timing a size until this much time has passed (short runs get more tries)."""
     warmup_steps: int = 2
-    """Untimed steps before the timed ones (the first compiles)."""
+    """Untimed steps before the timed ones (the first compiles; at least 1)."""
     generate_repeats: int = 5
     """Timed runs of the prefill-only and full generation programs (the best counts)."""
     description: str = ""
@@ -78,16 +87,19 @@ PRESETS: dict[str, BenchPreset] = {
         prompts=8,
         group_size=8,
         max_new_tokens=8,
+        micro_batch_size=16,
         description="hidden 128, 4 layers, 4 heads, 2 KV heads, MLP 512, tied embeddings, character vocabulary; "
-        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0",
+        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0; "
+        "gradients accumulated over micro-batches of 16 completions",
     ),
     "tiny": BenchPreset(
         model="tiny",
         prompts=2,
         group_size=4,
         max_new_tokens=4,
-        matmul_size=256,
+        matmul_sizes=(128, 256),
         matmul_repeats=3,
+        matmul_min_seconds=0.05,
         warmup_steps=1,
         generate_repeats=2,
         description="the unit-test model (hidden 64, 2 layers), 2 prompts x 4 completions; for quick checks",
@@ -129,15 +141,34 @@ def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion
 # -- measurements ------------------------------------------------------------------------
 
 
-def matmul_peak(n: int, repeats: int) -> dict[str, float]:
-    """Best float32 FLOP/s of a jitted n x n @ n x n matmul."""
+def matmul_rate(n: int, repeats: int, min_seconds: float = 0.0) -> float:
+    """Best float32 FLOP/s of a jitted n x n @ n x n matmul over at least `repeats` runs and `min_seconds`."""
     ka, kb = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(ka, (n, n), jnp.float32)
     b = jax.random.normal(kb, (n, n), jnp.float32)
     matmul = jax.jit(jnp.matmul)
     matmul(a, b).block_until_ready()  # compile
-    best = min(_timed(lambda: matmul(a, b).block_until_ready()) for _ in range(repeats))
-    return {"n": n, "flops": 2.0 * n**3, "best_seconds": best, "flops_per_sec": 2.0 * n**3 / best}
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_seconds:
+        times.append(_timed(lambda: matmul(a, b).block_until_ready()))
+    return 2.0 * n**3 / min(times)
+
+
+def matmul_peak(sizes: Sequence[int], repeats: int, min_seconds: float = 0.0) -> dict[str, Any]:
+    """The best rate of each size and the peak: the best of them all."""
+    rates = {str(n): matmul_rate(n, repeats, min_seconds) for n in sizes}
+    return _peak(rates)
+
+
+def _peak(rates: dict[str, float]) -> dict[str, Any]:
+    best = max(rates, key=rates.__getitem__)
+    return {"n": int(best), "flops_per_sec": rates[best], "by_size": rates}
+
+
+def _merge_peaks(*peaks: dict[str, Any]) -> dict[str, Any]:
+    rates = {n: max(p["by_size"][n] for p in peaks) for n in peaks[0]["by_size"]}
+    return _peak(rates)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -211,9 +242,6 @@ def run_bench(
         raise ConfigError(f"--steps {steps}: must be >= 1")
     p = PRESETS[preset]
     log(f"bench {preset} ({algo}): {p.description}")
-    log(f"measuring the float32 matmul peak ({p.matmul_size} x {p.matmul_size}, best of {p.matmul_repeats})")
-    peak = matmul_peak(p.matmul_size, p.matmul_repeats)
-
     total_steps = p.warmup_steps + steps
     settings = build_settings(
         algo=algo,
@@ -228,6 +256,7 @@ def run_bench(
             "training.optimizer=adamw",
             "training.learning_rate=1e-5",
             "training.checkpoint_every_steps=0",
+            f"training.micro_batch_size={'null' if p.micro_batch_size is None else p.micro_batch_size}",
             f"algorithm.group_size={p.group_size}",
             "algorithm.beta=0.0",
             "eval.every_steps=0",
@@ -240,9 +269,15 @@ def run_bench(
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
     recorder = _Recorder(learner, cfg)
 
+    sizes = ", ".join(f"{n}^2" for n in p.matmul_sizes)
+    log(f"measuring the float32 matmul peak ({sizes}; again after the steps)")
+    peak_before = matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)
+
     log(f"{p.warmup_steps} warm-up step(s), then {steps} timed")
     compiles_start = compile_count()
-    for _ in range(p.warmup_steps):
+    learner.train_step()
+    compiles_first = compile_count()
+    for _ in range(p.warmup_steps - 1):
         learner.train_step()
     recorder.take()
     compiles_before = compile_count()
@@ -258,6 +293,7 @@ def run_bench(
     tokens.update(step_tokens)
 
     prefill, decode = _prefill_decode(learner, task, p)
+    peak = _merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
     results = _summarise(
         preset=preset,
         algo=algo,
@@ -269,7 +305,9 @@ def run_bench(
         tokens=tokens,
         wall=wall,
         compiles={
+            "first_step": compiles_first - compiles_start,
             "warmup": compiles_before - compiles_start,
+            "after_first_step": compiles_after - compiles_first,
             "timed_delta": compiles_after - compiles_before,
         },
         prefill=prefill,
@@ -345,21 +383,36 @@ def _summarise(
     n = len(records)
     peak_rate = peak["flops_per_sec"]
 
-    def mean(key: str) -> float:
-        return float(np.mean([r.get(key, 0.0) for r in records]))
+    def times(key: str) -> np.ndarray:
+        return np.asarray([r.get(key, 0.0) for r in records], np.float64)
 
+    # Medians: on a shared machine a step that another process interrupts says little about this one.
     phases: dict[str, dict[str, float]] = {}
     for name in PHASES:
-        seconds = mean(f"time/{name}")
+        seconds = float(np.median(times(f"time/{name}")))
         phase_flops = flops.get(name, 0.0) / n
         rate = phase_flops / seconds if seconds > 0 else 0.0
-        phases[name] = {"seconds": seconds, "model_flops": phase_flops, "flops_per_sec": rate, "mfu": rate / peak_rate}
-    step_seconds = mean("time/step")
-    other = max(step_seconds - sum(ph["seconds"] for ph in phases.values()), 0.0)
-    phases["other"] = {"seconds": other, "model_flops": 0.0, "flops_per_sec": 0.0, "mfu": 0.0}
+        phases[name] = {
+            "seconds": seconds,
+            "mean_seconds": float(times(f"time/{name}").mean()),
+            "model_flops": phase_flops,
+            "flops_per_sec": rate,
+            "mfu": rate / peak_rate,
+        }
+    step = times("time/step")
+    step_seconds = float(np.median(step))
+    other = step - sum(times(f"time/{name}") for name in PHASES)
+    phases["other"] = {
+        "seconds": float(np.median(other)),
+        "mean_seconds": float(other.mean()),
+        "model_flops": 0.0,
+        "flops_per_sec": 0.0,
+        "mfu": 0.0,
+    }
     step_flops = sum(flops.values()) / n
     phases["step"] = {
         "seconds": step_seconds,
+        "mean_seconds": float(step.mean()),
         "model_flops": step_flops,
         "flops_per_sec": step_flops / step_seconds,
         "mfu": step_flops / step_seconds / peak_rate,
@@ -395,6 +448,7 @@ def _summarise(
             "group_size": p.group_size,
             "completions": p.prompts * p.group_size,
             "max_new_tokens": p.max_new_tokens,
+            "micro_batch_size": p.micro_batch_size,
         },
         "steps": {"warmup": p.warmup_steps, "timed": n, "wall_seconds": wall},
         "matmul_peak": peak,
@@ -407,6 +461,7 @@ def _summarise(
         "decode": decode,
         "phases": phases,
         "mfu_step": phases["step"]["mfu"],
+        "mfu_step_mean": phases["step"]["model_flops"] / phases["step"]["mean_seconds"] / peak_rate,
         "compile_count": compiles,
     }
 
@@ -423,7 +478,7 @@ def print_table(results: dict[str, Any]) -> None:
 
     peak = results["matmul_peak"]["flops_per_sec"]
     table = Table(title=f"trainer bench {results['preset']} ({results['algo']}): {results['steps']['timed']} timed steps")
-    for column, justify in (("phase", "left"), ("seconds/step", "right"), ("model GFLOP", "right"),
+    for column, justify in (("phase", "left"), ("seconds (median)", "right"), ("model GFLOP", "right"),
                             ("GFLOP/s", "right"), ("MFU", "right")):  # fmt: skip
         table.add_column(column, justify=justify)
     for name, ph in results["phases"].items():
@@ -448,11 +503,14 @@ def print_table(results: dict[str, Any]) -> None:
     console.print(table)
     decode = results["decode"]
     console.print(
-        f"matmul peak {peak / 1e9:.1f} GFLOP/s ({results['matmul_peak']['n']}^2 float32); "
+        f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32, best of "
+        + ", ".join(f"{n}^2 {r / 1e9:.0f}" for n, r in results["matmul_peak"]["by_size"].items())
+        + "); "
         f"rollout {results['rollout']['tokens_per_sec']:.0f} tokens/s "
         f"({results['rollout']['generated_tokens_per_step']:.0f} generated tokens/step); "
         f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration; "
-        f"compiles: {results['compile_count']['warmup']} in warm-up, "
-        f"{results['compile_count']['timed_delta']} during the timed steps; "
-        f"whole-step MFU {results['mfu_step']:.1%}"
+        f"compiles: {results['compile_count']['first_step']} in the first step, "
+        f"{results['compile_count']['after_first_step']} after it "
+        f"({results['compile_count']['timed_delta']} during the timed steps); "
+        f"whole-step MFU {results['mfu_step']:.1%} (median step; {results['mfu_step_mean']:.1%} on the mean)"
     )

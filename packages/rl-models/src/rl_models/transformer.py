@@ -41,7 +41,10 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = x @ self.kernel[...]
+        # One 2-D matmul over all leading dims: on CPU, XLA then computes the weight
+        # gradient without transposing the [..., out] activations (~30% of a train step).
+        w = self.kernel[...]
+        y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
         if self.bias is not None:
             y = y + self.bias[...]
         return y
