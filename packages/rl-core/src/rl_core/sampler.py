@@ -63,31 +63,18 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return logits
 
 
-def sample_token(u: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
     """(token [B], log-prob [B] under the distribution actually sampled from).
 
-    `u` [B] holds uniforms in (0, 1]: the token is the first whose cumulative
-    probability reaches u times the total (inverse-CDF sampling; a token of
-    probability 0 is never chosen). Greedy ignores `u` and reports the
-    log-prob under the untempered softmax.
+    Greedy reports the log-prob under the untempered softmax.
     """
     filtered = filter_logits(logits, params)
     logp_all = jax.nn.log_softmax(filtered, axis=-1)
     if params.greedy:
         token = jnp.argmax(filtered, axis=-1)
     else:
-        cdf = jnp.cumsum(jnp.exp(logp_all), axis=-1)
-        token = jnp.sum(cdf < u[:, None] * cdf[:, -1:], axis=-1)
+        token = jax.random.categorical(key, filtered, axis=-1)
     return token.astype(jnp.int32), jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
-
-
-def decode_uniforms(key: jax.Array, max_new_tokens: int, batch: int) -> jax.Array:
-    """[T, B] uniforms in (0, 1], one per generated token.
-
-    Drawn once, before the decode loop: on CPU every random draw is a small
-    loop of XLA ops, and per decode step it cost as much time as the model.
-    """
-    return 1.0 - jax.random.uniform(key, (max_new_tokens, batch), jnp.float32)
 
 
 def generate(
@@ -115,33 +102,33 @@ def generate(
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
     cache = model.init_cache(b, slots)
     hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0)
-    uniforms = decode_uniforms(key, t_max, b)
-    first, first_logp = sample_token(uniforms[0], model.logits(hidden[:, -1]), params)
+    key, sub = jax.random.split(key)
+    first, first_logp = sample_token(sub, model.logits(hidden[:, -1]), params)
 
     tokens = jnp.full((b, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logps = jnp.zeros((b, t_max), jnp.float32).at[:, 0].set(first_logp)
     done = jnp.isin(first, eos)
 
     def cond(state):
-        t, _, _, _, done = state
+        t, _, _, _, done, _ = state
         return (t < t_max - 1) & ~jnp.all(done)
 
     def body(state):
-        t, cache, tokens, logps, done = state
+        t, cache, tokens, logps, done, key = state
         last = jax.lax.dynamic_index_in_dim(tokens, t, axis=1, keepdims=True)  # [B, 1]
         slot = p + t
         mask = (jnp.arange(slots) <= slot)[None, None, :] & slot_valid[:, None, :]
         hidden, cache = model(last, (prompt_len + t)[:, None], mask, cache, slot)
-        u = jax.lax.dynamic_index_in_dim(uniforms, t + 1, axis=0, keepdims=False)
-        token, logp = sample_token(u, model.logits(hidden[:, 0]), params)
+        key, sub = jax.random.split(key)
+        token, logp = sample_token(sub, model.logits(hidden[:, 0]), params)
         token = jnp.where(done, pad_id, token)
         logp = jnp.where(done, 0.0, logp)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1)
         logps = jax.lax.dynamic_update_index_in_dim(logps, logp, t + 1, axis=1)
-        return t + 1, cache, tokens, logps, done | jnp.isin(token, eos)
+        return t + 1, cache, tokens, logps, done | jnp.isin(token, eos), key
 
-    state = (jnp.int32(0), cache, tokens, logps, done)
-    _, _, tokens, logps, done = jax.lax.while_loop(cond, body, state)
+    state = (jnp.int32(0), cache, tokens, logps, done, key)
+    _, _, tokens, logps, done, _ = jax.lax.while_loop(cond, body, state)
 
     is_eos = jnp.isin(tokens, eos)
     # a token is real up to and including the first EOS
