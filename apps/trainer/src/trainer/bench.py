@@ -7,8 +7,9 @@
    runs well below what mid-sized ones reach, and a phase must not beat the
    "peak"; taking the best makes every utilisation figure conservative.)
 2. A learner built the way `trainer train` builds one (random initial weights,
-   no warm start), run for warm-up steps (they compile) and then timed steps,
-   with the compile count read before and after the timed ones.
+   no warm start), run for warm-up steps (the first compiles) and then timed
+   steps, with the compile count read after the first step, before the timed
+   steps and after them: it must stay flat after the first step.
 3. Each step's phases as the learner times them (time/rollout, time/reward,
    time/logprob, time/update, time/step) and each phase's model FLOPs,
    counted analytically from the tokens it actually processed.
@@ -39,10 +40,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rl_core.compiles import compile_count
-from rl_core.config import ConfigError
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
+from rl_core.compiles import compile_count
+from rl_core.config import ConfigError
 from rl_core.learner import DATA_AXIS
 from rl_core.sampler import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig
@@ -63,9 +64,6 @@ class BenchPreset:
     """Completions per prompt (G)."""
     max_new_tokens: int
     """Most tokens generated per completion."""
-    micro_batch_size: int | None = None
-    """Completions per gradient-accumulation chunk (None = the whole batch at once): the same
-    step and the same FLOPs, in pieces whose activations stay in the CPU's caches."""
     digits: int = 2
     """Digits of the addition problems."""
     matmul_sizes: tuple[int, ...] = (512, 1024, 2048)
@@ -87,10 +85,8 @@ PRESETS: dict[str, BenchPreset] = {
         prompts=8,
         group_size=8,
         max_new_tokens=8,
-        micro_batch_size=16,
         description="hidden 128, 4 layers, 4 heads, 2 KV heads, MLP 512, tied embeddings, character vocabulary; "
-        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0; "
-        "gradients accumulated over micro-batches of 16 completions",
+        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0",
     ),
     "tiny": BenchPreset(
         model="tiny",
@@ -256,7 +252,6 @@ def run_bench(
             "training.optimizer=adamw",
             "training.learning_rate=1e-5",
             "training.checkpoint_every_steps=0",
-            f"training.micro_batch_size={'null' if p.micro_batch_size is None else p.micro_batch_size}",
             f"algorithm.group_size={p.group_size}",
             "algorithm.beta=0.0",
             "eval.every_steps=0",
@@ -448,7 +443,6 @@ def _summarise(
             "group_size": p.group_size,
             "completions": p.prompts * p.group_size,
             "max_new_tokens": p.max_new_tokens,
-            "micro_batch_size": p.micro_batch_size,
         },
         "steps": {"warmup": p.warmup_steps, "timed": n, "wall_seconds": wall},
         "matmul_peak": peak,
