@@ -60,3 +60,16 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
 def test_bench_rejects_unknown_preset(capsys):
     assert main(["bench", "--preset", "huge", "--steps", "1"]) == 2
     assert "tiny-qwen2" in capsys.readouterr().err
+
+
+def test_bench_with_a_real_architecture_folder(tmp_path):
+    """`--model DIR` benchmarks a loaded Hugging Face folder (here the tiny committed Qwen2)."""
+    from pathlib import Path
+
+    from trainer.bench import run_bench
+
+    folder = Path(__file__).parents[1] / "fixtures" / "hf" / "qwen2"
+    results = run_bench(preset="tiny", steps=1, output=tmp_path / "b.json", model=str(folder), log=lambda _: None)
+    assert results["model"]["path"] == str(folder) and results["model"]["preset"] is None
+    assert results["model"]["vocab"] > 99  # the folder's vocabulary, not the character one
+    assert results["compile_count"]["timed_delta"] == 0

@@ -46,7 +46,7 @@ from rl_core.compiles import compile_count
 from rl_core.config import ConfigError
 from rl_core.learner import DATA_AXIS
 from rl_core.sampler import Sampler, SamplingParams
-from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import Transformer, TransformerConfig
 
 from trainer import build
 from trainer.settings import build_settings
@@ -229,9 +229,14 @@ def run_bench(
     steps: int = 10,
     output: Path | None = None,
     algo: str = "grpo",
+    model: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the benchmark; print a table, write JSON to `output` (if given) and return the results."""
+    """Run the benchmark; print a table, write JSON to `output` (if given) and return the results.
+
+    `model` (a local Hugging Face folder) replaces the preset's model and
+    tokenizer with a real architecture; the batch shape stays the preset's.
+    """
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:
@@ -243,7 +248,7 @@ def run_bench(
         algo=algo,
         overrides=[
             f"task.options.digits={p.digits}",
-            f"model.preset={p.model}",
+            f"model.path={model}" if model else f"model.preset={p.model}",
             "warm_start.steps=0",
             f"rollout.max_new_tokens={p.max_new_tokens}",
             "rollout.temperature=1.0",
@@ -258,8 +263,10 @@ def run_bench(
         ],
     )
     task = settings.task.build()
-    tokenizer = CharTokenizer()
+    tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)
+    if model:
+        log(f"model: {model} ({type(tokenizer).__name__}, vocabulary {tokenizer.vocab_size})")
     cfg = policy.config
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
     recorder = _Recorder(learner, cfg)
@@ -299,6 +306,7 @@ def run_bench(
         flops=flops,
         tokens=tokens,
         wall=wall,
+        model=model,
         compiles={
             "first_step": compiles_first - compiles_start,
             "warmup": compiles_before - compiles_start,
@@ -374,6 +382,7 @@ def _summarise(
     compiles: dict[str, int],
     prefill: dict[str, float],
     decode: dict[str, float],
+    model: str | None = None,
 ) -> dict[str, Any]:
     n = len(records)
     peak_rate = peak["flops_per_sec"]
@@ -427,7 +436,8 @@ def _summarise(
             "jax": jax.__version__,
         },
         "model": {
-            "preset": p.model,
+            "preset": None if model else p.model,
+            "path": model,
             "hidden": cfg.hidden_size,
             "layers": cfg.num_layers,
             "heads": cfg.num_heads,

@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     b.add_argument("--output", type=Path, default=Path("runs/bench.json"), help="JSON output file")
     b.add_argument("--algo", default="grpo", help="algorithm to benchmark (default grpo)")
+    b.add_argument("--model", metavar="DIR", help="a local Hugging Face folder instead of the preset's model")
 
     x = sub.add_parser("explain", help="score one group by hand under every installed algorithm")
     x.add_argument("--rewards", required=True, help="comma-separated rewards of one group, e.g. 1,0,0,1")
@@ -123,7 +124,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from trainer.bench import run_bench
 
-    run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo)
+    run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model)
     return 0
 
 
