@@ -80,7 +80,7 @@ def test_beta_zero_never_runs_the_reference_and_one_pass_no_old_policy():
 
 
 def test_beta_positive_runs_the_reference_once_per_step_and_two_passes_compute_old_logp():
-    learner = _learner(CountingGRPO, GRPOConfig(group_size=2, beta=0.04, num_iterations=2))
+    learner = _learner(fixed_batch(CountingGRPO), GRPOConfig(group_size=2, beta=0.04, num_iterations=2))
     assert learner.ref_params is not None
     m = learner.train_step()
     # once per step, not once per pass
