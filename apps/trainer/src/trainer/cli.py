@@ -8,8 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+from rewards import RewardError
 from rl_core.config import ConfigError
+from rl_core.learner import NonFiniteUpdateError
 from rl_core.registry import RegistryError
+
+from trainer.datasets import DataError
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")
 
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, RegistryError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError) as e:
         print(f"trainer {args.command}: error: {e}", file=sys.stderr)
         return 2
 
