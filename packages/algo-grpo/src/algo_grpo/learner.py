@@ -138,7 +138,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         fields["completion_lengths"] = [int(n) for n in groups.lengths]
         result = self.reward_manager.score([p.text for p in prompts], list(groups.texts), fields)
         self._timings["time/reward"] += time.perf_counter() - start
-        return _replace(groups, rewards=np.asarray(result.total, np.float32), reward_metrics=result.metrics())
+        return dataclasses.replace(groups, rewards=np.asarray(result.total, np.float32), reward_metrics=result.metrics())
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
         return np.asarray(self._advantages(jnp.asarray(groups.rewards), self.group_size))
@@ -201,6 +201,3 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             for i in range(len(groups.texts))
         ]
 
-
-def _replace(groups: Groups, **changes: Any) -> Groups:
-    return dataclasses.replace(groups, **changes)

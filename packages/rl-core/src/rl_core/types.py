@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import numpy as np
 
 
 class TrainExample(NamedTuple):
@@ -31,14 +30,3 @@ class TrainExample(NamedTuple):
     def batch_size(self) -> int:
         return self.completion_tokens.shape[0]
 
-
-def take(example: TrainExample, index: np.ndarray) -> TrainExample:
-    """Rows `index` of every array (None stays None)."""
-    return TrainExample(*(None if x is None else x[index] for x in example))
-
-
-def concat(examples: list[TrainExample]) -> TrainExample:
-    """Rows of several examples stacked in order (same optional fields)."""
-    import jax.numpy as jnp
-
-    return TrainExample(*(None if xs[0] is None else jnp.concatenate(xs) for xs in zip(*examples, strict=True)))
