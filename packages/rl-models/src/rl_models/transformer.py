@@ -50,6 +50,20 @@ class Linear(nnx.Module):
         return y
 
 
+def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
+    """The outputs of several Linears on the same input, concatenated on the last
+    axis, from ONE matmul over their concatenated kernels (the parameters stay
+    separate)."""
+    w = jnp.concatenate([lin.kernel[...] for lin in layers], axis=1)
+    y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+    if any(lin.bias is not None for lin in layers):
+        y = y + jnp.concatenate([
+            lin.bias[...] if lin.bias is not None else jnp.zeros((lin.kernel.shape[1],), y.dtype)
+            for lin in layers
+        ])
+    return y
+
+
 class RMSNorm(nnx.Module):
     """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
 
@@ -83,15 +97,24 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate x [B, L, N, Dh] by positions [B, L] ("rotate_half" convention:
-    the first and second halves of Dh are the two coordinates of each pair)."""
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) [B, L, 1, Dh/2] float32 for positions [B, L]; computed once per
+    forward pass and shared by every layer."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, L, Dh/2]
-    cos = jnp.cos(freqs)[:, :, None, :]
-    sin = jnp.sin(freqs)[:, :, None, :]
+    return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x [B, L, N, Dh] by precomputed (cos, sin) from `rope_cos_sin`."""
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate x [B, L, N, Dh] by positions [B, L] ("rotate_half" convention:
+    the first and second halves of Dh are the two coordinates of each pair)."""
+    return rotate(x, *rope_cos_sin(positions, inv_freq))
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -101,7 +124,20 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     finite uniform distribution instead of NaN."""
     b, l, h, dh = q.shape
     kv_heads = k.shape[2]
-    q = q.reshape(b, l, kv_heads, h // kv_heads, dh)
+    g = h // kv_heads
+    if l == 1:
+        # One query (decoding): broadcast-multiply-reduce over the cache in its own
+        # [B, S, K, Dh] layout, which XLA fuses into loops instead of transposing
+        # the whole cache for a batched matmul every token.
+        q1 = q.reshape(b, 1, kv_heads, g, dh).astype(jnp.float32)
+        scores = jnp.sum(q1 * k.astype(jnp.float32)[:, :, :, None, :], axis=-1)  # [B, S, K, G]
+        scores = scores * (1.0 / math.sqrt(dh))
+        scores = jnp.where(mask[:, 0, :, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=1)
+        probs = probs.astype(v.dtype).astype(jnp.float32)
+        out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)  # [B, K, G, Dh]
+        return out.reshape(b, 1, h * dh).astype(v.dtype)
+    q = q.reshape(b, l, kv_heads, g, dh)
     scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / math.sqrt(dh))
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
@@ -130,18 +166,21 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(dh, eps=eps, dtype=dtype) if config.qk_norm else None
         self.config = config
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         cfg = self.config
         b, l, _ = x.shape
-        q = self.q_proj(x).reshape(b, l, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if l == 1:  # decoding: one matmul instead of three (fewer, larger ops per token)
+            qkv = _fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+            q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
+        else:  # separate matmuls: their backward needs no pad/add of sliced gradients
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.reshape(b, l, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q, k = rotate(q, *rope), rotate(k, *rope)
         if kv is not None:
             zero = jnp.zeros((), jnp.int32)
             start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
@@ -162,7 +201,11 @@ class MLP(nnx.Module):
         self.down_proj = Linear(f, d, use_bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        if x.shape[1] != 1:
+            return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = _fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
+        f = self.gate_proj.kernel.shape[1]
+        return self.down_proj(jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:])
 
 
 class Block(nnx.Module):
@@ -175,10 +218,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array,
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, cache_index)
+        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -230,10 +273,13 @@ class Transformer(nnx.Module):
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         x = jnp.take(self.embed[...], tokens, axis=0)
+        cfg = self.config
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
+        rope = rope_cos_sin(positions, inv_freq)
         step = nnx.remat(Block.__call__) if self.config.remat else Block.__call__
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, kv = step(layer, x, positions, attention_mask,
+            x, kv = step(layer, x, rope, attention_mask,
                          None if cache is None else cache[i], cache_index)
             new_cache.append(kv)
         return self.final_norm(x), (None if cache is None else tuple(new_cache))
