@@ -174,7 +174,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     ) -> Completions:
         """Sample one completion per row with the current parameters."""
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        rows = self._row_sharding(2)
+        rows = self._row_sharding()
         return self.sampler(
             self.params,
             jax.device_put(prompt_tokens, rows),
@@ -367,9 +367,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         stacked = TrainExample(*(split(x) for x in example))
         sharded = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
-        return [jax.device_put(m, self._row_sharding(None, axis=1)) for m in sharded]
+        return [jax.device_put(m, self._row_sharding(axis=1)) for m in sharded]
 
-    def _row_sharding(self, ndim: int | None, axis: int = 0) -> NamedSharding:
+    def _row_sharding(self, axis: int = 0) -> NamedSharding:
+        """Shard `axis` (the rows) over the mesh's data axis."""
         return NamedSharding(self.mesh, P(*([None] * axis), DATA_AXIS))
 
     def _replicate(self, tree: Any) -> Any:

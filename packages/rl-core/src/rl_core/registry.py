@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import importlib.metadata as metadata
 from collections.abc import Callable, Iterable, Mapping
@@ -52,10 +53,16 @@ def distribution_for(name: str) -> str:
     return "algo-" + name.replace("_", "-")
 
 
+@functools.cache
+def _packages_distributions() -> Mapping[str, list[str]]:
+    """Top-level module -> distributions; scanning every installed package once is enough."""
+    return metadata.packages_distributions()
+
+
 def _distribution_of(obj: Any) -> str:
     """The installed distribution whose top-level package defines `obj`."""
     top = (getattr(obj, "__module__", None) or type(obj).__module__ or "").split(".")[0]
-    dists = metadata.packages_distributions().get(top)
+    dists = _packages_distributions().get(top)
     if dists:
         return dists[0]
     # editable installs are missing from packages_distributions(); folder names map one to one
