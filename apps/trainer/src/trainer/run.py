@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -30,6 +31,26 @@ def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dic
         temperature=settings.rollout.temperature or 1.0,
         seed=seed,
     )
+
+
+def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> dict[str, float]:
+    """The base policy's evaluation, cached beside the base policy.
+
+    Every variant of a comparison starts from the same weights and evaluates
+    them the same way, so the evaluation runs once, not once per variant.
+    """
+    what = {
+        "base": build.base_policy_key(settings),
+        "eval": settings.eval.to_dict(),
+        "rollout": settings.rollout.to_dict(),
+    }
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir / f"eval-base-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    metrics = final_evaluation(learner, task, settings)
+    path.write_text(json.dumps(metrics, indent=2))
+    return metrics
 
 
 def train_run(
@@ -62,7 +83,7 @@ def train_run(
         log(f"resumed {run_dir} at step {learner.step}")
         before = json.loads(before_path.read_text())
     else:
-        before = final_evaluation(learner, task, settings)
+        before = base_evaluation(learner, task, settings, base_cache or run_dir)
         before_path.write_text(json.dumps(before, indent=2))
     log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
 
