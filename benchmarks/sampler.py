@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rl_core.compiles import compile_count
+from rl_core.host_memory import keep_freed_memory
 from rl_core.sampler import Sampler, SamplingParams
 from rl_core.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
@@ -46,6 +47,7 @@ def median_seconds(fn, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    keep_freed_memory()  # as the trainer does
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)

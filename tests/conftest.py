@@ -2,6 +2,8 @@
 
 import os
 
+from rl_core.host_memory import keep_freed_memory
+
 # --- rl_core tests: faster XLA compiles ---------------------------------------------------------
 # The test programs are tiny, so XLA's CPU compile time dominates the suite; LLVM optimization
 # level 0 halves it and changes no semantics. XLA reads XLA_FLAGS once, when jax first starts a
@@ -9,3 +11,6 @@ import os
 # setting in the environment wins.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+# --- as the trainer does: XLA:CPU reuses freed buffers instead of page-faulting fresh ones ----
+keep_freed_memory()

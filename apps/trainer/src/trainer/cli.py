@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rewards import RewardError
 from rl_core.config import ConfigError
+from rl_core.host_memory import keep_freed_memory
 from rl_core.learner import NonFiniteUpdateError
 from rl_core.registry import RegistryError
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             args.algos += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError) as e:

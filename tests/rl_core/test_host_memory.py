@@ -1,0 +1,49 @@
+"""glibc keeps freed blocks for reuse after keep_freed_memory(): no page faults on reuse."""
+
+import ctypes
+import ctypes.util
+import platform
+import resource
+
+import pytest
+from rl_core.host_memory import _M_MMAP_THRESHOLD, keep_freed_memory
+
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc"
+)
+BLOCK = 64 << 20  # like an XLA program's temporary buffers: above glibc's default mmap threshold
+PAGES = BLOCK // 4096
+
+
+def _faults_of_reuse(libc: ctypes.CDLL) -> int:
+    """Minor page faults of three malloc / write every page / free rounds, after a first one."""
+
+    def round_trip():
+        ptr = libc.malloc(ctypes.c_size_t(BLOCK))
+        assert ptr, "malloc failed"
+        ctypes.memset(ptr, 1, BLOCK)
+        libc.free(ctypes.c_void_p(ptr))
+
+    round_trip()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        round_trip()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@glibc_only
+def test_freed_blocks_are_reused_without_page_faults():
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    try:
+        assert libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)  # glibc's default: big blocks are mmapped
+        assert _faults_of_reuse(libc) > 2 * PAGES  # every round faults its pages in again
+        assert keep_freed_memory()
+        assert _faults_of_reuse(libc) < PAGES // 10
+    finally:
+        keep_freed_memory()  # the suite runs with it (tests/conftest.py)
+
+
+def test_rejects_a_non_positive_threshold():
+    with pytest.raises(ValueError, match="threshold_bytes=0"):
+        keep_freed_memory(0)
