@@ -283,12 +283,46 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     def _update_fn(self, params: Any, opt_state: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
         """One optimizer step over micro-batches stacked on axis 0 of every leaf."""
+        grads, agg = self._summed_grads(params, batch)
+        denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
+        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, params)
+        grads = self._optimizer_view(grads)
+        loss = agg.total / denom
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def apply(state):
+            params, opt_state = state
+            updates, new_opt_state = self.tx.update(grads, opt_state, self._optimizer_view(params))
+            # the sum in float32 when the optimizer state is, then back to each parameter's dtype
+            new_params = jax.tree.map(lambda p, u: (p.astype(u.dtype) + u).astype(p.dtype), params, updates)
+            return new_params, new_opt_state
+
+        # a branch, not a select between old and new: the donated buffers update in place
+        new_params, new_opt_state = jax.lax.cond(finite, apply, lambda state: state, (params, opt_state))
+        stats = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "finite": finite,
+            "means": dict(agg.means),
+            "maxima": dict(agg.maxima),
+            "minima": dict(agg.minima),
+        }
+        return new_params, new_opt_state, stats
+
+    def _summed_grads(self, params: Any, batch: TrainExample) -> tuple[Any, LossOutput]:
+        """Float32 gradients of the summed loss and the summed LossOutput over the stacked micro-batches."""
 
         def micro_loss(p, example):
             out = self.compute_loss(nnx.merge(self.graphdef, p), example)
             return out.total, out
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
+        if jax.tree.leaves(batch)[0].shape[0] == 1:  # no loop (and no loop-carried copies) for one micro-batch
+            (_, out), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
+            return to_f32(grads), out
+
         (_, out_shape), grad_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch))
         zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
         init = (
@@ -316,28 +350,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             return (jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), agg), None
 
         (grads, agg), _ = jax.lax.scan(body, init, batch)
-        denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, params)
-        grads = self._optimizer_view(grads)
-        loss = agg.total / denom
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = self.tx.update(grads, opt_state, self._optimizer_view(params))
-        # the sum in float32 when the optimizer state is, then back to each parameter's dtype
-        new_params = jax.tree.map(lambda p, u: (p.astype(u.dtype) + u).astype(p.dtype), params, updates)
-
-        def keep_if_finite(new, old):
-            return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-
-        stats = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "finite": finite,
-            "means": dict(agg.means),
-            "maxima": dict(agg.maxima),
-            "minima": dict(agg.minima),
-        }
-        return keep_if_finite(new_params, params), keep_if_finite(new_opt_state, opt_state), stats
+        return grads, agg
 
     def _optimizer_view(self, tree: Any) -> Any:
         """Params or grads as the optimizer sees them: float32 when configured, else as they are."""
