@@ -80,7 +80,7 @@ def test_incremental_decoding_with_cache_matches_full_forward(overrides):
 
     hidden, cache = run(params)
     cfg = model.config
-    chex.assert_shape(cache[0][0], (2, slots, cfg.num_kv_heads, cfg.head_dim))
+    chex.assert_shape(cache[0][0], (2, cfg.num_kv_heads, slots, cfg.head_dim))  # head-major
     assert bool(jnp.all(jnp.isfinite(hidden)))
     sel = np.asarray(valid)  # pad query rows attend to nothing: excluded
     np.testing.assert_allclose(np.asarray(hidden)[sel], np.asarray(full_hidden)[sel], atol=1e-5, rtol=1e-5)
@@ -89,7 +89,7 @@ def test_incremental_decoding_with_cache_matches_full_forward(overrides):
         atol=1e-5, rtol=1e-5,
     )
     # The spare slots were never written.
-    assert not bool(jnp.any(cache[0][0][:, 10:]))
+    assert not bool(jnp.any(cache[0][0][:, :, 10:]))
 
 
 def test_left_padding_does_not_change_a_rows_outputs():
@@ -140,7 +140,7 @@ def test_masked_cache_slots_do_not_leak_and_fully_masked_rows_are_finite():
     # Overwrite the pad slots of row 1 (slots 0 and 1) with huge garbage after
     # prefill of the first 6 tokens, then decode token 6 for both rows.
     _, cache = model(tokens[:, :6], positions[:, :6], mask[:, :6], model.init_cache(2, 10), 0)
-    garbage = tuple((k.at[1, :2].set(1e4), v.at[1, :2].set(-1e4)) for k, v in cache)
+    garbage = tuple((k.at[1, :, :2].set(1e4), v.at[1, :, :2].set(-1e4)) for k, v in cache)  # [B, K, S, Dh]
     h_clean, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], cache, 6)
     h_dirty, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], garbage, 6)
     np.testing.assert_array_equal(h_clean, h_dirty)

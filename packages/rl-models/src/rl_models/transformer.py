@@ -4,7 +4,7 @@ Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab,
 H query heads, K key/value heads, G = H // K queries per KV head, Dh head_dim.
 
 Every piece of state is an `nnx.Param`; the KV cache is a plain pytree
-(a tuple over layers of (k, v) arrays [B, S, K, Dh]) that callers pass in and
+(a tuple over layers of (k, v) arrays [B, K, S, Dh], head-major) that callers pass in and
 get back, so a jitted sampler can thread it through `lax.while_loop`.
 The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]).
@@ -118,33 +118,25 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, L, H, Dh], k/v [B, S, K, Dh], mask [B, L, S]
-    (True = may attend) -> [B, L, H * Dh]. Scores and softmax run in float32;
-    masked scores are the most negative float32, so a fully masked row gets a
-    finite uniform distribution instead of NaN."""
+    """Grouped-query attention. q [B, L, H, Dh], k/v [B, K, S, Dh] (head-major, the
+    cache's layout), mask [B, L, S] (True = may attend) -> [B, L, H * Dh].
+
+    Both matmuls are batched over (B, K) with the G query heads of a KV head and
+    their L queries as one [G * L] row block, so XLA runs plain batched matmuls
+    instead of transposing the cache; decoding (L = 1) needs no transpose at all.
+    Scores and softmax run in float32; masked scores are the most negative
+    float32, so a fully masked row gets a finite uniform distribution, not NaN.
+    """
     b, l, h, dh = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     g = h // kv_heads
-    if l == 1:
-        # One query (decoding): broadcast-multiply-reduce over the cache in its own
-        # [B, S, K, Dh] layout, which XLA fuses into loops instead of transposing
-        # the whole cache for a batched matmul every token.
-        q1 = q.reshape(b, 1, kv_heads, g, dh).astype(jnp.float32)
-        scores = jnp.sum(q1 * k.astype(jnp.float32)[:, :, :, None, :], axis=-1)  # [B, S, K, G]
-        scores = scores * (1.0 / math.sqrt(dh))
-        scores = jnp.where(mask[:, 0, :, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=1)
-        probs = probs.astype(v.dtype).astype(jnp.float32)
-        out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)  # [B, K, G, Dh]
-        return out.reshape(b, 1, h * dh).astype(v.dtype)
-    q = q.reshape(b, l, kv_heads, g, dh)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / math.sqrt(dh))
+    q = q.reshape(b, l, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * l, dh)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kv_heads, g, l, -1) * (1.0 / math.sqrt(dh))
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum(
-        "bkgls,bskd->blkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv_heads, g * l, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v, preferred_element_type=jnp.float32)
+    out = out.reshape(b, kv_heads, g, l, dh).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
 
@@ -181,9 +173,10 @@ class Attention(nnx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *rope), rotate(k, *rope)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # head-major [B, K, L, Dh]
         if kv is not None:
             zero = jnp.zeros((), jnp.int32)
-            start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            start = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
             k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
             v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
             kv = (k, v)
@@ -250,9 +243,9 @@ class Transformer(nnx.Module):
         return self.config.vocab_size
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """Zeroed (k, v) per layer, each [batch_size, max_len, K, Dh] in the model dtype."""
+        """Zeroed (k, v) per layer, each [batch_size, K, max_len, Dh] in the model dtype."""
         cfg = self.config
-        shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         dtype = compute_dtype(cfg)
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
@@ -261,7 +254,7 @@ class Transformer(nnx.Module):
                  ) -> tuple[jax.Array, KVCache | None]:
         """Hidden states [B, L, D] (after the final norm) and the updated cache."""
         b, l = tokens.shape
-        s = l if cache is None else cache[0][0].shape[1]
+        s = l if cache is None else cache[0][0].shape[2]
         if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
             raise ValueError(
                 f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
