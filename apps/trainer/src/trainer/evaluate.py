@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import comb
+from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 from rl_core.data import Prompt
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.tokens import Tokenizer, left_pad
@@ -26,7 +26,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def generate_texts(
     sampler: Sampler,
-    params: nnx.State,
+    params: Any,  # the policy's parameters, as nnx.merge takes them
     tokenizer: Tokenizer,
     prompts: Sequence[Prompt],
     *,
@@ -65,7 +65,7 @@ def correctness(task: Task, prompts: Sequence[Prompt], completions: Sequence[str
 
 def evaluate(
     sampler: Sampler,
-    params: nnx.State,
+    params: Any,  # the policy's parameters, as nnx.merge takes them
     tokenizer: Tokenizer,
     task: Task,
     prompts: Sequence[Prompt],

@@ -50,7 +50,8 @@ def warm_start(
     seed: int = 0,
 ) -> nnx.Module:
     """Train `model` in place by cross-entropy on reference completions; returns it."""
-    graphdef, params = nnx.split(model)
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)  # plain arrays: cheaper to pass through jit than Variables
     tx = optax.adam(learning_rate)
     opt_state = tx.init(params)
     rng = np.random.default_rng(seed)
