@@ -193,9 +193,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
         eos = set(self.tokenizer.eos_ids)
+        keep = np.asarray(mask) > 0
         return [
-            self.tokenizer.decode([int(t) for t, m in zip(row, mrow, strict=True) if m > 0 and int(t) not in eos])
-            for row, mrow in zip(np.asarray(tokens), np.asarray(mask), strict=True)
+            self.tokenizer.decode([t for t in row[k].tolist() if t not in eos])
+            for row, k in zip(np.asarray(tokens), keep, strict=True)
         ]
 
     @property
@@ -374,16 +375,20 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     # -- layout -------------------------------------------------------------------------
 
     def _mini_batches(self, example: TrainExample) -> list[TrainExample]:
-        """Split [B, ...] into mini-batches of stacked micro-batches [M, mb, ...], sharded on mb."""
+        """Split [B, ...] into mini-batches of stacked micro-batches [M, mb, ...], sharded on mb.
+
+        Host (numpy) fields are reshaped on the host and sent in one transfer per
+        mini-batch; only fields already on the device take device ops.
+        """
         n_mini, n_micro = self.num_mini_batches, self.num_micro_batches
         micro = self.batch_size // (n_mini * n_micro)
 
         def split(x):
-            return None if x is None else jnp.reshape(x, (n_mini, n_micro, micro, *x.shape[1:]))
+            return None if x is None else x.reshape(n_mini, n_micro, micro, *x.shape[1:])
 
         stacked = TrainExample(*(split(x) for x in example))
-        sharded = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
-        return [jax.device_put(m, self._row_sharding(axis=1)) for m in sharded]
+        minis = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
+        return jax.device_put(minis, self._row_sharding(axis=1))
 
     def _row_sharding(self, axis: int = 0) -> NamedSharding:
         """Shard `axis` (the rows) over the mesh's data axis."""
