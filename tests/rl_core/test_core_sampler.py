@@ -96,6 +96,30 @@ def test_greedy_with_kv_cache_equals_full_recomputation(sampler, prompts, greedy
     assert len({tuple(row) for row in greedy_reference}) > 1
 
 
+def test_samples_of_a_prompt_share_its_prefill_and_match_repeated_rows(sampler, prompts, greedy_reference):
+    s, state = sampler
+    n = 3
+    shared = s(state, *prompts, jax.random.key(0), GREEDY, num_samples=n)
+    # greedy: every sample of prompt i is the reference continuation of prompt i
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.repeat(greedy_reference, n, axis=0))
+    # the same as sampling from the prompts repeated row by row, log-probs included
+    repeated = s(state, *(jnp.repeat(x, n, axis=0) for x in prompts), jax.random.key(0), GREEDY)
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
+    np.testing.assert_allclose(np.asarray(shared.logp), np.asarray(repeated.logp), atol=1e-5)
+
+
+def test_temperature_samples_of_one_prompt_differ(sampler, prompts):
+    s, state = sampler
+    n = 4
+    out = s(state, *prompts, jax.random.key(1), SamplingParams(temperature=1.0), num_samples=n)
+    tokens = np.asarray(out.tokens)
+    assert tokens.shape == (len(PROMPT_LENGTHS) * n, T)
+    groups = tokens.reshape(len(PROMPT_LENGTHS), n, T)
+    assert all(len({tuple(row) for row in group}) > 1 for group in groups)  # independent draws per sample
+    with pytest.raises(ValueError, match="num_samples=0"):
+        s(state, *prompts, jax.random.key(1), GREEDY, num_samples=0)
+
+
 def expected_after_eos(reference: np.ndarray, eos_ids: set[int]):
     """(tokens, mask, lengths, truncated) that EOS handling must produce from greedy `reference`."""
     tokens = np.full_like(reference, TOKENIZER.pad_id)

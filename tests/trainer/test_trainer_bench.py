@@ -30,6 +30,12 @@ def test_forward_flops_by_hand():
     assert training_flops(cfg, np.array([1]), np.array([2])) == 3 * expected
     # sampling a 2-token completion after a 2-token prompt: 3 positions fed (the last token is not), 2 unembedded
     assert sampling_flops(cfg, np.array([2]), np.array([2])) == expected
+    # two samples of that prompt share its prefill (2 positions, 1 unembedded); each then feeds
+    # 1 token at position 3 (dense, attention over 3 keys) and unembeds it
+    prefill = 2 * w * 2 + 4 * 2 * 4 * 16 * 3 + 2 * 64 * 10
+    per_sample = 2 * w + 4 * 2 * 4 * 16 * 3 + 2 * 64 * 10
+    assert sampling_flops(cfg, np.array([2]), np.array([2, 2]), num_samples=2) == prefill + 2 * per_sample
+    assert prefill + per_sample == expected  # one sample costs what it did without sharing
 
 
 def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):

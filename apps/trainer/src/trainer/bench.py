@@ -14,15 +14,17 @@
    time/logprob, time/update, time/step) and each phase's model FLOPs,
    counted analytically from the tokens it actually processed.
 4. Prefill and decode time: the rollout program timed against the same program
-   with max_new_tokens=1 (prefill plus the first sampled token).
+   with max_new_tokens=1 (prefill plus the first sampled token). Each prompt is
+   prefilled once for its whole group.
 
 Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them:
     2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
   + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
   + 2 * D * V * u       unembedding
 The embedding lookup, norms, rotary and softmax are not counted. A training
-step is 3 forwards (forward + backward); sampling is one forward over the
-prompt and every generated token fed back (KV cache: each position once).
+step is 3 forwards (forward + backward); sampling is one forward over each
+prompt (once per group) and over every generated token fed back (KV cache:
+each position once).
 Only real tokens count: padding and rows decoded after their EOS are work
 the machine does but the model does not need.
 """
@@ -123,10 +125,23 @@ def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.nda
     return float(np.sum(dense + attention + logits))
 
 
-def sampling_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray) -> float:
-    """Prefill over the prompt, then each generated token but the last is fed back; every generated one is unembedded."""
-    generated = np.asarray(generated)
-    return forward_flops(cfg, np.asarray(prompt_tokens) + np.maximum(generated - 1, 0), generated)
+def sampling_flops(
+    cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray, num_samples: int = 1
+) -> float:
+    """Sampling `num_samples` completions per prompt, as the sampler does it.
+
+    Each prompt is prefilled once and unembeds its last position (the first
+    token's logits, shared by its samples); then each completion feeds back
+    every generated token but the last, attending over the prompt and what
+    came before, and unembeds each of them. prompt_tokens: [U] real tokens per
+    prompt; generated: [U * num_samples] tokens per completion, prompt-major.
+    """
+    prompt_tokens = np.asarray(prompt_tokens)
+    prompt = np.repeat(prompt_tokens, num_samples)
+    fed = np.maximum(np.asarray(generated) - 1, 0)
+    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens))
+    # a completion's decode work: its whole sequence less the prompt's share of it
+    return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
 
 
 def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
@@ -182,11 +197,11 @@ class _Recorder:
         self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
         generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.produce_examples
 
-        def recording_generate(prompt_tokens, prompt_mask, sampling=None):
-            out = generate(prompt_tokens, prompt_mask, sampling)
+        def recording_generate(prompt_tokens, prompt_mask, sampling=None, *, num_samples=1):
+            out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples)
             prompt = np.asarray(prompt_mask).sum(axis=1)
             lengths = np.asarray(out.lengths)  # the learner fetches these anyway
-            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths)
+            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples)
             self.tokens["prompt"] += int(prompt.sum())
             self.tokens["generated"] += int(lengths.sum())
             return out
@@ -328,7 +343,7 @@ def run_bench(
 def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, float], dict[str, float]]:
     """Best times of the rollout program and of its prefill-only twin on one fixed batch."""
     prompts = task.train[: p.prompts]
-    tokens, mask = learner.encode_prompts(prompts, repeat=p.group_size)
+    tokens, mask = learner.encode_prompts(prompts)
     prefill_sampler = Sampler(
         learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id
     )
@@ -336,12 +351,13 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     tokens_d, mask_d = jax.device_put(tokens, rows), jax.device_put(mask, rows)
     sampling = SamplingParams.from_rollout(learner.rollout)
     key = jax.random.PRNGKey(1)
+    n = p.group_size
 
     def run_full():
-        return jax.block_until_ready(learner.sampler(learner.params, tokens_d, mask_d, key, sampling))
+        return jax.block_until_ready(learner.sampler(learner.params, tokens_d, mask_d, key, sampling, n))
 
     def run_prefill():
-        return jax.block_until_ready(prefill_sampler(learner.params, tokens_d, mask_d, key, sampling))
+        return jax.block_until_ready(prefill_sampler(learner.params, tokens_d, mask_d, key, sampling, n))
 
     out = run_full()
     run_prefill()
@@ -351,7 +367,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     prompt = mask.sum(axis=1)
     model_cfg = learner.model.config
     prefill_flops = forward_flops(model_cfg, prompt, np.ones_like(prompt))
-    decode_flops = sampling_flops(model_cfg, prompt, lengths) - prefill_flops
+    decode_flops = sampling_flops(model_cfg, prompt, lengths, n) - prefill_flops
     steps = int(lengths.max()) - 1  # decode iterations of the while loop after the prefill's token
     decode_seconds = max(full - first, 0.0)
     return (

@@ -34,21 +34,28 @@ def generate_texts(
     sampling: SamplingParams,
     key: jax.Array,
     batch_size: int = 256,
+    num_samples: int = 1,
 ) -> tuple[list[str], np.ndarray]:
-    """Completions (text) and their lengths in tokens, in batches of fixed shape."""
+    """`num_samples` completions (text) per prompt, prompt-major, and their lengths in tokens.
+
+    Runs in batches of one fixed shape (about `batch_size` completions), each
+    prompt prefilled once for all of its samples.
+    """
     texts: list[str] = []
     lengths: list[int] = []
     eos = set(tokenizer.eos_ids)
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        real = len(chunk)
-        chunk += [chunk[-1]] * (batch_size - real)  # one shape for every batch: no recompiles
+    per_call = max(1, batch_size // num_samples)
+    for start in range(0, len(prompts), per_call):
+        chunk = list(prompts[start : start + per_call])
+        real = len(chunk) * num_samples
+        chunk += [chunk[-1]] * (per_call - len(chunk))  # one shape for every batch: no recompiles
         ids = [tokenizer.encode(p.text, add_bos=True) for p in chunk]
         tokens, mask = left_pad(ids, pad_id=tokenizer.pad_id, max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
-        out = jax.device_get(sampler(params, tokens, mask, sub, sampling))
+        out = jax.device_get(sampler(params, tokens, mask, sub, sampling, num_samples))
+        keep = out.mask > 0
         for row in range(real):
-            kept = [int(t) for t, m in zip(out.tokens[row], out.mask[row], strict=True) if m > 0 and int(t) not in eos]
+            kept = [t for t in out.tokens[row][keep[row]].tolist() if t not in eos]
             texts.append(tokenizer.decode(kept))
             lengths.append(int(out.lengths[row]))
     return texts, np.asarray(lengths)
@@ -87,16 +94,17 @@ def evaluate(
         "eval/length_incorrect": float(lengths[correct == 0].mean()) if (correct == 0).any() else 0.0,
     }
     if pass_k and samples_per_prompt:
-        repeated = [p for p in prompts for _ in range(samples_per_prompt)]
         texts, _ = generate_texts(
             sampler,
             params,
             tokenizer,
-            repeated,
+            prompts,
             max_prompt_tokens=task.max_prompt_tokens,
             sampling=SamplingParams(temperature=temperature),
             key=jax.random.fold_in(key, 1),
+            num_samples=samples_per_prompt,
         )
+        repeated = [p for p in prompts for _ in range(samples_per_prompt)]
         c = correctness(task, repeated, texts).reshape(len(prompts), samples_per_prompt).sum(1)
         metrics[f"eval/pass@{pass_k}"] = float(np.mean([pass_at_k(samples_per_prompt, int(ci), pass_k) for ci in c]))
     return metrics

@@ -111,15 +111,16 @@ class GRPOLearner(RLLearner[GRPOConfig]):
     def rollout_groups(self, prompts: Sequence[Prompt]) -> Groups:
         """G sampled completions per prompt, decoded; rewards not yet filled in."""
         start = time.perf_counter()
-        tokens, mask = self.encode_prompts(prompts, repeat=self.group_size)
-        out = jax.device_get(self.generate(tokens, mask))
+        g = self.group_size
+        tokens, mask = self.encode_prompts(prompts)
+        out = jax.device_get(self.generate(tokens, mask, num_samples=g))  # one prefill per group
         self._timings["time/rollout"] += time.perf_counter() - start
         self._generated_tokens += int(out.lengths.sum())
         return Groups(
-            group_size=self.group_size,
+            group_size=g,
             prompts=tuple(prompts),
-            prompt_tokens=tokens,
-            prompt_mask=mask,
+            prompt_tokens=np.repeat(tokens, g, axis=0),
+            prompt_mask=np.repeat(mask, g, axis=0),
             completion_tokens=np.asarray(out.tokens),
             completion_mask=np.asarray(out.mask),
             sampler_logp=np.asarray(out.logp),

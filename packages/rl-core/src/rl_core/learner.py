@@ -173,18 +173,23 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return np.repeat(tokens, repeat, axis=0), np.repeat(mask, repeat, axis=0)
 
     def generate(
-        self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None
+        self,
+        prompt_tokens: np.ndarray,
+        prompt_mask: np.ndarray,
+        sampling: SamplingParams | None = None,
+        *,
+        num_samples: int = 1,
     ) -> Completions:
-        """Sample one completion per row with the current parameters."""
+        """Sample `num_samples` completions per prompt row with the current parameters.
+
+        Row i * num_samples + j is sample j of prompt i; each prompt is prefilled once.
+        """
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        rows = self._row_sharding()
-        return self.sampler(
-            self.params,
-            jax.device_put(prompt_tokens, rows),
-            jax.device_put(prompt_mask, rows),
-            self.next_key(),
-            sampling,
-        )
+        # prompts shard over the data axis when they divide evenly; else every device prefills them all
+        split = len(prompt_tokens) % self.mesh.devices.size == 0
+        rows = self._row_sharding() if split else NamedSharding(self.mesh, P())
+        tokens, mask = jax.device_put((prompt_tokens, prompt_mask), rows)
+        return self.sampler(self.params, tokens, mask, self.next_key(), sampling, num_samples)
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params`."""

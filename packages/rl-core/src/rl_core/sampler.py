@@ -87,9 +87,16 @@ def generate(
     eos_ids: Sequence[int],
     pad_id: int,
     params: SamplingParams,
+    num_samples: int = 1,
 ) -> Completions:
-    """Generate completions (trace inside jit; see `Sampler`)."""
-    b, p = prompt_tokens.shape
+    """Generate `num_samples` completions per prompt (trace inside jit; see `Sampler`).
+
+    Row i * num_samples + j of the result is sample j of prompt i. Each prompt
+    is prefilled once and its KV cache copied to its samples, so a GRPO group
+    of G completions pays for one prefill, not G.
+    """
+    u, p = prompt_tokens.shape
+    b = u * num_samples
     t_max = max_new_tokens
     slots = p + t_max
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
@@ -98,12 +105,17 @@ def generate(
 
     # Prefill: slot k holds prompt token k; decode slots follow at p + t.
     positions = jnp.maximum(jnp.cumsum(valid_prompt, axis=1) - 1, 0).astype(jnp.int32)
-    slot_valid = jnp.concatenate([valid_prompt, jnp.ones((b, t_max), bool)], axis=1)  # [B, S]
+    slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
-    cache = model.init_cache(b, slots)
+    cache = model.init_cache(u, slots)
     hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0)
+    first_logits = model.logits(hidden[:, -1])
+    if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
+        cache, first_logits, slot_valid, prompt_len = jax.tree.map(
+            lambda x: jnp.repeat(x, num_samples, axis=0), (cache, first_logits, slot_valid, prompt_len)
+        )
     key, sub = jax.random.split(key)
-    first, first_logp = sample_token(sub, model.logits(hidden[:, -1]), params)
+    first, first_logp = sample_token(sub, first_logits, params)
 
     tokens = jnp.full((b, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logps = jnp.zeros((b, t_max), jnp.float32).at[:, 0].set(first_logp)
@@ -160,9 +172,11 @@ class Sampler:
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.pad_id = pad_id
         self.compiles = 0
-        self._generate = jax.jit(self._traced, static_argnames=("params",))
+        self._generate = jax.jit(self._traced, static_argnames=("params", "num_samples"))
 
-    def _traced(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams) -> Completions:
+    def _traced(
+        self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1
+    ) -> Completions:
         self.compiles += 1  # runs once per trace, i.e. per compiled program
         model = nnx.merge(self.graphdef, state)
         return generate(
@@ -174,9 +188,15 @@ class Sampler:
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
             params=params,
+            num_samples=num_samples,
         )
 
-    def __call__(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams) -> Completions:
-        return self._generate(state, prompt_tokens, prompt_mask, key, params=params)
+    def __call__(
+        self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1
+    ) -> Completions:
+        """`num_samples` completions per prompt row; see `generate`."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples}: must be >= 1")
+        return self._generate(state, prompt_tokens, prompt_mask, key, params=params, num_samples=num_samples)
 
 

@@ -52,8 +52,9 @@ class ToyLearner(RLLearner[ToyConfig]):
         return [f"{self.step}/{i}/{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        tokens, mask = self.encode_prompts(prompts, repeat=self.group_size)
-        out = self.generate(tokens, mask)
+        tokens, mask = self.encode_prompts(prompts)
+        out = self.generate(tokens, mask, num_samples=self.group_size)
+        tokens, mask = np.repeat(tokens, self.group_size, axis=0), np.repeat(mask, self.group_size, axis=0)
         hits = np.asarray((out.tokens == self.config.target_token) * out.mask).sum(1)
         rewards = hits / np.maximum(np.asarray(out.mask).sum(1), 1)
         grouped = rewards.reshape(-1, self.group_size)
