@@ -166,11 +166,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.rng, key = jax.random.split(self.rng)
         return key
 
-    def encode_prompts(self, prompts: Sequence[Prompt], repeat: int = 1) -> tuple[jax.Array, jax.Array]:
-        """Left-padded prompt tokens and mask, each prompt repeated `repeat` times in a row."""
+    def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
+        """Left-padded prompt tokens and mask [len(prompts), P] (sample each with `generate(num_samples=...)`)."""
         ids = [self.tokenizer.encode(p.text, add_bos=True) for p in prompts]
-        tokens, mask = left_pad(ids, pad_id=self.tokenizer.pad_id, max_tokens=self.rollout.max_prompt_tokens)
-        return np.repeat(tokens, repeat, axis=0), np.repeat(mask, repeat, axis=0)
+        return left_pad(ids, pad_id=self.tokenizer.pad_id, max_tokens=self.rollout.max_prompt_tokens)
 
     def generate(
         self,
