@@ -1,10 +1,11 @@
-"""rl_core.data and rl_core.tokens: the resumable prompt order, left padding and buckets."""
+"""rl_core.data and rl_core.tokens: the resumable prompt order, left padding, buckets, decoding."""
 
 import numpy as np
 import pytest
 
 from rl_core.data import Prompt, PromptStream
-from rl_core.tokens import bucket, cut_at_eos, left_pad
+from rl_core.tokens import bucket, decode_completions, left_pad
+from rl_models import CharTokenizer
 
 DATASET = [Prompt(f"p{i}", {"answer": str(i)}) for i in range(10)]
 
@@ -90,7 +91,12 @@ def test_left_pad_rejects_too_long_and_empty_prompts():
         left_pad([[]], pad_id=0, max_tokens=12)
 
 
-def test_cut_at_eos():
-    assert cut_at_eos([4, 5, 2, 6, 2], eos_ids=(2,)) == [4, 5]
-    assert cut_at_eos([4, 5], eos_ids=(2, 3)) == [4, 5]
-    assert cut_at_eos([3, 4], eos_ids=(2, 3)) == []
+def test_decode_completions_keeps_masked_tokens_and_drops_eos():
+    tok = CharTokenizer()
+    (eos,) = tok.eos_ids
+    ids = tok.encode("42") + [eos]
+    tokens = np.array([ids + [tok.pad_id], tok.encode("7") + [eos, tok.pad_id, tok.pad_id]])
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.float32)
+    assert decode_completions(tok, tokens, mask) == ["42", "7"]
+    # tokens outside the mask never reach the text, whatever they are
+    assert decode_completions(tok, tokens, np.array([[1, 0, 0, 0], [0, 0, 0, 0]])) == ["4", ""]

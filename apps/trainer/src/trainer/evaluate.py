@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from rl_core.data import Prompt
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
-from rl_core.tokens import Tokenizer, left_pad
+from rl_core.tokens import Tokenizer, decode_completions, left_pad
 
 from trainer.tasks import Task
 
@@ -43,7 +43,6 @@ def generate_texts(
     """
     texts: list[str] = []
     lengths: list[int] = []
-    eos = set(tokenizer.eos_ids)
     per_call = max(1, batch_size // num_samples)
     for start in range(0, len(prompts), per_call):
         chunk = list(prompts[start : start + per_call])
@@ -53,11 +52,8 @@ def generate_texts(
         tokens, mask = left_pad(ids, pad_id=tokenizer.pad_id, max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
         out = jax.device_get(sampler(params, tokens, mask, sub, sampling, num_samples))
-        keep = out.mask > 0
-        for row in range(real):
-            kept = [t for t in out.tokens[row][keep[row]].tolist() if t not in eos]
-            texts.append(tokenizer.decode(kept))
-            lengths.append(int(out.lengths[row]))
+        texts += decode_completions(tokenizer, out.tokens[:real], out.mask[:real])
+        lengths += out.lengths[:real].tolist()
     return texts, np.asarray(lengths)
 
 

@@ -31,7 +31,7 @@ from rl_core.logprobs import completion_logprobs
 from rl_core.metrics import MetricsLogger, ProgressBar
 from rl_core.optim import make_optimizer
 from rl_core.sampler import Completions, Sampler, SamplingParams
-from rl_core.tokens import Tokenizer, left_pad
+from rl_core.tokens import Tokenizer, decode_completions, left_pad
 from rl_core.types import TrainExample
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
@@ -196,12 +196,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
-        eos = set(self.tokenizer.eos_ids)
-        keep = np.asarray(mask) > 0
-        return [
-            self.tokenizer.decode([t for t in row[k].tolist() if t not in eos])
-            for row, k in zip(np.asarray(tokens), keep, strict=True)
-        ]
+        return decode_completions(self.tokenizer, tokens, mask)
 
     @property
     def model(self) -> nnx.Module:

@@ -56,11 +56,11 @@ def left_pad(
     return tokens, mask
 
 
-def cut_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
-    """Tokens before the first EOS."""
-    out = []
-    for t in tokens:
-        if t in eos_ids:
-            break
-        out.append(int(t))
-    return out
+def decode_completions(tokenizer: Tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+    """Completion texts [B] from tokens [B, T]: the tokens under the mask, EOS dropped."""
+    eos = set(tokenizer.eos_ids)
+    keep = np.asarray(mask) > 0
+    return [
+        tokenizer.decode([t for t in row[k].tolist() if t not in eos])
+        for row, k in zip(np.asarray(tokens), keep, strict=True)
+    ]
