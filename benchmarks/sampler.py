@@ -47,13 +47,13 @@ def median_seconds(fn, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    keep_freed_memory()  # as the trainer does
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    keep_freed_memory()  # as the trainer does
 
     compile_count()  # start counting before anything compiles
     tokenizer = CharTokenizer()
