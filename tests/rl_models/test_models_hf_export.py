@@ -22,7 +22,8 @@ def _assert_same_params(a, b):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_export_of_a_loaded_checkpoint_loads_back_exactly(hf_name, hf_fixtures, tmp_path, dtype):
-    model = load_hf_model(hf_fixtures / hf_name, dtype=dtype)
+    # `dtype` is the storage dtype here: it is what the exported file holds
+    model = load_hf_model(hf_fixtures / hf_name, dtype=dtype, param_dtype=dtype)
     out = export_hf(model, tmp_path / "out", source_dir=hf_fixtures / hf_name)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["config.json", "model.safetensors"]
@@ -30,7 +31,7 @@ def test_export_of_a_loaded_checkpoint_loads_back_exactly(hf_name, hf_fixtures, 
            if p.name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
                          "chat_template.jinja")]
     )
-    again = load_hf_model(out, dtype=dtype)
+    again = load_hf_model(out, dtype=dtype, param_dtype=dtype)
     assert again.config == model.config
     _assert_same_params(model, again)
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype

@@ -9,6 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from rl_models import Transformer
@@ -75,10 +76,11 @@ def test_llama3_rope_scaling_is_exercised(hf_fixtures, hf_reference):
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
 
 
-def test_bfloat16_load_is_close_to_float32(hf_name, hf_fixtures, hf_reference):
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_bfloat16_compute_is_close_to_float32(hf_name, hf_fixtures, hf_reference, param_dtype):
     arrays, _ = hf_reference(hf_name)
-    model = load_hf_model(hf_fixtures / hf_name, dtype="bfloat16")
-    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.bfloat16)}
+    model = load_hf_model(hf_fixtures / hf_name, dtype="bfloat16", param_dtype=param_dtype)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(param_dtype)}
     logits, valid = _logits(model, arrays)
     ref = arrays["logits"][valid]
     # bfloat16 keeps ~3 significant digits; 2 layers of it stay within 5% of the logit range.

@@ -196,9 +196,12 @@ def test_remat_gives_the_same_loss_and_gradients():
     chex.assert_trees_all_close(g1, g2, atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16_params_cache_and_float32_logits():
-    model = Transformer(TransformerConfig.tiny(V, dtype="bfloat16"), rngs=nnx.Rngs(0))
-    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(jnp.bfloat16)}
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_bfloat16_compute_cache_and_float32_logits(param_dtype):
+    config = TransformerConfig.tiny(V, dtype="bfloat16", param_dtype=param_dtype)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    # parameters are stored in param_dtype; activations and the cache use the compute dtype
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(param_dtype)}
     cache = model.init_cache(2, 12)
     assert cache[0][0].dtype == jnp.bfloat16
     tokens, positions, mask, _ = left_padded_batch()

@@ -54,8 +54,10 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     """The loaded Hugging Face model, or a freshly initialised preset."""
     m = settings.model
     if m.path:
-        return load_hf_model(m.path, dtype=m.dtype, remat=m.remat)
-    config = preset(m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, remat=m.remat)
+        return load_hf_model(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    config = preset(
+        m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat
+    )
     return Transformer(config, rngs=nnx.Rngs(m.seed))
 
 

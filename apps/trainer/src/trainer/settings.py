@@ -49,12 +49,16 @@ class ModelSettings(Config):
     seed: int = 0
     """Seed of the initial weights of a preset model."""
     dtype: str = "float32"
-    """Parameter and compute dtype: float32 or bfloat16 (optimizer state stays float32 with float32 params)."""
+    """Compute dtype (activations, matmuls, KV cache): float32 or bfloat16 (recommended on accelerators)."""
+    param_dtype: str = "float32"
+    """Storage dtype of the loaded model and the reference copy: float32 or bfloat16. Training
+    always updates float32 master weights with float32 optimizer state."""
     remat: bool = False
     """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
 
     def __post_init__(self) -> None:
-        check(self.dtype in ("float32", "bfloat16"), self, "dtype", "must be float32 or bfloat16")
+        for name in ("dtype", "param_dtype"):
+            check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
 
 

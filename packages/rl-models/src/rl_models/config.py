@@ -91,7 +91,10 @@ class TransformerConfig:
     rope_scaling: RopeScaling | None = None
     """Llama 3.1 style frequency scaling, or None."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of parameters, activations and the KV cache (softmax and norms run in float32)."""
+    """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage dtype of the parameters; each is cast to `dtype` where it is used. A learner
+    trains float32 master weights whatever this is."""
     remat: bool = False
     """Rematerialize each block in the backward pass (nnx.remat)."""
 
@@ -122,9 +125,9 @@ class TransformerConfig:
         )
         _require(self.rope_theta > 0, name, "rope_theta", self.rope_theta, "must be > 0")
         _require(self.rms_norm_eps > 0, name, "rms_norm_eps", self.rms_norm_eps, "must be > 0")
-        _require(
-            self.dtype in DTYPES, name, "dtype", self.dtype, f"must be one of {DTYPES}"
-        )
+        for field in ("dtype", "param_dtype"):
+            value = getattr(self, field)
+            _require(value in DTYPES, name, field, value, f"must be one of {DTYPES}")
         _require(
             self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
             name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",

@@ -27,26 +27,32 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def compute_dtype(config: TransformerConfig) -> jnp.dtype:
-    """The jnp dtype named by `config.dtype`."""
+    """The jnp dtype of activations, matmuls and the KV cache (`config.dtype`)."""
     return jnp.dtype(_DTYPES[config.dtype])
 
 
+def param_dtype(config: TransformerConfig) -> jnp.dtype:
+    """The jnp dtype parameters are stored in (`config.param_dtype`)."""
+    return jnp.dtype(_DTYPES[config.param_dtype])
+
+
 class Linear(nnx.Module):
-    """y = x @ kernel (+ bias); kernel [in, out]."""
+    """y = x @ kernel (+ bias); kernel [in, out], stored in `param_dtype`, used in `dtype`."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool,
-                 dtype: jnp.dtype, rngs: nnx.Rngs):
+                 dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs):
         init = nnx.initializers.lecun_normal()
-        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype))
-        self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if use_bias else None
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
+        self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # One 2-D matmul over all leading dims: on CPU, XLA then computes the weight
         # gradient without transposing the [..., out] activations (~30% of a train step).
-        w = self.kernel[...]
+        w = self.kernel[...].astype(self.dtype)
         y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
         if self.bias is not None:
-            y = y + self.bias[...]
+            y = y + self.bias[...].astype(self.dtype)
         return y
 
 
@@ -54,11 +60,12 @@ def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
     """The outputs of several Linears on the same input, concatenated on the last
     axis, from ONE matmul over their concatenated kernels (the parameters stay
     separate)."""
-    w = jnp.concatenate([lin.kernel[...] for lin in layers], axis=1)
+    w = jnp.concatenate([lin.kernel[...].astype(lin.dtype) for lin in layers], axis=1)
     y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
     if any(lin.bias is not None for lin in layers):
         y = y + jnp.concatenate([
-            lin.bias[...] if lin.bias is not None else jnp.zeros((lin.kernel.shape[1],), y.dtype)
+            lin.bias[...].astype(y.dtype) if lin.bias is not None
+            else jnp.zeros((lin.kernel.shape[1],), y.dtype)
             for lin in layers
         ])
     return y
@@ -67,14 +74,14 @@ def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
 class RMSNorm(nnx.Module):
     """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
 
-    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...] * y.astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
@@ -145,17 +152,17 @@ class Attention(nnx.Module):
     and q/k RMSNorm)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        dtype = compute_dtype(config)
+        dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         d, h, kv, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         assert dh is not None
         bias = config.attention_bias
-        self.q_proj = Linear(d, h * dh, use_bias=bias, dtype=dtype, rngs=rngs)
-        self.k_proj = Linear(d, kv * dh, use_bias=bias, dtype=dtype, rngs=rngs)
-        self.v_proj = Linear(d, kv * dh, use_bias=bias, dtype=dtype, rngs=rngs)
-        self.o_proj = Linear(h * dh, d, use_bias=False, dtype=dtype, rngs=rngs)
-        eps = config.rms_norm_eps
-        self.q_norm = RMSNorm(dh, eps=eps, dtype=dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(dh, eps=eps, dtype=dtype) if config.qk_norm else None
+        self.q_proj = Linear(d, h * dh, use_bias=bias, **dtypes, rngs=rngs)
+        self.k_proj = Linear(d, kv * dh, use_bias=bias, **dtypes, rngs=rngs)
+        self.v_proj = Linear(d, kv * dh, use_bias=bias, **dtypes, rngs=rngs)
+        self.o_proj = Linear(h * dh, d, use_bias=False, **dtypes, rngs=rngs)
+        eps, pdt = config.rms_norm_eps, param_dtype(config)
+        self.q_norm = RMSNorm(dh, eps=eps, param_dtype=pdt) if config.qk_norm else None
+        self.k_norm = RMSNorm(dh, eps=eps, param_dtype=pdt) if config.qk_norm else None
         self.config = config
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
@@ -187,11 +194,11 @@ class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        dtype = compute_dtype(config)
+        dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         d, f = config.hidden_size, config.mlp_hidden_size
-        self.gate_proj = Linear(d, f, use_bias=False, dtype=dtype, rngs=rngs)
-        self.up_proj = Linear(d, f, use_bias=False, dtype=dtype, rngs=rngs)
-        self.down_proj = Linear(f, d, use_bias=False, dtype=dtype, rngs=rngs)
+        self.gate_proj = Linear(d, f, use_bias=False, **dtypes, rngs=rngs)
+        self.up_proj = Linear(d, f, use_bias=False, **dtypes, rngs=rngs)
+        self.down_proj = Linear(f, d, use_bias=False, **dtypes, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if x.shape[1] != 1:
@@ -205,10 +212,10 @@ class Block(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        dtype = compute_dtype(config)
-        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        pdt = param_dtype(config)
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
         self.attn = Attention(config, rngs=rngs)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
         self.mlp = MLP(config, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
@@ -226,16 +233,17 @@ class Transformer(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        dtype = compute_dtype(config)
+        dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
         embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
         self.embed = nnx.Param(
-            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype)
+            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"])
         )
         self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
-        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
+                                  param_dtype=dtypes["param_dtype"])
         self.lm_head = None if config.tie_embeddings else Linear(
-            config.hidden_size, config.vocab_size, use_bias=False, dtype=dtype, rngs=rngs
+            config.hidden_size, config.vocab_size, use_bias=False, **dtypes, rngs=rngs
         )
 
     @property
@@ -265,7 +273,8 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
-        x = jnp.take(self.embed[...], tokens, axis=0)
+        # gather the rows first, then cast: never a compute-dtype copy of the whole table
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(compute_dtype(self.config))
         cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
         rope = rope_cos_sin(positions, inv_freq)
@@ -279,10 +288,11 @@ class Transformer(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""
+        dtype = compute_dtype(self.config)
         if self.lm_head is None:
-            w = self.embed[...]
-            return jnp.einsum("...d,vd->...v", hidden.astype(w.dtype), w,
+            w = self.embed[...].astype(dtype)
+            return jnp.einsum("...d,vd->...v", hidden.astype(dtype), w,
                               preferred_element_type=jnp.float32)
-        w = self.lm_head.kernel[...]
-        return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w,
+        w = self.lm_head.kernel[...].astype(dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w,
                           preferred_element_type=jnp.float32)

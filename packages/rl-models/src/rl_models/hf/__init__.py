@@ -21,16 +21,21 @@ from rl_models.transformer import Transformer
 
 
 def load_hf_config(
-    folder: str | Path, *, dtype: str = "float32", remat: bool = False
+    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False
 ) -> TransformerConfig:
-    """The TransformerConfig of `folder`'s config.json."""
+    """The TransformerConfig of `folder`'s config.json (compute `dtype`, storage `param_dtype`)."""
     path = Path(folder) / "config.json"
-    return transformer_config_from_hf(read_json(path), source=str(path), dtype=dtype, remat=remat)
+    return transformer_config_from_hf(
+        read_json(path), source=str(path), dtype=dtype, param_dtype=param_dtype, remat=remat
+    )
 
 
-def load_hf_model(folder: str | Path, *, dtype: str = "float32", remat: bool = False) -> Transformer:
-    """The model in `folder` (config.json + safetensors), params cast to `dtype`."""
-    return load_params(Path(folder), load_hf_config(folder, dtype=dtype, remat=remat))
+def load_hf_model(
+    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False
+) -> Transformer:
+    """The model in `folder` (config.json + safetensors), params stored in `param_dtype`."""
+    config = load_hf_config(folder, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    return load_params(Path(folder), config)
 
 
 def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:

@@ -69,7 +69,7 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
 
 def transformer_config_from_hf(
     hf: dict[str, Any], *, source: str = "config.json", dtype: str = "float32",
-    remat: bool = False,
+    param_dtype: str = "float32", remat: bool = False,
 ) -> TransformerConfig:
     """The TransformerConfig equivalent to a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
@@ -115,6 +115,7 @@ def transformer_config_from_hf(
         attention_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
         dtype=dtype,  # type: ignore[arg-type]
+        param_dtype=param_dtype,  # type: ignore[arg-type]
         remat=remat,
     )
 
@@ -157,7 +158,7 @@ def hf_config_from_transformer_config(
         "rope_theta": config.rope_theta,
         "rope_scaling": None,
         "tie_word_embeddings": config.tie_embeddings,
-        "torch_dtype": config.dtype,
+        "torch_dtype": config.param_dtype,
     }
     if model_type != "qwen2":
         hf["attention_bias"] = False

@@ -2,7 +2,7 @@
 and, when given a source folder, its tokenizer and generation files.
 
 `load_hf_model(export_hf(model, out))` gives back the same params bit for bit
-(in the model's dtype) and the same TransformerConfig.
+(in the model's parameter dtype) and the same TransformerConfig.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
         source = Path(source_dir)
         hf = read_json(source / "config.json")
         described = transformer_config_from_hf(
-            hf, source=str(source / "config.json"), dtype=config.dtype, remat=config.remat
+            hf, source=str(source / "config.json"), dtype=config.dtype,
+            param_dtype=config.param_dtype, remat=config.remat,
         )
         if described != config:
             diffs = [
@@ -55,7 +56,7 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
                 if getattr(described, f.name) != getattr(config, f.name)
             ]
             raise ValueError(f"{source / 'config.json'} does not describe this model: {diffs}")
-        hf = {k: v for k, v in hf.items() if k != "dtype"} | {"torch_dtype": config.dtype}
+        hf = {k: v for k, v in hf.items() if k != "dtype"} | {"torch_dtype": config.param_dtype}
         for name in COPIED_FILES:
             if (source / name).is_file():
                 shutil.copy(source / name, out / name)

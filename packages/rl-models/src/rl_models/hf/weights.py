@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from rl_models.config import TransformerConfig
 from rl_models.hf.config import read_json
-from rl_models.transformer import Transformer, compute_dtype
+from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -87,7 +87,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
 
 def load_params(folder: Path, config: TransformerConfig) -> Transformer:
     """A Transformer with `config` whose params are read from `folder`, cast to
-    `config.dtype`."""
+    `config.param_dtype`."""
     files = weight_files(folder)
     expected = parameter_map(config)
     unknown = sorted(
@@ -112,7 +112,7 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     slots = dict(nnx.to_flat_state(state))
-    dtype = compute_dtype(config)
+    dtype = param_dtype(config)
     values: dict[Path_, jnp.ndarray] = {}
     by_file: dict[Path, list[str]] = defaultdict(list)
     for key in expected:
@@ -143,7 +143,7 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
 
 def save_params(model: Transformer, path: Path) -> None:
     """Write `model`'s params to one safetensors file under Hugging Face names,
-    in the model's dtype."""
+    in the dtype they are stored in."""
     slots = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     tensors = {}
     for key, (ours, transposed) in parameter_map(model.config).items():
