@@ -5,8 +5,11 @@ its gradients are finite and non-zero on a hand-built batch; padding rows
 and extra left prompt padding never change the loss; equal rewards give
 zero advantages without NaN; a tiny transformer trains end to end on a toy
 task (finite loss, parameters change, the documented metrics are logged);
-and the second jitted step compiles nothing new. A new algorithm package is
-picked up here by its entry point alone.
+and the second jitted step compiles nothing new. The behaviour-policy
+contract: mini-batches after the first see the moved policy through the
+importance ratio (and clip), rows with recorded log-probs keep them, and the
+on-policy fast path (no behaviour forward) equals the recomputed path bit for
+bit. A new algorithm package is picked up here by its entry point alone.
 """
 
 import dataclasses
@@ -50,18 +53,18 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def build(name: str):
+def build(name: str, **training):
     algorithm = registry.get_algorithm(name)
     config = dataclasses.replace(algorithm.config(), group_size=G)
-    manager = rewards.RewardManager(
-        [rewards.numeric_answer_reward(), digit_fraction, *config.reward_functions(max_new_tokens=T)]
-    )
+    # The learner adds the algorithm's own reward functions (e.g. DAPO's overlong penalty).
+    # An untrained policy never answers right: groups are judged by the shaping reward.
+    manager = rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction], correctness="digit_fraction")
     learner = algorithm.learner(
         config,
         policy=rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)),
         tokenizer=TOK,
         train_data=PROMPTS,
-        training=TrainingConfig(prompts_per_step=2, num_steps=3, learning_rate=1e-3),
+        training=TrainingConfig(**{"prompts_per_step": 2, "num_steps": 3, "learning_rate": 1e-3, **training}),
         rollout=RolloutConfig(max_new_tokens=T, max_prompt_tokens=8),
         reward_manager=manager,
     )
@@ -256,11 +259,92 @@ def test_logs_the_documented_metrics(run):
         assert ("train/kl" in m) == bool(run.config.beta)
         for name in run.learner.reward_manager.names:
             assert f"rewards/{name}/mean" in m
-        # one pass per batch: the ratio is 1 in value; sampler and trainer agree on log-probs
-        assert m["train/ratio_min"] == pytest.approx(1.0, abs=1e-6)
-        assert m["train/ratio_max"] == pytest.approx(1.0, abs=1e-6)
-        assert m["drift/logp_abs_max"] < 1e-4
+        assert m["drift/logp_abs_max"] < 1e-4  # sampler and trainer agree on log-probs
+        if m.get("dapo/groups_carried_in", 0) == 0:
+            # one pass, one mini-batch, no carried rows: on-policy, the ratio is 1 in value
+            assert m["train/ratio_min"] == pytest.approx(1.0, abs=1e-6)
+            assert m["train/ratio_max"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_second_step_compiles_nothing_new(run):
     assert run.new_compiles == [0, 0]
+
+
+# -- the behaviour-policy contract ----------------------------------------------------------
+
+# Completion "12" scores 1 and "34" scores 0, alternating within each group of G.
+WINNER, LOSER = TOK.encode("12") + [TOK.eos_id] * (T - 2), TOK.encode("34") + [TOK.eos_id] * (T - 2)
+
+
+def identical_groups(learner, num_groups: int) -> TrainExample:
+    """`num_groups` copies of one group of the prompt '1+2=', with advantages and log-probs.
+
+    With one group per mini-batch, every mini-batch after the first trains on rows
+    that the earlier updates have already pushed (winners up, losers down).
+    """
+    rows = num_groups * G
+    groups = make_groups(
+        PROMPTS[:num_groups],
+        [1.0, 0.0] * (rows // 2),
+        group_size=G,
+        completion_tokens=np.asarray([WINNER, LOSER] * (rows // 2)),
+        lengths=[3] * rows,  # two characters and EOS
+        prompt_width=5,
+    )
+    prompt = np.asarray([[TOK.bos_id, *TOK.encode("1+2=")]] * rows, np.int32)
+    example = learner.to_example(groups, np.asarray(learner.compute_advantages(groups)))
+    return learner.add_logprobs(example._replace(prompt_tokens=prompt))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_mini_batches_after_the_first_see_the_moved_policy(name):
+    _, _, learner = build(name, prompts_per_step=4, mini_batch_size=G, learning_rate=0.01)
+    assert learner.num_mini_batches == 4 and learner.update_is_off_policy()
+    example = identical_groups(learner, 4)
+    assert example.old_logp is not None  # recorded before any update
+    stats = learner.update(example)
+    ratio_min = [s["minima"]["train/ratio_min"] for s in stats]
+    ratio_max = [s["maxima"]["train/ratio_max"] for s in stats]
+    clipped = [s["means"]["train/clip_frac_low"][0] + s["means"]["train/clip_frac_high"][0] for s in stats]
+    # mini-batch 1 runs on the policy that sampled it ...
+    assert ratio_min[0] == pytest.approx(1.0, abs=1e-5) and ratio_max[0] == pytest.approx(1.0, abs=1e-5)
+    assert clipped[0] == 0
+    # ... mini-batches 2..4 on a policy that already moved, so the ratio leaves 1 and clips
+    print(f"{name}: ratio ranges", [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(ratio_min, ratio_max)])
+    for lo, hi in zip(ratio_min[1:], ratio_max[1:], strict=True):
+        assert max(1 - lo, hi - 1) > 0.05, (ratio_min, ratio_max)
+    assert sum(clipped[1:]) > 0, (ratio_min, ratio_max)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
+    _, _, learner = build(name, learning_rate=0.05)
+    rows = 2 * G
+    collected = identical_groups(learner, 2)  # on-policy: nothing recorded yet ...
+    assert collected.old_logp is None
+    recorded = learner.behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
+    learner.update(collected)  # ... the policy moves, then the rows come back as if carried
+    carried = learner.add_logprobs(collected._replace(old_logp=recorded))
+    np.testing.assert_array_equal(np.asarray(carried.old_logp), recorded)
+    new, _ = learner.compute_logprobs(learner.params, carried)
+    mask = np.asarray(carried.completion_mask) > 0
+    ratio = np.exp(np.asarray(new) - recorded)[mask]
+    assert np.abs(ratio - 1).min() > 1e-3 and ratio.size == rows * 3
+    (stats,) = learner.update(carried)
+    assert stats["minima"]["train/ratio_min"] == pytest.approx(ratio.min(), rel=1e-5)
+    assert stats["maxima"]["train/ratio_max"] == pytest.approx(ratio.max(), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_on_policy_fast_path_equals_the_recomputed_path_bit_for_bit(name):
+    fast, slow = build(name)[2], build(name)[2]
+    assert not fast.update_is_off_policy()
+    example = identical_groups(fast, 2)
+    assert example.old_logp is None  # no behaviour forward on a provably on-policy step
+    recomputed = example._replace(
+        old_logp=slow.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+    )
+    (a,), (b,) = fast.update(example), slow.update(recomputed)
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
+    for x, y in zip(jax.tree.leaves((fast.params, fast.opt_state)), jax.tree.leaves((slow.params, slow.opt_state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -81,11 +81,16 @@ def test_config_overrides_and_off_switch():
     assert fn(["p"] * 2, ["a"] * 2, completion_lengths=[12, 16]) == [0.0, -0.5]
 
 
-def test_learner_scores_with_token_lengths_of_the_groups():
-    """Through DAPOLearner.score: `completion_lengths` comes from Groups.lengths (tokens)."""
+def never_correct(prompts, completions, **_):
+    return [0.0] * len(completions)
+
+
+def test_learner_adds_overlong_shaping_to_a_plain_manager_and_scores_token_lengths():
+    """A DAPOLearner built from the library applies the shaping itself; `completion_lengths`
+    comes from Groups.lengths (tokens), never from characters."""
     tok = rl_models.CharTokenizer()
     config = DAPOConfig(group_size=2)
-    manager = rewards.RewardManager(list(config.reward_functions(max_new_tokens=20)))
+    manager = rewards.RewardManager([never_correct])
     learner = DAPOLearner(
         config,
         policy=BagPolicy(tok.vocab_size, rngs=nnx.Rngs(0)),
@@ -104,5 +109,8 @@ def test_learner_scores_with_token_lengths_of_the_groups():
         texts=["", "", "", "x" * 50],  # characters would say otherwise
     )
     scored = learner.score(groups)
+    assert manager.names == ("never_correct",)  # the caller's manager is unchanged
+    assert learner.reward_manager.names == ("never_correct", "overlong_penalty")
     np.testing.assert_array_equal(scored.rewards, np.asarray([0.0, -0.5, -1.0, 0.0], np.float32))
-    assert scored.reward_metrics["rewards/overlong_penalty/mean"] == pytest.approx(-1.5 / 4)
+    np.testing.assert_array_equal(scored.reward_scores["overlong_penalty"], [0.0, -0.5, -1.0, 0.0])
+    np.testing.assert_array_equal(scored.reward_scores["never_correct"], [0.0] * 4)

@@ -2,7 +2,8 @@
 
 `ScriptedDAPO.rollout_groups` replays a script: one list of group kinds per
 generation round, I = informative (rewards [1, 0]), U = all ones, Z = all
-zeros. Every group gets a serial id written into its completion tokens and
+zeros, L = all wrong with the second completion overlong (length L_max, so
+DAPO's own overlong penalty gives it -1: totals [0, -1]). Every group gets a serial id written into its completion tokens and
 texts, so a batch shows exactly which groups were kept; the rewards come from
 the real scoring path (reward manager over the texts).
 """
@@ -27,10 +28,11 @@ from rl_core.testing import tree_max_abs_diff
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
 
-I, U, Z = "I", "U", "Z"  # noqa: E741 - the script reads as a table of kinds
-REWARDS = {I: (1.0, 0.0), U: (1.0, 1.0), Z: (0.0, 0.0)}
+I, U, Z, L = "I", "U", "Z", "L"  # noqa: E741 - the script reads as a table of kinds
+REWARDS = {I: (1.0, 0.0), U: (1.0, 1.0), Z: (0.0, 0.0), L: (0.0, 0.0)}
 G = 2
-T = 4
+T = 4  # L_max; the default L_cache is max(1, 4 // 5) = 1, so length 4 gets -1 and 3 gets 0
+LENGTHS = {I: (2, 3), U: (2, 3), Z: (2, 3), L: (2, 4)}
 FIRST_ID_TOKEN = 10  # group id k is written as token 10 + k
 # GRPO advantage of [1, 0]: mean 0.5, std(ddof=1) = sqrt(0.5); 0.5 / (sqrt(0.5) + 1e-6) = 0.7071058
 A = 0.5 / (math.sqrt(0.5) + 1e-6)
@@ -61,7 +63,7 @@ class ScriptedDAPO(DAPOLearner):
             [0.0] * (G * len(kinds)),  # filled in by score()
             group_size=G,
             completion_tokens=np.repeat(FIRST_ID_TOKEN + np.asarray(ids), G)[:, None] * np.ones((1, T), np.int64),
-            lengths=[2, 3] * len(kinds),
+            lengths=[n for kind in kinds for n in LENGTHS[kind]],
             texts=[f"{gid}:{r:g}" for gid, kind in zip(ids, kinds, strict=True) for r in REWARDS[kind]],
         )
 
@@ -140,6 +142,56 @@ def test_rounds_kept_groups_and_surplus_carried_to_the_next_step():
     }
     assert learner.extra_state() == {"carry": None}
     assert learner.script == [] and len(learner.rounds) == 3
+
+
+def test_reward_metrics_describe_the_groups_trained_on():
+    learner = make(script=[[I, U], [I, I]])
+    m = learner.train_step()
+    # kept groups 0 and 2 score [1, 0] each: mean 0.5 (all four sampled groups would give 0.625)
+    assert m["rewards/scripted_reward/mean"] == m["rewards/total/mean"] == 0.5
+    assert m["rewards/overlong_penalty/mean"] == 0.0
+
+
+def test_filter_judges_groups_by_correctness_not_by_shaped_totals():
+    # L is all wrong; its overlong completion makes the totals [0, -1], which differ.
+    learner = make(script=[[L, I], [I, U]])
+    m = learner.train_step()
+    assert group_ids(learner.batches[-1]) == [1, 2]  # L (group 0) dropped, like U (group 3)
+    assert m["dapo/groups_sampled"] == 4.0 and m["groups/uniform_frac"] == 0.5
+
+    by_total = make(script=[[L, I]], filter_reward="total")
+    m = by_total.train_step()
+    assert group_ids(by_total.batches[-1]) == [0, 1]  # kept, and trained on length alone
+    np.testing.assert_allclose(by_total.batches[-1].example.advantages[:2], [A, -A], atol=1e-6)
+
+
+def test_unknown_filter_reward_is_rejected():
+    with pytest.raises(ValueError, match=r"filter_reward = 'acc'.*\['total', 'scripted_reward', 'overlong_penalty'\]"):
+        make(script=[], filter_reward="acc")
+
+
+def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_them():
+    learner = make(script=[[I, U], [I, I], [U, I]])
+    learner.train_step()  # group 3 carried over, sampled by the step-1 policy
+    carry = json.loads(json.dumps(learner.extra_state()))["carry"]
+    recorded = np.asarray(carry["old_logp"], np.float32)
+    assert recorded.shape == (G, T) and np.isfinite(recorded).all()
+
+    resumed = make(script=[[U, I]], first_id=4)
+    resumed.params = learner.params  # the parameters after step 1's update ...
+    resumed.load_extra_state({"carry": carry})  # ... and the carry as a checkpoint holds it
+    example = resumed.produce_examples(resumed.data.next(2)).example
+    assert group_ids(resumed.batches[-1]) == [3, 5]
+    np.testing.assert_array_equal(np.asarray(example.old_logp)[:G], recorded)  # kept, not recomputed
+    new, _ = resumed.compute_logprobs(resumed.params, example)
+    mask = np.asarray(example.completion_mask) > 0
+    ratio = np.exp(np.asarray(new) - np.asarray(example.old_logp))
+    # the policy moved since the carried rows were sampled; fresh rows are on-policy
+    assert np.abs(ratio[:G][mask[:G]] - 1).min() > 1e-4  # rounding alone gives ~1e-7
+    np.testing.assert_allclose(ratio[G:][mask[G:]], 1.0, atol=1e-5)
+    (stats,) = resumed.update(example)
+    assert stats["minima"]["train/ratio_min"] == pytest.approx(ratio[mask].min(), rel=1e-5)
+    assert stats["maxima"]["train/ratio_max"] == pytest.approx(ratio[mask].max(), rel=1e-5)
 
 
 def test_carry_over_survives_a_json_checkpoint():

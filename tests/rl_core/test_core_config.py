@@ -24,7 +24,6 @@ RULES = [
     (TrainingConfig, {}, "warmup_steps", -1, "must be >= 0"),
     (TrainingConfig, {}, "weight_decay", -0.1, "must be >= 0"),
     (TrainingConfig, {"optimizer": "sgd"}, "weight_decay", 0.1, "needs optimizer='adamw'"),
-    (TrainingConfig, {}, "optimizer_state_dtype", "bfloat16", "must be 'float32' or 'param'"),
     (TrainingConfig, {}, "max_grad_norm", 0.0, "must be > 0 or None"),
     (TrainingConfig, {}, "prompts_per_step", 0, "must be >= 1"),
     (TrainingConfig, {}, "mini_batch_size", 0, "must be >= 1"),

@@ -160,6 +160,42 @@ def test_nan_loss_with_on_nonfinite_stop_raises_a_clear_error():
     assert max_diff(leaves(learner.params), params) == 0.0
 
 
+def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_schedule():
+    # AdamW with weight decay and momentum from a real first update: a zero gradient would
+    # still move every parameter (momentum, decay) and advance the schedule's count.
+    training = TrainingConfig(
+        prompts_per_step=2, mini_batch_size=2, learning_rate=1e-2, weight_decay=0.1, lr_schedule="linear"
+    )
+    learner = fixed_learner(training, ToyConfig(group_size=2))
+    batch = hand_made_batch()
+    # mini-batch 1: rows 0-1 (real tokens); mini-batch 2: rows 2-3 with every token masked
+    empty_tail = batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0))
+    first, second = learner.update(empty_tail)
+    assert not first["empty"] and first["finite"]
+    assert second["empty"] and second["loss"] == 0.0
+    after_first = leaves((learner.params, learner.opt_state))
+    learner.update(batch._replace(completion_mask=jnp.zeros_like(batch.completion_mask)))  # both empty
+    assert max_diff(leaves((learner.params, learner.opt_state)), after_first) == 0.0
+    # the optimizer (and the schedule) counted one update, the first
+    counts = [x for x in jax.tree.leaves(learner.opt_state) if np.asarray(x).dtype == np.int32]
+    assert counts and all(int(c) == 1 for c in counts)
+
+
+def test_empty_updates_are_counted_in_the_metrics():
+    class EmptyTail(FixedBatchLearner):
+        def produce_examples(self, prompts):
+            batch = hand_made_batch()
+            return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {})
+
+    learner = EmptyTail(
+        ToyConfig(group_size=2), policy=toy_run.policy(), tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA,
+        training=TrainingConfig(prompts_per_step=2, mini_batch_size=2), rollout=ROLLOUT,
+    )  # fmt: skip
+    metrics = learner.train_step()
+    assert metrics["train/updates"] == 2.0 and metrics["train/empty_updates"] == 1.0
+    assert metrics["train/skipped_updates"] == 0.0 and learner.empty_updates == 1
+
+
 # -- compile count -----------------------------------------------------------------------------
 
 

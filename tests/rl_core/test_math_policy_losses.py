@@ -20,7 +20,7 @@ def _run(variant, ratios, adv, **kw):
     """One token per completion: logp = log(rho), old_logp = 0, so exp(logp - old_logp) = rho."""
     logp = jnp.log(jnp.asarray(ratios, jnp.float32))[:, None]
     fn = variant(functools.partial(clipped_surrogate, **kw))
-    loss, aux = fn(logp, jnp.zeros_like(logp), jnp.asarray(adv, jnp.float32))
+    loss, aux = fn(logp, jnp.zeros_like(logp), jnp.asarray(adv, jnp.float32), jnp.ones_like(logp))
     return np.asarray(loss[:, 0]), jax.tree.map(lambda a: np.asarray(a[:, 0]), aux)
 
 
@@ -86,7 +86,7 @@ def test_gradient_zero_where_clipped(kw):
     old = jnp.zeros((6, 1))
 
     def total(logp):
-        return clipped_surrogate(logp, old, a, **kw)[0].sum()
+        return clipped_surrogate(logp, old, a, jnp.ones_like(old), **kw)[0].sum()
 
     for variant in (lambda f: f, jax.jit):
         grad = variant(jax.grad(total))(jnp.log(rho)[:, None])
@@ -99,9 +99,9 @@ def test_ratio_from_stop_gradient_old_logp():
     adv = jnp.array([0.5, -2.0])
 
     def total(lp):
-        return clipped_surrogate(lp, jax.lax.stop_gradient(lp), adv, **SYM)[0].sum()
+        return clipped_surrogate(lp, jax.lax.stop_gradient(lp), adv, jnp.ones_like(lp), **SYM)[0].sum()
 
-    loss, _ = clipped_surrogate(logp, logp, adv, **SYM)
+    loss, _ = clipped_surrogate(logp, logp, adv, jnp.ones_like(logp), **SYM)
     np.testing.assert_allclose(loss, [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
     np.testing.assert_allclose(jax.grad(total)(logp), [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
 
@@ -111,7 +111,7 @@ def test_vmap_and_shapes():
     logp = jnp.full((2, 2, 3), math.log(1.5))
     adv = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     fn = jax.vmap(functools.partial(clipped_surrogate, **SYM))
-    loss, aux = fn(logp, jnp.zeros_like(logp), adv)
+    loss, aux = fn(logp, jnp.zeros_like(logp), adv, jnp.ones_like(logp))
     assert isinstance(aux, PolicyLossAux)
     assert loss.shape == aux.clipped_high.shape == (2, 2, 3)
     np.testing.assert_allclose(loss[0, 0], [-1.2] * 3, atol=1e-5)
@@ -123,13 +123,53 @@ def test_vmap_and_shapes():
 def test_bad_arguments_raise():
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError, match="dual_clip must be > 1.*0.5"):
-        clipped_surrogate(x, x, jnp.zeros(2), dual_clip=0.5, **SYM)
+        clipped_surrogate(x, x, jnp.zeros(2), x, dual_clip=0.5, **SYM)
     with pytest.raises(ValueError, match="eps_low"):
-        clipped_surrogate(x, x, jnp.zeros(2), eps_low=1.0, eps_high=0.2)
+        clipped_surrogate(x, x, jnp.zeros(2), x, eps_low=1.0, eps_high=0.2)
     with pytest.raises(ValueError, match="adv must be"):
-        clipped_surrogate(x, x, jnp.zeros(3), **SYM)
+        clipped_surrogate(x, x, jnp.zeros(3), x, **SYM)
     with pytest.raises(ValueError, match="same shape"):
-        clipped_surrogate(x, jnp.zeros((2, 4)), jnp.zeros(2), **SYM)
+        clipped_surrogate(x, jnp.zeros((2, 4)), jnp.zeros(2), x, **SYM)
+    with pytest.raises(ValueError, match="mask"):
+        clipped_surrogate(x, x, jnp.zeros(2), jnp.zeros((2, 4)), **SYM)
+
+
+@pytest.mark.parametrize("garbage", [1e30, -1e30, jnp.inf, -jnp.inf, jnp.nan])
+def test_garbage_at_padded_positions_leaves_loss_and_gradient_as_in_the_clean_case(garbage):
+    # Row 0 has 2 real tokens, row 1 has 1; the padded positions of old_logp (and of logp,
+    # through the forward pass) hold garbage. exp(logp - old) there would be inf or NaN,
+    # and 0 * inf in the backward pass NaN: the log-ratio is zeroed before the exponent.
+    from rl_core.aggregation import token_mean
+
+    mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    logp = jnp.log(jnp.array([[0.5, 0.25, 0.5], [0.225, 0.5, 0.5]]))
+    old_clean = jnp.log(jnp.array([[0.4, 0.25, 0.5], [0.25, 0.5, 0.5]]))
+    old_dirty = jnp.where(mask > 0, old_clean, garbage)
+    adv = jnp.array([1.0, -1.0])
+
+    def total(lp, old):
+        lp = jnp.where(mask > 0, lp, lp + garbage)  # garbage in the current log-probs too
+        loss, _ = clipped_surrogate(lp, old, adv, mask, **SYM)
+        t, d = token_mean(loss, mask, max_len=3)
+        return t / d
+
+    clean_value, clean_grad = jax.value_and_grad(total)(logp, old_clean)
+    value, grad = jax.value_and_grad(total)(logp, old_dirty)
+    # ratios 1.25 (A=+1, clipped at 1.2), 1.0 and 0.9 (A=-1, inside): -(1.2 + 1.0 - 0.9) / 3
+    np.testing.assert_allclose(clean_value, -(1.2 + 1.0 - 0.9) / 3, atol=1e-6)
+    assert np.isfinite(np.asarray(grad)).all()
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(clean_value))
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(clean_grad))
+    # d/dlogp: 0 (clipped), -1 * 1.0 / 3, +1 * 0.9 / 3; padded positions exactly 0
+    np.testing.assert_allclose(grad, [[0.0, -1 / 3, 0.0], [0.9 / 3, 0.0, 0.0]], atol=1e-6)
+
+
+def test_log_ratio_is_bounded():
+    from rl_core.policy_losses import LOG_RATIO_BOUND, log_ratio
+
+    mask = jnp.ones((1, 3))
+    d = log_ratio(jnp.array([[0.0, -100.0, 3.0]]), jnp.array([[-100.0, 0.0, 1.0]]), mask)
+    np.testing.assert_allclose(d, [[LOG_RATIO_BOUND, -LOG_RATIO_BOUND, 2.0]])
 
 
 def test_registry_finds_both_names():

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
-from rewards import RewardManager, RewardSpec
+from rewards import RewardManager
 from rl_core import registry
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
@@ -103,10 +103,10 @@ def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:
     return {"steps": settings.warm_start_steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
 
 
-def reward_manager(task: Task, settings: RunSettings) -> RewardManager:
-    """The task's rewards plus those the algorithm adds (e.g. DAPO's overlong penalty)."""
-    extra = settings.algorithm_config().reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
-    return RewardManager([*task.rewards, *(RewardSpec(fn) for fn in extra)])
+def reward_manager(task: Task) -> RewardManager:
+    """The task's rewards, with its correctness function named; the learner adds the
+    algorithm's own (e.g. DAPO's overlong penalty)."""
+    return RewardManager(task.rewards, correctness=task.correct)
 
 
 def heldout(task: Task, settings: RunSettings) -> tuple:
@@ -146,7 +146,7 @@ def learner(
         train_data=task.train,
         training=training,
         rollout=settings.rollout,
-        reward_manager=reward_manager(task, settings),
+        reward_manager=reward_manager(task),
         eval_fn=eval_fn(task, settings),
         progress=progress,
     )

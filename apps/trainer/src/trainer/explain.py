@@ -143,7 +143,8 @@ def explain_algorithm(name: str, group: Group) -> Explanation | str:
     adv = estimator(jnp.asarray(group.rewards, jnp.float32), g)
     logp = jnp.log(jnp.asarray(group.ratios, jnp.float32))[:, None]  # [G, 1]: one token stands for all
     loss, aux = policy_loss(
-        logp, jnp.zeros_like(logp), adv, eps_low=config.epsilon_low, eps_high=config.epsilon_high, dual_clip=dual_clip
+        logp, jnp.zeros_like(logp), adv, jnp.ones_like(logp),
+        eps_low=config.epsilon_low, eps_high=config.epsilon_high, dual_clip=dual_clip,
     )
     clip = []
     for low, high, dual in zip(aux.clipped_low[:, 0], aux.clipped_high[:, 0], aux.dual_clipped[:, 0], strict=True):

@@ -44,7 +44,11 @@ class DAPOConfig(GRPOConfig):
     beta: float = 0.0
     loss_agg_mode: str = "token-mean"
     dynamic_sampling: bool = True
-    """Drop groups whose rewards are all equal and sample new prompts until B informative groups exist."""
+    """Drop uninformative groups (see `filter_reward`) and sample new prompts until B informative groups exist."""
+    filter_reward: str | None = None
+    """What dynamic sampling judges a group by: a reward function's name, "total" (the weighted
+    sum, shaping terms included), or None = the reward manager's correctness function. A group is
+    kept when its scores differ; for a 0/1 correctness reward that is the paper's 0 < #correct < G."""
     max_gen_batches: int = 4
     """Cap on generation rounds per step (each round samples B prompts)."""
     on_max_gen_batches: str = "partial"
@@ -55,6 +59,7 @@ class DAPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.max_gen_batches >= 1, self, "max_gen_batches", "must be >= 1")
+        check(self.filter_reward is None or bool(self.filter_reward), self, "filter_reward", "must be a name or None")
         check(
             self.on_max_gen_batches in ON_MAX_GEN_BATCHES,
             self,

@@ -10,7 +10,7 @@ import numpy as np
 
 from algo_dapo.config import DAPOConfig
 from algo_grpo import GRPOLearner, Groups
-from algo_grpo.groups import concat
+from algo_grpo.groups import TOTAL, concat
 from rl_core.data import Prompt
 
 
@@ -21,15 +21,24 @@ class DynamicSamplingError(RuntimeError):
 class DAPOLearner(GRPOLearner):
     """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv:2503.14476).
 
-    Overrides only group collection: generate, drop groups whose rewards
-    are all equal, keep generating from new prompts until B informative
-    groups exist, and carry the surplus over to the next step.
+    Overrides only group collection: generate, drop groups whose correctness
+    scores are all equal (all right or all wrong; `filter_reward` chooses the
+    scores), keep generating from new prompts until B informative groups
+    exist, and carry the surplus over to the next step. Carried rows keep the
+    behaviour log-probs recorded when they were sampled, so the next step
+    weighs them by the importance ratio to the policy that generated them.
     """
 
     config: DAPOConfig
 
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        self.filter_by = config.filter_reward or self.reward_manager.correctness
+        if self.filter_by != TOTAL and self.filter_by not in self.reward_manager.names:
+            raise ValueError(
+                f"DAPOConfig.filter_reward = {config.filter_reward!r}: no reward function of that name; "
+                f"choose one of {[TOTAL, *self.reward_manager.names]}"
+            )
         self._carry: Groups | None = None
         self._sampling_stats: dict[str, float] = {}
 
@@ -54,9 +63,13 @@ class DAPOLearner(GRPOLearner):
             batch = prompts if rounds == 0 else self.data.next(want)
             last = super().collect_groups(batch)
             rounds += 1
-            is_uniform = last.uniform()
+            is_uniform = last.uniform(self.filter_by)
             sampled += last.num_groups
             uniform += int(is_uniform.sum())
+            if kept + int((~is_uniform).sum()) > want:
+                # a surplus is carried to the next step: record the log-probs of the policy that
+                # sampled it now, for the whole round (one fixed shape, no new compilation)
+                last = self.record_behaviour_logprobs(last)
             informative = last.select(np.flatnonzero(~is_uniform))
             parts.append(informative)
             kept += informative.num_groups

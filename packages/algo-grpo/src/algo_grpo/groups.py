@@ -1,8 +1,11 @@
 """Scored groups of completions on the host, before they become a TrainExample.
 
 A `Groups` holds whole groups (G consecutive rows per prompt), so DAPO can
-drop uniform groups, collect over several generation rounds and carry the
-surplus to the next step with `select` and `concat`.
+drop uninformative groups, collect over several generation rounds and carry
+the surplus to the next step with `select` and `concat`. Each row keeps what
+later steps need to weigh it correctly: every reward function's own score
+(the filter and the metrics look at them) and, once recorded, the log-probs
+of the policy that sampled it (`old_logp`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from typing import Any
 import numpy as np
 
 from rl_core.data import Prompt
+
+TOTAL = "total"
+"""The name under which `Groups.scores` gives the weighted total reward."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,16 +37,38 @@ class Groups:
     truncated: np.ndarray  # [N] bool
     texts: tuple[str, ...]  # [N] decoded completions
     rewards: np.ndarray  # [N] float32, weighted total
-    reward_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    reward_scores: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Each reward function's unweighted scores [N] float32, by name."""
+    old_logp: np.ndarray | None = None
+    """[N, T] float32 log-probs of the sampling policy from the trainer's forward pass, recorded
+    at collection time; None = recorded for no row, a NaN row = not recorded for that row."""
 
     @property
     def num_groups(self) -> int:
         return len(self.prompts)
 
-    def uniform(self) -> np.ndarray:
-        """bool [num_groups]: all rewards of the group equal (max == min)."""
-        r = self.rewards.reshape(-1, self.group_size)
+    def scores(self, name: str) -> np.ndarray:
+        """[N] scores of the reward function `name`, or the weighted total for "total"."""
+        if name == TOTAL:
+            return self.rewards
+        if name not in self.reward_scores:
+            known = ", ".join([TOTAL, *self.reward_scores])
+            raise KeyError(f"no reward function named {name!r} scored these groups; known: {known}")
+        return self.reward_scores[name]
+
+    def uniform(self, by: str = TOTAL) -> np.ndarray:
+        """bool [num_groups]: every completion of the group has the same score under `by`.
+
+        For a 0/1 correctness reward, "not uniform" is DAPO's 0 < #correct < G.
+        """
+        r = self.scores(by).reshape(-1, self.group_size)
         return r.max(axis=1) == r.min(axis=1)
+
+    def missing_old_logp(self) -> np.ndarray:
+        """bool [N]: rows whose behaviour log-probs are not recorded yet."""
+        if self.old_logp is None:
+            return np.ones(len(self.rewards), bool)
+        return np.isnan(self.old_logp).any(axis=1)
 
     def select(self, groups: np.ndarray | Sequence[int]) -> Groups:
         """The groups at indices `groups`, in that order."""
@@ -50,6 +78,8 @@ class Groups:
             self,
             prompts=tuple(self.prompts[i] for i in groups),
             texts=tuple(self.texts[i] for i in rows),
+            reward_scores={k: v[rows] for k, v in self.reward_scores.items()},
+            old_logp=None if self.old_logp is None else self.old_logp[rows],
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
 
@@ -59,17 +89,20 @@ class Groups:
         out["group_size"] = self.group_size
         out["prompts"] = [{"text": p.text, "fields": dict(p.fields)} for p in self.prompts]
         out["texts"] = list(self.texts)
-        out["reward_metrics"] = dict(self.reward_metrics)
+        out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
+        out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Groups:
         arrays = {name: np.asarray(data[name], dtype=_DTYPES[name]) for name in _ROW_ARRAYS}
+        old = data["old_logp"]
         return cls(
             group_size=int(data["group_size"]),
             prompts=tuple(Prompt(p["text"], p["fields"]) for p in data["prompts"]),
             texts=tuple(data["texts"]),
-            reward_metrics=dict(data["reward_metrics"]),
+            reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
+            old_logp=None if old is None else np.asarray(old, np.float32),
             **arrays,
         )
 
@@ -88,32 +121,35 @@ _ROW_ARRAYS = tuple(_DTYPES)
 
 
 def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
-    """Groups of several rounds in order; prompts re-padded on the left to a common width."""
+    """Groups of several rounds in order; prompts re-padded on the left to a common width.
+
+    Rows of a part without recorded behaviour log-probs get NaN rows when another part has them.
+    """
     if len(parts) == 1:
         return parts[0]
     width = max(p.prompt_tokens.shape[1] for p in parts)
+    names = list(parts[0].reward_scores)
+    if any(list(p.reward_scores) != names for p in parts):
+        raise ValueError(f"cannot concatenate groups scored by different reward functions: "
+                         f"{[list(p.reward_scores) for p in parts]}")
 
     def widen(x: np.ndarray, fill: float) -> np.ndarray:
         return np.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=fill)
 
     arrays = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ROW_ARRAYS if "prompt" not in name}
+    old_logp = None
+    if any(p.old_logp is not None for p in parts):
+        old_logp = np.concatenate(
+            [p.old_logp if p.old_logp is not None else np.full(p.completion_mask.shape, np.nan, np.float32)
+             for p in parts]
+        )
     return Groups(
         group_size=parts[0].group_size,
         prompts=tuple(q for p in parts for q in p.prompts),
         prompt_tokens=np.concatenate([widen(p.prompt_tokens, pad_id) for p in parts]),
         prompt_mask=np.concatenate([widen(p.prompt_mask, 0.0) for p in parts]),
         texts=tuple(t for p in parts for t in p.texts),
-        reward_metrics=_weighted_metrics(parts),
+        reward_scores={k: np.concatenate([p.reward_scores[k] for p in parts]) for k in names},
+        old_logp=old_logp,
         **arrays,
     )
-
-
-def _weighted_metrics(parts: Sequence[Groups]) -> dict[str, float]:
-    """Per-function reward metrics averaged over rounds, weighted by completions."""
-    total = sum(len(p.rewards) for p in parts)
-    keys = {k for p in parts for k in p.reward_metrics}
-    return {
-        k: sum(p.reward_metrics.get(k, 0.0) * len(p.rewards) for p in parts) / total
-        for k in keys
-        if not k.endswith("/std")
-    }

@@ -4,7 +4,18 @@ produce_examples(prompts)
   = collect_groups(prompts)      rollout + score (DAPO overrides only this)
   -> compute_advantages(groups)  the configured estimator
   -> to_example(groups, adv)     arrays for the update, with the masks
-  -> add_logprobs(example)       old-policy (num_iterations > 1), reference (beta != 0)
+  -> add_logprobs(example)       behaviour log-probs (when the update can be off-policy),
+                                 reference log-probs (beta != 0)
+
+Behaviour log-probs follow rl_core.learner's contract: recorded by the
+learner's own forward pass at collection time whenever the update can be
+off-policy (several iterations or mini-batches, or rows carried from an
+earlier step, which keep the log-probs recorded when they were collected);
+skipped only on a provably on-policy step, where stop_gradient(logp) is equal.
+
+The algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's
+overlong shaping) are added to the reward manager here, so a learner built
+directly from the library applies them too.
 """
 
 from __future__ import annotations
@@ -15,12 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from algo_grpo.config import GRPOConfig
-from algo_grpo.groups import Groups
+from algo_grpo.groups import TOTAL, Groups
 from algo_grpo.loss import grpo_loss
 from rl_core import registry
 from rl_core.data import Prompt
@@ -41,13 +51,18 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         super().__init__(config, **kwargs)
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
+        extra = config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
+        self.reward_manager = self.reward_manager.with_functions(extra)
         self._policy_loss = registry.get("policy_loss", config.policy_loss)
         self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
         # jitted: one dispatch instead of a dozen eager ops per step
         self._advantages = jax.jit(registry.get("advantage_estimator", config.advantage_estimator), static_argnums=1)
         self._kl = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
-        # The reference policy is the initial one; kept only when the KL term is on.
-        self.ref_params = jax.tree.map(jnp.copy, self.params) if config.beta else None
+        # The reference policy is the initial one, kept only when the KL term is on: the
+        # caller's module itself (its storage dtype), never donated, so no copy is made.
+        initial = nnx.to_pure_dict(nnx.state(kwargs["policy"], nnx.Param))
+        self.ref_params = self._replicate(initial) if config.beta else None
+        self._reward_failed = 0
         # Pipeline steps add their time here; also valid when a step is called on its own.
         self._timings: dict[str, float] = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
@@ -68,6 +83,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
         self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
+        self._reward_failed = 0
         groups = self.collect_groups(prompts)
         adv = self.compute_advantages(groups)
         example = self.to_example(groups, adv)
@@ -140,7 +156,25 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         fields["completion_lengths"] = [int(n) for n in groups.lengths]
         result = self.reward_manager.score([p.text for p in prompts], list(groups.texts), fields)
         self._timings["time/reward"] += time.perf_counter() - start
-        return dataclasses.replace(groups, rewards=np.asarray(result.total, np.float32), reward_metrics=result.metrics())
+        self._reward_failed += result.num_failed
+        return dataclasses.replace(
+            groups,
+            rewards=np.asarray(result.total, np.float32),
+            reward_scores={k: np.asarray(v, np.float32) for k, v in result.per_function.items()},
+        )
+
+    def record_behaviour_logprobs(self, groups: Groups) -> Groups:
+        """`groups` with the current policy's log-probs filled in for rows that lack them.
+
+        Call at collection time, before any update: these are the log-probs of the
+        policy that sampled the rows.
+        """
+        if not groups.missing_old_logp().any():
+            return groups
+        old = self.behaviour_logprobs(
+            groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp
+        )
+        return dataclasses.replace(groups, old_logp=old)
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
         return np.asarray(self._advantages(groups.rewards, self.group_size))
@@ -157,12 +191,22 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             completion_mask=np.asarray(mask, np.float32),
             advantages=np.asarray(advantages, np.float32),
             sampler_logp=groups.sampler_logp,
+            old_logp=groups.old_logp,
         )
 
     def add_logprobs(self, example: TrainExample) -> TrainExample:
-        """Old-policy log-probs only for several passes; reference only when beta != 0."""
-        if self.num_iterations > 1:
-            example = example._replace(old_logp=self.compute_logprobs(self.params, example)[0])
+        """Behaviour log-probs when the update can be off-policy or some rows already carry
+        theirs (carried rows); reference log-probs only when beta != 0.
+
+        Runs before any update of the step, so the current policy is the one that sampled
+        the rows without recorded log-probs.
+        """
+        recorded = example.old_logp
+        if self.update_is_off_policy() if recorded is None else np.isnan(recorded).any():
+            old = self.behaviour_logprobs(
+                example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded
+            )
+            example = example._replace(old_logp=old)
         if self.config.beta:
             example = example._replace(ref_logp=self.reference_logprobs(example))
         return example
@@ -173,13 +217,18 @@ class GRPOLearner(RLLearner[GRPOConfig]):
     # -- reporting ------------------------------------------------------------------------
 
     def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        """Metrics of the groups trained on (every reward function's over the same rows)."""
         lengths = groups.lengths.astype(np.float64)
-        metrics = dict(groups.reward_metrics)
+        metrics = {}
+        for name, scores in groups.reward_scores.items():
+            metrics[f"rewards/{name}/mean"] = float(scores.mean())
+            metrics[f"rewards/{name}/frac_positive"] = float((scores > 0).mean())
         metrics.update(
             {
                 "rewards/total/mean": float(groups.rewards.mean()),
                 "rewards/total/std": float(groups.rewards.std()),
-                "groups/uniform_frac": float(groups.uniform().mean()),
+                "rewards/failed": float(self._reward_failed),
+                "groups/uniform_frac": float(groups.uniform(TOTAL).mean()),
                 "advantages/mean": float(advantages.mean()),
                 "advantages/std": float(advantages.std()),
                 "completions/length_mean": float(lengths.mean()),

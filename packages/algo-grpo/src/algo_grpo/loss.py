@@ -32,9 +32,11 @@ def grpo_loss(
 ) -> LossOutput:
     """Clipped surrogate plus beta * KL, aggregated into (sum, denominator)."""
     mask = example.completion_mask
-    # With one pass per batch the old policy is the current one: rho == 1 in value.
+    # No behaviour log-probs only on a provably on-policy step: rho == 1 exactly in value.
     old_logp = example.old_logp if example.old_logp is not None else jax.lax.stop_gradient(logp)
-    pg, aux = policy_loss(logp, old_logp, example.advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+    pg, aux = policy_loss(
+        logp, old_logp, example.advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
+    )
     per_token = pg
     means = {
         "train/policy_loss": aggregate(pg, mask, max_len=max_len),
@@ -48,7 +50,8 @@ def grpo_loss(
         per_token = per_token + beta * kl
         means["train/kl"] = masked_sum(kl, mask)
     if example.sampler_logp is not None:
-        drift = jnp.abs(jax.lax.stop_gradient(logp) - example.sampler_logp) * mask
+        # sampler vs trainer on the same behaviour policy (not the policy's movement since)
+        drift = jnp.abs(jax.lax.stop_gradient(old_logp) - example.sampler_logp) * mask
         means["drift/logp_abs_mean"] = (jnp.sum(drift), jnp.sum(mask))
     total, denom = aggregate(per_token, mask, max_len=max_len)
     real = mask > 0

@@ -107,6 +107,8 @@ class RewardManager:
     names must be unique. ``on_error``: one of ``ON_ERROR_CHOICES``.
     ``max_workers``: above 1, the functions run concurrently in a thread pool
     (one task per function); results are identical to running them in turn.
+    ``correctness``: the name of the function whose score says whether an answer
+    is right (what accuracy and DAPO's group filter look at); default: the first.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class RewardManager:
         *,
         on_error: str = "raise",
         max_workers: int | None = None,
+        correctness: str | None = None,
     ) -> None:
         self.specs: tuple[RewardSpec, ...] = tuple(s if isinstance(s, RewardSpec) else RewardSpec(s) for s in specs)
         if not self.specs:
@@ -134,14 +137,28 @@ class RewardManager:
             raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
         self.on_error = on_error
         self.max_workers = max_workers
+        if correctness is not None and correctness not in seen:
+            raise ValueError(f"correctness={correctness!r} names no reward function; known: {list(seen)}")
+        self.correctness: str = correctness if correctness is not None else self.specs[0].name
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(spec.name for spec in self.specs)
 
+    def with_functions(self, specs: Sequence[RewardSpec | Callable[..., Sequence[float]]]) -> RewardManager:
+        """A new manager with `specs` added after this one's (same settings; this one is unchanged)."""
+        if not specs:
+            return self
+        return RewardManager(
+            [*self.specs, *specs], on_error=self.on_error, max_workers=self.max_workers, correctness=self.correctness
+        )
+
     def __repr__(self) -> str:
         weights = ", ".join(f"{spec.name}={spec.weight:g}" for spec in self.specs)
-        return f"RewardManager({weights}; on_error={self.on_error!r}, max_workers={self.max_workers})"
+        return (
+            f"RewardManager({weights}; correctness={self.correctness!r}, on_error={self.on_error!r}, "
+            f"max_workers={self.max_workers})"
+        )
 
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], fields: Mapping[str, Sequence[object]] | None = None

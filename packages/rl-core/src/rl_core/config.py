@@ -176,9 +176,6 @@ class TrainingConfig(Config):
     """Optimizer steps of linear warm-up from 0 to learning_rate."""
     weight_decay: float = 0.0
     """Decoupled weight decay (adamw only)."""
-    optimizer_state_dtype: str = "float32"
-    """"float32": optimizer state and update arithmetic in float32 even for bfloat16
-    parameters; "param": in each parameter's own dtype (half the optimizer memory)."""
     max_grad_norm: float | None = 1.0
     """Clip gradients to this global norm; None disables."""
     prompts_per_step: int = 8
@@ -213,12 +210,6 @@ class TrainingConfig(Config):
         check(self.warmup_steps >= 0, self, "warmup_steps", "must be >= 0")
         check(self.weight_decay >= 0, self, "weight_decay", "must be >= 0")
         check(self.weight_decay == 0 or self.optimizer == "adamw", self, "weight_decay", "needs optimizer='adamw'")
-        check(
-            self.optimizer_state_dtype in ("float32", "param"),
-            self,
-            "optimizer_state_dtype",
-            "must be 'float32' or 'param'",
-        )
         check(self.max_grad_norm is None or self.max_grad_norm > 0, self, "max_grad_norm", "must be > 0 or None")
         check(self.prompts_per_step >= 1, self, "prompts_per_step", "must be >= 1")
         check(self.mini_batch_size is None or self.mini_batch_size >= 1, self, "mini_batch_size", "must be >= 1")

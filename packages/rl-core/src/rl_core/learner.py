@@ -3,8 +3,26 @@
 It owns data iteration, repeating a batch `num_iterations` times, mini-batches
 (one optimizer step each) and micro-batches (exact gradient accumulation of
 (sum, denominator) pairs), the jitted update with donated buffers and a guard
-against non-finite updates, metrics, evaluation on a schedule and Orbax
-checkpoints with exact resume. An algorithm fills the abstract hooks.
+against non-finite and empty updates, metrics, evaluation on a schedule and
+Orbax checkpoints with exact resume. An algorithm fills the abstract hooks.
+
+Precision. The learner trains float32 master weights with float32 optimizer
+state and float32 gradients, whatever dtype the policy stores its parameters
+in; the policy's compute dtype (e.g. bfloat16 activations and matmuls) is its
+own business. A float32 update is never rounded onto bfloat16 parameters.
+
+The behaviour-policy contract. Every example carries `old_logp`, the
+log-probs of the policy that generated its tokens, computed by the learner's
+own forward pass (`behaviour_logprobs`) at collection time, whenever the update
+can be off-policy:
+  - more than one pass over the batch (num_iterations > 1),
+  - more than one mini-batch (the policy moves between optimizer steps), or
+  - rows carried over from an earlier step (they keep the log-probs recorded
+    when they were collected, checkpoints included).
+Only when a step is provably on-policy (one pass, one mini-batch, no carried
+rows) may `old_logp` be None, and the loss then uses stop_gradient(logp),
+which is exactly equal in value. `update_is_off_policy` states the first two
+conditions; an algorithm that carries rows records their log-probs itself.
 """
 
 from __future__ import annotations
@@ -31,7 +49,7 @@ from rl_core.logprobs import completion_logprobs
 from rl_core.metrics import MetricsLogger, ProgressBar
 from rl_core.optim import make_optimizer
 from rl_core.sampler import Completions, Sampler, SamplingParams
-from rl_core.tokens import Tokenizer, decode_completions, left_pad
+from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.types import TrainExample
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
@@ -59,6 +77,15 @@ class StepBatch(NamedTuple):
 
 class NonFiniteUpdateError(RuntimeError):
     """A non-finite loss or gradient with `on_nonfinite='stop'`."""
+
+
+def _master_copy(x: jax.Array) -> jax.Array:
+    """A float32 copy of a floating parameter (other leaves copied as they are).
+
+    Copied: the update donates its buffers, and the caller's module must stay valid.
+    """
+    dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+    return jnp.array(x, dtype=dtype, copy=True)
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -105,15 +132,16 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # A plain dict of arrays (nnx.merge takes it), not nnx.Variables: each jitted call
         # rebuilds its output trees, and rebuilding ~150 Variables per step takes host time
         # that a small CPU's compute threads feel (~4 ms of an 80 ms tiny-qwen2 step).
-        # Copied: the update donates its buffers, and the caller's module must stay valid.
-        self.params = self._replicate(jax.tree.map(lambda x: jnp.array(x, copy=True), nnx.to_pure_dict(params)))
+        # Float32 master weights: the policy casts them to its compute dtype where used.
+        self.params = self._replicate(jax.tree.map(_master_copy, nnx.to_pure_dict(params)))
         total_updates = training.num_steps * self.num_iterations * self.num_mini_batches
         self.tx = make_optimizer(training, total_updates)
-        self.opt_state = self._replicate(self.tx.init(self._optimizer_view(self.params)))
+        self.opt_state = self._replicate(self.tx.init(self.params))
         self.rng = jax.random.PRNGKey(rollout.seed)
         self.data = PromptStream(train_data, seed=training.seed)
         self.step = 0
-        self.skipped_updates = 0
+        self.skipped_updates = 0  # non-finite loss or gradient
+        self.empty_updates = 0  # mini-batches with no token in the loss
         self._stop_requested = False
 
         self.sampler = Sampler(
@@ -168,8 +196,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompt tokens and mask [len(prompts), P] (sample each with `generate(num_samples=...)`)."""
-        ids = [self.tokenizer.encode(p.text, add_bos=True) for p in prompts]
-        return left_pad(ids, pad_id=self.tokenizer.pad_id, max_tokens=self.rollout.max_prompt_tokens)
+        return encode_prompts(self.tokenizer, [p.text for p in prompts], max_tokens=self.rollout.max_prompt_tokens)
 
     def generate(
         self,
@@ -193,6 +220,27 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params`."""
         return self._logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+
+    def update_is_off_policy(self) -> bool:
+        """True when an update on a fresh batch can run on a policy other than the one that
+        sampled it: several passes or several mini-batches (see the module docstring)."""
+        return self.num_iterations > 1 or self.num_mini_batches > 1
+
+    def behaviour_logprobs(
+        self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *, recorded: np.ndarray | None = None
+    ) -> np.ndarray:
+        """[B, T] float32 log-probs of completions under the current parameters, on the host.
+
+        Call it at collection time, before any update on these rows: these are the
+        behaviour policy's log-probs that the importance ratio divides by. Rows of
+        `recorded` without NaN were recorded earlier (carried rows) and are kept as they are.
+        """
+        logp, _ = self._logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens)
+        fresh = np.asarray(jax.device_get(logp), np.float32)
+        if recorded is None:
+            return fresh
+        missing = np.isnan(recorded).any(axis=1)
+        return np.where(missing[:, None], fresh, recorded).astype(np.float32)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
@@ -234,13 +282,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
         update_start = time.perf_counter()
-        minis = self._mini_batches(batch.example)
-        results = []
-        for _ in range(self.num_iterations):
-            for mini in minis:
-                self.params, self.opt_state, stats = self._update(self.params, self.opt_state, mini)
-                results.append(stats)
-        results = jax.device_get(results)
+        results = self.update(batch.example)
         now = time.perf_counter()
         metrics = dict(batch.metrics)
         metrics.update(self._update_metrics(results))
@@ -257,9 +299,25 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self._write_samples(batch.samples)
         return metrics
 
+    def update(self, example: TrainExample) -> list[dict[str, Any]]:
+        """`num_iterations` passes of one optimizer step per mini-batch over `example`.
+
+        Returns each update's statistics on the host, in order (loss, grad_norm,
+        finite, empty, and the algorithm's metric sums, maxima and minima).
+        """
+        minis = self._mini_batches(example)
+        results = []
+        for _ in range(self.num_iterations):
+            for mini in minis:
+                self.params, self.opt_state, stats = self._update(self.params, self.opt_state, mini)
+                results.append(stats)
+        return jax.device_get(results)
+
     def _update_metrics(self, results: list[dict[str, Any]]) -> dict[str, float]:
+        empty = sum(int(r["empty"]) for r in results)
         skipped = sum(int(not r["finite"]) for r in results)
         self.skipped_updates += skipped
+        self.empty_updates += empty
         if skipped and self.training.on_nonfinite == "stop":
             raise NonFiniteUpdateError(
                 f"step {self.step + 1}: {skipped} of {len(results)} updates had a non-finite loss or gradient "
@@ -270,16 +328,19 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             "train/loss": float(np.mean([r["loss"] for r in results])),
             "train/grad_norm": float(np.mean([r["grad_norm"] for r in results])),
             "train/skipped_updates": float(skipped),
+            "train/empty_updates": float(empty),
             "train/updates": float(len(results)),
         }
         for name in results[0]["means"]:
             total = sum(float(r["means"][name][0]) for r in results)
             count = sum(float(r["means"][name][1]) for r in results)
             out[name] = total / count if count else 0.0
-        for name in results[0]["maxima"]:
-            out[name] = max(float(r["maxima"][name]) for r in results)
-        for name in results[0]["minima"]:
-            out[name] = min(float(r["minima"][name]) for r in results)
+        # extremes over the tokens trained on: an empty update has none (its +-inf is no value)
+        trained = [r for r in results if not r["empty"]]
+        for name in results[0]["maxima"] if trained else ():
+            out[name] = max(float(r["maxima"][name]) for r in trained)
+        for name in results[0]["minima"] if trained else ():
+            out[name] = min(float(r["minima"][name]) for r in trained)
         return out
 
     # -- jitted pieces -------------------------------------------------------------------
@@ -287,26 +348,27 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def _update_fn(self, params: Any, opt_state: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
         """One optimizer step over micro-batches stacked on axis 0 of every leaf."""
         grads, agg = self._summed_grads(params, batch)
-        denom = jnp.where(agg.denom > 0, agg.denom, 1.0)  # an all-masked batch has zero gradients
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, params)
-        grads = self._optimizer_view(grads)
+        empty = agg.denom <= 0  # no token in the loss: nothing to learn from
+        denom = jnp.where(empty, 1.0, agg.denom)
+        grads = jax.tree.map(lambda g: g / denom, grads)
         loss = agg.total / denom
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
         def apply(state):
             params, opt_state = state
-            updates, new_opt_state = self.tx.update(grads, opt_state, self._optimizer_view(params))
-            # the sum in float32 when the optimizer state is, then back to each parameter's dtype
-            new_params = jax.tree.map(lambda p, u: (p.astype(u.dtype) + u).astype(p.dtype), params, updates)
-            return new_params, new_opt_state
+            updates, new_opt_state = self.tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt_state
 
-        # a branch, not a select between old and new: the donated buffers update in place
-        new_params, new_opt_state = jax.lax.cond(finite, apply, lambda state: state, (params, opt_state))
+        # A branch, not a select between old and new: the donated buffers update in place.
+        # An empty mini-batch leaves parameters, optimizer state and schedule untouched
+        # (AdamW would still move them through momentum and weight decay).
+        new_params, new_opt_state = jax.lax.cond(finite & ~empty, apply, lambda state: state, (params, opt_state))
         stats = {
             "loss": loss,
             "grad_norm": grad_norm,
             "finite": finite,
+            "empty": empty,
             "means": dict(agg.means),
             "maxima": dict(agg.maxima),
             "minima": dict(agg.minima),
@@ -354,12 +416,6 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         (grads, agg), _ = jax.lax.scan(body, init, batch)
         return grads, agg
-
-    def _optimizer_view(self, tree: Any) -> Any:
-        """Params or grads as the optimizer sees them: float32 when configured, else as they are."""
-        if self.training.optimizer_state_dtype != "float32":
-            return tree
-        return jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
     def _logprobs_fn(self, params, prompt_tokens, prompt_mask, completion_tokens):
         return completion_logprobs(

@@ -8,9 +8,12 @@ separate lower and upper clip widths, so one function serves GRPO
 
     l_t = -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
 
-Losses are returned per token [B, T] together with per-token clipping
-indicators; the caller aggregates both with the mask (rl_core.aggregation).
-Values at padding positions are whatever the inputs give and must be masked.
+Every policy loss is called as `fn(logp, old_logp, adv, mask, *, eps_low,
+eps_high, dual_clip)` and returns per-token losses [B, T] together with
+per-token diagnostics; the caller aggregates both with the mask
+(rl_core.aggregation). The log-ratio is zeroed at masked positions before the
+exponent and bounded to +-LOG_RATIO_BOUND, so garbage in padding (or a
+runaway ratio) can never make the loss or its gradient non-finite.
 """
 
 from __future__ import annotations
@@ -22,12 +25,25 @@ import jax.numpy as jnp
 
 from rl_core.registry import register
 
+LOG_RATIO_BOUND = 20.0
+"""|logp - old_logp| is clipped here before the exponent (exp(20) ~ 5e8, as Tunix does)."""
+
+
+def log_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """logp - old_logp [B, T], exactly 0 at masked positions and bounded to +-LOG_RATIO_BOUND.
+
+    `jnp.where` passes no gradient to the masked branch, so inf or NaN there cannot
+    reach the parameters through the exponent.
+    """
+    diff = jnp.where(mask > 0, logp - old_logp, 0.0)
+    return jnp.clip(diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
 
 class PolicyLossAux(NamedTuple):
     """Per-token diagnostics, float [B, T], unreduced (aggregate them with the mask)."""
 
     ratio: jax.Array
-    """rho_t = exp(logp_t - old_logp_t)."""
+    """rho_t = exp(logp_t - old_logp_t), bounded; 1 at masked positions."""
     clipped_low: jax.Array
     """1.0 where the lower bound is the active term: A < 0 and rho < 1 - eps_low."""
     clipped_high: jax.Array
@@ -52,6 +68,7 @@ def clipped_surrogate(
     logp: jax.Array,
     old_logp: jax.Array,
     adv: jax.Array,
+    mask: jax.Array,
     *,
     eps_low: float,
     eps_high: float,
@@ -59,7 +76,8 @@ def clipped_surrogate(
 ) -> tuple[jax.Array, PolicyLossAux]:
     """Clipped surrogate loss per token.
 
-    logp, old_logp: float [B, T]; adv: float [B] (one advantage per completion).
+    logp, old_logp: float [B, T]; adv: float [B] (one advantage per completion);
+    mask: float [B, T], 1 = token in the loss.
     Returns (loss float [B, T], PolicyLossAux). With `dual_clip` = c > 1, tokens
     with A < 0 use max(min(rho A, clip(rho) A), c A): a very large ratio on a bad
     action cannot produce an unbounded loss.
@@ -67,10 +85,12 @@ def clipped_surrogate(
     _check_scalars(eps_low, eps_high, dual_clip)
     if jnp.shape(logp) != jnp.shape(old_logp):
         raise ValueError(f"logp {jnp.shape(logp)} and old_logp {jnp.shape(old_logp)} must have the same shape [B, T]")
+    if jnp.shape(mask) != jnp.shape(logp):
+        raise ValueError(f"mask {jnp.shape(mask)} must have the shape of logp {jnp.shape(logp)}")
     if jnp.ndim(adv) != 1 or jnp.shape(adv)[0] != jnp.shape(logp)[0]:
         raise ValueError(f"adv must be [B] with B = {jnp.shape(logp)[0]}, got shape {jnp.shape(adv)}")
 
-    ratio = jnp.exp(logp - old_logp)
+    ratio = jnp.exp(log_ratio(logp, old_logp, mask))
     a = jnp.asarray(adv, ratio.dtype)[:, None]  # every token of a completion shares its advantage
     unclipped = ratio * a
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * a

@@ -56,6 +56,14 @@ def left_pad(
     return tokens, mask
 
 
+def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], *, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded prompt tokens and mask [len(texts), P], each prompt starting with its BOS.
+
+    The one way prompts become tokens, in training, evaluation and the warm start alike.
+    """
+    return left_pad([tokenizer.encode(t, add_bos=True) for t in texts], pad_id=tokenizer.pad_id, max_tokens=max_tokens)
+
+
 def decode_completions(tokenizer: Tokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Completion texts [B] from tokens [B, T]: the tokens under the mask, EOS dropped."""
     eos = set(tokenizer.eos_ids)
