@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from rl_core.data import Prompt
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
-from rl_core.tokens import Tokenizer, decode_completions, left_pad
+from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 
 from trainer.tasks import Task
 
@@ -48,8 +48,7 @@ def generate_texts(
         chunk = list(prompts[start : start + per_call])
         real = len(chunk) * num_samples
         chunk += [chunk[-1]] * (per_call - len(chunk))  # one shape for every batch: no recompiles
-        ids = [tokenizer.encode(p.text, add_bos=True) for p in chunk]
-        tokens, mask = left_pad(ids, pad_id=tokenizer.pad_id, max_tokens=max_prompt_tokens)
+        tokens, mask = encode_prompts(tokenizer, [p.text for p in chunk], max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
         out = jax.device_get(sampler(params, tokens, mask, sub, sampling, num_samples))
         texts += decode_completions(tokenizer, out.tokens[:real], out.mask[:real])

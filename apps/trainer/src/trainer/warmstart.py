@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 from rl_core.data import Prompt
 from rl_core.logprobs import completion_logprobs
-from rl_core.tokens import Tokenizer, left_pad
+from rl_core.tokens import Tokenizer, encode_prompts
 
 from trainer.tasks import Task
 
@@ -25,8 +25,7 @@ def sft_arrays(
     task: Task, tokenizer: Tokenizer, prompts: Sequence[Prompt], rng: np.random.Generator
 ) -> tuple[np.ndarray, ...]:
     """(prompt tokens, prompt mask, target tokens, target mask) with targets right-padded."""
-    ids = [tokenizer.encode(p.text, add_bos=True) for p in prompts]
-    prompt_tokens, prompt_mask = left_pad(ids, pad_id=tokenizer.pad_id, max_tokens=task.max_prompt_tokens)
+    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [p.text for p in prompts], max_tokens=task.max_prompt_tokens)
     width = task.max_new_tokens
     targets = np.full((len(prompts), width), tokenizer.pad_id, np.int32)
     target_mask = np.zeros((len(prompts), width), np.float32)

@@ -194,9 +194,13 @@ class HFTokenizer:
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids of `text`, special tokens written in it included, without the
-        tokenizer's post-processing; BOS first when `add_bos` and the model has one."""
+        tokenizer's post-processing. With `add_bos` (and a model that has a BOS) the ids
+        start with exactly one BOS: added unless the text already begins with it, as a
+        rendered chat template does (Llama 3's writes <|begin_of_text|>)."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [self._bos_id, *ids] if add_bos and self._bos_id is not None else ids
+        if add_bos and self._bos_id is not None and ids[:1] != [self._bos_id]:
+            return [self._bos_id, *ids]
+        return ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
