@@ -103,3 +103,27 @@ def test_registry_finds_modes():
     assert registry.get("loss_aggregation", "seq-mean-token-mean") is seq_mean_token_mean
     assert registry.get("loss_aggregation", "seq-mean-token-sum") is seq_mean_token_sum
     assert registry.get("loss_aggregation", "seq-mean-token-sum-norm") is seq_mean_token_sum_norm
+
+
+@pytest.mark.parametrize(
+    ("foreign", "ours"),
+    [
+        ("sequence-mean-token-mean", "seq-mean-token-mean"),  # Tunix
+        ("sequence-mean-token-scale", "seq-mean-token-sum-norm"),  # Tunix: sums / L_max, mean over rows
+        ("sequence-mean-token-sum-norm", "seq-mean-token-sum"),  # Tunix: sums / #rows by default
+        ("grpo", "seq-mean-token-mean"),  # TRL loss_type
+        ("bnpo", "token-mean"),
+        ("dr_grpo", "seq-mean-token-sum-norm"),
+        ("dapo", "token-mean"),
+    ],
+)
+def test_other_libraries_names_state_the_equivalent_mode_never_a_near_miss(foreign, ours):
+    from rl_core import registry
+    from rl_core.config import AlgorithmConfig, ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        AlgorithmConfig(loss_agg_mode=foreign)
+    message = str(info.value)
+    assert f"use '{ours}'" in message or f"is '{ours}' here" in message
+    assert "Did you mean" not in message  # difflib would map Tunix's -sum-norm to our -sum-norm
+    registry.get("loss_aggregation", ours)  # the named equivalent exists

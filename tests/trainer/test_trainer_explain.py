@@ -1,6 +1,6 @@
 """`trainer explain`: one group scored by hand under each algorithm's defaults.
 
-Every expected value is derived in the comments from the formulas in DESIGN.md.
+Every expected value is derived in the comments from the formulas in the algorithm READMEs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Loss aggregation modes: per-token x [B, T] with mask [B, T] -> (total, denominator).
 
-Each mode returns a pair of float32 scalars, not a mean (STYLE.md 11). The
+Each mode returns a pair of float32 scalars, not a mean. The
 learner sums totals and denominators over micro-batches and divides once, so
 gradient accumulation is exact: the denominator never depends on parameters,
 and for the "mean over sequences" modes each sequence's term depends only on
@@ -79,6 +79,28 @@ def seq_mean_token_sum_norm(x: jax.Array, mask: jax.Array, *, max_len: int) -> t
     _check_max_len(max_len)
     row_total, _, nonempty = _rows(x, mask)
     return jnp.sum(row_total) / max_len, jnp.sum(nonempty)
+
+
+# Other libraries' names for these modes. A spelling suggestion would swap meanings here
+# (Tunix's "sequence-mean-token-sum-norm" is "seq-mean-token-sum", not our "-norm" mode),
+# so each gets its exact equivalent instead.
+FOREIGN_NAMES = {
+    "sequence-mean-token-mean": "That is Tunix's name for 'seq-mean-token-mean': use 'seq-mean-token-mean'.",
+    "sequence-mean-token-scale": (
+        "That is Tunix's name for token sums divided by the response length L_max, averaged over sequences "
+        "(Dr. GRPO): use 'seq-mean-token-sum-norm'."
+    ),
+    "sequence-mean-token-sum-norm": (
+        "That is Tunix's name for token sums averaged over sequences (its default norm is the number of "
+        "sequences): use 'seq-mean-token-sum'."
+    ),
+    "grpo": "TRL's loss_type 'grpo' is 'seq-mean-token-mean' here.",
+    "bnpo": "TRL's loss_type 'bnpo' (a token mean per local batch) is 'token-mean' here.",
+    "dr_grpo": "TRL's loss_type 'dr_grpo' is 'seq-mean-token-sum-norm' here.",
+    "dapo": "TRL's loss_type 'dapo' is 'token-mean' here.",
+}
+for _name, _meaning in FOREIGN_NAMES.items():
+    registry.registry.note_foreign_name("loss_aggregation", _name, _meaning)
 
 
 def aggregate(mode: str, x: jax.Array, mask: jax.Array, *, max_len: int) -> tuple[jax.Array, jax.Array]:

@@ -88,6 +88,7 @@ class Registry:
         self._entry_points_loaded = False
         self._load_failures: dict[str, str] = {}  # entry point name -> why it failed
         self._conflicts: dict[str, str] = {}  # algorithm name -> the duplicate registration error
+        self._foreign: dict[str, dict[str, str]] = {c: {} for c in CATEGORIES}  # name -> what it means here
 
     # -- registration -----------------------------------------------------------------
 
@@ -104,6 +105,14 @@ class Registry:
             )
         self._entries[category][name] = (obj, provider)
         return obj
+
+    def note_foreign_name(self, category: str, name: str, meaning: str) -> None:
+        """Another library's name for something known here under another name.
+
+        A lookup of `name` then fails with `meaning` (which states the name to use)
+        instead of a spelling suggestion, which could point at a different meaning.
+        """
+        self._foreign[category][name] = meaning
 
     def register_algorithm(self, algorithm: Algorithm, *, provider: str | None = None) -> Algorithm:
         """Register an algorithm and the functions it owns."""
@@ -194,7 +203,9 @@ class Registry:
         known_text = "; ".join(f"{', '.join(names)} (from {p})" for p, names in sorted(by_provider.items()))
         lines = [f"unknown {category} {name!r}. Known: {known_text or 'none'}."]
         close = difflib.get_close_matches(name, list(entries), n=1)
-        if close:
+        if name in self._foreign[category]:
+            lines.append(self._foreign[category][name])
+        elif close:
             lines.append(f"Did you mean {close[0]!r}?")
         if name in self._load_failures:
             lines.append(f"It is installed but failed to load: {self._load_failures[name]}")
