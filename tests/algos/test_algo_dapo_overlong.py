@@ -1,5 +1,6 @@
 """DAPO's soft overlong punishment, in tokens, at the edges of its buffer."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -114,3 +115,16 @@ def test_learner_adds_overlong_shaping_to_a_plain_manager_and_scores_token_lengt
     np.testing.assert_array_equal(scored.rewards, np.asarray([0.0, -0.5, -1.0, 0.0], np.float32))
     np.testing.assert_array_equal(scored.reward_scores["overlong_penalty"], [0.0, -0.5, -1.0, 0.0])
     np.testing.assert_array_equal(scored.reward_scores["never_correct"], [0.0] * 4)
+
+
+def test_zero_of_four_correct_with_one_overlong_answer_is_uniform_by_correctness_not_by_total():
+    # The issue's case: 0 of 4 correct, one answer overlong -> totals [0, 0, 0, -1].
+    groups = make_groups(
+        [Prompt("a")], [0.0, 0.0, 0.0, -1.0], group_size=4, completion_tokens=np.full((4, 20), 7), lengths=[5, 6, 7, 21]
+    )
+    groups = dataclasses.replace(
+        groups,
+        reward_scores={"numeric_answer": np.zeros(4, np.float32), "overlong_penalty": np.asarray([0, 0, 0, -1.0])},
+    )
+    assert groups.uniform("numeric_answer").tolist() == [True]  # DAPO's default: dropped
+    assert groups.uniform("total").tolist() == [False]  # what the total alone would keep
