@@ -128,3 +128,18 @@ def test_zero_of_four_correct_with_one_overlong_answer_is_uniform_by_correctness
     )
     assert groups.uniform("numeric_answer").tolist() == [True]  # DAPO's default: dropped
     assert groups.uniform("total").tolist() == [False]  # what the total alone would keep
+
+
+def test_a_manager_that_already_holds_the_overlong_penalty_is_refused_with_the_reason():
+    tok = rl_models.CharTokenizer()
+    config = DAPOConfig(group_size=2)
+    with pytest.raises(ValueError, match=r"already holds \['overlong_penalty'\]: DAPOLearner adds .* itself"):
+        DAPOLearner(
+            config,
+            policy=BagPolicy(tok.vocab_size, rngs=nnx.Rngs(0)),
+            tokenizer=tok,
+            train_data=[Prompt("1")],
+            training=TrainingConfig(prompts_per_step=2),
+            rollout=RolloutConfig(max_new_tokens=20),
+            reward_manager=rewards.RewardManager([never_correct, *config.reward_functions(max_new_tokens=20)]),
+        )

@@ -52,6 +52,12 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
         extra = config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
+        twice = sorted({fn.__name__ for fn in extra} & set(self.reward_manager.names))
+        if twice:
+            raise ValueError(
+                f"the reward manager already holds {twice}: {type(self).__name__} adds its algorithm's own "
+                f"reward functions ({type(config).__name__}.reward_functions) itself; give it the task's rewards only"
+            )
         self.reward_manager = self.reward_manager.with_functions(extra)
         self._policy_loss = registry.get("policy_loss", config.policy_loss)
         self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
