@@ -54,7 +54,7 @@ def without_timing(record: dict) -> dict:
 
 def test_exact_resume_in_a_fresh_process(tmp_path):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    learner = toy_run.make_learner(training=toy_run.resume_training(str(straight)), toy=toy_run.RESUME_TOY)
+    learner = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(straight), toy=toy_run.RESUME_TOY)
     initial = toy_run.params_numpy(learner)
     learner.train()  # 4 steps in one go, checkpoints at steps 2 and 4
     learner.close()
@@ -77,7 +77,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {"restored_step": 2, "final_step": 4}
 
-    resumed = toy_run.make_learner(training=toy_run.resume_training(str(crashed)), toy=toy_run.RESUME_TOY)
+    resumed = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(crashed), toy=toy_run.RESUME_TOY)
     assert resumed.resume() and resumed.step == 4 and resumed.data.position == learner.data.position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
     for a, b in zip(jax.tree.leaves(resumed.opt_state), straight_opt, strict=True):

@@ -7,11 +7,11 @@ Prints one JSON line: the step restored and the step reached.
 import json
 import sys
 
-from toy_run import RESUME_TOY, make_learner, resume_training
+from toy_run import RESUME_TOY, RESUME_TRAINING, make_learner
 
 
 def main(run_dir: str) -> None:
-    learner = make_learner(training=resume_training(run_dir), toy=RESUME_TOY)
+    learner = make_learner(training=RESUME_TRAINING, output_dir=run_dir, toy=RESUME_TOY)
     if not learner.resume():
         raise SystemExit(f"no checkpoint in {run_dir}")
     restored = learner.step

@@ -37,6 +37,7 @@ def make_learner(
     rollout: RolloutConfig = ROLLOUT,
     mesh: Mesh | None = None,
     data=DATA,
+    output_dir: str | None = None,
 ) -> ToyLearner:
     return ToyLearner(
         toy or ToyConfig(group_size=4, target_token=TARGET_TOKEN),
@@ -46,23 +47,22 @@ def make_learner(
         training=training,
         rollout=rollout,
         mesh=mesh,
-    )
-
-
-def resume_training(output_dir: str) -> TrainingConfig:
-    """Adam state, a warm-up + cosine schedule and micro-batches all have to survive the restart."""
-    return TrainingConfig(
-        optimizer="adamw",
-        learning_rate=1e-2,
-        lr_schedule="cosine",
-        warmup_steps=1,
-        weight_decay=0.01,
-        prompts_per_step=2,
-        micro_batch_size=4,
-        num_steps=4,
-        checkpoint_every_steps=2,
         output_dir=output_dir,
     )
+
+
+# Adam state, a warm-up + cosine schedule and micro-batches all have to survive the restart.
+RESUME_TRAINING = TrainingConfig(
+    optimizer="adamw",
+    learning_rate=1e-2,
+    lr_schedule="cosine",
+    warmup_steps=1,
+    weight_decay=0.01,
+    prompts_per_step=2,
+    micro_batch_size=4,
+    num_steps=4,
+    checkpoint_every_steps=2,
+)
 
 
 RESUME_TOY = ToyConfig(group_size=4, target_token=TARGET_TOKEN, loss_agg_mode="seq-mean-token-mean")

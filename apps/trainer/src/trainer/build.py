@@ -134,19 +134,16 @@ def learner(
     progress: bool,
 ) -> RLLearner:
     algorithm = registry.get_algorithm(settings.algo)
-    training = dataclasses.replace(
-        settings.training,
-        output_dir=None if output_dir is None else str(output_dir),
-        eval_every_steps=settings.eval.every_steps,
-    )
     return algorithm.learner(
         settings.algorithm_config(),
         policy=policy,
         tokenizer=tokenizer,
         train_data=task.train,
-        training=training,
+        training=settings.training,
         rollout=settings.rollout,
         reward_manager=reward_manager(task),
         eval_fn=eval_fn(task, settings),
+        eval_every_steps=settings.eval.every_steps,
+        output_dir=output_dir,
         progress=progress,
     )

@@ -17,13 +17,17 @@ from rl_core.registry import RegistryError
 from trainer.datasets import DataError
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")
+SETTINGS_HINT = "settings: `trainer config [--algo NAME]` lists every key=value setting with its type, default and description"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainer", description="RL for language models: GRPO and its variants on JAX.")
+    p = argparse.ArgumentParser(
+        prog="trainer", description="RL for language models: GRPO and its variants on JAX.", epilog=SETTINGS_HINT
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train one algorithm variant")
+    t = sub.add_parser("train", help="train one algorithm variant", epilog=SETTINGS_HINT)
     t.add_argument("--algo", help="algorithm name (see `trainer algos`)")
     t.add_argument("--config", help="YAML settings file")
     t.add_argument("--output", type=Path, help="run folder (default runs/<algo>-<time>)")
@@ -34,19 +38,21 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.num_steps=50")
 
-    c = sub.add_parser("compare", help="run variants from the same base policy and report")
+    c = sub.add_parser("compare", help="run variants from the same base policy and report", epilog=SETTINGS_HINT)
     c.add_argument("algos", nargs="*", metavar="ALGO|key=value", help="algorithms (default: every installed one) and dotted overrides")
     c.add_argument("--config", help="YAML settings file applied to every variant")
     c.add_argument("--output", type=Path, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value", help="dotted override (repeatable)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    e = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k of a run")
+    e = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k of a run", epilog=SETTINGS_HINT)
     e.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
     e.add_argument("--k", type=int, default=None, help="k of pass@k (default: the run's)")
     e.add_argument("--samples", type=int, default=None, help="n samples per prompt (default: the run's)")
 
-    b = sub.add_parser("bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation")
+    b = sub.add_parser(
+        "bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation", epilog=SETTINGS_HINT
+    )
     b.add_argument("--preset", default="tiny-qwen2", help="benchmark preset (default tiny-qwen2)")
     b.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     b.add_argument("--output", type=Path, default=Path("runs/bench.json"), help="JSON output file")
@@ -58,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--ratios", help="comma-separated importance ratios (default all 1)")
     x.add_argument("--lengths", help="comma-separated completion lengths in tokens (default all 4)")
     x.add_argument("--kl", type=float, default=0.0, help="per-token KL estimate, to show the KL term")
+
+    g = sub.add_parser("config", help="every setting: key, type, default and description")
+    g.add_argument("--algo", default="grpo", help="whose algorithm.* fields to list (default grpo)")
 
     sub.add_parser("algos", help="installed algorithms")
     sub.add_parser("tasks", help="built-in tasks")
@@ -146,6 +155,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from trainer.settings_doc import describe
+
+    print(describe(args.algo))
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainer")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
 def cmd_algos(args: argparse.Namespace) -> int:
     from rl_core import registry
 
@@ -179,6 +204,7 @@ COMMANDS = {
     "eval": cmd_eval,
     "bench": cmd_bench,
     "explain": cmd_explain,
+    "config": cmd_config,
     "algos": cmd_algos,
     "tasks": cmd_tasks,
 }

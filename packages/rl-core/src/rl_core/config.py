@@ -186,16 +186,12 @@ class TrainingConfig(Config):
     """Completions per gradient-accumulation chunk; None = the whole mini-batch."""
     num_steps: int = 100
     """Training steps (batches of prompts)."""
-    eval_every_steps: int = 0
-    """Run evaluation every this many steps; 0 disables."""
     checkpoint_every_steps: int = 0
     """Save a checkpoint every this many steps; 0 saves only at the end."""
     log_every_steps: int = 1
     """Write metrics every this many steps."""
     max_checkpoints_to_keep: int = 2
     """Older checkpoints are deleted."""
-    output_dir: str | None = None
-    """Run folder for metrics and checkpoints; None keeps nothing on disk."""
     seed: int = 0
     """Seed of the data order."""
     on_nonfinite: str = "skip"
@@ -222,7 +218,7 @@ class TrainingConfig(Config):
                 f"must divide mini_batch_size ({self.mini_batch_size})",
             )
         check(self.num_steps >= 1, self, "num_steps", "must be >= 1")
-        for name in ("eval_every_steps", "checkpoint_every_steps", "samples_per_step"):
+        for name in ("checkpoint_every_steps", "samples_per_step"):
             check(getattr(self, name) >= 0, self, name, "must be >= 0")
         check(self.log_every_steps >= 1, self, "log_every_steps", "must be >= 1")
         check(self.max_checkpoints_to_keep >= 1, self, "max_checkpoints_to_keep", "must be >= 1")

@@ -109,6 +109,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         rollout: RolloutConfig,
         reward_manager: Any = None,
         eval_fn: Callable[[RLLearner], Mapping[str, float]] | None = None,
+        eval_every_steps: int = 0,
+        output_dir: str | Path | None = None,
         mesh: Mesh | None = None,
         progress: bool = False,
     ) -> None:
@@ -118,6 +120,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.tokenizer = tokenizer
         self.reward_manager = reward_manager
         self.eval_fn = eval_fn
+        self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
         self.mesh = mesh or data_mesh()
         self.progress = progress
         self.batch_size = training.prompts_per_step * self.group_size
@@ -150,7 +153,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self._update = jax.jit(self._update_fn, donate_argnums=(0, 1))
         self._logprobs = jax.jit(self._logprobs_fn)
 
-        out = Path(training.output_dir) if training.output_dir else None
+        # the run folder (metrics, samples, checkpoints); None keeps nothing on disk
+        out = Path(output_dir) if output_dir is not None else None
         self.output_dir = out
         self.logger = MetricsLogger(out)
         self.checkpointer = (
@@ -291,7 +295,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
         self.step += 1
-        every = self.training.eval_every_steps
+        every = self.eval_every_steps
         if self.eval_fn is not None and every and self.step % every == 0:
             metrics.update(self.eval_fn(self))
         if self.step % self.training.log_every_steps == 0:

@@ -1,0 +1,61 @@
+"""`trainer config`, `--version` and `--help`: settings a user can discover, one name per concept."""
+
+import dataclasses
+import re
+from importlib.metadata import version
+
+import pytest
+
+from rl_core.config import RolloutConfig, TrainingConfig
+from trainer.cli import main
+from trainer.settings_doc import describe
+
+
+def listing(algo: str) -> dict[str, list[str]]:
+    """key -> [type, default, description] of `trainer config --algo ALGO` (columns are 2+ spaces apart)."""
+    rows = [re.split(r"\s{2,}", line, maxsplit=3) for line in describe(algo).splitlines()[4:]]
+    return {key: rest for key, *rest in rows}
+
+
+def test_every_setting_is_listed_with_type_default_and_description():
+    rows = listing("dapo")
+    for cls, section in ((TrainingConfig, "training"), (RolloutConfig, "rollout")):
+        for field in dataclasses.fields(cls):
+            key = f"{section}.{field.name}"
+            assert key in rows, key
+            assert rows[key][2], f"{key} has no description"
+    # the trainer's defaults, not the bare dataclass's (TrainingConfig's own learning_rate is 1e-5)
+    assert rows["training.learning_rate"][:2] == ["float", "0.001"]
+    assert rows["training.num_steps"][:2] == ["int", "300"]
+    # the algorithm's own fields, nested sections flattened
+    assert rows["algorithm.max_gen_batches"] == ["int", "4", "Cap on generation rounds per step (each round samples B prompts)."]
+    assert rows["algorithm.epsilon_high"][:2] == ["float", "0.28"]
+    assert rows["algorithm.overlong.penalty_factor"][:2] == ["float", "1.0"]
+    assert rows["training.max_grad_norm"][0] == "float | None"
+
+
+def test_another_algorithm_lists_its_own_fields(capsys):
+    assert main(["config", "--algo", "grpo"]) == 0
+    printed = capsys.readouterr().out
+    assert "algorithm.epsilon_high" in printed and "0.2 " in printed
+    assert "algorithm.max_gen_batches" not in printed  # a DAPO field
+    assert "GRPOConfig" in printed
+
+
+@pytest.mark.parametrize("key", ["training.eval_every_steps", "training.output_dir"])
+def test_removed_duplicate_settings_are_rejected(capsys, key):
+    """eval.every_steps and --output are the one name for each concept."""
+    assert key not in listing("grpo")
+    assert main(["train", "--algo", "grpo", f"{key}=5"]) == 2
+    assert f"TrainingConfig has no field {key.split('.')[1]!r}" in capsys.readouterr().err
+
+
+def test_version_and_help_point_to_the_settings(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"trainer {version('trainer')}"
+    for command in ("train", "compare"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "trainer config [--algo NAME]" in capsys.readouterr().out
