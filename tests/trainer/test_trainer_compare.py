@@ -1,8 +1,10 @@
-"""trainer compare, shortened: every installed variant end to end, then the report folder.
+"""trainer compare, shortened: two variants x two seeds end to end, then the report folder.
 
-One comparison (3 RL steps per variant, 16 held-out problems) runs once for the
-module through `trainer.cli.main`, exactly as `trainer compare --output DIR
-key=value ...` would; the tests then read what it printed and wrote.
+One comparison (3 RL steps per run, 16 held-out problems) runs once for the
+module through `trainer.cli.main`, exactly as `trainer compare grpo dapo
+--seeds 2 --config FILE --output DIR key=value ...` would; the tests then read
+what it printed and wrote. The config file sets a DAPO-only field
+(`algorithm.max_gen_batches`), which must reach DAPO and nothing else.
 """
 
 import contextlib
@@ -11,18 +13,20 @@ import json
 
 import matplotlib.image
 import pytest
+import yaml
+from scipy import stats as scipy_stats
 
-from rl_core import registry
 from trainer.cli import main
 from trainer.report import COLUMNS, PLOTS
 
 pytestmark = pytest.mark.slow
 
+ALGOS = ["grpo", "dapo"]
 TINY = [
     "warm_start.steps=20",
     "training.num_steps=3",
     "training.prompts_per_step=4",
-    "algorithm.group_size=2",
+    "training.mini_batch_size=4",  # two optimizer steps per batch: the policy moves within it
     "eval.heldout_size=16",
     "eval.samples_per_prompt=2",
     "eval.pass_k=1",
@@ -33,19 +37,15 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compare")
+    out = tmp_path_factory.mktemp("compare") / "cmp"
+    config = out.parent / "shared.yaml"
+    config.write_text(yaml.safe_dump({"algorithm": {"group_size": 2, "max_gen_batches": 3}}))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        # no algorithm named: every installed one; items with '=' are overrides
-        code = main(["compare", "--output", str(out), "--no-progress", *TINY])
+        code = main(
+            ["compare", *ALGOS, "--seeds", "2", "--config", str(config), "--output", str(out), "--no-progress", *TINY]
+        )
     return code, printed.getvalue(), out
-
-
-@pytest.fixture(scope="module")
-def installed():
-    names = registry.registry.names("algorithm")
-    assert {"grpo", "dr_grpo", "dapo"} <= set(names)
-    return names
 
 
 def table_rows(markdown: str) -> list[list[str]]:
@@ -53,73 +53,102 @@ def table_rows(markdown: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
 
-def test_compare_succeeds_and_prints_the_table(compared, installed):
+def results(out) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+def test_compare_prints_a_table_of_means_over_seeds(compared):
     code, printed, out = compared
     assert code == 0
     rows = table_rows(printed)
     header, rule, body = rows[0], rows[1], rows[2:]
-    assert header[0] == "variant"
-    assert header[3] == "pass@1 after"
+    assert header[:5] == ["variant", "acc before", "acc after", "pass@1 before", "pass@1 after"]
+    assert header[5:7] == ["clip low", "clip high"]
     assert len(header) == len(COLUMNS)
     assert set(rule) == {"---"}
-    assert [row[0] for row in body] == installed  # one row per installed algorithm, in order
-    assert f"report in {out}" in printed
+    assert [row[0] for row in body] == ALGOS
+    assert "x 2 seeds" in printed and f"report in {out}" in printed
+    assert "Welch's t-test over 2 seeds" in printed and "grpo - dapo" in printed
 
 
-def test_report_md_holds_the_same_table_and_every_plot(compared, installed):
+def test_results_json_keeps_every_seed_and_the_table_shows_mean_and_interval(compared):
+    _, printed, out = compared
+    body = table_rows(printed)[2:]
+    variants = results(out)["variants"]
+    assert [v["algo"] for v in variants] == ALGOS
+    t = scipy_stats.t.ppf(0.975, 1)  # 12.706: two seeds leave one degree of freedom
+    for variant, row in zip(variants, body, strict=True):
+        assert len(variant["per_seed"]) == 2 and len(variant["summaries"]) == 2
+        for key in ("acc_after", "tokens", "wall", "clip_low", "clip_high"):
+            a, b = (s[key] for s in variant["per_seed"])
+            assert variant["mean"][key] == pytest.approx((a + b) / 2)
+            # s = |a - b| / sqrt(2), half-width = t * s / sqrt(2) = t * |a - b| / 2
+            assert variant["ci95"][key] == pytest.approx(t * abs(a - b) / 2)
+        a, b = (s["tokens"] for s in variant["per_seed"])
+        expected = f"{(a + b) / 2:,.0f}" + ("" if a == b else f" ± {t * abs(a - b) / 2:,.0f}")
+        assert row[COLUMNS.index(("generated tokens", "tokens", "{:,.0f}"))] == expected
+        for summary, seed in zip(variant["summaries"], variant["per_seed"], strict=True):
+            assert summary["steps"] == 3
+            assert seed["acc_after"] == summary["after"]["eval/accuracy"]
+            assert seed["pass_before"] == summary["before"]["eval/pass@1"]
+            assert 0.0 <= seed["clip_low"] <= 1.0 and 0.0 <= seed["clip_high"] <= 1.0
+
+
+def test_each_seed_is_a_run_folder_with_its_own_seeds_and_the_shared_base(compared):
+    _, _, out = compared
+    befores = set()
+    for algo in ALGOS:
+        assert sorted(p.name for p in (out / algo).iterdir()) == ["seed-0", "seed-1"]
+        for n in (0, 1):
+            run = out / algo / f"seed-{n}"
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            assert config["training"]["seed"] == n and config["rollout"]["seed"] == n
+            assert config["algorithm"]["group_size"] == 2
+            steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+            assert steps == [1, 2, 3]
+            befores.add((run / "eval_before.json").read_text())
+    assert len(befores) == 1  # one base policy, evaluated once, for every variant and seed
+    assert len(list(out.glob("base-policy-*"))) == 1
+    # the config file's DAPO-only field reached DAPO and nothing else
+    dapo = yaml.safe_load((out / "dapo" / "seed-0" / "config.yaml").read_text())["algorithm"]
+    grpo = yaml.safe_load((out / "grpo" / "seed-0" / "config.yaml").read_text())["algorithm"]
+    assert dapo["max_gen_batches"] == 3 and "max_gen_batches" not in grpo
+
+
+def test_report_states_settings_config_differences_significance_and_plots(compared):
     _, printed, out = compared
     report = (out / "report.md").read_text()
     assert table_rows(report) == table_rows(printed)
+    assert "- task: arithmetic" in report
+    assert "- steps: 3 per run; 4 prompts x 2 completions per step" in report
+    assert "- batch layout: mini-batch 4" in report
+    assert "- learning rate: 0.001 (adamw, constant)" in report
+    assert "- seeds: 2;" in report
+    assert "- grpo: none" in report
+    assert "`epsilon_high` 0.2 -> 0.28" in report and "`max_gen_batches` = 3 (not a grpo field)" in report
+    assert "not significant" in report or "significant" in report
+    comparison = results(out)["comparisons"][0]
+    assert (comparison["a"], comparison["b"], comparison["metric"]) == ("grpo", "dapo", "acc_after")
+    assert comparison["significant"] == (comparison["p_value"] < 0.05)
     for name, *_ in PLOTS:
         assert f"]({name})" in report
 
 
-def test_results_json_has_one_summary_per_variant_matching_the_table(compared, installed):
-    _, printed, out = compared
-    variants = json.loads((out / "results.json").read_text())["variants"]
-    assert [v["algo"] for v in variants] == installed
-    body = table_rows(printed)[2:]
-    for summary, row in zip(variants, body, strict=True):
-        assert summary["steps"] == 3
-        assert set(summary["before"]) == set(summary["after"]) == {
-            "eval/accuracy",
-            "eval/length_correct",
-            "eval/length_incorrect",
-            "eval/pass@1",
-        }
-        assert 0.0 <= summary["after"]["eval/accuracy"] <= 1.0
-        assert 0.0 <= summary["uniform_frac_mean"] <= 1.0
-        assert summary["generated_tokens"] > 0
-        assert summary["skipped_updates"] == 0
-        # the table shows these numbers
-        assert row[1] == f"{summary['before']['eval/accuracy']:.3f}"
-        assert row[2] == f"{summary['after']['eval/accuracy']:.3f}"
-        assert row[3] == f"{summary['after']['eval/pass@1']:.3f}"
-        assert row[7] == f"{summary['generated_tokens']:,.0f}"
-        # and the run folder behind it holds the same summary and 3 logged steps
-        assert json.loads((out / summary["algo"] / "summary.json").read_text()) == summary
-        metrics = (out / summary["algo"] / "metrics.jsonl").read_text().splitlines()
-        steps = [json.loads(line)["step"] for line in metrics]
-        assert steps == [1, 2, 3]
-
-
-def test_every_variant_starts_from_the_same_base_policy(compared, installed):
-    _, _, out = compared
-    variants = json.loads((out / "results.json").read_text())["variants"]
-    befores = [v["before"] for v in variants]
-    assert all(b == befores[0] for b in befores)  # same weights, same held-out set, same eval seed
-    assert len(list(out.glob("base-policy-*"))) == 1  # one warm start, shared
-    for algo in installed:
-        assert not list((out / algo).glob("base-policy-*"))
-
-
-def test_every_plot_is_a_png_image(compared):
+def test_every_plot_is_a_titled_png(compared):
     _, _, out = compared
     for name, *_ in PLOTS:
         path = out / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         image = matplotlib.image.imread(path)
-        assert image.ndim == 3
-        assert image.shape[0] > 0 and image.shape[1] > 0
-        assert image.min() < image.max()  # something was drawn
+        assert image.ndim == 3 and image.min() < image.max()
     assert sorted(p.name for p in out.glob("*.png")) == sorted(name for name, *_ in PLOTS)
+
+
+def test_a_second_compare_into_the_folder_refuses_without_overwrite(compared, capsys):
+    _, _, out = compared
+    report = (out / "report.md").read_text()
+    assert main(["compare", "grpo", "--seeds", "1", "--output", str(out), "--no-progress", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} already holds a comparison" in err and "--overwrite" in err
+    assert (out / "report.md").read_text() == report  # nothing replaced
+    assert (out / "dapo" / "seed-1").is_dir()

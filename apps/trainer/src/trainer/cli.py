@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly")
     t.add_argument("--model", metavar="DIR", help="local Hugging Face folder (same as model.path=DIR)")
     t.add_argument("--task", help="task name (same as task.name=NAME)")
-    t.add_argument("--data", metavar="FILE", help="JSONL or Parquet file of a file task (same as task.options.data=FILE)")
+    t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.num_steps=50")
 
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--config", help="YAML settings file applied to every variant")
     c.add_argument("--output", type=Path, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value", help="dotted override (repeatable)")
+    c.add_argument("--seeds", type=int, metavar="N", help="seeds per variant (default 3): mean and 95%% CI")
+    c.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in the --output folder")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k of a run", epilog=SETTINGS_HINT)
@@ -123,7 +125,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     algos = [a for a in args.algos if "=" not in a]
     overrides = [a for a in args.algos if "=" in a] + args.overrides
     table, _ = compare(
-        algos, output=args.output, config_file=args.config, overrides=overrides, progress=not args.no_progress
+        algos,
+        output=args.output,
+        config_file=args.config,
+        overrides=overrides,
+        seeds=args.seeds,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     print(table)
     return 0

@@ -1,17 +1,72 @@
-"""`trainer compare`: every variant from the same base policy, seed, prompts and budget."""
+"""`trainer compare`: every variant, several seeds, from the same base policy, prompts and budget.
+
+Each variant trains `seeds` times from one cached base policy; seed n sets
+`training.seed` (data order) and `rollout.seed` (sampling) to the configured
+value + n, the same for every variant. The report gives each metric's mean
+over seeds with a 95% confidence interval and says which differences are
+significant.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rl_core import registry
+from rl_core.config import ConfigError
 
-from trainer.report import write_report
+from trainer import compare_folder
+from trainer.report import PLOTS, write_report
 from trainer.run import train_run
-from trainer.settings import build_settings
+from trainer.settings import RunSettings, merge, parse_overrides, settings_from_user, user_settings
+
+DEFAULT_SEEDS = 3
+
+COMPARE_DEFAULTS: tuple[str, ...] = ()
+"""Settings every compared variant starts from, under the user's --config and overrides.
+
+The one place for the comparison's default batch layout, e.g.
+("training.mini_batch_size=64",) for several optimizer steps per batch, so the
+policy moves within a batch and clipping (where the variants differ) engages."""
+
+REFERENCE_ALGO = "grpo"
+"""The report lists, per variant, the config fields that differ from this algorithm's."""
+
+
+def variant_settings(algos: Sequence[str], user: Mapping[str, Any]) -> list[RunSettings]:
+    """One `RunSettings` per algorithm from settings shared by all of them.
+
+    An `algorithm.<field>` applies to the algorithms whose config has that
+    field (DAPO's max_gen_batches to DAPO only); a field that no compared
+    algorithm has is an error, with the closest field named.
+    """
+    algorithm = dict(user.get("algorithm") or {})
+    fields = {a: {f.name for f in dataclasses.fields(registry.get_algorithm(a).config)} for a in algos}
+    known = sorted(set().union(*fields.values()))
+    for key in algorithm:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean 'algorithm.{close[0]}'?" if close else ""
+            raise ConfigError(f"algorithm.{key}: no compared algorithm ({', '.join(algos)}) has this field{hint}")
+    return [settings_for(a, user) for a in algos]
+
+
+def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
+    """`user`'s settings for `algo`, keeping only the algorithm fields that `algo`'s config has."""
+    fields = {f.name for f in dataclasses.fields(registry.get_algorithm(algo).config)}
+    algorithm = {k: v for k, v in (user.get("algorithm") or {}).items() if k in fields}
+    return settings_from_user({**user, "algorithm": algorithm}, algo)
+
+
+def with_seed(settings: RunSettings, offset: int) -> RunSettings:
+    training = dataclasses.replace(settings.training, seed=settings.training.seed + offset)
+    rollout = dataclasses.replace(settings.rollout, seed=settings.rollout.seed + offset)
+    return dataclasses.replace(settings, training=training, rollout=rollout)
 
 
 def compare(
@@ -20,27 +75,40 @@ def compare(
     output: Path,
     config_file: str | None = None,
     overrides: Sequence[str] = (),
+    seeds: int | None = None,
+    overwrite: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
-) -> tuple[str, list[dict]]:
-    """Run each algorithm in `output/<algo>` and write the report into `output`.
+) -> tuple[str, dict[str, Any]]:
+    """Run each algorithm `seeds` times in `output/<algo>/seed-<n>` and write the report into `output`.
 
-    Variant folders of an earlier comparison in `output` are replaced; the
-    cached base policy is reused when its settings match.
+    Returns the printed text (table and significance) and the results written to results.json.
     """
-    algos = list(algos) or registry.registry.names("algorithm")
-    all_settings = [build_settings(algo=a, config_file=config_file, overrides=overrides) for a in algos]
+    seeds = DEFAULT_SEEDS if seeds is None else seeds
+    if seeds < 1:
+        raise ConfigError(f"--seeds = {seeds}: must be >= 1")
+    algos = list(dict.fromkeys(algos)) or registry.registry.names("algorithm")
+    user = merge(parse_overrides(COMPARE_DEFAULTS), user_settings(config_file, overrides))
+    all_settings = variant_settings(algos, user)
+    reference = settings_for(REFERENCE_ALGO, user)
+    compare_folder.claim(output, algos, [name for name, *_ in PLOTS], overwrite=overwrite)
+    output.mkdir(parents=True, exist_ok=True)
+
     start = time.perf_counter()
-    summaries, histories = [], {}
-    for settings in all_settings:
-        run_dir = output / settings.algo
-        # one cached base policy for all variants: same weights, one warm start
-        summary = train_run(settings, run_dir, progress=progress, log=log, base_cache=output, overwrite=True)
-        summaries.append(summary)
-        histories[settings.algo] = _history(run_dir)
-    table = write_report(output, summaries, histories)
-    log(f"compare: {len(algos)} variants in {time.perf_counter() - start:.1f} s; report in {output}")
-    return table, summaries
+    runs: dict[str, list[dict[str, Any]]] = {s.algo: [] for s in all_settings}
+    for n in range(seeds):
+        for settings in all_settings:
+            log(f"compare: {settings.algo}, seed {n + 1} of {seeds}")
+            run_dir = compare_folder.seed_dir(output, settings.algo, n)
+            # one cached base policy (and its evaluation) for every variant and seed
+            summary = train_run(
+                with_seed(settings, n), run_dir, progress=progress, log=log, base_cache=output, overwrite=True
+            )
+            runs[settings.algo].append({"seed": n, "summary": summary, "history": _history(run_dir)})
+    wall = time.perf_counter() - start
+    text, results = write_report(output, all_settings, reference, runs, wall_seconds=wall)
+    log(f"compare: {len(algos)} variants x {seeds} seeds in {wall:.1f} s; report in {output}")
+    return text, results
 
 
 def _history(run_dir: Path) -> list[dict]:

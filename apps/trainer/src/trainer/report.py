@@ -1,102 +1,226 @@
-"""The comparison report: a Markdown table, a JSON file and PNG plots."""
+"""The comparison report: a Markdown table over seeds, results.json and PNG plots.
+
+Every number in the table is a mean over seeds with its 95% confidence
+interval (`mean ± half-width`); results.json also keeps each seed's values.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from trainer.plots import PLOTS, plot_runs
+from trainer.settings import RunSettings
+from trainer.stats import LEVEL, mean_ci, significant, welch_p_value
 
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+__all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
 
+# (header, key in seed_values, format); "pass@k" is spelled with the run's k
 COLUMNS = (
-    ("variant", "{}"),
-    ("acc before", "{:.3f}"),
-    ("acc after", "{:.3f}"),
-    ("pass@k after", "{:.3f}"),
-    ("len correct", "{:.2f}"),
-    ("len incorrect", "{:.2f}"),
-    ("uniform groups", "{:.3f}"),
-    ("generated tokens", "{:,.0f}"),
-    ("wall s", "{:.1f}"),
+    ("variant", "algo", "{}"),
+    ("acc before", "acc_before", "{:.3f}"),
+    ("acc after", "acc_after", "{:.3f}"),
+    ("pass@k before", "pass_before", "{:.3f}"),
+    ("pass@k after", "pass_after", "{:.3f}"),
+    ("clip low", "clip_low", "{:.4f}"),
+    ("clip high", "clip_high", "{:.4f}"),
+    ("uniform groups", "uniform", "{:.3f}"),
+    ("generated tokens", "tokens", "{:,.0f}"),
+    ("wall s", "wall", "{:.1f}"),
 )
+NUMERIC = [key for _, key, _ in COLUMNS[1:]]
 
 
-def table_rows(summaries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    rows = []
-    for s in summaries:
-        after = s["after"]
-        pass_key = next((k for k in after if k.startswith("eval/pass@")), None)
-        values = (
-            s["algo"],
-            s["before"]["eval/accuracy"],
-            after["eval/accuracy"],
-            after[pass_key] if pass_key else float("nan"),
-            after["eval/length_correct"],
-            after["eval/length_incorrect"],
-            s["uniform_frac_mean"],
-            s["generated_tokens"],
-            s["train_seconds"],
-        )
-        rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values, strict=True)])
-    return rows
+def _pass_key(metrics: Mapping[str, Any]) -> str | None:
+    return next((k for k in metrics if k.startswith("eval/pass@")), None)
 
 
-def markdown_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    header = [name for name, _ in COLUMNS]
-    pass_k = next((k.split("@")[1] for s in summaries for k in s["after"] if k.startswith("eval/pass@")), "k")
-    header[3] = f"pass@{pass_k} after"
+def _mean_of(history: Sequence[Mapping[str, Any]], key: str) -> float:
+    values = [r[key] for r in history if isinstance(r.get(key), (int, float))]
+    return sum(values) / len(values) if values else 0.0
+
+
+def seed_values(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The table's numbers for one seed's run (clip fractions: the mean over its steps)."""
+    before, after = summary["before"], summary["after"]
+    pass_key = _pass_key(after)
+    return {
+        "acc_before": before["eval/accuracy"],
+        "acc_after": after["eval/accuracy"],
+        "pass_before": before[pass_key] if pass_key else math.nan,
+        "pass_after": after[pass_key] if pass_key else math.nan,
+        "clip_low": _mean_of(history, "train/clip_frac_low"),
+        "clip_high": _mean_of(history, "train/clip_frac_high"),
+        "uniform": summary["uniform_frac_mean"],
+        "tokens": summary["generated_tokens"],
+        "wall": summary["train_seconds"],
+    }
+
+
+def _cell(fmt: str, values: Sequence[float]) -> str:
+    est = mean_ci(values)
+    if math.isnan(est.half_width) or all(v == values[0] for v in values):
+        return fmt.format(est.mean)  # one seed, or the same value for every seed (e.g. the shared base)
+    return f"{fmt.format(est.mean)} ± {fmt.format(est.half_width)}"
+
+
+def markdown_table(variants: Sequence[Mapping[str, Any]]) -> str:
+    """One row per variant; `variants` hold "algo" and "per_seed" (a list of seed_values)."""
+    k = next((v["pass_k"] for v in variants if v.get("pass_k")), "k")
+    header = [name.replace("pass@k", f"pass@{k}") for name, _, _ in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(summaries)]
+    for v in variants:
+        cells = [v["algo"]] + [_cell(fmt, [s[key] for s in v["per_seed"]]) for _, key, fmt in COLUMNS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-PLOTS = (
-    ("accuracy_vs_step.png", "step", "eval/accuracy", "held-out greedy accuracy"),
-    ("accuracy_vs_tokens.png", "tokens", "eval/accuracy", "held-out greedy accuracy"),
-    ("reward.png", "step", "rewards/total/mean", "mean reward"),
-    ("length_correct.png", "step", "eval/length_correct", "mean length of correct answers (tokens)"),
-    ("length_incorrect.png", "step", "eval/length_incorrect", "mean length of incorrect answers (tokens)"),
-    ("uniform_groups.png", "step", "groups/uniform_frac", "fraction of uniform groups"),
-    ("entropy.png", "step", "train/entropy", "policy entropy (nats/token)"),
-)
+def comparisons(variants: Sequence[Mapping[str, Any]], key: str = "acc_after") -> list[dict[str, Any]]:
+    """Every pair of variants: the difference of the means of `key` and Welch's p-value."""
+    out = []
+    for a, b in itertools.combinations(variants, 2):
+        xa, xb = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
+        p = welch_p_value(xa, xb)
+        out.append(
+            {
+                "a": a["algo"],
+                "b": b["algo"],
+                "metric": key,
+                "difference": mean_ci(xa).mean - mean_ci(xb).mean,
+                "p_value": p,
+                "significant": significant(p),
+            }
+        )
+    return out
 
 
-def plot_histories(histories: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -> list[Path]:
-    """One PNG per metric, one line per variant; returns the files written."""
-    written = []
-    for name, x_kind, key, label in PLOTS:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for algo, history in histories.items():
-            xs, ys, tokens = [], [], 0.0
-            for record in history:
-                tokens += record.get("perf/generated_tokens", 0.0)
-                if isinstance(record.get(key), (int, float)):
-                    xs.append(record["step"] if x_kind == "step" else tokens)
-                    ys.append(record[key])
-            ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=algo)
-        ax.set_xlabel("training step" if x_kind == "step" else "generated tokens")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        path = out / name
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written
+def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
+    if seeds < 2:
+        return "One seed: no confidence intervals and no significance test (use --seeds 2 or more).\n"
+    alpha = f"{1 - LEVEL:.0%}"
+    lines = [f"Held-out accuracy after RL, Welch's t-test over {seeds} seeds per variant (significant: p < {alpha}):"]
+    for c in pairs:
+        verdict = "significant" if c["significant"] else "not significant"
+        lines.append(f"- {c['a']} - {c['b']}: {c['difference']:+.3f} (p = {c['p_value']:.3f}), {verdict}")
+    if not any(c["significant"] for c in pairs):
+        lines.append(f"No difference is significant at {alpha} with {seeds} seeds.")
+    return "\n".join(lines) + "\n"
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_diff(settings: RunSettings, reference: RunSettings) -> dict[str, dict[str, Any]]:
+    """{field: {reference algo: value, this algo: value}} of the algorithm fields that differ;
+    a field only one of them has appears with only that one's value."""
+    mine, ref = _flatten(settings.resolved()["algorithm"]), _flatten(reference.resolved()["algorithm"])
+    out = {}
+    for key in [*ref, *(k for k in mine if k not in ref)]:
+        if ref.get(key, ...) != mine.get(key, ...):
+            out[key] = {name: d[key] for name, d in ((reference.algo, ref), (settings.algo, mine)) if key in d}
+    return out
+
+
+def _diff_text(diff: Mapping[str, Mapping[str, Any]], reference: str, algo: str) -> str:
+    parts = []
+    for key, values in diff.items():
+        if reference in values and algo in values:
+            parts.append(f"`{key}` {values[reference]!r} -> {values[algo]!r}")
+        elif algo in values:
+            parts.append(f"`{key}` = {values[algo]!r} (not a {reference} field)")
+        else:
+            parts.append(f"`{key}` (a {reference} field only)")
+    return ", ".join(parts) or "none"
+
+
+def settings_text(first: RunSettings, all_settings: Sequence[RunSettings], seeds: int, wall: float) -> list[str]:
+    t, e = first.training, first.eval
+    groups = sorted({s.algorithm_config().to_dict().get("group_size") for s in all_settings}, key=str)
+    layout = f"mini-batch {t.mini_batch_size or 'whole step'}, micro-batch {t.micro_batch_size or 'whole mini-batch'}"
+    return [
+        "## Settings",
+        "",
+        f"- task: {first.task.name} {first.task.options or ''}".rstrip(),
+        f"- base policy: {first.warm_start_steps} warm-start steps, shared by every variant and seed",
+        f"- steps: {t.num_steps} per run; {t.prompts_per_step} prompts x {'/'.join(map(str, groups))} completions per step",
+        f"- batch layout: {layout}",
+        f"- learning rate: {t.learning_rate:g} ({t.optimizer}, {t.lr_schedule}), max grad norm {t.max_grad_norm}",
+        f"- seeds: {seeds}; run n of each variant uses training.seed {t.seed} + n and rollout.seed {first.rollout.seed} + n",
+        f"- evaluation: {e.heldout_size or 'all'} held-out problems, greedy; pass@{e.pass_k} of {e.samples_per_prompt} samples",
+        f"- wall time: {wall:.0f} s in all",
+        "",
+    ]
+
+
+def _finite(value: Any) -> Any:
+    """NaN (e.g. the interval of one seed) as null: results.json stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_report(
-    out: Path, summaries: Sequence[Mapping[str, Any]], histories: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> str:
+    out: Path,
+    all_settings: Sequence[RunSettings],
+    reference: RunSettings,
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    wall_seconds: float,
+) -> tuple[str, dict[str, Any]]:
+    """report.md, results.json and the plots; returns (printed text, results)."""
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(summaries)
-    plots = plot_histories(histories, out)
-    (out / "results.json").write_text(json.dumps({"variants": list(summaries)}, indent=2))
-    body = ["# Comparison", "", table, ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    seeds = len(next(iter(runs.values())))
+    variants = []
+    for settings in all_settings:
+        seed_runs = runs[settings.algo]
+        per_seed = [seed_values(r["summary"], r["history"]) for r in seed_runs]
+        estimates = {key: mean_ci([s[key] for s in per_seed]) for key in NUMERIC}
+        variants.append(
+            {
+                "algo": settings.algo,
+                "pass_k": settings.eval.pass_k,
+                "mean": {key: e.mean for key, e in estimates.items()},
+                "ci95": {key: e.half_width for key, e in estimates.items()},
+                "per_seed": per_seed,
+                "config_diff_vs_" + reference.algo: config_diff(settings, reference),
+                "summaries": [r["summary"] for r in seed_runs],
+            }
+        )
+    pairs = comparisons(variants)
+    table = markdown_table(variants)
+    significance = significance_text(pairs, seeds)
+    results = {
+        # shared by every variant; each variant's algorithm fields are in its run folders' config.yaml
+        "settings": {k: v for k, v in all_settings[0].resolved().items() if k not in ("algo", "algorithm")},
+        "seeds": seeds,
+        "wall_seconds": wall_seconds,
+        "variants": variants,
+        "comparisons": pairs,
+    }
+    (out / "results.json").write_text(json.dumps(_finite(results), indent=2))
+    plots = plot_runs({algo: [r["history"] for r in seed_runs] for algo, seed_runs in runs.items()}, out)
+
+    body = ["# Comparison", "", table, significance]
+    body += settings_text(all_settings[0], all_settings, seeds, wall_seconds)
+    body += [f"## Config differences from {reference.algo}", ""]
+    for v in variants:
+        body.append(f"- {v['algo']}: {_diff_text(v['config_diff_vs_' + reference.algo], reference.algo, v['algo'])}")
+    body += ["", "## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint.", ""]
+    body += [f"![{p.stem}]({p.name})" for p in plots]
     (out / "report.md").write_text("\n".join(body) + "\n")
-    return table
+    return table + "\n" + significance, results

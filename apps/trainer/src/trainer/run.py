@@ -42,7 +42,8 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     what = {
         "base": build.base_policy_key(settings),
         "eval": settings.eval.to_dict(),
-        "rollout": settings.rollout.to_dict(),
+        # the evaluation seeds its own sampling: runs that differ only in rollout.seed share it
+        "rollout": {k: v for k, v in settings.rollout.to_dict().items() if k != "seed"},
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir / f"eval-base-{key}.json"

@@ -190,8 +190,18 @@ def build_settings(
     *, algo: str | None = None, config_file: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> RunSettings:
     """Task defaults < YAML < overrides (< --algo), validated into `RunSettings`."""
+    return settings_from_user(user_settings(config_file, overrides), algo)
+
+
+def user_settings(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """What the user set: the YAML file with the overrides merged on top (not validated yet)."""
     user = load_yaml(config_file) if config_file else {}
-    user = merge(user, parse_overrides(overrides))
+    return merge(user, parse_overrides(overrides))
+
+
+def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunSettings:
+    """`user_settings` over the defaults, validated into `RunSettings`."""
+    user = dict(user)
     if algo is not None:
         user["algo"] = algo
     _reject_unknown(user)

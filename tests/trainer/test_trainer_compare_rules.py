@@ -1,0 +1,129 @@
+"""trainer compare without training: shared settings per algorithm, folder rules, statistics, smoothing."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from rl_core.config import ConfigError
+from trainer import compare_folder
+from trainer.cli import main
+from trainer.compare import variant_settings
+from trainer.plots import smooth
+from trainer.settings import user_settings
+from trainer.stats import mean_ci, significant, welch_p_value
+
+PLOT_NAMES = ["reward.png"]
+
+
+# -- one config file for variants with different fields ----------------------------------------
+
+
+def test_the_countdown_dapo_config_applies_each_field_to_the_algorithms_that_have_it():
+    user = user_settings("configs/countdown-dapo.yaml")
+    grpo, dr_grpo, dapo = variant_settings(["grpo", "dr_grpo", "dapo"], user)
+    assert [s.algo for s in (grpo, dr_grpo, dapo)] == ["grpo", "dr_grpo", "dapo"]
+    assert all(s.algorithm_config().group_size == 8 for s in (grpo, dr_grpo, dapo))
+    assert all(s.task.name == "countdown" and s.training.num_steps == 400 for s in (grpo, dr_grpo, dapo))
+    assert dapo.algorithm_config().max_gen_batches == 4
+    assert dapo.algorithm_config().overlong.cache_tokens == 4
+    assert "max_gen_batches" not in grpo.algorithm and "overlong" not in dr_grpo.algorithm
+
+
+def test_a_field_no_compared_algorithm_has_is_an_error(capsys):
+    with pytest.raises(ConfigError, match=r"algorithm.max_gen_batches: no compared algorithm \(grpo, dr_grpo\)"):
+        variant_settings(["grpo", "dr_grpo"], user_settings(overrides=["algorithm.max_gen_batches=2"]))
+    assert main(["compare", "grpo", "dapo", "--output", "unused", "algorithm.group_sze=4"]) == 2
+    assert "did you mean 'algorithm.group_size'?" in capsys.readouterr().err
+
+
+def test_seeds_must_be_positive(capsys, tmp_path):
+    assert main(["compare", "grpo", "--seeds", "0", "--output", str(tmp_path / "c")]) == 2
+    assert "--seeds = 0: must be >= 1" in capsys.readouterr().err
+
+
+# -- the folder -----------------------------------------------------------------------------------
+
+
+def earlier_comparison(out):
+    for algo in ("grpo", "dapo"):
+        for n in (0, 1, 2):
+            (out / algo / f"seed-{n}").mkdir(parents=True)
+            (out / algo / f"seed-{n}" / "config.yaml").write_text("algo: x\n")
+    (out / "report.md").write_text("# old\n")
+    (out / "results.json").write_text("{}")
+    (out / "reward.png").write_bytes(b"png")
+    (out / "base-policy-abc").mkdir()
+    (out / "eval-base-abc.json").write_text("{}")
+    (out / "notes").mkdir()
+
+
+def test_an_earlier_comparison_is_refused_then_replaced_entirely_with_overwrite(tmp_path):
+    out = tmp_path / "cmp"
+    earlier_comparison(out)
+    with pytest.raises(FileExistsError, match="already holds a comparison .*--overwrite"):
+        compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)
+    assert (out / "report.md").read_text() == "# old\n"
+    compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=True)
+    # no stale variant (dapo) or seed (grpo/seed-2) from the other configuration; caches and foreign files kept
+    assert sorted(p.name for p in out.iterdir()) == ["base-policy-abc", "eval-base-abc.json", "notes"]
+
+
+def test_a_train_run_in_a_variant_folder_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    (out / "dapo").mkdir(parents=True)
+    (out / "dapo" / "config.yaml").write_text("algo: dapo\n")
+    (out / "dapo" / "metrics.jsonl").write_text("")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="holds a `trainer train` run"):
+            compare_folder.claim(out, ["grpo", "dapo"], PLOT_NAMES, overwrite=overwrite)
+    assert main(["compare", "grpo", "dapo", "--overwrite", "--output", str(out)]) == 2
+    assert "dapo holds a `trainer train` run" in capsys.readouterr().err
+    assert (out / "dapo" / "config.yaml").read_text() == "algo: dapo\n"
+    compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)  # not compared: left alone
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+
+def test_mean_ci_uses_students_t():
+    est = mean_ci([1.0, 2.0, 3.0])
+    # mean 2, s = 1, t(0.975, 2) = 4.3027: half-width 4.3027 / sqrt(3) = 2.4841
+    assert est.mean == 2.0 and est.half_width == pytest.approx(2.4841, abs=1e-4)
+    assert mean_ci([0.8, 0.9]).half_width == pytest.approx(12.7062 * 0.05, abs=1e-4)
+    one = mean_ci([0.5])
+    assert one.mean == 0.5 and math.isnan(one.half_width)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]), ([0.9, 0.86, 0.89], [0.82, 0.85, 0.83]), ([0.8, 0.81], [0.7, 0.9, 0.75, 0.79])],
+)
+def test_welch_p_value_matches_scipy(a, b):
+    expected = scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert welch_p_value(a, b) == pytest.approx(expected, rel=1e-9)
+    # a = 1,2,3 vs 4,5,6: t = -3 / sqrt(2/3) = -3.674 with 4 degrees of freedom: p = 0.0213
+    if a == [1.0, 2.0, 3.0]:
+        assert welch_p_value(a, b) == pytest.approx(0.0213, abs=1e-4) and significant(welch_p_value(a, b))
+
+
+def test_welch_without_variance_or_seeds():
+    assert welch_p_value([0.5, 0.5], [0.5, 0.5]) == 1.0
+    assert welch_p_value([0.5, 0.5], [0.7, 0.7]) == 0.0
+    assert math.isnan(welch_p_value([0.5], [0.7])) and not significant(math.nan)
+
+
+def test_smoothing_keeps_a_constant_and_lags_a_step():
+    np.testing.assert_allclose(smooth(np.full(5, 0.3), 0.9), np.full(5, 0.3))
+    # debiased EMA, weight 0.5, of 0, 0, 1: sums 0, 0, 0.5 over normalisers 0.5, 0.75, 0.875
+    np.testing.assert_allclose(smooth(np.array([0.0, 0.0, 1.0]), 0.5), [0.0, 0.0, 0.5 / 0.875], atol=1e-12)
+    assert smooth(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
+
+
+def test_results_json_is_strict_json(tmp_path):
+    """One seed's interval is NaN; results.json writes it as null."""
+    from trainer.report import _finite
+
+    assert json.loads(json.dumps(_finite({"a": [math.nan, 1.0]}))) == {"a": [None, 1.0]}
