@@ -58,10 +58,101 @@ def test_malformed_row_is_named_by_line(tmp_path, bad_row, message):
 
 
 def test_missing_and_unsupported_files(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DataError, match="data path .* does not exist"):
         list(read_rows(tmp_path / "nope.jsonl"))
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(DataError, match="unsupported data file type '.csv'"):
         list(read_rows(tmp_path / "d.csv"))
     with pytest.raises(DataError, match="leaves no training rows"):
         gsm8k(data=str(write_jsonl(tmp_path / "d.jsonl", GOOD[:2])), heldout_size=2)
+
+
+# -- more formats: JSON arrays, Parquet shards, datasets.save_to_disk folders, splits -----------------
+
+
+def texts(task):
+    return sorted(p.text for p in task.train + task.heldout)
+
+
+def write_stream(path, rows):
+    """An Arrow file as `datasets` writes it: the IPC stream format."""
+    table = pa.Table.from_pylist(rows)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def save_to_disk(folder, rows, shards=2):
+    """The layout of `datasets.Dataset.save_to_disk`: Arrow shards listed in state.json."""
+    folder.mkdir(parents=True)
+    size = -(-len(rows) // shards)
+    names = [f"data-{i:05d}-of-{shards:05d}.arrow" for i in range(shards)]
+    for i, name in enumerate(names):
+        write_stream(folder / name, rows[i * size : (i + 1) * size])
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names], "_split": None}))
+    (folder / "dataset_info.json").write_text("{}")
+
+
+def test_json_array_file_matches_jsonl(tmp_path):
+    (tmp_path / "d.json").write_text(json.dumps(GOOD, indent=1))
+    a = gsm8k(data=str(tmp_path / "d.json"), heldout_size=2)
+    b = gsm8k(data=str(write_jsonl(tmp_path / "d.jsonl", GOOD)), heldout_size=2)
+    assert a.train == b.train and a.heldout == b.heldout
+    (tmp_path / "bad.json").write_text(json.dumps([GOOD[0], GOOD[1], {"question": "q"}]))
+    with pytest.raises(DataError, match=r"bad.json:row 3: missing field 'answer'"):
+        gsm8k(data=str(tmp_path / "bad.json"), heldout_size=1)
+
+
+def test_folder_of_parquet_shards_and_split_selection(tmp_path):
+    data = tmp_path / "gsm8k" / "data"
+    data.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(GOOD[:4]), data / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(GOOD[4:8]), data / "train-00001-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(GOOD[8:]), data / "test-00000-of-00001.parquet")
+    train = gsm8k(data=str(tmp_path / "gsm8k"), split="train", heldout_size=2)
+    assert texts(train) == texts(gsm8k(data=str(write_jsonl(tmp_path / "t.jsonl", GOOD[:8])), heldout_size=2))
+    assert sorted(p.fields["line"] for p in train.train + train.heldout) == [1, 1, 2, 2, 3, 3, 4, 4]  # per shard
+    test = gsm8k(data=str(tmp_path / "gsm8k"), split="test", heldout_size=1)
+    assert len(test.train + test.heldout) == 2
+    with pytest.raises(DataError, match=r"holds the splits \['train', 'test'\]: choose one with task.options.split"):
+        gsm8k(data=str(tmp_path / "gsm8k"), heldout_size=1)
+    with pytest.raises(DataError, match="holds no readable data for split 'validation'"):
+        gsm8k(data=str(tmp_path / "gsm8k"), split="validation", heldout_size=1)
+
+
+def test_datasets_save_to_disk_folders(tmp_path):
+    save_to_disk(tmp_path / "one", GOOD)
+    task = gsm8k(data=str(tmp_path / "one"), heldout_size=2)
+    assert texts(task) == texts(gsm8k(data=str(write_jsonl(tmp_path / "d.jsonl", GOOD)), heldout_size=2))
+    assert (task.train, task.heldout) != ((), ())
+    # a DatasetDict: one saved dataset per split, listed in dataset_dict.json
+    both = tmp_path / "both"
+    save_to_disk(both / "train", GOOD[:7])
+    save_to_disk(both / "test", GOOD[7:], shards=1)
+    (both / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    assert len(gsm8k(data=str(both), split="test", heldout_size=1).train) == 2
+    assert len(gsm8k(data=str(both), split="train", heldout_size=1).train) == 6
+    with pytest.raises(DataError, match=r"splits \['train', 'test'\]: choose one with task.options.split"):
+        gsm8k(data=str(both), heldout_size=1)
+    with pytest.raises(DataError, match="no split 'dev'"):
+        gsm8k(data=str(both), split="dev", heldout_size=1)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    # line 3 holds a Latin-1 e-acute, byte 0xe9, after the 17 characters {"question": "caf
+    good = json.dumps(GOOD[0]) + "\n" + json.dumps(GOOD[1]) + "\n"
+    path.write_bytes(good.encode() + b'{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    with pytest.raises(DataError) as info:
+        gsm8k(data=str(path), heldout_size=1)
+    message = str(info.value)
+    assert message.startswith(f"{path}:3: not UTF-8 text (byte 0xe9 at column 18)")
+    assert "\n" not in message  # one line
+
+
+def test_a_folder_with_nothing_readable_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("hello")
+    with pytest.raises(DataError, match=r"empty holds no readable data: expected \*.parquet shards or a folder written by datasets.save_to_disk"):
+        gsm8k(data=str(tmp_path / "empty"), heldout_size=1)
+    with pytest.raises(DataError, match="a split .'train'. can only be chosen in a folder"):
+        gsm8k(data=str(write_jsonl(tmp_path / "d.jsonl", GOOD)), split="train", heldout_size=1)
