@@ -81,22 +81,23 @@ def test_compare_runs_the_fixture_beside_grpo(site, tmp_path):
     out = tmp_path / "compare"
     # both variants share most compiled programs; the persistent cache lets the second reuse them
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")}
-    result = trainer(site, "compare", "fixture_rloo", "grpo", "--output", str(out), "--no-progress", *TINY, env=cache)
+    result = trainer(site, "compare", "fixture_rloo", "grpo", "--output", str(out), "--seeds", "1", "--no-progress", *TINY, env=cache)
     assert result.returncode == 0, result.stderr[-3000:]
 
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert [row.split("|")[1].strip() for row in table[1:]] == ["fixture_rloo", "grpo"]
     variants = json.loads((out / "results.json").read_text())["variants"]
     assert [v["algo"] for v in variants] == ["fixture_rloo", "grpo"]
-    assert all(v["steps"] == 2 for v in variants)
-    assert variants[0]["before"] == variants[1]["before"]  # the same base policy
+    summaries = [v["summaries"][0] for v in variants]  # one seed each
+    assert all(s["steps"] == 2 for s in summaries)
+    assert summaries[0]["before"] == summaries[1]["before"]  # the same base policy
     assert len(list(out.glob("base-policy-*"))) == 1
 
     # the fixture's own config was in effect: its resolved settings and its advantages are RLOO's
-    assert "advantage_estimator: rloo" in (out / "fixture_rloo" / "config.yaml").read_text()
-    assert "advantage_estimator: grpo" in (out / "grpo" / "config.yaml").read_text()
+    assert "advantage_estimator: rloo" in (out / "fixture_rloo" / "seed-0" / "config.yaml").read_text()
+    assert "advantage_estimator: grpo" in (out / "grpo" / "seed-0" / "config.yaml").read_text()
     for algo in ("fixture_rloo", "grpo"):
-        samples = [json.loads(line) for line in (out / algo / "samples.jsonl").read_text().splitlines()]
+        samples = [json.loads(line) for line in (out / algo / "seed-0" / "samples.jsonl").read_text().splitlines()]
         rewards = np.array([s["reward"] for s in samples]).reshape(-1, 2)  # groups of G = 2
         adv = np.array([s["advantage"] for s in samples]).reshape(-1, 2)
         assert (rewards[:, 0] != rewards[:, 1]).any(), "some groups should be informative"
