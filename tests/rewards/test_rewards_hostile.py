@@ -71,6 +71,16 @@ HOSTILE = {
     "slash_soup": "1/" * 50_000 + "1",
     "decimal_soup": "1." * 50_000,
     "exponent": "#### 1e999999999 \\boxed{1e999999999}",
+    # short enough for the symbolic comparison of boxed answers: each must be refused or stay cheap
+    "power_of_powers": r"\boxed{((2^{64})^{64})^{64}}",
+    "power_tower_latex": r"\boxed{9^{9^{9^{9}}}}",
+    "big_polynomial": r"\boxed{(x+y+z)^{24}(x+y+z)^{24}}",
+    "root_tower": "\\boxed{" + r"\sqrt{" * 60 + "2" + "}" * 61,
+    "deep_parens_short": "\\boxed{" + "(" * 90 + "x" + ")" * 90 + "}",
+    "divide_by_zero": r"\boxed{\frac{1}{0}+\frac{x}{x-x}}",
+    "many_variables": r"\boxed{a+b+c+d+f+g}",
+    "huge_set": r"\boxed{\{" + ",".join(map(str, range(60))) + r"\}}",
+    "sympy_bait": r"\boxed{Symbol('x').__class__}",
 }
 FIELDS = {"answer": "42", "numbers": [1, 2, 3], "target": 6}
 
@@ -158,6 +168,7 @@ TOKENS = [
     "0", "1", "2", "7", "42", "1,000", "3/4", ".5", "-", "+", "*", "/", "**", "//", "%", "(", ")", "=",
     "{", "}", "\\boxed{", "\\frac{", "\\dfrac", "\\text{", "$", "####", "<think>", "</think>", "<answer>",
     "</answer>", " ", "\n", "\x00", "\ud800", "e", "x",
+    "\\sqrt{", "^", "^{", "\\{", "\\}", "\\pi", ",", "y", "\\cdot", "\\infty",
 ]  # fmt: skip
 SOUP = st.lists(st.sampled_from(TOKENS), max_size=60).map("".join)
 ANY_TEXT = st.one_of(st.text(), SOUP)

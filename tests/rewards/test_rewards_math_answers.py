@@ -126,7 +126,8 @@ def test_gsm8k_reward_rejects_a_reference_without_a_number_after_its_mark():
         (r"\boxed{42", "42", 0.0),  # unbalanced
         (r"\boxed{}", "", 0.0),  # empty answer is never right
         ("42", "42", 0.0),  # no box
-        (r"\boxed{3\sqrt{2}}", r"\sqrt{18}", 0.0),  # no symbolic algebra, by design
+        (r"\boxed{3\sqrt{2}}", r"\sqrt{18}", 1.0),  # symbolically equal (rewards.symbolic)
+        (r"\boxed{3\sqrt{2}}", r"\sqrt{19}", 0.0),
         (r"\boxed{(1,2)}", "(2,1)", 0.0),
     ],
 )

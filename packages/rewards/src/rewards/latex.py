@@ -1,8 +1,9 @@
 """``\\boxed{...}`` answers: extraction with a bounded brace scan, and light LaTeX normalising.
 
-No symbolic algebra: two answers are equal when both read as the same exact
-number (integers, decimals, ``a/b``, ``\\frac{a}{b}``), or else when their
-normalised strings are equal.
+Two answers are equal when both read as the same exact number (integers,
+decimals, ``a/b``, ``\\frac{a}{b}``), or their normalised strings are equal,
+or else when `rewards.symbolic` shows them equal (``2\\sqrt{2}`` == ``\\sqrt{8}``,
+``\\{1,2\\}`` == ``\\{2,1\\}``), under its own bounds on size and time.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from fractions import Fraction
 
 from rewards.numbers import parse_number
+from rewards.symbolic import symbolic_equal
 
 __all__ = ["MAX_BOXED_CHARS", "answers_equal", "last_boxed", "latex_number", "normalize_answer"]
 
@@ -24,6 +26,7 @@ _SIZED_DELIMITER = re.compile(r"\\(?:left|right)(?![A-Za-z])")
 _SPACING = re.compile(r"\\[!,;: ]|\\quad|\\qquad|\s+")
 _UNITS_SUFFIX = re.compile(r"(?:\^\{?\\circ\}?|\\%|%|\.)$")
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z]=(?=.)")
+_CHOICE = re.compile(r"\(([A-Z])\)")  # a multiple-choice letter written (B)
 _FRAC = re.compile(r"([-+]?)\\frac(?:\{([^{}]*)\}\{([^{}]*)\}|([0-9])([0-9]))")
 
 
@@ -62,12 +65,12 @@ def normalize_answer(answer: str) -> str:
     answer = _TEXT_WRAPPER.sub(r"\1", answer)
     answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     answer = _SIZED_DELIMITER.sub("", answer)
-    answer = _SPACING.sub("", answer).replace("$", "").replace("{,}", ",")
+    answer = _SPACING.sub("", answer).replace("\\$", "").replace("$", "").replace("{,}", ",")
     answer = _UNITS_SUFFIX.sub("", answer)
     answer = _VARIABLE_PREFIX.sub("", answer)
     if len(answer) > 2 and answer[0] == "{" and answer[-1] == "}" and "{" not in answer[1:-1]:
         answer = answer[1:-1]
-    return answer
+    return _CHOICE.sub(r"\1", answer) if _CHOICE.fullmatch(answer) else answer
 
 
 def latex_number(answer: str) -> Fraction | None:
@@ -85,9 +88,13 @@ def latex_number(answer: str) -> Fraction | None:
 
 
 def answers_equal(predicted: str, reference: str) -> bool:
-    """Whether two raw answers agree: as exact numbers when both are numbers, else as strings."""
+    """Whether two raw answers agree: as exact numbers when both are numbers, else as strings,
+    else symbolically."""
+    raw_predicted, raw_reference = predicted, reference
     predicted, reference = normalize_answer(predicted), normalize_answer(reference)
     predicted_value, reference_value = latex_number(predicted), latex_number(reference)
     if predicted_value is not None and reference_value is not None:
         return predicted_value == reference_value
-    return predicted != "" and predicted == reference
+    if predicted != "" and predicted == reference:
+        return True
+    return symbolic_equal(raw_predicted, raw_reference)

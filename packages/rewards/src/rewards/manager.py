@@ -1,6 +1,7 @@
 """The reward manager: score completions with several reward functions, weight and check them.
 
-Plain Python floats throughout (no numpy), so this package has no dependencies.
+Plain Python floats throughout (no numpy); the package's one dependency is sympy, for
+the symbolic comparison of math answers.
 """
 
 from __future__ import annotations
