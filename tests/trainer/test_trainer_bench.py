@@ -75,7 +75,13 @@ def test_bench_with_a_real_architecture_folder(tmp_path):
     from trainer.bench import run_bench
 
     folder = Path(__file__).parents[1] / "fixtures" / "hf" / "qwen2"
-    results = run_bench(preset="tiny", steps=1, output=tmp_path / "b.json", model=str(folder), log=lambda _: None)
+    logged = []
+    results = run_bench(preset="tiny", steps=1, output=tmp_path / "b.json", model=str(folder), log=logged.append)
+    # the folder's architecture is printed, not the preset's ("the unit-test model (hidden 64, 2 layers)")
+    config = json.loads((folder / "config.json").read_text())
+    shape = f"hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, {config['num_attention_heads']} heads"
+    assert logged[0].startswith(f"bench tiny (grpo): {folder}: {shape}")
+    assert "unit-test model" not in logged[0] and results["description"] == logged[0].split(": ", 1)[1]
     assert results["model"]["path"] == str(folder) and results["model"]["preset"] is None
     assert results["model"]["vocab"] > 99  # the folder's vocabulary, not the character one
     assert results["compile_count"]["timed_delta"] == 0

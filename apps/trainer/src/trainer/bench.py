@@ -238,6 +238,20 @@ def _example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
 PHASES = ("rollout", "reward", "logprob", "update")
 
 
+def architecture(cfg: TransformerConfig) -> str:
+    """The model's shape in the words of the presets' descriptions."""
+    parts = [
+        f"hidden {cfg.hidden_size}",
+        f"{cfg.num_layers} layers",
+        f"{cfg.num_heads} heads",
+        f"{cfg.num_kv_heads} KV heads",
+        f"MLP {cfg.mlp_hidden_size}",
+        "tied embeddings" if cfg.tie_embeddings else "untied embeddings",
+        f"vocabulary {cfg.vocab_size}",
+    ]
+    return ", ".join(parts)
+
+
 def run_bench(
     *,
     preset: str = "tiny-qwen2",
@@ -257,7 +271,6 @@ def run_bench(
     if steps < 1:
         raise ConfigError(f"--steps {steps}: must be >= 1")
     p = PRESETS[preset]
-    log(f"bench {preset} ({algo}): {p.description}")
     total_steps = p.warmup_steps + steps
     settings = build_settings(
         algo=algo,
@@ -280,9 +293,17 @@ def run_bench(
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)
+    cfg = policy.config
+    # with --model the preset gives only the batch shape: describe the model actually loaded
+    description = (
+        f"{model}: {architecture(cfg)}; {p.prompts} prompts x {p.group_size} completions, "
+        f"up to {p.max_new_tokens} new tokens"
+        if model
+        else p.description
+    )
+    log(f"bench {preset} ({algo}): {description}")
     if model:
         log(f"model: {model} ({type(tokenizer).__name__}, vocabulary {tokenizer.vocab_size})")
-    cfg = policy.config
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
     recorder = _Recorder(learner, cfg)
 
@@ -313,6 +334,7 @@ def run_bench(
     peak = _merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
     results = _summarise(
         preset=preset,
+        description=description,
         algo=algo,
         p=p,
         cfg=cfg,
@@ -387,6 +409,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
 def _summarise(
     *,
     preset: str,
+    description: str,
     algo: str,
     p: BenchPreset,
     cfg: TransformerConfig,
@@ -443,7 +466,7 @@ def _summarise(
     rollout_seconds = sum(r["time/rollout"] for r in records)
     return {
         "preset": preset,
-        "description": p.description,
+        "description": description,
         "algo": algo,
         "machine": {
             "device": str(jax.devices()[0]),
