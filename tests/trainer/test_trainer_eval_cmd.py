@@ -49,34 +49,11 @@ def test_pass_at_k_rejects_impossible_counts(n, c, k):
         pass_at_k(n, c, k)
 
 
-LR, WEIGHT_DECAY = 0.05, 0.1
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A two-step GRPO run folder from `trainer train`.
-
-    Random initial weights (no warm start) never answer right, so every group is
-    tied and every gradient is exactly 0; AdamW's decoupled weight decay still
-    moves the weights, by a known factor: p_2 = p_0 * (1 - lr * wd)^2.
-    """
-    run = tmp_path_factory.mktemp("eval") / "run"
-    argv = [
-        "train", "--algo", "grpo", "--output", str(run), "--no-progress",
-        "training.num_steps=2", "warm_start.steps=0",
-        f"training.learning_rate={LR}", f"training.weight_decay={WEIGHT_DECAY}",
-        "eval.heldout_size=16", "eval.samples_per_prompt=4", "eval.pass_k=2", "eval.every_steps=0",
-        "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0",
-    ]  # fmt: skip
-    assert main(argv) == 0
-    return run
-
-
 def _snapshot(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_eval_of_a_run_matches_its_final_summary(trained_run, capsys, monkeypatch):
+def test_eval_of_a_run_matches_its_final_summary(trained_run, decay_per_step, capsys, monkeypatch):
     evaluated = []
 
     def recording_evaluate(sampler, params, *args, **kwargs):
@@ -101,7 +78,7 @@ def test_eval_of_a_run_matches_its_final_summary(trained_run, capsys, monkeypatc
     # and it evaluated the checkpointed weights, not fresh ones: p_0 * (1 - lr * wd)^2
     settings = settings_of_run(trained_run)
     initial = nnx.state(build.new_model(settings, CharTokenizer()), nnx.Param)
-    factor = (1 - LR * WEIGHT_DECAY) ** 2
+    factor = decay_per_step**2
     (params,) = evaluated
     for p0, p2 in zip(jax.tree.leaves(initial), jax.tree.leaves(params), strict=True):
         np.testing.assert_allclose(np.asarray(p2), factor * np.asarray(p0), rtol=1e-5, atol=1e-7)

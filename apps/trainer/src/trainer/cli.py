@@ -1,4 +1,4 @@
-"""The `trainer` command line: train, compare, eval, bench, explain, algos, tasks."""
+"""The `trainer` command line: train, compare, eval, export, bench, explain, config, algos, tasks."""
 
 from __future__ import annotations
 
@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
     e.add_argument("--k", type=int, default=None, help="k of pass@k (default: the run's)")
     e.add_argument("--samples", type=int, default=None, help="n samples per prompt (default: the run's)")
+
+    o = sub.add_parser("export", help="write a run's policy as a Hugging Face folder (transformers, vLLM)")
+    o.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
+    o.add_argument("--out", type=Path, required=True, metavar="HF_DIR", help="folder to write")
+    o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
 
     b = sub.add_parser(
         "bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation", epilog=SETTINGS_HINT
@@ -144,6 +149,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from trainer.export import export_run
+
+    print(json.dumps(export_run(args.run, args.out, step=args.step), indent=2))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from trainer.bench import run_bench
 
@@ -210,6 +222,7 @@ COMMANDS = {
     "train": cmd_train,
     "compare": cmd_compare,
     "eval": cmd_eval,
+    "export": cmd_export,
     "bench": cmd_bench,
     "explain": cmd_explain,
     "config": cmd_config,

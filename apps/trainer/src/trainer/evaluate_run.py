@@ -1,9 +1,6 @@
 """`trainer eval --run DIR`: held-out greedy accuracy and unbiased pass@k of a run's latest checkpoint.
 
-The run folder's `config.yaml` rebuilds the task, tokenizer and model; the
-learner is built only for the shape of its checkpointed state (params,
-optimizer state, RNG), which the run's latest checkpoint then fills. The run
-folder is only read: no metrics, event files or checkpoints are written.
+The run folder is only read (see `trainer.run_policy`).
 """
 
 from __future__ import annotations
@@ -11,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import Checkpointer
 from rl_core.config import ConfigError
 
 from trainer import build
 from trainer.evaluate import evaluate
 from trainer.run import settings_of_run
+from trainer.run_policy import load_run_policy
 
 
 def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | None = None, seed: int = 0) -> dict[str, Any]:
@@ -33,32 +30,13 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
         raise ConfigError(f"--k = {k}: must be >= 1")
     if samples < k:
         raise ConfigError(f"--samples = {samples}: must be >= k ({k}) for the unbiased pass@k estimate")
-    checkpoints = run_dir / "checkpoints"
-    if not checkpoints.is_dir():
-        raise FileNotFoundError(f"{run_dir} has no checkpoints/ folder: was the run trained with `trainer train`?")
-
-    tokenizer = build.tokenizer(settings)
-    task = build.chat_prompts(settings.task.build(), tokenizer)
-    # Fresh weights only give the structure; the checkpoint replaces them. output_dir=None keeps
-    # the learner from opening a metrics file, an event file or a checkpoint manager in the run.
-    learner = build.learner(
-        settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False
-    )
-    checkpointer = Checkpointer(checkpoints)
-    try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
-        like = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}
-        arrays, _ = checkpointer.restore(step, like=like)
-    finally:
-        checkpointer.close()
-    prompts = build.heldout(task, settings)
+    run = load_run_policy(run_dir)
+    prompts = build.heldout(run.task, settings)
     metrics = evaluate(
-        learner.sampler,
-        arrays["params"],
-        tokenizer,
-        task,
+        run.learner.sampler,
+        run.params,
+        run.tokenizer,
+        run.task,
         prompts,
         pass_k=k,
         samples_per_prompt=samples,
@@ -68,7 +46,7 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
     return {
         "run": str(run_dir),
         "algo": settings.algo,
-        "step": step,
+        "step": run.step,
         "heldout_size": len(prompts),
         "samples_per_prompt": samples,
         "k": k,

@@ -13,6 +13,7 @@ from rl_models.hf.config import (
     read_json,
     transformer_config_from_hf,
 )
+from rl_models.hf.char_files import write_char_tokenizer
 from rl_models.hf.export import export_hf
 from rl_models.hf.tokenizer import HFTokenizer
 from rl_models.hf.weights import load_params
@@ -52,4 +53,5 @@ __all__ = [
     "load_hf_model",
     "load_hf_tokenizer",
     "transformer_config_from_hf",
+    "write_char_tokenizer",
 ]

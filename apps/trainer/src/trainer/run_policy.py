@@ -1,0 +1,66 @@
+"""The policy of a run folder at one of its checkpoints, for `trainer eval` and `trainer export`.
+
+The run folder's `config.yaml` rebuilds the task, tokenizer and model; the
+learner is built only for the shape of its checkpointed state (params,
+optimizer state, RNG), which the checkpoint then fills. The run folder is only
+read: no metrics, event files or checkpoints are written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from rl_core.checkpoint import Checkpointer
+from rl_core.learner import RLLearner
+from rl_core.tokens import Tokenizer
+
+from trainer import build
+from trainer.run import settings_of_run
+from trainer.settings import RunSettings
+from trainer.tasks import Task
+
+
+class RunPolicy(NamedTuple):
+    settings: RunSettings
+    tokenizer: Tokenizer
+    task: Task
+    learner: RLLearner
+    """Built for its sampler and graph; its own parameters are fresh, not the checkpoint's."""
+    params: Any
+    """The checkpoint's parameters (a dict of arrays, as nnx.merge takes them)."""
+    step: int
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints in `run_dir/checkpoints` (folders named by their step)."""
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()) if folder.is_dir() else []
+
+
+def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
+    """The run's policy at checkpoint `step` (default: the latest)."""
+    run_dir = Path(run_dir)
+    settings = settings_of_run(run_dir)
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise FileNotFoundError(
+            f"{run_dir / 'checkpoints'} holds no checkpoint: was the run trained with `trainer train`?"
+        )
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}; it keeps steps {steps}")
+    tokenizer = build.tokenizer(settings)
+    task = build.chat_prompts(settings.task.build(), tokenizer)
+    # output_dir=None keeps the learner from opening a metrics file, an event file or a checkpoint manager
+    learner = build.learner(
+        settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False
+    )
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    try:
+        like = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}
+        arrays, _ = checkpointer.restore(step, like=like)
+    finally:
+        checkpointer.close()
+    return RunPolicy(settings, tokenizer, task, learner, arrays["params"], step)

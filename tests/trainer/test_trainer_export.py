@@ -1,0 +1,78 @@
+"""`trainer export`: a run's checkpoint as a Hugging Face folder that reloads with identical logits."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_models import CharTokenizer
+from rl_models.hf import load_hf_model, load_hf_tokenizer
+from trainer import build
+from trainer.cli import main
+from trainer.run import settings_of_run
+from trainer.run_policy import load_run_policy
+
+pytestmark = pytest.mark.slow
+
+
+def export(capsys, run, out, *extra):
+    assert main(["export", "--run", str(run), "--out", str(out), *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def logits(model, tokens):
+    """Logits [B, L, V] of a causal forward over right-padded `tokens` (pads at the end change nothing before them)."""
+    b, n = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(n), (b, n))
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
+    hidden, _ = model(jnp.asarray(tokens), positions, causal)
+    return np.asarray(model.logits(hidden))
+
+
+def test_export_reloads_with_identical_logits(trained_run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    result = export(capsys, trained_run, out)
+    assert result["step"] == 2
+    # the layout transformers and vLLM load
+    assert set(result["files"]) == {
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+    }  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] and config["model_type"] and config["torch_dtype"] == "float32"
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2]
+
+    run = load_run_policy(trained_run)
+    trained = nnx.merge(run.learner.graphdef, run.params)
+    reloaded = load_hf_model(out)
+    tokenizer = load_hf_tokenizer(out)
+    chars = CharTokenizer()
+    texts = ["12+34=", "7+5=", "99+1=46"]
+    ids = [tokenizer.encode(t, add_bos=True) for t in texts]
+    assert ids == [chars.encode(t, add_bos=True) for t in texts]  # the same tokenizer
+    width = max(map(len, ids))
+    tokens = np.array([i + [chars.pad_id] * (width - len(i)) for i in ids], np.int32)
+    np.testing.assert_array_equal(logits(reloaded, tokens), logits(trained, tokens))
+    assert tokenizer.decode(ids[2][1:]) == "99+1=46"
+
+
+def test_export_of_an_earlier_step_holds_that_checkpoint(trained_run, decay_per_step, tmp_path, capsys):
+    """Weight decay alone moved the weights: step n holds p_0 * (1 - lr * wd)^n."""
+    assert export(capsys, trained_run, tmp_path / "s1", "--step", "1")["step"] == 1
+    settings = settings_of_run(trained_run)
+    initial = nnx.state(build.new_model(settings, CharTokenizer()), nnx.Param)
+    exported = nnx.state(load_hf_model(tmp_path / "s1"), nnx.Param)
+    for p0, p1 in zip(jax.tree.leaves(initial), jax.tree.leaves(exported), strict=True):
+        np.testing.assert_allclose(np.asarray(p1), decay_per_step * np.asarray(p0), rtol=1e-5, atol=1e-7)
+
+
+def test_export_rejects_a_missing_step_and_a_foreign_folder(trained_run, tmp_path, capsys):
+    assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "x"), "--step", "7"]) == 2
+    assert "no checkpoint of step 7; it keeps steps [1, 2]" in capsys.readouterr().err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "notes")]) == 2
+    assert "is not an exported model folder" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
