@@ -92,3 +92,16 @@ def test_eval_rejects_bad_k_and_missing_runs(trained_run, tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="checkpoints"):
         (tmp_path / "config.yaml").write_text((trained_run / "config.yaml").read_text())
         evaluate_run(tmp_path)
+
+
+def test_samples_steps_and_ids_agree(trained_run):
+    samples = [json.loads(line) for line in (trained_run / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [1, 2]
+    for sample in samples:
+        assert sample["id"].startswith(f"step{sample['step']}/"), sample["id"]
+
+
+def test_counts_are_pluralised():
+    from trainer.run import plural
+
+    assert [plural(n, "step") for n in (0, 1, 2)] == ["0 steps", "1 step", "2 steps"]

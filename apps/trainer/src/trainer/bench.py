@@ -51,6 +51,7 @@ from rl_core.sampler import Sampler, SamplingParams
 from rl_models import Transformer, TransformerConfig
 
 from trainer import build
+from trainer.run import plural
 from trainer.settings import build_settings
 
 
@@ -311,7 +312,7 @@ def run_bench(
     log(f"measuring the float32 matmul peak ({sizes}; again after the steps)")
     peak_before = matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)
 
-    log(f"{p.warmup_steps} warm-up step(s), then {steps} timed")
+    log(f"{plural(p.warmup_steps, 'warm-up step')}, then {steps} timed")
     compiles_start = compile_count()
     learner.train_step()
     compiles_first = compile_count()

@@ -22,7 +22,7 @@ from rl_core.config import ConfigError
 
 from trainer import compare_folder
 from trainer.report import PLOTS, write_report
-from trainer.run import train_run
+from trainer.run import plural, train_run
 from trainer.settings import RunSettings, merge, parse_overrides, settings_from_user, user_settings
 
 DEFAULT_SEEDS = 3
@@ -107,7 +107,7 @@ def compare(
             runs[settings.algo].append({"seed": n, "summary": summary, "history": _history(run_dir)})
     wall = time.perf_counter() - start
     text, results = write_report(output, all_settings, reference, runs, wall_seconds=wall)
-    log(f"compare: {len(algos)} variants x {seeds} seeds in {wall:.1f} s; report in {output}")
+    log(f"compare: {plural(len(algos), 'variant')} x {plural(seeds, 'seed')} in {wall:.1f} s; report in {output}")
     return text, results
 
 

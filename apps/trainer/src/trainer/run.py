@@ -107,7 +107,7 @@ def train_run(
         "skipped_updates": learner.skipped_updates,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"{settings.algo}: held-out accuracy after RL {after['eval/accuracy']:.3f} ({learner.step} steps)")
+    log(f"{settings.algo}: held-out accuracy after RL {after['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
     return summary
 
 
@@ -132,6 +132,11 @@ def _stop(learner, log: Callable[[str], None]) -> None:
     log("interrupt: stopping after the current step, with a checkpoint (Ctrl-C again to abort)")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     learner.request_stop()
+
+
+def plural(n: int, noun: str) -> str:
+    """ "1 step", "2 steps" """
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _mean(values) -> float:

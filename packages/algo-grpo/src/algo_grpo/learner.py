@@ -84,7 +84,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         return self.config.group_size
 
     def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
-        return [f"step{self.step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
+        step = self.step + 1  # the step being produced: samples.jsonl records it after the counter advances
+        return [f"step{step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
         self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
