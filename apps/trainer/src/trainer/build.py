@@ -76,14 +76,19 @@ def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:
 
 
 def base_policy(
-    settings: RunSettings, task: Task, tokenizer: Tokenizer, cache_dir: Path | None, log: Callable[[str], None]
+    settings: RunSettings,
+    task: Task,
+    tokenizer: Tokenizer,
+    cache_dir: Path | None,
+    log: Callable[[str], None],
+    progress: bool = False,
 ) -> Transformer:
     """The warm-started policy, loaded from `cache_dir` when it was made before."""
     model = new_model(settings, tokenizer)
     if settings.warm_start_steps == 0:
         return model
     if cache_dir is None:
-        return warm_start(model, task, tokenizer, **_warm_kwargs(settings))
+        return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     checkpointer = ocp.StandardCheckpointer()
     if path.exists():
@@ -92,7 +97,7 @@ def base_policy(
         nnx.update(model, state)
         return model
     log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
-    warm_start(model, task, tokenizer, **_warm_kwargs(settings))
+    warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress)
     checkpointer.save(path, nnx.state(model))
     checkpointer.wait_until_finished()
     return model

@@ -77,7 +77,7 @@ def train_run(
     (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
     tokenizer = build.tokenizer(settings)
     task = build.chat_prompts(settings.task.build(), tokenizer)
-    policy = build.base_policy(settings, task, tokenizer, base_cache or run_dir, log)
+    policy = build.base_policy(settings, task, tokenizer, base_cache or run_dir, log, progress=progress)
     learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     before_path = run_dir / "eval_before.json"
     if resume and learner.resume():

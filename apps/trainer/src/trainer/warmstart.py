@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 from rl_core.data import Prompt
 from rl_core.logprobs import completion_logprobs
+from rl_core.progress import ProgressBar
 from rl_core.tokens import Tokenizer, encode_prompts
 
 from trainer.tasks import Task
@@ -47,8 +48,12 @@ def warm_start(
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     seed: int = 0,
+    progress: bool = False,
 ) -> nnx.Module:
-    """Train `model` in place by cross-entropy on reference completions; returns it."""
+    """Train `model` in place by cross-entropy on reference completions; returns it.
+
+    With `progress`, a bar (or plain lines when the output is not a terminal) shows the steps and the loss.
+    """
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)  # plain arrays: cheaper to pass through jit than Variables
     tx = optax.adam(learning_rate)
@@ -66,8 +71,12 @@ def warm_start(
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    for _ in range(steps):
-        rows = rng.integers(0, len(task.train), batch_size)
-        params, opt_state, _ = step(params, opt_state, tuple(jnp.asarray(a[rows]) for a in arrays))
+    with ProgressBar(steps, enabled=progress, description="warm start") as bar:
+        bar.update(0, {})
+        for i in range(steps):
+            rows = rng.integers(0, len(task.train), batch_size)
+            params, opt_state, loss = step(params, opt_state, tuple(jnp.asarray(a[rows]) for a in arrays))
+            if progress and ((i + 1) % 20 == 0 or i + 1 == steps):  # reading the loss waits for the step
+                bar.update(i + 1, {"loss": float(loss)})
     nnx.update(model, params)
     return model

@@ -46,8 +46,9 @@ from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
 from rl_core.logprobs import completion_logprobs
-from rl_core.metrics import MetricsLogger, ProgressBar
+from rl_core.metrics import MetricsLogger
 from rl_core.optim import make_optimizer
+from rl_core.progress import ProgressBar
 from rl_core.sampler import Completions, Sampler, SamplingParams
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.types import TrainExample

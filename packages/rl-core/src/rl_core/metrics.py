@@ -1,15 +1,13 @@
-"""Metrics: JSONL plus TensorBoard event files, and a console progress bar."""
+"""Metrics: JSONL plus TensorBoard event files (the console progress bar is `rl_core.progress`)."""
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 class MetricsLogger:
@@ -65,38 +63,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN; keep it visible rather than dropping it
     return value
-
-
-class ProgressBar:
-    """Step, reward and speed on one console line (silent when disabled)."""
-
-    def __init__(self, total: int, *, enabled: bool, description: str = "train") -> None:
-        self.enabled = enabled
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            disable=not enabled,
-        )
-        self._task = self._progress.add_task(description, total=total, info="")
-        self._last = time.perf_counter()
-
-    def __enter__(self) -> ProgressBar:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.__exit__(*exc)
-
-    def update(self, step: int, metrics: Mapping[str, float]) -> None:
-        parts = []
-        for key, label, fmt in (
-            ("rewards/total/mean", "reward", ".3f"),
-            ("eval/accuracy", "acc", ".3f"),
-            ("perf/tokens_per_sec", "tok/s", ".0f"),
-        ):
-            if key in metrics:
-                parts.append(f"{label} {metrics[key]:{fmt}}")
-        self._progress.update(self._task, completed=step, info="  ".join(parts))
