@@ -32,6 +32,7 @@ RULES = [
     (TrainingConfig, {}, "num_steps", 0, "must be >= 1"),
     (TrainingConfig, {}, "checkpoint_every_steps", -2, "must be >= 0"),
     (TrainingConfig, {}, "samples_per_step", -1, "must be >= 0"),
+    (TrainingConfig, {}, "loggers", ("tensorboard", "wandbb"), "must be a list of ('tensorboard', 'wandb')"),
     (TrainingConfig, {}, "log_every_steps", 0, "must be >= 1"),
     (TrainingConfig, {}, "max_checkpoints_to_keep", 0, "must be >= 1"),
     (TrainingConfig, {}, "on_nonfinite", "ignore", "must be one of ('skip', 'stop')"),

@@ -150,5 +150,6 @@ def learner(
         eval_fn=eval_fn(task, settings),
         eval_every_steps=settings.eval.every_steps,
         output_dir=output_dir,
+        run_config=settings.resolved(),
         progress=progress,
     )

@@ -160,6 +160,7 @@ class RolloutConfig(Config):
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 ON_NONFINITE = ("skip", "stop")
+LOGGERS = ("tensorboard", "wandb")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -198,6 +199,9 @@ class TrainingConfig(Config):
     """A non-finite loss or gradient: skip the update and count it, or stop the run."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl each step."""
+    loggers: tuple[str, ...] = ("tensorboard",)
+    """Where metrics go besides metrics.jsonl: tensorboard (scalars, the config and samples as text) and/or
+    wandb (Weights & Biases: scalars, the config, a samples table; needs the wandb extra)."""
 
     def __post_init__(self) -> None:
         check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")
@@ -223,6 +227,12 @@ class TrainingConfig(Config):
         check(self.log_every_steps >= 1, self, "log_every_steps", "must be >= 1")
         check(self.max_checkpoints_to_keep >= 1, self, "max_checkpoints_to_keep", "must be >= 1")
         check(self.on_nonfinite in ON_NONFINITE, self, "on_nonfinite", f"must be one of {ON_NONFINITE}")
+        check(isinstance(self.loggers, (list, tuple)), self, "loggers", f"must be a list of {LOGGERS}")
+        object.__setattr__(self, "loggers", tuple(self.loggers))  # YAML gives a list; frozen configs hold tuples
+        check(all(x in LOGGERS for x in self.loggers), self, "loggers", f"must be a list of {LOGGERS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return super().to_dict() | {"loggers": list(self.loggers)}  # YAML and JSON write lists
 
     def batch_layout(self, batch_size: int) -> tuple[int, int]:
         """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions."""

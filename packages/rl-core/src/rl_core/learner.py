@@ -50,6 +50,7 @@ from rl_core.metrics import MetricsLogger
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
 from rl_core.sampler import Completions, Sampler, SamplingParams
+from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.types import TrainExample
 
@@ -112,6 +113,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         eval_fn: Callable[[RLLearner], Mapping[str, float]] | None = None,
         eval_every_steps: int = 0,
         output_dir: str | Path | None = None,
+        run_config: Mapping[str, Any] | None = None,
         mesh: Mesh | None = None,
         progress: bool = False,
     ) -> None:
@@ -157,7 +159,14 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # the run folder (metrics, samples, checkpoints); None keeps nothing on disk
         out = Path(output_dir) if output_dir is not None else None
         self.output_dir = out
-        self.logger = MetricsLogger(out)
+        self.logger = MetricsLogger(out, tensorboard="tensorboard" in training.loggers)
+        # the run's resolved settings (by default this learner's configs), recorded by the loggers
+        run_config = dict(run_config) if run_config is not None else self._own_config()
+        self.logger.write_text("config", "```\n" + json.dumps(run_config, indent=2) + "\n```", 0)
+        self.sinks: list[MetricsSink] = []
+        if "wandb" in training.loggers and out is not None:  # a learner without a run folder logs nowhere
+            name = "/".join(out.absolute().parts[-2:]) if out is not None else None
+            self.sinks.append(WandbSink(out, config=run_config, name=name))
         self.checkpointer = (
             Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
         )
@@ -301,6 +310,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             metrics.update(self.eval_fn(self))
         if self.step % self.training.log_every_steps == 0:
             self.logger.write(self.step, metrics)
+            for sink in self.sinks:
+                sink.write(self.step, metrics)
         self._write_samples(batch.samples)
         return metrics
 
@@ -499,13 +510,24 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         path.write_text("".join(line + "\n" for line in kept))
 
     def _write_samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
-        if self.output_dir is None or not samples:
+        shown = list(samples[: self.training.samples_per_step])
+        if not shown:
             return
-        with (self.output_dir / "samples.jsonl").open("a") as f:
-            for sample in samples[: self.training.samples_per_step]:
-                f.write(json.dumps({"step": self.step, **sample}) + "\n")
+        if self.output_dir is not None:
+            with (self.output_dir / "samples.jsonl").open("a") as f:
+                for sample in shown:
+                    f.write(json.dumps({"step": self.step, **sample}) + "\n")
+        self.logger.write_text("samples", samples_markdown(shown), self.step)
+        for sink in self.sinks:
+            sink.write_samples(self.step, shown)
+
+    def _own_config(self) -> dict[str, Any]:
+        return {"algorithm": self.config.to_dict(), "training": self.training.to_dict(), "rollout": self.rollout.to_dict()}
 
     def close(self) -> None:
         self.logger.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
         if self.checkpointer is not None:
             self.checkpointer.close()

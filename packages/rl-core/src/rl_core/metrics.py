@@ -50,6 +50,12 @@ class MetricsLogger:
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
 
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        """A Markdown text summary in TensorBoard (its TEXT tab); nothing without TensorBoard."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+            self._tb.flush()
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
