@@ -127,3 +127,15 @@ def test_results_json_is_strict_json(tmp_path):
     from trainer.report import _finite
 
     assert json.loads(json.dumps(_finite({"a": [math.nan, 1.0]}))) == {"a": [None, 1.0]}
+
+
+def test_an_earlier_one_seed_comparison_is_replaced_with_overwrite(tmp_path):
+    """Before seeds, a comparison wrote <algo>/ as run folders; its results.json names them."""
+    out = tmp_path / "cmp"
+    (out / "grpo").mkdir(parents=True)
+    (out / "grpo" / "config.yaml").write_text("algo: grpo\n")
+    (out / "results.json").write_text(json.dumps({"variants": [{"algo": "grpo"}]}))
+    with pytest.raises(FileExistsError, match="already holds a comparison"):
+        compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)
+    compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=True)
+    assert list(out.iterdir()) == []
