@@ -1,6 +1,7 @@
 """`trainer export`: a run's checkpoint as a Hugging Face folder that reloads with identical logits."""
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -76,3 +77,32 @@ def test_export_rejects_a_missing_step_and_a_foreign_folder(trained_run, tmp_pat
     assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "notes")]) == 2
     assert "is not an exported model folder" in capsys.readouterr().err
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+def test_export_of_a_loaded_model_keeps_its_tokenizer_files_and_chat_template(tmp_path, capsys):
+    """A run of a Hugging Face folder (the tiny committed Qwen3) exports with that folder's files."""
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(6)))
+    run = tmp_path / "run"
+    argv = [
+        "train", "--model", str(FIXTURES / "qwen3"), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
+        "--output", str(run), "--no-progress", "training.num_steps=1", "training.prompts_per_step=2",
+        "algorithm.group_size=2", "task.options.heldout_size=2", "task.options.max_new_tokens=8",
+        "eval.samples_per_prompt=2", "eval.pass_k=1", "eval.every_steps=0",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    out = tmp_path / "hf"
+    files = export(capsys, run, out)["files"]
+    assert {"chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(files)
+    assert (out / "chat_template.jinja").read_text() == (FIXTURES / "qwen3" / "chat_template.jinja").read_text()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
+
+    trained = load_run_policy(run)
+    reloaded = load_hf_model(out)
+    tokens = np.array([trained.tokenizer.encode("What is 2+2?")], np.int32)
+    np.testing.assert_array_equal(logits(reloaded, tokens), logits(nnx.merge(trained.learner.graphdef, trained.params), tokens))
+    assert load_hf_tokenizer(out).chat_template == trained.tokenizer.chat_template
