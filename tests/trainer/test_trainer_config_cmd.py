@@ -32,6 +32,7 @@ def test_every_setting_is_listed_with_type_default_and_description():
     assert rows["algorithm.epsilon_high"][:2] == ["float", "0.28"]
     assert rows["algorithm.overlong.penalty_factor"][:2] == ["float", "1.0"]
     assert rows["training.max_grad_norm"][0] == "float | None"
+    assert rows["training.loggers"][:2] == ["list[str]", "[tensorboard]"]
 
 
 def test_another_algorithm_lists_its_own_fields(capsys):

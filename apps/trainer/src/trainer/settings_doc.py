@@ -51,6 +51,8 @@ def type_name(hint: Any) -> str:
         return " | ".join(type_name(h) for h in typing.get_args(hint))
     if hint is type(None):
         return "None"
+    if typing.get_origin(hint) is tuple:  # written as a YAML list
+        return f"list[{type_name(typing.get_args(hint)[0])}]"
     return getattr(hint, "__name__", str(hint))
 
 
@@ -72,6 +74,8 @@ def rows(cls: type, values: dict[str, Any], prefix: str) -> list[tuple[str, str,
 def _show(value: Any) -> str:
     if isinstance(value, dict) and not value:
         return "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
     return "null" if value is None else str(value)
 
 

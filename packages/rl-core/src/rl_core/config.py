@@ -231,9 +231,6 @@ class TrainingConfig(Config):
         object.__setattr__(self, "loggers", tuple(self.loggers))  # YAML gives a list; frozen configs hold tuples
         check(all(x in LOGGERS for x in self.loggers), self, "loggers", f"must be a list of {LOGGERS}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return super().to_dict() | {"loggers": list(self.loggers)}  # YAML and JSON write lists
-
     def batch_layout(self, batch_size: int) -> tuple[int, int]:
         """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions."""
         mini = self.mini_batch_size or batch_size
