@@ -8,6 +8,7 @@ import pytest
 
 from rl_core.config import RolloutConfig, TrainingConfig
 from trainer.cli import main
+from trainer.compare import DEFAULT_SEEDS
 from trainer.settings_doc import describe
 
 
@@ -56,7 +57,10 @@ def test_version_and_help_point_to_the_settings(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"trainer {version('trainer')}"
-    for command in ("train", "compare"):
+    for command in ("train", "compare", "eval", "export", "bench"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "trainer config [--algo NAME]" in capsys.readouterr().out
+        printed = capsys.readouterr().out
+        assert "trainer config [--algo NAME]" in printed
+        if command == "compare":
+            assert f"seeds per variant (default {DEFAULT_SEEDS})" in " ".join(printed.split())

@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--k", type=int, default=None, help="k of pass@k (default: the run's)")
     e.add_argument("--samples", type=int, default=None, help="n samples per prompt (default: the run's)")
 
-    o = sub.add_parser("export", help="write a run's policy as a Hugging Face folder (transformers, vLLM)")
+    o = sub.add_parser(
+        "export", help="write a run's policy as a Hugging Face folder (transformers, vLLM)", epilog=SETTINGS_HINT
+    )
     o.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
     o.add_argument("--out", type=Path, required=True, metavar="HF_DIR", help="folder to write")
     o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
