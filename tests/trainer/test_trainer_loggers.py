@@ -124,5 +124,5 @@ def test_without_loggers_no_event_file_is_written(tmp_path):
 
 def test_wandb_missing_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if the extra were not installed
-    with pytest.raises(ConfigError, match=r"loggers includes 'wandb', but wandb is not installed: .*--extra wandb"):
+    with pytest.raises(ConfigError, match=r"loggers includes 'wandb', but wandb is not installed: .*pip install 'trainer\[wandb\]'"):
         WandbSink(tmp_path, config={})

@@ -61,7 +61,8 @@ class WandbSink:
         except ImportError:
             raise ConfigError(
                 "TrainingConfig.loggers includes 'wandb', but wandb is not installed: "
-                "install the extra (`uv sync --extra wandb`, or `pip install 'trainer[wandb]'`)"
+                "install the extra (`pip install 'trainer[wandb]'` or `'rl-core[wandb]'`; "
+                "in the rl-variants workspace, `uv sync` with the dev group)"
             ) from None
         self._wandb = wandb
         if output_dir is not None:
