@@ -81,6 +81,14 @@ HOSTILE = {
     "many_variables": r"\boxed{a+b+c+d+f+g}",
     "huge_set": r"\boxed{\{" + ",".join(map(str, range(60))) + r"\}}",
     "sympy_bait": r"\boxed{Symbol('x').__class__}",
+    "fullwidth_minus": "#### \uff0d42 \\boxed{\uff0d42} <answer>\uff0d42</answer>",
+    "small_minus": "#### \ufe6342 \\boxed{\ufe6342} <answer>\ufe6342</answer>",
+    "heavy_minus": "#### \u279642 \\boxed{\u279642}",
+    "modifier_minus": "#### \u02d742 \\boxed{\u02d742}",
+    "minus_sign": "#### \u221242 \\boxed{\u221242}",
+    "en_dash": "#### \u201342 \\boxed{\u201342}",
+    "em_dash": "#### \u201442 \\boxed{\u201442}",
+    "hyphen": "#### \u201042 \\boxed{\u201042}",
 }
 FIELDS = {"answer": "42", "numbers": [1, 2, 3], "target": 6}
 
@@ -144,6 +152,31 @@ def test_the_manager_scores_the_hostile_corpus_with_every_function():
     assert result.num_failed == 0
     assert len(result.total) == n
     assert set(result.per_function) == set(NAMES)
+
+
+MINUS_FORMS = {"fullwidth": "\uff0d", "small": "\ufe63", "heavy": "\u2796", "modifier": "\u02d7", "minus": "\u2212"}
+GSM8K_MINUS = [f"#### {m}72" for m in MINUS_FORMS.values()]
+
+
+@pytest.mark.parametrize(("fn", "wrap"), [
+    (numeric_answer, "The answer is {}."),
+    (gsm8k_reward, "So #### {}"),
+    (boxed_reward, "\\boxed{{{}}}"),
+    (numeric_answer_reward(answer_tag=True), "<answer>{}</answer>"),
+], ids=["numeric_answer", "gsm8k", "boxed", "answer_tag"])
+@pytest.mark.parametrize("minus", list(MINUS_FORMS.values()), ids=list(MINUS_FORMS))
+def test_a_unicode_minus_never_earns_credit_for_the_positive_answer(fn, wrap, minus):
+    completion = wrap.format(f"{minus}72")
+    assert call_with_deadline(fn, ["p"], [completion], answer=["72"]) == [0.0]
+    assert call_with_deadline(fn, ["p"], [completion], answer=["-72"]) == [1.0]
+
+
+@pytest.mark.parametrize("dash", ["\u2010", "\u2011", "\u2012", "\u2013", "\u2014"])
+@pytest.mark.parametrize("fn", [numeric_answer, gsm8k_reward, boxed_reward], ids=["numeric_answer", "gsm8k", "boxed"])
+def test_a_dash_before_the_answer_earns_credit_for_neither_sign(fn, dash):
+    completion = f"#### {dash}72" if fn is gsm8k_reward else f"\\boxed{{{dash}72}}" if fn is boxed_reward else f"x = {dash}72"
+    assert call_with_deadline(fn, ["p"], [completion], answer=["72"]) == [0.0]
+    assert call_with_deadline(fn, ["p"], [completion], answer=["-72"]) == [0.0]
 
 
 def test_model_text_is_never_executed(tmp_path):

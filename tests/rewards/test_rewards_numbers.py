@@ -92,3 +92,31 @@ def test_reference_number(value, expected):
 def test_reference_number_rejects_non_numbers_naming_the_field(value):
     with pytest.raises(ValueError, match=r"answer\[3\]"):
         reference_number(value, "answer", 3)
+
+
+MINUS_FORMS = ["\u2212", "\ufe63", "\uff0d", "\u2796", "\u02d7"]  # minus sign, small, fullwidth, heavy, modifier
+DASHES = ["\u2010", "\u2011", "\u2012", "\u2013", "\u2014"]  # hyphen, non-breaking hyphen, figure, en, em dash
+
+
+@pytest.mark.parametrize("minus", MINUS_FORMS)
+def test_every_unicode_minus_form_is_a_minus_sign(minus):
+    assert parse_number(f"{minus}42") == -42
+    assert parse_number(f" {minus}3/4 ") == Fraction(-3, 4)
+    assert last_number(f"so x = {minus}42") == -42
+    assert first_number(f"{minus}7 apples") == -7
+    assert reference_number(f"{minus}42", "answer", 0) == -42
+    # after a digit it is subtraction, as with "-": "10-5" ends in 5, not -5
+    assert last_number(f"10{minus}5") == 5
+
+
+@pytest.mark.parametrize("dash", DASHES)
+def test_a_dash_in_sign_position_makes_the_number_unreadable(dash):
+    # An en dash is often a typeset minus, a dash is often punctuation: neither 42 nor -42 is safe.
+    assert parse_number(f"{dash}42") is None
+    assert last_number(f"the answer is {dash}42") is None  # not an earlier number either
+    assert last_number(f"7 then {dash}42") is None
+    assert first_number(f"{dash}42 apples") is None
+    with pytest.raises(ValueError, match=r"answer\[0\]"):
+        reference_number(f"{dash}42", "answer", 0)
+    # between numbers a dash separates them, like "-" after a digit: a range ends in its last number
+    assert last_number(f"pages 10{dash}20") == 20

@@ -1,9 +1,18 @@
 """Numbers in untrusted text: found and parsed exactly (``Fraction``), in bounded time.
 
-Accepted forms: optional sign (``+``, ``-``, or the Unicode minus), digits with
+Accepted forms: optional sign (``+``, ``-``, or a Unicode minus form), digits with
 optional comma thousands separators in groups of three (``1,000``), an optional
 decimal part (``42.50``, ``.5``), and simple fractions of two such numbers
 (``3/4``). No exponents: ``1e999999999`` would build a huge integer.
+
+Signs. Every Unicode minus form reads as ``-``: U+2212 MINUS SIGN, U+FE63 SMALL
+HYPHEN-MINUS, U+FF0D FULLWIDTH HYPHEN-MINUS, U+2796 HEAVY MINUS SIGN and U+02D7
+MODIFIER LETTER MINUS SIGN (``－42`` is -42, never 42). The hyphens and dashes
+U+2010..U+2014 (hyphen, non-breaking hyphen, figure dash, en dash, em dash) are
+ambiguous where a sign would stand: typesetting uses the en dash as a minus,
+prose uses dashes as punctuation. A number directly after one of them (``–42``)
+is unreadable, as if it were not there, so it is never scored as either sign;
+after a digit or a closing bracket they separate, like ``-``: ``10–20`` ends in 20.
 
 Every number is capped at ``MAX_DIGITS`` digits before any ``int()`` call, so
 nothing here gets near Python's 4300-digit ``int`` limit or builds a big number.
@@ -35,14 +44,19 @@ _HEAD_CHARS = 200
 _MAX_NUMBER_CHARS = 4 * MAX_DIGITS
 """Longer strings cannot be a number within the digit cap (digits, commas, sign, slash)."""
 
-_MINUS = "\u2212"
+_MINUSES = "-\u2212\ufe63\uff0d\u2796\u02d7"
+"""ASCII hyphen-minus and the Unicode minus forms: each reads as a minus sign."""
+_DASHES = "\u2010\u2011\u2012\u2013\u2014"
+"""Hyphens and dashes: in sign position they make the number unreadable (see the module docs)."""
+_SIGNS = "+" + _MINUSES + _DASHES
+_SIGN_CLASS = "[" + re.escape(_SIGNS) + "]"  # escaped: "+-\u2212" would be a range
 
 # Fixed-width comma groups and a negative lookahead keep backtracking linear.
 _DECIMAL = r"(?:(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
 # A sign counts only where it cannot be a binary minus ("10-5" is 10 and 5).
-_SIGN = rf"(?:(?<![\w)\]}}])[-+{_MINUS}])?"
+_SIGN = rf"(?:(?<![\w)\]}}]){_SIGN_CLASS})?"
 _NUMBER = re.compile(rf"{_SIGN}{_DECIMAL}(?:[ \t]*/[ \t]*{_DECIMAL})?")
-_STANDALONE_NUMBER = re.compile(rf"[-+{_MINUS}]?{_DECIMAL}(?:[ \t]*/[ \t]*{_DECIMAL})?")
+_STANDALONE_NUMBER = re.compile(rf"{_SIGN_CLASS}?{_DECIMAL}(?:[ \t]*/[ \t]*{_DECIMAL})?")
 _NUMBER_CHARS = frozenset("0123456789,.")
 
 
@@ -55,9 +69,11 @@ def _decimal(text: str) -> Fraction | None:
 
 
 def _to_fraction(text: str) -> Fraction | None:
-    """A string matched by ``_NUMBER``: sign, decimal, optional ``/ decimal``."""
-    negative = text[0] in "-" + _MINUS
-    if text[0] in "+-" + _MINUS:
+    """A string matched by ``_NUMBER``: sign, decimal, optional ``/ decimal``; None after a dash."""
+    if text[0] in _DASHES:
+        return None  # en dash as minus or dash as punctuation: neither reading is safe
+    negative = text[0] in _MINUSES
+    if text[0] in _SIGNS:
         text = text[1:]
     num_text, slash, den_text = text.partition("/")
     num = _decimal(num_text.strip())
