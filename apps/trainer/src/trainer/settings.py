@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import yaml
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 
 from trainer.tasks import TASKS, Task
+
+
+LONG_PROMPTS = ("drop", "error")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,9 +34,16 @@ class TaskSettings(Config):
     """A built-in task (`trainer tasks` lists them)."""
     options: dict = dataclasses.field(default_factory=dict)
     """Keyword arguments of the task's constructor, e.g. {digits: 3}."""
+    long_prompts: str = "drop"
+    """Prompts longer than rollout.max_prompt_tokens: "drop" them when the task is
+    loaded (with a one-line count) or stop with an "error" naming the first."""
 
     def __post_init__(self) -> None:
         check(self.name in TASKS, self, "name", f"must be one of {sorted(TASKS)}")
+        check(self.long_prompts in LONG_PROMPTS, self, "long_prompts", f"must be one of {LONG_PROMPTS}")
+        for key, value in self.options.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"TaskSettings.options.{key} = {value!r}: must be a finite number")
 
     def build(self) -> Task:
         try:
@@ -121,7 +133,22 @@ class RunSettings(Config):
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
 
     def __post_init__(self) -> None:
-        self.algorithm_config()  # validates the algorithm name and its fields now
+        config = self.algorithm_config()  # validates the algorithm name and its fields now
+        self._check_across_fields(config)
+
+    def _check_across_fields(self, config: AlgorithmConfig) -> None:
+        """Rules between sections, checked here so that they fail before any model loads."""
+        if self.rollout.temperature <= 0:
+            raise ConfigError(
+                f"RolloutConfig.temperature = {self.rollout.temperature!r}: RL rollouts need temperature > 0 "
+                "(greedy decoding samples the same completion for the whole group, so every advantage is 0)"
+            )
+        completions = self.training.prompts_per_step * completions_per_prompt(config)
+        self.training.batch_layout(completions, devices=jax.device_count())
+        try:
+            config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
+        except ValueError as e:
+            raise ConfigError(f"RunSettings.algorithm with rollout.max_new_tokens={self.rollout.max_new_tokens}: {e}") from None
 
     @property
     def warm_start_steps(self) -> int:
@@ -141,6 +168,12 @@ class RunSettings(Config):
         out = self.to_dict()
         out["algorithm"] = self.algorithm_config().to_dict()
         return out
+
+
+def completions_per_prompt(config: AlgorithmConfig) -> int:
+    """G of a group algorithm's config (its `group_size` field); 1 for one without groups."""
+    names = {f.name for f in dataclasses.fields(config)}
+    return config.group_size if "group_size" in names else 1
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -89,16 +90,25 @@ def _coerce(owner: str, key: str, value: Any, hint: Any) -> Any:
         return value  # other containers and config objects: the class's own checks apply
     for kind in scalars:
         if type(value) is kind:
-            return value
+            return _finite(owner, key, value)
     if float in scalars and type(value) is int:
         return float(value)
     if float in scalars and isinstance(value, str):
         try:
-            return float(value)
-        except ValueError:
-            pass
+            return _finite(owner, key, float(value))
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
     expected = " or ".join(o.__name__ for o in scalars) + (" or null" if type(None) in options else "")
     raise ConfigError(f"{owner}.{key} = {value!r}: must be {expected}, got {type(value).__name__}")
+
+
+def _finite(owner: str, key: str, value: Any) -> Any:
+    """inf and nan pass every `> 0` rule (`inf > 0`; `nan` compares false both ways
+    in rules written as `not x < 0`) and end runs in NaN parameters: never a setting."""
+    if type(value) is float and not math.isfinite(value):
+        raise ConfigError(f"{owner}.{key} = {value!r}: must be a finite number")
+    return value
 
 
 def _config_type(hint: Any) -> type[Config] | None:
@@ -231,8 +241,9 @@ class TrainingConfig(Config):
         object.__setattr__(self, "loggers", tuple(self.loggers))  # YAML gives a list; frozen configs hold tuples
         check(all(x in LOGGERS for x in self.loggers), self, "loggers", f"must be a list of {LOGGERS}")
 
-    def batch_layout(self, batch_size: int) -> tuple[int, int]:
-        """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions."""
+    def batch_layout(self, batch_size: int, *, devices: int = 1) -> tuple[int, int]:
+        """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions
+        whose micro-batches are split over `devices`."""
         mini = self.mini_batch_size or batch_size
         micro = self.micro_batch_size or mini
         if batch_size % mini:
@@ -241,4 +252,9 @@ class TrainingConfig(Config):
             )
         if mini % micro:
             raise ConfigError(f"TrainingConfig.micro_batch_size = {micro}: must divide mini_batch_size ({mini})")
+        if micro % devices:
+            raise ConfigError(
+                f"TrainingConfig.micro_batch_size = {micro} completions: must divide evenly over {devices} devices; "
+                "choose prompts_per_step, group size and micro_batch_size so that it does"
+            )
         return batch_size // mini, mini // micro
