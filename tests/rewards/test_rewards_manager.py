@@ -304,3 +304,39 @@ def test_numpy_scores_and_fields_are_accepted_without_rewards_needing_numpy():
     result = RewardManager([as_array]).score(PROMPTS, COMPLETIONS, {"target": np.arange(4)})
     assert result.per_function["as_array"] == (0.0, 0.5, 1.0, 1.5)
     assert all(type(score) is float for score in result.total)
+
+
+class Abort(BaseException):
+    """A BaseException that is not one of Python's own."""
+
+
+def exits(prompts, completions, **_):
+    raise SystemExit(3)
+
+
+def aborts(prompts, completions, **_):
+    raise Abort("no")
+
+
+def interrupted(prompts, completions, **_):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("max_workers", [None, 2])
+@pytest.mark.parametrize(
+    ("fn", "match"),
+    [(exits, r"'exits' raised SystemExit: 3 \(on a batch of 4 completions\)"), (aborts, r"'aborts' raised Abort: no")],
+)
+def test_a_base_exception_from_a_reward_is_a_reward_error_naming_it(fn, match, max_workers):
+    # SystemExit from a reward once ended training with exit 3 and no word about which function
+    manager = RewardManager([gsm8k_reward, fn], max_workers=max_workers)
+    with pytest.raises(RewardError, match=match) as info:
+        manager.score(PROMPTS, HOSTILE_COMPLETIONS, {"answer": ANSWERS})
+    assert info.value.function == fn.__name__
+    result = RewardManager([gsm8k_reward, fn], on_error="zero").score(PROMPTS, HOSTILE_COMPLETIONS, {"answer": ANSWERS})
+    assert result.num_failed == 4 and result.per_function[fn.__name__] == (0.0,) * 4
+
+
+def test_ctrl_c_inside_a_reward_still_stops():
+    with pytest.raises(KeyboardInterrupt):
+        RewardManager([interrupted]).score(PROMPTS, COMPLETIONS)

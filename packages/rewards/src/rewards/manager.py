@@ -193,7 +193,9 @@ class RewardManager:
         n = len(completions)
         try:
             raw = spec.fn(list(prompts), list(completions), **{k: list(v) for k, v in fields.items()})
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise  # Ctrl-C stops the run; it is not the reward's failure
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a reward must not end the run unnamed
             error = RewardError(
                 f"reward function {spec.name!r} raised {type(exc).__name__}: {exc} (on a batch of {n} completions)",
                 function=spec.name,
