@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rl_models.hf import load_hf_model
+from rl_models.hf import HFFolderError, load_hf_model, load_hf_tokenizer
 
 
 def _edit_tensors(path, edit):
@@ -68,7 +68,7 @@ def test_shape_mismatch(hf_copy):
 def test_unsupported_architecture(hf_copy):
     folder = hf_copy("llama3")
     _edit_config(folder, model_type="gemma", architectures=["GemmaForCausalLM"])
-    with pytest.raises(ValueError, match=r"config\.json: unsupported architecture='gemma \(\['GemmaForCausalLM'\]\)'.*llama, qwen2, qwen3|supported model_type values: \['llama', 'qwen2', 'qwen3'\]"):
+    with pytest.raises(HFFolderError, match=r"config\.json: unsupported model_type='gemma': supported model_type values: \['llama', 'qwen2', 'qwen3'\]"):
         load_hf_model(folder)
 
 
@@ -95,3 +95,56 @@ def test_quantized_tensor_dtype(hf_copy):
     _edit_tensors(folder / "model.safetensors", lambda t: t.update({key: t[key].astype(np.int8)}))
     with pytest.raises(ValueError, match=rf"key '{key}' has dtype I8"):
         load_hf_model(folder)
+
+
+@pytest.mark.parametrize("keep", [0, 100, 0.5], ids=["empty", "header-cut", "data-cut"])
+def test_truncated_or_empty_weights_name_the_file(hf_copy, keep):
+    folder = hf_copy("qwen2")
+    path = folder / "model.safetensors"
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(int(size * keep) if isinstance(keep, float) else keep)
+    with pytest.raises(HFFolderError, match=r"qwen2/model\.safetensors: not a readable safetensors file .*truncated"):
+        load_hf_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", r"config\.json: not valid JSON"),
+        ("[1, 2]", r"config\.json: expected a JSON object, got list"),
+        (b"{\"model_type\": \"llama\xff\"}", r"config\.json: not UTF-8 text"),
+    ],
+    ids=["syntax", "not-an-object", "not-utf8"],
+)
+def test_invalid_config_json_names_the_file(hf_copy, text, message):
+    folder = hf_copy("llama3")
+    path = folder / "config.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(HFFolderError, match=message):
+        load_hf_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(hidden_size="64"), r"config\.json: TransformerConfig\.hidden_size='64': must be a positive int"),
+        (dict(num_attention_heads=3), r"config\.json: TransformerConfig\.num_kv_heads=.*must divide num_heads \(3\)"),
+        (dict(rope_theta="fast"), r"config\.json: could not convert string to float: 'fast'"),
+        (dict(model_type=["llama"]), r"config\.json: unsupported model_type=\['llama'\]"),
+        (dict(model_type="mistral"), r"config\.json: unsupported model_type='mistral': supported model_type values: \['llama', 'qwen2', 'qwen3'\]"),
+    ],
+    ids=["field-type", "heads", "rope-theta", "model-type-list", "model-type-unknown"],
+)
+def test_config_json_fields_of_the_wrong_type_or_value_name_the_file(hf_copy, changes, message):
+    folder = hf_copy("llama3")
+    _edit_config(folder, **changes)
+    with pytest.raises(HFFolderError, match=message):
+        load_hf_model(folder)
+
+
+def test_unreadable_tokenizer_file_names_it(hf_copy):
+    folder = hf_copy("qwen2")
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    with pytest.raises(HFFolderError, match=r"qwen2/tokenizer\.json: not a readable tokenizer file"):
+        load_hf_tokenizer(folder)

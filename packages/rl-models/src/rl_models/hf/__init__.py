@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rl_models.hf.config import (
     ARCHITECTURES,
+    HFFolderError,
     hf_config_from_transformer_config,
     read_json,
     transformer_config_from_hf,
@@ -46,6 +47,7 @@ def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:
 
 __all__ = [
     "ARCHITECTURES",
+    "HFFolderError",
     "HFTokenizer",
     "export_hf",
     "hf_config_from_transformer_config",

@@ -15,6 +15,11 @@ from typing import Any
 
 from rl_models.config import RopeScaling, TransformerConfig
 
+class HFFolderError(ValueError):
+    """A file of a Hugging Face folder that cannot be read as a supported model;
+    the message names the file and the field, key or value."""
+
+
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -28,16 +33,18 @@ def read_json(path: Path) -> dict[str, Any]:
         found = sorted(p.name for p in path.parent.iterdir()) if path.parent.is_dir() else []
         raise FileNotFoundError(f"{path}: no such file (the folder holds {found})")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+        raise HFFolderError(f"{path}: not valid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise HFFolderError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise HFFolderError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
-def _unsupported(source: str, field: str, value: object, why: str) -> ValueError:
-    return ValueError(f"{source}: unsupported {field}={value!r}: {why}")
+def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderError:
+    return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
 def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
@@ -63,7 +70,9 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
     except KeyError as e:
-        raise ValueError(f"{source}: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from e
+        raise HFFolderError(f"{source}: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:
+        raise HFFolderError(f"{source}: {field} of rope_type 'llama3': {e}") from e
     return float(theta), scaling
 
 
@@ -73,11 +82,11 @@ def transformer_config_from_hf(
 ) -> TransformerConfig:
     """The TransformerConfig equivalent to a Hugging Face config.json dict."""
     model_type = hf.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise _unsupported(
-            source, "architecture", f"{model_type} ({hf.get('architectures')})",
+            source, "model_type", model_type,
             f"supported model_type values: {sorted(ARCHITECTURES)} "
-            f"({', '.join(ARCHITECTURES.values())})",
+            f"({', '.join(ARCHITECTURES.values())}); architectures={hf.get('architectures')}",
         )
     architectures = hf.get("architectures") or [ARCHITECTURES[model_type]]
     if architectures != [ARCHITECTURES[model_type]]:
@@ -98,8 +107,19 @@ def transformer_config_from_hf(
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads"):
         if key not in hf:
-            raise ValueError(f"{source}: missing required field {key!r}")
-    theta, scaling = _rope(hf, source)
+            raise HFFolderError(f"{source}: missing required field {key!r}")
+    try:
+        theta, scaling = _rope(hf, source)
+        return _transformer_config(hf, model_type, theta, scaling, dtype, remat)
+    except HFFolderError:
+        raise
+    except (TypeError, ValueError) as e:  # a field of the wrong type or value, e.g. "hidden_size": "64"
+        raise HFFolderError(f"{source}: {e}") from e
+
+
+def _transformer_config(
+    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, dtype: str, remat: bool
+) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],

@@ -32,7 +32,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from rl_models.hf.config import read_json
+from rl_models.hf.config import HFFolderError, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -97,7 +97,7 @@ class HFTokenizer:
                  bos_id: int | None, special_tokens: Mapping[str, str],
                  chat_template: str | None, source: str):
         if not eos_ids:
-            raise ValueError(f"{source}: no EOS token id")
+            raise HFFolderError(f"{source}: no EOS token id")
         self._tok = tokenizer
         self._eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
         self._pad_id = int(pad_id)
@@ -117,7 +117,10 @@ class HFTokenizer:
                 f"{tok_file}: no such file (the folder holds {found}); only fast "
                 "tokenizers saved as tokenizer.json are read"
             )
-        tokenizer = Tokenizer.from_file(str(tok_file))
+        try:
+            tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+            raise HFFolderError(f"{tok_file}: not a readable tokenizer file ({e})") from e
         tok_config = read_json(folder / TOKENIZER_CONFIG)
         special_map = (read_json(folder / "special_tokens_map.json")
                        if (folder / "special_tokens_map.json").is_file() else {})
@@ -136,7 +139,7 @@ class HFTokenizer:
                 return None
             found = tokenizer.token_to_id(special[name])
             if found is None:
-                raise ValueError(
+                raise HFFolderError(
                     f"{folder / TOKENIZER_CONFIG}: {name} {special[name]!r} is not in "
                     f"{tok_file}'s vocabulary"
                 )
@@ -146,7 +149,7 @@ class HFTokenizer:
         eos_ids = [i for i in [token_id("eos_token")] if i is not None]
         eos_ids += _ids(eos_source.get("eos_token_id"))
         if not eos_ids:
-            raise ValueError(
+            raise HFFolderError(
                 f"{folder}: no EOS token: set eos_token in {TOKENIZER_CONFIG} or "
                 "eos_token_id in generation_config.json"
             )
@@ -210,7 +213,7 @@ class HFTokenizer:
         """The conversation rendered by the folder's chat template; `kwargs` are
         extra template variables (e.g. enable_thinking=False for Qwen3)."""
         if self._template is None:
-            raise ValueError(
+            raise HFFolderError(
                 f"{self.source}: no chat template (neither {TEMPLATE_FILE} nor "
                 f"{TOKENIZER_CONFIG}'s chat_template)"
             )
@@ -221,4 +224,4 @@ class HFTokenizer:
                 add_generation_prompt=add_generation_prompt, **variables,
             )
         except jinja2.exceptions.TemplateError as e:
-            raise ValueError(f"chat template of {self.source}: {e}") from e
+            raise HFFolderError(f"chat template of {self.source}: {e}") from e

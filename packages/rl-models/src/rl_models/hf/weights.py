@@ -8,18 +8,21 @@ a shape mismatch, an unsupported tensor dtype.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from rl_models.config import TransformerConfig
-from rl_models.hf.config import read_json
+from rl_models.hf.config import HFFolderError, read_json
 from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -29,6 +32,17 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 Path_ = tuple[str | int, ...]
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[Any]:
+    """`safe_open` whose errors (an empty or truncated file, a bad header) name the file."""
+    try:
+        with safe_open(path, framework="np") as f:
+            yield f
+    except SafetensorError as e:
+        size = path.stat().st_size if path.exists() else 0
+        raise HFFolderError(f"{path}: not a readable safetensors file ({size} bytes; {e}); is it truncated?") from e
 
 
 def parameter_map(config: TransformerConfig) -> dict[str, tuple[Path_, bool]]:
@@ -61,22 +75,22 @@ def weight_files(folder: Path) -> dict[str, Path]:
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
+            raise HFFolderError(f"{index}: no 'weight_map' object")
         shards = {name: folder / name for name in set(weight_map.values())}
         for name, path in sorted(shards.items()):
             if not path.is_file():
                 raise FileNotFoundError(f"{index} names shard {name!r}, which is missing from {folder}")
         listed = {key: shards[name] for key, name in weight_map.items()}
         for path in set(listed.values()):
-            with safe_open(path, framework="np") as f:
+            with _open(path) as f:
                 present = set(f.keys())
             for key, where in listed.items():
                 if where == path and key not in present:
-                    raise ValueError(f"{index} places key {key!r} in {path}, which lacks it")
+                    raise HFFolderError(f"{index} places key {key!r} in {path}, which lacks it")
         return listed
     single = folder / SINGLE_FILE
     if single.is_file():
-        with safe_open(single, framework="np") as f:
+        with _open(single) as f:
             return {key: single for key in f.keys()}
     found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     raise FileNotFoundError(
@@ -98,13 +112,13 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
     if unknown:
         shown = ", ".join(f"{k!r} in {files[k]}" for k in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise ValueError(
+        raise HFFolderError(
             f"unknown key(s) for a model with {folder / 'config.json'}: {shown}{more}"
         )
     missing = sorted(k for k in expected if k not in files)
     if missing:
         where = INDEX_FILE if (folder / INDEX_FILE).is_file() else SINGLE_FILE
-        raise ValueError(
+        raise HFFolderError(
             f"{folder / where}: missing key(s) {missing[:10]}"
             + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         )
@@ -118,7 +132,7 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
     for key in expected:
         by_file[files[key]].append(key)
     for path, keys in by_file.items():
-        with safe_open(path, framework="np") as f:
+        with _open(path) as f:
             for key in keys:
                 ours, transposed = expected[key]
                 want = tuple(slots[ours].shape)
@@ -126,12 +140,12 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
                 view = f.get_slice(key)
                 got, kind = tuple(view.get_shape()), view.get_dtype()
                 if got != want_hf:
-                    raise ValueError(
+                    raise HFFolderError(
                         f"{path}: key {key!r} has shape {list(got)}, but config.json "
                         f"needs {list(want_hf)}"
                     )
                 if kind not in FLOAT_DTYPES:
-                    raise ValueError(
+                    raise HFFolderError(
                         f"{path}: key {key!r} has dtype {kind}; only {sorted(FLOAT_DTYPES)} "
                         "are read (quantized checkpoints are not supported)"
                     )
