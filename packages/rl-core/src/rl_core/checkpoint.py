@@ -3,27 +3,57 @@
 A checkpoint holds params, optimizer state and the PRNG key as arrays, and a
 JSON record of the step, the data position and whatever the algorithm adds
 (`RLLearner.extra_state`).
+
+A save is written to a temporary folder (`<step>.orbax-checkpoint-tmp`) and
+renamed to `<step>` when complete, so a step folder on disk is a finished
+save; the temporary folder of a save that was killed is removed when the next
+Checkpointer opens the folder. A checkpoint that exists but does not restore
+(damaged on disk) is moved aside, never deleted, and the one before it is used.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from rl_core.faults import fault_point
+
+CORRUPT_DIR = "checkpoints-corrupt"
+"""Beside the checkpoints folder: checkpoints that did not restore, kept for inspection."""
+
+
+def saved_steps(directory: str | Path) -> list[int]:
+    """Steps with a finished checkpoint in `directory` (temporary folders of unfinished saves excluded)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
 
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 2) -> None:
         self.directory = Path(directory).absolute()
-        self._manager = ocp.CheckpointManager(
+        self.max_to_keep = max_to_keep
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True
+            ),
         )
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
 
     def save(self, step: int, *, arrays: Any, meta: dict[str, Any]) -> None:
         """Save and wait: a checkpoint that exists on disk is complete."""
@@ -32,7 +62,14 @@ class Checkpointer:
             args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
             force=True,
         )
+        fault_point("checkpoint", step)  # the save is under way in its temporary folder
         self._manager.wait_until_finished()
+        self.prune()
+
+    def prune(self) -> None:
+        """Delete all but the newest `max_to_keep` checkpoints (also those an earlier process left)."""
+        for step in self.steps()[: -self.max_to_keep]:
+            self._manager.delete(step)
 
     def restore(self, step: int, *, like: Any) -> tuple[Any, dict[str, Any]]:
         """(arrays shaped and sharded like `like`, meta) of checkpoint `step`."""
@@ -42,6 +79,37 @@ class Checkpointer:
             args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
         )
         return restored["arrays"], dict(restored["meta"])
+
+    def restore_latest(
+        self, *, like: Any, log: Callable[[str], None] = print
+    ) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, arrays, meta) of the newest checkpoint that restores, or None when none does.
+
+        Each newer one that fails is moved to `CORRUPT_DIR` beside the folder, with one line in `log`.
+        """
+        for step in reversed(self.steps()):
+            try:
+                arrays, meta = self.restore(step, like=like)
+            except Exception as e:  # noqa: BLE001 - Orbax, tensorstore and JSON raise many kinds
+                moved = self._move_aside(step)
+                reason = next(iter(str(e).strip().splitlines()), type(e).__name__)[:200]
+                log(f"checkpoint {step} does not restore ({type(e).__name__}: {reason}); moved it to {moved}")
+                continue
+            return step, arrays, meta
+        return None
+
+    def _move_aside(self, step: int) -> Path:
+        target_dir = self.directory.parent / CORRUPT_DIR
+        target_dir.mkdir(exist_ok=True)
+        target = target_dir / str(step)
+        n = 1
+        while target.exists():
+            n += 1
+            target = target_dir / f"{step}-{n}"
+        shutil.move(str(self.directory / str(step)), str(target))
+        self._manager.close()
+        self._manager = self._open()  # it lists the steps it finds when opened
+        return target
 
     def close(self) -> None:
         self._manager.close()

@@ -45,6 +45,8 @@ from jax.sharding import PartitionSpec as P
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
+from rl_core.faults import fault_point
+from rl_core.files import keep_records_through
 from rl_core.logprobs import completion_logprobs
 from rl_core.metrics import MetricsLogger
 from rl_core.optim import make_optimizer
@@ -278,6 +280,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             bar.update(self.step, {})
             while self.step < target and not self._stop_requested:
                 metrics = self.train_step()
+                fault_point("logged", self.step)
                 bar.update(self.step, metrics)
                 every = self.training.checkpoint_every_steps
                 if self.checkpointer and every and self.step % every == 0:
@@ -291,6 +294,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         start = time.perf_counter()
         prompts = self.data.next(self.training.prompts_per_step)
         batch = self.produce_examples(prompts)
+        fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
@@ -488,26 +492,28 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         meta = {"step": self.step, "data_position": self.data.position, "extra": self.extra_state()}
         self.checkpointer.save(self.step, arrays=self._arrays(), meta=meta)
 
-    def resume(self) -> bool:
-        """Restore the latest checkpoint in the run folder, if any; True when restored."""
-        if self.checkpointer is None or self.checkpointer.latest_step() is None:
+    def resume(self, log: Callable[[str], None] = print) -> bool:
+        """Restore the newest checkpoint in the run folder that restores; True when one did.
+
+        A damaged newer checkpoint is moved aside with one line in `log`. Records
+        the killed run wrote past the restored step (metrics, samples, TensorBoard
+        events, a line torn mid-write) are dropped, so each step is logged once.
+        """
+        if self.checkpointer is None:
             return False
-        arrays, meta = self.checkpointer.restore(self.checkpointer.latest_step(), like=self._arrays())
+        restored = self.checkpointer.restore_latest(like=self._arrays(), log=log)
+        if restored is None:
+            return False
+        _, arrays, meta = restored
         self.params, self.opt_state, self.rng = arrays["params"], arrays["opt_state"], arrays["rng"]
         self.step = int(meta["step"])
         self.data.position = int(meta["data_position"])
         self.load_extra_state(meta.get("extra", {}))
         self.logger.truncate_after(self.step)
-        self._drop_samples_after(self.step)
+        if self.output_dir is not None:
+            keep_records_through(self.output_dir / "samples.jsonl", self.step)
+        self.checkpointer.prune()
         return True
-
-    def _drop_samples_after(self, step: int) -> None:
-        """Like the metrics: drop samples a crashed run wrote past its last checkpoint."""
-        path = self.output_dir / "samples.jsonl" if self.output_dir else None
-        if path is None or not path.exists():
-            return
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in kept))
 
     def _write_samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
         shown = list(samples[: self.training.samples_per_step])

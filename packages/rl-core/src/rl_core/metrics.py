@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rl_core.files import keep_records_through
+from rl_core.tb_events import truncate_events
 
 
 class MetricsLogger:
@@ -15,13 +18,15 @@ class MetricsLogger:
 
     `history` keeps every logged record in memory as well. On resume,
     `truncate_after(step)` drops records a crashed run wrote past its last
-    checkpoint, so the file reads as one uninterrupted run.
+    checkpoint (and a line or event torn by a kill), so the files read as one
+    uninterrupted run.
     """
 
     def __init__(self, output_dir: str | Path | None, *, tensorboard: bool = True) -> None:
         self.history: list[dict[str, Any]] = []
         self.path = None
         self._tb = None
+        self._tb_dir = None
         if output_dir is not None:
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -29,14 +34,17 @@ class MetricsLogger:
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(str(out / "tensorboard"))
+                self._tb_dir = out / "tensorboard"
+                # the pid keeps a resumed process from reopening (emptying) the file of the one before
+                self._tb = SummaryWriter(str(self._tb_dir), filename_suffix=f".{os.getpid()}")
 
     def truncate_after(self, step: int) -> None:
-        if self.path is None or not self.path.exists():
+        """Keep the records (JSONL and TensorBoard) of steps <= `step`; a torn last line is dropped."""
+        if self.path is None:
             return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
-        self.history = [json.loads(line) for line in kept]
+        self.history = keep_records_through(self.path, step)
+        if self._tb_dir is not None:
+            truncate_events(self._tb_dir, step)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
