@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,14 @@ from trainer.warmstart import warm_start
 
 def base_policy_key(settings: RunSettings) -> str:
     """A short hash of the settings that determine the base policy."""
+    warm = settings.warm_start.to_dict()
+    warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     relevant = {
         "task": settings.task.to_dict(),
         "model": settings.model.to_dict(),
-        "warm_start": settings.warm_start.to_dict(),
+        "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
+        "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -79,27 +83,43 @@ def base_policy(
     settings: RunSettings,
     task: Task,
     tokenizer: Tokenizer,
+    model: Transformer,
     cache_dir: Path | None,
     log: Callable[[str], None],
     progress: bool = False,
 ) -> Transformer:
-    """The warm-started policy, loaded from `cache_dir` when it was made before."""
-    model = new_model(settings, tokenizer)
+    """`model` warm-started, loaded from `cache_dir` when it was made before.
+
+    The warm start checkpoints itself beside the cache (`<cache>.partial`) and a
+    later call continues from there; the cache is written as soon as it ends.
+    """
     if settings.warm_start_steps == 0:
         return model
     if cache_dir is None:
-        return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress)
+        return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress, log=log)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
+    partial = path.with_name(path.name + ".partial")
     checkpointer = ocp.StandardCheckpointer()
     if path.exists():
         log(f"base policy: cached at {path}")
         state = checkpointer.restore(path, jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model)))
         nnx.update(model, state)
+        shutil.rmtree(partial, ignore_errors=True)  # a kill between the save and this cleanup left it
         return model
     log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
-    warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress)
-    checkpointer.save(path, nnx.state(model))
+    warm_start(
+        model,
+        task,
+        tokenizer,
+        **_warm_kwargs(settings),
+        checkpoint_dir=partial,
+        checkpoint_every_steps=settings.warm_start.checkpoint_every_steps,
+        log=log,
+        progress=progress,
+    )
+    checkpointer.save(path, nnx.state(model))  # written aside and renamed: complete or absent
     checkpointer.wait_until_finished()
+    shutil.rmtree(partial, ignore_errors=True)
     return model
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,8 +14,11 @@ from rl_core.config import ConfigError
 from rl_core.host_memory import keep_freed_memory
 from rl_core.learner import NonFiniteUpdateError
 from rl_core.registry import RegistryError
+from rl_core.files import RunFileError
+from rl_models.hf import HFFolderError
 
 from trainer.datasets import DataError
+from trainer.signals import RunInterrupted
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")
 SETTINGS_HINT = "settings: `trainer config [--algo NAME]` lists every key=value setting with its type, default and description"
@@ -31,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--algo", help="algorithm name (see `trainer algos`)")
     t.add_argument("--config", help="YAML settings file")
     t.add_argument("--output", type=Path, help="run folder (default runs/<algo>-<time>)")
-    t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly")
+    t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly (add training.num_steps=N to extend it)")
+    t.add_argument("--overwrite", action="store_true", help="replace the run (or config.yaml) already in --output")
     t.add_argument("--model", metavar="DIR", help="local Hugging Face folder (same as model.path=DIR)")
     t.add_argument("--task", help="task name (same as task.name=NAME)")
     t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
@@ -97,19 +102,36 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError) as e:
+    except (
+        ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError,
+        HFFolderError, RunFileError,
+    ) as e:
         print(f"trainer {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:
+        print(f"trainer {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before training (loading, warm start): its work so far is kept
+        print(f"trainer {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer.run import settings_of_run, train_run
-    from trainer.settings import build_settings
+    from trainer.settings import build_settings, parse_overrides
 
     if args.resume:
         settings = settings_of_run(args.resume)
-        if args.algo or args.config or args.overrides or args.model or args.task or args.data:
-            raise ConfigError("--resume continues a run with its saved settings; drop --algo, --config and overrides")
+        steps = parse_overrides(args.overrides).get("training", {}).get("num_steps") if args.overrides else None
+        if args.algo or args.config or args.model or args.task or args.data or args.overwrite or (
+            args.overrides and (len(args.overrides) != 1 or steps is None)
+        ):
+            raise ConfigError(
+                "--resume continues a run with its saved settings; drop --algo, --config, --overwrite and "
+                "overrides other than training.num_steps=N (which extends the run)"
+            )
+        if steps is not None:
+            settings = build_settings(config_file=args.resume / "config.yaml", overrides=args.overrides)
         run_dir = args.resume
     else:
         if not args.algo:
@@ -121,7 +143,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         ]
         settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
         run_dir = args.output or Path("runs") / f"{settings.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = train_run(settings, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    summary = train_run(
+        settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite
+    )
     print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
     return 0
 

@@ -1,21 +1,33 @@
-"""`trainer train`: one run in a run folder, resumable, stoppable with Ctrl-C."""
+"""`trainer train`: one run in a run folder, resumable after any crash, stoppable with Ctrl-C or SIGTERM.
+
+Everything that can fail on bad input (settings, data, tokenizer, model files)
+is read before the run folder is made, and a start that fails anyway removes
+the folder it made. A run folder is never replaced without `overwrite`, and a
+user's own config.yaml in it is never written over.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from rl_core.checkpoint import CORRUPT_DIR, saved_steps
+from rl_core.config import ConfigError
+from rl_core.faults import fault_point
+from rl_core.files import atomic_write_text, read_jsonl
 
 from trainer import build
 from trainer.evaluate import evaluate
+from trainer.prompt_lengths import fit_prompts
 from trainer.settings import RunSettings, build_settings
+from trainer.signals import RunInterrupted, StopOnSignal
+from trainer.tasks import Task
 
 
 def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
@@ -50,8 +62,20 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     if path.exists():
         return json.loads(path.read_text())
     metrics = final_evaluation(learner, task, settings)
-    path.write_text(json.dumps(metrics, indent=2))
+    atomic_write_text(path, json.dumps(metrics, indent=2))
     return metrics
+
+
+def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
+    """The task's prompts, chat-templated and cut to those that fit rollout.max_prompt_tokens."""
+    task = build.chat_prompts(settings.task.build(), tokenizer)
+    return fit_prompts(
+        task,
+        tokenizer,
+        max_prompt_tokens=settings.rollout.max_prompt_tokens,
+        on_long=settings.task.long_prompts,
+        log=log,
+    )
 
 
 def train_run(
@@ -69,69 +93,170 @@ def train_run(
     The base policy is cached in `base_cache` (default: the run folder). A
     folder that already holds a run is continued with `resume`, replaced with
     `overwrite`, and otherwise refused: a finished run is never lost silently.
+    A resumed run that is already finished does nothing; one whose
+    `training.num_steps` was raised continues to the new total. Raises
+    RunInterrupted when a signal stopped training early.
     """
-    if not resume or not any((run_dir / "checkpoints").glob("[0-9]*")):
-        # a resume with no checkpoint yet starts over: records past the last checkpoint never count
-        _claim(run_dir, overwrite or resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(settings.resolved(), sort_keys=False))
-    tokenizer = build.tokenizer(settings)
-    task = build.chat_prompts(settings.task.build(), tokenizer)
-    policy = build.base_policy(settings, task, tokenizer, base_cache or run_dir, log, progress=progress)
-    learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
-    before_path = run_dir / "eval_before.json"
-    if resume and learner.resume():
-        log(f"resumed {run_dir} at step {learner.step}")
-        before = json.loads(before_path.read_text())
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
+    if resume:
+        finished = _finished_summary(run_dir, settings)
+        if finished is not None:
+            log(
+                f"{run_dir} is finished ({finished['steps']} of {settings.training.num_steps} steps); nothing to do. "
+                f"Extend it with `trainer train --resume {run_dir} training.num_steps=<more>`"
+            )
+            return finished
+        if not _check_resumable(run_dir, settings):
+            _claim(run_dir, overwrite=True)  # killed before its first checkpoint: records past it never count
     else:
-        before = base_evaluation(learner, task, settings, base_cache or run_dir)
-        before_path.write_text(json.dumps(before, indent=2))
-    log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
+        _claim(run_dir, overwrite)
 
-    previous = signal.signal(signal.SIGINT, lambda *_: _stop(learner, log))
-    start = time.perf_counter()
+    # everything that reads user files, before the run folder exists
+    tokenizer = build.tokenizer(settings)
+    task = load_task(settings, tokenizer, log)
+    model = build.new_model(settings, tokenizer)
+
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        history = learner.train()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        learner.close()
-    after = final_evaluation(learner, task, settings)
-    summary = {
-        "algo": settings.algo,
-        "steps": learner.step,
-        "before": before,
-        "after": after,
-        "train_seconds": time.perf_counter() - start,
-        "generated_tokens": sum(h.get("perf/generated_tokens", 0.0) for h in history),
-        "uniform_frac_mean": _mean(h.get("groups/uniform_frac") for h in history),
-        "skipped_updates": learner.skipped_updates,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"{settings.algo}: held-out accuracy after RL {after['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
+        _write_config(run_dir, settings)
+        policy = build.base_policy(settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress)
+        learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
+    except Exception:
+        if made:  # a failed start leaves no half-made run folder
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+    with StopOnSignal(log) as signals:
+        before_path = run_dir / "eval_before.json"
+        if resume and learner.resume(log):
+            log(f"resumed {run_dir} at step {learner.step}")
+            before = json.loads(before_path.read_text())
+        else:
+            if resume and saved_steps(run_dir / "checkpoints") == []:
+                _refuse_if_checkpoints_lost(run_dir)
+            before = base_evaluation(learner, task, settings, base_cache or run_dir)
+            atomic_write_text(before_path, json.dumps(before, indent=2))
+        log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
+
+        start = time.perf_counter()
+        signals.stop_gracefully(learner)
+        try:
+            history = learner.train()
+        finally:
+            signals.stop_at_once()
+            learner.close()
+        summary = {
+            "algo": settings.algo,
+            "steps": learner.step,
+            "before": before,
+            "after": None,
+            "train_seconds": time.perf_counter() - start,
+            "generated_tokens": sum(h.get("perf/generated_tokens", 0.0) for h in history),
+            "uniform_frac_mean": _mean(h.get("groups/uniform_frac") for h in history),
+            "skipped_updates": learner.skipped_updates,
+        }
+        if signals.received is not None:
+            message = (
+                f"interrupted at step {learner.step} of {settings.training.num_steps} by {signals.received.name}; "
+                f"checkpoint {learner.step} saved; continue with `trainer train --resume {run_dir}`"
+            )
+            summary["interrupted"] = message
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+            raise RunInterrupted(message, 128 + signals.received.value)
+        fault_point("final_eval")
+        summary["after"] = final_evaluation(learner, task, settings)
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    log(f"{settings.algo}: held-out accuracy after RL {summary['after']['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
     return summary
 
 
-RUN_FILES = ("checkpoints", "tensorboard", "metrics.jsonl", "samples.jsonl", "eval_before.json", "summary.json")
+RUN_FILES = (
+    "checkpoints",
+    CORRUPT_DIR,
+    "tensorboard",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "eval_before.json",
+    "summary.json",
+)
 
 
 def _claim(run_dir: Path, overwrite: bool) -> None:
-    existing = [name for name in RUN_FILES if (run_dir / name).exists()]
+    """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`."""
+    existing = [name for name in (*RUN_FILES, "config.yaml") if (run_dir / name).exists()]
     if not existing:
         return
     if not overwrite:
+        if existing == ["config.yaml"]:
+            raise FileExistsError(
+                f"{run_dir / 'config.yaml'} exists and a run writes its settings there; choose another --output "
+                "(e.g. a subfolder) or pass --overwrite to replace it"
+            )
         raise FileExistsError(
             f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
-            f"`trainer train --resume {run_dir}` or choose another --output"
+            f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
         )
     for name in existing:
         path = run_dir / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if name != "config.yaml":  # rewritten below, atomically
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def _stop(learner, log: Callable[[str], None]) -> None:
-    log("interrupt: stopping after the current step, with a checkpoint (Ctrl-C again to abort)")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    learner.request_stop()
+def _write_config(run_dir: Path, settings: RunSettings) -> None:
+    text = yaml.safe_dump(settings.resolved(), sort_keys=False)
+    path = run_dir / "config.yaml"
+    if not path.exists() or path.read_text() != text:
+        atomic_write_text(path, text)
+
+
+def _finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | None:
+    """The summary of a run that finished all `num_steps` (nothing left to do), else None."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("interrupted") or summary.get("after") is None:
+        return None
+    if summary["steps"] >= settings.training.num_steps:
+        return summary
+    return None
+
+
+def _check_resumable(run_dir: Path, settings: RunSettings) -> bool:
+    """True when `run_dir` has a checkpoint to continue from; False when it was killed before its
+    first one (it starts over); raises when its checkpoints are gone or it is past the new total."""
+    steps = saved_steps(run_dir / "checkpoints")
+    if steps:
+        if steps[-1] > settings.training.num_steps:
+            raise ConfigError(
+                f"training.num_steps = {settings.training.num_steps}: {run_dir} is already at step {steps[-1]}; "
+                "a run can be extended, not shortened"
+            )
+        return True
+    _refuse_if_checkpoints_lost(run_dir)
+    return False
+
+
+def _refuse_if_checkpoints_lost(run_dir: Path) -> None:
+    """A run with no checkpoint left must have been killed before its first one; anything else lost them."""
+    settings = settings_of_run(run_dir)
+    every = settings.training.checkpoint_every_steps or settings.training.num_steps
+    records, _ = read_jsonl(run_dir / "metrics.jsonl")
+    past_first = [r["step"] for r in records if r["step"] > every]  # step `every` was saved before they ran
+    lost = (
+        (run_dir / "summary.json").exists()
+        or (run_dir / CORRUPT_DIR).exists()
+        or bool(past_first)
+        or ((run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").is_dir())
+    )
+    if lost:
+        raise FileNotFoundError(
+            f"--resume {run_dir}: the run has no checkpoint to continue from (checkpoints/ was deleted or every "
+            f"checkpoint is damaged), so it cannot resume; start it over with `trainer train --config "
+            f"{run_dir / 'config.yaml'} --output NEW_FOLDER`, or in place with --overwrite"
+        )
 
 
 def plural(n: int, noun: str) -> str:
@@ -150,3 +275,4 @@ def settings_of_run(run_dir: Path) -> RunSettings:
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder: {path.name} is missing")
     return build_settings(config_file=path)
+

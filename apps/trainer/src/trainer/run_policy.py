@@ -16,7 +16,7 @@ from rl_core.learner import RLLearner
 from rl_core.tokens import Tokenizer
 
 from trainer import build
-from trainer.run import settings_of_run
+from trainer.run import load_task, settings_of_run
 from trainer.settings import RunSettings
 from trainer.tasks import Task
 
@@ -52,12 +52,12 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
     elif step not in steps:
         raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}; it keeps steps {steps}")
     tokenizer = build.tokenizer(settings)
-    task = build.chat_prompts(settings.task.build(), tokenizer)
+    task = load_task(settings, tokenizer, log=lambda _: None)  # the prompts the run itself used
     # output_dir=None keeps the learner from opening a metrics file, an event file or a checkpoint manager
     learner = build.learner(
         settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False
     )
-    checkpointer = Checkpointer(run_dir / "checkpoints")
+    checkpointer = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may still be saving
     try:
         like = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}
         arrays, _ = checkpointer.restore(step, like=like)

@@ -83,9 +83,12 @@ class WarmStartSettings(Config):
     """Sequences per supervised step."""
     learning_rate: float = 3e-3
     """Adam learning rate of the warm start."""
+    checkpoint_every_steps: int = 100
+    """Save the warm start's state this often, so a killed run continues it rather than redoing it."""
 
     def __post_init__(self) -> None:
         check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
+        check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
 

@@ -7,14 +7,18 @@ the same seed every time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 from rl_core.data import Prompt
+from rl_core.faults import fault_point
 from rl_core.logprobs import completion_logprobs
 from rl_core.progress import ProgressBar
 from rl_core.tokens import Tokenizer, encode_prompts
@@ -48,11 +52,18 @@ def warm_start(
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     seed: int = 0,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every_steps: int = 100,
+    log: Callable[[str], None] = print,
     progress: bool = False,
 ) -> nnx.Module:
     """Train `model` in place by cross-entropy on reference completions; returns it.
 
     With `progress`, a bar (or plain lines when the output is not a terminal) shows the steps and the loss.
+    With `checkpoint_dir`, the state (params, Adam state, step, sampling RNG) is
+    saved there every `checkpoint_every_steps` steps and a later call with the
+    same arguments continues from the last save: a killed warm start never
+    repeats finished steps, and ends exactly as an uninterrupted one.
     """
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)  # plain arrays: cheaper to pass through jit than Variables
@@ -60,6 +71,15 @@ def warm_start(
     opt_state = tx.init(params)
     rng = np.random.default_rng(seed)
     arrays = sft_arrays(task, tokenizer, task.train, rng)
+    saves = _Saves(checkpoint_dir, checkpoint_every_steps) if checkpoint_dir is not None else None
+    done = 0
+    if saves is not None:
+        restored = saves.restore({"params": params, "opt_state": opt_state}, log)
+        if restored is not None:
+            done, state, rng_state = restored
+            params, opt_state = state["params"], state["opt_state"]
+            rng.bit_generator.state = rng_state
+            log(f"warm start: continuing from step {done} of {steps}")
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -72,11 +92,48 @@ def warm_start(
         return optax.apply_updates(params, updates), opt_state, loss
 
     with ProgressBar(steps, enabled=progress, description="warm start") as bar:
-        bar.update(0, {})
-        for i in range(steps):
+        bar.update(done, {})
+        for done in range(done + 1, steps + 1):
             rows = rng.integers(0, len(task.train), batch_size)
             params, opt_state, loss = step(params, opt_state, tuple(jnp.asarray(a[rows]) for a in arrays))
-            if progress and ((i + 1) % 20 == 0 or i + 1 == steps):  # reading the loss waits for the step
-                bar.update(i + 1, {"loss": float(loss)})
+            if progress and (done % 20 == 0 or done == steps):  # reading the loss waits for the step
+                bar.update(done, {"loss": float(loss)})
+            if saves is not None and done % saves.every == 0 and done < steps:
+                saves.save(done, {"params": params, "opt_state": opt_state}, rng.bit_generator.state)
+            fault_point("warm_start", done)
+    if saves is not None:
+        saves.close()
     nnx.update(model, params)
     return model
+
+
+class _Saves:
+    """The warm start's own Orbax checkpoints (the newest one kept)."""
+
+    def __init__(self, directory: Path, every: int) -> None:
+        self.every = every
+        self._manager = ocp.CheckpointManager(
+            Path(directory).absolute(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True, cleanup_tmp_directories=True),
+        )
+
+    def save(self, step: int, state: dict[str, Any], rng_state: dict[str, Any]) -> None:
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({"rng": rng_state}))
+        self._manager.save(step, args=args, force=True)
+        self._manager.wait_until_finished()
+
+    def restore(self, like: dict[str, Any], log: Callable[[str], None]) -> tuple[int, Any, dict] | None:
+        step = self._manager.latest_step()
+        if step is None:
+            return None
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # noqa: BLE001 - a damaged save only costs the steps it held
+            log(f"warm start: checkpoint {step} does not restore ({type(e).__name__}); starting from step 0")
+            return None
+        return step, restored["state"], restored["meta"]["rng"]
+
+    def close(self) -> None:
+        self._manager.close()

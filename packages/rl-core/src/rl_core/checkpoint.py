@@ -36,16 +36,19 @@ def saved_steps(directory: str | Path) -> list[int]:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, *, max_to_keep: int = 2) -> None:
+    def __init__(self, directory: str | Path, *, max_to_keep: int = 2, read_only: bool = False) -> None:
+        """`read_only`: only restore (e.g. to evaluate a run that may still be training and saving)."""
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
+        self.read_only = read_only
         self._manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
+        writable = not self.read_only
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True
+                max_to_keep=self.max_to_keep, create=writable, cleanup_tmp_directories=writable, read_only=self.read_only
             ),
         )
 
