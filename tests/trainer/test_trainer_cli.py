@@ -133,13 +133,22 @@ def test_resume_of_a_missing_folder(capsys, tmp_path):
     assert "config.yaml is missing" in err
 
 
-def test_resume_refuses_new_settings(capsys, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["training.learning_rate=0.1"],
+        ["training.num_steps=9", "rollout.seed=1"],  # only num_steps may change (it extends the run)
+        ["--algo", "dapo"],
+        ["--overwrite"],
+    ],
+)
+def test_resume_refuses_new_settings(capsys, tmp_path, extra):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"algo": "grpo"}))
-    code, _, err = run_cli(capsys, "train", "--resume", str(run), "training.num_steps=9")
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), *extra)
     assert code == 2
-    assert "saved settings" in err
+    assert "saved settings" in err and "training.num_steps=N" in err
 
 
 def test_compare_rejects_an_unknown_algorithm_before_running_anything(capsys, tmp_path):

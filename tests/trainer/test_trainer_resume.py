@@ -9,7 +9,8 @@ position, algorithm state) must then be identical.
 Two interruptions, both in-process so that they land on an exact step:
 - Ctrl-C (GRPO): SIGINT is raised at the end of step 3 and goes through the
   handler `train` installs, which asks the learner to stop after the current
-  step; the stop itself writes checkpoint 3 (checkpoints are every 2 steps).
+  step; the stop itself writes checkpoint 3 (checkpoints are every 2 steps),
+  and the run ends with exit status 130 and a summary marked interrupted.
 - a crash (DAPO): an exception ends the process's work right after step 3 was
   logged, before any checkpoint for it, so B resumes from checkpoint 2 and must
   first drop what step 3 left behind. DAPO carries surplus informative groups
@@ -89,12 +90,19 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(algo, how, tmp_path,
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["train", "--algo", algo, "--output", str(straight), "--no-progress", *SETTINGS]) == 0
 
-    handler = signal.getsignal(signal.SIGINT)
+    handler, sigterm_handler = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as patch:
         patch.setattr(RLLearner, "train_step", interrupt_after(3, how))
         if how == "ctrl-c":
-            assert main(["train", "--algo", algo, "--output", str(resumed), "--no-progress", *SETTINGS]) == 0
-            assert signal.getsignal(signal.SIGINT) is handler  # train's handler is gone again
+            code = main(["train", "--algo", algo, "--output", str(resumed), "--no-progress", *SETTINGS])
+            assert code == 128 + signal.SIGINT  # stopped early: not a success
+            assert signal.getsignal(signal.SIGINT) is handler  # train's handlers are gone again
+            assert signal.getsignal(signal.SIGTERM) is sigterm_handler
+            summary = json.loads((resumed / "summary.json").read_text())
+            assert summary["interrupted"].startswith("interrupted at step 3 of 4 by SIGINT; checkpoint 3 saved")
+            assert summary["after"] is None  # no final evaluation for a stopped run
+            err = capsys.readouterr().err
+            assert err.strip().splitlines() == [f"trainer train: {summary['interrupted']}"]
         else:
             with pytest.raises(Crash):
                 main(["train", "--algo", algo, "--output", str(resumed), "--no-progress", *SETTINGS])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -117,15 +118,14 @@ def train_run(
     task = load_task(settings, tokenizer, log)
     model = build.new_model(settings, tokenizer)
 
-    made = not run_dir.exists()
+    there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         _write_config(run_dir, settings)
         policy = build.base_policy(settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     except Exception:
-        if made:  # a failed start leaves no half-made run folder
-            shutil.rmtree(run_dir, ignore_errors=True)
+        _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
         raise
 
     with StopOnSignal(log) as signals:
@@ -202,6 +202,16 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
         path = run_dir / name
         if name != "config.yaml":  # rewritten below, atomically
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _remove_new(run_dir: Path, there: set[str] | None) -> None:
+    """Remove `run_dir` if it was not there before, else what was added to it."""
+    if there is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(run_dir)) - there:
+        path = run_dir / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _write_config(run_dir: Path, settings: RunSettings) -> None:

@@ -1,0 +1,221 @@
+"""`trainer train` on bad input: one line naming the file, field or value; nothing half-made or overwritten.
+
+Model files are damaged copies of the Hugging Face fixtures; every failure must
+come before the run folder exists (or remove the folder it made), and nothing
+the user wrote may be replaced.
+"""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from rl_core.checkpoint import saved_steps
+from rl_models import CharTokenizer
+
+from rewards import RewardSpec
+from trainer import build, tasks
+from trainer.cli import main
+from trainer.prompt_lengths import fit_prompts
+
+HF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def damaged_model(tmp_path, damage) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(HF_FIXTURES / "qwen2", folder)
+    damage(folder)
+    return folder
+
+
+def truncate_weights(folder):
+    path = folder / "model.safetensors"
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def empty_weights(folder):
+    (folder / "model.safetensors").write_bytes(b"")
+
+
+def edit_config(**changes):
+    def edit(folder):
+        config = json.loads((folder / "config.json").read_text())
+        config.update(changes)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return edit
+
+
+def wrong_shape(folder):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = "model.layers.0.mlp.up_proj.weight"
+    tensors[key] = tensors[key][:3]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (truncate_weights, "model.safetensors: not a readable safetensors file"),
+        (empty_weights, "model.safetensors: not a readable safetensors file (0 bytes"),
+        (wrong_shape, "model.safetensors: key 'model.layers.0.mlp.up_proj.weight' has shape [3, "),
+        (edit_config(model_type="mamba"), "config.json: unsupported model_type='mamba'"),
+        (lambda f: (f / "config.json").write_text("{oops"), "config.json: not valid JSON"),
+        (edit_config(num_hidden_layers="two"), "config.json: TransformerConfig.num_layers='two'"),
+    ],
+    ids=["truncated-weights", "empty-weights", "wrong-shape", "model-type", "invalid-json", "field-type"],
+)
+def test_a_bad_model_folder_is_one_line_and_leaves_no_run_folder(capsys, tmp_path, damage, expected):
+    model = damaged_model(tmp_path, damage)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--model", str(model), "--output", str(out),
+                           "--no-progress", "warm_start.steps=0")
+    assert code == 2
+    assert err.startswith("trainer train: error: ") and len(err.strip().splitlines()) == 1, err
+    assert expected in err and str(model) in err, err
+    assert not out.exists()
+
+
+def test_a_start_that_fails_after_making_the_folder_removes_it(capsys, tmp_path, monkeypatch):
+    from rl_core.config import ConfigError
+
+    def fails(*args, **kwargs):
+        raise ConfigError("RolloutConfig.top_k = 9999: must be <= the policy's vocab_size")
+
+    monkeypatch.setattr(build, "learner", fails)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), "--no-progress",
+                           "warm_start.steps=0", "task.options.digits=1", "task.options.heldout_size=5")
+    assert code == 2 and "top_k = 9999" in err
+    assert not out.exists()
+    # a folder that existed before is kept, with what the user had in it
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, _ = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), "--no-progress",
+                         "warm_start.steps=0", "task.options.digits=1", "task.options.heldout_size=5")
+    assert code == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # so that a second try is not refused
+
+
+def test_an_output_path_that_is_a_file(capsys, tmp_path):
+    target = tmp_path / "results.txt"
+    target.write_text("keep me")
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(target), "warm_start.steps=0")
+    assert code == 2
+    assert f"output {target} is a file, not a folder" in err
+    assert target.read_text() == "keep me"
+
+
+def test_a_users_config_yaml_in_the_output_folder_is_never_overwritten(capsys, tmp_path):
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    config = folder / "config.yaml"
+    text = "# my experiment: do not lose this comment\ntraining:\n  num_steps: 2\n"
+    config.write_text(text)
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--config", str(config), "--output", str(folder))
+    assert code == 2
+    assert f"{config} exists" in err and "--overwrite" in err
+    assert config.read_text() == text
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml"]
+
+
+def test_resume_of_a_run_whose_checkpoints_were_deleted_is_refused(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: grpo\ntraining:\n  num_steps: 4\n  checkpoint_every_steps: 2\n")
+    metrics = "".join(json.dumps({"step": s, "train/loss": 0.5}) + "\n" for s in (1, 2, 3))
+    (run / "metrics.jsonl").write_text(metrics)
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 2
+    assert "has no checkpoint to continue from" in err and "--output NEW_FOLDER" in err
+    assert (run / "metrics.jsonl").read_text() == metrics  # nothing wiped
+
+
+# -- prompts longer than rollout.max_prompt_tokens --------------------------------------------
+
+
+def test_long_prompts_are_dropped_at_load_with_a_count():
+    task = tasks.arithmetic(digits=2, heldout_size=500)
+    tokenizer = CharTokenizer()
+    # "a+b=" with BOS: 5 to 7 tokens; a limit of 6 drops the prompts where both numbers have two digits
+    long_train = sum(len(p.text) + 1 > 6 for p in task.train)
+    long_heldout = sum(len(p.text) + 1 > 6 for p in task.heldout)
+    assert long_train + long_heldout == 90 * 90  # a and b both in 10..99
+    logged = []
+    fitted = fit_prompts(task, tokenizer, max_prompt_tokens=6, on_long="drop", log=logged.append)
+    assert len(fitted.train) == len(task.train) - long_train == 9500 - long_train
+    assert len(fitted.heldout) == 500 - long_heldout
+    assert all(len(tokenizer.encode(p.text, add_bos=True)) <= 6 for p in fitted.train + fitted.heldout)
+    assert fitted.max_prompt_tokens == 6
+    assert logged == [
+        f"task arithmetic: dropped {long_train} of 9500 training and {long_heldout} of 500 held-out prompts "
+        "longer than rollout.max_prompt_tokens=6 (task.long_prompts=error stops instead)"
+    ]
+    # nothing too long: nothing said, nothing dropped
+    logged.clear()
+    assert fit_prompts(task, tokenizer, max_prompt_tokens=7, on_long="drop", log=logged.append).train == task.train
+    assert logged == []
+
+
+def test_long_prompts_as_an_error_name_the_first_before_any_model_is_built(capsys, tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(build, "new_model", forbidden)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), "rollout.max_prompt_tokens=6",
+                           "task.long_prompts=error")
+    assert code == 2
+    assert "task 'arithmetic': train prompt " in err and "has 7 tokens, more than rollout.max_prompt_tokens=6" in err
+    assert not out.exists()
+
+
+# -- a reward function that ends the process ----------------------------------------------------
+
+
+SMALL = ["task.options.digits=1", "task.options.heldout_size=5", "warm_start.steps=0", "training.num_steps=4",
+         "training.prompts_per_step=2", "algorithm.group_size=2", "training.checkpoint_every_steps=1",
+         "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0"]
+
+
+@pytest.mark.slow
+def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(capsys, tmp_path, monkeypatch):
+    real = tasks.TASKS["arithmetic"]
+    calls = []
+
+    def exits_on_step_3(prompts, completions, **fields):
+        if len(completions) == 4:  # a training batch (2 prompts x 2), not the held-out evaluation's 5
+            calls.append(len(completions))
+            if len(calls) == 3:
+                raise SystemExit(3)
+        return [0.0] * len(completions)
+
+    exits_on_step_3.__name__ = "numeric_answer"
+
+    def task(**options):
+        return dataclasses.replace(real(**options), rewards=(RewardSpec(exits_on_step_3),))
+
+    monkeypatch.setitem(tasks.TASKS, "arithmetic", task)
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(run), "--no-progress", *SMALL)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "trainer train: error: reward function 'numeric_answer' raised SystemExit: 3 (on a batch of 4 completions)"
+    ]
+    assert saved_steps(run / "checkpoints") == [1, 2]  # the last checkpoints are kept
+
+    monkeypatch.setitem(tasks.TASKS, "arithmetic", real)
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 0, err
+    assert f"resumed {run} at step 2" in out
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
