@@ -155,7 +155,8 @@ def train_run(
             "train_seconds": time.perf_counter() - start,
             "generated_tokens": sum(h.get("perf/generated_tokens", 0.0) for h in history),
             "uniform_frac_mean": _mean(h.get("groups/uniform_frac") for h in history),
-            "skipped_updates": learner.skipped_updates,
+            # from the records, not the learner's counter: a resumed run counts the steps before its restart
+            "skipped_updates": int(sum(h.get("train/skipped_updates", 0.0) for h in history)),
         }
         if signals.received is not None:
             message = (
