@@ -110,7 +110,7 @@ def transformer_config_from_hf(
             raise HFFolderError(f"{source}: missing required field {key!r}")
     try:
         theta, scaling = _rope(hf, source)
-        return _transformer_config(hf, model_type, theta, scaling, dtype, remat)
+        return _transformer_config(hf, model_type, theta, scaling, dtype, param_dtype, remat)
     except HFFolderError:
         raise
     except (TypeError, ValueError) as e:  # a field of the wrong type or value, e.g. "hidden_size": "64"
@@ -118,7 +118,8 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, dtype: str, remat: bool
+    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, dtype: str,
+    param_dtype: str, remat: bool,
 ) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=hf["vocab_size"],
