@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from rl_core.checkpoint import remove_unfinished_saves
 from rl_core.data import Prompt
 from rl_core.faults import fault_point
 from rl_core.logprobs import completion_logprobs
@@ -112,9 +113,9 @@ class _Saves:
 
     def __init__(self, directory: Path, every: int) -> None:
         self.every = every
+        remove_unfinished_saves(directory)
         self._manager = ocp.CheckpointManager(
-            Path(directory).absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True, cleanup_tmp_directories=True),
+            Path(directory).absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
         )
 
     def save(self, step: int, state: dict[str, Any], rng_state: dict[str, Any]) -> None:

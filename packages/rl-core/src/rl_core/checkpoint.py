@@ -23,6 +23,9 @@ import orbax.checkpoint as ocp
 
 from rl_core.faults import fault_point
 
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+"""Orbax writes step N into `N.orbax-checkpoint-tmp` and renames it to `N` when complete."""
+
 CORRUPT_DIR = "checkpoints-corrupt"
 """Beside the checkpoints folder: checkpoints that did not restore, kept for inspection."""
 
@@ -35,6 +38,19 @@ def saved_steps(directory: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def remove_unfinished_saves(directory: str | Path) -> None:
+    """Remove the temporary folders of saves a killed process left in `directory`.
+
+    Done here, before a manager opens the folder, rather than by Orbax's own
+    cleanup, which runs in a background thread and could race a new save of the same step.
+    """
+    directory = Path(directory)
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if path.is_dir() and TMP_SUFFIX in path.name:
+                shutil.rmtree(path)
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 2, read_only: bool = False) -> None:
         """`read_only`: only restore (e.g. to evaluate a run that may still be training and saving)."""
@@ -44,13 +60,15 @@ class Checkpointer:
         self._manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
-        writable = not self.read_only
+        if not self.read_only:
+            remove_unfinished_saves(self.directory)
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep, create=writable, cleanup_tmp_directories=writable, read_only=self.read_only
+                max_to_keep=self.max_to_keep, create=not self.read_only, read_only=self.read_only
             ),
         )
+
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
