@@ -92,7 +92,10 @@ def checkpoint(run: Path, step: int) -> tuple[list[np.ndarray], dict, object]:
 
 
 def scalar_points(run: Path) -> dict[tuple[str, int], int]:
-    """(tag, step) -> how many times it was written, over every event file of the run."""
+    """(tag, step) -> how many times a scalar was written, over every event file of the run.
+
+    Text summaries are left out: each process records the run's settings as text at step 0.
+    """
     counts: dict[tuple[str, int], int] = {}
     for path in (run / "tensorboard").glob("events.out.tfevents.*"):
         data, offset = path.read_bytes(), 0
@@ -101,6 +104,8 @@ def scalar_points(run: Path) -> dict[tuple[str, int], int]:
             event = event_pb2.Event()
             event.ParseFromString(data[offset + 12 : offset + 12 + length])
             for value in event.summary.value:
+                if not value.HasField("simple_value"):
+                    continue
                 counts[(value.tag, event.step)] = counts.get((value.tag, event.step), 0) + 1
             offset += 16 + length
     return counts
