@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig
+from rl_core.config import AlgorithmConfig, Config, ConfigError, MeshConfig, RolloutConfig, TrainingConfig
 from rl_core.testing import ToyConfig
 
 # (config class, extra valid kwargs, field, bad value, the rule's text)
@@ -37,6 +37,10 @@ RULES = [
     (TrainingConfig, {}, "max_checkpoints_to_keep", 0, "must be >= 1"),
     (TrainingConfig, {}, "on_nonfinite", "ignore", "must be one of ('skip', 'stop')"),
     (ToyConfig, {}, "group_size", 1, "must be >= 2"),
+    (MeshConfig, {}, "data", 0, "must be >= 1 or -1 (all remaining devices)"),
+    (MeshConfig, {}, "tensor", -2, "must be >= 1 or -1 (all remaining devices)"),
+    (MeshConfig, {}, "fsdp", 0, "must be >= 1 or -1 (all remaining devices)"),
+    (MeshConfig, {}, "data", -1, "at most one axis may be -1, got ['data', 'fsdp']"),
 ]
 
 
@@ -56,11 +60,23 @@ def test_every_rule_names_field_value_and_rule(cls, extra, field, value, rule):
 
 def test_every_validated_field_has_a_rule_in_the_table():
     """A new field with a rule gets a row above (fields without rules are listed here)."""
-    without_rules = {"seed"}
-    for cls in (RolloutConfig, TrainingConfig):
+    without_rules = {"seed", "mesh"}  # mesh: a nested MeshConfig with its own rows
+    for cls in (RolloutConfig, TrainingConfig, MeshConfig):
         covered = {r[2] for r in RULES if r[0] is cls}
         fields = {f.name for f in dataclasses.fields(cls)} - without_rules
         assert fields == covered, f"{cls.__name__}: fields without a tested rule {fields - covered}"
+
+
+def test_mesh_shape_fills_in_the_remaining_devices_and_must_use_them_all():
+    assert MeshConfig().shape(8) == (1, 8, 1)  # the default: everything FSDP
+    assert MeshConfig(tensor=2).shape(8) == (1, 4, 2)
+    assert MeshConfig(data=-1, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
+    assert MeshConfig(data=2, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
+    assert TrainingConfig.from_dict({"mesh": {"fsdp": 4, "tensor": 2}}).mesh.shape(8) == (1, 4, 2)
+    with pytest.raises(ConfigError, match="needs a multiple of 3 devices, but 8 are available"):
+        MeshConfig(tensor=3).shape(8)
+    with pytest.raises(ConfigError, match="needs 4 devices, but 8 are available"):
+        MeshConfig(data=2, fsdp=2, tensor=1).shape(8)
 
 
 def test_batch_layout_divides_and_reports_the_rule():

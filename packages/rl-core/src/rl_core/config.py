@@ -167,6 +167,40 @@ class RolloutConfig(Config):
         check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig(Config):
+    """The device mesh (see `rl_core.mesh`): sizes of its three axes; one may be -1,
+    meaning all remaining devices. Their product must be the device count."""
+
+    data: int = 1
+    """Pure data parallelism: rows split, parameters replicated."""
+    fsdp: int = -1
+    """Fully sharded data parallelism: rows split, parameters and optimizer state sharded."""
+    tensor: int = 1
+    """Tensor parallelism: attention heads and the MLP's inner width split."""
+
+    def __post_init__(self) -> None:
+        for name in ("data", "fsdp", "tensor"):
+            check(getattr(self, name) == -1 or getattr(self, name) >= 1, self, name, "must be >= 1 or -1 (all remaining devices)")
+        free = [n for n in ("data", "fsdp", "tensor") if getattr(self, n) == -1]
+        check(len(free) <= 1, self, free[0] if free else "data", f"at most one axis may be -1, got {free}")
+
+    def shape(self, device_count: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) for `device_count` devices, the -1 filled in;
+        ConfigError when they do not fit."""
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        fixed = math.prod(v for v in sizes.values() if v != -1)
+        free = [k for k, v in sizes.items() if v == -1]
+        if free and device_count % fixed == 0:
+            sizes[free[0]] = device_count // fixed
+        if math.prod(sizes.values()) != device_count:
+            raise ConfigError(
+                f"{type(self).__name__} {self.to_dict()}: needs {fixed if not free else f'a multiple of {fixed}'} "
+                f"devices, but {device_count} are available"
+            )
+        return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 ON_NONFINITE = ("skip", "stop")
@@ -212,6 +246,8 @@ class TrainingConfig(Config):
     loggers: tuple[str, ...] = ("tensorboard",)
     """Where metrics go besides metrics.jsonl: tensorboard (scalars, the config and samples as text) and/or
     wandb (Weights & Biases: scalars, the config, a samples table; needs the wandb extra)."""
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    """How the devices are arranged: data, fsdp and tensor parallelism."""
 
     def __post_init__(self) -> None:
         check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")

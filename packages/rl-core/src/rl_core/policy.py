@@ -32,6 +32,12 @@ class Policy(Protocol):
         """A zeroed KV cache with `max_len` slots per row."""
         ...
 
+    def cache_axes(self) -> Any:
+        """The cache's tree with a `jax.sharding.PartitionSpec` of logical axis names
+        per leaf: "batch" marks the rows (the sampler copies and splits them), the
+        other names go through the same rules as the parameters'."""
+        ...
+
     def __call__(
         self,
         tokens: jax.Array,  # [B, L] int32

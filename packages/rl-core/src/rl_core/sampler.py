@@ -9,13 +9,15 @@ emitted EOS or reached `max_new_tokens`. The program depends only on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
+from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 
 
@@ -88,12 +90,14 @@ def generate(
     pad_id: int,
     params: SamplingParams,
     num_samples: int = 1,
+    shard_cache: Callable[[Any], Any] = lambda cache: cache,
 ) -> Completions:
     """Generate `num_samples` completions per prompt (trace inside jit; see `Sampler`).
 
     Row i * num_samples + j of the result is sample j of prompt i. Each prompt
     is prefilled once and its KV cache copied to its samples, so a GRPO group
-    of G completions pays for one prefill, not G.
+    of G completions pays for one prefill, not G. `shard_cache` lays out a
+    cache on the devices (the Sampler splits it over rows and KV heads).
     """
     u, p = prompt_tokens.shape
     b = u * num_samples
@@ -107,12 +111,16 @@ def generate(
     positions = jnp.maximum(jnp.cumsum(valid_prompt, axis=1) - 1, 0).astype(jnp.int32)
     slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
-    cache = model.init_cache(u, slots)
+    cache = shard_cache(model.init_cache(u, slots))
     hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0)
     first_logits = model.logits(hidden[:, -1])
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
-        cache, first_logits, slot_valid, prompt_len = jax.tree.map(
-            lambda x: jnp.repeat(x, num_samples, axis=0), (cache, first_logits, slot_valid, prompt_len)
+        cache = jax.tree.map(
+            lambda x, names: jnp.repeat(x, num_samples, axis=list(names).index("batch")), cache, model.cache_axes()
+        )
+        cache = shard_cache(cache)
+        first_logits, slot_valid, prompt_len = jax.tree.map(
+            lambda x: jnp.repeat(x, num_samples, axis=0), (first_logits, slot_valid, prompt_len)
         )
     key, sub = jax.random.split(key)
     first, first_logp = sample_token(sub, first_logits, params)
@@ -153,8 +161,13 @@ def generate(
 class Sampler:
     """Jitted generation for one model structure; call with its parameters.
 
-    The jitted function is built once, so its compile cache lives as long as
+    The jitted functions are built once, so their compile caches live as long as
     the sampler; `compiles` counts the distinct programs traced.
+
+    With a `mesh` (and the parameters' shardings), every program states its
+    layouts: parameters as given, prompt and completion rows split over
+    (data, fsdp) when the devices divide them (else whole on every device), the
+    KV cache split over rows and KV heads, the key replicated.
     """
 
     def __init__(
@@ -164,15 +177,48 @@ class Sampler:
         max_new_tokens: int,
         eos_ids: Sequence[int],
         pad_id: int,
+        mesh: Mesh | None = None,
+        param_shardings: Any = None,
     ) -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
+        if (mesh is None) != (param_shardings is None):
+            raise ValueError("give both mesh and param_shardings, or neither")
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.pad_id = pad_id
+        self.mesh = mesh
+        self.param_shardings = param_shardings
         self.compiles = 0
-        self._generate = jax.jit(self._traced, static_argnames=("params", "num_samples"))
+        # one jitted function per (prompt rows split, completion rows split) layout
+        self._jitted: dict[tuple[bool, bool], Callable[..., Completions]] = {}
+
+    def _jit(self, split_in: bool, split_out: bool) -> Callable[..., Completions]:
+        key = (split_in, split_out)
+        if key not in self._jitted:
+            static = (4, 5)  # params, num_samples
+            if self.mesh is None:
+                self._jitted[key] = jax.jit(self._traced, static_argnums=static)
+            else:
+                whole = mesh_lib.replicated(self.mesh)
+                rows_in = mesh_lib.rows(self.mesh) if split_in else whole
+                rows_out = mesh_lib.rows(self.mesh) if split_out else whole
+                self._jitted[key] = jax.jit(
+                    self._traced,
+                    static_argnums=static,
+                    in_shardings=(self.param_shardings, rows_in, rows_in, whole),
+                    out_shardings=rows_out,
+                )
+        return self._jitted[key]
+
+    def _shard_cache(self, model: nnx.Module, cache: Any) -> Any:
+        if self.mesh is None:
+            return cache
+        shardings = jax.tree.map(
+            lambda x, names: mesh_lib.logical_sharding(tuple(names), x.shape, self.mesh), cache, model.cache_axes()
+        )
+        return jax.lax.with_sharding_constraint(cache, shardings)
 
     def _traced(
         self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1
@@ -189,6 +235,7 @@ class Sampler:
             pad_id=self.pad_id,
             params=params,
             num_samples=num_samples,
+            shard_cache=lambda cache: self._shard_cache(model, cache),
         )
 
     def __call__(
@@ -197,6 +244,9 @@ class Sampler:
         """`num_samples` completions per prompt row; see `generate`."""
         if num_samples < 1:
             raise ValueError(f"num_samples={num_samples}: must be >= 1")
-        return self._generate(state, prompt_tokens, prompt_mask, key, params=params, num_samples=num_samples)
+        ways = 1 if self.mesh is None else mesh_lib.batch_devices(self.mesh)
+        u = len(prompt_tokens)
+        run = self._jit(u % ways == 0, u * num_samples % ways == 0)
+        return run(state, prompt_tokens, prompt_mask, key, params, num_samples)
 
 

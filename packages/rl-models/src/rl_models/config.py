@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 DTYPES = ("float32", "bfloat16")
+ATTENTION = ("xla", "cudnn")
 
 
 def _require(ok: bool, cls: str, field: str, value: object, rule: str) -> None:
@@ -96,7 +97,10 @@ class TransformerConfig:
     """Storage dtype of the parameters; each is cast to `dtype` where it is used. A learner
     trains float32 master weights whatever this is."""
     remat: bool = False
-    """Rematerialize each block in the backward pass (nnx.remat)."""
+    """Rematerialize each block in the backward pass (jax.checkpoint around each scanned layer)."""
+    attention: Literal["xla", "cudnn"] = "xla"
+    """Implementation of `jax.nn.dot_product_attention` for training and prefill: "xla" runs
+    everywhere; "cudnn" is the fused flash-attention kernel (NVIDIA GPUs, bfloat16 compute)."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -128,6 +132,12 @@ class TransformerConfig:
         for field in ("dtype", "param_dtype"):
             value = getattr(self, field)
             _require(value in DTYPES, name, field, value, f"must be one of {DTYPES}")
+        _require(self.attention in ATTENTION, name, "attention", self.attention,
+                 f"must be one of {ATTENTION}")
+        _require(
+            self.attention != "cudnn" or self.dtype == "bfloat16", name, "attention", self.attention,
+            "cuDNN attention needs dtype='bfloat16'",
+        )
         _require(
             self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
             name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",

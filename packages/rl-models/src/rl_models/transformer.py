@@ -3,9 +3,13 @@
 Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab,
 H query heads, K key/value heads, G = H // K queries per KV head, Dh head_dim.
 
-Every piece of state is an `nnx.Param`; the KV cache is a plain pytree
-(a tuple over layers of (k, v) arrays [B, K, S, Dh], head-major) that callers pass in and
-get back, so a jitted sampler can thread it through `lax.while_loop`.
+Every piece of state is an `nnx.Param` carrying logical axis names
+(`out_sharding` metadata: vocab, embed, heads, kv_heads, head_dim, mlp, norm, and
+layers for the stacked layer axis) that a rules table maps to mesh axes. The
+blocks are one `Block` whose parameters are stacked on a leading layer axis and
+run under `lax.scan`, so a program's size does not grow with depth. The KV cache
+is a plain pair (k, v), each [layers, B, K, S, Dh] (head-major), that callers pass
+in and get back, so a jitted sampler can thread it through `lax.while_loop`.
 The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]).
 """
@@ -18,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from rl_models.config import RopeScaling, TransformerConfig
 
-KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [layers, B, K, S, Dh]
+Axes = tuple[str | None, ...]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -36,14 +42,24 @@ def param_dtype(config: TransformerConfig) -> jnp.dtype:
     return jnp.dtype(_DTYPES[config.param_dtype])
 
 
+def param(value: jax.Array, axes: Axes) -> nnx.Param:
+    """A parameter annotated with its logical axis names (one per dimension).
+
+    Not sharded here (no eager sharding): whoever places the model maps the
+    names to a mesh (see `rl_core.mesh`), so the model itself needs no mesh.
+    """
+    assert len(axes) == value.ndim, (axes, value.shape)
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
 class Linear(nnx.Module):
     """y = x @ kernel (+ bias); kernel [in, out], stored in `param_dtype`, used in `dtype`."""
 
-    def __init__(self, in_features: int, out_features: int, *, use_bias: bool,
+    def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool,
                  dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs):
         init = nnx.initializers.lecun_normal()
-        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), param_dtype))
-        self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
+        self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes)
+        self.bias = param(jnp.zeros((out_features,), param_dtype), axes[1:]) if use_bias else None
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -74,8 +90,8 @@ def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
 class RMSNorm(nnx.Module):
     """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
 
-    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, axis: str = "norm"):
+        self.weight = param(jnp.ones((dim,), param_dtype), (axis,))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -125,12 +141,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, L, H, Dh], k/v [B, K, S, Dh] (head-major, the
-    cache's layout), mask [B, L, S] (True = may attend) -> [B, L, H * Dh].
+    """Grouped-query attention of a few queries over a head-major cache (decoding).
 
-    Both matmuls are batched over (B, K) with the G query heads of a KV head and
-    their L queries as one [G * L] row block, so XLA runs plain batched matmuls
-    instead of transposing the cache; decoding (L = 1) needs no transpose at all.
+    q [B, L, H, Dh], k/v [B, K, S, Dh] (the cache's layout), mask [B, L, S]
+    (True = may attend) -> [B, L, H * Dh]. Both matmuls are batched over (B, K)
+    with the G query heads of a KV head and their L queries as one [G * L] row
+    block, so XLA runs plain batched matmuls instead of transposing the cache.
     Scores and softmax run in float32; masked scores are the most negative
     float32, so a fully masked row gets a finite uniform distribution, not NaN.
     """
@@ -147,6 +163,21 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
 
+def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                    implementation: str) -> jax.Array:
+    """Grouped-query attention over whole sequences (training and prefill) through
+    `jax.nn.dot_product_attention`: q [B, L, H, Dh], k/v [B, S, K, Dh], mask
+    [B, L, S] -> [B, L, H * Dh]. The XLA implementation computes scores and
+    softmax in float32; "cudnn" selects the fused flash-attention kernel on GPUs.
+    """
+    b, l, h, dh = q.shape
+    out = jax.nn.dot_product_attention(
+        q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None], scale=1.0 / math.sqrt(dh),
+        implementation=None if implementation == "xla" else implementation,
+    )
+    return out.reshape(b, l, h * dh)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary positions (optionally q/k biases
     and q/k RMSNorm)."""
@@ -156,18 +187,22 @@ class Attention(nnx.Module):
         d, h, kv, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         assert dh is not None
         bias = config.attention_bias
-        self.q_proj = Linear(d, h * dh, use_bias=bias, **dtypes, rngs=rngs)
-        self.k_proj = Linear(d, kv * dh, use_bias=bias, **dtypes, rngs=rngs)
-        self.v_proj = Linear(d, kv * dh, use_bias=bias, **dtypes, rngs=rngs)
-        self.o_proj = Linear(h * dh, d, use_bias=False, **dtypes, rngs=rngs)
+        # the fused (heads x head_dim) output axes are named for the heads they hold
+        self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), use_bias=bias, **dtypes, rngs=rngs)
+        self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), use_bias=bias, **dtypes, rngs=rngs)
+        self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), use_bias=bias, **dtypes, rngs=rngs)
+        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, **dtypes, rngs=rngs)
         eps, pdt = config.rms_norm_eps, param_dtype(config)
-        self.q_norm = RMSNorm(dh, eps=eps, param_dtype=pdt) if config.qk_norm else None
-        self.k_norm = RMSNorm(dh, eps=eps, param_dtype=pdt) if config.qk_norm else None
+        norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim"}
+        self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(dh, **norm) if config.qk_norm else None
         self.config = config
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
-                 kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """`kv` is the whole stacked cache; this layer writes and reads its slice
+        `layer` in place (a loop-carried buffer, so decoding copies no cache)."""
         cfg = self.config
         b, l, _ = x.shape
         h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -180,14 +215,20 @@ class Attention(nnx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *rope), rotate(k, *rope)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # head-major [B, K, L, Dh]
-        if kv is not None:
-            zero = jnp.zeros((), jnp.int32)
-            start = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-            kv = (k, v)
-        return self.o_proj(attend(q, k, v, mask)), kv
+        if kv is None:
+            return self.o_proj(attend_sequence(q, k, v, mask, cfg.attention)), None
+        zero = jnp.zeros((), jnp.int32)
+        start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+        new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
+        kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
+              jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+        if l == 1:
+            out = attend(q, k_all, v_all, mask)
+        else:  # prefill: the fused path over the whole cache, in the layout it wants
+            out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
+                                  cfg.attention)
+        return self.o_proj(out), kv
 
 
 class MLP(nnx.Module):
@@ -196,9 +237,9 @@ class MLP(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         d, f = config.hidden_size, config.mlp_hidden_size
-        self.gate_proj = Linear(d, f, use_bias=False, **dtypes, rngs=rngs)
-        self.up_proj = Linear(d, f, use_bias=False, **dtypes, rngs=rngs)
-        self.down_proj = Linear(f, d, use_bias=False, **dtypes, rngs=rngs)
+        self.gate_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
+        self.up_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
+        self.down_proj = Linear(f, d, axes=("mlp", "embed"), use_bias=False, **dtypes, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if x.shape[1] != 1:
@@ -219,11 +260,26 @@ class Block(nnx.Module):
         self.mlp = MLP(config, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
-                 kv: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array | int
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index)
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array
+                 ) -> tuple[jax.Array, KVCache | None]:
+        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
+
+
+def stack_layers(blocks: list[Block]) -> Block:
+    """One Block whose every parameter is the blocks' parameters stacked on a new
+    leading axis (logical name "layers"), the layout `lax.scan` runs over."""
+    graphdef, first = nnx.split(blocks[0])
+    states = [first, *(nnx.state(b) for b in blocks[1:])]
+
+    def stack(*variables: nnx.Variable) -> nnx.Variable:
+        axes = variables[0].get_metadata("out_sharding")
+        value = jnp.stack([v[...] for v in variables])
+        return variables[0].replace(value, out_sharding=("layers", *axes))
+
+    stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, stacked)
 
 
 class Transformer(nnx.Module):
@@ -236,14 +292,17 @@ class Transformer(nnx.Module):
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
         embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-        self.embed = nnx.Param(
-            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"])
+        self.embed = param(
+            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"]),
+            ("vocab", "embed"),
         )
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        # Built one by one (the same random draws as unstacked blocks), then stacked.
+        self.layers = stack_layers([Block(config, rngs=rngs) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
                                   param_dtype=dtypes["param_dtype"])
         self.lm_head = None if config.tie_embeddings else Linear(
-            config.hidden_size, config.vocab_size, use_bias=False, **dtypes, rngs=rngs
+            config.hidden_size, config.vocab_size, axes=("embed", "vocab"), use_bias=False, **dtypes,
+            rngs=rngs,
         )
 
     @property
@@ -251,26 +310,31 @@ class Transformer(nnx.Module):
         return self.config.vocab_size
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """Zeroed (k, v) per layer, each [batch_size, K, max_len, Dh] in the model dtype."""
+        """Zeroed (k, v), each [layers, batch_size, K, max_len, Dh] in the compute dtype."""
         cfg = self.config
-        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         dtype = compute_dtype(cfg)
-        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+    def cache_axes(self) -> tuple[PartitionSpec, PartitionSpec]:
+        """Logical axis names of (k, v): split over rows and KV heads, never over slots."""
+        names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")
+        return names, names
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                  cache: KVCache | None = None, cache_index: jax.Array | int = 0,
                  ) -> tuple[jax.Array, KVCache | None]:
         """Hidden states [B, L, D] (after the final norm) and the updated cache."""
         b, l = tokens.shape
-        s = l if cache is None else cache[0][0].shape[2]
+        s = l if cache is None else cache[0].shape[3]
         if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
             raise ValueError(
                 f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
                 f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
                 f"{attention_mask.shape}); S is {'L' if cache is None else 'the cache length'}"
             )
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
+        if cache is not None and cache[0].shape[0] != self.config.num_layers:
+            raise ValueError(f"cache has {cache[0].shape[0]} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         # gather the rows first, then cast: never a compute-dtype copy of the whole table
@@ -278,13 +342,29 @@ class Transformer(nnx.Module):
         cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
         rope = rope_cos_sin(positions, inv_freq)
-        step = nnx.remat(Block.__call__) if self.config.remat else Block.__call__
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, kv = step(layer, x, rope, attention_mask,
-                         None if cache is None else cache[i], cache_index)
-            new_cache.append(kv)
-        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+        x, cache = self._run_layers(x, rope, attention_mask, cache, cache_index)
+        return self.final_norm(x), cache
+
+    def _run_layers(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
+                    cache: KVCache | None, cache_index: jax.Array | int
+                    ) -> tuple[jax.Array, KVCache | None]:
+        """Every block, as one `lax.scan` over the stacked layer parameters; the
+        cache rides in the carry so each layer updates its slice in place."""
+        graphdef, stacked = nnx.split(self.layers)
+
+        def layer(x, cache, state, i):
+            return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i)
+
+        if self.config.remat:  # keep only each layer's input; recompute the rest in the backward pass
+            layer = jax.checkpoint(layer, prevent_cse=False)
+
+        def body(carry, xs):
+            x, cache = layer(*carry, *xs)
+            return (x, cache), None
+
+        layers = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+        (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers))
+        return x, cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""

@@ -5,7 +5,11 @@ Nothing here downloads: every function takes a folder on disk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from flax import nnx
 
 from rl_models.hf.config import (
     ARCHITECTURES,
@@ -33,11 +37,16 @@ def load_hf_config(
 
 
 def load_hf_model(
-    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False
+    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False,
+    shardings: Callable[[nnx.State], Any] | None = None,
 ) -> Transformer:
-    """The model in `folder` (config.json + safetensors), params stored in `param_dtype`."""
+    """The model in `folder` (config.json + safetensors), params stored in `param_dtype`.
+
+    `shardings` (abstract param state -> a tree of shardings) places each
+    parameter as it is read, one device shard at a time; see `load_params`.
+    """
     config = load_hf_config(folder, dtype=dtype, param_dtype=param_dtype, remat=remat)
-    return load_params(Path(folder), config)
+    return load_params(Path(folder), config, shardings)
 
 
 def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 from flax import nnx
 from safetensors import SafetensorError, safe_open
@@ -45,27 +46,39 @@ def _open(path: Path) -> Iterator[Any]:
         raise HFFolderError(f"{path}: not a readable safetensors file ({size} bytes; {e}); is it truncated?") from e
 
 
-def parameter_map(config: TransformerConfig) -> dict[str, tuple[Path_, bool]]:
-    """Hugging Face key -> (NNX param path, transposed). HF Linear weights are
-    [out, in]; kernels here are [in, out]."""
-    names: dict[str, tuple[Path_, bool]] = {"model.embed_tokens.weight": (("embed",), False)}
+class Slot(NamedTuple):
+    """Where a Hugging Face tensor lives in the NNX params."""
+
+    path: Path_  # the param's path in the model's state
+    layer: int | None  # index on the stacked layer axis, or None for unstacked params
+    transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
+
+
+def parameter_map(config: TransformerConfig) -> dict[str, Slot]:
+    """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
+    `layers` params."""
+    names: dict[str, Slot] = {"model.embed_tokens.weight": Slot(("embed",), None, False)}
     for i in range(config.num_layers):
-        hf, ours = f"model.layers.{i}", ("layers", i)
-        names[f"{hf}.input_layernorm.weight"] = ((*ours, "attn_norm", "weight"), False)
-        names[f"{hf}.post_attention_layernorm.weight"] = ((*ours, "mlp_norm", "weight"), False)
+        hf = f"model.layers.{i}"
+
+        def at(*path: str, transposed: bool = False, i: int = i) -> Slot:
+            return Slot(("layers", *path), i, transposed)
+
+        names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight")
+        names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight")
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names[f"{hf}.self_attn.{proj}.weight"] = ((*ours, "attn", proj, "kernel"), True)
+            names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
         if config.attention_bias:
             for proj in ("q_proj", "k_proj", "v_proj"):
-                names[f"{hf}.self_attn.{proj}.bias"] = ((*ours, "attn", proj, "bias"), False)
+                names[f"{hf}.self_attn.{proj}.bias"] = at("attn", proj, "bias")
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):
-                names[f"{hf}.self_attn.{norm}.weight"] = ((*ours, "attn", norm, "weight"), False)
+                names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{hf}.mlp.{proj}.weight"] = ((*ours, "mlp", proj, "kernel"), True)
-    names["model.norm.weight"] = (("final_norm", "weight"), False)
+            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+    names["model.norm.weight"] = Slot(("final_norm", "weight"), None, False)
     if not config.tie_embeddings:
-        names["lm_head.weight"] = (("lm_head", "kernel"), True)
+        names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
     return names
 
 
@@ -99,9 +112,17 @@ def weight_files(folder: Path) -> dict[str, Path]:
     )
 
 
-def load_params(folder: Path, config: TransformerConfig) -> Transformer:
+def load_params(folder: Path, config: TransformerConfig,
+                shardings: Callable[[nnx.State], Any] | None = None) -> Transformer:
     """A Transformer with `config` whose params are read from `folder`, cast to
-    `config.param_dtype`."""
+    `config.param_dtype`.
+
+    `shardings` maps the abstract param state to a same-shaped tree of
+    `jax.sharding.Sharding`s (default: everything on the default device). Each
+    device's shard is read from the safetensors files on its own (only the rows
+    and columns it holds), so the host never holds a whole stacked parameter and
+    no device ever holds the whole model unless its sharding says so.
+    """
     files = weight_files(folder)
     expected = parameter_map(config)
     unknown = sorted(
@@ -126,32 +147,57 @@ def load_params(folder: Path, config: TransformerConfig) -> Transformer:
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     slots = dict(nnx.to_flat_state(state))
+    if shardings is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        placement = {p: device for p in slots}
+    else:
+        placement = dict(nnx.to_flat_state(shardings(state)))
     dtype = param_dtype(config)
-    values: dict[Path_, jnp.ndarray] = {}
-    by_file: dict[Path, list[str]] = defaultdict(list)
-    for key in expected:
-        by_file[files[key]].append(key)
-    for path, keys in by_file.items():
-        with _open(path) as f:
-            for key in keys:
-                ours, transposed = expected[key]
-                want = tuple(slots[ours].shape)
-                want_hf = want[::-1] if transposed else want
-                view = f.get_slice(key)
-                got, kind = tuple(view.get_shape()), view.get_dtype()
-                if got != want_hf:
-                    raise HFFolderError(
-                        f"{path}: key {key!r} has shape {list(got)}, but config.json "
-                        f"needs {list(want_hf)}"
-                    )
-                if kind not in FLOAT_DTYPES:
-                    raise HFFolderError(
-                        f"{path}: key {key!r} has dtype {kind}; only {sorted(FLOAT_DTYPES)} "
-                        "are read (quantized checkpoints are not supported)"
-                    )
-                array = np.asarray(f.get_tensor(key))
-                values[ours] = jnp.asarray(array.T if transposed else array, dtype=dtype)
-    flat = [(p, var.replace(values[p])) for p, var in slots.items()]
+    # every HF key feeding each param: one for unstacked params, one per layer for stacked ones
+    sources: dict[Path_, dict[int | None, str]] = defaultdict(dict)
+    for key, slot in expected.items():
+        sources[slot.path][slot.layer] = key
+
+    with ExitStack() as stack:
+        handles = {path: stack.enter_context(_open(path)) for path in set(files.values())}
+        for key, slot in expected.items():  # check every tensor before reading any
+            want = tuple(slots[slot.path].shape)[0 if slot.layer is None else 1:]
+            want_hf = want[::-1] if slot.transposed else want
+            view = handles[files[key]].get_slice(key)
+            got, kind = tuple(view.get_shape()), view.get_dtype()
+            if got != want_hf:
+                raise HFFolderError(
+                    f"{files[key]}: key {key!r} has shape {list(got)}, but config.json "
+                    f"needs {list(want_hf)}"
+                )
+            if kind not in FLOAT_DTYPES:
+                raise HFFolderError(
+                    f"{files[key]}: key {key!r} has dtype {kind}; only {sorted(FLOAT_DTYPES)} "
+                    "are read (quantized checkpoints are not supported)"
+                )
+
+        def read(key: str, transposed: bool, index: tuple[slice, ...]) -> np.ndarray:
+            """One tensor's block `index` (in our [in, out] orientation)."""
+            view = handles[files[key]].get_slice(key)
+            hf_index = index[::-1] if transposed else index
+            block = np.asarray(view[hf_index])
+            return (block.T if transposed else block).astype(dtype)
+
+        def load(path: Path_) -> jax.Array:
+            shape = tuple(slots[path].shape)
+            keys = sources[path]
+
+            def shard(index: tuple[slice, ...]) -> np.ndarray:
+                index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape, strict=True))
+                if None in keys:
+                    transposed = expected[keys[None]].transposed
+                    return read(keys[None], transposed, index)
+                layers = range(*index[0].indices(shape[0]))
+                return np.stack([read(keys[i], expected[keys[i]].transposed, index[1:]) for i in layers])
+
+            return jax.make_array_from_callback(shape, placement[path], shard)
+
+        flat = [(p, var.replace(load(p))) for p, var in slots.items()]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -159,8 +205,9 @@ def save_params(model: Transformer, path: Path) -> None:
     """Write `model`'s params to one safetensors file under Hugging Face names,
     in the dtype they are stored in."""
     slots = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
-    for key, (ours, transposed) in parameter_map(model.config).items():
-        array = np.asarray(slots[ours][...])
-        tensors[key] = np.ascontiguousarray(array.T if transposed else array)
+    for key, slot in parameter_map(model.config).items():
+        array = arrays[slot.path] if slot.layer is None else arrays[slot.path][slot.layer]
+        tensors[key] = np.ascontiguousarray(array.T if slot.transposed else array)
     save_file(tensors, str(path), metadata={"format": "pt"})

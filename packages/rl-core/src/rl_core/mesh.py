@@ -1,0 +1,118 @@
+"""The device mesh and the one table that places every array on it.
+
+The mesh has three named axes:
+  data    pure data parallelism: rows split, parameters replicated;
+  fsdp    rows split and parameters (and optimizer state) sharded on their embed axis;
+  tensor  attention heads and the MLP's inner width split (Megatron-style).
+
+A model names the axes of its parameters logically (`nnx.Param(...,
+out_sharding=("embed", "mlp"))`, see rl_models); `RULES` maps those names to
+mesh axes. A dimension the mapped mesh axes do not divide is left whole, and a
+mesh axis is used at most once per array (first come, first served), so any
+model runs on any mesh; the split is just coarser.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rl_core.config import MeshConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+"""Mesh axes the rows of a batch are split over."""
+
+MeshAxes = str | tuple[str, ...] | None
+
+RULES: dict[str, MeshAxes] = {
+    "batch": BATCH,
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "norm": None,
+    "layers": None,
+    "cache_slots": None,
+}
+"""Logical axis name -> mesh axes (None: never split)."""
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: every device of every process);
+    one size may be -1 (the remaining devices).
+
+    `jax.make_mesh` orders devices so that the innermost axis (tensor) gets the
+    best-connected ones on accelerators.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    shape = MeshConfig(data=data, fsdp=fsdp, tensor=tensor).shape(len(devices))
+    # Auto axes: XLA's partitioner propagates layouts from the stated ones (no sharding in types)
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    if len(devices) == jax.device_count():
+        return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
+    return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                 rules: dict[str, MeshAxes] = RULES) -> P:
+    """The PartitionSpec of an array with logical axis `names` and `shape` on `mesh`."""
+    if len(names) != len(shape):
+        raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    spec: list[MeshAxes] = []
+    for name, size in zip(names, shape, strict=True):
+        if name is not None and name not in rules:
+            raise ValueError(f"no sharding rule for logical axis {name!r}; known: {sorted(rules)}")
+        target = rules.get(name) if name is not None else None
+        axes = [target] if isinstance(target, str) else list(target or ())
+        axes = [a for a in axes if a not in used and mesh.shape[a] > 1]
+        while axes and size % math.prod(mesh.shape[a] for a in axes):
+            axes.pop()  # a dimension the devices do not divide stays (partly) whole
+        used.update(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return P(*spec)
+
+
+def logical_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, logical_spec(names, shape, mesh))
+
+
+def param_shardings(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """A tree like `params` (concrete or abstract nnx Variables) of NamedShardings
+    from each Variable's logical `out_sharding` names; unnamed ones are replicated."""
+
+    def one(var: nnx.Variable) -> nnx.Variable:
+        names = var.get_metadata("out_sharding", None) or (None,) * len(var.shape)
+        return var.replace(logical_sharding(names, var.shape, mesh))
+
+    return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def rows(mesh: Mesh, axis: int = 0) -> NamedSharding:
+    """Axis `axis` (the rows) split over (data, fsdp); every other axis whole."""
+    return NamedSharding(mesh, P(*([None] * axis), BATCH))
+
+
+def batch_devices(mesh: Mesh) -> int:
+    """How many ways the rows of a batch are split."""
+    return math.prod(mesh.shape[a] for a in BATCH)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def shard_like(tree: Any, shardings: Any) -> Any:
+    """`tree` re-laid out as `shardings` inside a jitted program (a no-op outside jit
+    when the layouts already agree)."""
+    return jax.lax.with_sharding_constraint(tree, shardings)
