@@ -43,10 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 from rl_core.compiles import compile_count
 from rl_core.config import ConfigError
-from rl_core.learner import DATA_AXIS
+from rl_core import mesh as mesh_lib
 from rl_core.sampler import Sampler, SamplingParams
 from rl_models import Transformer, TransformerConfig
 
@@ -368,9 +367,10 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     prompts = task.train[: p.prompts]
     tokens, mask = learner.encode_prompts(prompts)
     prefill_sampler = Sampler(
-        learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id
+        learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id,
+        mesh=learner.mesh, param_shardings=learner.param_shardings,
     )
-    rows = NamedSharding(learner.mesh, PartitionSpec(DATA_AXIS))  # the input layout of the rollout
+    rows = mesh_lib.rows(learner.mesh)  # the input layout of the rollout
     tokens_d, mask_d = jax.device_put(tokens, rows), jax.device_put(mask, rows)
     sampling = SamplingParams.from_rollout(learner.rollout)
     key = jax.random.PRNGKey(1)

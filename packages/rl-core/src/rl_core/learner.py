@@ -40,8 +40,8 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
+from rl_core import mesh as mesh_lib
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
@@ -57,7 +57,6 @@ from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.types import TrainExample
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
-DATA_AXIS = "data"
 
 
 class LossOutput(NamedTuple):
@@ -93,9 +92,8 @@ def _master_copy(x: jax.Array) -> jax.Array:
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over `devices` (default: all) with axis `data`."""
-    devices = list(devices if devices is not None else jax.devices())
-    return Mesh(np.array(devices), (DATA_AXIS,))
+    """A mesh of pure data parallelism over `devices` (default: all): parameters replicated."""
+    return mesh_lib.make_mesh(data=-1, fsdp=1, tensor=1, devices=devices)
 
 
 class RLLearner(abc.ABC, Generic[ConfigT]):
@@ -126,7 +124,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.reward_manager = reward_manager
         self.eval_fn = eval_fn
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
-        self.mesh = mesh or data_mesh()
+        self.mesh = mesh or mesh_lib.make_mesh(**training.mesh.to_dict())
         self.progress = progress
         self.batch_size = training.prompts_per_step * self.group_size
         self.num_mini_batches, self.num_micro_batches = training.batch_layout(self.batch_size)
@@ -140,11 +138,21 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # A plain dict of arrays (nnx.merge takes it), not nnx.Variables: each jitted call
         # rebuilds its output trees, and rebuilding ~150 Variables per step takes host time
         # that a small CPU's compute threads feel (~4 ms of an 80 ms tiny-qwen2 step).
-        # Float32 master weights: the policy casts them to its compute dtype where used.
-        self.params = self._replicate(jax.tree.map(_master_copy, nnx.to_pure_dict(params)))
+        # Each parameter's layout comes from its logical axis names through mesh.RULES.
+        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, self.mesh))
+        # Float32 master weights (the policy casts them to its compute dtype where used),
+        # copied inside one program that writes each shard where it belongs.
+        self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
+            nnx.to_pure_dict(params)
+        )
         total_updates = training.num_steps * self.num_iterations * self.num_mini_batches
         self.tx = make_optimizer(training, total_updates)
-        self.opt_state = self._replicate(self.tx.init(self.params))
+        # optimizer moments shard like their parameters; counters are replicated
+        self.opt_shardings = optax.tree_map_params(
+            self.tx, lambda _, sharding: sharding, jax.eval_shape(self.tx.init, self.params), self.param_shardings,
+            transform_non_params=lambda _: mesh_lib.replicated(self.mesh),
+        )
+        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
         self.rng = jax.random.PRNGKey(rollout.seed)
         self.data = PromptStream(train_data, seed=training.seed)
         self.step = 0
@@ -153,10 +161,21 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self._stop_requested = False
 
         self.sampler = Sampler(
-            self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id
+            self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
+            mesh=self.mesh, param_shardings=self.param_shardings,
         )
-        self._update = jax.jit(self._update_fn, donate_argnums=(0, 1))
-        self._logprobs = jax.jit(self._logprobs_fn)
+        whole = mesh_lib.replicated(self.mesh)
+        self._update = jax.jit(
+            self._update_fn,
+            donate_argnums=(0, 1),
+            in_shardings=(self.param_shardings, self.opt_shardings, self._row_sharding(axis=1)),
+            out_shardings=(self.param_shardings, self.opt_shardings, whole),
+        )
+        self._logprobs = jax.jit(
+            self._logprobs_fn,
+            in_shardings=(self.param_shardings, *(self._row_sharding(axis=1),) * 3),
+            out_shardings=self._row_sharding(),
+        )
 
         # the run folder (metrics, samples, checkpoints); None keeps nothing on disk
         out = Path(output_dir) if output_dir is not None else None
@@ -227,15 +246,23 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         Row i * num_samples + j is sample j of prompt i; each prompt is prefilled once.
         """
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        # prompts shard over the data axis when they divide evenly; else every device prefills them all
-        split = len(prompt_tokens) % self.mesh.devices.size == 0
-        rows = self._row_sharding() if split else NamedSharding(self.mesh, P())
-        tokens, mask = jax.device_put((prompt_tokens, prompt_mask), rows)
-        return self.sampler(self.params, tokens, mask, self.next_key(), sampling, num_samples)
+        # the sampler splits prompt rows over (data, fsdp) when they divide evenly
+        return self.sampler(self.params, prompt_tokens, prompt_mask, self.next_key(), sampling, num_samples)
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params`."""
-        return self._logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+        return self._micro_batched_logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+
+    def _micro_batched_logprobs(self, params: Any, prompt_tokens: Any, prompt_mask: Any,
+                                completion_tokens: Any) -> tuple[jax.Array, jax.Array]:
+        """(logp, entropy) [B, T], rows split over (data, fsdp) and run one micro-batch
+        (the update's size) at a time, so the pass holds the activations the update holds."""
+        b = len(completion_tokens)
+        micro = self.batch_size // (self.num_mini_batches * self.num_micro_batches)
+        micro = micro if b % micro == 0 else b
+        fields = (prompt_tokens, prompt_mask, completion_tokens)
+        stacked = [np.asarray(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
+        return self._logprobs(params, *stacked)
 
     def update_is_off_policy(self) -> bool:
         """True when an update on a fresh batch can run on a policy other than the one that
@@ -251,7 +278,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         behaviour policy's log-probs that the importance ratio divides by. Rows of
         `recorded` without NaN were recorded earlier (carried rows) and are kept as they are.
         """
-        logp, _ = self._logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens)
+        logp, _ = self._micro_batched_logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens)
         fresh = np.asarray(jax.device_get(logp), np.float32)
         if recorded is None:
             return fresh
@@ -368,6 +395,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def _update_fn(self, params: Any, opt_state: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
         """One optimizer step over micro-batches stacked on axis 0 of every leaf."""
         grads, agg = self._summed_grads(params, batch)
+        grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)  # reduce-scattered, never whole
         empty = agg.denom <= 0  # no token in the loss: nothing to learn from
         denom = jnp.where(empty, 1.0, agg.denom)
         grads = jax.tree.map(lambda g: g / denom, grads)
@@ -438,14 +466,16 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return grads, agg
 
     def _logprobs_fn(self, params, prompt_tokens, prompt_mask, completion_tokens):
-        return completion_logprobs(
-            nnx.merge(self.graphdef, params),
-            prompt_tokens,
-            prompt_mask,
-            completion_tokens,
-            temperature=self.rollout.temperature,
-            chunk_tokens=self.rollout.logprob_chunk_tokens,
-        )
+        """(logp, entropy) [B, T] from micro-batches stacked on axis 0 [M, mb, ...], one at a time."""
+        model = nnx.merge(self.graphdef, params)
+
+        def one(xs):
+            return completion_logprobs(
+                model, *xs, temperature=self.rollout.temperature, chunk_tokens=self.rollout.logprob_chunk_tokens
+            )
+
+        out = jax.lax.map(one, (prompt_tokens, prompt_mask, completion_tokens))
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
     # -- layout -------------------------------------------------------------------------
 
@@ -466,18 +496,15 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return jax.device_put(minis, self._row_sharding(axis=1))
 
     def _row_sharding(self, axis: int = 0) -> NamedSharding:
-        """Shard `axis` (the rows) over the mesh's data axis."""
-        return NamedSharding(self.mesh, P(*([None] * axis), DATA_AXIS))
-
-    def _replicate(self, tree: Any) -> Any:
-        return jax.device_put(tree, NamedSharding(self.mesh, P()))
+        """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
+        return mesh_lib.rows(self.mesh, axis)
 
     def _check_divisible_by_devices(self) -> None:
-        devices = self.mesh.devices.size
+        devices = mesh_lib.batch_devices(self.mesh)
         micro = self.batch_size // (self.num_mini_batches * self.num_micro_batches)
         if micro % devices:
             raise ValueError(
-                f"micro-batches of {micro} completions cannot be split over {devices} devices; "
+                f"micro-batches of {micro} completions cannot be split over {devices} devices (data x fsdp); "
                 "choose prompts_per_step, group size and micro_batch_size so that it divides"
             )
 
