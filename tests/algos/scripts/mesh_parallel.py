@@ -1,0 +1,113 @@
+"""GRPO on several (data, fsdp, tensor) meshes of 8 simulated CPU devices, against one device.
+
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before jax is
+imported). Prints one JSON line with, per mesh: the largest parameter
+difference from the one-device run after three steps, whether greedy sampling
+gave the same tokens, and the compile count of steps 2-3; and, for an
+fsdp=4 mesh, the shard shapes of every parameter and optimizer moment.
+"""
+
+import json
+
+import jax
+import numpy as np
+from flax import nnx
+
+import rewards
+from algo_grpo import GRPOConfig, GRPOLearner
+from rl_core import mesh as mesh_lib
+from rl_core.compiles import compile_count
+from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.data import Prompt
+from rl_core.sampler import GREEDY
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+TOK = CharTokenizer()
+PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 7)]
+MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2)]
+STEPS = 3
+KEYS = ("train/", "rewards/", "completions/")
+
+
+def digit_fraction(prompts, completions, **_):
+    """Shaping reward that varies even for an untrained policy (so every step has a gradient)."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def make_learner(mesh, optimizer: str = "sgd") -> GRPOLearner:
+    """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
+    differences of near-zero gradient entries (another reduction order) into
+    learning-rate-sized parameter differences; SGD shows the computation itself."""
+    return GRPOLearner(
+        # beta: the reference pass runs; two iterations: the old-policy pass runs
+        GRPOConfig(group_size=4, beta=0.04, num_iterations=2),
+        policy=Transformer(TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
+        tokenizer=TOK,
+        train_data=PROMPTS,
+        training=TrainingConfig(
+            optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS
+        ),  # 16 rows a step: one mini-batch of two micro-batches of 8 rows
+        rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
+        mesh=mesh,
+    )
+
+
+def params_numpy(learner) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(learner.params)]
+
+
+def greedy_tokens(learner) -> list[list[int]]:
+    tokens, mask = learner.encode_prompts(PROMPTS[:8])
+    return np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
+
+
+def run(mesh) -> tuple[list[np.ndarray], list[list[int]], list[int], list[dict]]:
+    learner = make_learner(mesh)
+    learner.train_step()
+    compiles = [compile_count()]
+    metrics = [learner.train_step() for _ in range(STEPS - 1)]
+    compiles.append(compile_count())
+    return params_numpy(learner), greedy_tokens(learner), compiles, metrics
+
+
+def shards(mesh) -> dict:
+    """Shard shapes on device 0 of each parameter and Adam moment, by parameter path."""
+    learner = make_learner(mesh, "adamw")
+    paths = ["/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(learner.params)[0]]
+    adam = learner.opt_state[1][0]  # (clip, adamw chain) -> ScaleByAdamState
+    out = {}
+    for path, p, mu, nu in zip(paths, *(jax.tree.leaves(t) for t in (learner.params, adam.mu, adam.nu)), strict=True):
+        out[path] = {
+            "shape": list(p.shape),
+            "param_shard": list(p.addressable_shards[0].data.shape),
+            "mu_shard": list(mu.addressable_shards[0].data.shape),
+            "nu_shard": list(nu.addressable_shards[0].data.shape),
+            "bytes": int(p.nbytes),
+            "device0_bytes": int(p.addressable_shards[0].data.nbytes),
+        }
+    return out
+
+
+def main() -> None:
+    devices = jax.devices()
+    one_params, one_tokens, _, one_metrics = run(mesh_lib.make_mesh(devices=devices[:1]))
+    result = {"device_count": len(devices), "meshes": {}}
+    for shape in MESHES:
+        mesh = mesh_lib.make_mesh(*shape, devices=devices)
+        params, tokens, compiles, metrics = run(mesh)
+        result["meshes"]["x".join(map(str, shape))] = {
+            "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, one_params, strict=True)),
+            "same_greedy_tokens": tokens == one_tokens,
+            "compiles_steps_2_3": compiles[1] - compiles[0],
+            "metrics_max_abs_diff": max(
+                abs(a[k] - b[k]) for a, b in zip(metrics, one_metrics, strict=True) for k in a if k.startswith(KEYS)
+            ),
+        }
+    result["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(one_params, params_numpy(make_learner(mesh_lib.make_mesh(devices=devices[:1]))), strict=True))
+    result["fsdp4"] = shards(mesh_lib.make_mesh(1, 4, 1, devices=devices[:4]))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
