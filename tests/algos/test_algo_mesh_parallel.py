@@ -50,3 +50,14 @@ def test_fsdp_4_keeps_a_quarter_of_every_large_parameter_and_adam_moment_per_dev
         assert s["device0_bytes"] * 4 == s["bytes"], path
     # norm vectors are small and replicated by rule
     assert all(s["param_shard"] == s["shape"] for p, s in shards.items() if "norm" in p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
+def test_hugging_face_checkpoints_load_into_shards_and_keep_parity(result, family):
+    """Loaded straight into shards on a (1, 2, 4) mesh: transformers' logits and greedy
+    tokens (through the sharded sampler), no device holding more than 1/8 of a matrix."""
+    run = result["hf_1x2x4"][family]
+    assert run["logits_max_abs_diff"] <= 1e-4
+    assert run["same_greedy_tokens"]
+    assert run["largest_shard_fraction"] == 0.125  # fsdp (2) x tensor (4)

@@ -8,6 +8,7 @@ fsdp=4 mesh, the shard shapes of every parameter and optimizer moment.
 """
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -89,8 +90,54 @@ def shards(mesh) -> dict:
     return out
 
 
+def hf_sharded(mesh) -> dict:
+    """Each Hugging Face fixture loaded straight into shards on `mesh`: its logits and the
+    rl_core sampler's greedy tokens against transformers' references."""
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    from rl_core.logprobs import sequence_inputs
+    from rl_core.sampler import Sampler
+    from rl_models.hf import load_hf_model, load_hf_tokenizer
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
+    out = {}
+    for name in ("llama3", "qwen2", "qwen3"):
+        ref = load_file(str(fixtures / "reference" / f"{name}.safetensors"))
+        model = load_hf_model(fixtures / name, shardings=lambda state: mesh_lib.param_shardings(state, mesh))
+        graphdef, state = nnx.split(model)
+        params = nnx.to_pure_dict(state)
+        ids, valid = ref["input_ids"], ref["attention_mask"]
+        length = ids.shape[1]
+        mask = np.tril(np.ones((length, length), bool))[None] & valid.astype(bool)[:, None, :]
+
+        @jax.jit
+        def logits(params):
+            m = nnx.merge(graphdef, params)
+            return m.logits(m(ids, ref["position_ids"], mask)[0])
+
+        got = np.asarray(logits(params))
+        real = valid.astype(bool)
+        tok = load_hf_tokenizer(fixtures / name)
+        shardings = jax.tree.map(lambda x: x.sharding, params)
+        sampler = Sampler(graphdef, max_new_tokens=ref["greedy_ids"].shape[1], eos_ids=tok.eos_ids,
+                          pad_id=tok.pad_id, mesh=mesh, param_shardings=shardings)
+        greedy = sampler(params, ref["prompt_ids"], ref["prompt_mask"], jax.random.key(0), GREEDY)
+        sizes = [(x.addressable_shards[0].data.size, x.size) for x in jax.tree.leaves(params)]
+        out[name] = {
+            "logits_max_abs_diff": float(np.max(np.abs(got[real] - ref["logits"][real]))),
+            "same_greedy_tokens": np.asarray(greedy.tokens).tolist() == ref["greedy_ids"].tolist(),
+            "largest_shard_fraction": max(a / b for a, b in sizes if b >= 1024),
+        }
+    return out
+
+
 def main() -> None:
     devices = jax.devices()
+    if os.environ.get("ONLY_HF"):  # a quick look while changing the loader
+        print(json.dumps(hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))))
+        return
     one_params, one_tokens, _, one_metrics = run(mesh_lib.make_mesh(devices=devices[:1]))
     result = {"device_count": len(devices), "meshes": {}}
     for shape in MESHES:
@@ -106,6 +153,7 @@ def main() -> None:
         }
     result["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(one_params, params_numpy(make_learner(mesh_lib.make_mesh(devices=devices[:1]))), strict=True))
     result["fsdp4"] = shards(mesh_lib.make_mesh(1, 4, 1, devices=devices[:4]))
+    result["hf_1x2x4"] = hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))
     print(json.dumps(result))
 
 

@@ -78,6 +78,8 @@ class BenchPreset:
     """Untimed steps before the timed ones (the first compiles; at least 1)."""
     generate_repeats: int = 5
     """Timed runs of the prefill-only and full generation programs (the best counts)."""
+    dtype: str = "float32"
+    """Compute dtype of the model (bfloat16 for the accelerator presets)."""
     description: str = ""
 
 
@@ -89,6 +91,28 @@ PRESETS: dict[str, BenchPreset] = {
         max_new_tokens=8,
         description="hidden 128, 4 layers, 4 heads, 2 KV heads, MLP 512, tied embeddings, character vocabulary; "
         "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0",
+    ),
+    # Accelerator shapes (random weights, character vocabulary: the block matmuls and the
+    # KV cache are the real models'; the unembedding is smaller). See benchmarks/accelerator_check.sh.
+    "qwen2.5-0.5b-shape": BenchPreset(
+        model="qwen2_0_5b_shape",
+        prompts=16,
+        group_size=8,
+        max_new_tokens=256,
+        matmul_sizes=(2048, 4096, 8192),
+        dtype="bfloat16",
+        description="Qwen2.5-0.5B blocks (hidden 896, 24 layers, 14/2 heads, MLP 4864), bfloat16 compute; "
+        "16 prompts x 8 completions, up to 256 new tokens, AdamW, beta 0",
+    ),
+    "qwen2.5-1.5b-shape": BenchPreset(
+        model="qwen2_1_5b_shape",
+        prompts=16,
+        group_size=8,
+        max_new_tokens=256,
+        matmul_sizes=(2048, 4096, 8192),
+        dtype="bfloat16",
+        description="Qwen2.5-1.5B blocks (hidden 1536, 28 layers, 12/2 heads, MLP 8960), bfloat16 compute; "
+        "16 prompts x 8 completions, up to 256 new tokens, AdamW, beta 0",
     ),
     "tiny": BenchPreset(
         model="tiny",
@@ -277,6 +301,7 @@ def run_bench(
         overrides=[
             f"task.options.digits={p.digits}",
             f"model.path={model}" if model else f"model.preset={p.model}",
+            f"model.dtype={p.dtype}",
             "warm_start.steps=0",
             f"rollout.max_new_tokens={p.max_new_tokens}",
             "rollout.temperature=1.0",

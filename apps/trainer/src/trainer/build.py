@@ -20,11 +20,13 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager
+from jax.sharding import Mesh
+from rl_core import mesh as mesh_lib
 from rl_core import registry
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
-from rl_models import CharTokenizer, Transformer, preset
+from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 from trainer.evaluate import evaluate
@@ -54,15 +56,32 @@ def tokenizer(settings: RunSettings) -> Tokenizer:
     return CharTokenizer()
 
 
+def mesh(settings: RunSettings) -> Mesh:
+    """The run's device mesh (the learner builds the same one from `training.mesh`)."""
+    return mesh_lib.make_mesh(**settings.training.mesh.to_dict())
+
+
 def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
-    """The loaded Hugging Face model, or a freshly initialised preset."""
+    """The loaded Hugging Face model, or a freshly initialised preset, created straight
+    into the shardings the mesh rules give its parameters (never whole on one device)."""
     m = settings.model
+    device_mesh = mesh(settings)
+    shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
     if m.path:
-        return load_hf_model(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        return load_hf_model(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, shardings=shardings)
     config = preset(
         m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat
     )
-    return Transformer(config, rngs=nnx.Rngs(m.seed))
+    return sharded_init(config, m.seed, device_mesh)
+
+
+def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Transformer:
+    """`Transformer(config, rngs=nnx.Rngs(seed))` with each parameter initialised on its
+    own shards (one program whose outputs are laid out by the mesh rules)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(seed))))
+    shardings = mesh_lib.param_shardings(abstract, device_mesh)
+    state = jax.jit(lambda: nnx.state(Transformer(config, rngs=nnx.Rngs(seed))), out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
 
 
 def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:

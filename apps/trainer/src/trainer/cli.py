@@ -73,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--algo", default="grpo", help="algorithm to benchmark (default grpo)")
     b.add_argument("--model", metavar="DIR", help="a local Hugging Face folder instead of the preset's model")
 
+    pl = sub.add_parser("plan", help="per-device memory of a run, from its compiled programs (no weights loaded)")
+    pl.add_argument("--model", metavar="DIR", help="a Hugging Face folder (only config.json is read)")
+    pl.add_argument("--preset", help="an rl_models preset instead (same as model.preset=NAME)")
+    pl.add_argument("--algo", default="grpo", help="algorithm (default grpo)")
+    pl.add_argument("--config", help="YAML settings file")
+    pl.add_argument("--devices", type=int, default=1, help="devices to plan for (simulated; default 1)")
+    pl.add_argument("--device-memory-gb", type=float, default=80.0, help="memory per device in GiB (default 80)")
+    pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.mesh.tensor=2")
+
     x = sub.add_parser("explain", help="score one group by hand under every installed algorithm")
     x.add_argument("--rewards", required=True, help="comma-separated rewards of one group, e.g. 1,0,0,1")
     x.add_argument("--ratios", help="comma-separated importance ratios (default all 1)")
@@ -92,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse fills a `nargs="*"` positional from one run of arguments only, so in
     # `compare grpo dapo --output DIR a.b=1` the overrides after the option are left over
-    if extra and args.command in ("train", "compare") and not any(x.startswith("-") for x in extra):
-        if args.command == "train":
+    if extra and args.command in ("train", "compare", "plan") and not any(x.startswith("-") for x in extra):
+        if args.command in ("train", "plan"):
             args.overrides += extra
         else:
             args.algos += extra
@@ -189,6 +199,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from trainer.plan import plan, simulate_devices
+
+    simulate_devices(args.devices)  # before anything starts JAX's backend
+    from trainer.settings import build_settings
+
+    shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]
+    settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
+    result = plan(settings, device_memory_gb=args.device_memory_gb)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from trainer.explain import ExplainInputError, explain
 
@@ -250,6 +273,7 @@ COMMANDS = {
     "eval": cmd_eval,
     "export": cmd_export,
     "bench": cmd_bench,
+    "plan": cmd_plan,
     "explain": cmd_explain,
     "config": cmd_config,
     "algos": cmd_algos,

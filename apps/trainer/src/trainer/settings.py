@@ -246,7 +246,9 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         "training": dict(DEFAULT_TRAINING),
         "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
     }
-    return RunSettings.from_dict(merge(defaults, user))
+    settings = RunSettings.from_dict(merge(defaults, user))
+    settings.training.mesh.shape(jax.device_count())  # the mesh must fit the devices, before any model loads
+    return settings
 
 
 def _reject_unknown(data: Mapping[str, Any]) -> None:

@@ -67,7 +67,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself (its storage dtype), never donated, so no copy is made.
         initial = nnx.to_pure_dict(nnx.state(kwargs["policy"], nnx.Param))
-        self.ref_params = self._replicate(initial) if config.beta else None
+        self.ref_params = self.place_params(initial) if config.beta else None
         self._reward_failed = 0
         # Pipeline steps add their time here; also valid when a step is called on its own.
         self._timings: dict[str, float] = {"time/rollout": 0.0, "time/reward": 0.0}

@@ -499,6 +499,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
         return mesh_lib.rows(self.mesh, axis)
 
+    def place_params(self, tree: Any) -> Any:
+        """A params-shaped tree (e.g. reference weights) laid out like the parameters."""
+        return jax.device_put(tree, self.param_shardings)
+
     def _check_divisible_by_devices(self) -> None:
         devices = mesh_lib.batch_devices(self.mesh)
         micro = self.batch_size // (self.num_mini_batches * self.num_micro_batches)

@@ -166,9 +166,25 @@ class TransformerConfig:
         return cls(**(fields | overrides))  # type: ignore[arg-type]
 
 
+def _qwen2_shape(hidden: int, layers: int, heads: int, mlp: int) -> Callable[..., TransformerConfig]:
+    """A Qwen2.5-shaped model (2 KV heads, q/k/v biases, tied embeddings, rope 1e6) for any vocabulary."""
+
+    def make(vocab_size: int, **overrides: object) -> TransformerConfig:
+        fields: dict[str, object] = dict(
+            vocab_size=vocab_size, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=2,
+            mlp_hidden_size=mlp, tie_embeddings=True, attention_bias=True, rope_theta=1e6,
+        )
+        return TransformerConfig(**(fields | overrides))  # type: ignore[arg-type]
+
+    return make
+
+
 PRESETS: dict[str, Callable[..., TransformerConfig]] = {
     "tiny": TransformerConfig.tiny,
     "tiny_qwen2": TransformerConfig.tiny_qwen2,
+    # the shapes of Qwen2.5-0.5B / 1.5B blocks, for benchmarks and `trainer plan` on accelerators
+    "qwen2_0_5b_shape": _qwen2_shape(896, 24, 14, 4864),
+    "qwen2_1_5b_shape": _qwen2_shape(1536, 28, 12, 8960),
 }
 
 

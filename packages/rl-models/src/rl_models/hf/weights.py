@@ -151,7 +151,9 @@ def load_params(folder: Path, config: TransformerConfig,
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         placement = {p: device for p in slots}
     else:
-        placement = dict(nnx.to_flat_state(shardings(state)))
+        placement = {
+            p: v.get_value() if isinstance(v, nnx.Variable) else v for p, v in nnx.to_flat_state(shardings(state))
+        }
     dtype = param_dtype(config)
     # every HF key feeding each param: one for unstacked params, one per layer for stacked ones
     sources: dict[Path_, dict[int | None, str]] = defaultdict(dict)

@@ -1,0 +1,235 @@
+"""`trainer plan`: will a run fit, and how much of each device does each part take?
+
+Nothing is loaded and nothing runs: the model is built with `nnx.eval_shape`
+(only config.json is read for `--model DIR`), and the run's programs (the
+sampler, the reference log-prob pass, the update) are lowered on abstract
+arrays with the same shardings the learner uses and compiled for the
+requested number of devices (simulated CPU devices: XLA's buffer assignment
+gives each program's per-device argument and temporary bytes). Next to them,
+a simple analytic count from the parameter shapes and the mesh rules.
+
+Compiled on XLA:CPU, the temporary sizes (activations, KV cache) are those of
+the CPU's fusion decisions; on GPU and TPU they differ somewhat, the
+parameter, optimizer and cache arrays not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+GIB = 1024**3
+
+
+def simulate_devices(count: int) -> None:
+    """Make JAX see `count` CPU devices; must run before JAX starts a backend."""
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        import jax
+
+        if jax.device_count() != count:
+            raise RuntimeError(f"JAX already started with {jax.device_count()} devices; plan needs {count}")
+        return
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Per-device bytes of one run, measured (compiled programs) and counted."""
+
+    model: str
+    mesh: dict[str, int]
+    parameters: int
+    """Total parameter count."""
+    compiled: dict[str, int]
+    analytic: dict[str, int]
+    device_memory_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """Resident state plus the largest program's temporaries (programs run one at a time)."""
+        c = self.compiled
+        resident = c["parameters_and_optimizer_state"] + c["reference"]
+        return resident + max(c["update_temporaries"], c["rollout_temporaries"], c["reference_temporaries"])
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.device_memory_bytes
+
+    def table(self) -> str:
+        def gib(n: int) -> str:
+            return f"{n / GIB:9.2f}"
+
+        a, c = self.analytic, self.compiled
+        rows = [
+            ("parameters (float32) + optimizer state", c["parameters_and_optimizer_state"],
+             a["parameters"] + a["optimizer_state"]),
+            ("  of which parameters (analytic)", None, a["parameters"]),
+            ("reference model", c["reference"], a["reference"]),
+            ("gradients + update activations", c["update_temporaries"], a["gradients"] + a["activations"]),
+            ("  of which gradients (analytic)", None, a["gradients"]),
+            ("  of which activations, one micro-batch", None, a["activations"]),
+            ("rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            ("reference log-prob pass temporaries", c["reference_temporaries"], None),
+        ]
+        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        lines = [
+            f"{self.model}: {self.parameters / 1e9:.2f}B parameters on mesh {mesh}",
+            f"{'per device (GiB)':42s} {'compiled':>9s} {'analytic':>9s}",
+        ]
+        for name, compiled, analytic in rows:
+            lines.append(
+                f"{name:42s} {gib(compiled) if compiled is not None else ' ' * 9} "
+                f"{gib(analytic) if analytic is not None else ' ' * 9}"
+            )
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines.append(f"{'peak (resident + largest program)':42s} {gib(self.peak_bytes)}")
+        lines.append(f"{verdict} in {self.device_memory_bytes / GIB:.0f} GiB per device")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes, "fits": self.fits}
+
+
+def plan(settings: Any, *, device_memory_gb: float) -> Plan:
+    """The per-device memory of a run with `settings` (a RunSettings) on the current devices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from rl_core import mesh as mesh_lib
+    from rl_core.logprobs import completion_logprobs
+    from rl_core.optim import make_optimizer
+    from rl_core.sampler import Sampler, SamplingParams
+    from rl_models import CharTokenizer, Transformer, preset
+    from rl_models.hf import load_hf_config
+
+    m = settings.model
+    if m.path:
+        config = load_hf_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    else:
+        config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, dtype=m.dtype, param_dtype=m.param_dtype,
+                        remat=m.remat)
+    mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
+    shapes = nnx.to_pure_dict(abstract)
+
+    def like(dtype):
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shardings)
+
+    master, stored = like(jnp.float32), like(jnp.dtype(config.param_dtype))
+    algo = settings.algorithm_config()
+    group = getattr(algo, "group_size", 1)
+    training, rollout = settings.training, settings.rollout
+    batch = training.prompts_per_step * group
+    n_mini, n_micro = training.batch_layout(batch)
+    micro = batch // (n_mini * n_micro)
+    p_len, t_len = rollout.max_prompt_tokens + 1, rollout.max_new_tokens  # + BOS
+    tx = make_optimizer(training, training.num_steps)
+    opt_abstract = jax.eval_shape(tx.init, master)
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, s: s, opt_abstract, shardings, transform_non_params=lambda _: mesh_lib.replicated(mesh)
+    )
+    rows = mesh_lib.rows(mesh, axis=1)
+    whole = mesh_lib.replicated(mesh)
+
+    def stacked(n: int, width: int, dtype) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((n, micro, width), dtype, sharding=rows)
+
+    def micro_inputs(n: int):
+        return (stacked(n, p_len, jnp.int32), stacked(n, p_len, jnp.float32), stacked(n, t_len, jnp.int32),
+                stacked(n, t_len, jnp.float32), jax.ShapeDtypeStruct((n, micro), jnp.float32, sharding=rows))
+
+    def micro_loss(params, xs):
+        prompt, prompt_mask, completion, mask, adv = xs
+        logp, _ = completion_logprobs(nnx.merge(graphdef, params), prompt, prompt_mask, completion,
+                                      chunk_tokens=rollout.logprob_chunk_tokens)
+        return jnp.sum(-adv[:, None] * logp * mask)
+
+    def update(params, opt_state, xs):
+        def body(acc, x):
+            g = jax.grad(micro_loss)(params, x)
+            return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, _ = jax.lax.scan(body, zeros, xs)
+        grads = jax.lax.with_sharding_constraint(grads, shardings)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    update_c = jax.jit(
+        update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
+        out_shardings=(shardings, opt_shardings),
+    ).lower(master, opt_abstract, micro_inputs(n_micro)).compile().memory_analysis()
+
+    def reference(params, xs):
+        return jax.lax.map(lambda x: micro_loss(params, x), xs)
+
+    ref_c = jax.jit(reference, in_shardings=(shardings, rows), out_shardings=whole).lower(
+        stored, micro_inputs(batch // micro)
+    ).compile().memory_analysis()
+
+    sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh, param_shardings=shardings)
+    ways = mesh_lib.batch_devices(mesh)
+    u = training.prompts_per_step
+    prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
+    rollout_c = sampler._jit(u % ways == 0, batch % ways == 0).lower(
+        master, prompts, jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0),
+        SamplingParams.from_rollout(rollout), group,
+    ).compile().memory_analysis()
+
+    def per_device(tree) -> int:
+        total = 0
+        for s in jax.tree.leaves(tree):
+            shard = s.sharding.shard_shape(s.shape)
+            total += math.prod(shard) * jnp.dtype(s.dtype).itemsize
+        return total
+
+    params_b = per_device(master)
+    opt_b = per_device(jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                    opt_abstract, opt_shardings))
+    ref_b = per_device(stored) if getattr(algo, "beta", 0.0) else 0
+    cbytes = jnp.dtype(config.dtype).itemsize
+    seq = p_len + t_len
+    kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
+                                    (config.num_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
+    kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
+                         for x in kv_spec if x is not None)
+    kv_b = 2 * config.num_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
+    rows_per_device = max(micro // ways, 1)
+    tensor = mesh.shape["tensor"]
+    # what the backward pass keeps per layer: block inputs, q/k/v/attention output, MLP
+    # gate/up/activation (split by tensor), float32 attention probabilities (split by heads)
+    per_layer = rows_per_device * seq * (
+        (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
+        + config.num_heads // tensor * seq * 4
+    )
+    if config.remat:
+        per_layer = rows_per_device * seq * config.hidden_size * cbytes
+    update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
+    compiled = {
+        # the programs' arguments less their (small) batch inputs
+        "parameters_and_optimizer_state": update_c.argument_size_in_bytes - update_batch_b,
+        "reference": ref_c.argument_size_in_bytes - ref_batch_b if ref_b else 0,
+        "update_temporaries": update_c.temp_size_in_bytes,
+        "rollout_temporaries": rollout_c.temp_size_in_bytes + rollout_c.output_size_in_bytes,
+        "reference_temporaries": ref_c.temp_size_in_bytes if ref_b else 0,
+    }
+    analytic = {
+        "parameters": params_b,
+        "optimizer_state": opt_b,
+        "reference": ref_b,
+        "gradients": params_b,
+        "kv_cache": kv_b,
+        "activations": config.num_layers * per_layer,
+    }
+    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+    name = m.path or m.preset
+    return Plan(str(name), dict(mesh.shape), count, compiled, analytic, int(device_memory_gb * GIB))

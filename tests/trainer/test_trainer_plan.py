@@ -1,0 +1,63 @@
+"""`trainer plan`: per-device memory from compiled programs on abstract shapes, next to a count."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from flax import nnx
+from rl_models import Transformer
+from rl_models.hf import load_hf_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+
+
+@pytest.mark.parametrize(
+    ("name", "billions", "tied"),
+    [("qwen2.5-1.5b", 1.544, True), ("qwen2.5-7b", 7.616, False)],
+)
+def test_the_readme_models_are_the_published_shapes(name, billions, tied):
+    """The plan figures in the README use these config.json files (read without weights)."""
+    config = load_hf_config(CONFIGS / name)
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract)))
+    assert config.tie_embeddings is tied and config.attention_bias
+    assert abs(count / 1e9 - billions) < 0.001, count  # Qwen2.5-1.5B: 1,543,714,304; 7B: 7,615,616,512
+
+
+def plan_json(*args: str) -> dict:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # plan sets the simulated device count itself
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.cli", "plan", "--json", *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
+    """Tiny preset, AdamW, GRPO with its reference model, on fsdp=4 x tensor=2."""
+    common = ["--preset", "tiny", "--devices", "8", "training.mesh.fsdp=4", "training.mesh.tensor=2",
+              "training.prompts_per_step=4", "algorithm.group_size=4", "training.micro_batch_size=8"]
+    result = plan_json(*common, "--device-memory-gb", "80")
+    compiled, analytic = result["compiled"], result["analytic"]
+    assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
+    # float32 parameters and two AdamW moments per device, exactly as the shards add up
+    assert compiled["parameters_and_optimizer_state"] == analytic["parameters"] + analytic["optimizer_state"]
+    assert analytic["optimizer_state"] == 2 * analytic["parameters"]
+    # every kernel is split 8 ways, the norms (2 x 64 x 2 + 64 floats) are not: about 1/8 of the whole
+    whole = 4 * result["parameters"]
+    assert whole / 8 < analytic["parameters"] < whole / 7
+    assert compiled["reference"] == analytic["reference"] == analytic["parameters"]  # float32 storage
+    assert compiled["update_temporaries"] >= analytic["gradients"]  # gradients live in the update
+    assert compiled["rollout_temporaries"] >= analytic["kv_cache"] > 0
+    assert result["fits"] and result["peak_bytes"] < 80 * 1024**3
+    tight = plan_json(*common, "--device-memory-gb", str(result["peak_bytes"] / 2 / 1024**3))
+    assert not tight["fits"] and tight["peak_bytes"] == result["peak_bytes"]
