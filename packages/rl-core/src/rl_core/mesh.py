@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
-
 import jax
 import numpy as np
 from flax import nnx
@@ -110,9 +108,3 @@ def batch_devices(mesh: Mesh) -> int:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
-
-
-def shard_like(tree: Any, shardings: Any) -> Any:
-    """`tree` re-laid out as `shardings` inside a jitted program (a no-op outside jit
-    when the layouts already agree)."""
-    return jax.lax.with_sharding_constraint(tree, shardings)
