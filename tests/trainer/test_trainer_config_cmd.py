@@ -6,7 +6,7 @@ from importlib.metadata import version
 
 import pytest
 
-from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.config import MeshConfig, RolloutConfig, TrainingConfig
 from trainer.cli import main
 from trainer.compare import DEFAULT_SEEDS
 from trainer.settings_doc import describe
@@ -20,11 +20,15 @@ def listing(algo: str) -> dict[str, list[str]]:
 
 def test_every_setting_is_listed_with_type_default_and_description():
     rows = listing("dapo")
-    for cls, section in ((TrainingConfig, "training"), (RolloutConfig, "rollout")):
+    sections = [(TrainingConfig, "training"), (RolloutConfig, "rollout"), (MeshConfig, "training.mesh")]
+    for cls, section in sections:
         for field in dataclasses.fields(cls):
             key = f"{section}.{field.name}"
+            if key == "training.mesh":  # a nested section: listed field by field (checked as its own section)
+                continue
             assert key in rows, key
             assert rows[key][2], f"{key} has no description"
+    assert rows["training.mesh.fsdp"][:2] == ["int", "-1"]
     # the trainer's defaults, not the bare dataclass's (TrainingConfig's own learning_rate is 1e-5)
     assert rows["training.learning_rate"][:2] == ["float", "0.001"]
     assert rows["training.num_steps"][:2] == ["int", "300"]
