@@ -64,3 +64,12 @@ def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
     assert result["fits"] and result["peak_bytes"] < 80 * 1024**3
     tight = plan_json(*common, "--device-memory-gb", str(result["peak_bytes"] / 2 / 1024**3))
     assert not tight["fits"] and tight["peak_bytes"] == result["peak_bytes"]
+
+
+def test_a_mesh_that_does_not_fit_the_devices_fails_when_settings_are_built():
+    from rl_core.config import ConfigError
+    from trainer.settings import build_settings
+
+    n = jax.device_count()
+    with pytest.raises(ConfigError, match=f"needs a multiple of {n + 1} devices, but {n} are available"):
+        build_settings(algo="grpo", overrides=[f"training.mesh.tensor={n + 1}"])

@@ -147,7 +147,8 @@ class RunSettings(Config):
                 "(greedy decoding samples the same completion for the whole group, so every advantage is 0)"
             )
         completions = self.training.prompts_per_step * completions_per_prompt(config)
-        self.training.batch_layout(completions, devices=jax.device_count())
+        data, fsdp, _ = self.training.mesh.shape(jax.device_count())  # the mesh must fit the devices
+        self.training.batch_layout(completions, devices=data * fsdp)  # rows split over (data, fsdp)
         try:
             config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
         except ValueError as e:
@@ -246,9 +247,7 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         "training": dict(DEFAULT_TRAINING),
         "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
     }
-    settings = RunSettings.from_dict(merge(defaults, user))
-    settings.training.mesh.shape(jax.device_count())  # the mesh must fit the devices, before any model loads
-    return settings
+    return RunSettings.from_dict(merge(defaults, user))
 
 
 def _reject_unknown(data: Mapping[str, Any]) -> None:
