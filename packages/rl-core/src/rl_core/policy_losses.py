@@ -77,9 +77,9 @@ class PolicyLossAux(NamedTuple):
     ratio: jax.Array
     """rho_t = exp(logp_t - old_logp_t), bounded; 1 at masked positions."""
     clipped_low: jax.Array
-    """1.0 where the lower bound is the active term: A < 0 and rho < 1 - eps_low."""
+    """1.0 where the lower bound is active; for the clipped surrogate: A < 0 and rho < 1 - eps_low."""
     clipped_high: jax.Array
-    """1.0 where the upper bound is the active term: A > 0 and rho > 1 + eps_high."""
+    """1.0 where the upper bound is active; for the clipped surrogate: A > 0 and rho > 1 + eps_high."""
     dual_clipped: jax.Array
     """1.0 where A < 0 and the dual-clip bound c*A is active; zeros without dual clip."""
 
