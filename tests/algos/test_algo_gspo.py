@@ -120,3 +120,23 @@ def test_config_defaults_and_registration():
     assert registry.get("policy_loss", "gspo_token") is gspo_token_loss
     assert registry.registry.provider("policy_loss", "gspo") == "algo-gspo"
     assert math.isclose(GSPOConfig(policy_loss="gspo_token").epsilon_high, 4e-4)
+
+
+@VARIANTS
+def test_on_policy_it_is_grpos_update(variant):
+    # s_i = 1 and rho_t = 1: GSPO's -A (1/|y|) sum_t grad log pi_t is GRPO's clipped surrogate
+    # averaged per sequence, so under "seq-mean-token-mean" value and gradient coincide. Its clip
+    # only acts off-policy (several mini-batches or iterations).
+    clip = registry.get("policy_loss", "grpo")
+
+    def mean(fn, **eps):
+        def loss(lp):
+            pg = fn(lp, jax.lax.stop_gradient(lp), ADV, MASK, dual_clip=None, **eps)[0]
+            return jnp.divide(*aggregate("seq-mean-token-mean", pg, MASK, max_len=3))
+
+        return variant(jax.value_and_grad(loss))(LOGP)
+
+    (v_gspo, g_gspo), (v_grpo, g_grpo) = mean(gspo_loss, **PAPER), mean(clip, eps_low=0.2, eps_high=0.2)
+    # rows 0, 1, 3, 4 are non-empty: -(1 + 2 - 1 - 1) / 4 = -0.25
+    np.testing.assert_allclose([v_gspo, v_grpo], [-0.25, -0.25], atol=1e-6)
+    np.testing.assert_allclose(g_gspo, g_grpo, atol=1e-7)

@@ -35,8 +35,9 @@ def test_relation_to_dr_grpo(variant):
 @VARIANTS
 def test_loss_and_gradient_with_one_token_and_fully_masked_rows(variant):
     # Group [1, 0, 0] (G = 3): A = [1, -0.5, -0.5]. Row 0: 2 tokens, row 1: 1 token, row 2: fully masked.
-    # On-policy, seq-mean-token-mean over the 2 non-empty rows: loss = (-1 + 0.5) / 2 = -0.25;
-    # gradient -A / |y_i| / 2 per real token: row 0 [-0.25, -0.25], row 1 [0.25], row 2 none.
+    # On-policy, seq-mean-token-sum over the 2 non-empty rows: token sums -1 * 2 and +0.5 * 1,
+    # loss = (-2 + 0.5) / 2 = -0.75; gradient -A / 2 per real token (no division by |y_i|):
+    # row 0 [-0.5, -0.5], row 1 [0.25], row 2 none.
     cfg = RLOOConfig()
     mask = jnp.asarray([[1.0, 1.0], [1, 0], [0, 0]])
     example = TrainExample(
@@ -54,12 +55,12 @@ def test_loss_and_gradient_with_one_token_and_fully_masked_rows(variant):
         return out.total / out.denom
 
     value, grad = variant(jax.value_and_grad(loss_of))(jnp.asarray([[-1.0, -2.0], [-0.5, jnp.nan], [jnp.inf, 0.0]]))
-    np.testing.assert_allclose(value, -0.25, atol=1e-6)
-    np.testing.assert_allclose(grad, [[-0.25, -0.25], [0.25, 0.0], [0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(value, -0.75, atol=1e-6)
+    np.testing.assert_allclose(grad, [[-0.5, -0.5], [0.25, 0.0], [0.0, 0.0]], atol=1e-6)
 
 
-def test_config_defaults_are_the_two_changes():
+def test_config_defaults_are_the_three_changes():
     cfg, parent = RLOOConfig(), GRPOConfig()
-    assert (cfg.advantage_estimator, cfg.beta) == ("rloo", 0.0)
-    for name in ("group_size", "loss_agg_mode", "policy_loss", "epsilon_low", "epsilon_high", "num_iterations"):
+    assert (cfg.advantage_estimator, cfg.loss_agg_mode, cfg.beta) == ("rloo", "seq-mean-token-sum", 0.0)
+    for name in ("group_size", "policy_loss", "epsilon_low", "epsilon_high", "num_iterations"):
         assert getattr(cfg, name) == getattr(parent, name)
