@@ -34,8 +34,8 @@ def sequence_log_ratio(logp, old_logp, mask):
 def gspo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None):
     """-min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) per sequence [B], with its diagnostics [B]."""
     log_s = sequence_log_ratio(logp, old_logp, mask)[:, None]  # each sequence as one "token"
-    one = jnp.ones_like(log_s)
-    loss, aux = clipped_surrogate(log_s, one - 1, adv, one, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+    zero, one = jnp.zeros_like(log_s), jnp.ones_like(log_s)  # old log-ratio 0, mask 1
+    loss, aux = clipped_surrogate(log_s, zero, adv, one, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
     return loss[:, 0], jax.tree.map(lambda x: x[:, 0], aux)
 
 
