@@ -1,7 +1,7 @@
 """The README's "Contributing an algorithm" steps work as written.
 
-A copy of the workspace gets the RLOO package made from the README's own
-text (the folder of step 1, the pyproject.toml of step 2, the __init__.py of
+A copy of the workspace, without the real packages/algo-rloo, gets the RLOO
+package made from the README's own text (the folder of step 1, the pyproject.toml of step 2, the __init__.py of
 step 3, the two edits of step 4); then `uv lock` and `uv run trainer algos`
 run in the copy, as a contributor would run them.
 """
@@ -44,6 +44,11 @@ def test_the_contributing_steps_make_a_working_package(tmp_path):
     text = contributing_section()
     work = tmp_path / "workspace"
     shutil.copytree(ROOT, work, ignore=IGNORED)
+    # The walk-through is how packages/algo-rloo was made: the copy starts without it.
+    shutil.rmtree(work / "packages" / "algo-rloo")
+    for manifest in (work / "pyproject.toml", work / "apps" / "trainer" / "pyproject.toml"):
+        lines = manifest.read_text().splitlines(keepends=True)
+        manifest.write_text("".join(line for line in lines if "algo-rloo" not in line))
 
     # 1. the folder; 2. its pyproject.toml; 3. its __init__.py, each from the README's own words and blocks
     folder = work / one(r"Make the folder `([^`]+)`", text).group(1)

@@ -27,6 +27,7 @@ from flax import nnx
 import rewards
 import rl_models
 from rl_core import compiles, registry
+from rl_core.aggregation import per_token
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner import RLLearner
@@ -196,6 +197,31 @@ def toy_losses():
     return get
 
 
+def is_ratio_surrogate(config) -> bool:
+    """True when the configured policy loss is -A wherever the importance ratio is 1.
+
+    So is every importance-ratio surrogate (GRPO's clip, GSPO's sequence ratio,
+    per token or per sequence), and the numbers above apply. CISPO's
+    -sg(w) A log pi is a REINFORCE form whose value carries log pi; its own
+    tests check its value by hand.
+    """
+    fn = registry.get("policy_loss", config.policy_loss)
+    logp, mask = jnp.log(jnp.full((2, 3), 0.5)), jnp.ones((2, 3))
+    loss, _ = fn(logp, logp, jnp.asarray([1.0, -2.0]), mask, eps_low=config.epsilon_low,
+                 eps_high=config.epsilon_high, dual_clip=None)  # fmt: skip
+    return bool(np.allclose(per_token(loss, mask), [[-1.0] * 3, [2.0] * 3]))
+
+
+def test_the_ratio_surrogate_probe_tells_the_forms_apart():
+    assert is_ratio_surrogate(registry.get_algorithm("grpo").config())
+    fake = SimpleNamespace(policy_loss="reinforce_form", epsilon_low=0.2, epsilon_high=0.2)
+    reg = registry.Registry()  # CISPO's form (-A log pi at ratio 1) without depending on the package
+    reg.register("policy_loss", "reinforce_form", lambda lp, old, adv, m, **_: (-adv[:, None] * lp, None))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "registry", reg)
+        assert not is_ratio_surrogate(fake)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
     config, (loss, grads, out, _, _) = toy_losses(name)
@@ -203,7 +229,8 @@ def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
     leaves = jax.tree.leaves(grads)
     assert all(np.all(np.isfinite(g)) for g in leaves)
     assert sum(float(np.sum(np.square(g))) for g in leaves) > 0.0
-    if config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and "train/policy_loss" in out.means:
+    surrogate = is_ratio_surrogate(config)
+    if config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means:
         total, denom = out.means["train/policy_loss"]
         assert total / denom == pytest.approx(POLICY_LOSS_AT_RATIO_ONE[config.loss_agg_mode], abs=1e-5)
         if not config.beta:
@@ -330,9 +357,22 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     mask = np.asarray(carried.completion_mask) > 0
     ratio = np.exp(np.asarray(new) - recorded)[mask]
     assert np.abs(ratio - 1).min() > 1e-3 and ratio.size == rows * 3
+    # The update reports its policy loss's own ratio against the recorded log-probs: the token
+    # ratio, or for a sequence-level loss (GSPO) each sequence's geometric mean of its token ratios.
+    config = learner.config
+    _, aux = registry.get("policy_loss", config.policy_loss)(
+        new, recorded, carried.advantages, carried.completion_mask,
+        eps_low=config.epsilon_low, eps_high=config.epsilon_high, dual_clip=None,
+    )  # fmt: skip
+    reported = np.asarray(per_token(aux.ratio, carried.completion_mask))[mask]
+    if np.ndim(aux.ratio) == 2:
+        np.testing.assert_allclose(reported, ratio, rtol=1e-5)
+    else:
+        per_row = np.exp(np.log(ratio).reshape(rows, 3).mean(axis=1))  # 3 real tokens per row
+        np.testing.assert_allclose(np.asarray(aux.ratio), per_row, rtol=1e-5)
     (stats,) = learner.update(carried)
-    assert stats["minima"]["train/ratio_min"] == pytest.approx(ratio.min(), rel=1e-5)
-    assert stats["maxima"]["train/ratio_max"] == pytest.approx(ratio.max(), rel=1e-5)
+    assert stats["minima"]["train/ratio_min"] == pytest.approx(reported.min(), rel=1e-5)
+    assert stats["maxima"]["train/ratio_max"] == pytest.approx(reported.max(), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

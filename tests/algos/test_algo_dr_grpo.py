@@ -1,13 +1,10 @@
 """Dr. GRPO: its advantage on written-out rewards, its relation to GRPO's, and
 that the package stays a dozen lines declared by an entry point only."""
 
-import ast
 import importlib.metadata
-import io
 import math
 import re
 import sys
-import tokenize
 import tomllib
 from pathlib import Path
 
@@ -28,6 +25,7 @@ from rl_core.data import Prompt
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from code_lines import code_lines as _code_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "packages" / "algo-dr-grpo"
@@ -142,21 +140,6 @@ def test_nan_reward_inside_a_group_names_the_function():
 
 
 # -- the package stays small and is discovered, never imported for its side effect ---------
-
-
-def _code_lines(source: str) -> list[int]:
-    """Line numbers holding code: no docstrings (any bare string statement), comments or blanks."""
-    tree = ast.parse(source)
-    doc_lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            doc_lines.update(range(node.lineno, node.end_lineno + 1))
-    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
-    lines: set[int] = set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in skip:
-            lines.update(range(tok.start[0], tok.end[0] + 1))
-    return sorted(lines - doc_lines)
 
 
 def test_code_line_counter_on_a_known_snippet():

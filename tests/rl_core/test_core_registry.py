@@ -26,12 +26,13 @@ def fresh() -> Registry:
     return Registry(builtin_modules=(), group=f"rl_core_test_{uuid.uuid4().hex}.algorithms")
 
 
-def grpo_like(x):
-    return x
+def grpo_like(*args, **kwargs):
+    """Takes any call, so it passes every category's signature check."""
+    return args[0]
 
 
-def rloo_like(x):
-    return x
+def rloo_like(*args, **kwargs):
+    return args[0]
 
 
 # -- registration and lookup -----------------------------------------------------------
@@ -42,7 +43,7 @@ def test_decorator_registers_into_the_process_registry(monkeypatch):
     monkeypatch.setattr(registry_module, "registry", reg)  # the decorator uses the module's registry
 
     @registry_module.register("advantage_estimator", "my_estimator")
-    def my_estimator(rewards):
+    def my_estimator(rewards, group_size):
         return rewards
 
     assert registry_module.get("advantage_estimator", "my_estimator") is my_estimator

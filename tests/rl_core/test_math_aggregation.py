@@ -90,8 +90,10 @@ def test_vmap(mode):
 
 
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match=r"\[B, T\] like the mask or \[B\]"):
         token_mean(X, MASK[:, :3], max_len=4)
+    with pytest.raises(ValueError, match=r"\[B, T\] like the mask or \[B\]"):
+        token_mean(jnp.ones(3), MASK, max_len=4)  # a per-sequence term needs one value per row
     with pytest.raises(ValueError, match="max_len.*got 0"):
         seq_mean_token_sum_norm(X, MASK, max_len=0)
     with pytest.raises(registry.RegistryError, match="token-mean"):
@@ -127,3 +129,47 @@ def test_other_libraries_names_state_the_equivalent_mode_never_a_near_miss(forei
     assert f"use '{ours}'" in message or f"is '{ours}' here" in message
     assert "Did you mean" not in message  # difflib would map Tunix's -sum-norm to our -sum-norm
     registry.get("loss_aggregation", ours)  # the named equivalent exists
+
+
+# -- per-sequence terms: x_i stands for the same value on each of its real tokens ----------
+
+SEQ = jnp.array([2.0, 3.0, 100.0])  # one value per sequence; the third row has no real token
+SEQ_MASK = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+# lengths 3 and 2 (and 0):
+SEQ_MEANS = {
+    "token-mean": 2.4,  # (2*3 + 3*2) / 5 = 12 / 5: each sequence weighs by its length
+    "seq-mean-token-mean": 2.5,  # (2 + 3) / 2: the plain mean over non-empty sequences (GSPO)
+    "seq-mean-token-sum": 6.0,  # (2*3 + 3*2) / 2
+    "seq-mean-token-sum-norm": 1.5,  # (6/4 + 6/4) / 2 with L_max = 4
+}
+
+
+@VARIANTS
+@pytest.mark.parametrize("mode", MODES)
+def test_per_sequence_terms_by_hand(variant, mode):
+    total, denom = variant(functools.partial(aggregate, mode, max_len=4))(SEQ, SEQ_MASK)
+    np.testing.assert_allclose(total / denom, SEQ_MEANS[mode], atol=1e-6)
+    # ... exactly what the same value written on every token of its row gives
+    spread = jnp.broadcast_to(SEQ[:, None], SEQ_MASK.shape)
+    np.testing.assert_allclose([total, denom], aggregate(mode, spread, SEQ_MASK, max_len=4), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("mode", "weights"),
+    [
+        ("token-mean", [3 / 5, 2 / 5, 0.0]),  # d(mean)/dx_i = |y_i| / sum |y|
+        ("seq-mean-token-mean", [0.5, 0.5, 0.0]),  # 1 / #non-empty sequences
+        ("seq-mean-token-sum", [1.5, 1.0, 0.0]),  # |y_i| / 2
+        ("seq-mean-token-sum-norm", [3 / 8, 2 / 8, 0.0]),  # |y_i| / (L_max * 2)
+    ],
+)
+def test_per_sequence_gradient_weights_by_hand(mode, weights):
+    grad = jax.grad(lambda x: jnp.divide(*aggregate(mode, x, SEQ_MASK, max_len=4)))(SEQ)
+    np.testing.assert_allclose(grad, weights, atol=1e-6)
+
+
+def test_per_token_spreads_only_one_value_per_row():
+    from rl_core.aggregation import per_token
+
+    np.testing.assert_array_equal(per_token(SEQ, SEQ_MASK)[:, 3], SEQ)
+    assert per_token(X, MASK) is X  # a [B, T] array is left as it is

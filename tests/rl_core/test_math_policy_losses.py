@@ -125,7 +125,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="dual_clip must be > 1.*0.5"):
         clipped_surrogate(x, x, jnp.zeros(2), x, dual_clip=0.5, **SYM)
     with pytest.raises(ValueError, match="eps_low"):
-        clipped_surrogate(x, x, jnp.zeros(2), x, eps_low=1.0, eps_high=0.2)
+        clipped_surrogate(x, x, jnp.zeros(2), x, eps_low=1.5, eps_high=0.2)
     with pytest.raises(ValueError, match="adv must be"):
         clipped_surrogate(x, x, jnp.zeros(3), x, **SYM)
     with pytest.raises(ValueError, match="same shape"):
@@ -175,3 +175,35 @@ def test_log_ratio_is_bounded():
 def test_registry_finds_both_names():
     assert registry.get("policy_loss", "clipped_surrogate") is clipped_surrogate
     assert registry.get("policy_loss", "grpo") is clipped_surrogate
+
+
+# -- per-token advantages and truncated importance sampling ----------------------------------
+
+
+@VARIANTS
+def test_per_token_advantages_by_hand(variant):
+    # rho = [1.5, 0.9] on one row, A per token [1, -1] (eps 0.2):
+    #   token 0: min(1.5 * 1, 1.2 * 1) = 1.2 -> loss -1.2 (clipped high)
+    #   token 1: min(0.9 * -1, 0.9 * -1) = -0.9 -> loss 0.9 (inside the range)
+    logp = jnp.log(jnp.asarray([[1.5, 0.9]]))
+    loss, aux = variant(functools.partial(clipped_surrogate, **SYM))(logp, jnp.zeros((1, 2)), jnp.asarray([[1.0, -1.0]]), jnp.ones((1, 2)))
+    np.testing.assert_allclose(loss, [[-1.2, 0.9]], atol=1e-6)
+    np.testing.assert_array_equal(aux.clipped_high, [[1, 0]])
+
+
+@VARIANTS
+def test_truncated_is_weights_by_hand(variant):
+    from rl_core.policy_losses import truncated_is_weights
+
+    # old - sampler = [log 1.5, log 3, -log 2, garbage at a masked position]; C = 2:
+    # weights min([1.5, 3, 0.5], 2) = [1.5, 2, 0.5], and 1 where masked.
+    sampler = jnp.asarray([[-1.0, -2.0, -3.0, jnp.nan]])
+    old = sampler + jnp.log(jnp.asarray([[1.5, 3.0, 0.5, 1.0]]))
+    mask = jnp.asarray([[1.0, 1.0, 1.0, 0.0]])
+    w = variant(functools.partial(truncated_is_weights, cap=2.0))(old, sampler, mask)
+    np.testing.assert_allclose(w, [[1.5, 2.0, 0.5, 1.0]], atol=1e-6)
+    # constants for the loss: no gradient flows to either log-prob
+    grad = jax.grad(lambda o: jnp.sum(truncated_is_weights(o, sampler, mask, cap=2.0)))(old)
+    assert np.array_equal(np.asarray(grad), np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="cap C must be >= 1"):
+        truncated_is_weights(old, sampler, mask, cap=0.5)

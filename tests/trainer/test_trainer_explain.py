@@ -117,3 +117,13 @@ def test_bad_input_exits_2_naming_the_argument(argv, named, capsys):
 def test_bad_input_raises_a_value_error():
     with pytest.raises(ExplainInputError, match="--ratios"):
         parse_group([1.0, 0.0], ratios=[1.0])
+
+
+def test_a_sequence_level_loss_is_explained_per_completion():
+    # GSPO returns one term per completion; with every token of a completion sharing rho, its
+    # ratio is rho itself. GRPO advantages of [1, 0, 0, 1]: +-0.5 / sqrt(1/3) = +-a, a = 0.8660254.
+    # Clip [1 - 3e-4, 1 + 4e-4]: rho 1.25 with A > 0 -> -(1.0004 a); rho 0.7 with A < 0 -> +(0.9997 a).
+    a = 0.5 / math.sqrt(1 / 3)
+    gspo = explain_algorithm("gspo", parse_group("1,0,0,1", "1.25,0.7,1,1"))
+    assert gspo.surrogate == pytest.approx((-1.0004 * a, 0.9997 * a, a, -a), abs=1e-4)
+    assert gspo.clip == ("high", "low", "none", "none")

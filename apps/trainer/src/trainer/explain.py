@@ -6,7 +6,9 @@ per-token KL estimate, each algorithm's own registered functions give:
 
 - advantages from its `advantage_estimator` (A = 0 everywhere for a tied group);
 - the clipped-surrogate loss per token, -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A),
-  from its `policy_loss` at logp = log(rho), old_logp = 0, and which bound is active;
+  from its `policy_loss` at logp = log(rho), old_logp = 0, and which bound is active
+  (GSPO's sequence ratio is rho itself, as every token of a completion shares it; a loss
+  of another form, CISPO's -w A log pi, is evaluated at the same point, log pi = log rho);
 - the KL term beta * KL per token (only when beta > 0);
 - the group's loss aggregated by its `loss_agg_mode`, every token of a
   completion carrying that completion's per-token loss, L_max = max(lengths).
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 from rl_core import registry
+from rl_core.aggregation import per_token
 
 # Fields an algorithm config needs for a group-relative explanation (GRPO and its variants).
 _NEEDED_FIELDS = ("advantage_estimator", "policy_loss", "loss_agg_mode", "epsilon_low", "epsilon_high", "beta")
@@ -146,6 +149,9 @@ def explain_algorithm(name: str, group: Group) -> Explanation | str:
         logp, jnp.zeros_like(logp), adv, jnp.ones_like(logp),
         eps_low=config.epsilon_low, eps_high=config.epsilon_high, dual_clip=dual_clip,
     )
+    # a sequence-level loss (GSPO) returns [G]: one completion is one "token" here anyway
+    loss = per_token(loss, logp)
+    aux = aux._replace(**{k: per_token(v, logp) for k, v in aux._asdict().items()})
     clip = []
     for low, high, dual in zip(aux.clipped_low[:, 0], aux.clipped_high[:, 0], aux.dual_clipped[:, 0], strict=True):
         clip.append("dual" if dual else "low" if low else "high" if high else "none")

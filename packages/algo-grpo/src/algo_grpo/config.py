@@ -20,7 +20,7 @@ class GRPOConfig(AlgorithmConfig):
     kl_estimator: str = "k3"
     """KL estimator name: k1, k2 or k3 (Schulman's unbiased, non-negative estimator)."""
     epsilon_low: float = 0.2
-    """Lower clip: ratios below 1 - epsilon_low are clipped for negative advantages."""
+    """Lower clip: ratios below 1 - epsilon_low are clipped for negative advantages (1 = no lower bound)."""
     epsilon_high: float = 0.2
     """Upper clip: ratios above 1 + epsilon_high are clipped for positive advantages."""
     dual_clip: float | None = None
@@ -33,15 +33,20 @@ class GRPOConfig(AlgorithmConfig):
     """Per-token policy loss (a `policy_loss` name)."""
     mask_truncated_completions: bool = False
     """Give completions that hit max_new_tokens mask 0 in the loss (overlong filtering)."""
+    tis_cap: float | None = None
+    """C of truncated importance sampling against the sampler/trainer mismatch (Yao et al. 2025):
+    each token's policy loss is weighed by min(pi_old_trainer / pi_sampler, C). None = off. When on,
+    the behaviour log-probs are computed on every step, also on-policy ones."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.group_size >= 2, self, "group_size", "must be >= 2")
         check(self.num_iterations >= 1, self, "num_iterations", "must be >= 1")
         check(self.beta >= 0.0, self, "beta", "must be >= 0")
-        check(0.0 <= self.epsilon_low < 1.0, self, "epsilon_low", "must be in [0, 1)")
+        check(0.0 <= self.epsilon_low <= 1.0, self, "epsilon_low", "must be in [0, 1] (1 = no lower bound)")
         check(self.epsilon_high >= 0.0, self, "epsilon_high", "must be >= 0")
         check(self.dual_clip is None or self.dual_clip > 1.0, self, "dual_clip", "must be > 1 or None")
+        check(self.tis_cap is None or self.tis_cap >= 1.0, self, "tis_cap", "must be >= 1 or None (off)")
         check_registered(self, "kl_estimator", "kl_estimator")
         check_registered(self, "advantage_estimator", "advantage_estimator")
         check_registered(self, "policy_loss", "policy_loss")

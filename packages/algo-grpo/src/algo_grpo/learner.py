@@ -123,6 +123,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             eps_high=self.config.epsilon_high,
             dual_clip=self.config.dual_clip,
             max_len=self.rollout.max_new_tokens,
+            tis_cap=self.config.tis_cap,
         )
 
     # -- pipeline steps -------------------------------------------------------------------
@@ -202,14 +203,14 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         )
 
     def add_logprobs(self, example: TrainExample) -> TrainExample:
-        """Behaviour log-probs when the update can be off-policy or some rows already carry
-        theirs (carried rows); reference log-probs only when beta != 0.
+        """Behaviour log-probs when the update can be off-policy, truncated importance sampling
+        is on, or some rows already carry theirs (carried rows); reference log-probs only when beta != 0.
 
         Runs before any update of the step, so the current policy is the one that sampled
         the rows without recorded log-probs.
         """
         recorded = example.old_logp
-        if self.update_is_off_policy() if recorded is None else np.isnan(recorded).any():
+        if self.needs_behaviour_logprobs() if recorded is None else np.isnan(recorded).any():
             old = self.behaviour_logprobs(
                 example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded
             )
@@ -217,6 +218,11 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         if self.config.beta:
             example = example._replace(ref_logp=self.reference_logprobs(example))
         return example
+
+    def needs_behaviour_logprobs(self) -> bool:
+        """The update can be off-policy, or truncated importance sampling divides the
+        trainer's behaviour probabilities by the sampler's (so they must exist)."""
+        return self.update_is_off_policy() or self.config.tis_cap is not None
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]

@@ -7,7 +7,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from rl_core.aggregation import per_token
 from rl_core.learner import LossOutput
+from rl_core.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample
 
 
@@ -29,15 +31,29 @@ def grpo_loss(
     eps_high: float,
     dual_clip: float | None,
     max_len: int,
+    tis_cap: float | None = None,
 ) -> LossOutput:
-    """Clipped surrogate plus beta * KL, aggregated into (sum, denominator)."""
+    """The policy loss (times the truncated IS weight when `tis_cap` is set) plus beta * KL,
+    aggregated into (sum, denominator).
+
+    A per-sequence policy loss [B] and its diagnostics are spread over their tokens
+    (rl_core.aggregation.per_token) before weighting and aggregation.
+    """
     mask = example.completion_mask
     # No behaviour log-probs only on a provably on-policy step: rho == 1 exactly in value.
     old_logp = example.old_logp if example.old_logp is not None else jax.lax.stop_gradient(logp)
     pg, aux = policy_loss(
         logp, old_logp, example.advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
     )
-    per_token = pg
+    pg = per_token(pg, mask)
+    aux = aux._replace(**{k: per_token(v, mask) for k, v in aux._asdict().items()})
+    if tis_cap is not None:
+        if example.sampler_logp is None:
+            raise ValueError("truncated importance sampling (tis_cap) needs the sampler's log-probs (sampler_logp)")
+        # sampler/trainer mismatch: each token's policy-gradient term weighed by min(pi_old / pi_sampler, C)
+        tis = truncated_is_weights(jax.lax.stop_gradient(old_logp), example.sampler_logp, mask, cap=tis_cap)
+        pg = pg * tis
+    per_token_loss = pg
     means = {
         "train/policy_loss": aggregate(pg, mask, max_len=max_len),
         "train/entropy": masked_sum(entropy, mask),
@@ -47,13 +63,16 @@ def grpo_loss(
     }
     if beta:
         kl = kl_estimator(logp, example.ref_logp)
-        per_token = per_token + beta * kl
+        per_token_loss = per_token_loss + beta * kl
         means["train/kl"] = masked_sum(kl, mask)
     if example.sampler_logp is not None:
         # sampler vs trainer on the same behaviour policy (not the policy's movement since)
         drift = jnp.abs(jax.lax.stop_gradient(old_logp) - example.sampler_logp) * mask
         means["drift/logp_abs_mean"] = (jnp.sum(drift), jnp.sum(mask))
-    total, denom = aggregate(per_token, mask, max_len=max_len)
+    if tis_cap is not None:
+        means["drift/tis_weight_mean"] = masked_sum(tis, mask)
+        means["drift/tis_capped_frac"] = masked_sum((tis >= tis_cap).astype(tis.dtype), mask)
+    total, denom = aggregate(per_token_loss, mask, max_len=max_len)
     real = mask > 0
     maxima = {"train/ratio_max": jnp.max(jnp.where(real, aux.ratio, -jnp.inf))}
     minima = {"train/ratio_min": jnp.min(jnp.where(real, aux.ratio, jnp.inf))}

@@ -1,4 +1,4 @@
-"""Loss aggregation modes: per-token x [B, T] with mask [B, T] -> (total, denominator).
+"""Loss aggregation modes: per-token x [B, T] (or per-sequence [B]) with mask [B, T] -> (total, denominator).
 
 Each mode returns a pair of float32 scalars, not a mean. The
 learner sums totals and denominators over micro-batches and divides once, so
@@ -14,6 +14,16 @@ its own row, so splitting rows across micro-batches changes nothing.
 Rows with no real token (padding rows, filtered completions) contribute 0 to
 both total and denominator. Every mode accepts `max_len` (L_max, in tokens)
 for a uniform call; only the -norm mode uses it.
+
+Per-sequence terms. `x` may also be [B], one value per sequence (a
+sequence-level loss such as GSPO's). The rule: a per-sequence value x_i stands
+for the same value on every real token of sequence i, x[i, t] = x_i * m[i, t]
+(`per_token`), and then every mode applies unchanged. So seq-mean-token-mean
+gives the plain mean over non-empty sequences, mean_i x_i; token-mean weighs
+each sequence by its length, sum_i |y_i| x_i / sum_i |y_i|; seq-mean-token-sum
+gives mean_i |y_i| x_i (and /L_max for -norm). A token-level form whose
+value equals x_i on every token (GSPO-token) aggregates to the same number in
+every mode.
 """
 
 from __future__ import annotations
@@ -25,10 +35,21 @@ from rl_core import registry
 from rl_core.registry import register
 
 
+def per_token(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """`x` as [B, T]: a per-sequence [B] value repeated on every position of its row
+    (the mask then keeps the real tokens); a [B, T] array as it is."""
+    if jnp.ndim(x) == 1 and jnp.ndim(mask) == 2 and jnp.shape(x)[0] == jnp.shape(mask)[0]:
+        return jnp.broadcast_to(jnp.asarray(x)[:, None], jnp.shape(mask))
+    return x
+
+
 def _masked(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """float32 (x*m, m); padded positions are exactly 0 even if x is inf/NaN there."""
+    x = per_token(x, mask)
     if jnp.shape(x) != jnp.shape(mask) or jnp.ndim(x) != 2:
-        raise ValueError(f"x and mask must both be [B, T] with the same shape, got {jnp.shape(x)} and {jnp.shape(mask)}")
+        raise ValueError(
+            f"x must be [B, T] like the mask or [B] (one value per sequence); got {jnp.shape(x)} and mask {jnp.shape(mask)}"
+        )
     m = jnp.asarray(mask, jnp.float32)
     xm = jnp.where(m != 0, jnp.asarray(x, jnp.float32) * m, 0.0)
     return xm, m

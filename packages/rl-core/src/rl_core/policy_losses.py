@@ -9,11 +9,19 @@ separate lower and upper clip widths, so one function serves GRPO
     l_t = -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
 
 Every policy loss is called as `fn(logp, old_logp, adv, mask, *, eps_low,
-eps_high, dual_clip)` and returns per-token losses [B, T] together with
-per-token diagnostics; the caller aggregates both with the mask
-(rl_core.aggregation). The log-ratio is zeroed at masked positions before the
+eps_high, dual_clip)` (rl_core.protocols.PolicyLoss) and returns losses per
+token [B, T] or per sequence [B] together with diagnostics of the same shape;
+the caller aggregates both with the mask (rl_core.aggregation, which states
+how a per-sequence term is weighed). The log-ratio is zeroed at masked positions before the
 exponent and bounded to +-LOG_RATIO_BOUND, so garbage in padding (or a
 runaway ratio) can never make the loss or its gradient non-finite.
+
+`truncated_is_weights` is the sampler/trainer mismatch correction every
+algorithm may switch on (truncated importance sampling, Yao et al. 2025, "Your
+Efficient RL Framework Secretly Brings You Off-Policy RL Training"): the
+sampler (e.g. a bfloat16 rollout engine) and the trainer's forward pass give
+the same policy slightly different probabilities, so each token's loss is
+weighed by min(pi_old_trainer / pi_sampler, C).
 """
 
 from __future__ import annotations
@@ -39,23 +47,47 @@ def log_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array) -> jax.Arra
     return jnp.clip(diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
+def token_advantages(adv: jax.Array, logp: jax.Array) -> jax.Array:
+    """Advantages as [B, T]: one per completion [B] is shared by its tokens; [B, T] is kept."""
+    adv = jnp.asarray(adv)
+    b = jnp.shape(logp)[0]
+    if jnp.shape(adv) == (b,):
+        return adv[:, None]
+    if jnp.shape(adv) == jnp.shape(logp):
+        return adv
+    raise ValueError(f"adv must be [B] or [B, T] with [B, T] = {jnp.shape(logp)}, got shape {jnp.shape(adv)}")
+
+
+def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, *, cap: float) -> jax.Array:
+    """min(exp(old_logp - sampler_logp), cap) per token [B, T], without gradient; 1 at masked positions.
+
+    old_logp: the trainer's log-probs of the behaviour policy; sampler_logp: what the
+    sampler reported for the same tokens. Truncating at `cap` (C) bounds the variance
+    that a token the sampler under-rates would add (Yao et al. 2025).
+    """
+    if isinstance(cap, (int, float)) and not cap >= 1.0:
+        raise ValueError(f"the truncation cap C must be >= 1 (a weight of 1 means no mismatch), got {cap}")
+    weights = jnp.minimum(jnp.exp(log_ratio(old_logp, sampler_logp, mask)), cap)
+    return jax.lax.stop_gradient(weights)
+
+
 class PolicyLossAux(NamedTuple):
-    """Per-token diagnostics, float [B, T], unreduced (aggregate them with the mask)."""
+    """Diagnostics with the loss's shape ([B, T] per token or [B] per sequence), unreduced."""
 
     ratio: jax.Array
     """rho_t = exp(logp_t - old_logp_t), bounded; 1 at masked positions."""
     clipped_low: jax.Array
-    """1.0 where the lower bound is the active term: A < 0 and rho < 1 - eps_low."""
+    """1.0 where the lower bound is active; for the clipped surrogate: A < 0 and rho < 1 - eps_low."""
     clipped_high: jax.Array
-    """1.0 where the upper bound is the active term: A > 0 and rho > 1 + eps_high."""
+    """1.0 where the upper bound is active; for the clipped surrogate: A > 0 and rho > 1 + eps_high."""
     dual_clipped: jax.Array
     """1.0 where A < 0 and the dual-clip bound c*A is active; zeros without dual clip."""
 
 
 def _check_scalars(eps_low: float, eps_high: float, dual_clip: float | None) -> None:
     """Validate the clip widths when they are concrete Python numbers."""
-    if isinstance(eps_low, (int, float)) and not 0.0 <= eps_low < 1.0:
-        raise ValueError(f"eps_low must be in [0, 1) so that 1 - eps_low > 0, got {eps_low}")
+    if isinstance(eps_low, (int, float)) and not 0.0 <= eps_low <= 1.0:
+        raise ValueError(f"eps_low must be in [0, 1] (1 = no lower bound, as ratios are > 0), got {eps_low}")
     if isinstance(eps_high, (int, float)) and not eps_high >= 0.0:
         raise ValueError(f"eps_high must be >= 0, got {eps_high}")
     if isinstance(dual_clip, (int, float)) and not dual_clip > 1.0:
@@ -76,8 +108,8 @@ def clipped_surrogate(
 ) -> tuple[jax.Array, PolicyLossAux]:
     """Clipped surrogate loss per token.
 
-    logp, old_logp: float [B, T]; adv: float [B] (one advantage per completion);
-    mask: float [B, T], 1 = token in the loss.
+    logp, old_logp: float [B, T]; adv: float [B] (one advantage per completion,
+    shared by its tokens) or [B, T] (per token); mask: float [B, T], 1 = token in the loss.
     Returns (loss float [B, T], PolicyLossAux). With `dual_clip` = c > 1, tokens
     with A < 0 use max(min(rho A, clip(rho) A), c A): a very large ratio on a bad
     action cannot produce an unbounded loss.
@@ -87,11 +119,8 @@ def clipped_surrogate(
         raise ValueError(f"logp {jnp.shape(logp)} and old_logp {jnp.shape(old_logp)} must have the same shape [B, T]")
     if jnp.shape(mask) != jnp.shape(logp):
         raise ValueError(f"mask {jnp.shape(mask)} must have the shape of logp {jnp.shape(logp)}")
-    if jnp.ndim(adv) != 1 or jnp.shape(adv)[0] != jnp.shape(logp)[0]:
-        raise ValueError(f"adv must be [B] with B = {jnp.shape(logp)[0]}, got shape {jnp.shape(adv)}")
-
     ratio = jnp.exp(log_ratio(logp, old_logp, mask))
-    a = jnp.asarray(adv, ratio.dtype)[:, None]  # every token of a completion shares its advantage
+    a = token_advantages(adv, logp).astype(ratio.dtype)
     unclipped = ratio * a
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
     # The pessimistic (smaller) objective: the clipped term is constant in rho,

@@ -19,6 +19,8 @@ import importlib.metadata as metadata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from rl_core.protocols import SignatureError, check_signature
+
 ENTRY_POINT_GROUP = "rl_core.algorithms"
 FUNCTION_CATEGORIES = ("advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator")
 ALGORITHM = "algorithm"
@@ -93,9 +95,13 @@ class Registry:
     # -- registration -----------------------------------------------------------------
 
     def register(self, category: str, name: str, obj: T, *, provider: str | None = None) -> T:
-        """Register `obj` under `name`; the same object twice is a no-op."""
+        """Register `obj` under `name`; the same object twice is a no-op.
+
+        A function must accept its category's call (rl_core.protocols), else `SignatureError`.
+        """
         if category not in CATEGORIES:
             raise RegistryError(f"unknown category {category!r}; categories are {', '.join(CATEGORIES)}")
+        check_signature(category, name, obj)
         provider = provider or _distribution_of(obj)
         known = self._entries[category].get(name)
         if known is not None and known[0] is not obj:
@@ -123,6 +129,9 @@ class Registry:
                     f"algorithm {algorithm.name!r} declares functions in unknown category {category!r}; "
                     f"categories are {', '.join(FUNCTION_CATEGORIES)}"
                 )
+            for fn_name, fn in functions.items():
+                check_signature(category, fn_name, fn)  # all checked before any is registered
+        for category, functions in algorithm.functions.items():
             for fn_name, fn in functions.items():
                 self.register(category, fn_name, fn, provider=provider)
         return self.register(ALGORITHM, algorithm.name, algorithm, provider=provider)
@@ -184,6 +193,8 @@ class Registry:
                 continue
             try:
                 self.register_algorithm(value, provider=dist)
+            except SignatureError as e:
+                self._load_failures[ep.name] = f"entry point {ep.name!r} of distribution {dist!r}: {e}"
             except RegistryError as e:
                 # keep loading the others; the clashing name stays an error on every lookup
                 self._conflicts[value.name] = str(e)
