@@ -1,6 +1,7 @@
 """rl_core.config: every rule names the field, the value and the rule; dict round trips."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -12,7 +13,7 @@ RULES = [
     (RolloutConfig, {}, "max_prompt_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "max_new_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "temperature", -0.5, "must be >= 0 (0 = greedy)"),
-    (RolloutConfig, {}, "temperature", float("nan"), "must be >= 0"),
+    (RolloutConfig, {}, "temperature", float("nan"), "must be a finite number"),
     (RolloutConfig, {}, "top_k", -1, "must be >= 0 (0 = off)"),
     (RolloutConfig, {}, "top_p", 0.0, "must be in (0, 1]"),
     (RolloutConfig, {}, "top_p", 1.5, "must be in (0, 1]"),
@@ -165,3 +166,11 @@ def test_derive_with_replace_revalidates():
     assert dataclasses.replace(config, temperature=0.0).temperature == 0.0
     with pytest.raises(ConfigError, match="max_new_tokens = -1"):
         dataclasses.replace(config, max_new_tokens=-1)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(("cls", "field"), [(TrainingConfig, "learning_rate"), (RolloutConfig, "temperature")])
+def test_non_finite_numbers_are_rejected_however_the_config_is_built(cls, field, value):
+    # inf passes `learning_rate > 0` and NaN passes `not temperature < 0`-style rules
+    with pytest.raises(ConfigError, match=rf"{cls.__name__}\.{field} = {value!r}: must be a finite number"):
+        cls(**{field: value})

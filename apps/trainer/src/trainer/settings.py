@@ -39,6 +39,7 @@ class TaskSettings(Config):
     loaded (with a one-line count) or stop with an "error" naming the first."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.name in TASKS, self, "name", f"must be one of {sorted(TASKS)}")
         check(self.long_prompts in LONG_PROMPTS, self, "long_prompts", f"must be one of {LONG_PROMPTS}")
         for key, value in self.options.items():
@@ -69,6 +70,7 @@ class ModelSettings(Config):
     """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("dtype", "param_dtype"):
             check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
@@ -87,6 +89,7 @@ class WarmStartSettings(Config):
     """Save the warm start's state this often, so a killed run continues it rather than redoing it."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
         check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
@@ -105,6 +108,7 @@ class EvalSettings(Config):
     """n samples per prompt for the unbiased pass@k estimate."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.every_steps >= 0, self, "every_steps", "must be >= 0")
         check(self.heldout_size is None or self.heldout_size >= 1, self, "heldout_size", "must be >= 1")
         check(self.pass_k >= 1, self, "pass_k", "must be >= 1")
@@ -136,6 +140,7 @@ class RunSettings(Config):
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         config = self.algorithm_config()  # validates the algorithm name and its fields now
         self._check_across_fields(config)
 

@@ -28,6 +28,7 @@ class OverlongConfig(Config):
     """Scale of the penalty."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.max_tokens is None or self.max_tokens >= 1, self, "max_tokens", "must be >= 1 or None")
         check(self.cache_tokens is None or self.cache_tokens >= 1, self, "cache_tokens", "must be >= 1 or None")
         if self.max_tokens is not None and self.cache_tokens is not None:

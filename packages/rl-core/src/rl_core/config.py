@@ -39,7 +39,15 @@ def check_registered(config: Any, field: str, category: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    """Base of every config: dict round trip with nested configs."""
+    """Base of every config: dict round trip with nested configs, finite numbers.
+
+    Subclasses call `super().__post_init__()`: no float setting is inf or NaN,
+    however the config was built (from a file, the command line or in Python).
+    """
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _finite(type(self).__name__, f.name, getattr(self, f.name))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,6 +136,7 @@ class AlgorithmConfig(Config):
     """How per-token losses become one number: a `loss_aggregation` registry name."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_registered(self, "loss_agg_mode", "loss_aggregation")
 
     def reward_functions(self, *, max_new_tokens: int) -> tuple[Callable[..., list[float]], ...]:
@@ -159,6 +168,7 @@ class RolloutConfig(Config):
     """Completion tokens unembedded at once when computing log-probs."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.max_prompt_tokens >= 1, self, "max_prompt_tokens", "must be >= 1")
         check(self.max_new_tokens >= 1, self, "max_new_tokens", "must be >= 1")
         check(self.temperature >= 0.0, self, "temperature", "must be >= 0 (0 = greedy)")
@@ -180,6 +190,7 @@ class MeshConfig(Config):
     """Tensor parallelism: attention heads and the MLP's inner width split."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("data", "fsdp", "tensor"):
             check(getattr(self, name) == -1 or getattr(self, name) >= 1, self, name, "must be >= 1 or -1 (all remaining devices)")
         free = [n for n in ("data", "fsdp", "tensor") if getattr(self, n) == -1]
@@ -250,6 +261,7 @@ class TrainingConfig(Config):
     """How the devices are arranged: data, fsdp and tensor parallelism."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
         check(self.lr_schedule in SCHEDULES, self, "lr_schedule", f"must be one of {SCHEDULES}")
