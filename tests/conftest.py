@@ -1,7 +1,9 @@
 """Shared pytest setup for the whole test suite (keep it small)."""
 
 import os
+from pathlib import Path
 
+from rl_core.compiles import use_persistent_cache
 from rl_core.host_memory import keep_freed_memory
 
 # --- rl_core tests: faster XLA compiles ---------------------------------------------------------
@@ -11,6 +13,14 @@ from rl_core.host_memory import keep_freed_memory
 # setting in the environment wins.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+# --- as the trainer does: compiled programs are kept on disk and shared ---------------------------
+# Tests, xdist workers and the trainer processes that tests start build many of the same programs;
+# loading one from JAX's persistent cache costs milliseconds. pytest's own cache folder holds it
+# (gitignored); subprocesses find it through the environment. An explicit setting wins.
+_CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation-cache"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
+use_persistent_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 # --- as the trainer does: XLA:CPU reuses freed buffers instead of page-faulting fresh ones ----
 keep_freed_memory()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 from rewards import RewardError
+from rl_core.compiles import use_persistent_cache
 from rl_core.config import ConfigError
 from rl_core.host_memory import keep_freed_memory
 from rl_core.learner import NonFiniteUpdateError
@@ -97,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def compilation_cache_dir() -> Path:
+    """JAX_COMPILATION_CACHE_DIR if set, else rl-variants/jax in the user's cache folder.
+
+    JAX_ENABLE_COMPILATION_CACHE=false turns the cache off."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rl-variants" / "jax"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -110,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
+    use_persistent_cache(compilation_cache_dir())  # later runs, seeds and resumes load their programs
     try:
         return COMMANDS[args.command](args)
     except (
