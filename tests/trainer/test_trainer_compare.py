@@ -122,7 +122,7 @@ def test_report_states_settings_config_differences_significance_and_plots(compar
     assert "- task: arithmetic" in report
     assert "- steps: 3 per run; 4 prompts x 2 completions per step" in report
     assert "- batch layout: mini-batch 4" in report
-    assert "- learning rate: 0.001 (adamw, constant)" in report
+    assert "- learning rate: 0.0005 (adamw, constant)" in report  # COMPARE_DEFAULTS, under the overrides
     assert "- seeds: 2;" in report
     assert "- grpo: none" in report
     assert "`epsilon_high` 0.2 -> 0.28" in report and "`max_gen_batches` = 3 (not a grpo field)" in report

@@ -23,17 +23,29 @@ def base_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("base")
 
 
-# GSPO is not here: on a one-pass, one-mini-batch step its update is GRPO's with beta = 0, bit for
-# bit (tests/algos/test_algo_gspo.py), and a single 100-step run of that update rose by 13.5 to 20
-# points in our runs, so a 15-point bar would make the test a coin toss rather than a check.
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, base_cache, tmp_path):
     # The default warm start (800 steps) leaves the policy right on about 46% of the
     # held-out problems; the default compare reaches 0.70 after 100 DAPO steps.
-    settings = build_settings(algo=algo, overrides=STEPS)
-    summary = train_run(settings, tmp_path / algo, progress=False, log=lambda _: None, base_cache=base_cache)
-    before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
-    print(f"{algo}: held-out accuracy {before:.3f} -> {after:.3f}")
+    before, after = run(algo, base_cache, tmp_path)
     assert 0.2 < before < 0.7  # right sometimes, not always
     assert after >= before + 0.15, (before, after)
+
+
+@pytest.mark.slow
+def test_100_gspo_steps_raise_heldout_greedy_accuracy_on_average_over_two_seeds(base_cache, tmp_path):
+    # One GSPO run of 100 steps rose by 14.0, 21.5 and 21.0 points with rollout seeds 0, 1
+    # and 2 (measured): the seed moves it across a 15-point bar. The mean of two seeds
+    # tests the method rather than one seed's luck.
+    rises = [after - before for before, after in (run("gspo", base_cache, tmp_path, seed) for seed in (0, 1))]
+    assert sum(rises) / 2 >= 0.15, rises
+
+
+def run(algo: str, base_cache, tmp_path, seed: int = 0) -> tuple[float, float]:
+    settings = build_settings(algo=algo, overrides=[*STEPS, f"rollout.seed={seed}"])
+    run_dir = tmp_path / f"{algo}-{seed}"
+    summary = train_run(settings, run_dir, progress=False, log=lambda _: None, base_cache=base_cache)
+    before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
+    print(f"{algo} (rollout seed {seed}): held-out accuracy {before:.3f} -> {after:.3f}")
+    return before, after
