@@ -34,12 +34,13 @@ def test_100_steps_raise_heldout_greedy_accuracy(algo, base_cache, tmp_path):
 
 
 @pytest.mark.slow
-def test_100_gspo_steps_raise_heldout_greedy_accuracy_on_average_over_two_seeds(base_cache, tmp_path):
-    # One GSPO run of 100 steps rose by 14.0, 21.5 and 21.0 points with rollout seeds 0, 1
-    # and 2 (measured): the seed moves it across a 15-point bar. The mean of two seeds
-    # tests the method rather than one seed's luck.
-    rises = [after - before for before, after in (run("gspo", base_cache, tmp_path, seed) for seed in (0, 1))]
-    assert sum(rises) / 2 >= 0.15, rises
+def test_100_gspo_steps_raise_heldout_greedy_accuracy_on_average_over_three_seeds(base_cache, tmp_path):
+    # GSPO weighs each token by 1/|y| (its ratio is a per-sequence mean), so per step it
+    # learns more slowly than the token-sum variants: one 100-step run rose by 13.5, 17.0,
+    # 18.0 and 14.0 points with rollout seeds 0 to 3 here (1.5e-3 and 3e-3 learning rates
+    # did worse). A single seed sits on the 15-point bar; the mean of three tests the method.
+    rises = [after - before for before, after in (run("gspo", base_cache, tmp_path, seed) for seed in (0, 1, 2))]
+    assert sum(rises) / 3 >= 0.15, rises
 
 
 def run(algo: str, base_cache, tmp_path, seed: int = 0) -> tuple[float, float]:
