@@ -68,7 +68,7 @@ def test_compare_prints_a_table_of_means_over_seeds(compared):
     assert set(rule) == {"---"}
     assert [row[0] for row in body] == ALGOS
     assert "x 2 seeds" in printed and f"report in {out}" in printed
-    assert "Welch's t-test over 2 seeds" in printed and "grpo - dapo" in printed
+    assert "Welch's t-test over 2 seeds" in printed and "Holm-adjusted for the 1 pairs" in printed and "grpo - dapo" in printed
 
 
 def test_results_json_keeps_every_seed_and_the_table_shows_mean_and_interval(compared):
@@ -129,7 +129,8 @@ def test_report_states_settings_config_differences_significance_and_plots(compar
     assert "not significant" in report or "significant" in report
     comparison = results(out)["comparisons"][0]
     assert (comparison["a"], comparison["b"], comparison["metric"]) == ("grpo", "dapo", "acc_after")
-    assert comparison["significant"] == (comparison["p_value"] < 0.05)
+    assert comparison["p_holm"] == comparison["p_value"]  # one pair: Holm changes nothing
+    assert comparison["significant"] == (comparison["p_holm"] < 0.05)
     for name, *_ in PLOTS:
         assert f"]({name})" in report
 

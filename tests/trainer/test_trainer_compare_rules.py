@@ -13,7 +13,7 @@ from trainer.cli import main
 from trainer.compare import variant_settings
 from trainer.plots import smooth
 from trainer.settings import user_settings
-from trainer.stats import mean_ci, significant, welch_p_value
+from trainer.stats import holm_adjust, mean_ci, significant, welch_p_value
 
 PLOT_NAMES = ["reward.png"]
 
@@ -139,3 +139,14 @@ def test_an_earlier_one_seed_comparison_is_replaced_with_overwrite(tmp_path):
         compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)
     compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=True)
     assert list(out.iterdir()) == []
+
+
+def test_holm_adjustment_by_hand():
+    # sorted 0.01, 0.03, 0.04 of m = 3: 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; 1 x 0.04 = 0.04 -> 0.06 (monotone)
+    assert holm_adjust([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    # nan (a pair without two seeds each) is kept and not counted in m; 0.8 x 2 is capped at 1
+    adjusted = holm_adjust([0.6, math.nan, 0.02])
+    assert holm_adjust([0.8, 0.9]) == pytest.approx([1.0, 1.0]) and holm_adjust([0.2, 0.7]) == pytest.approx([0.4, 0.7])
+    assert adjusted[0] == pytest.approx(0.6) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
+    # 21 pairs: the smallest p of the default compare's measured run (0.003) is 0.063 adjusted
+    assert holm_adjust([0.003] + [0.5] * 20)[0] == pytest.approx(0.063) and not significant(0.063)

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer.plots import PLOTS, plot_runs
 from trainer.settings import RunSettings
-from trainer.stats import LEVEL, mean_ci, significant, welch_p_value
+from trainer.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
 __all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
 
@@ -80,7 +80,7 @@ def markdown_table(variants: Sequence[Mapping[str, Any]]) -> str:
 
 
 def comparisons(variants: Sequence[Mapping[str, Any]], key: str = "acc_after") -> list[dict[str, Any]]:
-    """Every pair of variants: the difference of the means of `key` and Welch's p-value."""
+    """Every pair of variants: the difference of the means of `key`, Welch's p-value and its Holm adjustment."""
     out = []
     for a, b in itertools.combinations(variants, 2):
         xa, xb = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
@@ -92,9 +92,11 @@ def comparisons(variants: Sequence[Mapping[str, Any]], key: str = "acc_after") -
                 "metric": key,
                 "difference": mean_ci(xa).mean - mean_ci(xb).mean,
                 "p_value": p,
-                "significant": significant(p),
             }
         )
+    for pair, adjusted in zip(out, holm_adjust([pair["p_value"] for pair in out]), strict=True):
+        pair["p_holm"] = adjusted
+        pair["significant"] = significant(adjusted)
     return out
 
 
@@ -102,10 +104,15 @@ def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
     if seeds < 2:
         return "One seed: no confidence intervals and no significance test (use --seeds 2 or more).\n"
     alpha = f"{1 - LEVEL:.0%}"
-    lines = [f"Held-out accuracy after RL, Welch's t-test over {seeds} seeds per variant (significant: p < {alpha}):"]
+    lines = [
+        f"Held-out accuracy after RL, Welch's t-test over {seeds} seeds per variant; p-values Holm-adjusted "
+        f"for the {len(pairs)} pairs (significant: adjusted p < {alpha}):"
+    ]
     for c in pairs:
         verdict = "significant" if c["significant"] else "not significant"
-        lines.append(f"- {c['a']} - {c['b']}: {c['difference']:+.3f} (p = {c['p_value']:.3f}), {verdict}")
+        lines.append(
+            f"- {c['a']} - {c['b']}: {c['difference']:+.3f} (p = {c['p_value']:.3f}, adjusted {c['p_holm']:.3f}), {verdict}"
+        )
     if not any(c["significant"] for c in pairs):
         lines.append(f"No difference is significant at {alpha} with {seeds} seeds.")
     return "\n".join(lines) + "\n"
