@@ -65,9 +65,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         self._advantages = jax.jit(registry.get("advantage_estimator", config.advantage_estimator), static_argnums=1)
         self._kl = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
         # The reference policy is the initial one, kept only when the KL term is on: the
-        # caller's module itself (its storage dtype), never donated, so no copy is made.
-        initial = nnx.to_pure_dict(nnx.state(kwargs["policy"], nnx.Param))
-        self.ref_params = self.place_params(initial) if config.beta else None
+        # caller's module itself, or with adapters the base with adapters off (no copy either way).
+        self.ref_params = self.reference_params(kwargs["policy"]) if config.beta else None
         self._reward_failed = 0
         # Pipeline steps add their time here; also valid when a step is called on its own.
         self._timings: dict[str, float] = {"time/rollout": 0.0, "time/reward": 0.0}

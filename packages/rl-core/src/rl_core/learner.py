@@ -23,6 +23,11 @@ Only when a step is provably on-policy (one pass, one mini-batch, no carried
 rows) may `old_logp` be None, and the loss then uses stop_gradient(logp),
 which is exactly equal in value. `update_is_off_policy` states the first two
 conditions; an algorithm that carries rows records their log-probs itself.
+
+Adapters. A policy holding `nnx.LoRAParam`s (LoRA, see rl_core.frozen) trains
+only them: `params`, the optimizer state and checkpoints hold the adapters, and
+the base is `frozen`, placed once on the mesh and passed to every program
+without being copied or donated.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from rl_core import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
@@ -132,7 +138,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         if rollout.top_k > policy.vocab_size:
             raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
-        self.graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
+        self.graphdef, params, frozen, rest = frozen_lib.split_policy(policy)
         if jax.tree.leaves(rest):
             raise TypeError("the policy holds state other than nnx.Param; rl_core trains Param-only modules")
         # A plain dict of arrays (nnx.merge takes it), not nnx.Variables: each jitted call
@@ -140,6 +146,11 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # that a small CPU's compute threads feel (~4 ms of an 80 ms tiny-qwen2 step).
         # Each parameter's layout comes from its logical axis names through mesh.RULES.
         self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, self.mesh))
+        # The frozen base (empty without adapters) keeps its storage dtype; placing arrays that
+        # already sit in their shardings (the trainer builds them so) copies nothing.
+        self.frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, self.mesh))
+        self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
+        policy_shardings = frozen_lib.join(self.param_shardings, self.frozen_shardings)
         # Float32 master weights (the policy casts them to its compute dtype where used),
         # copied inside one program that writes each shard where it belongs.
         self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
@@ -162,18 +173,18 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         self.sampler = Sampler(
             self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
-            mesh=self.mesh, param_shardings=self.param_shardings,
+            mesh=self.mesh, param_shardings=policy_shardings,
         )
         whole = mesh_lib.replicated(self.mesh)
         self._update = jax.jit(
             self._update_fn,
-            donate_argnums=(0, 1),
-            in_shardings=(self.param_shardings, self.opt_shardings, self._row_sharding(axis=1)),
+            donate_argnums=(0, 1),  # never the frozen base (argument 2)
+            in_shardings=(self.param_shardings, self.opt_shardings, self.frozen_shardings, self._row_sharding(axis=1)),
             out_shardings=(self.param_shardings, self.opt_shardings, whole),
         )
         self._logprobs = jax.jit(
             self._logprobs_fn,
-            in_shardings=(self.param_shardings, *(self._row_sharding(axis=1),) * 3),
+            in_shardings=(self.param_shardings, self.frozen_shardings, *(self._row_sharding(axis=1),) * 3),
             out_shardings=self._row_sharding(),
         )
 
@@ -247,7 +258,24 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         """
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
         # the sampler splits prompt rows over (data, fsdp) when they divide evenly
-        return self.sampler(self.params, prompt_tokens, prompt_mask, self.next_key(), sampling, num_samples)
+        return self.sampler(self.policy_params(), prompt_tokens, prompt_mask, self.next_key(), sampling, num_samples)
+
+    def policy_params(self, params: Any = None) -> dict[str, Any]:
+        """The whole policy's parameters (trained `params`, default the current ones, joined
+        with the frozen base) as one tree, as the sampler and `nnx.merge` take them."""
+        return frozen_lib.join(self.params if params is None else params, self.frozen)
+
+    def reference_params(self, policy: nnx.Module) -> Any:
+        """Trained-parameter values that make the reference policy (the initial one).
+
+        With adapters it is the base with adapters off: all-zero adapters (their term is then
+        exactly zero) over the same frozen base, so no second copy of the weights exists.
+        Without, the caller's initial Params (their storage dtype; never donated, so not copied).
+        """
+        if self.frozen:
+            zeros = lambda p: jax.tree.map(jnp.zeros_like, p)  # noqa: E731
+            return jax.jit(zeros, out_shardings=self.param_shardings)(self.params)
+        return self.place_params(nnx.to_pure_dict(nnx.state(policy, nnx.Param)))
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params`."""
@@ -262,7 +290,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         micro = micro if b % micro == 0 else b
         fields = (prompt_tokens, prompt_mask, completion_tokens)
         stacked = [np.asarray(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
-        return self._logprobs(params, *stacked)
+        return self._logprobs(params, self.frozen, *stacked)
 
     def update_is_off_policy(self) -> bool:
         """True when an update on a fresh batch can run on a policy other than the one that
@@ -292,7 +320,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     @property
     def model(self) -> nnx.Module:
         """The current policy as an NNX module (a view for evaluation and export)."""
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.params, self.frozen)
 
     def request_stop(self) -> None:
         """Stop after the current step, with a checkpoint (e.g. on Ctrl-C)."""
@@ -356,7 +384,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         results = []
         for _ in range(self.num_iterations):
             for mini in minis:
-                self.params, self.opt_state, stats = self._update(self.params, self.opt_state, mini)
+                self.params, self.opt_state, stats = self._update(self.params, self.opt_state, self.frozen, mini)
                 results.append(stats)
         return jax.device_get(results)
 
@@ -392,9 +420,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     # -- jitted pieces -------------------------------------------------------------------
 
-    def _update_fn(self, params: Any, opt_state: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
+    def _update_fn(self, params: Any, opt_state: Any, frozen: Any, batch: TrainExample) -> tuple[Any, Any, dict[str, Any]]:
         """One optimizer step over micro-batches stacked on axis 0 of every leaf."""
-        grads, agg = self._summed_grads(params, batch)
+        grads, agg = self._summed_grads(params, frozen, batch)
         grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)  # reduce-scattered, never whole
         empty = agg.denom <= 0  # no token in the loss: nothing to learn from
         denom = jnp.where(empty, 1.0, agg.denom)
@@ -423,11 +451,12 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         }
         return new_params, new_opt_state, stats
 
-    def _summed_grads(self, params: Any, batch: TrainExample) -> tuple[Any, LossOutput]:
-        """Float32 gradients of the summed loss and the summed LossOutput over the stacked micro-batches."""
+    def _summed_grads(self, params: Any, frozen: Any, batch: TrainExample) -> tuple[Any, LossOutput]:
+        """Float32 gradients (of the trained parameters only) of the summed loss and the summed
+        LossOutput over the stacked micro-batches."""
 
         def micro_loss(p, example):
-            out = self.compute_loss(nnx.merge(self.graphdef, p), example)
+            out = self.compute_loss(nnx.merge(self.graphdef, p, frozen), example)
             return out.total, out
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -465,9 +494,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         (grads, agg), _ = jax.lax.scan(body, init, batch)
         return grads, agg
 
-    def _logprobs_fn(self, params, prompt_tokens, prompt_mask, completion_tokens):
+    def _logprobs_fn(self, params, frozen, prompt_tokens, prompt_mask, completion_tokens):
         """(logp, entropy) [B, T] from micro-batches stacked on axis 0 [M, mb, ...], one at a time."""
-        model = nnx.merge(self.graphdef, params)
+        model = nnx.merge(self.graphdef, params, frozen)
 
         def one(xs):
             return completion_logprobs(

@@ -25,6 +25,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from rl_models.config import RopeScaling, TransformerConfig
+from rl_models.quant import dequantize
 
 KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [layers, B, K, S, Dh]
 Axes = tuple[str | None, ...]
@@ -53,7 +54,13 @@ def param(value: jax.Array, axes: Axes) -> nnx.Param:
 
 
 class Linear(nnx.Module):
-    """y = x @ kernel (+ bias); kernel [in, out], stored in `param_dtype`, used in `dtype`."""
+    """y = x @ kernel (+ bias) (+ scale * (x @ lora_a) @ lora_b); kernel [in, out], stored
+    in `param_dtype`, used in `dtype`.
+
+    `rl_models.lora` may quantize the kernel (`kernel` then holds integer values and
+    `kernel_scale` their scales, `qtype` says which code) and add low-rank adapters
+    (`lora_a` [in, r], `lora_b` [r, out], both `nnx.LoRAParam`).
+    """
 
     def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool,
                  dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs):
@@ -61,12 +68,39 @@ class Linear(nnx.Module):
         self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes)
         self.bias = param(jnp.zeros((out_features,), param_dtype), axes[1:]) if use_bias else None
         self.dtype = dtype
+        # data slots (not static attributes), so rl_models.lora can fill them in later
+        self.kernel_scale: nnx.Param | None = nnx.data(None)
+        self.qtype: str | None = None
+        self.lora_a: nnx.LoRAParam | None = nnx.data(None)
+        self.lora_b: nnx.LoRAParam | None = nnx.data(None)
+        self.lora_scale = 0.0
+
+    def weight(self) -> jax.Array:
+        """The kernel [in, out] in the compute dtype (dequantized when it is stored quantized)."""
+        if self.kernel_scale is None or self.qtype is None:
+            return self.kernel[...].astype(self.dtype)
+        return dequantize(self.kernel[...], self.kernel_scale[...], self.qtype).astype(self.dtype)
+
+    def adapter(self, x2: jax.Array) -> jax.Array | None:
+        """The adapters' term scale * (x2 @ A) @ B [N, out] for inputs x2 [N, in]; None without adapters.
+
+        With B = 0 (fresh adapters) the term is exactly zero, so the output is the base's bit for bit.
+        """
+        if self.lora_a is None or self.lora_b is None:
+            return None
+        a, b = self.lora_a[...].astype(self.dtype), self.lora_b[...].astype(self.dtype)
+        return ((x2 @ a) @ b) * jnp.asarray(self.lora_scale, self.dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # One 2-D matmul over all leading dims: on CPU, XLA then computes the weight
         # gradient without transposing the [..., out] activations (~30% of a train step).
-        w = self.kernel[...].astype(self.dtype)
-        y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+        w = self.weight()
+        x2 = x.reshape(-1, x.shape[-1])
+        y = x2 @ w
+        delta = self.adapter(x2)
+        if delta is not None:
+            y = y + delta
+        y = y.reshape(*x.shape[:-1], w.shape[-1])
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -75,13 +109,21 @@ class Linear(nnx.Module):
 def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
     """The outputs of several Linears on the same input, concatenated on the last
     axis, from ONE matmul over their concatenated kernels (the parameters stay
-    separate)."""
-    w = jnp.concatenate([lin.kernel[...].astype(lin.dtype) for lin in layers], axis=1)
-    y = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+    separate); adapters add their own low-rank terms."""
+    w = jnp.concatenate([lin.weight() for lin in layers], axis=1)
+    x2 = x.reshape(-1, x.shape[-1])
+    y = x2 @ w
+    deltas = [lin.adapter(x2) for lin in layers]
+    if any(d is not None for d in deltas):
+        y = y + jnp.concatenate([
+            d if d is not None else jnp.zeros((x2.shape[0], lin.kernel.shape[-1]), y.dtype)
+            for d, lin in zip(deltas, layers, strict=True)
+        ], axis=1)
+    y = y.reshape(*x.shape[:-1], w.shape[-1])
     if any(lin.bias is not None for lin in layers):
         y = y + jnp.concatenate([
             lin.bias[...].astype(y.dtype) if lin.bias is not None
-            else jnp.zeros((lin.kernel.shape[1],), y.dtype)
+            else jnp.zeros((lin.kernel.shape[-1],), y.dtype)
             for lin in layers
         ])
     return y
@@ -245,7 +287,7 @@ class MLP(nnx.Module):
         if x.shape[1] != 1:
             return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = _fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
-        f = self.gate_proj.kernel.shape[1]
+        f = self.gate_proj.kernel.shape[-1]
         return self.down_proj(jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:])
 
 
@@ -373,6 +415,8 @@ class Transformer(nnx.Module):
             w = self.embed[...].astype(dtype)
             return jnp.einsum("...d,vd->...v", hidden.astype(dtype), w,
                               preferred_element_type=jnp.float32)
+        if self.lm_head.lora_a is not None or self.lm_head.kernel_scale is not None:
+            return self.lm_head(hidden.astype(dtype)).astype(jnp.float32)  # adapted or quantized unembedding
         w = self.lm_head.kernel[...].astype(dtype)
         return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w,
                           preferred_element_type=jnp.float32)
