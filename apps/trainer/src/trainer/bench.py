@@ -283,13 +283,17 @@ def run_bench(
     output: Path | None = None,
     algo: str = "grpo",
     model: str | None = None,
+    overrides: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark; print a table, write JSON to `output` (if given) and return the results.
 
     `model` (a local Hugging Face folder) replaces the preset's model and
     tokenizer with a real architecture; the batch shape stays the preset's.
+    `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`).
     """
+    if any(not o.startswith("model.") for o in overrides):
+        raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8)")
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:
@@ -313,6 +317,7 @@ def run_bench(
             f"algorithm.group_size={p.group_size}",
             "algorithm.beta=0.0",
             "eval.every_steps=0",
+            *overrides,
         ],
     )
     task = settings.task.build()
@@ -329,7 +334,11 @@ def run_bench(
     log(f"bench {preset} ({algo}): {description}")
     if model:
         log(f"model: {model} ({type(tokenizer).__name__}, vocabulary {tokenizer.vocab_size})")
+    policy = build.adapted(settings, policy)
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
+    memory = resident_memory(learner)
+    log(f"trainable parameters {memory['trainable_parameters']:,}; per device: trained {memory['trained_bytes']:,} B, "
+        f"optimizer state {memory['optimizer_state_bytes']:,} B, frozen base {memory['frozen_bytes']:,} B")
     recorder = _Recorder(learner, cfg)
 
     sizes = ", ".join(f"{n}^2" for n in p.matmul_sizes)
@@ -378,6 +387,10 @@ def run_bench(
         prefill=prefill,
         decode=decode,
     )
+    lora = settings.model.lora
+    results["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
+                       "quantize": settings.model.quantize} if lora.rank else None
+    results["memory"] = memory
     print_table(results)
     if output is not None:
         output = Path(output)
@@ -393,7 +406,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     tokens, mask = learner.encode_prompts(prompts)
     prefill_sampler = Sampler(
         learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id,
-        mesh=learner.mesh, param_shardings=learner.param_shardings,
+        mesh=learner.mesh, param_shardings=learner.policy_shardings,
     )
     rows = mesh_lib.rows(learner.mesh)  # the input layout of the rollout
     tokens_d, mask_d = jax.device_put(tokens, rows), jax.device_put(mask, rows)
@@ -402,10 +415,10 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     n = p.group_size
 
     def run_full():
-        return jax.block_until_ready(learner.sampler(learner.params, tokens_d, mask_d, key, sampling, n))
+        return jax.block_until_ready(learner.sampler(learner.policy_params(), tokens_d, mask_d, key, sampling, n))
 
     def run_prefill():
-        return jax.block_until_ready(prefill_sampler(learner.params, tokens_d, mask_d, key, sampling, n))
+        return jax.block_until_ready(prefill_sampler(learner.policy_params(), tokens_d, mask_d, key, sampling, n))
 
     out = run_full()
     run_prefill()
@@ -532,6 +545,21 @@ def _summarise(
         "mfu_step": phases["step"]["mfu"],
         "mfu_step_mean": phases["step"]["model_flops"] / phases["step"]["mean_seconds"] / peak_rate,
         "compile_count": compiles,
+    }
+
+
+def resident_memory(learner: Any) -> dict[str, int]:
+    """Trainable parameter count and the bytes each device holds of the trained parameters,
+    their optimizer state and the frozen base (a LoRA run's adapters vs its base)."""
+
+    def per_device(tree: Any) -> int:
+        return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards"))
+
+    return {
+        "trainable_parameters": sum(int(x.size) for x in jax.tree.leaves(learner.params)),
+        "trained_bytes": per_device(learner.params),
+        "optimizer_state_bytes": per_device(learner.opt_state),
+        "frozen_bytes": per_device(learner.frozen),
     }
 
 

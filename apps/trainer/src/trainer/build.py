@@ -28,6 +28,7 @@ from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
 from rl_models.hf import load_hf_model, load_hf_tokenizer
+from rl_models.lora import add_adapters, quantize_base
 
 from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
@@ -39,9 +40,12 @@ def base_policy_key(settings: RunSettings) -> str:
     """A short hash of the settings that determine the base policy."""
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
+    model = settings.model.to_dict()
+    for key in ("lora", "quantize"):  # applied after the warm start: LoRA and full runs share one base
+        model.pop(key)
     relevant = {
         "task": settings.task.to_dict(),
-        "model": settings.model.to_dict(),
+        "model": model,
         "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
@@ -82,6 +86,20 @@ def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Tra
     shardings = mesh_lib.param_shardings(abstract, device_mesh)
     state = jax.jit(lambda: nnx.state(Transformer(config, rngs=nnx.Rngs(seed))), out_shardings=shardings)()
     return nnx.merge(graphdef, state)
+
+
+def adapted(settings: RunSettings, policy: Transformer) -> Transformer:
+    """`policy` (the base, warm-started) with its block kernels quantized (`model.quantize`) and
+    LoRA adapters added (`model.lora.rank` > 0), in place; unchanged when LoRA is off."""
+    lora = settings.model.lora
+    if not lora.rank:
+        return policy
+    if settings.model.quantize:
+        quantize_base(policy, settings.model.quantize)
+    try:
+        return add_adapters(policy, rank=lora.rank, alpha=lora.alpha, targets=lora.targets, seed=settings.model.seed)
+    except ValueError as e:
+        raise ConfigError(f"LoraSettings.targets = {list(lora.targets)!r}: {e}") from None
 
 
 def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:
@@ -163,7 +181,7 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
     prompts = heldout(task, settings)
 
     def run(learner: RLLearner) -> dict[str, float]:
-        return evaluate(learner.sampler, learner.params, learner.tokenizer, task, prompts, pass_k=0)
+        return evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0)
 
     return run
 

@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
     o.add_argument("--out", type=Path, required=True, metavar="HF_DIR", help="folder to write")
     o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    o.add_argument("--adapter", action="store_true",
+                   help="a LoRA run's adapters alone, in the PEFT layout (default: the merged model)")
 
     b = sub.add_parser(
         "bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation", epilog=SETTINGS_HINT
@@ -74,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--output", type=Path, default=Path("runs/bench.json"), help="JSON output file")
     b.add_argument("--algo", default="grpo", help="algorithm to benchmark (default grpo)")
     b.add_argument("--model", metavar="DIR", help="a local Hugging Face folder instead of the preset's model")
+    b.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="model settings, e.g. model.lora.rank=8 model.quantize=int8 (a LoRA run)")
 
     pl = sub.add_parser("plan", help="per-device memory of a run, from its compiled programs (no weights loaded)")
     pl.add_argument("--model", metavar="DIR", help="a Hugging Face folder (only config.json is read)")
@@ -114,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse fills a `nargs="*"` positional from one run of arguments only, so in
     # `compare grpo dapo --output DIR a.b=1` the overrides after the option are left over
-    if extra and args.command in ("train", "compare", "plan") and not any(x.startswith("-") for x in extra):
-        if args.command in ("train", "plan"):
+    if extra and args.command in ("train", "compare", "plan", "bench") and not any(x.startswith("-") for x in extra):
+        if args.command in ("train", "plan", "bench"):
             args.overrides += extra
         else:
             args.algos += extra
@@ -201,14 +205,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from trainer.export import export_run
 
-    print(json.dumps(export_run(args.run, args.out, step=args.step), indent=2))
+    print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter), indent=2))
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from trainer.bench import run_bench
 
-    run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model)
+    run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,
+              overrides=args.overrides)
     return 0
 
 

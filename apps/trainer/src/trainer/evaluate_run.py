@@ -34,7 +34,7 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
     prompts = build.heldout(run.task, settings)
     metrics = evaluate(
         run.learner.sampler,
-        run.params,
+        run.policy_params,
         run.tokenizer,
         run.task,
         prompts,

@@ -11,6 +11,12 @@ a simple analytic count from the parameter shapes and the mesh rules.
 Compiled on XLA:CPU, the temporary sizes (activations, KV cache) are those of
 the CPU's fusion decisions; on GPU and TPU they differ somewhat, the
 parameter, optimizer and cache arrays not at all.
+
+A LoRA run (`model.lora.rank` > 0) trains only its adapters: the optimizer
+state is theirs, the base is frozen in its storage dtype (or quantized with
+`model.quantize`), and the reference policy is the same base with the adapters
+off, so the reference copy a full run keeps (with beta > 0) does not exist;
+the table states how much that saves.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Plan:
     mesh: dict[str, int]
     parameters: int
     """Total parameter count."""
+    trainable: int
+    """Parameters that train (the adapters of a LoRA run; else every parameter)."""
     compiled: dict[str, int]
     analytic: dict[str, int]
     device_memory_bytes: int
@@ -54,7 +62,7 @@ class Plan:
     def peak_bytes(self) -> int:
         """Resident state plus the largest program's temporaries (programs run one at a time)."""
         c = self.compiled
-        resident = c["parameters_and_optimizer_state"] + c["reference"]
+        resident = c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"]
         return resident + max(c["update_temporaries"], c["rollout_temporaries"], c["reference_temporaries"])
 
     @property
@@ -70,6 +78,7 @@ class Plan:
             ("parameters (float32) + optimizer state", c["parameters_and_optimizer_state"],
              a["parameters"] + a["optimizer_state"]),
             ("  of which parameters (analytic)", None, a["parameters"]),
+            ("frozen base (LoRA)", c["frozen_base"], a["frozen_base"]),
             ("reference model", c["reference"], a["reference"]),
             ("gradients + update activations", c["update_temporaries"], a["gradients"] + a["activations"]),
             ("  of which gradients (analytic)", None, a["gradients"]),
@@ -78,8 +87,10 @@ class Plan:
             ("reference log-prob pass temporaries", c["reference_temporaries"], None),
         ]
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+        lora = self.trainable != self.parameters
+        trained = f"; {self.trainable:,} trainable ({self.trainable / self.parameters:.2%}, LoRA)" if lora else ""
         lines = [
-            f"{self.model}: {self.parameters / 1e9:.2f}B parameters on mesh {mesh}",
+            f"{self.model}: {self.parameters / 1e9:.2f}B parameters{trained} on mesh {mesh}",
             f"{'per device (GiB)':42s} {'compiled':>9s} {'analytic':>9s}",
         ]
         for name, compiled, analytic in rows:
@@ -89,6 +100,9 @@ class Plan:
             )
         verdict = "fits" if self.fits else "does NOT fit"
         lines.append(f"{'peak (resident + largest program)':42s} {gib(self.peak_bytes)}")
+        if lora and a["reference_saved"]:
+            lines.append(f"reference = the frozen base with adapters off: no second copy of the weights "
+                         f"(saves {a['reference_saved'] / GIB:.2f} GiB per device)")
         lines.append(f"{verdict} in {self.device_memory_bytes / GIB:.0f} GiB per device")
         return "\n".join(lines)
 
@@ -108,7 +122,9 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     from rl_core.optim import make_optimizer
     from rl_core.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
+    from rl_core import frozen as frozen_lib
     from rl_models.hf import load_hf_config
+    from rl_models.lora import add_adapters, quantize_base
 
     m = settings.model
     if m.path:
@@ -117,9 +133,20 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
         config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, dtype=m.dtype, param_dtype=m.param_dtype,
                         remat=m.remat)
     mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    lora = m.lora
+
+    def build():
+        model = Transformer(config, rngs=nnx.Rngs(0))
+        if lora.rank and m.quantize:
+            quantize_base(model, m.quantize)
+        return add_adapters(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets) if lora.rank else model
+
+    graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(nnx.eval_shape(build))
     shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
+    frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen_abstract, mesh))
     shapes = nnx.to_pure_dict(abstract)
+    frozen = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nnx.to_pure_dict(frozen_abstract), frozen_shardings)
 
     def like(dtype):
         return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shardings)
@@ -147,15 +174,15 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
         return (stacked(n, p_len, jnp.int32), stacked(n, p_len, jnp.float32), stacked(n, t_len, jnp.int32),
                 stacked(n, t_len, jnp.float32), jax.ShapeDtypeStruct((n, micro), jnp.float32, sharding=rows))
 
-    def micro_loss(params, xs):
+    def micro_loss(params, frozen, xs):
         prompt, prompt_mask, completion, mask, adv = xs
-        logp, _ = completion_logprobs(nnx.merge(graphdef, params), prompt, prompt_mask, completion,
+        logp, _ = completion_logprobs(nnx.merge(graphdef, params, frozen), prompt, prompt_mask, completion,
                                       chunk_tokens=rollout.logprob_chunk_tokens)
         return jnp.sum(-adv[:, None] * logp * mask)
 
-    def update(params, opt_state, xs):
+    def update(params, opt_state, frozen, xs):
         def body(acc, x):
-            g = jax.grad(micro_loss)(params, x)
+            g = jax.grad(micro_loss)(params, frozen, x)
             return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -165,23 +192,25 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
         return optax.apply_updates(params, updates), opt_state
 
     update_c = jax.jit(
-        update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
+        update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
         out_shardings=(shardings, opt_shardings),
-    ).lower(master, opt_abstract, micro_inputs(n_micro)).compile().memory_analysis()
+    ).lower(master, opt_abstract, frozen, micro_inputs(n_micro)).compile().memory_analysis()
 
-    def reference(params, xs):
-        return jax.lax.map(lambda x: micro_loss(params, x), xs)
+    def reference(params, frozen, xs):
+        return jax.lax.map(lambda x: micro_loss(params, frozen, x), xs)
 
-    ref_c = jax.jit(reference, in_shardings=(shardings, rows), out_shardings=whole).lower(
-        stored, micro_inputs(batch // micro)
+    # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
+    ref_c = jax.jit(reference, in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole).lower(
+        master if lora.rank else stored, frozen, micro_inputs(batch // micro)
     ).compile().memory_analysis()
 
-    sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh, param_shardings=shardings)
+    sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
+                      param_shardings=frozen_lib.join(shardings, frozen_shardings))
     ways = mesh_lib.batch_devices(mesh)
     u = training.prompts_per_step
     prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
     rollout_c = sampler._jit(u % ways == 0, batch % ways == 0).lower(
-        master, prompts, jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0),
+        frozen_lib.join(master, frozen), prompts, jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0),
         SamplingParams.from_rollout(rollout), group,
     ).compile().memory_analysis()
 
@@ -195,7 +224,17 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     params_b = per_device(master)
     opt_b = per_device(jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                     opt_abstract, opt_shardings))
-    ref_b = per_device(stored) if getattr(algo, "beta", 0.0) else 0
+    frozen_b = per_device(frozen)
+    beta = getattr(algo, "beta", 0.0)
+    ref_b = per_device(master if lora.rank else stored) if beta else 0
+    # what a full run's reference copy would take: the whole model in its storage dtype
+    whole_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    full_stored = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.dtype(config.param_dtype), sharding=sh),
+        nnx.to_pure_dict(nnx.state(whole_model, nnx.Param)),
+        nnx.to_pure_dict(mesh_lib.param_shardings(nnx.state(whole_model, nnx.Param), mesh)),
+    )
+    saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     cbytes = jnp.dtype(config.dtype).itemsize
     seq = p_len + t_len
     kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
@@ -216,8 +255,9 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
     compiled = {
         # the programs' arguments less their (small) batch inputs
-        "parameters_and_optimizer_state": update_c.argument_size_in_bytes - update_batch_b,
-        "reference": ref_c.argument_size_in_bytes - ref_batch_b if ref_b else 0,
+        "parameters_and_optimizer_state": update_c.argument_size_in_bytes - update_batch_b - frozen_b,
+        "frozen_base": frozen_b,  # an argument of every program, counted once
+        "reference": ref_c.argument_size_in_bytes - ref_batch_b - frozen_b if ref_b else 0,
         "update_temporaries": update_c.temp_size_in_bytes,
         "rollout_temporaries": rollout_c.temp_size_in_bytes + rollout_c.output_size_in_bytes,
         "reference_temporaries": ref_c.temp_size_in_bytes if ref_b else 0,
@@ -225,11 +265,14 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     analytic = {
         "parameters": params_b,
         "optimizer_state": opt_b,
+        "frozen_base": frozen_b,
         "reference": ref_b,
+        "reference_saved": saved_b,
         "gradients": params_b,
         "kv_cache": kv_b,
         "activations": config.num_layers * per_layer,
     }
-    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+    trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+    count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
-    return Plan(str(name), dict(mesh.shape), count, compiled, analytic, int(device_memory_gb * GIB))
+    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, int(device_memory_gb * GIB))

@@ -35,7 +35,7 @@ def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dic
     """Greedy accuracy, pass@k and lengths on the held-out set."""
     return evaluate(
         learner.sampler,
-        learner.params,
+        learner.policy_params(),
         learner.tokenizer,
         task,
         build.heldout(task, settings),
@@ -54,6 +54,7 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     """
     what = {
         "base": build.base_policy_key(settings),
+        "quantize": settings.model.quantize,  # a quantized base answers differently
         "eval": settings.eval.to_dict(),
         # the evaluation seeds its own sampling: runs that differ only in rollout.seed share it
         "rollout": {k: v for k, v in settings.rollout.to_dict().items() if k != "seed"},
@@ -123,6 +124,7 @@ def train_run(
     try:
         _write_config(run_dir, settings)
         policy = build.base_policy(settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress)
+        policy = build.adapted(settings, policy)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     except Exception:
         _remove_new(run_dir, there)  # a failed start leaves no half-made run folder

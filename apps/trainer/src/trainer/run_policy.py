@@ -4,6 +4,10 @@ The run folder's `config.yaml` rebuilds the task, tokenizer and model; the
 learner is built only for the shape of its checkpointed state (params,
 optimizer state, RNG), which the checkpoint then fills. The run folder is only
 read: no metrics, event files or checkpoints are written.
+
+A LoRA run's checkpoints hold only the adapters: its base is rebuilt as the run
+built it, from the model folder or the cached warm start (`base-policy-*` in the
+run folder, or in the comparison folder two levels up).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from flax import nnx
 from rl_core.checkpoint import Checkpointer
 from rl_core.learner import RLLearner
 from rl_core.tokens import Tokenizer
@@ -28,7 +33,17 @@ class RunPolicy(NamedTuple):
     learner: RLLearner
     """Built for its sampler and graph; its own parameters are fresh, not the checkpoint's."""
     params: Any
-    """The checkpoint's parameters (a dict of arrays, as nnx.merge takes them)."""
+    """The checkpoint's trained parameters (a dict of arrays; the adapters of a LoRA run)."""
+
+    @property
+    def policy_params(self) -> Any:
+        """The whole policy: the checkpoint's parameters joined with the frozen base (if any)."""
+        return self.learner.policy_params(self.params)
+
+    @property
+    def model(self) -> Any:
+        """The policy at the checkpoint as an NNX module."""
+        return nnx.merge(self.learner.graphdef, self.params, self.learner.frozen)
     step: int
 
 
@@ -54,9 +69,12 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log=lambda _: None)  # the prompts the run itself used
     # output_dir=None keeps the learner from opening a metrics file, an event file or a checkpoint manager
-    learner = build.learner(
-        settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False
-    )
+    policy = build.new_model(settings, tokenizer)
+    if settings.model.lora.rank:  # the checkpoint holds adapters only: rebuild the frozen base
+        cache = next((d for d in (run_dir, run_dir.parent, run_dir.parent.parent)
+                      if (d / f"base-policy-{build.base_policy_key(settings)}").exists()), None)
+        policy = build.adapted(settings, build.base_policy(settings, task, tokenizer, policy, cache, log=lambda _: None))
+    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
     checkpointer = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may still be saving
     try:
         like = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}

@@ -53,6 +53,31 @@ class TaskSettings(Config):
             raise ConfigError(f"TaskSettings.options = {self.options!r}: {e}") from None
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANTIZE = ("int8", "int4", "nf4")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoraSettings(Config):
+    rank: int = 0
+    """Rank r of the low-rank adapters; 0 = no LoRA (every parameter trains)."""
+    alpha: float = 16.0
+    """Adapter scale numerator: a projection adds (alpha / rank) * x A B (PEFT's lora_alpha)."""
+    targets: tuple[str, ...] = LORA_TARGETS
+    """Projections that get adapters, matched against module paths by whole path components
+    (regular expressions, e.g. [q_proj, v_proj] or ["mlp/.*"]); default: attention q/k/v/o and MLP."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(isinstance(self.rank, int) and not isinstance(self.rank, bool) and self.rank >= 0, self, "rank",
+              "must be an int >= 0 (0 turns LoRA off)")
+        check(self.alpha > 0, self, "alpha", "must be > 0")
+        check(isinstance(self.targets, (list, tuple)) and len(self.targets) > 0
+              and all(isinstance(t, str) and t for t in self.targets), self, "targets",
+              "must be a non-empty list of module-path patterns, e.g. [q_proj, v_proj]")
+        object.__setattr__(self, "targets", tuple(self.targets))  # YAML gives a list; frozen configs hold tuples
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSettings(Config):
     path: str | None = None
@@ -68,9 +93,16 @@ class ModelSettings(Config):
     always updates float32 master weights with float32 optimizer state."""
     remat: bool = False
     """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+    """Low-rank adapters: with lora.rank > 0 only they train; the base is frozen."""
+    quantize: str | None = None
+    """Store the frozen base's block projections as int8, int4 or nf4 (QLoRA; needs lora.rank > 0)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.quantize is None or self.quantize in QUANTIZE, self, "quantize", f"must be null or one of {QUANTIZE}")
+        check(self.quantize is None or self.lora.rank > 0, self, "quantize",
+              "quantizes the frozen base of a LoRA run: set model.lora.rank > 0 too")
         for name in ("dtype", "param_dtype"):
             check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")

@@ -150,7 +150,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # already sit in their shardings (the trainer builds them so) copies nothing.
         self.frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, self.mesh))
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
-        policy_shardings = frozen_lib.join(self.param_shardings, self.frozen_shardings)
+        self.policy_shardings = frozen_lib.join(self.param_shardings, self.frozen_shardings)
         # Float32 master weights (the policy casts them to its compute dtype where used),
         # copied inside one program that writes each shard where it belongs.
         self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
@@ -173,7 +173,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         self.sampler = Sampler(
             self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
-            mesh=self.mesh, param_shardings=policy_shardings,
+            mesh=self.mesh, param_shardings=self.policy_shardings,
         )
         whole = mesh_lib.replicated(self.mesh)
         self._update = jax.jit(

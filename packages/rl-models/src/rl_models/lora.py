@@ -35,7 +35,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 def linears(model: Transformer) -> dict[str, Linear]:
     """Every Linear by module path, e.g. "layers/attn/q_proj" (the stacked blocks) or "lm_head"."""
-    return {"/".join(map(str, path)): m for path, m in model.iter_modules() if isinstance(m, Linear)}
+    return {"/".join(map(str, path)): m for path, m in nnx.iter_modules(model) if isinstance(m, Linear)}
 
 
 def targeted(model: Transformer, targets: Sequence[str]) -> dict[str, Linear]:

@@ -20,6 +20,7 @@ from rl_models.hf.config import (
 )
 from rl_models.hf.char_files import write_char_tokenizer
 from rl_models.hf.export import export_hf
+from rl_models.hf.peft import export_peft
 from rl_models.hf.tokenizer import HFTokenizer
 from rl_models.hf.weights import load_params
 from rl_models.config import TransformerConfig
@@ -59,6 +60,7 @@ __all__ = [
     "HFFolderError",
     "HFTokenizer",
     "export_hf",
+    "export_peft",
     "hf_config_from_transformer_config",
     "load_hf_config",
     "load_hf_model",

@@ -1,0 +1,140 @@
+"""LoRA adapters and the quantized base on the Transformer (rl_models.lora, rl_models.quant).
+
+Model-level facts; the learner's (only adapters train, the base stays bit-identical,
+the reference is the base) are in tests/algos/test_algo_lora_learner.py.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+from rl_models import Transformer, TransformerConfig
+from rl_models.hf import export_hf, export_peft, load_hf_model
+from rl_models.lora import DEFAULT_TARGETS, adapter_count, add_adapters, merge_adapters, quantize_base, targeted
+
+V = 32
+TOKENS = jnp.array([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6]], jnp.int32)
+
+
+def tiny(**overrides) -> Transformer:
+    return Transformer(TransformerConfig.tiny(V, **overrides), rngs=nnx.Rngs(0))
+
+
+def logits(model: Transformer, tokens: jax.Array = TOKENS) -> np.ndarray:
+    b, n = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(n), (b, n))
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
+    hidden, _ = model(tokens, positions, causal)
+    return np.asarray(model.logits(hidden))
+
+
+def nudged(model: Transformer, amount: float = 0.05) -> Transformer:
+    """`model` with every adapter entry moved by a fixed pattern (B != 0: the adapters act)."""
+    graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
+    moved = jax.tree.map(lambda x: x + amount * jnp.cos(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape),
+                         nnx.to_pure_dict(adapters))
+    return nnx.merge(graphdef, moved, rest)
+
+
+def test_trainable_count_is_the_analytic_count():
+    # tiny: D=64, 4 heads of 16 (q/o 64 -> 64), 2 KV heads (k/v 64 -> 32), MLP 128, 2 layers.
+    # rank r adds r * (in + out) per projection and layer:
+    #   q 8*(64+64)=1024, k 8*(64+32)=768, v 768, o 1024, gate/up/down 8*(64+128)=1536 each
+    #   = 8192 per layer, 16,384 for two layers.
+    model = add_adapters(tiny(), rank=8, alpha=16.0)
+    assert adapter_count(model) == 16_384
+    # only q and v (the LoRA paper's choice): (1024 + 768) * 2 layers
+    assert adapter_count(add_adapters(tiny(), rank=8, alpha=16.0, targets=["q_proj", "v_proj"])) == 3_584
+    shapes = jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam)))
+    assert shapes["layers"]["attn"]["k_proj"] == {"lora_a": (2, 64, 8), "lora_b": (2, 8, 32)}  # stacked like the kernels
+
+
+def test_targets_match_whole_path_components_and_typos_fail():
+    model = tiny()
+    assert list(targeted(model, ["mlp/.*"])) == ["layers/mlp/down_proj", "layers/mlp/gate_proj", "layers/mlp/up_proj"]
+    assert len(targeted(model, DEFAULT_TARGETS)) == 7
+    with pytest.raises(ValueError, match="'q_prj' matches no projection.*layers/attn/q_proj"):
+        add_adapters(model, rank=4, alpha=8.0, targets=["q_prj"])
+    with pytest.raises(ValueError, match="matches no projection"):
+        targeted(model, ["proj"])  # a part of a name is not a component
+
+
+def test_fresh_adapters_change_nothing_bit_for_bit():
+    base = logits(tiny())
+    adapted = add_adapters(tiny(), rank=8, alpha=16.0)
+    np.testing.assert_array_equal(logits(adapted), base)  # B = 0: the term is exactly 0
+    assert not np.array_equal(logits(nudged(adapted)), base)  # and it is on the path
+
+
+def test_decoding_with_the_cache_applies_adapters_like_the_full_forward():
+    """The one-token decoding path fuses q/k/v and gate/up into one matmul; adapters must
+    still add their terms there (else the sampler would run without them)."""
+    model = nudged(add_adapters(tiny(), rank=4, alpha=8.0))
+    full = logits(model)
+    b, n = TOKENS.shape
+    cache = model.init_cache(b, n)
+    steps = []
+    for t in range(n):
+        mask = jnp.broadcast_to(jnp.arange(n)[None, None, :] <= t, (b, 1, n))
+        hidden, cache = model(TOKENS[:, t : t + 1], jnp.full((b, 1), t), mask, cache, t)
+        steps.append(np.asarray(model.logits(hidden))[:, 0])
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
+
+
+def test_merged_model_exports_and_reloads_with_the_adapted_logits(tmp_path):
+    model = nudged(add_adapters(tiny(attention_bias=True), rank=8, alpha=16.0))
+    merged = merge_adapters(model)
+    assert not jax.tree.leaves(nnx.state(merged, nnx.LoRAParam))
+    reloaded = load_hf_model(export_hf(merged, tmp_path / "hf"))
+    np.testing.assert_allclose(logits(reloaded), logits(model), atol=1e-5)
+
+
+def test_peft_adapter_has_peft_names_shapes_and_scale(tmp_path):
+    model = nudged(add_adapters(tiny(), rank=4, alpha=8.0, targets=["q_proj", "k_proj", "down_proj"]))
+    out = export_peft(model, tmp_path / "adapter", base_model_name_or_path="/data/base")
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 8.0, "/data/base")
+    assert config["target_modules"] == ["down_proj", "k_proj", "q_proj"]
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    assert len(tensors) == 2 * 3 * 2  # A and B, three projections, two layers
+    # PEFT stores lora_A [r, in] and lora_B [out, r]
+    assert tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (4, 64)
+    assert tensors["base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"].shape == (32, 4)
+    assert tensors["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"].shape == (4, 128)
+    assert tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"].shape == (64, 4)
+    # PEFT's delta W^T = (alpha / r) B_peft A_peft equals the adapter's (alpha / r) (A B)^T, layer 1
+    lin = model.layers.mlp.down_proj
+    stem = "base_model.model.model.layers.1.mlp.down_proj"
+    peft_delta = 2.0 * tensors[f"{stem}.lora_B.weight"] @ tensors[f"{stem}.lora_A.weight"]
+    ours = 2.0 * np.asarray(lin.lora_a[...][1]) @ np.asarray(lin.lora_b[...][1])
+    np.testing.assert_allclose(peft_delta, ours.T, rtol=1e-6, atol=1e-7)
+
+
+# Max |logit difference| from full precision on TOKENS (logits up to about 2.5 in size):
+# measured 0.046 (int8), 0.78 (int4), 0.65 (NF4) for these random weights, whose values
+# are far from the bell shape NF4 is made for. The bounds leave room for other draws.
+QLORA_TOLERANCE = {"int8": 0.1, "int4": 1.5, "nf4": 1.5}
+
+
+@pytest.mark.parametrize("qtype", sorted(QLORA_TOLERANCE))
+def test_quantized_base_stays_within_tolerance(qtype):
+    base = logits(tiny())
+    model = quantize_base(tiny(), qtype)
+    kernel = model.layers.mlp.up_proj.kernel
+    assert kernel[...].dtype == {"int8": jnp.int8, "int4": jnp.int4, "nf4": jnp.uint4}[qtype]
+    diff = np.abs(logits(model) - base).max()
+    assert 0 < diff <= QLORA_TOLERANCE[qtype]
+    assert np.abs(base).max() > 1.0  # the logits are not so small that any error would pass
+
+
+def test_qlora_adapters_on_a_quantized_base_merge_into_a_plain_model(tmp_path):
+    model = nudged(add_adapters(quantize_base(tiny(), "int8"), rank=4, alpha=8.0))
+    merged = merge_adapters(model)  # dequantized W + (alpha / r) A B, float32
+    assert merged.layers.attn.q_proj.kernel[...].dtype == jnp.float32
+    np.testing.assert_allclose(logits(merged), logits(model), atol=1e-5)
