@@ -50,3 +50,19 @@ def run(algo: str, base_cache, tmp_path, seed: int = 0) -> tuple[float, float]:
     before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
     print(f"{algo} (rollout seed {seed}): held-out accuracy {before:.3f} -> {after:.3f}")
     return before, after
+
+
+@pytest.mark.slow
+def test_lora_rank_8_raises_heldout_greedy_accuracy(base_cache, tmp_path):
+    """GRPO training only rank-8 adapters (alpha 16, every projection: 16,384 of the tiny
+    model's 86,720 weights) on the same cached base, 150 steps at lr 5e-3 with cosine decay.
+    A constant 5e-3 rose by 17 points in 100 steps and then wobbled; 1e-2 reached +15 at
+    step 50 and fell back; 2e-2 collapsed to 0 accuracy."""
+    overrides = ["training.num_steps=150", "model.lora.rank=8", "training.learning_rate=5e-3",
+                 "training.lr_schedule=cosine"]
+    settings = build_settings(algo="grpo", overrides=[*STEPS, *overrides])
+    summary = train_run(settings, tmp_path / "lora", progress=False, log=lambda _: None, base_cache=base_cache)
+    before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
+    print(f"grpo lora rank 8: held-out accuracy {before:.3f} -> {after:.3f}")
+    assert 0.2 < before < 0.7
+    assert after >= before + 0.15, (before, after)
