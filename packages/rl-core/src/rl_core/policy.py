@@ -4,7 +4,8 @@ Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab.
 
 A policy is a Flax NNX module whose state is all `nnx.Param` (so that
 `nnx.split(model)` gives (graphdef, params) and optax can update params
-directly). rl_core never imports a model package.
+directly). When some of them are `nnx.LoRAParam` (adapters), only those train and
+the rest is a frozen base (see `rl_core.frozen`). rl_core never imports a model package.
 """
 
 from __future__ import annotations

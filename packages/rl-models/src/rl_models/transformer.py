@@ -11,7 +11,9 @@ run under `lax.scan`, so a program's size does not grow with depth. The KV cache
 is a plain pair (k, v), each [layers, B, K, S, Dh] (head-major), that callers pass
 in and get back, so a jitted sampler can thread it through `lax.while_loop`.
 The model adds no implicit causal mask: the caller's `attention_mask` is the
-whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]).
+whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]). `rl_models.lora`
+can give projections low-rank adapters (`nnx.LoRAParam`) and store their kernels
+quantized; `Linear` applies both.
 """
 
 from __future__ import annotations
