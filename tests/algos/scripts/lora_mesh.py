@@ -7,7 +7,6 @@ and, on an fsdp=4 x tensor=2 mesh, the shard shapes of the frozen base kernels.
 """
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -16,7 +15,6 @@ from flax import nnx
 import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core import mesh as mesh_lib
-from rl_core.compiles import use_persistent_cache
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_models import CharTokenizer, Transformer, TransformerConfig
@@ -52,9 +50,6 @@ def leaves(tree) -> list[np.ndarray]:
 
 
 def main() -> None:
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # the suite's cache: write it as its owner does
-        # (JAX alone would write entries without the access times the owner's eviction reads)
-        use_persistent_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
     devices = jax.devices()
     one = make_learner(mesh_lib.make_mesh(devices=devices[:1]))
     start, base = leaves(one.params), leaves(one.frozen)
