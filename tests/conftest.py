@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from rl_core.compiles import CACHE_MAX_BYTES, use_persistent_cache
+from rl_core.compiles import use_persistent_cache
 from rl_core.host_memory import keep_freed_memory
 
 # --- rl_core tests: faster XLA compiles ---------------------------------------------------------
@@ -17,13 +17,8 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # --- as the trainer does: compiled programs are kept on disk and shared ---------------------------
 # Tests, xdist workers and the trainer processes that tests start build many of the same programs;
 # loading one from JAX's persistent cache costs milliseconds. pytest's own cache folder holds it
-# (gitignored); subprocesses find it through the environment. An explicit setting wins.
-_CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation-cache"
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
-# Subprocesses that never call use_persistent_cache must still keep its size limit: without one,
-# JAX writes entries without their access-time files, and the next eviction here then fails.
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_MAX_BYTES))
-use_persistent_cache(os.environ["JAX_COMPILATION_CACHE_DIR"], int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+# (gitignored); subprocesses inherit the settings through the environment.
+use_persistent_cache(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation-cache")
 
 # --- as the trainer does: XLA:CPU reuses freed buffers instead of page-faulting fresh ones ----
 keep_freed_memory()

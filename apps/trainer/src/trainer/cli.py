@@ -103,14 +103,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def compilation_cache_dir() -> Path:
-    """JAX_COMPILATION_CACHE_DIR if set, else rl-variants/jax in the user's cache folder.
+def use_compilation_cache() -> None:
+    """Keep compiled programs in rl-variants/jax in the user's cache folder.
 
-    JAX_ENABLE_COMPILATION_CACHE=false turns the cache off."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "rl-variants" / "jax"
+    A JAX_COMPILATION_CACHE_DIR in the environment is the user's own JAX setup
+    (JAX reads it, with its other JAX_* settings), and is left as it is;
+    JAX_ENABLE_COMPILATION_CACHE=false turns either off.
+    """
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        use_persistent_cache(Path(base) / "rl-variants" / "jax")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
-    use_persistent_cache(compilation_cache_dir())  # later runs, seeds and resumes load their programs
+    use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
     try:
         return COMMANDS[args.command](args)
     except (

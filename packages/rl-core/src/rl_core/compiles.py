@@ -12,14 +12,15 @@ and flags) loads it instead of compiling it again.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import jax
 from jax import monitoring
 
-_COMPILED = "/jax/core/compile/backend_compile_duration"
-_LOADED = "/jax/compilation_cache/cache_hits"
+_EVENT = "/jax/core/compile/backend_compile_duration"
+"""Timed around compiling or loading from the persistent cache: every new program counts."""
 _lock = threading.Lock()
 _count = 0
 _installed = False
@@ -28,20 +29,11 @@ CACHE_MAX_BYTES = 2 * 1024**3
 """Least recently used programs are evicted beyond this size on disk."""
 
 
-def _count_one() -> None:
+def _listener(event: str, duration_secs: float, **_: object) -> None:
     global _count
-    with _lock:
-        _count += 1
-
-
-def _on_duration(event: str, duration_secs: float, **_: object) -> None:
-    if event == _COMPILED:
-        _count_one()
-
-
-def _on_event(event: str, **_: object) -> None:
-    if event == _LOADED:  # a program loaded from disk is still a new program for this process
-        _count_one()
+    if event == _EVENT:
+        with _lock:
+            _count += 1
 
 
 def install() -> None:
@@ -49,8 +41,7 @@ def install() -> None:
     global _installed
     with _lock:
         if not _installed:
-            monitoring.register_event_duration_secs_listener(_on_duration)
-            monitoring.register_event_listener(_on_event)
+            monitoring.register_event_duration_secs_listener(_listener)
             _installed = True
 
 
@@ -63,10 +54,18 @@ def use_persistent_cache(directory: str | Path, max_bytes: int = CACHE_MAX_BYTES
     """Keep every compiled program in `directory` (call before the first compile).
 
     Small programs are kept too (XLA:CPU compiles most in well under JAX's
-    default 1 s threshold). A size limit makes JAX lock the folder for reads
-    and writes, so concurrent processes never read a half-written entry.
+    default 1 s threshold). The size limit makes JAX lock the folder for reads
+    and writes, so concurrent processes never read a half-written entry, and
+    evict by access time. The same settings go into the environment, so that
+    child processes (which read them when they import jax) write entries the
+    same way: an entry written without its access-time file breaks eviction.
     """
     Path(directory).mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_compilation_cache_max_size", max_bytes)
+    settings = {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_compilation_cache_max_size": max_bytes,
+    }
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)
