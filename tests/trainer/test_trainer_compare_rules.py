@@ -10,9 +10,9 @@ from scipy import stats as scipy_stats
 from rl_core.config import ConfigError
 from trainer import compare_folder
 from trainer.cli import main
-from trainer.compare import variant_settings
+from trainer.compare import COMPARE_DEFAULTS, variant_settings
 from trainer.plots import smooth
-from trainer.settings import user_settings
+from trainer.settings import merge, parse_overrides, user_settings
 from trainer.stats import holm_adjust, mean_ci, significant, welch_p_value
 
 PLOT_NAMES = ["reward.png"]
@@ -150,3 +150,21 @@ def test_holm_adjustment_by_hand():
     assert adjusted[0] == pytest.approx(0.6) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
     # 21 pairs: the smallest p of the default compare's measured run (0.003) is 0.063 adjusted
     assert holm_adjust([0.003] + [0.5] * 20)[0] == pytest.approx(0.063) and not significant(0.063)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "mini_batch_size"),
+    [
+        ([], 64),  # 32 prompts x 8 completions = 256, four mini-batches of 64
+        (["training.prompts_per_step=2", "algorithm.group_size=4"], 2),  # 8 completions: 4 x 2
+        (["training.prompts_per_step=3", "algorithm.group_size=2"], None),  # 6 completions: kept whole
+        (["training.mini_batch_size=16"], 16),  # the user's own layout wins
+        (["training.micro_batch_size=32"], 64),  # 32 divides 64
+        (["training.prompts_per_step=4", "training.micro_batch_size=16"], None),  # 8 would not split into 16s
+    ],
+)
+def test_compare_splits_each_batch_into_four_mini_batches_unless_told_otherwise(overrides, mini_batch_size):
+    user = merge(parse_overrides(COMPARE_DEFAULTS), user_settings(None, overrides))
+    grpo, dapo = variant_settings(["grpo", "dapo"], user)
+    assert grpo.training.mini_batch_size == dapo.training.mini_batch_size == mini_batch_size
+    assert grpo.training.learning_rate == 5e-4 and grpo.training.num_steps == 150

@@ -23,22 +23,31 @@ from rl_core.config import ConfigError
 from trainer import compare_folder
 from trainer.report import PLOTS, write_report
 from trainer.run import plural, train_run
-from trainer.settings import RunSettings, merge, parse_overrides, settings_from_user, user_settings
+from trainer.settings import (
+    RunSettings,
+    completions_per_prompt,
+    merge,
+    parse_overrides,
+    settings_from_user,
+    user_settings,
+)
 
 DEFAULT_SEEDS = 3
 
 COMPARE_DEFAULTS: tuple[str, ...] = (
     "training.num_steps=150",
-    "training.mini_batch_size=64",
     "training.learning_rate=5e-4",
 )
-"""Settings every compared variant starts from, under the user's --config and overrides.
+"""Settings every compared variant starts from, under the user's --config and overrides:
+half the training default's learning rate, because each batch makes MINI_BATCHES
+optimizer steps, not one; 150 steps, so that seven variants x three seeds stay
+under ten minutes on a 2-core CPU."""
 
-Four optimizer steps per batch (256 completions, mini-batches of 64), so the
-policy moves within a batch and the ratio clipping that tells the variants
-apart engages; half the training default's learning rate because each batch
-now makes four steps, not one; 150 steps so that seven variants x three seeds
-stay under ten minutes on a 2-core CPU."""
+MINI_BATCHES = 4
+"""Unless `training.mini_batch_size` is set, each step's completions are split into
+this many mini-batches, so the policy moves within a batch and the ratio clipping
+that tells the variants apart engages (a count, not a size: it fits any
+prompts_per_step and group size; a batch it does not divide stays whole)."""
 
 REFERENCE_ALGO = "grpo"
 """The report lists, per variant, the config fields that differ from this algorithm's."""
@@ -66,7 +75,15 @@ def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
     """`user`'s settings for `algo`, keeping only the algorithm fields that `algo`'s config has."""
     fields = {f.name for f in dataclasses.fields(registry.get_algorithm(algo).config)}
     algorithm = {k: v for k, v in (user.get("algorithm") or {}).items() if k in fields}
-    return settings_from_user({**user, "algorithm": algorithm}, algo)
+    settings = settings_from_user({**user, "algorithm": algorithm}, algo)
+    if (user.get("training") or {}).get("mini_batch_size") is not None:
+        return settings
+    training = settings.training
+    completions = training.prompts_per_step * completions_per_prompt(settings.algorithm_config())
+    mini = completions // MINI_BATCHES
+    if completions % MINI_BATCHES or (training.micro_batch_size and mini % training.micro_batch_size):
+        return settings
+    return dataclasses.replace(settings, training=dataclasses.replace(training, mini_batch_size=mini))
 
 
 def with_seed(settings: RunSettings, offset: int) -> RunSettings:
