@@ -346,6 +346,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                     self.save_checkpoint()
         if self.checkpointer and self.checkpointer.latest_step() != self.step:
             self.save_checkpoint()
+        if self.checkpointer:
+            self.checkpointer.wait()  # saves run in the background: on return, every checkpoint is on disk
         return self.logger.history
 
     def train_step(self) -> dict[str, Any]:
@@ -360,6 +362,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             )
         update_start = time.perf_counter()
         results = self.update(batch.example)
+        if self.checkpointer is not None:
+            # the previous step's checkpoint was written while this step ran; it is on disk
+            # before this step's records are, so the files never run more than a step ahead
+            self.checkpointer.wait()
         now = time.perf_counter()
         metrics = dict(batch.metrics)
         metrics.update(self._update_metrics(results))
