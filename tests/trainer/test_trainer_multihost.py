@@ -68,8 +68,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def env_with(devices: int, faults: str | None = None) -> dict[str, str]:
+def env_with(devices: int, cache: Path, faults: str | None = None) -> dict[str, str]:
+    """The environment of a trainer process; `cache`: the test's own compilation cache (its
+    processes are killed, possibly mid-write: the suite's shared cache stays out of it)."""
     env = {k: v for k, v in os.environ.items() if k != ENV}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     if faults:
         env[ENV] = faults
@@ -92,7 +95,7 @@ def run_processes(args: list[str], logs: Path, faults: dict[int, str] | None = N
     procs = [
         trainer(
             [*args, "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-            env_with(2, faults.get(i)),
+            env_with(2, logs.parent / "xla-cache", faults.get(i)),
             paths[i],
         )
         for i in range(2)
@@ -130,7 +133,7 @@ def params(run: Path, step: int) -> list[np.ndarray]:
 
 def test_two_processes_killed_and_resumed_end_as_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    reference = trainer(["--algo", "grpo", "--output", str(one), *SETTINGS], env_with(4), tmp_path / "one.log")
+    reference = trainer(["--algo", "grpo", "--output", str(one), *SETTINGS], env_with(4, tmp_path / "xla-cache"), tmp_path / "one.log")
     code = reference.wait(timeout=TIMEOUT_S)
     assert code == 0, (tmp_path / "one.log").read_text()[-3000:]
     records = metrics(one)
