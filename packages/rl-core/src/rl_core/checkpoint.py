@@ -135,6 +135,7 @@ class Checkpointer:
 
         Each newer one that fails is moved to `CORRUPT_DIR` beside the folder, with one line in `log`.
         """
+        self.wait()  # a save of this Checkpointer still in flight counts once it is on disk
         for step in reversed(self.steps()):
             try:
                 arrays, meta = self.restore(step, like=like)
