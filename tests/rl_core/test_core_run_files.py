@@ -121,6 +121,7 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=3)
     for step in (2, 4, 6):
         ckpt.save(step, arrays=arrays(float(step)), meta={"step": step})
+    ckpt.wait()  # saves are asynchronous: 6 is on disk (and can be damaged) once waited for
     # damage 6 (its array data) and 4 (its JSON record)
     for path in (tmp_path / "checkpoints" / "6" / "arrays").rglob("*"):
         if path.is_file() and path.stat().st_size > 0 and "METADATA" not in path.name:
@@ -140,6 +141,19 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     assert ckpt.steps() == [2, 8]
     ckpt.close()
     gc.collect()  # report the leftover futures here, under this test's filter, not in a later test
+
+
+def test_an_asynchronous_save_is_a_finished_step_folder_after_wait_and_restore_waits_for_it(tmp_path):
+    ckpt = Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+    ckpt.save(1, arrays=arrays(1.0), meta={"step": 1})
+    step, restored, meta = ckpt.restore_latest(like=arrays(0.0))  # waits for the save in flight
+    assert (step, meta) == (1, {"step": 1})
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 3), 1.0))
+    for step in (2, 3):
+        ckpt.save(step, arrays=arrays(float(step)), meta={"step": step})  # waits for the one before
+    ckpt.wait()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "3"]  # no temporary folder left
+    ckpt.close()
 
 
 def test_the_limit_holds_for_checkpoints_an_earlier_process_left(tmp_path):

@@ -22,6 +22,7 @@ from flax import nnx
 from rewards import RewardManager
 from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
+from rl_core import multihost
 from rl_core import registry
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
@@ -137,11 +138,19 @@ def base_policy(
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     partial = path.with_name(path.name + ".partial")
     checkpointer = ocp.StandardCheckpointer()
+    multihost.sync("trainer.base_policy")  # every process sees the cache as it is now
+    if multihost.multi_process() and not path.exists():
+        raise ConfigError(
+            f"warm_start.steps = {settings.warm_start_steps}: the supervised warm start runs in one process; "
+            f"make the base policy first with the same settings in one process (it is cached as {path}), "
+            "or set warm_start.steps=0"
+        )
     if path.exists():
         log(f"base policy: cached at {path}")
         state = checkpointer.restore(path, jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model)))
         nnx.update(model, state)
-        shutil.rmtree(partial, ignore_errors=True)  # a kill between the save and this cleanup left it
+        if multihost.is_primary():
+            shutil.rmtree(partial, ignore_errors=True)  # a kill between the save and this cleanup left it
         return model
     log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
     warm_start(

@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help="task name (same as task.name=NAME)")
     t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (or JAX_COORDINATOR_ADDRESS)")
+    t.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: how many processes (or JAX_NUM_PROCESSES)")
+    t.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process, 0..N-1 (or JAX_PROCESS_ID)")
+    t.add_argument("--distributed", action="store_true", help="multi-process run on a cluster JAX detects (TPU, SLURM, Open MPI, Kubernetes)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.num_steps=50")
 
     c = sub.add_parser("compare", help="run variants from the same base policy and report", epilog=SETTINGS_HINT)
@@ -146,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from trainer import distributed
+
+    # first: the settings' checks count the devices of every process
+    distributed.join(distributed.launch_from(args.coordinator, args.num_processes, args.process_id, args.distributed))
     from trainer.run import settings_of_run, train_run
     from trainer.settings import build_settings, parse_overrides
 

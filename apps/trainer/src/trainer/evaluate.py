@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from rl_core import multihost
 from rl_core.data import Prompt
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
@@ -50,7 +51,8 @@ def generate_texts(
         chunk += [chunk[-1]] * (per_call - len(chunk))  # one shape for every batch: no recompiles
         tokens, mask = encode_prompts(tokenizer, [p.text for p in chunk], max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
-        out = jax.device_get(sampler(params, tokens, mask, sub, sampling, num_samples))
+        # gathered to every process: each scores all texts, the result is the same everywhere
+        out = multihost.to_host(sampler(params, tokens, mask, sub, sampling, num_samples))
         texts += decode_completions(tokenizer, out.tokens[:real], out.mask[:real])
         lengths += out.lengths[:real].tolist()
     return texts, np.asarray(lengths)

@@ -4,6 +4,10 @@ Everything that can fail on bad input (settings, data, tokenizer, model files)
 is read before the run folder is made, and a start that fails anyway removes
 the folder it made. A run folder is never replaced without `overwrite`, and a
 user's own config.yaml in it is never written over.
+
+In a multi-process run (see trainer.distributed) every process runs this same
+function on the same (shared) run folder and takes the same decisions from
+it; process 0 alone writes and removes files and logs, the others keep in step.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rl_core import multihost
 from rl_core.checkpoint import CORRUPT_DIR, saved_steps
 from rl_core.config import ConfigError
 from rl_core.faults import fault_point
@@ -61,11 +66,18 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir / f"eval-base-{key}.json"
+    multihost.sync("trainer.base_evaluation")  # every process sees the cache as it is now, before process 0 writes it
     if path.exists():
         return json.loads(path.read_text())
     metrics = final_evaluation(learner, task, settings)
-    atomic_write_text(path, json.dumps(metrics, indent=2))
+    _write_text(path, json.dumps(metrics, indent=2))
     return metrics
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomically, by process 0 alone."""
+    if multihost.is_primary():
+        atomic_write_text(path, text)
 
 
 def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
@@ -99,6 +111,8 @@ def train_run(
     `training.num_steps` was raised continues to the new total. Raises
     RunInterrupted when a signal stopped training early.
     """
+    if not multihost.is_primary():
+        log = _quiet  # process 0 speaks for the run
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
@@ -127,7 +141,8 @@ def train_run(
         policy = build.adapted(settings, policy)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     except Exception:
-        _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
+        if multihost.is_primary():
+            _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
         raise
 
     with StopOnSignal(log) as signals:
@@ -139,7 +154,7 @@ def train_run(
             if resume and saved_steps(run_dir / "checkpoints") == []:
                 _refuse_if_checkpoints_lost(run_dir)
             before = base_evaluation(learner, task, settings, base_cache or run_dir)
-            atomic_write_text(before_path, json.dumps(before, indent=2))
+            _write_text(before_path, json.dumps(before, indent=2))
         log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
 
         start = time.perf_counter()
@@ -166,11 +181,11 @@ def train_run(
                 f"checkpoint {learner.step} saved; continue with `trainer train --resume {run_dir}`"
             )
             summary["interrupted"] = message
-            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+            _write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
             raise RunInterrupted(message, 128 + signals.received.value)
         fault_point("final_eval")
         summary["after"] = final_evaluation(learner, task, settings)
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        _write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     log(f"{settings.algo}: held-out accuracy after RL {summary['after']['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
     return summary
 
@@ -201,7 +216,8 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
             f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
             f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
         )
-    for name in existing:
+    multihost.sync("trainer.claim")  # every process found the folder as it was
+    for name in existing if multihost.is_primary() else ():
         path = run_dir / name
         if name != "config.yaml":  # rewritten below, atomically
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -221,7 +237,11 @@ def _write_config(run_dir: Path, settings: RunSettings) -> None:
     text = yaml.safe_dump(settings.resolved(), sort_keys=False)
     path = run_dir / "config.yaml"
     if not path.exists() or path.read_text() != text:
-        atomic_write_text(path, text)
+        _write_text(path, text)
+
+
+def _quiet(message: str) -> None:
+    """The log of a process other than 0."""
 
 
 def _finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from flax import nnx
 from algo_grpo.config import GRPOConfig
 from algo_grpo.groups import TOTAL, Groups
 from algo_grpo.loss import grpo_loss
-from rl_core import registry
+from rl_core import multihost, registry
 from rl_core.data import Prompt
 from rl_core.learner import LossOutput, RLLearner, StepBatch
 from rl_core.logprobs import completion_logprobs
@@ -136,7 +136,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         start = time.perf_counter()
         g = self.group_size
         tokens, mask = self.encode_prompts(prompts)
-        out = jax.device_get(self.generate(tokens, mask, num_samples=g))  # one prefill per group
+        # one prefill per group; every process gets every row (a multi-process run gathers them)
+        out = multihost.to_host(self.generate(tokens, mask, num_samples=g))
         self._timings["time/rollout"] += time.perf_counter() - start
         self._generated_tokens += int(out.lengths.sum())
         return Groups(
@@ -154,20 +155,29 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         )
 
     def score(self, groups: Groups) -> Groups:
-        """Fill in rewards with the reward manager (task fields passed by name)."""
+        """Fill in rewards with the reward manager (task fields passed by name).
+
+        In a multi-process run each process scores its own block of whole groups (reward
+        functions are the costly host work) and the scores are gathered, so every process
+        then takes the same decisions (advantages, DAPO's filter) on the same numbers.
+        """
         start = time.perf_counter()
         g = self.group_size
-        prompts = [p for p in groups.prompts for _ in range(g)]
-        names = sorted({k for p in groups.prompts for k in p.fields})
+        counts = [n * g for n in multihost.split_counts(groups.num_groups)]
+        own = multihost.own_block(groups.num_groups)
+        mine = groups.select(np.arange(groups.num_groups)[own])
+        prompts = [p for p in mine.prompts for _ in range(g)]
+        names = sorted({k for p in mine.prompts for k in p.fields})
         fields = {k: [p.fields.get(k) for p in prompts] for k in names}
-        fields["completion_lengths"] = [int(n) for n in groups.lengths]
-        result = self.reward_manager.score([p.text for p in prompts], list(groups.texts), fields)
+        fields["completion_lengths"] = [int(n) for n in mine.lengths]
+        result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields)
         self._timings["time/reward"] += time.perf_counter() - start
-        self._reward_failed += result.num_failed
+        gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
+        self._reward_failed += int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())
         return dataclasses.replace(
             groups,
-            rewards=np.asarray(result.total, np.float32),
-            reward_scores={k: np.asarray(v, np.float32) for k, v in result.per_function.items()},
+            rewards=gather(result.total),
+            reward_scores={k: gather(v) for k, v in result.per_function.items()},
         )
 
     def record_behaviour_logprobs(self, groups: Groups) -> Groups:

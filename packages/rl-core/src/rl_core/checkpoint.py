@@ -9,6 +9,18 @@ renamed to `<step>` when complete, so a step folder on disk is a finished
 save; the temporary folder of a save that was killed is removed when the next
 Checkpointer opens the folder. A checkpoint that exists but does not restore
 (damaged on disk) is moved aside, never deleted, and the one before it is used.
+
+Saves are asynchronous: `save` returns once the arrays are copied off the
+devices (training goes on, and may donate their buffers), and Orbax writes
+them in a background thread. The next save, `wait` and `close` wait for it, so
+at most one save is in flight; a kill during it leaves the one before intact.
+The learner waits at the end of the next step's update, so the write overlaps
+that step's rollout and update and is on disk before its records are.
+
+In a multi-process run every process calls `save` and `restore` (each writes
+and reads its own shards, Orbax synchronises them); only process 0 removes
+temporary folders and moves damaged checkpoints aside, the others waiting at a
+barrier so that all open the same list of steps.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from rl_core import multihost
 from rl_core.faults import fault_point
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -61,11 +74,16 @@ class Checkpointer:
 
     def _open(self) -> ocp.CheckpointManager:
         if not self.read_only:
-            remove_unfinished_saves(self.directory)
+            if multihost.is_primary():
+                remove_unfinished_saves(self.directory)
+            multihost.sync("rl_core.checkpoint.open")
         return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep, create=not self.read_only, read_only=self.read_only
+                max_to_keep=self.max_to_keep,
+                create=not self.read_only,
+                read_only=self.read_only,
+                enable_async_checkpointing=True,
             ),
         )
 
@@ -77,15 +95,24 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, *, arrays: Any, meta: dict[str, Any]) -> None:
-        """Save and wait: a checkpoint that exists on disk is complete."""
+        """Start saving `step` and return once the arrays are off the devices; the files are
+        written in the background (a step folder on disk is still a complete save).
+
+        The previous save is finished first, and the old checkpoints pruned then.
+        """
+        self.wait()
         self._manager.save(
             step,
             args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
             force=True,
         )
         fault_point("checkpoint", step)  # the save is under way in its temporary folder
+
+    def wait(self) -> None:
+        """Finish the save in flight, if any, and prune."""
         self._manager.wait_until_finished()
-        self.prune()
+        if not self.read_only:
+            self.prune()
 
     def prune(self) -> None:
         """Delete all but the newest `max_to_keep` checkpoints (also those an earlier process left)."""
@@ -108,6 +135,7 @@ class Checkpointer:
 
         Each newer one that fails is moved to `CORRUPT_DIR` beside the folder, with one line in `log`.
         """
+        self.wait()  # a save of this Checkpointer still in flight counts once it is on disk
         for step in reversed(self.steps()):
             try:
                 arrays, meta = self.restore(step, like=like)
@@ -121,16 +149,20 @@ class Checkpointer:
 
     def _move_aside(self, step: int) -> Path:
         target_dir = self.directory.parent / CORRUPT_DIR
-        target_dir.mkdir(exist_ok=True)
         target = target_dir / str(step)
         n = 1
         while target.exists():
             n += 1
             target = target_dir / f"{step}-{n}"
-        shutil.move(str(self.directory / str(step)), str(target))
+        multihost.sync(f"rl_core.checkpoint.move_aside.{step}")  # every process named the same target
+        if multihost.is_primary():
+            target_dir.mkdir(exist_ok=True)
+            shutil.move(str(self.directory / str(step)), str(target))
         self._manager.close()
         self._manager = self._open()  # it lists the steps it finds when opened
         return target
 
     def close(self) -> None:
+        """Finish the save in flight and release the manager."""
+        self.wait()
         self._manager.close()

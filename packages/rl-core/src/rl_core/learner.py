@@ -48,6 +48,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rl_core import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
+from rl_core import multihost
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
@@ -131,7 +132,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.eval_fn = eval_fn
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
         self.mesh = mesh or mesh_lib.make_mesh(**training.mesh.to_dict())
-        self.progress = progress
+        # in a multi-process run, process 0 alone writes files and shows progress
+        self.writes = multihost.is_primary()
+        self.progress = progress and self.writes
         self.batch_size = training.prompts_per_step * self.group_size
         self.num_mini_batches, self.num_micro_batches = training.batch_layout(self.batch_size)
         self._check_divisible_by_devices()
@@ -164,7 +167,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             transform_non_params=lambda _: mesh_lib.replicated(self.mesh),
         )
         self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
-        self.rng = jax.random.PRNGKey(rollout.seed)
+        # on the mesh, replicated: every process splits the same key the same way
+        self.rng = multihost.to_global(jax.random.PRNGKey(rollout.seed), mesh_lib.replicated(self.mesh))
         self.data = PromptStream(train_data, seed=training.seed)
         self.step = 0
         self.skipped_updates = 0  # non-finite loss or gradient
@@ -191,12 +195,12 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # the run folder (metrics, samples, checkpoints); None keeps nothing on disk
         out = Path(output_dir) if output_dir is not None else None
         self.output_dir = out
-        self.logger = MetricsLogger(out, tensorboard="tensorboard" in training.loggers)
+        self.logger = MetricsLogger(out if self.writes else None, tensorboard="tensorboard" in training.loggers)
         # the run's resolved settings (by default this learner's configs), recorded by the loggers
         run_config = dict(run_config) if run_config is not None else self._own_config()
         self.logger.write_text("config", "```\n" + json.dumps(run_config, indent=2) + "\n```", 0)
         self.sinks: list[MetricsSink] = []
-        if "wandb" in training.loggers and out is not None:  # a learner without a run folder logs nowhere
+        if "wandb" in training.loggers and out is not None and self.writes:  # a learner without a run folder logs nowhere
             name = "/".join(out.absolute().parts[-2:]) if out is not None else None
             self.sinks.append(WandbSink(out, config=run_config, name=name))
         self.checkpointer = (
@@ -290,7 +294,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         micro = micro if b % micro == 0 else b
         fields = (prompt_tokens, prompt_mask, completion_tokens)
         stacked = [np.asarray(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
-        return self._logprobs(params, self.frozen, *stacked)
+        return self._logprobs(params, self.frozen, *multihost.to_global(stacked, self._row_sharding(axis=1)))
 
     def update_is_off_policy(self) -> bool:
         """True when an update on a fresh batch can run on a policy other than the one that
@@ -307,7 +311,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         `recorded` without NaN were recorded earlier (carried rows) and are kept as they are.
         """
         logp, _ = self._micro_batched_logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens)
-        fresh = np.asarray(jax.device_get(logp), np.float32)
+        fresh = np.asarray(multihost.to_host(logp), np.float32)
         if recorded is None:
             return fresh
         missing = np.isnan(recorded).any(axis=1)
@@ -342,6 +346,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                     self.save_checkpoint()
         if self.checkpointer and self.checkpointer.latest_step() != self.step:
             self.save_checkpoint()
+        if self.checkpointer:
+            self.checkpointer.wait()  # saves run in the background: on return, every checkpoint is on disk
         return self.logger.history
 
     def train_step(self) -> dict[str, Any]:
@@ -356,6 +362,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             )
         update_start = time.perf_counter()
         results = self.update(batch.example)
+        if self.checkpointer is not None:
+            # the previous step's checkpoint was written while this step ran; it is on disk
+            # before this step's records are, so the files never run more than a step ahead
+            self.checkpointer.wait()
         now = time.perf_counter()
         metrics = dict(batch.metrics)
         metrics.update(self._update_metrics(results))
@@ -386,7 +396,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             for mini in minis:
                 self.params, self.opt_state, stats = self._update(self.params, self.opt_state, self.frozen, mini)
                 results.append(stats)
-        return jax.device_get(results)
+        return multihost.to_host(results)
 
     def _update_metrics(self, results: list[dict[str, Any]]) -> dict[str, float]:
         empty = sum(int(r["empty"]) for r in results)
@@ -522,7 +532,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
         stacked = TrainExample(*(split(x) for x in example))
         minis = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
-        return jax.device_put(minis, self._row_sharding(axis=1))
+        return multihost.to_global(minis, self._row_sharding(axis=1))
 
     def _row_sharding(self, axis: int = 0) -> NamedSharding:
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
@@ -570,7 +580,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.data.position = int(meta["data_position"])
         self.load_extra_state(meta.get("extra", {}))
         self.logger.truncate_after(self.step)
-        if self.output_dir is not None:
+        if self.output_dir is not None and self.writes:
             keep_records_through(self.output_dir / "samples.jsonl", self.step)
         self.checkpointer.prune()
         return True
@@ -578,6 +588,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def _write_samples(self, samples: Sequence[Mapping[str, Any]]) -> None:
         shown = list(samples[: self.training.samples_per_step])
         if not shown:
+            return
+        if not self.writes:
             return
         if self.output_dir is not None:
             with (self.output_dir / "samples.jsonl").open("a") as f:

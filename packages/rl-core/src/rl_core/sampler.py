@@ -18,6 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
+from rl_core import multihost
 from rl_core.config import RolloutConfig
 
 
@@ -246,7 +247,12 @@ class Sampler:
             raise ValueError(f"num_samples={num_samples}: must be >= 1")
         ways = 1 if self.mesh is None else mesh_lib.batch_devices(self.mesh)
         u = len(prompt_tokens)
-        run = self._jit(u % ways == 0, u * num_samples % ways == 0)
+        split_in = u % ways == 0
+        if self.mesh is not None:  # global arrays: each process places the prompt rows of its own devices
+            rows = mesh_lib.rows(self.mesh) if split_in else mesh_lib.replicated(self.mesh)
+            prompt_tokens, prompt_mask = multihost.to_global((prompt_tokens, prompt_mask), rows)
+            key = multihost.to_global(key, mesh_lib.replicated(self.mesh))
+        run = self._jit(split_in, u * num_samples % ways == 0)
         return run(state, prompt_tokens, prompt_mask, key, params, num_samples)
 
 

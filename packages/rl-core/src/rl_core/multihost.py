@@ -1,0 +1,115 @@
+"""Host data to and from global arrays, the same way on one process or many.
+
+In a multi-process run (`jax.distributed`) every process runs the same
+program on a mesh that spans all of them, and a jax.Array is global: each
+process holds only the shards of its own devices. Two things then differ
+from one process:
+  - a jitted program takes no numpy array with a split layout, so host
+    batches become global arrays with `to_global`, each process placing only
+    the rows of its own devices (`jax.make_array_from_process_local_data`);
+  - `jax.device_get` of an array split across processes fails, so results
+    come to the host with `to_host`, which gathers them to every process.
+With one process both are what `jax.device_put` and `jax.device_get` do.
+
+Only process 0 writes the run's files (`is_primary`); the others keep in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Sharding
+
+
+def is_primary() -> bool:
+    """True on the process that writes metrics, samples, reports and file bookkeeping."""
+    return jax.process_index() == 0
+
+
+def multi_process() -> bool:
+    return jax.process_count() > 1
+
+
+def sync(name: str) -> None:
+    """Wait until every process reaches the barrier `name` (nothing to wait for on one process)."""
+    if multi_process():
+        multihost_utils.sync_global_devices(name)
+
+
+def local_slices(sharding: Sharding, shape: Sequence[int]) -> tuple[slice, ...]:
+    """The block of a `shape` array that this process's devices hold under `sharding`.
+
+    Raises when it is not one block (a process's rows scattered among another's):
+    `make_array_from_process_local_data` takes one contiguous block per process.
+    """
+    shape = tuple(shape)
+    indices = sharding.addressable_devices_indices_map(shape).values()
+    block = []
+    for axis, size in enumerate(shape):
+        spans = {(s[axis].start or 0, size if s[axis].stop is None else s[axis].stop) for s in indices}
+        start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+        covered = sum(b - a for a, b in spans)
+        if covered != stop - start:
+            raise ValueError(f"axis {axis} of a {shape} array: this process's shards {sorted(spans)} are not one block")
+        block.append(slice(start, stop))
+    return tuple(block)
+
+
+def to_global(tree: Any, sharding: Sharding) -> Any:
+    """Host arrays (the same global value on every process) laid out by `sharding`; each
+    process places only its own block. jax.Arrays are re-laid out by `jax.device_put`."""
+
+    def one(x: Any) -> Any:
+        if x is None:
+            return None
+        if isinstance(x, jax.Array) and not (multi_process() and x.is_fully_addressable):
+            return jax.device_put(x, sharding)
+        x = np.asarray(x)  # a process's own array (e.g. a PRNG key) holds the global value
+        if not multi_process():
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, x[local_slices(sharding, x.shape)], x.shape)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: x is None)
+
+
+def to_host(tree: Any) -> Any:
+    """Numpy copies of the whole of every array, on every process (`jax.device_get` on one)."""
+    if not multi_process():
+        return jax.device_get(tree)
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+            return jax.device_get(x)
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(one, tree)
+
+
+def gather_rows(local: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """Rows from every process in process order, process p giving `counts[p]` rows (`local`)."""
+    if not multi_process():
+        return np.asarray(local)
+    local = np.asarray(local)
+    if len(local) != counts[jax.process_index()]:
+        raise ValueError(f"process {jax.process_index()} has {len(local)} rows, expected {counts[jax.process_index()]}")
+    padded = np.zeros((max(counts), *local.shape[1:]), local.dtype)  # one shape on every process
+    padded[: len(local)] = local
+    every = np.asarray(multihost_utils.process_allgather(padded))  # [processes, max(counts), ...]
+    return np.concatenate([every[p, :n] for p, n in enumerate(counts)])
+
+
+def split_counts(n: int, parts: int | None = None) -> list[int]:
+    """`n` items in `parts` (default: the processes) contiguous blocks, sizes differing by at most one."""
+    parts = jax.process_count() if parts is None else parts
+    return [n // parts + (p < n % parts) for p in range(parts)]
+
+
+def own_block(n: int) -> slice:
+    """This process's block of `n` items under `split_counts`."""
+    counts = split_counts(n)
+    start = sum(counts[: jax.process_index()])
+    return slice(start, start + counts[jax.process_index()])
