@@ -1,8 +1,11 @@
-"""A trained run folder shared by the `trainer eval` and `trainer export` tests."""
+"""Shared trainer fixtures: a trained run folder for the `trainer eval` and `trainer export`
+tests, and the runs of the learning tests."""
 
 import pytest
 
 from trainer.cli import main
+from trainer.run import train_run
+from trainer.settings import build_settings
 
 LR, WEIGHT_DECAY = 0.05, 0.1
 
@@ -31,3 +34,32 @@ def trained_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def decay_per_step():
     return 1 - LR * WEIGHT_DECAY
+
+
+LEARNING_STEPS = [
+    "training.num_steps=100",
+    "training.checkpoint_every_steps=0",
+    "eval.every_steps=0",
+    "eval.heldout_size=200",
+    "eval.samples_per_prompt=1",
+    "eval.pass_k=1",
+]
+"""The learning tests: 100 steps, greedy accuracy on 200 held-out problems before and after."""
+
+
+@pytest.fixture(scope="module")
+def learn(tmp_path_factory):
+    """Train `algo` from the default warm start (made once per file) and return the held-out
+    accuracy (before, after). The learning tests are split over files so that pytest-xdist
+    runs them on different workers; each file warms up its own base policy."""
+    base_cache = tmp_path_factory.mktemp("base")
+
+    def run(algo: str, overrides=(), name: str | None = None) -> tuple[float, float]:
+        settings = build_settings(algo=algo, overrides=[*LEARNING_STEPS, *overrides])
+        run_dir = tmp_path_factory.mktemp(name or algo)
+        summary = train_run(settings, run_dir, progress=False, log=lambda _: None, base_cache=base_cache)
+        before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
+        print(f"{name or algo}: held-out accuracy {before:.3f} -> {after:.3f}")
+        return before, after
+
+    return run
