@@ -4,25 +4,20 @@ One subprocess (XLA reads the device count once per process) runs every mesh;
 see scripts/mesh_parallel.py.
 """
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from simulated_devices import run_on_simulated_devices  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "mesh_parallel.py"
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.splitlines()[-1])
+    return run_on_simulated_devices(SCRIPT)
 
 
 @pytest.mark.slow
