@@ -8,8 +8,8 @@ task (finite loss, parameters change, the documented metrics are logged);
 and the second jitted step compiles nothing new. The behaviour-policy
 contract: mini-batches after the first see the moved policy through the
 importance ratio (and clip), rows with recorded log-probs keep them, and the
-on-policy fast path (no behaviour forward) equals the recomputed path bit for
-bit. A new algorithm package is picked up here by its entry point alone.
+on-policy fast path (no behaviour forward) equals the recomputed path to
+float32 rounding. A new algorithm package is picked up here by its entry point alone.
 """
 
 import dataclasses
@@ -376,7 +376,11 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_on_policy_fast_path_equals_the_recomputed_path_bit_for_bit(name):
+def test_on_policy_fast_path_equals_the_recomputed_path(name):
+    """The fast path's stop_gradient(logp) equals the update's own forward exactly; the
+    recomputed path's old_logp comes from another compiled program (the behaviour pass), which
+    XLA may round differently in the last bit (it does with XLA:CPU's older emitters). So the
+    ratios agree to float32 rounding, and the updates to a few ulps, not bit for bit."""
     fast, slow = build(name)[2], build(name)[2]
     assert not fast.update_is_off_policy()
     example = identical_groups(fast, 2)
@@ -385,6 +389,7 @@ def test_on_policy_fast_path_equals_the_recomputed_path_bit_for_bit(name):
         old_logp=slow.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
     (a,), (b,) = fast.update(example), slow.update(recomputed)
-    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0
     for x, y in zip(jax.tree.leaves((fast.params, fast.opt_state)), jax.tree.leaves((slow.params, slow.opt_state))):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-8)

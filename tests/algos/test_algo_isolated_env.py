@@ -4,6 +4,7 @@ distribution to install."""
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def isolated_python(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_dapo_trains_without_dr_grpo(isolated_python, tmp_path):
     # Run outside the repository so that nothing is importable from the working directory.
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    # (the suite's XLA_FLAGS go along: they make XLA compile the same programs faster)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     result = _run([str(isolated_python), "-c", SCRIPT], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("RESULT "))

@@ -25,7 +25,7 @@ TINY_RANK8 = 16_384  # see tests/rl_models/test_models_lora.py for the count per
 
 def plan_json(*args: str) -> dict:
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # plan sets the simulated device count itself
+    # the suite's XLA_FLAGS stay (faster compiles); plan sets the simulated device count itself
     out = subprocess.run([sys.executable, "-m", "trainer.cli", "plan", "--json", *args],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
