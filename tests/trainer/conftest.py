@@ -1,6 +1,11 @@
 """Shared trainer fixtures: a trained run folder for the `trainer eval` and `trainer export`
 tests, and the runs of the learning tests."""
 
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
 import pytest
 
 from trainer.cli import main
@@ -47,19 +52,53 @@ LEARNING_STEPS = [
 """The learning tests: 100 steps, greedy accuracy on 200 held-out problems before and after."""
 
 
+@pytest.fixture(scope="session")
+def learning_base(tmp_path_factory) -> Path:
+    """One folder for the learning tests' base policy and its evaluation, shared by every
+    pytest-xdist worker (their session temp folders share a parent)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "learning-base"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path):
+    """Held by one process at a time (an advisory lock on `lock`)."""
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
-def learn(tmp_path_factory):
-    """Train `algo` from the default warm start (made once per file) and return the held-out
-    accuracy (before, after). The learning tests are split over files so that pytest-xdist
-    runs them on different workers; each file warms up its own base policy."""
-    base_cache = tmp_path_factory.mktemp("base")
+def learn(tmp_path_factory, learning_base):
+    """Train `algo` from the default warm start and return the held-out accuracy (before, after).
+
+    The warm start (800 steps) and the base policy's evaluation run once for the whole suite:
+    the first run makes them while holding a lock, and every later run, in any worker, reads them.
+    The learning tests are split over files so that pytest-xdist runs them on both workers."""
+
+    def train(algo: str, overrides, name: str) -> tuple[float, float]:
+        settings = build_settings(algo=algo, overrides=[*LEARNING_STEPS, *overrides])
+        run_dir = tmp_path_factory.mktemp(name)
+        summary = train_run(settings, run_dir, progress=False, log=lambda _: None, base_cache=learning_base)
+        before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
+        print(f"{name}: held-out accuracy {before:.3f} -> {after:.3f}")
+        return before, after
 
     def run(algo: str, overrides=(), name: str | None = None) -> tuple[float, float]:
-        settings = build_settings(algo=algo, overrides=[*LEARNING_STEPS, *overrides])
-        run_dir = tmp_path_factory.mktemp(name or algo)
-        summary = train_run(settings, run_dir, progress=False, log=lambda _: None, base_cache=base_cache)
-        before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
-        print(f"{name or algo}: held-out accuracy {before:.3f} -> {after:.3f}")
-        return before, after
+        made = learning_base / "made"
+        if not made.exists():
+            with exclusive(learning_base / "lock"):
+                if not made.exists():
+                    result = train(algo, overrides, name or algo)
+                    made.touch()
+                    return result
+        return train(algo, overrides, name or algo)
 
     return run

@@ -1,8 +1,8 @@
 """RL must actually learn: 100 steps on the built-in task raise held-out accuracy, for each variant.
 
-The variants of a file share one cached base policy (one warm start, one
-evaluation of it), so each costs only its own 100 steps and one evaluation
-after them. GSPO and LoRA have files of their own (test_trainer_learning_*.py).
+Every learning test of the suite starts from one cached base policy (one warm
+start, one evaluation of it; see the `learn` fixture), so each costs only its
+own 100 steps and one evaluation after them. GSPO and LoRA have files of their own (test_trainer_learning_*.py).
 """
 
 import pytest
