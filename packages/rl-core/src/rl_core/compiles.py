@@ -27,6 +27,8 @@ _installed = False
 
 CACHE_MAX_BYTES = 2 * 1024**3
 """Least recently used programs are evicted beyond this size on disk."""
+CACHE_MIN_COMPILE_SECS = 0.1
+"""Programs that compile faster are not kept (see `use_persistent_cache`)."""
 
 
 def _listener(event: str, duration_secs: float, **_: object) -> None:
@@ -50,11 +52,17 @@ def compile_count() -> int:
     return _count
 
 
-def use_persistent_cache(directory: str | Path, max_bytes: int = CACHE_MAX_BYTES) -> None:
-    """Keep every compiled program in `directory` (call before the first compile).
+def use_persistent_cache(
+    directory: str | Path, max_bytes: int = CACHE_MAX_BYTES, min_compile_secs: float = CACHE_MIN_COMPILE_SECS
+) -> None:
+    """Keep compiled programs in `directory` (call before the first compile).
 
-    Small programs are kept too (XLA:CPU compiles most in well under JAX's
-    default 1 s threshold). The size limit makes JAX lock the folder for reads
+    Programs that took `min_compile_secs` or more to compile are kept: far
+    below JAX's default 1 s, as XLA:CPU compiles most of a run's programs in
+    less, but above the milliseconds of eager array ops. Those are not worth
+    an entry: JAX's size-limited cache scans every entry on every write to
+    evict, so thousands of tiny entries make each write cost more than the
+    compile it saves. The size limit makes JAX lock the folder for reads
     and writes, so concurrent processes never read a half-written entry, and
     evict by access time. The same settings go into the environment, so that
     child processes (which read them when they import jax) write entries the
@@ -63,7 +71,7 @@ def use_persistent_cache(directory: str | Path, max_bytes: int = CACHE_MAX_BYTES
     Path(directory).mkdir(parents=True, exist_ok=True)
     settings = {
         "jax_compilation_cache_dir": str(directory),
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_compile_time_secs": float(min_compile_secs),
         "jax_compilation_cache_max_size": max_bytes,
     }
     for name, value in settings.items():
