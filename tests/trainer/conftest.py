@@ -3,16 +3,19 @@ tests, and the runs of the learning tests."""
 
 import contextlib
 import fcntl
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from trainer.cli import main
-from trainer.run import train_run
-from trainer.settings import build_settings
 
 LR, WEIGHT_DECAY = 0.05, 0.1
+LEARNING_RUN = Path(__file__).parent / "scripts" / "learning_run.py"
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")  # tests/conftest.py
 
 
 @pytest.fixture(scope="session")
@@ -84,12 +87,15 @@ def learn(tmp_path_factory, learning_base):
     The learning tests are split over files so that pytest-xdist runs them on both workers."""
 
     def train(algo: str, overrides, name: str) -> tuple[float, float]:
-        settings = build_settings(algo=algo, overrides=[*LEARNING_STEPS, *overrides])
         run_dir = tmp_path_factory.mktemp(name)
-        summary = train_run(settings, run_dir, progress=False, log=lambda _: None, base_cache=learning_base)
-        before, after = summary["before"]["eval/accuracy"], summary["after"]["eval/accuracy"]
-        print(f"{name}: held-out accuracy {before:.3f} -> {after:.3f}")
-        return before, after
+        env = dict(os.environ)  # XLA as the trainer has it, not the suite's compile-time flags (see the script)
+        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(SUITE_XLA_FLAGS))
+        command = [sys.executable, str(LEARNING_RUN), algo, str(run_dir), str(learning_base), *LEARNING_STEPS, *overrides]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stderr[-4000:]
+        result = json.loads(done.stdout.splitlines()[-1])
+        print(f"{name}: held-out accuracy {result['before']:.3f} -> {result['after']:.3f}")
+        return result["before"], result["after"]
 
     def run(algo: str, overrides=(), name: str | None = None) -> tuple[float, float]:
         made = learning_base / "made"

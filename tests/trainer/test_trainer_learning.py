@@ -11,8 +11,8 @@ import pytest
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, learn):
-    # The default warm start (800 steps) leaves the policy right on about 46% of the
-    # held-out problems; the default compare reaches 0.70 after 100 DAPO steps.
+    # The default warm start (800 steps) leaves the policy right on about half of the
+    # held-out problems (0.495); 100 steps raised it by 16.5 (CISPO) to 22.5 (DAPO) points.
     before, after = learn(algo)
     assert 0.2 < before < 0.7  # right sometimes, not always
     assert after >= before + 0.15, (before, after)
