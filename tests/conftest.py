@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 from rl_core.compiles import use_persistent_cache
 from rl_core.host_memory import keep_freed_memory
 
@@ -12,9 +14,17 @@ from rl_core.host_memory import keep_freed_memory
 # semantics, other rounding in the last bit of some fused ops. XLA reads XLA_FLAGS once, when jax
 # first starts a backend, so this runs before any test imports jax; subprocess tests inherit it.
 # An explicit setting in the environment wins.
+TRAINER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+"""XLA_FLAGS as the trainer would get them, before the suite's compile-time flags."""
 for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
+@pytest.fixture(scope="session")
+def trainer_xla_flags() -> str:
+    """For subprocesses that must run XLA as `trainer` does (the long learning runs)."""
+    return TRAINER_XLA_FLAGS
 
 # --- as the trainer does: compiled programs are kept on disk and shared ---------------------------
 # Tests, xdist workers and the trainer processes that tests start build many of the same programs;

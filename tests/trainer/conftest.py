@@ -15,7 +15,6 @@ from trainer.cli import main
 
 LR, WEIGHT_DECAY = 0.05, 0.1
 LEARNING_RUN = Path(__file__).parent / "scripts" / "learning_run.py"
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")  # tests/conftest.py
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +78,7 @@ def exclusive(lock: Path):
 
 
 @pytest.fixture(scope="module")
-def learn(tmp_path_factory, learning_base):
+def learn(tmp_path_factory, learning_base, trainer_xla_flags):
     """Train `algo` from the default warm start and return the held-out accuracy (before, after).
 
     The warm start (800 steps) and the base policy's evaluation run once for the whole suite:
@@ -88,8 +87,7 @@ def learn(tmp_path_factory, learning_base):
 
     def train(algo: str, overrides, name: str) -> tuple[float, float]:
         run_dir = tmp_path_factory.mktemp(name)
-        env = dict(os.environ)  # XLA as the trainer has it, not the suite's compile-time flags (see the script)
-        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(SUITE_XLA_FLAGS))
+        env = {**os.environ, "XLA_FLAGS": trainer_xla_flags}  # not the suite's compile-time flags (see the script)
         command = [sys.executable, str(LEARNING_RUN), algo, str(run_dir), str(learning_base), *LEARNING_STEPS, *overrides]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stderr[-4000:]
