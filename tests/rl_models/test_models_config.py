@@ -32,6 +32,7 @@ def test_frozen():
         (dict(dtype="float16"), r"dtype='float16': must be one of \('float32', 'bfloat16'\)"),
         (dict(rms_norm_eps=0.0), r"rms_norm_eps=0.0: must be > 0"),
         (dict(remat=1), r"remat=1: must be a bool"),
+        (dict(scan_layers="auto"), r"scan_layers='auto': must be a bool or None"),
         (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None or a RopeScaling"),
     ],
 )

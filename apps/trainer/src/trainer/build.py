@@ -73,10 +73,8 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     device_mesh = mesh(settings)
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
     if m.path:
-        return load_hf_model(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, shardings=shardings)
-    config = preset(
-        m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat
-    )
+        return load_hf_model(m.path, shardings=shardings, **m.runtime())
+    config = preset(m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
 
 

@@ -127,11 +127,12 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     from rl_models.lora import add_adapters, quantize_base
 
     m = settings.model
+    # the programs an accelerator would run: by default they loop over the layers there
+    runtime = m.runtime() | {"scan_layers": True if m.scan_layers is None else m.scan_layers}
     if m.path:
-        config = load_hf_config(m.path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        config = load_hf_config(m.path, **runtime)
     else:
-        config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, dtype=m.dtype, param_dtype=m.param_dtype,
-                        remat=m.remat)
+        config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
     mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
     lora = m.lora
 

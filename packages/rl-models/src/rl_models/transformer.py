@@ -7,7 +7,8 @@ Every piece of state is an `nnx.Param` carrying logical axis names
 (`out_sharding` metadata: vocab, embed, heads, kv_heads, head_dim, mlp, norm, and
 layers for the stacked layer axis) that a rules table maps to mesh axes. The
 blocks are one `Block` whose parameters are stacked on a leading layer axis and
-run under `lax.scan`, so a program's size does not grow with depth. The KV cache
+run under `lax.scan` (unrolled on CPU, see `scans_layers`), so a program's size
+need not grow with depth. The KV cache
 is a plain pair (k, v), each [layers, B, K, S, Dh] (head-major), that callers pass
 in and get back, so a jitted sampler can thread it through `lax.while_loop`.
 The model adds no implicit causal mask: the caller's `attention_mask` is the
@@ -43,6 +44,19 @@ def compute_dtype(config: TransformerConfig) -> jnp.dtype:
 def param_dtype(config: TransformerConfig) -> jnp.dtype:
     """The jnp dtype parameters are stored in (`config.param_dtype`)."""
     return jnp.dtype(_DTYPES[config.param_dtype])
+
+
+def scans_layers(config: TransformerConfig) -> bool:
+    """Whether the blocks run as a loop (`config.scan_layers`; None: everywhere but on CPU).
+
+    XLA:CPU runs a loop's iterations one after another, each body a separate set of
+    kernels with the stacked residuals written and read back through dynamic slices;
+    unrolled, it fuses across layers (tiny-qwen2 update, 1 core: 130 -> 77 ms). On
+    accelerators the loop keeps compile time and program size flat in depth.
+    """
+    if config.scan_layers is not None:
+        return config.scan_layers
+    return jax.default_backend() != "cpu"
 
 
 def param(value: jax.Array, axes: Axes) -> nnx.Param:
@@ -407,7 +421,9 @@ class Transformer(nnx.Module):
             return (x, cache), None
 
         layers = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers))
+        # unrolled: the same body once per layer, each reading its own slice of the stacks
+        unroll = 1 if scans_layers(self.config) else self.config.num_layers
+        (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=unroll)
         return x, cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:

@@ -27,26 +27,22 @@ from rl_models.config import TransformerConfig
 from rl_models.transformer import Transformer
 
 
-def load_hf_config(
-    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False
-) -> TransformerConfig:
-    """The TransformerConfig of `folder`'s config.json (compute `dtype`, storage `param_dtype`)."""
+def load_hf_config(folder: str | Path, **runtime: Any) -> TransformerConfig:
+    """The TransformerConfig of `folder`'s config.json, with `runtime` settings (compute
+    `dtype`, storage `param_dtype`, `remat`, ...: rl_models.config.RUNTIME_FIELDS)."""
     path = Path(folder) / "config.json"
-    return transformer_config_from_hf(
-        read_json(path), source=str(path), dtype=dtype, param_dtype=param_dtype, remat=remat
-    )
+    return transformer_config_from_hf(read_json(path), source=str(path), **runtime)
 
 
 def load_hf_model(
-    folder: str | Path, *, dtype: str = "float32", param_dtype: str = "float32", remat: bool = False,
-    shardings: Callable[[nnx.State], Any] | None = None,
+    folder: str | Path, *, shardings: Callable[[nnx.State], Any] | None = None, **runtime: Any,
 ) -> Transformer:
     """The model in `folder` (config.json + safetensors), params stored in `param_dtype`.
 
     `shardings` (abstract param state -> a tree of shardings) places each
     parameter as it is read, one device shard at a time; see `load_params`.
     """
-    config = load_hf_config(folder, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    config = load_hf_config(folder, **runtime)
     return load_params(Path(folder), config, shardings)
 
 

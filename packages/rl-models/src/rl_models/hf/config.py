@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl_models.config import RopeScaling, TransformerConfig
+from rl_models.config import RUNTIME_FIELDS, RopeScaling, TransformerConfig
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -77,10 +77,13 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
 
 
 def transformer_config_from_hf(
-    hf: dict[str, Any], *, source: str = "config.json", dtype: str = "float32",
-    param_dtype: str = "float32", remat: bool = False,
+    hf: dict[str, Any], *, source: str = "config.json", **runtime: Any,
 ) -> TransformerConfig:
-    """The TransformerConfig equivalent to a Hugging Face config.json dict."""
+    """The TransformerConfig equivalent to a Hugging Face config.json dict; `runtime` sets
+    the fields of `RUNTIME_FIELDS` (dtype, param_dtype, remat, ...), which config.json lacks."""
+    unknown = sorted(set(runtime) - set(RUNTIME_FIELDS))
+    if unknown:
+        raise TypeError(f"transformer_config_from_hf: {unknown} are not runtime fields {RUNTIME_FIELDS}")
     model_type = hf.get("model_type")
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise _unsupported(
@@ -110,7 +113,7 @@ def transformer_config_from_hf(
             raise HFFolderError(f"{source}: missing required field {key!r}")
     try:
         theta, scaling = _rope(hf, source)
-        return _transformer_config(hf, model_type, theta, scaling, dtype, param_dtype, remat)
+        return _transformer_config(hf, model_type, theta, scaling, runtime)
     except HFFolderError:
         raise
     except (TypeError, ValueError) as e:  # a field of the wrong type or value, e.g. "hidden_size": "64"
@@ -118,8 +121,7 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, dtype: str,
-    param_dtype: str, remat: bool,
+    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, runtime: dict[str, Any],
 ) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=hf["vocab_size"],
@@ -135,9 +137,7 @@ def _transformer_config(
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
-        dtype=dtype,  # type: ignore[arg-type]
-        param_dtype=param_dtype,  # type: ignore[arg-type]
-        remat=remat,
+        **runtime,
     )
 
 

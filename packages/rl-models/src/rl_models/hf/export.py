@@ -45,8 +45,7 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
         source = Path(source_dir)
         hf = read_json(source / "config.json")
         described = transformer_config_from_hf(
-            hf, source=str(source / "config.json"), dtype=config.dtype,
-            param_dtype=config.param_dtype, remat=config.remat,
+            hf, source=str(source / "config.json"), **config.runtime()
         )
         if described != config:
             diffs = [
