@@ -85,3 +85,59 @@ def test_bench_with_a_real_architecture_folder(tmp_path):
     assert results["model"]["path"] == str(folder) and results["model"]["preset"] is None
     assert results["model"]["vocab"] > 99  # the folder's vocabulary, not the character one
     assert results["compile_count"]["timed_delta"] == 0
+
+
+def _bench_json(step: float, update: float, rollout: float, reward: float, peak_mfu: float = 1.0) -> dict:
+    """The fields of a bench JSON the baseline comparison reads; MFU as FLOPs / time."""
+    phases = {name: {"seconds": s, "mfu": (0.0 if name == "reward" else peak_mfu / s)}
+              for name, s in (("step", step), ("update", update), ("rollout", rollout), ("reward", reward))}
+    return {"preset": "tiny-qwen2", "algo": "grpo", "phases": phases,
+            "prefill": {"seconds": 0.002, "mfu": 0.2}, "decode": {"seconds": 0.02, "mfu": 0.25}}
+
+
+def test_baseline_ratios_and_flags_by_hand():
+    from trainer.bench_baseline import compare
+
+    baseline = _bench_json(step=0.100, update=0.080, rollout=0.019, reward=0.001)
+    # update 0.080 -> 0.0885 (+10.6%: flagged), rollout 0.019 -> 0.0209 (+10.0%: at the limit, not
+    # flagged), reward 0.001 -> 0.002 (2x, but 1% of the baseline step: never flagged), step +9%
+    current = _bench_json(step=0.109, update=0.0885, rollout=0.0209, reward=0.002)
+    current["decode"] = {"seconds": 0.0231, "mfu": 0.2}  # 1.155x slower, MFU 0.8x
+    rows = {r.phase: r for r in compare(current, baseline)}
+    assert set(rows) == {"step", "update", "rollout", "reward", "prefill", "decode"}
+    assert rows["update"].time_ratio == pytest.approx(1.10625) and rows["update"].flagged
+    assert rows["update"].mfu_ratio == pytest.approx(1 / 1.10625)  # same FLOPs in more time
+    assert rows["rollout"].time_ratio == pytest.approx(1.1) and not rows["rollout"].flagged
+    assert rows["reward"].time_ratio == pytest.approx(2.0) and not rows["reward"].flagged
+    assert np.isnan(rows["reward"].mfu_ratio)
+    assert rows["step"].time_ratio == pytest.approx(1.09) and not rows["step"].flagged
+    assert rows["decode"].time_ratio == pytest.approx(1.155) and rows["decode"].flagged
+    assert rows["decode"].mfu_ratio == pytest.approx(0.8)
+    assert not rows["prefill"].flagged and rows["prefill"].time_ratio == pytest.approx(1.0)
+    # a faster run flags nothing
+    assert not any(r.flagged for r in compare(baseline, current))
+
+
+def test_bench_against_a_baseline_exits_1_on_a_slower_phase(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(out)]) == 0
+    run = json.loads(out.read_text())
+    capsys.readouterr()
+    # a baseline whose update took a third of the time: the update is flagged, exit 1
+    fast = json.loads(json.dumps(run))
+    fast["phases"]["update"]["seconds"] /= 3
+    fast["phases"]["step"]["seconds"] /= 3
+    (tmp_path / "fast.json").write_text(json.dumps(fast))
+    assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(tmp_path / "b.json"),
+                 "--baseline", str(tmp_path / "fast.json")]) == 1
+    printed = capsys.readouterr().out
+    assert "update" in printed and "SLOWER" in printed and "more than 10% slower than the baseline" in printed
+
+
+def test_bench_refuses_a_bad_baseline_before_running(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not json")
+    assert main(["bench", "--preset", "tiny", "--baseline", str(tmp_path / "notes.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline" in err and "not a trainer bench JSON file" in err and "Traceback" not in err
+    assert main(["bench", "--preset", "tiny", "--baseline", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read it" in capsys.readouterr().err

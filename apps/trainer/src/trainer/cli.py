@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--output", type=Path, default=Path("runs/bench.json"), help="JSON output file")
     b.add_argument("--algo", default="grpo", help="algorithm to benchmark (default grpo)")
     b.add_argument("--model", metavar="DIR", help="a local Hugging Face folder instead of the preset's model")
+    b.add_argument("--baseline", type=Path, metavar="FILE",
+                   help="a saved bench JSON: print each phase's ratio to it; exit 1 when one is >10%% slower")
     b.add_argument("overrides", nargs="*", metavar="key=value",
                    help="model settings, e.g. model.lora.rank=8 model.quantize=int8 (a LoRA run)")
 
@@ -221,10 +223,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from trainer.bench import run_bench
+    from trainer.bench_baseline import compare, differences, load_baseline, print_comparison
 
-    run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,
-              overrides=args.overrides)
-    return 0
+    baseline = load_baseline(args.baseline) if args.baseline else None  # a bad file fails before the run
+    results = run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,
+                        overrides=args.overrides)
+    if baseline is None:
+        return 0
+    rows = compare(results, baseline)
+    print_comparison(rows, args.baseline, differences(results, baseline))
+    return 1 if any(r.flagged for r in rows) else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
