@@ -93,6 +93,9 @@ class ModelSettings(Config):
     always updates float32 master weights with float32 optimizer state."""
     remat: bool = False
     """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
+    attention: str = "xla"
+    """Attention in training and prefill: xla (runs everywhere) or cudnn (fused flash attention
+    on NVIDIA GPUs; needs dtype bfloat16)."""
     scan_layers: bool | None = None
     """Run the blocks as a lax.scan loop (true: compile time flat in depth) or unrolled (false:
     faster on CPU); null picks by platform: unrolled on CPU, scanned on accelerators."""
@@ -108,13 +111,16 @@ class ModelSettings(Config):
               "quantizes the frozen base of a LoRA run: set model.lora.rank > 0 too")
         for name in ("dtype", "param_dtype"):
             check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
+        check(self.attention in ("xla", "cudnn"), self, "attention", "must be xla or cudnn")
+        check(self.attention != "cudnn" or self.dtype == "bfloat16", self, "attention",
+              "cudnn attention needs model.dtype=bfloat16")
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",
               "must be true, false or null (by platform)")
 
     def runtime(self) -> dict[str, Any]:
         """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS)."""
         return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
-                "scan_layers": self.scan_layers}
+                "attention": self.attention, "scan_layers": self.scan_layers}
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
 
 

@@ -98,6 +98,14 @@ def _master_copy(x: jax.Array) -> jax.Array:
     return jnp.array(x, dtype=dtype, copy=True)
 
 
+@jax.jit
+def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(next carried key, key to use): the values of `jax.random.split`, in one small program
+    where the eager split and the unpacking of its result compile and dispatch two."""
+    carried, used = jax.random.split(key)
+    return carried, used
+
+
 def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh of pure data parallelism over `devices` (default: all): parameters replicated."""
     return mesh_lib.make_mesh(data=-1, fsdp=1, tensor=1, devices=devices)
@@ -241,7 +249,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     # -- services for subclasses ----------------------------------------------------------
 
     def next_key(self) -> jax.Array:
-        self.rng, key = jax.random.split(self.rng)
+        self.rng, key = _split_key(self.rng)
         return key
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:

@@ -102,8 +102,9 @@ class TransformerConfig:
     remat: bool = False
     """Rematerialize each block in the backward pass (jax.checkpoint around each scanned layer)."""
     attention: Literal["xla", "cudnn"] = "xla"
-    """Implementation of `jax.nn.dot_product_attention` for training and prefill: "xla" runs
-    everywhere; "cudnn" is the fused flash-attention kernel (NVIDIA GPUs, bfloat16 compute)."""
+    """Attention for training and prefill: "xla" (batched matmuls over (batch, KV head) with a
+    float32 softmax) runs everywhere; "cudnn" is `jax.nn.dot_product_attention`'s fused
+    flash-attention kernel (NVIDIA GPUs, bfloat16 compute)."""
     scan_layers: bool | None = None
     """Run the blocks as one `lax.scan` (True: a program's size and compile time do not grow
     with depth) or unrolled (False: no loop; XLA:CPU runs the tiny-qwen2 update 40% faster).
