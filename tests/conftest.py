@@ -51,6 +51,7 @@ LONGEST_FIRST = [
     "test_trainer_lora.py",  # 56
     "test_trainer_learning_lora.py",  # 53
     "test_algo_mesh_parallel.py",  # 40
+    "test_algo_interleaved_processes.py",  # 40 (one core): three processes
 ]
 
 

@@ -40,28 +40,11 @@ def sync(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def local_slices(sharding: Sharding, shape: Sequence[int]) -> tuple[slice, ...]:
-    """The block of a `shape` array that this process's devices hold under `sharding`.
-
-    Raises when it is not one block (a process's rows scattered among another's):
-    `make_array_from_process_local_data` takes one contiguous block per process.
-    """
-    shape = tuple(shape)
-    indices = sharding.addressable_devices_indices_map(shape).values()
-    block = []
-    for axis, size in enumerate(shape):
-        spans = {(s[axis].start or 0, size if s[axis].stop is None else s[axis].stop) for s in indices}
-        start, stop = min(a for a, _ in spans), max(b for _, b in spans)
-        covered = sum(b - a for a, b in spans)
-        if covered != stop - start:
-            raise ValueError(f"axis {axis} of a {shape} array: this process's shards {sorted(spans)} are not one block")
-        block.append(slice(start, stop))
-    return tuple(block)
-
-
 def to_global(tree: Any, sharding: Sharding) -> Any:
     """Host arrays (the same global value on every process) laid out by `sharding`; each
-    process places only its own block. jax.Arrays are re-laid out by `jax.device_put`."""
+    process places only its own devices' shards, cut from the global value, so any order
+    of the mesh's devices works (a process's shards need not be one block: JAX's device
+    order for a TPU slice interleaves hosts). jax.Arrays are re-laid out by `jax.device_put`."""
 
     def one(x: Any) -> Any:
         if x is None:
@@ -71,7 +54,7 @@ def to_global(tree: Any, sharding: Sharding) -> Any:
         x = np.asarray(x)  # a process's own array (e.g. a PRNG key) holds the global value
         if not multi_process():
             return jax.device_put(x, sharding)
-        return jax.make_array_from_process_local_data(sharding, x[local_slices(sharding, x.shape)], x.shape)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
     return jax.tree.map(one, tree, is_leaf=lambda x: x is None)
 
