@@ -251,8 +251,10 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
         (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
         + config.num_heads // tensor * seq * 4
     )
-    if config.remat:
+    if config.remat in ("full", "offload"):  # the layer's input stays (offload keeps the rest on the host)
         per_layer = rows_per_device * seq * config.hidden_size * cbytes
+    elif config.remat == "dots_with_no_batch_dims_saveable":  # attention's float32 probabilities go
+        per_layer = rows_per_device * seq * (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
     update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
     compiled = {
         # the programs' arguments less their (small) batch inputs

@@ -21,6 +21,7 @@ import jax
 import yaml
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
+from rl_models.config import REMAT
 
 from trainer.tasks import TASKS, Task
 
@@ -91,8 +92,10 @@ class ModelSettings(Config):
     param_dtype: str = "float32"
     """Storage dtype of the loaded model and the reference copy: float32 or bfloat16. Training
     always updates float32 master weights with float32 optimizer state."""
-    remat: bool = False
-    """Rematerialize transformer blocks in the backward pass (less memory, more compute)."""
+    remat: str | bool = "none"
+    """What each layer keeps for the backward pass (less memory, more compute): none, full (only
+    its input), dots_saveable, dots_with_no_batch_dims_saveable (projection and MLP outputs;
+    attention recomputed) or offload (those in host memory). true / false mean full / none."""
     attention: str = "xla"
     """Attention in training and prefill: xla (runs everywhere) or cudnn (fused flash attention
     on NVIDIA GPUs; needs dtype bfloat16)."""
@@ -111,6 +114,9 @@ class ModelSettings(Config):
               "quantizes the frozen base of a LoRA run: set model.lora.rank > 0 too")
         for name in ("dtype", "param_dtype"):
             check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
+        if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        check(self.remat in REMAT, self, "remat", f"must be one of {', '.join(REMAT)} (or true / false)")
         check(self.attention in ("xla", "cudnn"), self, "attention", "must be xla or cudnn")
         check(self.attention != "cudnn" or self.dtype == "bfloat16", self, "attention",
               "cudnn attention needs model.dtype=bfloat16")

@@ -12,6 +12,7 @@ from typing import Callable, Literal
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("xla", "cudnn")
+REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 """TransformerConfig fields that say how a model runs (precision, memory, kernels, loops), not
 what it is: a Hugging Face config.json does not hold them; loaders take them as overrides."""
@@ -99,8 +100,13 @@ class TransformerConfig:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Storage dtype of the parameters; each is cast to `dtype` where it is used. A learner
     trains float32 master weights whatever this is."""
-    remat: bool = False
-    """Rematerialize each block in the backward pass (jax.checkpoint around each scanned layer)."""
+    remat: Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload"] = "none"
+    """What each layer keeps for the backward pass (jax.checkpoint around each layer, with a
+    `jax.checkpoint_policies` policy): "none" keeps every activation; "full" keeps only the
+    layer's input and recomputes the rest; "dots_saveable" keeps every matmul's output;
+    "dots_with_no_batch_dims_saveable" keeps the projections' and MLP's outputs and recomputes
+    attention; "offload" keeps those in pinned host memory instead of on the device. True and
+    False (the old boolean setting) mean "full" and "none"."""
     attention: Literal["xla", "cudnn"] = "xla"
     """Attention for training and prefill: "xla" (batched matmuls over (batch, KV head) with a
     float32 softmax) runs everywhere; "cudnn" is `jax.nn.dot_product_attention`'s fused
@@ -151,7 +157,10 @@ class TransformerConfig:
             self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
             name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",
         )
-        for field in ("tie_embeddings", "attention_bias", "qk_norm", "remat"):
+        if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        _require(self.remat in REMAT, name, "remat", self.remat, f"must be one of {REMAT}")
+        for field in ("tie_embeddings", "attention_bias", "qk_norm"):
             value = getattr(self, field)
             _require(isinstance(value, bool), name, field, value, "must be a bool")
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",

@@ -20,6 +20,7 @@ quantized; `Linear` applies both.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,18 @@ def scans_layers(config: TransformerConfig) -> bool:
     if config.scan_layers is not None:
         return config.scan_layers
     return jax.default_backend() != "cpu"
+
+
+def remat_policy(remat: str) -> Callable[..., bool] | None:
+    """The `jax.checkpoint` policy of a `TransformerConfig.remat` setting (None: save nothing)."""
+    policies = jax.checkpoint_policies
+    return {
+        "full": None,
+        "dots_saveable": policies.dots_saveable,
+        "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
+        # Linear runs 2-D matmuls (no batch dims): the projections and MLP go to host memory
+        "offload": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    }[remat]
 
 
 def param(value: jax.Array, axes: Axes) -> nnx.Param:
@@ -417,8 +430,8 @@ class Transformer(nnx.Module):
         def layer(x, cache, state, i):
             return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i)
 
-        if self.config.remat:  # keep only each layer's input; recompute the rest in the backward pass
-            layer = jax.checkpoint(layer, prevent_cse=False)
+        if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
+            layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
 
         def body(carry, xs):
             x, cache = layer(*carry, *xs)
