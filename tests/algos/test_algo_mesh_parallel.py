@@ -51,8 +51,24 @@ def test_fsdp_4_keeps_a_quarter_of_every_large_parameter_and_adam_moment_per_dev
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
 def test_hugging_face_checkpoints_load_into_shards_and_keep_parity(result, family):
     """Loaded straight into shards on a (1, 2, 4) mesh: transformers' logits and greedy
-    tokens (through the sharded sampler), no device holding more than 1/8 of a matrix."""
+    tokens (through the sharded sampler), no device holding more than 1/8 of a matrix, except
+    the k/v projections: the fixtures' 2 KV heads cannot split 4 ways whole, so each is
+    replicated on 2 of the tensor devices and only fsdp splits them."""
     run = result["hf_1x2x4"][family]
     assert run["logits_max_abs_diff"] <= 1e-4
     assert run["same_greedy_tokens"]
     assert run["largest_shard_fraction"] == 0.125  # fsdp (2) x tensor (4)
+    assert run["kv_shard_fraction"] == [0.5]  # fsdp (2) only
+
+
+@pytest.mark.slow
+def test_tensor_8_gives_each_device_whole_heads_and_matches_one_device(result):
+    """8 query heads, 2 KV heads of 8 on tensor=8: each device holds one whole query head
+    (8 columns of q_proj, 8 rows of o_proj) and both KV heads (k_proj replicated, as
+    tensor > KV heads); three GRPO steps and greedy tokens equal one device's."""
+    run = result["whole_heads_1x1x8"]
+    dh = run["head_dim"]
+    assert run["q_columns_per_device"] == [dh] and run["o_rows_per_device"] == [dh]
+    assert run["k_columns_per_device"] == [2 * dh]
+    assert run["params_max_abs_diff"] <= 1e-5
+    assert run["same_greedy_tokens"]

@@ -39,3 +39,55 @@ def test_unknown_names_and_wrong_ranks_are_errors():
         logical_spec(("experts", "embed"), (8, 64), MESH)
     with pytest.raises(ValueError, match=r"logical axes \('embed',\) do not match shape \(8, 64\)"):
         logical_spec(("embed",), (8, 64), MESH)
+
+
+def test_fused_head_axes_split_only_in_whole_heads():
+    """Qwen2.5-7B: 28 query heads and 4 KV heads of 128, fused [3584] and [512] axes."""
+    tensor8 = AbstractMesh((1, 1, 8), MESH_AXES)
+    tensor4 = AbstractMesh((1, 1, 4), MESH_AXES)
+    # 3584 columns divide by 8, but 28 heads do not: whole heads only, so the axis stays whole
+    assert logical_spec(("embed", "heads"), (3584, 3584), tensor8) == P(None, "tensor")
+    assert logical_spec(("embed", "heads"), (3584, 3584), tensor8, units=(1, 128)) == P(None, None)
+    assert logical_spec(("embed", "heads"), (3584, 3584), tensor4, units=(1, 128)) == P(None, "tensor")  # 7 each
+    # 4 KV heads over 8 devices: replicated (each device holds all 4), never half a head
+    assert logical_spec(("embed", "kv_heads"), (3584, 512), tensor8, units=(1, 128)) == P(None, None)
+    assert logical_spec(("embed", "kv_heads"), (3584, 512), tensor4, units=(1, 128)) == P(None, "tensor")
+    # the KV cache holds the heads unfused: 4 heads over 8 devices stay whole too
+    cache = ("layers", "batch", "kv_heads", "cache_slots", "head_dim")
+    assert logical_spec(cache, (28, 64, 4, 768, 128), tensor8) == P(None, None, None, None, None)
+    with pytest.raises(ValueError, match=r"axis units \(1, 100\) do not divide shape \(64, 3584\)"):
+        logical_spec(("embed", "heads"), (64, 3584), tensor8, units=(1, 100))
+
+
+def test_model_parameters_carry_whole_head_units():
+    from flax import nnx
+    from rl_models import Transformer, TransformerConfig
+    from rl_models.lora import add_adapters
+
+    model = add_adapters(Transformer(TransformerConfig.tiny(11, attention_bias=True), rngs=nnx.Rngs(0)), rank=2,
+                         alpha=4.0)
+    attn, dh = model.layers.attn, model.config.head_dim
+    assert attn.q_proj.kernel.get_metadata("axis_units") == (1, 1, dh)  # layers, embed, heads
+    assert attn.k_proj.bias.get_metadata("axis_units") == (1, dh)
+    assert attn.o_proj.kernel.get_metadata("axis_units") == (1, dh, 1)
+    assert attn.q_proj.lora_b.get_metadata("axis_units") == (1, 1, dh)
+    assert model.layers.mlp.up_proj.kernel.get_metadata("axis_units") == (1, 1, 1)
+
+
+def test_tensor_parallel_problems_name_the_heads_and_what_fits():
+    from rl_models import TransformerConfig
+
+    qwen7b = TransformerConfig(vocab_size=11, hidden_size=3584, num_layers=1, num_heads=28, num_kv_heads=4,
+                               mlp_hidden_size=64)
+    assert qwen7b.tensor_parallel_problem(1) is None
+    assert qwen7b.tensor_parallel_problem(4) is None  # 7 query heads and 1 KV head each
+    assert qwen7b.tensor_parallel_problem(2) is None
+    assert qwen7b.tensor_parallel_problem(8) == (
+        "8 devices cannot each hold whole query heads of the model's 28; tensor parallelism over "
+        "[1, 2, 4, 28] devices can")
+    wide = TransformerConfig(vocab_size=11, hidden_size=96, num_layers=1, num_heads=24, num_kv_heads=4,
+                             mlp_hidden_size=64)
+    assert wide.tensor_parallel_problem(8) is None  # 3 query heads each, each KV head on 2 devices
+    assert wide.tensor_parallel_problem(6) == (
+        "the model's 4 KV heads neither split evenly over 6 devices nor replicate evenly on them "
+        "(use a divisor or a multiple of 4)")

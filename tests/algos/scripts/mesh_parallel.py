@@ -35,14 +35,14 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def make_learner(mesh, optimizer: str = "sgd") -> GRPOLearner:
+def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None) -> GRPOLearner:
     """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
     differences of near-zero gradient entries (another reduction order) into
     learning-rate-sized parameter differences; SGD shows the computation itself."""
     return GRPOLearner(
         # beta: the reference pass runs; two iterations: the old-policy pass runs
         GRPOConfig(group_size=4, beta=0.04, num_iterations=2),
-        policy=Transformer(TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
+        policy=Transformer(config or TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(
@@ -63,8 +63,8 @@ def greedy_tokens(learner) -> list[list[int]]:
     return np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
 
 
-def run(mesh) -> tuple[list[np.ndarray], list[list[int]], list[int], list[dict]]:
-    learner = make_learner(mesh)
+def run(mesh, config: TransformerConfig | None = None) -> tuple[list[np.ndarray], list[list[int]], list[int], list[dict]]:
+    learner = make_learner(mesh, config=config)
     learner.train_step()
     compiles = [compile_count()]
     metrics = [learner.train_step() for _ in range(STEPS - 1)]
@@ -88,6 +88,25 @@ def shards(mesh) -> dict:
             "device0_bytes": int(p.addressable_shards[0].data.nbytes),
         }
     return out
+
+
+def whole_heads(devices) -> dict:
+    """tensor=8 on a model of 8 query heads and 2 KV heads (head_dim 8): one query head per
+    device, the KV heads replicated on 4 devices each; three steps against one device."""
+    config = TransformerConfig.tiny(TOK.vocab_size, num_heads=8, num_kv_heads=2)
+    one_params, one_tokens, _, _ = run(mesh_lib.make_mesh(devices=devices[:1]), config)
+    mesh = mesh_lib.make_mesh(1, 1, 8, devices=devices)
+    params, tokens, _, _ = run(mesh, config)
+    layers = make_learner(mesh, config=config).params["layers"]["attn"]
+    columns = lambda x: sorted({s.data.shape[-1] for s in x.addressable_shards})  # noqa: E731
+    return {
+        "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, one_params, strict=True)),
+        "same_greedy_tokens": tokens == one_tokens,
+        "q_columns_per_device": columns(layers["q_proj"]["kernel"]),
+        "k_columns_per_device": columns(layers["k_proj"]["kernel"]),
+        "o_rows_per_device": sorted({s.data.shape[-2] for s in layers["o_proj"]["kernel"].addressable_shards}),
+        "head_dim": config.head_dim,
+    }
 
 
 def hf_sharded(mesh) -> dict:
@@ -124,11 +143,14 @@ def hf_sharded(mesh) -> dict:
         sampler = Sampler(graphdef, max_new_tokens=ref["greedy_ids"].shape[1], eos_ids=tok.eos_ids,
                           pad_id=tok.pad_id, mesh=mesh, param_shardings=shardings)
         greedy = sampler(params, ref["prompt_ids"], ref["prompt_mask"], jax.random.key(0), GREEDY)
-        sizes = [(x.addressable_shards[0].data.size, x.size) for x in jax.tree.leaves(params)]
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        fraction = {"/".join(map(str, path)): x.addressable_shards[0].data.size / x.size for path, x in flat if x.size >= 1024}
         out[name] = {
             "logits_max_abs_diff": float(np.max(np.abs(got[real] - ref["logits"][real]))),
             "same_greedy_tokens": np.asarray(greedy.tokens).tolist() == ref["greedy_ids"].tolist(),
-            "largest_shard_fraction": max(a / b for a, b in sizes if b >= 1024),
+            # k/v projections: 2 KV heads on tensor=4 replicate (whole heads), so only fsdp splits them
+            "largest_shard_fraction": max(f for p, f in fraction.items() if "k_proj" not in p and "v_proj" not in p),
+            "kv_shard_fraction": sorted({f for p, f in fraction.items() if "k_proj" in p or "v_proj" in p}),
         }
     return out
 
@@ -154,6 +176,7 @@ def main() -> None:
     result["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(one_params, params_numpy(make_learner(mesh_lib.make_mesh(devices=devices[:1]))), strict=True))
     result["fsdp4"] = shards(mesh_lib.make_mesh(1, 4, 1, devices=devices[:4]))
     result["hf_1x2x4"] = hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))
+    result["whole_heads_1x1x8"] = whole_heads(devices)
     print(json.dumps(result))
 
 

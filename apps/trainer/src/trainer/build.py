@@ -28,7 +28,7 @@ from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
-from rl_models.hf import load_hf_model, load_hf_tokenizer
+from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 from rl_models.lora import add_adapters, quantize_base
 
 from trainer.evaluate import evaluate
@@ -72,10 +72,19 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     m = settings.model
     device_mesh = mesh(settings)
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
+    config = load_hf_config(m.path, **m.runtime()) if m.path else preset(
+        m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
+    check_tensor_parallel(config, device_mesh.shape["tensor"])
     if m.path:
         return load_hf_model(m.path, shardings=shardings, **m.runtime())
-    config = preset(m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
+
+
+def check_tensor_parallel(config: TransformerConfig, tensor: int) -> None:
+    """A settings error when the mesh's tensor axis cannot give each device whole heads."""
+    problem = config.tensor_parallel_problem(tensor)
+    if problem:
+        raise ConfigError(f"training.mesh.tensor = {tensor}: {problem}")
 
 
 def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Transformer:

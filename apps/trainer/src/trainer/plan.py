@@ -125,6 +125,7 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     from rl_core import frozen as frozen_lib
     from rl_models.hf import load_hf_config
     from rl_models.lora import add_adapters, quantize_base
+    from trainer.build import check_tensor_parallel
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
@@ -134,6 +135,7 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     else:
         config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
     mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
+    check_tensor_parallel(config, mesh.shape["tensor"])
     lora = m.lora
 
     def build():

@@ -62,36 +62,46 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
 
 
 def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                 rules: dict[str, MeshAxes] = RULES) -> P:
-    """The PartitionSpec of an array with logical axis `names` and `shape` on `mesh`."""
+                 rules: dict[str, MeshAxes] = RULES, units: Sequence[int] | None = None) -> P:
+    """The PartitionSpec of an array with logical axis `names` and `shape` on `mesh`.
+
+    `units[i]`: dimension i splits only in whole multiples of it (a fused heads x
+    head_dim axis has unit head_dim, so each device gets whole heads).
+    """
     if len(names) != len(shape):
         raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
+    units = tuple(units) if units is not None else (1,) * len(shape)
+    if len(units) != len(shape) or any(u < 1 or size % u for u, size in zip(units, shape, strict=True)):
+        raise ValueError(f"axis units {units} do not divide shape {tuple(shape)}")
     used: set[str] = set()
     spec: list[MeshAxes] = []
-    for name, size in zip(names, shape, strict=True):
+    for name, size, unit in zip(names, shape, units, strict=True):
         if name is not None and name not in rules:
             raise ValueError(f"no sharding rule for logical axis {name!r}; known: {sorted(rules)}")
         target = rules.get(name) if name is not None else None
         axes = [target] if isinstance(target, str) else list(target or ())
         axes = [a for a in axes if a not in used and mesh.shape[a] > 1]
-        while axes and size % math.prod(mesh.shape[a] for a in axes):
+        while axes and (size // unit) % math.prod(mesh.shape[a] for a in axes):
             axes.pop()  # a dimension the devices do not divide stays (partly) whole
         used.update(axes)
         spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
     return P(*spec)
 
 
-def logical_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, logical_spec(names, shape, mesh))
+def logical_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                     units: Sequence[int] | None = None) -> NamedSharding:
+    return NamedSharding(mesh, logical_spec(names, shape, mesh, units=units))
 
 
 def param_shardings(params: nnx.State, mesh: Mesh) -> nnx.State:
     """A tree like `params` (concrete or abstract nnx Variables) of NamedShardings
-    from each Variable's logical `out_sharding` names; unnamed ones are replicated."""
+    from each Variable's logical `out_sharding` names and `axis_units` (whole heads);
+    unnamed ones are replicated."""
 
     def one(var: nnx.Variable) -> nnx.Variable:
         names = var.get_metadata("out_sharding", None) or (None,) * len(var.shape)
-        return var.replace(logical_sharding(names, var.shape, mesh))
+        units = var.get_metadata("axis_units", None)
+        return var.replace(logical_sharding(names, var.shape, mesh, units))
 
     return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 

@@ -166,6 +166,22 @@ class TransformerConfig:
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",
                  self.scan_layers, "must be a bool or None (by platform)")
 
+    def tensor_parallel_problem(self, ways: int) -> str | None:
+        """Why `ways`-way tensor parallelism cannot give each device whole attention heads
+        (None: it can). Query heads must split evenly; KV heads split evenly too, or, when
+        there are fewer of them than devices, each is replicated on `ways // K` devices."""
+        h, k = self.num_heads, self.num_kv_heads
+        if ways <= 1:
+            return None
+        if h % ways:
+            fits = [n for n in range(1, h + 1) if h % n == 0 and (k % n == 0 or n % k == 0)]
+            return (f"{ways} devices cannot each hold whole query heads of the model's {h}; "
+                    f"tensor parallelism over {fits} devices can")
+        if k % ways and ways % k:
+            return (f"the model's {k} KV heads neither split evenly over {ways} devices nor replicate "
+                    f"evenly on them (use a divisor or a multiple of {k})")
+        return None
+
     def runtime(self) -> dict[str, object]:
         """The fields that say how the model runs, not what it computes (see RUNTIME_FIELDS)."""
         return {field: getattr(self, field) for field in RUNTIME_FIELDS}

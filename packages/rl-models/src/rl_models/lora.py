@@ -55,6 +55,10 @@ def _axes(var: nnx.Variable) -> tuple[str | None, ...]:
     return tuple(var.get_metadata("out_sharding", None) or (None,) * var.ndim)
 
 
+def _units(var: nnx.Variable) -> tuple[int, ...]:
+    return tuple(var.get_metadata("axis_units", None) or (1,) * var.ndim)
+
+
 def add_adapters(model: Transformer, *, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS,
                  seed: int = 0) -> Transformer:
     """Give every targeted projection of `model` (in place; also returned) a rank-`rank` adapter.
@@ -70,11 +74,14 @@ def add_adapters(model: Transformer, *, rank: int, alpha: float, targets: Sequen
             raise ValueError(f"{path} already has an adapter")
         *lead, n_in, n_out = lin.kernel.shape
         *lead_axes, in_axis, out_axis = _axes(lin.kernel)
+        *lead_units, in_unit, out_unit = _units(lin.kernel)
         bound = 1.0 / math.sqrt(n_in)
         a = jax.random.uniform(jax.random.fold_in(key, i), (*lead, n_in, rank), jnp.float32, -bound, bound)
-        lin.lora_a = nnx.LoRAParam(a, out_sharding=(*lead_axes, in_axis, None), eager_sharding=False)
+        lin.lora_a = nnx.LoRAParam(a, out_sharding=(*lead_axes, in_axis, None),
+                                   axis_units=(*lead_units, in_unit, 1), eager_sharding=False)
         lin.lora_b = nnx.LoRAParam(jnp.zeros((*lead, rank, n_out), jnp.float32),
-                                   out_sharding=(*lead_axes, None, out_axis), eager_sharding=False)
+                                   out_sharding=(*lead_axes, None, out_axis),
+                                   axis_units=(*lead_units, 1, out_unit), eager_sharding=False)
         lin.lora_scale = alpha / rank
     return model
 
@@ -85,10 +92,11 @@ def quantize_base(model: Transformer, qtype: str) -> Transformer:
     for path, lin in linears(model).items():
         if not path.startswith("layers/") or lin.kernel_scale is not None:
             continue
-        axes = _axes(lin.kernel)
+        axes, units = _axes(lin.kernel), _units(lin.kernel)
         codes, scale = quant.quantize(lin.kernel[...], qtype)
-        lin.kernel = nnx.Param(codes, out_sharding=axes, eager_sharding=False)
-        lin.kernel_scale = nnx.Param(scale, out_sharding=(*axes[:-2], None, axes[-1]), eager_sharding=False)
+        lin.kernel = nnx.Param(codes, out_sharding=axes, axis_units=units, eager_sharding=False)
+        lin.kernel_scale = nnx.Param(scale, out_sharding=(*axes[:-2], None, axes[-1]),
+                                     axis_units=(*units[:-2], 1, units[-1]), eager_sharding=False)
         lin.qtype = qtype
     return model
 

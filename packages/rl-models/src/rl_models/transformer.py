@@ -72,14 +72,19 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
     }[remat]
 
 
-def param(value: jax.Array, axes: Axes) -> nnx.Param:
+def param(value: jax.Array, axes: Axes, units: tuple[int, ...] | None = None) -> nnx.Param:
     """A parameter annotated with its logical axis names (one per dimension).
 
-    Not sharded here (no eager sharding): whoever places the model maps the
-    names to a mesh (see `rl_core.mesh`), so the model itself needs no mesh.
+    `units` (metadata `axis_units`, default 1 each): a dimension may only be split in
+    whole multiples of its unit, e.g. head_dim for the fused (heads x head_dim) output of
+    q_proj, so tensor parallelism hands each device whole heads. Not sharded here (no
+    eager sharding): whoever places the model maps the names to a mesh (see
+    `rl_core.mesh`), so the model itself needs no mesh.
     """
     assert len(axes) == value.ndim, (axes, value.shape)
-    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+    units = units or (1,) * value.ndim
+    assert len(units) == value.ndim, (units, value.shape)
+    return nnx.Param(value, out_sharding=axes, axis_units=units, eager_sharding=False)
 
 
 class Linear(nnx.Module):
@@ -92,10 +97,10 @@ class Linear(nnx.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool,
-                 dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs):
+                 dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs, units: tuple[int, int] = (1, 1)):
         init = nnx.initializers.lecun_normal()
-        self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes)
-        self.bias = param(jnp.zeros((out_features,), param_dtype), axes[1:]) if use_bias else None
+        self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes, units)
+        self.bias = param(jnp.zeros((out_features,), param_dtype), axes[1:], units[1:]) if use_bias else None
         self.dtype = dtype
         # data slots (not static attributes), so rl_models.lora can fill them in later
         self.kernel_scale: nnx.Param | None = nnx.data(None)
@@ -263,10 +268,12 @@ class Attention(nnx.Module):
         assert dh is not None
         bias = config.attention_bias
         # the fused (heads x head_dim) output axes are named for the heads they hold
-        self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), use_bias=bias, **dtypes, rngs=rngs)
-        self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), use_bias=bias, **dtypes, rngs=rngs)
-        self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), use_bias=bias, **dtypes, rngs=rngs)
-        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, **dtypes, rngs=rngs)
+        # ... and split only in whole heads (units of head_dim)
+        heads = {"use_bias": bias, "units": (1, dh), **dtypes, "rngs": rngs}
+        self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), **heads)
+        self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
+        self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
+        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, units=(dh, 1), **dtypes, rngs=rngs)
         eps, pdt = config.rms_norm_eps, param_dtype(config)
         norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim"}
         self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
@@ -350,8 +357,9 @@ def stack_layers(blocks: list[Block]) -> Block:
 
     def stack(*variables: nnx.Variable) -> nnx.Variable:
         axes = variables[0].get_metadata("out_sharding")
+        units = variables[0].get_metadata("axis_units")
         value = jnp.stack([v[...] for v in variables])
-        return variables[0].replace(value, out_sharding=("layers", *axes))
+        return variables[0].replace(value, out_sharding=("layers", *axes), axis_units=(1, *units))
 
     stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, stacked)
