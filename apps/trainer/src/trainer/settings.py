@@ -122,12 +122,12 @@ class ModelSettings(Config):
               "cudnn attention needs model.dtype=bfloat16")
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",
               "must be true, false or null (by platform)")
+        check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
 
     def runtime(self) -> dict[str, Any]:
         """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS)."""
         return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
                 "attention": self.attention, "scan_layers": self.scan_layers}
-        check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
