@@ -1,0 +1,96 @@
+"""The collectives of a Qwen2.5-7B-shaped GRPO-style update on simulated CPU devices.
+
+    uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1]
+
+Abstract shapes only (nothing is allocated): bfloat16 compute over float32
+master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
+(two per step), AdamW, compiled for fsdp x tensor CPU devices. Prints each kind
+of collective with its executions and bytes per device per optimizer step
+(rl_core.hlo), the largest ones, and what FSDP needs by arithmetic: the
+bfloat16 weights gathered for the forward and the backward pass of each
+micro-batch and the float32 gradients reduce-scattered. Layers run as a scan, as
+on accelerators; the totals scale with --layers.
+"""
+
+import argparse
+import os
+import sys
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--layers", type=int, default=2)
+parser.add_argument("--fsdp", type=int, default=8)
+parser.add_argument("--tensor", type=int, default=1)
+parser.add_argument("--micro-batches", type=int, default=2)
+args = parser.parse_args()
+devices = args.fsdp * args.tensor
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from rl_core import frozen as frozen_lib  # noqa: E402
+from rl_core import hlo  # noqa: E402
+from rl_core import mesh as mesh_lib  # noqa: E402
+from rl_core.logprobs import completion_logprobs  # noqa: E402
+from rl_models import Transformer, TransformerConfig  # noqa: E402
+
+GIB = 2**30
+cfg = TransformerConfig(vocab_size=152064, hidden_size=3584, num_layers=args.layers, num_heads=28, num_kv_heads=4,
+                        mlp_hidden_size=18944, attention_bias=True, dtype="bfloat16", param_dtype="bfloat16",
+                        scan_layers=True)
+problem = cfg.tensor_parallel_problem(args.tensor)
+if problem:
+    sys.exit(f"--tensor {args.tensor}: {problem}")
+mesh = mesh_lib.make_mesh(1, args.fsdp, args.tensor)
+graphdef, abstract, _, _ = frozen_lib.split_policy(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
+master = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.float32, sharding=sh),
+                      nnx.to_pure_dict(abstract), shardings)
+n_micro, micro, prompt, completion = args.micro_batches, 16, 64, 704
+rows = mesh_lib.rows(mesh, axis=1)
+
+
+def batch(width: int, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((n_micro, micro, width), dtype, sharding=rows)
+
+
+xs = (batch(prompt, jnp.int32), batch(prompt, jnp.float32), batch(completion, jnp.int32),
+      batch(completion, jnp.float32), jax.ShapeDtypeStruct((n_micro, micro), jnp.float32, sharding=rows))
+tx = optax.adamw(1e-6)
+opt_abstract = jax.eval_shape(tx.init, master)
+opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, shardings,
+                                      transform_non_params=lambda _: mesh_lib.replicated(mesh))
+
+
+def micro_loss(params, x):
+    prompt_tokens, prompt_mask, completion_tokens, mask, adv = x
+    logp, _ = completion_logprobs(nnx.merge(graphdef, params, {}), prompt_tokens, prompt_mask, completion_tokens)
+    return jnp.sum(-adv[:, None] * logp * mask)
+
+
+def update(params, opt_state, x):
+    def body(acc, micro_batch):
+        grads = jax.grad(micro_loss)(params, micro_batch)
+        return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads), None
+
+    grads, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), x)
+    grads = jax.lax.with_sharding_constraint(grads, shardings)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+compiled = jax.jit(update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
+                   out_shardings=(shardings, opt_shardings)).lower(master, opt_abstract, xs).compile()
+ops = hlo.collectives(compiled.as_text())
+elements = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(master))
+need = n_micro * 2 * elements * 2 / args.tensor + elements * 4 / args.tensor  # bf16 gathers + f32 reduce-scatter
+print(f"Qwen2.5-7B shape, {args.layers} layers ({elements / 1e9:.2f}B parameters), fsdp={args.fsdp} "
+      f"tensor={args.tensor}, {n_micro} micro-batches of {micro} x {prompt + completion} tokens")
+for kind, row in hlo.summary(ops).items():
+    print(f"  {kind:18s} {row['executions']:5d} executions  {row['bytes'] / GIB:8.2f} GiB per device per step")
+print(f"  total {hlo.total_bytes(ops) / GIB:.2f} GiB; FSDP needs about {need / GIB:.2f} GiB")
+print("largest:")
+for c in sorted(ops, key=lambda c: -c.bytes * c.count)[:8]:
+    print(f"  {c.kind:18s} x{c.count:<3d} {c.bytes / 2**20:9.1f} MiB  {', '.join(c.shapes)[:90]}")
