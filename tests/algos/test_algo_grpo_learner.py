@@ -174,3 +174,37 @@ def test_loss_at_ratio_one_is_minus_the_aggregated_advantage(one_step_updates):
     assert one_step_updates["seq-mean-token-sum-norm", None][1] == pytest.approx(-0.25, abs=1e-6)
     # token-mean: -(4a - 2a - 1b + 3b) / (4 + 2 + 1 + 3) = -(2a + 2b) / 10 = -0.2828424
     assert one_step_updates["token-mean", None][1] == pytest.approx(-0.2828424, abs=1e-6)
+
+
+# -- the loaded weights stay resident only when the reference needs them ---------------
+
+
+def _grpo(policy, beta):
+    return GRPOLearner(
+        GRPOConfig(group_size=2, beta=beta), policy=policy, tokenizer=TOK, train_data=PROMPTS,
+        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+    )
+
+
+def test_with_beta_0_the_learner_keeps_nothing_of_the_loaded_weights():
+    """The learner trains float32 copies; with beta = 0 nothing it holds points at the policy's
+    own arrays, so dropping the policy frees them (the trainer drops it once the learner is
+    built: a 7B bfloat16 model is 14 GiB per replica)."""
+    import gc
+    import weakref
+
+    policy = BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0))
+    weights = [weakref.ref(x) for x in jax.tree.leaves(nnx.state(policy, nnx.Param))]
+    learner = _grpo(policy, beta=0.0)
+    del policy
+    gc.collect()
+    assert [r() for r in weights] == [None] * len(weights)
+    assert learner.ref_params is None
+
+
+def test_with_beta_the_reference_is_the_loaded_weights_not_a_copy():
+    policy = BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0))
+    learner = _grpo(policy, beta=0.04)
+    pointers = lambda tree: [x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)]  # noqa: E731
+    assert pointers(learner.ref_params) == pointers(nnx.state(policy, nnx.Param))

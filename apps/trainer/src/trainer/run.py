@@ -144,6 +144,9 @@ def train_run(
         if multihost.is_primary():
             _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
         raise
+    # The learner trains float32 copies and keeps the loaded weights only as the reference
+    # (beta > 0) or the frozen base (LoRA): with beta = 0 this frees the whole loaded model.
+    del model, policy
 
     with StopOnSignal(log) as signals:
         before_path = run_dir / "eval_before.json"
