@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     o.add_argument("--adapter", action="store_true",
                    help="a LoRA run's adapters alone, in the PEFT layout (default: the merged model)")
+    o.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder as a whole")
 
     b = sub.add_parser(
         "bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation", epilog=SETTINGS_HINT
@@ -136,10 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (
-        ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError,
-        HFFolderError, RunFileError,
+        ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, OSError, HFFolderError, RunFileError,
     ) as e:
-        print(f"trainer {args.command}: error: {e}", file=sys.stderr)
+        print(f"trainer {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except RunInterrupted as e:
         print(f"trainer {args.command}: {e}", file=sys.stderr)
@@ -147,6 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before training (loading, warm start): its work so far is kept
         print(f"trainer {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def one_line(error: Exception) -> str:
+    """The message of `error` on one line; an operating-system error as `path: what went wrong`
+    (a read-only folder, a name too long, a full disk), not Python's `[Errno 28] ...` repr."""
+    if isinstance(error, OSError) and error.strerror and len(error.args) >= 2:
+        where = f"{error.filename}: " if error.filename is not None else ""
+        also = f" (and {error.filename2})" if error.filename2 is not None else ""
+        return f"{where}{error.strerror}{also}"
+    return str(error)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -215,7 +225,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from trainer.export import export_run
 
-    print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter), indent=2))
+    print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter, overwrite=args.overwrite),
+                     indent=2))
     return 0
 
 
