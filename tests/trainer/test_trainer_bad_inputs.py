@@ -219,3 +219,28 @@ def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(
     assert code == 0, err
     assert f"resumed {run} at step 2" in out
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_resume_refuses_a_config_yaml_edited_to_another_algorithm(trained_run, tmp_path, capsys):
+    """config.yaml's `algo: grpo` edited to `dapo`: the GRPO checkpoint is not resumed as DAPO."""
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["algo"] = "dapo"
+    config["algorithm"]["group_size"] = 4
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "config.yaml differs from the settings the run started with" in err
+    assert "algo: 'grpo' -> 'dapo'" in err and "algorithm.group_size: 2 -> 4" in err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+    # extending the run is the one change a resume accepts, also written into config.yaml by hand
+    config = yaml.safe_load((trained_run / "config.yaml").read_text())
+    config["training"]["num_steps"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 0 and "is finished (2 of 2 steps); nothing to do" in out, err

@@ -116,6 +116,7 @@ def train_run(
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
+        _refuse_changed_settings(run_dir, settings)
         finished = _finished_summary(run_dir, settings)
         if finished is not None:
             log(
@@ -192,6 +193,7 @@ def train_run(
 
 RUN_FILES = (
     "checkpoints",
+    "settings_at_start.json",
     CORRUPT_DIR,
     "tensorboard",
     "metrics.jsonl",
@@ -238,6 +240,53 @@ def _write_config(run_dir: Path, settings: RunSettings) -> None:
     path = run_dir / "config.yaml"
     if not path.exists() or path.read_text() != text:
         _write_text(path, text)
+    started = run_dir / STARTED
+    if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
+        _write_text(started, json.dumps(_comparable(settings), indent=2))
+
+
+STARTED = "settings_at_start.json"
+"""The run's resolved settings as it started (training.num_steps as last extended): what its
+checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
+
+RESUMABLE_CHANGES = ("training.num_steps",)
+"""Settings a resume may change: extending the run."""
+
+
+def _comparable(settings: RunSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
+
+
+def _refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
+    """A resumed run continues with the settings its checkpoints were made with: an edited
+    config.yaml (another algorithm, model, shape) is refused, naming each difference."""
+    path = run_dir / STARTED
+    if not path.exists():  # a run from before this record was kept
+        return
+    started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
+    changed = [
+        f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
+        for key in sorted(set(started) | set(now))
+        if key not in RESUMABLE_CHANGES and started.get(key) != now.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"--resume {run_dir}: config.yaml differs from the settings the run started with, which its "
+            f"checkpoints depend on ({'; '.join(changed)}); a resume may change only "
+            f"{', '.join(RESUMABLE_CHANGES)}. Restore config.yaml, or start a new run with "
+            f"`trainer train --config {run_dir / 'config.yaml'} --output NEW_FOLDER`"
+        )
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _quiet(message: str) -> None:
