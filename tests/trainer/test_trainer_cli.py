@@ -52,7 +52,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["--algo", "dapo", "algorithm.overlong=false"], ["overlong", "False", "mapping"]),
         # a task that does not exist, and a task option it does not take
         (["--algo", "grpo", "task.name=arithmetik"], ["TaskSettings.name = 'arithmetik'", "arithmetic"]),
-        (["--algo", "grpo", "task.options.digitz=2"], ["TaskSettings.options", "digitz"]),
+        (["--algo", "grpo", "task.options.digitz=2"], ["task.options.digitz", "did you mean 'task.options.digits'"]),
         # neither --algo nor --resume
         ([], ["--algo NAME", "--resume DIR"]),
     ],

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager
@@ -78,6 +79,22 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
         m.preset, vocab_size=tokenizer.vocab_size, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat
     )
     return sharded_init(config, m.seed, device_mesh)
+
+
+def check_finite(settings: RunSettings, model: Transformer) -> None:
+    """Refuse a model whose weights hold NaN or inf: every update would be non-finite and skipped."""
+    bad = [
+        "/".join(map(str, path))
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+        if jnp.issubdtype(var[...].dtype, jnp.floating) and not bool(jnp.isfinite(var[...]).all())
+    ]
+    if bad:
+        where = f"model.path = {settings.model.path!r}" if settings.model.path else f"model.preset = {settings.model.preset!r}"
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ConfigError(
+            f"{where}: the weights hold NaN or infinite values ({shown}); every update from them would be "
+            "non-finite, so the run does not start"
+        )
 
 
 def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Transformer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             args.algos += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
-    use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
     try:
+        keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
+        use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
         return COMMANDS[args.command](args)
     except (
         ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, OSError, HFFolderError, RunFileError,
@@ -241,6 +242,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from trainer.plan import plan, simulate_devices
 
+    if args.devices < 1:
+        raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
+    if not (args.device_memory_gb > 0 and math.isfinite(args.device_memory_gb)):
+        raise ConfigError(f"--device-memory-gb = {args.device_memory_gb}: must be a number > 0 (GiB per device)")
     simulate_devices(args.devices)  # before anything starts JAX's backend
     from trainer.settings import build_settings
 

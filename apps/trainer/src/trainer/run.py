@@ -113,6 +113,7 @@ def train_run(
     """
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
+    _check_can_make(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
@@ -133,6 +134,7 @@ def train_run(
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)
     model = build.new_model(settings, tokenizer)
+    build.check_finite(settings, model)
 
     there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +225,25 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
         path = run_dir / name
         if name != "config.yaml":  # rewritten below, atomically
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+NAME_MAX = 255
+"""Bytes in one file or folder name on Linux and macOS file systems."""
+
+
+def _check_can_make(run_dir: Path) -> None:
+    """Fail now, not after the model and data are loaded, when the run folder cannot be made."""
+    for part in run_dir.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(
+                f"output {run_dir}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes; "
+                f"file systems allow {NAME_MAX}"
+            )
+    parent = run_dir.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not run_dir.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output {run_dir}: cannot make it in {parent} (permission denied)")
 
 
 def _remove_new(run_dir: Path, there: set[str] | None) -> None:

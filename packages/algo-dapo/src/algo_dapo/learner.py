@@ -10,7 +10,7 @@ import numpy as np
 
 from algo_dapo.config import DAPOConfig
 from algo_grpo import GRPOLearner, Groups
-from algo_grpo.groups import TOTAL, concat
+from algo_grpo.groups import concat
 from rl_core.data import Prompt
 
 
@@ -34,11 +34,7 @@ class DAPOLearner(GRPOLearner):
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.filter_by = config.filter_reward or self.reward_manager.correctness
-        if self.filter_by != TOTAL and self.filter_by not in self.reward_manager.names:
-            raise ValueError(
-                f"DAPOConfig.filter_reward = {config.filter_reward!r}: no reward function of that name; "
-                f"choose one of {[TOTAL, *self.reward_manager.names]}"
-            )
+        config.check_reward_names(self.reward_manager.names)
         self._carry: Groups | None = None
         self._sampling_stats: dict[str, float] = {}
 
