@@ -21,3 +21,19 @@ def test_warm_start_prints_progress_lines_with_the_loss_when_not_a_terminal(caps
     # below the cross-entropy of a uniform guess over the vocabulary, ln(99) = 4.595: it learned
     assert all(loss < math.log(tokenizer.vocab_size) - 1.0 for loss in losses), losses
     assert all("eta " in line for line in lines)
+
+
+def test_the_cached_base_policy_is_keyed_by_the_device_layout():
+    """A base warm-started on 2 devices ends elsewhere than one on 1 device (the sums are split
+    over the mesh): the cache folder's key tells them apart, so neither reuses the other's."""
+    import jax
+
+    from trainer.build import base_policy_key
+    from trainer.settings import build_settings
+
+    settings = build_settings(algo="grpo")
+    here = base_policy_key(settings)
+    assert here == base_policy_key(settings, devices=jax.device_count())
+    assert here != base_policy_key(settings, devices=2 * jax.device_count())
+    # settings that do not touch the base still share it (LoRA runs and full runs, another RL algorithm)
+    assert base_policy_key(build_settings(algo="dapo", overrides=["model.lora.rank=4"])) == here

@@ -38,8 +38,11 @@ from trainer.tasks import Task
 from trainer.warmstart import warm_start
 
 
-def base_policy_key(settings: RunSettings) -> str:
-    """A short hash of the settings that determine the base policy."""
+def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str:
+    """A short hash of what determines the base policy: its settings and the device layout it
+    is trained on (`devices`, default all of JAX's): the warm start's sums are split over the
+    mesh, so another layout rounds differently and, over 800 steps, ends elsewhere
+    (2 simulated devices: another loss and base accuracy), and must not reuse this one."""
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     model = settings.model.to_dict()
@@ -51,6 +54,10 @@ def base_policy_key(settings: RunSettings) -> str:
         "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
+        "layout": {
+            "platform": jax.default_backend(),
+            "mesh": settings.training.mesh.shape(jax.device_count() if devices is None else devices),
+        },
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
