@@ -164,9 +164,10 @@ class RolloutConfig(Config):
     temperature: float = 1.0
     """Softmax temperature; 0 means greedy decoding."""
     top_k: int = 0
-    """Keep only the k most likely tokens; 0 disables."""
+    """Keep only the k most likely tokens; 0 disables. The sampler's log-probs stay those of the full
+    tempered softmax (what the learner computes), so importance weights measure real mismatch."""
     top_p: float = 1.0
-    """Keep the smallest set of tokens whose probability reaches p; 1.0 disables."""
+    """Keep the smallest set of tokens whose probability reaches p; 1.0 disables. Log-probs as for top_k."""
     seed: int = 0
     """Seed of the sampling key stream."""
     logprob_chunk_tokens: int = 64
