@@ -68,7 +68,20 @@ def test_compare_prints_a_table_of_means_over_seeds(compared):
     assert set(rule) == {"---"}
     assert [row[0] for row in body] == ALGOS
     assert "x 2 seeds" in printed and f"report in {out}" in printed
-    assert "Welch's t-test over 2 seeds" in printed and "Holm-adjusted for the 1 pairs" in printed and "grpo - dapo" in printed
+    assert "Welch's t-test over 2 seeds" in printed and "Holm-adjusted over 1 pair (" in printed and "grpo - dapo" in printed
+    # the log names each run as its folder is named, seed-0 first
+    assert f"compare: grpo/seed-0 (1 of 2 seeds) in {out / 'grpo' / 'seed-0'}" in printed
+    assert f"compare: dapo/seed-1 (2 of 2 seeds) in {out / 'dapo' / 'seed-1'}" in printed
+
+
+def test_the_first_seeds_wall_time_is_its_own_column(compared):
+    """Seed 1 compiles (or loads) the programs, later seeds do not: the later seeds' interval leaves it out."""
+    _, printed, out = compared
+    header, _, *body = table_rows(printed)
+    first, later = header.index("wall s, seed 1"), header.index("wall s, later seeds")
+    for variant, row in zip(results(out)["variants"], body, strict=True):
+        walls = [s["wall"] for s in variant["per_seed"]]
+        assert row[first] == f"{walls[0]:.1f}" and row[later] == f"{walls[1]:.1f}"  # two seeds: one later value
 
 
 def test_results_json_keeps_every_seed_and_the_table_shows_mean_and_interval(compared):
