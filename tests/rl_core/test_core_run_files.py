@@ -1,6 +1,7 @@
 """Run-folder files after a kill: torn JSONL lines, atomic rewrites, TensorBoard cut-back, damaged checkpoints."""
 
 import gc
+import logging
 import json
 import os
 import struct
@@ -194,3 +195,18 @@ def test_a_damaged_checkpoints_reason_is_the_cause_orbax_wrapped_not_a_bound_met
     )
     long = damage_reason(ValueError("x" * 500 + " the detail at the end"), limit=100)
     assert len(long) <= len("ValueError: ") + 100 and long.endswith("the detail at the end")
+
+
+def test_a_read_only_checkpointer_opens_without_orbax_warnings(tmp_path, caplog):
+    """`trainer eval` and `trainer export` open the run read-only: Orbax's notices about it
+    ("read_only=True, setting save_interval_steps=0", "Given directory is read only") are not warnings."""
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    ckpt.save(2, arrays=arrays(2.0), meta={"step": 2})
+    ckpt.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        reader = Checkpointer(tmp_path / "checkpoints", read_only=True)
+        _, meta = reader.restore(2, like=arrays(0.0))
+        reader.close()
+    assert meta == {"step": 2}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -25,6 +25,8 @@ barrier so that all open the same list of steps.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -86,6 +88,24 @@ def damage_reason(error: BaseException, limit: int = 300) -> str:
     return f"{type(inner).__name__}: {text}"
 
 
+class _ReadOnlyNotice(logging.Filter):
+    """Orbax warns "Given directory is read only=..." whenever it opens a folder to read it, as
+    `trainer eval` and `trainer export` do: that is what they asked for, not a warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Given directory is read only")
+
+
+@contextlib.contextmanager
+def _without_read_only_notice():
+    absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
+    absl_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(notice)
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 2, read_only: bool = False) -> None:
         """`read_only`: only restore (e.g. to evaluate a run that may still be training and saving)."""
@@ -99,15 +119,16 @@ class Checkpointer:
             if multihost.is_primary():
                 remove_unfinished_saves(self.directory)
             multihost.sync("rl_core.checkpoint.open")
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep,
-                create=not self.read_only,
-                read_only=self.read_only,
-                enable_async_checkpointing=True,
-            ),
+        options = ocp.CheckpointManagerOptions(
+            # read-only: the values Orbax would set itself, each with a warning
+            max_to_keep=None if self.read_only else self.max_to_keep,
+            save_interval_steps=0 if self.read_only else 1,
+            create=not self.read_only,
+            read_only=self.read_only,
+            enable_async_checkpointing=True,
         )
+        with _without_read_only_notice():
+            return ocp.CheckpointManager(self.directory, options=options)
 
 
     def latest_step(self) -> int | None:
