@@ -194,7 +194,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = train_run(
         settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite
     )
-    print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
+    from rl_core import multihost
+
+    if multihost.is_primary():  # process 0 speaks for a multi-process run
+        print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
     return 0
 
 
