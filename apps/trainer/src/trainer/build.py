@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,15 @@ def base_policy(
     cache_dir: Path | None,
     log: Callable[[str], None],
     progress: bool = False,
+    reuse_from: Sequence[Path] = (),
 ) -> Transformer:
     """`model` warm-started, loaded from `cache_dir` when it was made before.
 
-    The warm start checkpoints itself beside the cache (`<cache>.partial`) and a
-    later call continues from there; the cache is written as soon as it ends.
+    A base policy with the same key (the same settings and device layout) cached in
+    one of `reuse_from` (e.g. a comparison's folder) is copied into `cache_dir` and
+    used, instead of warm-starting again. The warm start checkpoints itself beside
+    the cache (`<cache>.partial`) and a later call continues from there; the cache
+    is written as soon as it ends.
     """
     if settings.warm_start_steps == 0:
         return model
@@ -161,6 +166,8 @@ def base_policy(
         return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress, log=log)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     partial = path.with_name(path.name + ".partial")
+    if not path.exists() and not multihost.multi_process():
+        _copy_cached(path, reuse_from, log)
     checkpointer = ocp.StandardCheckpointer()
     multihost.sync("trainer.base_policy")  # every process sees the cache as it is now
     if multihost.multi_process() and not path.exists():
@@ -191,6 +198,19 @@ def base_policy(
     checkpointer.wait_until_finished()
     shutil.rmtree(partial, ignore_errors=True)
     return model
+
+
+def _copy_cached(path: Path, folders: Sequence[Path], log: Callable[[str], None]) -> None:
+    """Copy the base policy named like `path` from the first of `folders` that holds it."""
+    for folder in folders:
+        found = (Path(folder) / path.name).absolute()
+        if found.is_dir() and found != path:
+            copying = path.with_name(path.name + ".copying")
+            shutil.rmtree(copying, ignore_errors=True)
+            shutil.copytree(found, copying)
+            os.replace(copying, path)  # complete or absent, like a saved one
+            log(f"base policy: the identical one cached in {folder} (no warm start needed)")
+            return
 
 
 def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:

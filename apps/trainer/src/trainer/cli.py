@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help="task name (same as task.name=NAME)")
     t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--base-from", type=Path, default=DEFAULT_COMPARE_DIR, metavar="DIR",
+                   help=f"reuse an identical cached base policy (same warm start, model, task and device layout) "
+                        f"from DIR, copied into the run folder (default {DEFAULT_COMPARE_DIR}, where `trainer compare` "
+                        "keeps its)")
     t.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (or JAX_COORDINATOR_ADDRESS)")
     t.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: how many processes (or JAX_NUM_PROCESSES)")
     t.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process, 0..N-1 (or JAX_PROCESS_ID)")
@@ -192,7 +196,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
         run_dir = args.output or Path("runs") / f"{settings.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train_run(
-        settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite
+        settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite,
+        reuse_base_from=[args.base_from],
     )
     from rl_core import multihost
 

@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,12 @@ def train_run(
     log: Callable[[str], None] = print,
     base_cache: Path | None = None,
     overwrite: bool = False,
+    reuse_base_from: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Train one variant in `run_dir`; returns the summary also written to summary.json.
 
-    The base policy is cached in `base_cache` (default: the run folder). A
+    The base policy is cached in `base_cache` (default: the run folder), copied from
+    one of `reuse_base_from` when an identical one is cached there. A
     folder that already holds a run is continued with `resume`, replaced with
     `overwrite`, and otherwise refused: a finished run is never lost silently.
     A resumed run that is already finished does nothing; one whose
@@ -140,7 +142,9 @@ def train_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         _write_config(run_dir, settings)
-        policy = build.base_policy(settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress)
+        policy = build.base_policy(
+            settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
+        )
         policy = build.adapted(settings, policy)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     except Exception:
