@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.plots import PLOTS, plot_runs
+from trainer.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
 from trainer.settings import RunSettings
 from trainer.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
@@ -137,6 +137,32 @@ def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+EVALUATION_TABLES = (
+    ("eval/accuracy", "Held-out greedy accuracy", "{:.3f}"),
+    ("eval/length_correct", "Length of correct held-out answers (tokens)", "{:.2f}"),
+    ("eval/length_incorrect", "Length of incorrect held-out answers (tokens)", "{:.2f}"),
+)
+
+
+def evaluation_tables(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Markdown lines: per evaluation metric, one row per variant and one column per evaluated
+    step (mean ± 95% half-width over seeds); steps are those every seed of every variant evaluated."""
+    histories = {algo: [r["history"] for r in seed_runs] for algo, seed_runs in runs.items()}
+    lines = []
+    for key, title, fmt in EVALUATION_TABLES:
+        per_algo = {algo: [{r["step"]: r[key] for r in h if isinstance(r.get(key), (int, float))} for h in hs]
+                    for algo, hs in histories.items()}
+        steps = sorted(set.intersection(*(set(seed) for seeds in per_algo.values() for seed in seeds)))
+        if not steps:
+            continue
+        lines += [f"### {title}, by step", "", "| variant | " + " | ".join(f"step {n}" for n in steps) + " |",
+                  "|" + "---|" * (len(steps) + 1)]
+        for algo, seeds in per_algo.items():
+            lines.append(f"| {algo} | " + " | ".join(_cell(fmt, [s[n] for s in seeds]) for n in steps) + " |")
+        lines.append("")
+    return lines
+
+
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in d.items():
@@ -246,7 +272,11 @@ def write_report(
     body += [f"## Config differences from {reference.algo}", ""]
     for v in variants:
         body.append(f"- {v['algo']}: {_diff_text(v['config_diff_vs_' + reference.algo], reference.algo, v['algo'])}")
-    body += ["", "## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint.", ""]
+    body += ["", "## Evaluations", "", "Mean over seeds ± the half-width of the 95% confidence interval.", ""]
+    body += evaluation_tables(runs)
+    body += ["## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint."
+             f" Evaluation curves are drawn from {MIN_CURVE_POINTS} evaluations on (`eval.every_steps`); fewer are the"
+             " tables above.", ""]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (out / "report.md").write_text("\n".join(body) + "\n")
     return table + "\n" + significance, results
