@@ -399,3 +399,29 @@ def test_ctrl_c_while_the_cli_is_importing_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main(["algos"]) == 130
     assert capsys.readouterr().err == "trainer: interrupted\n"
+
+
+def test_unwritable_places_are_one_line_before_anything_loads(capsys, tmp_path, monkeypatch):
+    """An --output or export --out in a folder the user cannot write, and a --config they cannot
+    read (simulated: the suite may run as root, who can write anywhere)."""
+    import os
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the output was checked")
+
+    monkeypatch.setattr(build, "new_model", never)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(locked / "run"), *ONE_STEP)
+    assert code == 2 and err == f"trainer train: error: output {locked / 'run'}: cannot make it in {locked} (permission denied)\n"
+    assert list(locked.iterdir()) == []
+
+    config = tmp_path / "secret.yaml"
+    config.write_text("training:\n  num_steps: 5\n")
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if self == config else real_read(self))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--config", str(config), "--output", str(tmp_path / "r"))
+    assert code == 2 and err == f"trainer train: error: config file '{config}' cannot be read: Permission denied\n"
