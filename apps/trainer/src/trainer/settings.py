@@ -69,7 +69,8 @@ class TaskSettings(Config):
         except ValueError as e:
             if isinstance(e, DataError):  # names the file and the row
                 raise
-            raise ConfigError(f"task.options.{e}") from None
+            named = known is not None and str(e).split(" ", 1)[0] in known  # "digits = 0: must be ..."
+            raise ConfigError(f"task.options.{e}" if named else f"task {self.name!r}, options {self.options!r}: {e}") from None
 
 
 def task_options(name: str) -> list[str] | None:
