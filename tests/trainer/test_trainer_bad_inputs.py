@@ -246,6 +246,12 @@ def test_resume_refuses_a_config_yaml_edited_to_another_algorithm(trained_run, t
     assert "config.yaml differs from the settings the run started with" in err
     assert "algo: 'grpo' -> 'dapo'" in err and "algorithm.group_size: 2 -> 4" in err
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    # eval and export read the checkpoint as what it was made as, too
+    for command in (["eval", "--run", str(run)], ["export", "--run", str(run), "--out", str(tmp_path / "hf")]):
+        code, _, err = run_cli(capsys, *command)
+        assert code == 2 and "config.yaml differs from the settings the run started with" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
 
     # extending the run is the one change a resume accepts, also written into config.yaml by hand
     config = yaml.safe_load((trained_run / "config.yaml").read_text())

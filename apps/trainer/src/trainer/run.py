@@ -119,7 +119,7 @@ def train_run(
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
-        _refuse_changed_settings(run_dir, settings)
+        refuse_changed_settings(run_dir, settings)
         finished = _finished_summary(run_dir, settings)
         if finished is not None:
             log(
@@ -282,9 +282,9 @@ def _comparable(settings: RunSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
 
 
-def _refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
-    """A resumed run continues with the settings its checkpoints were made with: an edited
-    config.yaml (another algorithm, model, shape) is refused, naming each difference."""
+def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
+    """A run is resumed, evaluated and exported with the settings its checkpoints were made
+    with: an edited config.yaml (another algorithm, model, shape) is refused, naming each difference."""
     path = run_dir / STARTED
     if not path.exists():  # a run from before this record was kept
         return
@@ -296,7 +296,7 @@ def _refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
     ]
     if changed:
         raise ConfigError(
-            f"--resume {run_dir}: config.yaml differs from the settings the run started with, which its "
+            f"{run_dir / 'config.yaml'} differs from the settings the run started with, which its "
             f"checkpoints depend on ({'; '.join(changed)}); a resume may change only "
             f"{', '.join(RESUMABLE_CHANGES)}. Restore config.yaml, or start a new run with "
             f"`trainer train --config {run_dir / 'config.yaml'} --output NEW_FOLDER`"
