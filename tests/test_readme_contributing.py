@@ -34,10 +34,20 @@ def one(pattern: str, text: str) -> re.Match:
 
 
 def uv(workspace: Path, *args: str) -> subprocess.CompletedProcess:
+    """`uv ARGS` in `workspace`, offline first (fast, from uv's cache); a cold cache (a fresh
+    machine: "the network was disabled") is filled from the registry, as a contributor's would be."""
     executable = shutil.which("uv")
     assert executable, "uv is on PATH wherever the suite runs (`uv run pytest`)"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
-    return subprocess.run([executable, *args], cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "UV_OFFLINE")}
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        command = [executable, *args[:1], *extra, *args[1:]]
+        return subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+
+    done = run("--offline")
+    if done.returncode != 0 and "network was disabled" in done.stderr:
+        done = run()
+    return done
 
 
 def test_the_contributing_steps_make_a_working_package(tmp_path):
@@ -49,10 +59,6 @@ def test_the_contributing_steps_make_a_working_package(tmp_path):
     for manifest in (work / "pyproject.toml", work / "apps" / "trainer" / "pyproject.toml"):
         lines = manifest.read_text().splitlines(keepends=True)
         manifest.write_text("".join(line for line in lines if "algo-rloo" not in line))
-    # The copy's environment lives for one command: compiling its ~8,400 modules to bytecode
-    # at install (the workspace setting) would cost more than it saves.
-    root = work / "pyproject.toml"
-    root.write_text(root.read_text().replace("compile-bytecode = true\n", ""))
 
     # 1. the folder; 2. its pyproject.toml; 3. its __init__.py, each from the README's own words and blocks
     folder = work / one(r"Make the folder `([^`]+)`", text).group(1)
@@ -72,12 +78,12 @@ def test_the_contributing_steps_make_a_working_package(tmp_path):
     trainer.write_text(toml)
     assert "uv lock" in step4
 
-    locked = uv(work, "lock", "--offline")
+    locked = uv(work, "lock")
     assert locked.returncode == 0, locked.stderr[-3000:]
     assert 'name = "algo-rloo"' in (work / "uv.lock").read_text()
 
     # 5. `uv run trainer algos` lists it, with its distribution
-    listed = uv(work, "run", "--offline", "--locked", "trainer", "algos")
+    listed = uv(work, "run", "--locked", "trainer", "algos")
     assert listed.returncode == 0, listed.stderr[-3000:]
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines() if line.strip()}
     assert "rloo" in rows, listed.stdout + listed.stderr[-2000:]

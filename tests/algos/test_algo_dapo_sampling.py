@@ -248,6 +248,22 @@ def test_partial_at_the_cap_fills_the_batch_with_masked_rows():
     assert tree_max_abs_diff(after_1, jax.tree.map(np.array, learner.params)) == 0
 
 
+def test_a_partial_batch_reports_and_samples_only_the_groups_trained_on():
+    """Round 3 is [U(4), I(5)]: group 5 is kept and the filler is a masked copy of group 4
+    (rewards 1, 1). Over the batch, rewards would be (1 + 0 + 1 + 1) / 4 = 0.75; over the
+    one group in the loss they are 0.5, its advantages +-A (std A, not A / sqrt 2)."""
+    learner = make(script=[[U, Z], [Z, U], [U, I]])
+    m = learner.train_step()
+    batch = learner.batches[-1]
+    assert group_ids(batch) == [5, 4] and live_groups(batch) == [True, False]
+    assert m["dapo/groups_kept"] == 1.0
+    assert m["rewards/total/mean"] == m["rewards/scripted_reward/mean"] == 0.5
+    assert m["rewards/scripted_reward/frac_positive"] == 0.5
+    assert m["advantages/std"] == pytest.approx(A, abs=1e-6)
+    assert [(s["completion"], s["reward"]) for s in batch.samples] == [("5:1", 1.0), ("5:0", 0.0)]
+    assert [s["advantage"] for s in batch.samples] == pytest.approx([A, -A], abs=1e-6)
+
+
 def test_raise_at_the_cap():
     learner = make(script=[[U, Z], [I, U]], max_gen_batches=2, on_max_gen_batches="raise")
     with pytest.raises(DynamicSamplingError) as info:

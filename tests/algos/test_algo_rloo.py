@@ -64,3 +64,31 @@ def test_config_defaults_are_the_three_changes():
     assert (cfg.advantage_estimator, cfg.loss_agg_mode, cfg.beta) == ("rloo", "seq-mean-token-sum", 0.0)
     for name in ("group_size", "policy_loss", "epsilon_low", "epsilon_high", "num_iterations"):
         assert getattr(cfg, name) == getattr(parent, name)
+
+
+@VARIANTS
+def test_off_policy_the_ratio_is_per_token_so_one_drifted_token_clips_alone(variant):
+    """The package's stated choice (GRPO's per-token ratio, not TRL's one ratio per completion).
+    One completion, A = 1, 3 tokens; a later mini-batch sees token 0 at ratio 1.5 and the others at 1.
+    Per token: token 0 is clipped at 1.2 (gradient 0), tokens 1 and 2 keep -A = -1 each:
+    loss = -(1.2 + 1 + 1) = -3.2 (seq-mean-token-sum over one sequence).
+    A completion-level ratio exp(sum log-ratio) = 1.5 would clip the whole completion: gradient 0 everywhere."""
+    cfg = RLOOConfig()
+    assert cfg.policy_loss == GRPOConfig().policy_loss == "grpo"
+    example = TrainExample(
+        prompt_tokens=jnp.zeros((1, 1), jnp.int32), prompt_mask=jnp.ones((1, 1)),
+        completion_tokens=jnp.zeros((1, 3), jnp.int32), completion_mask=jnp.ones((1, 3)),
+        advantages=jnp.asarray([1.0]), old_logp=jnp.full((1, 3), -1.0),
+    )  # fmt: skip
+
+    def loss_of(lp):
+        out = grpo_loss(
+            lp, jnp.zeros_like(lp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
+            aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode), kl_estimator=None, beta=cfg.beta,
+            eps_low=cfg.epsilon_low, eps_high=cfg.epsilon_high, dual_clip=None, max_len=3,
+        )  # fmt: skip
+        return out.total / out.denom
+
+    value, grad = variant(jax.value_and_grad(loss_of))(example.old_logp.at[0, 0].add(np.log(1.5)))
+    np.testing.assert_allclose(value, -3.2, atol=1e-5)
+    np.testing.assert_allclose(grad, [[0.0, -1.0, -1.0]], atol=1e-6)

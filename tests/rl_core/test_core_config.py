@@ -18,6 +18,7 @@ RULES = [
     (RolloutConfig, {}, "top_p", 0.0, "must be in (0, 1]"),
     (RolloutConfig, {}, "top_p", 1.5, "must be in (0, 1]"),
     (RolloutConfig, {}, "logprob_chunk_tokens", 0, "must be >= 1"),
+    (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
     (TrainingConfig, {}, "optimizer", "adamww", "must be one of ('adamw', 'adam', 'sgd')"),
     (TrainingConfig, {}, "learning_rate", 0.0, "must be > 0"),
     (TrainingConfig, {}, "learning_rate", -1e-3, "must be > 0"),
@@ -37,6 +38,8 @@ RULES = [
     (TrainingConfig, {}, "log_every_steps", 0, "must be >= 1"),
     (TrainingConfig, {}, "max_checkpoints_to_keep", 0, "must be >= 1"),
     (TrainingConfig, {}, "on_nonfinite", "ignore", "must be one of ('skip', 'stop')"),
+    (TrainingConfig, {}, "max_skipped_in_a_row", -1, "must be >= 0 (0 = never stop)"),
+    (TrainingConfig, {}, "seed", -1, "must be in [0, 2**32)"),
     (ToyConfig, {}, "group_size", 1, "must be >= 2"),
     (MeshConfig, {}, "data", 0, "must be >= 1 or -1 (all remaining devices)"),
     (MeshConfig, {}, "tensor", -2, "must be >= 1 or -1 (all remaining devices)"),
@@ -61,7 +64,7 @@ def test_every_rule_names_field_value_and_rule(cls, extra, field, value, rule):
 
 def test_every_validated_field_has_a_rule_in_the_table():
     """A new field with a rule gets a row above (fields without rules are listed here)."""
-    without_rules = {"seed", "mesh"}  # mesh: a nested MeshConfig with its own rows
+    without_rules = {"mesh"}  # mesh: a nested MeshConfig with its own rows
     for cls in (RolloutConfig, TrainingConfig, MeshConfig):
         covered = {r[2] for r in RULES if r[0] is cls}
         fields = {f.name for f in dataclasses.fields(cls)} - without_rules

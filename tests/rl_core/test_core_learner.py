@@ -5,6 +5,7 @@ mode) on one hand-made batch, so that every learner sees identical data and
 starts from identical parameters.
 """
 
+import dataclasses
 import functools
 import importlib.util
 from pathlib import Path
@@ -146,6 +147,28 @@ def test_nan_loss_is_skipped_and_counted_and_never_reaches_the_parameters():
     assert max_diff(leaves(learner.params), params) == 0.0
     assert max_diff(leaves(learner.opt_state), opt_state) == 0.0  # not even Adam's step count moved
     assert all(np.isfinite(x).all() for x in leaves(learner.params))
+
+
+def test_updates_skipped_in_a_row_stop_the_run_at_max_skipped_in_a_row():
+    """Every update non-finite (a NaN weight, broken data): skipped 2 steps, the 3rd stops the run."""
+    training = TrainingConfig(prompts_per_step=2, learning_rate=1e-2, max_skipped_in_a_row=3)
+    learner = fixed_learner(training, ToyConfig(group_size=2, inject_nan=True))
+    params = leaves(learner.params)
+    learner.train_step()
+    learner.train_step()
+    assert learner.skipped_in_a_row == 2
+    with pytest.raises(NonFiniteUpdateError) as info:
+        learner.train_step()
+    message = str(info.value)
+    assert message.startswith("step 3: the last 3 updates in a row had a non-finite loss or gradient")
+    assert "training.max_skipped_in_a_row = 3" in message and "model's weights" in message
+    assert max_diff(leaves(learner.params), params) == 0.0
+    # the default (10) is documented on the field; 0 never stops
+    assert TrainingConfig().max_skipped_in_a_row == 10
+    never = fixed_learner(dataclasses.replace(training, max_skipped_in_a_row=0), ToyConfig(group_size=2, inject_nan=True))
+    for _ in range(4):
+        never.train_step()
+    assert never.skipped_updates == 4
 
 
 def test_nan_loss_with_on_nonfinite_stop_raises_a_clear_error():

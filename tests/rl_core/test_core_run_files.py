@@ -1,6 +1,7 @@
 """Run-folder files after a kill: torn JSONL lines, atomic rewrites, TensorBoard cut-back, damaged checkpoints."""
 
 import gc
+import logging
 import json
 import os
 import struct
@@ -11,7 +12,7 @@ import pytest
 from tensorboardX import SummaryWriter
 from tensorboardX.proto import event_pb2
 
-from rl_core.checkpoint import CORRUPT_DIR, Checkpointer, saved_steps
+from rl_core.checkpoint import CORRUPT_DIR, Checkpointer, damage_reason, saved_steps
 from rl_core.files import RunFileError, atomic_write_text, keep_records_through, read_jsonl
 from rl_core.tb_events import truncate_events
 
@@ -133,6 +134,8 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 3), 2.0))
     assert len(logged) == 2
     assert logged[0].startswith("checkpoint 6 does not restore (") and logged[0].endswith(f"{CORRUPT_DIR}/6")
+    # the detail at the end of tensorstore's long message is kept, its JSON spec dump is not
+    assert "is less than minimum length" in logged[0] and "tensorstore_spec" not in logged[0], logged[0]
     assert logged[1].startswith("checkpoint 4 does not restore (")
     assert all("\n" not in line for line in logged)
     assert sorted(p.name for p in (tmp_path / CORRUPT_DIR).iterdir()) == ["4", "6"]  # kept, not deleted
@@ -166,3 +169,44 @@ def test_the_limit_holds_for_checkpoints_an_earlier_process_left(tmp_path):
     ckpt.prune()
     assert ckpt.steps() == [3, 4] == saved_steps(tmp_path / "checkpoints")
     ckpt.close()
+
+
+def test_a_damaged_checkpoints_reason_is_the_cause_orbax_wrapped_not_a_bound_method():
+    """Orbax re-raises tensorstore's error as `Exception(... See full TensorStore details: <bound method ...>)`
+    from the real one: the line shows the cause."""
+    cause = ValueError(
+        'DATA_LOSS: Error reading "w/.zarray": Error decoding manifest: Encoded length (3) is less than minimum '
+        "length (16) [tensorstore_spec='{\"driver\":\"zarr\"}']"
+    )
+    try:
+        try:
+            raise cause
+        except ValueError as e:
+            raise Exception(
+                "Encountered error while reading array index: (). See full TensorStore details: <bound method "
+                "pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1.spec of "
+                "TensorStore({\n  'driver': 'zarr'\n})>"
+            ) from e
+    except Exception as wrapped:  # noqa: BLE001
+        reason = damage_reason(wrapped)
+    assert reason == (
+        'ValueError: DATA_LOSS: Error reading "w/.zarray": Error decoding manifest: Encoded length (3) is less '
+        "than minimum length (16)"
+    )
+    long = damage_reason(ValueError("x" * 500 + " the detail at the end"), limit=100)
+    assert len(long) <= len("ValueError: ") + 100 and long.endswith("the detail at the end")
+
+
+def test_a_read_only_checkpointer_opens_without_orbax_warnings(tmp_path, caplog):
+    """`trainer eval` and `trainer export` open the run read-only: Orbax's notices about it
+    ("read_only=True, setting save_interval_steps=0", "Given directory is read only") are not warnings."""
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    ckpt.save(2, arrays=arrays(2.0), meta={"step": 2})
+    ckpt.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        reader = Checkpointer(tmp_path / "checkpoints", read_only=True)
+        _, meta = reader.restore(2, like=arrays(0.0))
+        reader.close()
+    assert meta == {"step": 2}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -195,12 +195,17 @@ def test_same_key_same_tokens_different_key_different_tokens(sampler, prompts):
     assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
 
-def test_top_k_1_and_tiny_top_p_equal_greedy(sampler, prompts, greedy_reference):
+def test_top_k_1_and_tiny_top_p_equal_greedy(model, sampler, prompts, greedy_reference):
     for params in (SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=0.7, top_p=1e-6)):
         out = sample(sampler, prompts, jax.random.key(3), params)
         np.testing.assert_array_equal(np.asarray(out.tokens), greedy_reference, err_msg=str(params))
-        # one token left in the distribution actually sampled from: log-prob 0
-        np.testing.assert_allclose(np.asarray(out.logp), 0.0, atol=1e-6)
+        # one token left to sample from, but its log-prob is the full tempered softmax's (the
+        # learner's), not 0 (the renormalised one-token distribution's)
+        recomputed = learner_logprobs(nnx.state(model), *prompts, out.tokens, graphdef=nnx.graphdef(model),
+                                      temperature=params.temperature)
+        mask = np.asarray(out.mask) > 0
+        np.testing.assert_allclose(np.asarray(out.logp)[mask], np.asarray(recomputed)[mask], atol=1e-5, rtol=0)
+        assert np.asarray(out.logp)[mask].max() < -1e-3
 
 
 def test_top_k_samples_only_among_the_k_most_likely(sampler, prompts, full_logits):
@@ -211,9 +216,9 @@ def test_top_k_samples_only_among_the_k_most_likely(sampler, prompts, full_logit
     rank = np.sum(logits > token_logit, axis=-1)  # 0 = most likely
     assert rank[mask > 0].max() < 5
     assert rank[mask > 0].max() > 0  # not just greedy
-    # log-probs are those of the renormalized top-5 distribution
-    top5 = np.sort(logits, axis=-1)[..., -5:]
-    logz = top5[..., -1] + np.log(np.sum(np.exp(top5 - top5[..., -1:]), axis=-1))
+    # log-probs are those of the full softmax the learner computes, not of the renormalised top 5
+    top = logits.max(axis=-1, keepdims=True)
+    logz = top[..., 0] + np.log(np.sum(np.exp(logits - top), axis=-1))
     expected = token_logit[..., 0] - logz
     np.testing.assert_allclose(np.asarray(out.logp)[mask > 0], expected[mask > 0], atol=1e-5)
 
@@ -239,9 +244,13 @@ def learner_logprobs(state, prompt_tokens, prompt_mask, completion, *, graphdef,
     )[0]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampler_logprobs_equal_recomputed_logprobs(model, sampler, prompts, temperature):
-    out = sample(sampler, prompts, jax.random.key(5), SamplingParams(temperature=temperature))
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 5, 1.0), (0.7, 0, 0.9), (1.0, 3, 0.8)]
+)
+def test_sampler_logprobs_equal_recomputed_logprobs(model, sampler, prompts, temperature, top_k, top_p):
+    """Also under top-k / top-p: the truncated importance weight exp(learner - sampler) is 1 when
+    nothing but the truncation differs (it was the kept mass: 0.90 mean at top_p=0.9, 0.35 at top_k=5)."""
+    out = sample(sampler, prompts, jax.random.key(5), SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
     recomputed = learner_logprobs(
         nnx.state(model), *prompts, out.tokens, graphdef=nnx.graphdef(model), temperature=temperature
     )

@@ -50,6 +50,38 @@ def test_k3_nonnegative_and_accurate_for_small_d():
     np.testing.assert_allclose(value[0, [2, 4]], [5e-9, 5e-9], rtol=1e-2)
 
 
+@VARIANTS
+def test_k3_is_bounded_as_verl_bounds_it(variant):
+    """d clamped to [-20, 20], k3 to at most 10. d = ref_logp - logp:
+    d = 1: e - 1 - 1 = 0.718282 (inside both bounds);
+    d = -2: e^-2 + 2 - 1 = 1.135335;
+    d = 2.5: e^2.5 - 3.5 = 8.682494 (just under the cap);
+    d = 3: e^3 - 4 = 16.0855 -> 10;  d = -12: e^-12 + 11 = 11.000006 -> 10;
+    d = 25 (a token 25 nats below the reference): unbounded 7.2e10 -> 10."""
+    d = jnp.array([[1.0, -2.0, 2.5, 3.0, -12.0, 25.0]])
+    value = np.asarray(variant(k3)(jnp.zeros_like(d), d))
+    np.testing.assert_allclose(value, [[0.718282, 1.135335, 8.682494, 10.0, 10.0, 10.0]], rtol=1e-5)
+
+
+@VARIANTS
+def test_k3_gradient_is_finite_and_zero_at_a_masked_position(variant):
+    """The loss sums mask * k3. A masked position holding logp = -inf (or 25 nats below the
+    reference) gave 0 x inf = NaN in the backward pass and the whole update was skipped.
+    Real token d = 1: dk3/dlogp = -(e^d - 1) = -1.718282; past the cap the gradient is 0."""
+    ref = jnp.zeros((1, 3))
+    mask = jnp.array([[1.0, 0.0, 0.0]])
+
+    def loss(logp):
+        return jnp.sum(mask * k3(logp, ref))
+
+    grad = np.asarray(variant(jax.grad(loss))(jnp.array([[-1.0, -jnp.inf, -25.0]])))
+    np.testing.assert_allclose(grad, [[-1.718282, 0.0, 0.0]], rtol=1e-5)
+    assert np.isfinite(grad).all()
+    # and a real token past the cap pulls no harder than the cap: gradient 0, value 10
+    value, grad = jax.value_and_grad(lambda x: jnp.sum(k3(x, ref[:, :1])))(jnp.array([[-25.0]]))
+    assert float(value) == 10.0 and float(grad[0, 0]) == 0.0
+
+
 def test_vmap():
     fn = jax.vmap(k3)
     out = fn(jnp.stack([LOGP, REF]), jnp.stack([REF, LOGP]))

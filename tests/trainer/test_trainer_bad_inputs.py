@@ -63,17 +63,26 @@ def wrong_shape(folder):
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+def nan_weight(folder):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.layers.0.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
         (truncate_weights, "model.safetensors: not a readable safetensors file"),
         (empty_weights, "model.safetensors: not a readable safetensors file (0 bytes"),
         (wrong_shape, "model.safetensors: key 'model.layers.0.mlp.up_proj.weight' has shape [3, "),
+        (nan_weight, "the weights hold NaN or infinite values (layers/mlp/up_proj/kernel)"),
         (edit_config(model_type="mamba"), "config.json: unsupported model_type='mamba'"),
         (lambda f: (f / "config.json").write_text("{oops"), "config.json: not valid JSON"),
         (edit_config(num_hidden_layers="two"), "config.json: TransformerConfig.num_layers='two'"),
     ],
-    ids=["truncated-weights", "empty-weights", "wrong-shape", "model-type", "invalid-json", "field-type"],
+    ids=["truncated-weights", "empty-weights", "wrong-shape", "nan-weight", "model-type", "invalid-json", "field-type"],
 )
 def test_a_bad_model_folder_is_one_line_and_leaves_no_run_folder(capsys, tmp_path, damage, expected):
     model = damaged_model(tmp_path, damage)
@@ -219,3 +228,206 @@ def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(
     assert code == 0, err
     assert f"resumed {run} at step 2" in out
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_resume_refuses_a_config_yaml_edited_to_another_algorithm(trained_run, tmp_path, capsys):
+    """config.yaml's `algo: grpo` edited to `dapo`: the GRPO checkpoint is not resumed as DAPO."""
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["algo"] = "dapo"
+    config["algorithm"]["group_size"] = 4
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "config.yaml differs from the settings the run started with" in err
+    assert "algo: 'grpo' -> 'dapo'" in err and "algorithm.group_size: 2 -> 4" in err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    # eval and export read the checkpoint as what it was made as, too
+    for command in (["eval", "--run", str(run)], ["export", "--run", str(run), "--out", str(tmp_path / "hf")]):
+        code, _, err = run_cli(capsys, *command)
+        assert code == 2 and "config.yaml differs from the settings the run started with" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
+
+    # extending the run is the one change a resume accepts, also written into config.yaml by hand
+    config = yaml.safe_load((trained_run / "config.yaml").read_text())
+    config["training"]["num_steps"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 0 and "is finished (2 of 2 steps); nothing to do" in out, err
+
+
+# -- every bad input is one line, before any folder is made ---------------------------------------
+
+ONE_STEP = ["--no-progress", "warm_start.steps=0", "training.num_steps=1", "training.prompts_per_step=2",
+         "algorithm.group_size=2", "eval.heldout_size=2"]  # fmt: skip
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def config_files(tmp_path):
+    """--config values that are not a readable UTF-8 YAML mapping, with what the line must say."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    return [
+        (write(tmp_path / "bin.yaml", bytes(range(256))), "is not UTF-8 text (byte 0x80 on line 2)"),
+        (write(tmp_path / "u16.yaml", "training:\n  num_steps: 5\n".encode("utf-16")), "is not UTF-8 text (byte 0xff"),
+        (write(tmp_path / "latin1.yaml", "# café\ntraining:\n  num_steps: 5\n".encode("latin-1")),
+         "is not UTF-8 text (byte 0xe9 on line 1)"),
+        (write(tmp_path / "nul.yaml", b"training:\x00\n"), "is not a text file (it holds NUL bytes)"),
+        (folder, "is a folder; --config takes a YAML file"),
+        (write(tmp_path / "empty.yaml", b""), "holds no settings (it is empty or only comments)"),
+        (write(tmp_path / "comments.yaml", b"# training:\n#   num_steps: 5\n"), "holds no settings"),
+        (write(tmp_path / "twice.yaml", b"training:\n  num_steps: 5\n  learning_rate: 0.1\n  num_steps: 7\n"),
+         "line 4: key 'num_steps' is set twice in one mapping (first on line 2)"),
+        (write(tmp_path / "bad.yaml", b"training: [1,\n"), "is not valid YAML at line 2"),
+    ]  # fmt: skip
+
+
+def test_a_bad_config_file_is_one_line(capsys, tmp_path):
+    out = tmp_path / "run"
+    for path, expected in config_files(tmp_path):
+        code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--config", str(path), "--output", str(out), *ONE_STEP)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (path, err)
+        assert f"config file '{path}'" in err and expected in err, (path, err)
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["model.preset=huge"], "ModelSettings.preset = 'huge': must be one of ["),
+        (["model.seed=-3"], "ModelSettings.seed = -3: must be in [0, 2**32)"),
+        (["task.options.teacher_slip_rate=2"], "task.options.teacher_slip_rate = 2: must be in [0, 1]"),
+        (["task.options.heldout_size=0"], "task.options.heldout_size = 0: must be >= 1"),
+        (["task.options.heldout_size=20000"], "task.options.heldout_size = 20000: must be less than the task's 10000"),
+        (["task.options.digits=0"], "task.options.digits = 0: must be in [1, 3]"),
+        (["task.options.digitz=2"], "task.options.digitz: not an option of the arithmetic task"),
+        (["training.seed=-1"], "TrainingConfig.seed = -1: must be in [0, 2**32)"),
+        (["rollout.seed=-1"], "RolloutConfig.seed = -1: must be in [0, 2**32)"),
+        (["--algo", "dapo", "algorithm.filter_reward=nonexistent"],
+         "DAPOConfig.filter_reward = 'nonexistent': must name one of the run's reward functions "
+         "['total', 'numeric_answer', 'overlong_penalty']"),
+        (["--task", "gsm8k"], "task.name = 'gsm8k' reads a local file: pass --data FILE"),
+    ],
+    ids=["preset", "model-seed", "slip-rate", "heldout-0", "heldout-too-big", "digits-0", "option-typo",
+         "training-seed", "rollout-seed", "filter-reward", "gsm8k-without-data"],
+)  # fmt: skip
+def test_a_bad_setting_is_one_line_and_makes_no_folder(capsys, tmp_path, argv, expected):
+    algo = [] if "--algo" in argv else ["--algo", "grpo"]
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", *algo, "--output", str(out), *ONE_STEP, *argv)
+    assert code == 2, err
+    assert err.startswith("trainer train: error: ") and len(err.strip().splitlines()) == 1, err
+    assert expected in err, err
+    assert not out.exists()
+
+
+def test_a_small_data_file_names_the_setting_and_the_missing_model_at_once(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(16)))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--task", "gsm8k", "--data", str(data),
+                           "--output", str(tmp_path / "run"), *ONE_STEP, "task.options.heldout_size=200")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "task.options.heldout_size = 200: must be less than the 16 rows of the data" in err
+    assert "; and task.name = 'gsm8k' needs a model folder whose tokenizer has a chat template: pass --model DIR" in err
+    # a .json file holding one object is not a one-row data set
+    obj = tmp_path / "obj.json"
+    obj.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}, indent=2))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--task", "gsm8k", "--data", str(obj),
+                           "--model", str(HF_FIXTURES / "qwen3"), "--output", str(tmp_path / "run"), *ONE_STEP)
+    assert code == 2 and f"{obj}: holds a single JSON object (2 keys), not rows" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_output_name_too_long_is_one_line_before_anything_loads(capsys, tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the output was checked")
+
+    monkeypatch.setattr(build, "new_model", never)
+    out = tmp_path / ("r" * 300)
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), *ONE_STEP)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "is 300 bytes; file systems allow 255" in err
+
+
+def test_an_os_error_is_path_and_reason_on_one_line(capsys, tmp_path, monkeypatch):
+    """A full disk (or any OSError from the system) while the run starts: one line, no folder left."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "config.yaml"))
+
+    monkeypatch.setattr("trainer.run._write_config", full)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), *ONE_STEP,
+                           "task.options.heldout_size=5", "task.options.digits=1")
+    assert code == 2, err
+    assert err == f"trainer train: error: {out / 'config.yaml'}: No space left on device\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--devices", "0"], "--devices = 0: must be >= 1"),
+        (["--devices", "-1"], "--devices = -1: must be >= 1"),
+        (["--device-memory-gb", "-5"], "--device-memory-gb = -5.0: must be a number > 0"),
+        (["--device-memory-gb", "nan"], "--device-memory-gb = nan: must be a number > 0"),
+    ],
+)
+def test_plan_refuses_impossible_devices_in_one_line(capsys, argv, expected):
+    code, _, err = run_cli(capsys, "plan", *argv)
+    assert code == 2 and err == f"trainer plan: error: {expected} (the devices to plan for)\n" or (
+        code == 2 and expected in err and len(err.strip().splitlines()) == 1
+    ), err
+
+
+def test_ctrl_c_while_the_cli_is_importing_is_one_line(capsys, monkeypatch):
+    import sys
+
+    from trainer import entry
+
+    class Interrupting:
+        def find_spec(self, name, path=None, target=None):
+            if name == "trainer.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "trainer.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry.main(["algos"]) == 130
+    assert capsys.readouterr().err == "trainer: interrupted\n"
+
+
+def test_unwritable_places_are_one_line_before_anything_loads(capsys, tmp_path, monkeypatch):
+    """An --output or export --out in a folder the user cannot write, and a --config they cannot
+    read (simulated: the suite may run as root, who can write anywhere)."""
+    import os
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the output was checked")
+
+    monkeypatch.setattr(build, "new_model", never)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(locked / "run"), *ONE_STEP)
+    assert code == 2 and err == f"trainer train: error: output {locked / 'run'}: cannot make it in {locked} (permission denied)\n"
+    assert list(locked.iterdir()) == []
+
+    config = tmp_path / "secret.yaml"
+    config.write_text("training:\n  num_steps: 5\n")
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if self == config else real_read(self))
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--config", str(config), "--output", str(tmp_path / "r"))
+    assert code == 2 and err == f"trainer train: error: config file '{config}' cannot be read: Permission denied\n"

@@ -5,6 +5,7 @@ Everything here fails (or lists) before any model is built, so the tests call
 """
 
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -52,7 +53,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         (["--algo", "dapo", "algorithm.overlong=false"], ["overlong", "False", "mapping"]),
         # a task that does not exist, and a task option it does not take
         (["--algo", "grpo", "task.name=arithmetik"], ["TaskSettings.name = 'arithmetik'", "arithmetic"]),
-        (["--algo", "grpo", "task.options.digitz=2"], ["TaskSettings.options", "digitz"]),
+        (["--algo", "grpo", "task.options.digitz=2"], ["task.options.digitz", "did you mean 'task.options.digits'"]),
         # neither --algo nor --resume
         ([], ["--algo NAME", "--resume DIR"]),
     ],
@@ -326,3 +327,17 @@ def test_resolved_settings_round_trip_through_yaml(tmp_path):
     again = build_settings(config_file=saved)
     assert again.resolved() == settings.resolved()
     assert again.algorithm_config() == settings.algorithm_config()
+
+
+@pytest.mark.parametrize("primary", [True, False])
+def test_only_process_0_prints_the_summary(capsys, tmp_path, monkeypatch, primary):
+    """In a multi-process run every process runs `train`; one summary is printed, process 0's."""
+    import trainer.run
+    from rl_core import multihost
+
+    summary = {"algo": "grpo", "steps": 1, "before": {"eval/accuracy": 0.5}, "after": {"eval/accuracy": 0.75}}
+    monkeypatch.setattr(trainer.run, "train_run", lambda *args, **kwargs: summary)
+    monkeypatch.setattr(multihost, "is_primary", lambda: primary)
+    code, out, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(tmp_path / "run"), "warm_start.steps=0")
+    assert code == 0, err
+    assert (out.strip() and json.loads(out) == summary) if primary else out == ""

@@ -68,7 +68,20 @@ def test_compare_prints_a_table_of_means_over_seeds(compared):
     assert set(rule) == {"---"}
     assert [row[0] for row in body] == ALGOS
     assert "x 2 seeds" in printed and f"report in {out}" in printed
-    assert "Welch's t-test over 2 seeds" in printed and "Holm-adjusted for the 1 pairs" in printed and "grpo - dapo" in printed
+    assert "Welch's t-test over 2 seeds" in printed and "Holm-adjusted over 1 pair (" in printed and "grpo - dapo" in printed
+    # the log names each run as its folder is named, seed-0 first
+    assert f"compare: grpo/seed-0 (1 of 2 seeds) in {out / 'grpo' / 'seed-0'}" in printed
+    assert f"compare: dapo/seed-1 (2 of 2 seeds) in {out / 'dapo' / 'seed-1'}" in printed
+
+
+def test_the_first_seeds_wall_time_is_its_own_column(compared):
+    """Seed 1 compiles (or loads) the programs, later seeds do not: the later seeds' interval leaves it out."""
+    _, printed, out = compared
+    header, _, *body = table_rows(printed)
+    first, later = header.index("wall s, seed 1"), header.index("wall s, later seeds")
+    for variant, row in zip(results(out)["variants"], body, strict=True):
+        walls = [s["wall"] for s in variant["per_seed"]]
+        assert row[first] == f"{walls[0]:.1f}" and row[later] == f"{walls[1]:.1f}"  # two seeds: one later value
 
 
 def test_results_json_keeps_every_seed_and_the_table_shows_mean_and_interval(compared):
@@ -118,7 +131,8 @@ def test_each_seed_is_a_run_folder_with_its_own_seeds_and_the_shared_base(compar
 def test_report_states_settings_config_differences_significance_and_plots(compared):
     _, printed, out = compared
     report = (out / "report.md").read_text()
-    assert table_rows(report) == table_rows(printed)
+    main_table = report[: report.index("## Evaluations")]  # the evaluation tables follow
+    assert table_rows(main_table) == table_rows(printed)
     assert "- task: arithmetic" in report
     assert "- steps: 3 per run; 4 prompts x 2 completions per step" in report
     assert "- batch layout: mini-batch 4" in report
@@ -131,18 +145,44 @@ def test_report_states_settings_config_differences_significance_and_plots(compar
     assert (comparison["a"], comparison["b"], comparison["metric"]) == ("grpo", "dapo", "acc_after")
     assert comparison["p_holm"] == comparison["p_value"]  # one pair: Holm changes nothing
     assert comparison["significant"] == (comparison["p_holm"] < 0.05)
-    for name, *_ in PLOTS:
+    for name in DRAWN:
         assert f"]({name})" in report
+    # three steps evaluated at 0 and 2: too few points for curves, so the evaluations are tables
+    assert not any(f"]({name})" in report for name, *_ in PLOTS if name not in DRAWN)
+    assert "### Held-out greedy accuracy, by step\n\n| variant | step 0 | step 2 |" in report
+    for variant in results(out)["variants"]:
+        assert f"| {variant['algo']} | {variant['per_seed'][0]['acc_before']:.3f} | " in report  # the shared base
+    assert "### Length of correct held-out answers (tokens), by step" in report
+
+
+DRAWN = [name for name, *_, smoothed in PLOTS if smoothed]
+"""The plots of the shortened comparison: training curves; its 2 evaluations are no curve."""
 
 
 def test_every_plot_is_a_titled_png(compared):
     _, _, out = compared
-    for name, *_ in PLOTS:
+    for name in DRAWN:
         path = out / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         image = matplotlib.image.imread(path)
         assert image.ndim == 3 and image.min() < image.max()
-    assert sorted(p.name for p in out.glob("*.png")) == sorted(name for name, *_ in PLOTS)
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(DRAWN)
+
+
+def test_evaluation_curves_are_drawn_from_enough_points(tmp_path):
+    """MIN_CURVE_POINTS evaluations make a curve; fewer are left to the report's tables."""
+    from trainer.plots import MIN_CURVE_POINTS, plot_runs
+
+    def history(evaluations):
+        return [{"step": n, "eval/accuracy": 0.5, "eval/length_correct": 3.0, "eval/length_incorrect": 4.0,
+                 "rewards/total/mean": 0.1 * n} for n in range(evaluations)]  # fmt: skip
+
+    (tmp_path / "few").mkdir()
+    (tmp_path / "enough").mkdir()
+    few = {p.name for p in plot_runs({"grpo": [history(MIN_CURVE_POINTS - 1)]}, tmp_path / "few")}
+    enough = {p.name for p in plot_runs({"grpo": [history(MIN_CURVE_POINTS)]}, tmp_path / "enough")}
+    assert "accuracy_vs_step.png" not in few and "reward.png" in few
+    assert {"accuracy_vs_step.png", "length_correct.png", "reward.png"} <= enough
 
 
 def test_a_second_compare_into_the_folder_refuses_without_overwrite(compared, capsys):

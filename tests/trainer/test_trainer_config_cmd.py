@@ -38,6 +38,13 @@ def test_every_setting_is_listed_with_type_default_and_description():
     assert rows["algorithm.overlong.penalty_factor"][:2] == ["float", "1.0"]
     assert rows["training.max_grad_norm"][0] == "float | None"
     assert rows["training.loggers"][:2] == ["list[str]", "[tensorboard]"]
+    # the trainer drops long prompts by default: the text does not say they are an error
+    assert "drops longer prompts when the task is loaded, or stops, per task.long_prompts (default drop)" in (
+        rows["rollout.max_prompt_tokens"][2]
+    )
+    assert rows["task.long_prompts"][1] == "drop"
+    # the run stops after this many skipped updates in a row (a NaN weight, broken data)
+    assert rows["training.max_skipped_in_a_row"][:2] == ["int", "10"]
 
 
 def test_another_algorithm_lists_its_own_fields(capsys):

@@ -156,3 +156,15 @@ def test_a_folder_with_nothing_readable_is_a_clear_error(tmp_path):
         gsm8k(data=str(tmp_path / "empty"), heldout_size=1)
     with pytest.raises(DataError, match="a split .'train'. can only be chosen in a folder"):
         gsm8k(data=str(write_jsonl(tmp_path / "d.jsonl", GOOD)), split="train", heldout_size=1)
+
+
+def test_jsonl_text_with_line_separator_characters_is_read_whole(tmp_path):
+    """U+2028, U+2029 and U+0085 are valid inside JSON strings (web-scraped text has them);
+    str.splitlines would cut a row there. Lines are split on \\n only, and numbered by it."""
+    rows = [{"question": "a\u2028b\u0085c\u2029d What is 1+1?", "answer": "#### 2"}, *GOOD[:3]]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert "\u2028" in path.read_text(encoding="utf-8")  # written raw, not escaped
+    read = list(read_rows(path))
+    assert [(where, number) for where, number, _ in read] == [(f"{path}:{n}", n) for n in (1, 2, 3, 4)]
+    assert read[0][2]["question"] == "a\u2028b\u0085c\u2029d What is 1+1?"

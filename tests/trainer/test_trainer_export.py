@@ -1,6 +1,8 @@
 """`trainer export`: a run's checkpoint as a Hugging Face folder that reloads with identical logits."""
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -69,14 +71,72 @@ def test_export_of_an_earlier_step_holds_that_checkpoint(trained_run, decay_per_
         np.testing.assert_allclose(np.asarray(p1), decay_per_step * np.asarray(p0), rtol=1e-5, atol=1e-7)
 
 
-def test_export_rejects_a_missing_step_and_a_foreign_folder(trained_run, tmp_path, capsys):
+def test_export_rejects_a_missing_step(trained_run, tmp_path, capsys):
     assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "x"), "--step", "7"]) == 2
     assert "no checkpoint of step 7; it keeps steps [1, 2]" in capsys.readouterr().err
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "todo.txt").write_text("mine")
-    assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "notes")]) == 2
-    assert "is not an exported model folder" in capsys.readouterr().err
-    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+    assert not (tmp_path / "x").exists()
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("trainer export: error: ") and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_export_into_a_non_empty_folder_needs_overwrite_and_then_replaces_it_whole(trained_run, tmp_path, capsys):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "todo.txt").write_text("mine")
+    (folder / "config.json").write_text("{}")  # even a folder that looks like an export is someone's
+    assert main(["export", "--run", str(trained_run), "--out", str(folder)]) == 2
+    assert "exists and is not empty (config.json, todo.txt); pass --overwrite" in one_error_line(capsys)
+    assert (folder / "todo.txt").read_text() == "mine" and (folder / "config.json").read_text() == "{}"
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+    result = export(capsys, trained_run, folder, "--overwrite")
+    assert result["files"] == sorted(EXPORTED_FILES)  # nothing of the earlier folder is listed or left
+    assert sorted(p.name for p in folder.iterdir()) == sorted(EXPORTED_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]  # no temporary folder left beside it
+
+
+def test_exported_files_get_the_same_mode(trained_run, tmp_path, capsys):
+    """model.safetensors is not 0600 when config.json is 0644 (safetensors writes 0600)."""
+    out = tmp_path / "hf"
+    export(capsys, trained_run, out)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes
+    assert modes["model.safetensors"] & 0o044  # readable by the group and others under the usual umask 022
+
+
+def test_export_refuses_a_file_the_run_folder_and_a_read_only_folder(trained_run, tmp_path, capsys, monkeypatch):
+    before = sorted(p.name for p in trained_run.rglob("*"))
+    target = tmp_path / "file.txt"
+    target.write_text("keep")
+    assert main(["export", "--run", str(trained_run), "--out", str(target), "--overwrite"]) == 2
+    assert f"--out {target} is a file, not a folder" in one_error_line(capsys)
+    assert target.read_text() == "keep"
+    for out in (trained_run, trained_run.parent):
+        assert main(["export", "--run", str(trained_run), "--out", str(out), "--overwrite"]) == 2
+        assert "the run folder" in one_error_line(capsys)
+    assert sorted(p.name for p in trained_run.rglob("*")) == before
+
+    # a folder the user cannot write in (simulated: the suite may run as root, who writes anywhere)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+    assert main(["export", "--run", str(trained_run), "--out", str(locked / "hf")]) == 2
+    assert f"cannot write in {locked} (permission denied)" in one_error_line(capsys)
+    assert list(locked.iterdir()) == []
+
+
+def test_export_adapter_of_a_run_without_lora_is_one_line(trained_run, tmp_path, capsys):
+    assert main(["export", "--run", str(trained_run), "--out", str(tmp_path / "a"), "--adapter"]) == 2
+    assert "is not a LoRA run (model.lora.rank = 0)" in one_error_line(capsys)
+    assert not (tmp_path / "a").exists()
+
+
+EXPORTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -86,15 +146,21 @@ def test_export_of_a_loaded_model_keeps_its_tokenizer_files_and_chat_template(tm
     """A run of a Hugging Face folder (the tiny committed Qwen3) exports with that folder's files."""
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(6)))
+    model = tmp_path / "qwen3"  # a copy: the export below must not write over the folder a run was trained from
+    shutil.copytree(FIXTURES / "qwen3", model)
     run = tmp_path / "run"
     argv = [
-        "train", "--model", str(FIXTURES / "qwen3"), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
+        "train", "--model", str(model), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
         "--output", str(run), "--no-progress", "training.num_steps=1", "training.prompts_per_step=2",
         "algorithm.group_size=2", "task.options.heldout_size=2", "task.options.max_new_tokens=8",
         "eval.samples_per_prompt=2", "eval.pass_k=1", "eval.every_steps=0",
     ]  # fmt: skip
     assert main(argv) == 0
     capsys.readouterr()
+    model_files = {p.name: p.read_bytes() for p in model.iterdir()}
+    assert main(["export", "--run", str(run), "--out", str(model), "--overwrite"]) == 2
+    assert "is the model folder the run was trained from" in one_error_line(capsys)
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == model_files
     out = tmp_path / "hf"
     files = export(capsys, run, out)["files"]
     assert {"chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(files)

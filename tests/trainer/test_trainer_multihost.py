@@ -159,6 +159,7 @@ def test_two_processes_killed_and_resumed_end_as_one_process(tmp_path):
     for code, out in results:
         assert code == 0, out[-3000:]
     assert f"resumed {two} at step" in results[0][1]
+    assert '"algo": "grpo"' in results[0][1] and '"algo"' not in results[1][1]  # one summary, process 0's
 
     resumed = metrics(two)
     assert [r["step"] for r in resumed] == [1, 2, 3]

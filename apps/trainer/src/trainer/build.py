@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager
@@ -37,8 +39,11 @@ from trainer.tasks import Task
 from trainer.warmstart import warm_start
 
 
-def base_policy_key(settings: RunSettings) -> str:
-    """A short hash of the settings that determine the base policy."""
+def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str:
+    """A short hash of what determines the base policy: its settings and the device layout it
+    is trained on (`devices`, default all of JAX's): the warm start's sums are split over the
+    mesh, so another layout rounds differently and, over 800 steps, ends elsewhere
+    (2 simulated devices: another loss and base accuracy), and must not reuse this one."""
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     model = settings.model.to_dict()
@@ -50,6 +55,10 @@ def base_policy_key(settings: RunSettings) -> str:
         "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
+        "layout": {
+            "platform": jax.default_backend(),
+            "mesh": settings.training.mesh.shape(jax.device_count() if devices is None else devices),
+        },
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -85,6 +94,22 @@ def check_tensor_parallel(config: TransformerConfig, tensor: int) -> None:
     problem = config.tensor_parallel_problem(tensor)
     if problem:
         raise ConfigError(f"training.mesh.tensor = {tensor}: {problem}")
+
+
+def check_finite(settings: RunSettings, model: Transformer) -> None:
+    """Refuse a model whose weights hold NaN or inf: every update would be non-finite and skipped."""
+    bad = [
+        "/".join(map(str, path))
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+        if jnp.issubdtype(var[...].dtype, jnp.floating) and not bool(jnp.isfinite(var[...]).all())
+    ]
+    if bad:
+        where = f"model.path = {settings.model.path!r}" if settings.model.path else f"model.preset = {settings.model.preset!r}"
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ConfigError(
+            f"{where}: the weights hold NaN or infinite values ({shown}); every update from them would be "
+            "non-finite, so the run does not start"
+        )
 
 
 def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Transformer:
@@ -132,11 +157,15 @@ def base_policy(
     cache_dir: Path | None,
     log: Callable[[str], None],
     progress: bool = False,
+    reuse_from: Sequence[Path] = (),
 ) -> Transformer:
     """`model` warm-started, loaded from `cache_dir` when it was made before.
 
-    The warm start checkpoints itself beside the cache (`<cache>.partial`) and a
-    later call continues from there; the cache is written as soon as it ends.
+    A base policy with the same key (the same settings and device layout) cached in
+    one of `reuse_from` (e.g. a comparison's folder) is copied into `cache_dir` and
+    used, instead of warm-starting again. The warm start checkpoints itself beside
+    the cache (`<cache>.partial`) and a later call continues from there; the cache
+    is written as soon as it ends.
     """
     if settings.warm_start_steps == 0:
         return model
@@ -144,6 +173,8 @@ def base_policy(
         return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress, log=log)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     partial = path.with_name(path.name + ".partial")
+    if not path.exists() and not multihost.multi_process():
+        _copy_cached(path, reuse_from, log)
     checkpointer = ocp.StandardCheckpointer()
     multihost.sync("trainer.base_policy")  # every process sees the cache as it is now
     if multihost.multi_process() and not path.exists():
@@ -174,6 +205,19 @@ def base_policy(
     checkpointer.wait_until_finished()
     shutil.rmtree(partial, ignore_errors=True)
     return model
+
+
+def _copy_cached(path: Path, folders: Sequence[Path], log: Callable[[str], None]) -> None:
+    """Copy the base policy named like `path` from the first of `folders` that holds it."""
+    for folder in folders:
+        found = (Path(folder) / path.name).absolute()
+        if found.is_dir() and found != path:
+            copying = path.with_name(path.name + ".copying")
+            shutil.rmtree(copying, ignore_errors=True)
+            shutil.copytree(found, copying)
+            os.replace(copying, path)  # complete or absent, like a saved one
+            log(f"base policy: the identical one cached in {folder} (no warm start needed)")
+            return
 
 
 def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -43,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help="task name (same as task.name=NAME)")
     t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--base-from", type=Path, default=DEFAULT_COMPARE_DIR, metavar="DIR",
+                   help=f"reuse an identical cached base policy (same warm start, model, task and device layout) "
+                        f"from DIR, copied into the run folder (default {DEFAULT_COMPARE_DIR}, where `trainer compare` "
+                        "keeps its)")
     t.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (or JAX_COORDINATOR_ADDRESS)")
     t.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: how many processes (or JAX_NUM_PROCESSES)")
     t.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process, 0..N-1 (or JAX_PROCESS_ID)")
@@ -71,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     o.add_argument("--adapter", action="store_true",
                    help="a LoRA run's adapters alone, in the PEFT layout (default: the merged model)")
+    o.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder as a whole")
 
     b = sub.add_parser(
         "bench", help="rollout and train-step speed, compile count and model-FLOPs utilisation", epilog=SETTINGS_HINT
@@ -133,15 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             args.algos += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
-    use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
     try:
+        keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
+        use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
         return COMMANDS[args.command](args)
     except (
-        ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, FileNotFoundError, FileExistsError,
-        HFFolderError, RunFileError,
+        ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, OSError, HFFolderError, RunFileError,
     ) as e:
-        print(f"trainer {args.command}: error: {e}", file=sys.stderr)
+        print(f"trainer {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except RunInterrupted as e:
         print(f"trainer {args.command}: {e}", file=sys.stderr)
@@ -149,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before training (loading, warm start): its work so far is kept
         print(f"trainer {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def one_line(error: Exception) -> str:
+    """The message of `error` on one line; an operating-system error as `path: what went wrong`
+    (a read-only folder, a name too long, a full disk), not Python's `[Errno 28] ...` repr."""
+    if isinstance(error, OSError) and error.strerror and len(error.args) >= 2:
+        where = f"{error.filename}: " if error.filename is not None else ""
+        also = f" (and {error.filename2})" if error.filename2 is not None else ""
+        return f"{where}{error.strerror}{also}"
+    return str(error)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -183,9 +198,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
         run_dir = args.output or Path("runs") / f"{settings.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train_run(
-        settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite
+        settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite,
+        reuse_base_from=[args.base_from],
     )
-    print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
+    from rl_core import multihost
+
+    if multihost.is_primary():  # process 0 speaks for a multi-process run
+        print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))
     return 0
 
 
@@ -217,7 +236,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from trainer.export import export_run
 
-    print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter), indent=2))
+    print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter, overwrite=args.overwrite),
+                     indent=2))
     return 0
 
 
@@ -238,6 +258,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from trainer.plan import plan, simulate_devices
 
+    if args.devices < 1:
+        raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
+    if not (args.device_memory_gb > 0 and math.isfinite(args.device_memory_gb)):
+        raise ConfigError(f"--device-memory-gb = {args.device_memory_gb}: must be a number > 0 (GiB per device)")
     simulate_devices(args.devices)  # before anything starts JAX's backend
     from trainer.settings import build_settings
 

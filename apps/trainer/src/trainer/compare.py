@@ -121,8 +121,9 @@ def compare(
     runs: dict[str, list[dict[str, Any]]] = {s.algo: [] for s in all_settings}
     for n in range(seeds):
         for settings in all_settings:
-            log(f"compare: {settings.algo}, seed {n + 1} of {seeds}")
             run_dir = compare_folder.seed_dir(output, settings.algo, n)
+            # named as its folder is (seed-0 is the first), with the count
+            log(f"compare: {settings.algo}/{run_dir.name} ({n + 1} of {seeds} seeds) in {run_dir}")
             # one cached base policy (and its evaluation) for every variant and seed
             summary = train_run(
                 with_seed(settings, n), run_dir, progress=progress, log=log, base_cache=output, overwrite=True

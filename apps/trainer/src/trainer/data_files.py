@@ -66,7 +66,19 @@ def _json_rows(path: Path) -> Iterator[Row]:
         for number, row in enumerate(rows, start=1):
             yield _object(f"{path}:row {number}", number, row)
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    if path.suffix == ".json" and text.lstrip().startswith("{"):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # JSON lines in a .json file
+        if isinstance(whole, dict):
+            raise DataError(
+                f"{path}: holds a single JSON object ({len(whole)} keys), not rows; expected a JSON array of "
+                "objects ([{...}, {...}]) or one object per line (JSONL)"
+            )
+    # split on "\n" only: str.splitlines also breaks at U+2028, U+0085 and other characters
+    # that valid JSON strings hold (web-scraped text has them)
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

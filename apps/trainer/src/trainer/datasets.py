@@ -62,8 +62,9 @@ def _load(
 
 
 def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_size: int, seed: int, lengths: tuple[int, int]) -> Task:
-    if not 0 <= heldout_size < len(prompts):
-        raise DataError(f"heldout_size={heldout_size} leaves no training rows of {len(prompts)}")
+    if not 1 <= heldout_size < len(prompts):
+        rule = "must be >= 1" if heldout_size < 1 else f"must be less than the {len(prompts)} rows of the data (it leaves no training rows)"
+        raise DataError(f"task.options.heldout_size = {heldout_size!r}: {rule}")
     train, heldout = split_heldout(prompts, heldout_size, seed)
     return Task(
         name=name,

@@ -1,8 +1,9 @@
 """Comparison plots: one PNG per metric, one line per variant, mean over seeds with a 95% band.
 
 Training curves (logged every step, noisy) are drawn smoothed, with the raw
-mean as a faint line behind; evaluation curves (a few points) are drawn as
-they are. Seeds are aligned by step; against tokens or seconds the x value of
+mean as a faint line behind; evaluation curves are drawn as they are, when
+there are at least MIN_CURVE_POINTS evaluations (else the report's tables
+show them). Seeds are aligned by step; against tokens or seconds the x value of
 a step is its mean over seeds.
 """
 
@@ -38,6 +39,11 @@ PLOTS = (
     ("length_incorrect.png", "step", "eval/length_incorrect", "Length of incorrect held-out answers", "tokens", False),
 )
 X_LABELS = {"step": "training step", "tokens": "generated tokens", "seconds": "training seconds"}
+
+MIN_CURVE_POINTS = 8
+"""An evaluation curve (unsmoothed) is drawn only with at least this many evaluations; with
+fewer (150 steps evaluated every 50: 4 points) the report shows them as a table instead
+(`trainer.report.evaluation_tables`), which reads better than a few overlapping bands."""
 
 
 def series(history: Sequence[Mapping[str, Any]], key: str) -> dict[int, tuple[float, float, float]]:
@@ -88,9 +94,15 @@ def band(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def plot_runs(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]], out: Path) -> list[Path]:
-    """One PNG per entry of PLOTS; `runs` maps each variant to its seeds' metric histories."""
+    """One PNG per entry of PLOTS; `runs` maps each variant to its seeds' metric histories.
+
+    Evaluation curves with fewer than MIN_CURVE_POINTS points are not drawn (see there).
+    """
     written = []
     for name, x_kind, key, title, label, smoothed in PLOTS:
+        points = max((aligned(h, key, x_kind)[0].size for h in runs.values()), default=0)
+        if not smoothed and 0 < points < MIN_CURVE_POINTS:
+            continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         drawn = False
         for algo, histories in runs.items():

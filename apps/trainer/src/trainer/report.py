@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.plots import PLOTS, plot_runs
+from trainer.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
 from trainer.settings import RunSettings
 from trainer.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
@@ -30,9 +30,26 @@ COLUMNS = (
     ("clip high", "clip_high", "{:.4f}"),
     ("uniform groups", "uniform", "{:.3f}"),
     ("generated tokens", "tokens", "{:,.0f}"),
-    ("wall s", "wall", "{:.1f}"),
+    ("wall s, seed 1", "wall_first", "{:.1f}"),
+    ("wall s, later seeds", "wall_later", "{:.1f}"),
 )
-NUMERIC = [key for _, key, _ in COLUMNS[1:]]
+"""The first seed of each variant compiles its programs (or loads them from the cache) and the
+others do not: its training time is a column of its own, so that the later seeds' interval
+measures seed-to-seed spread, not compilation (it was 21.5 ± 29.0 s over all three)."""
+
+NUMERIC = [
+    "acc_before", "acc_after", "pass_before", "pass_after", "clip_low", "clip_high", "uniform", "tokens", "wall",
+]  # fmt: skip
+"""The keys of `seed_values`: results.json's per-seed values, means and intervals (wall over every seed)."""
+
+
+def column_values(per_seed: Sequence[Mapping[str, float]], key: str) -> list[float]:
+    """The values of one table column over a variant's seeds."""
+    if key == "wall_first":
+        return [per_seed[0]["wall"]]
+    if key == "wall_later":
+        return [s["wall"] for s in per_seed[1:]] or [math.nan]
+    return [s[key] for s in per_seed]
 
 
 def _pass_key(metrics: Mapping[str, Any]) -> str | None:
@@ -62,6 +79,8 @@ def seed_values(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]
 
 
 def _cell(fmt: str, values: Sequence[float]) -> str:
+    if all(math.isnan(v) for v in values):
+        return "-"  # e.g. the later seeds of a one-seed comparison
     est = mean_ci(values)
     if math.isnan(est.half_width) or all(v == values[0] for v in values):
         return fmt.format(est.mean)  # one seed, or the same value for every seed (e.g. the shared base)
@@ -74,7 +93,7 @@ def markdown_table(variants: Sequence[Mapping[str, Any]]) -> str:
     header = [name.replace("pass@k", f"pass@{k}") for name, _, _ in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in variants:
-        cells = [v["algo"]] + [_cell(fmt, [s[key] for s in v["per_seed"]]) for _, key, fmt in COLUMNS[1:]]
+        cells = [v["algo"]] + [_cell(fmt, column_values(v["per_seed"], key)) for _, key, fmt in COLUMNS[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -106,7 +125,7 @@ def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
     alpha = f"{1 - LEVEL:.0%}"
     lines = [
         f"Held-out accuracy after RL, Welch's t-test over {seeds} seeds per variant; p-values Holm-adjusted "
-        f"for the {len(pairs)} pairs (significant: adjusted p < {alpha}):"
+        f"over {len(pairs)} pair{'' if len(pairs) == 1 else 's'} (significant: adjusted p < {alpha}):"
     ]
     for c in pairs:
         verdict = "significant" if c["significant"] else "not significant"
@@ -116,6 +135,32 @@ def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
     if not any(c["significant"] for c in pairs):
         lines.append(f"No difference is significant at {alpha} with {seeds} seeds.")
     return "\n".join(lines) + "\n"
+
+
+EVALUATION_TABLES = (
+    ("eval/accuracy", "Held-out greedy accuracy", "{:.3f}"),
+    ("eval/length_correct", "Length of correct held-out answers (tokens)", "{:.2f}"),
+    ("eval/length_incorrect", "Length of incorrect held-out answers (tokens)", "{:.2f}"),
+)
+
+
+def evaluation_tables(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Markdown lines: per evaluation metric, one row per variant and one column per evaluated
+    step (mean ± 95% half-width over seeds); steps are those every seed of every variant evaluated."""
+    histories = {algo: [r["history"] for r in seed_runs] for algo, seed_runs in runs.items()}
+    lines = []
+    for key, title, fmt in EVALUATION_TABLES:
+        per_algo = {algo: [{r["step"]: r[key] for r in h if isinstance(r.get(key), (int, float))} for h in hs]
+                    for algo, hs in histories.items()}
+        steps = sorted(set.intersection(*(set(seed) for seeds in per_algo.values() for seed in seeds)))
+        if not steps:
+            continue
+        lines += [f"### {title}, by step", "", "| variant | " + " | ".join(f"step {n}" for n in steps) + " |",
+                  "|" + "---|" * (len(steps) + 1)]
+        for algo, seeds in per_algo.items():
+            lines.append(f"| {algo} | " + " | ".join(_cell(fmt, [s[n] for s in seeds]) for n in steps) + " |")
+        lines.append("")
+    return lines
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -227,7 +272,11 @@ def write_report(
     body += [f"## Config differences from {reference.algo}", ""]
     for v in variants:
         body.append(f"- {v['algo']}: {_diff_text(v['config_diff_vs_' + reference.algo], reference.algo, v['algo'])}")
-    body += ["", "## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint.", ""]
+    body += ["", "## Evaluations", "", "Mean over seeds ± the half-width of the 95% confidence interval.", ""]
+    body += evaluation_tables(runs)
+    body += ["## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint."
+             f" Evaluation curves are drawn from {MIN_CURVE_POINTS} evaluations on (`eval.every_steps`); fewer are the"
+             " tables above.", ""]
     body += [f"![{p.stem}]({p.name})" for p in plots]
     (out / "report.md").write_text("\n".join(body) + "\n")
     return table + "\n" + significance, results

@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,12 @@ def train_run(
     log: Callable[[str], None] = print,
     base_cache: Path | None = None,
     overwrite: bool = False,
+    reuse_base_from: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Train one variant in `run_dir`; returns the summary also written to summary.json.
 
-    The base policy is cached in `base_cache` (default: the run folder). A
+    The base policy is cached in `base_cache` (default: the run folder), copied from
+    one of `reuse_base_from` when an identical one is cached there. A
     folder that already holds a run is continued with `resume`, replaced with
     `overwrite`, and otherwise refused: a finished run is never lost silently.
     A resumed run that is already finished does nothing; one whose
@@ -113,9 +115,11 @@ def train_run(
     """
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
+    _check_can_make(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
+        refuse_changed_settings(run_dir, settings)
         finished = _finished_summary(run_dir, settings)
         if finished is not None:
             log(
@@ -132,12 +136,15 @@ def train_run(
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)
     model = build.new_model(settings, tokenizer)
+    build.check_finite(settings, model)
 
     there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         _write_config(run_dir, settings)
-        policy = build.base_policy(settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress)
+        policy = build.base_policy(
+            settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
+        )
         policy = build.adapted(settings, policy)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
     except Exception:
@@ -195,6 +202,7 @@ def train_run(
 
 RUN_FILES = (
     "checkpoints",
+    "settings_at_start.json",
     CORRUPT_DIR,
     "tensorboard",
     "metrics.jsonl",
@@ -226,6 +234,25 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+NAME_MAX = 255
+"""Bytes in one file or folder name on Linux and macOS file systems."""
+
+
+def _check_can_make(run_dir: Path) -> None:
+    """Fail now, not after the model and data are loaded, when the run folder cannot be made."""
+    for part in run_dir.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(
+                f"output {run_dir}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes; "
+                f"file systems allow {NAME_MAX}"
+            )
+    parent = run_dir.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not run_dir.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output {run_dir}: cannot make it in {parent} (permission denied)")
+
+
 def _remove_new(run_dir: Path, there: set[str] | None) -> None:
     """Remove `run_dir` if it was not there before, else what was added to it."""
     if there is None:
@@ -241,6 +268,53 @@ def _write_config(run_dir: Path, settings: RunSettings) -> None:
     path = run_dir / "config.yaml"
     if not path.exists() or path.read_text() != text:
         _write_text(path, text)
+    started = run_dir / STARTED
+    if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
+        _write_text(started, json.dumps(_comparable(settings), indent=2))
+
+
+STARTED = "settings_at_start.json"
+"""The run's resolved settings as it started (training.num_steps as last extended): what its
+checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
+
+RESUMABLE_CHANGES = ("training.num_steps",)
+"""Settings a resume may change: extending the run."""
+
+
+def _comparable(settings: RunSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
+
+
+def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
+    """A run is resumed, evaluated and exported with the settings its checkpoints were made
+    with: an edited config.yaml (another algorithm, model, shape) is refused, naming each difference."""
+    path = run_dir / STARTED
+    if not path.exists():  # a run from before this record was kept
+        return
+    started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
+    changed = [
+        f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
+        for key in sorted(set(started) | set(now))
+        if key not in RESUMABLE_CHANGES and started.get(key) != now.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'} differs from the settings the run started with, which its "
+            f"checkpoints depend on ({'; '.join(changed)}); a resume may change only "
+            f"{', '.join(RESUMABLE_CHANGES)}. Restore config.yaml, or start a new run with "
+            f"`trainer train --config {run_dir / 'config.yaml'} --output NEW_FOLDER`"
+        )
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _quiet(message: str) -> None:

@@ -21,7 +21,7 @@ from rl_core.learner import RLLearner
 from rl_core.tokens import Tokenizer
 
 from trainer import build
-from trainer.run import load_task, settings_of_run
+from trainer.run import load_task, refuse_changed_settings, settings_of_run
 from trainer.settings import RunSettings
 from trainer.tasks import Task
 
@@ -57,6 +57,7 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
     """The run's policy at checkpoint `step` (default: the latest)."""
     run_dir = Path(run_dir)
     settings = settings_of_run(run_dir)
+    refuse_changed_settings(run_dir, settings)  # the checkpoint is read as what it was made as
     steps = checkpoint_steps(run_dir)
     if not steps:
         raise FileNotFoundError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,8 +22,10 @@ import jax
 import yaml
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
+from rl_models import PRESETS
 from rl_models.config import REMAT
 
+from trainer.datasets import FILE_TASKS, DataError, file_task
 from trainer.tasks import TASKS, Task
 
 
@@ -48,10 +51,37 @@ class TaskSettings(Config):
                 raise ConfigError(f"TaskSettings.options.{key} = {value!r}: must be a finite number")
 
     def build(self) -> Task:
+        make = TASKS[self.name]
+        known = task_options(self.name)
+        for key in self.options if known is not None else ():
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean 'task.options.{close[0]}'?" if close else ""
+                raise ConfigError(
+                    f"task.options.{key}: not an option of the {self.name} task (its options: "
+                    f"{', '.join(known)}){hint}"
+                )
+        if known and "data" in known and "data" not in self.options:
+            raise ConfigError(f"task.name = {self.name!r} reads a local file: pass --data FILE (task.options.data=FILE)")
         try:
-            return TASKS[self.name](**self.options)
-        except TypeError as e:
-            raise ConfigError(f"TaskSettings.options = {self.options!r}: {e}") from None
+            return make(**self.options)
+        except TypeError as e:  # e.g. a number where a string belongs
+            raise ConfigError(f"task.options = {self.options!r}: {e}") from None
+        except ValueError as e:
+            if isinstance(e, DataError):  # names the file and the row
+                raise
+            named = known is not None and str(e).split(" ", 1)[0] in known  # "digits = 0: must be ..."
+            raise ConfigError(f"task.options.{e}" if named else f"task {self.name!r}, options {self.options!r}: {e}") from None
+
+
+def task_options(name: str) -> list[str] | None:
+    """The keyword options of task `name`'s constructor (a file task's: those of `file_task`);
+    None when it takes any (`**options`)."""
+    make = file_task if name in FILE_TASKS else TASKS[name]
+    parameters = inspect.signature(make).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -123,6 +153,8 @@ class ModelSettings(Config):
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",
               "must be true, false or null (by platform)")
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
+        check(self.path is not None or self.preset in PRESETS, self, "preset", f"must be one of {sorted(PRESETS)}")
+        check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
 
     def runtime(self) -> dict[str, Any]:
         """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS)."""
@@ -267,18 +299,66 @@ def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise ConfigError(
+                        f"line {line}: key {key!r} is set twice in one mapping (first on line {first[key]}); "
+                        "YAML would keep only the last, so remove one"
+                    )
+                first[key] = line
+            except TypeError:  # an unhashable key: the constructor below reports it
+                pass
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML settings file; every way it can be unreadable is one ConfigError line."""
     path = Path(path)
+    where = f"config file {str(path)!r}"
+    if path.is_dir():
+        raise ConfigError(f"{where} is a folder; --config takes a YAML file")
     try:
-        data = yaml.safe_load(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        raise ConfigError(f"{where} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); settings files are "
+            "UTF-8 YAML"
+        ) from None
+    if "\x00" in text:
+        raise ConfigError(f"{where} is not a text file (it holds NUL bytes); settings files are UTF-8 YAML")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as e:
+        raise ConfigError(f"{where}, {e}") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        raise ConfigError(f"{where} is not valid YAML{at}: {what}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"{where} is not valid YAML: {' '.join(str(e).split())}") from None
     if data is None:
-        return {}
+        raise ConfigError(
+            f"{where} holds no settings (it is empty or only comments); give it some, e.g. "
+            "`training: {num_steps: 50}`, or leave out --config to run on the defaults"
+        )
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(f"{where} must hold a mapping at the top level, got {type(data).__name__}")
     return data
 
 
@@ -301,12 +381,28 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     if algo is not None:
         user["algo"] = algo
     _reject_unknown(user)
-    task = TaskSettings.from_dict(user.get("task", {})).build()
+    task_settings = TaskSettings.from_dict(user.get("task", {}))
+    problems = []  # a data error and a missing model are both told at once, not one after the other
+    try:
+        task = task_settings.build()
+    except (ConfigError, DataError) as e:
+        problems.append(str(e))
+    if task_settings.name in FILE_TASKS and not (user.get("model") or {}).get("path"):
+        problems.append(
+            f"task.name = {task_settings.name!r} needs a model folder whose tokenizer has a chat template: "
+            "pass --model DIR (model.path=DIR)"
+        )
+    if problems:
+        raise ConfigError("; and ".join(problems))
     defaults = {
         "training": dict(DEFAULT_TRAINING),
         "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
     }
-    return RunSettings.from_dict(merge(defaults, user))
+    settings = RunSettings.from_dict(merge(defaults, user))
+    config = settings.algorithm_config()
+    own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
+    config.check_reward_names([*(spec.name for spec in task.rewards), *(fn.__name__ for fn in own)])
+    return settings
 
 
 def _reject_unknown(data: Mapping[str, Any]) -> None:

@@ -40,6 +40,12 @@ def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, l
     return shuffled[heldout_size:], shuffled[:heldout_size]
 
 
+def _check_heldout(heldout_size: int, problems: int) -> None:
+    if not 1 <= heldout_size < problems:
+        rule = "must be >= 1" if heldout_size < 1 else f"must be less than the task's {problems} problems"
+        raise ValueError(f"heldout_size = {heldout_size!r}: {rule}")
+
+
 def carryless_sum(a: int, b: int) -> int:
     """a + b computed digit by digit without carrying (the classic slip)."""
     out, scale = 0, 1
@@ -59,8 +65,11 @@ def arithmetic(*, digits: int = 2, teacher_slip_rate: float = 0.6, heldout_size:
     """
     if not 0.0 <= teacher_slip_rate <= 1.0:
         raise ValueError(f"teacher_slip_rate = {teacher_slip_rate!r}: must be in [0, 1]")
+    if not 1 <= digits <= 3:
+        raise ValueError(f"digits = {digits!r}: must be in [1, 3] (a and b below 10**digits: 10**(2*digits) problems)")
     n = 10**digits
     pairs = [(a, b) for a in range(n) for b in range(n)]
+    _check_heldout(heldout_size, len(pairs))
     train, heldout = split_heldout(pairs, heldout_size, seed)
 
     def prompt(a: int, b: int) -> Prompt:
@@ -97,6 +106,7 @@ def _countdown_solution(numbers: Sequence[int], target: int) -> str | None:
 
 def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, seed: int = 0) -> Task:
     """Reach the target with all given numbers and + - *; reward 1 for a correct expression."""
+    _check_heldout(heldout_size, 4000)
     rng = np.random.default_rng(seed)
     seen: dict[tuple, str] = {}
     while len(seen) < 4000:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from algo_grpo import GRPOConfig
+from algo_grpo.groups import TOTAL
 from rl_core.config import Config, check
 
 from algo_dapo.overlong import overlong_penalty
@@ -67,6 +68,11 @@ class DAPOConfig(GRPOConfig):
             "on_max_gen_batches",
             f"must be one of {ON_MAX_GEN_BATCHES}",
         )
+
+    def check_reward_names(self, names: Sequence[str]) -> None:
+        super().check_reward_names(names)
+        check(self.filter_reward in (None, TOTAL, *names), self, "filter_reward",
+              f"must name one of the run's reward functions {[TOTAL, *names]}, or be null (the correctness reward)")
 
     def reward_functions(self, *, max_new_tokens: int) -> tuple[Callable[..., list[float]], ...]:
         if not self.overlong.enabled:

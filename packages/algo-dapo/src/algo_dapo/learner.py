@@ -10,7 +10,7 @@ import numpy as np
 
 from algo_dapo.config import DAPOConfig
 from algo_grpo import GRPOLearner, Groups
-from algo_grpo.groups import TOTAL, concat
+from algo_grpo.groups import concat
 from rl_core.data import Prompt
 
 
@@ -34,16 +34,14 @@ class DAPOLearner(GRPOLearner):
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.filter_by = config.filter_reward or self.reward_manager.correctness
-        if self.filter_by != TOTAL and self.filter_by not in self.reward_manager.names:
-            raise ValueError(
-                f"DAPOConfig.filter_reward = {config.filter_reward!r}: no reward function of that name; "
-                f"choose one of {[TOTAL, *self.reward_manager.names]}"
-            )
+        config.check_reward_names(self.reward_manager.names)
         self._carry: Groups | None = None
         self._sampling_stats: dict[str, float] = {}
+        self._live_groups: int | None = None  # groups in the loss (a partial batch ends in masked filler)
 
     def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
         if not self.config.dynamic_sampling:
+            self._live_groups = None
             return super().collect_groups(prompts)
         want = len(prompts)
         parts = [self._carry] if self._carry is not None else []
@@ -80,6 +78,7 @@ class DAPOLearner(GRPOLearner):
         else:
             self._carry = None
             groups = self._fill_masked(groups, last, want)
+        self._live_groups = min(kept, want)
         self._sampling_stats = {
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_sampled": float(sampled),
@@ -103,7 +102,19 @@ class DAPOLearner(GRPOLearner):
         return concat(parts, pad_id=self.tokenizer.pad_id)
 
     def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
-        return {**super().group_metrics(groups, advantages), **self._sampling_stats}
+        return {**super().group_metrics(*self._trained(groups, advantages)), **self._sampling_stats}
+
+    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+        return super().samples(*self._trained(groups, advantages))
+
+    def _trained(self, groups: Groups, advantages: np.ndarray) -> tuple[Groups, np.ndarray]:
+        """The groups in the loss, for metrics and samples: a partial batch's masked filler
+        groups are left out. When no group was kept, the batch is all filler, copies of the
+        last round as sampled, and is reported as it is (dapo/groups_kept = 0 says so)."""
+        n = self._live_groups
+        if not n or n >= groups.num_groups:
+            return groups, advantages
+        return groups.select(np.arange(n)), advantages[: n * self.group_size]
 
     def extra_state(self) -> dict[str, Any]:
         return {"carry": None if self._carry is None else self._carry.to_json()}

@@ -10,6 +10,15 @@ Changes from GRPO:
 3. beta = 0: no KL term, so no reference model runs.
 
 Everything else is GRPO's; the estimator is rl_core's "rloo".
+
+The importance ratio stays GRPO's, one per token, clipped per token; TRL's RLOO
+uses one per completion, exp(sum_t log-ratio). The two are equal (1, and the
+same gradient) on a one-pass, one-mini-batch step, the default. They differ only
+off-policy (several mini-batches or iterations), and there the token ratio is
+kept on purpose: the product of T token ratios moves exponentially in T, so one
+drifted token clips, and zeroes, the whole completion's gradient, while per-token
+clipping drops only that token (PPO's and verl's choice). A sequence-level ratio
+is what GSPO is for (`algo-gspo`, the geometric mean of the token ratios).
 """
 
 import dataclasses

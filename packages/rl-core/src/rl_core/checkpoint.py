@@ -25,6 +25,8 @@ barrier so that all open the same list of steps.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +66,46 @@ def remove_unfinished_saves(directory: str | Path) -> None:
                 shutil.rmtree(path)
 
 
+def damage_reason(error: BaseException, limit: int = 300) -> str:
+    """`Type: message` of the innermost cause of a failed restore, on one line.
+
+    Orbax wraps tensorstore's error in an Exception whose text ends in a bound method's
+    repr ("See full TensorStore details: <bound method ...>"), and tensorstore appends
+    its whole JSON spec: both are cut, so what is left names the file and what is wrong
+    with it (e.g. "Error decoding manifest: Encoded length (3) is less than minimum length
+    (16)"); a long message keeps its start and its end, where that detail is.
+    """
+    inner, seen = error, {id(error)}
+    while inner.__cause__ is not None and id(inner.__cause__) not in seen:  # `raise ... from`, not `during handling`
+        inner = inner.__cause__
+        seen.add(id(inner))
+    text = str(inner)
+    for noise in (" [tensorstore_spec", " See full TensorStore details", "See full TensorStore details"):
+        text = text.split(noise, 1)[0]
+    text = " ".join(text.split()) or "no message"
+    if len(text) > limit:
+        text = f"{text[: limit // 3]} ... {text[-(limit - limit // 3 - 5):]}"
+    return f"{type(inner).__name__}: {text}"
+
+
+class _ReadOnlyNotice(logging.Filter):
+    """Orbax warns "Given directory is read only=..." whenever it opens a folder to read it, as
+    `trainer eval` and `trainer export` do: that is what they asked for, not a warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Given directory is read only")
+
+
+@contextlib.contextmanager
+def _without_read_only_notice():
+    absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
+    absl_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(notice)
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, max_to_keep: int = 2, read_only: bool = False) -> None:
         """`read_only`: only restore (e.g. to evaluate a run that may still be training and saving)."""
@@ -77,15 +119,16 @@ class Checkpointer:
             if multihost.is_primary():
                 remove_unfinished_saves(self.directory)
             multihost.sync("rl_core.checkpoint.open")
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep,
-                create=not self.read_only,
-                read_only=self.read_only,
-                enable_async_checkpointing=True,
-            ),
+        options = ocp.CheckpointManagerOptions(
+            # read-only: the values Orbax would set itself, each with a warning
+            max_to_keep=None if self.read_only else self.max_to_keep,
+            save_interval_steps=0 if self.read_only else 1,
+            create=not self.read_only,
+            read_only=self.read_only,
+            enable_async_checkpointing=True,
         )
+        with _without_read_only_notice():
+            return ocp.CheckpointManager(self.directory, options=options)
 
 
     def latest_step(self) -> int | None:
@@ -141,8 +184,7 @@ class Checkpointer:
                 arrays, meta = self.restore(step, like=like)
             except Exception as e:  # noqa: BLE001 - Orbax, tensorstore and JSON raise many kinds
                 moved = self._move_aside(step)
-                reason = next(iter(str(e).strip().splitlines()), type(e).__name__)[:200]
-                log(f"checkpoint {step} does not restore ({type(e).__name__}: {reason}); moved it to {moved}")
+                log(f"checkpoint {step} does not restore ({damage_reason(e)}); moved it to {moved}")
                 continue
             return step, arrays, meta
         return None

@@ -12,7 +12,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from rl_core import registry
@@ -147,21 +147,27 @@ class AlgorithmConfig(Config):
         """
         return ()
 
+    def check_reward_names(self, names: Sequence[str]) -> None:
+        """Rules between this config and the run's reward functions, by name (the task's and the
+        algorithm's own), checked before any model loads; raises ConfigError. None by default."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig(Config):
     """How completions are sampled."""
 
     max_prompt_tokens: int = 64
-    """Longest prompt in tokens (after the BOS token); longer prompts are an error."""
+    """Longest prompt in tokens (after the BOS token). The sampler refuses a longer one; the
+    trainer drops longer prompts when the task is loaded, or stops, per task.long_prompts (default drop)."""
     max_new_tokens: int = 16
     """Most tokens generated per completion (L_max)."""
     temperature: float = 1.0
     """Softmax temperature; 0 means greedy decoding."""
     top_k: int = 0
-    """Keep only the k most likely tokens; 0 disables."""
+    """Keep only the k most likely tokens; 0 disables. The sampler's log-probs stay those of the full
+    tempered softmax (what the learner computes), so importance weights measure real mismatch."""
     top_p: float = 1.0
-    """Keep the smallest set of tokens whose probability reaches p; 1.0 disables."""
+    """Keep the smallest set of tokens whose probability reaches p; 1.0 disables. Log-probs as for top_k."""
     seed: int = 0
     """Seed of the sampling key stream."""
     logprob_chunk_tokens: int = 64
@@ -175,6 +181,7 @@ class RolloutConfig(Config):
         check(self.top_k >= 0, self, "top_k", "must be >= 0 (0 = off)")
         check(0.0 < self.top_p <= 1.0, self, "top_p", "must be in (0, 1]")
         check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
+        check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -252,6 +259,10 @@ class TrainingConfig(Config):
     """Seed of the data order."""
     on_nonfinite: str = "skip"
     """A non-finite loss or gradient: skip the update and count it, or stop the run."""
+    max_skipped_in_a_row: int = 10
+    """With on_nonfinite='skip', stop the run when this many updates in a row were skipped: a
+    spike is skipped, but weights, data or settings that make every update non-finite stop it
+    with a message (0 = never stop). The count restarts on resume."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl each step."""
     loggers: tuple[str, ...] = ("tensorboard",)
@@ -285,6 +296,8 @@ class TrainingConfig(Config):
         check(self.log_every_steps >= 1, self, "log_every_steps", "must be >= 1")
         check(self.max_checkpoints_to_keep >= 1, self, "max_checkpoints_to_keep", "must be >= 1")
         check(self.on_nonfinite in ON_NONFINITE, self, "on_nonfinite", f"must be one of {ON_NONFINITE}")
+        check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32) (numpy's seeds)")
+        check(self.max_skipped_in_a_row >= 0, self, "max_skipped_in_a_row", "must be >= 0 (0 = never stop)")
         check(isinstance(self.loggers, (list, tuple)), self, "loggers", f"must be a list of {LOGGERS}")
         object.__setattr__(self, "loggers", tuple(self.loggers))  # YAML gives a list; frozen configs hold tuples
         check(all(x in LOGGERS for x in self.loggers), self, "loggers", f"must be a list of {LOGGERS}")

@@ -86,7 +86,7 @@ class StepBatch(NamedTuple):
 
 
 class NonFiniteUpdateError(RuntimeError):
-    """A non-finite loss or gradient with `on_nonfinite='stop'`."""
+    """A non-finite loss or gradient with `on_nonfinite='stop'`, or `max_skipped_in_a_row` of them."""
 
 
 def _master_copy(x: jax.Array) -> jax.Array:
@@ -180,6 +180,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.data = PromptStream(train_data, seed=training.seed)
         self.step = 0
         self.skipped_updates = 0  # non-finite loss or gradient
+        self.skipped_in_a_row = 0  # against training.max_skipped_in_a_row
         self.empty_updates = 0  # mini-batches with no token in the loss
         self._stop_requested = False
 
@@ -416,6 +417,15 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                 f"step {self.step + 1}: {skipped} of {len(results)} updates had a non-finite loss or gradient "
                 f"(loss values {[float(r['loss']) for r in results]}); parameters were left unchanged. "
                 "Lower the learning rate, check rewards and inputs, or set on_nonfinite='skip'."
+            )
+        for r in results:
+            self.skipped_in_a_row = 0 if r["finite"] else self.skipped_in_a_row + 1
+        limit = self.training.max_skipped_in_a_row
+        if limit and self.skipped_in_a_row >= limit:
+            raise NonFiniteUpdateError(
+                f"step {self.step + 1}: the last {self.skipped_in_a_row} updates in a row had a non-finite loss or "
+                "gradient and were skipped (training.max_skipped_in_a_row = "
+                f"{limit}); check the model's weights, the rewards and the inputs, or lower the learning rate"
             )
         out: dict[str, float] = {
             "train/loss": float(np.mean([r["loss"] for r in results])),

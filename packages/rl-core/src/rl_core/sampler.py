@@ -50,9 +50,14 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
+def tempered_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """float32 logits / temperature (untempered for greedy): the distribution the learner computes."""
+    return logits.astype(jnp.float32) / (params.temperature or 1.0)
+
+
 def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """Tempered float32 logits with top-k / top-p exclusions set to -inf."""
-    logits = logits.astype(jnp.float32) / (params.temperature or 1.0)
+    logits = tempered_logits(logits, params)
     if params.top_k:
         kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -67,12 +72,19 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """(token [B], log-prob [B] under the distribution actually sampled from).
+    """(token [B], its log-prob [B] under the full tempered softmax).
 
-    Greedy reports the log-prob under the untempered softmax.
+    The token is drawn from the top-k / top-p truncated distribution, but its
+    log-prob is reported under the whole tempered softmax, the distribution the
+    learner computes (`completion_logprobs` at the same temperature): so the
+    truncated importance weight exp(learner - sampler) and the `drift/*`
+    metrics measure a real mismatch between the two (numerics, stale weights),
+    not the mass top-p / top-k cut off, which would otherwise be most of it
+    (top_p=0.9: mean weight 0.90; top_k=5: 0.35). The truncation itself is a
+    bias of the sampling, not corrected for. Greedy reports the untempered log-prob.
     """
     filtered = filter_logits(logits, params)
-    logp_all = jax.nn.log_softmax(filtered, axis=-1)
+    logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
     if params.greedy:
         token = jnp.argmax(filtered, axis=-1)
     else:

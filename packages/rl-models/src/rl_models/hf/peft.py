@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from rl_models.hf.weights import parameter_map
+from rl_models.hf.weights import parameter_map, save_safetensors
 from rl_models.lora import linears
 from rl_models.transformer import Transformer
 
@@ -71,7 +70,7 @@ def export_peft(model: Transformer, out_dir: str | Path, *, base_model_name_or_p
     config = peft_config(model, base_model_name_or_path)
     out.mkdir(parents=True, exist_ok=True)
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(peft_tensors(model), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(peft_tensors(model), out / ADAPTER_WEIGHTS)
     return out
 
 

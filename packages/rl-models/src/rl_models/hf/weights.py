@@ -9,6 +9,7 @@ a shape mismatch, an unsupported tensor dtype.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -212,4 +213,13 @@ def save_params(model: Transformer, path: Path) -> None:
     for key, slot in parameter_map(model.config).items():
         array = arrays[slot.path] if slot.layer is None else arrays[slot.path][slot.layer]
         tensors[key] = np.ascontiguousarray(array.T if slot.transposed else array)
+    save_safetensors(tensors, path)
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
+    """`safetensors.numpy.save_file`, with the file mode every other file gets (the library
+    writes 0600; this is 0666 less the umask, like `open`)."""
     save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
