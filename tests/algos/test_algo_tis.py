@@ -161,7 +161,8 @@ class MismatchedSampler(GRPOLearner):
     def rollout_groups(self, prompts):
         groups = super().rollout_groups(prompts)
         factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
-        return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - np.log(factors).reshape(groups.sampler_logp.shape))
+        off = np.log(factors).reshape(groups.sampler_logp.shape)
+        return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
 
     def compute_advantages(self, groups):
         return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
@@ -183,7 +184,7 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     example = learner.last_example
     mask = np.asarray(example.completion_mask)
     old, sampler = np.asarray(example.old_logp), np.asarray(example.sampler_logp)
-    weights = np.minimum(np.exp(old - sampler), CAP)  # ~0.5, 1.5, 2 (3 capped): the trainer's own forward vs the sampler's
+    weights = np.minimum(np.exp(old - sampler), CAP)  # ~0.5, 1.5 and 2 (3 capped): trainer vs sampler
     real = mask > 0
     assert real.sum() >= 6 and {0.5, 1.5, 2.0} <= {round(float(w), 2) for w in weights[real]}
     assert metrics["drift/tis_weight_mean"] == pytest.approx(weights[real].mean(), rel=1e-4)
