@@ -72,7 +72,8 @@ def with_known_adapters(run_dir: Path, step: int) -> tuple[int, dict]:
         def known(path, x):
             if "lora_b" not in jax.tree_util.keystr(path):
                 return np.asarray(x)
-            return (0.05 * np.cos(np.arange(x.size, dtype=np.float32) + len(jax.tree_util.keystr(path)))).reshape(x.shape)
+            phase = len(jax.tree_util.keystr(path))  # a different pattern per projection
+            return (0.05 * np.cos(np.arange(x.size, dtype=np.float32) + phase)).reshape(x.shape)
 
         arrays["params"] = jax.tree_util.tree_map_with_path(known, arrays["params"])
         checkpointer.save(step + 1, arrays=arrays, meta={**meta, "step": step + 1})
@@ -214,8 +215,9 @@ def test_qlora_on_a_model_folder(tmp_path, capsys):
     # the int8 base with the known adapters, and without them; the merged export (W dequantized
     # + (alpha / r) A B) must give the former: measured max |difference| from the base 0.47
     # on logits up to 1.26
-    adapted = logits(nnx.merge(policy.learner.graphdef, adapters, policy.learner.frozen), tokens)
-    base = logits(nnx.merge(policy.learner.graphdef, jax.tree.map(np.zeros_like, adapters), policy.learner.frozen), tokens)
+    graphdef, frozen = policy.learner.graphdef, policy.learner.frozen
+    adapted = logits(nnx.merge(graphdef, adapters, frozen), tokens)
+    base = logits(nnx.merge(graphdef, jax.tree.map(np.zeros_like, adapters), frozen), tokens)
     assert np.abs(adapted - base).max() > 0.1
     np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, atol=1e-5)
 
