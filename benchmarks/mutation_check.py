@@ -185,7 +185,8 @@ def run_one(mutation: Mutation, timeout_s: int) -> tuple[str, str, float]:
     if done.returncode == 0:
         return "MISSED", (re.findall(r"^\d+ passed.*$", out, re.MULTILINE) or ["all passed"])[-1], seconds
     if done.returncode == 1 and failed:
-        return "caught", failed[0].split("/")[-1], seconds
+        why = next((line[1:].strip() for line in out.splitlines() if line.startswith("E ")), "")
+        return "caught", f"{failed[0].split('/')[-1]}: {why[:100]}", seconds
     return "ERROR", f"pytest exit {done.returncode}: {out.strip().splitlines()[-1] if out.strip() else ''}", seconds
 
 
