@@ -1,5 +1,8 @@
-"""Truncated importance sampling against sampler/trainer mismatch (`tis_cap`), for every GRPO-family algorithm."""
+"""Truncated importance sampling against sampler/trainer mismatch (`tis_cap`), for every GRPO-family algorithm:
+every registered policy loss is weighted token by token, and a learner whose sampler's
+log-probs are off by known factors trains with weights min(exp(old - sampler), C)."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import rl_models
 from algo_grpo import GRPOConfig, GRPOLearner
 from algo_grpo.loss import grpo_loss
 from rl_core import registry
+from rl_core.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.types import TrainExample
@@ -73,6 +77,55 @@ def test_off_by_default_the_loss_is_unweighted():
     assert GRPOConfig().tis_cap is None
 
 
+# Every policy loss under the same off-policy toy batch: two completions (A = +1, -0.5) of
+# 4 tokens, the second with a pad; the current policy moved a little from the behaviour one
+# (ratios inside any clip range used here), and the sampler rated the tokens by factors
+# 1.5, 3, 0.5, 1.2 / 0.8, 4, 1.1 (pad) below or above the trainer's behaviour log-probs.
+OLD = jnp.asarray([[-1.0, -2.0, -0.5, -1.5], [-0.7, -1.2, -2.2, -4.0]])
+CURRENT = OLD + jnp.asarray([[0.01, -0.02, 0.015, 0.005], [-0.01, 0.02, 0.01, 0.0]])
+FACTORS = np.asarray([[1.5, 3.0, 0.5, 1.2], [0.8, 4.0, 1.1, 7.0]])  # pi_old / pi_sampler per token
+TWO_MASK = jnp.asarray([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+CAP = 2.0
+
+
+def every_policy_loss() -> list[str]:
+    names = registry.registry.names("policy_loss")
+    # each algorithm's own loss is among them (the registry loads every installed algorithm)
+    assert {registry.get_algorithm(a).config().policy_loss for a in registry.registry.names("algorithm")} <= set(names)
+    return names
+
+
+@pytest.mark.parametrize("name", every_policy_loss())
+def test_every_policy_loss_is_weighted_token_by_token(name):
+    """The TIS loss is sum_t l_t * min(pi_old / pi_sampler, C) * m_t over the loss's own
+    per-token terms l_t (a per-sequence loss spread over its tokens), in value and gradient."""
+    fn = registry.get("policy_loss", name)
+    adv = jnp.asarray([1.0, -0.5])
+    kwargs = dict(eps_low=0.2, eps_high=0.2, dual_clip=None)
+    example = TrainExample(
+        prompt_tokens=jnp.zeros((2, 1), jnp.int32), prompt_mask=jnp.ones((2, 1)),
+        completion_tokens=jnp.zeros((2, 4), jnp.int32), completion_mask=TWO_MASK,
+        advantages=adv, old_logp=OLD, sampler_logp=OLD - jnp.log(jnp.asarray(FACTORS, jnp.float32)),
+    )  # fmt: skip
+    weights = np.minimum(FACTORS, CAP) * np.asarray(TWO_MASK)  # [[1.5, 2, 0.5, 1.2], [0.8, 2, 1.1, 0]]
+
+    def tis_total(lp):
+        return grpo_loss(lp, jnp.zeros_like(lp), example, policy_loss=fn,
+                         aggregate=registry.get("loss_aggregation", "token-mean"), kl_estimator=None, beta=0.0,
+                         max_len=4, tis_cap=CAP, **kwargs).total  # fmt: skip
+
+    def expected_total(lp):
+        per_tok = per_token(fn(lp, OLD, adv, TWO_MASK, **kwargs)[0], TWO_MASK)
+        return jnp.sum(per_tok * weights)
+
+    value, grad = jax.jit(jax.value_and_grad(tis_total))(CURRENT)
+    want_value, want_grad = jax.jit(jax.value_and_grad(expected_total))(CURRENT)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+    unweighted = jnp.sum(per_token(fn(CURRENT, OLD, adv, TWO_MASK, **kwargs)[0], TWO_MASK) * TWO_MASK)
+    assert abs(float(value - unweighted)) > 0.1  # the weights matter here
+
+
 def _learner(**config):
     return GRPOLearner(
         GRPOConfig(group_size=2, beta=0.0, **config),
@@ -97,3 +150,48 @@ def test_on_it_records_behaviour_logprobs_even_on_an_on_policy_step():
     # sampler and trainer run the same float32 policy here: weights 1, nothing capped
     assert metrics["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["drift/tis_capped_frac"] == 0.0
+
+
+class MismatchedSampler(GRPOLearner):
+    """A learner whose sampler reports every token's log-prob off by a known factor (as a
+    bfloat16 engine would, but known): log pi_sampler = log pi_sampled - log FACTOR, with the
+    factors cycling through 0.5, 1.5, 3 (C = 2 caps the last). Fixed advantages +-1 replace
+    the random policy's all-tied groups, so the loss is not 0. Keeps the last example."""
+
+    def rollout_groups(self, prompts):
+        groups = super().rollout_groups(prompts)
+        factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
+        off = np.log(factors).reshape(groups.sampler_logp.shape)
+        return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
+
+    def compute_advantages(self, groups):
+        return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
+
+    def add_logprobs(self, example):
+        self.last_example = super().add_logprobs(example)
+        return self.last_example
+
+
+def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_ratio():
+    learner = MismatchedSampler(
+        GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP),
+        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)), tokenizer=TOK,
+        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
+        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+    )  # fmt: skip
+    metrics = learner.train_step()
+    example = learner.last_example
+    mask = np.asarray(example.completion_mask)
+    old, sampler = np.asarray(example.old_logp), np.asarray(example.sampler_logp)
+    weights = np.minimum(np.exp(old - sampler), CAP)  # ~0.5, 1.5 and 2 (3 capped): trainer vs sampler
+    real = mask > 0
+    assert real.sum() >= 6 and {0.5, 1.5, 2.0} <= {round(float(w), 2) for w in weights[real]}
+    assert metrics["drift/tis_weight_mean"] == pytest.approx(weights[real].mean(), rel=1e-4)
+    assert metrics["drift/tis_capped_frac"] == pytest.approx((weights[real] >= CAP).mean(), abs=1e-6)
+    # one iteration, one mini-batch: rho = 1, so GRPO's token term is -A * w; its default
+    # aggregation (seq-mean-token-mean) averages tokens within each completion, then completions
+    adv = np.asarray(example.advantages)[:, None]
+    rows = real.any(axis=1)
+    per_row = (-adv * weights * mask).sum(axis=1)[rows] / mask.sum(axis=1)[rows]
+    assert metrics["train/policy_loss"] == pytest.approx(per_row.mean(), rel=1e-4, abs=1e-6)

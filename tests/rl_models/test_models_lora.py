@@ -15,7 +15,9 @@ from safetensors.numpy import load_file
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.hf import export_hf, export_peft, load_hf_model
-from rl_models.lora import DEFAULT_TARGETS, adapter_count, add_adapters, merge_adapters, quantize_base, targeted
+from rl_models import quant
+from rl_models.lora import (DEFAULT_TARGETS, adapter_count, add_adapters, linears, merge_adapters, merged_kernel,
+                            quantize_base, targeted)
 
 V = 32
 TOKENS = jnp.array([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6]], jnp.int32)
@@ -131,6 +133,78 @@ def test_quantized_base_stays_within_tolerance(qtype):
     diff = np.abs(logits(model) - base).max()
     assert 0 < diff <= QLORA_TOLERANCE[qtype]
     assert np.abs(base).max() > 1.0  # the logits are not so small that any error would pass
+
+
+# NF4's 16 levels (QLoRA, arXiv:2305.14314, Appendix E): quantiles of N(0, 1) scaled to [-1, 1].
+NF4 = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                0.7229568362236023, 1.0], np.float32)  # fmt: skip
+
+
+def reference_quantize(kernel: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NumPy reference of rl_models.quant for a kernel [L, in, out]: (codes, ties, scale per entry).
+
+    Absmax scales per layer, output channel and block of input rows: the whole input axis for
+    int8, 64 rows for int4 and NF4 (bitsandbytes' blocks). int8/int4: scale = absmax / (qmax + 1/2)
+    (the top code's rounding bucket reaches absmax), code = round(w / scale) in [-qmax - 1, qmax],
+    value = code * scale; NF4: scale = absmax, code = the index of the NF4 level nearest to
+    w / scale, value = NF4[code] * scale. `ties`: entries with w / scale = +-(qmax + 1/2) up to
+    float rounding (a block's absmax entry), where either neighbouring code is right.
+    """
+    lead, n_in, n_out = kernel.shape
+    rows = n_in if qtype == "int8" else 64
+    blocks = kernel.reshape(lead, n_in // rows, rows, n_out)
+    absmax = np.abs(blocks).max(axis=2, keepdims=True)
+    if qtype == "nf4":
+        scale = absmax
+        codes = np.abs((blocks / scale)[..., None] - NF4).argmin(axis=-1)
+        ties = np.zeros(blocks.shape, bool)
+    else:
+        qmax = {"int8": 127, "int4": 7}[qtype]
+        scale = absmax / np.float32(qmax + 0.5)
+        codes = np.clip(np.round(blocks / scale), -qmax - 1, qmax)
+        ties = np.isclose(np.abs(blocks / scale), qmax + 0.5, rtol=1e-5, atol=0)
+    scale = np.broadcast_to(scale, blocks.shape).reshape(kernel.shape)
+    return codes.reshape(kernel.shape).astype(np.int32), ties.reshape(kernel.shape), scale
+
+
+def assert_quantized_as_the_reference(codes, values, kernel: np.ndarray, qtype: str, msg: str = "") -> None:
+    """`codes` are the reference's (either neighbour at a tie) and `values` (the dequantized
+    kernel) are each code's level times the reference's scale of its block."""
+    got = np.asarray(codes).astype(np.int32)
+    want, ties, scale = reference_quantize(kernel, qtype)
+    np.testing.assert_array_equal(np.where(ties, want, got), want, err_msg=msg)
+    assert np.all(np.abs(got - want)[ties] <= 1), msg
+    levels = NF4[got] if qtype == "nf4" else got.astype(np.float32)
+    np.testing.assert_allclose(np.asarray(values), levels * scale, rtol=1e-6, atol=0, err_msg=msg)
+
+
+@pytest.mark.parametrize("qtype", ["int4", "int8", "nf4"])
+def test_codes_and_scales_match_a_numpy_absmax_reference_per_block(qtype):
+    """Four blocks of 64 input rows, each 4x larger than the one before, and output channels of
+    growing size: with one scale per tensor (or per channel, without blocks) the small blocks
+    would quantize to nearly all zeros, and the codes would differ from the reference's."""
+    rng = np.random.default_rng(0)
+    block_size = np.repeat(4.0 ** np.arange(4), 64)[None, :, None]
+    channel_size = np.linspace(0.5, 2.0, 24)[None, None, :]
+    kernel = (rng.standard_normal((2, 256, 24)) * block_size * channel_size).astype(np.float32)
+    codes, scale = quant.quantize(jnp.asarray(kernel), qtype)
+    assert scale.shape == {"int8": (2, 1, 24), "int4": (2, 4, 24), "nf4": (2, 4, 24)}[qtype]
+    assert_quantized_as_the_reference(codes, quant.dequantize(codes, scale, qtype), kernel, qtype)
+
+
+@pytest.mark.parametrize("qtype", ["int4", "nf4"])
+def test_quantize_base_stores_each_projection_as_the_reference_codes(qtype):
+    """Through the model: D=128 and MLP 256, so every block projection has 2 (q/k/v/o, gate/up)
+    or 4 (down) blocks of 64 input rows; the merge (and the export) dequantizes the same values."""
+    plain = tiny(hidden_size=128, mlp_hidden_size=256)
+    kernels = {path: np.asarray(lin.kernel[...]) for path, lin in linears(plain).items() if path.startswith("layers/")}
+    assert len(kernels) == 7 and min(k.shape[-2] for k in kernels.values()) == 128
+    quantized = linears(quantize_base(plain, qtype))
+    for path, kernel in kernels.items():
+        lin = quantized[path]
+        assert_quantized_as_the_reference(lin.kernel[...], merged_kernel(lin), kernel, qtype, msg=path)
 
 
 def test_qlora_adapters_on_a_quantized_base_merge_into_a_plain_model(tmp_path):

@@ -85,24 +85,27 @@ def learn(tmp_path_factory, learning_base, trainer_xla_flags):
     the first run makes them while holding a lock, and every later run, in any worker, reads them.
     The learning tests are split over files so that pytest-xdist runs them on both workers."""
 
-    def train(algo: str, overrides, name: str) -> tuple[float, float]:
+    def train(algo: str, overrides, name: str, shuffled_rewards: bool) -> tuple[float, float]:
         run_dir = tmp_path_factory.mktemp(name)
         env = {**os.environ, "XLA_FLAGS": trainer_xla_flags}  # not the suite's compile-time flags (see the script)
-        command = [sys.executable, str(LEARNING_RUN), algo, str(run_dir), str(learning_base), *LEARNING_STEPS, *overrides]
+        control = ["--shuffled-rewards"] if shuffled_rewards else []
+        command = [sys.executable, str(LEARNING_RUN), *control, algo, str(run_dir), str(learning_base),
+                   *LEARNING_STEPS, *overrides]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stderr[-4000:]
         result = json.loads(done.stdout.splitlines()[-1])
         print(f"{name}: held-out accuracy {result['before']:.3f} -> {result['after']:.3f}")
         return result["before"], result["after"]
 
-    def run(algo: str, overrides=(), name: str | None = None) -> tuple[float, float]:
+    def run(algo: str, overrides=(), name: str | None = None, *, shuffled_rewards: bool = False) -> tuple[float, float]:
+        """`shuffled_rewards`: the control run (see scripts/learning_run.py), which must not learn."""
         made = learning_base / "made"
         if not made.exists():
             with exclusive(learning_base / "lock"):
                 if not made.exists():
-                    result = train(algo, overrides, name or algo)
+                    result = train(algo, overrides, name or algo, shuffled_rewards)
                     made.touch()
                     return result
-        return train(algo, overrides, name or algo)
+        return train(algo, overrides, name or algo, shuffled_rewards)
 
     return run

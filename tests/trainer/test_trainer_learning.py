@@ -2,17 +2,28 @@
 
 Every learning test of the suite starts from one cached base policy (one warm
 start, one evaluation of it; see the `learn` fixture), so each costs only its
-own 100 steps and one evaluation after them. GSPO and LoRA have files of their own (test_trainer_learning_*.py).
+own 100 steps and one evaluation after them. GSPO and LoRA have files of their own
+(test_trainer_learning_*.py); test_trainer_learning_control.py is the run that must not learn.
 """
 
 import pytest
+
+# Held-out accuracy points gained in 100 steps from the cached base (0.465), by rollout seed
+# (seed 0 is the suite's run; each measured once, with scripts/learning_run.py as the suite runs it):
+#                seed 0   seed 1   seed 2
+#   dapo         +24.0    +25.5    +24.5
+#   rloo         +22.0    +19.5    +18.5
+#   cispo        +25.5    +19.0    +16.0
+#   reinforce_pp +25.5    +22.5    +19.5
+# and the control (GRPO on shuffled rewards) fell by 35, 19 and 22.5 points. The bar, +10
+# points, is 6 points (12 problems) below the smallest gain of the twelve runs and 29 above
+# the best control: a method that learns passes on any seed, one that does not fails.
+GAIN = 0.10
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, learn):
-    # The default warm start (800 steps) leaves the policy right on about half of the
-    # held-out problems (0.495); 100 steps raised it by 16.5 (CISPO) to 22.5 (DAPO) points.
     before, after = learn(algo)
     assert 0.2 < before < 0.7  # right sometimes, not always
-    assert after >= before + 0.15, (before, after)
+    assert after >= before + GAIN, (before, after)
