@@ -3,6 +3,7 @@ mutation's line occurs exactly once in its source file, so a source edit that mo
 line shows up here in every run, not months later as NOT APPLIED."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("mutation_check", ROOT / "benchmarks" / "mutation_check.py")
 mutation_check = importlib.util.module_from_spec(spec)
+sys.modules["mutation_check"] = mutation_check  # its dataclasses look their module up
 spec.loader.exec_module(mutation_check)
 
 
