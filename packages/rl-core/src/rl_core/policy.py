@@ -58,3 +58,33 @@ class Policy(Protocol):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Unembed hidden states [..., D] to float32 logits [..., V]."""
         ...
+
+
+@runtime_checkable
+class PagedPolicy(Policy, Protocol):
+    """A policy the paged rollout engine (rl_core.rollout.paged) can decode with.
+
+    Shapes: N tokens, each its own query; M pages per sequence; P pages in the
+    pool; ps tokens per page.
+    """
+
+    def init_pages(self, num_pages: int, page_size: int) -> Cache:
+        """A zeroed page pool (k, v), each [layers, K, num_pages, page_size, Dh]."""
+        ...
+
+    def paged_forward(
+        self,
+        tokens: jax.Array,  # [N] int32
+        positions: jax.Array,  # [N] int32, position of each token in its sequence
+        pages: Cache,
+        page_rows: jax.Array,  # [N, M] int32, the page table of each token's sequence
+        attention: Any,  # (q [N, H, Dh], k_pages [K, P, ps, Dh], v_pages, page_rows, lengths [N]) -> [N, H, Dh]
+    ) -> tuple[jax.Array, Cache]:
+        """Hidden states [N, D]; token n's key/value are written at its position's page slot
+        and it attends to the first positions[n] + 1 slots of its sequence. Page 0 is scratch."""
+        ...
+
+    def inference_copy(self) -> Policy:
+        """A module computing the same function with every weight in the compute dtype and
+        adapters merged (traceable; the engine's inference weights)."""
+        ...
