@@ -28,7 +28,6 @@ from flax import nnx
 
 from rl_models import transformer as tf
 from rl_models.config import TransformerConfig
-from rl_models.quant import dequantize
 
 PagedAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -85,42 +84,27 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     return model.final_norm(x)[:, 0], pages
 
 
-def _merged_kernel(linear: tf.Linear) -> jax.Array:
-    """The kernel [.., in, out] a plain Linear needs to compute what `linear` computes:
-    dequantized, with its adapters' scale * A @ B added (in float32), in the compute dtype."""
-    if linear.kernel_scale is not None and linear.qtype is not None:
-        w = dequantize(linear.kernel[...], linear.kernel_scale[...], linear.qtype).astype(jnp.float32)
-    else:
-        w = linear.kernel[...].astype(jnp.float32)
-    if linear.lora_a is not None and linear.lora_b is not None:
-        a, b = linear.lora_a[...].astype(jnp.float32), linear.lora_b[...].astype(jnp.float32)
-        w = w + linear.lora_scale * jnp.matmul(a, b)
-    return w.astype(linear.dtype)
-
-
 def inference_copy(model: tf.Transformer) -> tf.Transformer:
     """A plain model that computes what `model` computes, for decoding: every parameter
     in the compute dtype, quantized kernels dequantized and LoRA adapters merged into
-    their kernels (so adapters are never dropped, and decoding pays no adapter matmuls).
-
-    Traceable (the engine runs it inside the jitted refresh); shares nothing with `model`.
+    their kernels (`rl_models.lora.merged_kernel`), so adapters are never dropped and
+    decoding pays no adapter matmuls. Traceable (the engine runs it in its jitted refresh).
     """
-    cfg = model.config
-    plain_cfg = dataclasses.replace(cfg, param_dtype=cfg.dtype)
-    plain = nnx.eval_shape(lambda: tf.Transformer(plain_cfg, rngs=nnx.Rngs(0)))
-    compute = tf.compute_dtype(cfg)
+    from rl_models import lora  # noqa: PLC0415 (lora imports the transformer module, as this one does)
 
-    def fill(dst: nnx.Module, src: nnx.Module) -> None:
-        for name, value in vars(src).items():
-            target = getattr(dst, name, None)
-            if isinstance(value, tf.Linear):
-                target.kernel = target.kernel.replace(_merged_kernel(value))
-                if value.bias is not None:
-                    target.bias = target.bias.replace(value.bias[...].astype(compute))
-            elif isinstance(value, nnx.Param):
-                setattr(dst, name, target.replace(value[...].astype(compute)))
-            elif isinstance(value, nnx.Module):
-                fill(target, value)
+    config = dataclasses.replace(model.config, param_dtype=model.config.dtype)
+    graphdef, plain = nnx.split(nnx.eval_shape(lambda: tf.Transformer(config, rngs=nnx.Rngs(0))))
+    values = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    linears = lora.linears(model)
 
-    fill(plain, model)
-    return plain
+    def fill(path, abstract):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        owner = "/".join(keys[:-1])
+        if keys[-1] == "kernel" and owner in linears:
+            return lora.merged_kernel(linears[owner]).astype(abstract.dtype)
+        node = values
+        for k in keys:
+            node = node[k]
+        return jnp.asarray(node, abstract.dtype)
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, nnx.to_pure_dict(plain)))

@@ -33,6 +33,7 @@ PagedAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array
 def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_rows: jax.Array,
                               lengths: jax.Array, *, pages_per_block: int = 8) -> jax.Array:
     """Paged attention in plain JAX (see the module docstring); float32 scores and softmax."""
+    q, k_pages, v_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, v_pages, page_rows, lengths))
     n, h, dh = q.shape
     kv_heads, _, page_size, _ = k_pages.shape
     g = h // kv_heads
@@ -69,12 +70,17 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
     return (acc / total[..., None]).reshape(n, h, dh).astype(q.dtype)
 
 
+def _padded_rows(page_rows: jax.Array, multiple: int) -> jax.Array:
+    """Page rows widened to a multiple of `multiple` pages with scratch page 0 (past every length)."""
+    return jnp.pad(page_rows, ((0, 0), (0, -page_rows.shape[1] % multiple)))
+
+
 def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int):
     from jax.experimental.pallas.ops.tpu import paged_attention  # noqa: PLC0415 (TPU only)
 
     scaled = (q.astype(jnp.float32) / math.sqrt(q.shape[-1])).astype(q.dtype)
-    block = math.gcd(pages_per_block, page_rows.shape[1])  # the kernel needs M % block == 0
-    return paged_attention.paged_attention(scaled, k_pages, v_pages, lengths, page_rows,
+    block = min(pages_per_block, page_rows.shape[1])
+    return paged_attention.paged_attention(scaled, k_pages, v_pages, lengths, _padded_rows(page_rows, block),
                                            pages_per_compute_block=block)
 
 
@@ -82,11 +88,11 @@ def _pallas_gpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int
     from jax.experimental.pallas.ops.gpu import paged_attention  # noqa: PLC0415 (Triton)
 
     scaled = (q.astype(jnp.float32) / math.sqrt(q.shape[-1])).astype(q.dtype)
-    block = math.gcd(pages_per_block, page_rows.shape[1])
-    g = q.shape[1] // k_pages.shape[0]
-    return paged_attention.paged_attention(scaled, k_pages, v_pages, page_rows, lengths,
-                                           pages_per_compute_block=block, block_h=max(16, g),
-                                           interpret=interpret)
+    block = min(pages_per_block, page_rows.shape[1])
+    # the kernel splits each sequence's pages into k_splits partitions of whole compute blocks
+    splits = max(1, min(16, page_rows.shape[1] // block))
+    return paged_attention.paged_attention(scaled, k_pages, v_pages, _padded_rows(page_rows, splits * block), lengths,
+                                           pages_per_compute_block=block, k_splits=splits, interpret=interpret)
 
 
 def choose(attention: str, platform: str | None = None, *, pages_per_block: int = 8) -> PagedAttention:

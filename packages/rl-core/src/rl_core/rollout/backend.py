@@ -26,8 +26,9 @@ class Requests(NamedTuple):
     """U prompts, each to be sampled `num_samples` (G) times.
 
     Row i * G + j of the completions is sample j of prompt i. `prompt_ids`
-    name the prompts for their random keys (see `sample_keys`); a prompt's
-    completions do not depend on which other requests share the call.
+    name the prompts for their random keys (backends that key each completion by
+    (prompt id, sample index), like `paged`, give a prompt the same completions
+    whichever other requests share the call).
     """
 
     prompt_tokens: np.ndarray  # [U, P] int32, left-padded
@@ -41,18 +42,6 @@ class Requests(NamedTuple):
         if ids.shape != (u,):
             raise ValueError(f"prompt_ids has shape {ids.shape}; expected ({u},), one id per prompt")
         return ids.astype(np.int64)
-
-
-def sample_keys(key: jax.Array, prompt_ids: np.ndarray, num_samples: int) -> jax.Array:
-    """One key per completion [U * G]: fold_in(fold_in(key, prompt id), sample index).
-
-    Derived only from the run's key and the request's identity, so a completion
-    is the same whatever batch it is decoded in, and a resumed run redraws it.
-    """
-    ids = np.asarray(prompt_ids, np.uint32)
-    rows = np.repeat(ids, num_samples)
-    samples = np.tile(np.arange(num_samples, dtype=np.uint32), len(ids))
-    return jax.vmap(lambda p, s: jax.random.fold_in(jax.random.fold_in(key, p), s))(rows, samples)
 
 
 @runtime_checkable

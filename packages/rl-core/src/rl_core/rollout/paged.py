@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rl_core import mesh as mesh_lib
 from rl_core.rollout import attention as attention_lib
-from rl_core.rollout.backend import Requests, sample_keys, with_version
+from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.step import engine_step
 from rl_core.sampler import Completions, SamplingParams
@@ -139,10 +139,10 @@ class PagedBackend:
         if sampling not in self._steps:
             s = self.settings
 
-            def step(weights, pages, prefill, copy_src, copy_dst, slots):
+            def step(weights, pages, prefill, copy_src, copy_dst, slots, key):
                 self.compiles += 1
                 model = nnx.merge(self._infer_graphdef, weights)
-                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, self.attention,
+                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.attention,
                                    steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
                                    pad_id=self.pad_id)
 
@@ -150,7 +150,7 @@ class PagedBackend:
             if self.mesh is not None:
                 whole = mesh_lib.replicated(self.mesh)
                 pool = self.pool_sharding()
-                kwargs.update(in_shardings=(self.weight_shardings, pool, whole, whole, whole, whole),
+                kwargs.update(in_shardings=(self.weight_shardings, pool, whole, whole, whole, whole, whole),
                               out_shardings=(pool, whole, whole, whole))
             self._steps[sampling] = jax.jit(step, **kwargs)
         return self._steps[sampling]
@@ -175,11 +175,7 @@ class PagedBackend:
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
-        ids = requests.ids()
-        keys = sample_keys(key, ids, requests.num_samples)
-        if jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
-            keys = jax.random.key_data(keys)
-        out = run(self, requests, np.asarray(keys, np.uint32), sampling)
+        out = run(self, requests, key, sampling)
         return with_version(out, self.version)
 
 

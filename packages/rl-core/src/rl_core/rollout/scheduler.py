@@ -40,7 +40,7 @@ class _Prompt:
 class _Sample:
     row: int
     prompt: _Prompt
-    key: np.ndarray  # [2] uint32
+    ids: tuple[int, int]  # (prompt id, sample index): its key
     own: list[int] = dataclasses.field(default_factory=list)  # its pages (first: its copy of a partial prefix page)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logp: list[float] = dataclasses.field(default_factory=list)
@@ -48,13 +48,14 @@ class _Sample:
 
 
 class _Run:
-    def __init__(self, engine: Any, requests: Requests, keys: np.ndarray, sampling: SamplingParams) -> None:
+    def __init__(self, engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> None:
         s = engine.settings
-        self.engine, self.pool, self.sampling = engine, engine.pool, sampling
+        self.engine, self.pool, self.sampling, self.key = engine, engine.pool, sampling, key
         self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
         self.chunk = s.prefill_chunk
         g = requests.num_samples
         tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
+        ids = requests.ids()
         self.prompts: list[_Prompt] = []
         self.samples: list[_Sample] = []
         for i in range(len(tokens)):
@@ -64,7 +65,7 @@ class _Run:
             if self._pages_to(prompt.prefix + self.t - 1) > self.m:
                 raise ValueError(f"prompt {i} has {len(prompt.tokens)} tokens: longer than the engine's "
                                  f"max_prompt_tokens ({s.max_prompt_tokens}) allows")
-            prompt.samples = [_Sample(i * g + j, prompt, keys[i * g + j]) for j in range(g)]
+            prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j)) for j in range(g)]
             self.prompts.append(prompt)
             self.samples.extend(prompt.samples)
         longest = max(p.prefix for p in self.prompts)
@@ -84,7 +85,7 @@ class _Run:
             "token": np.zeros(self.slots, np.int32), "position": np.zeros(self.slots, np.int32),
             "count": np.zeros(self.slots, np.int32), "limit": np.full(self.slots, self.t, np.int32),
             "active": np.zeros(self.slots, bool), "page_rows": np.zeros((self.slots, self.m), np.int32),
-            "keys": np.zeros((self.slots, 2), np.uint32),
+            "ids": np.zeros((self.slots, 2), np.int32),
         }
 
     def _pages_to(self, position: int) -> int:
@@ -183,7 +184,7 @@ class _Run:
             self.running[slot] = sample
             h = self.host
             h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, 0
-            h["active"][slot], h["keys"][slot] = True, sample.key
+            h["active"][slot], h["ids"][slot] = True, sample.ids
             h["page_rows"][slot] = self._row(shared + sample.own)
         return src, dst
 
@@ -216,7 +217,7 @@ class _Run:
                 )
             before = self.host["count"].copy()
             slots = Slots(**self.host)
-            engine.pages, tokens, logp, after = step(engine.weights, engine.pages, prefill, src, dst, slots)
+            engine.pages, tokens, logp, after = step(engine.weights, engine.pages, prefill, src, dst, slots, self.key)
             tokens, logp, after = jax.device_get((tokens, logp, after))
             self.calls += 1
             for name in ("token", "position", "count", "active"):
@@ -245,6 +246,6 @@ class _Run:
         return Completions(tokens, logp, mask, lengths, ~ended)
 
 
-def run(engine: Any, requests: Requests, keys: np.ndarray, sampling: SamplingParams) -> Completions:
+def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> Completions:
     """Completions of every request (rows in request order); the pool is empty afterwards."""
-    return _Run(engine, requests, keys, sampling).run()
+    return _Run(engine, requests, key, sampling).run()

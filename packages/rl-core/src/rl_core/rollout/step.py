@@ -35,7 +35,16 @@ class Slots(NamedTuple):
     limit: jax.Array  # [S] int32, most tokens this slot may generate
     active: jax.Array  # [S] bool
     page_rows: jax.Array  # [S, M] int32
-    keys: jax.Array  # [S, 2] uint32, the completion's key (token t draws with fold_in(key, t))
+    ids: jax.Array  # [S, 2] int32, (prompt id, sample index): the completion's key (see `completion_keys`)
+
+
+def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """One key per row of ids [S, 2] = (prompt id, sample index): fold_in(fold_in(key, prompt), sample).
+
+    Derived only from the run's key and the completion's identity, so a completion is the
+    same whatever batch it is decoded in; its token t draws with fold_in(that key, t).
+    """
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, i[0]), i[1]))(ids)
 
 
 def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
@@ -59,6 +68,7 @@ def engine_step(
     copy_src: jax.Array,  # [S] int32 pages copied to copy_dst before decoding (0 -> 0: nothing)
     copy_dst: jax.Array,  # [S] int32
     slots: Slots,
+    key: jax.Array,
     attention: Any,
     *,
     steps: int,
@@ -76,13 +86,14 @@ def engine_step(
     pages = jax.tree.map(lambda p: p.at[:, :, copy_dst].set(p[:, :, copy_src]), pages)
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
     s = slots.token.shape[0]
+    row_keys = completion_keys(key, slots.ids)
 
     def body(i, carry):
         pages, st, out_tokens, out_logp = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
         hidden, pages = model.paged_forward(st.token, position, pages, rows, attention)
-        keys = jax.vmap(jax.random.fold_in)(st.keys, st.count)
+        keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         token, logp = sample_rows(keys, model.logits(hidden), sampling)
         token = jnp.where(st.active, token, pad_id)
         logp = jnp.where(st.active, logp, 0.0)

@@ -1,0 +1,106 @@
+"""Paged attention (rl_core.rollout.attention) against dense attention, and the page pool."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_core.rollout import attention as attention_lib
+from rl_core.rollout.pages import PagePool, PoolExhausted
+
+N, H, K, DH, PAGES, PS, M = 5, 4, 2, 8, 24, 4, 6
+LENGTHS = np.array([1, 4, 5, 13, 24], np.int32)  # one slot, a full page, a page + 1, mid-page, all M pages
+
+
+def problem(seed=0):
+    """Random queries and pool; each query's sequence on distinct pages (row n never uses page 0)."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(N, H, DH)).astype(np.float32)
+    k_pages = rng.normal(size=(K, PAGES, PS, DH)).astype(np.float32)
+    v_pages = rng.normal(size=(K, PAGES, PS, DH)).astype(np.float32)
+    page_rows = np.stack([rng.permutation(np.arange(1, PAGES))[:M] for _ in range(N)]).astype(np.int32)
+    return q, k_pages, v_pages, page_rows, LENGTHS
+
+
+def dense(q, k_pages, v_pages, page_rows, lengths):
+    """Each query's sequence gathered into contiguous slots, then a plain masked softmax."""
+    k = k_pages[:, page_rows].reshape(K, N, M * PS, DH)  # [K, N, S, Dh]
+    v = v_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    qg = q.reshape(N, K, H // K, DH)
+    scores = jnp.einsum("nkgd,knsd->nkgs", qg, k) / math.sqrt(DH)
+    valid = np.arange(M * PS)[None, :] < lengths[:, None]
+    probs = jax.nn.softmax(jnp.where(valid[:, None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(N, H, DH)
+
+
+@pytest.mark.parametrize("pages_per_block", [1, 4, 8])
+@pytest.mark.parametrize("jit", [False, True])
+def test_reference_equals_dense_attention(pages_per_block, jit):
+    fn = functools.partial(attention_lib.reference_paged_attention, pages_per_block=pages_per_block)
+    fn = jax.jit(fn) if jit else fn
+    args = problem()
+    np.testing.assert_allclose(fn(*args), dense(*args), atol=1e-5)
+
+
+def test_reference_under_vmap_and_blind_to_pages_past_the_length():
+    args = [np.stack([a, b]) for a, b in zip(problem(0), problem(1), strict=True)]
+    out = jax.vmap(attention_lib.reference_paged_attention)(*args)
+    for i in range(2):
+        np.testing.assert_allclose(out[i], dense(*[a[i] for a in args]), atol=1e-5)
+    q, k_pages, v_pages, page_rows, lengths = problem()
+    # garbage on every page slot past each query's length changes nothing (pages hold stale but
+    # finite keys/values of earlier sequences)
+    poisoned = [np.array(x) for x in (k_pages, v_pages)]
+    for n in range(N):
+        for j in range(lengths[n], M * PS):
+            for x in poisoned:
+                x[:, page_rows[n, j // PS], j % PS] = 1e4
+    keep = np.ones(N, bool)  # rows sharing a poisoned page with a longer row would see it: compare the rest
+    for n in range(N):
+        pages_n = set(page_rows[n, : -(-lengths[n] // PS)])
+        keep[n] = all(not (set(page_rows[m, lengths[m] // PS :]) & pages_n) for m in range(N) if m != n)
+    got = attention_lib.reference_paged_attention(q, *poisoned, page_rows, lengths)
+    assert keep.sum() >= 2
+    np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(dense(q, k_pages, v_pages, page_rows, lengths))[keep],
+                               atol=1e-5)
+
+
+def test_choice_by_platform():
+    assert attention_lib.choose("auto", "cpu").func is attention_lib.reference_paged_attention
+    assert attention_lib.choose("auto", "tpu").func is attention_lib._pallas_tpu
+    assert attention_lib.choose("auto", "gpu").func is attention_lib._pallas_gpu
+    assert attention_lib.choose("reference", "tpu").func is attention_lib.reference_paged_attention
+    with pytest.raises(ValueError, match="TPU and GPU only"):
+        attention_lib.choose("pallas", "cpu")
+    with pytest.raises(ValueError, match="must be one of"):
+        attention_lib.choose("flash", "cpu")
+
+
+def test_page_pool_counts_holders():
+    pool = PagePool(6)
+    assert pool.free == 5  # page 0 is scratch
+    a = pool.allocate(3)
+    assert 0 not in a and pool.in_use == 3
+    pool.retain(a[:2])  # a second holder of two of them
+    pool.release(a)
+    assert pool.in_use == 2 and [pool.refcount(p) for p in a] == [1, 1, 0]
+    with pytest.raises(PoolExhausted, match="4 pages asked, 3 of 5 free"):
+        pool.allocate(4)
+    assert pool.free == 3  # a refused request takes nothing
+    pool.release(a[:2])
+    assert pool.in_use == 0
+    with pytest.raises(ValueError, match="released more often than held"):
+        pool.release(a[:1])
+    with pytest.raises(ValueError, match="is free"):
+        pool.retain(a[:1])
+
+
+def test_gpu_pallas_kernel_in_interpret_mode_equals_dense():
+    """JAX's Triton paged-attention kernel, run by the Pallas interpreter on CPU: checks how the
+    engine calls it (query scaling, padded page rows, split partitions), not the GPU itself."""
+    args = problem()
+    out = attention_lib._pallas_gpu(*map(jnp.asarray, args), pages_per_block=2, interpret=True)
+    np.testing.assert_allclose(out, dense(*args), atol=1e-5)
