@@ -36,18 +36,23 @@ def dense(q, k_pages, v_pages, page_rows, lengths):
     return jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(N, H, DH)
 
 
+def page_major(q, k_pages, v_pages, page_rows, lengths):
+    """The reference's layout [P, ps, K, Dh] of the kv-major pages [K, P, ps, Dh]."""
+    return q, k_pages.transpose(1, 2, 0, 3), v_pages.transpose(1, 2, 0, 3), page_rows, lengths
+
+
 @pytest.mark.parametrize("pages_per_block", [1, 4, 8])
 @pytest.mark.parametrize("jit", [False, True])
 def test_reference_equals_dense_attention(pages_per_block, jit):
     fn = functools.partial(attention_lib.reference_paged_attention, pages_per_block=pages_per_block)
     fn = jax.jit(fn) if jit else fn
     args = problem()
-    np.testing.assert_allclose(fn(*args), dense(*args), atol=1e-5)
+    np.testing.assert_allclose(fn(*page_major(*args)), dense(*args), atol=1e-5)
 
 
 def test_reference_under_vmap_and_blind_to_pages_past_the_length():
     args = [np.stack([a, b]) for a, b in zip(problem(0), problem(1), strict=True)]
-    out = jax.vmap(attention_lib.reference_paged_attention)(*args)
+    out = jax.vmap(lambda *a: attention_lib.reference_paged_attention(*page_major(*a)))(*args)
     for i in range(2):
         np.testing.assert_allclose(out[i], dense(*[a[i] for a in args]), atol=1e-5)
     q, k_pages, v_pages, page_rows, lengths = problem()
@@ -62,21 +67,43 @@ def test_reference_under_vmap_and_blind_to_pages_past_the_length():
     for n in range(N):
         pages_n = set(page_rows[n, : -(-lengths[n] // PS)])
         keep[n] = all(not (set(page_rows[m, lengths[m] // PS :]) & pages_n) for m in range(N) if m != n)
-    got = attention_lib.reference_paged_attention(q, *poisoned, page_rows, lengths)
+    got = attention_lib.reference_paged_attention(*page_major(q, *poisoned, page_rows, lengths))
     assert keep.sum() >= 2
     np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(dense(q, k_pages, v_pages, page_rows, lengths))[keep],
                                atol=1e-5)
 
 
 def test_choice_by_platform():
-    assert attention_lib.choose("auto", "cpu").func is attention_lib.reference_paged_attention
-    assert attention_lib.choose("auto", "tpu").func is attention_lib._pallas_tpu
-    assert attention_lib.choose("auto", "gpu").func is attention_lib._pallas_gpu
-    assert attention_lib.choose("reference", "tpu").func is attention_lib.reference_paged_attention
+    choose = attention_lib.choose
+    assert choose("auto", 16, "cpu") == attention_lib.ReferenceKV(16)
+    assert choose("auto", 16, "tpu") == attention_lib.PallasKV(16, platform="tpu")
+    assert choose("auto", 16, "gpu") == attention_lib.PallasKV(16, platform="gpu")
+    assert choose("reference", 16, "tpu") == attention_lib.ReferenceKV(16)
     with pytest.raises(ValueError, match="TPU and GPU only"):
-        attention_lib.choose("pallas", "cpu")
+        choose("pallas", 16, "cpu")
     with pytest.raises(ValueError, match="must be one of"):
-        attention_lib.choose("flash", "cpu")
+        choose("flash", 16, "cpu")
+
+
+@pytest.mark.parametrize("kv", [attention_lib.ReferenceKV(PS, 2), attention_lib.PallasKV(PS, 2, interpret=True)],
+                         ids=["reference", "pallas-gpu-interpreted"])
+def test_write_then_attend_in_either_layout(kv):
+    """Each layout writes a token's key/value where its attention reads them, per layer."""
+    q, k_pages, v_pages, page_rows, lengths = problem()
+    rng = np.random.default_rng(2)
+    k_new, v_new = (rng.normal(size=(N, K, DH)).astype(np.float32) for _ in range(2))
+    positions = lengths - 1  # each query is its sequence's newest token
+    pages = kv.init(2, K, DH, jnp.float32, PAGES)
+    old = page_major(q, k_pages, v_pages, page_rows, lengths)[1:3] if isinstance(kv, attention_lib.ReferenceKV) \
+        else (k_pages, v_pages)
+    pages = tuple(p.at[1].set(o) for p, o in zip(pages, old, strict=True))  # layer 1 holds the sequences
+    out, pages = kv(q, k_new, v_new, pages, 1, page_rows, positions)
+    k_want, v_want = (np.array(x) for x in (k_pages, v_pages))
+    for n in range(N):
+        page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
+        k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
+    np.testing.assert_allclose(out, dense(q, k_want, v_want, page_rows, lengths), atol=1e-5)
+    assert not np.asarray(pages[0][0]).any()  # layer 0 untouched
 
 
 def test_page_pool_counts_holders():

@@ -170,7 +170,7 @@ class RolloutConfig(Config):
     """Seed of the sampling key stream."""
     logprob_chunk_tokens: int = 64
     """Completion tokens unembedded at once when computing log-probs."""
-    engine: str = "static"
+    engine: str = "paged"
     """Rollout backend: "static" (one program, KV cache preallocated to the longest completion) or
     "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout)."""
     attention: str = "auto"

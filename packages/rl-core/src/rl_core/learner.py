@@ -58,6 +58,8 @@ from rl_core.logprobs import completion_logprobs
 from rl_core.metrics import MetricsLogger
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
 from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
@@ -179,6 +181,13 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
             mesh=self.mesh, param_shardings=self.policy_shardings,
         )
+        # what `generate` samples with (rollout.engine); it gets the weights on the first
+        # rollout after they change, stamped with the step as their version
+        self.rollout_backend = make_backend(
+            rollout, self.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=self.mesh,
+            param_shardings=self.policy_shardings, batch_size=self.batch_size, sampler=self.sampler,
+        )
+        self._rollout_weights_of: Any = None
         whole = mesh_lib.replicated(self.mesh)
         self._update = jax.jit(
             self._update_fn,
@@ -261,8 +270,11 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         Row i * num_samples + j is sample j of prompt i; each prompt is prefilled once.
         """
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        # the sampler splits prompt rows over (data, fsdp) when they divide evenly
-        return self.sampler(self.policy_params(), prompt_tokens, prompt_mask, self.next_key(), sampling, num_samples)
+        if self._rollout_weights_of is not self.params:  # new parameters since the last rollout
+            self.rollout_backend.update_weights(self.policy_params(), self.step)
+            self._rollout_weights_of = self.params
+        requests = Requests(prompt_tokens, prompt_mask, num_samples)
+        return self.rollout_backend.generate(requests, sampling, self.next_key())
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined

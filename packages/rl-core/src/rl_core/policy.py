@@ -64,24 +64,24 @@ class Policy(Protocol):
 class PagedPolicy(Policy, Protocol):
     """A policy the paged rollout engine (rl_core.rollout.paged) can decode with.
 
-    Shapes: N tokens, each its own query; M pages per sequence; P pages in the
-    pool; ps tokens per page.
+    Shapes: N tokens, each its own query; M pages per sequence.
     """
 
-    def init_pages(self, num_pages: int, page_size: int) -> Cache:
-        """A zeroed page pool (k, v), each [layers, K, num_pages, page_size, Dh]."""
+    def paged_cache_spec(self) -> tuple[int, int, int, Any]:
+        """(layers, kv heads, head dim, dtype) of the key/value pool."""
         ...
 
     def paged_forward(
         self,
         tokens: jax.Array,  # [N] int32
         positions: jax.Array,  # [N] int32, position of each token in its sequence
-        pages: Cache,
+        pages: Cache,  # the pool, laid out by `kv`
         page_rows: jax.Array,  # [N, M] int32, the page table of each token's sequence
-        attention: Any,  # (q [N, H, Dh], k_pages [K, P, ps, Dh], v_pages, page_rows, lengths [N]) -> [N, H, Dh]
+        kv: Any,  # rl_core.rollout.attention.PagedKV
     ) -> tuple[jax.Array, Cache]:
-        """Hidden states [N, D]; token n's key/value are written at its position's page slot
-        and it attends to the first positions[n] + 1 slots of its sequence. Page 0 is scratch."""
+        """Hidden states [N, D] (as `__call__` returns them) and the pool. In each layer
+        `out, pages = kv(q [N, H, Dh], k [N, K, Dh], v [N, K, Dh], pages, layer, page_rows,
+        positions)` writes the tokens' keys/values and attends over slots 0..position."""
         ...
 
     def inference_copy(self) -> Policy:

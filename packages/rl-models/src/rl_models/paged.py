@@ -1,47 +1,37 @@
 """The transformer over a paged KV cache, and the engine's inference copy.
 
 Shapes: N tokens (each its own query: a decode slot's next token or one token
-of a prefill chunk), M pages per sequence, P pages in the pool, ps page size.
+of a prefill chunk), M pages per sequence.
 
-The pool is (k, v), each [layers, K, P, ps, Dh] (kv-head major, the layout of
-the Pallas paged-attention kernels). Token n sits at position `positions[n]`
-of the sequence whose page table is `page_rows[n]`: its key/value are written
-at page `page_rows[n, pos // ps]`, offset `pos % ps`, and it attends to the
-first `pos + 1` slots of its sequence. So a prefill chunk (many tokens of one
-sequence) and decode slots (one token of many sequences) are the same call,
-and causality is just each token's length. Page 0 is the caller's scratch
-page: padding tokens (all-zero page rows) write there and nobody reads it.
-
-The attention over pages is the caller's (rl_core's reference or a Pallas
-kernel): `attention(q [N, H, Dh], k_pages [K, P, ps, Dh], v_pages, page_rows,
-lengths) -> [N, H, Dh]`, scale 1/sqrt(Dh) included.
+The pool and its layout belong to the caller's `kv` (rl_core.rollout.attention):
+per layer the model hands it each token's query, key and value, and `kv` writes
+the key/value at the token's slot and returns the attention output (see
+`rl_core.policy.PagedPolicy`). Token n sits at position `positions[n]` of the
+sequence whose page table is `page_rows[n]` and attends to slots 0..pos of it.
+So a prefill chunk (many tokens of one sequence) and decode slots (one token
+of many sequences) are the same call, and causality is just each token's length.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from rl_models import transformer as tf
-from rl_models.config import TransformerConfig
-
-PagedAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
-def init_pages(config: TransformerConfig, num_pages: int, page_size: int) -> tf.KVCache:
-    """A zeroed pool (k, v), each [layers, K, num_pages, page_size, Dh], in the compute dtype."""
-    shape = (config.num_layers, config.num_kv_heads, num_pages, page_size, config.head_dim)
-    dtype = tf.compute_dtype(config)
-    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
+    """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
+    cfg = model.config
+    return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
 
 
-def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: tf.KVCache,
-           layer: jax.Array, page_rows: jax.Array, positions: jax.Array, attention: PagedAttention
-           ) -> tuple[jax.Array, tf.KVCache]:
+def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: Any,
+           layer: jax.Array, page_rows: jax.Array, positions: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
     """One block for N single-token queries: x [N, 1, D] (the decode shapes of `Block`)."""
     cfg = block.attn.config
     n = x.shape[0]
@@ -53,19 +43,13 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     if attn.q_norm is not None and attn.k_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = tf.rotate(q, *rope), tf.rotate(k, *rope)
-    page_size = pages[0].shape[3]
-    page = jnp.take_along_axis(page_rows, (positions // page_size)[:, None], axis=1)[:, 0]
-    offset = positions % page_size
-    # scatter each token's key/value into its slot of this layer (in place in the loop carry)
-    k_pages = pages[0].at[layer, :, page, offset].set(k[:, 0].astype(pages[0].dtype))
-    v_pages = pages[1].at[layer, :, page, offset].set(v[:, 0].astype(pages[1].dtype))
-    out = attention(q[:, 0], k_pages[layer], v_pages[layer], page_rows, positions + 1)
+    out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions)
     x = x + attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
-    return x + block.mlp(block.mlp_norm(x)), (k_pages, v_pages)
+    return x + block.mlp(block.mlp_norm(x)), pages
 
 
-def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: tf.KVCache,
-                  page_rows: jax.Array, attention: PagedAttention) -> tuple[jax.Array, tf.KVCache]:
+def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
+                  page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
     pool, and the pool with their keys/values written; page_rows [N, M] int32."""
     cfg = model.config
@@ -77,7 +61,7 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     def body(carry, xs):
         x, pages = carry
         state, i = xs
-        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, attention), None
+        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv), None
 
     layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
@@ -93,7 +77,8 @@ def inference_copy(model: tf.Transformer) -> tf.Transformer:
     from rl_models import lora  # noqa: PLC0415 (lora imports the transformer module, as this one does)
 
     config = dataclasses.replace(model.config, param_dtype=model.config.dtype)
-    graphdef, plain = nnx.split(nnx.eval_shape(lambda: tf.Transformer(config, rngs=nnx.Rngs(0))))
+    # the model's own class, so a subclass (e.g. one with an extra output rule) keeps its behaviour
+    graphdef, plain = nnx.split(nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0))))
     values = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     linears = lora.linears(model)
 

@@ -412,15 +412,15 @@ class Transformer(nnx.Module):
 
     # -- the paged rollout engine's hooks (rl_core.policy.PagedPolicy; code in rl_models.paged) --
 
-    def init_pages(self, num_pages: int, page_size: int) -> KVCache:
+    def paged_cache_spec(self):  # noqa: ANN201
         from rl_models import paged  # noqa: PLC0415 (paged builds on this module)
 
-        return paged.init_pages(self.config, num_pages, page_size)
+        return paged.paged_cache_spec(self)
 
-    def paged_forward(self, tokens, positions, pages, page_rows, attention):  # noqa: ANN001, ANN201
+    def paged_forward(self, tokens, positions, pages, page_rows, kv):  # noqa: ANN001, ANN201
         from rl_models import paged  # noqa: PLC0415
 
-        return paged.paged_forward(self, tokens, positions, pages, page_rows, attention)
+        return paged.paged_forward(self, tokens, positions, pages, page_rows, kv)
 
     def inference_copy(self) -> Transformer:
         from rl_models import paged  # noqa: PLC0415

@@ -33,7 +33,7 @@ from rl_core import mesh as mesh_lib
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
-from rl_core.rollout.step import engine_step
+from rl_core.rollout.step import Prefill, Slots, engine_step
 from rl_core.sampler import Completions, SamplingParams
 
 DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
@@ -81,7 +81,7 @@ class PagedBackend:
         self.pad_id = int(pad_id)
         self.mesh = mesh
         self.param_shardings = param_shardings
-        self.attention = attention_lib.choose(settings.attention)
+        self.kv = attention_lib.choose(settings.attention, settings.page_size)
         self.version = -1
         self.compiles = 0
         self.weights: Any = None
@@ -142,7 +142,7 @@ class PagedBackend:
             def step(weights, pages, prefill, copy_src, copy_dst, slots, key):
                 self.compiles += 1
                 model = nnx.merge(self._infer_graphdef, weights)
-                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.attention,
+                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
                                    steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
                                    pad_id=self.pad_id)
 
@@ -156,14 +156,30 @@ class PagedBackend:
         return self._steps[sampling]
 
     def pool_sharding(self) -> Any:
-        """The pool [layers, K, P, ps, Dh] split over `tensor` on its kv heads."""
-        names = ("layers", "kv_heads", None, None, "head_dim")
+        """The pool split over `tensor` on its kv heads (whatever the layout puts them)."""
         shape = jax.eval_shape(self._init_pages)[0].shape
-        return NamedSharding(self.mesh, mesh_lib.logical_spec(names, shape, self.mesh, DECODE_RULES))
+        return NamedSharding(self.mesh, mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES))
+
+    def _spec(self) -> tuple[int, int, int, Any]:
+        return nnx.merge(self._infer_graphdef, self.weights).paged_cache_spec()
 
     def _init_pages(self) -> Any:
-        model = nnx.merge(self._infer_graphdef, self.weights)
-        return model.init_pages(self.pool.num_pages, self.settings.page_size)
+        layers, kv_heads, head_dim, dtype = self._spec()
+        return self.kv.init(layers, kv_heads, head_dim, dtype, self.pool.num_pages)
+
+    def kv_bytes(self) -> int:
+        """Bytes of the pool (keys and values)."""
+        return sum(x.size * x.dtype.itemsize for x in jax.eval_shape(self._init_pages))
+
+    def lower_step(self, sampling: SamplingParams, key: jax.Array) -> Any:
+        """The device step lowered for these weights (`.compile().as_text()` gives its HLO)."""
+        s = self.settings
+        m, c, n = s.pages_per_sequence, s.prefill_chunk, s.slots
+        zeros = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
+        prefill = Prefill(zeros(c), zeros(c), zeros(c, m))
+        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros(n, bool), zeros(n, m), zeros(n, 2))
+        pages = jax.eval_shape(self._init_pages)
+        return self._step_fn(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
 
     # -- the host loop -----------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ def engine_step(
     copy_dst: jax.Array,  # [S] int32
     slots: Slots,
     key: jax.Array,
-    attention: Any,
+    kv: Any,
     *,
     steps: int,
     sampling: SamplingParams,
@@ -82,8 +82,12 @@ def engine_step(
     holds may start decoding in the same call; then each new sample's copy of its
     prompt's partly filled last page (samples append, so a shared page must be full).
     """
-    _, pages = model.paged_forward(prefill.tokens, prefill.positions, pages, prefill.page_rows, attention)
-    pages = jax.tree.map(lambda p: p.at[:, :, copy_dst].set(p[:, :, copy_src]), pages)
+    def run_prefill(pages):
+        return model.paged_forward(prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+
+    # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
+    pages = jax.lax.cond(jnp.any(prefill.page_rows > 0), run_prefill, lambda pages: pages, pages)
+    pages = kv.copy_pages(pages, copy_src, copy_dst)
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
     s = slots.token.shape[0]
     row_keys = completion_keys(key, slots.ids)
@@ -92,7 +96,7 @@ def engine_step(
         pages, st, out_tokens, out_logp = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
-        hidden, pages = model.paged_forward(st.token, position, pages, rows, attention)
+        hidden, pages = model.paged_forward(st.token, position, pages, rows, kv)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         token, logp = sample_rows(keys, model.logits(hidden), sampling)
         token = jnp.where(st.active, token, pad_id)
