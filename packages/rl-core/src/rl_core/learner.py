@@ -185,7 +185,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         # rollout after they change, stamped with the step as their version
         self.rollout_backend = make_backend(
             rollout, self.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=self.mesh,
-            param_shardings=self.policy_shardings, batch_size=self.batch_size, sampler=self.sampler,
+            param_shardings=self.policy_shardings, batch_size=self.batch_size, sampler=self.sampler, policy=policy,
         )
         self._rollout_weights_of: Any = None
         whole = mesh_lib.replicated(self.mesh)

@@ -9,6 +9,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core.config import RolloutConfig
+from rl_core.policy import PagedPolicy
 from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
@@ -30,9 +31,17 @@ def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None) ->
 
 def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Sequence[int], pad_id: int,
                  mesh: Mesh | None = None, param_shardings: Any = None, batch_size: int | None = None,
-                 sampler: Sampler | None = None) -> RolloutBackend:
-    """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared)."""
+                 sampler: Sampler | None = None, policy: Any = None) -> RolloutBackend:
+    """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
+
+    With `policy`, a paged engine first checks that it implements `PagedPolicy`."""
     if rollout.engine == "paged":
+        if policy is not None and not isinstance(policy, PagedPolicy):
+            missing = [n for n in ("paged_cache_spec", "paged_forward", "inference_copy") if not hasattr(policy, n)]
+            raise TypeError(
+                f"RolloutConfig.engine = 'paged' needs a policy implementing rl_core.policy.PagedPolicy; "
+                f"{type(policy).__name__} lacks {', '.join(missing)}. Implement them or set rollout.engine='static'"
+            )
         return PagedBackend(graphdef, engine_settings(rollout, batch_size=batch_size), eos_ids=eos_ids,
                             pad_id=pad_id, mesh=mesh, param_shardings=param_shardings)
     if sampler is None:
