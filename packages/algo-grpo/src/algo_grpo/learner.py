@@ -189,7 +189,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         if not groups.missing_old_logp().any():
             return groups
         old = self.behaviour_logprobs(
-            groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp
+            groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
+            completion_mask=groups.completion_mask,
         )
         return dataclasses.replace(groups, old_logp=old)
 
@@ -221,7 +222,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         recorded = example.old_logp
         if self.needs_behaviour_logprobs() if recorded is None else np.isnan(recorded).any():
             old = self.behaviour_logprobs(
-                example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded
+                example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded,
+                completion_mask=example.completion_mask,
             )
             example = example._replace(old_logp=old)
         if self.config.beta:
