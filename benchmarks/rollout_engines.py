@@ -8,7 +8,8 @@ completion lengths follow a lognormal (sigma 1, mean 20% of max_new_tokens,
 cut at the maximum), the long tail RL rollouts have. The schedule is forced
 through the model's own output: the last hidden channel carries the position,
 and the logits give EOS exactly the lognormal's hazard at that completion step
-(every prompt has the same length, so position = prompt + step). Sampling at
+(every prompt has the same length, so position = prompt + step; in bfloat16 the
+channel rounds positions past 256, coarsening the schedule alike for both engines). Sampling at
 temperature 1 with each engine's keys, so the realized lengths differ between
 engines but come from one distribution (their means are printed).
 
@@ -38,7 +39,7 @@ from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import Sampler, SamplingParams
-from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
 
 PROMPT_TOKENS = 32
 SIGMA = 1.0
@@ -100,13 +101,19 @@ def main() -> None:
     parser.add_argument("--steps-per-sync", type=int, default=8)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--engines", nargs="+", default=["static", "paged"])
+    parser.add_argument("--model-preset", default=None,
+                        help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
+    parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on accelerators)")
     args = parser.parse_args()
     keep_freed_memory()
     compile_count()
     vocab = CharTokenizer().vocab_size
     eos = vocab - 1
-    config = TransformerConfig(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                               mlp_hidden_size=512)
+    if args.model_preset:
+        config = preset(args.model_preset, vocab_size=vocab, dtype=args.dtype)
+    else:
+        config = TransformerConfig(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                                   mlp_hidden_size=512, dtype=args.dtype)
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, eos, (args.prompts, PROMPT_TOKENS)).astype(np.int32)
     requests = Requests(tokens, np.ones_like(tokens), args.samples)
