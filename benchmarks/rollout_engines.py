@@ -24,7 +24,6 @@ the process's CPU time, which other processes on a shared core do not inflate
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 

@@ -97,3 +97,16 @@ def test_on_it_records_behaviour_logprobs_even_on_an_on_policy_step():
     # sampler and trainer run the same float32 policy here: weights 1, nothing capped
     assert metrics["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["drift/tis_capped_frac"] == 0.0
+
+
+def test_greedy_sampling_with_tis_is_refused():
+    with pytest.raises(ValueError, match="temperature = 0: greedy tokens are not samples"):
+        GRPOLearner(
+            GRPOConfig(group_size=2, beta=0.0, tis_cap=2.0),
+            policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
+            tokenizer=TOK,
+            train_data=[Prompt("1+1=", {"answer": "2"})],
+            training=TrainingConfig(prompts_per_step=1),
+            rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8, temperature=0.0),
+            reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+        )

@@ -59,6 +59,15 @@ class GRPOLearner(RLLearner[GRPOConfig]):
                 f"reward functions ({type(config).__name__}.reward_functions) itself; give it the task's rewards only"
             )
         self.reward_manager = self.reward_manager.with_functions(extra)
+        # The sampler's log-probs are those of the distribution it drew from: the tempered softmax,
+        # truncated by top-k / top-p (then the weight also corrects toward the untruncated policy the
+        # trainer scores). Greedy tokens are drawn from no distribution: the weight means nothing.
+        if config.tis_cap is not None and self.rollout.temperature == 0:
+            raise ValueError(
+                f"{type(config).__name__}.tis_cap = {config.tis_cap} with RolloutConfig.temperature = 0: greedy "
+                "tokens are not samples of the distribution whose log-probs the sampler reports, so the truncated "
+                "importance weight min(pi_old / pi_sampler, C) is meaningless; sample (temperature > 0) or set tis_cap=None"
+            )
         self._policy_loss = registry.get("policy_loss", config.policy_loss)
         self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
         # jitted: one dispatch instead of a dozen eager ops per step
