@@ -53,6 +53,8 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
     pool, and the pool with their keys/values written; page_rows [N, M] int32."""
     cfg = model.config
+    if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
+        raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
     x = jnp.take(model.embed[...], tokens, axis=0).astype(tf.compute_dtype(cfg))[:, None]  # [N, 1, D]
     inv_freq = tf.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
     rope = tf.rope_cos_sin(positions[:, None], inv_freq)
