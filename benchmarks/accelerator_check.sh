@@ -21,6 +21,9 @@ if jax.default_backend() == "cpu":
 PY
 
 uv run python benchmarks/sampler.py --batch 64 --prompt-tokens 128 --new-tokens 256 | tee "$OUT/sampler.txt"
+# long generation: 256 sequences of up to 4k tokens through both rollout engines (paged: Pallas attention)
+uv run python benchmarks/rollout_engines.py --model-preset qwen2_0_5b_shape --dtype bfloat16 --prompts 32 \
+  --samples 8 --new-tokens 4096 --slots 256 --steps-per-sync 16 | tee "$OUT/rollout_engines.txt"
 
 for shape in 0.5b 1.5b; do
   preset="qwen2.5-${shape}-shape"

@@ -195,3 +195,16 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     rows = real.any(axis=1)
     per_row = (-adv * weights * mask).sum(axis=1)[rows] / mask.sum(axis=1)[rows]
     assert metrics["train/policy_loss"] == pytest.approx(per_row.mean(), rel=1e-4, abs=1e-6)
+
+
+def test_greedy_sampling_with_tis_is_refused():
+    with pytest.raises(ValueError, match="temperature = 0: greedy tokens are not samples"):
+        GRPOLearner(
+            GRPOConfig(group_size=2, beta=0.0, tis_cap=2.0),
+            policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
+            tokenizer=TOK,
+            train_data=[Prompt("1+1=", {"answer": "2"})],
+            training=TrainingConfig(prompts_per_step=1),
+            rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8, temperature=0.0),
+            reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+        )

@@ -222,11 +222,12 @@ def test_empty_updates_are_counted_in_the_metrics():
 # -- compile count -----------------------------------------------------------------------------
 
 
-def test_compile_count_stays_constant_after_each_bucket_is_seen():
+@pytest.mark.parametrize("engine", ["static", "paged"])
+def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
     short = [Prompt("1" * n) for n in range(2, 7)]  # 3..7 tokens with BOS: bucket 8
     long = [Prompt("2" * n) for n in range(9, 15)]  # 10..15 tokens: bucket 16
     training = TrainingConfig(optimizer="sgd", learning_rate=0.1, prompts_per_step=2, num_steps=100)
-    rollout = RolloutConfig(max_prompt_tokens=16, max_new_tokens=8)
+    rollout = RolloutConfig(max_prompt_tokens=16, max_new_tokens=8, engine=engine)
     learner = toy_run.make_learner(training=training, rollout=rollout, data=short)
 
     def steps(data, seed, n):
@@ -250,4 +251,7 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen():
     for data, seed in ((short, 2), (long, 1), (short, 3), (long, 2)):
         steps(data, seed, 2)
     assert compile_count() == after_buckets
-    assert learner.sampler.compiles == 2  # one sampler program per prompt bucket
+    if engine == "static":
+        assert learner.sampler.compiles == 2  # one sampler program per prompt bucket
+    else:  # one weight refresh and one step program, whatever the prompts' bucket
+        assert learner.sampler.compiles == 0 and learner.rollout_backend.compiles == 2

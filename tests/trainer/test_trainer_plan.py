@@ -73,3 +73,23 @@ def test_a_mesh_that_does_not_fit_the_devices_fails_when_settings_are_built():
     n = jax.device_count()
     with pytest.raises(ConfigError, match=f"needs a multiple of {n + 1} devices, but {n} are available"):
         build_settings(algo="grpo", overrides=[f"training.mesh.tensor={n + 1}"])
+
+
+def test_plan_counts_the_paged_engine_pool_its_use_and_weight_copy():
+    """Tiny preset (2 layers, 2 KV heads of 16, float32: 512 bytes of keys and values per token)."""
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    settings = build_settings(algo="grpo", overrides=[
+        "model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=paged",
+        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.page_size_tokens=16",
+    ])
+    result = plan(settings, device_memory_gb=80, mean_new_tokens=10)
+    a = result.analytic
+    # 8 slots (the batch), 4 pages per sequence ((32 + 32) / 16): 1 scratch + 8 x (4 + 1) + 8 x 2 prompt pages
+    assert a["engine_kv_pool"] == (1 + 8 * 5 + 8 * 2) * 16 * 512
+    # in use at a mean of 10 new tokens: 2 prompts x 2 pages + 8 completions x (1 page + 1 partial)
+    assert a["engine_kv_in_use"] == (2 * 2 + 8 * 2) * 16 * 512
+    assert a["engine_weights"] == 4 * result.parameters  # the whole model in float32 on the one device
+    assert "rollout engine (paged): KV page pool" in result.table()
+    assert result.peak_bytes >= a["engine_kv_pool"] + a["engine_weights"]

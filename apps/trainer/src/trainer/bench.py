@@ -114,6 +114,17 @@ PRESETS: dict[str, BenchPreset] = {
         description="Qwen2.5-1.5B blocks (hidden 1536, 28 layers, 12/2 heads, MLP 8960), bfloat16 compute; "
         "16 prompts x 8 completions, up to 256 new tokens, AdamW, beta 0",
     ),
+    "long-generation": BenchPreset(
+        model="tiny_qwen2",
+        prompts=16,
+        group_size=8,
+        max_new_tokens=1024,
+        warmup_steps=1,
+        generate_repeats=1,
+        description="hidden 128, 4 layers (tiny-qwen2), 16 prompts x 8 completions of up to 1024 new tokens: "
+        "rollout at real lengths (an untrained policy rarely stops early, so most run to the maximum); "
+        "compare engines with rollout.engine=static|paged (the prefill/decode split times the static program)",
+    ),
     "tiny": BenchPreset(
         model="tiny",
         prompts=2,
@@ -292,8 +303,9 @@ def run_bench(
     tokenizer with a real architecture; the batch shape stays the preset's.
     `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`).
     """
-    if any(not o.startswith("model.") for o in overrides):
-        raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8)")
+    if any(not o.startswith(("model.", "rollout.engine=")) for o in overrides):
+        raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8) "
+                          "and rollout.engine")
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:

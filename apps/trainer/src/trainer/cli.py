@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--devices", type=int, default=1, help="devices to plan for (simulated; default 1)")
     pl.add_argument("--device-memory-gb", type=float, default=80.0, help="memory per device in GiB (default 80)")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.add_argument("--mean-new-tokens", type=int, default=None,
+                    help="mean completion length for the paged engine's KV in use (default max_new_tokens)")
     pl.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.mesh.tensor=2")
 
     x = sub.add_parser("explain", help="score one group by hand under every installed algorithm")
@@ -267,7 +269,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]
     settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
-    result = plan(settings, device_memory_gb=args.device_memory_gb)
+    result = plan(settings, device_memory_gb=args.device_memory_gb, mean_new_tokens=args.mean_new_tokens)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
     return 0
 

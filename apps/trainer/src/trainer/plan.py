@@ -57,13 +57,19 @@ class Plan:
     compiled: dict[str, int]
     analytic: dict[str, int]
     device_memory_bytes: int
+    engine: str = "static"
+    """The rollout engine (rollout.engine)."""
+    mean_new_tokens: int = 0
+    """The mean completion length the paged engine's in-use KV is counted at."""
 
     @property
     def peak_bytes(self) -> int:
         """Resident state plus the largest program's temporaries (programs run one at a time)."""
-        c = self.compiled
+        c, a = self.compiled, self.analytic
         resident = c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"]
-        return resident + max(c["update_temporaries"], c["rollout_temporaries"], c["reference_temporaries"])
+        # the paged engine holds its pool and its weight copy while it generates
+        rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
+        return resident + max(c["update_temporaries"], rollout, c["reference_temporaries"])
 
     @property
     def fits(self) -> bool:
@@ -84,6 +90,10 @@ class Plan:
             ("  of which gradients (analytic)", None, a["gradients"]),
             ("  of which activations, one micro-batch", None, a["activations"]),
             ("rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            ("  static sampler's KV cache (analytic)" if self.engine == "paged" else None, None, a["kv_cache"]),
+            ("rollout engine (paged): KV page pool", None, a["engine_kv_pool"]),
+            (f"  in use at a mean of {self.mean_new_tokens} new tokens", None, a["engine_kv_in_use"]),
+            ("rollout engine: inference weight copy", None, a["engine_weights"]),
             ("reference log-prob pass temporaries", c["reference_temporaries"], None),
         ]
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
@@ -94,6 +104,8 @@ class Plan:
             f"{'per device (GiB)':42s} {'compiled':>9s} {'analytic':>9s}",
         ]
         for name, compiled, analytic in rows:
+            if name is None or (name.startswith(("rollout engine", "  in use")) and self.engine != "paged"):
+                continue
             lines.append(
                 f"{name:42s} {gib(compiled) if compiled is not None else ' ' * 9} "
                 f"{gib(analytic) if analytic is not None else ' ' * 9}"
@@ -110,8 +122,12 @@ class Plan:
         return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes, "fits": self.fits}
 
 
-def plan(settings: Any, *, device_memory_gb: float) -> Plan:
-    """The per-device memory of a run with `settings` (a RunSettings) on the current devices."""
+def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None = None) -> Plan:
+    """The per-device memory of a run with `settings` (a RunSettings) on the current devices.
+
+    `mean_new_tokens` (default max_new_tokens) is the mean completion length at which the
+    paged engine's KV in use is counted: prompts once per group, each completion its own
+    tokens rounded up to whole pages."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -245,6 +261,25 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
                          for x in kv_spec if x is not None)
     kv_b = 2 * config.num_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
+    # the paged engine (rl_core.rollout): a page pool split over tensor on kv heads, and weights in
+    # the compute dtype split over tensor only (whole on every data/fsdp device)
+    from rl_core.rollout.factory import engine_settings
+    from rl_core.rollout.paged import DECODE_RULES
+
+    engine = engine_settings(rollout, batch_size=batch)
+    tensor_split = mesh.shape["tensor"] if config.num_kv_heads % mesh.shape["tensor"] == 0 else 1
+    token_kv_b = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes // tensor_split
+    pool_b = engine.pool_pages * engine.page_size * token_kv_b
+    mean = t_len if mean_new_tokens is None else mean_new_tokens
+    pages = lambda n: -(-n // engine.page_size)  # noqa: E731
+    in_use_b = (training.prompts_per_step * pages(p_len) + batch * (pages(mean) + 1)) * engine.page_size * token_kv_b
+    whole_state = nnx.state(whole_model, nnx.Param)
+    engine_weights_b = sum(
+        math.prod(jax.sharding.NamedSharding(mesh, mesh_lib.logical_spec(
+            v.get_metadata("out_sharding", None) or (None,) * len(v.shape), v.shape, mesh, DECODE_RULES)
+        ).shard_shape(v.shape)) * cbytes
+        for v in jax.tree.leaves(whole_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    )
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
     # what the backward pass keeps per layer: block inputs, q/k/v/attention output, MLP
@@ -276,8 +311,12 @@ def plan(settings: Any, *, device_memory_gb: float) -> Plan:
         "gradients": params_b,
         "kv_cache": kv_b,
         "activations": config.num_layers * per_layer,
+        "engine_kv_pool": pool_b,
+        "engine_kv_in_use": in_use_b,
+        "engine_weights": engine_weights_b,
     }
     trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
-    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, int(device_memory_gb * GIB))
+    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, int(device_memory_gb * GIB),
+                engine=rollout.engine, mean_new_tokens=mean)

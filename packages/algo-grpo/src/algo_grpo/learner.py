@@ -59,6 +59,15 @@ class GRPOLearner(RLLearner[GRPOConfig]):
                 f"reward functions ({type(config).__name__}.reward_functions) itself; give it the task's rewards only"
             )
         self.reward_manager = self.reward_manager.with_functions(extra)
+        # The sampler reports log-probs under the whole tempered softmax (top-k / top-p only choose
+        # the token), so the weight measures the sampler's mismatch with the trainer. Greedy tokens
+        # are drawn from no distribution: the weight means nothing there.
+        if config.tis_cap is not None and self.rollout.temperature == 0:
+            raise ValueError(
+                f"{type(config).__name__}.tis_cap = {config.tis_cap} with RolloutConfig.temperature = 0: greedy "
+                "tokens are not samples of the distribution whose log-probs the sampler reports, so the truncated "
+                "importance weight min(pi_old / pi_sampler, C) is meaningless; sample (temperature > 0) or set tis_cap=None"
+            )
         self._policy_loss = registry.get("policy_loss", config.policy_loss)
         self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
         # jitted: one dispatch instead of a dozen eager ops per step
@@ -189,7 +198,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         if not groups.missing_old_logp().any():
             return groups
         old = self.behaviour_logprobs(
-            groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp
+            groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
+            completion_mask=groups.completion_mask,
         )
         return dataclasses.replace(groups, old_logp=old)
 
@@ -221,7 +231,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         recorded = example.old_logp
         if self.needs_behaviour_logprobs() if recorded is None else np.isnan(recorded).any():
             old = self.behaviour_logprobs(
-                example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded
+                example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded,
+                completion_mask=example.completion_mask,
             )
             example = example._replace(old_logp=old)
         if self.config.beta:

@@ -7,7 +7,7 @@ the bytes of its result per device and how many times it runs: an op inside a
 `while` loop (a `lax.scan` over layers or micro-batches) counts once per trip
 when XLA knows the trip count. Tests assert on these (no weight all-gather in a
 decode step, activation all-reduces gone, bytes within a bound of FSDP's), and
-`summary` prints them.
+`summary` totals them; `count` tallies the instructions by kind.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ class Collective(NamedTuple):
     count: int  # executions per run of the program (trip counts of enclosing loops)
     computation: str
 
+    @property
+    def elements(self) -> int:
+        """Elements of the result per device (all of its arrays)."""
+        return sum(math.prod(int(x) for x in d.split(",") if x) for _, d in _ARRAY.findall(" ".join(self.shapes)))
+
 
 def _result_bytes(result: str) -> tuple[tuple[str, ...], int]:
     arrays = _ARRAY.findall(result)
@@ -47,14 +52,12 @@ def collectives(hlo_text: str) -> list[Collective]:
     """Every collective of a compiled program (`jax.jit(f).lower(...).compile().as_text()`)."""
     ops: dict[str, list[tuple[str, tuple[str, ...], int]]] = defaultdict(list)
     calls: dict[str, list[tuple[str, int]]] = defaultdict(list)  # computation -> (callee, times)
-    entry, current = None, None
+    entry = current = ""  # a bare list of instructions (no computation header) is its own entry
     for line in hlo_text.splitlines():
         header = _COMPUTATION.match(line)
         if header:
             current = header.group(1)
             entry = current if line.startswith("ENTRY") else entry
-            continue
-        if current is None:
             continue
         op = _OP.match(line)
         if op:
@@ -84,8 +87,15 @@ def collectives(hlo_text: str) -> list[Collective]:
         for callee, trips in calls.get(name, ()):
             visit(callee, times * trips, (*seen, name))
 
-    if entry is not None:
-        visit(entry, 1, ())
+    visit(entry, 1, ())
+    return out
+
+
+def count(hlo_text: str) -> dict[str, int]:
+    """How many collective instructions of each kind the program holds (not executions)."""
+    out: dict[str, int] = {}
+    for c in collectives(hlo_text):
+        out[c.kind] = out.get(c.kind, 0) + 1
     return out
 
 

@@ -58,9 +58,12 @@ from rl_core.logprobs import completion_logprobs
 from rl_core.metrics import MetricsLogger
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
 from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
+from rl_core.trim import trim_example, trimmed_width
 from rl_core.types import TrainExample
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
@@ -188,6 +191,13 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             self.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
             mesh=self.mesh, param_shardings=self.policy_shardings,
         )
+        # what `generate` samples with (rollout.engine); it gets the weights on the first
+        # rollout after they change, stamped with the step as their version
+        self.rollout_backend = make_backend(
+            rollout, self.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=self.mesh,
+            param_shardings=self.policy_shardings, batch_size=self.batch_size, sampler=self.sampler, policy=policy,
+        )
+        self._rollout_weights_of: Any = None
         whole = mesh_lib.replicated(self.mesh)
         self._update = jax.jit(
             self._update_fn,
@@ -270,8 +280,11 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         Row i * num_samples + j is sample j of prompt i; each prompt is prefilled once.
         """
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        # the sampler splits prompt rows over (data, fsdp) when they divide evenly
-        return self.sampler(self.policy_params(), prompt_tokens, prompt_mask, self.next_key(), sampling, num_samples)
+        if self._rollout_weights_of is not self.params:  # new parameters since the last rollout
+            self.rollout_backend.update_weights(self.policy_params(), self.step)
+            self._rollout_weights_of = self.params
+        requests = Requests(prompt_tokens, prompt_mask, num_samples)
+        return self.rollout_backend.generate(requests, sampling, self.next_key())
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
@@ -291,13 +304,21 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return self.place_params(nnx.to_pure_dict(nnx.state(policy, nnx.Param)))
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
-        """(logp, entropy) [B, T] of the example's completions under `params`."""
-        return self._micro_batched_logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+        """(logp, entropy) [B, T] of the example's completions under `params` (0 past the
+        trimmed width, see rl_core.trim)."""
+        return self._micro_batched_logprobs(params, example.prompt_tokens, example.prompt_mask,
+                                            example.completion_tokens, mask=example.completion_mask)
 
     def _micro_batched_logprobs(self, params: Any, prompt_tokens: Any, prompt_mask: Any,
-                                completion_tokens: Any) -> tuple[jax.Array, jax.Array]:
+                                completion_tokens: Any, *, mask: Any = None) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T], rows split over (data, fsdp) and run one micro-batch
-        (the update's size) at a time, so the pass holds the activations the update holds."""
+        (the update's size) at a time, so the pass holds the activations the update holds.
+        With the completion `mask`, the pass runs at the trimmed width and pads with zeros."""
+        t = completion_tokens.shape[1]
+        width = t if mask is None else trimmed_width(mask, self.rollout.logprob_chunk_tokens)
+        if width < t:
+            out = self._micro_batched_logprobs(params, prompt_tokens, prompt_mask, completion_tokens[:, :width])
+            return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
         b = len(completion_tokens)
         micro = self.batch_size // (self.num_mini_batches * self.num_micro_batches)
         micro = micro if b % micro == 0 else b
@@ -311,15 +332,18 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return self.num_iterations > 1 or self.num_mini_batches > 1
 
     def behaviour_logprobs(
-        self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *, recorded: np.ndarray | None = None
+        self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *, recorded: np.ndarray | None = None,
+        completion_mask: Any = None,
     ) -> np.ndarray:
         """[B, T] float32 log-probs of completions under the current parameters, on the host.
 
         Call it at collection time, before any update on these rows: these are the
         behaviour policy's log-probs that the importance ratio divides by. Rows of
         `recorded` without NaN were recorded earlier (carried rows) and are kept as they are.
+        With `completion_mask`, the pass runs at the trimmed width (0 beyond it).
         """
-        logp, _ = self._micro_batched_logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens)
+        logp, _ = self._micro_batched_logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens,
+                                               mask=completion_mask)
         fresh = np.asarray(multihost.to_host(logp), np.float32)
         if recorded is None:
             return fresh
@@ -399,6 +423,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         Returns each update's statistics on the host, in order (loss, grad_norm,
         finite, empty, and the algorithm's metric sums, maxima and minima).
         """
+        # only the columns up to the longest completion (a bucketed width; see rl_core.trim)
+        example = trim_example(example, trimmed_width(example.completion_mask, self.rollout.logprob_chunk_tokens))
         minis = self._mini_batches(example)
         results = []
         for _ in range(self.num_iterations):

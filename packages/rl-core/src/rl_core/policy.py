@@ -58,3 +58,33 @@ class Policy(Protocol):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Unembed hidden states [..., D] to float32 logits [..., V]."""
         ...
+
+
+@runtime_checkable
+class PagedPolicy(Policy, Protocol):
+    """A policy the paged rollout engine (rl_core.rollout.paged) can decode with.
+
+    Shapes: N tokens, each its own query; M pages per sequence.
+    """
+
+    def paged_cache_spec(self) -> tuple[int, int, int, Any]:
+        """(layers, kv heads, head dim, dtype) of the key/value pool."""
+        ...
+
+    def paged_forward(
+        self,
+        tokens: jax.Array,  # [N] int32
+        positions: jax.Array,  # [N] int32, position of each token in its sequence
+        pages: Cache,  # the pool, laid out by `kv`
+        page_rows: jax.Array,  # [N, M] int32, the page table of each token's sequence
+        kv: Any,  # rl_core.rollout.attention.PagedKV
+    ) -> tuple[jax.Array, Cache]:
+        """Hidden states [N, D] (as `__call__` returns them) and the pool. In each layer
+        `out, pages = kv(q [N, H, Dh], k [N, K, Dh], v [N, K, Dh], pages, layer, page_rows,
+        positions)` writes the tokens' keys/values and attends over slots 0..position."""
+        ...
+
+    def inference_copy(self) -> Policy:
+        """A module computing the same function with every weight in the compute dtype and
+        adapters merged (traceable; the engine's inference weights)."""
+        ...

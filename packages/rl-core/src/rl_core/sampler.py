@@ -28,6 +28,7 @@ class Completions(NamedTuple):
     mask: jax.Array  # [B, T] float32; 1 up to and including EOS
     lengths: jax.Array  # [B] int32; tokens including EOS
     truncated: jax.Array  # [B] bool; no EOS within max_new_tokens
+    version: jax.Array | None = None  # [B] int32; weight version that generated each row (set by a rollout backend)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -451,6 +451,23 @@ class Transformer(nnx.Module):
         (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=unroll)
         return x, cache
 
+    # -- the paged rollout engine's hooks (rl_core.policy.PagedPolicy; code in rl_models.paged) --
+
+    def paged_cache_spec(self):  # noqa: ANN201
+        from rl_models import paged  # noqa: PLC0415 (paged builds on this module)
+
+        return paged.paged_cache_spec(self)
+
+    def paged_forward(self, tokens, positions, pages, page_rows, kv):  # noqa: ANN001, ANN201
+        from rl_models import paged  # noqa: PLC0415
+
+        return paged.paged_forward(self, tokens, positions, pages, page_rows, kv)
+
+    def inference_copy(self) -> Transformer:
+        from rl_models import paged  # noqa: PLC0415
+
+        return paged.inference_copy(self)
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""
         dtype = compute_dtype(self.config)

@@ -1,0 +1,148 @@
+"""The static sampler and the paged engine on the same requests: generated tokens/s of each.
+
+    uv run python benchmarks/rollout_engines.py [--prompts 64] [--samples 8] [--new-tokens 256 1024 4096]
+
+Model: the sampler benchmark's (D=128, 4 layers, 4 query / 2 KV heads, SwiGLU
+512, character vocabulary, float32, random weights), with an EOS schedule:
+completion lengths follow a lognormal (sigma 1, mean 20% of max_new_tokens,
+cut at the maximum), the long tail RL rollouts have. The schedule is forced
+through the model's own output: the last hidden channel carries the position,
+and the logits give EOS exactly the lognormal's hazard at that completion step
+(every prompt has the same length, so position = prompt + step; in bfloat16 the
+channel rounds positions past 256, coarsening the schedule alike for both engines). Sampling at
+temperature 1 with each engine's keys, so the realized lengths differ between
+engines but come from one distribution (their means are printed).
+
+Each engine runs once at the measured shapes with a hazard of 1 (every
+completion ends at its first token: compiles everything, costs nothing), then
+the timed rollout. Tokens/s counts generated tokens (EOS included) over the
+wall time of the whole rollout (prefill, decode, host loop); tokens/cpu-s over
+the process's CPU time, which other processes on a shared core do not inflate
+(the ratio is taken on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rl_core.compiles import compile_count
+from rl_core.host_memory import keep_freed_memory
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.static import StaticBackend
+from rl_core.sampler import Sampler, SamplingParams
+from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
+
+PROMPT_TOKENS = 32
+SIGMA = 1.0
+
+
+def lognormal_hazard(max_new_tokens: int, mean_fraction: float = 0.2) -> np.ndarray:
+    """h[t] = P(length == t + 1 | length > t) for length = ceil(lognormal), cut at the maximum."""
+    mu = math.log(mean_fraction * max_new_tokens) - SIGMA**2 / 2
+    cdf = lambda x: 0.5 * (1 + math.erf((math.log(x) - mu) / (SIGMA * math.sqrt(2))))  # noqa: E731
+    f = np.array([cdf(t) for t in range(1, max_new_tokens + 1)])
+    before = np.concatenate([[0.0], f[:-1]])
+    return np.clip((f - before) / np.maximum(1 - before, 1e-12), 0.0, 1.0).astype(np.float32)
+
+
+def scheduled_model(config: TransformerConfig, eos: int, max_new_tokens: int) -> type[Transformer]:
+    class Scheduled(Transformer):
+        """A Transformer whose EOS probability at completion step t is hazard[t]."""
+
+        def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+            super().__init__(config, rngs=rngs)
+            self.hazard = nnx.Param(jnp.zeros((max_new_tokens,), jnp.float32))
+
+        def __call__(self, tokens, positions, attention_mask, cache=None, cache_index=0):
+            hidden, cache = super().__call__(tokens, positions, attention_mask, cache, cache_index)
+            return hidden.at[..., -1].set(positions.astype(hidden.dtype)), cache
+
+        def paged_forward(self, tokens, positions, pages, page_rows, attention):
+            hidden, pages = super().paged_forward(tokens, positions, pages, page_rows, attention)
+            return hidden.at[..., -1].set(positions.astype(hidden.dtype)), pages
+
+        def logits(self, hidden):
+            logits = super().logits(hidden)
+            step = jnp.clip(hidden[..., -1].astype(jnp.int32) - (PROMPT_TOKENS - 1), 0, max_new_tokens - 1)
+            h = jnp.clip(jnp.take(self.hazard[...], step), 1e-9, 1 - 1e-7)
+            others = jax.nn.logsumexp(logits.at[..., eos].set(-jnp.inf), axis=-1)
+            return logits.at[..., eos].set(others + jnp.log(h) - jnp.log1p(-h))  # P(eos) = h
+
+    return Scheduled
+
+
+def run_one(backend, state, requests, hazard, sampling) -> tuple[float, float, np.ndarray]:
+    warm = dict(state)
+    warm["hazard"] = jnp.ones_like(state["hazard"])
+    backend.update_weights(warm, 0)
+    jax.block_until_ready(backend.generate(requests, sampling, jax.random.key(0)).tokens)
+    backend.update_weights(state | {"hazard": jnp.asarray(hazard)}, 1)
+    start, cpu = time.perf_counter(), time.process_time()
+    out = backend.generate(requests, sampling, jax.random.key(1))
+    lengths = np.asarray(jax.block_until_ready(out.lengths))
+    return time.perf_counter() - start, time.process_time() - cpu, lengths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--steps-per-sync", type=int, default=8)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--engines", nargs="+", default=["static", "paged"])
+    parser.add_argument("--model-preset", default=None,
+                        help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
+    parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on accelerators)")
+    args = parser.parse_args()
+    keep_freed_memory()
+    compile_count()
+    vocab = CharTokenizer().vocab_size
+    eos = vocab - 1
+    if args.model_preset:
+        config = preset(args.model_preset, vocab_size=vocab, dtype=args.dtype)
+    else:
+        config = TransformerConfig(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                                   mlp_hidden_size=512, dtype=args.dtype)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, eos, (args.prompts, PROMPT_TOKENS)).astype(np.int32)
+    requests = Requests(tokens, np.ones_like(tokens), args.samples)
+    sampling = SamplingParams(temperature=1.0)
+    print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; {args.prompts} prompts x "
+          f"{args.samples} samples, prompt {PROMPT_TOKENS} tokens")
+    print(f"{'max_new':>8} {'engine':>7} {'mean_len':>8} {'max_len':>7} {'tokens':>8} {'seconds':>8} "
+          f"{'cpu_s':>8} {'tokens/s':>9} {'tok/cpu-s':>9} {'programs':>8}")
+    for t in args.new_tokens:
+        model = scheduled_model(config, eos, t)(config, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        state = nnx.to_pure_dict(state)
+        hazard = lognormal_hazard(t)
+        rates = {}
+        for name in args.engines:
+            before = compile_count()
+            if name == "static":
+                backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
+            else:
+                settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=args.page_size,
+                                          slots=args.slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
+                backend = PagedBackend(graphdef, settings, eos_ids=(eos,), pad_id=0)
+            seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling)
+            rates[name] = lengths.sum() / cpu
+            print(f"{t:>8} {name:>7} {lengths.mean():>8.1f} {lengths.max():>7} {lengths.sum():>8} {seconds:>8.2f} "
+                  f"{cpu:>8.2f} {lengths.sum() / seconds:>9.0f} {rates[name]:>9.0f} {compile_count() - before:>8}",
+                  flush=True)
+        if len(rates) == 2:
+            print(f"{t:>8}   paged / static tokens per cpu-second: {rates['paged'] / rates['static']:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""Rollout backends: the protocol (`backend`), the static sampler (`static`) and the
+paged continuous-batching engine (`paged`)."""

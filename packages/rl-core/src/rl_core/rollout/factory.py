@@ -1,0 +1,50 @@
+"""The rollout backend a `RolloutConfig` asks for (`rollout.engine`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from rl_core.config import RolloutConfig
+from rl_core.policy import PagedPolicy
+from rl_core.rollout.backend import RolloutBackend
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.static import StaticBackend
+from rl_core.sampler import Sampler
+
+
+def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None) -> EngineSettings:
+    """The paged engine's shapes from the rollout settings; `batch_size` (completions per
+    rollout) caps the slots, since more slots than completions would only idle.
+
+    Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds)."""
+    slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, batch_size)
+    return EngineSettings(
+        max_prompt_tokens=rollout.max_prompt_tokens + 1, max_new_tokens=rollout.max_new_tokens,
+        page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
+        steps_per_sync=rollout.steps_per_sync, num_pages=rollout.kv_pages, attention=rollout.attention,
+    )
+
+
+def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Sequence[int], pad_id: int,
+                 mesh: Mesh | None = None, param_shardings: Any = None, batch_size: int | None = None,
+                 sampler: Sampler | None = None, policy: Any = None) -> RolloutBackend:
+    """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
+
+    With `policy`, a paged engine first checks that it implements `PagedPolicy`."""
+    if rollout.engine == "paged":
+        if policy is not None and not isinstance(policy, PagedPolicy):
+            missing = [n for n in ("paged_cache_spec", "paged_forward", "inference_copy") if not hasattr(policy, n)]
+            raise TypeError(
+                f"RolloutConfig.engine = 'paged' needs a policy implementing rl_core.policy.PagedPolicy; "
+                f"{type(policy).__name__} lacks {', '.join(missing)}. Implement them or set rollout.engine='static'"
+            )
+        return PagedBackend(graphdef, engine_settings(rollout, batch_size=batch_size), eos_ids=eos_ids,
+                            pad_id=pad_id, mesh=mesh, param_shardings=param_shardings)
+    if sampler is None:
+        sampler = Sampler(graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
+                          mesh=mesh, param_shardings=param_shardings)
+    return StaticBackend(sampler)

@@ -1,0 +1,198 @@
+"""The `paged` rollout backend: paged KV cache, continuous batching, own weights.
+
+How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`):
+- Each prompt's prefix (all but its last token) is prefilled once, in chunks of
+  C tokens interleaved with decoding, into pages the prompt holds.
+- Each of its G samples then takes a decode slot: it shares the prefix's full
+  pages (reference-counted), gets its own copy of the partly filled last page,
+  and starts by running the prompt's last token, whose logits give its first
+  completion token. Pages are added as it grows and freed when it ends.
+- The S slots decode k tokens per call; between calls the host retires
+  finished samples and refills their slots with waiting ones.
+- A pool that runs dry preempts the youngest running sample (its pages freed,
+  the sample requeued): it restarts later and, as every token draws with its
+  completion's own key, produces exactly the same tokens.
+Weights: `update_weights` makes the engine's copy once per step in one jitted
+program (the policy's `inference_copy`: compute dtype, adapters merged), laid
+out for decoding (split over `tensor`, whole on every data/fsdp device), so
+decoding never gathers a weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rl_core import mesh as mesh_lib
+from rl_core.rollout import attention as attention_lib
+from rl_core.rollout.backend import Requests, with_version
+from rl_core.rollout.pages import PagePool, PoolExhausted
+from rl_core.rollout.step import Prefill, Slots, engine_step
+from rl_core.sampler import Completions, SamplingParams
+
+DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
+"""Inference weights: split over `tensor` only, whole on every data/fsdp device."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """The engine's shapes (one compiled program per settings and sampling parameters)."""
+
+    max_prompt_tokens: int
+    max_new_tokens: int
+    page_size: int = 16
+    slots: int = 64
+    prefill_chunk: int = 64
+    steps_per_sync: int = 8
+    num_pages: int = 0  # 0: enough for every slot at full length plus a prefill lookahead
+    attention: str = "auto"
+
+    @property
+    def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
+        return -(-(self.max_prompt_tokens + self.max_new_tokens) // self.page_size)
+
+    @property
+    def pool_pages(self) -> int:
+        if self.num_pages:
+            return self.num_pages
+        prefixes = -(-self.max_prompt_tokens // self.page_size) * self.slots  # prompts waiting for slots
+        return 1 + self.slots * (self.pages_per_sequence + 1) + prefixes
+
+
+class PagedBackend:
+    """`RolloutBackend` with a paged KV cache and continuous batching (see the module docstring).
+
+    `compiles` counts traced device programs (steps and weight refreshes).
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, eos_ids: Sequence[int], pad_id: int,
+                 mesh: Mesh | None = None, param_shardings: Any = None) -> None:
+        if not eos_ids:
+            raise ValueError("eos_ids is empty: generation could never stop early")
+        self.graphdef = graphdef
+        self.settings = settings
+        self.eos_ids = tuple(int(e) for e in eos_ids)
+        self.pad_id = int(pad_id)
+        self.mesh = mesh
+        self.param_shardings = param_shardings
+        self.kv = attention_lib.choose(settings.attention, settings.page_size)
+        self.version = -1
+        self.compiles = 0
+        self.weights: Any = None
+        self._infer_graphdef: nnx.GraphDef | None = None
+        self._refresh: Any = None
+        self._steps: dict[SamplingParams, Any] = {}
+        self.pool = PagePool(settings.pool_pages)
+        self.pages: Any = None
+        self.peak_pages = 0
+        self.preemptions = 0
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def decode_shardings(self, abstract_state: Any) -> Any:
+        """NamedShardings of the inference weights (None without a mesh)."""
+        if self.mesh is None:
+            return None
+
+        def one(var: nnx.Variable) -> NamedSharding:
+            names = var.get_metadata("out_sharding", None) or (None,) * len(var.shape)
+            return NamedSharding(self.mesh, mesh_lib.logical_spec(names, var.shape, self.mesh, DECODE_RULES))
+
+        shardings = jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        return nnx.to_pure_dict(shardings)
+
+    def _build_refresh(self, params: Any) -> None:
+        def copy(p):
+            return nnx.split(nnx.merge(self.graphdef, p).inference_copy())
+
+        graphdef, abstract = jax.eval_shape(copy, params)
+        self._infer_graphdef = graphdef
+        out = self.decode_shardings(abstract)
+        self.weight_shardings = out
+
+        def refresh(p):
+            self.compiles += 1
+            return nnx.to_pure_dict(copy(p)[1])
+
+        kwargs = {} if self.mesh is None else {"in_shardings": (self.param_shardings,), "out_shardings": out}
+        self._refresh = jax.jit(refresh, **kwargs)
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """The engine's copy of `params` (one program: cast, merge adapters, reshard)."""
+        if self._refresh is None:
+            self._build_refresh(params)
+        self.weights = self._refresh(params)
+        self.version = version
+
+    def weight_bytes(self) -> int:
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.weights))
+
+    # -- the device program ----------------------------------------------------------------
+
+    def _step_fn(self, sampling: SamplingParams) -> Any:
+        if sampling not in self._steps:
+            s = self.settings
+
+            def step(weights, pages, prefill, copy_src, copy_dst, slots, key):
+                self.compiles += 1
+                model = nnx.merge(self._infer_graphdef, weights)
+                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
+                                   steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
+                                   pad_id=self.pad_id)
+
+            kwargs: dict[str, Any] = {"donate_argnums": (1,)}
+            if self.mesh is not None:
+                whole = mesh_lib.replicated(self.mesh)
+                pool = self.pool_sharding()
+                kwargs.update(in_shardings=(self.weight_shardings, pool, whole, whole, whole, whole, whole),
+                              out_shardings=(pool, whole, whole, whole))
+            self._steps[sampling] = jax.jit(step, **kwargs)
+        return self._steps[sampling]
+
+    def pool_sharding(self) -> Any:
+        """The pool split over `tensor` on its kv heads (whatever the layout puts them)."""
+        shape = jax.eval_shape(self._init_pages)[0].shape
+        return NamedSharding(self.mesh, mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES))
+
+    def _spec(self) -> tuple[int, int, int, Any]:
+        return nnx.merge(self._infer_graphdef, self.weights).paged_cache_spec()
+
+    def _init_pages(self) -> Any:
+        layers, kv_heads, head_dim, dtype = self._spec()
+        return self.kv.init(layers, kv_heads, head_dim, dtype, self.pool.num_pages)
+
+    def kv_bytes(self) -> int:
+        """Bytes of the pool (keys and values)."""
+        return sum(x.size * x.dtype.itemsize for x in jax.eval_shape(self._init_pages))
+
+    def lower_step(self, sampling: SamplingParams, key: jax.Array) -> Any:
+        """The device step lowered for these weights (`.compile().as_text()` gives its HLO)."""
+        s = self.settings
+        m, c, n = s.pages_per_sequence, s.prefill_chunk, s.slots
+        zeros = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
+        prefill = Prefill(zeros(c), zeros(c), zeros(c, m))
+        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros(n, bool), zeros(n, m), zeros(n, 2))
+        pages = jax.eval_shape(self._init_pages)
+        return self._step_fn(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
+
+    # -- the host loop -----------------------------------------------------------------------
+
+    def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
+        if self.weights is None:
+            raise RuntimeError("PagedBackend.generate before update_weights: no weights to decode with")
+        from rl_core.rollout.scheduler import run  # noqa: PLC0415 (the loop lives beside)
+
+        if self.pages is None:
+            kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
+            self.pages = jax.jit(self._init_pages, **kwargs)()
+        out = run(self, requests, key, sampling)
+        return with_version(out, self.version)
+
+
+__all__ = ["EngineSettings", "PagedBackend", "PoolExhausted"]

@@ -1,0 +1,43 @@
+"""The `static` rollout backend: today's one-program sampler behind the protocol.
+
+It samples from the parameters it is given as they are (the learner's master
+weights in their training layout: no copy, no transfer), with one key for the
+whole call, so a completion depends on the batch it was drawn in. Use it for
+tests and short completions; `paged` is the backend for real lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from rl_core.rollout.backend import Requests, with_version
+from rl_core.sampler import Completions, Sampler, SamplingParams
+
+
+class StaticBackend:
+    """`RolloutBackend` over a `rl_core.sampler.Sampler`."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.version = -1
+        self._params: Any = None
+
+    @property
+    def compiles(self) -> int:
+        return self.sampler.compiles
+
+    def update_weights(self, params: Any, version: int) -> None:
+        # a reference, not a copy: valid until the caller's next update donates it,
+        # and the learner refreshes before every rollout after an update
+        self._params = params
+        self.version = version
+
+    def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
+        if self._params is None:
+            raise RuntimeError("StaticBackend.generate before update_weights: no weights to sample with")
+        out = self.sampler(
+            self._params, requests.prompt_tokens, requests.prompt_mask, key, sampling, requests.num_samples
+        )
+        return with_version(out, self.version)

@@ -1,0 +1,115 @@
+"""One device call of the paged engine: a prefill chunk, then a few decode steps.
+
+Every array has a fixed shape per engine configuration (C prefill tokens, S
+decode slots, M pages per sequence, k steps), so the call compiles once per
+(configuration, sampling parameters), whatever the requests.
+
+Shapes: S slots, C prefill tokens, M pages per sequence, k decode steps, V vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rl_core.sampler import SamplingParams, filter_logits, tempered_logits
+
+
+class Prefill(NamedTuple):
+    """C prompt tokens to write into the pool (padding: token 0 at position 0 of page row 0s)."""
+
+    tokens: jax.Array  # [C] int32
+    positions: jax.Array  # [C] int32
+    page_rows: jax.Array  # [C, M] int32
+
+
+class Slots(NamedTuple):
+    """The decode slots; an inactive slot computes on scratch page 0 and emits nothing."""
+
+    token: jax.Array  # [S] int32, the next input token
+    position: jax.Array  # [S] int32, its position in the sequence
+    count: jax.Array  # [S] int32, tokens generated so far
+    limit: jax.Array  # [S] int32, most tokens this slot may generate
+    active: jax.Array  # [S] bool
+    page_rows: jax.Array  # [S, M] int32
+    ids: jax.Array  # [S, 2] int32, (prompt id, sample index): the completion's key (see `completion_keys`)
+
+
+def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """One key per row of ids [S, 2] = (prompt id, sample index): fold_in(fold_in(key, prompt), sample).
+
+    Derived only from the run's key and the completion's identity, so a completion is the
+    same whatever batch it is decoded in; its token t draws with fold_in(that key, t).
+    """
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, i[0]), i[1]))(ids)
+
+
+def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """(token [S], log-prob [S]) with one key per row, as `rl_core.sampler.sample_token` does
+    with one key for all rows: drawn after top-k / top-p, its log-prob under the whole
+    tempered softmax (the learner's distribution; greedy reports the untempered one)."""
+    filtered = filter_logits(logits, params)
+    logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
+    if params.greedy:
+        token = jnp.argmax(filtered, axis=-1)
+    else:
+        token = jax.vmap(jax.random.categorical)(keys, filtered)
+    token = token.astype(jnp.int32)
+    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+
+
+def engine_step(
+    model: Any,
+    pages: Any,
+    prefill: Prefill,
+    copy_src: jax.Array,  # [S] int32 pages copied to copy_dst before decoding (0 -> 0: nothing)
+    copy_dst: jax.Array,  # [S] int32
+    slots: Slots,
+    key: jax.Array,
+    kv: Any,
+    *,
+    steps: int,
+    sampling: SamplingParams,
+    eos_ids: Sequence[int],
+    pad_id: int,
+) -> tuple[Any, jax.Array, jax.Array, Slots]:
+    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps).
+
+    The prefill chunk goes first, so the samples of a prompt whose last chunk it
+    holds may start decoding in the same call; then each new sample's copy of its
+    prompt's partly filled last page (samples append, so a shared page must be full).
+    """
+    def run_prefill(pages):
+        return model.paged_forward(prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+
+    # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
+    pages = jax.lax.cond(jnp.any(prefill.page_rows > 0), run_prefill, lambda pages: pages, pages)
+    pages = kv.copy_pages(pages, copy_src, copy_dst)
+    eos = jnp.asarray(tuple(eos_ids), jnp.int32)
+    s = slots.token.shape[0]
+    row_keys = completion_keys(key, slots.ids)
+
+    def body(i, carry):
+        pages, st, out_tokens, out_logp = carry
+        rows = jnp.where(st.active[:, None], st.page_rows, 0)
+        position = jnp.where(st.active, st.position, 0)
+        hidden, pages = model.paged_forward(st.token, position, pages, rows, kv)
+        keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
+        token, logp = sample_rows(keys, model.logits(hidden), sampling)
+        token = jnp.where(st.active, token, pad_id)
+        logp = jnp.where(st.active, logp, 0.0)
+        out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, i, axis=1)
+        out_logp = jax.lax.dynamic_update_index_in_dim(out_logp, logp, i, axis=1)
+        step = st.active.astype(jnp.int32)
+        count = st.count + step
+        ended = jnp.isin(token, eos) | (count >= st.limit)
+        st = st._replace(token=jnp.where(st.active, token, st.token), position=st.position + step, count=count,
+                         active=st.active & ~ended)
+        return pages, st, out_tokens, out_logp
+
+    init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32))
+    pages, slots, tokens, logp = jax.lax.fori_loop(0, steps, body, init)
+    return pages, tokens, logp, slots

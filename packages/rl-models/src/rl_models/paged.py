@@ -1,0 +1,97 @@
+"""The transformer over a paged KV cache, and the engine's inference copy.
+
+Shapes: N tokens (each its own query: a decode slot's next token or one token
+of a prefill chunk), M pages per sequence.
+
+The pool and its layout belong to the caller's `kv` (rl_core.rollout.attention):
+per layer the model hands it each token's query, key and value, and `kv` writes
+the key/value at the token's slot and returns the attention output (see
+`rl_core.policy.PagedPolicy`). Token n sits at position `positions[n]` of the
+sequence whose page table is `page_rows[n]` and attends to slots 0..pos of it.
+So a prefill chunk (many tokens of one sequence) and decode slots (one token
+of many sequences) are the same call, and causality is just each token's length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rl_models import transformer as tf
+
+
+def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
+    """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
+    cfg = model.config
+    return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
+
+
+def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: Any,
+           layer: jax.Array, page_rows: jax.Array, positions: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
+    """One block for N single-token queries: x [N, 1, D] (the decode shapes of `Block`)."""
+    cfg = block.attn.config
+    n = x.shape[0]
+    h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    attn = block.attn
+    qkv = tf._fused_linear(block.attn_norm(x), (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
+    q, k, v = q.reshape(n, 1, h, dh), k.reshape(n, 1, kvh, dh), v.reshape(n, 1, kvh, dh)
+    if attn.q_norm is not None and attn.k_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = tf.rotate(q, *rope), tf.rotate(k, *rope)
+    out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions)
+    x = x + attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
+    return x + block.mlp(block.mlp_norm(x)), pages
+
+
+def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
+                  page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
+    """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
+    pool, and the pool with their keys/values written; page_rows [N, M] int32."""
+    cfg = model.config
+    if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
+        raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
+    x = jnp.take(model.embed[...], tokens, axis=0).astype(tf.compute_dtype(cfg))[:, None]  # [N, 1, D]
+    inv_freq = tf.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
+    rope = tf.rope_cos_sin(positions[:, None], inv_freq)
+    graphdef, stacked = nnx.split(model.layers)
+
+    def body(carry, xs):
+        x, pages = carry
+        state, i = xs
+        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv), None
+
+    layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
+    return model.final_norm(x)[:, 0], pages
+
+
+def inference_copy(model: tf.Transformer) -> tf.Transformer:
+    """A plain model that computes what `model` computes, for decoding: every parameter
+    in the compute dtype, quantized kernels dequantized and LoRA adapters merged into
+    their kernels (`rl_models.lora.merged_kernel`), so adapters are never dropped and
+    decoding pays no adapter matmuls. Traceable (the engine runs it in its jitted refresh).
+    """
+    from rl_models import lora  # noqa: PLC0415 (lora imports the transformer module, as this one does)
+
+    config = dataclasses.replace(model.config, param_dtype=model.config.dtype)
+    # the model's own class, so a subclass (e.g. one with an extra output rule) keeps its behaviour
+    graphdef, plain = nnx.split(nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0))))
+    values = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    linears = lora.linears(model)
+
+    def fill(path, abstract):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        owner = "/".join(keys[:-1])
+        if keys[-1] == "kernel" and owner in linears:
+            return lora.merged_kernel(linears[owner]).astype(abstract.dtype)
+        node = values
+        for k in keys:
+            node = node[k]
+        return jnp.asarray(node, abstract.dtype)
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, nnx.to_pure_dict(plain)))

@@ -1,0 +1,74 @@
+"""The paged engine's inference weights on 8 simulated CPU devices with fsdp=8.
+
+Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before jax is
+imported). Prints one JSON line: the collectives of the compiled decode step, of
+the weight refresh and of the static sampler on the master weights; the dtype,
+layout and size of the engine's weights; and whether greedy completions on the
+mesh equal those of one device.
+"""
+
+import json
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rl_core import hlo
+from rl_core import mesh as mesh_lib
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.tokens import left_pad
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+TOK = CharTokenizer()
+SETTINGS = EngineSettings(max_prompt_tokens=8, max_new_tokens=6, page_size=4, slots=8, prefill_chunk=8,
+                          steps_per_sync=2)
+
+
+def main() -> None:
+    mesh = mesh_lib.make_mesh(data=1, fsdp=8, tensor=1)
+    # float32 master weights, bfloat16 compute: the engine keeps a bfloat16 copy
+    config = TransformerConfig.tiny(TOK.vocab_size, dtype="bfloat16")
+    graphdef, state = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
+    shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
+    master = jax.device_put(nnx.to_pure_dict(state), shardings)
+    engine = PagedBackend(graphdef, SETTINGS, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id, mesh=mesh,
+                          param_shardings=shardings)
+    engine.update_weights(master, 1)
+    key = jax.random.key(0)
+    step_text = engine.lower_step(SamplingParams(temperature=1.0), key).compile().as_text()
+    refresh_text = engine._refresh.lower(master).compile().as_text()
+
+    tokens, mask = left_pad([TOK.encode(t) for t in ("12+3=", "7*8=", "1", "99-4=")], pad_id=TOK.pad_id,
+                            max_tokens=8)
+    sampler = Sampler(graphdef, max_new_tokens=6, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id, mesh=mesh,
+                      param_shardings=shardings)
+    static_text = sampler._jit(False, True).lower(master, tokens, mask, key, GREEDY, 2).compile().as_text()
+
+    on_mesh = engine.generate(Requests(tokens, mask, 2), GREEDY, key)
+    alone = PagedBackend(graphdef, SETTINGS, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id)
+    alone.update_weights(nnx.to_pure_dict(state), 1)
+    one_device = alone.generate(Requests(tokens, mask, 2), GREEDY, key)
+
+    weights = jax.tree.leaves(engine.weights)
+    master_leaves = jax.tree.leaves(master)
+    print(json.dumps({
+        "device_count": jax.device_count(),
+        "step": hlo.count(step_text),
+        "step_all_gathers": [", ".join(c.shapes) for c in hlo.collectives(step_text) if c.kind == "all-gather"],
+        "refresh": hlo.count(refresh_text),
+        "static_sampler": hlo.count(static_text),
+        "static_sampler_gathered_elements": sum(c.elements for c in hlo.collectives(static_text)
+                                                if c.kind == "all-gather"),
+        "weight_dtypes": sorted({str(x.dtype) for x in weights}),
+        "weights_replicated": all(x.sharding.is_fully_replicated for x in weights),
+        "weight_bytes": sum(x.size * x.dtype.itemsize for x in weights),
+        "master_bytes": sum(x.size * x.dtype.itemsize for x in master_leaves),
+        "same_greedy_as_one_device": bool(np.array_equal(on_mesh.tokens, one_device.tokens)),
+        "pages_free_after": engine.pool.in_use == 0,
+    }))
+
+
+if __name__ == "__main__":
+    main()

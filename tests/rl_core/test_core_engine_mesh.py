@@ -1,0 +1,56 @@
+"""The paged engine on 8 simulated devices with fsdp=8: its decode step gathers no weight.
+
+The master weights are split over fsdp (each device holds an eighth of every
+large parameter); the engine's bfloat16 copy is whole on every device, made by
+one refresh program that holds the only all-gathers. The static sampler, which
+decodes from the master weights, is the contrast: its program gathers them.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
+from simulated_devices import run_on_simulated_devices  # noqa: E402
+
+from rl_core import hlo
+
+SCRIPT = Path(__file__).parent / "scripts" / "engine_mesh.py"
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    return run_on_simulated_devices(SCRIPT)
+
+
+def test_decode_step_has_no_weight_all_gather(result):
+    assert result["device_count"] == 8
+    assert result["step_all_gathers"] == []
+    assert result["step"] == {}  # replicated weights and slots: no collective at all
+    # the helper does see gathers where there are some: the sampler on fsdp-split master weights
+    assert result["static_sampler"].get("all-gather", 0) > 0
+    assert result["static_sampler_gathered_elements"] > 0
+
+
+def test_one_refresh_program_reshards_and_casts(result):
+    assert result["refresh"].get("all-gather", 0) > 0  # the one transfer: fsdp shards -> whole copies
+    assert result["weight_dtypes"] == ["bfloat16"]
+    assert result["weights_replicated"]
+    assert result["weight_bytes"] * 2 == result["master_bytes"]  # bfloat16 copy of float32 masters
+
+
+def test_same_completions_on_the_mesh_as_on_one_device(result):
+    assert result["same_greedy_as_one_device"]
+    assert result["pages_free_after"]
+
+
+def test_hlo_helper_reads_kinds_shapes_and_async_pairs():
+    text = """
+  %all-gather.1 = f32[8,64]{1,0} all-gather(f32[1,64]{1,0} %p0), channel_id=1, replica_groups={{0,1}}
+  %ars = (bf16[4,2]{1,0}, bf16[4,2]{1,0}) all-reduce-start(bf16[4,2]{1,0} %x), to_apply=%add
+  %ard = bf16[4,2]{1,0} all-reduce-done((bf16[4,2]{1,0}, bf16[4,2]{1,0}) %ars)
+  %add.3 = f32[8,64]{1,0} add(f32[8,64]{1,0} %a, f32[8,64]{1,0} %b)
+"""
+    assert hlo.count(text) == {"all-gather": 1, "all-reduce": 1}
+    assert [c.elements for c in hlo.collectives(text)] == [512, 8]

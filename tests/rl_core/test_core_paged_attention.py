@@ -1,0 +1,133 @@
+"""Paged attention (rl_core.rollout.attention) against dense attention, and the page pool."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_core.rollout import attention as attention_lib
+from rl_core.rollout.pages import PagePool, PoolExhausted
+
+N, H, K, DH, PAGES, PS, M = 5, 4, 2, 8, 24, 4, 6
+LENGTHS = np.array([1, 4, 5, 13, 24], np.int32)  # one slot, a full page, a page + 1, mid-page, all M pages
+
+
+def problem(seed=0):
+    """Random queries and pool; each query's sequence on distinct pages (row n never uses page 0)."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(N, H, DH)).astype(np.float32)
+    k_pages = rng.normal(size=(K, PAGES, PS, DH)).astype(np.float32)
+    v_pages = rng.normal(size=(K, PAGES, PS, DH)).astype(np.float32)
+    page_rows = np.stack([rng.permutation(np.arange(1, PAGES))[:M] for _ in range(N)]).astype(np.int32)
+    return q, k_pages, v_pages, page_rows, LENGTHS
+
+
+def dense(q, k_pages, v_pages, page_rows, lengths):
+    """Each query's sequence gathered into contiguous slots, then a plain masked softmax."""
+    k = k_pages[:, page_rows].reshape(K, N, M * PS, DH)  # [K, N, S, Dh]
+    v = v_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    qg = q.reshape(N, K, H // K, DH)
+    scores = jnp.einsum("nkgd,knsd->nkgs", qg, k) / math.sqrt(DH)
+    valid = np.arange(M * PS)[None, :] < lengths[:, None]
+    probs = jax.nn.softmax(jnp.where(valid[:, None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(N, H, DH)
+
+
+def page_major(q, k_pages, v_pages, page_rows, lengths):
+    """The reference's layout [P, ps, K, Dh] of the kv-major pages [K, P, ps, Dh]."""
+    return q, k_pages.transpose(1, 2, 0, 3), v_pages.transpose(1, 2, 0, 3), page_rows, lengths
+
+
+@pytest.mark.parametrize("pages_per_block", [1, 4, 8])
+@pytest.mark.parametrize("jit", [False, True])
+def test_reference_equals_dense_attention(pages_per_block, jit):
+    fn = functools.partial(attention_lib.reference_paged_attention, pages_per_block=pages_per_block)
+    fn = jax.jit(fn) if jit else fn
+    args = problem()
+    np.testing.assert_allclose(fn(*page_major(*args)), dense(*args), atol=1e-5)
+
+
+def test_reference_under_vmap_and_blind_to_pages_past_the_length():
+    args = [np.stack([a, b]) for a, b in zip(problem(0), problem(1), strict=True)]
+    out = jax.vmap(lambda *a: attention_lib.reference_paged_attention(*page_major(*a)))(*args)
+    for i in range(2):
+        np.testing.assert_allclose(out[i], dense(*[a[i] for a in args]), atol=1e-5)
+    q, k_pages, v_pages, page_rows, lengths = problem()
+    # garbage on every page slot past each query's length changes nothing (pages hold stale but
+    # finite keys/values of earlier sequences)
+    poisoned = [np.array(x) for x in (k_pages, v_pages)]
+    for n in range(N):
+        for j in range(lengths[n], M * PS):
+            for x in poisoned:
+                x[:, page_rows[n, j // PS], j % PS] = 1e4
+    keep = np.ones(N, bool)  # rows sharing a poisoned page with a longer row would see it: compare the rest
+    for n in range(N):
+        pages_n = set(page_rows[n, : -(-lengths[n] // PS)])
+        keep[n] = all(not (set(page_rows[m, lengths[m] // PS :]) & pages_n) for m in range(N) if m != n)
+    got = attention_lib.reference_paged_attention(*page_major(q, *poisoned, page_rows, lengths))
+    assert keep.sum() >= 2
+    np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(dense(q, k_pages, v_pages, page_rows, lengths))[keep],
+                               atol=1e-5)
+
+
+def test_choice_by_platform():
+    choose = attention_lib.choose
+    assert choose("auto", 16, "cpu") == attention_lib.ReferenceKV(16)
+    assert choose("auto", 16, "tpu") == attention_lib.PallasKV(16, platform="tpu")
+    assert choose("auto", 16, "gpu") == attention_lib.PallasKV(16, platform="gpu")
+    assert choose("reference", 16, "tpu") == attention_lib.ReferenceKV(16)
+    with pytest.raises(ValueError, match="TPU and GPU only"):
+        choose("pallas", 16, "cpu")
+    with pytest.raises(ValueError, match="must be one of"):
+        choose("flash", 16, "cpu")
+
+
+@pytest.mark.parametrize("kv", [attention_lib.ReferenceKV(PS, 2), attention_lib.PallasKV(PS, 2, interpret=True)],
+                         ids=["reference", "pallas-gpu-interpreted"])
+def test_write_then_attend_in_either_layout(kv):
+    """Each layout writes a token's key/value where its attention reads them, per layer."""
+    q, k_pages, v_pages, page_rows, lengths = problem()
+    rng = np.random.default_rng(2)
+    k_new, v_new = (rng.normal(size=(N, K, DH)).astype(np.float32) for _ in range(2))
+    positions = lengths - 1  # each query is its sequence's newest token
+    pages = kv.init(2, K, DH, jnp.float32, PAGES)
+    old = page_major(q, k_pages, v_pages, page_rows, lengths)[1:3] if isinstance(kv, attention_lib.ReferenceKV) \
+        else (k_pages, v_pages)
+    pages = tuple(p.at[1].set(o) for p, o in zip(pages, old, strict=True))  # layer 1 holds the sequences
+    out, pages = kv(q, k_new, v_new, pages, 1, page_rows, positions)
+    k_want, v_want = (np.array(x) for x in (k_pages, v_pages))
+    for n in range(N):
+        page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
+        k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
+    np.testing.assert_allclose(out, dense(q, k_want, v_want, page_rows, lengths), atol=1e-5)
+    assert not np.asarray(pages[0][0]).any()  # layer 0 untouched
+
+
+def test_page_pool_counts_holders():
+    pool = PagePool(6)
+    assert pool.free == 5  # page 0 is scratch
+    a = pool.allocate(3)
+    assert 0 not in a and pool.in_use == 3
+    pool.retain(a[:2])  # a second holder of two of them
+    pool.release(a)
+    assert pool.in_use == 2 and [pool.refcount(p) for p in a] == [1, 1, 0]
+    with pytest.raises(PoolExhausted, match="4 pages asked, 3 of 5 free"):
+        pool.allocate(4)
+    assert pool.free == 3  # a refused request takes nothing
+    pool.release(a[:2])
+    assert pool.in_use == 0
+    with pytest.raises(ValueError, match="released more often than held"):
+        pool.release(a[:1])
+    with pytest.raises(ValueError, match="is free"):
+        pool.retain(a[:1])
+
+
+def test_gpu_pallas_kernel_in_interpret_mode_equals_dense():
+    """JAX's Triton paged-attention kernel, run by the Pallas interpreter on CPU: checks how the
+    engine calls it (query scaling, padded page rows, split partitions), not the GPU itself."""
+    args = problem()
+    out = attention_lib._pallas_gpu(*map(jnp.asarray, args), pages_per_block=2, interpret=True)
+    np.testing.assert_allclose(out, dense(*args), atol=1e-5)
