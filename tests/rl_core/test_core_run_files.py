@@ -123,9 +123,10 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     for step in (2, 4, 6):
         ckpt.save(step, arrays=arrays(float(step)), meta={"step": step})
     ckpt.wait()  # saves are asynchronous: 6 is on disk (and can be damaged) once waited for
-    # damage 6 (its array data) and 4 (its JSON record)
+    # damage 6 (its tensorstore data files, not the JSON beside them: which of those Orbax
+    # reads first varies from run to run) and 4 (its JSON record)
     for path in (tmp_path / "checkpoints" / "6" / "arrays").rglob("*"):
-        if path.is_file() and path.stat().st_size > 0 and "METADATA" not in path.name:
+        if path.is_file() and path.parent.name == "d":
             path.write_bytes(b"\0" * 3)
     (tmp_path / "checkpoints" / "4" / "meta" / "metadata").write_text("{not json")
     logged = []
@@ -134,8 +135,11 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 3), 2.0))
     assert len(logged) == 2
     assert logged[0].startswith("checkpoint 6 does not restore (") and logged[0].endswith(f"{CORRUPT_DIR}/6")
-    # the detail at the end of tensorstore's long message is kept, its JSON spec dump is not
-    assert "is less than minimum length" in logged[0] and "tensorstore_spec" not in logged[0], logged[0]
+    # the detail at the end of tensorstore's long message is kept (which 3-byte file it reads
+    # first varies), its JSON spec dump and Orbax's bound-method repr are not
+    detail = ("is less than minimum length", "is not valid for value of size 3")
+    assert any(d in logged[0] for d in detail), logged[0]
+    assert "tensorstore_spec" not in logged[0] and "bound method" not in logged[0], logged[0]
     assert logged[1].startswith("checkpoint 4 does not restore (")
     assert all("\n" not in line for line in logged)
     assert sorted(p.name for p in (tmp_path / CORRUPT_DIR).iterdir()) == ["4", "6"]  # kept, not deleted
