@@ -47,16 +47,21 @@ def test_loss_and_gradient_with_one_token_and_fully_masked_rows(variant):
     )  # fmt: skip
 
     def loss_of(lp):
-        out = grpo_loss(
-            lp, jnp.zeros_like(lp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
-            aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode), kl_estimator=None, beta=cfg.beta,
-            eps_low=cfg.epsilon_low, eps_high=cfg.epsilon_high, dual_clip=None, max_len=2,
-        )  # fmt: skip
-        return out.total / out.denom
+        return _rloo_loss(lp, example, cfg, max_len=2)
 
     value, grad = variant(jax.value_and_grad(loss_of))(jnp.asarray([[-1.0, -2.0], [-0.5, jnp.nan], [jnp.inf, 0.0]]))
     np.testing.assert_allclose(value, -0.75, atol=1e-6)
     np.testing.assert_allclose(grad, [[-0.5, -0.5], [0.25, 0.0], [0.0, 0.0]], atol=1e-6)
+
+
+def _rloo_loss(logp, example, cfg, *, max_len):
+    """RLOO's aggregated loss (GRPO's loss with RLOO's settings) of `example` at `logp`."""
+    out = grpo_loss(
+        logp, jnp.zeros_like(logp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
+        aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode), kl_estimator=None, beta=cfg.beta,
+        eps_low=cfg.epsilon_low, eps_high=cfg.epsilon_high, dual_clip=None, max_len=max_len,
+    )  # fmt: skip
+    return out.total / out.denom
 
 
 def test_config_defaults_are_the_three_changes():
@@ -82,12 +87,7 @@ def test_off_policy_the_ratio_is_per_token_so_one_drifted_token_clips_alone(vari
     )  # fmt: skip
 
     def loss_of(lp):
-        out = grpo_loss(
-            lp, jnp.zeros_like(lp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
-            aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode), kl_estimator=None, beta=cfg.beta,
-            eps_low=cfg.epsilon_low, eps_high=cfg.epsilon_high, dual_clip=None, max_len=3,
-        )  # fmt: skip
-        return out.total / out.denom
+        return _rloo_loss(lp, example, cfg, max_len=3)
 
     value, grad = variant(jax.value_and_grad(loss_of))(example.old_logp.at[0, 0].add(np.log(1.5)))
     np.testing.assert_allclose(value, -3.2, atol=1e-5)
