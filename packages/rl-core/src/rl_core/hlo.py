@@ -34,23 +34,17 @@ class Collective(NamedTuple):
     bytes: int  # result bytes per device, one execution
     count: int  # executions per run of the program (trip counts of enclosing loops)
     computation: str
-
-    @property
-    def elements(self) -> int:
-        """Elements of the result per device (all of its arrays)."""
-        return sum(math.prod(int(x) for x in d.split(",") if x) for _, d in _ARRAY.findall(" ".join(self.shapes)))
+    elements: int  # result elements per device (all of its arrays)
 
 
-def _result_bytes(result: str) -> tuple[tuple[str, ...], int]:
-    arrays = _ARRAY.findall(result)
-    shapes = tuple(f"{t}[{d}]" for t, d in arrays)
-    total = sum(_BYTES.get(t, 4) * math.prod(int(x) for x in d.split(",") if x) for t, d in arrays)
-    return shapes, int(total)
+def _elements(dims: str) -> int:
+    return math.prod(int(x) for x in dims.split(",") if x)
 
 
 def collectives(hlo_text: str) -> list[Collective]:
-    """Every collective of a compiled program (`jax.jit(f).lower(...).compile().as_text()`)."""
-    ops: dict[str, list[tuple[str, tuple[str, ...], int]]] = defaultdict(list)
+    """Every collective of a compiled program (`jax.jit(f).lower(...).compile().as_text()`),
+    reachable from its entry; both branches of a conditional count (an upper bound)."""
+    ops: dict[str, list[tuple[str, tuple[str, ...], int, int]]] = defaultdict(list)
     calls: dict[str, list[tuple[str, int]]] = defaultdict(list)  # computation -> (callee, times)
     entry = current = ""  # a bare list of instructions (no computation header) is its own entry
     for line in hlo_text.splitlines():
@@ -61,12 +55,12 @@ def collectives(hlo_text: str) -> list[Collective]:
             continue
         op = _OP.match(line)
         if op:
-            result = op.group(1)
+            arrays = _ARRAY.findall(op.group(1))
             if f"{op.group(2)}-start(" in line:  # async: (operands..., result); count the result
-                result = _ARRAY.findall(result)[-1:]
-                result = " ".join(f"{t}[{d}]" for t, d in result)
-            shapes, size = _result_bytes(result)
-            ops[current].append((op.group(2), shapes, size))
+                arrays = arrays[-1:]
+            shapes = tuple(f"{t}[{d}]" for t, d in arrays)
+            size = int(sum(_BYTES.get(t, 4) * _elements(d) for t, d in arrays))
+            ops[current].append((op.group(2), shapes, size, sum(_elements(d) for _, d in arrays)))
             continue
         loop = _WHILE.search(line)
         if loop:
@@ -83,7 +77,7 @@ def collectives(hlo_text: str) -> list[Collective]:
     def visit(name: str, times: int, seen: tuple[str, ...]) -> None:
         if name in seen:
             return
-        out.extend(Collective(kind, shapes, size, times, name) for kind, shapes, size in ops.get(name, ()))
+        out.extend(Collective(kind, shapes, size, times, name, n) for kind, shapes, size, n in ops.get(name, ()))
         for callee, trips in calls.get(name, ()):
             visit(callee, times * trips, (*seen, name))
 
@@ -92,7 +86,8 @@ def collectives(hlo_text: str) -> list[Collective]:
 
 
 def count(hlo_text: str) -> dict[str, int]:
-    """How many collective instructions of each kind the program holds (not executions)."""
+    """Collective instructions by kind, each once per place that calls its computation
+    (not executions: loops count once; both branches of a conditional count)."""
     out: dict[str, int] = {}
     for c in collectives(hlo_text):
         out[c.kind] = out.get(c.kind, 0) + 1
