@@ -23,7 +23,7 @@ import yaml
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 from rl_models import PRESETS
-from rl_models.config import REMAT
+from rl_models.config import REMAT, RUNTIME_FIELDS
 
 from trainer.datasets import FILE_TASKS, DataError, file_task
 from trainer.tasks import TASKS, Task
@@ -158,8 +158,7 @@ class ModelSettings(Config):
 
     def runtime(self) -> dict[str, Any]:
         """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS)."""
-        return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
-                "attention": self.attention, "scan_layers": self.scan_layers}
+        return {field: getattr(self, field) for field in RUNTIME_FIELDS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
