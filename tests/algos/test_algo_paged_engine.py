@@ -54,7 +54,7 @@ def test_learner_trains_with_the_paged_engine(cls, config):
     assert isinstance(paged.rollout_backend, PagedBackend)
     history = paged.train(num_steps=2)
     assert len(history) == 2 and all(np.isfinite(h["train/loss"]) for h in history)
-    assert paged.rollout_backend.pool.in_use == 0
+    assert all(pool.in_use == 0 for pool in paged.rollout_backend.pools)
     # completions are stamped with the weights' version: the step whose parameters made them
     tokens, mask = paged.encode_prompts(PROMPTS[:2])
     assert set(np.asarray(paged.generate(tokens, mask, num_samples=2).version)) == {2}

@@ -134,8 +134,8 @@ def test_no_page_leaks_and_prompt_pages_are_shared(model):
     engine = paged(model, (301,), slots=g, steps_per_sync=1)
     out = engine.generate(Requests(tokens, mask, g), GREEDY, jax.random.key(0))
     assert (out.lengths == T).all()  # the samples run in step to the end, so the peak is known
-    assert engine.pool.in_use == 0
-    assert all(engine.pool.refcount(p) == 0 for p in range(engine.pool.num_pages))
+    assert all(pool.in_use == 0 for pool in engine.pools)
+    assert all(engine.pools[0].refcount(p) == 0 for p in range(engine.pools[0].num_pages))
     # prefix of 13 tokens: 3 full pages shared by all samples + 1 partial page copied per sample;
     # each sample then needs its own pages up to position 13 + 11 = 24, i.e. pages 3..6 (4 each)
     assert engine.peak_pages == 4 + g * 4  # unshared prefixes would hold 3 more pages per extra sample
@@ -145,7 +145,7 @@ def test_a_pool_too_small_for_one_completion_is_a_clear_error(model):
     engine = paged(model, (301,), num_pages=4)
     with pytest.raises(PoolExhausted, match="rollout.kv_pages"):
         engine.generate(Requests(*prompts()), SAMPLED, jax.random.key(0))
-    assert engine.pool.in_use == 0  # nothing was taken
+    assert engine.pools[0].in_use == 0  # nothing was taken
 
 
 def test_one_program_per_configuration_and_none_on_a_second_rollout(model):

@@ -2,7 +2,8 @@
 
 The master weights are split over fsdp (each device holds an eighth of every
 large parameter); the engine's bfloat16 copy is whole on every device, made by
-one refresh program that holds the only all-gathers. The static sampler, which
+one refresh program that holds the only all-gathers. Each device is one engine
+replica with its own page pool, decoding its own share of the prompts. The static sampler, which
 decodes from the master weights, is the contrast: its program gathers them.
 """
 
@@ -27,7 +28,9 @@ def result() -> dict:
 def test_decode_step_has_no_weight_all_gather(result):
     assert result["device_count"] == 8
     assert result["step_all_gathers"] == []
-    assert result["step"] == {}  # replicated weights and slots: no collective at all
+    # one scalar all-reduce per call (does any replica prefill?), nothing per token or weight
+    assert result["step"] == {"all-reduce": 1}
+    assert result["step_collective_elements"] == [1]
     # the helper does see gathers where there are some: the sampler on fsdp-split master weights
     assert result["static_sampler"].get("all-gather", 0) > 0
     assert result["static_sampler_gathered_elements"] > 0
@@ -40,8 +43,17 @@ def test_one_refresh_program_reshards_and_casts(result):
     assert result["weight_bytes"] * 2 == result["master_bytes"]  # bfloat16 copy of float32 masters
 
 
+def test_one_engine_replica_per_device(result):
+    # 8 replicas, each its own pool on its own device: a device decodes only its share of the prompts
+    assert result["replicas"] == 8
+    assert result["pool_shape"][0] == 8
+    assert result["pool_shard_shape"] == [1, *result["pool_shape"][1:]]
+
+
 def test_same_completions_on_the_mesh_as_on_one_device(result):
     assert result["same_greedy_as_one_device"]
+    assert result["same_sampled_as_one_device"]
+    assert result["sampled_logp_gap"] < 1e-5  # the same arithmetic per row, vmapped over replicas or not
     assert result["pages_free_after"]
 
 

@@ -43,9 +43,10 @@ def plan_json(*args: str) -> dict:
 
 @pytest.mark.slow
 def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
-    """Tiny preset, AdamW, GRPO with its reference model, on fsdp=4 x tensor=2."""
+    """Tiny preset, AdamW, GRPO with its reference model and the paged engine, on fsdp=4 x tensor=2."""
     common = ["--preset", "tiny", "--devices", "8", "training.mesh.fsdp=4", "training.mesh.tensor=2",
-              "training.prompts_per_step=4", "algorithm.group_size=4", "training.micro_batch_size=8"]
+              "training.prompts_per_step=4", "algorithm.group_size=4", "training.micro_batch_size=8",
+              "rollout.engine=paged"]
     result = plan_json(*common, "--device-memory-gb", "80")
     compiled, analytic = result["compiled"], result["analytic"]
     assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
@@ -61,6 +62,12 @@ def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
     assert compiled["reference"] == analytic["reference"] == analytic["parameters"]  # float32 storage
     assert compiled["update_temporaries"] >= analytic["gradients"]  # gradients live in the update
     assert compiled["rollout_temporaries"] >= analytic["kv_cache"] > 0
+    # the engine: 4 replicas (one per fsdp device) of 4 slots (16 completions / 4), kv heads split
+    # over tensor=2 (256 bytes of keys and values per token per device); a sequence fits one 16-token
+    # page, so a replica's pool is 1 scratch + 4 slots x (1 + 1 lookahead) + 4 waiting prompts' pages
+    assert analytic["engine_kv_pool"] == (1 + 4 * 2 + 4) * 16 * 256
+    # in use at the mean (= max_new_tokens): 1 prompt per replica, its 4 completions 2 pages each
+    assert analytic["engine_kv_in_use"] == (1 + 4 * 2) * 16 * 256
     assert result["fits"] and result["peak_bytes"] < 80 * 1024**3
     tight = plan_json(*common, "--device-memory-gb", str(result["peak_bytes"] / 2 / 1024**3))
     assert not tight["fits"] and tight["peak_bytes"] == result["peak_bytes"]

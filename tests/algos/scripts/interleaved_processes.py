@@ -8,7 +8,8 @@ so no process's rows are one block of a batch (as JAX's own device order for a
 TPU v5e 4x4 slice interleaves hosts). The learner and its settings are those of
 mesh_parallel.py (SGD, beta > 0 and two iterations, so the reference and the
 old-policy passes run too). Process 0 writes the parameters after 3 steps and
-the metrics of each step to OUT (.npz).
+the metrics of each step to OUT (.npz), then the sampled completions of the
+paged engine on the same mesh (4 replicas, scattered over the processes).
 """
 
 import sys
@@ -23,7 +24,16 @@ if processes > 1:
 
 from mesh_parallel import STEPS, make_learner  # noqa: E402
 
+from flax import nnx  # noqa: E402
+from mesh_parallel import TOK  # noqa: E402
+
 from rl_core import mesh as mesh_lib  # noqa: E402
+from rl_core import multihost  # noqa: E402
+from rl_core.rollout.backend import Requests  # noqa: E402
+from rl_core.rollout.paged import EngineSettings, PagedBackend  # noqa: E402
+from rl_core.sampler import SamplingParams  # noqa: E402
+from rl_core.tokens import left_pad  # noqa: E402
+from rl_models import Transformer, TransformerConfig  # noqa: E402
 
 
 def interleaved(devices: list) -> list:
@@ -40,7 +50,28 @@ learner = make_learner(mesh)
 metrics = [learner.train_step() for _ in range(STEPS)]
 params = [np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)) if processes > 1
           else np.asarray(x) for x in jax.tree.leaves(learner.params)]
+
+
+def paged_completions() -> tuple[np.ndarray, np.ndarray]:
+    """Sampled completions of 5 prompts x 3 by the paged engine, each replica on its own device."""
+    graphdef, state = nnx.split(Transformer(TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(1)))
+    shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
+    weights = jax.tree.map(multihost.to_global, nnx.to_pure_dict(state), shardings)
+    settings = EngineSettings(max_prompt_tokens=8, max_new_tokens=6, page_size=4, slots=2, prefill_chunk=8,
+                              steps_per_sync=2)
+    engine = PagedBackend(graphdef, settings, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id, mesh=mesh,
+                          param_shardings=shardings)
+    engine.update_weights(weights, 0)
+    tokens, mask = left_pad([TOK.encode(t) for t in ("12+3=", "7*8=", "1", "99-4=", "5+5=")], pad_id=TOK.pad_id,
+                            max_tokens=8)
+    out = engine.generate(Requests(tokens, mask, 3), SamplingParams(temperature=1.0), jax.random.key(4))
+    assert all(pool.in_use == 0 for pool in engine.pools)
+    return out.tokens, out.logp
+
+
+paged_tokens, paged_logp = paged_completions()
 if process_id == 0:
     keys = sorted(k for k in metrics[0] if k.startswith(("train/loss", "rewards/", "completions/")))
     np.savez(out, *params, metrics=np.array([[m[k] for k in keys] for m in metrics]),
-             owners=np.array([d.process_index for d in devices]))
+             owners=np.array([d.process_index for d in devices]), paged_tokens=paged_tokens,
+             paged_logp=paged_logp)

@@ -3,8 +3,9 @@
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before jax is
 imported). Prints one JSON line: the collectives of the compiled decode step, of
 the weight refresh and of the static sampler on the master weights; the dtype,
-layout and size of the engine's weights; and whether greedy completions on the
-mesh equal those of one device.
+layout and size of the engine's weights; the pools' layout (one replica per
+device); and whether greedy and sampled completions on the mesh equal those of
+one device.
 """
 
 import json
@@ -50,12 +51,20 @@ def main() -> None:
     alone = PagedBackend(graphdef, SETTINGS, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id)
     alone.update_weights(nnx.to_pure_dict(state), 1)
     one_device = alone.generate(Requests(tokens, mask, 2), GREEDY, key)
+    # sampled: each completion draws with its own key, whichever replica decodes it
+    sampled = SamplingParams(temperature=1.0)
+    sampled_mesh = engine.generate(Requests(tokens, mask, 3), sampled, key)
+    sampled_alone = alone.generate(Requests(tokens, mask, 3), sampled, key)
 
     weights = jax.tree.leaves(engine.weights)
     master_leaves = jax.tree.leaves(master)
     print(json.dumps({
         "device_count": jax.device_count(),
         "step": hlo.count(step_text),
+        "step_collective_elements": [c.elements for c in hlo.collectives(step_text)],
+        "replicas": engine.replicas,
+        "pool_shape": list(engine.pages[0].shape),
+        "pool_shard_shape": list(engine.pages[0].sharding.shard_shape(engine.pages[0].shape)),
         "step_all_gathers": [", ".join(c.shapes) for c in hlo.collectives(step_text) if c.kind == "all-gather"],
         "refresh": hlo.count(refresh_text),
         "static_sampler": hlo.count(static_text),
@@ -66,7 +75,9 @@ def main() -> None:
         "weight_bytes": sum(x.size * x.dtype.itemsize for x in weights),
         "master_bytes": sum(x.size * x.dtype.itemsize for x in master_leaves),
         "same_greedy_as_one_device": bool(np.array_equal(on_mesh.tokens, one_device.tokens)),
-        "pages_free_after": engine.pool.in_use == 0,
+        "same_sampled_as_one_device": bool(np.array_equal(sampled_mesh.tokens, sampled_alone.tokens)),
+        "sampled_logp_gap": float(np.abs(sampled_mesh.logp - sampled_alone.logp).max()),
+        "pages_free_after": all(pool.in_use == 0 for pool in engine.pools),
     }))
 
 

@@ -261,18 +261,21 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
                          for x in kv_spec if x is not None)
     kv_b = 2 * config.num_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
-    # the paged engine (rl_core.rollout): a page pool split over tensor on kv heads, and weights in
-    # the compute dtype split over tensor only (whole on every data/fsdp device)
+    # the paged engine (rl_core.rollout): one replica per data/fsdp device, each with its own page
+    # pool split over tensor on kv heads, and weights in the compute dtype split over tensor only
     from rl_core.rollout.factory import engine_settings
     from rl_core.rollout.paged import DECODE_RULES
 
-    engine = engine_settings(rollout, batch_size=batch)
+    replicas = mesh_lib.batch_devices(mesh)
+    engine = engine_settings(rollout, batch_size=batch, replicas=replicas)
     tensor_split = mesh.shape["tensor"] if config.num_kv_heads % mesh.shape["tensor"] == 0 else 1
     token_kv_b = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes // tensor_split
     pool_b = engine.pool_pages * engine.page_size * token_kv_b
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
-    in_use_b = (training.prompts_per_step * pages(p_len) + batch * (pages(mean) + 1)) * engine.page_size * token_kv_b
+    # a replica holds its share of the prompts (dealt round-robin) and their completions
+    prompts_here = -(-training.prompts_per_step // replicas)
+    in_use_b = (prompts_here * pages(p_len) + prompts_here * group * (pages(mean) + 1)) * engine.page_size * token_kv_b
     whole_state = nnx.state(whole_model, nnx.Param)
     engine_weights_b = sum(
         math.prod(jax.sharding.NamedSharding(mesh, mesh_lib.logical_spec(

@@ -187,13 +187,14 @@ class RolloutConfig(Config):
     page_size_tokens: int = 16
     """Paged engine: tokens per KV page."""
     decode_slots: int = 64
-    """Paged engine: sequences decoded together; a finished one's slot takes the next waiting one."""
+    """Paged engine: sequences decoded together by each replica (one replica per data/fsdp device,
+    each decoding its share of the prompts); a finished one's slot takes the next waiting one."""
     prefill_chunk_tokens: int = 64
     """Paged engine: prompt tokens prefilled per device call, interleaved with decoding."""
     steps_per_sync: int = 8
     """Paged engine: decode steps per device call (the host refills slots between calls)."""
     kv_pages: int = 0
-    """Paged engine: pages in the KV pool; 0 sizes it so that every slot can reach max_new_tokens
+    """Paged engine: pages in each replica's KV pool; 0 sizes it so that every slot can reach max_new_tokens
     with its prompt and the next prompts' prefill (never preempts). Smaller pools preempt and
     recompute the youngest sequence when they run out."""
 

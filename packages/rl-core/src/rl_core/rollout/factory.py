@@ -8,6 +8,7 @@ from typing import Any
 from flax import nnx
 from jax.sharding import Mesh
 
+from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.policy import PagedPolicy
 from rl_core.rollout.backend import RolloutBackend
@@ -16,12 +17,13 @@ from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import Sampler
 
 
-def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None) -> EngineSettings:
-    """The paged engine's shapes from the rollout settings; `batch_size` (completions per
-    rollout) caps the slots, since more slots than completions would only idle.
+def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1) -> EngineSettings:
+    """The paged engine's shapes (per replica) from the rollout settings; `batch_size`
+    (completions per rollout, shared by `replicas` replicas) caps each replica's slots,
+    since more slots than completions would only idle.
 
     Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds)."""
-    slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, batch_size)
+    slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, -(-batch_size // replicas))
     return EngineSettings(
         max_prompt_tokens=rollout.max_prompt_tokens + 1, max_new_tokens=rollout.max_new_tokens,
         page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
@@ -42,7 +44,9 @@ def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Seq
                 f"RolloutConfig.engine = 'paged' needs a policy implementing rl_core.policy.PagedPolicy; "
                 f"{type(policy).__name__} lacks {', '.join(missing)}. Implement them or set rollout.engine='static'"
             )
-        return PagedBackend(graphdef, engine_settings(rollout, batch_size=batch_size), eos_ids=eos_ids,
+        replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
+        settings = engine_settings(rollout, batch_size=batch_size, replicas=replicas)
+        return PagedBackend(graphdef, settings, eos_ids=eos_ids,
                             pad_id=pad_id, mesh=mesh, param_shardings=param_shardings)
     if sampler is None:
         sampler = Sampler(graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,

@@ -9,6 +9,10 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   completion token. Pages are added as it grows and freed when it ends.
 - The S slots decode k tokens per call; between calls the host retires
   finished samples and refills their slots with waiting ones.
+- On a mesh the engine is R = data x fsdp independent replicas, each with its
+  own page pool, its S slots and its share of the prompts (one call advances
+  them all: every array has a leading replica axis split over those devices),
+  so each device decodes only its own requests.
 - A pool that runs dry preempts the youngest running sample (its pages freed,
   the sample requeued): it restarts later and, as every token draws with its
   completion's own key, produces exactly the same tokens.
@@ -25,11 +29,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rl_core import mesh as mesh_lib
+from rl_core import multihost
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
@@ -39,18 +46,21 @@ from rl_core.sampler import Completions, SamplingParams
 DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
 """Inference weights: split over `tensor` only, whole on every data/fsdp device."""
 
+REPLICAS = mesh_lib.BATCH
+"""The mesh axes the engine's replicas are laid over (the leading axis of its pools, slots and chunks)."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineSettings:
-    """The engine's shapes (one compiled program per settings and sampling parameters)."""
+    """The engine's shapes, per replica (one compiled program per settings and sampling parameters)."""
 
     max_prompt_tokens: int
     max_new_tokens: int
     page_size: int = 16
-    slots: int = 64
+    slots: int = 64  # decode slots of each replica
     prefill_chunk: int = 64
     steps_per_sync: int = 8
-    num_pages: int = 0  # 0: enough for every slot at full length plus a prefill lookahead
+    num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
     attention: str = "auto"
 
     @property
@@ -69,6 +79,7 @@ class PagedBackend:
     """`RolloutBackend` with a paged KV cache and continuous batching (see the module docstring).
 
     `compiles` counts traced device programs (steps and weight refreshes).
+    `replicas` (R) is the number of data/fsdp devices of the mesh (1 without one).
     """
 
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, eos_ids: Sequence[int], pad_id: int,
@@ -88,7 +99,8 @@ class PagedBackend:
         self._infer_graphdef: nnx.GraphDef | None = None
         self._refresh: Any = None
         self._steps: dict[SamplingParams, Any] = {}
-        self.pool = PagePool(settings.pool_pages)
+        self.replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
+        self.pools = [PagePool(settings.pool_pages) for _ in range(self.replicas)]
         self.pages: Any = None
         self.peak_pages = 0
         self.preemptions = 0
@@ -142,42 +154,60 @@ class PagedBackend:
             def step(weights, pages, prefill, copy_src, copy_dst, slots, key):
                 self.compiles += 1
                 model = nnx.merge(self._infer_graphdef, weights)
-                return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
-                                   steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
-                                   pad_id=self.pad_id)
+                # decided over every replica, so the chunk's forward stays a real branch under vmap
+                run_prefill = jnp.any(prefill.page_rows > 0)
+
+                def one(pages, prefill, copy_src, copy_dst, slots):
+                    return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
+                                       steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
+                                       pad_id=self.pad_id, run_prefill=run_prefill)
+
+                if self.replicas == 1:  # the same program without a batch axis of one
+                    out = one(*jax.tree.map(lambda x: x[0], (pages, prefill, copy_src, copy_dst, slots)))
+                    return jax.tree.map(lambda x: x[None], out)
+                return jax.vmap(one)(pages, prefill, copy_src, copy_dst, slots)
 
             kwargs: dict[str, Any] = {"donate_argnums": (1,)}
             if self.mesh is not None:
-                whole = mesh_lib.replicated(self.mesh)
+                rows = NamedSharding(self.mesh, P(REPLICAS))
                 pool = self.pool_sharding()
-                kwargs.update(in_shardings=(self.weight_shardings, pool, whole, whole, whole, whole, whole),
-                              out_shardings=(pool, whole, whole, whole))
+                kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
+                                            mesh_lib.replicated(self.mesh)),
+                              out_shardings=(pool, rows, rows, rows))
             self._steps[sampling] = jax.jit(step, **kwargs)
         return self._steps[sampling]
 
     def pool_sharding(self) -> Any:
-        """The pool split over `tensor` on its kv heads (whatever the layout puts them)."""
-        shape = jax.eval_shape(self._init_pages)[0].shape
-        return NamedSharding(self.mesh, mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES))
+        """The pools [R, ...] split over the replicas, and over `tensor` on their kv heads."""
+        shape = jax.eval_shape(self._init_pages)[0].shape[1:]
+        spec = mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES)
+        return NamedSharding(self.mesh, P(REPLICAS, *spec))
+
+    def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
+             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots]:
+        """One device call on every replica's inputs (leading axis R): (tokens [R, S, k],
+        log-probs [R, S, k], slots after), on the host of every process."""
+        inputs = (prefill, copy_src, copy_dst, slots)
+        if self.mesh is not None:
+            inputs = multihost.to_global(inputs, NamedSharding(self.mesh, P(REPLICAS)))
+        self.pages, tokens, logp, after = step(self.weights, self.pages, *inputs, key)
+        return multihost.to_host((tokens, logp, after))
 
     def _spec(self) -> tuple[int, int, int, Any]:
         return nnx.merge(self._infer_graphdef, self.weights).paged_cache_spec()
 
     def _init_pages(self) -> Any:
         layers, kv_heads, head_dim, dtype = self._spec()
-        return self.kv.init(layers, kv_heads, head_dim, dtype, self.pool.num_pages)
-
-    def kv_bytes(self) -> int:
-        """Bytes of the pool (keys and values)."""
-        return sum(x.size * x.dtype.itemsize for x in jax.eval_shape(self._init_pages))
+        pools = self.kv.init(layers, kv_heads, head_dim, dtype, self.settings.pool_pages)
+        return tuple(jnp.broadcast_to(x, (self.replicas, *x.shape)) for x in pools)
 
     def lower_step(self, sampling: SamplingParams, key: jax.Array) -> Any:
         """The device step lowered for these weights (`.compile().as_text()` gives its HLO)."""
         s = self.settings
-        m, c, n = s.pages_per_sequence, s.prefill_chunk, s.slots
-        zeros = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
+        m, c, n, r = s.pages_per_sequence, s.prefill_chunk, s.slots, self.replicas
+        zeros = lambda *shape: np.zeros((r, *shape), np.int32)  # noqa: E731
         prefill = Prefill(zeros(c), zeros(c), zeros(c, m))
-        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros(n, bool), zeros(n, m), zeros(n, 2))
+        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2))
         pages = jax.eval_shape(self._init_pages)
         return self._step_fn(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
 

@@ -1,11 +1,16 @@
 """The paged engine's host loop: pages, prefill chunks and decode slots between calls.
 
-See rl_core.rollout.paged for the whole picture. Before each device call the
-loop (1) gives every running sample the pages its next k tokens need, oldest
-first, preempting the youngest when the pool is dry; (2) fills the prefill
-chunk with prompt prefixes, at most S samples ahead of the free slots; (3)
-starts waiting samples in free slots. After it, it records the tokens and
-retires finished samples, freeing their pages.
+See rl_core.rollout.paged for the whole picture. The prompts are dealt to the
+engine's R data replicas (prompt i to replica i mod R), each with its own page
+pool and S slots; one device call advances every replica. Before each call,
+each replica (1) gives every running sample the pages its next k tokens need,
+oldest first, preempting the youngest when its pool is dry; (2) fills its
+prefill chunk with prompt prefixes, at most S samples ahead of the free slots;
+(3) starts waiting samples in free slots. After the call it records the tokens
+and retires finished samples, freeing their pages.
+
+Every process of a multi-process run runs every replica's bookkeeping (the
+same deterministic work on the same gathered tokens), so all keep in step.
 """
 
 from __future__ import annotations
@@ -47,28 +52,36 @@ class _Sample:
     started: int = -1
 
 
-class _Run:
-    def __init__(self, engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> None:
+def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
+    """The requests as prompts with their samples (rows in request order), checked against the engine."""
+    g, ps, m, t = requests.num_samples, settings.page_size, settings.pages_per_sequence, settings.max_new_tokens
+    tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
+    ids = requests.ids()
+    prompts = []
+    for i in range(len(tokens)):
+        prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g)
+        if not len(prompt.tokens):
+            raise ValueError(f"prompt {i} has no token")
+        if (prompt.prefix + t - 1) // ps + 1 > m:
+            raise ValueError(f"prompt {i} has {len(prompt.tokens)} tokens: longer than the engine's "
+                             f"max_prompt_tokens ({settings.max_prompt_tokens}) allows")
+        prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j)) for j in range(g)]
+        prompts.append(prompt)
+    return prompts
+
+
+class _Replica:
+    """One data replica: its page pool, its share of the prompts and its S decode slots."""
+
+    def __init__(self, engine: Any, pool: Any, prompts: list[_Prompt]) -> None:
         s = engine.settings
-        self.engine, self.pool, self.sampling, self.key = engine, engine.pool, sampling, key
+        self.engine, self.pool = engine, pool
         self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
         self.chunk = s.prefill_chunk
-        g = requests.num_samples
-        tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
-        ids = requests.ids()
-        self.prompts: list[_Prompt] = []
-        self.samples: list[_Sample] = []
-        for i in range(len(tokens)):
-            prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g)
-            if not len(prompt.tokens):
-                raise ValueError(f"prompt {i} has no token")
-            if self._pages_to(prompt.prefix + self.t - 1) > self.m:
-                raise ValueError(f"prompt {i} has {len(prompt.tokens)} tokens: longer than the engine's "
-                                 f"max_prompt_tokens ({s.max_prompt_tokens}) allows")
-            prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j)) for j in range(g)]
-            self.prompts.append(prompt)
-            self.samples.extend(prompt.samples)
-        longest = max(p.prefix for p in self.prompts)
+        self.prompts = prompts
+        self.samples = [x for p in prompts for x in p.samples]
+        self.remaining = len(self.samples)
+        longest = max((p.prefix for p in self.prompts), default=0)
         one = -(-longest // self.ps) + self._pages_to(longest + self.t - 1) - longest // self.ps
         if one > self.pool.num_pages - 1:
             raise PoolExhausted(
@@ -81,6 +94,7 @@ class _Run:
         self.ready: collections.deque[_Sample] = collections.deque()
         self.running: list[_Sample | None] = [None] * self.slots
         self.calls = 0
+        self.before = np.zeros(self.slots, np.int32)
         self.host = {
             "token": np.zeros(self.slots, np.int32), "position": np.zeros(self.slots, np.int32),
             "count": np.zeros(self.slots, np.int32), "limit": np.full(self.slots, self.t, np.int32),
@@ -199,53 +213,64 @@ class _Run:
         if prompt.unfinished == 0:
             self.pool.release(prompt.pages)
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- one call ---------------------------------------------------------------------------
 
-    def run(self) -> Completions:
-        engine = self.engine
-        step = engine._step_fn(self.sampling)
-        remaining = len(self.samples)
-        while remaining:
-            self._grow_running()
-            prefill, prefilling = self._plan_prefill()
-            src, dst = self._start_waiting()
-            engine.peak_pages = max(engine.peak_pages, self.pool.in_use)
-            if not self.host["active"].any() and not prefilling:
-                raise PoolExhausted(
-                    f"the KV pool ({self.pool.num_pages - 1} pages of {self.ps} tokens, {self.pool.free} free) "
-                    "cannot start any waiting sample; raise rollout.kv_pages (0 sizes it for the batch)"
-                )
-            before = self.host["count"].copy()
-            slots = Slots(**self.host)
-            engine.pages, tokens, logp, after = step(engine.weights, engine.pages, prefill, src, dst, slots, self.key)
-            tokens, logp, after = jax.device_get((tokens, logp, after))
-            self.calls += 1
-            for name in ("token", "position", "count", "active"):
-                self.host[name] = np.array(getattr(after, name))
-            for slot, sample in enumerate(self.running):
-                if sample is None:
-                    continue
-                n = int(self.host["count"][slot] - before[slot])
-                sample.tokens.extend(tokens[slot, :n].tolist())
-                sample.logp.extend(logp[slot, :n].tolist())
-                if not self.host["active"][slot]:
-                    self._finish(slot)
-                    remaining -= 1
-        return self._completions()
+    def plan(self) -> tuple[Prefill, np.ndarray, np.ndarray, Slots]:
+        """This replica's inputs to the next call (pages grown, prefill chunk, new samples started)."""
+        self._grow_running()
+        prefill, prefilling = self._plan_prefill()
+        src, dst = self._start_waiting()
+        self.engine.peak_pages = max(self.engine.peak_pages, self.pool.in_use)
+        if self.remaining and not self.host["active"].any() and not prefilling:
+            raise PoolExhausted(
+                f"the KV pool ({self.pool.num_pages - 1} pages of {self.ps} tokens, {self.pool.free} free) "
+                "cannot start any waiting sample; raise rollout.kv_pages (0 sizes it for the batch)"
+            )
+        self.before = self.host["count"].copy()
+        return prefill, src, dst, Slots(**self.host)
 
-    def _completions(self) -> Completions:
-        b = len(self.samples)
-        tokens = np.full((b, self.t), self.engine.pad_id, np.int32)
-        logp = np.zeros((b, self.t), np.float32)
-        lengths = np.zeros(b, np.int32)
-        for sample in self.samples:
-            n = len(sample.tokens)
-            tokens[sample.row, :n], logp[sample.row, :n], lengths[sample.row] = sample.tokens, sample.logp, n
-        mask = (np.arange(self.t)[None, :] < lengths[:, None]).astype(np.float32)
-        ended = np.isin(tokens[np.arange(b), np.maximum(lengths - 1, 0)], self.engine.eos_ids)
-        return Completions(tokens, logp, mask, lengths, ~ended)
+    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots) -> None:
+        """Record the call's tokens [S, k] and retire the samples that ended."""
+        self.calls += 1
+        for name in ("token", "position", "count", "active"):
+            self.host[name] = np.array(getattr(after, name))
+        for slot, sample in enumerate(self.running):
+            if sample is None:
+                continue
+            n = int(self.host["count"][slot] - self.before[slot])
+            sample.tokens.extend(tokens[slot, :n].tolist())
+            sample.logp.extend(logp[slot, :n].tolist())
+            if not self.host["active"][slot]:
+                self._finish(slot)
+                self.remaining -= 1
+
+
+def _completions(engine: Any, samples: list[_Sample], t: int) -> Completions:
+    b = len(samples)
+    tokens = np.full((b, t), engine.pad_id, np.int32)
+    logp = np.zeros((b, t), np.float32)
+    lengths = np.zeros(b, np.int32)
+    for sample in samples:
+        n = len(sample.tokens)
+        tokens[sample.row, :n], logp[sample.row, :n], lengths[sample.row] = sample.tokens, sample.logp, n
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
+    ended = np.isin(tokens[np.arange(b), np.maximum(lengths - 1, 0)], engine.eos_ids)
+    return Completions(tokens, logp, mask, lengths, ~ended)
+
+
+def _stack(trees: list[Any]) -> Any:
+    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
 
 
 def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> Completions:
-    """Completions of every request (rows in request order); the pool is empty afterwards."""
-    return _Run(engine, requests, key, sampling).run()
+    """Completions of every request (rows in request order); every pool is empty afterwards."""
+    prompts = _prompts(engine.settings, requests)
+    r = len(engine.pools)
+    replicas = [_Replica(engine, pool, prompts[i::r]) for i, pool in enumerate(engine.pools)]
+    step = engine._step_fn(sampling)
+    while any(x.remaining for x in replicas):
+        prefill, src, dst, slots = _stack([x.plan() for x in replicas])
+        tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
+        for i, replica in enumerate(replicas):
+            replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after))  # noqa: B023
+    return _completions(engine, [x for p in prompts for x in p.samples], engine.settings.max_new_tokens)

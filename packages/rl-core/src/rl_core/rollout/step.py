@@ -75,18 +75,22 @@ def engine_step(
     sampling: SamplingParams,
     eos_ids: Sequence[int],
     pad_id: int,
+    run_prefill: jax.Array | None = None,
 ) -> tuple[Any, jax.Array, jax.Array, Slots]:
     """(pages, tokens [S, k], log-probs [S, k], slots after the k steps).
 
     The prefill chunk goes first, so the samples of a prompt whose last chunk it
     holds may start decoding in the same call; then each new sample's copy of its
     prompt's partly filled last page (samples append, so a shared page must be full).
+    `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
-    def run_prefill(pages):
+    def prefill_chunk(pages):
         return model.paged_forward(prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
-    pages = jax.lax.cond(jnp.any(prefill.page_rows > 0), run_prefill, lambda pages: pages, pages)
+    if run_prefill is None:
+        run_prefill = jnp.any(prefill.page_rows > 0)
+    pages = jax.lax.cond(run_prefill, prefill_chunk, lambda pages: pages, pages)
     pages = kv.copy_pages(pages, copy_src, copy_dst)
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
     s = slots.token.shape[0]
