@@ -1,6 +1,6 @@
 """The collectives of a Qwen2.5-7B-shaped GRPO-style update on simulated CPU devices.
 
-    uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1]
+    uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1] [--no-layout] [--json]
 
 Abstract shapes only (nothing is allocated): bfloat16 compute over float32
 master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
@@ -10,9 +10,15 @@ of collective with its executions and bytes per device per optimizer step
 bfloat16 weights gathered for the forward and the backward pass of each
 micro-batch and the float32 gradients reduce-scattered. Layers run as a scan, as
 on accelerators; the totals scale with --layers.
+
+The update traces under rl_core.mesh's activation layout (rows split over the
+batch axes, weights gathered), as the learner's does; --no-layout compiles it
+without, to show what XLA's partitioner does left alone. --json prints one JSON
+object instead (tests/rl_core/test_core_collectives.py reads it).
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -21,6 +27,8 @@ parser.add_argument("--layers", type=int, default=2)
 parser.add_argument("--fsdp", type=int, default=8)
 parser.add_argument("--tensor", type=int, default=1)
 parser.add_argument("--micro-batches", type=int, default=2)
+parser.add_argument("--no-layout", action="store_true", help="no activation layout (the partitioner's guess)")
+parser.add_argument("--json", action="store_true")
 args = parser.parse_args()
 devices = args.fsdp * args.tensor
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
@@ -81,11 +89,32 @@ def update(params, opt_state, x):
     return optax.apply_updates(params, updates), opt_state
 
 
-compiled = jax.jit(update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
+traced = update if args.no_layout else mesh_lib.with_activation_layout(mesh, update)
+compiled = jax.jit(traced, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
                    out_shardings=(shardings, opt_shardings)).lower(master, opt_abstract, xs).compile()
 ops = hlo.collectives(compiled.as_text())
 elements = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(master))
 need = n_micro * 2 * elements * 2 / args.tensor + elements * 4 / args.tensor  # bf16 gathers + f32 reduce-scatter
+if args.json:
+    # per-device shapes a parameter's gradient may be reduced at: its layer's slice, split over
+    # tensor only (FSDP's split is what the reduction produces), either way round
+    whole_over_fsdp = {**mesh_lib.RULES, "embed": None}
+    param_shapes = set()
+    for var in jax.tree.leaves(abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        names = var.get_metadata("out_sharding", None) or (None,) * len(var.shape)
+        spec = mesh_lib.logical_spec(names, var.shape, mesh, whole_over_fsdp, var.get_metadata("axis_units", None))
+        shard = jax.sharding.NamedSharding(mesh, spec).shard_shape(var.shape)
+        shard = shard[1:] if names[0] == "layers" else shard
+        param_shapes.update({tuple(shard), tuple(reversed(shard))})
+    rows_per_device = micro // mesh_lib.batch_devices(mesh)
+    print(json.dumps({
+        "total_bytes": hlo.total_bytes(ops), "fsdp_needs_bytes": need,
+        "summary": hlo.summary(ops),
+        "all_reduce_arrays": [[list(dims), size] for c in ops if c.kind == "all-reduce" for dims, size in hlo.arrays(c)],
+        "param_shapes": sorted(map(list, param_shapes)),
+        "one_layer_activation_bytes": rows_per_device * (prompt + completion) * cfg.hidden_size * 4,
+    }))
+    sys.exit(0)
 print(f"Qwen2.5-7B shape, {args.layers} layers ({elements / 1e9:.2f}B parameters), fsdp={args.fsdp} "
       f"tensor={args.tensor}, {n_micro} micro-batches of {micro} x {prompt + completion} tokens")
 for kind, row in hlo.summary(ops).items():

@@ -211,7 +211,7 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         return optax.apply_updates(params, updates), opt_state
 
     update_c = jax.jit(
-        update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
+        mesh_lib.with_activation_layout(mesh, update), donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
         out_shardings=(shardings, opt_shardings),
     ).lower(master, opt_abstract, frozen, micro_inputs(n_micro)).compile().memory_analysis()
 
@@ -219,7 +219,7 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         return jax.lax.map(lambda x: micro_loss(params, frozen, x), xs)
 
     # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
-    ref_c = jax.jit(reference, in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole).lower(
+    ref_c = jax.jit(mesh_lib.with_activation_layout(mesh, reference), in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole).lower(
         master if lora.rank else stored, frozen, micro_inputs(batch // micro)
     ).compile().memory_analysis()
 

@@ -85,6 +85,16 @@ def collectives(hlo_text: str) -> list[Collective]:
     return out
 
 
+def arrays(c: Collective) -> list[tuple[tuple[int, ...], int]]:
+    """(dimensions, bytes) of each array a collective produces per device (e.g. an all-reduce
+    of several gradients at once has one entry per gradient)."""
+    out = []
+    for shape in c.shapes:
+        dtype, dims = _ARRAY.match(shape).groups()  # type: ignore[union-attr]
+        out.append((tuple(int(x) for x in dims.split(",") if x), int(_BYTES.get(dtype, 4) * _elements(dims))))
+    return out
+
+
 def count(hlo_text: str) -> dict[str, int]:
     """Collective instructions by kind, each once per place that calls its computation
     (not executions: loops count once; both branches of a conditional count)."""

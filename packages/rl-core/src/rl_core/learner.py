@@ -199,14 +199,15 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         )
         self._rollout_weights_of: Any = None
         whole = mesh_lib.replicated(self.mesh)
+        # traced under the mesh's activation layout: rows split, weights gathered (rl_core.mesh)
         self._update = jax.jit(
-            self._update_fn,
+            mesh_lib.with_activation_layout(self.mesh, self._update_fn),
             donate_argnums=(0, 1),  # never the frozen base (argument 2)
             in_shardings=(self.param_shardings, self.opt_shardings, self.frozen_shardings, self._row_sharding(axis=1)),
             out_shardings=(self.param_shardings, self.opt_shardings, whole),
         )
         self._logprobs = jax.jit(
-            self._logprobs_fn,
+            mesh_lib.with_activation_layout(self.mesh, self._logprobs_fn),
             in_shardings=(self.param_shardings, self.frozen_shardings, *(self._row_sharding(axis=1),) * 3),
             out_shardings=self._row_sharding(),
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_core.policy import Policy
+from rl_core.policy import Policy, chunk_unembedding
 
 
 def sequence_inputs(prompt_mask: jax.Array, completion_len: int) -> tuple[jax.Array, jax.Array]:
@@ -67,9 +67,11 @@ def completion_logprobs(
     hidden = hidden.reshape(b, n_chunks, chunk, -1).swapaxes(0, 1)
     targets = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
 
+    unembed = chunk_unembedding(model)  # outside the loop: a sharded weight is gathered once
+
     @jax.checkpoint  # recompute each chunk's logits in the backward pass instead of storing them
     def one_chunk(h, y):
-        return token_logprobs(model.logits(h), y, temperature)
+        return token_logprobs(unembed(h), y, temperature)
 
     def body(_, xs):
         return None, one_chunk(*xs)

@@ -9,16 +9,23 @@ A model names the axes of its parameters logically (`nnx.Param(...,
 out_sharding=("embed", "mlp"))`, see rl_models); `RULES` maps those names to
 mesh axes. A dimension the mapped mesh axes do not divide is left whole, and a
 mesh axis is used at most once per array (first come, first served), so any
-model runs on any mesh; the split is just coarser.
+model runs on any mesh; the split is just coarser. Activations are named too
+(act_batch, act_embed, ...); `activation_layout` applies the same table to them
+while a program is traced.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
 import jax
 import numpy as np
 from flax import nnx
+from flax.core import spmd
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -41,6 +48,15 @@ RULES: dict[str, MeshAxes] = {
     "norm": None,
     "layers": None,
     "cache_slots": None,
+    # activations (rl_models.sharding): rows split like the batch, features like their weights'
+    # tensor-parallel axis, never over fsdp (FSDP gathers weights, not activations)
+    "act_batch": BATCH,
+    "act_length": None,
+    "act_embed": None,
+    "act_heads": "tensor",
+    "act_kv_heads": "tensor",
+    "act_mlp": "tensor",
+    "act_vocab": "tensor",
 }
 """Logical axis name -> mesh axes (None: never split)."""
 
@@ -118,3 +134,25 @@ def batch_devices(mesh: Mesh) -> int:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+@contextlib.contextmanager
+def activation_layout(mesh: Mesh | None) -> Iterator[None]:
+    """Within it, a traced model's named activations (rl_models.sharding.constrain) are laid
+    out on `mesh` by `RULES`; enter it inside the traced function (see `with_activation_layout`)."""
+    if mesh is None or mesh.size == 1:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), spmd.logical_axis_rules(tuple(RULES.items())):
+        yield
+
+
+def with_activation_layout(mesh: Mesh | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` tracing under `activation_layout(mesh)`: what to hand `jax.jit`."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with activation_layout(mesh):
+            return fn(*args, **kwargs)
+
+    return traced

@@ -10,6 +10,7 @@ the rest is a frozen base (see `rl_core.frozen`). rl_core never imports a model 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
@@ -58,6 +59,14 @@ class Policy(Protocol):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Unembed hidden states [..., D] to float32 logits [..., V]."""
         ...
+
+
+def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:
+    """What unembeds many chunks of one pass: the policy's optional `unembedding()` (a
+    `logits` whose weight is made ready once, e.g. gathered from its FSDP shards),
+    else `logits` itself."""
+    unembedding = getattr(policy, "unembedding", None)
+    return unembedding() if callable(unembedding) else policy.logits
 
 
 @runtime_checkable

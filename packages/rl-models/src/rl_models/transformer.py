@@ -30,6 +30,10 @@ from jax.sharding import PartitionSpec
 
 from rl_models.config import RopeScaling, TransformerConfig
 from rl_models.quant import dequantize
+from rl_models.sharding import constrain, gathered, shards
+
+ROWS = ("act_batch", "act_length", "act_embed")
+"""Logical axes of the residual stream [B, L, D] (rl_models.sharding)."""
 
 KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [layers, B, K, S, Dh]
 Axes = tuple[str | None, ...]
@@ -110,10 +114,13 @@ class Linear(nnx.Module):
         self.lora_scale = 0.0
 
     def weight(self) -> jax.Array:
-        """The kernel [in, out] in the compute dtype (dequantized when it is stored quantized)."""
+        """The kernel [in, out] in the compute dtype (dequantized when it is stored quantized),
+        in its matmul layout under a mesh (gathered over fsdp after the cast)."""
         if self.kernel_scale is None or self.qtype is None:
-            return self.kernel[...].astype(self.dtype)
-        return dequantize(self.kernel[...], self.kernel_scale[...], self.qtype).astype(self.dtype)
+            w = self.kernel[...].astype(self.dtype)
+        else:
+            w = dequantize(self.kernel[...], self.kernel_scale[...], self.qtype).astype(self.dtype)
+        return gathered(w, *_trailing_axes(self.kernel, 2))
 
     def adapter(self, x2: jax.Array) -> jax.Array | None:
         """The adapters' term scale * (x2 @ A) @ B [N, out] for inputs x2 [N, in]; None without adapters.
@@ -138,6 +145,14 @@ class Linear(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+
+def _trailing_axes(var: nnx.Variable, ndim: int) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
+    """The logical names and units of a parameter's last `ndim` axes (a stacked layer's
+    parameter carries "layers" first; inside the layer scan its value has lost that axis)."""
+    names = var.get_metadata("out_sharding", None) or (None,) * ndim
+    units = var.get_metadata("axis_units", None) or (1,) * len(names)
+    return tuple(names[-ndim:]), tuple(units[-ndim:])
 
 
 def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
@@ -294,11 +309,14 @@ class Attention(nnx.Module):
         else:  # separate matmuls: their backward needs no pad/add of sliced gradients
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.reshape(b, l, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
+        q = constrain(q, ("act_batch", "act_length", "act_heads", None))
+        k, v = (constrain(x, ("act_batch", "act_length", "act_kv_heads", None)) for x in (k, v))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *rope), rotate(k, *rope)
         if kv is None:
-            return self.o_proj(attend_sequence(q, k, v, mask, cfg.attention)), None
+            out = constrain(attend_sequence(q, k, v, mask, cfg.attention), ("act_batch", "act_length", "act_heads"))
+            return self.o_proj(out), None
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
         new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
@@ -325,7 +343,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if x.shape[1] != 1:
-            return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+            names = ("act_batch", "act_length", "act_mlp")
+            return self.down_proj(jax.nn.silu(constrain(self.gate_proj(x), names)) * constrain(self.up_proj(x), names))
         gate_up = _fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
         f = self.gate_proj.kernel.shape[-1]
         return self.down_proj(jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:])
@@ -345,8 +364,8 @@ class Block(nnx.Module):
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array
                  ) -> tuple[jax.Array, KVCache | None]:
         h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), kv
+        x = constrain(x + h, ROWS)
+        return constrain(x + self.mlp(self.mlp_norm(x)), ROWS), kv
 
 
 def stack_layers(blocks: list[Block]) -> Block:
@@ -363,6 +382,11 @@ def stack_layers(blocks: list[Block]) -> Block:
 
     stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, stacked)
+
+
+def _vocab_rows(logits: jax.Array) -> jax.Array:
+    """Logit chunks [B, C, V] split like the rows (and the vocab over tensor)."""
+    return constrain(logits, ("act_batch", "act_length", "act_vocab")) if logits.ndim == 3 else logits
 
 
 class Transformer(nnx.Module):
@@ -421,7 +445,7 @@ class Transformer(nnx.Module):
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         # gather the rows first, then cast: never a compute-dtype copy of the whole table
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(compute_dtype(self.config))
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(compute_dtype(self.config)), ROWS)
         cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
         rope = rope_cos_sin(positions, inv_freq)
@@ -470,13 +494,38 @@ class Transformer(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""
+        return self.unembedding()(hidden)
+
+    def unembedding(self) -> Callable[[jax.Array], jax.Array]:
+        """`logits` with the weight made ready once (cast to the compute dtype and, under a
+        mesh, gathered over fsdp), for callers that unembed many chunks (rl_core.logprobs):
+        FSDP then gathers the [V, D] table once per pass, not once per chunk."""
         dtype = compute_dtype(self.config)
-        if self.lm_head is None:
-            w = self.embed[...].astype(dtype)
-            return jnp.einsum("...d,vd->...v", hidden.astype(dtype), w,
-                              preferred_element_type=jnp.float32)
-        if self.lm_head.lora_a is not None or self.lm_head.kernel_scale is not None:
-            return self.lm_head(hidden.astype(dtype)).astype(jnp.float32)  # adapted or quantized unembedding
-        w = self.lm_head.kernel[...].astype(dtype)
-        return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w,
-                          preferred_element_type=jnp.float32)
+        head = self.lm_head
+        if head is not None and (head.lora_a is not None or head.kernel_scale is not None):
+            # adapted or quantized unembedding: the Linear's own path, per call
+            return lambda hidden: _vocab_rows(head(hidden.astype(dtype)).astype(jnp.float32))
+        if head is None:  # tied: the embedding table [V, D]
+            w, names, spec = self.embed[...].astype(dtype), ("act_vocab", "act_embed"), "vd"
+        else:
+            w, names, spec = head.kernel[...].astype(dtype), ("act_embed", "act_vocab"), "dv"
+        r = shards("act_batch")
+        if r == 1:  # no mesh splits the rows
+            return lambda hidden: jnp.einsum(f"...d,{spec}->...v", hidden.astype(dtype), w,
+                                             preferred_element_type=jnp.float32)
+        # one gathered copy per row shard, [R, ...] split over R (each device holds its own):
+        # the backward pass sums each shard's weight gradient over every chunk locally and
+        # reduces it once (the broadcast's transpose), where one shared copy would make XLA
+        # all-reduce every chunk's partial gradient inside the chunk loop
+        per_shard = constrain(jnp.broadcast_to(w, (r, *w.shape)), ("act_batch", *names))
+
+        def unembed(hidden: jax.Array) -> jax.Array:
+            h = hidden.astype(dtype)
+            if h.ndim != 3 or h.shape[0] % r:
+                return jnp.einsum(f"...d,{spec}->...v", h, w, preferred_element_type=jnp.float32)
+            b, c, d = h.shape
+            h = constrain(h.reshape(r, b // r, c, d), ("act_batch", None, None, None))
+            out = jnp.einsum(f"rbcd,r{spec}->rbcv", h, per_shard, preferred_element_type=jnp.float32)
+            return _vocab_rows(out.reshape(b, c, -1))
+
+        return unembed
