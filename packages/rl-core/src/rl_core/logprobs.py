@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl_core.packing import Packed
 from rl_core.policy import Policy, chunk_unembedding
 
 
@@ -52,18 +53,40 @@ def completion_logprobs(
     `temperature` must match the sampler's so that the ratio to sampler
     log-probs is 1 for an unchanged policy. Greedy sampling (0) scores at 1.
     """
-    temperature = temperature or 1.0
     p = prompt_tokens.shape[1]
-    b, t = completion_tokens.shape
+    t = completion_tokens.shape[1]
     positions, mask = sequence_inputs(prompt_mask, t)
     hidden, _ = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask)
     hidden = hidden[:, p - 1 : p + t - 1]  # the state before each completion token predicts it
+    return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
 
+
+def packed_logprobs(
+    model: Policy,
+    packed: Packed,  # rl_core.packing: the sequences of the batch packed into rows
+    completion_tokens: jax.Array,  # [B, T]
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 64,
+) -> tuple[jax.Array, jax.Array]:
+    """`completion_logprobs` over packed rows: (logp [B, T], entropy [B, T]), equal on every
+    token of the packing's completion masks; elsewhere placeholders (mask them)."""
+    hidden, _ = model(packed.tokens, packed.positions, packed.attention_mask())
+    hidden = hidden.reshape(-1, hidden.shape[-1])[packed.index]  # [B, T, D]
+    return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
+
+
+def chunked_logprobs(model: Policy, hidden: jax.Array, targets: jax.Array, *, temperature: float = 1.0,
+                     chunk_tokens: int = 64) -> tuple[jax.Array, jax.Array]:
+    """(logp [B, T], entropy [B, T]) of targets [B, T] from the hidden states [B, T, D] that
+    predict them, unembedded C tokens at a time."""
+    temperature = temperature or 1.0
+    b, t = targets.shape
     chunk = min(chunk_tokens, t)
     n_chunks = -(-t // chunk)
     pad = n_chunks * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(completion_tokens, ((0, 0), (0, pad)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
     hidden = hidden.reshape(b, n_chunks, chunk, -1).swapaxes(0, 1)
     targets = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
 

@@ -1,0 +1,95 @@
+"""rl_core.packing: packed passes give the padded passes' log-probs and gradients, on less padding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.logprobs import completion_logprobs, packed_logprobs
+from rl_core.packing import pack, packed_rows, padded_positions
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+
+V = CharTokenizer().vocab_size
+P, T = 8, 12
+PROMPTS = (5, 2, 8, 3, 1, 6)  # real prompt tokens per row (left-padded to P)
+COMPLETIONS = (12, 3, 0, 7, 1, 5)  # real completion tokens (the mask); 0: nothing in the loss
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(3)
+    b = len(PROMPTS)
+    prompt_mask = np.zeros((b, P), np.float32)
+    mask = np.zeros((b, T), np.float32)
+    for row, (n, m) in enumerate(zip(PROMPTS, COMPLETIONS, strict=True)):
+        prompt_mask[row, P - n :] = 1
+        mask[row, :m] = 1
+    prompt = np.where(prompt_mask > 0, rng.integers(3, V, (b, P)), 0).astype(np.int32)
+    completion = rng.integers(3, V, (b, T)).astype(np.int32)
+    adv = rng.normal(size=b).astype(np.float32)
+    return prompt, prompt_mask, completion, mask, adv
+
+
+@pytest.fixture(scope="module")
+def split():
+    return nnx.split(Transformer(TransformerConfig.tiny(V), rngs=nnx.Rngs(2)))
+
+
+def test_pack_places_every_real_token_once_and_cuts_the_padding(batch):
+    prompt, prompt_mask, completion, mask, _ = batch
+    packed = pack(prompt, prompt_mask, completion, mask)
+    real = sum(n + m for n, m in zip(PROMPTS, COMPLETIONS, strict=True) if m)  # 17+5+10+2+11 = 45
+    assert real == 45
+    # first-fit decreasing (17, 11, 10, 5, 2) into rows of P + T = 20: [17, 2], [11, 5], [10]: 3 rows,
+    # rounded up to 4
+    assert packed.tokens.shape == (4, 20) and packed_rows(3) == 4
+    assert (np.asarray(packed.segments) > 0).sum() == real
+    assert padded_positions(packed) == 4 * 20 - 45 == 35
+    unpacked_padding = len(PROMPTS) * (P + T) - real  # 120 - 45 = 75 computed on nothing
+    assert padded_positions(packed) < unpacked_padding
+    # positions restart in each segment; completion token j is predicted by the token before it
+    seg, pos, tok = (np.asarray(x) for x in (packed.segments, packed.positions, packed.tokens))
+    for r in range(4):
+        for k in range(1, seg[r].max(initial=0) + 1):
+            np.testing.assert_array_equal(pos[r][seg[r] == k], np.arange((seg[r] == k).sum()))
+    flat = tok.reshape(-1)
+    for row, m in enumerate(COMPLETIONS):
+        if m:
+            np.testing.assert_array_equal(flat[np.asarray(packed.index)[row, :m] + 1], completion[row, :m])
+
+
+def test_packed_logprobs_and_gradients_equal_the_padded_pass(batch, split):
+    prompt, prompt_mask, completion, mask, adv = batch
+    graphdef, state = split
+    packed = pack(prompt, prompt_mask, completion, mask)
+
+    def loss(state, packed_or_none):
+        model = nnx.merge(graphdef, state)
+        if packed_or_none is None:
+            logp, entropy = completion_logprobs(model, prompt, prompt_mask, completion, temperature=0.8,
+                                                chunk_tokens=5)
+        else:
+            logp, entropy = packed_logprobs(model, packed_or_none, completion, temperature=0.8, chunk_tokens=5)
+        return jnp.sum(-adv[:, None] * logp * mask), (logp, entropy)
+
+    (l_pad, (logp_pad, ent_pad)), g_pad = jax.jit(jax.value_and_grad(loss, has_aux=True))(state, None)
+    (l_pack, (logp_pack, ent_pack)), g_pack = jax.jit(jax.value_and_grad(loss, has_aux=True))(state, packed)
+    np.testing.assert_allclose(np.asarray(logp_pack) * mask, np.asarray(logp_pad) * mask, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent_pack) * mask, np.asarray(ent_pad) * mask, atol=1e-5)
+    np.testing.assert_allclose(l_pack, l_pad, atol=1e-5, rtol=1e-5)
+    assert abs(float(l_pad)) > 1.0  # a real loss was compared
+    for a, b in zip(jax.tree.leaves(g_pack), jax.tree.leaves(g_pad), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_pack_refuses_what_cannot_fit(batch):
+    prompt, prompt_mask, completion, mask, _ = batch
+    with pytest.raises(ValueError, match="does not fit packed rows of 10"):
+        pack(prompt, prompt_mask, completion, mask, width=10)
+    with pytest.raises(ValueError, match="need 3 packed rows of 20 tokens; 2 were given"):
+        pack(prompt, prompt_mask, completion, mask, rows=2)
+    empty = prompt_mask.copy()
+    empty[1] = 0
+    with pytest.raises(ValueError, match=r"prompt rows \[1\] have no token"):
+        pack(prompt, empty, completion, mask)
