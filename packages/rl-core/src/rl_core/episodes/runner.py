@@ -109,7 +109,7 @@ class EpisodeRecord:
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
         out["turns"] = [{"role": role, "text": text} for role, text in self.turns]
         out["reward"] = self.reward
         return out
