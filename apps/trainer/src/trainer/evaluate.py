@@ -28,6 +28,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def _batches(prompts: Sequence[Prompt], batch_size: int, num_samples: int):
+    """(prompts, real completions) per call: about `batch_size` completions each, the last
+    padded with repeats so that every call has one shape (no recompiles)."""
+    per_call = max(1, batch_size // num_samples)
+    for start in range(0, len(prompts), per_call):
+        chunk = list(prompts[start : start + per_call])
+        real = len(chunk) * num_samples
+        yield chunk + [chunk[-1]] * (per_call - len(chunk)), real
+
+
 def generate_texts(
     sampler: Sampler,
     params: Any,  # the policy's parameters, as nnx.merge takes them
@@ -47,11 +57,7 @@ def generate_texts(
     """
     texts: list[str] = []
     lengths: list[int] = []
-    per_call = max(1, batch_size // num_samples)
-    for start in range(0, len(prompts), per_call):
-        chunk = list(prompts[start : start + per_call])
-        real = len(chunk) * num_samples
-        chunk += [chunk[-1]] * (per_call - len(chunk))  # one shape for every batch: no recompiles
+    for chunk, real in _batches(prompts, batch_size, num_samples):
         tokens, mask = encode_prompts(tokenizer, [p.text for p in chunk], max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
         # gathered to every process: each scores all texts, the result is the same everywhere
@@ -80,13 +86,9 @@ def generate_episodes(
     texts: list[str] = []
     lengths: list[int] = []
     records: list[EpisodeRecord] = []
-    per_call = max(1, batch_size // num_samples)
     make_env = environment_factory(rollout.environment, rollout.environment_options)
     limits = EpisodeLimits.from_rollout(rollout)
-    for start in range(0, len(prompts), per_call):
-        chunk = list(prompts[start : start + per_call])
-        real = len(chunk) * num_samples
-        chunk += [chunk[-1]] * (per_call - len(chunk))
+    for chunk, real in _batches(prompts, batch_size, num_samples):
         key, sub = jax.random.split(key)
         keys = iter(jax.random.split(sub, rollout.max_turns))
 
