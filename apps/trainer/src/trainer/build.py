@@ -241,7 +241,8 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
     prompts = heldout(task, settings)
 
     def run(learner: RLLearner) -> dict[str, float]:
-        return evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0)
+        return evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
+                        rollout=settings.rollout)
 
     return run
 

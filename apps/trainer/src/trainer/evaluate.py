@@ -9,7 +9,10 @@ from typing import Any
 import jax
 import numpy as np
 from rl_core import multihost
+from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
+from rl_core.episodes import EpisodeLimits, EpisodeRecord, episode_metrics, run_episodes
+from rl_core.episodes.registry import environment_factory
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 
@@ -23,6 +26,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _batches(prompts: Sequence[Prompt], batch_size: int, num_samples: int):
+    """(prompts, real completions) per call: about `batch_size` completions each, the last
+    padded with repeats so that every call has one shape (no recompiles)."""
+    per_call = max(1, batch_size // num_samples)
+    for start in range(0, len(prompts), per_call):
+        chunk = list(prompts[start : start + per_call])
+        real = len(chunk) * num_samples
+        yield chunk + [chunk[-1]] * (per_call - len(chunk)), real
 
 
 def generate_texts(
@@ -44,11 +57,7 @@ def generate_texts(
     """
     texts: list[str] = []
     lengths: list[int] = []
-    per_call = max(1, batch_size // num_samples)
-    for start in range(0, len(prompts), per_call):
-        chunk = list(prompts[start : start + per_call])
-        real = len(chunk) * num_samples
-        chunk += [chunk[-1]] * (per_call - len(chunk))  # one shape for every batch: no recompiles
+    for chunk, real in _batches(prompts, batch_size, num_samples):
         tokens, mask = encode_prompts(tokenizer, [p.text for p in chunk], max_tokens=max_prompt_tokens)
         key, sub = jax.random.split(key)
         # gathered to every process: each scores all texts, the result is the same everywhere
@@ -56,6 +65,41 @@ def generate_texts(
         texts += decode_completions(tokenizer, out.tokens[:real], out.mask[:real])
         lengths += out.lengths[:real].tolist()
     return texts, np.asarray(lengths)
+
+
+def generate_episodes(
+    sampler: Sampler,
+    params: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Prompt],
+    rollout: RolloutConfig,
+    *,
+    sampling: SamplingParams,
+    key: jax.Array,
+    batch_size: int = 256,
+    num_samples: int = 1,
+) -> tuple[list[str], np.ndarray, list[EpisodeRecord]]:
+    """`generate_texts` for a multi-turn task: whole episodes with `rollout.environment`.
+
+    Returns each episode's last model turn (what the task's reward scores), its model
+    tokens and its record. Batches have one shape, as in `generate_texts`."""
+    texts: list[str] = []
+    lengths: list[int] = []
+    records: list[EpisodeRecord] = []
+    make_env = environment_factory(rollout.environment, rollout.environment_options)
+    limits = EpisodeLimits.from_rollout(rollout)
+    for chunk, real in _batches(prompts, batch_size, num_samples):
+        key, sub = jax.random.split(key)
+        keys = iter(jax.random.split(sub, rollout.max_turns))
+
+        def generate(tokens, mask, n):
+            return sampler(params, tokens, mask, next(keys), sampling, n)
+
+        out = run_episodes(generate, tokenizer, chunk, make_env, num_samples=num_samples, limits=limits)
+        texts += out.texts[:real]
+        lengths += out.completions.lengths[:real].tolist()
+        records += out.episodes[:real]
+    return texts, np.asarray(lengths), records
 
 
 def correctness(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> np.ndarray:
@@ -78,29 +122,36 @@ def evaluate(
     samples_per_prompt: int = 8,
     temperature: float = 1.0,
     seed: int = 0,
+    rollout: RolloutConfig | None = None,
 ) -> dict[str, float]:
-    """Greedy accuracy and length stats, plus pass@k over `samples_per_prompt` samples."""
+    """Greedy accuracy and length stats, plus pass@k over `samples_per_prompt` samples.
+
+    With `rollout.environment` (a multi-turn task), every answer is a whole episode; the
+    metrics add tool calls and turns per episode (`eval/tool_calls_mean`, `eval/turns_mean`)."""
     key = jax.random.PRNGKey(seed)
-    texts, lengths = generate_texts(
-        sampler, params, tokenizer, prompts, max_prompt_tokens=task.max_prompt_tokens, sampling=GREEDY, key=key
-    )
+    episodes = rollout is not None and rollout.environment is not None
+
+    def answers(sampling: SamplingParams, key: jax.Array, num_samples: int = 1):
+        if episodes:
+            return generate_episodes(sampler, params, tokenizer, prompts, rollout, sampling=sampling, key=key,
+                                     num_samples=num_samples)
+        texts, lengths = generate_texts(sampler, params, tokenizer, prompts, max_prompt_tokens=task.max_prompt_tokens,
+                                        sampling=sampling, key=key, num_samples=num_samples)
+        return texts, lengths, None
+
+    texts, lengths, records = answers(GREEDY, key)
     correct = correctness(task, prompts, texts)
     metrics = {
         "eval/accuracy": float(correct.mean()),
         "eval/length_correct": float(lengths[correct > 0].mean()) if correct.any() else 0.0,
         "eval/length_incorrect": float(lengths[correct == 0].mean()) if (correct == 0).any() else 0.0,
     }
+    if records is not None:
+        stats = episode_metrics(records)
+        metrics["eval/tool_calls_mean"] = stats["episodes/tool_calls_mean"]
+        metrics["eval/turns_mean"] = stats["episodes/turns_mean"]
     if pass_k and samples_per_prompt:
-        texts, _ = generate_texts(
-            sampler,
-            params,
-            tokenizer,
-            prompts,
-            max_prompt_tokens=task.max_prompt_tokens,
-            sampling=SamplingParams(temperature=temperature),
-            key=jax.random.fold_in(key, 1),
-            num_samples=samples_per_prompt,
-        )
+        texts, _, _ = answers(SamplingParams(temperature=temperature), jax.random.fold_in(key, 1), samples_per_prompt)
         repeated = [p for p in prompts for _ in range(samples_per_prompt)]
         c = correctness(task, repeated, texts).reshape(len(prompts), samples_per_prompt).sum(1)
         metrics[f"eval/pass@{pass_k}"] = float(np.mean([pass_at_k(samples_per_prompt, int(ci), pass_k) for ci in c]))

@@ -42,6 +42,7 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
         samples_per_prompt=samples,
         temperature=settings.rollout.temperature or 1.0,
         seed=seed,
+        rollout=settings.rollout,
     )
     return {
         "run": str(run_dir),

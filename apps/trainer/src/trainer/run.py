@@ -48,6 +48,7 @@ def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dic
         samples_per_prompt=settings.eval.samples_per_prompt,
         temperature=settings.rollout.temperature or 1.0,
         seed=seed,
+        rollout=settings.rollout,
     )
 
 

@@ -1,7 +1,8 @@
 """The trainer's run settings: YAML plus dotted command-line overrides, validated.
 
 A run is described by one `RunSettings`. Building it:
-  1. the task's lengths seed `rollout.max_prompt_tokens` / `max_new_tokens`;
+  1. the task's lengths seed `rollout.max_prompt_tokens` / `max_new_tokens` (a multi-turn
+     task's environment and turn limits seed `rollout.environment`, `max_turns`, ...);
   2. the YAML file (if any) is merged on top;
   3. `key=value` overrides (dotted, e.g. `training.learning_rate=3e-4`) last.
 Unknown keys are rejected with the closest valid key, wrong types and broken
@@ -397,6 +398,9 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         "training": dict(DEFAULT_TRAINING),
         "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
     }
+    if task.environment is not None:  # a multi-turn task brings its environment and turn limits
+        defaults["rollout"].update(environment=task.environment, environment_options=dict(task.environment_options),
+                                   max_turns=task.max_turns, max_turn_tokens=task.max_turn_tokens)
     settings = RunSettings.from_dict(merge(defaults, user))
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)

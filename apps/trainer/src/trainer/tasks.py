@@ -25,12 +25,20 @@ class Task:
     rewards: tuple[RewardSpec, ...]
     correct: str
     """Name of the reward function whose score 1.0 means the answer is correct."""
-    teacher: Callable[[Prompt, np.random.Generator], str]
-    """The warm start's target completion for a prompt (may be deliberately fallible)."""
+    teacher: Callable[[Prompt, np.random.Generator], str | list[str]]
+    """The warm start's target completion for a prompt (may be deliberately fallible); with an
+    environment, the model's turns."""
     max_prompt_tokens: int
     max_new_tokens: int
     chat: bool = False
     """Prompts are user messages to render with the tokenizer's chat template."""
+    environment: str | None = None
+    """Multi-turn: the registered environment that answers the model's turns (rollout.environment);
+    the teacher then returns the model's turns (a list of texts) and max_new_tokens is the
+    episode's budget after the prompt."""
+    environment_options: dict = dataclasses.field(default_factory=dict)
+    max_turns: int = 1
+    max_turn_tokens: int = 0
 
 
 def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
@@ -141,6 +149,55 @@ def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, s
     )
 
 
+def multiply(*, digits: int = 3, tool_rate: float = 0.3, train_size: int = 20_000, heldout_size: int = 500,
+             seed: int = 0) -> Task:
+    """a*b= with a, b of exactly `digits` digits, and a calculator tool (multi-turn).
+
+    The model may call `<calc>a*b</calc>`, read the environment's `[value]` and answer;
+    the reward is 1 for the exact product in its last turn. The warm start's teacher
+    calls the tool on a `tool_rate` share of the problems and answers directly on the
+    others, which a tiny model cannot learn to do for 3-digit numbers: the base policy
+    is right mostly when it happens to call the tool, and RL has to find out that
+    calling it pays.
+    """
+    if not 0.0 <= tool_rate <= 1.0:
+        raise ValueError(f"tool_rate = {tool_rate!r}: must be in [0, 1]")
+    if not 1 <= digits <= 4:
+        raise ValueError(f"digits = {digits!r}: must be in [1, 4]")
+    low, high = 10 ** (digits - 1), 10**digits
+    count = (high - low) ** 2
+    if train_size < 1 or train_size + heldout_size > count:
+        raise ValueError(f"train_size = {train_size!r}: must be >= 1, with heldout_size at most {count} problems")
+    _check_heldout(heldout_size, count)
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(count, size=train_size + heldout_size, replace=False)
+    pairs = [(low + int(k) // (high - low), low + int(k) % (high - low)) for k in chosen]
+    train, heldout = pairs[heldout_size:], pairs[:heldout_size]
+
+    def prompt(a: int, b: int) -> Prompt:
+        return Prompt(f"{a}*{b}=", {"answer": str(a * b)})
+
+    def teacher(p: Prompt, rng: np.random.Generator) -> list[str]:
+        answer = p.fields["answer"]
+        return [f"<calc>{p.text[:-1]}</calc>", answer] if rng.random() < tool_rate else [answer]
+
+    turn = 2 * digits + 15  # <calc>a*b</calc> and EOS
+    return Task(
+        name="multiply",
+        description=f"multiplication of two {digits}-digit numbers with a calculator tool (<calc>a*b</calc>)",
+        train=tuple(prompt(a, b) for a, b in train),
+        heldout=tuple(prompt(a, b) for a, b in heldout),
+        rewards=(RewardSpec(numeric_answer_reward()),),
+        correct="numeric_answer",
+        teacher=teacher,
+        max_prompt_tokens=2 * digits + 3,
+        max_new_tokens=2 * turn + 8,
+        environment="calculator",
+        max_turns=3,
+        max_turn_tokens=turn,
+    )
+
+
 def _gsm8k(**options):
     """GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated."""
     from trainer.datasets import gsm8k
@@ -155,5 +212,7 @@ def _math(**options):
     return math(**options)
 
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": arithmetic, "countdown": countdown, "gsm8k": _gsm8k, "math": _math}
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": arithmetic, "countdown": countdown, "multiply": multiply, "gsm8k": _gsm8k, "math": _math,
+}
 """Built-in generated tasks, and file-backed ones that need `options.data`."""

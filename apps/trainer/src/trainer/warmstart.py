@@ -19,6 +19,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from rl_core.checkpoint import remove_unfinished_saves
 from rl_core.data import Prompt
+from rl_core.episodes.registry import environment_factory
+from rl_core.episodes.scripted import scripted_episode
 from rl_core.faults import fault_point
 from rl_core.logprobs import completion_logprobs
 from rl_core.progress import ProgressBar
@@ -30,17 +32,27 @@ from trainer.tasks import Task
 def sft_arrays(
     task: Task, tokenizer: Tokenizer, prompts: Sequence[Prompt], rng: np.random.Generator
 ) -> tuple[np.ndarray, ...]:
-    """(prompt tokens, prompt mask, target tokens, target mask) with targets right-padded."""
-    prompt_tokens, prompt_mask = encode_prompts(tokenizer, [p.text for p in prompts], max_tokens=task.max_prompt_tokens)
+    """(prompt tokens, prompt mask, target tokens, target mask) with targets right-padded.
+
+    A multi-turn task's target is the whole episode of the teacher's turns, the environment's
+    observations included but masked out of the loss (as in RL)."""
     width = task.max_new_tokens
     targets = np.full((len(prompts), width), tokenizer.pad_id, np.int32)
     target_mask = np.zeros((len(prompts), width), np.float32)
+    texts = []
+    make_env = environment_factory(task.environment, task.environment_options) if task.environment else None
     for i, p in enumerate(prompts):
-        seq = tokenizer.encode(task.teacher(p, rng)) + [tokenizer.eos_ids[0]]
+        if make_env is None:
+            text, seq = p.text, tokenizer.encode(task.teacher(p, rng)) + [tokenizer.eos_ids[0]]
+            mask = [1.0] * len(seq)
+        else:
+            text, seq, mask = scripted_episode(tokenizer, make_env(), p, task.teacher(p, rng))
         if len(seq) > width:
             raise ValueError(f"reference completion of prompt {p.text!r} has {len(seq)} tokens > {width}")
+        texts.append(text)
         targets[i, : len(seq)] = seq
-        target_mask[i, : len(seq)] = 1.0
+        target_mask[i, : len(seq)] = mask
+    prompt_tokens, prompt_mask = encode_prompts(tokenizer, texts, max_tokens=task.max_prompt_tokens)
     return prompt_tokens, prompt_mask, targets, target_mask
 
 

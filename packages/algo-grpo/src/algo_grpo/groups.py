@@ -42,6 +42,9 @@ class Groups:
     old_logp: np.ndarray | None = None
     """[N, T] float32 log-probs of the sampling policy from the trainer's forward pass, recorded
     at collection time; None = recorded for no row, a NaN row = not recorded for that row."""
+    row_fields: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    """Per-row JSON values passed to reward functions by name, e.g. `episode` (each episode's
+    record, rl_core.episodes.EpisodeRecord.to_json) for multi-turn rollouts."""
 
     @property
     def num_groups(self) -> int:
@@ -80,6 +83,7 @@ class Groups:
             texts=tuple(self.texts[i] for i in rows),
             reward_scores={k: v[rows] for k, v in self.reward_scores.items()},
             old_logp=None if self.old_logp is None else self.old_logp[rows],
+            row_fields={k: tuple(v[i] for i in rows) for k, v in self.row_fields.items()},
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
 
@@ -91,6 +95,7 @@ class Groups:
         out["texts"] = list(self.texts)
         out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
         out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
+        out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
         return out
 
     @classmethod
@@ -103,6 +108,7 @@ class Groups:
             texts=tuple(data["texts"]),
             reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
             old_logp=None if old is None else np.asarray(old, np.float32),
+            row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
             **arrays,
         )
 
@@ -151,5 +157,6 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         texts=tuple(t for p in parts for t in p.texts),
         reward_scores={k: np.concatenate([p.reward_scores[k] for p in parts]) for k in names},
         old_logp=old_logp,
+        row_fields={k: tuple(x for p in parts for x in p.row_fields[k]) for k in parts[0].row_fields},
         **arrays,
     )

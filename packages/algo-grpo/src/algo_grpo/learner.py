@@ -34,6 +34,7 @@ from algo_grpo.groups import TOTAL, Groups
 from algo_grpo.loss import grpo_loss
 from rl_core import multihost, registry
 from rl_core.data import Prompt
+from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.learner import LossOutput, RLLearner, StepBatch
 from rl_core.logprobs import completion_logprobs
 from rl_core.types import TrainExample
@@ -141,26 +142,28 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         return self.score(self.rollout_groups(prompts))
 
     def rollout_groups(self, prompts: Sequence[Prompt]) -> Groups:
-        """G sampled completions per prompt, decoded; rewards not yet filled in."""
+        """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
+        rewards not yet filled in."""
         start = time.perf_counter()
         g = self.group_size
-        tokens, mask = self.encode_prompts(prompts)
         # one prefill per group; every process gets every row (a multi-process run gathers them)
-        out = multihost.to_host(self.generate(tokens, mask, num_samples=g))
+        rolled = self.rollout_prompts(prompts, g)
+        out = rolled.completions
         self._timings["time/rollout"] += time.perf_counter() - start
         self._generated_tokens += int(out.lengths.sum())
         return Groups(
             group_size=g,
             prompts=tuple(prompts),
-            prompt_tokens=np.repeat(tokens, g, axis=0),
-            prompt_mask=np.repeat(mask, g, axis=0),
+            prompt_tokens=rolled.prompt_tokens,
+            prompt_mask=rolled.prompt_mask,
             completion_tokens=np.asarray(out.tokens),
             completion_mask=np.asarray(out.mask),
             sampler_logp=np.asarray(out.logp),
             lengths=np.asarray(out.lengths),
             truncated=np.asarray(out.truncated),
-            texts=tuple(self.decode(out.tokens, out.mask)),
+            texts=rolled.texts,
             rewards=np.zeros(len(out.lengths), np.float32),
+            row_fields=rolled.row_fields(),
         )
 
     def score(self, groups: Groups) -> Groups:
@@ -178,7 +181,8 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         prompts = [p for p in mine.prompts for _ in range(g)]
         names = sorted({k for p in mine.prompts for k in p.fields})
         fields = {k: [p.fields.get(k) for p in prompts] for k in names}
-        fields["completion_lengths"] = [int(n) for n in mine.lengths]
+        fields["completion_lengths"] = [int(n) for n in mine.lengths]  # model tokens, in an episode
+        fields.update({k: list(v) for k, v in mine.row_fields.items()})  # e.g. each row's `episode`
         result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields)
         self._timings["time/reward"] += time.perf_counter() - start
         gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
@@ -270,12 +274,14 @@ class GRPOLearner(RLLearner[GRPOConfig]):
                 "completions/truncated_frac": float(groups.truncated.mean()),
             }
         )
+        if "episode" in groups.row_fields:
+            metrics.update(episode_metrics([EpisodeRecord.from_json(e) for e in groups.row_fields["episode"]]))
         return metrics
 
     def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
         ids = self.trajectory_ids(groups.prompts)
         g = self.group_size
-        return [
+        out = [
             {
                 "id": ids[i],
                 "prompt": groups.prompts[i // g].text,
@@ -285,4 +291,9 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             }
             for i in range(len(groups.texts))
         ]
+        for sample, episode in zip(out, groups.row_fields.get("episode", ()), strict=False):
+            # every turn with its role; the completion column shows the whole episode
+            record = EpisodeRecord.from_json(episode)
+            sample.update(completion=record.transcript(), turns=episode["turns"], turn_rewards=list(record.rewards))
+        return out
 

@@ -197,6 +197,17 @@ class RolloutConfig(Config):
     """Paged engine: pages in each replica's KV pool; 0 sizes it so that every slot can reach max_new_tokens
     with its prompt and the next prompts' prefill (never preempts). Smaller pools preempt and
     recompute the youngest sequence when they run out."""
+    environment: str | None = None
+    """Multi-turn episodes: the registered environment (entry-point group `rl_core.environments`)
+    that answers each model turn; None = one completion per sample. With an environment,
+    max_new_tokens is the episode's budget after the prompt, model and observation tokens
+    together (see rl_core.episodes)."""
+    environment_options: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the environment's factory."""
+    max_turns: int = 1
+    """Most model turns per episode (with an environment)."""
+    max_turn_tokens: int = 0
+    """Most tokens of one model turn; 0 = max_new_tokens."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -212,6 +223,19 @@ class RolloutConfig(Config):
         check(0.0 < self.top_p <= 1.0, self, "top_p", "must be in (0, 1]")
         check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
+        check(self.max_turns >= 1, self, "max_turns", "must be >= 1")
+        check(self.max_turns == 1 or self.environment is not None, self, "max_turns",
+              "more than one turn needs an environment to answer the turns (rollout.environment)")
+        check(0 <= self.max_turn_tokens <= self.max_new_tokens, self, "max_turn_tokens",
+              f"must be in [0, max_new_tokens = {self.max_new_tokens}] (0 = max_new_tokens)")
+        check(isinstance(self.environment_options, dict), self, "environment_options", "must be a mapping")
+        if self.environment is not None:  # imported here: rl_core.episodes imports the sampler, which imports this
+            from rl_core.episodes.registry import UnknownEnvironmentError, get_environment
+
+            try:
+                get_environment(self.environment)
+            except UnknownEnvironmentError as e:
+                raise ConfigError(f"RolloutConfig.environment = {self.environment!r}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,8 @@ from rl_core import multihost
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
+from rl_core.episodes.rollout import rollout_prompts as episode_rollout
+from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
 from rl_core.files import keep_records_through
 from rl_core.logprobs import completion_logprobs
@@ -286,6 +288,13 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             self._rollout_weights_of = self.params
         requests = Requests(prompt_tokens, prompt_mask, num_samples)
         return self.rollout_backend.generate(requests, sampling, self.next_key())
+
+    # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
+
+    def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int) -> Rollout:
+        """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
+        each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes)."""
+        return episode_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
