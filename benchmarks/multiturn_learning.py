@@ -2,7 +2,8 @@
 
     uv run python benchmarks/multiturn_learning.py [RUN_DIR]   # exits 1 when a bar is missed
 
-Not in the test suite: with the warm start it takes several CPU-minutes on the 2-core machine.
+The suite runs a shorter cut of it (tests/trainer/test_trainer_learning_multiturn.py: a
+300-step warm start, 12 steps, 100 problems); this is the full-length check.
 
 From the default warm start (the teacher calls the tool on 30% of the problems), 25
 GRPO steps of 32 prompts x 8 episodes; greedy held-out accuracy on 200 problems and

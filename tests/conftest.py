@@ -44,6 +44,7 @@ keep_freed_memory()
 LONGEST_FIRST = [
     "test_trainer_learning.py",  # 155: its first run makes the shared base policy of the learning tests
     "test_trainer_crash_resume.py",  # 94: eleven trainer processes in a row
+    "test_trainer_learning_multiturn.py",  # ~75 (one core): its own warm start and 12 steps of episodes
     "test_algo_conformance.py",  # 113
     "test_trainer_learning_gspo.py",  # 72
     "test_trainer_multihost.py",  # 61: five trainer processes
@@ -51,6 +52,7 @@ LONGEST_FIRST = [
     "test_trainer_lora.py",  # 56
     "test_trainer_learning_lora.py",  # 53
     "test_trainer_learning_control.py",  # ~25: one 100-step run (estimated from the other learning runs)
+    "test_trainer_multiturn.py",  # ~50 (one core): trainer compare over every variant on episodes
     "test_algo_mesh_parallel.py",  # 40
     "test_algo_interleaved_processes.py",  # 40 (one core): three processes
 ]
