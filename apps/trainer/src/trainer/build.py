@@ -30,6 +30,8 @@ from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
+from rl_models import attention as attention_lib
+from rl_models.transformer import compute_dtype
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 from rl_models.lora import add_adapters, quantize_base
 
@@ -84,6 +86,7 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     config = load_hf_config(m.path, **m.runtime()) if m.path else preset(
         m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     check_tensor_parallel(config, device_mesh.shape["tensor"])
+    check_attention(config)
     if m.path:
         return load_hf_model(m.path, shardings=shardings, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
@@ -94,6 +97,15 @@ def check_tensor_parallel(config: TransformerConfig, tensor: int) -> None:
     problem = config.tensor_parallel_problem(tensor)
     if problem:
         raise ConfigError(f"training.mesh.tensor = {tensor}: {problem}")
+
+
+def check_attention(config: TransformerConfig, platform: str | None = None) -> None:
+    """A settings error when model.attention names a kernel this run's platform does not have."""
+    try:
+        attention_lib.resolve(config.attention, dtype=compute_dtype(config), head_dim=config.head_dim,
+                              platform=platform)
+    except ValueError as e:
+        raise ConfigError(f"model.{e}") from None
 
 
 def check_finite(settings: RunSettings, model: Transformer) -> None:

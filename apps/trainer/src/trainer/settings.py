@@ -24,7 +24,7 @@ import yaml
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 from rl_models import PRESETS
-from rl_models.config import REMAT, RUNTIME_FIELDS
+from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
 from trainer.datasets import FILE_TASKS, DataError, file_task
 from trainer.tasks import TASKS, Task
@@ -127,9 +127,10 @@ class ModelSettings(Config):
     """What each layer keeps for the backward pass (less memory, more compute): none, full (only
     its input), dots_saveable, dots_with_no_batch_dims_saveable (projection and MLP outputs;
     attention recomputed) or offload (those in host memory). true / false mean full / none."""
-    attention: str = "xla"
-    """Attention in training and prefill: xla (runs everywhere) or cudnn (fused flash attention
-    on NVIDIA GPUs; needs dtype bfloat16)."""
+    attention: str = "auto"
+    """Attention in training and prefill: auto (cudnn on NVIDIA GPUs when the dtype and head size
+    allow it, splash on TPU, xla elsewhere), xla (runs everywhere), cudnn (fused flash attention on
+    NVIDIA GPUs; needs dtype bfloat16) or splash (JAX's Splash kernel on TPU)."""
     scan_layers: bool | None = None
     """Run the blocks as a lax.scan loop (true: compile time flat in depth) or unrolled (false:
     faster on CPU); null picks by platform: unrolled on CPU, scanned on accelerators."""
@@ -148,7 +149,7 @@ class ModelSettings(Config):
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         check(self.remat in REMAT, self, "remat", f"must be one of {', '.join(REMAT)} (or true / false)")
-        check(self.attention in ("xla", "cudnn"), self, "attention", "must be xla or cudnn")
+        check(self.attention in ATTENTION, self, "attention", f"must be one of {', '.join(ATTENTION)}")
         check(self.attention != "cudnn" or self.dtype == "bfloat16", self, "attention",
               "cudnn attention needs model.dtype=bfloat16")
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 DTYPES = ("float32", "bfloat16")
-ATTENTION = ("xla", "cudnn")
+ATTENTION = ("auto", "xla", "cudnn", "splash")
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 """TransformerConfig fields that say how a model runs (precision, memory, kernels, loops), not
@@ -107,10 +107,12 @@ class TransformerConfig:
     "dots_with_no_batch_dims_saveable" keeps the projections' and MLP's outputs and recomputes
     attention; "offload" keeps those in pinned host memory instead of on the device. True and
     False (the old boolean setting) mean "full" and "none"."""
-    attention: Literal["xla", "cudnn"] = "xla"
-    """Attention for training and prefill: "xla" (batched matmuls over (batch, KV head) with a
-    float32 softmax) runs everywhere; "cudnn" is `jax.nn.dot_product_attention`'s fused
-    flash-attention kernel (NVIDIA GPUs, bfloat16 compute)."""
+    attention: Literal["auto", "xla", "cudnn", "splash"] = "auto"
+    """Attention for training and prefill (rl_models.attention): "xla" (batched matmuls over
+    (batch, KV head) with a float32 softmax) runs everywhere; "cudnn" is
+    `jax.nn.dot_product_attention`'s fused flash-attention kernel (NVIDIA GPUs, bfloat16 compute);
+    "splash" is JAX's Splash kernel (TPU); "auto" picks when a program is traced: cudnn on a GPU
+    when the dtype and head size allow it, splash on TPU, xla elsewhere (so on CPU it is xla)."""
     scan_layers: bool | None = None
     """Run the blocks as one `lax.scan` (True: a program's size and compile time do not grow
     with depth) or unrolled (False: no loop; XLA:CPU runs the tiny-qwen2 update 40% faster).

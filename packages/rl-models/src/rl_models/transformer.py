@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from rl_models import attention as attention_lib
 from rl_models.config import RopeScaling, TransformerConfig
 from rl_models.quant import dequantize
 from rl_models.sharding import constrain, gathered, shards
@@ -255,22 +256,21 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
 
 
 def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                    implementation: str) -> jax.Array:
-    """Grouped-query attention over whole sequences (training): q [B, L, H, Dh], k/v
-    [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
+                    implementation: str, offset: int = 0) -> jax.Array:
+    """Grouped-query attention over whole sequences (training, prefill): q [B, L, H, Dh] at key
+    slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
-    "xla": the head-major batched matmuls of `attend` (on XLA:CPU 12% faster over a whole
-    tiny-qwen2 update than `jax.nn.dot_product_attention`'s XLA path, whose grouped-query
-    reshapes become strided copies). "cudnn": the fused flash-attention kernel on GPUs.
+    `implementation` is `TransformerConfig.attention`, resolved for the platform the program is
+    traced for (rl_models.attention). "xla": the head-major batched matmuls of `attend` (on XLA:CPU
+    12% faster over a whole tiny-qwen2 update than `jax.nn.dot_product_attention`'s XLA path, whose
+    grouped-query reshapes become strided copies); "cudnn" and "splash": the fused kernels.
     """
-    if implementation != "cudnn":
-        return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
-    b, l, h, dh = q.shape
-    out = jax.nn.dot_product_attention(
-        q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None], scale=1.0 / math.sqrt(dh),
-        implementation="cudnn",
-    )
-    return out.reshape(b, l, h * dh)
+    kind = attention_lib.resolve(implementation, dtype=q.dtype, head_dim=q.shape[-1])
+    if kind == "cudnn":
+        return attention_lib.cudnn(q, k, v, mask)
+    if kind == "splash":
+        return attention_lib.splash(q, k, v, mask, offset=offset)
+    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
 
 
 class Attention(nnx.Module):
@@ -323,11 +323,12 @@ class Attention(nnx.Module):
         kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
               jax.lax.dynamic_update_slice(kv[1], new[1], start))
         k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
-        if l == 1 or cfg.attention != "cudnn":  # the cache's own layout
+        kind = attention_lib.resolve(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        if kind == "xla" or (kind == "splash" and not isinstance(cache_index, int)):  # the cache's own layout
             out = attend(q, k_all, v_all, mask)
-        else:  # prefill through the fused kernel, in the layout it wants
+        else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
-                                  cfg.attention)
+                                  cfg.attention, offset=cache_index if isinstance(cache_index, int) else 0)
         return self.o_proj(out), kv
 
 

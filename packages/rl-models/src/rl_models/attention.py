@@ -1,0 +1,238 @@
+"""Attention over whole sequences (training, log-probs, prefill): which kernel runs, and the fused ones.
+
+`TransformerConfig.attention` names it:
+
+  xla     batched matmuls over (row, KV head) with a float32 softmax (`rl_models.transformer.attend`);
+          runs everywhere.
+  cudnn   cuDNN's fused flash attention through `jax.nn.dot_product_attention` (NVIDIA GPUs, bfloat16).
+  splash  the Splash kernel of `jax.experimental.pallas.ops.tpu.splash_attention` (TPU).
+  auto    cudnn on a GPU when the dtype and head size allow it, splash on TPU, xla elsewhere.
+
+`resolve` picks, when a program is traced, for the platform it is traced for; on CPU `auto` is
+xla, so CPU programs are those of `attention: xla`, number for number.
+
+Masks. The model takes a boolean mask [B, L, S] (query i may see key slot j), and its callers
+(rl_core.logprobs, the sampler's prefill) pass causal attention to the real tokens: query i sits
+at slot offset + i and sees the real slots up to its own. xla and cudnn take the mask as given.
+Splash computes the causal part in blocks and takes the rest as segment ids: a slot is real
+(segment 1) when the mask lets the last query see it, else 0, and a query belongs to its slot's
+segment. Real queries then see exactly the mask's keys; a padding query sees the padding before it
+instead of nothing (its output is never read). Splash works in blocks: sequences are padded to
+whole blocks, the padding in segment 0.
+
+Planning. Under `traced_for(platform)` a program is traced as it would be for `platform`
+(`auto` resolves for it), and a fused kernel that cannot run on this host (cuDNN or Splash on a
+CPU) is traced as a stand-in with the kernel's memory: the same inputs, output and saved
+residuals (output and log-sum-exp, float32 dq accumulator in the backward pass), none of its
+arithmetic. `trainer plan` compiles its programs so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION = ("auto", "xla", "cudnn", "splash")
+GPU_PLATFORMS = ("gpu", "cuda")
+CUDNN_MAX_HEAD_DIM = 128
+"""cuDNN's flash attention takes head sizes that are multiples of 8 up to 128 (256 on Hopper)."""
+SPLASH_MAX_BLOCK = 512
+"""Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
+
+KERNELS = {
+    "cudnn": ("cuDNN's flash attention", "NVIDIA GPUs", GPU_PLATFORMS),
+    "splash": ("JAX's Splash kernel", "TPU", ("tpu",)),
+}
+"""Fused kernel -> (what it is, where it runs, the platforms that have it)."""
+
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("rl_models_attention_target", default=None)
+
+
+@contextlib.contextmanager
+def traced_for(platform: str) -> Iterator[None]:
+    """Trace programs as for `platform` ("gpu", "tpu", "cpu") on this host (see the module doc)."""
+    token = _TARGET.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+def target_platform() -> str:
+    """The platform programs are traced for: `traced_for`'s, else JAX's backend."""
+    return _TARGET.get() or jax.default_backend()
+
+
+def cudnn_problem(dtype: jnp.dtype, head_dim: int) -> str | None:
+    """Why cuDNN's flash attention cannot take these inputs (None: it can)."""
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        return f"it takes bfloat16 compute, not {jnp.dtype(dtype).name}"
+    if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+        return f"head_dim {head_dim}: it takes multiples of 8 up to {CUDNN_MAX_HEAD_DIM}"
+    return None
+
+
+def resolve(attention: str, *, dtype: jnp.dtype, head_dim: int, platform: str | None = None) -> str:
+    """The implementation ("xla", "cudnn" or "splash") that `attention` means on `platform`
+    (default: `target_platform()`); ValueError for a fused kernel the platform does not have."""
+    where = platform or target_platform()
+    if attention == "auto":
+        if where in GPU_PLATFORMS:
+            return "xla" if cudnn_problem(dtype, head_dim) or _rocm(where) else "cudnn"
+        return "splash" if where == "tpu" else "xla"
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r}: must be one of {ATTENTION}")
+    if attention in KERNELS and where not in KERNELS[attention][2]:
+        what, runs_on, _ = KERNELS[attention]
+        raise ValueError(f"attention={attention!r}: {what} runs on {runs_on}, and this program is traced for "
+                         f"{where!r}; use 'auto' (picks by platform) or 'xla'")
+    return attention
+
+
+def _rocm(platform: str) -> bool:
+    """Whether `platform` is this host's GPU backend and an AMD one (no cuDNN)."""
+    return platform == jax.default_backend() and "rocm" in jax.devices()[0].client.platform_version.lower()
+
+
+def _stand_in_needed() -> bool:
+    return target_platform() != jax.default_backend()
+
+
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """cuDNN flash attention: q [B, L, H, Dh], k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
+
+    cuDNN takes a mask as an additive bias, and with a bias it trains only on even lengths: an
+    odd L or S gets one more query and key slot (the new query sees only the new key; no other
+    query sees it), cut off again after."""
+    b, l, h, dh = q.shape
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    q, k, v, mask = _even_lengths(q, k, v, mask)
+    if _stand_in_needed():
+        bias = jnp.where(mask[:, None], 0.0, jnp.finfo(q.dtype).min).astype(q.dtype)  # as jax builds it
+        out = _stand_in(q, k, v, bias)
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=1.0 / math.sqrt(dh),
+                                           implementation="cudnn")
+    return out[:, :l].reshape(b, l, h * dh)
+
+
+def _even_lengths(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    l, s = q.shape[1], k.shape[1]
+    pad_q, pad_s = l % 2, s % 2
+    if not (pad_q or pad_s):
+        return q, k, v, mask
+    q = jnp.pad(q, ((0, 0), (0, pad_q), (0, 0), (0, 0)))
+    k, v = (jnp.pad(x, ((0, 0), (0, pad_s), (0, 0), (0, 0))) for x in (k, v))
+    mask = jnp.pad(mask, ((0, 0), (0, pad_q), (0, pad_s)))
+    if pad_q:  # the new query sees the last key slot (the new one when there is one): never an empty row
+        mask = mask.at[:, -1, -1].set(True)
+    return q, k, v, mask
+
+
+def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset: int = 0,
+           interpret: bool = False) -> jax.Array:
+    """The Splash kernel: q [B, L, H, Dh] at key slots offset..offset+L-1, k/v [B, S, K, Dh],
+    mask [B, L, S] (causal over the real slots, see the module doc) -> [B, L, H * Dh].
+
+    `interpret` runs the kernel in the Pallas interpreter (any platform: tests). Under a mesh and
+    logical-axis rules (as `rl_core.mesh` traces programs) the kernel runs per device through
+    `shard_map`, rows split like the batch and heads like the KV heads; without them, as one call.
+    """
+    b, l, h, dh = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    real = mask[:, -1, :].astype(jnp.int32)  # [B, S]: the slots the last query may see
+    block_q, block_kv = _splash_block(l), _splash_block(max(s, offset + l))
+    lq, ls = _round_up(l, block_q), _round_up(max(s, offset + l), block_kv)
+    seg_kv = jnp.pad(real, ((0, 0), (0, ls - s)))
+    seg_q = jnp.pad(seg_kv[:, offset : offset + l], ((0, 0), (0, lq - l)))
+    # head-major, padded to whole blocks; Splash takes no scale, so the queries carry it
+    q = (q.astype(jnp.float32) * (1.0 / math.sqrt(dh))).astype(q.dtype)
+    q = jnp.pad(q, ((0, 0), (0, lq - l), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    k, v = (jnp.pad(x.astype(q.dtype), ((0, 0), (0, ls - s), (0, 0), (0, 0))).transpose(0, 2, 1, 3) for x in (k, v))
+
+    def run(q, k, v, seg_q, seg_kv):
+        if _stand_in_needed() and not interpret:
+            return _stand_in(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                             (seg_q, seg_kv)).transpose(0, 2, 1, 3)
+        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret)
+        from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # noqa: PLC0415
+
+        return jax.vmap(kernel)(q, k, v, SegmentIds(seg_q, seg_kv))
+
+    out = _per_device(run, (b, h, kv_heads))(q, k, v, seg_q, seg_kv)
+    return out.transpose(0, 2, 1, 3)[:, :l].reshape(b, l, h * dh)
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def _splash_block(length: int) -> int:
+    return min(SPLASH_MAX_BLOCK, _round_up(length, 128))
+
+
+def _splash_kernel(heads: int, lq: int, ls: int, offset: int, block_q: int, block_kv: int, interpret: bool):
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415 (TPU kernels: on use)
+
+    mask = sa.MultiHeadMask([sa.CausalMask((lq, ls), offset=offset) for _ in range(heads)])
+    blocks = sa.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+                           block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+                           block_q_dq=block_q, block_kv_dq=block_kv)
+    return sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _per_device(run, shape: tuple[int, int, int]):
+    """`run` over (q, k, v, seg_q, seg_kv) [B, heads, ...] through shard_map under the traced
+    program's mesh and logical-axis rules (rows as act_batch, heads as act_kv_heads), else as it is."""
+    from flax.core import spmd  # noqa: PLC0415
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+    rules = dict(spmd.get_logical_axis_rules())
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return run
+    b, h, kv_heads = shape
+
+    def axes(name: str, *sizes: int) -> tuple[str, ...]:
+        target = rules.get(name)
+        names = [target] if isinstance(target, str) else list(target or ())
+        names = [a for a in names if a in mesh.shape and mesh.shape[a] > 1]
+        while names and any(n % math.prod(mesh.shape[a] for a in names) for n in sizes):
+            names.pop()
+        return tuple(names)
+
+    rows, heads = axes("act_batch", b) or None, axes("act_kv_heads", h, kv_heads) or None
+    x, seg = P(rows, heads), P(rows)
+    return jax.shard_map(run, in_specs=(x, x, x, seg, seg), out_specs=x, check_vma=False)
+
+
+@jax.custom_vjp
+def _stand_in(q: jax.Array, k: jax.Array, v: jax.Array, extra: object) -> jax.Array:
+    """Memory stand-in of a fused kernel (see the module doc): q [B, L, H, Dh], k/v [B, S, K, Dh],
+    `extra` what the kernel also reads (cuDNN's bias, Splash's segment ids) -> [B, L, H, Dh]."""
+    return _stand_in_fwd(q, k, v, extra)[0]
+
+
+def _stand_in_fwd(q, k, v, extra):
+    g = q.shape[2] // k.shape[2]
+    # the output and the float32 log-sum-exp [B, L, H] that flash kernels save for their backward
+    lse = jnp.sum(q.astype(jnp.float32), axis=-1)
+    out = q + jnp.repeat(jnp.mean(v, axis=1, keepdims=True) + jnp.mean(k, axis=1, keepdims=True), g, axis=2)
+    return out, (q, k, v, extra, out, lse)
+
+
+def _stand_in_bwd(residuals, d_out):
+    q, k, v, extra, out, lse = residuals
+    dq = d_out.astype(jnp.float32) * lse[..., None] + out.astype(jnp.float32)  # a float32 dq accumulator
+    g = q.shape[2] // k.shape[2]
+    d_kv = jnp.sum(d_out.reshape(*d_out.shape[:2], k.shape[2], g, -1), axis=(1, 3))[:, None]
+    return dq.astype(q.dtype), (k + d_kv).astype(k.dtype), (v + d_kv).astype(v.dtype), jax.tree.map(lambda _: None, extra)
+
+
+_stand_in.defvjp(_stand_in_fwd, _stand_in_bwd)

@@ -1,0 +1,170 @@
+"""model.attention: which kernel each platform gets, clear errors, and the fused kernels' handling
+of masks checked on CPU (Splash in the Pallas interpreter; cuDNN's even-length padding through
+the XLA path of the same call)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.logprobs import sequence_inputs
+from rl_models import Transformer, TransformerConfig
+from rl_models import attention
+from rl_models.transformer import attend
+
+V = 37
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+@pytest.mark.parametrize(
+    ("platform", "dtype", "head_dim", "expected"),
+    [
+        ("gpu", BF16, 128, "cudnn"),
+        ("gpu", F32, 128, "xla"),  # cuDNN's flash attention takes bfloat16 only
+        ("gpu", BF16, 256, "xla"),  # head sizes up to 128 (256 only on Hopper: not assumed)
+        ("gpu", BF16, 12, "xla"),  # multiples of 8
+        ("tpu", BF16, 64, "splash"),
+        ("tpu", F32, 128, "splash"),
+        ("cpu", BF16, 128, "xla"),
+    ],
+)
+def test_auto_picks_by_platform(platform, dtype, head_dim, expected):
+    assert attention.resolve("auto", dtype=dtype, head_dim=head_dim, platform=platform) == expected
+
+
+def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_error():
+    assert attention.resolve("xla", dtype=BF16, head_dim=128, platform="tpu") == "xla"
+    assert attention.resolve("splash", dtype=F32, head_dim=16, platform="tpu") == "splash"
+    with pytest.raises(ValueError, match="attention='splash': JAX's Splash kernel runs on TPU, and this program is "
+                                         "traced for 'cpu'; use 'auto'"):
+        attention.resolve("splash", dtype=BF16, head_dim=128)  # this CPU
+    with pytest.raises(ValueError, match="attention='cudnn': cuDNN's flash attention runs on NVIDIA GPUs, and this "
+                                         "program is traced for 'tpu'"):
+        attention.resolve("cudnn", dtype=BF16, head_dim=128, platform="tpu")
+    with attention.traced_for("tpu"):  # a plan for a TPU traces on this CPU as for the TPU
+        assert attention.resolve("auto", dtype=BF16, head_dim=128) == "splash"
+    assert attention.target_platform() == "cpu"
+
+
+def test_splash_on_a_cpu_run_fails_at_the_first_forward_pass_naming_the_fix():
+    model = Transformer(TransformerConfig.tiny(V, attention="splash"), rngs=nnx.Rngs(0))
+    tokens = jnp.ones((1, 4), jnp.int32)
+    positions, mask = sequence_inputs(jnp.ones((1, 2)), 2)
+    with pytest.raises(ValueError, match="use 'auto' \\(picks by platform\\) or 'xla'"):
+        model(tokens, positions, mask)
+
+
+def test_the_default_is_auto_and_on_cpu_it_is_the_xla_program():
+    """The same lowered forward and backward as attention=xla, so CPU numbers do not move."""
+    assert TransformerConfig.tiny(V).attention == "auto"
+    positions, mask = sequence_inputs(jnp.array([[0, 1, 1]], jnp.float32), 3)
+    tokens = jnp.array([[0, 5, 6, 7, 8, 9]], jnp.int32)
+
+    def lowered(kind):
+        graphdef, params = nnx.split(Transformer(TransformerConfig.tiny(V, attention=kind), rngs=nnx.Rngs(0)))
+
+        def loss(p):
+            m = nnx.merge(graphdef, p)
+            return jnp.sum(m.logits(m(tokens, positions, mask)[0]))
+
+        return jax.jit(jax.grad(loss)).lower(params).as_text()
+
+    assert lowered("auto") == lowered("xla")
+
+
+def qkv(b, l, s, h=4, k=2, dh=16, dtype=F32):
+    keys = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(keys[0], (b, l, h, dh), dtype), jax.random.normal(keys[1], (b, s, k, dh), dtype),
+            jax.random.normal(keys[2], (b, s, k, dh), dtype))
+
+
+def xla_attention(q, k, v, mask):
+    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+
+
+def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients():
+    """Training layout (rl_core.logprobs): row 1 has 3 prompt pads; 16 slots padded to one
+    128-slot block. Outputs and the gradients of q, k, v agree to 1e-5 on every real query (a
+    padding query's output is never read, so it is left out of the loss and the comparison)."""
+    prompt_mask = jnp.array([[1] * 7, [0, 0, 0, 1, 1, 1, 1]], jnp.float32)
+    _, mask = sequence_inputs(prompt_mask, 9)
+    real = mask.any(axis=-1)[..., None]  # [B, L, 1]: queries with a key to see
+    q, k, v = qkv(2, 16, 16)
+    weights = jax.random.normal(jax.random.key(1), (2, 16, 64)) * real
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
+
+    splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=True)  # noqa: E731
+    xla = lambda q, k, v: xla_attention(q, k, v, mask)  # noqa: E731
+    np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, atol=1e-5, rtol=1e-5)
+    got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_splash_prefill_into_a_longer_cache_equals_xla(offset):
+    """Queries at slots offset..offset+5 of a 12-slot cache (the sampler's prefill is offset 0):
+    causal over the real slots; the slots past the queries are empty (never seen)."""
+    l, s = 6, 12
+    valid = jnp.array([[True] * s, [False, False] + [True] * (s - 2)])
+    valid = valid & (jnp.arange(s) < offset + l)  # the cache is filled up to the last query
+    causal = jnp.arange(s)[None, :] <= offset + jnp.arange(l)[:, None]
+    mask = causal[None] & valid[:, None, :]
+    q, k, v = qkv(2, l, s)
+    real = jax.lax.dynamic_slice_in_dim(valid, offset, l, axis=1)[..., None]
+    got = attention.splash(q, k, v, mask, offset=offset, interpret=True)
+    np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, atol=1e-5, rtol=1e-5)
+
+
+def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
+    """cuDNN trains with a mask only on even lengths: 9 queries and 9 keys get a tenth each. The
+    padded call, run by jax.nn.dot_product_attention's XLA path here, equals the unpadded one on
+    every query that has a key to see."""
+    _, mask = sequence_inputs(jnp.array([[0, 1, 1, 1]], jnp.float32), 5)
+    q, k, v = qkv(1, 9, 9)
+    padded = attention._even_lengths(q, k, v, mask)
+    assert [x.shape[1] for x in padded] == [10, 10, 10, 10] and padded[3].shape == (1, 10, 10)
+    assert bool(padded[3][0, 9, 9]) and not padded[3][0, :9, 9].any()  # the new query sees the new key alone
+
+    def sdpa(q, k, v, mask):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
+
+    real = mask.any(axis=-1)[..., None, None]  # a query with no key to see gets a made-up row either way
+    np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_a_plan_for_an_accelerator_compiles_the_fused_kernels_stand_in_with_their_memory(platform):
+    """On this CPU, traced for a GPU (cuDNN) or a TPU (Splash): the kernel is a stand-in that
+    keeps what a flash kernel keeps (inputs, output, log-sum-exp), so the backward pass of a
+    384-token sequence holds no [H, L, L] float32 probabilities, unlike attention=xla."""
+    config = TransformerConfig.tiny(V, dtype="bfloat16", scan_layers=True)
+    positions, mask = sequence_inputs(jnp.ones((2, 128)), 256)
+    tokens = jnp.ones((2, 384), jnp.int32)
+
+    def temp_bytes(attention_setting):
+        model = Transformer(dataclasses_replace(config, attention=attention_setting), rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model)
+
+        def loss(p):
+            m = nnx.merge(graphdef, p)
+            return jnp.sum(m.logits(m(tokens, positions, mask)[0]).astype(F32))
+
+        compiled = jax.jit(jax.grad(loss)).lower(params).compile()
+        assert "__cudnn" not in compiled.as_text() and "tpu_custom_call" not in compiled.as_text()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    with attention.traced_for(platform):
+        fused = temp_bytes("auto")
+    probabilities = 2 * 4 * 384 * 384 * 4  # rows x heads x L x L float32: one layer's
+    assert fused + probabilities < temp_bytes("xla")
+
+
+def dataclasses_replace(config, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
