@@ -1,18 +1,24 @@
-"""`trainer plan`: per-device memory from compiled programs on abstract shapes, next to a count."""
+"""`trainer plan`: per-device memory from compiled programs on abstract shapes, next to a count;
+the runtime's share of each device and a headroom; the weights as loaded; settings that fit."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import jax
 import pytest
 from flax import nnx
+from rl_core.config import ConfigError
 from rl_models import Transformer
 from rl_models.hf import load_hf_config
+from trainer.device_memory import GIB, memory_budget
+from trainer.plan import Plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
@@ -61,7 +67,7 @@ def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
     assert analytic["parameters"] == 294_912 // 8 + 2 * 25_344 // 4 + 1_280 == 50_816
     assert compiled["reference"] == analytic["reference"] == analytic["parameters"]  # float32 storage
     assert compiled["update_temporaries"] >= analytic["gradients"]  # gradients live in the update
-    assert compiled["rollout_temporaries"] >= analytic["kv_cache"] > 0
+    assert compiled["rollout_temporaries"] is None and analytic["kv_cache"] > 0  # paged: no static sampler
     # the engine: 4 replicas (one per fsdp device) of 4 slots (16 completions / 4), kv heads split
     # over tensor=2 (256 bytes of keys and values per token per device); a sequence fits one 16-token
     # page, so a replica's pool is 1 scratch + 4 slots x (1 + 1 lookahead) + 4 waiting prompts' pages
@@ -91,7 +97,7 @@ def test_plan_counts_the_paged_engine_pool_its_use_and_weight_copy():
         "model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=paged",
         "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.page_size_tokens=16",
     ])
-    result = plan(settings, device_memory_gb=80, mean_new_tokens=10)
+    result = plan(settings, memory_budget("gpu"), mean_new_tokens=10)
     a = result.analytic
     # 8 slots (the batch), 4 pages per sequence ((32 + 32) / 16): 1 scratch + 8 x (4 + 1) + 8 x 2 prompt pages
     assert a["engine_kv_pool"] == (1 + 8 * 5 + 8 * 2) * 16 * 512
@@ -100,3 +106,105 @@ def test_plan_counts_the_paged_engine_pool_its_use_and_weight_copy():
     assert a["engine_weights"] == 4 * result.parameters  # the whole model in float32 on the one device
     assert "rollout engine (paged): KV page pool" in result.table()
     assert result.peak_bytes >= a["engine_kv_pool"] + a["engine_weights"]
+
+
+def test_the_memory_a_run_may_plan_for_on_each_platform():
+    """GPU: JAX preallocates 75% (XLA_CLIENT_MEM_FRACTION or the older XLA_PYTHON_CLIENT_MEM_FRACTION
+    changes it; --memory-fraction wins); TPU: 3% kept by the runtime (assumed); CPU: all. A plan
+    fits under (1 - headroom) of that."""
+    gpu = memory_budget("gpu", environ={})
+    assert (gpu.device_memory_bytes, gpu.fraction, gpu.usable_bytes) == (80 * GIB, 0.75, 60 * GIB)
+    assert gpu.limit_bytes == int(60 * GIB * 0.9) and "XLA_CLIENT_MEM_FRACTION changes it" in gpu.fraction_source
+    assert memory_budget("gpu", environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}).fraction == 0.9
+    assert memory_budget("gpu", environ={"XLA_CLIENT_MEM_FRACTION": ".95"}).fraction_source == "XLA_CLIENT_MEM_FRACTION=.95"
+    assert memory_budget("gpu", fraction=0.5, environ={"XLA_CLIENT_MEM_FRACTION": ".95"}).fraction == 0.5
+    with pytest.raises(ConfigError, match="XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are both set"):
+        memory_budget("gpu", environ={"XLA_CLIENT_MEM_FRACTION": ".9", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"})
+    tpu = memory_budget("tpu")
+    assert (tpu.device_memory_bytes, tpu.fraction) == (16 * GIB, 0.97)
+    cpu = memory_budget("cpu", device_memory_gb=8, headroom=0)
+    assert cpu.limit_bytes == cpu.usable_bytes == 8 * GIB
+    for bad, match in [(dict(headroom=1.0), "--headroom = 1.0"), (dict(fraction=0.0), "must be in \\(0, 1\\]"),
+                       (dict(device_memory_gb=-1.0), "--device-memory-gb = -1.0")]:
+        with pytest.raises(ConfigError, match=match):
+            memory_budget("gpu", **bad)
+
+
+def made_up_plan(budget, *, resident_gib, update_gib, loaded_gib=0.0, loaded="freed") -> Plan:
+    gib = lambda x: int(x * GIB)  # noqa: E731
+    compiled = {"parameters_and_optimizer_state": gib(resident_gib), "frozen_base": 0, "reference": 0,
+                "update_temporaries": gib(update_gib), "rollout_temporaries": 0, "reference_temporaries": None}
+    return Plan("m", {"data": 1, "fsdp": 1, "tensor": 1}, 1, 1, compiled, {"loaded_model": gib(loaded_gib)}, budget,
+                loaded_model=loaded)
+
+
+def test_fits_means_under_the_runtimes_share_less_the_headroom():
+    """15.4 GiB on a 16 GiB TPU chip: 15.52 GiB usable, 13.97 with 10% headroom: it does not fit."""
+    tight = made_up_plan(memory_budget("tpu"), resident_gib=10.0, update_gib=5.4)
+    assert tight.peak_bytes == int(10.0 * GIB) + int(5.4 * GIB) and not tight.fits
+    assert tight.verdict() == "does NOT fit: peak 15.40 GiB is 1.43 GiB over the 13.97 GiB limit"
+    roomy = made_up_plan(memory_budget("tpu", headroom=0.0), resident_gib=10.0, update_gib=5.4)
+    assert roomy.fits and roomy.verdict() == "fits: peak 15.40 of 15.52 GiB (margin 0.12 GiB)"
+
+
+def test_the_weights_as_loaded_count_at_startup_when_freed_and_as_the_reference_when_kept():
+    """beta = 0: the loaded copy (here 3 GiB) is gone before any program runs, but it sits beside
+    the masters while the learner is built: a startup peak. beta != 0: it is the reference."""
+    budget = memory_budget("cpu", device_memory_gb=20, headroom=0)
+    freed = made_up_plan(budget, resident_gib=17.0, update_gib=1.0, loaded_gib=3.0)
+    assert freed.startup_bytes == int(20.0 * GIB) and freed.peak_bytes == freed.startup_bytes
+    kept = made_up_plan(budget, resident_gib=17.0, update_gib=1.0, loaded_gib=3.0, loaded="reference")
+    assert kept.startup_bytes == kept.resident_bytes and kept.peak_bytes == int(18.0 * GIB)
+
+
+def test_with_beta_0_the_trainer_frees_the_weights_as_loaded_once_the_learner_is_built(monkeypatch, tmp_path):
+    """What the plan's "freed" rests on: after trainer.run builds the learner, no reference to the
+    loaded model's arrays is left (the learner, the rollout engine and the sampler keep none);
+    with beta > 0 they stay, as the reference policy."""
+    from trainer import build, run
+    from trainer.settings import build_settings
+
+    loaded: list[weakref.ref] = []
+    new_model = build.new_model
+
+    def recording_new_model(settings, tokenizer):
+        model = new_model(settings, tokenizer)
+        loaded.extend(weakref.ref(v[...]) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+        return model
+
+    class Built(Exception):
+        pass
+
+    alive: dict[str, int] = {}
+
+    def count_alive_then_stop(learner, *args, **kwargs):  # the first thing after `del model, policy`
+        gc.collect()
+        alive[f"{learner.config.beta}-{learner.rollout.engine}"] = sum(r() is not None for r in loaded)
+        raise Built
+
+    monkeypatch.setattr(build, "new_model", recording_new_model)
+    monkeypatch.setattr(run, "base_evaluation", count_alive_then_stop)
+    for i, extra in enumerate(["algorithm.beta=0", "algorithm.beta=0 rollout.engine=paged", "algorithm.beta=0.04"]):
+        loaded.clear()
+        settings = build_settings(algo="grpo", overrides=[
+            "model.preset=tiny", "model.param_dtype=bfloat16", "warm_start.steps=0", "training.num_steps=1",
+            *extra.split()])
+        with pytest.raises(Built):
+            run.train_run(settings, tmp_path / str(i), progress=False, log=lambda _: None)
+        assert len(loaded) == 12  # the tiny model's parameter arrays
+    assert alive == {"0.0-static": 0, "0.0-paged": 0, "0.04-static": 12}
+
+
+def test_plan_says_where_the_weights_as_loaded_go():
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    common = ["model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.engine=paged"]
+    dapo = plan(build_settings(algo="dapo", overrides=common), memory_budget("cpu"))
+    assert dapo.loaded_model == "freed" and dapo.compiled["reference_temporaries"] is None  # no reference pass
+    assert dapo.analytic["loaded_model"] == dapo.parameters * 4  # float32, one device
+    assert dapo.startup_bytes == dapo.resident_bytes + dapo.analytic["loaded_model"]
+    assert "freed once the learner has its float32 copy" in dapo.table()
+    grpo = plan(build_settings(algo="grpo", overrides=common), memory_budget("cpu"))
+    assert grpo.loaded_model == "reference" and grpo.startup_bytes == grpo.resident_bytes
+    assert grpo.compiled["reference"] == grpo.analytic["loaded_model"]

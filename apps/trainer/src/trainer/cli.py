@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
@@ -97,7 +96,18 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--algo", default="grpo", help="algorithm (default grpo)")
     pl.add_argument("--config", help="YAML settings file")
     pl.add_argument("--devices", type=int, default=1, help="devices to plan for (simulated; default 1)")
-    pl.add_argument("--device-memory-gb", type=float, default=80.0, help="memory per device in GiB (default 80)")
+    pl.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "cpu"),
+                    help="what the devices are (default gpu): picks model.attention=auto's kernel, the memory "
+                         "the runtime reserves and the default --device-memory-gb")
+    pl.add_argument("--device-memory-gb", type=float, default=None,
+                    help="memory per device in GiB (default 80 on gpu, 16 on tpu: a v5e chip, 80 on cpu)")
+    pl.add_argument("--memory-fraction", type=float, default=None,
+                    help="share of it the runtime lets a run use (default: gpu XLA_CLIENT_MEM_FRACTION or 0.75, "
+                         "JAX's preallocation; tpu 0.97; cpu 1)")
+    pl.add_argument("--headroom", type=float, default=0.10,
+                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10)")
+    pl.add_argument("--no-search", action="store_true",
+                    help="when the run does not fit, do not search for settings that make it fit")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pl.add_argument("--mean-new-tokens", type=int, default=None,
                     help="mean completion length for the paged engine's KV in use (default max_new_tokens)")
@@ -258,19 +268,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from trainer.device_memory import memory_budget
     from trainer.plan import plan, simulate_devices
 
     if args.devices < 1:
         raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
-    if not (args.device_memory_gb > 0 and math.isfinite(args.device_memory_gb)):
-        raise ConfigError(f"--device-memory-gb = {args.device_memory_gb}: must be a number > 0 (GiB per device)")
+    budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
+                           headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
+    from trainer.plan_search import search
     from trainer.settings import build_settings
 
     shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]
-    settings = build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides])
-    result = plan(settings, device_memory_gb=args.device_memory_gb, mean_new_tokens=args.mean_new_tokens)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.table())
+
+    def settings_with(extra):
+        return build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides, *extra])
+
+    programs: dict = {}  # compiled once, shared by the candidates of the search
+
+    def plan_of(settings):
+        return plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs)
+
+    settings = settings_with(())
+    result = plan_of(settings)
+    if not args.json:
+        print(result.table(), flush=True)
+    fit = None
+    if not result.fits and not args.no_search:
+        log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
+            lambda line: print(line, flush=True))
+        log("searching for settings that fit, cheapest first:")
+        fit = search(result, settings, settings_with, plan_of, log=log)
+        if not args.json:
+            print(f"fits with: {' '.join(fit.overrides)}" if fit else
+                  "nothing searched fits (attention, remat, micro-batch size, rollout engine and slots)")
+    if args.json:
+        out = result.to_dict() | {"fit": None if fit is None else {"overrides": list(fit.overrides),
+                                                                     "plan": fit.plan.to_dict()}}
+        print(json.dumps(out, indent=2))
     return 0
 
 

@@ -12,6 +12,17 @@ Compiled on XLA:CPU, the temporary sizes (activations, KV cache) are those of
 the CPU's fusion decisions; on GPU and TPU they differ somewhat, the
 parameter, optimizer and cache arrays not at all.
 
+Programs are traced as for the platform planned for (`--platform`, rl_models.attention.traced_for):
+`model.attention=auto` resolves for it, and a fused attention kernel that XLA:CPU cannot compile
+(cuDNN, Splash) is compiled as a stand-in holding what the kernel holds. The static sampler is
+compiled only for a run that uses it, the reference pass only when beta != 0.
+
+The peak is measured against a `trainer.device_memory.MemoryBudget`: the runtime's share of the
+device (JAX preallocates 75% of a GPU) less a headroom. The weights as loaded (the model the
+learner is built from) are counted where they stay: as the reference (beta != 0), as the frozen
+base (LoRA), or, with beta = 0, only at startup, since nothing keeps them once the learner has its
+float32 copy (trainer.run drops them; tests/trainer/test_trainer_plan.py checks that they go).
+
 A LoRA run (`model.lora.rank` > 0) trains only its adapters: the optimizer
 state is theirs, the base is frozen in its storage dtype (or quantized with
 `model.quantize`), and the reference policy is the same base with the adapters
@@ -22,11 +33,19 @@ the table states how much that saves.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 from typing import Any
 
-GIB = 1024**3
+from trainer.device_memory import GIB, MemoryBudget
+
+LOADED_MODEL = {
+    "freed": "freed once the learner has its float32 copy (beta = 0: no reference); counted at startup only",
+    "reference": "kept as the reference model (beta != 0): counted there",
+    "frozen_base": "kept as the frozen base of the adapters (LoRA): counted there",
+}
+"""Where the weights as loaded go, by Plan.loaded_model."""
 
 
 def simulate_devices(count: int) -> None:
@@ -54,32 +73,62 @@ class Plan:
     """Total parameter count."""
     trainable: int
     """Parameters that train (the adapters of a LoRA run; else every parameter)."""
-    compiled: dict[str, int]
+    compiled: dict[str, int | None]
+    """Per-device bytes read from the compiled programs (None: a program the run does not use)."""
     analytic: dict[str, int]
-    device_memory_bytes: int
+    budget: MemoryBudget
     engine: str = "static"
     """The rollout engine (rollout.engine)."""
     mean_new_tokens: int = 0
     """The mean completion length the paged engine's in-use KV is counted at."""
+    attention: str = "xla"
+    """The attention kernel model.attention resolves to on the budget's platform."""
+    auto_attention: str = "xla"
+    """The kernel model.attention=auto would give on the budget's platform."""
+    loaded_model: str = "freed"
+    """Where the weights as loaded stay (a key of LOADED_MODEL)."""
+
+    @property
+    def resident_bytes(self) -> int:
+        """What stays on the device between programs: master weights, optimizer state, frozen
+        base, reference."""
+        c = self.compiled
+        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"]
+
+    @property
+    def startup_bytes(self) -> int:
+        """While the learner is built: the resident state and, when it is about to be freed, the
+        model as loaded."""
+        return self.resident_bytes + (self.analytic["loaded_model"] if self.loaded_model == "freed" else 0)
+
+    @property
+    def program_bytes(self) -> dict[str, int]:
+        """The temporaries of each program the run uses (they run one at a time)."""
+        c, a = self.compiled, self.analytic
+        # the paged engine holds its pool and its weight copy while it generates
+        rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
+        return {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
 
     @property
     def peak_bytes(self) -> int:
-        """Resident state plus the largest program's temporaries (programs run one at a time)."""
-        c, a = self.compiled, self.analytic
-        resident = c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"]
-        # the paged engine holds its pool and its weight copy while it generates
-        rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
-        return resident + max(c["update_temporaries"], rollout, c["reference_temporaries"])
+        """Resident state plus the largest program's temporaries, or the startup, whichever is more."""
+        return max(self.resident_bytes + max(self.program_bytes.values()), self.startup_bytes)
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.device_memory_bytes
+        return self.peak_bytes <= self.budget.limit_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """The plan's limit less its peak (negative: by how much it does not fit)."""
+        return self.budget.limit_bytes - self.peak_bytes
 
     def table(self) -> str:
         def gib(n: int) -> str:
             return f"{n / GIB:9.2f}"
 
         a, c = self.analytic, self.compiled
+        paged = self.engine == "paged"
         rows = [
             ("parameters (float32) + optimizer state", c["parameters_and_optimizer_state"],
              a["parameters"] + a["optimizer_state"]),
@@ -89,45 +138,59 @@ class Plan:
             ("gradients + update activations", c["update_temporaries"], a["gradients"] + a["activations"]),
             ("  of which gradients (analytic)", None, a["gradients"]),
             ("  of which activations, one micro-batch", None, a["activations"]),
-            ("rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
-            ("  static sampler's KV cache (analytic)" if self.engine == "paged" else None, None, a["kv_cache"]),
-            ("rollout engine (paged): KV page pool", None, a["engine_kv_pool"]),
-            (f"  in use at a mean of {self.mean_new_tokens} new tokens", None, a["engine_kv_in_use"]),
-            ("rollout engine: inference weight copy", None, a["engine_weights"]),
-            ("reference log-prob pass temporaries", c["reference_temporaries"], None),
+            (None if paged else "rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),
+            (f"  in use at a mean of {self.mean_new_tokens} new tokens" if paged else None, None,
+             a["engine_kv_in_use"]),
+            ("  the static sampler's KV cache would be" if paged else None, None, a["kv_cache"]),
+            ("rollout engine: inference weight copy" if paged else None, None, a["engine_weights"]),
+            ("reference log-prob pass temporaries" if c["reference_temporaries"] is not None else None,
+             c["reference_temporaries"], None),
         ]
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
         lora = self.trainable != self.parameters
         trained = f"; {self.trainable:,} trainable ({self.trainable / self.parameters:.2%}, LoRA)" if lora else ""
         lines = [
-            f"{self.model}: {self.parameters / 1e9:.2f}B parameters{trained} on mesh {mesh}",
+            f"{self.model}: {self.parameters / 1e9:.2f}B parameters{trained} on mesh {mesh}; "
+            f"attention {self.attention} on {self.budget.platform}",
             f"{'per device (GiB)':42s} {'compiled':>9s} {'analytic':>9s}",
         ]
         for name, compiled, analytic in rows:
-            if name is None or (name.startswith(("rollout engine", "  in use")) and self.engine != "paged"):
-                continue
-            lines.append(
-                f"{name:42s} {gib(compiled) if compiled is not None else ' ' * 9} "
-                f"{gib(analytic) if analytic is not None else ' ' * 9}"
-            )
-        verdict = "fits" if self.fits else "does NOT fit"
+            if name is not None:
+                lines.append(f"{name:42s} {gib(compiled) if compiled is not None else ' ' * 9} "
+                             f"{gib(analytic) if analytic is not None else ' ' * 9}")
         lines.append(f"{'peak (resident + largest program)':42s} {gib(self.peak_bytes)}")
+        lines.append(f"{'startup (resident + the model as loaded)':42s} {gib(self.startup_bytes)}")
+        lines.append(f"the model as loaded ({a['loaded_model'] / GIB:.2f} GiB per device): {LOADED_MODEL[self.loaded_model]}")
         if lora and a["reference_saved"]:
             lines.append(f"reference = the frozen base with adapters off: no second copy of the weights "
                          f"(saves {a['reference_saved'] / GIB:.2f} GiB per device)")
-        lines.append(f"{verdict} in {self.device_memory_bytes / GIB:.0f} GiB per device")
+        lines.append(f"memory: {self.budget.describe()}")
+        lines.append(self.verdict())
         return "\n".join(lines)
 
+    def verdict(self) -> str:
+        peak, limit = self.peak_bytes / GIB, self.budget.limit_bytes / GIB
+        if self.fits:
+            return f"fits: peak {peak:.2f} of {limit:.2f} GiB (margin {self.margin_bytes / GIB:.2f} GiB)"
+        return f"does NOT fit: peak {peak:.2f} GiB is {-self.margin_bytes / GIB:.2f} GiB over the {limit:.2f} GiB limit"
+
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes, "fits": self.fits}
+        out = dataclasses.asdict(self)
+        out["budget"] |= {"usable_bytes": self.budget.usable_bytes, "limit_bytes": self.budget.limit_bytes}
+        return out | {"device_memory_bytes": self.budget.device_memory_bytes, "peak_bytes": self.peak_bytes,
+                      "startup_bytes": self.startup_bytes, "margin_bytes": self.margin_bytes, "fits": self.fits}
 
 
-def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None = None) -> Plan:
-    """The per-device memory of a run with `settings` (a RunSettings) on the current devices.
+def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
+         compiled_programs: dict[str, tuple[int, int, int]] | None = None) -> Plan:
+    """The per-device memory of a run with `settings` (a RunSettings) on the current devices,
+    for `budget`'s platform and against its limit.
 
     `mean_new_tokens` (default max_new_tokens) is the mean completion length at which the
     paged engine's KV in use is counted: prompts once per group, each completion its own
-    tokens rounded up to whole pages."""
+    tokens rounded up to whole pages. `compiled_programs`, when given, keeps each compiled
+    program's sizes by its lowered text, so plans that share a program compile it once."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -140,8 +203,10 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core import frozen as frozen_lib
     from rl_models.hf import load_hf_config
+    from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
-    from trainer.build import check_tensor_parallel
+    from rl_models.transformer import compute_dtype
+    from trainer.build import check_attention, check_tensor_parallel
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
@@ -152,6 +217,9 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
     mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
     check_tensor_parallel(config, mesh.shape["tensor"])
+    check_attention(config, budget.platform)
+    kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,
+                                          platform=budget.platform) for a in (config.attention, "auto"))
     lora = m.lora
 
     def build():
@@ -171,8 +239,7 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shardings)
 
     master, stored = like(jnp.float32), like(jnp.dtype(config.param_dtype))
-    algo = settings.algorithm_config()
-    group = getattr(algo, "group_size", 1)
+    group = getattr(settings.algorithm_config(), "group_size", 1)
     training, rollout = settings.training, settings.rollout
     batch = training.prompts_per_step * group
     n_mini, n_micro = training.batch_layout(batch)
@@ -210,28 +277,50 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    update_c = jax.jit(
-        mesh_lib.with_activation_layout(mesh, update), donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
+    memo = {} if compiled_programs is None else compiled_programs
+
+    def sizes(jitted, *args) -> tuple[int, int, int]:
+        """(argument, output, temporary) bytes per device of `jitted` compiled for `args`, traced
+        as for the budget's platform."""
+        with attention_lib.traced_for(budget.platform):
+            lowered = jitted.lower(*args)
+        key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+        if key not in memo:
+            stats = lowered.compile().memory_analysis()
+            memo[key] = (stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes)
+        return memo[key]
+
+    # traced under the mesh's activation layout, as the learner's programs are (rl_core.mesh)
+    update_args, _, update_temp = sizes(jax.jit(
+        mesh_lib.with_activation_layout(mesh, update), donate_argnums=(0, 1),
+        in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
         out_shardings=(shardings, opt_shardings),
-    ).lower(master, opt_abstract, frozen, micro_inputs(n_micro)).compile().memory_analysis()
+    ), master, opt_abstract, frozen, micro_inputs(n_micro))
 
     def reference(params, frozen, xs):
         return jax.lax.map(lambda x: micro_loss(params, frozen, x), xs)
 
-    # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
-    ref_c = jax.jit(mesh_lib.with_activation_layout(mesh, reference), in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole).lower(
-        master if lora.rank else stored, frozen, micro_inputs(batch // micro)
-    ).compile().memory_analysis()
+    algo = settings.algorithm_config()
+    beta = getattr(algo, "beta", 0.0)
+    ref_args = ref_temp = None
+    if beta:  # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
+        ref_args, _, ref_temp = sizes(jax.jit(mesh_lib.with_activation_layout(mesh, reference),
+                                              in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole),
+                                      master if lora.rank else stored, frozen, micro_inputs(batch // micro))
 
-    sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
-                      param_shardings=frozen_lib.join(shardings, frozen_shardings))
     ways = mesh_lib.batch_devices(mesh)
-    u = training.prompts_per_step
-    prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
-    rollout_c = sampler._jit(u % ways == 0, batch % ways == 0).lower(
-        frozen_lib.join(master, frozen), prompts, jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0),
-        SamplingParams.from_rollout(rollout), group,
-    ).compile().memory_analysis()
+    rollout_temp = None
+    if rollout.engine == "static":  # the paged engine's memory is its pool and weight copy (counted below)
+        sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
+                          param_shardings=frozen_lib.join(shardings, frozen_shardings))
+        u = training.prompts_per_step
+        prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
+        _, rollout_out, rollout_temp = sizes(
+            sampler._jit(u % ways == 0, batch % ways == 0), frozen_lib.join(master, frozen), prompts,
+            jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0), SamplingParams.from_rollout(rollout),
+            group,
+        )
+        rollout_temp += rollout_out
 
     def per_device(tree) -> int:
         total = 0
@@ -244,7 +333,6 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
     opt_b = per_device(jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                     opt_abstract, opt_shardings))
     frozen_b = per_device(frozen)
-    beta = getattr(algo, "beta", 0.0)
     ref_b = per_device(master if lora.rank else stored) if beta else 0
     # what a full run's reference copy would take: the whole model in its storage dtype
     whole_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
@@ -286,10 +374,11 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
     # what the backward pass keeps per layer: block inputs, q/k/v/attention output, MLP
-    # gate/up/activation (split by tensor), float32 attention probabilities (split by heads)
+    # gate/up/activation (split by tensor), float32 attention probabilities (split by heads; a
+    # fused kernel keeps a float32 log-sum-exp per query and head instead)
     per_layer = rows_per_device * seq * (
         (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
-        + config.num_heads // tensor * seq * 4
+        + config.num_heads // tensor * (seq if kernel == "xla" else 1) * 4
     )
     if config.remat in ("full", "offload"):  # the layer's input stays (offload keeps the rest on the host)
         per_layer = rows_per_device * seq * config.hidden_size * cbytes
@@ -298,12 +387,12 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
     update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
     compiled = {
         # the programs' arguments less their (small) batch inputs
-        "parameters_and_optimizer_state": update_c.argument_size_in_bytes - update_batch_b - frozen_b,
+        "parameters_and_optimizer_state": update_args - update_batch_b - frozen_b,
         "frozen_base": frozen_b,  # an argument of every program, counted once
-        "reference": ref_c.argument_size_in_bytes - ref_batch_b - frozen_b if ref_b else 0,
-        "update_temporaries": update_c.temp_size_in_bytes,
-        "rollout_temporaries": rollout_c.temp_size_in_bytes + rollout_c.output_size_in_bytes,
-        "reference_temporaries": ref_c.temp_size_in_bytes if ref_b else 0,
+        "reference": ref_args - ref_batch_b - frozen_b if ref_args is not None else 0,
+        "update_temporaries": update_temp,
+        "rollout_temporaries": rollout_temp,
+        "reference_temporaries": ref_temp,
     }
     analytic = {
         "parameters": params_b,
@@ -317,9 +406,11 @@ def plan(settings: Any, *, device_memory_gb: float, mean_new_tokens: int | None 
         "engine_kv_pool": pool_b,
         "engine_kv_in_use": in_use_b,
         "engine_weights": engine_weights_b,
+        "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
     }
     trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
-    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, int(device_memory_gb * GIB),
-                engine=rollout.engine, mean_new_tokens=mean)
+    loaded = "frozen_base" if lora.rank else "reference" if beta else "freed"
+    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, budget, engine=rollout.engine,
+                mean_new_tokens=mean, attention=kernel, auto_attention=auto, loaded_model=loaded)

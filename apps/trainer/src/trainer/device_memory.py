@@ -1,0 +1,101 @@
+"""How much of a device's memory a run may plan to use: the runtime's share, less a margin.
+
+  gpu  JAX's GPU client preallocates a fraction of each GPU's memory and allocates from that pool:
+       75% unless XLA_CLIENT_MEM_FRACTION (older JAX: XLA_PYTHON_CLIENT_MEM_FRACTION; both at once
+       is an error) says otherwise. XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand but
+       keeps the same limit. Newer JAX releases may grow the pool past 75% when nothing else holds
+       the memory; the plan counts on the fraction only.
+  tpu  the TPU runtime keeps a little of each chip's memory for itself; assumed 3% (the exact
+       figure is `jax.devices()[0].memory_stats()["bytes_limit"]` on the host: pass it as
+       --device-memory-gb with --memory-fraction 1).
+  cpu  host memory, nothing reserved.
+
+A plan fits when its peak is at most (1 - headroom) of the usable memory: fragmentation, the
+programs' own code and scratch, and what the plan does not see (XLA on the accelerator lays out
+temporaries otherwise than XLA:CPU) need room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+
+from rl_core.config import ConfigError
+
+GIB = 1024**3
+PLATFORMS = ("gpu", "tpu", "cpu")
+DEFAULT_DEVICE_MEMORY_GB = {"gpu": 80.0, "tpu": 16.0, "cpu": 80.0}
+"""An 80 GB GPU (A100, H100), a TPU v5e chip (16 GiB); for cpu, a round number."""
+GPU_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+GPU_DEFAULT_FRACTION = 0.75
+TPU_FRACTION = 0.97
+DEFAULT_HEADROOM = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget:
+    """What one device offers a run, and the margin a plan keeps."""
+
+    platform: str
+    device_memory_bytes: int
+    fraction: float
+    """The share the runtime lets the program use."""
+    fraction_source: str
+    """Where `fraction` comes from, in words."""
+    headroom: float
+    """Share of the usable memory a plan leaves free."""
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.device_memory_bytes * self.fraction)
+
+    @property
+    def limit_bytes(self) -> int:
+        """The most a plan's peak may take and still fit."""
+        return int(self.usable_bytes * (1 - self.headroom))
+
+    def describe(self) -> str:
+        gib = lambda n: f"{n / GIB:.2f}"  # noqa: E731
+        return (f"{self.platform}: {gib(self.device_memory_bytes)} GiB per device x {self.fraction:g} "
+                f"({self.fraction_source}) = {gib(self.usable_bytes)} GiB usable; {self.headroom:.0%} "
+                f"headroom -> {gib(self.limit_bytes)} GiB for the plan")
+
+
+def memory_budget(platform: str = "gpu", *, device_memory_gb: float | None = None, fraction: float | None = None,
+                  headroom: float = DEFAULT_HEADROOM, environ: Mapping[str, str] | None = None) -> MemoryBudget:
+    """The budget of one `platform` device; `fraction` overrides the runtime's share (on GPU,
+    else read from the environment `environ`, default os.environ)."""
+    if platform not in PLATFORMS:
+        raise ConfigError(f"--platform = {platform!r}: must be one of {', '.join(PLATFORMS)}")
+    memory = DEFAULT_DEVICE_MEMORY_GB[platform] if device_memory_gb is None else device_memory_gb
+    if not (memory > 0 and math.isfinite(memory)):
+        raise ConfigError(f"--device-memory-gb = {memory}: must be a number > 0 (GiB per device)")
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"--headroom = {headroom}: must be in [0, 1) (the share of usable memory kept free)")
+    if fraction is not None:
+        source = "--memory-fraction"
+    elif platform == "gpu":
+        fraction, source = _gpu_fraction(os.environ if environ is None else environ)
+    elif platform == "tpu":
+        fraction, source = TPU_FRACTION, "assumed: the TPU runtime keeps ~3%"
+    else:
+        fraction, source = 1.0, "host memory, nothing reserved"
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"memory fraction = {fraction} ({source}): must be in (0, 1]")
+    return MemoryBudget(platform, int(memory * GIB), fraction, source, headroom)
+
+
+def _gpu_fraction(environ: Mapping[str, str]) -> tuple[float, str]:
+    set_vars = [(name, environ[name]) for name in GPU_FRACTION_VARS if environ.get(name)]
+    if len(set_vars) > 1:
+        raise ConfigError(f"{' and '.join(n for n, _ in set_vars)} are both set; JAX refuses both at once: "
+                          f"keep {GPU_FRACTION_VARS[0]}")
+    if not set_vars:
+        return GPU_DEFAULT_FRACTION, f"JAX preallocates 75% on GPU; {GPU_FRACTION_VARS[0]} changes it"
+    name, value = set_vars[0]
+    try:
+        return float(value), f"{name}={value}"
+    except ValueError:
+        raise ConfigError(f"{name} = {value!r}: must be a number in (0, 1]") from None

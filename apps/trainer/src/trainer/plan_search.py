@@ -1,0 +1,129 @@
+"""`trainer plan`, when a run does not fit: the first settings that make it fit, cheapest first.
+
+A plan's peak is the resident state (master weights, optimizer state, reference, frozen base)
+plus the largest of its programs, one at a time. The training side (the update and the reference
+pass) and the rollout side are searched apart, each for the cheapest change that brings it under
+the limit, and the two changes are then planned together:
+
+  training  1. a fused attention kernel (model.attention=auto) where the platform has one: faster
+               and without the [L, S] probabilities, so it comes first;
+            2. a remat policy that keeps less, from the least recomputation to the most:
+               dots_saveable, dots_with_no_batch_dims_saveable, full (offload is not tried:
+               XLA:CPU keeps offloaded arrays on the device, so a plan cannot see what it saves);
+            3. at each, micro-batches halved down to one row per device (the same gradients in
+               more, smaller passes).
+  rollout   the paged engine (its pool holds the pages in use, the static sampler a cache for the
+            longest completion), then fewer decode slots per replica (halved down to 1).
+
+Each candidate is a full plan; compiled programs are shared by their lowered text, so a candidate
+that changes only the rollout recompiles nothing and one that changes the remat policy compiles
+the update alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from rl_core.config import ConfigError
+
+from trainer.device_memory import GIB
+from trainer.plan import Plan
+from trainer.settings import completions_per_prompt
+
+REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")
+"""Remat policies from the least recomputation (and most memory) to the most."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Settings that fit: the overrides to add to the command, and their plan."""
+
+    overrides: tuple[str, ...]
+    plan: Plan
+
+
+def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], Any], plan_of: Callable[[Any], Plan],
+           log: Callable[[str], None] = lambda _: None) -> Fit | None:
+    """The first settings (overrides on top of `settings`, built by `settings_with`) whose plan
+    (`plan_of`) fits `base`'s budget; None when no change searched here is enough."""
+    limit = base.budget.limit_bytes
+    if base.startup_bytes > limit:
+        log(f"the resident state alone ({base.startup_bytes / GIB:.2f} GiB at startup) is over the limit: "
+            "spread it over more devices (training.mesh.fsdp) or train adapters (model.lora.rank)")
+        return None
+
+    def fits(plan: Plan, programs: Sequence[str]) -> bool:
+        return plan.resident_bytes + max(plan.program_bytes[p] for p in programs) <= limit
+
+    def first(candidates: Iterator[tuple[str, ...]], programs: Sequence[str]) -> tuple[str, ...] | None:
+        for overrides in candidates:
+            try:
+                plan = base if not overrides else plan_of(settings_with(overrides))
+            except ConfigError as e:  # e.g. a micro-batch the devices do not divide
+                log(f"  {' '.join(overrides)}: not a valid setting ({e})")
+                continue
+            worst = max(programs, key=lambda p: plan.program_bytes[p])
+            ok = fits(plan, programs)
+            log(f"  {' '.join(overrides) or '(as given)'}: {worst} {plan.program_bytes[worst] / GIB:.2f} GiB "
+                f"+ resident {plan.resident_bytes / GIB:.2f} -> {'fits' if ok else 'too much'}")
+            if ok:
+                return overrides
+        return None
+
+    training = () if fits(base, ("update", "reference")) else first(training_candidates(base, settings),
+                                                                   ("update", "reference"))
+    rollout = () if fits(base, ("rollout",)) else first(rollout_candidates(settings), ("rollout",))
+    if training is None or rollout is None:
+        return None
+    overrides = (*training, *rollout)
+    plan = plan_of(settings_with(overrides))
+    log(f"  together, {' '.join(overrides)}: {plan.verdict()}")
+    return Fit(overrides, plan) if plan.fits else None
+
+
+def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
+    """Attention, then remat policies, then smaller micro-batches (module doc)."""
+    model = settings.model
+    attention = ("model.attention=auto",) if base.attention == "xla" and base.auto_attention != "xla" else ()
+    current = "dots_with_no_batch_dims_saveable" if model.remat == "offload" else model.remat
+    remats = REMAT_ORDER[REMAT_ORDER.index(current):]
+    micros = micro_batches(settings)
+    for micro in micros:
+        for remat in remats:
+            yield (*attention, *((f"model.remat={remat}",) if remat != model.remat else ()),
+                   *((f"training.micro_batch_size={micro}",) if micro != micros[0] else ()))
+
+
+def rollout_candidates(settings: Any) -> Iterator[tuple[str, ...]]:
+    """The paged engine, then fewer decode slots per replica (one replica per data/fsdp device)."""
+    rollout = settings.rollout
+    engine = () if rollout.engine == "paged" else ("rollout.engine=paged",)
+    if engine:
+        yield engine
+    batch, replicas = _rows(settings)
+    slots = min(rollout.decode_slots, -(-batch // replicas))  # more slots than completions would idle
+    while slots > 1:
+        slots //= 2
+        yield (*engine, f"rollout.decode_slots={slots}")
+
+
+def micro_batches(settings: Any) -> list[int]:
+    """The run's micro-batch size, then its halves while the (data, fsdp) devices divide them."""
+    batch, devices = _rows(settings)
+    n_mini, n_micro = settings.training.batch_layout(batch)
+    micro = batch // (n_mini * n_micro)
+    sizes = [micro]
+    while micro % 2 == 0 and (micro // 2) % devices == 0:
+        micro //= 2
+        sizes.append(micro)
+    return sizes
+
+
+def _rows(settings: Any) -> tuple[int, int]:
+    """(completions per step, the data x fsdp devices they are split over)."""
+    training = settings.training
+    data, fsdp, _ = training.mesh.shape(jax.device_count())
+    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), data * fsdp
