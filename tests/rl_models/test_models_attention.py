@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from rl_core.logprobs import sequence_inputs
+from rl_core.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
 from rl_models.transformer import attend
@@ -83,12 +84,29 @@ def xla_attention(q, k, v, mask):
     return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
 
 
-def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients():
-    """Training layout (rl_core.logprobs): row 1 has 3 prompt pads; 16 slots padded to one
-    128-slot block. Outputs and the gradients of q, k, v agree to 1e-5 on every real query (a
-    padding query's output is never read, so it is left out of the loss and the comparison)."""
+def padded_layout():
+    """rl_core.logprobs' layout: 7 prompt slots (row 1 has 3 pads) and 9 completion slots."""
     prompt_mask = jnp.array([[1] * 7, [0, 0, 0, 1, 1, 1, 1]], jnp.float32)
-    _, mask = sequence_inputs(prompt_mask, 9)
+    return sequence_inputs(prompt_mask, 9)[1]
+
+
+def packed_layout():
+    """rl_core.packing's layout: four sequences of 5, 9, 7 and 3 tokens in two 16-slot rows (causal
+    within each segment; the row ends are padding that sees nothing)."""
+    prompt_mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
+    completion_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], np.float32)
+    packed = pack(np.ones((4, 4), np.int32), prompt_mask, np.ones((4, 5), np.int32), completion_mask, width=16, rows=2)
+    mask = packed.attention_mask()
+    assert mask.shape == (2, 16, 16) and int((packed.segments > 0).sum()) == 24
+    return mask
+
+
+@pytest.mark.parametrize("layout", [padded_layout, packed_layout], ids=["padded", "packed"])
+def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layout):
+    """16 slots, padded to one 128-slot block. Outputs and the gradients of q, k, v agree to 1e-5
+    on every real query (a padding query's output is never read, so it is left out of the loss and
+    the comparison)."""
+    mask = layout()
     real = mask.any(axis=-1)[..., None]  # [B, L, 1]: queries with a key to see
     q, k, v = qkv(2, 16, 16)
     weights = jax.random.normal(jax.random.key(1), (2, 16, 64)) * real
@@ -103,6 +121,14 @@ def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients():
     want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_splash_segments_of_a_mask():
+    """The packed layout's rows: 9 + 7 tokens, and 5 + 3 tokens then 8 slots of padding; a query's
+    segment is the first slot it may see, padding's -1, and so are the slots past the queries."""
+    seg_q, seg_kv = attention.segment_ids(packed_layout(), 0, 20)
+    np.testing.assert_array_equal(seg_q, [[0] * 9 + [9] * 7, [0] * 5 + [5] * 3 + [-1] * 8])
+    np.testing.assert_array_equal(seg_kv, [[0] * 9 + [9] * 7 + [-1] * 4, [0] * 5 + [5] * 3 + [-1] * 12])
 
 
 @pytest.mark.parametrize("offset", [0, 3])
@@ -168,3 +194,41 @@ def dataclasses_replace(config, **changes):
     import dataclasses
 
     return dataclasses.replace(config, **changes)
+
+
+SPLASH_ON_A_MESH = """
+import jax, jax.numpy as jnp, numpy as np
+from rl_core import mesh as mesh_lib
+from rl_core.logprobs import sequence_inputs
+from rl_models import attention
+from rl_models.transformer import attend
+
+mesh = mesh_lib.make_mesh(fsdp=2, tensor=2)
+_, mask = sequence_inputs(jnp.array([[1] * 7, [0, 0, 1, 1, 1, 1, 1]] * 2, jnp.float32), 9)
+keys = jax.random.split(jax.random.key(0), 3)
+q = jax.random.normal(keys[0], (4, 16, 4, 16))
+k, v = (jax.random.normal(key, (4, 16, 2, 16)) for key in keys[1:])
+rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+splash = jax.jit(mesh_lib.with_activation_layout(mesh, lambda q, k, v, m: attention.splash(q, k, v, m, interpret=True)),
+                 in_shardings=rows, out_shardings=rows)
+text = splash.lower(q, k, v, mask).as_text()
+assert "shard_map" in text or "sdy.manual_computation" in text, "the kernel runs per device"
+real = mask.any(axis=-1)[..., None]
+want = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+np.testing.assert_allclose(splash(q, k, v, mask) * real, want * real, atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_splash_runs_per_device_under_the_activation_layout():
+    """On 4 simulated devices (fsdp=2 x tensor=2), traced as the learner traces (rows over fsdp,
+    the 2 KV heads over tensor): one shard_map around the kernel, and the same numbers as xla."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -12,13 +12,14 @@
 xla, so CPU programs are those of `attention: xla`, number for number.
 
 Masks. The model takes a boolean mask [B, L, S] (query i may see key slot j), and its callers
-(rl_core.logprobs, the sampler's prefill) pass causal attention to the real tokens: query i sits
-at slot offset + i and sees the real slots up to its own. xla and cudnn take the mask as given.
-Splash computes the causal part in blocks and takes the rest as segment ids: a slot is real
-(segment 1) when the mask lets the last query see it, else 0, and a query belongs to its slot's
-segment. Real queries then see exactly the mask's keys; a padding query sees the padding before it
-instead of nothing (its output is never read). Splash works in blocks: sequences are padded to
-whole blocks, the padding in segment 0.
+pass causal attention within segments: query i sits at slot offset + i and sees the earlier slots
+of its own sequence (rl_core.logprobs and the sampler's prefill: one sequence after its padding;
+rl_core.packing: several per row). xla and cudnn take the mask as given. Splash computes the
+causal part in blocks and takes the rest as segment ids (`segment_ids`): a query's segment is the
+first slot it may see, a slot's that of the query at it, and padding (a query that may see
+nothing) is segment -1. Real queries then see exactly the mask's keys; a padding query sees the
+padding before it instead of nothing (its output is never read). Splash works in blocks:
+sequences are padded to whole blocks, in segment -1.
 
 Planning. Under `traced_for(platform)` a program is traced as it would be for `platform`
 (`auto` resolves for it), and a fused kernel that cannot run on this host (cuDNN or Splash on a
@@ -36,6 +37,8 @@ from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
+
+from rl_models.sharding import partition_spec
 
 ATTENTION = ("auto", "xla", "cudnn", "splash")
 GPU_PLATFORMS = ("gpu", "cuda")
@@ -138,19 +141,20 @@ def _even_lengths(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset: int = 0,
            interpret: bool = False) -> jax.Array:
     """The Splash kernel: q [B, L, H, Dh] at key slots offset..offset+L-1, k/v [B, S, K, Dh],
-    mask [B, L, S] (causal over the real slots, see the module doc) -> [B, L, H * Dh].
+    mask [B, L, S] (causal within segments, see the module doc) -> [B, L, H * Dh].
 
     `interpret` runs the kernel in the Pallas interpreter (any platform: tests). Under a mesh and
-    logical-axis rules (as `rl_core.mesh` traces programs) the kernel runs per device through
-    `shard_map`, rows split like the batch and heads like the KV heads; without them, as one call.
+    logical-axis rules (as `rl_core.mesh.activation_layout` traces programs) the kernel runs per
+    device through `shard_map`, rows split like act_batch and heads like act_kv_heads.
     """
     b, l, h, dh = q.shape
-    s, kv_heads = k.shape[1], k.shape[2]
-    real = mask[:, -1, :].astype(jnp.int32)  # [B, S]: the slots the last query may see
-    block_q, block_kv = _splash_block(l), _splash_block(max(s, offset + l))
-    lq, ls = _round_up(l, block_q), _round_up(max(s, offset + l), block_kv)
-    seg_kv = jnp.pad(real, ((0, 0), (0, ls - s)))
-    seg_q = jnp.pad(seg_kv[:, offset : offset + l], ((0, 0), (0, lq - l)))
+    s = k.shape[1]
+    block_q = _splash_block(l)
+    lq = _round_up(l, block_q)
+    block_kv = _splash_block(max(s, offset + lq))
+    ls = _round_up(max(s, offset + lq), block_kv)
+    seg_q, seg_kv = segment_ids(mask, offset, ls)
+    seg_q = jnp.pad(seg_q, ((0, 0), (0, lq - l)), constant_values=-1)
     # head-major, padded to whole blocks; Splash takes no scale, so the queries carry it
     q = (q.astype(jnp.float32) * (1.0 / math.sqrt(dh))).astype(q.dtype)
     q = jnp.pad(q, ((0, 0), (0, lq - l), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
@@ -160,13 +164,28 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
         if _stand_in_needed() and not interpret:
             return _stand_in(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
                              (seg_q, seg_kv)).transpose(0, 2, 1, 3)
-        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret)
         from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # noqa: PLC0415
 
+        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret)
         return jax.vmap(kernel)(q, k, v, SegmentIds(seg_q, seg_kv))
 
-    out = _per_device(run, (b, h, kv_heads))(q, k, v, seg_q, seg_kv)
+    heads = partition_spec(("act_batch", "act_kv_heads", None, None), k.shape)
+    if heads is not None:  # per device: the kernel is one opaque call that XLA would not split
+        rows = partition_spec(("act_batch", None), seg_q.shape)
+        run = jax.shard_map(run, in_specs=(heads, heads, heads, rows, rows), out_specs=heads, check_vma=False)
+    out = run(q, k, v, seg_q, seg_kv)
     return out.transpose(0, 2, 1, 3)[:, :l].reshape(b, l, h * dh)
+
+
+def segment_ids(mask: jax.Array, offset: int, slots: int) -> tuple[jax.Array, jax.Array]:
+    """(query segments [B, L], key segments [B, slots]) of a mask [B, L, S] that is causal within
+    segments: a query's segment is the first key slot it may see (-1: none, padding), a key's is
+    that of the query at its slot; slots before the queries (a cache prefix) are in the last
+    query's segment when it sees them, and slots past them (empty cache, block padding) in -1."""
+    b, l, s = mask.shape
+    seg_q = jnp.where(mask.any(axis=-1), jnp.argmax(mask, axis=-1), -1).astype(jnp.int32)
+    prefix = jnp.where(mask[:, -1, :offset], seg_q[:, -1:], -1).astype(jnp.int32)
+    return seg_q, jnp.concatenate([prefix, seg_q, jnp.full((b, slots - offset - l), -1, jnp.int32)], axis=1)
 
 
 def _round_up(n: int, block: int) -> int:
@@ -185,31 +204,6 @@ def _splash_kernel(heads: int, lq: int, ls: int, offset: int, block_q: int, bloc
                            block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
                            block_q_dq=block_q, block_kv_dq=block_kv)
     return sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
-
-
-def _per_device(run, shape: tuple[int, int, int]):
-    """`run` over (q, k, v, seg_q, seg_kv) [B, heads, ...] through shard_map under the traced
-    program's mesh and logical-axis rules (rows as act_batch, heads as act_kv_heads), else as it is."""
-    from flax.core import spmd  # noqa: PLC0415
-    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
-
-    rules = dict(spmd.get_logical_axis_rules())
-    mesh = jax.sharding.get_abstract_mesh()
-    if not rules or mesh.empty:
-        return run
-    b, h, kv_heads = shape
-
-    def axes(name: str, *sizes: int) -> tuple[str, ...]:
-        target = rules.get(name)
-        names = [target] if isinstance(target, str) else list(target or ())
-        names = [a for a in names if a in mesh.shape and mesh.shape[a] > 1]
-        while names and any(n % math.prod(mesh.shape[a] for a in names) for n in sizes):
-            names.pop()
-        return tuple(names)
-
-    rows, heads = axes("act_batch", b) or None, axes("act_kv_heads", h, kv_heads) or None
-    x, seg = P(rows, heads), P(rows)
-    return jax.shard_map(run, in_specs=(x, x, x, seg, seg), out_specs=x, check_vma=False)
 
 
 @jax.custom_vjp

@@ -29,16 +29,24 @@ def constrain(x: jax.Array, names: Sequence[str | None], units: Sequence[int] | 
     """`x` laid out by its logical axis `names` under the caller's mesh and rules; a
     dimension the named mesh axes do not divide in whole `units` stays (partly) whole
     (the rule parameters follow, so a weight and its gathered copy split alike)."""
+    spec = partition_spec(names, x.shape, units)
+    return x if spec is None else jax.lax.with_sharding_constraint(x, spec)
+
+
+def partition_spec(names: Sequence[str | None], shape: Sequence[int],
+                   units: Sequence[int] | None = None) -> PartitionSpec | None:
+    """The layout `constrain` gives an array of `shape` with logical axis `names` (None outside
+    a mesh and rules)."""
     rules = dict(spmd.get_logical_axis_rules())
     mesh = jax.sharding.get_abstract_mesh()
     if not rules or mesh.empty:
-        return x
-    if len(names) != x.ndim:
-        raise ValueError(f"logical axes {tuple(names)} do not match shape {x.shape}")
-    units = tuple(units) if units is not None else (1,) * x.ndim
+        return None
+    if len(names) != len(shape):
+        raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
+    units = tuple(units) if units is not None else (1,) * len(shape)
     used: set[str] = set()
     spec: list[str | tuple[str, ...] | None] = []
-    for name, size, unit in zip(names, x.shape, units, strict=True):
+    for name, size, unit in zip(names, shape, units, strict=True):
         target = rules.get(name) if name is not None else None
         axes = [target] if isinstance(target, str) else list(target or ())
         # a manual axis (inside shard_map) is each device's own already
@@ -47,7 +55,7 @@ def constrain(x: jax.Array, names: Sequence[str | None], units: Sequence[int] | 
             axes.pop()
         used.update(axes)
         spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
-    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+    return PartitionSpec(*spec)
 
 
 def gathered(w: jax.Array, param_names: Sequence[str | None], units: Sequence[int] | None = None) -> jax.Array:
