@@ -54,7 +54,9 @@ print(json.dumps({
     "mfu_vs_measured_peak": result["mfu_step"],
     "mfu_vs_nominal_bf16_peak": (step["model_flops"] / step["mean_seconds"] / nominal) if nominal else None,
     "peak_memory_gib": peak_gib,
-    "plan_command": f"trainer plan --preset {p.model} model.dtype=bfloat16 "
+    "plan_command": f"trainer plan --platform {'tpu' if jax.default_backend() == 'tpu' else 'gpu'} "
+                    f"--device-memory-gb {stats.get('bytes_limit', 0) / 2**30:.2f} --memory-fraction 1 "
+                    f"--preset {p.model} model.dtype=bfloat16 "
                     f"training.prompts_per_step={p.prompts} algorithm.group_size={p.group_size} "
                     f"rollout.max_new_tokens={p.max_new_tokens} algorithm.beta=0.0",
 }))
