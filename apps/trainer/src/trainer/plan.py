@@ -161,7 +161,8 @@ class Plan:
                              f"{gib(analytic) if analytic is not None else ' ' * 9}")
         lines.append(f"{'peak (resident + largest program)':42s} {gib(self.peak_bytes)}")
         lines.append(f"{'startup (resident + the model as loaded)':42s} {gib(self.startup_bytes)}")
-        lines.append(f"the model as loaded ({a['loaded_model'] / GIB:.2f} GiB per device): {LOADED_MODEL[self.loaded_model]}")
+        lines.append(f"the model as loaded ({a['loaded_model'] / GIB:.2f} GiB per device): "
+                     f"{LOADED_MODEL[self.loaded_model]}")
         if lora and a["reference_saved"]:
             lines.append(f"reference = the frozen base with adapters off: no second copy of the weights "
                          f"(saves {a['reference_saved'] / GIB:.2f} GiB per device)")

@@ -226,7 +226,8 @@ def _stand_in_bwd(residuals, d_out):
     dq = d_out.astype(jnp.float32) * lse[..., None] + out.astype(jnp.float32)  # a float32 dq accumulator
     g = q.shape[2] // k.shape[2]
     d_kv = jnp.sum(d_out.reshape(*d_out.shape[:2], k.shape[2], g, -1), axis=(1, 3))[:, None]
-    return dq.astype(q.dtype), (k + d_kv).astype(k.dtype), (v + d_kv).astype(v.dtype), jax.tree.map(lambda _: None, extra)
+    no_cotangent = jax.tree.map(lambda _: None, extra)  # a mask or segment ids
+    return dq.astype(q.dtype), (k + d_kv).astype(k.dtype), (v + d_kv).astype(v.dtype), no_cotangent
 
 
 _stand_in.defvjp(_stand_in_fwd, _stand_in_bwd)
