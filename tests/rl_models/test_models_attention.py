@@ -204,6 +204,10 @@ from rl_models import attention
 from rl_models.transformer import attend
 
 mesh = mesh_lib.make_mesh(fsdp=2, tensor=2)
+with attention.traced_for("tpu"):  # Splash only where it can run: per device, under the layout
+    assert attention.traced_kernel("auto", dtype=jnp.bfloat16, head_dim=128) == "xla"
+    with mesh_lib.activation_layout(mesh):
+        assert attention.traced_kernel("auto", dtype=jnp.bfloat16, head_dim=128) == "splash"
 _, mask = sequence_inputs(jnp.array([[1] * 7, [0, 0, 1, 1, 1, 1, 1]] * 2, jnp.float32), 9)
 keys = jax.random.split(jax.random.key(0), 3)
 q = jax.random.normal(keys[0], (4, 16, 4, 16))
@@ -223,7 +227,9 @@ print("ok")
 @pytest.mark.slow
 def test_splash_runs_per_device_under_the_activation_layout():
     """On 4 simulated devices (fsdp=2 x tensor=2), traced as the learner traces (rows over fsdp,
-    the 2 KV heads over tensor): one shard_map around the kernel, and the same numbers as xla."""
+    the 2 KV heads over tensor): one shard_map around the kernel, and the same numbers as xla.
+    Without the layout (the static sampler's prefill) a program on several devices gets xla:
+    XLA cannot split the kernel's call."""
     import os
     import subprocess
     import sys

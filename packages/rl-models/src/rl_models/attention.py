@@ -97,6 +97,17 @@ def resolve(attention: str, *, dtype: jnp.dtype, head_dim: int, platform: str | 
     return attention
 
 
+def traced_kernel(attention: str, *, dtype: jnp.dtype, head_dim: int) -> str:
+    """`resolve` for the program being traced, except that Splash, one opaque call per device that
+    XLA cannot split, runs only on one device or under a mesh layout (it then runs in shard_map);
+    a program traced for several devices without one (the static sampler's prefill, the warm
+    start) gets xla."""
+    kind = resolve(attention, dtype=dtype, head_dim=head_dim)
+    if kind == "splash" and jax.device_count() > 1 and partition_spec(("act_batch",), (1,)) is None:
+        return "xla"
+    return kind
+
+
 def _rocm(platform: str) -> bool:
     """Whether `platform` is this host's GPU backend and an AMD one (no cuDNN)."""
     return platform == jax.default_backend() and "rocm" in jax.devices()[0].client.platform_version.lower()

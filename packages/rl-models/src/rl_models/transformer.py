@@ -261,11 +261,12 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
     `implementation` is `TransformerConfig.attention`, resolved for the platform the program is
-    traced for (rl_models.attention). "xla": the head-major batched matmuls of `attend` (on XLA:CPU
-    12% faster over a whole tiny-qwen2 update than `jax.nn.dot_product_attention`'s XLA path, whose
-    grouped-query reshapes become strided copies); "cudnn" and "splash": the fused kernels.
+    traced for (rl_models.attention.traced_kernel). "xla": the head-major batched matmuls of
+    `attend` (on XLA:CPU 12% faster over a whole tiny-qwen2 update than
+    `jax.nn.dot_product_attention`'s XLA path, whose grouped-query reshapes become strided
+    copies); "cudnn" and "splash": the fused kernels.
     """
-    kind = attention_lib.resolve(implementation, dtype=q.dtype, head_dim=q.shape[-1])
+    kind = attention_lib.traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
     if kind == "cudnn":
         return attention_lib.cudnn(q, k, v, mask)
     if kind == "splash":
@@ -323,7 +324,7 @@ class Attention(nnx.Module):
         kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
               jax.lax.dynamic_update_slice(kv[1], new[1], start))
         k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
-        kind = attention_lib.resolve(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
         if kind == "xla" or (kind == "splash" and not isinstance(cache_index, int)):  # the cache's own layout
             out = attend(q, k_all, v_all, mask)
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
