@@ -123,8 +123,8 @@ MUTATIONS = [
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
     m("checkpoint-holds-the-base", f"{CORE}/learner.py",
-      '        return {"params": self.params, "opt_state": self.opt_state, "rng": self.rng}',
-      '        return {"params": self.params, "opt_state": self.opt_state, "rng": self.rng, "frozen": self.frozen}',
+      '        arrays = {"params": self.params, "opt_state": self.opt_state, "rng": self.rng}  # never the frozen base',
+      '        arrays = {"params": self.params, "opt_state": self.opt_state, "rng": self.rng, "frozen": self.frozen}',
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------
     m("tensorboard-rewards-only", f"{CORE}/metrics.py",
