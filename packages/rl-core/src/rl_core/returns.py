@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl_core import registry
 from rl_core.registry import register
 
 WHITEN_EPS = 1e-8
@@ -87,6 +88,12 @@ def gae_advantages(rewards: jax.Array, values: jax.Array, mask: jax.Array, *, ga
     """GAE advantages whitened over the batch's real tokens, and the (unwhitened) returns."""
     adv, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
     return whiten(adv, mask), returns
+
+
+registry.registry.note_foreign_name(
+    "advantage_estimator", "gae",
+    "'gae' is a token_advantage_estimator: it needs a critic's values (PPO, algorithm 'ppo'), not a group.",
+)
 
 
 def explained_variance(values: jax.Array, returns: jax.Array, mask: jax.Array) -> jax.Array:
