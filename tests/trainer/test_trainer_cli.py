@@ -225,7 +225,7 @@ def test_algos_lists_an_algorithm_whose_learner_has_no_docstring(capsys, monkeyp
     code, out, _ = run_cli(capsys, "algos")
     assert code == 0
     names = [line.split()[0] for line in out.splitlines()]
-    assert names == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "plain", "reinforce_pp", "rloo"]  # its own registry
+    assert names == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "plain", "ppo", "reinforce_pp", "rloo"]
     assert "algo-plain" in out
 
 
