@@ -60,26 +60,23 @@ def test_gae_equals_the_loop_on_random_masked_batches(variant, gamma, lam, seed)
     assert not np.asarray(adv)[mask == 0].any() and not np.asarray(returns)[mask == 0].any()
 
 
+def reward_to_go_minus_value(r, v, n, t, gamma):
+    return sum(gamma ** (k - t) * r[k] for k in range(t, n)) - v[t]
+
+
+def one_step_td_error(r, v, n, t, gamma):
+    return r[t] + gamma * (v[t + 1] if t + 1 < n else 0.0) - v[t]
+
+
 @VARIANTS
-def test_lambda_one_is_reward_to_go_minus_values(variant):
+@pytest.mark.parametrize(("lam", "closed_form"), [(1.0, reward_to_go_minus_value), (0.0, one_step_td_error)],
+                         ids=["lambda=1", "lambda=0"])
+def test_lambda_one_and_zero_have_their_closed_forms(variant, lam, closed_form):
     rewards, values, mask, lengths = random_batch(3)
-    gamma = 0.9
-    adv, _ = variant(functools.partial(gae, gamma=gamma, lam=1.0))(rewards, values, mask)
+    adv, _ = variant(functools.partial(gae, gamma=0.9, lam=lam))(rewards, values, mask)
     for i, n in enumerate(lengths):
         for t in range(n):
-            to_go = sum(gamma ** (k - t) * rewards[i, k] for k in range(t, n))
-            assert adv[i, t] == pytest.approx(to_go - values[i, t], abs=1e-4)
-
-
-@VARIANTS
-def test_lambda_zero_is_the_one_step_td_error(variant):
-    rewards, values, mask, lengths = random_batch(4)
-    gamma = 0.9
-    adv, _ = variant(functools.partial(gae, gamma=gamma, lam=0.0))(rewards, values, mask)
-    for i, n in enumerate(lengths):
-        for t in range(n):
-            next_value = values[i, t + 1] if t + 1 < n else 0.0
-            assert adv[i, t] == pytest.approx(rewards[i, t] + gamma * next_value - values[i, t], abs=1e-5)
+            assert adv[i, t] == pytest.approx(closed_form(rewards[i], values[i], n, t, 0.9), abs=1e-4)
 
 
 def test_gae_by_hand():
