@@ -172,9 +172,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def loss_function(self) -> LossFn:
         """The policy's loss of one micro-batch, `fn(model, example) -> LossOutput` (sums and
-        denominator plus metric sums, traced). Called once, while the learner is built: it may
-        read the configs (`self.config`, `self.rollout`), never state that changes later, and
-        the function it returns must be pure, as the jitted update closes over it."""
+        denominator plus metric sums, traced). Called while the learner is built (and by
+        `compute_loss`): it may read the configs (`self.config`, `self.rollout`), never state that
+        changes later, and the function it returns must be pure, as the jitted update closes over it."""
 
     @property
     @abc.abstractmethod
