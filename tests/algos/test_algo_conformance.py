@@ -3,9 +3,11 @@
 For each: the config constructs with defaults and round-trips; the loss and
 its gradients are finite and non-zero on a hand-built batch; padding rows
 and extra left prompt padding never change the loss; equal rewards give
-zero advantages without NaN; a tiny transformer trains end to end on a toy
-task (finite loss, parameters change, the documented metrics are logged);
-and the second jitted step compiles nothing new. The behaviour-policy
+zero advantages without NaN (for a learner with a critic: rewards its values
+predict exactly); a tiny transformer trains end to end on a toy task (finite
+loss, parameters change, the documented metrics are logged); and the second
+jitted step compiles nothing new. Extra trained models a learner declares
+(`extra_models`, e.g. PPO's critic) are built from the policy by `EXTRA_MODELS`. The behaviour-policy
 contract: mini-batches after the first see the moved policy through the
 importance ratio (and clip), rows with recorded log-probs keep them, and the
 on-policy fast path (no behaviour forward) equals the recomputed path to
@@ -54,15 +56,21 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
+EXTRA_MODELS = {"critic": rl_models.value_model_from_policy}
+"""How to make each kind of extra trained model a learner may declare, from the policy."""
+
+
 def build(name: str, **training):
     algorithm = registry.get_algorithm(name)
     config = dataclasses.replace(algorithm.config(), group_size=G)
     # The learner adds the algorithm's own reward functions (e.g. DAPO's overlong penalty).
     # An untrained policy never answers right: groups are judged by the shaping reward.
     manager = rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction], correctness="digit_fraction")
+    policy = rl_models.Transformer(MODEL, rngs=nnx.Rngs(0))
     learner = algorithm.learner(
         config,
-        policy=rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)),
+        policy=policy,
+        **{kind: EXTRA_MODELS[kind](policy) for kind in algorithm.learner.extra_models},
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(**{"prompts_per_step": 2, "num_steps": 3, "learning_rate": 1e-3, **training}),
@@ -247,17 +255,32 @@ def test_padding_never_changes_the_loss(toy_losses, name):
 # -- advantages of equal rewards -----------------------------------------------------------
 
 
-def test_equal_rewards_give_zero_advantages(run):
-    learner = run.learner
-    rows = 3 * G
-    rewards_ = [1.0] * G + [0.0] * G + [0.1] * G  # all ones, all zeros, and a float that rounds
-    groups = make_groups(
-        PROMPTS[:3], rewards_, group_size=G, completion_tokens=np.full((rows, T), 5), lengths=[2] * rows
-    )
-    adv = np.asarray(learner.compute_advantages(groups))
-    assert adv.shape == (rows,) and np.array_equal(adv, np.zeros(rows, np.float32))
-    example = learner.to_example(groups, adv)
-    assert np.array_equal(np.asarray(example.advantages), np.zeros(rows, np.float32))
+def test_rewards_the_baseline_explains_give_zero_advantages(run):
+    """A group estimator's baseline is the group: equal rewards (a tie) give exactly zero. A
+    token estimator's is the critic: values that equal the return leave no signal either."""
+    config = run.config
+    if config.estimator_category == "advantage_estimator":
+        learner = run.learner
+        rows = 3 * G
+        rewards_ = [1.0] * G + [0.0] * G + [0.1] * G  # all ones, all zeros, and a float that rounds
+        groups = make_groups(
+            PROMPTS[:3], rewards_, group_size=G, completion_tokens=np.full((rows, T), 5), lengths=[2] * rows
+        )
+        adv = np.asarray(learner.compute_advantages(groups))
+        assert adv.shape == (rows,) and np.array_equal(adv, np.zeros(rows, np.float32))
+        example = learner.to_example(groups, adv)
+        assert np.array_equal(np.asarray(example.advantages), np.zeros(rows, np.float32))
+        return
+    # rewards 1, 0, 0.1 and 5 at the last token of rows of 2, 3, 1 and 0 tokens; with gamma = 1
+    # the return of every token is its row's reward, and so is the value
+    mask = (np.arange(T)[None, :] < np.asarray([2, 3, 1, 0])[:, None]).astype(np.float32)
+    token_rewards = np.zeros((4, T), np.float32)
+    token_rewards[[0, 1, 2], [1, 2, 0]] = [1.0, 0.0, 0.1]
+    values = np.asarray([1.0, 0.0, 0.1, 5.0], np.float32)[:, None] * mask
+    estimator = registry.get(config.estimator_category, config.advantage_estimator)
+    adv, returns = estimator(token_rewards, values, mask, gamma=1.0, lam=0.95)
+    assert np.array_equal(np.asarray(adv), np.zeros((4, T), np.float32))
+    np.testing.assert_array_equal(returns, values)
 
 
 # -- end to end ------------------------------------------------------------------------------
@@ -319,8 +342,8 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
         prompt_width=5,
     )
     prompt = np.asarray([[TOK.bos_id, *TOK.encode("1+2=")]] * rows, np.int32)
-    example = learner.to_example(groups, np.asarray(learner.compute_advantages(groups)))
-    return learner.add_logprobs(example._replace(prompt_tokens=prompt))
+    # advantages, arrays and log-probs (and whatever else the algorithm's update needs)
+    return learner.example_from_groups(dataclasses.replace(groups, prompt_tokens=prompt))
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

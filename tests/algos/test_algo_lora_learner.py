@@ -6,11 +6,13 @@ projection: 4 * 8192 / 8 * 2 layers = 8,192 trainable parameters (see
 tests/rl_models/test_models_lora.py for the analytic count per projection).
 """
 
+import functools
 import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -18,6 +20,8 @@ import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.logprobs import completion_logprobs
+from rl_core.trainable import TrainableModel
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from rl_models.lora import add_adapters, quantize_base
 
@@ -41,25 +45,22 @@ class RecordingGRPO(GRPOLearner):
 
     def __init__(self, *args, base: Transformer, **kwargs):
         super().__init__(*args, **kwargs)
-        self.base_graphdef, base_params = nnx.split(base, nnx.Param)
-        self.base_params = nnx.to_pure_dict(base_params)
+        # the plain base as a model of its own (never trained), so that its log-prob pass is
+        # the learner's program on other parameters
+        self.base = TrainableModel(base, name="base", optimizer=optax.sgd(0.0), loss_fn=self.loss_function(),
+                                   layout=self.layout)
+        chunk = self.rollout.logprob_chunk_tokens
+        fn = functools.partial(completion_logprobs, temperature=self.rollout.temperature, chunk_tokens=chunk)
+        self._base_logprobs = self.base.forward(fn, chunk_tokens=chunk)
         self.records: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def reference_logprobs(self, example):
         ref = super().reference_logprobs(example)
-        graphdef, frozen = self.graphdef, self.frozen
-        self.graphdef, self.frozen = self.base_graphdef, {}  # the same programs, on the plain base
-        try:
-            base, _ = self._logprobs_fn_on(self.base_params, example)
-        finally:
-            self.graphdef, self.frozen = graphdef, frozen
+        base, _ = self._base_logprobs(None, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+                                      mask=example.completion_mask)
         policy, _ = self.compute_logprobs(self.params, example)
         self.records.append(tuple(np.asarray(x) for x in (ref, base, policy)))
         return ref
-
-    def _logprobs_fn_on(self, params, example):
-        fields = (example.prompt_tokens, example.prompt_mask, example.completion_tokens)
-        return jax.jit(self._logprobs_fn)(params, {}, *(np.asarray(x)[None] for x in fields))
 
 
 def make_learner(policy, *, cls=GRPOLearner, output_dir=None, beta=0.04, **kwargs):

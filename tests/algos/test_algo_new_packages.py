@@ -1,4 +1,4 @@
-"""RLOO, GSPO, CISPO and REINFORCE++: each a small package declared by its entry point alone.
+"""RLOO, GSPO, CISPO, REINFORCE++ and PPO: each a small package declared by its entry point alone.
 
 Each package's code (no docstrings, comments or blank lines) stays within its
 budget, its pyproject declares exactly the entry point and what it imports,
@@ -23,6 +23,8 @@ PACKAGES = {
     "reinforce_pp": (17, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "gspo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "cispo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
+    # a second trained model, its loss, GAE's inputs and the critic's metrics: 126 lines
+    "ppo": (130, {"rl-core", "algo-grpo", "jax>=0.7", "numpy>=1.26"}),
 }
 
 

@@ -17,6 +17,7 @@ def fresh(group: str | None = None) -> Registry:
 
 def test_expected_calls():
     assert expected_call("advantage_estimator") == "(rewards, group_size)"
+    assert expected_call("token_advantage_estimator") == "(rewards, values, mask, *, gamma, lam)"
     assert expected_call("policy_loss") == "(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip)"
     assert expected_call("loss_aggregation") == "(x, mask, *, max_len)"
     assert expected_call("kl_estimator") == "(logp, ref_logp)"
@@ -73,6 +74,8 @@ def required_extra_kl(logp, ref_logp, beta):
     ("category", "fn", "says"),
     [
         ("advantage_estimator", one_argument_estimator, "fn(rewards, group_size)"),
+        # a group estimator is not a token estimator: it cannot take the values and mask
+        ("token_advantage_estimator", good_estimator, "fn(rewards, values, mask, *, gamma, lam)"),
         ("policy_loss", positional_eps_loss, "fn(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip)"),
         ("loss_aggregation", no_max_len, "fn(x, mask, *, max_len)"),
         ("kl_estimator", required_extra_kl, "missing a required argument: 'beta'"),

@@ -60,21 +60,22 @@ def example(learner, lengths, t=32):
 
 def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
     widths = {"logprobs": [], "update": []}
-    logprobs, update = learner._logprobs, learner._update
+    policy = learner.models["policy"]
+    logprobs, update = learner._logprobs.program, policy.update_step
 
-    def spy_logprobs(params, frozen, prompt_tokens, prompt_mask, completion_tokens):
-        widths["logprobs"].append(completion_tokens.shape[-1])
-        return logprobs(params, frozen, prompt_tokens, prompt_mask, completion_tokens)
+    def spy_logprobs(params, frozen, inputs):
+        widths["logprobs"].append(inputs[2].shape[-1])  # (prompt_tokens, prompt_mask, completion_tokens)
+        return logprobs(params, frozen, inputs)
 
-    def spy_update(params, opt_state, frozen, batch):
+    def spy_update(state, frozen, batch):
         widths["update"].append(batch.completion_tokens.shape[-1])
-        return update(params, opt_state, frozen, batch)
+        return update(state, frozen, batch)
 
-    monkeypatch.setattr(learner, "_logprobs", spy_logprobs)
-    monkeypatch.setattr(learner, "_update", spy_update)
+    monkeypatch.setattr(learner._logprobs, "program", spy_logprobs)
+    monkeypatch.setattr(policy, "update_step", spy_update)
     ex = example(learner, [5, 3, 1, 2, 6, 4, 1, 1])  # longest 6: two chunks of 4 -> 8
     logp, entropy = learner.compute_logprobs(learner.params, ex)
-    full, _ = learner._micro_batched_logprobs(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)
+    full, _ = learner._logprobs(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)  # no mask
     learner.update(ex)
     assert widths == {"logprobs": [8, 32], "update": [8]}  # 32: the untrimmed pass, for comparison
     assert logp.shape == entropy.shape == (8, 32)  # padded back to the completions' width

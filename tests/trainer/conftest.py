@@ -85,7 +85,7 @@ def learn(tmp_path_factory, learning_base, trainer_xla_flags):
     the first run makes them while holding a lock, and every later run, in any worker, reads them.
     The learning tests are split over files so that pytest-xdist runs them on both workers."""
 
-    def train(algo: str, overrides, name: str, shuffled_rewards: bool) -> tuple[float, float]:
+    def train(algo: str, overrides, name: str, shuffled_rewards: bool) -> dict:
         run_dir = tmp_path_factory.mktemp(name)
         env = {**os.environ, "XLA_FLAGS": trainer_xla_flags}  # not the suite's compile-time flags (see the script)
         control = ["--shuffled-rewards"] if shuffled_rewards else []
@@ -95,17 +95,22 @@ def learn(tmp_path_factory, learning_base, trainer_xla_flags):
         assert done.returncode == 0, done.stderr[-4000:]
         result = json.loads(done.stdout.splitlines()[-1])
         print(f"{name}: held-out accuracy {result['before']:.3f} -> {result['after']:.3f}")
-        return result["before"], result["after"]
+        return result
 
-    def run(algo: str, overrides=(), name: str | None = None, *, shuffled_rewards: bool = False) -> tuple[float, float]:
-        """`shuffled_rewards`: the control run (see scripts/learning_run.py), which must not learn."""
+    def run(algo: str, overrides=(), name: str | None = None, *, shuffled_rewards: bool = False,
+            final_metrics: bool = False) -> tuple:
+        """(accuracy before, after), and with `final_metrics` every metric of the final evaluation.
+        `shuffled_rewards`: the control run (see scripts/learning_run.py), which must not learn."""
         made = learning_base / "made"
+        result = None
         if not made.exists():
             with exclusive(learning_base / "lock"):
                 if not made.exists():
                     result = train(algo, overrides, name or algo, shuffled_rewards)
                     made.touch()
-                    return result
-        return train(algo, overrides, name or algo, shuffled_rewards)
+        if result is None:
+            result = train(algo, overrides, name or algo, shuffled_rewards)
+        out = (result["before"], result["after"])
+        return (*out, result["after_metrics"]) if final_metrics else out
 
     return run

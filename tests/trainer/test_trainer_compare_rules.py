@@ -12,6 +12,7 @@ from trainer import compare_folder
 from trainer.cli import main
 from trainer.compare import COMPARE_DEFAULTS, variant_settings
 from trainer.plots import smooth
+from trainer.report import settings_text
 from trainer.settings import merge, parse_overrides, user_settings
 from trainer.stats import holm_adjust, mean_ci, significant, welch_p_value
 
@@ -168,3 +169,17 @@ def test_compare_splits_each_batch_into_four_mini_batches_unless_told_otherwise(
     grpo, dapo = variant_settings(["grpo", "dapo"], user)
     assert grpo.training.mini_batch_size == dapo.training.mini_batch_size == mini_batch_size
     assert grpo.training.learning_rate == 5e-4 and grpo.training.num_steps == 150
+
+
+def test_every_variant_generates_as_many_completions_per_step_as_grpo():
+    """PPO samples one completion per prompt: it sees eight times GRPO's prompts, the same rollout budget."""
+    user = merge(parse_overrides(COMPARE_DEFAULTS), user_settings(None, []))
+    grpo, ppo = variant_settings(["grpo", "ppo"], user)
+    assert (grpo.training.prompts_per_step, grpo.algorithm_config().group_size) == (32, 8)
+    assert (ppo.training.prompts_per_step, ppo.algorithm_config().group_size) == (256, 1)
+    assert grpo.training.mini_batch_size == ppo.training.mini_batch_size == 64
+    (_, _, _, _, steps, *_) = settings_text(grpo, [grpo, ppo], seeds=1, wall=0.0)
+    assert steps == "- steps: 150 per run; 256 completions per step: 32 prompts x 8 (grpo); 256 prompts x 1 (ppo)"
+    # a group size set for every variant applies to PPO's groups too: nothing to make up
+    same = variant_settings(["grpo", "ppo"], merge(user, parse_overrides(["algorithm.group_size=4"])))
+    assert [s.training.prompts_per_step for s in same] == [32, 32]

@@ -33,7 +33,7 @@ def float_fields(cls: type[Config], prefix: str) -> list[str]:
 FLOAT_SETTINGS = sorted(
     {path for f in dataclasses.fields(RunSettings) if (sub := _config_type(typing.get_type_hints(RunSettings)[f.name]))
      for path in float_fields(sub, f"{f.name}.")}
-    | {path for algo in ("grpo", "dr_grpo", "dapo")
+    | {path for algo in ("grpo", "dr_grpo", "dapo", "ppo")
        for path in float_fields(registry.get_algorithm(algo).config, "algorithm.")}
 )
 
@@ -41,7 +41,8 @@ FLOAT_SETTINGS = sorted(
 def test_every_float_setting_is_found():
     # the enumeration below must not silently shrink to nothing
     assert {"training.learning_rate", "rollout.temperature", "rollout.top_p", "warm_start.learning_rate",
-            "algorithm.beta", "algorithm.epsilon_high", "algorithm.overlong.penalty_factor"} <= set(FLOAT_SETTINGS)
+            "algorithm.beta", "algorithm.epsilon_high", "algorithm.overlong.penalty_factor",
+            "algorithm.gamma", "algorithm.gae_lambda", "algorithm.critic_learning_rate"} <= set(FLOAT_SETTINGS)
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def algo_with(path: str) -> str:
     if not path.startswith("algorithm."):
         return "grpo"
     field = path.split(".")[1]
-    return next(a for a in ("grpo", "dr_grpo", "dapo")
+    return next(a for a in ("grpo", "dr_grpo", "dapo", "ppo")
                 if field in {f.name for f in dataclasses.fields(registry.get_algorithm(a).config)})
 
 
@@ -108,6 +109,37 @@ def test_rules_across_sections_fail_before_anything_is_built(overrides, expected
     assert code == 2
     assert expected in err, err
     assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+QWEN2 = "tests/fixtures/hf/qwen2"  # a real Hugging Face folder, with another vocabulary than the character one
+
+
+@pytest.mark.parametrize(
+    ("algo", "overrides", "expected"),
+    [
+        ("grpo", [f"model.critic_path={QWEN2}"], "critic_path = 'tests/fixtures/hf/qwen2': algorithm 'grpo' trains no critic"),
+        ("ppo", ["model.critic_path=no/such/folder"], "critic_path = 'no/such/folder': must be an existing folder"),
+        ("ppo", [f"model.critic_path={QWEN2}", "model.lora.rank=4"],
+         "a LoRA critic trains adapters over the policy's own frozen base"),
+    ],
+    ids=["no-critic-to-start", "missing-folder", "lora-shares-the-base"],
+)
+def test_a_critic_folder_that_cannot_be_used_fails_before_anything_is_built(algo, overrides, expected, capsys,
+                                                                           tmp_path, nothing_is_built):
+    out = tmp_path / "run"
+    code = main(["train", "--algo", algo, "--output", str(out), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_a_critic_folder_with_another_vocabulary_fails_before_the_run_folder_is_made(capsys, tmp_path):
+    out = tmp_path / "run"
+    code = main(["train", "--algo", "ppo", "--output", str(out), f"model.critic_path={QWEN2}", "warm_start.steps=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "its vocabulary has 320 tokens and the policy's 99; the critic reads the policy's tokens" in err
     assert not out.exists()
 
 

@@ -21,7 +21,7 @@ def run(devices):
     # the layout the update sees: each micro-batch's rows split over the data axis
     b, t = learner.batch_size, learner.rollout.max_new_tokens
     zeros = TrainExample(*(np.zeros(shape, np.float32) for shape in ((b, 8), (b, 8), (b, t), (b, t), (b,))))
-    tokens = learner._mini_batches(zeros)[0].completion_tokens  # [micro-batches, rows, T]
+    tokens = learner.layout.mini_batches(zeros)[0].completion_tokens  # [micro-batches, rows, T]
     return learner, initial, metrics, {
         "devices": len(tokens.sharding.device_set),
         "shard_shapes": sorted({tuple(s.data.shape) for s in tokens.addressable_shards}),

@@ -232,8 +232,8 @@ class _Recorder:
         self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
         generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.produce_examples
 
-        def recording_generate(prompt_tokens, prompt_mask, sampling=None, *, num_samples=1):
-            out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples)
+        def recording_generate(prompt_tokens, prompt_mask, sampling=None, *, num_samples=1, **options):
+            out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, **options)
             prompt = np.asarray(prompt_mask).sum(axis=1)
             lengths = np.asarray(out.lengths)  # the learner fetches these anyway
             self.flops["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples)

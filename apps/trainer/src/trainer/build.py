@@ -29,10 +29,10 @@ from rl_core import registry
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
-from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
+from rl_models import CharTokenizer, Transformer, TransformerConfig, ValueModel, preset, value_model_from_policy
 from rl_models import attention as attention_lib
+from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer, load_hf_value_model
 from rl_models.transformer import compute_dtype
-from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 from rl_models.lora import add_adapters, quantize_base
 
 from trainer.evaluate import evaluate
@@ -49,7 +49,8 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     model = settings.model.to_dict()
-    for key in ("lora", "quantize"):  # applied after the warm start: LoRA and full runs share one base
+    # applied after the warm start: LoRA and full runs share one base; the critic is not the base
+    for key in ("lora", "quantize", "critic_path"):
         model.pop(key)
     relevant = {
         "task": settings.task.to_dict(),
@@ -106,6 +107,31 @@ def check_attention(config: TransformerConfig, platform: str | None = None) -> N
                               platform=platform)
     except ValueError as e:
         raise ConfigError(f"model.{e}") from None
+
+
+def check_critic(settings: RunSettings, policy: Transformer) -> None:
+    """A settings error when `model.critic_path`'s model cannot read the policy's tokens or cannot
+    be laid out on the mesh (reads its config.json only)."""
+    path = settings.model.critic_path
+    if path is None:
+        return
+    config = load_hf_config(path, **settings.model.runtime())
+    if config.vocab_size != policy.config.vocab_size:
+        raise ConfigError(
+            f"model.critic_path = {path!r}: its vocabulary has {config.vocab_size} tokens and the policy's "
+            f"{policy.config.vocab_size}; the critic reads the policy's tokens, so both must share one tokenizer"
+        )
+    check_tensor_parallel(config, mesh(settings).shape["tensor"])
+
+
+def critic(settings: RunSettings, policy: Transformer) -> ValueModel:
+    """The critic of an algorithm that trains one (PPO): over the policy's backbone, sharing its
+    arrays (with LoRA: its frozen base, with fresh adapters of its own), or from `model.critic_path`."""
+    if settings.model.critic_path is None:
+        return value_model_from_policy(policy, seed=settings.model.seed + 1)
+    device_mesh = mesh(settings)
+    shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
+    return load_hf_value_model(settings.model.critic_path, shardings=shardings, **settings.model.runtime())
 
 
 def check_finite(settings: RunSettings, model: Transformer) -> None:
@@ -253,8 +279,9 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
     prompts = heldout(task, settings)
 
     def run(learner: RLLearner) -> dict[str, float]:
-        return evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
-                        rollout=settings.rollout)
+        metrics = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
+                           rollout=settings.rollout)
+        return metrics | learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
 
     return run
 
@@ -269,9 +296,11 @@ def learner(
     progress: bool,
 ) -> RLLearner:
     algorithm = registry.get_algorithm(settings.algo)
+    models = {"critic": critic} if "critic" in algorithm.learner.extra_models else {}
     return algorithm.learner(
         settings.algorithm_config(),
         policy=policy,
+        **{name: make(settings, policy) for name, make in models.items()},
         tokenizer=tokenizer,
         train_data=task.train,
         training=settings.training,

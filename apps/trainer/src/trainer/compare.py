@@ -2,7 +2,9 @@
 
 Each variant trains `seeds` times from one cached base policy; seed n sets
 `training.seed` (data order) and `rollout.seed` (sampling) to the configured
-value + n, the same for every variant. The report gives each metric's mean
+value + n, the same for every variant. Every variant generates the same number of
+completions per step (GRPO's prompts x G): one that samples fewer per prompt (PPO)
+sees more prompts. The report gives each metric's mean
 over seeds with a 95% confidence interval and says which differences are
 significant.
 """
@@ -72,10 +74,9 @@ def variant_settings(algos: Sequence[str], user: Mapping[str, Any]) -> list[RunS
 
 
 def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
-    """`user`'s settings for `algo`, keeping only the algorithm fields that `algo`'s config has."""
-    fields = {f.name for f in dataclasses.fields(registry.get_algorithm(algo).config)}
-    algorithm = {k: v for k, v in (user.get("algorithm") or {}).items() if k in fields}
-    settings = settings_from_user({**user, "algorithm": algorithm}, algo)
+    """`user`'s settings for `algo`, keeping only the algorithm fields that `algo`'s config has,
+    with as many completions per step as the reference algorithm (`same_completions`)."""
+    settings = same_completions(settings_from_user({**user, "algorithm": _own_fields(algo, user)}, algo), user)
     if (user.get("training") or {}).get("mini_batch_size") is not None:
         return settings
     training = settings.training
@@ -84,6 +85,24 @@ def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
     if completions % MINI_BATCHES or (training.micro_batch_size and mini % training.micro_batch_size):
         return settings
     return dataclasses.replace(settings, training=dataclasses.replace(training, mini_batch_size=mini))
+
+
+def _own_fields(algo: str, user: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(registry.get_algorithm(algo).config)}
+    return {k: v for k, v in (user.get("algorithm") or {}).items() if k in fields}
+
+
+def same_completions(settings: RunSettings, user: Mapping[str, Any]) -> RunSettings:
+    """`settings` generating as many completions per step as REFERENCE_ALGO does with `user`'s
+    settings (its prompts x G): a variant with smaller groups (PPO: one completion per prompt)
+    trains on proportionally more prompts, so every variant spends the same rollout budget.
+    Left as they are when the reference's completions do not split into the variant's groups."""
+    g = completions_per_prompt(settings.algorithm_config())
+    reference = registry.get_algorithm(REFERENCE_ALGO).config.from_dict(_own_fields(REFERENCE_ALGO, user))
+    total = settings.training.prompts_per_step * completions_per_prompt(reference)
+    if total % g or total // g == settings.training.prompts_per_step:
+        return settings
+    return dataclasses.replace(settings, training=dataclasses.replace(settings.training, prompts_per_step=total // g))
 
 
 def with_seed(settings: RunSettings, offset: int) -> RunSettings:

@@ -137,6 +137,9 @@ def explain_algorithm(name: str, group: Group) -> Explanation | str:
     missing = [f for f in _NEEDED_FIELDS if f not in fields]
     if missing:
         return f"{name}: not a group-relative algorithm (its config has no {', '.join(missing)}); skipped"
+    if getattr(config, "estimator_category", "advantage_estimator") != "advantage_estimator":
+        return (f"{name}: its advantages come from a critic's values ({config.advantage_estimator}), not from the "
+                "group's rewards alone; skipped")
     g = group.size
     estimator = registry.get("advantage_estimator", config.advantage_estimator)
     policy_loss = registry.get("policy_loss", config.policy_loss)

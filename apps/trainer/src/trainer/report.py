@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
-from trainer.settings import RunSettings
+from trainer.settings import RunSettings, completions_per_prompt
 from trainer.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
 __all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
@@ -198,14 +198,22 @@ def _diff_text(diff: Mapping[str, Mapping[str, Any]], reference: str, algo: str)
 
 def settings_text(first: RunSettings, all_settings: Sequence[RunSettings], seeds: int, wall: float) -> list[str]:
     t, e = first.training, first.eval
-    groups = sorted({s.algorithm_config().to_dict().get("group_size") for s in all_settings}, key=str)
+    shapes: dict[tuple[int, int], list[str]] = {}  # (prompts, completions per prompt) -> variants
+    for s in all_settings:
+        shapes.setdefault((s.training.prompts_per_step, completions_per_prompt(s.algorithm_config())), []).append(s.algo)
+    if len(shapes) == 1:
+        ((prompts, g),) = shapes
+        batch = f"{prompts} prompts x {g} completions per step"
+    else:  # the same completions per step (trainer.compare.same_completions), other group sizes
+        batch = f"{t.prompts_per_step * completions_per_prompt(first.algorithm_config())} completions per step: " + (
+            "; ".join(f"{p} prompts x {g} ({', '.join(algos)})" for (p, g), algos in shapes.items()))
     layout = f"mini-batch {t.mini_batch_size or 'whole step'}, micro-batch {t.micro_batch_size or 'whole mini-batch'}"
     return [
         "## Settings",
         "",
         f"- task: {first.task.name} {first.task.options or ''}".rstrip(),
         f"- base policy: {first.warm_start_steps} warm-start steps, shared by every variant and seed",
-        f"- steps: {t.num_steps} per run; {t.prompts_per_step} prompts x {'/'.join(map(str, groups))} completions per step",
+        f"- steps: {t.num_steps} per run; {batch}",
         f"- batch layout: {layout}",
         f"- learning rate: {t.learning_rate:g} ({t.optimizer}, {t.lr_schedule}), max grad norm {t.max_grad_norm}",
         f"- seeds: {seeds}; run n of each variant uses training.seed {t.seed} + n and rollout.seed {first.rollout.seed} + n",

@@ -37,6 +37,11 @@ from trainer.tasks import Task
 
 
 def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
+    """`policy_evaluation` and the algorithm's own held-out metrics (e.g. PPO's critic)."""
+    return policy_evaluation(learner, task, settings, seed) | learner.heldout_metrics(build.heldout(task, settings))
+
+
+def policy_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
     """Greedy accuracy, pass@k and lengths on the held-out set."""
     return evaluate(
         learner.sampler,
@@ -70,7 +75,7 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     multihost.sync("trainer.base_evaluation")  # every process sees the cache as it is now, before process 0 writes it
     if path.exists():
         return json.loads(path.read_text())
-    metrics = final_evaluation(learner, task, settings)
+    metrics = policy_evaluation(learner, task, settings)  # the policy's alone: every algorithm shares it
     _write_text(path, json.dumps(metrics, indent=2))
     return metrics
 
@@ -138,6 +143,7 @@ def train_run(
     task = load_task(settings, tokenizer, log)
     model = build.new_model(settings, tokenizer)
     build.check_finite(settings, model)
+    build.check_critic(settings, model)
 
     there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -78,8 +78,7 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
     checkpointer = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may still be saving
     try:
-        like = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}
-        arrays, _ = checkpointer.restore(step, like=like)
+        arrays, _ = checkpointer.restore(step, like=learner.checkpoint_arrays())
     finally:
         checkpointer.close()
     return RunPolicy(settings, tokenizer, task, learner, arrays["params"], step)

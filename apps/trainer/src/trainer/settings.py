@@ -138,6 +138,9 @@ class ModelSettings(Config):
     """Low-rank adapters: with lora.rank > 0 only they train; the base is frozen."""
     quantize: str | None = None
     """Store the frozen base's block projections as int8, int4 or nf4 (QLoRA; needs lora.rank > 0)."""
+    critic_path: str | None = None
+    """A local Hugging Face folder to start the critic (PPO) from: its backbone, and a value head
+    that starts at zero. None = the policy's starting weights (with LoRA: its frozen base)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -155,6 +158,10 @@ class ModelSettings(Config):
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",
               "must be true, false or null (by platform)")
         check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
+        check(self.critic_path is None or Path(self.critic_path).is_dir(), self, "critic_path",
+              "must be an existing folder")
+        check(self.critic_path is None or not self.lora.rank, self, "critic_path",
+              "a LoRA critic trains adapters over the policy's own frozen base; unset it or set model.lora.rank=0")
         check(self.path is not None or self.preset in PRESETS, self, "preset", f"must be one of {sorted(PRESETS)}")
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
 
@@ -237,6 +244,11 @@ class RunSettings(Config):
             raise ConfigError(
                 f"RolloutConfig.temperature = {self.rollout.temperature!r}: RL rollouts need temperature > 0 "
                 "(greedy decoding samples the same completion for the whole group, so every advantage is 0)"
+            )
+        if self.model.critic_path is not None and "critic" not in registry.get_algorithm(self.algo).learner.extra_models:
+            raise ConfigError(
+                f"ModelSettings.critic_path = {self.model.critic_path!r}: algorithm {self.algo!r} trains no critic; "
+                "unset it, or train one that does (--algo ppo)"
             )
         completions = self.training.prompts_per_step * completions_per_prompt(config)
         data, fsdp, _ = self.training.mesh.shape(jax.device_count())  # the mesh must fit the devices

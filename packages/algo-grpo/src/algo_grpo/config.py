@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from rl_core.config import AlgorithmConfig, check, check_registered
 
@@ -10,6 +11,10 @@ from rl_core.config import AlgorithmConfig, check, check_registered
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GRPOConfig(AlgorithmConfig):
     """GRPO (Shao et al. 2024, arXiv:2402.03300)."""
+
+    estimator_category: ClassVar[str] = "advantage_estimator"
+    """Registry category of `advantage_estimator`: "advantage_estimator" compares the G completions
+    of a prompt (so G >= 2); "token_advantage_estimator" takes a critic's values (PPO, G >= 1)."""
 
     group_size: int = 8
     """G: completions sampled per prompt (>= 2, so that a group has a baseline)."""
@@ -40,7 +45,9 @@ class GRPOConfig(AlgorithmConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.group_size >= 2, self, "group_size", "must be >= 2")
+        if self.estimator_category == "advantage_estimator":
+            check(self.group_size >= 2, self, "group_size", "must be >= 2")
+        check(self.group_size >= 1, self, "group_size", "must be >= 1")
         check(self.num_iterations >= 1, self, "num_iterations", "must be >= 1")
         check(self.beta >= 0.0, self, "beta", "must be >= 0")
         check(0.0 <= self.epsilon_low <= 1.0, self, "epsilon_low", "must be in [0, 1] (1 = no lower bound)")
@@ -48,5 +55,5 @@ class GRPOConfig(AlgorithmConfig):
         check(self.dual_clip is None or self.dual_clip > 1.0, self, "dual_clip", "must be > 1 or None")
         check(self.tis_cap is None or self.tis_cap >= 1.0, self, "tis_cap", "must be >= 1 or None (off)")
         check_registered(self, "kl_estimator", "kl_estimator")
-        check_registered(self, "advantage_estimator", "advantage_estimator")
+        check_registered(self, "advantage_estimator", self.estimator_category)
         check_registered(self, "policy_loss", "policy_loss")

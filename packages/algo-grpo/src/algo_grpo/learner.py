@@ -1,11 +1,15 @@
 """GRPOLearner: the group pipeline as small overridable steps.
 
 produce_examples(prompts)
-  = collect_groups(prompts)      rollout + score (DAPO overrides only this)
-  -> compute_advantages(groups)  the configured estimator
-  -> to_example(groups, adv)     arrays for the update, with the masks
-  -> add_logprobs(example)       behaviour log-probs (when the update can be off-policy),
-                                 reference log-probs (beta != 0)
+  = collect_groups(prompts)          rollout + score (DAPO overrides only this)
+  -> example_from_groups(groups)     what the update needs (PPO overrides this):
+       compute_advantages(groups)    the configured estimator
+       -> to_example(groups, adv)    arrays for the update, with the masks
+       -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
+                                     reference log-probs (beta != 0)
+
+The update then differentiates `loss_function()`: algo_grpo.loss.grpo_objective
+with this run's settings bound (see rl_core.learner for the path from the learner).
 
 Behaviour log-probs follow rl_core.learner's contract: recorded by the
 learner's own forward pass at collection time whenever the update can be
@@ -21,22 +25,22 @@ directly from the library applies them too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from algo_grpo.config import GRPOConfig
 from algo_grpo.groups import TOTAL, Groups
-from algo_grpo.loss import grpo_loss
+from algo_grpo.loss import grpo_objective
 from rl_core import multihost, registry
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeRecord, episode_metrics
-from rl_core.learner import LossOutput, RLLearner, StepBatch
-from rl_core.logprobs import completion_logprobs
+from rl_core.learner import RLLearner, StepBatch
+from rl_core.trainable import LossFn
 from rl_core.types import TrainExample
 
 
@@ -69,11 +73,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
                 "tokens are not samples of the distribution whose log-probs the sampler reports, so the truncated "
                 "importance weight min(pi_old / pi_sampler, C) is meaningless; sample (temperature > 0) or set tis_cap=None"
             )
-        self._policy_loss = registry.get("policy_loss", config.policy_loss)
-        self._aggregate = registry.get("loss_aggregation", config.loss_agg_mode)
-        # jitted: one dispatch instead of a dozen eager ops per step
-        self._advantages = jax.jit(registry.get("advantage_estimator", config.advantage_estimator), static_argnums=1)
-        self._kl = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
+        self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
         self.ref_params = self.reference_params(kwargs["policy"]) if config.beta else None
@@ -101,39 +101,37 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         self._generated_tokens = 0
         self._reward_failed = 0
         groups = self.collect_groups(prompts)
-        adv = self.compute_advantages(groups)
-        example = self.to_example(groups, adv)
-        start = time.perf_counter()
-        example = self.add_logprobs(example)
-        self._timings["time/logprob"] = time.perf_counter() - start
+        example = self.example_from_groups(groups)
+        adv = example.advantages
         metrics = {**self.group_metrics(groups, adv), **self._timings}
         # every sampled token counts, including groups a variant then drops
         metrics["perf/generated_tokens"] = float(self._generated_tokens)
         return StepBatch(example, metrics, self.samples(groups, adv), self._generated_tokens)
 
-    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
-        logp, entropy = completion_logprobs(
-            model,
-            example.prompt_tokens,
-            example.prompt_mask,
-            example.completion_tokens,
+    def loss_function(self) -> LossFn:
+        """`grpo_objective` with this run's settings bound: the registered functions the
+        config names, the clip widths, the KL term (`kl_beta`) and the sampler's temperature."""
+        config = self.config
+        beta = self.kl_beta()
+        return functools.partial(
+            grpo_objective,
             temperature=self.rollout.temperature,
             chunk_tokens=self.rollout.logprob_chunk_tokens,
-        )
-        return grpo_loss(
-            logp,
-            entropy,
-            example,
-            policy_loss=self._policy_loss,
-            aggregate=self._aggregate,
-            kl_estimator=self._kl,
-            beta=self.config.beta,
-            eps_low=self.config.epsilon_low,
-            eps_high=self.config.epsilon_high,
-            dual_clip=self.config.dual_clip,
+            policy_loss=registry.get("policy_loss", config.policy_loss),
+            aggregate=registry.get("loss_aggregation", config.loss_agg_mode),
+            kl_estimator=registry.get("kl_estimator", config.kl_estimator) if beta else None,
+            beta=beta,
+            eps_low=config.epsilon_low,
+            eps_high=config.epsilon_high,
+            dual_clip=config.dual_clip,
             max_len=self.rollout.max_new_tokens,
-            tis_cap=self.config.tis_cap,
+            tis_cap=config.tis_cap,
         )
+
+    def kl_beta(self) -> float:
+        """The coefficient of the KL term in the loss: `config.beta` (PPO puts the KL into its
+        rewards instead, and returns 0 here)."""
+        return self.config.beta
 
     # -- pipeline steps -------------------------------------------------------------------
 
@@ -141,13 +139,14 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         """Generate and score one group per prompt."""
         return self.score(self.rollout_groups(prompts))
 
-    def rollout_groups(self, prompts: Sequence[Prompt]) -> Groups:
+    def rollout_groups(self, prompts: Sequence[Prompt], *, key: jax.Array | None = None) -> Groups:
         """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
-        rewards not yet filled in."""
+        rewards not yet filled in. `key`: sample with it instead of the training key stream
+        (e.g. for an evaluation)."""
         start = time.perf_counter()
         g = self.group_size
         # one prefill per group; every process gets every row (a multi-process run gathers them)
-        rolled = self.rollout_prompts(prompts, g)
+        rolled = self.rollout_prompts(prompts, g, key=key)
         out = rolled.completions
         self._timings["time/rollout"] += time.perf_counter() - start
         self._generated_tokens += int(out.lengths.sum())
@@ -206,6 +205,18 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             completion_mask=groups.completion_mask,
         )
         return dataclasses.replace(groups, old_logp=old)
+
+    def example_from_groups(self, groups: Groups) -> TrainExample:
+        """What one update needs from scored groups: advantages, arrays and log-probs."""
+        example = self.to_example(groups, self.compute_advantages(groups))
+        start = time.perf_counter()
+        example = self.add_logprobs(example)
+        self._timings["time/logprob"] = time.perf_counter() - start
+        return example
+
+    def advantage_program(self) -> Callable[..., Any]:
+        """The configured estimator, jitted: one dispatch instead of a dozen eager ops per step."""
+        return jax.jit(registry.get("advantage_estimator", self.config.advantage_estimator), static_argnums=1)
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
         return np.asarray(self._advantages(groups.rewards, self.group_size))

@@ -1,4 +1,9 @@
-"""The GRPO objective for one micro-batch, from registered pure functions."""
+"""The GRPO objective for one micro-batch, from registered pure functions.
+
+`grpo_objective(model, example, ...)` is what the policy's jitted update differentiates
+(GRPOLearner.loss_function binds its settings): the policy's log-probs of the example's
+completions, then `grpo_loss` on them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.aggregation import per_token
-from rl_core.learner import LossOutput
+from rl_core.logprobs import completion_logprobs
+from rl_core.policy import Policy
+from rl_core.trainable import LossOutput
 from rl_core.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample
 
@@ -16,6 +23,17 @@ from rl_core.types import TrainExample
 def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(sum over real tokens, number of real tokens): a token-mean metric."""
     return jnp.sum(x * mask), jnp.sum(mask)
+
+
+def grpo_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,
+                   **settings) -> LossOutput:
+    """`grpo_loss` of the example under `model`: its log-probs and entropy at `temperature`
+    (the sampler's), unembedded `chunk_tokens` at a time; `settings` are grpo_loss's."""
+    logp, entropy = completion_logprobs(
+        model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+        temperature=temperature, chunk_tokens=chunk_tokens,
+    )
+    return grpo_loss(logp, entropy, example, **settings)
 
 
 def grpo_loss(

@@ -97,3 +97,21 @@ class PagedPolicy(Policy, Protocol):
         """A module computing the same function with every weight in the compute dtype and
         adapters merged (traceable; the engine's inference weights)."""
         ...
+
+
+@runtime_checkable
+class ValueFunction(Protocol):
+    """A critic: the value of each prefix of a sequence (rl_models.value.ValueModel).
+
+    Like a policy it is an NNX module of `nnx.Param`s (with adapters, it trains them and
+    its head over a frozen base; see `rl_core.frozen`).
+    """
+
+    def __call__(
+        self,
+        tokens: jax.Array,  # [B, L] int32
+        positions: jax.Array,  # [B, L] int32
+        attention_mask: jax.Array,  # [B, L, L] bool, True = query may attend to slot
+    ) -> jax.Array:
+        """Float32 values [B, L]: entry j estimates the return of the sequence given tokens 0..j."""
+        ...

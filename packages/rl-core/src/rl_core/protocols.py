@@ -35,6 +35,21 @@ class AdvantageEstimator(Protocol):
     def __call__(self, rewards: jax.Array, group_size: int) -> jax.Array: ...
 
 
+class TokenAdvantageEstimator(Protocol):
+    """(rewards, values, mask [B, T]) -> (advantages [B, T], returns [B, T]), for a learner with a critic.
+
+    `rewards` are per token (rl_core.returns.token_rewards: the sequence reward at the
+    last real token, minus beta * KL), `values` the critic's values before each token
+    at collection time, `mask` 1.0 on the tokens of the loss; `returns` are the critic's
+    targets. Group estimators (`AdvantageEstimator`) keep their own call: they need no
+    critic, and these need no groups. Like them, it sees the step's whole batch.
+    """
+
+    def __call__(
+        self, rewards: jax.Array, values: jax.Array, mask: jax.Array, *, gamma: float, lam: float
+    ) -> tuple[jax.Array, jax.Array]: ...
+
+
 class PolicyLoss(Protocol):
     """(logp, old_logp [B, T], adv [B], mask [B, T]) -> (loss, PolicyLossAux), unreduced.
 
@@ -71,6 +86,7 @@ class KLEstimator(Protocol):
 
 PROTOCOLS: Mapping[str, type] = {
     "advantage_estimator": AdvantageEstimator,
+    "token_advantage_estimator": TokenAdvantageEstimator,
     "policy_loss": PolicyLoss,
     "loss_aggregation": LossAggregation,
     "kl_estimator": KLEstimator,

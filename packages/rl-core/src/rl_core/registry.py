@@ -22,12 +22,16 @@ from typing import Any, TypeVar
 from rl_core.protocols import SignatureError, check_signature
 
 ENTRY_POINT_GROUP = "rl_core.algorithms"
-FUNCTION_CATEGORIES = ("advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator")
+FUNCTION_CATEGORIES = (
+    "advantage_estimator", "token_advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator",
+)
 ALGORITHM = "algorithm"
 CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM)
 
 # rl_core modules whose decorators register the shared math.
-_BUILTIN_MODULES = ("rl_core.advantages", "rl_core.policy_losses", "rl_core.aggregation", "rl_core.kl")
+_BUILTIN_MODULES = (
+    "rl_core.advantages", "rl_core.returns", "rl_core.policy_losses", "rl_core.aggregation", "rl_core.kl",
+)
 
 T = TypeVar("T")
 

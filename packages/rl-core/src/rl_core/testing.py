@@ -10,7 +10,8 @@ from token ids so that it needs no reward package.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +21,9 @@ from flax import nnx
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, check
 from rl_core.data import Prompt
-from rl_core.learner import LossOutput, RLLearner, StepBatch
+from rl_core.learner import RLLearner, StepBatch
 from rl_core.logprobs import completion_logprobs
+from rl_core.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample
 
 
@@ -63,21 +65,29 @@ class ToyLearner(RLLearner[ToyConfig]):
         metrics = {"rewards/total/mean": float(rewards.mean())}
         return StepBatch(example, metrics, generated_tokens=int(np.asarray(out.lengths).sum()))
 
-    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
-        logp, _ = completion_logprobs(
-            model,
-            example.prompt_tokens,
-            example.prompt_mask,
-            example.completion_tokens,
+    def loss_function(self) -> LossFn:
+        return functools.partial(
+            toy_loss,
             temperature=self.rollout.temperature,
             chunk_tokens=self.rollout.logprob_chunk_tokens,
+            aggregate=registry.get("loss_aggregation", self.config.loss_agg_mode),
+            max_len=self.rollout.max_new_tokens,
+            inject_nan=self.config.inject_nan,
         )
-        per_token = -example.advantages[:, None] * logp
-        if self.config.inject_nan:
-            per_token = per_token * jnp.nan
-        aggregate = registry.get("loss_aggregation", self.config.loss_agg_mode)
-        total, denom = aggregate(per_token, example.completion_mask, max_len=self.rollout.max_new_tokens)
-        return LossOutput(total, denom, means={"train/logp": (jnp.sum(logp * example.completion_mask), jnp.sum(example.completion_mask))})
+
+
+def toy_loss(model: nnx.Module, example: TrainExample, *, temperature: float, chunk_tokens: int,
+             aggregate: Callable[..., tuple[jax.Array, jax.Array]], max_len: int, inject_nan: bool) -> LossOutput:
+    """-A * logp per token, aggregated; the mean log-prob as a metric."""
+    logp, _ = completion_logprobs(
+        model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+        temperature=temperature, chunk_tokens=chunk_tokens,
+    )
+    per_token = -example.advantages[:, None] * logp
+    if inject_nan:
+        per_token = per_token * jnp.nan
+    total, denom = aggregate(per_token, example.completion_mask, max_len=max_len)
+    return LossOutput(total, denom, means={"train/logp": (jnp.sum(logp * example.completion_mask), jnp.sum(example.completion_mask))})
 
 
 def digit_prompts(n: int, *, seed: int = 0) -> list[Prompt]:

@@ -29,9 +29,12 @@ def trimmed_width(mask, chunk_tokens: int) -> int:
 
 
 def trim_example(example: TrainExample, width: int) -> TrainExample:
-    """Every [B, T] field cut to [B, width] (prompt fields and advantages as they are)."""
+    """Every [B, T] field cut to [B, width] (prompt fields and per-completion advantages as they are)."""
     cut = lambda x: None if x is None else x[:, :width]  # noqa: E731
+    advantages = example.advantages
     return example._replace(
         completion_tokens=cut(example.completion_tokens), completion_mask=cut(example.completion_mask),
         old_logp=cut(example.old_logp), ref_logp=cut(example.ref_logp), sampler_logp=cut(example.sampler_logp),
+        advantages=cut(advantages) if advantages.ndim == 2 else advantages,
+        returns=cut(example.returns), values=cut(example.values),
     )

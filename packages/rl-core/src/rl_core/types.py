@@ -21,10 +21,12 @@ class TrainExample(NamedTuple):
     prompt_mask: jax.Array  # [B, P] float32, 1 = real token
     completion_tokens: jax.Array  # [B, T] int32, padded after EOS
     completion_mask: jax.Array  # [B, T] float32, 1 = token in the loss
-    advantages: jax.Array  # [B] float32
+    advantages: jax.Array  # [B] float32 (one per completion), or [B, T] (per token: PPO's GAE)
     old_logp: jax.Array | None = None  # [B, T] log-probs of the policy that sampled (num_iterations > 1)
     ref_logp: jax.Array | None = None  # [B, T] reference policy log-probs (beta != 0)
     sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics)
+    returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
+    values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
 
     @property
     def batch_size(self) -> int:

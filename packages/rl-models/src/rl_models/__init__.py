@@ -7,6 +7,7 @@ Hugging Face checkpoints are read and written by the `rl_models.hf` subpackage
 from rl_models.char_tokenizer import CharTokenizer
 from rl_models.config import PRESETS, RopeScaling, TransformerConfig, preset
 from rl_models.transformer import KVCache, Transformer
+from rl_models.value import ValueModel, value_model_from_policy
 
 __all__ = [
     "PRESETS",
@@ -15,5 +16,7 @@ __all__ = [
     "RopeScaling",
     "Transformer",
     "TransformerConfig",
+    "ValueModel",
     "preset",
+    "value_model_from_policy",
 ]

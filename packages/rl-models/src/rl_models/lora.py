@@ -33,7 +33,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 """Every attention and MLP projection (what PEFT calls "all-linear" minus lm_head)."""
 
 
-def linears(model: Transformer) -> dict[str, Linear]:
+def linears(model: nnx.Module) -> dict[str, Linear]:
     """Every Linear by module path, e.g. "layers/attn/q_proj" (the stacked blocks) or "lm_head"."""
     return {"/".join(map(str, path)): m for path, m in nnx.iter_modules(model) if isinstance(m, Linear)}
 
@@ -72,18 +72,33 @@ def add_adapters(model: Transformer, *, rank: int, alpha: float, targets: Sequen
     for i, (path, lin) in enumerate(targeted(model, targets).items()):
         if lin.lora_a is not None:
             raise ValueError(f"{path} already has an adapter")
-        *lead, n_in, n_out = lin.kernel.shape
-        *lead_axes, in_axis, out_axis = _axes(lin.kernel)
-        *lead_units, in_unit, out_unit = _units(lin.kernel)
-        bound = 1.0 / math.sqrt(n_in)
-        a = jax.random.uniform(jax.random.fold_in(key, i), (*lead, n_in, rank), jnp.float32, -bound, bound)
-        lin.lora_a = nnx.LoRAParam(a, out_sharding=(*lead_axes, in_axis, None),
-                                   axis_units=(*lead_units, in_unit, 1), eager_sharding=False)
-        lin.lora_b = nnx.LoRAParam(jnp.zeros((*lead, rank, n_out), jnp.float32),
-                                   out_sharding=(*lead_axes, None, out_axis),
-                                   axis_units=(*lead_units, 1, out_unit), eager_sharding=False)
+        _new_adapter(lin, rank, jax.random.fold_in(key, i))
         lin.lora_scale = alpha / rank
     return model
+
+
+def redraw_adapters(model: nnx.Module, *, seed: int) -> nnx.Module:
+    """Give every adapter of `model` (in place; also returned) a fresh start of its rank: A drawn
+    with `seed`, B zero (a critic's own adapters over a policy's projections, rl_models.value)."""
+    key = jax.random.key(seed)
+    adapted = [lin for lin in linears(model).values() if lin.lora_a is not None]
+    for i, lin in enumerate(adapted):
+        _new_adapter(lin, lin.lora_a.shape[-1], jax.random.fold_in(key, i))
+    return model
+
+
+def _new_adapter(lin: Linear, rank: int, key: jax.Array) -> None:
+    """A (PEFT's Kaiming-uniform draw) and B = 0 for `lin`, named like its kernel."""
+    *lead, n_in, n_out = lin.kernel.shape
+    *lead_axes, in_axis, out_axis = _axes(lin.kernel)
+    *lead_units, in_unit, out_unit = _units(lin.kernel)
+    bound = 1.0 / math.sqrt(n_in)
+    a = jax.random.uniform(key, (*lead, n_in, rank), jnp.float32, -bound, bound)
+    lin.lora_a = nnx.LoRAParam(a, out_sharding=(*lead_axes, in_axis, None),
+                               axis_units=(*lead_units, in_unit, 1), eager_sharding=False)
+    lin.lora_b = nnx.LoRAParam(jnp.zeros((*lead, rank, n_out), jnp.float32),
+                               out_sharding=(*lead_axes, None, out_axis),
+                               axis_units=(*lead_units, 1, out_unit), eager_sharding=False)
 
 
 def quantize_base(model: Transformer, qtype: str) -> Transformer:

@@ -25,6 +25,7 @@ from rl_models.hf.tokenizer import HFTokenizer
 from rl_models.hf.weights import load_params
 from rl_models.config import TransformerConfig
 from rl_models.transformer import Transformer
+from rl_models.value import ValueModel
 
 
 def load_hf_config(folder: str | Path, **runtime: Any) -> TransformerConfig:
@@ -46,6 +47,14 @@ def load_hf_model(
     return load_params(Path(folder), config, shardings)
 
 
+def load_hf_value_model(
+    folder: str | Path, *, shardings: Callable[[nnx.State], Any] | None = None, **runtime: Any,
+) -> ValueModel:
+    """A critic whose backbone is the model in `folder` (its unembedding dropped) and whose
+    value head starts at zero, as verl and OpenRLHF start a critic from a causal LM."""
+    return ValueModel(load_hf_model(folder, shardings=shardings, **runtime))
+
+
 def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:
     """The tokenizer in `folder` (tokenizer.json, tokenizer_config.json, ...)."""
     return HFTokenizer.from_folder(folder)
@@ -60,6 +69,7 @@ __all__ = [
     "hf_config_from_transformer_config",
     "load_hf_config",
     "load_hf_model",
+    "load_hf_value_model",
     "load_hf_tokenizer",
     "transformer_config_from_hf",
     "write_char_tokenizer",

@@ -1,0 +1,140 @@
+"""PPOLearner: GRPO's pipeline with a critic trained beside the policy.
+
+example_from_groups(groups)        (GRPO's step, overridden)
+  = to_example -> add_logprobs     behaviour log-probs when the update can be off-policy or
+                                   beta > 0, reference log-probs when beta > 0
+  -> critic_values(example)        V(s_t) [B, T] at collection time
+  -> advantages                    token rewards, GAE, whitening: one jitted program
+
+The update (rl_core.learner) then trains each mini-batch twice: the policy with
+GRPO's clipped surrogate on per-token advantages, the critic with `critic_loss`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from algo_grpo import GRPOLearner, Groups
+from algo_ppo.config import PPOConfig
+from rl_core import multihost, registry
+from rl_core.aggregation import aggregate
+from rl_core.data import Prompt
+from rl_core.learner import StepBatch
+from rl_core.policy import ValueFunction
+from rl_core.returns import explained_variance, gae, token_rewards
+from rl_core.trainable import LossOutput
+from rl_core.types import TrainExample
+from rl_core.value_losses import clipped_value_loss
+from rl_core.values import completion_values
+
+CRITIC = "critic"
+HELDOUT_SEED = 0x5EED
+"""Held-out rollouts draw from their own key (folded with the step), never the training stream."""
+
+
+def critic_loss(model: ValueFunction, example: TrainExample, *, clip: float | None, coef: float) -> LossOutput:
+    """coef * the clipped value loss of the critic's values against the example's returns, token-mean."""
+    values = completion_values(model, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+    mask = example.completion_mask
+    loss, clipped = clipped_value_loss(values, example.values, example.returns, mask, clip=clip)
+    total, denom = aggregate("token-mean", loss, mask, max_len=mask.shape[1])
+    count = jnp.sum(mask)
+    means = {
+        "critic/value_loss": (total, denom),
+        "critic/clip_frac": (jnp.sum(clipped), count),
+        "critic/values_mean": (jnp.sum(values * mask), count),
+    }
+    return LossOutput(coef * total, denom, means=means)
+
+
+class PPOLearner(GRPOLearner):
+    """PPO (arXiv:1707.06347): a policy and a critic, per-token advantages by GAE."""
+
+    extra_models = (CRITIC,)
+    config: PPOConfig
+
+    def __init__(self, config: PPOConfig, *, critic: ValueFunction, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        loss = functools.partial(critic_loss, clip=config.value_clip, coef=config.value_loss_coef)
+        self.add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
+                       loss_fn=loss)
+        self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
+        self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
+
+    # -- what changes from GRPO ------------------------------------------------------------
+
+    def kl_beta(self) -> float:
+        return 0.0  # the KL penalty is in the rewards
+
+    def needs_behaviour_logprobs(self) -> bool:
+        return super().needs_behaviour_logprobs() or bool(self.config.beta)  # the KL penalty reads them
+
+    def models_to_update(self) -> Sequence[str]:
+        return [CRITIC] if self.step < self.config.critic_warmup_steps else [*self.models]
+
+    def advantage_program(self) -> Callable[..., Any]:
+        c = self.config
+        estimator = registry.get("token_advantage_estimator", c.advantage_estimator)
+
+        def program(rewards, values, mask, kl):
+            return estimator(token_rewards(rewards, mask, kl=kl, beta=c.beta), values, mask, gamma=c.gamma,
+                             lam=c.gae_lambda)
+
+        return jax.jit(program)
+
+    def example_from_groups(self, groups: Groups) -> TrainExample:
+        """Log-probs (the KL penalty needs them), the critic's values, then GAE."""
+        example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))  # advantages: below
+        start = time.perf_counter()
+        example = self.add_logprobs(example)
+        values = self.critic_values(example)
+        self._timings["time/logprob"] = time.perf_counter() - start
+        kl = None if self._kl_reward is None else self._kl_reward(example.old_logp, example.ref_logp)
+        adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl)
+        return example._replace(advantages=np.asarray(adv), returns=np.asarray(returns), values=values)
+
+    def compute_advantages(self, groups: Groups) -> np.ndarray:
+        """Per-token advantages [B, T] of scored groups (they need the critic and the log-probs)."""
+        return self.example_from_groups(groups).advantages
+
+    def critic_values(self, example: TrainExample) -> np.ndarray:
+        """[B, T] float32 values of the example's completions under the current critic, on the host."""
+        values = self._values(None, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+                              mask=example.completion_mask)
+        return np.asarray(multihost.to_host(values), np.float32)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
+        batch = super().produce_examples(prompts)
+        ex = batch.example
+        mask = ex.completion_mask
+        fit = float(explained_variance(ex.values, ex.returns, mask))  # against the lambda-returns it learns
+        count = max(float(mask.sum()), 1.0)
+        metrics = {**batch.metrics, "critic/explained_variance": fit,
+                   "critic/returns_mean": float((ex.returns * mask).sum() / count)}
+        return batch._replace(metrics=metrics)
+
+    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        return super().group_metrics(groups, advantages[groups.completion_mask > 0])  # over real tokens
+
+    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+        return super().samples(groups, advantages[:, 0])  # the first token's: the whole completion's signal
+
+    def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
+        """The critic's explained variance of the Monte Carlo return (lambda = 1, no KL) on G
+        completions per held-out prompt, sampled with a key of their own."""
+        key = jax.random.fold_in(jax.random.PRNGKey(HELDOUT_SEED), self.step)
+        groups = self.score(self.rollout_groups(prompts, key=key))
+        example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))
+        values, mask = self.critic_values(example), example.completion_mask
+        _, returns = gae(token_rewards(groups.rewards, mask), np.zeros_like(values), mask, gamma=self.config.gamma,
+                         lam=1.0)
+        return {"eval/critic_explained_variance": float(explained_variance(values, returns, mask))}

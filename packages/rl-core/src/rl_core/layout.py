@@ -1,0 +1,76 @@
+"""How a step's batch is cut and placed: mini-batches, micro-batches, rows on the mesh.
+
+B completions per step are split into mini-batches (one optimizer step of each
+model each) of stacked micro-batches ([M, mb, ...]: gradient accumulation inside
+the update); the rows of every micro-batch are split over the mesh's (data, fsdp)
+axes. Forward passes outside the update (log-probs, a critic's values) run one
+micro-batch at a time too, so they hold the activations the update holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from rl_core import mesh as mesh_lib
+from rl_core import multihost
+from rl_core.config import TrainingConfig
+from rl_core.trim import trimmed_width
+from rl_core.types import TrainExample
+
+
+class BatchLayout:
+    """The mini- and micro-batch split of `batch_size` completions on `mesh`."""
+
+    def __init__(self, training: TrainingConfig, batch_size: int, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.batch_size = batch_size
+        self.num_mini_batches, self.num_micro_batches = training.batch_layout(batch_size)
+        self.micro_size = batch_size // (self.num_mini_batches * self.num_micro_batches)
+        devices = mesh_lib.batch_devices(mesh)
+        if self.micro_size % devices:
+            raise ValueError(
+                f"micro-batches of {self.micro_size} completions cannot be split over {devices} devices (data x fsdp); "
+                "choose prompts_per_step, group size and micro_batch_size so that it divides"
+            )
+
+    def rows(self, axis: int = 0) -> NamedSharding:
+        """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
+        return mesh_lib.rows(self.mesh, axis)
+
+    def mini_batches(self, example: TrainExample) -> list[TrainExample]:
+        """Split [B, ...] into mini-batches of stacked micro-batches [M, mb, ...], sharded on mb.
+
+        Host (numpy) fields are reshaped on the host and sent in one transfer per
+        mini-batch; only fields already on the device take device ops.
+        """
+        n_mini, n_micro = self.num_mini_batches, self.num_micro_batches
+
+        def split(x):
+            return None if x is None else x.reshape(n_mini, n_micro, self.micro_size, *x.shape[1:])
+
+        stacked = TrainExample(*(split(x) for x in example))
+        minis = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
+        return multihost.to_global(minis, self.rows(axis=1))
+
+    def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
+                      prompt_mask: Any, completion_tokens: Any, *, mask: Any = None, chunk_tokens: int = 1) -> Any:
+        """A forward program's [B, T] outputs (rl_core.trainable.TrainableModel.forward), run one
+        micro-batch at a time (all rows at once when B is not a multiple of the micro-batch size).
+        With the completion `mask`, it runs at the trimmed width (rl_core.trim, in multiples of
+        `chunk_tokens`) and pads its outputs with zeros."""
+        t = completion_tokens.shape[1]
+        width = t if mask is None else trimmed_width(mask, chunk_tokens)
+        if width < t:
+            out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, completion_tokens[:, :width])
+            return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
+        b = len(completion_tokens)
+        micro = self.micro_size if b % self.micro_size == 0 else b
+        fields = (prompt_tokens, prompt_mask, completion_tokens)
+        stacked = [np.asarray(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
+        return program(params, frozen, tuple(multihost.to_global(stacked, self.rows(axis=1))))

@@ -1,0 +1,116 @@
+"""The run recorder: where a run's records go, and where a resumed run finds them.
+
+It writes each logged step's metrics (metrics.jsonl, TensorBoard scalars, Weights &
+Biases), a few completions per step (samples.jsonl and the sinks' text tables), the
+run's resolved settings as a text summary, and Orbax checkpoints of whatever arrays
+and JSON record the learner hands it. On resume it restores the newest checkpoint
+that restores and cuts every record file back to that step, so each step appears
+once. Without a run folder it keeps metrics in memory only and cannot checkpoint.
+
+In a multi-process run only process 0 writes records (`writes`); every process
+saves and restores its own checkpoint shards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_core.checkpoint import Checkpointer
+from rl_core.config import TrainingConfig
+from rl_core.files import keep_records_through
+from rl_core.metrics import MetricsLogger
+from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
+
+
+class RunRecorder:
+    """Metrics, samples, settings summary and checkpoints of one run folder (or none)."""
+
+    def __init__(self, output_dir: str | Path | None, *, training: TrainingConfig, run_config: Mapping[str, Any],
+                 writes: bool) -> None:
+        out = Path(output_dir) if output_dir is not None else None
+        self.output_dir = out
+        self.writes = writes
+        self.samples_per_step = training.samples_per_step
+        self.logger = MetricsLogger(out if writes else None, tensorboard="tensorboard" in training.loggers)
+        self.logger.write_text("config", "```\n" + json.dumps(dict(run_config), indent=2) + "\n```", 0)
+        self.sinks: list[MetricsSink] = []
+        if "wandb" in training.loggers and out is not None and writes:  # a learner without a run folder logs nowhere
+            name = "/".join(out.absolute().parts[-2:])
+            self.sinks.append(WandbSink(out, config=dict(run_config), name=name))
+        self.checkpointer = (
+            Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
+        )
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Every metrics record logged (or, after a resume, kept) so far."""
+        return self.logger.history
+
+    def metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self.logger.write(step, metrics)
+        for sink in self.sinks:
+            sink.write(step, metrics)
+
+    def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """The first `training.samples_per_step` completions of the step."""
+        shown = list(samples[: self.samples_per_step])
+        if not shown or not self.writes:
+            return
+        if self.output_dir is not None:
+            with (self.output_dir / "samples.jsonl").open("a") as f:
+                for sample in shown:
+                    f.write(json.dumps({"step": step, **sample}) + "\n")
+        self.logger.write_text("samples", samples_markdown(shown), step)
+        for sink in self.sinks:
+            sink.write_samples(step, shown)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return self.checkpointer is not None
+
+    def latest_checkpoint(self) -> int | None:
+        return self.checkpointer.latest_step() if self.checkpointer else None
+
+    def save(self, step: int, *, arrays: Any, meta: Mapping[str, Any]) -> None:
+        """Start saving checkpoint `step` (written in the background; see rl_core.checkpoint)."""
+        if self.checkpointer is None:
+            raise ValueError("no output_dir: nowhere to save a checkpoint")
+        self.checkpointer.save(step, arrays=arrays, meta=dict(meta))
+
+    def wait(self) -> None:
+        """Return once every checkpoint save started is on disk."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    def restore(self, *, like: Any, log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]] | None:
+        """(arrays shaped like `like`, meta) of the newest checkpoint that restores, or None.
+
+        A damaged newer checkpoint is moved aside with one line in `log`. Records the killed
+        run wrote past the restored step (metrics, samples, TensorBoard events, a line torn
+        mid-write) are dropped, so each step is logged once.
+        """
+        if self.checkpointer is None:
+            return None
+        restored = self.checkpointer.restore_latest(like=like, log=log)
+        if restored is None:
+            return None
+        _, arrays, meta = restored
+        step = int(meta["step"])
+        self.logger.truncate_after(step)
+        if self.output_dir is not None and self.writes:
+            keep_records_through(self.output_dir / "samples.jsonl", step)
+        self.checkpointer.prune()
+        return arrays, meta
+
+    def close(self) -> None:
+        self.logger.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+        if self.checkpointer is not None:
+            self.checkpointer.close()

@@ -1,0 +1,269 @@
+"""One trained model: its parameters, frozen base, shardings, optimizer state and one jitted update.
+
+The learner holds one `TrainableModel` per model it trains, by name (`policy`; PPO adds
+`critic`). Each is made from an NNX module, an optax optimizer and the loss of one
+micro-batch, and owns:
+
+  - float32 master weights of its trained parameters (`params`) and their optimizer
+    state, laid out by the mesh rules (rl_core.mesh), whatever dtype the module
+    stores them in: a float32 update is never rounded onto bfloat16 parameters;
+  - the frozen base (`frozen`, empty without adapters; see rl_core.frozen), placed
+    once and passed to every program, never copied or donated;
+  - `update_step`, one jitted program `(state, frozen, batch) -> (state, stats)` with
+    the state donated: exact gradient accumulation of (sum, denominator) pairs over
+    the micro-batches stacked on axis 0 of the batch, one optimizer step, and a guard
+    that leaves the state untouched on a non-finite or empty update;
+  - its passes outside the update (`forward`: a policy's log-probs, a critic's values),
+    cut into micro-batches like the update's batches (the `layout` it is given).
+
+The update is a pure function of its arguments: it closes over the graph definition, the
+optimizer (pure functions), the loss function and the shardings, all fixed when the part
+is made, and over nothing a learner changes later. The loss, `loss_fn(model, example) ->
+LossOutput`, must be pure too (see the algorithm packages: built once from the configs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rl_core import frozen as frozen_lib
+from rl_core import mesh as mesh_lib
+from rl_core.layout import BatchLayout
+
+
+class LossOutput(NamedTuple):
+    """What a loss returns for one micro-batch: sums, never means."""
+
+    total: jax.Array  # scalar numerator of the aggregated loss
+    denom: jax.Array  # scalar denominator (independent of parameters)
+    means: Mapping[str, tuple[jax.Array, jax.Array]] = {}  # name -> (sum, count)
+    maxima: Mapping[str, jax.Array] = {}
+    minima: Mapping[str, jax.Array] = {}
+
+
+LossFn = Callable[[nnx.Module, Any], LossOutput]
+"""loss_fn(model, example) -> LossOutput of one micro-batch (traced)."""
+
+
+class TrainState(NamedTuple):
+    """What an update changes (and donates): trained parameters and optimizer state."""
+
+    params: Any
+    opt_state: Any
+
+
+def _master_copy(x: jax.Array) -> jax.Array:
+    """A float32 copy of a floating parameter (other leaves copied as they are).
+
+    Copied: the update donates its buffers, and the caller's module must stay valid.
+    """
+    dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+    return jnp.array(x, dtype=dtype, copy=True)
+
+
+class TrainableModel:
+    """A model the learner trains; see the module docstring."""
+
+    def __init__(
+        self,
+        module: nnx.Module,
+        *,
+        name: str,
+        optimizer: optax.GradientTransformation,
+        loss_fn: LossFn,
+        layout: BatchLayout,
+    ) -> None:
+        self.name, self.layout = name, layout
+        mesh = layout.mesh
+        self.graphdef, params, frozen, rest = frozen_lib.split_policy(module)
+        if jax.tree.leaves(rest):
+            raise TypeError(f"the {name} holds state other than nnx.Param; rl_core trains Param-only modules")
+        # A plain dict of arrays (nnx.merge takes it), not nnx.Variables: each jitted call
+        # rebuilds its output trees, and rebuilding ~150 Variables per step takes host time
+        # that a small CPU's compute threads feel (~4 ms of an 80 ms tiny-qwen2 step).
+        # Each parameter's layout comes from its logical axis names through mesh.RULES.
+        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, mesh))
+        # The frozen base (empty without adapters) keeps its storage dtype; placing arrays that
+        # already sit in their shardings (the trainer builds them so) copies nothing.
+        self.frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, mesh))
+        self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
+        self.shardings = frozen_lib.join(self.param_shardings, self.frozen_shardings)
+        # Float32 master weights (the module casts them to its compute dtype where used),
+        # copied inside one program that writes each shard where it belongs.
+        self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
+            nnx.to_pure_dict(params)
+        )
+        self.tx = optimizer
+        # optimizer moments shard like their parameters; counters are replicated
+        self.opt_shardings = optax.tree_map_params(
+            optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, self.params), self.param_shardings,
+            transform_non_params=lambda _: mesh_lib.replicated(mesh),
+        )
+        self.opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings)(self.params)
+        state_shardings = TrainState(self.param_shardings, self.opt_shardings)
+        # traced under the mesh's activation layout: rows split, weights gathered (rl_core.mesh)
+        self.update_step = jax.jit(
+            mesh_lib.with_activation_layout(mesh, make_update(self.graphdef, optimizer, loss_fn, self.param_shardings)),
+            donate_argnums=0,  # never the frozen base (argument 1)
+            in_shardings=(state_shardings, self.frozen_shardings, layout.rows(axis=1)),
+            out_shardings=(state_shardings, mesh_lib.replicated(mesh)),
+        )
+
+    @property
+    def state(self) -> TrainState:
+        return TrainState(self.params, self.opt_state)
+
+    def update(self, batch: Any) -> dict[str, Any]:
+        """One optimizer step over `batch` (micro-batches stacked on axis 0); its statistics
+        (loss, grad_norm, finite, empty and the loss's metric sums, maxima and minima)."""
+        state, stats = self.update_step(self.state, self.frozen, batch)
+        self.params, self.opt_state = state
+        return stats
+
+    def whole_params(self, params: Any = None) -> dict[str, Any]:
+        """Trained `params` (default the current ones) joined with the frozen base: the tree
+        `nnx.merge(graphdef, ...)` and the samplers take."""
+        return frozen_lib.join(self.params if params is None else params, self.frozen)
+
+    def module(self, params: Any = None) -> nnx.Module:
+        """The model with `params` (default the current ones) as an NNX module (a view)."""
+        return nnx.merge(self.graphdef, self.params if params is None else params, self.frozen)
+
+    def place(self, tree: Any) -> Any:
+        """A params-shaped tree laid out like the trained parameters."""
+        return jax.device_put(tree, self.param_shardings)
+
+    def initial_params(self, module: nnx.Module) -> Any:
+        """Trained-parameter values that give `module` as it was given (e.g. a reference policy).
+
+        With adapters it is the base with adapters off: all-zero adapters (their term is then
+        exactly zero) over the same frozen base, so no second copy of the weights exists.
+        Without, the module's own Params (their storage dtype; never donated, so not copied).
+        """
+        if self.frozen:
+            zeros = lambda p: jax.tree.map(jnp.zeros_like, p)  # noqa: E731
+            return jax.jit(zeros, out_shardings=self.param_shardings)(self.params)
+        return self.place(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
+
+    def forward(self, fn: Callable[..., Any], *, chunk_tokens: int) -> ForwardPass:
+        """The pass `fn(model, prompt_tokens, prompt_mask, completion_tokens)` -> [B, T] outputs of
+        this model (log-probs of a policy, values of a critic), run as the update runs its rows."""
+        return ForwardPass(self, fn, chunk_tokens=chunk_tokens)
+
+
+class ForwardPass:
+    """A model's jitted pass outside the update, over the layout's micro-batches.
+
+    `pass_(params, prompt_tokens, prompt_mask, completion_tokens, mask=...)` runs `fn` on one
+    micro-batch at a time (so it holds the activations the update holds) with `params` (None:
+    the model's current ones) and its frozen base; with the completion `mask`, at the trimmed
+    width (rl_core.trim, in multiples of `chunk_tokens`), zeros beyond it.
+    """
+
+    def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int) -> None:
+        self.part, self.chunk_tokens = part, chunk_tokens
+        graphdef = part.graphdef
+
+        def program(params, frozen, inputs):  # inputs: [M, mb, ...] each
+            model = nnx.merge(graphdef, params, frozen)
+            out = jax.lax.map(lambda xs: fn(model, *xs), inputs)
+            return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+        rows = part.layout.rows
+        self.program = jax.jit(
+            mesh_lib.with_activation_layout(part.layout.mesh, program),
+            in_shardings=(part.param_shardings, part.frozen_shardings, rows(axis=1)), out_shardings=rows(),
+        )
+
+    def __call__(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
+                 mask: Any = None) -> Any:
+        params = self.part.params if params is None else params
+        return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
+                                              completion_tokens, mask=mask, chunk_tokens=self.chunk_tokens)
+
+
+def make_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn,
+                param_shardings: Any) -> Callable[[TrainState, Any, Any], tuple[TrainState, dict[str, Any]]]:
+    """The pure update `(state, frozen, batch) -> (state, stats)` of a model with `graphdef`."""
+
+    def update(state: TrainState, frozen: Any, batch: Any) -> tuple[TrainState, dict[str, Any]]:
+        grads, agg = summed_grads(graphdef, loss_fn, state.params, frozen, batch)
+        grads = jax.lax.with_sharding_constraint(grads, param_shardings)  # reduce-scattered, never whole
+        empty = agg.denom <= 0  # no token in the loss: nothing to learn from
+        denom = jnp.where(empty, 1.0, agg.denom)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        loss = agg.total / denom
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def apply(state: TrainState) -> TrainState:
+            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+            return TrainState(optax.apply_updates(state.params, updates), new_opt_state)
+
+        # A branch, not a select between old and new: the donated buffers update in place.
+        # An empty mini-batch leaves parameters, optimizer state and schedule untouched
+        # (AdamW would still move them through momentum and weight decay).
+        new_state = jax.lax.cond(finite & ~empty, apply, lambda state: state, state)
+        stats = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "finite": finite,
+            "empty": empty,
+            "means": dict(agg.means),
+            "maxima": dict(agg.maxima),
+            "minima": dict(agg.minima),
+        }
+        return new_state, stats
+
+    return update
+
+
+def summed_grads(graphdef: nnx.GraphDef, loss_fn: LossFn, params: Any, frozen: Any,
+                 batch: Any) -> tuple[Any, LossOutput]:
+    """Float32 gradients (of the trained parameters only) of the summed loss and the summed
+    LossOutput over the micro-batches stacked on axis 0 of every leaf of `batch`."""
+
+    def micro_loss(p, example):
+        out = loss_fn(nnx.merge(graphdef, p, frozen), example)
+        return out.total, out
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
+    if jax.tree.leaves(batch)[0].shape[0] == 1:  # no loop (and no loop-carried copies) for one micro-batch
+        (_, out), grads = grad_fn(params, jax.tree.map(lambda x: x[0], batch))
+        return to_f32(grads), out
+
+    (_, out_shape), grad_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], batch))
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)  # noqa: E731
+    init = (
+        # accumulate in float32 whatever the parameter dtype: many micro-batches add up
+        jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), grad_shape),
+        LossOutput(
+            total=jnp.zeros(()),
+            denom=jnp.zeros(()),
+            means=zeros(dict(out_shape.means)),
+            maxima={k: jnp.full(s.shape, -jnp.inf) for k, s in out_shape.maxima.items()},
+            minima={k: jnp.full(s.shape, jnp.inf) for k, s in out_shape.minima.items()},
+        ),
+    )
+
+    def body(acc, example):
+        grads, agg = acc
+        (_, out), g = grad_fn(params, example)
+        agg = LossOutput(
+            total=agg.total + out.total,
+            denom=agg.denom + out.denom,
+            means=jax.tree.map(jnp.add, dict(agg.means), dict(out.means)),
+            maxima={k: jnp.maximum(agg.maxima[k], out.maxima[k]) for k in agg.maxima},
+            minima={k: jnp.minimum(agg.minima[k], out.minima[k]) for k in agg.minima},
+        )
+        return (jax.tree.map(lambda acc, x: acc + x.astype(jnp.float32), grads, g), agg), None
+
+    (grads, agg), _ = jax.lax.scan(body, init, batch)
+    return grads, agg
