@@ -43,9 +43,12 @@ def build(name, output_dir=None, **training):
     algorithm = registry.get_algorithm(name)
     config = dataclasses.replace(algorithm.config(), group_size=2)
     manager = rewards.RewardManager([rewards.numeric_answer_reward(), tool_use, digits], correctness="digits")
+    policy = rl_models.Transformer(MODEL, rngs=nnx.Rngs(0))
+    extra = {"critic": rl_models.value_model_from_policy}  # the models a learner trains besides the policy
     return algorithm.learner(
         config,
-        policy=rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)),
+        policy=policy,
+        **{kind: extra[kind](policy) for kind in algorithm.learner.extra_models},
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(**{"prompts_per_step": 2, "num_steps": 3, "learning_rate": 1e-2,
@@ -75,7 +78,7 @@ def test_a_run_with_episodes_resumes_exactly(tmp_path):
     for _ in range(3):
         a.train_step()
     a.save_checkpoint()
-    a.checkpointer.wait()
+    a.recorder.checkpointer.wait()
     carried = a.extra_state()
     assert carried["carry"]["row_fields"]["episode"]  # surplus episodes, records and all, in the checkpoint
     want = [a.train_step() for _ in range(2)]
