@@ -51,7 +51,7 @@ LONGEST_FIRST = [
     "test_trainer_resume.py",  # 56
     "test_trainer_lora.py",  # 56
     "test_trainer_learning_lora.py",  # 53
-    "test_trainer_learning_ppo.py",  # ~80 (one core): 256 prompts a step, a critic beside the policy
+    "test_trainer_learning_ppo.py",  # ~40 (one core): 50 steps of 256 prompts, a critic beside the policy
     "test_trainer_learning_control.py",  # ~25: one 100-step run (estimated from the other learning runs)
     "test_trainer_multiturn.py",  # ~50 (one core): trainer compare over every variant on episodes
     "test_algo_mesh_parallel.py",  # 40

@@ -1,4 +1,6 @@
-"""Every discovered algorithm trains on multi-turn episodes unchanged; a run with episodes resumes exactly.
+"""A learner trains on multi-turn episodes unchanged; a run with episodes resumes exactly.
+
+(Every discovered algorithm trains on episodes in tests/trainer/test_trainer_multiturn.py.)
 
 The policy is a tiny random transformer and the environment the built-in calculator
 (`<calc>...</calc>`, registered by the trainer's entry point), so the turns are
@@ -11,11 +13,9 @@ import dataclasses
 
 import jax
 import numpy as np
-import pytest
-from flax import nnx
-
 import rewards
 import rl_models
+from flax import nnx
 from rl_core import registry
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
@@ -59,9 +59,10 @@ def build(name, output_dir=None, **training):
     )
 
 
-@pytest.mark.parametrize("name", registry.registry.names("algorithm"))
-def test_every_algorithm_trains_on_episodes(name):
-    learner = build(name)
+def test_an_algorithm_trains_on_episodes():
+    """Every variant trains on episodes in tests/trainer/test_trainer_multiturn.py (trainer compare);
+    here one learner's step is checked in detail: the parameters move, the episode metrics exist."""
+    learner = build("grpo")
     before = jax.tree.map(np.array, learner.params)
     metrics = learner.train_step()
     assert np.isfinite(metrics["train/loss"]) and metrics["train/skipped_updates"] == 0

@@ -4,20 +4,25 @@ What every algorithm must do is in test_algo_conformance.py (PPO included); the 
 (GAE, the value loss) in tests/rl_core/test_math_returns.py and test_math_value_losses.py.
 """
 
+import dataclasses
 import shutil
 
 import jax
 import numpy as np
 import pytest
-from flax import nnx
-
 import rewards
 from algo_grpo import GRPOConfig
 from algo_ppo import PPOConfig, PPOLearner
+from flax import nnx
 from rl_core.config import ConfigError, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.returns import gae, token_rewards, whiten
-from rl_models import CharTokenizer, Transformer, TransformerConfig, value_model_from_policy
+from rl_models import (
+    CharTokenizer,
+    Transformer,
+    TransformerConfig,
+    value_model_from_policy,
+)
 from rl_models.lora import add_adapters
 
 TOK = CharTokenizer()
@@ -206,3 +211,23 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
     assert not same(numpy_tree(critic.params["value_head"]), head_before)
     assert np.abs(np.asarray(critic.params["backbone"]["layers"]["mlp"]["up_proj"]["lora_b"])).max() > 0
     assert learner.checkpoint_arrays()["critic"]["params"] is critic.params  # adapters and head: no base
+
+
+def test_environment_turn_rewards_go_on_each_turns_last_token(run):
+    """Episodes: the environment's per-turn rewards join the task's reward as token rewards."""
+    learner = run["learner"]
+    groups = learner.collect_groups(learner.data.next(2))
+    t = groups.completion_mask.shape[1]
+    episodes = tuple({"rewards": [0.5, -0.25], "turn_ends": [1, 3]} for _ in range(len(groups.rewards)))
+    with_turns = dataclasses.replace(groups, row_fields={"episode": episodes})
+    turns = learner.turn_rewards(with_turns)
+    want = np.zeros((len(groups.rewards), t), np.float32)
+    want[:, 1], want[:, 3] = 0.5, -0.25
+    np.testing.assert_array_equal(turns, want)
+    np.testing.assert_array_equal(learner.turn_rewards(groups), 0.0)  # no episodes: nothing added
+    example = learner.example_from_groups(with_turns)
+    mask = example.completion_mask
+    kl = np.asarray(example.old_logp) - np.asarray(example.ref_logp)
+    rewards_ = token_rewards(groups.rewards, mask, kl=kl, beta=0.05) + want * (np.asarray(mask) > 0)
+    _, returns = gae(rewards_, example.values, mask, gamma=1.0, lam=0.95)
+    np.testing.assert_allclose(example.returns, returns, atol=1e-6)

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-
 import rl_models
+from flax import nnx
+from rewards.tools import calculator
 from rl_core.config import ConfigError, RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes import (
@@ -25,11 +25,18 @@ from rl_core.episodes import (
     run_episodes,
 )
 from rl_core.episodes.registry import UnknownEnvironmentError
+from rl_core.episodes.runner import turn_reward_tokens
 from rl_core.episodes.scripted import scripted_episode
-from rl_core.episodes.tools import JsonToolCalls, TagCalls, Tool, ToolEnvironment, chat_template_results, run_tool
+from rl_core.episodes.tools import (
+    JsonToolCalls,
+    TagCalls,
+    Tool,
+    ToolEnvironment,
+    chat_template_results,
+    run_tool,
+)
 from rl_core.logprobs import completion_logprobs
 from rl_core.sampler import Completions, Sampler, SamplingParams
-from rewards.tools import calculator
 
 TOK = rl_models.CharTokenizer()
 EOS = TOK.eos_id
@@ -285,3 +292,12 @@ def test_json_tool_calls_with_a_chat_template():
 
     render = chat_template_results(load_hf_tokenizer("tests/fixtures/hf/qwen2"))
     assert render("6") == "\n<|im_start|>tool\n6<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_turn_rewards_land_on_each_turns_last_token():
+    episodes = [{"rewards": [1.0, 0.5], "turn_ends": [2, 6]}, {"rewards": [-1.0], "turn_ends": [0]}]
+    out = turn_reward_tokens(episodes, 3, 5)  # a turn end beyond the width (6) is dropped
+    want = np.zeros((3, 5), np.float32)
+    want[0, 2], want[1, 0] = 1.0, -1.0
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(turn_reward_tokens(None, 2, 4), np.zeros((2, 4)))

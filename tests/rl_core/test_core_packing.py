@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from rl_core.logprobs import completion_logprobs, packed_logprobs
 from rl_core.packing import pack, packed_rows, padded_positions
 from rl_models import CharTokenizer, Transformer, TransformerConfig

@@ -8,9 +8,9 @@ settings carry the task's environment into `rollout`.
 import contextlib
 import io
 import json
+import math
 
 import pytest
-
 from rl_core import registry
 from trainer.cli import main
 from trainer.settings import build_settings
@@ -56,3 +56,5 @@ def test_compare_runs_the_multi_turn_task_for_every_variant(tmp_path):
         assert sample["turns"][0]["role"] == "model"  # every turn with its role
         metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
         assert 0 < metrics["episodes/model_token_frac"] <= 1
+        # the variant's own update on episodes ran: a finite loss, nothing skipped
+        assert math.isfinite(metrics["train/loss"]) and metrics["train/skipped_updates"] == 0, algo

@@ -42,6 +42,10 @@ class PPOConfig(GRPOConfig):
     None = training.learning_rate."""
     critic_warmup_steps: int = 0
     """Steps at the start in which only the critic trains (verl's critic_warmup)."""
+    turn_rewards: bool = True
+    """Multi-turn episodes (rollout.environment): the environment's reward for each model turn
+    goes on that turn's last token, beside the task's reward on the episode's last token. Turn
+    it off when the task's reward functions already add the environment's return."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

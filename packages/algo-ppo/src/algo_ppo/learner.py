@@ -20,12 +20,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from algo_grpo import GRPOLearner, Groups
-from algo_ppo.config import PPOConfig
+from algo_grpo import Groups, GRPOLearner
 from rl_core import multihost, registry
 from rl_core.aggregation import aggregate
 from rl_core.data import Prompt
+from rl_core.episodes.runner import turn_reward_tokens
 from rl_core.learner import StepBatch
 from rl_core.policy import ValueFunction
 from rl_core.returns import explained_variance, gae, token_rewards
@@ -33,6 +32,8 @@ from rl_core.trainable import LossOutput
 from rl_core.types import TrainExample
 from rl_core.value_losses import clipped_value_loss
 from rl_core.values import completion_values
+
+from algo_ppo.config import PPOConfig
 
 CRITIC = "critic"
 HELDOUT_SEED = 0x5EED
@@ -83,9 +84,9 @@ class PPOLearner(GRPOLearner):
         c = self.config
         estimator = registry.get("token_advantage_estimator", c.advantage_estimator)
 
-        def program(rewards, values, mask, kl):
-            return estimator(token_rewards(rewards, mask, kl=kl, beta=c.beta), values, mask, gamma=c.gamma,
-                             lam=c.gae_lambda)
+        def program(rewards, values, mask, kl, turn_rewards):
+            placed = token_rewards(rewards, mask, kl=kl, beta=c.beta) + turn_rewards
+            return estimator(placed, values, mask, gamma=c.gamma, lam=c.gae_lambda)
 
         return jax.jit(program)
 
@@ -97,8 +98,13 @@ class PPOLearner(GRPOLearner):
         values = self.critic_values(example)
         self._timings["time/logprob"] = time.perf_counter() - start
         kl = None if self._kl_reward is None else self._kl_reward(example.old_logp, example.ref_logp)
-        adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl)
+        adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl, self.turn_rewards(groups))
         return example._replace(advantages=np.asarray(adv), returns=np.asarray(returns), values=values)
+
+    def turn_rewards(self, groups: Groups) -> np.ndarray:
+        """[B, T] the environment's per-turn rewards at their turns' last tokens (episodes only)."""
+        episodes = groups.row_fields.get("episode") if self.config.turn_rewards else None
+        return turn_reward_tokens(episodes, *groups.completion_mask.shape)
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
         """Per-token advantages [B, T] of scored groups (they need the critic and the log-probs)."""

@@ -56,12 +56,12 @@ from rl_core.data import Prompt, PromptDataset, PromptStream
 from rl_core.episodes.rollout import rollout_prompts as episode_rollout
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
+from rl_core.generation import PolicyRollouts
 from rl_core.layout import BatchLayout
 from rl_core.logprobs import completion_logprobs
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
-from rl_core.generation import PolicyRollouts
 from rl_core.sampler import Completions, SamplingParams
 from rl_core.tokens import Tokenizer
 from rl_core.trainable import LossFn, LossOutput, TrainableModel

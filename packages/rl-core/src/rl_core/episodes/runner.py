@@ -142,6 +142,17 @@ class Rollout(NamedTuple):
         return {} if self.episodes is None else {"episode": tuple(e.to_json() for e in self.episodes)}
 
 
+def turn_reward_tokens(episodes: Sequence[dict[str, Any]] | None, rows: int, width: int) -> np.ndarray:
+    """[rows, width]: each episode's per-turn environment rewards at its turns' last tokens
+    (`turn_ends`), 0 elsewhere; all zeros without episodes. For token-level rewards (PPO)."""
+    out = np.zeros((rows, width), np.float32)
+    for row, episode in enumerate(episodes or ()):
+        for reward, end in zip(episode["rewards"], episode["turn_ends"], strict=True):
+            if 0 <= end < width:
+                out[row, end] += reward
+    return out
+
+
 def single_turn(tokenizer: Tokenizer, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, out: Completions,
                 num_samples: int) -> Rollout:
     """A plain generation (rows already on the host) as a Rollout: one turn, no environment."""
