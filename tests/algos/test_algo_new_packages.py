@@ -23,8 +23,8 @@ PACKAGES = {
     "reinforce_pp": (17, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "gspo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "cispo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
-    # a second trained model, its loss, GAE's inputs and the critic's metrics: 126 lines
-    "ppo": (130, {"rl-core", "algo-grpo", "jax>=0.7", "numpy>=1.26"}),
+    # a second trained model, its loss, GAE's inputs, episodes' turn rewards, the critic's metrics: 131
+    "ppo": (135, {"rl-core", "algo-grpo", "jax>=0.7", "numpy>=1.26"}),
 }
 
 
