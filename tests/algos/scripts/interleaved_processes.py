@@ -8,8 +8,10 @@ so no process's rows are one block of a batch (as JAX's own device order for a
 TPU v5e 4x4 slice interleaves hosts). The learner and its settings are those of
 mesh_parallel.py (SGD, beta > 0 and two iterations, so the reference and the
 old-policy passes run too). Process 0 writes the parameters after 3 steps and
-the metrics of each step to OUT (.npz), then the sampled completions of the
-paged engine on the same mesh (4 replicas, scattered over the processes).
+the metrics of each step to OUT (.npz), then the parameters of 3 steps with async
+rollouts (one collection beside each update; in line in a multi-process run), then
+the sampled completions of the paged engine on the same mesh (4 replicas,
+scattered over the processes).
 """
 
 import sys
@@ -46,10 +48,19 @@ def interleaved(devices: list) -> list:
 
 devices = interleaved(jax.devices()) if processes > 1 else jax.devices()
 mesh = mesh_lib.make_mesh(data=1, fsdp=4, tensor=1, devices=devices)
+
+
+def trained(learner) -> list[np.ndarray]:
+    return [np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)) if processes > 1
+            else np.asarray(x) for x in jax.tree.leaves(learner.params)]
+
+
 learner = make_learner(mesh)
 metrics = [learner.train_step() for _ in range(STEPS)]
-params = [np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)) if processes > 1
-          else np.asarray(x) for x in jax.tree.leaves(learner.params)]
+params = trained(learner)
+async_learner = make_learner(mesh, async_rollout="one_step")
+async_staleness = [async_learner.train_step()["async/staleness"] for _ in range(STEPS)]
+async_params = trained(async_learner)
 
 
 def paged_completions() -> tuple[np.ndarray, np.ndarray]:
@@ -74,4 +85,5 @@ if process_id == 0:
     keys = sorted(k for k in metrics[0] if k.startswith(("train/loss", "rewards/", "completions/")))
     np.savez(out, *params, metrics=np.array([[m[k] for k in keys] for m in metrics]),
              owners=np.array([d.process_index for d in devices]), paged_tokens=paged_tokens,
-             paged_logp=paged_logp)
+             paged_logp=paged_logp, async_staleness=np.array(async_staleness),
+             **{f"async_{i}": x for i, x in enumerate(async_params)})

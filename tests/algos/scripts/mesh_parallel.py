@@ -35,18 +35,21 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None) -> GRPOLearner:
+def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None,
+                 async_rollout: str = "off") -> GRPOLearner:
     """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
     differences of near-zero gradient entries (another reduction order) into
-    learning-rate-sized parameter differences; SGD shows the computation itself."""
+    learning-rate-sized parameter differences; SGD shows the computation itself.
+    Async rollouts need the truncated importance weight (tis_cap)."""
     return GRPOLearner(
         # beta: the reference pass runs; two iterations: the old-policy pass runs
-        GRPOConfig(group_size=4, beta=0.04, num_iterations=2),
+        GRPOConfig(group_size=4, beta=0.04, num_iterations=2, tis_cap=None if async_rollout == "off" else 2.0),
         policy=Transformer(config or TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(
-            optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS
+            optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS,
+            async_rollout=async_rollout,
         ),  # 16 rows a step: one mini-batch of two micro-batches of 8 rows
         rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),

@@ -230,7 +230,7 @@ class _Recorder:
         self.cfg = cfg
         self.flops = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}
         self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
-        generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.produce_examples
+        generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.examples_from
 
         def recording_generate(prompt_tokens, prompt_mask, sampling=None, *, num_samples=1, **options):
             out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, **options)
@@ -247,8 +247,8 @@ class _Recorder:
             self.flops["logprob"] += forward_flops(cfg, prompt + completion, completion)
             return out
 
-        def recording_produce(prompts):
-            batch = produce(prompts)
+        def recording_produce(collected):  # the training half: sync and async runs both call it
+            batch = produce(collected)
             prompt, completion = _example_tokens(batch.example)
             self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion)
             self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
@@ -256,7 +256,7 @@ class _Recorder:
 
         learner.generate = recording_generate
         learner.compute_logprobs = recording_logprobs
-        learner.produce_examples = recording_produce
+        learner.examples_from = recording_produce
 
     def take(self) -> tuple[dict[str, float], dict[str, int]]:
         flops, tokens = dict(self.flops), dict(self.tokens)

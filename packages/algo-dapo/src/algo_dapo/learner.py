@@ -36,12 +36,9 @@ class DAPOLearner(GRPOLearner):
         self.filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
         self._carry: Groups | None = None
-        self._sampling_stats: dict[str, float] = {}
-        self._live_groups: int | None = None  # groups in the loss (a partial batch ends in masked filler)
 
     def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
         if not self.config.dynamic_sampling:
-            self._live_groups = None
             return super().collect_groups(prompts)
         want = len(prompts)
         parts = [self._carry] if self._carry is not None else []
@@ -78,8 +75,8 @@ class DAPOLearner(GRPOLearner):
         else:
             self._carry = None
             groups = self._fill_masked(groups, last, want)
-        self._live_groups = min(kept, want)
-        self._sampling_stats = {
+        # with the batch, as it may be trained on a step later (async rollouts) or after a resume
+        sampling = {
             "dapo/gen_rounds": float(rounds),
             "dapo/groups_sampled": float(sampled),
             "dapo/groups_kept": float(min(kept, want)),
@@ -87,7 +84,8 @@ class DAPOLearner(GRPOLearner):
             "dapo/surplus_carried": float(max(kept - want, 0)),
             "groups/uniform_frac": uniform / sampled if sampled else 0.0,
         }
-        return groups
+        # live_groups: the groups in the loss (a partial batch ends in masked filler)
+        return dataclasses.replace(groups, info={**groups.info, "dapo": sampling, "live_groups": min(kept, want)})
 
     def _fill_masked(self, informative: Groups, last: Groups, want: int) -> Groups:
         """Pad a partial batch to `want` groups with masked-out uniform groups.
@@ -102,7 +100,7 @@ class DAPOLearner(GRPOLearner):
         return concat(parts, pad_id=self.tokenizer.pad_id)
 
     def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
-        return {**super().group_metrics(*self._trained(groups, advantages)), **self._sampling_stats}
+        return {**super().group_metrics(*self._trained(groups, advantages)), **groups.info.get("dapo", {})}
 
     def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
         return super().samples(*self._trained(groups, advantages))
@@ -111,7 +109,7 @@ class DAPOLearner(GRPOLearner):
         """The groups in the loss, for metrics and samples: a partial batch's masked filler
         groups are left out. When no group was kept, the batch is all filler, copies of the
         last round as sampled, and is reported as it is (dapo/groups_kept = 0 says so)."""
-        n = self._live_groups
+        n = groups.info.get("live_groups")
         if not n or n >= groups.num_groups:
             return groups, advantages
         return groups.select(np.arange(n)), advantages[: n * self.group_size]

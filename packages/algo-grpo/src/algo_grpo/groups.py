@@ -45,6 +45,10 @@ class Groups:
     row_fields: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     """Per-row JSON values passed to reward functions by name, e.g. `episode` (each episode's
     record, rl_core.episodes.EpisodeRecord.to_json) for multi-turn rollouts."""
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """JSON facts about the batch as a whole, recorded while collecting it, read when it is
+    trained on (possibly a step later, or after a resume): timings, token counts, DAPO's
+    sampling counts. `select` keeps them, `concat` starts afresh."""
 
     @property
     def num_groups(self) -> int:
@@ -96,6 +100,7 @@ class Groups:
         out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
         out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
         out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
+        out["info"] = dict(self.info)
         return out
 
     @classmethod
@@ -109,6 +114,7 @@ class Groups:
             reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
             old_logp=None if old is None else np.asarray(old, np.float32),
             row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
+            info=dict(data.get("info", {})),
             **arrays,
         )
 

@@ -1,8 +1,10 @@
 """GRPOLearner: the group pipeline as small overridable steps.
 
 produce_examples(prompts)
-  = collect_groups(prompts)          rollout + score (DAPO overrides only this)
-  -> example_from_groups(groups)     what the update needs (PPO overrides this):
+  = collect(prompts)                 the rollout half (async rollouts run it beside the update)
+    = collect_groups(prompts)        rollout + score (DAPO overrides only this)
+  -> examples_from(groups)           the training half, under the current weights
+    = example_from_groups(groups)    what the update needs (PPO overrides this):
        compute_advantages(groups)    the configured estimator
        -> to_example(groups, adv)    arrays for the update, with the masks
        -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
@@ -20,6 +22,13 @@ skipped only on a provably on-policy step, where stop_gradient(logp) is equal.
 The algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's
 overlong shaping) are added to the reward manager here, so a learner built
 directly from the library applies them too.
+
+Async rollouts (training.async_rollout = "one_step") sample with weights one step
+older than the update's. The update then follows decoupled PPO (AReaL): every row's
+`old_logp` is the proximal policy's, the current weights' at training time (none is
+recorded at collection, when the update may be changing the weights), the clipped
+ratio is taken against it, and the truncated importance weight min(pi_prox / pi_sampler,
+tis_cap) corrects for the stale sampler, so `tis_cap` is required.
 """
 
 from __future__ import annotations
@@ -67,6 +76,12 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         # The sampler reports log-probs under the whole tempered softmax (top-k / top-p only choose
         # the token), so the weight measures the sampler's mismatch with the trainer. Greedy tokens
         # are drawn from no distribution: the weight means nothing there.
+        if self.training.async_rollout != "off" and config.tis_cap is None:
+            raise ValueError(
+                f"training.async_rollout = {self.training.async_rollout!r} needs {type(config).__name__}.tis_cap: "
+                "batches are sampled by weights one step older than the update's, and the truncated importance "
+                "weight min(pi_current / pi_sampler, tis_cap) is what corrects for that (2.0 is a common choice)"
+            )
         if config.tis_cap is not None and self.rollout.temperature == 0:
             raise ValueError(
                 f"{type(config).__name__}.tis_cap = {config.tis_cap} with RolloutConfig.temperature = 0: greedy "
@@ -97,16 +112,33 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         return [f"step{step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
+        return self.examples_from(self.collect(prompts))
+
+    def collect(self, prompts: Sequence[Prompt]) -> Groups:
+        """Scored groups, with what their collection cost in `info` (timings, tokens, failures)."""
         self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
         self._reward_failed = 0
         groups = self.collect_groups(prompts)
-        example = self.example_from_groups(groups)
+        # every sampled token counts, including groups a variant then drops
+        info = {**self._timings, "perf/generated_tokens": float(self._generated_tokens),
+                "rewards/failed": float(self._reward_failed)}
+        return dataclasses.replace(groups, info={**groups.info, **info})
+
+    def examples_from(self, groups: Groups) -> StepBatch:
+        self._timings = {name: groups.info.get(name, 0.0) for name in ("time/rollout", "time/reward")}
+        example = self.example_from_groups(groups)  # adds time/logprob
         adv = example.advantages
         metrics = {**self.group_metrics(groups, adv), **self._timings}
-        # every sampled token counts, including groups a variant then drops
-        metrics["perf/generated_tokens"] = float(self._generated_tokens)
-        return StepBatch(example, metrics, self.samples(groups, adv), self._generated_tokens)
+        tokens = groups.info.get("perf/generated_tokens", 0.0)
+        metrics["perf/generated_tokens"] = tokens
+        return StepBatch(example, metrics, self.samples(groups, adv), int(tokens))
+
+    def batch_to_json(self, batch: Groups) -> dict[str, Any]:
+        return batch.to_json()
+
+    def batch_from_json(self, data: Any) -> Groups:
+        return Groups.from_json(data)
 
     def loss_function(self) -> LossFn:
         """`grpo_objective` with this run's settings bound: the registered functions the
@@ -196,9 +228,10 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         """`groups` with the current policy's log-probs filled in for rows that lack them.
 
         Call at collection time, before any update: these are the log-probs of the
-        policy that sampled the rows.
+        policy that sampled the rows. With async rollouts it records nothing (the update
+        may be changing the weights; every row gets the proximal log-probs at training time).
         """
-        if not groups.missing_old_logp().any():
+        if self.proximal_logprobs() or not groups.missing_old_logp().any():
             return groups
         old = self.behaviour_logprobs(
             groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
@@ -243,7 +276,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         Runs before any update of the step, so the current policy is the one that sampled
         the rows without recorded log-probs.
         """
-        recorded = example.old_logp
+        recorded = None if self.proximal_logprobs() else example.old_logp
         if self.needs_behaviour_logprobs() if recorded is None else np.isnan(recorded).any():
             old = self.behaviour_logprobs(
                 example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded,
@@ -258,6 +291,11 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         """The update can be off-policy, or truncated importance sampling divides the
         trainer's behaviour probabilities by the sampler's (so they must exist)."""
         return self.update_is_off_policy() or self.config.tis_cap is not None
+
+    def proximal_logprobs(self) -> bool:
+        """True with async rollouts: every row's `old_logp` is computed under the current weights
+        when the step trains on it (decoupled PPO's proximal policy), none kept from collection."""
+        return self.training.async_rollout != "off"
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]
@@ -275,7 +313,7 @@ class GRPOLearner(RLLearner[GRPOConfig]):
             {
                 "rewards/total/mean": float(groups.rewards.mean()),
                 "rewards/total/std": float(groups.rewards.std()),
-                "rewards/failed": float(self._reward_failed),
+                "rewards/failed": float(groups.info.get("rewards/failed", 0.0)),
                 "groups/uniform_frac": float(groups.uniform(TOTAL).mean()),
                 "advantages/mean": float(advantages.mean()),
                 "advantages/std": float(advantages.std()),

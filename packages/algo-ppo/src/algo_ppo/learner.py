@@ -118,8 +118,8 @@ class PPOLearner(GRPOLearner):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        batch = super().produce_examples(prompts)
+    def examples_from(self, groups: Groups) -> StepBatch:
+        batch = super().examples_from(groups)
         ex = batch.example
         mask = ex.completion_mask
         fit = float(explained_variance(ex.values, ex.returns, mask))  # against the lambda-returns it learns

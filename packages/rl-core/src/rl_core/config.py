@@ -277,6 +277,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 ON_NONFINITE = ("skip", "stop")
 LOGGERS = ("tensorboard", "wandb")
+ASYNC_ROLLOUT = ("off", "one_step")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -324,9 +325,15 @@ class TrainingConfig(Config):
     wandb (Weights & Biases: scalars, the config, a samples table; needs the wandb extra)."""
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     """How the devices are arranged: data, fsdp and tensor parallelism."""
+    async_rollout: str = "off"
+    """off: each step samples its batch with the current weights, then trains on it. one_step:
+    the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
+    trains, so generation and reward scoring overlap the update; staleness is at most one step,
+    corrected by the algorithm's truncated importance weight (see rl_core.learner)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.async_rollout in ASYNC_ROLLOUT, self, "async_rollout", f"must be one of {ASYNC_ROLLOUT}")
         check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
         check(self.lr_schedule in SCHEDULES, self, "lr_schedule", f"must be one of {SCHEDULES}")

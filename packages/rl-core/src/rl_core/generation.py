@@ -3,12 +3,15 @@
 It holds the one-program sampler (the trainer's evaluation samples with it too) and
 the rollout backend `rollout.engine` asks for (rl_core.rollout), and hands the
 backend the policy's weights on the first rollout after they change, stamped with
-the learner's step as their version.
+the learner's step as their version, unless weights are pinned (`pin`): then it
+samples with those until `unpin`, whatever the policy's parameters become (the
+asynchronous rollouts of rl_core.async_rollout).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -17,11 +20,19 @@ from flax import nnx
 
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
+from rl_core.episodes.rollout import rollout_prompts as episode_rollout
+from rl_core.episodes.runner import Rollout
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
 from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.trainable import TrainableModel
+
+
+@jax.jit
+def _copy(tree: Any) -> Any:
+    """New buffers with `tree`'s values (one program; a jitted identity would alias)."""
+    return jax.tree.map(lambda x: x.copy(), tree)
 
 
 class PolicyRollouts:
@@ -40,6 +51,7 @@ class PolicyRollouts:
             param_shardings=policy.shardings, batch_size=batch_size, sampler=self.sampler, policy=module,
         )
         self._weights_of: Any = None  # the trained parameters the backend holds
+        self.pinned: int | None = None  # the version of pinned weights, if any
 
     def encode(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompt tokens and mask [len(prompts), P]."""
@@ -49,12 +61,41 @@ class PolicyRollouts:
                  num_samples: int, key: jax.Array, version: int) -> Completions:
         """`num_samples` completions per prompt row with the policy's current parameters (row
         i * num_samples + j is sample j of prompt i); new weights go to the backend as `version`."""
-        if self._weights_of is not self.policy.params:  # new parameters since the last rollout
+        if self.pinned is None and self._weights_of is not self.policy.params:  # new parameters since the last rollout
             self.backend.update_weights(self.policy.whole_params(), version)
             self._weights_of = self.policy.params
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
         return self.backend.generate(Requests(prompt_tokens, prompt_mask, num_samples), sampling, key)
 
+    def pin(self, version: int, params: Any = None) -> None:
+        """Sample with `params` (default: the policy's current trained parameters) as weight
+        `version` until `unpin`, while updates go on: a backend that keeps a reference to
+        the weights gets a copy, as the next update donates the parameters' buffers."""
+        params = self.policy.params if params is None else params
+        if getattr(self.backend, "keeps_reference", False):
+            params = _copy(params)
+        self.backend.update_weights(self.policy.whole_params(params), version)
+        self._weights_of, self.pinned = None, version  # unpin refreshes to the policy's weights
+
+    def unpin(self) -> None:
+        self.pinned = None
+
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
         return decode_completions(self.tokenizer, tokens, mask)
+
+
+def rollout_prompts(generate: Callable[..., Completions], tokenizer: Tokenizer, rollout: RolloutConfig,
+                    prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None) -> Rollout:
+    """`num_samples` completions of each prompt through `generate` (the learner's), rows
+    prompt-major: one generation each, or with `rollout.environment` whole multi-turn episodes
+    (rl_core.episodes). `key`: the first generation samples with it and the n-th turn's with
+    fold_in(key, n), instead of `generate`'s own key stream."""
+    if key is not None:
+        calls, stream = itertools.count(), generate
+
+        def generate(*args: Any, **kwargs: Any) -> Completions:
+            n = next(calls)
+            return stream(*args, key=key if n == 0 else jax.random.fold_in(key, n), **kwargs)
+
+    return episode_rollout(generate, tokenizer, rollout, prompts, num_samples)

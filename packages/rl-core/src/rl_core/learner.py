@@ -11,6 +11,10 @@
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
 on a schedule and exact resume. An algorithm fills the abstract hooks: what a step
 trains on (`produce_examples`) and the policy's loss of one micro-batch (`loss_function`).
+For `training.async_rollout = "one_step"` (rl_core.async_rollout) it splits the first
+in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
+and `examples_from` (what the update needs, under the current weights), plus the
+JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(mini)` (rl_core.trainable) -> the jitted
@@ -37,7 +41,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -53,10 +56,10 @@ from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
-from rl_core.episodes.rollout import rollout_prompts as episode_rollout
+from rl_core.async_rollout import InFlight, RolloutThread
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
-from rl_core.generation import PolicyRollouts
+from rl_core.generation import PolicyRollouts, rollout_prompts
 from rl_core.layout import BatchLayout
 from rl_core.logprobs import completion_logprobs
 from rl_core.optim import make_optimizer
@@ -147,6 +150,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.data = PromptStream(train_data, seed=training.seed)
         self.step, self._stop_requested = 0, False
         self.guard = UpdateGuard(training)
+        # one-step-off-policy rollouts: the batch collected ahead, and where it is collected
+        self.in_flight: InFlight | None = None
+        self.ahead = RolloutThread(threaded=jax.process_count() == 1) if training.async_rollout != "off" else None
 
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy)
         chunk = rollout.logprob_chunk_tokens
@@ -192,6 +198,25 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
         """One id per completion of `prompts` (for samples and debugging)."""
+
+    def collect(self, prompts: Sequence[Prompt]) -> Any:
+        """The rollout half of `produce_examples` for async rollouts: sample (through `generate`,
+        which uses the pinned weights) and score. It runs beside the update, so it must not read
+        the trained parameters nor write what the update half reads."""
+        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout: it implements "
+                                  "produce_examples, not collect / examples_from / batch_to_json / batch_from_json")
+
+    def examples_from(self, batch: Any) -> StepBatch:
+        """The training half of `produce_examples`: what `collect` returned, as train examples
+        under the current weights (for async rollouts)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
+
+    def batch_to_json(self, batch: Any) -> Any:
+        """The JSON form of a collected batch, for the checkpoint of the batch in flight."""
+        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
+
+    def batch_from_json(self, data: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
 
     def models_to_update(self) -> Sequence[str]:
         """The models this step's update trains, in order (default every one; PPO's critic
@@ -252,18 +277,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
                         ) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
-        each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes). `key`:
-        sample with it (its first generation; fold_in(key, n) the n-th turn's) instead of the
-        training key stream."""
-        generate = self.generate
-        if key is not None:
-            calls = itertools.count()
-
-            def generate(*args: Any, **kwargs: Any) -> Completions:
-                n = next(calls)
-                return self.generate(*args, key=key if n == 0 else jax.random.fold_in(key, n), **kwargs)
-
-        return episode_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples)
+        each, or with `rollout.environment` whole multi-turn episodes (rl_core.generation.rollout_prompts);
+        `key`: sample with it instead of the training key stream."""
+        return rollout_prompts(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
@@ -345,20 +361,32 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def train_step(self) -> dict[str, Any]:
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
-        prompts = self.data.next(self.training.prompts_per_step)
-        batch = self.produce_examples(prompts)
+        if self.ahead is not None:
+            batch, collect_next = self._batch_ahead()
+        elif self.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
+            batch, collect_next, self.in_flight = self.examples_from(self.in_flight.batch), None, None
+        else:
+            batch, collect_next = self.produce_examples(self.data.next(self.training.prompts_per_step)), None
         fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
         update_start = time.perf_counter()
-        results = self.update_models(batch.example)
+        metrics = dict(batch.metrics)
+        if collect_next is None:
+            results = self.update_models(batch.example)
+        else:
+            try:
+                both = self.ahead.beside(collect_next, lambda: self.update_models(batch.example))
+            finally:
+                self.rollouts.unpin()  # evaluation and export sample with the current weights
+            results, self.in_flight = both.main, both.side
+            metrics.update({"time/wait_rollout": both.wait_rollout, "time/wait_update": both.wait_update})
         # the previous step's checkpoint was written while this step ran; it is on disk
         # before this step's records are, so the files never run more than a step ahead
         self.recorder.wait()
         now = time.perf_counter()
-        metrics = dict(batch.metrics)
         metrics.update(self._update_metrics(results))
         metrics["time/update"] = now - update_start
         metrics["time/step"] = now - start
@@ -372,6 +400,25 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             self.recorder.metrics(self.step, metrics)
         self.recorder.samples(self.step, batch.samples)
         return metrics
+
+    def _batch_ahead(self) -> tuple[StepBatch, Callable[[], InFlight]]:
+        """Async rollouts: this step's batch (collected during the last step, or now on the first)
+        as examples under the current weights, and the collection of the next batch with these
+        weights pinned, to run beside the update (see rl_core.async_rollout)."""
+        n = self.training.prompts_per_step
+        if self.in_flight is None:  # the first step (or a resume from a synchronous run's checkpoint)
+            self.in_flight = InFlight(self.collect(self.data.next(n)), self.step)
+        batch = self.examples_from(self.in_flight.batch)
+        batch = batch._replace(metrics={**batch.metrics, "async/staleness": float(self.step - self.in_flight.version)})
+        prompts, version = self.data.next(n), self.step
+        self.rollouts.pin(version)
+
+        def collect_next() -> InFlight:
+            collected = self.collect(prompts)
+            fault_point("in_flight", self.step + 1)  # the next batch collected, the update maybe not done
+            return InFlight(collected, version)
+
+        return batch, collect_next
 
     def update(self, example: TrainExample) -> list[dict[str, Any]]:
         """The policy's statistics of `update_models(example)`, one dict per update in order."""
@@ -415,6 +462,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     def save_checkpoint(self) -> None:
         meta = {"step": self.step, "data_position": self.data.position, "extra": self.extra_state()}
+        if self.in_flight is not None:  # sampled, not trained on yet: the resumed run trains on it
+            meta["in_flight"] = {"version": self.in_flight.version, "batch": self.batch_to_json(self.in_flight.batch)}
         self.recorder.save(self.step, arrays=self.checkpoint_arrays(), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
@@ -434,11 +483,15 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.step = int(meta["step"])
         self.data.position = int(meta["data_position"])
         self.load_extra_state(meta.get("extra", {}))
+        flight = meta.get("in_flight")
+        self.in_flight = None if flight is None else InFlight(self.batch_from_json(flight["batch"]), int(flight["version"]))
         return True
 
     def _own_config(self) -> dict[str, Any]:
         return {"algorithm": self.config.to_dict(), "training": self.training.to_dict(), "rollout": self.rollout.to_dict()}
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         self.recorder.close()
 

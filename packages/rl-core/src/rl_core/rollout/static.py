@@ -24,6 +24,9 @@ class StaticBackend:
         self.version = -1
         self._params: Any = None
 
+    keeps_reference = True
+    """It samples from the very arrays `update_weights` was given (a pinned caller copies them)."""
+
     @property
     def compiles(self) -> int:
         return self.sampler.compiles

@@ -1,0 +1,194 @@
+"""One-step-off-policy rollouts (training.async_rollout = "one_step").
+
+The reference is built here, without the rollout thread: a synchronous learner that
+pins, before each step n, the weights of step n-2 (a copy kept after every step) for
+its rollouts, and takes every row's old log-probs under the current weights (the
+proximal policy). The async learner must equal it bit for bit: parameters, metrics
+(timings aside) and samples, for GRPO and for DAPO with dynamic sampling and carried
+groups. Then: a run stopped with a batch in flight resumes to the same result, the
+overlap happens (scoring of batch n+1 runs during the update of step n), and bad
+settings are refused.
+"""
+
+import dataclasses
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import rewards
+import rl_models
+from algo_dapo import DAPOConfig, DAPOLearner
+from algo_grpo import GRPOConfig, GRPOLearner
+from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.data import Prompt
+from rl_core.testing import tree_max_abs_diff
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from algo_test_doubles import BagPolicy  # noqa: E402
+
+TOK = rl_models.CharTokenizer()
+PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 5)]
+STEPS = 6  # DAPO carries a group out of step 5 into step 6
+
+
+def even_start(prompts, completions, **_):
+    """1 when the completion's first character has an even code: a coin whose odds the policy
+    can learn, so groups of 2 are uniform about half the time (DAPO resamples and carries)."""
+    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]
+
+
+def copy_tree(tree):
+    return jax.tree.map(lambda x: x.copy(), tree)
+
+
+def lagged(cls):
+    """`cls`, synchronous, sampling each step with the weights of two steps before it."""
+
+    class Lagged(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.weights = [copy_tree(self.params)]  # weights[k]: after k steps
+
+        def proximal_logprobs(self):
+            return True  # as in async mode: old log-probs of the current weights, for every row
+
+        def train_step(self):
+            version = max(self.step - 1, 0)  # step n = self.step + 1 samples with W(n - 2)
+            self.rollouts.pin(version, self.weights[version])
+            try:
+                metrics = super().train_step()
+            finally:
+                self.rollouts.unpin()
+            self.weights.append(copy_tree(self.params))
+            return metrics
+
+    return Lagged
+
+
+def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=STEPS, reward_delay=0.0):
+    def reward(prompts, completions, **fields):
+        time.sleep(reward_delay)
+        return even_start(prompts, completions, **fields)
+
+    reward.__name__ = "even_start"
+    return cls(
+        config,
+        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
+        tokenizer=TOK,
+        train_data=PROMPTS,
+        training=TrainingConfig(prompts_per_step=2, learning_rate=0.3, num_steps=num_steps,
+                                checkpoint_every_steps=1, async_rollout=async_rollout),
+        rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8, temperature=1.0),
+        reward_manager=rewards.RewardManager([reward]),
+        output_dir=output_dir,
+    )
+
+
+GRPO = GRPOConfig(group_size=4, beta=0.0, tis_cap=2.0, num_iterations=2)
+DAPO = DAPOConfig(group_size=2, tis_cap=2.0, filter_reward="even_start", max_gen_batches=4,
+                  on_max_gen_batches="partial")
+
+
+def untimed(metrics):
+    return {k: v for k, v in metrics.items()
+            if not k.startswith(("time/", "async/")) and k not in ("perf/tokens_per_sec",)}
+
+
+@pytest.mark.parametrize(("cls", "config"), [(GRPOLearner, GRPO), (DAPOLearner, DAPO)], ids=["grpo", "dapo"])
+def test_async_equals_a_synchronous_run_sampling_with_weights_one_step_older(cls, config):
+    ref = make(lagged(cls), config, async_rollout="off")
+    run = make(cls, config)
+    for step in range(1, STEPS + 1):
+        want, got = ref.train_step(), run.train_step()
+        assert untimed(got) == untimed(want), step
+        assert got["async/staleness"] == (0.0 if step == 1 else 1.0)
+        assert {"time/wait_rollout", "time/wait_update"} <= set(got)
+    assert tree_max_abs_diff(run.params, ref.params) == 0.0
+    assert tree_max_abs_diff(run.params, ref.weights[0]) > 1e-3  # the runs learned something
+    if cls is DAPOLearner:  # the reference carried groups and resampled: the path was exercised
+        assert any(m["dapo/groups_carried_in"] > 0 for m in ref.recorder.history)
+        assert any(m["dapo/gen_rounds"] > 2 for m in ref.recorder.history)
+    # the batch in flight was sampled by the weights of step STEPS - 1
+    assert run.in_flight is not None and run.in_flight.version == STEPS - 1
+
+
+def test_a_run_stopped_with_a_batch_in_flight_resumes_to_the_same_result(tmp_path):
+    straight = make(DAPOLearner, DAPO)
+    straight.train()
+    stopped = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
+    stopped.train(4)  # batch 5 in flight: it leaves a group carried over to step 6
+    stopped.close()
+    resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
+    assert resumed.resume(log=lambda _: None) and resumed.step == 4
+    assert resumed.in_flight is not None and resumed.in_flight.version == 3 and resumed._carry is not None
+    resumed.train()
+    resumed.close()
+    assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
+    assert [untimed(m) for m in resumed.recorder.history] == [untimed(m) for m in straight.recorder.history]
+
+
+def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batch_in_flight(tmp_path):
+    run = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=2)
+    run.train()
+    run.close()
+    sync = make(GRPOLearner, GRPO, async_rollout="off", output_dir=tmp_path / "run", num_steps=3)
+    assert sync.resume(log=lambda _: None)
+    position = sync.data.position
+    sync.train()
+    assert sync.in_flight is None and sync.data.position == position  # no prompt drawn, none lost
+
+
+def test_scoring_of_the_next_batch_runs_during_the_update():
+    run = make(GRPOLearner, GRPO, reward_delay=0.2)
+    run.train_step()  # step 1 collects its own batch first
+    events = []
+    update = run.update_models
+
+    def traced_update(example):
+        events.append(("update start", threading.current_thread().name))
+        out = update(example)
+        events.append(("update end", threading.current_thread().name))
+        return out
+
+    score = run.score
+
+    def traced_score(groups):
+        events.append(("score start", threading.current_thread().name))
+        out = score(groups)
+        events.append(("score end", threading.current_thread().name))
+        return out
+
+    run.update_models, run.score = traced_update, traced_score
+    metrics = run.train_step()
+    order = [name for name, _ in events]
+    # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread
+    assert order.index("score start") < order.index("update end"), events
+    assert dict(events)["score start"].startswith("rollout") and dict(events)["update start"] == "MainThread"
+    assert metrics["time/reward"] >= 0.2 and metrics["time/wait_rollout"] + metrics["time/wait_update"] >= 0.0
+
+
+def test_async_without_truncated_importance_sampling_is_refused():
+    with pytest.raises(ValueError, match="async_rollout = 'one_step' needs GRPOConfig.tis_cap"):
+        make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None))
+    with pytest.raises(ValueError, match="async_rollout"):
+        TrainingConfig(async_rollout="two_steps")
+
+
+def test_a_failing_collection_stops_the_step_with_its_error():
+    run = make(GRPOLearner, GRPO)
+    run.train_step()
+
+    def broken(prompts):
+        raise RuntimeError("the reward sandbox is down")
+
+    run.collect = broken
+    with pytest.raises(RuntimeError, match="sandbox is down"):
+        run.train_step()
+    assert run.rollouts.pinned is None  # unpinned: evaluation samples with the current weights
+    np.testing.assert_equal(run.step, 1)
