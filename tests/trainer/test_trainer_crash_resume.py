@@ -239,3 +239,37 @@ def test_killed_at_every_named_point_the_run_resumes_to_the_uninterrupted_result
     assert json.loads((run / "summary.json").read_text())["steps"] == 5
     assert "num_steps: 5" in (run / "config.yaml").read_text()
     assert saved_steps(run / "checkpoints") == [4, 5]
+
+
+def test_an_async_run_killed_with_a_batch_in_flight_resumes_to_the_uninterrupted_result(
+        tmp_path, shared_compilation_cache):
+    """training.async_rollout=one_step: SIGKILL on the rollout thread in step 3, the next batch
+    collected and the update maybe not done. The newest finished checkpoint (1, or 2 when its
+    background save finished before the kill) holds the next batch in flight, sampled by the
+    weights of the step before; the resumed run trains on it and ends as the uninterrupted one."""
+    settings = [*SETTINGS, "training.async_rollout=one_step", "algorithm.tis_cap=2.0"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    reference = trainer("--algo", "grpo", "--output", str(straight), *settings, wait=False)
+    code, _, err = trainer("--algo", "grpo", "--output", str(run), *settings, faults="kill@in_flight:3")
+    assert code == KILLED, err[-3000:]
+    last = saved_steps(run / "checkpoints")[-1]
+    assert last in (1, 2)
+    meta = checkpoint(run, last)[1]
+    assert meta["in_flight"]["version"] == last - 1 and len(meta["in_flight"]["batch"]["texts"]) == 4  # 2 prompts x 2
+    code, out, err = trainer("--resume", str(run))
+    assert code == 0, err[-3000:]
+    assert f"resumed {run} at step {last}" in out
+    ref_out, ref_err = reference.communicate(timeout=TIMEOUT_S)
+    assert reference.returncode == 0, ref_err[-3000:]
+    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [r["async/staleness"] for r in a] == [0.0, 1.0, 1.0, 1.0]
+    for ra, rb in zip(a, b, strict=True):
+        assert without_timings(ra) == without_timings(rb), f"step {ra['step']}"
+    assert read_jsonl(straight / "samples.jsonl") == read_jsonl(run / "samples.jsonl")
+    (xa, meta_a, _), (xb, meta_b, _) = checkpoint(straight, 4), checkpoint(run, 4)
+    for meta in (meta_a, meta_b):  # batch 5, in flight: the same but for how long it took
+        meta["in_flight"]["batch"]["info"] = without_timings(meta["in_flight"]["batch"]["info"])
+    assert meta_a == meta_b
+    for x, y in zip(xa, xb, strict=True):
+        np.testing.assert_array_equal(x, y)

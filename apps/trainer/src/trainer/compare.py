@@ -7,6 +7,17 @@ completions per step (GRPO's prompts x G): one that samples fewer per prompt (PP
 sees more prompts. The report gives each metric's mean
 over seeds with a 95% confidence interval and says which differences are
 significant.
+
+A compare config may name its variants instead of listing algorithms, each an
+algorithm with settings of its own over the shared ones, so one algorithm can be
+compared with itself under other settings (sync and async rollouts):
+
+    variants:
+      grpo: {}                                # a name alone: that algorithm as configured
+      grpo-async:
+        algo: grpo
+        training: {async_rollout: one_step}
+        algorithm: {tis_cap: 2.0}
 """
 
 from __future__ import annotations
@@ -73,6 +84,35 @@ def variant_settings(algos: Sequence[str], user: Mapping[str, Any]) -> list[RunS
     return [settings_for(a, user) for a in algos]
 
 
+def named_variants(variants: Any, user: Mapping[str, Any], chosen: Sequence[str]) -> list[RunSettings]:
+    """One `RunSettings` per entry of a config's `variants:` (name -> its algo and settings over
+    `user`'s), in file order; `chosen` names keep only those."""
+    if not isinstance(variants, Mapping) or not variants:
+        raise ConfigError(f"variants: must map variant names to their settings, e.g. {{grpo-async: {{algo: grpo}}}}; "
+                          f"got {variants!r}")
+    unknown = [name for name in chosen if name not in variants]
+    if unknown:
+        raise ConfigError(f"variant(s) {unknown} not in the config's variants: {list(variants)}")
+    out = []
+    for name, own in variants.items():
+        if chosen and name not in chosen:
+            continue
+        if own is not None and not isinstance(own, Mapping):
+            raise ConfigError(f"variants.{name}: must be a mapping of settings, got {own!r}")
+        own = dict(own or {})
+        algo = str(own.pop("algo", name))
+        try:
+            fields = {f.name for f in dataclasses.fields(registry.get_algorithm(algo).config)}
+        except registry.RegistryError as e:
+            raise ConfigError(f"variants.{name}.algo = {algo!r}: {e}") from None
+        wrong = sorted(set(own.get("algorithm") or {}) - fields)
+        if wrong:
+            raise ConfigError(f"variants.{name}.algorithm: {algo} has no field(s) {wrong}")
+        settings = settings_for(algo, merge(user, own))
+        out.append(dataclasses.replace(settings, variant=str(name)))
+    return out
+
+
 def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
     """`user`'s settings for `algo`, keeping only the algorithm fields that `algo`'s config has,
     with as many completions per step as the reference algorithm (`same_completions`)."""
@@ -129,28 +169,34 @@ def compare(
     seeds = DEFAULT_SEEDS if seeds is None else seeds
     if seeds < 1:
         raise ConfigError(f"--seeds = {seeds}: must be >= 1")
-    algos = list(dict.fromkeys(algos)) or registry.registry.names("algorithm")
     user = merge(parse_overrides(COMPARE_DEFAULTS), user_settings(config_file, overrides))
-    all_settings = variant_settings(algos, user)
-    reference = settings_for(REFERENCE_ALGO, user)
-    compare_folder.claim(output, algos, [name for name, *_ in PLOTS], overwrite=overwrite)
+    variants = user.pop("variants", None)
+    if variants is not None:
+        all_settings = named_variants(variants, user, list(dict.fromkeys(algos)))
+        reference = all_settings[0]  # the first variant: the report's differences are from it
+    else:
+        algos = list(dict.fromkeys(algos)) or registry.registry.names("algorithm")
+        all_settings = variant_settings(algos, user)
+        reference = settings_for(REFERENCE_ALGO, user)
+    names = [s.name for s in all_settings]
+    compare_folder.claim(output, names, [name for name, *_ in PLOTS], overwrite=overwrite)
     output.mkdir(parents=True, exist_ok=True)
 
     start = time.perf_counter()
-    runs: dict[str, list[dict[str, Any]]] = {s.algo: [] for s in all_settings}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for n in range(seeds):
         for settings in all_settings:
-            run_dir = compare_folder.seed_dir(output, settings.algo, n)
+            run_dir = compare_folder.seed_dir(output, settings.name, n)
             # named as its folder is (seed-0 is the first), with the count
-            log(f"compare: {settings.algo}/{run_dir.name} ({n + 1} of {seeds} seeds) in {run_dir}")
+            log(f"compare: {settings.name}/{run_dir.name} ({n + 1} of {seeds} seeds) in {run_dir}")
             # one cached base policy (and its evaluation) for every variant and seed
             summary = train_run(
                 with_seed(settings, n), run_dir, progress=progress, log=log, base_cache=output, overwrite=True
             )
-            runs[settings.algo].append({"seed": n, "summary": summary, "history": _history(run_dir)})
+            runs[settings.name].append({"seed": n, "summary": summary, "history": _history(run_dir)})
     wall = time.perf_counter() - start
     text, results = write_report(output, all_settings, reference, runs, wall_seconds=wall)
-    log(f"compare: {plural(len(algos), 'variant')} x {plural(seeds, 'seed')} in {wall:.1f} s; report in {output}")
+    log(f"compare: {plural(len(names), 'variant')} x {plural(seeds, 'seed')} in {wall:.1f} s; report in {output}")
     return text, results
 
 

@@ -174,14 +174,27 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_diff(settings: RunSettings, reference: RunSettings) -> dict[str, dict[str, Any]]:
-    """{field: {reference algo: value, this algo: value}} of the algorithm fields that differ;
-    a field only one of them has appears with only that one's value."""
-    mine, ref = _flatten(settings.resolved()["algorithm"]), _flatten(reference.resolved()["algorithm"])
+    """{field: {reference variant: value, this variant: value}} of the algorithm fields that differ,
+    then of the training and rollout settings a variant sets apart (`training.async_rollout`); a
+    field only one of them has appears with only that one's value. The batch shape is left out:
+    every variant spends the same completions per step (the report's settings say how)."""
+    def fields(s: RunSettings) -> dict[str, Any]:
+        resolved = s.resolved()
+        out = _flatten(resolved["algorithm"])
+        for section in ("training", "rollout"):
+            out.update({k: v for k, v in _flatten(resolved[section], f"{section}.").items() if k not in BATCH_SHAPE})
+        return out
+
+    mine, ref = fields(settings), fields(reference)
     out = {}
     for key in [*ref, *(k for k in mine if k not in ref)]:
         if ref.get(key, ...) != mine.get(key, ...):
-            out[key] = {name: d[key] for name, d in ((reference.algo, ref), (settings.algo, mine)) if key in d}
+            out[key] = {name: d[key] for name, d in ((reference.name, ref), (settings.name, mine)) if key in d}
     return out
+
+
+BATCH_SHAPE = ("training.prompts_per_step", "training.mini_batch_size", "training.seed", "rollout.seed")
+"""Settings `trainer compare` itself sets per variant and seed, not differences between variants."""
 
 
 def _diff_text(diff: Mapping[str, Mapping[str, Any]], reference: str, algo: str) -> str:
@@ -200,7 +213,7 @@ def settings_text(first: RunSettings, all_settings: Sequence[RunSettings], seeds
     t, e = first.training, first.eval
     shapes: dict[tuple[int, int], list[str]] = {}  # (prompts, completions per prompt) -> variants
     for s in all_settings:
-        shapes.setdefault((s.training.prompts_per_step, completions_per_prompt(s.algorithm_config())), []).append(s.algo)
+        shapes.setdefault((s.training.prompts_per_step, completions_per_prompt(s.algorithm_config())), []).append(s.name)
     if len(shapes) == 1:
         ((prompts, g),) = shapes
         batch = f"{prompts} prompts x {g} completions per step"
@@ -247,17 +260,18 @@ def write_report(
     seeds = len(next(iter(runs.values())))
     variants = []
     for settings in all_settings:
-        seed_runs = runs[settings.algo]
+        seed_runs = runs[settings.name]
         per_seed = [seed_values(r["summary"], r["history"]) for r in seed_runs]
         estimates = {key: mean_ci([s[key] for s in per_seed]) for key in NUMERIC}
         variants.append(
             {
-                "algo": settings.algo,
+                "algo": settings.name,  # the variant's name: the algorithm's unless a config names variants
+                "algorithm": settings.algo,
                 "pass_k": settings.eval.pass_k,
                 "mean": {key: e.mean for key, e in estimates.items()},
                 "ci95": {key: e.half_width for key, e in estimates.items()},
                 "per_seed": per_seed,
-                "config_diff_vs_" + reference.algo: config_diff(settings, reference),
+                "config_diff_vs_" + reference.name: config_diff(settings, reference),
                 "summaries": [r["summary"] for r in seed_runs],
             }
         )
@@ -277,9 +291,9 @@ def write_report(
 
     body = ["# Comparison", "", table, significance]
     body += settings_text(all_settings[0], all_settings, seeds, wall_seconds)
-    body += [f"## Config differences from {reference.algo}", ""]
+    body += [f"## Config differences from {reference.name}", ""]
     for v in variants:
-        body.append(f"- {v['algo']}: {_diff_text(v['config_diff_vs_' + reference.algo], reference.algo, v['algo'])}")
+        body.append(f"- {v['algo']}: {_diff_text(v['config_diff_vs_' + reference.name], reference.name, v['algo'])}")
     body += ["", "## Evaluations", "", "Mean over seeds ± the half-width of the 95% confidence interval.", ""]
     body += evaluation_tables(runs)
     body += ["## Curves", "", "Mean over seeds, shaded: 95% confidence interval; training curves smoothed, raw mean faint."

@@ -172,7 +172,7 @@ def train_run(
                 _refuse_if_checkpoints_lost(run_dir)
             before = base_evaluation(learner, task, settings, base_cache or run_dir)
             _write_text(before_path, json.dumps(before, indent=2))
-        log(f"{settings.algo}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
+        log(f"{settings.name}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
 
         start = time.perf_counter()
         signals.stop_gracefully(learner)
@@ -203,7 +203,7 @@ def train_run(
         fault_point("final_eval")
         summary["after"] = final_evaluation(learner, task, settings)
         _write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    log(f"{settings.algo}: held-out accuracy after RL {summary['after']['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
+    log(f"{settings.name}: held-out accuracy after RL {summary['after']['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
     return summary
 
 

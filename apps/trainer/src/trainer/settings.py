@@ -224,6 +224,9 @@ DEFAULT_TRAINING = {
 class RunSettings(Config):
     algo: str = "grpo"
     """Algorithm name (`trainer algos` lists the installed ones)."""
+    variant: str | None = None
+    """The name `trainer compare` shows this run under (None: the algorithm's); set by a
+    compare config's `variants:` section, e.g. grpo-async for GRPO with async rollouts."""
     task: TaskSettings = dataclasses.field(default_factory=TaskSettings)
     model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     warm_start: WarmStartSettings = dataclasses.field(default_factory=WarmStartSettings)
@@ -257,6 +260,11 @@ class RunSettings(Config):
             config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
         except ValueError as e:
             raise ConfigError(f"RunSettings.algorithm with rollout.max_new_tokens={self.rollout.max_new_tokens}: {e}") from None
+
+    @property
+    def name(self) -> str:
+        """The variant's name in a comparison: `variant`, or the algorithm's."""
+        return self.variant or self.algo
 
     @property
     def warm_start_steps(self) -> int:
