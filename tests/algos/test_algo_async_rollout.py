@@ -19,12 +19,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from flax import nnx
-
 import rewards
 import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner
 from algo_grpo import GRPOConfig, GRPOLearner
+from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.testing import tree_max_abs_diff

@@ -10,9 +10,9 @@ from scipy import stats as scipy_stats
 from rl_core.config import ConfigError
 from trainer import compare_folder
 from trainer.cli import main
-from trainer.compare import COMPARE_DEFAULTS, variant_settings
+from trainer.compare import COMPARE_DEFAULTS, named_variants, variant_settings
 from trainer.plots import smooth
-from trainer.report import settings_text
+from trainer.report import config_diff, settings_text
 from trainer.settings import merge, parse_overrides, user_settings
 from trainer.stats import holm_adjust, mean_ci, significant, welch_p_value
 
@@ -183,3 +183,39 @@ def test_every_variant_generates_as_many_completions_per_step_as_grpo():
     # a group size set for every variant applies to PPO's groups too: nothing to make up
     same = variant_settings(["grpo", "ppo"], merge(user, parse_overrides(["algorithm.group_size=4"])))
     assert [s.training.prompts_per_step for s in same] == [32, 32]
+
+
+# -- named variants: one algorithm under other settings ------------------------------------------
+
+
+def test_named_variants_compare_sync_and_async_rollouts_of_one_algorithm():
+    user = user_settings("configs/async-vs-sync.yaml")
+    grpo, grpo_async, dapo, dapo_async = named_variants(user.pop("variants"), user, [])
+    assert [s.name for s in (grpo, grpo_async, dapo, dapo_async)] == ["grpo", "grpo-async", "dapo", "dapo-async"]
+    assert [s.algo for s in (grpo, grpo_async, dapo, dapo_async)] == ["grpo", "grpo", "dapo", "dapo"]
+    assert grpo.training.async_rollout == "off" and grpo_async.training.async_rollout == "one_step"
+    assert grpo_async.algorithm_config().tis_cap == 2.0 and grpo.algorithm_config().tis_cap is None
+    assert grpo_async.training.mini_batch_size == grpo.training.mini_batch_size  # compare's own layout, for all
+    diff = config_diff(grpo_async, grpo)
+    assert diff == {"tis_cap": {"grpo": None, "grpo-async": 2.0},
+                    "training.async_rollout": {"grpo": "off", "grpo-async": "one_step"}}
+    only = named_variants(user_settings("configs/async-vs-sync.yaml")["variants"], user, ["dapo-async"])
+    assert [s.name for s in only] == ["dapo-async"]
+
+
+@pytest.mark.parametrize(("variants", "message"), [
+    ({"a": {"algo": "nope"}}, r"variants.a.algo = 'nope'"),
+    ({"grpo-x": {"algo": "grpo", "algorithm": {"max_gen_batches": 2}}}, r"variants.grpo-x.algorithm: grpo has no field"),
+    ({"grpo": 3}, r"variants.grpo: must be a mapping"),
+    ([], r"variants: must map variant names"),
+])
+def test_bad_named_variants_are_refused_with_the_entry_named(variants, message):
+    with pytest.raises(ConfigError, match=message):
+        named_variants(variants, {}, [])
+
+
+def test_choosing_a_variant_the_config_does_not_name_is_an_error(tmp_path, capsys):
+    config = tmp_path / "v.yaml"
+    config.write_text("variants:\n  grpo: {}\n")
+    assert main(["compare", "dapo", "--config", str(config), "--output", str(tmp_path / "c")]) == 2
+    assert "variant(s) ['dapo'] not in the config's variants: ['grpo']" in capsys.readouterr().err

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from algo_dapo.config import DAPOConfig
-from algo_grpo import GRPOLearner, Groups
+from algo_grpo import Groups, GRPOLearner
 from algo_grpo.groups import concat
 from rl_core.data import Prompt
+
+from algo_dapo.config import DAPOConfig
 
 
 class DynamicSamplingError(RuntimeError):

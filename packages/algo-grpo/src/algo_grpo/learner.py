@@ -41,16 +41,16 @@ from typing import Any
 
 import jax
 import numpy as np
-
-from algo_grpo.config import GRPOConfig
-from algo_grpo.groups import TOTAL, Groups
-from algo_grpo.loss import grpo_objective
 from rl_core import multihost, registry
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.learner import RLLearner, StepBatch
 from rl_core.trainable import LossFn
 from rl_core.types import TrainExample
+
+from algo_grpo.config import GRPOConfig
+from algo_grpo.groups import TOTAL, Groups
+from algo_grpo.loss import grpo_objective
 
 
 class GRPOLearner(RLLearner[GRPOConfig]):

@@ -28,7 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+import jax
+
+from rl_core.faults import fault_point
+from rl_core.types import TrainExample
+
+if TYPE_CHECKING:
+    from rl_core.learner import RLLearner, StepBatch
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -61,6 +69,19 @@ class RolloutThread:
         self.threaded = threaded
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if threaded else None
 
+    @classmethod
+    def for_learner(cls, learner: RLLearner, *, splits: bool) -> RolloutThread | None:
+        """The learner's rollout thread for `training.async_rollout` (None when off; in line in a
+        multi-process run); `splits`: whether the learner has produce_examples' two halves."""
+        mode = learner.training.async_rollout
+        if mode == "off":
+            return None
+        if not splits:
+            raise ValueError(f"training.async_rollout = {mode!r}: {type(learner).__name__} implements "
+                             "produce_examples only, not its halves collect / examples_from / batch_to_json / "
+                             "batch_from_json that async rollouts run apart")
+        return cls(threaded=jax.process_count() == 1)
+
     def beside(self, side: Callable[[], U], main: Callable[[], T]) -> Overlap[T, U]:
         """`side()` on the rollout thread while `main()` runs here; both results.
 
@@ -92,3 +113,36 @@ class RolloutThread:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def batch_ahead(learner: RLLearner) -> tuple[StepBatch, Callable[[], InFlight]]:
+    """This step's batch (collected during the last step, or now on the first) as examples under
+    the current weights, and the collection of the next batch with these weights pinned, to run
+    beside the update (`update_beside`)."""
+    n = learner.training.prompts_per_step
+    if learner.in_flight is None:  # the first step, or a resume from a synchronous run's checkpoint
+        learner.in_flight = InFlight(learner.collect(learner.data.next(n)), learner.step)
+    batch = learner.examples_from(learner.in_flight.batch)
+    staleness = float(learner.step - learner.in_flight.version)
+    batch = batch._replace(metrics={**batch.metrics, "async/staleness": staleness})
+    prompts, version = learner.data.next(n), learner.step
+    learner.rollouts.pin(version)
+
+    def collect_next() -> InFlight:
+        collected = learner.collect(prompts)
+        fault_point("in_flight", learner.step + 1)  # the next batch collected, the update maybe not done
+        return InFlight(collected, version)
+
+    return batch, collect_next
+
+
+def update_beside(learner: RLLearner, example: TrainExample, collect_next: Callable[[], InFlight]
+                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """The update on `example` with `collect_next` beside it; the update's statistics and the
+    waits. The batch collected is then in flight, and the rollouts follow the policy again."""
+    try:
+        both = learner.ahead.beside(collect_next, lambda: learner.update_models(example))
+    finally:
+        learner.rollouts.unpin()  # evaluation and export sample with the current weights
+    learner.in_flight = both.side
+    return both.main, {"time/wait_rollout": both.wait_rollout, "time/wait_update": both.wait_update}

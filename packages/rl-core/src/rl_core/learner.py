@@ -21,15 +21,8 @@ mini-batches -> `models[name].update(mini)` (rl_core.trainable) -> the jitted
 `make_update` -> `summed_grads` -> the algorithm's `loss_function()` (for GRPO,
 algo_grpo.loss.grpo_objective -> grpo_loss).
 
-The behaviour-policy contract. Every example carries `old_logp`, the log-probs of the
-policy that generated its tokens, from the learner's own forward pass
-(`behaviour_logprobs`) at collection time, whenever the update can be off-policy: more
-than one pass over the batch, more than one mini-batch (the policy moves between
-optimizer steps; `update_is_off_policy` states these two), or rows carried over from
-an earlier step (they keep the log-probs recorded when they were collected,
-checkpoints included; the algorithm that carries them records them). Only on a
-provably on-policy step may `old_logp` be None: the loss then uses
-stop_gradient(logp), which is exactly equal in value.
+Behaviour log-probs (`old_logp`, what the importance ratio divides by): see
+rl_core.behaviour for when every example carries them.
 
 Adapters. A policy holding `nnx.LoRAParam`s (LoRA, see rl_core.frozen) trains only
 them: `params`, the optimizer state and checkpoints hold the adapters, and the base is
@@ -40,28 +33,27 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
+from rl_core.async_rollout import InFlight, RolloutThread, batch_ahead, update_beside
+from rl_core.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
-from rl_core.async_rollout import InFlight, RolloutThread
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
 from rl_core.generation import PolicyRollouts, rollout_prompts
 from rl_core.layout import BatchLayout
-from rl_core.logprobs import completion_logprobs
+from rl_core.learner_state import POLICY, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
@@ -75,7 +67,6 @@ from rl_core.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
 __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data_mesh"]
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
-POLICY = "policy"
 
 
 class StepBatch(NamedTuple):
@@ -152,12 +143,11 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.guard = UpdateGuard(training)
         # one-step-off-policy rollouts: the batch collected ahead, and where it is collected
         self.in_flight: InFlight | None = None
-        self.ahead = RolloutThread(threaded=jax.process_count() == 1) if training.async_rollout != "off" else None
+        self.ahead = RolloutThread.for_learner(self, splits=type(self).collect is not RLLearner.collect)
 
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy)
-        chunk = rollout.logprob_chunk_tokens
-        logprobs = functools.partial(completion_logprobs, temperature=rollout.temperature, chunk_tokens=chunk)
-        self._logprobs = self.policy_part.forward(logprobs, chunk_tokens=chunk)  # (logp, entropy) [B, T]
+        self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
+        self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
 
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else self._own_config()
@@ -199,24 +189,24 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
         """One id per completion of `prompts` (for samples and debugging)."""
 
+    # async rollouts (rl_core.async_rollout) need produce_examples in two halves, and the
+    # JSON form of the half-way batch for the checkpoint of the batch in flight
+
     def collect(self, prompts: Sequence[Prompt]) -> Any:
-        """The rollout half of `produce_examples` for async rollouts: sample (through `generate`,
-        which uses the pinned weights) and score. It runs beside the update, so it must not read
-        the trained parameters nor write what the update half reads."""
-        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout: it implements "
-                                  "produce_examples, not collect / examples_from / batch_to_json / batch_from_json")
+        """The rollout half: sample (through `generate`, which uses the pinned weights) and score.
+        It runs beside the update: it must not read the trained parameters nor write what
+        `examples_from` reads."""
+        raise NotImplementedError
 
     def examples_from(self, batch: Any) -> StepBatch:
-        """The training half of `produce_examples`: what `collect` returned, as train examples
-        under the current weights (for async rollouts)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
+        """The training half: what `collect` returned, as train examples under the current weights."""
+        raise NotImplementedError
 
     def batch_to_json(self, batch: Any) -> Any:
-        """The JSON form of a collected batch, for the checkpoint of the batch in flight."""
-        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
+        raise NotImplementedError
 
     def batch_from_json(self, data: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not support training.async_rollout")
+        raise NotImplementedError
 
     def models_to_update(self) -> Sequence[str]:
         """The models this step's update trains, in order (default every one; PPO's critic
@@ -292,33 +282,20 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return self.policy_part.initial_params(policy)
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
-        """(logp, entropy) [B, T] of the example's completions under `params` (0 past the
-        trimmed width, see rl_core.trim)."""
-        return self._logprobs(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
-                              mask=example.completion_mask)
+        """(logp, entropy) [B, T] of the example's completions under `params` (0 past the trimmed width)."""
+        return self.logprob_pass(params, example)
 
     def update_is_off_policy(self) -> bool:
         """True when an update on a fresh batch can run on a policy other than the one that
-        sampled it: several passes or several mini-batches (see the module docstring)."""
+        sampled it: several passes or several mini-batches (see rl_core.behaviour)."""
         return self.num_iterations > 1 or self.num_mini_batches > 1
 
-    def behaviour_logprobs(
-        self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *, recorded: np.ndarray | None = None,
-        completion_mask: Any = None,
-    ) -> np.ndarray:
-        """[B, T] float32 log-probs of completions under the current parameters, on the host.
-
-        Call it at collection time, before any update on these rows: these are the
-        behaviour policy's log-probs that the importance ratio divides by. Rows of
-        `recorded` without NaN were recorded earlier (carried rows) and are kept as they are.
-        With `completion_mask`, the pass runs at the trimmed width (0 beyond it).
-        """
-        logp, _ = self._logprobs(self.params, prompt_tokens, prompt_mask, completion_tokens, mask=completion_mask)
-        fresh = np.asarray(multihost.to_host(logp), np.float32)
-        if recorded is None:
-            return fresh
-        missing = np.isnan(recorded).any(axis=1)
-        return np.where(missing[:, None], fresh, recorded).astype(np.float32)
+    def behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
+                           recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
+        """[B, T] float32 log-probs of completions under the current parameters, on the host
+        (`PolicyLogprobs.behaviour`). Call it at collection time, before any update on these rows."""
+        return self.logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
+                                           recorded=recorded, completion_mask=completion_mask)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
@@ -362,7 +339,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
         if self.ahead is not None:
-            batch, collect_next = self._batch_ahead()
+            batch, collect_next = batch_ahead(self)
         elif self.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
             batch, collect_next, self.in_flight = self.examples_from(self.in_flight.batch), None, None
         else:
@@ -377,12 +354,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         if collect_next is None:
             results = self.update_models(batch.example)
         else:
-            try:
-                both = self.ahead.beside(collect_next, lambda: self.update_models(batch.example))
-            finally:
-                self.rollouts.unpin()  # evaluation and export sample with the current weights
-            results, self.in_flight = both.main, both.side
-            metrics.update({"time/wait_rollout": both.wait_rollout, "time/wait_update": both.wait_update})
+            results, waits = update_beside(self, batch.example, collect_next)
+            metrics.update(waits)
         # the previous step's checkpoint was written while this step ran; it is on disk
         # before this step's records are, so the files never run more than a step ahead
         self.recorder.wait()
@@ -400,25 +373,6 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
             self.recorder.metrics(self.step, metrics)
         self.recorder.samples(self.step, batch.samples)
         return metrics
-
-    def _batch_ahead(self) -> tuple[StepBatch, Callable[[], InFlight]]:
-        """Async rollouts: this step's batch (collected during the last step, or now on the first)
-        as examples under the current weights, and the collection of the next batch with these
-        weights pinned, to run beside the update (see rl_core.async_rollout)."""
-        n = self.training.prompts_per_step
-        if self.in_flight is None:  # the first step (or a resume from a synchronous run's checkpoint)
-            self.in_flight = InFlight(self.collect(self.data.next(n)), self.step)
-        batch = self.examples_from(self.in_flight.batch)
-        batch = batch._replace(metrics={**batch.metrics, "async/staleness": float(self.step - self.in_flight.version)})
-        prompts, version = self.data.next(n), self.step
-        self.rollouts.pin(version)
-
-        def collect_next() -> InFlight:
-            collected = self.collect(prompts)
-            fault_point("in_flight", self.step + 1)  # the next batch collected, the update maybe not done
-            return InFlight(collected, version)
-
-        return batch, collect_next
 
     def update(self, example: TrainExample) -> list[dict[str, Any]]:
         """The policy's statistics of `update_models(example)`, one dict per update in order."""
@@ -454,17 +408,11 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     # -- checkpoints ------------------------------------------------------------------------
 
     def checkpoint_arrays(self) -> dict[str, Any]:
-        """The arrays a checkpoint holds: the policy's parameters and optimizer state and the PRNG
-        key at the top (the layout of every earlier checkpoint), any other model's under its name."""
-        arrays = {"params": self.params, "opt_state": self.opt_state, "rng": self.rng}  # never the frozen base
-        arrays.update({name: model.state._asdict() for name, model in self.models.items() if name != POLICY})
-        return arrays
+        """The arrays a checkpoint holds (see rl_core.learner_state)."""
+        return state_arrays(self)
 
     def save_checkpoint(self) -> None:
-        meta = {"step": self.step, "data_position": self.data.position, "extra": self.extra_state()}
-        if self.in_flight is not None:  # sampled, not trained on yet: the resumed run trains on it
-            meta["in_flight"] = {"version": self.in_flight.version, "batch": self.batch_to_json(self.in_flight.batch)}
-        self.recorder.save(self.step, arrays=self.checkpoint_arrays(), meta=meta)
+        self.recorder.save(self.step, arrays=state_arrays(self), meta=state_meta(self))
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
         """Restore the newest checkpoint in the run folder that restores; True when one did.
@@ -472,20 +420,10 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         A damaged newer checkpoint is moved aside with one line in `log`; records the killed
         run wrote past the restored step are dropped (see rl_core.recorder).
         """
-        restored = self.recorder.restore(like=self.checkpoint_arrays(), log=log)
-        if restored is None:
-            return False
-        arrays, meta = restored
-        self.params, self.opt_state, self.rng = arrays["params"], arrays["opt_state"], arrays["rng"]
-        for name, model in self.models.items():
-            if name != POLICY:
-                model.params, model.opt_state = arrays[name]["params"], arrays[name]["opt_state"]
-        self.step = int(meta["step"])
-        self.data.position = int(meta["data_position"])
-        self.load_extra_state(meta.get("extra", {}))
-        flight = meta.get("in_flight")
-        self.in_flight = None if flight is None else InFlight(self.batch_from_json(flight["batch"]), int(flight["version"]))
-        return True
+        restored = self.recorder.restore(like=state_arrays(self), log=log)
+        if restored is not None:
+            load_state(self, *restored)
+        return restored is not None
 
     def _own_config(self) -> dict[str, Any]:
         return {"algorithm": self.config.to_dict(), "training": self.training.to_dict(), "rollout": self.rollout.to_dict()}

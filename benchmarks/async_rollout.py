@@ -1,0 +1,81 @@
+"""Step time with synchronous and one-step-off-policy async rollouts, with a slow reward.
+
+    uv run python benchmarks/async_rollout.py [--delay 0.2] [--steps 8] [--prompts 8] [--group 8]
+
+GRPO on the tiny-qwen2 shape (D=128, 4 layers, random weights, character vocabulary)
+and the built-in arithmetic task's prompts; the reward sleeps `--delay` seconds per batch, as a
+code sandbox, a judge model or a remote verifier would. Each mode runs 2 untimed
+steps (compiles; async mode's first step also collects its own batch) and then
+`--steps` timed ones; printed per mode: mean seconds per step and of its phases
+(rollout = generation, reward = scoring, update = log-prob passes and optimizer
+steps), and for async the waits of each side. The bound async mode aims at is
+max(rollout, update, reward) of the synchronous phases: with one device both
+generation and update need the same cores, so on a CPU the overlap that pays is
+the reward's wait (and the host's decoding) beside the update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import rewards
+from algo_grpo import GRPOConfig, GRPOLearner
+from flax import nnx
+from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.host_memory import keep_freed_memory
+from rl_models import CharTokenizer, Transformer, TransformerConfig
+from trainer.tasks import arithmetic
+
+
+def slow_reward(delay: float):
+    answer = rewards.numeric_answer_reward()
+
+    def numeric_answer(prompts, completions, **fields):
+        time.sleep(delay)  # once per batch: the reward manager calls a function with the whole batch
+        return answer(prompts, completions, **fields)
+
+    return numeric_answer
+
+
+def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
+    tok = CharTokenizer()
+    config = TransformerConfig.tiny_qwen2(tok.vocab_size)
+    learner = GRPOLearner(
+        GRPOConfig(group_size=args.group, beta=0.0, tis_cap=2.0),
+        policy=Transformer(config, rngs=nnx.Rngs(0)),
+        tokenizer=tok,
+        train_data=list(arithmetic().train),
+        training=TrainingConfig(prompts_per_step=args.prompts, learning_rate=1e-4, async_rollout=mode,
+                                num_steps=args.steps + 2),
+        rollout=RolloutConfig(max_new_tokens=args.new_tokens, max_prompt_tokens=16, temperature=1.0),
+        reward_manager=rewards.RewardManager([slow_reward(args.delay)]),
+    )
+    for _ in range(2):
+        learner.train_step()
+    rows = [learner.train_step() for _ in range(args.steps)]
+    learner.close()
+    keys = ["time/step", "time/rollout", "time/reward", "time/update", "time/wait_rollout", "time/wait_update"]
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys if k in rows[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--delay", type=float, default=0.2, help="seconds the reward sleeps per batch")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per mode")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args()
+    keep_freed_memory()
+    sync, one_step = run("off", args), run("one_step", args)
+    for name, row in (("sync", sync), ("one_step", one_step)):
+        print(f"{name:9s} " + "  ".join(f"{k.removeprefix('time/')} {v:.3f} s" for k, v in row.items()))
+    bound = max(sync["time/rollout"], sync["time/update"], sync["time/reward"])
+    print(f"async step / sync step: {one_step['time/step'] / sync['time/step']:.2f}; "
+          f"async step / max(rollout, update, reward): {one_step['time/step'] / bound:.2f}")
+
+
+if __name__ == "__main__":
+    main()
