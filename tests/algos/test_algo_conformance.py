@@ -60,9 +60,9 @@ EXTRA_MODELS = {"critic": rl_models.value_model_from_policy}
 """How to make each kind of extra trained model a learner may declare, from the policy."""
 
 
-def build(name: str, **training):
+def build(name: str, config_overrides=None, **training):
     algorithm = registry.get_algorithm(name)
-    config = dataclasses.replace(algorithm.config(), group_size=G)
+    config = dataclasses.replace(algorithm.config(), group_size=G, **(config_overrides or {}))
     # The learner adds the algorithm's own reward functions (e.g. DAPO's overlong penalty).
     # An untrained policy never answers right: groups are judged by the shaping reward.
     manager = rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction], correctness="digit_fraction")
@@ -318,6 +318,19 @@ def test_logs_the_documented_metrics(run):
 
 def test_second_step_compiles_nothing_new(run):
     assert run.new_compiles == [0, 0]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_trains_with_async_rollouts_as_it_is(name):
+    """training.async_rollout=one_step needs nothing of the package: step 2 trains on a batch
+    sampled by the initial weights while batch 3 is collected, and the loss stays finite."""
+    _, _, learner = build(name, {"tis_cap": 2.0}, async_rollout="one_step")
+    before = jax.tree.map(np.array, learner.params)
+    history = [learner.train_step() for _ in range(2)]
+    assert [m["async/staleness"] for m in history] == [0.0, 1.0]
+    assert all(math.isfinite(m["train/loss"]) for m in history)
+    assert learner.in_flight is not None and learner.in_flight.version == 1
+    assert tree_max_abs_diff(before, jax.tree.map(np.array, learner.params)) > 0
 
 
 # -- the behaviour-policy contract ----------------------------------------------------------
