@@ -70,7 +70,8 @@ def lagged(cls):
     return Lagged
 
 
-def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=STEPS, reward_delay=0.0):
+def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=STEPS, reward_delay=0.0,
+         rollout_devices=0):
     def reward(prompts, completions, **fields):
         time.sleep(reward_delay)
         return even_start(prompts, completions, **fields)
@@ -82,7 +83,8 @@ def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=ST
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, learning_rate=0.3, num_steps=num_steps,
-                                checkpoint_every_steps=1, async_rollout=async_rollout),
+                                checkpoint_every_steps=1, async_rollout=async_rollout,
+                                rollout_devices=rollout_devices),
         rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8, temperature=1.0),
         reward_manager=rewards.RewardManager([reward]),
         output_dir=output_dir,
@@ -191,3 +193,10 @@ def test_a_failing_collection_stops_the_step_with_its_error():
         run.train_step()
     assert run.rollouts.pinned is None  # unpinned: evaluation samples with the current weights
     np.testing.assert_equal(run.step, 1)
+
+
+def test_rollout_devices_need_async_and_devices_to_spare():
+    with pytest.raises(ValueError, match="rollout_devices = 2: needs async_rollout='one_step'"):
+        TrainingConfig(rollout_devices=2)
+    with pytest.raises(ValueError, match="rollout_devices = 1: must leave devices to train on"):
+        make(GRPOLearner, GRPO, rollout_devices=jax.device_count())

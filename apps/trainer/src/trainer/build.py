@@ -60,7 +60,7 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
         "layout": {
             "platform": jax.default_backend(),
-            "mesh": settings.training.mesh.shape(jax.device_count() if devices is None else devices),
+            "mesh": settings.training.mesh.shape((jax.device_count() if devices is None else devices) - settings.training.rollout_devices),
         },
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
@@ -75,7 +75,7 @@ def tokenizer(settings: RunSettings) -> Tokenizer:
 
 def mesh(settings: RunSettings) -> Mesh:
     """The run's device mesh (the learner builds the same one from `training.mesh`)."""
-    return mesh_lib.make_mesh(**settings.training.mesh.to_dict())
+    return mesh_lib.training_mesh(settings.training)
 
 
 def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:

@@ -216,7 +216,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         config = load_hf_config(m.path, **runtime)
     else:
         config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
-    mesh = mesh_lib.make_mesh(**settings.training.mesh.to_dict())
+    mesh = mesh_lib.training_mesh(settings.training)
     check_tensor_parallel(config, mesh.shape["tensor"])
     check_attention(config, budget.platform)
     kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,

@@ -125,5 +125,5 @@ def micro_batches(settings: Any) -> list[int]:
 def _rows(settings: Any) -> tuple[int, int]:
     """(completions per step, the data x fsdp devices they are split over)."""
     training = settings.training
-    data, fsdp, _ = training.mesh.shape(jax.device_count())
+    data, fsdp, _ = training.mesh.shape(jax.device_count() - training.rollout_devices)
     return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), data * fsdp

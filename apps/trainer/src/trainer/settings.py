@@ -254,7 +254,7 @@ class RunSettings(Config):
                 "unset it, or train one that does (--algo ppo)"
             )
         completions = self.training.prompts_per_step * completions_per_prompt(config)
-        data, fsdp, _ = self.training.mesh.shape(jax.device_count())  # the mesh must fit the devices
+        data, fsdp, _ = self.training.mesh.shape(jax.device_count() - self.training.rollout_devices)  # the mesh must fit the devices
         self.training.batch_layout(completions, devices=data * fsdp)  # rows split over (data, fsdp)
         try:
             config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)

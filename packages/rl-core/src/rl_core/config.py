@@ -330,10 +330,17 @@ class TrainingConfig(Config):
     the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
     trains, so generation and reward scoring overlap the update; staleness is at most one step,
     corrected by the algorithm's truncated importance weight (see rl_core.learner)."""
+    rollout_devices: int = 0
+    """With async_rollout=one_step, the last N devices generate, on a mesh of their own (fsdp
+    over them), and `mesh` is laid over the others: the next batch is sampled while this one
+    trains on other devices. 0: rollouts share the training devices. One process only."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.async_rollout in ASYNC_ROLLOUT, self, "async_rollout", f"must be one of {ASYNC_ROLLOUT}")
+        check(self.rollout_devices >= 0, self, "rollout_devices", "must be >= 0")
+        check(self.rollout_devices == 0 or self.async_rollout != "off", self, "rollout_devices",
+              "needs async_rollout='one_step': synchronous rollouts would leave these devices idle while training")
         check(self.optimizer in OPTIMIZERS, self, "optimizer", f"must be one of {OPTIMIZERS}")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
         check(self.lr_schedule in SCHEDULES, self, "lr_schedule", f"must be one of {SCHEDULES}")

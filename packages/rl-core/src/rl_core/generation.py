@@ -17,7 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from rl_core import frozen as frozen_lib
+from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.rollout import rollout_prompts as episode_rollout
@@ -39,16 +42,25 @@ class PolicyRollouts:
     """Sampling from a policy part (rl_core.trainable) through the configured backend."""
 
     def __init__(self, rollout: RolloutConfig, tokenizer: Tokenizer, policy: TrainableModel, *, batch_size: int,
-                 module: nnx.Module) -> None:
+                 module: nnx.Module, mesh: Mesh | None = None) -> None:
+        """`mesh`: devices of the rollouts' own (training.rollout_devices), or None: the policy's."""
         self.rollout, self.tokenizer, self.policy = rollout, tokenizer, policy
-        mesh = policy.layout.mesh
+        self.apart = mesh is not None and mesh is not policy.layout.mesh
+        self.mesh = mesh if self.apart else policy.layout.mesh
+        shardings = policy.shardings
+        if self.apart:  # the policy's layout on the rollout devices; the frozen base moves there once
+            _, params, frozen, _ = frozen_lib.split_policy(module)
+            self._param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, self.mesh))
+            frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, self.mesh))
+            self._frozen = jax.device_put(policy.frozen, frozen_shardings)
+            shardings = frozen_lib.join(self._param_shardings, frozen_shardings)
         self.sampler = Sampler(
             policy.graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=tokenizer.eos_ids,
-            pad_id=tokenizer.pad_id, mesh=mesh, param_shardings=policy.shardings,
+            pad_id=tokenizer.pad_id, mesh=self.mesh, param_shardings=shardings,
         )
         self.backend = make_backend(
-            rollout, policy.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=mesh,
-            param_shardings=policy.shardings, batch_size=batch_size, sampler=self.sampler, policy=module,
+            rollout, policy.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=self.mesh,
+            param_shardings=shardings, batch_size=batch_size, sampler=self.sampler, policy=module,
         )
         self._weights_of: Any = None  # the trained parameters the backend holds
         self.pinned: int | None = None  # the version of pinned weights, if any
@@ -62,7 +74,7 @@ class PolicyRollouts:
         """`num_samples` completions per prompt row with the policy's current parameters (row
         i * num_samples + j is sample j of prompt i); new weights go to the backend as `version`."""
         if self.pinned is None and self._weights_of is not self.policy.params:  # new parameters since the last rollout
-            self.backend.update_weights(self.policy.whole_params(), version)
+            self.backend.update_weights(self._whole(self.policy.params), version)
             self._weights_of = self.policy.params
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
         return self.backend.generate(Requests(prompt_tokens, prompt_mask, num_samples), sampling, key)
@@ -72,13 +84,19 @@ class PolicyRollouts:
         `version` until `unpin`, while updates go on: a backend that keeps a reference to
         the weights gets a copy, as the next update donates the parameters' buffers."""
         params = self.policy.params if params is None else params
-        if getattr(self.backend, "keeps_reference", False):
+        if getattr(self.backend, "keeps_reference", False) and not self.apart:  # apart: a transfer copies
             params = _copy(params)
-        self.backend.update_weights(self.policy.whole_params(params), version)
+        self.backend.update_weights(self._whole(params), version)
         self._weights_of, self.pinned = None, version  # unpin refreshes to the policy's weights
 
     def unpin(self) -> None:
         self.pinned = None
+
+    def _whole(self, params: Any) -> Any:
+        """Trained `params` joined with the frozen base, on the rollout devices."""
+        if not self.apart:
+            return self.policy.whole_params(params)
+        return frozen_lib.join(jax.device_put(params, self._param_shardings), self._frozen)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""

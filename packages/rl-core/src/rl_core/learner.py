@@ -124,7 +124,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         self.reward_manager, self.eval_fn = reward_manager, eval_fn
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
-        self.mesh = mesh or mesh_lib.make_mesh(**training.mesh.to_dict())
+        self.mesh = mesh or mesh_lib.training_mesh(training)
         # in a multi-process run, process 0 alone writes files and shows progress
         self.writes = multihost.is_primary()
         self.progress = progress and self.writes
@@ -145,7 +145,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.in_flight: InFlight | None = None
         self.ahead = RolloutThread.for_learner(self, splits=type(self).collect is not RLLearner.collect)
 
-        self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy)
+        self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
+                                       mesh=mesh_lib.rollout_mesh(training, self.mesh))
         self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
         self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
 

@@ -29,7 +29,7 @@ from flax.core import spmd
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl_core.config import MeshConfig
+from rl_core.config import ConfigError, MeshConfig, TrainingConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH = ("data", "fsdp")
@@ -75,6 +75,36 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     if len(devices) == jax.device_count():
         return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
     return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def training_devices(training: TrainingConfig) -> list[jax.Device]:
+    """The devices `training.mesh` is laid over: all but the last `training.rollout_devices`."""
+    devices = jax.devices()
+    n = training.rollout_devices
+    if n and jax.process_count() > 1:
+        raise ConfigError(f"training.rollout_devices = {n}: a multi-process run cannot set devices apart for "
+                          "rollouts yet (its processes run the collection in line); use 0")
+    if n >= len(devices):
+        raise ConfigError(f"training.rollout_devices = {n}: must leave devices to train on ({len(devices)} in all)")
+    return devices[: len(devices) - n]
+
+
+def training_mesh(training: TrainingConfig) -> Mesh:
+    """The run's training mesh, from `training.mesh` over `training_devices`."""
+    return make_mesh(**training.mesh.to_dict(), devices=training_devices(training))
+
+
+def rollout_mesh(training: TrainingConfig, mesh: Mesh) -> Mesh | None:
+    """The mesh of the devices set apart for rollouts (fsdp over the last `rollout_devices`
+    devices outside `mesh`), or None when rollouts share the training devices."""
+    n = training.rollout_devices
+    if not n:
+        return None
+    taken = set(mesh.devices.flat)
+    free = [d for d in jax.devices() if d not in taken]
+    if len(free) < n:
+        raise ConfigError(f"training.rollout_devices = {n}: only {len(free)} devices are outside the training mesh")
+    return make_mesh(data=1, fsdp=-1, tensor=1, devices=free[-n:])
 
 
 def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
