@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,9 +94,21 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
         self.ref_params = self.reference_params(kwargs["policy"]) if config.beta else None
         self._reward_failed = 0
-        # Pipeline steps add their time here; also valid when a step is called on its own.
-        self._timings: dict[str, float] = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
+
+    @property
+    def _timings(self) -> dict[str, float]:
+        """The seconds pipeline steps spent on the batch this thread works on (also valid when a
+        step is called on its own). Per thread: with async rollouts the rollout thread collects
+        the next batch while the calling thread turns this one into examples."""
+        local = self.__dict__.setdefault("_timings_of_thread", threading.local())
+        if not hasattr(local, "timings"):
+            local.timings = {"time/rollout": 0.0, "time/reward": 0.0}
+        return local.timings
+
+    @_timings.setter
+    def _timings(self, value: dict[str, float]) -> None:
+        self.__dict__.setdefault("_timings_of_thread", threading.local()).timings = value
 
     # -- base-learner hooks ---------------------------------------------------------------
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
@@ -38,8 +38,6 @@ from rl_core.types import TrainExample
 if TYPE_CHECKING:
     from rl_core.learner import RLLearner, StepBatch
 
-T = TypeVar("T")
-U = TypeVar("U")
 
 
 class InFlight(NamedTuple):
@@ -51,23 +49,14 @@ class InFlight(NamedTuple):
     """The step count of the weights that sampled it (0: the initial weights)."""
 
 
-class Overlap(NamedTuple, Generic[T, U]):
-    """The results of `beside` and who waited for whom."""
-
-    main: T
-    side: U
-    wait_rollout: float
-    """Seconds the calling thread waited for the rollout after its own work was done."""
-    wait_update: float
-    """Seconds the rollout was done before the calling thread's work."""
-
-
 class RolloutThread:
     """Runs one collection at a time beside the caller's work (or in line, `threaded=False`)."""
 
     def __init__(self, *, threaded: bool) -> None:
         self.threaded = threaded
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if threaded else None
+        self._running: Future | Callable[[], InFlight] | None = None
+        self._done_at = 0.0
 
     @classmethod
     def for_learner(cls, learner: RLLearner, *, splits: bool) -> RolloutThread | None:
@@ -82,49 +71,50 @@ class RolloutThread:
                              "batch_from_json that async rollouts run apart")
         return cls(threaded=jax.process_count() == 1)
 
-    def beside(self, side: Callable[[], U], main: Callable[[], T]) -> Overlap[T, U]:
-        """`side()` on the rollout thread while `main()` runs here; both results.
+    def start(self, collect: Callable[[], InFlight]) -> None:
+        """Begin `collect()` on the rollout thread (in line: it runs in `finish`)."""
+        if self._pool is None:
+            self._running = collect
+            return
 
-        An exception of either is raised here once both have finished, so the learner's
-        state is never left with a collection still running.
-        """
-        if self._pool is None:  # in line: the update first, as its dispatch order is fixed
-            out = main()
-            return Overlap(out, side(), 0.0, 0.0)
-        done_at: list[float] = []
-
-        def timed() -> U:
+        def timed() -> InFlight:
             try:
-                return side()
+                return collect()
             finally:
-                done_at.append(time.perf_counter())
+                self._done_at = time.perf_counter()
 
-        future = self._pool.submit(timed)
-        try:
-            out = main()
-        except BaseException:
-            future.exception()  # wait: the collection must not outlive the step
-            raise
-        main_done = time.perf_counter()
-        result = future.result()
-        wait_rollout = max(done_at[0] - main_done, 0.0)
-        return Overlap(out, result, wait_rollout, max(main_done - done_at[0], 0.0))
+        self._running = self._pool.submit(timed)
+
+    def finish(self) -> tuple[InFlight, dict[str, float]]:
+        """The collected batch, once done, and the waits: `time/wait_rollout`, seconds this
+        thread waited for it; `time/wait_update`, seconds it was done before this thread."""
+        running, self._running = self._running, None
+        if not isinstance(running, Future):  # in line, after the caller's work: a fixed dispatch order
+            return running(), {"time/wait_rollout": 0.0, "time/wait_update": 0.0}
+        ready = time.perf_counter()
+        result = running.result()  # raises the collection's error here
+        return result, {"time/wait_rollout": max(self._done_at - ready, 0.0),
+                        "time/wait_update": max(ready - self._done_at, 0.0)}
+
+    def abandon(self) -> None:
+        """Wait for a collection that is no longer wanted (the step failed): none outlives it."""
+        running, self._running = self._running, None
+        if isinstance(running, Future):
+            running.exception()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
 
-def batch_ahead(learner: RLLearner) -> tuple[StepBatch, Callable[[], InFlight]]:
+def batch_ahead(learner: RLLearner) -> StepBatch:
     """This step's batch (collected during the last step, or now on the first) as examples under
-    the current weights, and the collection of the next batch with these weights pinned, to run
-    beside the update (`update_beside`)."""
+    the current weights, while the next batch is collected beside it with these weights pinned;
+    `update_beside` then runs the update and takes the collection."""
     n = learner.training.prompts_per_step
     if learner.in_flight is None:  # the first step, or a resume from a synchronous run's checkpoint
         learner.in_flight = InFlight(learner.collect(learner.data.next(n)), learner.step)
-    batch = learner.examples_from(learner.in_flight.batch)
-    staleness = float(learner.step - learner.in_flight.version)
-    batch = batch._replace(metrics={**batch.metrics, "async/staleness": staleness})
+    this = learner.in_flight
     prompts, version = learner.data.next(n), learner.step
     learner.rollouts.pin(version)
 
@@ -133,16 +123,26 @@ def batch_ahead(learner: RLLearner) -> tuple[StepBatch, Callable[[], InFlight]]:
         fault_point("in_flight", learner.step + 1)  # the next batch collected, the update maybe not done
         return InFlight(collected, version)
 
-    return batch, collect_next
-
-
-def update_beside(learner: RLLearner, example: TrainExample, collect_next: Callable[[], InFlight]
-                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
-    """The update on `example` with `collect_next` beside it; the update's statistics and the
-    waits. The batch collected is then in flight, and the rollouts follow the policy again."""
+    learner.ahead.start(collect_next)
     try:
-        both = learner.ahead.beside(collect_next, lambda: learner.update_models(example))
+        batch = learner.examples_from(this.batch)  # the proximal log-prob pass runs beside the collection
+    except BaseException:
+        learner.ahead.abandon()
+        learner.rollouts.unpin()
+        raise
+    return batch._replace(metrics={**batch.metrics, "async/staleness": float(learner.step - this.version)})
+
+
+def update_beside(learner: RLLearner, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """The update on `example` while the collection `batch_ahead` started goes on; the update's
+    statistics and the waits. The batch collected is then in flight, and the rollouts follow
+    the policy's weights again."""
+    try:
+        results = learner.update_models(example)
+        learner.in_flight, waits = learner.ahead.finish()
+    except BaseException:
+        learner.ahead.abandon()
+        raise
     finally:
-        learner.rollouts.unpin()  # evaluation and export sample with the current weights
-    learner.in_flight = both.side
-    return both.main, {"time/wait_rollout": both.wait_rollout, "time/wait_update": both.wait_update}
+        learner.rollouts.unpin()  # the collection is over: evaluation and export use the current weights
+    return results, waits

@@ -339,24 +339,26 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     def train_step(self) -> dict[str, Any]:
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
-        if self.ahead is not None:
-            batch, collect_next = batch_ahead(self)
+        if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
+            batch = batch_ahead(self)
         elif self.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
-            batch, collect_next, self.in_flight = self.examples_from(self.in_flight.batch), None, None
+            batch, self.in_flight = self.examples_from(self.in_flight.batch), None
         else:
-            batch, collect_next = self.produce_examples(self.data.next(self.training.prompts_per_step)), None
+            batch = self.produce_examples(self.data.next(self.training.prompts_per_step))
         fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
+            if self.ahead is not None:
+                self.ahead.abandon()
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
         update_start = time.perf_counter()
         metrics = dict(batch.metrics)
-        if collect_next is None:
-            results = self.update_models(batch.example)
-        else:
-            results, waits = update_beside(self, batch.example, collect_next)
+        if self.ahead is not None:
+            results, waits = update_beside(self, batch.example)
             metrics.update(waits)
+        else:
+            results = self.update_models(batch.example)
         # the previous step's checkpoint was written while this step ran; it is on disk
         # before this step's records are, so the files never run more than a step ahead
         self.recorder.wait()
