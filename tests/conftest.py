@@ -46,7 +46,6 @@ LONGEST_FIRST = [
     "test_trainer_crash_resume.py",  # 94: eleven trainer processes in a row
     "test_trainer_learning_multiturn.py",  # ~75 (one core): its own warm start and 12 steps of episodes
     "test_algo_conformance.py",  # 113
-    "test_trainer_learning_gspo.py",  # 72
     "test_trainer_multihost.py",  # 61: five trainer processes
     "test_trainer_resume.py",  # 56
     "test_trainer_lora.py",  # 56

@@ -2,8 +2,9 @@
 
 Every learning test of the suite starts from one cached base policy (one warm
 start, one evaluation of it; see the `learn` fixture), so each costs only its
-own 100 steps and one evaluation after them. GSPO and LoRA have files of their own
-(test_trainer_learning_*.py); test_trainer_learning_control.py is the run that must not learn.
+own 100 steps and one evaluation after them. LoRA, PPO and multi-turn episodes have files
+of their own (test_trainer_learning_*.py); test_trainer_learning_control.py is the run that
+must not learn.
 """
 
 import pytest
@@ -15,14 +16,18 @@ import pytest
 #   rloo         +22.0    +19.5    +18.5
 #   cispo        +25.5    +19.0    +16.0
 #   reinforce_pp +25.5    +22.5    +19.5
+#   gspo         +20.0    +21.5    +21.0
+# (GSPO weighs each token by 1/|y|, its ratio being a per-sequence mean, so per step it can
+# learn more slowly: under other XLA flags, another rounding, single runs rose by 13.5 to 18)
 # and the control (GRPO on shuffled rewards) fell by 35, 19 and 22.5 points. The bar, +10
-# points, is 6 points (12 problems) below the smallest gain of the twelve runs and 29 above
+# points, is 6 points (12 problems) below the smallest gain of the fifteen runs and 29 above
 # the best control: a method that learns passes on any seed, one that does not fails.
+# (GSPO was run on three seeds with a mean bar of +15; one seed at +10 tells the same.)
 GAIN = 0.10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp"])
+@pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp", "gspo"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, learn):
     before, after = learn(algo)
     assert 0.2 < before < 0.7  # right sometimes, not always
