@@ -149,23 +149,17 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     run = make(GRPOLearner, GRPO, reward_delay=0.2)
     run.train_step()  # step 1 collects its own batch first
     events = []
-    update = run.update_models
 
-    def traced_update(example):
-        events.append(("update start", threading.current_thread().name))
-        out = update(example)
-        events.append(("update end", threading.current_thread().name))
-        return out
+    def traced(name, fn):
+        def call(*args):
+            events.append((f"{name} start", threading.current_thread().name))
+            out = fn(*args)
+            events.append((f"{name} end", threading.current_thread().name))
+            return out
 
-    score = run.score
+        return call
 
-    def traced_score(groups):
-        events.append(("score start", threading.current_thread().name))
-        out = score(groups)
-        events.append(("score end", threading.current_thread().name))
-        return out
-
-    run.update_models, run.score = traced_update, traced_score
+    run.update_models, run.score = traced("update", run.update_models), traced("score", run.score)
     metrics = run.train_step()
     order = [name for name, _ in events]
     # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread
