@@ -21,6 +21,12 @@ class Crash(Exception):
     """Stands in for a lost connection."""
 
 
+def cut_after_data(point, key=None):
+    """`fault_point` where a push loses its connection after the checkpoints' data, before their markers."""
+    if (point, key) == ("push", "data"):
+        raise Crash("connection lost")
+
+
 @pytest.fixture
 def staging(tmp_path, monkeypatch):
     """The temporary folder, where the local copies are made (and must be gone after)."""
@@ -55,12 +61,7 @@ def test_a_push_cut_short_leaves_the_checkpoints_before_it_readable(tmp_path, st
     folder.push()
     save(folder.local, 2)
     (folder.local / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-
-    def cut(point, key=None):
-        if (point, key) == ("push", "data"):
-            raise Crash("connection lost")
-
-    monkeypatch.setattr(storage, "fault_point", cut)
+    monkeypatch.setattr(storage, "fault_point", cut_after_data)
     with pytest.raises(Crash):
         folder.push()
     monkeypatch.undo()
@@ -80,6 +81,26 @@ def test_a_push_cut_short_leaves_the_checkpoints_before_it_readable(tmp_path, st
         f"{root}/checkpoints/3/arrays/data", f"{root}/checkpoints/3/{storage.COMMIT_MARKER}", f"{root}/metrics.jsonl",
     ]  # fmt: skip
     assert list(staging.iterdir()) == []
+
+
+def test_a_checkpoint_saved_anew_over_a_complete_one_counts_only_once_complete(tmp_path, staging, monkeypatch):
+    """A run replacing another at the URL saves step 1 again: the old step 1's marker goes first."""
+    url = f"memory://{tmp_path.name}/run"
+    first = storage.open_staged(url)
+    save(first.local, 1)
+    first.push()
+    first.close()
+    replacing = storage.open_staged(url, skip=("checkpoints",))  # as `trainer train --overwrite` pulls
+    save(replacing.local, 1)
+    (replacing.local / "checkpoints" / "1" / "arrays" / "data").write_text("the new run's step 1")
+    monkeypatch.setattr(storage, "fault_point", cut_after_data)
+    with pytest.raises(Crash):
+        replacing.push()
+    monkeypatch.undo()
+    replacing.close()
+    again = storage.open_staged(url)
+    assert not (again.local / "checkpoints").exists()  # neither the old step 1 nor a mix of both
+    again.close()
 
 
 def test_a_file_url_holds_the_folder_as_it_is_locally(tmp_path, staging):

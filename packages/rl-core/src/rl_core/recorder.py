@@ -56,7 +56,7 @@ class RunRecorder:
         self.checkpointer = (
             Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
         )
-        self._pushed = self.latest_checkpoint()  # the newest checkpoint at the URL
+        self._unpushed = False  # a save was started since the last push
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -96,15 +96,15 @@ class RunRecorder:
             raise ValueError("no output_dir: nowhere to save a checkpoint")
         self.wait()  # the save before, pushed to the URL before this one starts
         self.checkpointer.save(step, arrays=arrays, meta=dict(meta))
+        self._unpushed = self.mirror is not None
 
     def wait(self) -> None:
         """Return once every checkpoint save started is on disk (and, with a URL, pushed there)."""
         if self.checkpointer is not None:
             self.checkpointer.wait()
-            latest = self.checkpointer.latest_step()
-            if self.mirror is not None and latest != self._pushed:
+            if self._unpushed:
                 self.mirror.push()  # the checkpoint complete, the records through its step
-                self._pushed = latest
+                self._unpushed = False
 
     def restore(self, *, like: Any, log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]] | None:
         """(arrays shaped like `like`, meta) of the newest checkpoint that restores, or None.

@@ -229,6 +229,13 @@ class StagedFolder(os.PathLike):
         markers = [rel for rel in committed if rel == f"{_matches(rel, self.committed)}/{COMMIT_MARKER}"]
         data = [rel for rel in committed if rel not in markers]
         others = [rel for rel in changed if rel not in committed]
+        # a folder saved anew over a complete one at the URL (a replaced run) stops counting first
+        stale = sorted({f"{_matches(rel, self.committed)}/{COMMIT_MARKER}" for rel in data} & set(self._at_url))
+        if stale:
+            self.fs.rm([self._remote(rel) for rel in stale])
+            for rel in stale:
+                del self._at_url[rel]
+            markers = sorted(set(markers) | {rel for rel in stale if rel in local})
         for stage, group in (("data", data), ("markers", markers), ("others", others)):
             self._upload(group, local)
             fault_point("push", stage)
