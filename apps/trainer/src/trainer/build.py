@@ -25,7 +25,7 @@ from rewards import RewardManager
 from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core import registry
+from rl_core import registry, storage
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
@@ -66,10 +66,24 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def model_folder(path: str, *, only: Sequence[str] | None = None) -> str:
+    """`path` itself, or for a URL (model.path=gs://...) a local copy of its files (of those in
+    `only`), fetched once into the user's cache and again when they change there."""
+    if not storage.is_url(path):
+        return path
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rl-variants" / "models"
+    return str(storage.cached_copy(path, cache, only=only))
+
+
+def model_config(path: str, **runtime: Any) -> TransformerConfig:
+    """The TransformerConfig of the model folder `path` (of a URL, only config.json is fetched)."""
+    return load_hf_config(model_folder(path, only=("config.json",)), **runtime)
+
+
 def tokenizer(settings: RunSettings) -> Tokenizer:
     """The folder's tokenizer for a loaded model, else the character tokenizer."""
     if settings.model.path:
-        return load_hf_tokenizer(settings.model.path)
+        return load_hf_tokenizer(model_folder(settings.model.path))
     return CharTokenizer()
 
 
@@ -84,12 +98,13 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     m = settings.model
     device_mesh = mesh(settings)
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
-    config = load_hf_config(m.path, **m.runtime()) if m.path else preset(
+    folder = model_folder(m.path) if m.path else None
+    config = load_hf_config(folder, **m.runtime()) if folder else preset(
         m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     check_tensor_parallel(config, device_mesh.shape["tensor"])
     check_attention(config)
-    if m.path:
-        return load_hf_model(m.path, shardings=shardings, **m.runtime())
+    if folder:
+        return load_hf_model(folder, shardings=shardings, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
 
 
@@ -115,7 +130,7 @@ def check_critic(settings: RunSettings, policy: Transformer) -> None:
     path = settings.model.critic_path
     if path is None:
         return
-    config = load_hf_config(path, **settings.model.runtime())
+    config = model_config(path, **settings.model.runtime())
     if config.vocab_size != policy.config.vocab_size:
         raise ConfigError(
             f"model.critic_path = {path!r}: its vocabulary has {config.vocab_size} tokens and the policy's "
@@ -131,7 +146,8 @@ def critic(settings: RunSettings, policy: Transformer) -> ValueModel:
         return value_model_from_policy(policy, seed=settings.model.seed + 1)
     device_mesh = mesh(settings)
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
-    return load_hf_value_model(settings.model.critic_path, shardings=shardings, **settings.model.runtime())
+    return load_hf_value_model(model_folder(settings.model.critic_path), shardings=shardings,
+                               **settings.model.runtime())
 
 
 def check_finite(settings: RunSettings, model: Transformer) -> None:
@@ -292,7 +308,7 @@ def learner(
     tokenizer: Tokenizer,
     policy: Transformer,
     *,
-    output_dir: Path | None,
+    output_dir: Path | storage.StagedFolder | None,
     progress: bool,
 ) -> RLLearner:
     algorithm = registry.get_algorithm(settings.algo)

@@ -17,12 +17,18 @@ from rl_core.host_memory import keep_freed_memory
 from rl_core.learner import NonFiniteUpdateError
 from rl_core.registry import RegistryError
 from rl_core.files import RunFileError
+from rl_core.storage import StorageError, is_url
 from rl_models.hf import HFFolderError
 
 from trainer.datasets import DataError
 from trainer.signals import RunInterrupted
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")
+def location(text: str) -> Path | str:
+    """A folder argument: a local path, or a URL kept as written (gs://bucket/run; a Path would fold its //)."""
+    return text if is_url(text) else Path(text)
+
+
 SETTINGS_HINT = "settings: `trainer config [--algo NAME]` lists every key=value setting with its type, default and description"
 
 
@@ -36,10 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one algorithm variant", epilog=SETTINGS_HINT)
     t.add_argument("--algo", help="algorithm name (see `trainer algos`)")
     t.add_argument("--config", help="YAML settings file")
-    t.add_argument("--output", type=Path, help="run folder (default runs/<algo>-<time>)")
-    t.add_argument("--resume", type=Path, metavar="DIR", help="continue the run in DIR exactly (add training.num_steps=N to extend it)")
+    t.add_argument("--output", type=location, help="run folder, a path or a URL such as gs://bucket/runs/x "
+                   "(default runs/<algo>-<time>)")
+    t.add_argument("--resume", type=location, metavar="DIR", help="continue the run in DIR exactly (add training.num_steps=N to extend it)")
     t.add_argument("--overwrite", action="store_true", help="replace the run (or config.yaml) already in --output")
-    t.add_argument("--model", metavar="DIR", help="local Hugging Face folder (same as model.path=DIR)")
+    t.add_argument("--model", metavar="DIR", help="Hugging Face folder, a path or a URL (same as model.path=DIR)")
     t.add_argument("--task", help="task name (same as task.name=NAME)")
     t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -56,22 +63,22 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="run variants from the same base policy and report", epilog=SETTINGS_HINT)
     c.add_argument("algos", nargs="*", metavar="ALGO|key=value", help="algorithms (default: every installed one) and dotted overrides")
     c.add_argument("--config", help="YAML settings file applied to every variant")
-    c.add_argument("--output", type=Path, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
+    c.add_argument("--output", type=location, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value", help="dotted override (repeatable)")
     c.add_argument("--seeds", type=int, metavar="N", help="seeds per variant (default 3): mean and 95%% CI")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in the --output folder")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = sub.add_parser("eval", help="held-out accuracy (greedy) and pass@k of a run", epilog=SETTINGS_HINT)
-    e.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
+    e.add_argument("--run", type=location, required=True, help="run folder written by `trainer train` (a path or a URL)")
     e.add_argument("--k", type=int, default=None, help="k of pass@k (default: the run's)")
     e.add_argument("--samples", type=int, default=None, help="n samples per prompt (default: the run's)")
 
     o = sub.add_parser(
         "export", help="write a run's policy as a Hugging Face folder (transformers, vLLM)", epilog=SETTINGS_HINT
     )
-    o.add_argument("--run", type=Path, required=True, help="run folder written by `trainer train`")
-    o.add_argument("--out", type=Path, required=True, metavar="HF_DIR", help="folder to write")
+    o.add_argument("--run", type=location, required=True, help="run folder written by `trainer train` (a path or a URL)")
+    o.add_argument("--out", type=location, required=True, metavar="HF_DIR", help="folder to write (a path or a URL)")
     o.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     o.add_argument("--adapter", action="store_true",
                    help="a LoRA run's adapters alone, in the PEFT layout (default: the merged model)")
@@ -157,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except (
         ConfigError, RegistryError, DataError, RewardError, NonFiniteUpdateError, OSError, HFFolderError, RunFileError,
+        StorageError,
     ) as e:
         print(f"trainer {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -197,7 +205,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "overrides other than training.num_steps=N (which extends the run)"
             )
         if steps is not None:
-            settings = build_settings(config_file=args.resume / "config.yaml", overrides=args.overrides)
+            settings = settings_of_run(args.resume, args.overrides)
         run_dir = args.resume
     else:
         if not args.algo:
@@ -223,6 +231,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from trainer.compare import compare
 
+    if is_url(args.output):
+        raise ConfigError(
+            f"compare --output {args.output}: a comparison's folder is local (a URL is not supported for it yet); "
+            "give a local folder and copy it afterwards, or train each variant with `trainer train --output URL`"
+        )
     algos = [a for a in args.algos if "=" not in a]
     overrides = [a for a in args.algos if "=" in a] + args.overrides
     table, _ = compare(

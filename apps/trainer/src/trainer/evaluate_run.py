@@ -1,6 +1,6 @@
 """`trainer eval --run DIR`: held-out greedy accuracy and unbiased pass@k of a run's latest checkpoint.
 
-The run folder is only read (see `trainer.run_policy`).
+The run folder is only read (see `trainer.run_policy`); one at a URL, from a local copy.
 """
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rl_core import storage
 from rl_core.config import ConfigError
 
 from trainer import build
 from trainer.evaluate import evaluate
-from trainer.run import settings_of_run
+from trainer.run import readable_run, settings_of_run
 from trainer.run_policy import load_run_policy
 
 
@@ -22,6 +23,9 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
     k and samples default to the run's `eval.pass_k` and `eval.samples_per_prompt`;
     with both defaults (and seed 0) the numbers equal the run's own final evaluation.
     """
+    if storage.is_url(run_dir):
+        with readable_run(run_dir) as local:
+            return evaluate_run(local, k=k, samples=samples, seed=seed) | {"run": run_dir}
     run_dir = Path(run_dir)
     settings = settings_of_run(run_dir)
     k = settings.eval.pass_k if k is None else k

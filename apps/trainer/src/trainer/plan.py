@@ -203,17 +203,16 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core import frozen as frozen_lib
-    from rl_models.hf import load_hf_config
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype
-    from trainer.build import check_attention, check_tensor_parallel
+    from trainer.build import check_attention, check_tensor_parallel, model_config
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
     runtime = m.runtime() | {"scan_layers": True if m.scan_layers is None else m.scan_layers}
     if m.path:
-        config = load_hf_config(m.path, **runtime)
+        config = model_config(m.path, **runtime)  # of a URL, config.json alone is fetched
     else:
         config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
     mesh = mesh_lib.training_mesh(settings.training)

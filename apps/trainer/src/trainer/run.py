@@ -8,21 +8,26 @@ user's own config.yaml in it is never written over.
 In a multi-process run (see trainer.distributed) every process runs this same
 function on the same (shared) run folder and takes the same decisions from
 it; process 0 alone writes and removes files and logs, the others keep in step.
+
+A run folder may be a URL (gs://bucket/runs/x, or any fsspec filesystem): the run
+works in a local copy pulled from it, and the copy is pushed back after each
+checkpoint and when the run ends (see rl_core.storage); messages name the URL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_core import multihost
+from rl_core import multihost, storage
 from rl_core.checkpoint import CORRUPT_DIR, saved_steps
 from rl_core.config import ConfigError
 from rl_core.faults import fault_point
@@ -100,7 +105,7 @@ def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> T
 
 def train_run(
     settings: RunSettings,
-    run_dir: Path,
+    run_dir: Path | str | storage.StagedFolder,
     *,
     resume: bool = False,
     progress: bool = True,
@@ -117,8 +122,15 @@ def train_run(
     `overwrite`, and otherwise refused: a finished run is never lost silently.
     A resumed run that is already finished does nothing; one whose
     `training.num_steps` was raised continues to the new total. Raises
-    RunInterrupted when a signal stopped training early.
+    RunInterrupted when a signal stopped training early. `run_dir` may be a URL.
     """
+    if storage.is_url(run_dir):
+        return _train_at_url(
+            settings, run_dir, resume=resume, progress=progress, log=log, base_cache=base_cache,
+            overwrite=overwrite, reuse_base_from=reuse_base_from,
+        )
+    mirror = run_dir if isinstance(run_dir, storage.StagedFolder) else None
+    run_dir = Path(run_dir)  # a StagedFolder: its local copy
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
     _check_can_make(run_dir)
@@ -153,7 +165,7 @@ def train_run(
             settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
         )
         policy = build.adapted(settings, policy)
-        learner = build.learner(settings, task, tokenizer, policy, output_dir=run_dir, progress=progress)
+        learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress)
     except Exception:
         if multihost.is_primary():
             _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
@@ -224,21 +236,94 @@ def _claim(run_dir: Path, overwrite: bool) -> None:
     existing = [name for name in (*RUN_FILES, "config.yaml") if (run_dir / name).exists()]
     if not existing:
         return
-    if not overwrite:
-        if existing == ["config.yaml"]:
-            raise FileExistsError(
-                f"{run_dir / 'config.yaml'} exists and a run writes its settings there; choose another --output "
-                "(e.g. a subfolder) or pass --overwrite to replace it"
-            )
-        raise FileExistsError(
-            f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
-            f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
-        )
+    _refuse_unless_overwrite(run_dir, existing, overwrite)
     multihost.sync("trainer.claim")  # every process found the folder as it was
     for name in existing if multihost.is_primary() else ():
         path = run_dir / name
         if name != "config.yaml":  # rewritten below, atomically
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _refuse_unless_overwrite(run_dir: Path | str, existing: Sequence[str], overwrite: bool) -> None:
+    """Refuse to start a new run where `existing` run files (or a config.yaml) are, unless `overwrite`."""
+    if not existing or overwrite:
+        return
+    if list(existing) == ["config.yaml"]:
+        raise FileExistsError(
+            f"{storage.child(run_dir, 'config.yaml')} exists and a run writes its settings there; choose another "
+            "--output (e.g. a subfolder) or pass --overwrite to replace it"
+        )
+    raise FileExistsError(
+        f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+        f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
+    )
+
+
+STAGED_SAVES = ("checkpoints/*", "base-policy-*.partial/*", "base-policy-" + "?" * 12)
+"""Orbax saves in a run folder: the checkpoints, the warm start's, the cached base policy
+(`build.base_policy`). At a URL each counts only once complete (rl_core.storage)."""
+
+
+def _train_at_url(settings: RunSettings, url: str, *, resume: bool, overwrite: bool, log: Callable[[str], None],
+                  **kwargs: Any) -> dict[str, Any]:
+    """`train_run` in a local copy of the run folder at `url`, pushed there after each checkpoint
+    (by the learner's recorder) and at the end, however the run ends (a copy that cannot be pushed
+    is kept, and named)."""
+    folder = storage.StagedFolder(url, committed=STAGED_SAVES)
+    try:
+        if not resume:  # refused before anything is fetched; replaced runs are not fetched at all
+            names = folder.top_level_names()
+            _refuse_unless_overwrite(url, [n for n in (*RUN_FILES, "config.yaml") if n in names], overwrite)
+        folder.pull(skip=() if resume else RUN_FILES)
+        summary = train_run(settings, folder, resume=resume, overwrite=overwrite,
+                            log=lambda message: log(folder.shown(message)), **kwargs)
+        folder.push()
+    except BaseException as e:
+        _push_what_was_done(folder, log)
+        _show_url(e, folder)
+        raise
+    folder.close()
+    return summary
+
+
+def _push_what_was_done(folder: storage.StagedFolder, log: Callable[[str], None]) -> None:
+    """After a failure: push the local copy (an interrupted run's checkpoint and summary), then
+    remove it; a copy that cannot be pushed is kept, with its path in `log`."""
+    if folder.pulled:
+        try:
+            folder.push()
+        except Exception as e:  # noqa: BLE001 - any storage error: the copy is what is left
+            log(f"could not push the run to {folder.url} ({type(e).__name__}: {e}); its local copy is kept in "
+                f"{folder.local}")
+            return
+    folder.close()
+
+
+def _show_url(error: BaseException, folder: storage.StagedFolder) -> None:
+    """`error`'s message about the local copy turned into one about the URL, in place."""
+    error.args = tuple(folder.shown(a) if isinstance(a, str) else a for a in error.args)
+    if isinstance(error, OSError):
+        for attr in ("filename", "filename2"):
+            value = getattr(error, attr)
+            if isinstance(value, (str, os.PathLike)):
+                setattr(error, attr, folder.shown(os.fspath(value)))
+
+
+@contextlib.contextmanager
+def readable_run(run_dir: Path | str) -> Iterator[Path]:
+    """The run folder to read: `run_dir` itself, or a local copy of the one at a URL (removed
+    afterwards; errors name the URL)."""
+    if not storage.is_url(run_dir):
+        yield Path(run_dir)
+        return
+    folder = storage.open_staged(run_dir, committed=STAGED_SAVES)
+    try:
+        yield folder.local
+    except BaseException as e:
+        _show_url(e, folder)
+        raise
+    finally:
+        folder.close()
 
 
 NAME_MAX = 255
@@ -386,10 +471,10 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def settings_of_run(run_dir: Path) -> RunSettings:
-    """The resolved settings a run folder was started with."""
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder: {path.name} is missing")
-    return build_settings(config_file=path)
+def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSettings:
+    """The resolved settings a run folder (a path or a URL) was started with, and `overrides`."""
+    path = storage.child(run_dir, "config.yaml")
+    if not (storage.exists(path) if storage.is_url(path) else path.exists()):
+        raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
+    return build_settings(config_file=path, overrides=overrides)
 

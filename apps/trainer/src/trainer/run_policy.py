@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flax import nnx
+from rl_core import storage
 from rl_core.checkpoint import Checkpointer
 from rl_core.learner import RLLearner
 from rl_core.tokens import Tokenizer
 
 from trainer import build
-from trainer.run import load_task, refuse_changed_settings, settings_of_run
+from trainer.run import load_task, readable_run, refuse_changed_settings, settings_of_run
 from trainer.settings import RunSettings
 from trainer.tasks import Task
 
@@ -54,7 +55,10 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
-    """The run's policy at checkpoint `step` (default: the latest)."""
+    """The run's policy at checkpoint `step` (default: the latest); of a run at a URL, read from a local copy."""
+    if storage.is_url(run_dir):
+        with readable_run(run_dir) as local:
+            return load_run_policy(local, step)
     run_dir = Path(run_dir)
     settings = settings_of_run(run_dir)
     refuse_changed_settings(run_dir, settings)  # the checkpoint is read as what it was made as

@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 import yaml
-from rl_core import registry
+from rl_core import registry, storage
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
@@ -113,7 +113,8 @@ class LoraSettings(Config):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSettings(Config):
     path: str | None = None
-    """A local Hugging Face folder (Llama 3, Qwen2/2.5, Qwen3); None = a random `preset` model."""
+    """A Hugging Face folder (Llama 3, Qwen2/2.5, Qwen3): a local path, or a URL (gs://...) whose files are
+    fetched once into the user's cache (rl-variants/models); None = a random `preset` model."""
     preset: str = "tiny"
     """An rl_models preset name (tiny, tiny_qwen2), used when `path` is None."""
     seed: int = 0
@@ -139,8 +140,9 @@ class ModelSettings(Config):
     quantize: str | None = None
     """Store the frozen base's block projections as int8, int4 or nf4 (QLoRA; needs lora.rank > 0)."""
     critic_path: str | None = None
-    """A local Hugging Face folder to start the critic (PPO) from: its backbone, and a value head
-    that starts at zero. None = the policy's starting weights (with LoRA: its frozen base)."""
+    """A Hugging Face folder (a path or a URL, as `path`) to start the critic (PPO) from: its
+    backbone, and a value head that starts at zero. None = the policy's starting weights (with
+    LoRA: its frozen base)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -157,9 +159,15 @@ class ModelSettings(Config):
               "cudnn attention needs model.dtype=bfloat16")
         check(self.scan_layers is None or isinstance(self.scan_layers, bool), self, "scan_layers",
               "must be true, false or null (by platform)")
-        check(self.path is None or Path(self.path).is_dir(), self, "path", "must be an existing folder")
-        check(self.critic_path is None or Path(self.critic_path).is_dir(), self, "critic_path",
-              "must be an existing folder")
+        for name in ("path", "critic_path"):
+            folder = getattr(self, name)
+            if storage.is_url(folder):  # fetched when loaded (trainer.build.model_folder)
+                try:
+                    storage.filesystem(folder)
+                except storage.StorageError as e:
+                    raise ConfigError(f"ModelSettings.{name}: {e}") from None
+            else:
+                check(folder is None or Path(folder).is_dir(), self, name, "must be an existing folder or a URL")
         check(self.critic_path is None or not self.lora.rank, self, "critic_path",
               "a LoRA critic trains adapters over the policy's own frozen base; unset it or set model.lora.rank=0")
         check(self.path is not None or self.preset in PRESETS, self, "preset", f"must be one of {sorted(PRESETS)}")
@@ -341,13 +349,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML settings file; every way it can be unreadable is one ConfigError line."""
-    path = Path(path)
+    """The mapping in a YAML settings file (a path or a URL); every way it can be unreadable is one ConfigError line."""
     where = f"config file {str(path)!r}"
-    if path.is_dir():
+    if not storage.is_url(path) and Path(path).is_dir():
         raise ConfigError(f"{where} is a folder; --config takes a YAML file")
     try:
-        raw = path.read_bytes()
+        raw = storage.read_bytes(path) if storage.is_url(path) else Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{where} does not exist") from None
     except OSError as e:

@@ -9,6 +9,11 @@ once. Without a run folder it keeps metrics in memory only and cannot checkpoint
 
 In a multi-process run only process 0 writes records (`writes`); every process
 saves and restores its own checkpoint shards.
+
+The run folder may be a URL (gs://bucket/run, any fsspec filesystem): the recorder then
+works in a local copy pulled from it and pushes the copy back once each checkpoint is
+complete and when it closes (see rl_core.storage). A caller that writes files of its own
+into the run folder (the trainer) opens the `StagedFolder` itself and passes it.
 """
 
 from __future__ import annotations
@@ -23,15 +28,23 @@ from rl_core.config import TrainingConfig
 from rl_core.files import keep_records_through
 from rl_core.metrics import MetricsLogger
 from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
+from rl_core.storage import StagedFolder, is_url, open_staged
 
 
 class RunRecorder:
     """Metrics, samples, settings summary and checkpoints of one run folder (or none)."""
 
-    def __init__(self, output_dir: str | Path | None, *, training: TrainingConfig, run_config: Mapping[str, Any],
-                 writes: bool) -> None:
-        out = Path(output_dir) if output_dir is not None else None
+    def __init__(self, output_dir: str | Path | StagedFolder | None, *, training: TrainingConfig,
+                 run_config: Mapping[str, Any], writes: bool) -> None:
+        """`output_dir`: a local folder, a URL (pulled into a local copy here, removed at `close`),
+        a StagedFolder its caller pulled and will close, or None (no files, no checkpoints)."""
+        self.mirror = output_dir if isinstance(output_dir, StagedFolder) else None
+        self._owns_mirror = is_url(output_dir)
+        if self._owns_mirror:
+            self.mirror = open_staged(output_dir)
+        out = self.mirror.local if self.mirror else Path(output_dir) if output_dir is not None else None
         self.output_dir = out
+        """The local run folder (with a URL, the local copy)."""
         self.writes = writes
         self.samples_per_step = training.samples_per_step
         self.logger = MetricsLogger(out if writes else None, tensorboard="tensorboard" in training.loggers)
@@ -43,6 +56,7 @@ class RunRecorder:
         self.checkpointer = (
             Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
         )
+        self._unpushed = False  # a save was started since the last push
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -80,12 +94,17 @@ class RunRecorder:
         """Start saving checkpoint `step` (written in the background; see rl_core.checkpoint)."""
         if self.checkpointer is None:
             raise ValueError("no output_dir: nowhere to save a checkpoint")
+        self.wait()  # the save before, pushed to the URL before this one starts
         self.checkpointer.save(step, arrays=arrays, meta=dict(meta))
+        self._unpushed = self.mirror is not None
 
     def wait(self) -> None:
-        """Return once every checkpoint save started is on disk."""
+        """Return once every checkpoint save started is on disk (and, with a URL, pushed there)."""
         if self.checkpointer is not None:
             self.checkpointer.wait()
+            if self._unpushed:
+                self.mirror.push()  # the checkpoint complete, the records through its step
+                self._unpushed = False
 
     def restore(self, *, like: Any, log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]] | None:
         """(arrays shaped like `like`, meta) of the newest checkpoint that restores, or None.
@@ -108,9 +127,15 @@ class RunRecorder:
         return arrays, meta
 
     def close(self) -> None:
+        """Finish the save in flight and close the files; with a URL, push everything there."""
         self.logger.close()
         for sink in self.sinks:
             sink.close()
         self.sinks = []
         if self.checkpointer is not None:
             self.checkpointer.close()
+        if self.mirror is not None:
+            self.mirror.push()
+            if self._owns_mirror:
+                self.mirror.close()
+            self.mirror = None
