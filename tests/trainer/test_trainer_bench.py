@@ -63,6 +63,25 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     assert r["mfu_step"] == r["phases"]["step"]["mfu"]
 
 
+def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(tmp_path):
+    """Tiny preset, 2 prompts x 4 in one mini-batch: on-policy, so the log-prob phase holds only the
+    critic's values pass, one forward over the rows its update then trains on with 3 forwards."""
+    from trainer.bench import run_bench
+
+    r = run_bench(preset="tiny", steps=2, algo="ppo", output=tmp_path / "b.json", log=lambda _: None)
+    phases = r["phases"]
+    assert phases["critic_update"]["seconds"] > 0 and phases["update"]["seconds"] > 0
+    assert phases["critic_update"]["model_flops"] == pytest.approx(3 * phases["logprob"]["model_flops"])
+    assert phases["step"]["model_flops"] == pytest.approx(
+        sum(phases[name]["model_flops"] for name in ("rollout", "logprob", "update", "critic_update")))
+    # the policy's update is its own: the critic's seconds are no longer in it
+    assert phases["update"]["model_flops"] > 0
+    # the tiny policy's backbone (86,720 - 99 x 64 unembedding) and a value head of 64 + 1
+    assert r["memory"]["critic_trainable_parameters"] == 80_449
+    assert r["memory"]["critic_trained_bytes"] == 4 * 80_449
+    assert r["compile_count"]["timed_delta"] == 0
+
+
 def test_bench_rejects_unknown_preset(capsys):
     assert main(["bench", "--preset", "huge", "--steps", "1"]) == 2
     assert "tiny-qwen2" in capsys.readouterr().err
