@@ -259,25 +259,20 @@ def test_qwen2_5_7b_on_8_gpus_at_16k_tokens_per_row_finds_settings_that_fit_80_g
     assert fit["plan"]["peak_bytes"] <= fit["plan"]["budget"]["limit_bytes"]
 
 
-TINY_PARAMETERS, TINY_LM_HEAD, TINY_RANK8 = 86_720, 99 * 64, 16_384  # the tiny preset (test_trainer_lora.py)
-"""The tiny preset's parameters, its unembedding (vocabulary 99 x D 64) and its rank-8 adapters."""
+TINY_PARAMETERS, TINY_LM_HEAD = 86_720, 99 * 64
+"""The tiny preset's parameters and its unembedding (vocabulary 99 x D 64)."""
 
 
-@pytest.mark.parametrize(("lora", "critic_trains"), [
-    # the policy's backbone without the unembedding, and a value head of D + 1 = 65
-    ([], TINY_PARAMETERS - TINY_LM_HEAD + 65),  # 80,449
-    # its own rank-8 adapters on the same projections, and the head; the frozen base is the policy's
-    (["model.lora.rank=8"], TINY_RANK8 + 65),  # 16,449
-], ids=["full", "lora"])
-def test_plan_of_ppo_adds_the_critics_exact_bytes(lora, critic_trains):
+def test_plan_of_ppo_adds_the_critics_exact_bytes():
     """PPO against GRPO at the same batch (4 prompts x 2) and beta = 0: the policy's programs are the
     same (compiled once, shared), and the plan grows by exactly the critic's float32 parameters and
-    its two AdamW moments (plus two int32 step counters), resident, and its two programs."""
+    its two AdamW moments (plus two int32 step counters), resident, and its two programs. (A LoRA
+    critic: tests/trainer/test_trainer_lora.py.)"""
     from trainer.plan import plan
     from trainer.settings import build_settings
 
-    common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0",
-              *lora]
+    critic_trains = TINY_PARAMETERS - TINY_LM_HEAD + 65  # 80,449: the backbone and a head of D + 1
+    common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0"]
     programs: dict = {}
     ppo = plan(build_settings(algo="ppo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
     grpo = plan(build_settings(algo="grpo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
@@ -287,7 +282,7 @@ def test_plan_of_ppo_adds_the_critics_exact_bytes(lora, critic_trains):
     assert a["critic_parameters"] == a["critic_gradients"] == 4 * critic_trains
     assert a["critic_optimizer_state"] == 2 * 4 * critic_trains + 8
     assert c["critic_parameters_and_optimizer_state"] == 3 * 4 * critic_trains + 8  # compiled: the same bytes
-    # the policy's part is GRPO's, and the critic adds its own state only: no second frozen base
+    # the policy's part is GRPO's, and the critic adds its own state only
     for key in ("parameters_and_optimizer_state", "frozen_base", "update_temporaries", "rollout_temporaries"):
         assert c[key] == grpo.compiled[key], key
     assert ppo.resident_bytes == grpo.resident_bytes + 3 * 4 * critic_trains + 8
