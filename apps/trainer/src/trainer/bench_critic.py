@@ -78,7 +78,8 @@ def critic_memory(learner: Any) -> dict[str, int]:
     part = learner.models[CRITIC]
 
     def per_device(tree: Any) -> int:
-        return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards"))
+        leaves = jax.tree.leaves(tree)
+        return sum(x.addressable_shards[0].data.nbytes for x in leaves if hasattr(x, "addressable_shards"))
 
     return {"critic_trainable_parameters": sum(int(x.size) for x in jax.tree.leaves(part.params)),
             "critic_trained_bytes": per_device(part.params), "critic_optimizer_state_bytes": per_device(part.opt_state)}

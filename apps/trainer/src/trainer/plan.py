@@ -44,6 +44,7 @@ from typing import Any
 from trainer.device_memory import MemoryBudget
 from trainer.plan_result import LOADED_MODEL, Plan  # noqa: F401 - the plan's result, importable from here
 
+
 def simulate_devices(count: int) -> None:
     """Make JAX see `count` CPU devices; must run before JAX starts a backend."""
     from jax._src import xla_bridge

@@ -66,7 +66,8 @@ class Plan:
         rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
         programs = {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
         if self.critic_trainable:  # its update and its values pass at collection time
-            programs |= {"critic_update": c["critic_update_temporaries"], "critic_values": c["critic_values_temporaries"]}
+            programs |= {"critic_update": c["critic_update_temporaries"],
+                         "critic_values": c["critic_values_temporaries"]}
         return programs
 
     @property
