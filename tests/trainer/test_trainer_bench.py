@@ -118,20 +118,41 @@ def test_baseline_ratios_and_flags_by_hand():
     assert not any(r.flagged for r in compare(baseline, current))
 
 
-def test_bench_against_a_baseline_exits_1_on_a_slower_phase(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(out)]) == 0
-    run = json.loads(out.read_text())
-    capsys.readouterr()
-    # a baseline whose update took a third of the time: the update is flagged, exit 1
+@pytest.fixture(scope="module")
+def ppo_bench(tmp_path_factory) -> tuple[dict, object]:
+    """(results, JSON path) of a PPO bench: tiny preset, 2 prompts x 4 in one mini-batch."""
+    out = tmp_path_factory.mktemp("bench") / "ppo.json"
+    assert main(["bench", "--preset", "tiny", "--algo", "ppo", "--steps", "2", "--output", str(out)]) == 0
+    return json.loads(out.read_text()), out
+
+
+def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(ppo_bench):
+    """On-policy (one mini-batch), so the log-prob phase holds only the critic's values pass: one
+    forward over the rows its update then trains on with 3 forwards."""
+    r, _ = ppo_bench
+    phases = r["phases"]
+    assert r["algo"] == "ppo" and phases["critic_update"]["seconds"] > 0 and phases["update"]["seconds"] > 0
+    assert phases["critic_update"]["model_flops"] == pytest.approx(3 * phases["logprob"]["model_flops"])
+    assert phases["step"]["model_flops"] == pytest.approx(
+        sum(phases[name]["model_flops"] for name in ("rollout", "logprob", "update", "critic_update")))
+    assert phases["update"]["model_flops"] > 0  # the policy's own update, the critic's taken out
+    # the tiny policy's backbone (86,720 - 99 x 64 unembedding) and a value head of 64 + 1
+    assert r["memory"]["critic_trainable_parameters"] == 80_449
+    assert r["memory"]["critic_trained_bytes"] == 4 * 80_449
+    assert r["compile_count"]["timed_delta"] == 0
+
+
+def test_bench_against_a_baseline_exits_1_on_a_slower_phase(ppo_bench, tmp_path, capsys):
+    run, _ = ppo_bench
+    # a baseline whose critic update took a third of the time: that phase is flagged, exit 1
     fast = json.loads(json.dumps(run))
-    fast["phases"]["update"]["seconds"] /= 3
+    fast["phases"]["critic_update"]["seconds"] /= 3
     fast["phases"]["step"]["seconds"] /= 3
     (tmp_path / "fast.json").write_text(json.dumps(fast))
-    assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(tmp_path / "b.json"),
+    assert main(["bench", "--preset", "tiny", "--algo", "ppo", "--steps", "2", "--output", str(tmp_path / "b.json"),
                  "--baseline", str(tmp_path / "fast.json")]) == 1
     printed = capsys.readouterr().out
-    assert "update" in printed and "SLOWER" in printed and "more than 10% slower than the baseline" in printed
+    assert "critic_update" in printed and "SLOWER" in printed and "more than 10% slower than the baseline" in printed
 
 
 def test_bench_refuses_a_bad_baseline_before_running(tmp_path, capsys):

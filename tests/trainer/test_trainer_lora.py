@@ -224,13 +224,20 @@ def test_qlora_on_a_model_folder(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
-    result = plan_json("--preset", "tiny", "model.lora.rank=8", "training.prompts_per_step=4", "algorithm.group_size=4")
+    """PPO with a reference (beta 0.04): the policy's adapters and reference as any algorithm's, and a
+    critic that trains its own adapters and a value head over the same frozen base."""
+    result = plan_json("--preset", "tiny", "--algo", "ppo", "model.lora.rank=8", "training.prompts_per_step=4",
+                       "algorithm.group_size=4", "algorithm.beta=0.04")
     compiled, analytic = result["compiled"], result["analytic"]
     assert result["trainable"] == TINY_RANK8 and result["parameters"] == 86_720 + TINY_RANK8
     assert analytic["parameters"] == 4 * TINY_RANK8  # float32 adapters
-    assert compiled["frozen_base"] == analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy
+    assert compiled["frozen_base"] == analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy for both models
     assert compiled["reference"] == analytic["reference"] == 4 * TINY_RANK8  # zero adapters, not a base copy
     assert analytic["reference_saved"] == 4 * 86_720 - 4 * TINY_RANK8
+    critic = TINY_RANK8 + 65  # its own rank-8 adapters and a value head of D + 1
+    assert result["critic_trainable"] == critic and analytic["critic_parameters"] == 4 * critic
+    # float32 adapters and head, two AdamW moments and two int32 step counters; no base of its own
+    assert compiled["critic_parameters_and_optimizer_state"] == 3 * 4 * critic + 8
 
 
 @pytest.mark.slow

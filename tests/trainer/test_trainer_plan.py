@@ -257,3 +257,47 @@ def test_qwen2_5_7b_on_8_gpus_at_16k_tokens_per_row_finds_settings_that_fit_80_g
     overrides = dict(o.split("=") for o in fit["overrides"])
     assert overrides["model.remat"] in ("dots_with_no_batch_dims_saveable", "full")
     assert fit["plan"]["peak_bytes"] <= fit["plan"]["budget"]["limit_bytes"]
+
+
+TINY_PARAMETERS, TINY_LM_HEAD = 86_720, 99 * 64
+"""The tiny preset's parameters and its unembedding (vocabulary 99 x D 64)."""
+
+
+def test_plan_of_ppo_adds_the_critics_exact_bytes():
+    """PPO against GRPO at the same batch (4 prompts x 2) and beta = 0: the policy's programs are the
+    same (compiled once, shared), and the plan grows by exactly the critic's float32 parameters and
+    its two AdamW moments (plus two int32 step counters), resident, and its two programs. (A LoRA
+    critic: tests/trainer/test_trainer_lora.py.)"""
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    critic_trains = TINY_PARAMETERS - TINY_LM_HEAD + 65  # 80,449: the backbone and a head of D + 1
+    common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0"]
+    programs: dict = {}
+    ppo = plan(build_settings(algo="ppo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
+    grpo = plan(build_settings(algo="grpo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
+    a, c = ppo.analytic, ppo.compiled
+    assert grpo.critic_trainable == 0 and "critic_update" not in grpo.program_bytes
+    assert ppo.critic_trainable == critic_trains
+    assert a["critic_parameters"] == a["critic_gradients"] == 4 * critic_trains
+    assert a["critic_optimizer_state"] == 2 * 4 * critic_trains + 8
+    assert c["critic_parameters_and_optimizer_state"] == 3 * 4 * critic_trains + 8  # compiled: the same bytes
+    # the policy's part is GRPO's, and the critic adds its own state only
+    for key in ("parameters_and_optimizer_state", "frozen_base", "update_temporaries", "rollout_temporaries"):
+        assert c[key] == grpo.compiled[key], key
+    assert ppo.resident_bytes == grpo.resident_bytes + 3 * 4 * critic_trains + 8
+    assert ppo.startup_bytes == grpo.startup_bytes + 3 * 4 * critic_trains + 8  # it shares the loaded weights
+    # its update holds at least its gradients; its values pass, one micro-batch's forward
+    assert c["critic_update_temporaries"] >= a["critic_gradients"] and c["critic_values_temporaries"] > 0
+    assert ppo.program_bytes["critic_update"] == c["critic_update_temporaries"]
+    assert ppo.peak_bytes >= ppo.resident_bytes + c["critic_update_temporaries"]
+    assert f"critic: {critic_trains:,} trained" in ppo.table() and "critic: values pass temporaries" in ppo.table()
+
+
+def test_plan_refuses_a_critic_folder_with_another_vocabulary_before_compiling(capsys):
+    from trainer.cli import main
+
+    code = main(["plan", "--algo", "ppo", "--preset", "tiny", "model.critic_path=tests/fixtures/hf/qwen2"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "its vocabulary has 320 tokens and the policy's 99; the critic reads the policy's tokens" in err

@@ -50,6 +50,7 @@ from rl_core.sampler import Sampler, SamplingParams
 from rl_models import Transformer, TransformerConfig
 
 from trainer import build
+from trainer.bench_critic import CRITIC, PHASE as CRITIC_PHASE, CriticTimer, critic_memory
 from trainer.run import plural
 from trainer.settings import build_settings
 
@@ -352,6 +353,13 @@ def run_bench(
     log(f"trainable parameters {memory['trainable_parameters']:,}; per device: trained {memory['trained_bytes']:,} B, "
         f"optimizer state {memory['optimizer_state_bytes']:,} B, frozen base {memory['frozen_bytes']:,} B")
     recorder = _Recorder(learner, cfg)
+    # a critic (PPO): its update is timed as a phase of its own (trainer.bench_critic)
+    critic = CriticTimer(learner, forward_flops) if CRITIC in learner.models else None
+    phases = (*PHASES, CRITIC_PHASE) if critic else PHASES
+    if critic:
+        memory |= critic_memory(learner)
+        log(f"critic: {memory['critic_trainable_parameters']:,} trained parameters; per device: trained "
+            f"{memory['critic_trained_bytes']:,} B, optimizer state {memory['critic_optimizer_state_bytes']:,} B")
 
     sizes = ", ".join(f"{n}^2" for n in p.matmul_sizes)
     log(f"measuring the float32 matmul peak ({sizes}; again after the steps)")
@@ -364,16 +372,21 @@ def run_bench(
     for _ in range(p.warmup_steps - 1):
         learner.train_step()
     recorder.take()
+    if critic:
+        critic.take()
     compiles_before = compile_count()
     records, flops, tokens = [], {k: 0.0 for k in recorder.flops}, {k: 0 for k in recorder.tokens}
     wall = 0.0
     for _ in range(steps):
         start = time.perf_counter()
-        records.append(learner.train_step())
+        record = learner.train_step()
         wall += time.perf_counter() - start
+        records.append(critic.split(record) if critic else record)
     compiles_after = compile_count()
     step_flops, step_tokens = recorder.take()
     flops.update(step_flops)
+    for name, value in (critic.take() if critic else {}).items():
+        flops[name] = flops.get(name, 0.0) + value
     tokens.update(step_tokens)
 
     prefill, decode = _prefill_decode(learner, task, p)
@@ -398,6 +411,7 @@ def run_bench(
         },
         prefill=prefill,
         decode=decode,
+        phase_names=phases,
     )
     lora = settings.model.lora
     results["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
@@ -473,6 +487,7 @@ def _summarise(
     prefill: dict[str, float],
     decode: dict[str, float],
     model: str | None = None,
+    phase_names: Sequence[str] = PHASES,
 ) -> dict[str, Any]:
     n = len(records)
     peak_rate = peak["flops_per_sec"]
@@ -482,7 +497,7 @@ def _summarise(
 
     # Medians: on a shared machine a step that another process interrupts says little about this one.
     phases: dict[str, dict[str, float]] = {}
-    for name in PHASES:
+    for name in phase_names:
         seconds = float(np.median(times(f"time/{name}")))
         phase_flops = flops.get(name, 0.0) / n
         rate = phase_flops / seconds if seconds > 0 else 0.0
@@ -495,7 +510,7 @@ def _summarise(
         }
     step = times("time/step")
     step_seconds = float(np.median(step))
-    other = step - sum(times(f"time/{name}") for name in PHASES)
+    other = step - sum(times(f"time/{name}") for name in phase_names)
     phases["other"] = {
         "seconds": float(np.median(other)),
         "mean_seconds": float(other.mean()),

@@ -21,7 +21,7 @@ TOLERANCE = 0.10
 """A phase more than this much slower than the baseline is flagged."""
 MIN_SHARE = 0.05
 """Phases under this share of the baseline's step time are compared but never flagged."""
-PHASES = ("rollout", "reward", "logprob", "update", "other", "step")
+PHASES = ("rollout", "reward", "logprob", "update", "critic_update", "other", "step")  # critic_update: PPO
 STANDALONE = ("prefill", "decode")
 
 

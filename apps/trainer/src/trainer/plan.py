@@ -28,24 +28,21 @@ state is theirs, the base is frozen in its storage dtype (or quantized with
 `model.quantize`), and the reference policy is the same base with the adapters
 off, so the reference copy a full run keeps (with beta > 0) does not exist;
 the table states how much that saves.
+
+An algorithm that trains a critic beside the policy (PPO) adds the critic's resident weights
+and optimizer state and its two programs, the update and the values pass (trainer.plan_critic).
+The result, its peak and its table are `trainer.plan_result.Plan`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import os
 from typing import Any
 
-from trainer.device_memory import GIB, MemoryBudget
-
-LOADED_MODEL = {
-    "freed": "freed once the learner has its float32 copy (beta = 0: no reference); counted at startup only",
-    "reference": "kept as the reference model (beta != 0): counted there",
-    "frozen_base": "kept as the frozen base of the adapters (LoRA): counted there",
-}
-"""Where the weights as loaded go, by Plan.loaded_model."""
+from trainer.device_memory import MemoryBudget
+from trainer.plan_result import LOADED_MODEL, Plan  # noqa: F401 - the plan's result, importable from here
 
 
 def simulate_devices(count: int) -> None:
@@ -63,124 +60,27 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Per-device bytes of one run, measured (compiled programs) and counted."""
+def stand_in_update(micro_loss: Any, tx: Any, shardings: Any) -> Any:
+    """`update(params, opt_state, frozen, xs)`: what the learner's update holds, with `micro_loss`
+    (params, frozen, micro-batch) -> scalar standing in for the algorithm's loss: gradients summed in
+    float32 over the micro-batches stacked on axis 0 of `xs`, laid out like the parameters, then one
+    optimizer step."""
+    import jax
+    import jax.numpy as jnp
+    import optax
 
-    model: str
-    mesh: dict[str, int]
-    parameters: int
-    """Total parameter count."""
-    trainable: int
-    """Parameters that train (the adapters of a LoRA run; else every parameter)."""
-    compiled: dict[str, int | None]
-    """Per-device bytes read from the compiled programs (None: a program the run does not use)."""
-    analytic: dict[str, int]
-    budget: MemoryBudget
-    engine: str = "static"
-    """The rollout engine (rollout.engine)."""
-    mean_new_tokens: int = 0
-    """The mean completion length the paged engine's in-use KV is counted at."""
-    attention: str = "xla"
-    """The attention kernel model.attention resolves to on the budget's platform."""
-    auto_attention: str = "xla"
-    """The kernel model.attention=auto would give on the budget's platform."""
-    loaded_model: str = "freed"
-    """Where the weights as loaded stay (a key of LOADED_MODEL)."""
+    def update(params, opt_state, frozen, xs):
+        def body(acc, x):
+            g = jax.grad(micro_loss)(params, frozen, x)
+            return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), None
 
-    @property
-    def resident_bytes(self) -> int:
-        """What stays on the device between programs: master weights, optimizer state, frozen
-        base, reference."""
-        c = self.compiled
-        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"]
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, _ = jax.lax.scan(body, zeros, xs)
+        grads = jax.lax.with_sharding_constraint(grads, shardings)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 
-    @property
-    def startup_bytes(self) -> int:
-        """While the learner is built: the resident state and, when it is about to be freed, the
-        model as loaded."""
-        return self.resident_bytes + (self.analytic["loaded_model"] if self.loaded_model == "freed" else 0)
-
-    @property
-    def program_bytes(self) -> dict[str, int]:
-        """The temporaries of each program the run uses (they run one at a time)."""
-        c, a = self.compiled, self.analytic
-        # the paged engine holds its pool and its weight copy while it generates
-        rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
-        return {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
-
-    @property
-    def peak_bytes(self) -> int:
-        """Resident state plus the largest program's temporaries, or the startup, whichever is more."""
-        return max(self.resident_bytes + max(self.program_bytes.values()), self.startup_bytes)
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.budget.limit_bytes
-
-    @property
-    def margin_bytes(self) -> int:
-        """The plan's limit less its peak (negative: by how much it does not fit)."""
-        return self.budget.limit_bytes - self.peak_bytes
-
-    def table(self) -> str:
-        def gib(n: int) -> str:
-            return f"{n / GIB:9.2f}"
-
-        a, c = self.analytic, self.compiled
-        paged = self.engine == "paged"
-        rows = [
-            ("parameters (float32) + optimizer state", c["parameters_and_optimizer_state"],
-             a["parameters"] + a["optimizer_state"]),
-            ("  of which parameters (analytic)", None, a["parameters"]),
-            ("frozen base (LoRA)", c["frozen_base"], a["frozen_base"]),
-            ("reference model", c["reference"], a["reference"]),
-            ("gradients + update activations", c["update_temporaries"], a["gradients"] + a["activations"]),
-            ("  of which gradients (analytic)", None, a["gradients"]),
-            ("  of which activations, one micro-batch", None, a["activations"]),
-            (None if paged else "rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
-            ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),
-            (f"  in use at a mean of {self.mean_new_tokens} new tokens" if paged else None, None,
-             a["engine_kv_in_use"]),
-            ("  the static sampler's KV cache would be" if paged else None, None, a["kv_cache"]),
-            ("rollout engine: inference weight copy" if paged else None, None, a["engine_weights"]),
-            ("reference log-prob pass temporaries" if c["reference_temporaries"] is not None else None,
-             c["reference_temporaries"], None),
-        ]
-        mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
-        lora = self.trainable != self.parameters
-        trained = f"; {self.trainable:,} trainable ({self.trainable / self.parameters:.2%}, LoRA)" if lora else ""
-        lines = [
-            f"{self.model}: {self.parameters / 1e9:.2f}B parameters{trained} on mesh {mesh}; "
-            f"attention {self.attention} on {self.budget.platform}",
-            f"{'per device (GiB)':42s} {'compiled':>9s} {'analytic':>9s}",
-        ]
-        for name, compiled, analytic in rows:
-            if name is not None:
-                lines.append(f"{name:42s} {gib(compiled) if compiled is not None else ' ' * 9} "
-                             f"{gib(analytic) if analytic is not None else ' ' * 9}")
-        lines.append(f"{'peak (resident + largest program)':42s} {gib(self.peak_bytes)}")
-        lines.append(f"{'startup (resident + the model as loaded)':42s} {gib(self.startup_bytes)}")
-        lines.append(f"the model as loaded ({a['loaded_model'] / GIB:.2f} GiB per device): "
-                     f"{LOADED_MODEL[self.loaded_model]}")
-        if lora and a["reference_saved"]:
-            lines.append(f"reference = the frozen base with adapters off: no second copy of the weights "
-                         f"(saves {a['reference_saved'] / GIB:.2f} GiB per device)")
-        lines.append(f"memory: {self.budget.describe()}")
-        lines.append(self.verdict())
-        return "\n".join(lines)
-
-    def verdict(self) -> str:
-        peak, limit = self.peak_bytes / GIB, self.budget.limit_bytes / GIB
-        if self.fits:
-            return f"fits: peak {peak:.2f} of {limit:.2f} GiB (margin {self.margin_bytes / GIB:.2f} GiB)"
-        return f"does NOT fit: peak {peak:.2f} GiB is {-self.margin_bytes / GIB:.2f} GiB over the {limit:.2f} GiB limit"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["budget"] |= {"usable_bytes": self.budget.usable_bytes, "limit_bytes": self.budget.limit_bytes}
-        return out | {"device_memory_bytes": self.budget.device_memory_bytes, "peak_bytes": self.peak_bytes,
-                      "startup_bytes": self.startup_bytes, "margin_bytes": self.margin_bytes, "fits": self.fits}
+    return update
 
 
 def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
@@ -206,7 +106,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype
-    from trainer.build import check_attention, check_tensor_parallel, model_config
+    from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
+    from trainer.plan_critic import PolicyLayout, critic_plan, has_critic
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
@@ -228,7 +129,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
             quantize_base(model, m.quantize)
         return add_adapters(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets) if lora.rank else model
 
-    graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(nnx.eval_shape(build))
+    policy_abstract = nnx.eval_shape(build)
+    if has_critic(settings):
+        check_critic(settings, policy_abstract)  # model.critic_path: the policy's vocabulary, whole heads
+    graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(policy_abstract)
     shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
     frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen_abstract, mesh))
     shapes = nnx.to_pure_dict(abstract)
@@ -266,17 +170,6 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
                                       chunk_tokens=rollout.logprob_chunk_tokens)
         return jnp.sum(-adv[:, None] * logp * mask)
 
-    def update(params, opt_state, frozen, xs):
-        def body(acc, x):
-            g = jax.grad(micro_loss)(params, frozen, x)
-            return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, _ = jax.lax.scan(body, zeros, xs)
-        grads = jax.lax.with_sharding_constraint(grads, shardings)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
     memo = {} if compiled_programs is None else compiled_programs
 
     def sizes(jitted, *args) -> tuple[int, int, int]:
@@ -292,7 +185,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
 
     # traced under the mesh's activation layout, as the learner's programs are (rl_core.mesh)
     update_args, _, update_temp = sizes(jax.jit(
-        mesh_lib.with_activation_layout(mesh, update), donate_argnums=(0, 1),
+        mesh_lib.with_activation_layout(mesh, stand_in_update(micro_loss, tx, shardings)), donate_argnums=(0, 1),
         in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
         out_shardings=(shardings, opt_shardings),
     ), master, opt_abstract, frozen, micro_inputs(n_micro))
@@ -373,17 +266,20 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     )
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
-    # what the backward pass keeps per layer: block inputs, q/k/v/attention output, MLP
-    # gate/up/activation (split by tensor), float32 attention probabilities (split by heads; a
-    # fused kernel keeps a float32 log-sum-exp per query and head instead)
-    per_layer = rows_per_device * seq * (
-        (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
-        + config.num_heads // tensor * (seq if kernel == "xla" else 1) * 4
-    )
-    if config.remat in ("full", "offload"):  # the layer's input stays (offload keeps the rest on the host)
-        per_layer = rows_per_device * seq * config.hidden_size * cbytes
-    elif config.remat == "dots_with_no_batch_dims_saveable":  # attention's float32 probabilities go
-        per_layer = rows_per_device * seq * (4 * config.hidden_size + 3 * config.mlp_hidden_size // tensor) * cbytes
+
+    def activation_bytes(cfg: Any) -> int:
+        """What the backward pass of one micro-batch keeps, per device, over every layer: block
+        inputs, q/k/v/attention output, MLP gate/up/activation (split by tensor), float32 attention
+        probabilities (split by heads; a fused kernel keeps a float32 log-sum-exp per query and head)."""
+        size = jnp.dtype(cfg.dtype).itemsize
+        fused = attention_lib.resolve(cfg.attention, dtype=compute_dtype(cfg), head_dim=cfg.head_dim,
+                                      platform=budget.platform) != "xla"
+        kept = (4 * cfg.hidden_size + 3 * cfg.mlp_hidden_size // tensor) * size
+        if cfg.remat in ("full", "offload"):  # the layer's input stays (offload keeps the rest on the host)
+            kept = cfg.hidden_size * size
+        elif cfg.remat != "dots_with_no_batch_dims_saveable":  # that policy lets attention's probabilities go
+            kept += cfg.num_heads // tensor * (1 if fused else seq) * 4
+        return cfg.num_layers * rows_per_device * seq * kept
     update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
     compiled = {
         # the programs' arguments less their (small) batch inputs
@@ -402,15 +298,24 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "reference_saved": saved_b,
         "gradients": params_b,
         "kv_cache": kv_b,
-        "activations": config.num_layers * per_layer,
+        "activations": activation_bytes(config),
         "engine_kv_pool": pool_b,
         "engine_kv_in_use": in_use_b,
         "engine_weights": engine_weights_b,
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
     }
+    critic_trainable = 0
+    if has_critic(settings):  # PPO: a second trained model, resident beside the policy, with its own programs
+        layout = PolicyLayout(mesh=mesh, runtime=runtime, micro=micro, n_micro=n_micro, batch=batch, p_len=p_len,
+                              t_len=t_len, tx=tx, sizes=sizes, per_device=per_device,
+                              activation_bytes=activation_bytes, update=stand_in_update)
+        critic_trainable, critic_compiled, critic_analytic = critic_plan(settings, build, layout)
+        compiled |= critic_compiled
+        analytic |= critic_analytic
     trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
     loaded = "frozen_base" if lora.rank else "reference" if beta else "freed"
     return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, budget, engine=rollout.engine,
-                mean_new_tokens=mean, attention=kernel, auto_attention=auto, loaded_model=loaded)
+                mean_new_tokens=mean, attention=kernel, auto_attention=auto, loaded_model=loaded,
+                critic_trainable=critic_trainable)

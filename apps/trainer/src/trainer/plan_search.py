@@ -5,7 +5,8 @@ plus the largest of its programs, one at a time. The training side (the update a
 pass) and the rollout side are searched apart, each for the cheapest change that brings it under
 the limit, and the two changes are then planned together:
 
-  training  1. a fused attention kernel (model.attention=auto) where the platform has one: faster
+  training  (the update, the reference pass, and a critic's update and values pass when it has one)
+            1. a fused attention kernel (model.attention=auto) where the platform has one: faster
                and without the [L, S] probabilities, so it comes first;
             2. a remat policy that keeps less, from the least recomputation to the most:
                dots_saveable, dots_with_no_batch_dims_saveable, full (offload is not tried:
@@ -73,8 +74,9 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
                 return overrides
         return None
 
-    training = () if fits(base, ("update", "reference")) else first(training_candidates(base, settings),
-                                                                   ("update", "reference"))
+    # the training side: the update and reference passes, and a critic's update and values pass
+    programs = [p for p in ("update", "reference", "critic_update", "critic_values") if p in base.program_bytes]
+    training = () if fits(base, programs) else first(training_candidates(base, settings), programs)
     rollout = () if fits(base, ("rollout",)) else first(rollout_candidates(settings), ("rollout",))
     if training is None or rollout is None:
         return None
