@@ -130,9 +130,9 @@ MUTATIONS = [
       '        tensors[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)',
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
-    m("checkpoint-holds-the-base", f"{CORE}/learner.py",
-      '        arrays = {"params": self.params, "opt_state": self.opt_state, "rng": self.rng}  # never the frozen base',
-      '        arrays = {"params": self.params, "opt_state": self.opt_state, "rng": self.rng, "frozen": self.frozen}',
+    m("checkpoint-holds-the-base", f"{CORE}/learner_state.py",
+      '    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}  # never the frozen base',
+      '    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng, "frozen": learner.frozen}',
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------
     m("tensorboard-rewards-only", f"{CORE}/metrics.py",

@@ -21,7 +21,7 @@ POLICY = "policy"
 
 
 def state_arrays(learner: RLLearner) -> dict[str, Any]:
-    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}
+    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}  # never the frozen base
     arrays.update({name: model.state._asdict() for name, model in learner.models.items() if name != POLICY})
     return arrays
 
