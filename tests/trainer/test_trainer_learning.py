@@ -23,11 +23,16 @@ import pytest
 # points, is 6 points (12 problems) below the smallest gain of the fifteen runs and 29 above
 # the best control: a method that learns passes on any seed, one that does not fails.
 # (GSPO was run on three seeds with a mean bar of +15; one seed at +10 tells the same.)
+# The suite runs the variants with losses of their own (DAPO's token-mean clip-higher with
+# dynamic sampling, CISPO's detached weight, GSPO's sequence ratio); RLOO and REINFORCE++
+# change only GRPO's advantages (hand-checked in tests/algos) and their rows above stand.
+# GRPO itself learns in test_trainer_learning_multiturn.py and the LoRA run, and the
+# README's comparison table gives every variant's gain over 3 seeds.
 GAIN = 0.10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dapo", "rloo", "cispo", "reinforce_pp", "gspo"])
+@pytest.mark.parametrize("algo", ["dapo", "cispo", "gspo"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, learn):
     before, after = learn(algo)
     assert 0.2 < before < 0.7  # right sometimes, not always
