@@ -165,7 +165,7 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread
     assert order.index("score start") < order.index("update end"), events
     assert dict(events)["score start"].startswith("rollout") and dict(events)["update start"] == "MainThread"
-    assert metrics["time/reward"] >= 0.2 and metrics["time/wait_rollout"] + metrics["time/wait_update"] >= 0.0
+    assert metrics["time/reward"] >= 0.2  # this step's batch: scored during step 1's update
 
 
 def test_async_without_truncated_importance_sampling_is_refused():

@@ -349,6 +349,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         if batch.example.batch_size != self.batch_size:
             if self.ahead is not None:
                 self.ahead.abandon()
+                self.rollouts.unpin()
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
