@@ -2,10 +2,10 @@
 
 With `training.async_rollout = "one_step"` a step n of the learner
 
-  1. turns the batch collected during step n-1 into train examples under the current
-     weights W(n-1) (the proximal log-probs of decoupled PPO; advantages; metrics),
-  2. pins W(n-1) in the rollout backend and starts collecting batch n+1 with it
-     (generation, decoding, reward scoring) on a rollout thread,
+  1. pins the current weights W(n-1) in the rollout backend and starts collecting
+     batch n+1 with them (generation, decoding, reward scoring) on a rollout thread,
+  2. meanwhile turns the batch collected during step n-1 into train examples under
+     W(n-1) (the proximal log-probs of decoupled PPO; advantages; metrics),
   3. runs the update on batch n (W(n-1) -> W(n)) on the calling thread,
   4. waits for batch n+1, which is then "in flight": sampled by W(n-1), trained at
      step n+1 by W(n), one step stale, and saved in every checkpoint with its version.
@@ -37,7 +37,6 @@ from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
     from rl_core.learner import RLLearner, StepBatch
-
 
 
 class InFlight(NamedTuple):
