@@ -75,11 +75,12 @@ def test_tensor_8_gives_each_device_whole_heads_and_matches_one_device(result):
 
 
 @pytest.mark.slow
-def test_async_rollouts_on_devices_of_their_own_train_as_on_the_training_devices(result):
+@pytest.mark.parametrize("engine", ["static", "paged"])
+def test_async_rollouts_on_devices_of_their_own_train_as_on_the_training_devices(result, engine):
     """training.rollout_devices=4: the policy trains on devices 0-3, the next batch is generated
     on devices 4-7 from a copy of the weights moved there, and the run equals the one that
-    generates on the training devices."""
-    run = result["rollouts_apart"]
+    generates on the training devices, with either rollout engine."""
+    run = result["rollouts_apart"][engine]
     assert run["param_devices"] == [0, 1, 2, 3] and run["rollout_weight_devices"] == [4, 5, 6, 7]
     assert run["staleness"] == [0.0, 1.0, 1.0]
     assert run["params_max_abs_diff"] <= 1e-6

@@ -36,7 +36,7 @@ def digit_fraction(prompts, completions, **_):
 
 
 def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None,
-                 async_rollout: str = "off", rollout_devices: int = 0) -> GRPOLearner:
+                 async_rollout: str = "off", rollout_devices: int = 0, engine: str = "static") -> GRPOLearner:
     """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
     differences of near-zero gradient entries (another reduction order) into
     learning-rate-sized parameter differences; SGD shows the computation itself.
@@ -51,7 +51,7 @@ def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None 
             optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS,
             async_rollout=async_rollout, rollout_devices=rollout_devices,
         ),  # 16 rows a step: one mini-batch of two micro-batches of 8 rows
-        rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0),
+        rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0, engine=engine),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
         mesh=mesh,
     )
@@ -158,17 +158,18 @@ def hf_sharded(mesh) -> dict:
     return out
 
 
-def rollouts_apart(devices) -> dict:
+def rollouts_apart(devices, engine: str) -> dict:
     """Async GRPO training on fsdp=4 over devices 0-3 while devices 4-7 (training.rollout_devices=4)
     generate, against the same run generating on the training devices."""
     mesh = mesh_lib.make_mesh(1, 4, 1, devices=devices[:4])
     runs = {}
     for apart in (4, 0):
-        learner = make_learner(mesh, async_rollout="one_step", rollout_devices=apart)
+        learner = make_learner(mesh, async_rollout="one_step", rollout_devices=apart, engine=engine)
         metrics = [learner.train_step() for _ in range(STEPS)]
         runs[apart] = (learner, params_numpy(learner), metrics)
     learner, params, metrics = runs[4]
-    weights = learner.rollouts.backend._params  # the static backend's pinned copy
+    backend = learner.rollouts.backend
+    weights = backend._params if engine == "static" else backend.weights  # the pinned copy / the engine's own
     return {
         "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, runs[0][1], strict=True)),
         "losses": [[m["train/loss"] for m in run[2]] for run in (runs[4], runs[0])],
@@ -200,7 +201,7 @@ def main() -> None:
     result["fsdp4"] = shards(mesh_lib.make_mesh(1, 4, 1, devices=devices[:4]))
     result["hf_1x2x4"] = hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))
     result["whole_heads_1x1x8"] = whole_heads(devices)
-    result["rollouts_apart"] = rollouts_apart(devices)
+    result["rollouts_apart"] = {engine: rollouts_apart(devices, engine) for engine in ("static", "paged")}
     print(json.dumps(result))
 
 

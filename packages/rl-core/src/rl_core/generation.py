@@ -77,6 +77,8 @@ class PolicyRollouts:
             self.backend.update_weights(self._whole(self.policy.params), version)
             self._weights_of = self.policy.params
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
+        if self.apart:  # the learner's key lives on the training devices
+            key = jax.device_put(key, mesh_lib.replicated(self.mesh))
         return self.backend.generate(Requests(prompt_tokens, prompt_mask, num_samples), sampling, key)
 
     def pin(self, version: int, params: Any = None) -> None:
