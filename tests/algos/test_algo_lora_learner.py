@@ -10,7 +10,6 @@ import functools
 import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -164,7 +164,7 @@ def test_killed_at_every_named_point_the_run_resumes_to_the_uninterrupted_result
     assert code == TERMINATED, err[-3000:]
     assert_no_traceback(err)
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"trainer train: interrupted at step 3 of 4 by SIGTERM; checkpoint 3 saved; continue with")
+    assert last.startswith("trainer train: interrupted at step 3 of 4 by SIGTERM; checkpoint 3 saved; continue with")
     assert "SIGTERM: stopping after the current step" in out
     assert saved_steps(run / "checkpoints") == [2, 3]
     assert json.loads((run / "summary.json").read_text())["interrupted"].startswith("interrupted at step 3 of 4")

@@ -119,7 +119,6 @@ def hf_sharded(mesh) -> dict:
 
     from safetensors.numpy import load_file
 
-    from rl_core.logprobs import sequence_inputs
     from rl_core.sampler import Sampler
     from rl_models.hf import load_hf_model, load_hf_tokenizer
 

@@ -52,7 +52,6 @@ class RolloutThread:
     """Runs one collection at a time beside the caller's work (or in line, `threaded=False`)."""
 
     def __init__(self, *, threaded: bool) -> None:
-        self.threaded = threaded
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if threaded else None
         self._running: Future | Callable[[], InFlight] | None = None
         self._done_at = 0.0
