@@ -1,6 +1,6 @@
 """The collectives of a Qwen2.5-7B-shaped GRPO-style update on simulated CPU devices.
 
-    uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1] [--no-layout] [--json]
+    uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1] [--no-layout] [--packed] [--json]
 
 Abstract shapes only (nothing is allocated): bfloat16 compute over float32
 master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
@@ -13,7 +13,9 @@ on accelerators; the totals scale with --layers.
 
 The update traces under rl_core.mesh's activation layout (rows split over the
 batch axes, weights gathered), as the learner's does; --no-layout compiles it
-without, to show what XLA's partitioner does left alone. --json prints one JSON
+without, to show what XLA's partitioner does left alone. --packed feeds the
+update packed rows (rl_core.packing: half as many rows of 768 tokens, packed per
+device) as training.packing does. --json prints one JSON
 object instead (tests/rl_core/test_core_collectives.py reads it).
 """
 
@@ -28,6 +30,7 @@ parser.add_argument("--fsdp", type=int, default=8)
 parser.add_argument("--tensor", type=int, default=1)
 parser.add_argument("--micro-batches", type=int, default=2)
 parser.add_argument("--no-layout", action="store_true", help="no activation layout (the partitioner's guess)")
+parser.add_argument("--packed", action="store_true", help="packed rows (training.packing)")
 parser.add_argument("--json", action="store_true")
 args = parser.parse_args()
 devices = args.fsdp * args.tensor
@@ -42,6 +45,7 @@ from rl_core import frozen as frozen_lib  # noqa: E402
 from rl_core import hlo  # noqa: E402
 from rl_core import mesh as mesh_lib  # noqa: E402
 from rl_core.logprobs import completion_logprobs  # noqa: E402
+from rl_core.packing import Packed  # noqa: E402
 from rl_models import Transformer, TransformerConfig  # noqa: E402
 
 GIB = 2**30
@@ -66,6 +70,9 @@ def batch(width: int, dtype) -> jax.ShapeDtypeStruct:
 
 xs = (batch(prompt, jnp.int32), batch(prompt, jnp.float32), batch(completion, jnp.int32),
       batch(completion, jnp.float32), jax.ShapeDtypeStruct((n_micro, micro), jnp.float32, sharding=rows))
+if args.packed:  # each device's sequences in half as many rows
+    packed_rows = jax.ShapeDtypeStruct((n_micro, micro // 2, prompt + completion), jnp.int32, sharding=rows)
+    xs = (*xs, Packed(packed_rows, packed_rows, packed_rows, batch(completion, jnp.int32)))
 tx = optax.adamw(1e-6)
 opt_abstract = jax.eval_shape(tx.init, master)
 opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, shardings,
@@ -73,8 +80,9 @@ opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, sharding
 
 
 def micro_loss(params, x):
-    prompt_tokens, prompt_mask, completion_tokens, mask, adv = x
-    logp, _ = completion_logprobs(nnx.merge(graphdef, params, {}), prompt_tokens, prompt_mask, completion_tokens)
+    prompt_tokens, prompt_mask, completion_tokens, mask, adv, *packed = x
+    logp, _ = completion_logprobs(nnx.merge(graphdef, params, {}), prompt_tokens, prompt_mask, completion_tokens,
+                                  packed=packed[0] if packed else None)
     return jnp.sum(-adv[:, None] * logp * mask)
 
 
@@ -111,6 +119,7 @@ if args.json:
         "total_bytes": hlo.total_bytes(ops), "fsdp_needs_bytes": need,
         "summary": hlo.summary(ops),
         "all_reduce_arrays": [[list(dims), size] for c in ops if c.kind == "all-reduce" for dims, size in hlo.arrays(c)],
+        "all_gather_arrays": [[list(dims), size] for c in ops if c.kind == "all-gather" for dims, size in hlo.arrays(c)],
         "param_shapes": sorted(map(list, param_shapes)),
         "one_layer_activation_bytes": rows_per_device * (prompt + completion) * cfg.hidden_size * 4,
     }))

@@ -28,8 +28,10 @@ def collectives(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def test_fsdp8_moves_what_fsdp_needs_and_no_activation():
-    result = collectives("--fsdp", "8")
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_fsdp8_moves_what_fsdp_needs_and_no_activation(layout):
+    """Packed rows (training.packing) are packed and unpacked on each device: the same collectives."""
+    result = collectives("--fsdp", "8", *(["--packed"] if layout == "packed" else []))
     # bfloat16 weights gathered for each micro-batch's forward and backward pass plus float32
     # gradients reduced once: ~17.4 GiB per device per step for these 1.56B parameters
     assert result["total_bytes"] <= 1.5 * result["fsdp_needs_bytes"]
@@ -37,6 +39,10 @@ def test_fsdp8_moves_what_fsdp_needs_and_no_activation():
     reduced = {tuple(dims) for dims, _ in result["all_reduce_arrays"]}
     assert reduced, "the gradients must be reduced somewhere"
     assert reduced <= params, reduced - params  # only gradients: no [rows x tokens, ...] activation
+    # only weights, and token-sized bookkeeping ([16, 768, 1]: 48 KiB): no hidden state, which for
+    # one micro-batch's 16 x 768 tokens is 16 x 768 x 3584 values (84 MiB in bfloat16)
+    others = [(dims, size) for dims, size in result["all_gather_arrays"] if tuple(dims) not in params]
+    assert all(size <= 2**16 for _, size in others), others
 
 
 def test_fsdp4_tensor2_reduces_no_more_than_one_layers_activations():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from rl_core.logprobs import completion_logprobs, packed_logprobs
-from rl_core.packing import pack, packed_rows, padded_positions
+from rl_core.packing import pack, pack_micro_batches, packed_rows, padded_positions, unpack
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 V = CharTokenizer().vocab_size
@@ -92,3 +92,37 @@ def test_pack_refuses_what_cannot_fit(batch):
     empty[1] = 0
     with pytest.raises(ValueError, match=r"prompt rows \[1\] have no token"):
         pack(prompt, empty, completion, mask)
+
+
+def test_each_block_of_rows_packs_into_its_own_rows_with_local_indices(batch):
+    """Two blocks of three sequences (one per device on a mesh of two): block 0 holds the 17-,
+    5- and 0-token sequences, block 1 the 10-, 2- and 11-token ones; each is packed into the
+    same number of rows (the most either needs, 2, a power of two) and indexes its own rows."""
+    prompt, prompt_mask, completion, mask, _ = batch
+    packed = pack(prompt, prompt_mask, completion, mask, shards=2)
+    assert packed.tokens.shape == (2 * 2, 20)
+    seg = np.asarray(packed.segments)
+    # block 0: [17], [5] (the empty completion packs nothing); block 1: [11, 2], [10]
+    assert [(seg[r] > 0).sum() for r in range(4)] == [17, 5, 13, 10]
+    index = np.asarray(packed.index)
+    for row, m in enumerate(COMPLETIONS):
+        if m:
+            assert index[row, :m].max() < 2 * 20  # within its block's two rows
+            block_tokens = np.asarray(packed.tokens)[row // 3 * 2 : row // 3 * 2 + 2].reshape(-1)
+            np.testing.assert_array_equal(block_tokens[index[row, :m] + 1], completion[row, :m])
+    hidden = jnp.arange(4 * 20 * 3, dtype=jnp.float32).reshape(4, 20, 3)
+    got = np.asarray(unpack(hidden, packed.index, shards=2))
+    flat = np.asarray(hidden).reshape(2, 40, 3)
+    for row in range(6):
+        np.testing.assert_array_equal(got[row], flat[row // 3][index[row]])
+
+
+def test_micro_batches_pack_into_one_row_count(batch):
+    prompt, prompt_mask, completion, mask, _ = batch
+    stack = lambda x: np.stack([x, x[::-1]])  # noqa: E731  two micro-batches of the same six rows
+    packed = pack_micro_batches(stack(prompt), stack(prompt_mask), stack(completion), stack(mask), shards=2)
+    assert packed.tokens.shape == (2, 2 * 2, 20) and packed.index.shape == (2, 6, T)
+    # micro-batch 1 reversed: block 0 holds the 5-, 11- and 2-token ones (2 rows), block 1 17, 10 (2)
+    single = pack(prompt[::-1], prompt_mask[::-1], completion[::-1], mask[::-1], shards=2)
+    for got, want in zip(packed, single, strict=True):
+        np.testing.assert_array_equal(np.asarray(got)[1], np.asarray(want))

@@ -36,7 +36,8 @@ def digit_fraction(prompts, completions, **_):
 
 
 def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None,
-                 async_rollout: str = "off", rollout_devices: int = 0, engine: str = "static") -> GRPOLearner:
+                 async_rollout: str = "off", rollout_devices: int = 0, engine: str = "static",
+                 packing: bool = False) -> GRPOLearner:
     """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
     differences of near-zero gradient entries (another reduction order) into
     learning-rate-sized parameter differences; SGD shows the computation itself.
@@ -49,7 +50,7 @@ def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None 
         train_data=PROMPTS,
         training=TrainingConfig(
             optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS,
-            async_rollout=async_rollout, rollout_devices=rollout_devices,
+            async_rollout=async_rollout, rollout_devices=rollout_devices, packing=packing,
         ),  # 16 rows a step: one mini-batch of two micro-batches of 8 rows
         rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0, engine=engine),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
@@ -66,8 +67,9 @@ def greedy_tokens(learner) -> list[list[int]]:
     return np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
 
 
-def run(mesh, config: TransformerConfig | None = None) -> tuple[list[np.ndarray], list[list[int]], list[int], list[dict]]:
-    learner = make_learner(mesh, config=config)
+def run(mesh, config: TransformerConfig | None = None,
+        packing: bool = False) -> tuple[list[np.ndarray], list[list[int]], list[int], list[dict]]:
+    learner = make_learner(mesh, config=config, packing=packing)
     learner.train_step()
     compiles = [compile_count()]
     metrics = [learner.train_step() for _ in range(STEPS - 1)]
@@ -197,6 +199,17 @@ def main() -> None:
             ),
         }
     result["moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(one_params, params_numpy(make_learner(mesh_lib.make_mesh(devices=devices[:1]))), strict=True))
+    result["packed"] = {}
+    for shape in ((1, 1, 1), (2, 2, 2)):  # training.packing, one device and 4 row shards x tensor 2
+        params, tokens, compiles, metrics = run(mesh_lib.make_mesh(*shape, devices=devices[: np.prod(shape)]),
+                                                packing=True)
+        result["packed"]["x".join(map(str, shape))] = {
+            "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, one_params, strict=True)),
+            "compiles_steps_2_3": compiles[1] - compiles[0],
+            "metrics_max_abs_diff": max(
+                abs(a[k] - b[k]) for a, b in zip(metrics, one_metrics, strict=True) for k in a if k.startswith(KEYS)
+            ),
+        }
     result["fsdp4"] = shards(mesh_lib.make_mesh(1, 4, 1, devices=devices[:4]))
     result["hf_1x2x4"] = hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))
     result["whole_heads_1x1x8"] = whole_heads(devices)

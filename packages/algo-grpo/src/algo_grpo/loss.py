@@ -31,7 +31,7 @@ def grpo_objective(model: Policy, example: TrainExample, *, temperature: float, 
     (the sampler's), unembedded `chunk_tokens` at a time; `settings` are grpo_loss's."""
     logp, entropy = completion_logprobs(
         model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
-        temperature=temperature, chunk_tokens=chunk_tokens,
+        temperature=temperature, chunk_tokens=chunk_tokens, packed=example.packed,
     )
     return grpo_loss(logp, entropy, example, **settings)
 

@@ -330,6 +330,10 @@ class TrainingConfig(Config):
     the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
     trains, so generation and reward scoring overlap the update; staleness is at most one step,
     corrected by the algorithm's truncated importance weight (see rl_core.learner)."""
+    packing: bool = False
+    """Pack each micro-batch's prompt+completion sequences, several per row with attention kept
+    within each, into as few rows as they fit (per device on a mesh) for the policy's update and
+    log-prob passes: the same losses and gradients on fewer padded positions (rl_core.packing)."""
     rollout_devices: int = 0
     """With async_rollout=one_step, the last N devices generate, on a mesh of their own (fsdp
     over them), and `mesh` is laid over the others: the next batch is sampled while this one

@@ -5,6 +5,10 @@ model each) of stacked micro-batches ([M, mb, ...]: gradient accumulation inside
 the update); the rows of every micro-batch are split over the mesh's (data, fsdp)
 axes. Forward passes outside the update (log-probs, a critic's values) run one
 micro-batch at a time too, so they hold the activations the update holds.
+
+With `training.packing`, each micro-batch's sequences are also packed, per device,
+into fewer rows (rl_core.packing): the update's mini-batches carry them as
+`TrainExample.packed`, and the policy's log-prob pass takes them the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.config import TrainingConfig
+from rl_core.packing import pack_micro_batches
 from rl_core.trim import trimmed_width
 from rl_core.types import TrainExample
 
@@ -30,6 +35,7 @@ class BatchLayout:
     def __init__(self, training: TrainingConfig, batch_size: int, mesh: Mesh) -> None:
         self.mesh = mesh
         self.batch_size = batch_size
+        self.packing = training.packing
         self.num_mini_batches, self.num_micro_batches = training.batch_layout(batch_size)
         self.micro_size = batch_size // (self.num_mini_batches * self.num_micro_batches)
         devices = mesh_lib.batch_devices(mesh)
@@ -56,21 +62,38 @@ class BatchLayout:
 
         stacked = TrainExample(*(split(x) for x in example))
         minis = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
+        if self.packing:
+            minis = [mini._replace(packed=self.pack(mini.prompt_tokens, mini.prompt_mask, mini.completion_tokens,
+                                                    mini.completion_mask)) for mini in minis]
         return multihost.to_global(minis, self.rows(axis=1))
 
+    def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
+        """The micro-batches [M, mb, ...] packed per device (rl_core.packing), on the host."""
+        host = lambda x: np.asarray(multihost.to_host(x))  # noqa: E731
+        return pack_micro_batches(host(prompt_tokens), host(prompt_mask), host(completion_tokens),
+                                  host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
+
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
-                      prompt_mask: Any, completion_tokens: Any, *, mask: Any = None, chunk_tokens: int = 1) -> Any:
+                      prompt_mask: Any, completion_tokens: Any, *, mask: Any = None, chunk_tokens: int = 1,
+                      packs: bool = False) -> Any:
         """A forward program's [B, T] outputs (rl_core.trainable.TrainableModel.forward), run one
         micro-batch at a time (all rows at once when B is not a multiple of the micro-batch size).
         With the completion `mask`, it runs at the trimmed width (rl_core.trim, in multiples of
-        `chunk_tokens`) and pads its outputs with zeros."""
+        `chunk_tokens`) and pads its outputs with zeros. A program that `packs` gets the packed
+        micro-batches as a fourth input (the tokens up to the end of `mask`; all without one)."""
         t = completion_tokens.shape[1]
         width = t if mask is None else trimmed_width(mask, chunk_tokens)
         if width < t:
-            out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, completion_tokens[:, :width])
+            out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, completion_tokens[:, :width],
+                                     mask=np.asarray(multihost.to_host(mask))[:, :width], chunk_tokens=width,
+                                     packs=packs)
             return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
         b = len(completion_tokens)
         micro = self.micro_size if b % self.micro_size == 0 else b
-        fields = (prompt_tokens, prompt_mask, completion_tokens)
-        stacked = [np.asarray(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
+        fields = [prompt_tokens, prompt_mask, completion_tokens]
+        if packs:
+            fields.append(np.ones(completion_tokens.shape, np.float32) if mask is None else mask)
+        stacked = [np.asarray(multihost.to_host(x)).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
+        if packs:
+            stacked[3] = self.pack(*stacked)
         return program(params, frozen, tuple(multihost.to_global(stacked, self.rows(axis=1))))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_core.packing import Packed
+from rl_core import mesh as mesh_lib
+from rl_core.packing import Packed, unpack
 from rl_core.policy import Policy, chunk_unembedding
 
 
@@ -47,12 +48,17 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int = 64,
+    packed: Packed | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(logp [B, T], entropy [B, T]) of each completion token given what precedes it.
 
     `temperature` must match the sampler's so that the ratio to sampler
     log-probs is 1 for an unchanged policy. Greedy sampling (0) scores at 1.
+    With the sequences `packed` (rl_core.packing), the pass runs on the packed rows
+    (`packed_logprobs`: equal on the tokens of the packing's completion masks).
     """
+    if packed is not None:
+        return packed_logprobs(model, packed, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
     p = prompt_tokens.shape[1]
     t = completion_tokens.shape[1]
     positions, mask = sequence_inputs(prompt_mask, t)
@@ -70,9 +76,10 @@ def packed_logprobs(
     chunk_tokens: int = 64,
 ) -> tuple[jax.Array, jax.Array]:
     """`completion_logprobs` over packed rows: (logp [B, T], entropy [B, T]), equal on every
-    token of the packing's completion masks; elsewhere placeholders (mask them)."""
+    token of the packing's completion masks; elsewhere placeholders (mask them). Traced under
+    a mesh's activation layout, the rows are packed per device (rl_core.packing)."""
     hidden, _ = model(packed.tokens, packed.positions, packed.attention_mask())
-    hidden = hidden.reshape(-1, hidden.shape[-1])[packed.index]  # [B, T, D]
+    hidden = unpack(hidden, packed.index, mesh_lib.traced_row_shards())  # [B, T, D]
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
 
 

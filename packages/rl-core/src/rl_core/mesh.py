@@ -162,6 +162,14 @@ def batch_devices(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH)
 
 
+def traced_row_shards() -> int:
+    """How many ways rows are split in the activation layout being traced (1 outside one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    return math.prod(mesh.shape[a] for a in BATCH if a in mesh.shape and a not in mesh.manual_axes)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

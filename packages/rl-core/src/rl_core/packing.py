@@ -1,7 +1,7 @@
 """Sequence packing for the log-prob and update passes.
 
-Shapes: B completions, P prompt tokens, T completion tokens, R packed rows of
-W tokens, D hidden.
+Shapes: B completions, P prompt tokens, T completion tokens, S row shards, R packed
+rows per shard of W tokens, D hidden.
 
 Unpacked, every row of a pass is prompt bucket + completion width wide, however
 short its prompt and completion: a long-tailed batch is mostly padding. Packed,
@@ -13,9 +13,15 @@ gets the same log-prob. The log-probs come back in the [B, T] layout (gathered
 from the packed hidden states), so losses, aggregation and advantages do not
 change, nor do their gradients.
 
+On a mesh the B rows are split over S devices (data x fsdp) in S blocks, and each
+block is packed into its own R rows: packed rows [S * R, W] split the same way, so
+every device packs, runs and unpacks its own sequences. The index a completion
+token reads its hidden state from is local to its block (`unpack` gathers within
+each block), so no device ever needs another's activations.
+
 The packing is planned on the host, where the lengths are known (first-fit
-decreasing); `pack` returns the arrays a jitted pass takes. R is rounded up to
-a power of two so that a run compiles few shapes.
+decreasing); `pack` returns the arrays a jitted pass takes. R is rounded up to a
+power of two so that a run compiles few shapes.
 """
 
 from __future__ import annotations
@@ -30,21 +36,32 @@ import numpy as np
 class Packed(NamedTuple):
     """Sequences packed into rows (see the module docstring)."""
 
-    tokens: jax.Array  # [R, W] int32 (0 where no segment)
-    positions: jax.Array  # [R, W] int32, restarting at 0 in each segment
-    segments: jax.Array  # [R, W] int32: 0 = padding, k >= 1 = the row's k-th sequence
-    index: jax.Array  # [B, T] int32: flat index r * W + w of the token that predicts completion token t
+    tokens: jax.Array  # [S * R, W] int32 (0 where no segment)
+    positions: jax.Array  # [S * R, W] int32, restarting at 0 in each segment
+    segments: jax.Array  # [S * R, W] int32: 0 = padding, k >= 1 = the row's k-th sequence
+    index: jax.Array  # [B, T] int32: flat index r * W + w, within its block's R rows, of the
+    # token that predicts completion token t
 
     def attention_mask(self) -> jax.Array:
-        """[R, W, W]: causal within each segment; padding attends to nothing."""
+        """[S * R, W, W]: causal within each segment; padding attends to nothing."""
         seg = self.segments
-        w = seg.shape[1]
+        w = seg.shape[-1]
         causal = jnp.tril(jnp.ones((w, w), bool))
-        return causal[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+        return causal & (seg[..., :, None] == seg[..., None, :]) & (seg[..., None, :] > 0)
 
 
-def _first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, offset) of each sequence of `lengths` in rows of `width` tokens."""
+def unpack(hidden: jax.Array, index: jax.Array, shards: int = 1) -> jax.Array:
+    """[B, T, D] hidden states at `index` [B, T] from packed rows [S * R, W, D] of `shards`
+    blocks: a gather batched over the blocks, so a block split over devices stays local."""
+    d = hidden.shape[-1]
+    b, t = index.shape
+    blocks = hidden.reshape(shards, -1, d)  # [S, R * W, D]
+    local = jax.vmap(lambda h, i: h[i])(blocks, index.reshape(shards, b // shards, t))
+    return local.reshape(b, t, d)
+
+
+def _first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(row, offset) of each sequence of `lengths` in rows of `width` tokens, and the rows used."""
     row = np.zeros(len(lengths), np.int32)
     offset = np.zeros(len(lengths), np.int32)
     used: list[int] = []  # tokens taken in each row so far
@@ -60,28 +77,30 @@ def _first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, 
             used.append(0)
         row[i], offset[i] = r, used[r]
         used[r] += n
-    return row, offset
+    return row, offset, len(used)
 
 
-def packed_rows(used: int) -> int:
-    """The row count a pass compiles for `used` rows: the next power of two."""
-    return 1 << max(used - 1, 0).bit_length()
+def packed_rows(used: int, cap: int | None = None) -> int:
+    """The row count a pass compiles for `used` rows: the next power of two (at most `cap`,
+    the sequence count: one per row always fits)."""
+    rows = 1 << max(used - 1, 0).bit_length()
+    return rows if cap is None else min(rows, max(cap, 1))
 
 
-def pack(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: np.ndarray,
-         completion_mask: np.ndarray, *, width: int | None = None, rows: int | None = None) -> Packed:
-    """Pack each row's real prompt tokens and its completion up to the last token of
-    `completion_mask` into rows of `width` tokens (default P + T, which always fits).
+class _Plan(NamedTuple):
+    prompt_len: np.ndarray  # [B]
+    ends: np.ndarray  # [B] completion tokens packed (up to the mask's last real token)
+    row: np.ndarray  # [B] row within the sequence's block
+    offset: np.ndarray  # [B]
+    used: int  # most rows any block uses
 
-    `rows` (default: the rows used, rounded up to a power of two) must hold them all.
-    A completion with an empty mask packs nothing; its log-probs are placeholders,
-    masked out as they are unpacked.
-    """
+
+def _plan(prompt_mask: np.ndarray, completion_mask: np.ndarray, width: int, shards: int) -> _Plan:
     prompt_mask = np.asarray(prompt_mask) > 0
     completion_mask = np.asarray(completion_mask) > 0
-    b, p = prompt_mask.shape
-    t = completion_mask.shape[1]
-    width = p + t if width is None else width
+    b, t = completion_mask.shape
+    if b % shards:
+        raise ValueError(f"{b} sequences cannot be split into {shards} equal blocks")
     prompt_len = prompt_mask.sum(axis=1)
     if (prompt_len == 0).any():
         raise ValueError(f"prompt rows {np.flatnonzero(prompt_len == 0).tolist()} have no token to pack")
@@ -89,25 +108,69 @@ def pack(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: 
     lengths = np.where(ends > 0, prompt_len + ends, 0)
     if lengths.max(initial=0) > width:
         raise ValueError(f"a sequence of {lengths.max()} tokens does not fit packed rows of {width}")
-    row, offset = _first_fit_decreasing(lengths, width)
-    used = int(row[lengths > 0].max(initial=-1)) + 1
-    rows = packed_rows(used) if rows is None else rows
-    if used > rows:
-        raise ValueError(f"{b} sequences need {used} packed rows of {width} tokens; {rows} were given")
+    row, offset, used = np.zeros(b, np.int32), np.zeros(b, np.int32), 0
+    block = b // shards
+    for s in range(shards):
+        cut = slice(s * block, (s + 1) * block)
+        row[cut], offset[cut], n = _first_fit_decreasing(lengths[cut], width)
+        used = max(used, n)
+    return _Plan(prompt_len, ends, row, offset, used)
 
-    tokens = np.zeros((rows, width), np.int32)
-    positions = np.zeros((rows, width), np.int32)
-    segments = np.zeros((rows, width), np.int32)
+
+def pack(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: np.ndarray,
+         completion_mask: np.ndarray, *, width: int | None = None, rows: int | None = None,
+         shards: int = 1) -> Packed:
+    """Pack each row's real prompt tokens and its completion up to the last token of
+    `completion_mask` into rows of `width` tokens (default P + T, which always fits), each
+    of the `shards` equal blocks of rows into its own `rows` rows (default: the most any
+    block uses, rounded up to a power of two).
+
+    A completion with an empty mask packs nothing; its log-probs are placeholders,
+    masked out as they are unpacked.
+    """
+    b, p = np.shape(prompt_mask)
+    width = p + np.shape(completion_mask)[1] if width is None else width
+    plan = _plan(prompt_mask, completion_mask, width, shards)
+    rows = packed_rows(plan.used, b // shards) if rows is None else rows
+    if plan.used > rows:
+        raise ValueError(f"{b // shards} sequences need {plan.used} packed rows of {width} tokens; {rows} were given")
+    return _fill(plan, np.asarray(prompt_tokens), np.asarray(prompt_mask) > 0, np.asarray(completion_tokens),
+                 width=width, rows=rows, shards=shards)
+
+
+def _fill(plan: _Plan, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: np.ndarray, *,
+          width: int, rows: int, shards: int) -> Packed:
+    b, t = completion_tokens.shape
+    block = b // shards
+    tokens = np.zeros((shards * rows, width), np.int32)
+    positions = np.zeros((shards * rows, width), np.int32)
+    segments = np.zeros((shards * rows, width), np.int32)
     index = np.zeros((b, t), np.int32)
-    count = np.zeros(rows, np.int32)
-    for i in np.flatnonzero(lengths):
-        r, o, n, pl = row[i], offset[i], lengths[i], prompt_len[i]
-        seq = np.concatenate([np.asarray(prompt_tokens[i])[prompt_mask[i]], np.asarray(completion_tokens[i])[: ends[i]]])
+    count = np.zeros(shards * rows, np.int32)
+    for i in np.flatnonzero(plan.ends):
+        r = i // block * rows + plan.row[i]  # the row in the whole array
+        o, pl, end = plan.offset[i], plan.prompt_len[i], plan.ends[i]
+        n = pl + end
+        seq = np.concatenate([prompt_tokens[i][prompt_mask[i]], completion_tokens[i, :end]])
         count[r] += 1
         tokens[r, o : o + n], positions[r, o : o + n], segments[r, o : o + n] = seq, np.arange(n), count[r]
-        # completion token j is predicted by the token before it, at o + pl + j - 1
-        index[i, : ends[i]] = r * width + o + pl - 1 + np.arange(ends[i])
+        # completion token j is predicted by the token before it, at o + pl + j - 1 of its block's rows
+        index[i, :end] = plan.row[i] * width + o + pl - 1 + np.arange(end)
     return Packed(tokens, positions, segments, index)
+
+
+def pack_micro_batches(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: np.ndarray,
+                       completion_mask: np.ndarray, *, shards: int) -> Packed:
+    """`pack` of every micro-batch of [M, mb, ...] stacks, all into the same number of rows
+    (the most any micro-batch's block needs): a Packed whose arrays lead with M."""
+    m, mb, p = np.shape(prompt_mask)
+    width = p + np.shape(completion_mask)[2]
+    plans = [_plan(prompt_mask[k], completion_mask[k], width, shards) for k in range(m)]
+    rows = packed_rows(max(plan.used for plan in plans), mb // shards)
+    packs = [_fill(plan, np.asarray(prompt_tokens[k]), np.asarray(prompt_mask[k]) > 0,
+                   np.asarray(completion_tokens[k]), width=width, rows=rows, shards=shards)
+             for k, plan in enumerate(plans)]
+    return Packed(*(np.stack(x) for x in zip(*packs, strict=True)))
 
 
 def padded_positions(packed: Packed) -> int:

@@ -151,10 +151,11 @@ class TrainableModel:
             return jax.jit(zeros, out_shardings=self.param_shardings)(self.params)
         return self.place(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
-    def forward(self, fn: Callable[..., Any], *, chunk_tokens: int) -> ForwardPass:
+    def forward(self, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool = False) -> ForwardPass:
         """The pass `fn(model, prompt_tokens, prompt_mask, completion_tokens)` -> [B, T] outputs of
-        this model (log-probs of a policy, values of a critic), run as the update runs its rows."""
-        return ForwardPass(self, fn, chunk_tokens=chunk_tokens)
+        this model (log-probs of a policy, values of a critic), run as the update runs its rows;
+        one that `packs` is also given `packed=` the layout's packed rows (rl_core.packing)."""
+        return ForwardPass(self, fn, chunk_tokens=chunk_tokens, packs=packs)
 
 
 class ForwardPass:
@@ -166,13 +167,16 @@ class ForwardPass:
     width (rl_core.trim, in multiples of `chunk_tokens`), zeros beyond it.
     """
 
-    def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int) -> None:
-        self.part, self.chunk_tokens = part, chunk_tokens
+    def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool) -> None:
+        self.part, self.chunk_tokens, self.packs = part, chunk_tokens, packs
         graphdef = part.graphdef
 
-        def program(params, frozen, inputs):  # inputs: [M, mb, ...] each
+        def one(model, xs):
+            return fn(model, *xs[:3], packed=xs[3]) if packs else fn(model, *xs)
+
+        def program(params, frozen, inputs):  # inputs: [M, mb, ...] each (and the packed rows)
             model = nnx.merge(graphdef, params, frozen)
-            out = jax.lax.map(lambda xs: fn(model, *xs), inputs)
+            out = jax.lax.map(lambda xs: one(model, xs), inputs)
             return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
         rows = part.layout.rows
@@ -185,7 +189,8 @@ class ForwardPass:
                  mask: Any = None) -> Any:
         params = self.part.params if params is None else params
         return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
-                                              completion_tokens, mask=mask, chunk_tokens=self.chunk_tokens)
+                                              completion_tokens, mask=mask, chunk_tokens=self.chunk_tokens,
+                                              packs=self.packs)
 
 
 def make_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn,

@@ -5,7 +5,7 @@ Shapes: B completions, P prompt tokens, T completion tokens.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 
@@ -27,6 +27,7 @@ class TrainExample(NamedTuple):
     sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics)
     returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
+    packed: Any = None  # rl_core.packing.Packed of the rows (training.packing; set by the batch layout)
 
     @property
     def batch_size(self) -> int:
