@@ -302,11 +302,12 @@ def run_bench(
 
     `model` (a local Hugging Face folder) replaces the preset's model and
     tokenizer with a real architecture; the batch shape stays the preset's.
-    `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`).
+    `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`), pick the
+    rollout engine or pack the update's rows (`training.packing=true`).
     """
-    if any(not o.startswith(("model.", "rollout.engine=")) for o in overrides):
-        raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8) "
-                          "and rollout.engine")
+    if any(not o.startswith(("model.", "rollout.engine=", "training.packing=")) for o in overrides):
+        raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8), "
+                          "rollout.engine and training.packing")
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:
