@@ -342,6 +342,7 @@ class TrainingConfig(Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.async_rollout in ASYNC_ROLLOUT, self, "async_rollout", f"must be one of {ASYNC_ROLLOUT}")
+        check(isinstance(self.packing, bool), self, "packing", "must be true or false")
         check(self.rollout_devices >= 0, self, "rollout_devices", "must be >= 0")
         check(self.rollout_devices == 0 or self.async_rollout != "off", self, "rollout_devices",
               "needs async_rollout='one_step': synchronous rollouts would leave these devices idle while training")

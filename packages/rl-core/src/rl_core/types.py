@@ -5,9 +5,11 @@ Shapes: B completions, P prompt tokens, T completion tokens.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
+
+from rl_core.packing import Packed
 
 
 class TrainExample(NamedTuple):
@@ -27,7 +29,7 @@ class TrainExample(NamedTuple):
     sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics)
     returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
-    packed: Any = None  # rl_core.packing.Packed of the rows (training.packing; set by the batch layout)
+    packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.layout for the update)
 
     @property
     def batch_size(self) -> int:
