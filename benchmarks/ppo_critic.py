@@ -15,6 +15,9 @@ prompts a step (GRPO's rollout budget), four mini-batches of 64, PPO's defaults 
              knew the task would give: the mean return of the rollouts whose token shares the
              position, whether the digits written so far begin the right sum, and the problem's
              carries (fitted on those rollouts, so a little optimistic)
+  left       by completion token t, the share of the return's variance (over all tokens) that
+             each critic leaves unexplained at t: sum_t (G - V)^2 / sum (G - mean G)^2 (a row
+             sums to 1 - EV when the values are right on average; a bias adds its square)
 
 The gap between the critic and the ceiling is what the critic has not learned: whether the
 digits it reads are the right ones. --base-cache keeps the warm-started base policy (800
@@ -66,8 +69,19 @@ def heldout(learner, prompts) -> dict[str, float]:
     returns = groups.rewards[:, None] * mask  # gamma = 1: the sequence reward at every token
     values = knowing_critic([p.text for p in groups.prompts], list(groups.texts), groups.rewards, mask)
     ceiling = float(explained_variance(values, returns, mask))
+    ours = learner.critic_values(learner.to_example(groups, np.zeros(len(groups.rewards), np.float32)))
     return {"critic_ev": round(float(critic), 3), "ceiling_ev": round(ceiling, 3),
-            "sampled_accuracy": round(float(groups.rewards.mean()), 3)}
+            "sampled_accuracy": round(float(groups.rewards.mean()), 3),
+            "left_critic": left_by_position(ours, returns, mask),
+            "left_ceiling": left_by_position(values, returns, mask)}
+
+
+def left_by_position(values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> list[float]:
+    """The module docstring's `left`: unexplained squared error at each completion token, over the total variance."""
+    real = mask > 0
+    total = np.sum(np.square(returns - returns[real].mean())[real])
+    error = np.where(real, np.square(returns - values), 0.0).sum(axis=0) / max(total, 1e-12)
+    return [round(float(x), 3) for x in error[: int(real.any(axis=0).sum())]]
 
 
 def main() -> None:
