@@ -21,7 +21,7 @@ def result() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["8x1x1", "1x8x1", "2x2x2", "1x4x2"])
+@pytest.mark.parametrize("mesh", ["1x8x1", "2x2x2", "1x4x2"])
 def test_three_grpo_steps_match_one_device(result, mesh):
     assert result["device_count"] == 8
     assert result["moved"] > 1e-2  # the steps learned something, so equal params mean something
@@ -33,11 +33,10 @@ def test_three_grpo_steps_match_one_device(result, mesh):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["1x1x1", "2x2x2"])
-def test_packed_rows_train_as_padded_rows(result, mesh):
+def test_packed_rows_train_as_padded_rows(result):
     """training.packing: three steps (update, old-policy and reference passes on packed rows,
     packed per device on data 2 x fsdp 2 x tensor 2) equal one device's unpacked run."""
-    run = result["packed"][mesh]
+    run = result["packed"]["2x2x2"]
     assert run["params_max_abs_diff"] <= 1e-5
     assert run["metrics_max_abs_diff"] <= 1e-4
     assert run["compiles_steps_2_3"] == 0
