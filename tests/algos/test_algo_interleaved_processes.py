@@ -4,8 +4,8 @@ Real jax.distributed processes on localhost (gloo collectives), each with 2
 simulated CPU devices; the fsdp=4 mesh alternates processes position by position,
 so every batch's rows and every parameter's shards are scattered among them
 (the layout a TPU slice's default device order gives). Three GRPO steps must
-match one process with 4 devices to 1e-5, with synchronous and with async rollouts,
-and so must the paged engine's sampled completions (one engine replica per device).
+match one process with 4 devices to 1e-5, with synchronous and with async rollouts
+(the async runs on packed rows, training.packing), and so must the paged engine's sampled completions (one engine replica per device).
 """
 
 import os
