@@ -126,3 +126,19 @@ def test_micro_batches_pack_into_one_row_count(batch):
     single = pack(prompt[::-1], prompt_mask[::-1], completion[::-1], mask[::-1], shards=2)
     for got, want in zip(packed, single, strict=True):
         np.testing.assert_array_equal(np.asarray(got)[1], np.asarray(want))
+
+
+def test_a_mask_with_holes_packs_through_them(batch, split):
+    """Multi-turn episodes mask the environment's tokens out of the loss mid-completion: the
+    packed row keeps them (later tokens attend to them), and the loss tokens' log-probs equal
+    the padded pass's."""
+    prompt, prompt_mask, completion, mask, _ = batch
+    holes = mask.copy()
+    holes[0, 3:6] = 0  # row 0: tokens 3-5 are an observation, 6-11 the next turn
+    packed = pack(prompt, prompt_mask, completion, holes)
+    assert (np.asarray(packed.segments) > 0).sum() == 45  # the same tokens as without the hole
+    graphdef, state = split
+    model = nnx.merge(graphdef, state)
+    padded, _ = completion_logprobs(model, prompt, prompt_mask, completion, temperature=1.0, chunk_tokens=4)
+    packed_logp, _ = packed_logprobs(model, packed, completion, temperature=1.0, chunk_tokens=4)
+    np.testing.assert_allclose(np.asarray(packed_logp) * holes, np.asarray(padded) * holes, atol=1e-5)
