@@ -26,17 +26,44 @@ update is dispatched (same results, less overlap).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
+from rl_core.data import Prompt
 from rl_core.faults import fault_point
-from rl_core.types import TrainExample
+from rl_core.types import StepBatch, TrainExample
 
 if TYPE_CHECKING:
-    from rl_core.learner import RLLearner, StepBatch
+    from rl_core.learner import RLLearner
+
+
+class CollectHalves:
+    """What a learner implements for async rollouts (RLLearner inherits these defaults):
+    `produce_examples` in two halves, and the JSON form of the half-way batch for the
+    checkpoint of the batch in flight. A learner without them runs synchronously only."""
+
+    def collect(self, prompts: Sequence[Prompt]) -> Any:
+        """The rollout half: sample (through `generate`, which uses the pinned weights) and score.
+        It runs beside the update: it must not read the trained parameters nor write what
+        `examples_from` reads."""
+        raise NotImplementedError
+
+    def examples_from(self, batch: Any) -> StepBatch:
+        """The training half: what `collect` returned, as train examples under the current weights."""
+        raise NotImplementedError
+
+    def batch_to_json(self, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def batch_from_json(self, data: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def implemented_by(learner: Any) -> bool:
+        return type(learner).collect is not CollectHalves.collect
 
 
 class InFlight(NamedTuple):

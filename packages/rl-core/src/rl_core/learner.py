@@ -14,7 +14,8 @@ trains on (`produce_examples`) and the policy's loss of one micro-batch (`loss_f
 For `training.async_rollout = "one_step"` (rl_core.async_rollout) it splits the first
 in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
 and `examples_from` (what the update needs, under the current weights), plus the
-JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`).
+JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
+rl_core.async_rollout.CollectHalves).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(mini)` (rl_core.trainable) -> the jitted
@@ -36,7 +37,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 import jax
 import numpy as np
@@ -45,7 +46,7 @@ from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core.async_rollout import InFlight, RolloutThread, batch_ahead, update_beside
+from rl_core.async_rollout import CollectHalves, InFlight, RolloutThread, batch_ahead, update_beside
 from rl_core.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream
@@ -53,6 +54,7 @@ from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
 from rl_core.generation import PolicyRollouts, rollout_prompts
 from rl_core.layout import BatchLayout
+from rl_core.mesh import data_mesh
 from rl_core.learner_state import POLICY, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
 from rl_core.progress import ProgressBar
@@ -61,21 +63,12 @@ from rl_core.sampler import Completions, SamplingParams
 from rl_core.tokens import Tokenizer
 from rl_core.trainable import LossFn, LossOutput, TrainableModel
 from rl_core.trim import trim_example, trimmed_width
-from rl_core.types import TrainExample
+from rl_core.types import StepBatch, TrainExample
 from rl_core.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
 
 __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data_mesh"]
 
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
-
-
-class StepBatch(NamedTuple):
-    """What `produce_examples` returns: the batch plus what to log about it."""
-
-    example: TrainExample
-    metrics: Mapping[str, float]
-    samples: Sequence[Mapping[str, Any]] = ()
-    generated_tokens: int = 0
 
 
 @jax.jit
@@ -86,20 +79,16 @@ def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     return carried, used
 
 
-def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A mesh of pure data parallelism over `devices` (default: all): parameters replicated."""
-    return mesh_lib.make_mesh(data=-1, fsdp=1, tensor=1, devices=devices)
-
-
 def _policy_attribute(name: str, doc: str | None = None) -> property:
     """The policy part's attribute `name`, read and written through the learner."""
     return property(lambda self: getattr(self.models[POLICY], name),
                     lambda self, value: setattr(self.models[POLICY], name, value), doc=doc)
 
 
-class RLLearner(abc.ABC, Generic[ConfigT]):
+class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     """Base learner; subclasses fill `produce_examples`, `loss_function`,
-    `num_iterations`, `group_size` and `trajectory_ids`."""
+    `num_iterations`, `group_size` and `trajectory_ids` (and, for async rollouts, the
+    halves of `CollectHalves`)."""
 
     extra_models: tuple[str, ...] = ()
     """Trained models beyond the policy, each a keyword argument of the constructor (PPO: "critic")."""
@@ -143,7 +132,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.guard = UpdateGuard(training)
         # one-step-off-policy rollouts: the batch collected ahead, and where it is collected
         self.in_flight: InFlight | None = None
-        self.ahead = RolloutThread.for_learner(self, splits=type(self).collect is not RLLearner.collect)
+        self.ahead = RolloutThread.for_learner(self, splits=CollectHalves.implemented_by(self))
 
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh))
@@ -189,25 +178,6 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
         """One id per completion of `prompts` (for samples and debugging)."""
-
-    # async rollouts (rl_core.async_rollout) need produce_examples in two halves, and the
-    # JSON form of the half-way batch for the checkpoint of the batch in flight
-
-    def collect(self, prompts: Sequence[Prompt]) -> Any:
-        """The rollout half: sample (through `generate`, which uses the pinned weights) and score.
-        It runs beside the update: it must not read the trained parameters nor write what
-        `examples_from` reads."""
-        raise NotImplementedError
-
-    def examples_from(self, batch: Any) -> StepBatch:
-        """The training half: what `collect` returned, as train examples under the current weights."""
-        raise NotImplementedError
-
-    def batch_to_json(self, batch: Any) -> Any:
-        raise NotImplementedError
-
-    def batch_from_json(self, data: Any) -> Any:
-        raise NotImplementedError
 
     def models_to_update(self) -> Sequence[str]:
         """The models this step's update trains, in order (default every one; PPO's critic

@@ -77,6 +77,11 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=auto)
 
 
+def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh of pure data parallelism over `devices` (default: all): parameters replicated."""
+    return make_mesh(data=-1, fsdp=1, tensor=1, devices=devices)
+
+
 def training_devices(training: TrainingConfig) -> list[jax.Device]:
     """The devices `training.mesh` is laid over: all but the last `training.rollout_devices`."""
     devices = jax.devices()

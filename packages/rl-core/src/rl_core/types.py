@@ -5,7 +5,8 @@ Shapes: B completions, P prompt tokens, T completion tokens.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 
@@ -35,3 +36,11 @@ class TrainExample(NamedTuple):
     def batch_size(self) -> int:
         return self.completion_tokens.shape[0]
 
+
+class StepBatch(NamedTuple):
+    """What a learner's `produce_examples` returns: the batch plus what to log about it."""
+
+    example: TrainExample
+    metrics: Mapping[str, float]
+    samples: Sequence[Mapping[str, Any]] = ()
+    generated_tokens: int = 0
