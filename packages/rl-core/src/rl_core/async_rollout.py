@@ -61,10 +61,6 @@ class CollectHalves:
     def batch_from_json(self, data: Any) -> Any:
         raise NotImplementedError
 
-    @staticmethod
-    def implemented_by(learner: Any) -> bool:
-        return type(learner).collect is not CollectHalves.collect
-
 
 class InFlight(NamedTuple):
     """A batch collected ahead of the step that trains on it."""
@@ -84,13 +80,13 @@ class RolloutThread:
         self._done_at = 0.0
 
     @classmethod
-    def for_learner(cls, learner: RLLearner, *, splits: bool) -> RolloutThread | None:
+    def for_learner(cls, learner: RLLearner) -> RolloutThread | None:
         """The learner's rollout thread for `training.async_rollout` (None when off; in line in a
-        multi-process run); `splits`: whether the learner has produce_examples' two halves."""
+        multi-process run); the learner must implement `CollectHalves`."""
         mode = learner.training.async_rollout
         if mode == "off":
             return None
-        if not splits:
+        if type(learner).collect is CollectHalves.collect:
             raise ValueError(f"training.async_rollout = {mode!r}: {type(learner).__name__} implements "
                              "produce_examples only, not its halves collect / examples_from / batch_to_json / "
                              "batch_from_json that async rollouts run apart")

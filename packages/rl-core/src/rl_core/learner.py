@@ -132,7 +132,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         self.guard = UpdateGuard(training)
         # one-step-off-policy rollouts: the batch collected ahead, and where it is collected
         self.in_flight: InFlight | None = None
-        self.ahead = RolloutThread.for_learner(self, splits=CollectHalves.implemented_by(self))
+        self.ahead = RolloutThread.for_learner(self)
 
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh))
