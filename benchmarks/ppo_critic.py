@@ -5,7 +5,8 @@
 The learning test's run (tests/trainer/test_trainer_learning_ppo.py trains its first 50
 steps): the arithmetic task from the default warm start, one completion per prompt, 256
 prompts a step (GRPO's rollout budget), four mini-batches of 64, PPO's defaults otherwise;
-`key=value` settings go on top (e.g. algorithm.critic_warmup_steps=50). At each step of --at:
+`key=value` settings go on top (e.g. algorithm.critic_warmup_steps=50, or
+model.critic_confidence=false for the scalar head alone). At each step of --at:
 
   accuracy   greedy held-out accuracy on 200 problems (eval/accuracy)
   critic EV  the critic's explained variance of the Monte Carlo return on held-out rollouts

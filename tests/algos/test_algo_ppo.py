@@ -197,7 +197,8 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
     assert pointers(critic.frozen) <= pointers(policy_part.frozen)  # no second copy of the base
     trained = jax.tree_util.tree_leaves_with_path(critic.params)
     names = {jax.tree_util.keystr(path) for path, _ in trained}
-    assert all("lora_" in n or "value_head" in n for n in names) and any("value_head" in n for n in names)
+    assert all("lora_" in n or "_head" in n for n in names)  # adapters, the value and confidence heads
+    assert any("value_head" in n for n in names) and any("confidence_head" in n for n in names)
     head_before = numpy_tree(critic.params["value_head"])
     for _ in range(2):
         learner.train_step()

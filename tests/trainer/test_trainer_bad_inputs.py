@@ -305,6 +305,8 @@ def test_a_bad_config_file_is_one_line(capsys, tmp_path):
     [
         (["model.preset=huge"], "ModelSettings.preset = 'huge': must be one of ["),
         (["model.seed=-3"], "ModelSettings.seed = -3: must be in [0, 2**32)"),
+        (["--algo", "ppo", "model.critic_confidence=maybe"],
+         "ModelSettings.critic_confidence = 'maybe': must be bool, got str"),
         (["task.options.teacher_slip_rate=2"], "task.options.teacher_slip_rate = 2: must be in [0, 1]"),
         (["task.options.heldout_size=0"], "task.options.heldout_size = 0: must be >= 1"),
         (["task.options.heldout_size=20000"], "task.options.heldout_size = 20000: must be less than the task's 10000"),
@@ -317,7 +319,7 @@ def test_a_bad_config_file_is_one_line(capsys, tmp_path):
          "['total', 'numeric_answer', 'overlong_penalty']"),
         (["--task", "gsm8k"], "task.name = 'gsm8k' reads a local file: pass --data FILE"),
     ],
-    ids=["preset", "model-seed", "slip-rate", "heldout-0", "heldout-too-big", "digits-0", "option-typo",
+    ids=["preset", "model-seed", "critic-confidence", "slip-rate", "heldout-0", "heldout-too-big", "digits-0", "option-typo",
          "training-seed", "rollout-seed", "filter-reward", "gsm8k-without-data"],
 )  # fmt: skip
 def test_a_bad_setting_is_one_line_and_makes_no_folder(capsys, tmp_path, argv, expected):

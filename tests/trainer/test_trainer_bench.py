@@ -136,9 +136,10 @@ def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(ppo_bench):
     assert phases["step"]["model_flops"] == pytest.approx(
         sum(phases[name]["model_flops"] for name in ("rollout", "logprob", "update", "critic_update")))
     assert phases["update"]["model_flops"] > 0  # the policy's own update, the critic's taken out
-    # the tiny policy's backbone (86,720 - 99 x 64 unembedding) and a value head of 64 + 1
-    assert r["memory"]["critic_trainable_parameters"] == 80_449
-    assert r["memory"]["critic_trained_bytes"] == 4 * 80_449
+    # the tiny policy's backbone (86,720 - 99 x 64 unembedding), a value head of 64 + 1 and a
+    # confidence head of (3 + 1 + 1) x 64
+    assert r["memory"]["critic_trainable_parameters"] == 80_769
+    assert r["memory"]["critic_trained_bytes"] == 4 * 80_769
     assert r["compile_count"]["timed_delta"] == 0
 
 

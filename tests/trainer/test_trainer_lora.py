@@ -234,7 +234,7 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     assert compiled["frozen_base"] == analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy for both models
     assert compiled["reference"] == analytic["reference"] == 4 * TINY_RANK8  # zero adapters, not a base copy
     assert analytic["reference_saved"] == 4 * 86_720 - 4 * TINY_RANK8
-    critic = TINY_RANK8 + 65  # its own rank-8 adapters and a value head of D + 1
+    critic = TINY_RANK8 + 65 + 320  # its own rank-8 adapters, a value head of D + 1, a confidence head of 5 x 64
     assert result["critic_trainable"] == critic and analytic["critic_parameters"] == 4 * critic
     # float32 adapters and head, two AdamW moments and two int32 step counters; no base of its own
     assert compiled["critic_parameters_and_optimizer_state"] == 3 * 4 * critic + 8

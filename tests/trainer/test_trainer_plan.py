@@ -271,7 +271,8 @@ def test_plan_of_ppo_adds_the_critics_exact_bytes():
     from trainer.plan import plan
     from trainer.settings import build_settings
 
-    critic_trains = TINY_PARAMETERS - TINY_LM_HEAD + 65  # 80,449: the backbone and a head of D + 1
+    # 80,769: the backbone, a value head of D + 1 and a confidence head of (3 + 1 + 1) x 64
+    critic_trains = TINY_PARAMETERS - TINY_LM_HEAD + 65 + 320
     common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0"]
     programs: dict = {}
     ppo = plan(build_settings(algo="ppo", overrides=common), memory_budget("gpu"), compiled_programs=programs)

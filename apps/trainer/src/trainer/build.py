@@ -50,7 +50,7 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     model = settings.model.to_dict()
     # applied after the warm start: LoRA and full runs share one base; the critic is not the base
-    for key in ("lora", "quantize", "critic_path"):
+    for key in ("lora", "quantize", "critic_path", "critic_confidence"):
         model.pop(key)
     relevant = {
         "task": settings.task.to_dict(),
@@ -143,11 +143,12 @@ def critic(settings: RunSettings, policy: Transformer) -> ValueModel:
     """The critic of an algorithm that trains one (PPO): over the policy's backbone, sharing its
     arrays (with LoRA: its frozen base, with fresh adapters of its own), or from `model.critic_path`."""
     if settings.model.critic_path is None:
-        return value_model_from_policy(policy, seed=settings.model.seed + 1)
+        return value_model_from_policy(policy, seed=settings.model.seed + 1,
+                                       confidence=settings.model.critic_confidence)
     device_mesh = mesh(settings)
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
     return load_hf_value_model(model_folder(settings.model.critic_path), shardings=shardings,
-                               **settings.model.runtime())
+                               confidence=settings.model.critic_confidence, **settings.model.runtime())
 
 
 def check_finite(settings: RunSettings, model: Transformer) -> None:

@@ -72,12 +72,12 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     from rl_models import Transformer, ValueModel, value_model_from_policy
     from rl_models.hf import load_hf_config
 
-    path = settings.model.critic_path
+    path, confidence = settings.model.critic_path, settings.model.critic_confidence
     if path:
         config = load_hf_config(path, **layout.runtime)
-        abstract = nnx.eval_shape(lambda: ValueModel(Transformer(config, rngs=nnx.Rngs(0))))
+        abstract = nnx.eval_shape(lambda: ValueModel(Transformer(config, rngs=nnx.Rngs(0)), confidence=confidence))
     else:
-        abstract = nnx.eval_shape(lambda: value_model_from_policy(policy()))
+        abstract = nnx.eval_shape(lambda: value_model_from_policy(policy(), confidence=confidence))
         config = abstract.config
     graphdef, trained, frozen_abstract, _ = frozen_lib.split_policy(abstract)
     mesh = layout.mesh
@@ -100,15 +100,15 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     def stacked(n: int, width: int, dtype: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((n, layout.micro, width), dtype, sharding=rows)
 
-    def inputs(n: int) -> tuple:  # prompt, its mask, completion
+    def inputs(n: int) -> tuple:  # prompt, its mask, completion, its log-probs
         return (stacked(n, layout.p_len, jnp.int32), stacked(n, layout.p_len, jnp.float32),
-                stacked(n, layout.t_len, jnp.int32))
+                stacked(n, layout.t_len, jnp.int32), stacked(n, layout.t_len, jnp.float32))
 
     def values(params, frozen, x):
-        return completion_values(nnx.merge(graphdef, params, frozen), *x[:3])
+        return completion_values(nnx.merge(graphdef, params, frozen), *x[:4])
 
     def micro_loss(params, frozen, x):  # x: inputs, completion mask, returns
-        return jnp.sum(jnp.square(values(params, frozen, x) - x[4]) * x[3])
+        return jnp.sum(jnp.square(values(params, frozen, x) - x[5]) * x[4])
 
     update_inputs = (*inputs(layout.n_micro), stacked(layout.n_micro, layout.t_len, jnp.float32),
                      stacked(layout.n_micro, layout.t_len, jnp.float32))

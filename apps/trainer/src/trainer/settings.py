@@ -143,6 +143,10 @@ class ModelSettings(Config):
     """A Hugging Face folder (a path or a URL, as `path`) to start the critic (PPO) from: its
     backbone, and a value head that starts at zero. None = the policy's starting weights (with
     LoRA: its frozen base)."""
+    critic_confidence: bool = True
+    """The critic (PPO) also reads how likely the policy was to write each token so far (the
+    sampler's log-probs) through a small head of its own (rl_models.value); false = the plain
+    scalar head, as the critics of PPO run folders written before it (set it to resume them)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

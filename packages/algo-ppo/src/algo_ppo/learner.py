@@ -31,7 +31,7 @@ from rl_core.returns import explained_variance, gae, token_rewards
 from rl_core.trainable import LossOutput
 from rl_core.types import TrainExample
 from rl_core.value_losses import clipped_value_loss
-from rl_core.values import completion_values
+from rl_core.values import completion_values, written_logp
 
 from algo_ppo.config import PPOConfig
 
@@ -42,7 +42,8 @@ HELDOUT_SEED = 0x5EED
 
 def critic_loss(model: ValueFunction, example: TrainExample, *, clip: float | None, coef: float) -> LossOutput:
     """coef * the clipped value loss of the critic's values against the example's returns, token-mean."""
-    values = completion_values(model, example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+    values = completion_values(model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+                               written_logp(example))
     mask = example.completion_mask
     loss, clipped = clipped_value_loss(values, example.values, example.returns, mask, clip=clip)
     total, denom = aggregate("token-mean", loss, mask, max_len=mask.shape[1])
@@ -113,7 +114,7 @@ class PPOLearner(GRPOLearner):
     def critic_values(self, example: TrainExample) -> np.ndarray:
         """[B, T] float32 values of the example's completions under the current critic, on the host."""
         values = self._values(None, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
-                              mask=example.completion_mask)
+                              written_logp(example), mask=example.completion_mask)
         return np.asarray(multihost.to_host(values), np.float32)
 
     # -- reporting ---------------------------------------------------------------------------

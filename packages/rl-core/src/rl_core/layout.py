@@ -74,26 +74,28 @@ class BatchLayout:
                                   host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
 
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
-                      prompt_mask: Any, completion_tokens: Any, *, mask: Any = None, chunk_tokens: int = 1,
-                      packs: bool = False) -> Any:
+                      prompt_mask: Any, completion_tokens: Any, *per_token: Any, mask: Any = None,
+                      chunk_tokens: int = 1, packs: bool = False) -> Any:
         """A forward program's [B, T] outputs (rl_core.trainable.TrainableModel.forward), run one
         micro-batch at a time (all rows at once when B is not a multiple of the micro-batch size).
-        With the completion `mask`, it runs at the trimmed width (rl_core.trim, in multiples of
-        `chunk_tokens`) and pads its outputs with zeros. A program that `packs` gets the packed
-        micro-batches as a fourth input (the tokens up to the end of `mask`; all without one)."""
+        `per_token` [B, T] inputs follow the completion tokens. With the completion `mask`, it runs
+        at the trimmed width (rl_core.trim, in multiples of `chunk_tokens`) and pads its outputs
+        with zeros. A program that `packs` gets the packed micro-batches as its last input (the
+        tokens up to the end of `mask`; all without one)."""
         t = completion_tokens.shape[1]
         width = t if mask is None else trimmed_width(mask, chunk_tokens)
         if width < t:
-            out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, completion_tokens[:, :width],
+            cut = [np.asarray(multihost.to_host(x))[:, :width] for x in (completion_tokens, *per_token)]
+            out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, *cut,
                                      mask=np.asarray(multihost.to_host(mask))[:, :width], chunk_tokens=width,
                                      packs=packs)
             return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
         b = len(completion_tokens)
         micro = self.micro_size if b % self.micro_size == 0 else b
-        fields = [prompt_tokens, prompt_mask, completion_tokens]
+        fields = [prompt_tokens, prompt_mask, completion_tokens, *per_token]
         if packs:
             fields.append(np.ones(completion_tokens.shape, np.float32) if mask is None else mask)
         stacked = [np.asarray(multihost.to_host(x)).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
         if packs:
-            stacked[3] = self.pack(*stacked)
+            stacked[-1] = self.pack(*stacked[:3], stacked[-1])
         return program(params, frozen, tuple(multihost.to_global(stacked, self.rows(axis=1))))

@@ -112,6 +112,8 @@ class ValueFunction(Protocol):
         tokens: jax.Array,  # [B, L] int32
         positions: jax.Array,  # [B, L] int32
         attention_mask: jax.Array,  # [B, L, L] bool, True = query may attend to slot
+        token_logp: jax.Array | None = None,  # [B, L] behaviour log-prob of each token, 0 where not sampled
     ) -> jax.Array:
-        """Float32 values [B, L]: entry j estimates the return of the sequence given tokens 0..j."""
+        """Float32 values [B, L]: entry j estimates the return of the sequence given tokens 0..j
+        (and, for a critic that reads them, the policy's log-probs of those tokens)."""
         ...

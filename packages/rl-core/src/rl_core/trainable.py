@@ -161,10 +161,12 @@ class TrainableModel:
 class ForwardPass:
     """A model's jitted pass outside the update, over the layout's micro-batches.
 
-    `pass_(params, prompt_tokens, prompt_mask, completion_tokens, mask=...)` runs `fn` on one
-    micro-batch at a time (so it holds the activations the update holds) with `params` (None:
-    the model's current ones) and its frozen base; with the completion `mask`, at the trimmed
-    width (rl_core.trim, in multiples of `chunk_tokens`), zeros beyond it.
+    `pass_(params, prompt_tokens, prompt_mask, completion_tokens, *per_token, mask=...)` runs
+    `fn(model, prompt_tokens, prompt_mask, completion_tokens, *per_token)` on one micro-batch at
+    a time (so it holds the activations the update holds) with `params` (None: the model's
+    current ones) and its frozen base; `per_token` are further [B, T] inputs (the critic's
+    log-probs). With the completion `mask`, at the trimmed width (rl_core.trim, in multiples of
+    `chunk_tokens`), zeros beyond it.
     """
 
     def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool) -> None:
@@ -172,7 +174,7 @@ class ForwardPass:
         graphdef = part.graphdef
 
         def one(model, xs):
-            return fn(model, *xs[:3], packed=xs[3]) if packs else fn(model, *xs)
+            return fn(model, *xs[:-1], packed=xs[-1]) if packs else fn(model, *xs)
 
         def program(params, frozen, inputs):  # inputs: [M, mb, ...] each (and the packed rows)
             model = nnx.merge(graphdef, params, frozen)
@@ -185,11 +187,11 @@ class ForwardPass:
             in_shardings=(part.param_shardings, part.frozen_shardings, rows(axis=1)), out_shardings=rows(),
         )
 
-    def __call__(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
+    def __call__(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *per_token: Any,
                  mask: Any = None) -> Any:
         params = self.part.params if params is None else params
         return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
-                                              completion_tokens, mask=mask, chunk_tokens=self.chunk_tokens,
+                                              completion_tokens, *per_token, mask=mask, chunk_tokens=self.chunk_tokens,
                                               packs=self.packs)
 
 

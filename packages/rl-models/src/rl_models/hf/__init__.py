@@ -48,11 +48,13 @@ def load_hf_model(
 
 
 def load_hf_value_model(
-    folder: str | Path, *, shardings: Callable[[nnx.State], Any] | None = None, **runtime: Any,
+    folder: str | Path, *, shardings: Callable[[nnx.State], Any] | None = None, confidence: bool = True,
+    **runtime: Any,
 ) -> ValueModel:
     """A critic whose backbone is the model in `folder` (its unembedding dropped) and whose
-    value head starts at zero, as verl and OpenRLHF start a critic from a causal LM."""
-    return ValueModel(load_hf_model(folder, shardings=shardings, **runtime))
+    heads start at zero, as verl and OpenRLHF start a critic from a causal LM (`confidence`:
+    see `rl_models.value`)."""
+    return ValueModel(load_hf_model(folder, shardings=shardings, **runtime), confidence=confidence)
 
 
 def load_hf_tokenizer(folder: str | Path) -> HFTokenizer:
