@@ -28,6 +28,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import yaml
 
 from rl_core.learner import RLLearner
 from trainer.cli import main
@@ -151,3 +152,25 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(algo, how, tmp_path,
         not np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(jax.tree.leaves(first["params"]), jax.tree.leaves(arrays_a["params"]), strict=True)
     )
+
+
+def test_a_run_folder_from_before_later_settings_resumes_as_it_ran(tmp_path, capsys):
+    """A folder whose config.yaml and settings_at_start.json lack settings added since (here a PPO
+    run from before training.packing and model.critic_confidence) resumes with the values it ran
+    with: no packing, and a critic without the confidence head, as its checkpoints hold."""
+    run = tmp_path / "run"
+    small = ["warm_start.steps=0", "training.prompts_per_step=2", "eval.every_steps=0", "eval.heldout_size=4",
+             "eval.samples_per_prompt=1", "eval.pass_k=1", "training.checkpoint_every_steps=1"]
+    assert main(["train", "--algo", "ppo", "--output", str(run), "--no-progress", "training.num_steps=1",
+                 "model.critic_confidence=false", *small]) == 0
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    started = json.loads((run / "settings_at_start.json").read_text())
+    for settings in (config, started):  # what the older code wrote: neither setting existed
+        del settings["training"]["packing"], settings["model"]["critic_confidence"]
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (run / "settings_at_start.json").write_text(json.dumps(started))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress", "training.num_steps=2"]) == 0, capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    arrays = ocp.StandardCheckpointer().restore((run / "checkpoints" / "2" / "arrays").absolute())
+    assert set(arrays["critic"]["params"]) == {"backbone", "value_head"}  # no confidence head

@@ -36,7 +36,7 @@ from rl_core.files import atomic_write_text, read_jsonl
 from trainer import build
 from trainer.evaluate import evaluate
 from trainer.prompt_lengths import fit_prompts
-from trainer.settings import RunSettings, build_settings
+from trainer.settings import RunSettings, build_settings, load_yaml
 from trainer.signals import RunInterrupted, StopOnSignal
 from trainer.tasks import Task
 
@@ -372,6 +372,12 @@ checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
 RESUMABLE_CHANGES = ("training.num_steps",)
 """Settings a resume may change: extending the run."""
 
+SETTINGS_ADDED = {"model.critic_confidence": False}
+"""Settings added since some run folders were made whose default is not what those runs did, and
+the value they ran with: a run folder whose config.yaml lacks one is resumed, evaluated and exported
+with it. (A setting added at a default that reproduces earlier runs needs no entry: a folder that
+lacks it takes the default.)"""
+
 
 def _comparable(settings: RunSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
@@ -384,10 +390,12 @@ def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
     if not path.exists():  # a run from before this record was kept
         return
     started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
+    written = _flat(load_yaml(run_dir / "config.yaml")) if (run_dir / "config.yaml").exists() else {}
+    added_since = {key for key in now if key not in started and key not in written}  # the run never had them
     changed = [
         f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
         for key in sorted(set(started) | set(now))
-        if key not in RESUMABLE_CHANGES and started.get(key) != now.get(key)
+        if key not in RESUMABLE_CHANGES and key not in added_since and started.get(key) != now.get(key)
     ]
     if changed:
         raise ConfigError(
@@ -476,5 +484,7 @@ def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSe
     path = storage.child(run_dir, "config.yaml")
     if not (storage.exists(path) if storage.is_url(path) else path.exists()):
         raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
-    return build_settings(config_file=path, overrides=overrides)
+    written = _flat(load_yaml(path))
+    legacy = [f"{key}={json.dumps(value)}" for key, value in SETTINGS_ADDED.items() if key not in written]
+    return build_settings(config_file=path, overrides=[*legacy, *overrides])
 
