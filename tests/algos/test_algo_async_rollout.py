@@ -150,16 +150,20 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     run.train_step()  # step 1 collects its own batch first
     events = []
 
-    def traced(name, fn):
+    def traced(name, fn, *, pause=0.0):
         def call(*args):
             events.append((f"{name} start", threading.current_thread().name))
             out = fn(*args)
+            time.sleep(pause)
             events.append((f"{name} end", threading.current_thread().name))
             return out
 
         return call
 
-    run.update_models, run.score = traced("update", run.update_models), traced("score", run.score)
+    # the update held for 1 s: the rollout thread's sampling of batch 3 (milliseconds when the
+    # machine is quiet) must not outlast the update on a busy one, or the overlap is not tested
+    run.update_models = traced("update", run.update_models, pause=1.0)
+    run.score = traced("score", run.score)
     metrics = run.train_step()
     order = [name for name, _ in events]
     # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread
