@@ -288,6 +288,31 @@ def architecture(cfg: TransformerConfig) -> str:
     return ", ".join(parts)
 
 
+def bench_settings(p: BenchPreset, *, steps: int, algo: str = "grpo", model: str | None = None,
+                   overrides: Sequence[str] = ()) -> Any:
+    """The run settings of preset `p` for `steps` steps: random initial weights (no warm start), AdamW, beta 0."""
+    return build_settings(
+        algo=algo,
+        overrides=[
+            f"task.options.digits={p.digits}",
+            f"model.path={model}" if model else f"model.preset={p.model}",
+            f"model.dtype={p.dtype}",
+            "warm_start.steps=0",
+            f"rollout.max_new_tokens={p.max_new_tokens}",
+            "rollout.temperature=1.0",
+            f"training.prompts_per_step={p.prompts}",
+            f"training.num_steps={steps}",
+            "training.optimizer=adamw",
+            "training.learning_rate=1e-5",
+            "training.checkpoint_every_steps=0",
+            f"algorithm.group_size={p.group_size}",
+            "algorithm.beta=0.0",
+            "eval.every_steps=0",
+            *overrides,
+        ],
+    )
+
+
 def run_bench(
     *,
     preset: str = "tiny-qwen2",
@@ -313,27 +338,7 @@ def run_bench(
     if steps < 1:
         raise ConfigError(f"--steps {steps}: must be >= 1")
     p = PRESETS[preset]
-    total_steps = p.warmup_steps + steps
-    settings = build_settings(
-        algo=algo,
-        overrides=[
-            f"task.options.digits={p.digits}",
-            f"model.path={model}" if model else f"model.preset={p.model}",
-            f"model.dtype={p.dtype}",
-            "warm_start.steps=0",
-            f"rollout.max_new_tokens={p.max_new_tokens}",
-            "rollout.temperature=1.0",
-            f"training.prompts_per_step={p.prompts}",
-            f"training.num_steps={total_steps}",
-            "training.optimizer=adamw",
-            "training.learning_rate=1e-5",
-            "training.checkpoint_every_steps=0",
-            f"algorithm.group_size={p.group_size}",
-            "algorithm.beta=0.0",
-            "eval.every_steps=0",
-            *overrides,
-        ],
-    )
+    settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)

@@ -1,0 +1,148 @@
+"""How far the bench's update is from the matmul peak, and why: its utilisation split in three.
+
+    uv run python benchmarks/update_ceiling.py [--preset tiny-qwen2] [--repeats 20]
+
+`trainer bench` reports the update's model FLOPs per second as a fraction of the machine's
+float32 matmul peak (n x n matmuls of 512-2048). This takes the update the bench runs (same
+preset, model, batch and AdamW; the batch of its second step) and prints, as ratios:
+
+  real share      real token positions / the positions the update computes (prompt padding
+                  and the completion columns past a row's end are computed but not counted)
+  dense program   the update's block matmuls alone (q, k, v, o, gate, up, down of every layer;
+                  forward and both backward products) at the update's padded shape, one
+                  jitted program, as a fraction of the peak: what matmuls of these shapes reach
+  update          the learner's own update (median of --repeats), model FLOPs as the bench
+                  counts them, as a fraction of the peak
+
+The update's utilisation is at most real share x dense program: the elementwise work
+(norms, SwiGLU, rotary, softmax, the loss, AdamW) only lowers it, so the ratio of the update
+to that product is how much of the update's time its matmuls would need at that rate.
+
+Then, from a profile of 10 updates (jax.profiler), the CPU threads' time by kind of XLA
+operation: library fusions (XNNPACK/YNNPACK: the block matmuls, with what XLA fused into
+them), XLA's own dots (the attention's small batched matmuls), and every other fusion
+(elementwise and copies), each as a share of the threads' busy time.
+"""
+
+import argparse
+import collections
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.profiler import ProfileData
+from rl_core.host_memory import keep_freed_memory
+from rl_core.trim import trim_example, trimmed_width
+from trainer import bench, build
+
+
+def dense_program(cfg, rows: int):
+    """fwd + bwd of every block matmul at [rows, D]; returns (jitted grad fn, its args, its FLOPs)."""
+    d, h, k, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_hidden_size
+    shapes = [(d, h * dh), (d, k * dh), (d, k * dh), (h * dh, d), (d, f), (d, f), (f, d)]
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 1 + len(shapes) * cfg.num_layers))
+    weights = [[jax.random.normal(next(keys), s, jnp.float32) / s[0] ** 0.5 for s in shapes]
+               for _ in range(cfg.num_layers)]
+    x = jax.random.normal(next(keys), (rows, d), jnp.float32)
+
+    def loss(weights, x):
+        for wq, wk, wv, wo, wg, wu, wd in weights:
+            q, kk, v = x @ wq, x @ wk, x @ wv
+            # k and v enter through the attention output (a sum keeps them in the program, no matmul)
+            attn = q + jnp.tile(kk + v, (1, h // k))
+            x = x + attn @ wo + (x @ wg + x @ wu) @ wd
+        return jnp.sum(x)
+
+    grad = jax.jit(jax.grad(loss))
+    flops = 6.0 * bench.block_matmul_weights(cfg) * rows  # forward 2WN, backward 4WN
+    return grad, (weights, x), flops
+
+
+def seconds(fn, repeats: int) -> tuple[float, float]:
+    """(median, best) seconds of `fn` over `repeats` runs after one untimed run."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), float(min(times))
+
+
+def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, float], int, float]:
+    """Milliseconds per run of XLA's CPU threads by kind of operation, the number of threads, and
+    the wall milliseconds per run, from a profile of `runs` runs."""
+    folder = tempfile.mkdtemp()
+    jax.profiler.start_trace(folder)
+    start = time.perf_counter()
+    for _ in range(runs):
+        jax.block_until_ready(fn())
+    wall = (time.perf_counter() - start) * 1e3 / runs
+    jax.profiler.stop_trace()
+    data = ProfileData.from_file(str(sorted(Path(folder).rglob("*.xplane.pb"))[-1]))
+    kinds: collections.Counter = collections.Counter()
+    threads = 0
+    for plane in data.planes:
+        for line in plane.lines:
+            if "Eigen" not in line.name:  # XLA's intra-op threads run the program's operations
+                continue
+            threads += 1
+            for event in line.events:
+                name = re.sub(r"[.\d]+$", "", event.name)
+                if name.startswith(("ThunkExecutor", "SlinkyThreadPool", "end:")):
+                    continue
+                kind = ("library fusions (matmuls)" if name.startswith(("ynn_", "xnn_")) else
+                        "XLA dots" if name in ("dot", "dot_general") else "other fusions and copies")
+                kinds[kind] += event.duration_ns / 1e6 / runs
+    return dict(kinds), threads, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny-qwen2", choices=sorted(bench.PRESETS))
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    keep_freed_memory()
+    p = bench.PRESETS[args.preset]
+    settings = bench.bench_settings(p, steps=2)
+    tokenizer = build.tokenizer(settings)
+    learner = build.learner(settings, settings.task.build(), tokenizer, build.new_model(settings, tokenizer),
+                            output_dir=None, progress=False)
+    examples, update = [], learner.update_models
+    learner.update_models = lambda example: examples.append(example) or update(example)
+    learner.train_step()  # compiles
+    learner.train_step()
+    example = examples[-1]
+    cfg = learner.model.config
+    peak = bench.matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)["flops_per_sec"]
+
+    trimmed = trim_example(example, trimmed_width(example.completion_mask, learner.rollout.logprob_chunk_tokens))
+    prompt, completion = bench._example_tokens(trimmed)
+    rows, width = trimmed.prompt_tokens.shape[0], trimmed.prompt_tokens.shape[1] + trimmed.completion_tokens.shape[1]
+    real_share = float((prompt + completion).sum()) / (rows * width)
+    grad, dense_args, dense_flops = dense_program(cfg, rows * width)
+    dense_median, dense_best = seconds(lambda: grad(*dense_args), args.repeats)
+    update_median, update_best = seconds(lambda: update(example), args.repeats)
+    update_flops = bench.training_flops(cfg, prompt, completion)
+
+    print(f"{args.preset}: the update computes {rows} rows x {width} positions; matmul peak {peak / 1e9:.0f} GFLOP/s")
+    print(f"real share     {real_share:.1%} of those positions are real tokens")
+    print(f"dense program  {dense_flops / dense_best / peak:.1%} of the peak (best; median "
+          f"{dense_flops / dense_median / peak:.1%}), {dense_best * 1e3:.1f} ms")
+    print(f"update         {update_flops / update_best / peak:.1%} of the peak (best; median "
+          f"{update_flops / update_median / peak:.1%}), {update_best * 1e3:.1f} ms")
+    ceiling = real_share * dense_flops / dense_best / peak
+    print(f"ceiling        real share x dense program = {ceiling:.1%}; the update reaches "
+          f"{update_flops / update_best / peak / ceiling:.0%} of it")
+    kinds, threads, wall = thread_time_by_kind(lambda: update(example))
+    busy = sum(kinds.values())
+    print(f"threads        {threads} busy {busy / (threads * wall):.0%} of a profiled update's {wall:.1f} ms; of their "
+          "busy time: " + "; ".join(f"{kind} {ms / busy:.0%}" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])))
+
+
+if __name__ == "__main__":
+    main()
