@@ -163,3 +163,23 @@ def test_bench_refuses_a_bad_baseline_before_running(tmp_path, capsys):
     assert "--baseline" in err and "not a trainer bench JSON file" in err and "Traceback" not in err
     assert main(["bench", "--preset", "tiny", "--baseline", str(tmp_path / "missing.json")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_update_ceiling_prints_its_ratios():
+    """benchmarks/update_ceiling.py on the tiny preset: every line it promises, with ratios in range
+    (no timing asserted: only that each is a share of something measured)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "update_ceiling.py"
+    done = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--repeats", "2"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert {"real", "dense", "update", "ceiling", "threads"} <= set(lines), done.stdout
+    real = float(re.search(r"([\d.]+)% of those positions", lines["real"]).group(1))
+    assert 0 < real <= 100
+    shares = [int(x) for x in re.findall(r"(\d+)%", lines["threads"].split("busy time:")[1])]
+    assert len(shares) >= 2 and abs(sum(shares) - 100) <= len(shares), lines["threads"]  # rounded shares of one total
