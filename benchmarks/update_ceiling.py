@@ -21,10 +21,12 @@ to that product is how much of the update's time its matmuls would need at that 
 Then, from a profile of 10 updates (jax.profiler), the CPU threads' time by kind of XLA
 operation: library fusions (XNNPACK/YNNPACK: the block matmuls, with what XLA fused into
 them), XLA's own dots (the attention's small batched matmuls), and every other fusion
-(elementwise and copies), each as a share of the threads' busy time.
+(elementwise and copies), each as a share of the threads' busy time and with the part of it
+one thread worked while the others had nothing to run.
 """
 
 import argparse
+import bisect
 import collections
 import re
 import tempfile
@@ -73,9 +75,10 @@ def seconds(fn, repeats: int) -> tuple[float, float]:
     return float(np.median(times)), float(min(times))
 
 
-def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, float], int, float]:
-    """Milliseconds per run of XLA's CPU threads by kind of operation, the number of threads, and
-    the wall milliseconds per run, from a profile of `runs` runs."""
+def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, tuple[float, float]], int, float]:
+    """From a profile of `runs` runs: per kind of operation, the milliseconds per run XLA's CPU
+    threads spent in it and the part of those with no other thread at work; the number of
+    threads; and the wall milliseconds per run."""
     folder = tempfile.mkdtemp()
     jax.profiler.start_trace(folder)
     start = time.perf_counter()
@@ -84,21 +87,34 @@ def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, float], int, floa
     wall = (time.perf_counter() - start) * 1e3 / runs
     jax.profiler.stop_trace()
     data = ProfileData.from_file(str(sorted(Path(folder).rglob("*.xplane.pb"))[-1]))
-    kinds: collections.Counter = collections.Counter()
-    threads = 0
+    threads = []  # per XLA intra-op thread: (start, end, kind) of each operation it ran
     for plane in data.planes:
         for line in plane.lines:
-            if "Eigen" not in line.name:  # XLA's intra-op threads run the program's operations
+            if "Eigen" not in line.name:
                 continue
-            threads += 1
+            events = []
             for event in line.events:
                 name = re.sub(r"[.\d]+$", "", event.name)
                 if name.startswith(("ThunkExecutor", "SlinkyThreadPool", "end:")):
                     continue
                 kind = ("library fusions (matmuls)" if name.startswith(("ynn_", "xnn_")) else
                         "XLA dots" if name in ("dot", "dot_general") else "other fusions and copies")
-                kinds[kind] += event.duration_ns / 1e6 / runs
-    return dict(kinds), threads, wall
+                events.append((event.start_ns, event.start_ns + event.duration_ns, kind))
+            threads.append(sorted(events))
+    busy, alone = collections.Counter(), collections.Counter()
+    for i, events in enumerate(threads):
+        others = [other for j, other in enumerate(threads) if j != i]
+        for a, b, kind in events:
+            # one thread's operations never overlap: look back from the last one starting before b
+            shared = 0
+            for other in others:
+                k = bisect.bisect_left(other, (b,)) - 1
+                while k >= 0 and other[k][1] > a:
+                    shared += min(b, other[k][1]) - max(a, other[k][0])
+                    k -= 1
+            busy[kind] += (b - a) / 1e6 / runs
+            alone[kind] += max(0, b - a - shared) / 1e6 / runs  # a lower bound with three or more threads
+    return {kind: (busy[kind], alone[kind]) for kind in busy}, len(threads), wall
 
 
 def main() -> None:
@@ -139,9 +155,10 @@ def main() -> None:
     print(f"ceiling        real share x dense program = {ceiling:.1%}; the update reaches "
           f"{update_flops / update_best / peak / ceiling:.0%} of it")
     kinds, threads, wall = thread_time_by_kind(lambda: update(example))
-    busy = sum(kinds.values())
+    busy = sum(ms for ms, _ in kinds.values())
     print(f"threads        {threads} busy {busy / (threads * wall):.0%} of a profiled update's {wall:.1f} ms; of their "
-          "busy time: " + "; ".join(f"{kind} {ms / busy:.0%}" for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])))
+          "busy time: " + "; ".join(f"{kind} {ms / busy:.0%} ({solo / ms:.0%} of it with the other threads idle)"
+                                   for kind, (ms, solo) in sorted(kinds.items(), key=lambda kv: -kv[1][0])))
 
 
 if __name__ == "__main__":
