@@ -181,5 +181,7 @@ def test_update_ceiling_prints_its_ratios():
     assert {"real", "dense", "update", "ceiling", "threads"} <= set(lines), done.stdout
     real = float(re.search(r"([\d.]+)% of those positions", lines["real"]).group(1))
     assert 0 < real <= 100
-    shares = [int(x) for x in re.findall(r"(\d+)%", lines["threads"].split("busy time:")[1])]
+    kinds = re.findall(r"(\d+)% \((\d+)% of it with the other threads idle\)", lines["threads"].split("busy time:")[1])
+    shares = [int(share) for share, _ in kinds]
     assert len(shares) >= 2 and abs(sum(shares) - 100) <= len(shares), lines["threads"]  # rounded shares of one total
+    assert all(0 <= int(idle) <= 100 for _, idle in kinds), lines["threads"]
