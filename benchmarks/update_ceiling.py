@@ -137,7 +137,7 @@ def main() -> None:
     peak = bench.matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)["flops_per_sec"]
 
     trimmed = trim_example(example, trimmed_width(example.completion_mask, learner.rollout.logprob_chunk_tokens))
-    prompt, completion = bench._example_tokens(trimmed)
+    prompt, completion = bench.example_tokens(trimmed)
     rows, width = trimmed.prompt_tokens.shape[0], trimmed.prompt_tokens.shape[1] + trimmed.completion_tokens.shape[1]
     real_share = float((prompt + completion).sum()) / (rows * width)
     grad, dense_args, dense_flops = dense_program(cfg, rows * width)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,11 +172,6 @@ def test_bench_refuses_a_bad_baseline_before_running(tmp_path, capsys):
 def test_update_ceiling_prints_its_ratios():
     """benchmarks/update_ceiling.py on the tiny preset: every line it promises, with ratios in range
     (no timing asserted: only that each is a share of something measured)."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "update_ceiling.py"
     done = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--repeats", "2"], capture_output=True,
                           text=True, timeout=600)

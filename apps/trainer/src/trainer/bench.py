@@ -244,13 +244,13 @@ class _Recorder:
 
         def recording_logprobs(params, example):
             out = compute_logprobs(params, example)
-            prompt, completion = _example_tokens(example)
+            prompt, completion = example_tokens(example)
             self.flops["logprob"] += forward_flops(cfg, prompt + completion, completion)
             return out
 
         def recording_produce(collected):  # the training half: sync and async runs both call it
             batch = produce(collected)
-            prompt, completion = _example_tokens(batch.example)
+            prompt, completion = example_tokens(batch.example)
             self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion)
             self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
             return batch
@@ -266,7 +266,7 @@ class _Recorder:
         return flops, tokens
 
 
-def _example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
+def example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
     """Real prompt tokens and loss-masked completion tokens per row."""
     return np.asarray(example.prompt_mask).sum(axis=1), np.asarray(example.completion_mask).sum(axis=1)
 

@@ -27,7 +27,7 @@ class TrainExample(NamedTuple):
     advantages: jax.Array  # [B] float32 (one per completion), or [B, T] (per token: PPO's GAE)
     old_logp: jax.Array | None = None  # [B, T] log-probs of the policy that sampled (num_iterations > 1)
     ref_logp: jax.Array | None = None  # [B, T] reference policy log-probs (beta != 0)
-    sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics)
+    sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics, the critic)
     returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
     packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.layout for the update)
