@@ -40,6 +40,8 @@ from jax.profiler import ProfileData
 from rl_core.host_memory import keep_freed_memory
 from rl_core.trim import trim_example, trimmed_width
 from trainer import bench, build
+from trainer.bench_flops import block_matmul_weights, matmul_peak, training_flops
+from trainer.bench_presets import PRESETS
 
 
 def dense_program(cfg, rows: int):
@@ -60,7 +62,7 @@ def dense_program(cfg, rows: int):
         return jnp.sum(x)
 
     grad = jax.jit(jax.grad(loss))
-    flops = 6.0 * bench.block_matmul_weights(cfg) * rows  # forward 2WN, backward 4WN
+    flops = 6.0 * block_matmul_weights(cfg) * rows  # forward 2WN, backward 4WN
     return grad, (weights, x), flops
 
 
@@ -86,7 +88,7 @@ def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, tuple[float, floa
         jax.block_until_ready(fn())
     wall = (time.perf_counter() - start) * 1e3 / runs
     jax.profiler.stop_trace()
-    data = ProfileData.from_file(str(sorted(Path(folder).rglob("*.xplane.pb"))[-1]))
+    data = ProfileData.from_file(str(max(Path(folder).rglob("*.xplane.pb"))))
     threads = []  # per XLA intra-op thread: (start, end, kind) of each operation it ran
     for plane in data.planes:
         for line in plane.lines:
@@ -119,11 +121,11 @@ def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, tuple[float, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tiny-qwen2", choices=sorted(bench.PRESETS))
+    parser.add_argument("--preset", default="tiny-qwen2", choices=sorted(PRESETS))
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     keep_freed_memory()
-    p = bench.PRESETS[args.preset]
+    p = PRESETS[args.preset]
     settings = bench.bench_settings(p, steps=2)
     tokenizer = build.tokenizer(settings)
     learner = build.learner(settings, settings.task.build(), tokenizer, build.new_model(settings, tokenizer),
@@ -134,7 +136,7 @@ def main() -> None:
     learner.train_step()
     example = examples[-1]
     cfg = learner.model.config
-    peak = bench.matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)["flops_per_sec"]
+    peak = matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)["flops_per_sec"]
 
     trimmed = trim_example(example, trimmed_width(example.completion_mask, learner.rollout.logprob_chunk_tokens))
     prompt, completion = bench.example_tokens(trimmed)
@@ -143,7 +145,7 @@ def main() -> None:
     grad, dense_args, dense_flops = dense_program(cfg, rows * width)
     dense_median, dense_best = seconds(lambda: grad(*dense_args), args.repeats)
     update_median, update_best = seconds(lambda: update(example), args.repeats)
-    update_flops = bench.training_flops(cfg, prompt, completion)
+    update_flops = training_flops(cfg, prompt, completion)
 
     print(f"{args.preset}: the update computes {rows} rows x {width} positions; matmul peak {peak / 1e9:.0f} GFLOP/s")
     print(f"real share     {real_share:.1%} of those positions are real tokens")

@@ -11,7 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rl_models import CharTokenizer, preset
-from trainer.bench import block_matmul_weights, forward_flops, sampling_flops, training_flops
+from trainer.bench_flops import (
+    block_matmul_weights,
+    forward_flops,
+    sampling_flops,
+    training_flops,
+)
 from trainer.cli import main
 
 
@@ -173,7 +178,7 @@ def test_update_ceiling_prints_its_ratios():
     """benchmarks/update_ceiling.py on the tiny preset: every line it promises, with ratios in range
     (no timing asserted: only that each is a share of something measured)."""
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "update_ceiling.py"
-    done = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--repeats", "2"], capture_output=True,
+    done = subprocess.run([sys.executable, str(script), "--preset", "tiny", "--repeats", "2"], capture_output=True, check=False,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}

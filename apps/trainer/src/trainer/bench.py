@@ -17,21 +17,10 @@
    with max_new_tokens=1 (prefill plus the first sampled token). Each prompt is
    prefilled once for its whole group.
 
-Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them:
-    2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
-  + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
-  + 2 * D * V * u       unembedding
-The embedding lookup, norms, rotary and softmax are not counted. A training
-step is 3 forwards (forward + backward); sampling is one forward over each
-prompt (once per group) and over every generated token fed back (KV cache:
-each position once).
-Only real tokens count: padding and rows decoded after their EOS are work
-the machine does but the model does not need.
+Model FLOPs: trainer.bench_flops; presets: trainer.bench_presets.
 """
-
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -40,188 +29,29 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from rl_core import mesh as mesh_lib
 from rl_core.compiles import compile_count
 from rl_core.config import ConfigError
-from rl_core import mesh as mesh_lib
 from rl_core.sampler import Sampler, SamplingParams
-from rl_models import Transformer, TransformerConfig
+from rl_models import TransformerConfig
 
 from trainer import build
-from trainer.bench_critic import CRITIC, PHASE as CRITIC_PHASE, CriticTimer, critic_memory
+from trainer.bench_critic import CRITIC, CriticTimer, critic_memory
+from trainer.bench_critic import PHASE as CRITIC_PHASE
+from trainer.bench_flops import (
+    block_matmul_weights,
+    forward_flops,
+    matmul_peak,
+    merge_peaks,
+    parameter_count,
+    sampling_flops,
+    timed,
+    training_flops,
+)
+from trainer.bench_presets import PRESETS, BenchPreset
 from trainer.run import plural
 from trainer.settings import build_settings
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BenchPreset:
-    """One benchmark configuration."""
-
-    model: str
-    """rl_models preset name (character vocabulary)."""
-    prompts: int
-    """Prompts per step (B)."""
-    group_size: int
-    """Completions per prompt (G)."""
-    max_new_tokens: int
-    """Most tokens generated per completion."""
-    digits: int = 2
-    """Digits of the addition problems."""
-    matmul_sizes: tuple[int, ...] = (512, 1024, 2048)
-    """n of the n x n float32 matmuls that measure the peak."""
-    matmul_repeats: int = 5
-    """Timed runs per size, at least (the best counts)."""
-    matmul_min_seconds: float = 0.5
-    """Keep timing a size until this much time has passed (short runs get more tries)."""
-    warmup_steps: int = 2
-    """Untimed steps before the timed ones (the first compiles; at least 1)."""
-    generate_repeats: int = 5
-    """Timed runs of the prefill-only and full generation programs (the best counts)."""
-    dtype: str = "float32"
-    """Compute dtype of the model (bfloat16 for the accelerator presets)."""
-    description: str = ""
-
-
-PRESETS: dict[str, BenchPreset] = {
-    "tiny-qwen2": BenchPreset(
-        model="tiny_qwen2",
-        prompts=8,
-        group_size=8,
-        max_new_tokens=8,
-        description="hidden 128, 4 layers, 4 heads, 2 KV heads, MLP 512, tied embeddings, character vocabulary; "
-        "8 prompts x 8 completions of 2-digit additions, up to 8 new tokens, AdamW, beta 0",
-    ),
-    # Accelerator shapes (random weights, character vocabulary: the block matmuls and the
-    # KV cache are the real models'; the unembedding is smaller). See benchmarks/accelerator_check.sh.
-    "qwen2.5-0.5b-shape": BenchPreset(
-        model="qwen2_0_5b_shape",
-        prompts=16,
-        group_size=8,
-        max_new_tokens=256,
-        matmul_sizes=(2048, 4096, 8192),
-        dtype="bfloat16",
-        description="Qwen2.5-0.5B blocks (hidden 896, 24 layers, 14/2 heads, MLP 4864), bfloat16 compute; "
-        "16 prompts x 8 completions, up to 256 new tokens, AdamW, beta 0",
-    ),
-    "qwen2.5-1.5b-shape": BenchPreset(
-        model="qwen2_1_5b_shape",
-        prompts=16,
-        group_size=8,
-        max_new_tokens=256,
-        matmul_sizes=(2048, 4096, 8192),
-        dtype="bfloat16",
-        description="Qwen2.5-1.5B blocks (hidden 1536, 28 layers, 12/2 heads, MLP 8960), bfloat16 compute; "
-        "16 prompts x 8 completions, up to 256 new tokens, AdamW, beta 0",
-    ),
-    "long-generation": BenchPreset(
-        model="tiny_qwen2",
-        prompts=16,
-        group_size=8,
-        max_new_tokens=1024,
-        warmup_steps=1,
-        generate_repeats=1,
-        description="hidden 128, 4 layers (tiny-qwen2), 16 prompts x 8 completions of up to 1024 new tokens: "
-        "rollout at real lengths (an untrained policy rarely stops early, so most run to the maximum); "
-        "compare engines with rollout.engine=static|paged (the prefill/decode split times the static program)",
-    ),
-    "tiny": BenchPreset(
-        model="tiny",
-        prompts=2,
-        group_size=4,
-        max_new_tokens=4,
-        matmul_sizes=(128, 256),
-        matmul_repeats=3,
-        matmul_min_seconds=0.05,
-        warmup_steps=1,
-        generate_repeats=2,
-        description="the unit-test model (hidden 64, 2 layers), 2 prompts x 4 completions; for quick checks",
-    ),
-}
-
-
-# -- model FLOPs ------------------------------------------------------------------------
-
-
-def block_matmul_weights(cfg: TransformerConfig) -> int:
-    """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
-    d, h, k, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_hidden_size
-    per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
-    return cfg.num_layers * per_layer
-
-
-def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray) -> float:
-    """Model FLOPs of causal forwards over sequences of `tokens` real tokens each, unembedding `unembedded`."""
-    n = np.asarray(tokens, np.float64)
-    u = np.asarray(unembedded, np.float64)
-    dense = 2.0 * block_matmul_weights(cfg) * n
-    attention = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * (n + 1) / 2
-    logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
-    return float(np.sum(dense + attention + logits))
-
-
-def sampling_flops(
-    cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray, num_samples: int = 1
-) -> float:
-    """Sampling `num_samples` completions per prompt, as the sampler does it.
-
-    Each prompt is prefilled once and unembeds its last position (the first
-    token's logits, shared by its samples); then each completion feeds back
-    every generated token but the last, attending over the prompt and what
-    came before, and unembeds each of them. prompt_tokens: [U] real tokens per
-    prompt; generated: [U * num_samples] tokens per completion, prompt-major.
-    """
-    prompt_tokens = np.asarray(prompt_tokens)
-    prompt = np.repeat(prompt_tokens, num_samples)
-    fed = np.maximum(np.asarray(generated) - 1, 0)
-    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens))
-    # a completion's decode work: its whole sequence less the prompt's share of it
-    return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
-
-
-def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
-    """Forward and backward (3 forwards) over prompt + completion, completion tokens unembedded."""
-    return 3.0 * forward_flops(cfg, np.asarray(prompt_tokens) + completion_tokens, completion_tokens)
-
-
-# -- measurements ------------------------------------------------------------------------
-
-
-def matmul_rate(n: int, repeats: int, min_seconds: float = 0.0) -> float:
-    """Best float32 FLOP/s of a jitted n x n @ n x n matmul over at least `repeats` runs and `min_seconds`."""
-    ka, kb = jax.random.split(jax.random.PRNGKey(0))
-    a = jax.random.normal(ka, (n, n), jnp.float32)
-    b = jax.random.normal(kb, (n, n), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()  # compile
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start < min_seconds:
-        times.append(_timed(lambda: matmul(a, b).block_until_ready()))
-    return 2.0 * n**3 / min(times)
-
-
-def matmul_peak(sizes: Sequence[int], repeats: int, min_seconds: float = 0.0) -> dict[str, Any]:
-    """The best rate of each size and the peak: the best of them all."""
-    rates = {str(n): matmul_rate(n, repeats, min_seconds) for n in sizes}
-    return _peak(rates)
-
-
-def _peak(rates: dict[str, float]) -> dict[str, Any]:
-    best = max(rates, key=rates.__getitem__)
-    return {"n": int(best), "flops_per_sec": rates[best], "by_size": rates}
-
-
-def _merge_peaks(*peaks: dict[str, Any]) -> dict[str, Any]:
-    rates = {n: max(p["by_size"][n] for p in peaks) for n in peaks[0]["by_size"]}
-    return _peak(rates)
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 class _Recorder:
@@ -396,7 +226,7 @@ def run_bench(
     tokens.update(step_tokens)
 
     prefill, decode = _prefill_decode(learner, task, p)
-    peak = _merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
+    peak = merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
     results = _summarise(
         preset=preset,
         description=description,
@@ -454,8 +284,8 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
 
     out = run_full()
     run_prefill()
-    full = min(_timed(run_full) for _ in range(p.generate_repeats))
-    first = min(_timed(run_prefill) for _ in range(p.generate_repeats))
+    full = min(timed(run_full) for _ in range(p.generate_repeats))
+    first = min(timed(run_prefill) for _ in range(p.generate_repeats))
     lengths = np.asarray(out.lengths)
     prompt = mask.sum(axis=1)
     model_cfg = learner.model.config
@@ -594,12 +424,6 @@ def resident_memory(learner: Any) -> dict[str, int]:
         "optimizer_state_bytes": per_device(learner.opt_state),
         "frozen_bytes": per_device(learner.frozen),
     }
-
-
-def parameter_count(cfg: TransformerConfig) -> int:
-    """Every parameter of the model (embeddings, norms and biases included)."""
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
 def print_table(results: dict[str, Any]) -> None:

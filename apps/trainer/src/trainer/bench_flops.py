@@ -1,0 +1,113 @@
+"""Model FLOPs counted from the real tokens a phase processed, and the machine's float32 matmul peak.
+
+Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them:
+    2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
+  + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
+  + 2 * D * V * u       unembedding
+The embedding lookup, norms, rotary and softmax are not counted. A training
+step is 3 forwards (forward + backward); sampling is one forward over each
+prompt (once per group) and over every generated token fed back (KV cache:
+each position once).
+Only real tokens count: padding and rows decoded after their EOS are work
+the machine does but the model does not need.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from rl_models import Transformer, TransformerConfig
+
+# -- model FLOPs ------------------------------------------------------------------------
+
+
+def block_matmul_weights(cfg: TransformerConfig) -> int:
+    """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
+    d, h, k, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_hidden_size
+    per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
+    return cfg.num_layers * per_layer
+
+
+def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray) -> float:
+    """Model FLOPs of causal forwards over sequences of `tokens` real tokens each, unembedding `unembedded`."""
+    n = np.asarray(tokens, np.float64)
+    u = np.asarray(unembedded, np.float64)
+    dense = 2.0 * block_matmul_weights(cfg) * n
+    attention = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * (n + 1) / 2
+    logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
+    return float(np.sum(dense + attention + logits))
+
+
+def sampling_flops(
+    cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray, num_samples: int = 1
+) -> float:
+    """Sampling `num_samples` completions per prompt, as the sampler does it.
+
+    Each prompt is prefilled once and unembeds its last position (the first
+    token's logits, shared by its samples); then each completion feeds back
+    every generated token but the last, attending over the prompt and what
+    came before, and unembeds each of them. prompt_tokens: [U] real tokens per
+    prompt; generated: [U * num_samples] tokens per completion, prompt-major.
+    """
+    prompt_tokens = np.asarray(prompt_tokens)
+    prompt = np.repeat(prompt_tokens, num_samples)
+    fed = np.maximum(np.asarray(generated) - 1, 0)
+    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens))
+    # a completion's decode work: its whole sequence less the prompt's share of it
+    return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
+
+
+def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
+    """Forward and backward (3 forwards) over prompt + completion, completion tokens unembedded."""
+    return 3.0 * forward_flops(cfg, np.asarray(prompt_tokens) + completion_tokens, completion_tokens)
+
+
+def parameter_count(cfg: TransformerConfig) -> int:
+    """Every parameter of the model (embeddings, norms and biases included)."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+# -- the matmul peak ---------------------------------------------------------------------
+
+
+def matmul_rate(n: int, repeats: int, min_seconds: float = 0.0) -> float:
+    """Best float32 FLOP/s of a jitted n x n @ n x n matmul over at least `repeats` runs and `min_seconds`."""
+    ka, kb = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(ka, (n, n), jnp.float32)
+    b = jax.random.normal(kb, (n, n), jnp.float32)
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()  # compile
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_seconds:
+        times.append(timed(lambda: matmul(a, b).block_until_ready()))
+    return 2.0 * n**3 / min(times)
+
+
+def matmul_peak(sizes: Sequence[int], repeats: int, min_seconds: float = 0.0) -> dict[str, Any]:
+    """The best rate of each size and the peak: the best of them all."""
+    rates = {str(n): matmul_rate(n, repeats, min_seconds) for n in sizes}
+    return _peak(rates)
+
+
+def _peak(rates: dict[str, float]) -> dict[str, Any]:
+    best = max(rates, key=rates.__getitem__)
+    return {"n": int(best), "flops_per_sec": rates[best], "by_size": rates}
+
+
+def merge_peaks(*peaks: dict[str, Any]) -> dict[str, Any]:
+    rates = {n: max(p["by_size"][n] for p in peaks) for n in peaks[0]["by_size"]}
+    return _peak(rates)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
