@@ -13,7 +13,8 @@ from rl_core.config import ConfigError
 
 from trainer import build
 from trainer.evaluate import evaluate
-from trainer.run import readable_run, settings_of_run
+from trainer.run import readable_run
+from trainer.run_folder import settings_of_run
 from trainer.run_policy import load_run_policy
 
 

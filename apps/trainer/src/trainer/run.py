@@ -12,6 +12,9 @@ it; process 0 alone writes and removes files and logs, the others keep in step.
 A run folder may be a URL (gs://bucket/runs/x, or any fsspec filesystem): the run
 works in a local copy pulled from it, and the copy is pushed back after each
 checkpoint and when the run ends (see rl_core.storage); messages name the URL.
+
+The folder's own files and rules (making room, the settings a run started with, whether it
+can resume) are in trainer.run_folder.
 """
 
 from __future__ import annotations
@@ -20,23 +23,19 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rl_core import multihost, storage
-from rl_core.checkpoint import CORRUPT_DIR, saved_steps
-from rl_core.config import ConfigError
+from rl_core.checkpoint import saved_steps
 from rl_core.faults import fault_point
-from rl_core.files import atomic_write_text, read_jsonl
 
-from trainer import build
+from trainer import build, run_folder
 from trainer.evaluate import evaluate
 from trainer.prompt_lengths import fit_prompts
-from trainer.settings import RunSettings, build_settings, load_yaml
+from trainer.settings import RunSettings
 from trainer.signals import RunInterrupted, StopOnSignal
 from trainer.tasks import Task
 
@@ -81,14 +80,8 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
     if path.exists():
         return json.loads(path.read_text())
     metrics = policy_evaluation(learner, task, settings)  # the policy's alone: every algorithm shares it
-    _write_text(path, json.dumps(metrics, indent=2))
+    run_folder.write_text(path, json.dumps(metrics, indent=2))
     return metrics
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Atomically, by process 0 alone."""
-    if multihost.is_primary():
-        atomic_write_text(path, text)
 
 
 def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
@@ -133,22 +126,23 @@ def train_run(
     run_dir = Path(run_dir)  # a StagedFolder: its local copy
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
-    _check_can_make(run_dir)
+    run_folder.check_can_make(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
-        refuse_changed_settings(run_dir, settings)
-        finished = _finished_summary(run_dir, settings)
+        run_folder.refuse_changed_settings(run_dir, settings)
+        finished = run_folder.finished_summary(run_dir, settings)
         if finished is not None:
             log(
                 f"{run_dir} is finished ({finished['steps']} of {settings.training.num_steps} steps); nothing to do. "
                 f"Extend it with `trainer train --resume {run_dir} training.num_steps=<more>`"
             )
             return finished
-        if not _check_resumable(run_dir, settings):
-            _claim(run_dir, overwrite=True)  # killed before its first checkpoint: records past it never count
+        if not run_folder.check_resumable(run_dir, settings):
+            # killed before its first checkpoint: records past it never count
+            run_folder.claim(run_dir, overwrite=True)
     else:
-        _claim(run_dir, overwrite)
+        run_folder.claim(run_dir, overwrite)
 
     # everything that reads user files, before the run folder exists
     tokenizer = build.tokenizer(settings)
@@ -160,7 +154,7 @@ def train_run(
     there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        _write_config(run_dir, settings)
+        run_folder.write_config(run_dir, settings)
         policy = build.base_policy(
             settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
         )
@@ -168,7 +162,7 @@ def train_run(
         learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress)
     except Exception:
         if multihost.is_primary():
-            _remove_new(run_dir, there)  # a failed start leaves no half-made run folder
+            run_folder.remove_new(run_dir, there)  # a failed start leaves no half-made run folder
         raise
     # The learner trains float32 copies and keeps the loaded weights only as the reference
     # (beta > 0) or the frozen base (LoRA): with beta = 0 this frees the whole loaded model.
@@ -181,9 +175,9 @@ def train_run(
             before = json.loads(before_path.read_text())
         else:
             if resume and saved_steps(run_dir / "checkpoints") == []:
-                _refuse_if_checkpoints_lost(run_dir)
+                run_folder.refuse_if_checkpoints_lost(run_dir)
             before = base_evaluation(learner, task, settings, base_cache or run_dir)
-            _write_text(before_path, json.dumps(before, indent=2))
+            run_folder.write_text(before_path, json.dumps(before, indent=2))
         log(f"{settings.name}: held-out accuracy before RL {before['eval/accuracy']:.3f}")
 
         start = time.perf_counter()
@@ -210,53 +204,14 @@ def train_run(
                 f"checkpoint {learner.step} saved; continue with `trainer train --resume {run_dir}`"
             )
             summary["interrupted"] = message
-            _write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+            run_folder.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
             raise RunInterrupted(message, 128 + signals.received.value)
         fault_point("final_eval")
         summary["after"] = final_evaluation(learner, task, settings)
-        _write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    log(f"{settings.name}: held-out accuracy after RL {summary['after']['eval/accuracy']:.3f} ({plural(learner.step, 'step')})")
+        run_folder.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    accuracy = summary["after"]["eval/accuracy"]
+    log(f"{settings.name}: held-out accuracy after RL {accuracy:.3f} ({plural(learner.step, 'step')})")
     return summary
-
-
-RUN_FILES = (
-    "checkpoints",
-    "settings_at_start.json",
-    CORRUPT_DIR,
-    "tensorboard",
-    "metrics.jsonl",
-    "samples.jsonl",
-    "eval_before.json",
-    "summary.json",
-)
-
-
-def _claim(run_dir: Path, overwrite: bool) -> None:
-    """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`."""
-    existing = [name for name in (*RUN_FILES, "config.yaml") if (run_dir / name).exists()]
-    if not existing:
-        return
-    _refuse_unless_overwrite(run_dir, existing, overwrite)
-    multihost.sync("trainer.claim")  # every process found the folder as it was
-    for name in existing if multihost.is_primary() else ():
-        path = run_dir / name
-        if name != "config.yaml":  # rewritten below, atomically
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
-def _refuse_unless_overwrite(run_dir: Path | str, existing: Sequence[str], overwrite: bool) -> None:
-    """Refuse to start a new run where `existing` run files (or a config.yaml) are, unless `overwrite`."""
-    if not existing or overwrite:
-        return
-    if list(existing) == ["config.yaml"]:
-        raise FileExistsError(
-            f"{storage.child(run_dir, 'config.yaml')} exists and a run writes its settings there; choose another "
-            "--output (e.g. a subfolder) or pass --overwrite to replace it"
-        )
-    raise FileExistsError(
-        f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
-        f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
-    )
 
 
 STAGED_SAVES = ("checkpoints/*", "base-policy-*.partial/*", "base-policy-" + "?" * 12)
@@ -273,8 +228,9 @@ def _train_at_url(settings: RunSettings, url: str, *, resume: bool, overwrite: b
     try:
         if not resume:  # refused before anything is fetched; replaced runs are not fetched at all
             names = folder.top_level_names()
-            _refuse_unless_overwrite(url, [n for n in (*RUN_FILES, "config.yaml") if n in names], overwrite)
-        folder.pull(skip=() if resume else RUN_FILES)
+            existing = [n for n in (*run_folder.RUN_FILES, "config.yaml") if n in names]
+            run_folder.refuse_unless_overwrite(url, existing, overwrite)
+        folder.pull(skip=() if resume else run_folder.RUN_FILES)
         summary = train_run(settings, folder, resume=resume, overwrite=overwrite,
                             log=lambda message: log(folder.shown(message)), **kwargs)
         folder.push()
@@ -326,147 +282,8 @@ def readable_run(run_dir: Path | str) -> Iterator[Path]:
         folder.close()
 
 
-NAME_MAX = 255
-"""Bytes in one file or folder name on Linux and macOS file systems."""
-
-
-def _check_can_make(run_dir: Path) -> None:
-    """Fail now, not after the model and data are loaded, when the run folder cannot be made."""
-    for part in run_dir.parts:
-        if len(os.fsencode(part)) > NAME_MAX:
-            raise ConfigError(
-                f"output {run_dir}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes; "
-                f"file systems allow {NAME_MAX}"
-            )
-    parent = run_dir.absolute()
-    while not parent.exists():
-        parent = parent.parent
-    if not run_dir.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"output {run_dir}: cannot make it in {parent} (permission denied)")
-
-
-def _remove_new(run_dir: Path, there: set[str] | None) -> None:
-    """Remove `run_dir` if it was not there before, else what was added to it."""
-    if there is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    for name in set(os.listdir(run_dir)) - there:
-        path = run_dir / name
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def _write_config(run_dir: Path, settings: RunSettings) -> None:
-    text = yaml.safe_dump(settings.resolved(), sort_keys=False)
-    path = run_dir / "config.yaml"
-    if not path.exists() or path.read_text() != text:
-        _write_text(path, text)
-    started = run_dir / STARTED
-    if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
-        _write_text(started, json.dumps(_comparable(settings), indent=2))
-
-
-STARTED = "settings_at_start.json"
-"""The run's resolved settings as it started (training.num_steps as last extended): what its
-checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
-
-RESUMABLE_CHANGES = ("training.num_steps",)
-"""Settings a resume may change: extending the run."""
-
-SETTINGS_ADDED = {"model.critic_confidence": False}
-"""Settings added since some run folders were made whose default is not what those runs did, and
-the value they ran with: a run folder whose config.yaml lacks one is resumed, evaluated and exported
-with it. (A setting added at a default that reproduces earlier runs needs no entry: a folder that
-lacks it takes the default.)"""
-
-
-def _comparable(settings: RunSettings) -> dict[str, Any]:
-    return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
-
-
-def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
-    """A run is resumed, evaluated and exported with the settings its checkpoints were made
-    with: an edited config.yaml (another algorithm, model, shape) is refused, naming each difference."""
-    path = run_dir / STARTED
-    if not path.exists():  # a run from before this record was kept
-        return
-    started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
-    written = _flat(load_yaml(run_dir / "config.yaml")) if (run_dir / "config.yaml").exists() else {}
-    added_since = {key for key in now if key not in started and key not in written}  # the run never had them
-    changed = [
-        f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
-        for key in sorted(set(started) | set(now))
-        if key not in RESUMABLE_CHANGES and key not in added_since and started.get(key) != now.get(key)
-    ]
-    if changed:
-        raise ConfigError(
-            f"{run_dir / 'config.yaml'} differs from the settings the run started with, which its "
-            f"checkpoints depend on ({'; '.join(changed)}); a resume may change only "
-            f"{', '.join(RESUMABLE_CHANGES)}. Restore config.yaml, or start a new run with "
-            f"`trainer train --config {run_dir / 'config.yaml'} --output NEW_FOLDER`"
-        )
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _quiet(message: str) -> None:
     """The log of a process other than 0."""
-
-
-def _finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | None:
-    """The summary of a run that finished all `num_steps` (nothing left to do), else None."""
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    if summary.get("interrupted") or summary.get("after") is None:
-        return None
-    if summary["steps"] >= settings.training.num_steps:
-        return summary
-    return None
-
-
-def _check_resumable(run_dir: Path, settings: RunSettings) -> bool:
-    """True when `run_dir` has a checkpoint to continue from; False when it was killed before its
-    first one (it starts over); raises when its checkpoints are gone or it is past the new total."""
-    steps = saved_steps(run_dir / "checkpoints")
-    if steps:
-        if steps[-1] > settings.training.num_steps:
-            raise ConfigError(
-                f"training.num_steps = {settings.training.num_steps}: {run_dir} is already at step {steps[-1]}; "
-                "a run can be extended, not shortened"
-            )
-        return True
-    _refuse_if_checkpoints_lost(run_dir)
-    return False
-
-
-def _refuse_if_checkpoints_lost(run_dir: Path) -> None:
-    """A run with no checkpoint left must have been killed before its first one; anything else lost them."""
-    settings = settings_of_run(run_dir)
-    every = settings.training.checkpoint_every_steps or settings.training.num_steps
-    records, _ = read_jsonl(run_dir / "metrics.jsonl")
-    past_first = [r["step"] for r in records if r["step"] > every]  # step `every` was saved before they ran
-    lost = (
-        (run_dir / "summary.json").exists()
-        or (run_dir / CORRUPT_DIR).exists()
-        or bool(past_first)
-        or ((run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").is_dir())
-    )
-    if lost:
-        raise FileNotFoundError(
-            f"--resume {run_dir}: the run has no checkpoint to continue from (checkpoints/ was deleted or every "
-            f"checkpoint is damaged), so it cannot resume; start it over with `trainer train --config "
-            f"{run_dir / 'config.yaml'} --output NEW_FOLDER`, or in place with --overwrite"
-        )
 
 
 def plural(n: int, noun: str) -> str:
@@ -478,13 +295,4 @@ def _mean(values) -> float:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else 0.0
 
-
-def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSettings:
-    """The resolved settings a run folder (a path or a URL) was started with, and `overrides`."""
-    path = storage.child(run_dir, "config.yaml")
-    if not (storage.exists(path) if storage.is_url(path) else path.exists()):
-        raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
-    written = _flat(load_yaml(path))
-    legacy = [f"{key}={json.dumps(value)}" for key, value in SETTINGS_ADDED.items() if key not in written]
-    return build_settings(config_file=path, overrides=[*legacy, *overrides])
 

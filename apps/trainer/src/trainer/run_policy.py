@@ -22,7 +22,8 @@ from rl_core.learner import RLLearner
 from rl_core.tokens import Tokenizer
 
 from trainer import build
-from trainer.run import load_task, readable_run, refuse_changed_settings, settings_of_run
+from trainer.run import load_task, readable_run
+from trainer.run_folder import refuse_changed_settings, settings_of_run
 from trainer.settings import RunSettings
 from trainer.tasks import Task
 

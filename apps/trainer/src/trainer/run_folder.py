@@ -1,0 +1,220 @@
+"""A run folder's files: making room for a run, the settings it started with, and whether
+it can resume.
+
+A run folder holds config.yaml (the user's, or the resolved settings), settings_at_start.json
+(what its checkpoints mean), checkpoints/, metrics.jsonl, samples.jsonl, tensorboard/,
+eval_before.json and summary.json. Only process 0 writes (`write_text`); every process
+reads the same files and takes the same decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rl_core import multihost, storage
+from rl_core.checkpoint import CORRUPT_DIR, saved_steps
+from rl_core.config import ConfigError
+from rl_core.files import atomic_write_text, read_jsonl
+
+from trainer.settings import RunSettings, build_settings, load_yaml
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically, by process 0 alone."""
+    if multihost.is_primary():
+        atomic_write_text(path, text)
+
+
+RUN_FILES = (
+    "checkpoints",
+    "settings_at_start.json",
+    CORRUPT_DIR,
+    "tensorboard",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "eval_before.json",
+    "summary.json",
+)
+
+
+def claim(run_dir: Path, overwrite: bool) -> None:
+    """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`."""
+    existing = [name for name in (*RUN_FILES, "config.yaml") if (run_dir / name).exists()]
+    if not existing:
+        return
+    refuse_unless_overwrite(run_dir, existing, overwrite)
+    multihost.sync("trainer.claim")  # every process found the folder as it was
+    for name in existing if multihost.is_primary() else ():
+        path = run_dir / name
+        if name != "config.yaml":  # rewritten below, atomically
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def refuse_unless_overwrite(run_dir: Path | str, existing: Sequence[str], overwrite: bool) -> None:
+    """Refuse to start a new run where `existing` run files (or a config.yaml) are, unless `overwrite`."""
+    if not existing or overwrite:
+        return
+    if list(existing) == ["config.yaml"]:
+        raise FileExistsError(
+            f"{storage.child(run_dir, 'config.yaml')} exists and a run writes its settings there; choose another "
+            "--output (e.g. a subfolder) or pass --overwrite to replace it"
+        )
+    raise FileExistsError(
+        f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+        f"`trainer train --resume {run_dir}`, replace it with --overwrite, or choose another --output"
+    )
+
+
+NAME_MAX = 255
+"""Bytes in one file or folder name on Linux and macOS file systems."""
+
+
+def check_can_make(run_dir: Path) -> None:
+    """Fail now, not after the model and data are loaded, when the run folder cannot be made."""
+    for part in run_dir.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(
+                f"output {run_dir}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes; "
+                f"file systems allow {NAME_MAX}"
+            )
+    parent = run_dir.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not run_dir.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output {run_dir}: cannot make it in {parent} (permission denied)")
+
+
+def remove_new(run_dir: Path, there: set[str] | None) -> None:
+    """Remove `run_dir` if it was not there before, else what was added to it."""
+    if there is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(run_dir)) - there:
+        path = run_dir / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def write_config(run_dir: Path, settings: RunSettings) -> None:
+    text = yaml.safe_dump(settings.resolved(), sort_keys=False)
+    path = run_dir / "config.yaml"
+    if not path.exists() or path.read_text() != text:
+        write_text(path, text)
+    started = run_dir / STARTED
+    if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
+        write_text(started, json.dumps(_comparable(settings), indent=2))
+
+
+STARTED = "settings_at_start.json"
+"""The run's resolved settings as it started (training.num_steps as last extended): what its
+checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
+
+RESUMABLE_CHANGES = ("training.num_steps",)
+"""Settings a resume may change: extending the run."""
+
+SETTINGS_ADDED = {"model.critic_confidence": False}
+"""Settings added since some run folders were made whose default is not what those runs did, and
+the value they ran with: a run folder whose config.yaml lacks one is resumed, evaluated and exported
+with it. (A setting added at a default that reproduces earlier runs needs no entry: a folder that
+lacks it takes the default.)"""
+
+
+def _comparable(settings: RunSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
+
+
+def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
+    """A run is resumed, evaluated and exported with the settings its checkpoints were made
+    with: an edited config.yaml (another algorithm, model, shape) is refused, naming each difference."""
+    path = run_dir / STARTED
+    if not path.exists():  # a run from before this record was kept
+        return
+    started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
+    written = _flat(load_yaml(run_dir / "config.yaml")) if (run_dir / "config.yaml").exists() else {}
+    added_since = {key for key in now if key not in started and key not in written}  # the run never had them
+    changed = [
+        f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
+        for key in sorted(set(started) | set(now))
+        if key not in RESUMABLE_CHANGES and key not in added_since and started.get(key) != now.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'} differs from the settings the run started with, which its "
+            f"checkpoints depend on ({'; '.join(changed)}); a resume may change only "
+            f"{', '.join(RESUMABLE_CHANGES)}. Restore config.yaml, or start a new run with "
+            f"`trainer train --config {run_dir / 'config.yaml'} --output NEW_FOLDER`"
+        )
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | None:
+    """The summary of a run that finished all `num_steps` (nothing left to do), else None."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("interrupted") or summary.get("after") is None:
+        return None
+    if summary["steps"] >= settings.training.num_steps:
+        return summary
+    return None
+
+
+def check_resumable(run_dir: Path, settings: RunSettings) -> bool:
+    """True when `run_dir` has a checkpoint to continue from; False when it was killed before its
+    first one (it starts over); raises when its checkpoints are gone or it is past the new total."""
+    steps = saved_steps(run_dir / "checkpoints")
+    if steps:
+        if steps[-1] > settings.training.num_steps:
+            raise ConfigError(
+                f"training.num_steps = {settings.training.num_steps}: {run_dir} is already at step {steps[-1]}; "
+                "a run can be extended, not shortened"
+            )
+        return True
+    refuse_if_checkpoints_lost(run_dir)
+    return False
+
+
+def refuse_if_checkpoints_lost(run_dir: Path) -> None:
+    """A run with no checkpoint left must have been killed before its first one; anything else lost them."""
+    settings = settings_of_run(run_dir)
+    every = settings.training.checkpoint_every_steps or settings.training.num_steps
+    records, _ = read_jsonl(run_dir / "metrics.jsonl")
+    past_first = [r["step"] for r in records if r["step"] > every]  # step `every` was saved before they ran
+    lost = (
+        (run_dir / "summary.json").exists()
+        or (run_dir / CORRUPT_DIR).exists()
+        or bool(past_first)
+        or ((run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").is_dir())
+    )
+    if lost:
+        raise FileNotFoundError(
+            f"--resume {run_dir}: the run has no checkpoint to continue from (checkpoints/ was deleted or every "
+            f"checkpoint is damaged), so it cannot resume; start it over with `trainer train --config "
+            f"{run_dir / 'config.yaml'} --output NEW_FOLDER`, or in place with --overwrite"
+        )
+
+
+def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSettings:
+    """The resolved settings a run folder (a path or a URL) was started with, and `overrides`."""
+    path = storage.child(run_dir, "config.yaml")
+    if not (storage.exists(path) if storage.is_url(path) else path.exists()):
+        raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
+    written = _flat(load_yaml(path))
+    legacy = [f"{key}={json.dumps(value)}" for key, value in SETTINGS_ADDED.items() if key not in written]
+    return build_settings(config_file=path, overrides=[*legacy, *overrides])
