@@ -258,7 +258,7 @@ def test_is_an_rl_core_policy():
 
 def test_rotary_scores_depend_only_on_relative_position():
     """<rope(q, m), rope(k, n)> is a function of m - n (here 7 - 3 == 104 - 100)."""
-    from rl_models.transformer import apply_rope, rope_inv_freq
+    from rl_models.rope import apply_rope, rope_inv_freq
 
     q = jax.random.normal(jax.random.key(0), (1, 1, 1, 16))
     k = jax.random.normal(jax.random.key(1), (1, 1, 1, 16))
@@ -295,7 +295,7 @@ def test_every_parameter_names_its_logical_axes_and_layers_are_stacked():
 
 def test_stacked_layer_i_is_block_i_of_an_unrolled_model():
     """Running the blocks one by one from the stacked params gives the scanned result."""
-    from rl_models.transformer import rope_cos_sin, rope_inv_freq
+    from rl_models.rope import rope_cos_sin, rope_inv_freq
 
     model = make()
     tokens, positions, mask, valid = left_padded_batch()

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_models import quant
-from rl_models.transformer import Linear, Transformer
+from rl_models.layers import Linear
+from rl_models.transformer import Transformer
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every attention and MLP projection (what PEFT calls "all-linear" minus lm_head)."""

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_models import transformer as tf
+from rl_models.layers import fused_linear
+from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
 
 
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
@@ -37,12 +39,12 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     n = x.shape[0]
     h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     attn = block.attn
-    qkv = tf._fused_linear(block.attn_norm(x), (attn.q_proj, attn.k_proj, attn.v_proj))
+    qkv = fused_linear(block.attn_norm(x), (attn.q_proj, attn.k_proj, attn.v_proj))
     q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
     q, k, v = q.reshape(n, 1, h, dh), k.reshape(n, 1, kvh, dh), v.reshape(n, 1, kvh, dh)
     if attn.q_norm is not None and attn.k_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = tf.rotate(q, *rope), tf.rotate(k, *rope)
+    q, k = rotate(q, *rope), rotate(k, *rope)
     out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions)
     x = x + attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
     return x + block.mlp(block.mlp_norm(x)), pages
@@ -56,8 +58,8 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
     x = jnp.take(model.embed[...], tokens, axis=0).astype(tf.compute_dtype(cfg))[:, None]  # [N, 1, D]
-    inv_freq = tf.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
-    rope = tf.rope_cos_sin(positions[:, None], inv_freq)
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
+    rope = rope_cos_sin(positions[:, None], inv_freq)
     graphdef, stacked = nnx.split(model.layers)
 
     def body(carry, xs):

@@ -14,7 +14,8 @@ in and get back, so a jitted sampler can thread it through `lax.while_loop`.
 The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]). `rl_models.lora`
 can give projections low-rank adapters (`nnx.LoRAParam`) and store their kernels
-quantized; `Linear` applies both.
+quantized; `Linear` applies both. The parameterised layers are in `rl_models.layers`, rotary
+embeddings in `rl_models.rope`.
 """
 
 from __future__ import annotations
@@ -24,20 +25,19 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
 from rl_models import attention as attention_lib
-from rl_models.config import RopeScaling, TransformerConfig
-from rl_models.quant import dequantize
-from rl_models.sharding import constrain, gathered, shards
+from rl_models.config import TransformerConfig
+from rl_models.layers import Linear, RMSNorm, fused_linear, param
+from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
+from rl_models.sharding import constrain, shards
 
 ROWS = ("act_batch", "act_length", "act_embed")
 """Logical axes of the residual stream [B, L, D] (rl_models.sharding)."""
 
 KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [layers, B, K, S, Dh]
-Axes = tuple[str | None, ...]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -75,161 +75,6 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
         # Linear runs 2-D matmuls (no batch dims): the projections and MLP go to host memory
         "offload": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
     }[remat]
-
-
-def param(value: jax.Array, axes: Axes, units: tuple[int, ...] | None = None) -> nnx.Param:
-    """A parameter annotated with its logical axis names (one per dimension).
-
-    `units` (metadata `axis_units`, default 1 each): a dimension may only be split in
-    whole multiples of its unit, e.g. head_dim for the fused (heads x head_dim) output of
-    q_proj, so tensor parallelism hands each device whole heads. Not sharded here (no
-    eager sharding): whoever places the model maps the names to a mesh (see
-    `rl_core.mesh`), so the model itself needs no mesh.
-    """
-    assert len(axes) == value.ndim, (axes, value.shape)
-    units = units or (1,) * value.ndim
-    assert len(units) == value.ndim, (units, value.shape)
-    return nnx.Param(value, out_sharding=axes, axis_units=units, eager_sharding=False)
-
-
-class Linear(nnx.Module):
-    """y = x @ kernel (+ bias) (+ scale * (x @ lora_a) @ lora_b); kernel [in, out], stored
-    in `param_dtype`, used in `dtype`.
-
-    `rl_models.lora` may quantize the kernel (`kernel` then holds integer values and
-    `kernel_scale` their scales, `qtype` says which code) and add low-rank adapters
-    (`lora_a` [in, r], `lora_b` [r, out], both `nnx.LoRAParam`).
-    """
-
-    def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool,
-                 dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs, units: tuple[int, int] = (1, 1)):
-        init = nnx.initializers.lecun_normal()
-        self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes, units)
-        self.bias = param(jnp.zeros((out_features,), param_dtype), axes[1:], units[1:]) if use_bias else None
-        self.dtype = dtype
-        # data slots (not static attributes), so rl_models.lora can fill them in later
-        self.kernel_scale: nnx.Param | None = nnx.data(None)
-        self.qtype: str | None = None
-        self.lora_a: nnx.LoRAParam | None = nnx.data(None)
-        self.lora_b: nnx.LoRAParam | None = nnx.data(None)
-        self.lora_scale = 0.0
-
-    def weight(self) -> jax.Array:
-        """The kernel [in, out] in the compute dtype (dequantized when it is stored quantized),
-        in its matmul layout under a mesh (gathered over fsdp after the cast)."""
-        if self.kernel_scale is None or self.qtype is None:
-            w = self.kernel[...].astype(self.dtype)
-        else:
-            w = dequantize(self.kernel[...], self.kernel_scale[...], self.qtype).astype(self.dtype)
-        return gathered(w, *_trailing_axes(self.kernel, 2))
-
-    def adapter(self, x2: jax.Array) -> jax.Array | None:
-        """The adapters' term scale * (x2 @ A) @ B [N, out] for inputs x2 [N, in]; None without adapters.
-
-        With B = 0 (fresh adapters) the term is exactly zero, so the output is the base's bit for bit.
-        """
-        if self.lora_a is None or self.lora_b is None:
-            return None
-        a, b = self.lora_a[...].astype(self.dtype), self.lora_b[...].astype(self.dtype)
-        return ((x2 @ a) @ b) * jnp.asarray(self.lora_scale, self.dtype)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        # One 2-D matmul over all leading dims: on CPU, XLA then computes the weight
-        # gradient without transposing the [..., out] activations (~30% of a train step).
-        w = self.weight()
-        x2 = x.reshape(-1, x.shape[-1])
-        y = x2 @ w
-        delta = self.adapter(x2)
-        if delta is not None:
-            y = y + delta
-        y = y.reshape(*x.shape[:-1], w.shape[-1])
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
-        return y
-
-
-def _trailing_axes(var: nnx.Variable, ndim: int) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
-    """The logical names and units of a parameter's last `ndim` axes (a stacked layer's
-    parameter carries "layers" first; inside the layer scan its value has lost that axis)."""
-    names = var.get_metadata("out_sharding", None) or (None,) * ndim
-    units = var.get_metadata("axis_units", None) or (1,) * len(names)
-    return tuple(names[-ndim:]), tuple(units[-ndim:])
-
-
-def _fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
-    """The outputs of several Linears on the same input, concatenated on the last
-    axis, from ONE matmul over their concatenated kernels (the parameters stay
-    separate); adapters add their own low-rank terms."""
-    w = jnp.concatenate([lin.weight() for lin in layers], axis=1)
-    x2 = x.reshape(-1, x.shape[-1])
-    y = x2 @ w
-    deltas = [lin.adapter(x2) for lin in layers]
-    if any(d is not None for d in deltas):
-        y = y + jnp.concatenate([
-            d if d is not None else jnp.zeros((x2.shape[0], lin.kernel.shape[-1]), y.dtype)
-            for d, lin in zip(deltas, layers, strict=True)
-        ], axis=1)
-    y = y.reshape(*x.shape[:-1], w.shape[-1])
-    if any(lin.bias is not None for lin in layers):
-        y = y + jnp.concatenate([
-            lin.bias[...].astype(y.dtype) if lin.bias is not None
-            else jnp.zeros((lin.kernel.shape[-1],), y.dtype)
-            for lin in layers
-        ])
-    return y
-
-
-class RMSNorm(nnx.Module):
-    """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
-
-    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, axis: str = "norm"):
-        self.weight = param(jnp.ones((dim,), param_dtype), (axis,))
-        self.eps = eps
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
-    """Rotary inverse frequencies [Dh/2] in float32, as Hugging Face computes them
-    (including the "llama3" rope_scaling rule)."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
-    if scaling is None:
-        return inv_freq
-    old_len = scaling.original_max_position_embeddings
-    low_freq_wavelen = old_len / scaling.low_freq_factor
-    high_freq_wavelen = old_len / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin) [B, L, 1, Dh/2] float32 for positions [B, L]; computed once per
-    forward pass and shared by every layer."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, L, Dh/2]
-    return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
-
-
-def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate x [B, L, N, Dh] by precomputed (cos, sin) from `rope_cos_sin`."""
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotate x [B, L, N, Dh] by positions [B, L] ("rotate_half" convention:
-    the first and second halves of Dh are the two coordinates of each pair)."""
-    return rotate(x, *rope_cos_sin(positions, inv_freq))
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -305,7 +150,7 @@ class Attention(nnx.Module):
         b, l, _ = x.shape
         h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         if l == 1:  # decoding: one matmul instead of three (fewer, larger ops per token)
-            qkv = _fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+            qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
             q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
         else:  # separate matmuls: their backward needs no pad/add of sliced gradients
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -347,7 +192,7 @@ class MLP(nnx.Module):
         if x.shape[1] != 1:
             names = ("act_batch", "act_length", "act_mlp")
             return self.down_proj(jax.nn.silu(constrain(self.gate_proj(x), names)) * constrain(self.up_proj(x), names))
-        gate_up = _fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
+        gate_up = fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
         f = self.gate_proj.kernel.shape[-1]
         return self.down_proj(jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:])
 
