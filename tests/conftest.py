@@ -40,21 +40,24 @@ keep_freed_memory()
 # pytest-xdist (--dist=loadfile --no-loadscope-reorder) hands whole files to its workers in
 # collection order. Started first, the long files share out over the workers; started last, one
 # of them would keep a single core busy after the other has finished. Seconds measured in a
-# fresh-clone run on 2 cores (the whole suite: 9 min 51 s).
+# run of the whole suite on 2 cores (2026-12-02: 13 min 36 s), both cores busy.
 LONGEST_FIRST = [
-    "test_trainer_learning.py",  # 155: its first run makes the shared base policy of the learning tests
-    "test_trainer_crash_resume.py",  # 94: eleven trainer processes in a row
-    "test_trainer_learning_multiturn.py",  # ~75 (one core): its own warm start and 12 steps of episodes
-    "test_algo_conformance.py",  # 113
-    "test_trainer_multihost.py",  # 61: five trainer processes
-    "test_trainer_resume.py",  # 56
-    "test_trainer_lora.py",  # 56
-    "test_trainer_learning_lora.py",  # 53
-    "test_trainer_learning_ppo.py",  # ~40 (one core): 50 steps of 256 prompts, a critic beside the policy
-    "test_trainer_learning_control.py",  # ~25: one 100-step run (estimated from the other learning runs)
-    "test_trainer_multiturn.py",  # ~50 (one core): trainer compare over every variant on episodes
-    "test_algo_mesh_parallel.py",  # 40
-    "test_algo_interleaved_processes.py",  # 40 (one core): three processes
+    "test_trainer_learning.py",  # 166: its first run makes the shared base policy of the learning tests
+    "test_trainer_learning_multiturn.py",  # 155: its own warm start and 12 steps of episodes
+    "test_trainer_crash_resume.py",  # 115: eleven trainer processes in a row, then an async run
+    "test_algo_conformance.py",  # 84
+    "test_trainer_multihost.py",  # 71: five trainer processes
+    "test_trainer_plan.py",  # 62: plans on 8 simulated devices, a 7B search
+    "test_trainer_resume.py",  # 60
+    "test_trainer_multiturn.py",  # 56: trainer compare over every variant on episodes
+    "test_trainer_learning_lora.py",  # 49
+    "test_algo_mesh_parallel.py",  # 44
+    "test_trainer_learning_ppo.py",  # 42: 50 steps of 256 prompts, a critic beside the policy
+    "test_trainer_lora.py",  # 41
+    "test_trainer_learning_control.py",  # 40: one 100-step run
+    "test_algo_interleaved_processes.py",  # 38: three processes
+    "test_models_transformer.py",  # 34
+    "test_trainer_plugin.py",  # 33
 ]
 
 
