@@ -30,6 +30,7 @@ from algo_ppo.learner import HELDOUT_SEED
 from ppo_critic import RUN
 from rl_core.logprobs import sequence_inputs
 from rl_core.returns import explained_variance
+from rl_core.values import written_logp
 from rl_models.value import prefix_confidence
 from trainer import build
 from trainer.run import load_task
@@ -47,8 +48,7 @@ def rollouts(learner, base, prompts, rep: int) -> dict[str, np.ndarray]:
     positions, mask = sequence_inputs(jnp.asarray(example.prompt_mask), t)
     tokens = jnp.concatenate([jnp.asarray(example.prompt_tokens), jnp.asarray(example.completion_tokens)], axis=1)
     hidden, _ = base(tokens, positions, mask)
-    written = np.where(groups.completion_mask > 0, groups.sampler_logp, 0.0)
-    logp = jnp.concatenate([jnp.zeros((len(written), p), jnp.float32), jnp.asarray(written, jnp.float32)], axis=1)
+    logp = jnp.concatenate([jnp.zeros(example.prompt_tokens.shape, jnp.float32), written_logp(example)], axis=1)
     # the value of completion token j is read where token j - 1 sits (rl_core.values.completion_values)
     inputs = jnp.concatenate([hidden.astype(jnp.float32), prefix_confidence(logp)], axis=-1)[:, p - 1 : p + t - 1]
     return {"mask": groups.completion_mask, "rewards": groups.rewards, "inputs": np.asarray(inputs),
