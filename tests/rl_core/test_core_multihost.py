@@ -4,7 +4,6 @@ and tests/algos/test_algo_interleaved_processes.py)."""
 
 import jax
 import numpy as np
-import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 

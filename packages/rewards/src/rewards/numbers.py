@@ -20,6 +20,7 @@ nothing here gets near Python's 4300-digit ``int`` limit or builds a big number.
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -139,7 +140,7 @@ def reference_number(value: object, field: str, index: int) -> Fraction:
         pass  # True is an int, but never a reference answer
     elif isinstance(value, (int, Fraction)):
         return Fraction(value)
-    elif isinstance(value, float) and value == value and abs(value) != float("inf"):
+    elif isinstance(value, float) and math.isfinite(value):
         return Fraction(repr(value))  # repr keeps 0.1 as 1/10, not the binary double
     elif isinstance(value, str):
         number = parse_number(value)
