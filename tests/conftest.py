@@ -14,8 +14,10 @@ from rl_core.host_memory import keep_freed_memory
 # semantics, other rounding in the last bit of some fused ops. XLA reads XLA_FLAGS once, when jax
 # first starts a backend, so this runs before any test imports jax; subprocess tests inherit it.
 # An explicit setting in the environment wins.
-TRAINER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-"""XLA_FLAGS as the trainer would get them, before the suite's compile-time flags."""
+TRAINER_XLA_FLAGS = os.environ.setdefault("RL_VARIANTS_TRAINER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+"""XLA_FLAGS as the trainer would get them, before the suite's compile-time flags. Kept in the
+environment: pytest-xdist's workers inherit XLA_FLAGS with the flags below already added, and
+would otherwise take those for the trainer's."""
 for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()

@@ -11,8 +11,8 @@ import pytest
 
 @pytest.mark.slow
 def test_100_steps_with_shuffled_rewards_do_not_raise_heldout_greedy_accuracy(learn):
-    # From the cached base (0.465 held-out accuracy), rollout seeds 0, 1 and 2 fell to
-    # 0.115, 0.275 and 0.24: updates on shuffled rewards push the policy away from its
+    # From the cached base (0.515 held-out accuracy), rollout seeds 0, 1 and 2 fell to
+    # 0.09, 0.195 and 0.185: updates on shuffled rewards push the policy away from its
     # answers, never towards the right ones.
     before, after = learn("grpo", [], "grpo-shuffled-rewards", shuffled_rewards=True)
     assert 0.2 < before < 0.7
