@@ -54,7 +54,7 @@ LONGEST_FIRST = [
     "test_trainer_multiturn.py",  # 56: trainer compare over every variant on episodes
     "test_trainer_learning_lora.py",  # 49
     "test_algo_mesh_parallel.py",  # 44
-    "test_trainer_learning_ppo.py",  # 42: 50 steps of 256 prompts, a critic beside the policy
+    "test_trainer_learning_ppo.py",  # 55: 150 steps of 256 prompts, a critic beside the policy
     "test_trainer_lora.py",  # 41
     "test_trainer_learning_control.py",  # 40: one 100-step run
     "test_algo_interleaved_processes.py",  # 38: three processes
