@@ -2,10 +2,11 @@
 
     uv run python benchmarks/ppo_critic.py [--steps 200] [--at 25,50,100,200] [--base-cache DIR] [key=value ...]
 
-The learning test's run (tests/trainer/test_trainer_learning_ppo.py trains its first 50
-steps): the arithmetic task from the default warm start, one completion per prompt, 256
-prompts a step (GRPO's rollout budget), four mini-batches of 64, PPO's defaults otherwise;
-`key=value` settings go on top (e.g. algorithm.critic_warmup_steps=50, or
+The arithmetic task from the default warm start, one completion per prompt, 256 prompts a
+step (GRPO's rollout budget), four mini-batches of 64, PPO's defaults otherwise, at the
+trainer's learning rate (1e-3); `key=value` settings go on top (e.g.
+training.learning_rate=5e-4 --steps 150 eval.heldout_size=500 for the run
+tests/trainer/test_trainer_learning_ppo.py makes, algorithm.critic_warmup_steps=50, or
 model.critic_confidence=false for the scalar head alone). At each step of --at:
 
   accuracy   greedy held-out accuracy on 200 problems (eval/accuracy)
