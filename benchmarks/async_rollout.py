@@ -27,6 +27,7 @@ import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from trainer.tasks import arithmetic
@@ -73,6 +74,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args()
     keep_freed_memory()
+    unroll_threefry_on_cpu()
     sync, one_step = run("off", args), run("one_step", args)
     for name, row in (("sync", sync), ("one_step", one_step)):
         print(f"{name:9s} " + "  ".join(f"{k.removeprefix('time/')} {v:.3f} s" for k, v in row.items()))

@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from rl_core.compiles import compile_count
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on accelerators)")
     args = parser.parse_args()
     keep_freed_memory()
+    unroll_threefry_on_cpu()
     compile_count()
     vocab = CharTokenizer().vocab_size
     eos = vocab - 1

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rl_core.compiles import compile_count
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.sampler import Sampler, SamplingParams
 from rl_core.tokens import left_pad
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     keep_freed_memory()  # as the trainer does
+    unroll_threefry_on_cpu()  # as the trainer does
 
     compile_count()  # start counting before anything compiles
     tokenizer = CharTokenizer()

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.profiler import ProfileData
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.trim import trim_example, trimmed_width
 from trainer import bench, build
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     keep_freed_memory()
+    unroll_threefry_on_cpu()
     p = PRESETS[args.preset]
     settings = bench.bench_settings(p, steps=2)
     tokenizer = build.tokenizer(settings)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.compiles import use_persistent_cache
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 
 # --- faster XLA compiles -------------------------------------------------------------------------
@@ -36,6 +37,8 @@ use_persistent_cache(Path(__file__).resolve().parent.parent / ".pytest_cache" / 
 
 # --- as the trainer does: XLA:CPU reuses freed buffers instead of page-faulting fresh ones ----
 keep_freed_memory()
+# --- as the trainer does: random draws lowered without a loop on CPU (the same bits) ---------------
+unroll_threefry_on_cpu()
 
 
 # --- the longest files first ----------------------------------------------------------------------

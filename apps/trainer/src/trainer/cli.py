@@ -13,6 +13,7 @@ from pathlib import Path
 from rewards import RewardError
 from rl_core.compiles import use_persistent_cache
 from rl_core.config import ConfigError
+from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.learner import NonFiniteUpdateError
 from rl_core.registry import RegistryError
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         keep_freed_memory()  # XLA:CPU reuses its buffers instead of page-faulting fresh ones every step
+        unroll_threefry_on_cpu()  # random draws without a loop of tiny operations (the same bits)
         use_compilation_cache()  # later runs, seeds and resumes load their programs instead of compiling
         return COMMANDS[args.command](args)
     except (
