@@ -28,3 +28,16 @@ def test_one_process_round_trip_equals_device_put_and_get():
     np.testing.assert_array_equal(multihost.gather_rows(np.array([1.5, 2.5]), [2]), [1.5, 2.5])
     assert multihost.is_primary() and not multihost.multi_process()
     multihost.sync("nothing to wait for")
+
+
+def test_one_process_program_inputs_leave_host_arrays_to_the_program():
+    mesh = jax.make_mesh((1,), ("x",))
+    rows = NamedSharding(mesh, P("x"))
+    host = {"a": np.arange(6, dtype=np.int32).reshape(3, 2), "b": None}
+    placed = multihost.to_global(host, rows)
+    inputs = multihost.program_inputs({**host, "c": placed["a"]}, rows)
+    # host arrays and arrays already in the layout come back as they are: the program places them
+    assert inputs["a"] is host["a"] and inputs["b"] is None and inputs["c"] is placed["a"]
+    program = jax.jit(lambda t: t["a"] * 2 + t["c"], in_shardings=(rows,), out_shardings=rows)
+    np.testing.assert_array_equal(program(inputs), program(placed | {"c": placed["a"]}))
+    np.testing.assert_array_equal(program(inputs), host["a"] * 3)

@@ -65,7 +65,7 @@ class BatchLayout:
         if self.packing:
             minis = [mini._replace(packed=self.pack(mini.prompt_tokens, mini.prompt_mask, mini.completion_tokens,
                                                     mini.completion_mask)) for mini in minis]
-        return multihost.to_global(minis, self.rows(axis=1))
+        return multihost.program_inputs(minis, self.rows(axis=1))
 
     def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
         """The micro-batches [M, mb, ...] packed per device (rl_core.packing), on the host."""
@@ -98,4 +98,4 @@ class BatchLayout:
         stacked = [np.asarray(multihost.to_host(x)).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
         if packs:
             stacked[-1] = self.pack(*stacked[:3], stacked[-1])
-        return program(params, frozen, tuple(multihost.to_global(stacked, self.rows(axis=1))))
+        return program(params, frozen, tuple(multihost.program_inputs(stacked, self.rows(axis=1))))

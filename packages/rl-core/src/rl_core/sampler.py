@@ -263,8 +263,8 @@ class Sampler:
         split_in = u % ways == 0
         if self.mesh is not None:  # global arrays: each process places the prompt rows of its own devices
             rows = mesh_lib.rows(self.mesh) if split_in else mesh_lib.replicated(self.mesh)
-            prompt_tokens, prompt_mask = multihost.to_global((prompt_tokens, prompt_mask), rows)
-            key = multihost.to_global(key, mesh_lib.replicated(self.mesh))
+            prompt_tokens, prompt_mask = multihost.program_inputs((prompt_tokens, prompt_mask), rows)
+            key = multihost.program_inputs(key, mesh_lib.replicated(self.mesh))
         run = self._jit(split_in, u * num_samples % ways == 0)
         return run(state, prompt_tokens, prompt_mask, key, params, num_samples)
 

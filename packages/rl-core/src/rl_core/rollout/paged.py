@@ -189,7 +189,7 @@ class PagedBackend:
         log-probs [R, S, k], slots after), on the host of every process."""
         inputs = (prefill, copy_src, copy_dst, slots)
         if self.mesh is not None:
-            inputs = multihost.to_global(inputs, NamedSharding(self.mesh, P(REPLICAS)))
+            inputs = multihost.program_inputs(inputs, NamedSharding(self.mesh, P(REPLICAS)))
         self.pages, tokens, logp, after = step(self.weights, self.pages, *inputs, key)
         return multihost.to_host((tokens, logp, after))
 
