@@ -21,7 +21,11 @@ def run(devices):
     # the layout the update sees: each micro-batch's rows split over the data axis
     b, t = learner.batch_size, learner.rollout.max_new_tokens
     zeros = TrainExample(*(np.zeros(shape, np.float32) for shape in ((b, 8), (b, 8), (b, t), (b, t), (b,))))
-    tokens = learner.layout.mini_batches(zeros)[0].completion_tokens  # [micro-batches, rows, T]
+    mini = learner.layout.mini_batches(zeros)[0]
+    # the update program places the host arrays itself: its input layout is the one it sees
+    policy = learner.models["policy"]
+    shardings = policy.update_step.lower(policy.state, policy.frozen, mini).compile().input_shardings[0][2]
+    tokens = jax.device_put(mini.completion_tokens, shardings.completion_tokens)  # [micro-batches, rows, T]
     return learner, initial, metrics, {
         "devices": len(tokens.sharding.device_set),
         "shard_shapes": sorted({tuple(s.data.shape) for s in tokens.addressable_shards}),
