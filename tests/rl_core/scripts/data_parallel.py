@@ -20,7 +20,10 @@ def run(devices):
     metrics = [learner.train_step() for _ in range(2)]
     # the layout the update sees: each micro-batch's rows split over the data axis
     b, t = learner.batch_size, learner.rollout.max_new_tokens
-    zeros = TrainExample(*(np.zeros(shape, np.float32) for shape in ((b, 8), (b, 8), (b, t), (b, t), (b,))))
+    shapes = {"prompt_tokens": ((b, 8), np.int32), "prompt_mask": ((b, 8), np.float32),
+              "completion_tokens": ((b, t), np.int32), "completion_mask": ((b, t), np.float32),
+              "advantages": ((b,), np.float32)}
+    zeros = TrainExample(**{name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()})
     mini = learner.layout.mini_batches(zeros)[0]
     # the update program places the host arrays itself: its input layout is the one it sees
     policy = learner.models["policy"]
