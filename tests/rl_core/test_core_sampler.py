@@ -10,6 +10,7 @@ prompt + generated[:t].
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ import pytest
 from flax import nnx
 
 from rl_core.logprobs import completion_logprobs, sequence_inputs
-from rl_core.sampler import GREEDY, Sampler, SamplingParams, filter_logits
+from rl_core.sampler import GREEDY, Sampler, SamplingParams, categorical, filter_logits, first_argmax
 from rl_core.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
@@ -263,3 +264,40 @@ def test_greedy_logprobs_are_those_of_the_untempered_policy(model, sampler, prom
     out = sample(sampler, prompts, jax.random.key(0), GREEDY)
     recomputed = learner_logprobs(nnx.state(model), *prompts, out.tokens, graphdef=nnx.graphdef(model), temperature=1.0)
     np.testing.assert_allclose(np.asarray(out.logp), np.asarray(recomputed), atol=1e-5, rtol=0)
+
+
+def test_first_argmax_is_argmax_with_ties_infinities_and_nans():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, (200, 7)).astype(np.float32)  # many ties: the first index wins
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    x[5] = -np.inf  # every entry -inf: index 0
+    x[6, [2, 4]] = np.nan  # a NaN counts as the maximum: the first NaN
+    x[7, 3] = np.nan
+    x[8, 1], x[8, 5] = np.inf, np.nan
+    expected = np.asarray(jnp.argmax(x, axis=-1))
+    got = jax.jit(first_argmax)(x)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    assert expected[5] == 0 and expected[6] == 2 and expected[7] == 3 and expected[8] == 5
+
+
+def test_categorical_draws_exactly_what_jax_random_categorical_draws():
+    logits = jax.random.normal(jax.random.PRNGKey(7), (64, V)) * 3.0
+    logits = jnp.where(jax.random.uniform(jax.random.PRNGKey(8), logits.shape) < 0.3, -jnp.inf, logits)  # top-k/p cuts
+    for seed in range(20):
+        key = jax.random.PRNGKey(seed)
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(categorical)(key, logits)),
+            np.asarray(jax.random.categorical(key, logits, axis=-1)),
+        )
+
+
+def test_sampling_has_no_two_operand_reduction():
+    """argmax's (value, index) reduction is what `first_argmax` replaces (a scalar loop on CPU)."""
+    logits = jnp.zeros((4, V))
+    for fn in (first_argmax, functools.partial(categorical, jax.random.PRNGKey(0))):
+        text = jax.jit(fn).lower(logits).as_text()
+        assert "stablehlo.reduce" in text
+        assert "init: " in text and not re.search(r"stablehlo\.reduce\(%[^)]*init: [^)]*\), \(%", text)
+    assert re.search(r"stablehlo\.reduce\(%[^)]*init: [^)]*\), \(%",
+                     jax.jit(lambda x: jnp.argmax(x, axis=-1)).lower(logits).as_text())  # the pattern finds one

@@ -72,6 +72,21 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return logits
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` as int32: the first index of the maximum, a NaN counting as the
+    maximum. Two single-operand reductions instead of argmax's (value, index) reduction, which
+    XLA:CPU runs as a scalar loop: 2.5-3.5x faster on a [64, 99] sampling step."""
+    n = x.shape[-1]
+    hit = (x == jnp.max(x, axis=-1, keepdims=True)) | jnp.isnan(x)
+    return jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+
+
+def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """`jax.random.categorical(key, logits, axis=-1)`, the same draws (Gumbel-max with the same
+    noise), through `first_argmax`."""
+    return first_argmax(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
+
+
 def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
     """(token [B], its log-prob [B] under the full tempered softmax).
 
@@ -86,11 +101,8 @@ def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> t
     """
     filtered = filter_logits(logits, params)
     logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
-    if params.greedy:
-        token = jnp.argmax(filtered, axis=-1)
-    else:
-        token = jax.random.categorical(key, filtered, axis=-1)
-    return token.astype(jnp.int32), jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    token = first_argmax(filtered) if params.greedy else categorical(key, filtered)
+    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
 
 
 def generate(

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl_core.sampler import SamplingParams, filter_logits, tempered_logits
+from rl_core.sampler import SamplingParams, categorical, filter_logits, first_argmax, tempered_logits
 
 
 class Prefill(NamedTuple):
@@ -53,11 +53,7 @@ def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> t
     tempered softmax (the learner's distribution; greedy reports the untempered one)."""
     filtered = filter_logits(logits, params)
     logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
-    if params.greedy:
-        token = jnp.argmax(filtered, axis=-1)
-    else:
-        token = jax.vmap(jax.random.categorical)(keys, filtered)
-    token = token.astype(jnp.int32)
+    token = first_argmax(filtered) if params.greedy else jax.vmap(categorical)(keys, filtered)
     return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
 
 
