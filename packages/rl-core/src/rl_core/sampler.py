@@ -87,8 +87,10 @@ def categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     return first_argmax(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
 
 
-def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """(token [B], its log-prob [B] under the full tempered softmax).
+def sample_with(draw: Callable[[jax.Array], jax.Array], logits: jax.Array,
+                params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """(token [B], its log-prob [B] under the full tempered softmax); `draw` maps the
+    filtered logits to tokens (the argmax when greedy).
 
     The token is drawn from the top-k / top-p truncated distribution, but its
     log-prob is reported under the whole tempered softmax, the distribution the
@@ -101,8 +103,13 @@ def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> t
     """
     filtered = filter_logits(logits, params)
     logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
-    token = first_argmax(filtered) if params.greedy else categorical(key, filtered)
+    token = first_argmax(filtered) if params.greedy else draw(filtered)
     return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+
+
+def sample_token(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """(token [B], its log-prob [B]) with one key for all rows; see `sample_with`."""
+    return sample_with(lambda filtered: categorical(key, filtered), logits, params)
 
 
 def generate(

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl_core.sampler import SamplingParams, categorical, filter_logits, first_argmax, tempered_logits
+from rl_core.sampler import SamplingParams, categorical, sample_with
 
 
 class Prefill(NamedTuple):
@@ -48,13 +48,9 @@ def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """(token [S], log-prob [S]) with one key per row, as `rl_core.sampler.sample_token` does
-    with one key for all rows: drawn after top-k / top-p, its log-prob under the whole
-    tempered softmax (the learner's distribution; greedy reports the untempered one)."""
-    filtered = filter_logits(logits, params)
-    logp_all = jax.nn.log_softmax(tempered_logits(logits, params), axis=-1)
-    token = first_argmax(filtered) if params.greedy else jax.vmap(categorical)(keys, filtered)
-    return token, jnp.take_along_axis(logp_all, token[:, None], axis=-1)[:, 0]
+    """(token [S], log-prob [S]) with one key per row (`rl_core.sampler.sample_token` has one
+    key for all rows); see `rl_core.sampler.sample_with`."""
+    return sample_with(lambda filtered: jax.vmap(categorical)(keys, filtered), logits, params)
 
 
 def engine_step(
