@@ -45,24 +45,29 @@ unroll_threefry_on_cpu()
 # pytest-xdist (--dist=loadfile --no-loadscope-reorder) hands whole files to its workers in
 # collection order. Started first, the long files share out over the workers; started last, one
 # of them would keep a single core busy after the other has finished. Seconds measured in a
-# run of the whole suite on 2 cores (2026-12-02: 13 min 36 s), both cores busy.
+# run of the whole suite on 2 cores (2026-12-02, AMD EPYC: 21 min 55 s), both cores busy.
 LONGEST_FIRST = [
-    "test_trainer_learning.py",  # 166: its first run makes the shared base policy of the learning tests
-    "test_trainer_learning_multiturn.py",  # 155: its own warm start and 12 steps of episodes
-    "test_trainer_crash_resume.py",  # 115: eleven trainer processes in a row, then an async run
-    "test_algo_conformance.py",  # 84
-    "test_trainer_multihost.py",  # 71: five trainer processes
-    "test_trainer_plan.py",  # 62: plans on 8 simulated devices, a 7B search
-    "test_trainer_resume.py",  # 60
-    "test_trainer_multiturn.py",  # 56: trainer compare over every variant on episodes
-    "test_trainer_learning_lora.py",  # 49
-    "test_algo_mesh_parallel.py",  # 44
-    "test_trainer_learning_ppo.py",  # 55: 150 steps of 256 prompts, a critic beside the policy
-    "test_trainer_lora.py",  # 41
-    "test_trainer_learning_control.py",  # 40: one 100-step run
-    "test_algo_interleaved_processes.py",  # 38: three processes
-    "test_models_transformer.py",  # 34
-    "test_trainer_plugin.py",  # 33
+    "test_trainer_learning.py",  # 150: its first run makes the shared base policy of the learning tests
+    "test_algo_conformance.py",  # 205: every algorithm, a few learners each
+    "test_trainer_crash_resume.py",  # 149: eleven trainer processes in a row, then an async run
+    "test_trainer_learning_multiturn.py",  # 140: its own warm start and 12 steps of episodes
+    "test_algo_mesh_parallel.py",  # 138: one process, every mesh of 8 simulated devices
+    "test_trainer_plan.py",  # 105: plans on 8 simulated devices, a 7B search
+    "test_trainer_resume.py",  # 98
+    "test_trainer_multiturn.py",  # 95: trainer compare over every variant on episodes
+    "test_trainer_multihost.py",  # 89: five trainer processes
+    "test_trainer_lora.py",  # 87
+    "test_trainer_learning_ppo.py",  # 78: 150 steps of 256 prompts, a critic beside the policy
+    "test_trainer_learning_lora.py",  # 70
+    "test_algo_interleaved_processes.py",  # 62: three processes
+    "test_core_engine.py",  # 59
+    "test_models_transformer.py",  # 57
+    "test_core_learner.py",  # 53
+    "test_trainer_plugin.py",  # 43
+    "test_trainer_bench.py",  # 43
+    "test_models_attention.py",  # 39
+    "test_trainer_compare.py",  # 38
+    "test_trainer_learning_control.py",  # 35: one 100-step run
 ]
 
 
