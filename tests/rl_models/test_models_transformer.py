@@ -271,6 +271,26 @@ def test_rotary_scores_depend_only_on_relative_position():
     assert abs(float(score(7, 3)) - float(score(3, 7))) > 1e-3  # not symmetric: positions matter
 
 
+def test_rotate_is_hugging_faces_rotate_half_form():
+    """x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), written out as the
+    textbook does, for positions 0..5 and a llama3-scaled head of 8; bfloat16 in, bfloat16 out."""
+    from rl_models.config import RopeScaling
+    from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
+
+    scaling = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=4)
+    inv = rope_inv_freq(8, 500000.0, scaling)
+    positions = jnp.arange(6)[None]
+    x = jax.random.normal(jax.random.key(0), (1, 6, 3, 8))
+    freqs = np.arange(6, dtype=np.float32)[:, None] * inv  # [L, 4]
+    cos = np.concatenate([np.cos(freqs)] * 2, -1)[None, :, None]
+    sin = np.concatenate([np.sin(freqs)] * 2, -1)[None, :, None]
+    x1, x2 = np.split(np.asarray(x), 2, axis=-1)
+    expected = np.asarray(x) * cos + np.concatenate([-x2, x1], -1) * sin
+    np.testing.assert_allclose(rotate(x, *rope_cos_sin(positions, inv)), expected, rtol=1e-6, atol=1e-6)
+    out = rotate(x.astype(jnp.bfloat16), *rope_cos_sin(positions, inv))
+    assert out.dtype == jnp.bfloat16 and out.shape == x.shape
+
+
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "layers"}
 
 
