@@ -4,6 +4,8 @@ import ctypes
 import ctypes.util
 import platform
 import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,48 @@ def test_freed_blocks_are_reused_without_page_faults():
         assert _faults_of_reuse(libc) < PAGES // 10
     finally:
         keep_freed_memory()  # the suite runs with it (tests/conftest.py)
+
+
+# In a thread other than the main one (XLA:CPU runs its programs on such threads), with only the
+# thresholds raised or with keep_freed_memory() before the thread starts: the faults of reusing a
+# block larger than a thread arena's 64 MiB heap.
+THREAD_REUSE = """
+import ctypes, ctypes.util, resource, sys, threading
+from rl_core import host_memory
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+if sys.argv[1] == "thresholds":
+    assert libc.mallopt(host_memory._M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(host_memory._M_TRIM_THRESHOLD, 1 << 30)
+else:
+    assert host_memory.keep_freed_memory()
+BLOCK = 96 << 20
+def round_trip():
+    ptr = libc.malloc(ctypes.c_size_t(BLOCK))
+    assert ptr, "malloc failed"
+    ctypes.memset(ptr, 1, BLOCK)
+    libc.free(ctypes.c_void_p(ptr))
+def work():
+    round_trip()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        round_trip()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+"""
+
+
+@glibc_only
+@thp_always
+def test_threads_reuse_blocks_beyond_their_arenas_heap_size():
+    def faults(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", THREAD_REUSE, mode], capture_output=True, text=True, check=True)
+        return int(done.stdout)
+
+    pages = (96 << 20) // 4096
+    assert faults("thresholds") > 2 * pages  # the thread's own arena cannot hold it: mmapped every time
+    assert faults("keep_freed_memory") < pages // 10
 
 
 def test_rejects_a_non_positive_threshold():
