@@ -291,6 +291,33 @@ def test_rotate_is_hugging_faces_rotate_half_form():
     assert out.dtype == jnp.bfloat16 and out.shape == x.shape
 
 
+def test_cpu_attention_gradient_is_autodiffs():
+    """The CPU attention core's own VJP (library-friendly transposes) against autodiff of the
+    plain core: causal and padding masks, a fully masked query row, float32; bfloat16 keeps dtypes."""
+    from rl_models.transformer import _attention_core, _attention_core_cpu
+
+    b, k, q_len, s, dh = 3, 2, 6, 5, 8
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, kk, v = (jax.random.normal(key, shape) for key, shape in
+                zip(keys, [(b, k, q_len, dh), (b, k, s, dh), (b, k, s, dh)], strict=False))
+    weights = jax.random.normal(keys[3], (b, k, q_len, dh))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((q_len, s), bool), k=-1), (b, k, q_len, s))
+    mask = mask.at[1, :, :, 0].set(False)  # a padded key slot in row 1; query 0 sees nothing at all
+
+    def loss(core, *args):
+        return jnp.sum(core(*args, mask, 0.35) * weights)
+
+    expected = jax.grad(lambda *a: loss(_attention_core, *a), argnums=(0, 1, 2))(q, kk, v)
+    got = jax.grad(lambda *a: loss(_attention_core_cpu, *a), argnums=(0, 1, 2))(q, kk, v)
+    np.testing.assert_allclose(_attention_core_cpu(q, kk, v, mask, 0.35), _attention_core(q, kk, v, mask, 0.35))
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(got[1]).sum()) > 0
+    half = jax.grad(lambda *a: loss(_attention_core_cpu, *a), argnums=(0, 1, 2))(
+        *(x.astype(jnp.bfloat16) for x in (q, kk, v)))
+    assert [g.dtype for g in half] == [jnp.bfloat16] * 3
+
+
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "layers"}
 
 
