@@ -318,6 +318,20 @@ def test_cpu_attention_gradient_is_autodiffs():
     assert [g.dtype for g in half] == [jnp.bfloat16] * 3
 
 
+def test_cpu_matmul_gradient_is_autodiffs():
+    """Linear's CPU matmul (weight gradient through a transposed copy) against autodiff of x @ w."""
+    from rl_models.layers import _matmul_cpu
+
+    x = jax.random.normal(jax.random.key(0), (12, 5))
+    w = jax.random.normal(jax.random.key(1), (5, 3))
+    weights = jax.random.normal(jax.random.key(2), (12, 3))
+    expected = jax.grad(lambda x, w: jnp.sum((x @ w) * weights), argnums=(0, 1))(x, w)
+    got = jax.grad(lambda x, w: jnp.sum(_matmul_cpu(x, w) * weights), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(_matmul_cpu(x, w), x @ w)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "layers"}
 
 

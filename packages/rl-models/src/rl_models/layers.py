@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_models.attention import target_platform
 from rl_models.quant import dequantize
 from rl_models.sharding import gathered
 
@@ -78,7 +79,7 @@ class Linear(nnx.Module):
         # gradient without transposing the [..., out] activations (~30% of a train step).
         w = self.weight()
         x2 = x.reshape(-1, x.shape[-1])
-        y = x2 @ w
+        y = _matmul_cpu(x2, w) if target_platform() == "cpu" else x2 @ w
         delta = self.adapter(x2)
         if delta is not None:
             y = y + delta
@@ -86,6 +87,28 @@ class Linear(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+
+@jax.custom_vjp
+def _matmul_cpu(x2: jax.Array, w: jax.Array) -> jax.Array:
+    """x2 [N, in] @ w [in, out] with autodiff's gradient, computed so that XLA:CPU runs the weight
+    gradient through its matmul library. Autodiff's dw = x2^T dy contracts over the rows, the
+    major axis of both operands; XLA:CPU runs that form as its own dot (about half the library's
+    rate at tiny-qwen2's shapes). Here x2 is transposed first, behind an optimization barrier so
+    that XLA does not fold the transpose back into the dot (tiny-qwen2 update 7% faster)."""
+    return x2 @ w
+
+
+def _matmul_cpu_fwd(x2: jax.Array, w: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return x2 @ w, (x2, w)
+
+
+def _matmul_cpu_bwd(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x2, w = residuals
+    return dy @ w.T, jax.lax.optimization_barrier(x2.T) @ dy
+
+
+_matmul_cpu.defvjp(_matmul_cpu_fwd, _matmul_cpu_bwd)
 
 
 def trailing_axes(var: nnx.Variable, ndim: int) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
