@@ -189,3 +189,19 @@ def test_update_ceiling_prints_its_ratios():
     shares = [int(share) for share, _ in kinds]
     assert len(shares) >= 2 and abs(sum(shares) - 100) <= len(shares), lines["threads"]  # rounded shares of one total
     assert all(0 <= int(idle) <= 100 for _, idle in kinds), lines["threads"]
+
+
+def test_update_ablation_times_every_part_against_the_default():
+    """benchmarks/update_ablation.py on the tiny preset: one line per part asked for, each a
+    positive time and a ratio to the default (no timing asserted), and a clear error for a
+    part it does not know."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "update_ablation.py"
+    run = [sys.executable, str(script), "--preset", "tiny", "--rounds", "2"]
+    done = subprocess.run([*run, "rope", "adamw"], capture_output=True, check=False, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^(default|without \w+)\s+median\s+([\d.]+) ms\s+ratio ([\d.]+)$", done.stdout, re.M)
+    assert [name for name, _, _ in rows] == ["default", "without rope", "without adamw"], done.stdout
+    assert all(float(ms) > 0 and float(ratio) > 0 for _, ms, ratio in rows)
+    assert rows[0][2] == "1.000"
+    bad = subprocess.run([*run, "softmax"], capture_output=True, check=False, text=True, timeout=600)
+    assert bad.returncode == 2 and "unknown parts ['softmax']" in bad.stderr
