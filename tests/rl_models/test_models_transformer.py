@@ -424,6 +424,54 @@ def test_scanned_and_unrolled_layers_compute_the_same_loss_gradients_and_cache()
     chex.assert_trees_all_close(c1, c2, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_outputs_from_returns_the_later_positions_with_the_same_gradients_and_cache(scan_layers):
+    """`outputs_from=k` is the full call's hidden states [:, k:], with the same gradient of
+    anything computed from them and the same KV cache, whether the last block skips the
+    earlier positions' query side (unrolled) or the output is sliced (scanned)."""
+    tokens, positions, mask, _ = left_padded_batch()
+    model, k = make(scan_layers=scan_layers, attention_bias=True, qk_norm=True), 6
+
+    def loss(m, outputs_from):
+        hidden, _ = m(tokens, positions, mask, outputs_from=outputs_from)
+        return jnp.sum(jax.nn.log_softmax(m.logits(hidden[:, hidden.shape[1] - 4 :]))[..., 3])
+
+    (l_full, g_full), (l_part, g_part) = (nnx.jit(nnx.value_and_grad(loss), static_argnums=1)(model, of)
+                                          for of in (0, k))
+    np.testing.assert_allclose(l_part, l_full, rtol=1e-6)
+    chex.assert_trees_all_close(g_part, g_full, atol=1e-5, rtol=1e-5)
+    cache = model.init_cache(2, 12)
+    slots = jnp.pad(mask, ((0, 0), (0, 0), (0, 2)))
+    (h_full, c_full), (h_part, c_part) = (model(tokens, positions, slots, cache, 0, outputs_from=of)
+                                          for of in (0, 9))
+    chex.assert_shape(h_part, (2, 1, model.config.hidden_size))
+    chex.assert_trees_all_close((h_part, c_part), (h_full[:, 9:], c_full), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="outputs_from=10: the call has 10 positions"):
+        model(tokens, positions, mask, outputs_from=10)
+
+
+def test_unrolled_last_block_computes_its_query_side_only_for_the_output_positions():
+    """The compiled program's matmul work: the last block's q/o/gate/up/down products run on
+    2 x 4 rows instead of 2 x 10, and nothing else changes, so the saving is exactly those rows'
+    share of them (XLA's cost analysis of the forward pass)."""
+    tokens, positions, mask, _ = left_padded_batch()
+    model = make(scan_layers=False)
+    cfg = model.config
+
+    def flops(outputs_from):
+        fn = nnx.jit(lambda m: m(tokens, positions, mask, outputs_from=outputs_from)[0])
+        return fn.lower(model).compile().cost_analysis()["flops"]
+
+    d, h, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.mlp_hidden_size
+    query_side = 2 * (d * h + h * d + 3 * d * f)  # q, o, gate, up, down per row
+    scores = 2 * 2 * cfg.num_heads * cfg.head_dim  # q.k and p.v per (query row, key slot)
+    saved_rows = 2 * 6
+    saved = saved_rows * query_side + saved_rows * 10 * scores
+    full, part = flops(0), flops(6)
+    # measured 1.02: the rest of the difference is those rows' norm, rotary and residual work
+    assert 0.98 * saved <= full - part <= 1.1 * saved, (full, part, saved)
+
+
 def test_attention_implementation_is_validated():
     with pytest.raises(ValueError, match="attention='flash'"):
         TransformerConfig.tiny(V, attention="flash")

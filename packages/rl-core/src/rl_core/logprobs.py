@@ -62,8 +62,9 @@ def completion_logprobs(
     p = prompt_tokens.shape[1]
     t = completion_tokens.shape[1]
     positions, mask = sequence_inputs(prompt_mask, t)
-    hidden, _ = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask)
-    hidden = hidden[:, p - 1 : p + t - 1]  # the state before each completion token predicts it
+    # the state before each completion token predicts it: positions p - 1 .. p + t - 2
+    hidden, _ = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask, outputs_from=p - 1)
+    hidden = hidden[:, :t]
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
 
 

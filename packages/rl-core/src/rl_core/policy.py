@@ -47,8 +47,12 @@ class Policy(Protocol):
         attention_mask: jax.Array,  # [B, L, S] bool, True = query may attend to slot
         cache: Cache | None = None,
         cache_index: jax.Array | int = 0,  # slot where tokens[:, 0] is written
+        *,
+        outputs_from: int = 0,  # static: the first position whose hidden state is returned
     ) -> tuple[jax.Array, Cache | None]:
-        """Hidden states [B, L, D] and the updated cache.
+        """Hidden states [B, L - outputs_from, D] of positions `outputs_from`.. and the
+        updated cache (every position's keys/values). A model may skip work whose result
+        only the earlier positions' outputs would need.
 
         Without a cache, S == L and slot j is token j. With a cache, the L new
         keys/values are written at slots [cache_index, cache_index + L) and

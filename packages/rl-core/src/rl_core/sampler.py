@@ -145,7 +145,7 @@ def generate(
     slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
     cache = shard_cache(model.init_cache(u, slots))
-    hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0)
+    hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0, outputs_from=p - 1)
     first_logits = model.logits(hidden[:, -1])
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
         cache = jax.tree.map(

@@ -192,27 +192,33 @@ class Attention(nnx.Module):
         self.config = config
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
-                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array
-                 ) -> tuple[jax.Array, KVCache | None]:
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
+                 queries_from: int = 0) -> tuple[jax.Array, KVCache | None]:
         """`kv` is the whole stacked cache; this layer writes and reads its slice
-        `layer` in place (a loop-carried buffer, so decoding copies no cache)."""
+        `layer` in place (a loop-carried buffer, so decoding copies no cache).
+
+        Every position gives a key and value; only positions `queries_from`.. ask a query,
+        so the output is [B, L - queries_from, D] (the last block's, when no later position
+        reads the earlier ones' outputs)."""
         cfg = self.config
         b, l, _ = x.shape
         h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        lq = l - queries_from
         if l == 1:  # decoding: one matmul instead of three (fewer, larger ops per token)
             qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
             q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
         else:  # separate matmuls: their backward needs no pad/add of sliced gradients
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k, v = q.reshape(b, l, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
+            q, k, v = self.q_proj(x[:, queries_from:]), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.reshape(b, lq, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
         q = constrain(q, ("act_batch", "act_length", "act_heads", None))
         k, v = (constrain(x, ("act_batch", "act_length", "act_kv_heads", None)) for x in (k, v))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, *rope), rotate(k, *rope)
+        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
+        mask = mask[:, queries_from:]
         if kv is None:
-            out = constrain(attend_sequence(q, k, v, mask, cfg.attention), ("act_batch", "act_length", "act_heads"))
-            return self.o_proj(out), None
+            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from)
+            return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
         new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
@@ -223,8 +229,9 @@ class Attention(nnx.Module):
         if kind == "xla" or (kind == "splash" and not isinstance(cache_index, int)):  # the cache's own layout
             out = attend(q, k_all, v_all, mask)
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
+            offset = cache_index + queries_from if isinstance(cache_index, int) else 0
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
-                                  cfg.attention, offset=cache_index if isinstance(cache_index, int) else 0)
+                                  cfg.attention, offset=offset)
         return self.o_proj(out), kv
 
 
@@ -258,10 +265,11 @@ class Block(nnx.Module):
         self.mlp = MLP(config, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
-                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array
-                 ) -> tuple[jax.Array, KVCache | None]:
-        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer)
-        x = constrain(x + h, ROWS)
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
+                 queries_from: int = 0) -> tuple[jax.Array, KVCache | None]:
+        """The block's output at positions `queries_from`.. (see `Attention`)."""
+        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from)
+        x = constrain(x[:, queries_from:] + h, ROWS)
         return constrain(x + self.mlp(self.mlp_norm(x)), ROWS), kv
 
 
@@ -326,10 +334,15 @@ class Transformer(nnx.Module):
         return names, names
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | None = None, cache_index: jax.Array | int = 0,
-                 ) -> tuple[jax.Array, KVCache | None]:
-        """Hidden states [B, L, D] (after the final norm) and the updated cache."""
+                 cache: KVCache | None = None, cache_index: jax.Array | int = 0, *,
+                 outputs_from: int = 0) -> tuple[jax.Array, KVCache | None]:
+        """Hidden states [B, L - outputs_from, D] of positions `outputs_from`.. (after the
+        final norm) and the updated cache. With the layers unrolled, the last block
+        computes its query side (attention output and MLP) only for those positions:
+        no later block reads the others."""
         b, l = tokens.shape
+        if not 0 <= outputs_from < l:
+            raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
         s = l if cache is None else cache[0].shape[3]
         if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
             raise ValueError(
@@ -346,31 +359,46 @@ class Transformer(nnx.Module):
         cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
         rope = rope_cos_sin(positions, inv_freq)
-        x, cache = self._run_layers(x, rope, attention_mask, cache, cache_index)
+        x, cache = self._run_layers(x, rope, attention_mask, cache, cache_index, outputs_from)
         return self.final_norm(x), cache
 
     def _run_layers(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
-                    cache: KVCache | None, cache_index: jax.Array | int
+                    cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int
                     ) -> tuple[jax.Array, KVCache | None]:
         """Every block, as one `lax.scan` over the stacked layer parameters; the
-        cache rides in the carry so each layer updates its slice in place."""
+        cache rides in the carry so each layer updates its slice in place.
+
+        Unrolled, the last block runs after the scan, its queries from `outputs_from` on.
+        Scanned, every block keeps the same shape and the output is sliced: taking the last
+        layer's slice out of the stacks would copy the other layers' (on TPU, whole FSDP shards).
+        """
         graphdef, stacked = nnx.split(self.layers)
+        n = self.config.num_layers
+        scanned = scans_layers(self.config)
 
-        def layer(x, cache, state, i):
-            return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i)
+        def make_layer(queries_from: int):
+            def layer(x, cache, state, i):
+                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from)
 
-        if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
-            layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
+            if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
+                layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
+            return layer
+
+        layer = make_layer(0)
 
         def body(carry, xs):
             x, cache = layer(*carry, *xs)
             return (x, cache), None
 
-        layers = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        # unrolled: the same body once per layer, each reading its own slice of the stacks
-        unroll = 1 if scans_layers(self.config) else self.config.num_layers
-        (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=unroll)
-        return x, cache
+        layers = jnp.arange(n, dtype=jnp.int32)
+        if scanned or outputs_from == 0:
+            # unrolled: the same body once per layer, each reading its own slice of the stacks
+            (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=1 if scanned else n)
+            return x[:, outputs_from:], cache
+        head = jax.tree.map(lambda a: a[:-1], (stacked, layers))
+        (x, cache), _ = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
+        last = jax.tree.map(lambda a: a[-1], (stacked, layers))
+        return make_layer(outputs_from)(x, cache, *last)
 
     # -- the paged rollout engine's hooks (rl_core.policy.PagedPolicy; code in rl_models.paged) --
 
