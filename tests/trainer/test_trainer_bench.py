@@ -15,6 +15,7 @@ from trainer.bench_flops import (
     block_matmul_weights,
     forward_flops,
     sampling_flops,
+    scoring_flops,
     training_flops,
 )
 from trainer.cli import main
@@ -35,8 +36,11 @@ def test_forward_flops_by_hand():
     assert forward_flops(cfg, np.array([3]), np.array([2])) == expected
     # sequences add up
     assert forward_flops(cfg, np.array([3, 3]), np.array([2, 2])) == 2 * expected
-    # training = 3 forwards over prompt + completion with the completion unembedded
-    assert training_flops(cfg, np.array([1]), np.array([2])) == 3 * expected
+    # scoring a 3-token completion after a 1-token prompt feeds 3 tokens (not the completion's
+    # last: nothing is predicted from it) and unembeds 3; training is 3 such forwards
+    scoring = expected + 2 * 64 * 10
+    assert scoring_flops(cfg, np.array([1]), np.array([3])) == scoring
+    assert training_flops(cfg, np.array([1]), np.array([3])) == 3 * scoring
     # sampling a 2-token completion after a 2-token prompt: 3 positions fed (the last token is not), 2 unembedded
     assert sampling_flops(cfg, np.array([2]), np.array([2])) == expected
     # two samples of that prompt share its prefill (2 positions, 1 unembedded); each then feeds
@@ -182,9 +186,12 @@ def test_update_ceiling_prints_its_ratios():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
-    assert {"real", "dense", "update", "ceiling", "threads"} <= set(lines), done.stdout
+    assert {"real", "dense", "update", "executed", "ceiling", "threads"} <= set(lines), done.stdout
     real = float(re.search(r"([\d.]+)% of those positions", lines["real"]).group(1))
     assert 0 < real <= 100
+    # the last block skips its prompt positions' query side: less than counted, most of it
+    executed = float(re.search(r"([\d.]+)% of the block matmul FLOPs", lines["executed"]).group(1))
+    assert 50 < executed < 100, lines["executed"]
     kinds = re.findall(r"(\d+)% \((\d+)% of it with the other threads idle\)", lines["threads"].split("busy time:")[1])
     shares = [int(share) for share, _ in kinds]
     assert len(shares) >= 2 and abs(sum(shares) - 100) <= len(shares), lines["threads"]  # rounded shares of one total

@@ -46,6 +46,7 @@ from trainer.bench_flops import (
     merge_peaks,
     parameter_count,
     sampling_flops,
+    scoring_flops,
     timed,
     training_flops,
 )
@@ -75,7 +76,7 @@ class _Recorder:
         def recording_logprobs(params, example):
             out = compute_logprobs(params, example)
             prompt, completion = example_tokens(example)
-            self.flops["logprob"] += forward_flops(cfg, prompt + completion, completion)
+            self.flops["logprob"] += scoring_flops(cfg, prompt, completion)
             return out
 
         def recording_produce(collected):  # the training half: sync and async runs both call it

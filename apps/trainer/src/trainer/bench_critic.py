@@ -27,10 +27,11 @@ PHASE = "critic_update"
 
 
 def _tokens(example: Any) -> np.ndarray:
-    """Real prompt + loss-masked completion tokens per row (rows stacked in any leading shape)."""
+    """Real tokens fed in per row (rows stacked in any leading shape): the prompt and the
+    loss-masked completion but its last token (rl_core.values never feeds it)."""
     prompt = np.asarray(example.prompt_mask).reshape(-1, example.prompt_mask.shape[-1]).sum(axis=1)
     completion = np.asarray(example.completion_mask).reshape(-1, example.completion_mask.shape[-1]).sum(axis=1)
-    return prompt + completion
+    return prompt + np.maximum(completion - 1, 0)
 
 
 class CriticTimer:

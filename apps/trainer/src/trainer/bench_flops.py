@@ -5,7 +5,8 @@ Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u 
   + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
   + 2 * D * V * u       unembedding
 The embedding lookup, norms, rotary and softmax are not counted. A training
-step is 3 forwards (forward + backward); sampling is one forward over each
+step is 3 forwards (forward + backward) over the prompt and the completion but
+its last token (a target only, never fed in); sampling is one forward over each
 prompt (once per group) and over every generated token fed back (KV cache:
 each position once).
 Only real tokens count: padding and rows decoded after their EOS are work
@@ -63,9 +64,17 @@ def sampling_flops(
     return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
 
 
+def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
+    """The forward that scores completions: over the prompt and every completion token but the
+    last (nothing is predicted from it, so it is never fed in), each completion token unembedded."""
+    completion = np.asarray(completion_tokens)
+    fed = np.asarray(prompt_tokens) + np.maximum(completion - 1, 0)
+    return forward_flops(cfg, fed, completion)
+
+
 def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
-    """Forward and backward (3 forwards) over prompt + completion, completion tokens unembedded."""
-    return 3.0 * forward_flops(cfg, np.asarray(prompt_tokens) + completion_tokens, completion_tokens)
+    """Forward and backward (3 forwards) of `scoring_flops`."""
+    return 3.0 * scoring_flops(cfg, prompt_tokens, completion_tokens)
 
 
 def parameter_count(cfg: TransformerConfig) -> int:

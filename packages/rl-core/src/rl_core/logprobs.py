@@ -30,6 +30,18 @@ def sequence_inputs(prompt_mask: jax.Array, completion_len: int) -> tuple[jax.Ar
     return positions, causal[None] & valid[:, None, :]
 
 
+def _states_before(model: Policy, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                   completion_tokens: jax.Array) -> jax.Array:
+    """Hidden states [B, T, D] of positions p - 1 .. p + T - 2: the state before each completion
+    token, which predicts it. The last completion token is never fed in (no output reads a
+    state at or after it) and the model returns only these positions' states."""
+    p, t = prompt_tokens.shape[1], completion_tokens.shape[1]
+    positions, mask = sequence_inputs(prompt_mask, t - 1)
+    tokens = jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1)
+    hidden, _ = model(tokens, positions, mask, outputs_from=p - 1)
+    return hidden
+
+
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
     """log p(target) and entropy under softmax(logits / temperature), float32."""
     logits = logits.astype(jnp.float32) / temperature
@@ -59,12 +71,7 @@ def completion_logprobs(
     """
     if packed is not None:
         return packed_logprobs(model, packed, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
-    p = prompt_tokens.shape[1]
-    t = completion_tokens.shape[1]
-    positions, mask = sequence_inputs(prompt_mask, t)
-    # the state before each completion token predicts it: positions p - 1 .. p + t - 2
-    hidden, _ = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask, outputs_from=p - 1)
-    hidden = hidden[:, :t]
+    hidden = _states_before(model, prompt_tokens, prompt_mask, completion_tokens)
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
 
 

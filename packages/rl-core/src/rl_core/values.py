@@ -28,13 +28,14 @@ def completion_values(
     completion_tokens: jax.Array,  # [B, T]
     completion_logp: jax.Array,  # [B, T] `written_logp`
 ) -> jax.Array:
-    """Float32 values [B, T] of each completion token's state (before the token)."""
+    """Float32 values [B, T] of each completion token's state (before the token). The last
+    completion token is not fed in: no state at or after it is valued."""
     p = prompt_tokens.shape[1]
     t = completion_tokens.shape[1]
-    positions, mask = sequence_inputs(prompt_mask, t)
-    token_logp = jnp.concatenate([jnp.zeros(prompt_tokens.shape, jnp.float32), completion_logp], axis=1)
-    values = model(jnp.concatenate([prompt_tokens, completion_tokens], axis=1), positions, mask, token_logp)
-    return values[:, p - 1 : p + t - 1].astype(jnp.float32)
+    positions, mask = sequence_inputs(prompt_mask, t - 1)
+    token_logp = jnp.concatenate([jnp.zeros(prompt_tokens.shape, jnp.float32), completion_logp[:, :-1]], axis=1)
+    values = model(jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1), positions, mask, token_logp)
+    return values[:, p - 1 :].astype(jnp.float32)
 
 
 def written_logp(example: TrainExample) -> jax.Array:
