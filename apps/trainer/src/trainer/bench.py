@@ -290,7 +290,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     lengths = np.asarray(out.lengths)
     prompt = mask.sum(axis=1)
     model_cfg = learner.model.config
-    prefill_flops = forward_flops(model_cfg, prompt, np.ones_like(prompt))
+    prefill_flops = forward_flops(model_cfg, prompt, np.ones_like(prompt), np.ones_like(prompt))
     decode_flops = sampling_flops(model_cfg, prompt, lengths, n) - prefill_flops
     steps = int(lengths.max()) - 1  # decode iterations of the while loop after the prefill's token
     decode_seconds = max(full - first, 0.0)

@@ -26,12 +26,13 @@ CRITIC = "critic"
 PHASE = "critic_update"
 
 
-def _tokens(example: Any) -> np.ndarray:
-    """Real tokens fed in per row (rows stacked in any leading shape): the prompt and the
-    loss-masked completion but its last token (rl_core.values never feeds it)."""
+def _tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(real tokens fed in, positions valued) per row, rows stacked in any leading shape: the
+    prompt and the loss-masked completion but its last token (rl_core.values never feeds it),
+    valued from the last prompt token on."""
     prompt = np.asarray(example.prompt_mask).reshape(-1, example.prompt_mask.shape[-1]).sum(axis=1)
     completion = np.asarray(example.completion_mask).reshape(-1, example.completion_mask.shape[-1]).sum(axis=1)
-    return prompt + np.maximum(completion - 1, 0)
+    return prompt + np.maximum(completion - 1, 0), completion
 
 
 class CriticTimer:
@@ -49,14 +50,14 @@ class CriticTimer:
             stats = update(batch)
             jax.block_until_ready(part.params)
             self.seconds += time.perf_counter() - start
-            tokens = _tokens(batch)
-            self.flops[PHASE] += 3.0 * forward_flops(self.config, tokens, np.zeros_like(tokens))
+            tokens, valued = _tokens(batch)
+            self.flops[PHASE] += 3.0 * forward_flops(self.config, tokens, np.zeros_like(tokens), valued)
             return stats
 
         def counted_values(example: Any) -> np.ndarray:
             out = values(example)
-            tokens = _tokens(example)
-            self.flops["logprob"] += forward_flops(self.config, tokens, np.zeros_like(tokens))
+            tokens, valued = _tokens(example)
+            self.flops["logprob"] += forward_flops(self.config, tokens, np.zeros_like(tokens), valued)
             return out
 
         part.update = timed_update  # the learner calls models[name].update(mini): this one, for the critic

@@ -1,16 +1,19 @@
 """Model FLOPs counted from the real tokens a phase processed, and the machine's float32 matmul peak.
 
-Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them:
+Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them,
+whose hidden states are read at its last o positions:
     2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
   + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
   + 2 * D * V * u       unembedding
+  less, in the last block, the query side (q, o and the MLP, and the attention of those
+  queries) of the n - o positions no output reads: they give only keys and values.
 The embedding lookup, norms, rotary and softmax are not counted. A training
 step is 3 forwards (forward + backward) over the prompt and the completion but
-its last token (a target only, never fed in); sampling is one forward over each
-prompt (once per group) and over every generated token fed back (KV cache:
-each position once).
-Only real tokens count: padding and rows decoded after their EOS are work
-the machine does but the model does not need.
+its last token (a target only, never fed in), read from the last prompt token on;
+sampling is one forward over each prompt (once per group, read at its last token)
+and over every generated token fed back (KV cache: each position once).
+Only work the model needs counts: padding, rows decoded after their EOS and the
+skipped queries above are work a machine may do but the model does not need.
 """
 
 from __future__ import annotations
@@ -30,17 +33,25 @@ from rl_models import Transformer, TransformerConfig
 
 def block_matmul_weights(cfg: TransformerConfig) -> int:
     """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
-    d, h, k, dh, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_hidden_size
-    per_layer = d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f
-    return cfg.num_layers * per_layer
+    return cfg.num_layers * (_query_side_weights(cfg) + 2 * cfg.hidden_size * cfg.num_kv_heads * cfg.head_dim)
 
 
-def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray) -> float:
-    """Model FLOPs of causal forwards over sequences of `tokens` real tokens each, unembedding `unembedded`."""
+def _query_side_weights(cfg: TransformerConfig) -> int:
+    """One block's matmul weights that act per query position: q, o and the MLP (not k, v)."""
+    d, h, dh, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size
+    return d * h * dh + h * dh * d + 3 * d * f
+
+
+def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray,
+                  outputs: np.ndarray | None = None) -> float:
+    """Model FLOPs of causal forwards over sequences of `tokens` real tokens each, unembedding
+    `unembedded`, their hidden states read at the last `outputs` positions (None: all)."""
     n = np.asarray(tokens, np.float64)
     u = np.asarray(unembedded, np.float64)
-    dense = 2.0 * block_matmul_weights(cfg) * n
-    attention = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * (n + 1) / 2
+    skipped = 0.0 if outputs is None else n - np.asarray(outputs, np.float64)  # the first n - o queries
+    per_score = 4.0 * cfg.num_heads * cfg.head_dim
+    dense = 2.0 * (block_matmul_weights(cfg) * n - _query_side_weights(cfg) * skipped)
+    attention = per_score * (cfg.num_layers * n * (n + 1) - skipped * (skipped + 1)) / 2
     logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
     return float(np.sum(dense + attention + logits))
 
@@ -59,17 +70,18 @@ def sampling_flops(
     prompt_tokens = np.asarray(prompt_tokens)
     prompt = np.repeat(prompt_tokens, num_samples)
     fed = np.maximum(np.asarray(generated) - 1, 0)
-    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens))
+    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens), np.ones_like(prompt_tokens))
     # a completion's decode work: its whole sequence less the prompt's share of it
     return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
 
 
 def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
     """The forward that scores completions: over the prompt and every completion token but the
-    last (nothing is predicted from it, so it is never fed in), each completion token unembedded."""
+    last (nothing is predicted from it, so it is never fed in), read and unembedded at the
+    state before each completion token."""
     completion = np.asarray(completion_tokens)
     fed = np.asarray(prompt_tokens) + np.maximum(completion - 1, 0)
-    return forward_flops(cfg, fed, completion)
+    return forward_flops(cfg, fed, completion, completion)  # read from the last prompt token on
 
 
 def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:

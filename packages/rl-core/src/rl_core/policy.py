@@ -117,7 +117,10 @@ class ValueFunction(Protocol):
         positions: jax.Array,  # [B, L] int32
         attention_mask: jax.Array,  # [B, L, L] bool, True = query may attend to slot
         token_logp: jax.Array | None = None,  # [B, L] behaviour log-prob of each token, 0 where not sampled
+        *,
+        outputs_from: int = 0,  # static: the first position whose value is returned
     ) -> jax.Array:
-        """Float32 values [B, L]: entry j estimates the return of the sequence given tokens 0..j
-        (and, for a critic that reads them, the policy's log-probs of those tokens)."""
+        """Float32 values [B, L - outputs_from] of positions `outputs_from`..: entry j estimates
+        the return of the sequence given tokens 0..j (and, for a critic that reads them, the
+        policy's log-probs of those tokens)."""
         ...

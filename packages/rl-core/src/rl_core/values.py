@@ -34,8 +34,8 @@ def completion_values(
     t = completion_tokens.shape[1]
     positions, mask = sequence_inputs(prompt_mask, t - 1)
     token_logp = jnp.concatenate([jnp.zeros(prompt_tokens.shape, jnp.float32), completion_logp[:, :-1]], axis=1)
-    values = model(jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1), positions, mask, token_logp)
-    return values[:, p - 1 :].astype(jnp.float32)
+    tokens = jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1)
+    return model(tokens, positions, mask, token_logp, outputs_from=p - 1).astype(jnp.float32)
 
 
 def written_logp(example: TrainExample) -> jax.Array:

@@ -89,10 +89,11 @@ class ValueModel(nnx.Module):
         return self.backbone.config
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 token_logp: jax.Array | None = None) -> jax.Array:
-        """Float32 values [B, L], one per position; `token_logp` [B, L] (see `prefix_confidence`)
-        is required when the critic reads the policy's confidence and unused otherwise."""
-        hidden, _ = self.backbone(tokens, positions, attention_mask)
+                 token_logp: jax.Array | None = None, *, outputs_from: int = 0) -> jax.Array:
+        """Float32 values [B, L - outputs_from], one per position from `outputs_from` on (the
+        backbone's `outputs_from`); `token_logp` [B, L] (see `prefix_confidence`) is required when
+        the critic reads the policy's confidence and unused otherwise."""
+        hidden, _ = self.backbone(tokens, positions, attention_mask, outputs_from=outputs_from)
         values = self.value_head(hidden)
         if self.confidence_head is None:
             return values
@@ -101,7 +102,7 @@ class ValueModel(nnx.Module):
             raise ValueError(f"this critic reads the policy's confidence: token_logp must be the behaviour log-prob "
                              f"of each token, shaped like tokens {tokens.shape} (0 where the policy did not write "
                              f"it); got {got}")
-        return values + self.confidence_head(prefix_confidence(token_logp))
+        return values + self.confidence_head(prefix_confidence(token_logp)[:, outputs_from:])
 
 
 def value_model_from_policy(policy: Transformer, *, seed: int = 1, confidence: bool = True) -> ValueModel:
