@@ -27,6 +27,11 @@ def make(seed: int = 0, **overrides) -> Transformer:
     return perturbed(Transformer(TransformerConfig.tiny(V, **overrides), rngs=nnx.Rngs(seed)))
 
 
+def stacked(cache):
+    """(k, v) each [layers, B, K, S, Dh], from either cache layout (unrolled: one buffer per layer)."""
+    return tuple(jnp.stack(c) if isinstance(c, tuple) else c for c in cache)
+
+
 def left_padded_batch():
     """Row 0: 6 prompt tokens; row 1: 2 pads then 4 prompt tokens; then 4
     teacher-forced completion tokens each. Positions = cumsum(valid) - 1."""
@@ -81,6 +86,8 @@ def test_incremental_decoding_with_cache_matches_full_forward(overrides):
 
     hidden, cache = run(params)
     cfg = model.config
+    assert len(cache[0]) == cfg.num_layers  # unrolled on CPU: one buffer per layer
+    cache = stacked(cache)
     chex.assert_shape(cache[0], (cfg.num_layers, 2, cfg.num_kv_heads, slots, cfg.head_dim))  # head-major
     assert bool(jnp.all(jnp.isfinite(hidden)))
     sel = np.asarray(valid)  # pad query rows attend to nothing: excluded
@@ -141,8 +148,8 @@ def test_masked_cache_slots_do_not_leak_and_fully_masked_rows_are_finite():
     # Overwrite the pad slots of row 1 (slots 0 and 1) with huge garbage after
     # prefill of the first 6 tokens, then decode token 6 for both rows.
     _, cache = model(tokens[:, :6], positions[:, :6], mask[:, :6], model.init_cache(2, 10), 0)
-    k, v = cache  # [layers, B, K, S, Dh]
-    garbage = (k.at[:, 1, :, :2].set(1e4), v.at[:, 1, :, :2].set(-1e4))
+    k, v = cache  # per layer (unrolled on CPU): [B, K, S, Dh] each
+    garbage = (tuple(x.at[1, :, :2].set(1e4) for x in k), tuple(x.at[1, :, :2].set(-1e4) for x in v))
     h_clean, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], cache, 6)
     h_dirty, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], garbage, 6)
     np.testing.assert_array_equal(h_clean, h_dirty)
@@ -231,7 +238,7 @@ def test_bfloat16_compute_cache_and_float32_logits(param_dtype):
     # parameters are stored in param_dtype; activations and the cache use the compute dtype
     assert {x.dtype for x in jax.tree.leaves(nnx.state(model))} == {jnp.dtype(param_dtype)}
     cache = model.init_cache(2, 12)
-    assert cache[0].dtype == jnp.bfloat16
+    assert {x.dtype for x in jax.tree.leaves(cache)} == {jnp.dtype(jnp.bfloat16)}
     tokens, positions, mask, _ = left_padded_batch()
     hidden, cache = model(tokens, positions, jnp.pad(mask, ((0, 0), (0, 0), (0, 2))), cache, 0)
     assert hidden.dtype == jnp.bfloat16
@@ -421,7 +428,8 @@ def test_scanned_and_unrolled_layers_compute_the_same_loss_gradients_and_cache()
     (l2, g2), c2 = run(False)
     np.testing.assert_allclose(l1, l2, rtol=1e-6)
     chex.assert_trees_all_close(g1, g2, atol=1e-5, rtol=1e-5)
-    chex.assert_trees_all_close(c1, c2, atol=1e-6, rtol=1e-6)
+    assert not isinstance(c1[0], tuple) and len(c2[0]) == 2  # scanned: stacked; unrolled: per layer
+    chex.assert_trees_all_close(c1, stacked(c2), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])

@@ -38,7 +38,10 @@ from rl_models.sharding import constrain, shards
 ROWS = ("act_batch", "act_length", "act_embed")
 """Logical axes of the residual stream [B, L, D] (rl_models.sharding)."""
 
-KVCache = tuple[jax.Array, jax.Array]  # (k, v), each [layers, B, K, S, Dh]
+# (k, v): each [layers, B, K, S, Dh] when the layers are scanned; unrolled, a tuple of one
+# [B, K, S, Dh] buffer per layer (each layer reads its own, no slice of a stack copied per token)
+KVCache = tuple[jax.Array, jax.Array] | tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
+KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -322,16 +325,23 @@ class Transformer(nnx.Module):
         return self.config.vocab_size
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """Zeroed (k, v), each [layers, batch_size, K, max_len, Dh] in the compute dtype."""
+        """Zeroed (k, v) in the compute dtype: each [layers, batch_size, K, max_len, Dh] when the
+        layers are scanned, else a tuple of one [batch_size, K, max_len, Dh] per layer."""
         cfg = self.config
-        shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         dtype = compute_dtype(cfg)
-        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+        if scans_layers(cfg):
+            return jnp.zeros((cfg.num_layers, *shape), dtype), jnp.zeros((cfg.num_layers, *shape), dtype)
+        return tuple(tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)) for _ in "kv")
 
-    def cache_axes(self) -> tuple[PartitionSpec, PartitionSpec]:
-        """Logical axis names of (k, v): split over rows and KV heads, never over slots."""
-        names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")
-        return names, names
+    def cache_axes(self) -> KVCacheAxes:
+        """Logical axis names of (k, v), shaped like `init_cache`'s: split over rows and KV
+        heads, never over slots."""
+        if scans_layers(self.config):
+            names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")
+            return names, names
+        per_layer = (PartitionSpec("batch", "kv_heads", "cache_slots", "head_dim"),) * self.config.num_layers
+        return per_layer, per_layer
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                  cache: KVCache | None = None, cache_index: jax.Array | int = 0, *,
@@ -343,15 +353,17 @@ class Transformer(nnx.Module):
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
-        s = l if cache is None else cache[0].shape[3]
+        per_layer = cache is not None and isinstance(cache[0], tuple)
+        s = l if cache is None else (cache[0][0].shape[2] if per_layer else cache[0].shape[3])
         if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
             raise ValueError(
                 f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
                 f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
                 f"{attention_mask.shape}); S is {'L' if cache is None else 'the cache length'}"
             )
-        if cache is not None and cache[0].shape[0] != self.config.num_layers:
-            raise ValueError(f"cache has {cache[0].shape[0]} layers, the model {self.config.num_layers}")
+        layers = None if cache is None else (len(cache[0]) if per_layer else cache[0].shape[0])
+        if layers is not None and layers != self.config.num_layers:
+            raise ValueError(f"cache has {layers} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         # gather the rows first, then cast: never a compute-dtype copy of the whole table
@@ -390,6 +402,16 @@ class Transformer(nnx.Module):
             x, cache = layer(*carry, *xs)
             return (x, cache), None
 
+        if cache is not None and isinstance(cache[0], tuple):  # one buffer per layer: unrolled
+            ks, vs = [], []
+            for i in range(n):
+                state = jax.tree.map(lambda a, i=i: a[i], stacked)
+                kv = (cache[0][i][None], cache[1][i][None])  # a leading layer axis of 1: a bitcast
+                queries_from = outputs_from if i == n - 1 else 0
+                x, kv = make_layer(queries_from)(x, kv, state, jnp.int32(0))
+                ks.append(kv[0][0])
+                vs.append(kv[1][0])
+            return x, (tuple(ks), tuple(vs))
         layers = jnp.arange(n, dtype=jnp.int32)
         if scanned or outputs_from == 0:
             # unrolled: the same body once per layer, each reading its own slice of the stacks
