@@ -44,7 +44,7 @@ from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.trim import trim_example, trimmed_width
 from trainer import bench, build
-from trainer.bench_flops import block_matmul_weights, matmul_peak, training_flops
+from trainer.bench_flops import block_matmul_weights, matmul_peak, query_side_weights, scored_tokens, training_flops
 from trainer.bench_presets import PRESETS
 
 
@@ -68,8 +68,8 @@ def dense_program(cfg, rows: int, last_rows: int):
         return jnp.sum(x)
 
     grad = jax.jit(jax.grad(loss))
-    query_side = d * h * dh + h * dh * d + 3 * d * f  # per row of a block: q, o and the MLP
-    flops = 6.0 * (block_matmul_weights(cfg) * rows - query_side * (rows - last_rows))  # forward 2WN, backward 4WN
+    # forward 2WN, backward 4WN; the last block's q, o and MLP on last_rows
+    flops = 6.0 * (block_matmul_weights(cfg) * rows - query_side_weights(cfg) * (rows - last_rows))
     return grad, (weights, x), flops
 
 
@@ -151,7 +151,7 @@ def main() -> None:
     # fed in: the prompt and the completion but its last token; the last block's queries from p - 1
     p_width, t_width = trimmed.prompt_tokens.shape[1], trimmed.completion_tokens.shape[1]
     rows, width = trimmed.prompt_tokens.shape[0], p_width + t_width - 1
-    real_share = float((prompt + np.maximum(completion - 1, 0)).sum()) / (rows * width)
+    real_share = float(scored_tokens(prompt, completion).sum()) / (rows * width)
     grad, dense_args, dense_flops = dense_program(cfg, rows * width, rows * t_width)
     dense_median, dense_best = seconds(lambda: grad(*dense_args), args.repeats)
     update_median, update_best = seconds(lambda: update(example), args.repeats)

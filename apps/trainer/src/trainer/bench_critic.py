@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from trainer.bench_flops import scored_tokens
+
 CRITIC = "critic"
 PHASE = "critic_update"
 
@@ -32,7 +34,7 @@ def _tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
     valued from the last prompt token on."""
     prompt = np.asarray(example.prompt_mask).reshape(-1, example.prompt_mask.shape[-1]).sum(axis=1)
     completion = np.asarray(example.completion_mask).reshape(-1, example.completion_mask.shape[-1]).sum(axis=1)
-    return prompt + np.maximum(completion - 1, 0), completion
+    return scored_tokens(prompt, completion), completion
 
 
 class CriticTimer:

@@ -33,10 +33,10 @@ from rl_models import Transformer, TransformerConfig
 
 def block_matmul_weights(cfg: TransformerConfig) -> int:
     """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
-    return cfg.num_layers * (_query_side_weights(cfg) + 2 * cfg.hidden_size * cfg.num_kv_heads * cfg.head_dim)
+    return cfg.num_layers * (query_side_weights(cfg) + 2 * cfg.hidden_size * cfg.num_kv_heads * cfg.head_dim)
 
 
-def _query_side_weights(cfg: TransformerConfig) -> int:
+def query_side_weights(cfg: TransformerConfig) -> int:
     """One block's matmul weights that act per query position: q, o and the MLP (not k, v)."""
     d, h, dh, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size
     return d * h * dh + h * dh * d + 3 * d * f
@@ -50,7 +50,7 @@ def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.nda
     u = np.asarray(unembedded, np.float64)
     skipped = 0.0 if outputs is None else n - np.asarray(outputs, np.float64)  # the first n - o queries
     per_score = 4.0 * cfg.num_heads * cfg.head_dim
-    dense = 2.0 * (block_matmul_weights(cfg) * n - _query_side_weights(cfg) * skipped)
+    dense = 2.0 * (block_matmul_weights(cfg) * n - query_side_weights(cfg) * skipped)
     attention = per_score * (cfg.num_layers * n * (n + 1) - skipped * (skipped + 1)) / 2
     logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
     return float(np.sum(dense + attention + logits))
@@ -75,13 +75,17 @@ def sampling_flops(
     return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
 
 
+def scored_tokens(prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> np.ndarray:
+    """Real tokens a scoring pass feeds in (rl_core.logprobs.scoring_inputs): the prompt and every
+    completion token but the last (nothing is predicted from it)."""
+    return np.asarray(prompt_tokens) + np.maximum(np.asarray(completion_tokens) - 1, 0)
+
+
 def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
-    """The forward that scores completions: over the prompt and every completion token but the
-    last (nothing is predicted from it, so it is never fed in), read and unembedded at the
-    state before each completion token."""
+    """The forward that scores completions over `scored_tokens`, read and unembedded at the state
+    before each completion token (from the last prompt token on)."""
     completion = np.asarray(completion_tokens)
-    fed = np.asarray(prompt_tokens) + np.maximum(completion - 1, 0)
-    return forward_flops(cfg, fed, completion, completion)  # read from the last prompt token on
+    return forward_flops(cfg, scored_tokens(prompt_tokens, completion), completion, completion)
 
 
 def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:

@@ -30,16 +30,14 @@ def sequence_inputs(prompt_mask: jax.Array, completion_len: int) -> tuple[jax.Ar
     return positions, causal[None] & valid[:, None, :]
 
 
-def _states_before(model: Policy, prompt_tokens: jax.Array, prompt_mask: jax.Array,
-                   completion_tokens: jax.Array) -> jax.Array:
-    """Hidden states [B, T, D] of positions p - 1 .. p + T - 2: the state before each completion
-    token, which predicts it. The last completion token is never fed in (no output reads a
-    state at or after it) and the model returns only these positions' states."""
-    p, t = prompt_tokens.shape[1], completion_tokens.shape[1]
-    positions, mask = sequence_inputs(prompt_mask, t - 1)
+def scoring_inputs(prompt_tokens: jax.Array, prompt_mask: jax.Array, completion_tokens: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array, int]:
+    """(tokens, positions, attention mask, outputs_from) of the pass that scores completions:
+    its outputs, positions p - 1 .. p + T - 2, are the states before each completion token. The
+    last completion token is never fed in (no output reads a state at or after it)."""
+    positions, mask = sequence_inputs(prompt_mask, completion_tokens.shape[1] - 1)
     tokens = jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1)
-    hidden, _ = model(tokens, positions, mask, outputs_from=p - 1)
-    return hidden
+    return tokens, positions, mask, prompt_tokens.shape[1] - 1
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
@@ -71,7 +69,8 @@ def completion_logprobs(
     """
     if packed is not None:
         return packed_logprobs(model, packed, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
-    hidden = _states_before(model, prompt_tokens, prompt_mask, completion_tokens)
+    tokens, positions, mask, outputs_from = scoring_inputs(prompt_tokens, prompt_mask, completion_tokens)
+    hidden, _ = model(tokens, positions, mask, outputs_from=outputs_from)  # [B, T, D]
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_core.logprobs import sequence_inputs
+from rl_core.logprobs import scoring_inputs
 from rl_core.policy import ValueFunction
 from rl_core.types import TrainExample
 
@@ -30,12 +30,9 @@ def completion_values(
 ) -> jax.Array:
     """Float32 values [B, T] of each completion token's state (before the token). The last
     completion token is not fed in: no state at or after it is valued."""
-    p = prompt_tokens.shape[1]
-    t = completion_tokens.shape[1]
-    positions, mask = sequence_inputs(prompt_mask, t - 1)
+    tokens, positions, mask, outputs_from = scoring_inputs(prompt_tokens, prompt_mask, completion_tokens)
     token_logp = jnp.concatenate([jnp.zeros(prompt_tokens.shape, jnp.float32), completion_logp[:, :-1]], axis=1)
-    tokens = jnp.concatenate([prompt_tokens, completion_tokens[:, :-1]], axis=1)
-    return model(tokens, positions, mask, token_logp, outputs_from=p - 1).astype(jnp.float32)
+    return model(tokens, positions, mask, token_logp, outputs_from=outputs_from).astype(jnp.float32)
 
 
 def written_logp(example: TrainExample) -> jax.Array:

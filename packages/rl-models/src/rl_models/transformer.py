@@ -112,8 +112,7 @@ def _attention_probs(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) 
 
 def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
     """float32 [B, K, Q, Dh] attention output of head-major q, k, v (see `_attention_probs`)."""
-    probs = _attention_probs(q, k, mask, scale).astype(v.dtype)
-    return jnp.einsum("bkqs,bksd->bkqd", probs, v, preferred_element_type=jnp.float32)
+    return _attention_core_fwd(q, k, v, mask, scale)[0]  # the residuals are dead code to XLA
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -128,6 +127,7 @@ def _attention_core_cpu(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arra
 
 
 def _attention_core_fwd(q, k, v, mask, scale):
+    """(the output, the residuals `_attention_core_bwd` reads)."""
     probs = _attention_probs(q, k, mask, scale)
     out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out, (q, k, v, mask, probs)
