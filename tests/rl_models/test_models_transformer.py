@@ -480,6 +480,29 @@ def test_unrolled_last_block_computes_its_query_side_only_for_the_output_positio
     assert 0.98 * saved <= full - part <= 1.1 * saved, (full, part, saved)
 
 
+def test_unrolled_decoding_reads_each_layers_cache_without_slicing_it_out():
+    """The compiled decode loop of an unrolled model: with init_cache's per-layer buffers no
+    dynamic-slice is left (each layer reads its own buffer and updates it in place); the same
+    loop over a stacked [layers, ...] cache slices each layer's K/V out at every token."""
+    model = make()
+    b, s = 2, 16
+
+    def dynamic_slices(cache) -> int:
+        def decode(m, cache):
+            def body(t, cache):
+                return m(jnp.ones((b, 1), jnp.int32), jnp.full((b, 1), t), jnp.ones((b, 1, s), bool), cache, t)[1]
+
+            return jax.lax.fori_loop(0, s, body, cache)
+
+        hlo = nnx.jit(decode, donate_argnums=1).lower(model, cache).compile().as_text()
+        names = [line.split("=")[0] for line in hlo.splitlines() if "=" in line]
+        return sum("dynamic-slice" in n and "update" not in n for n in names)
+
+    per_layer = model.init_cache(b, s)
+    assert dynamic_slices(per_layer) == 0
+    assert dynamic_slices(stacked(per_layer)) > 0  # the layout the per-layer buffers replace
+
+
 def test_attention_implementation_is_validated():
     with pytest.raises(ValueError, match="attention='flash'"):
         TransformerConfig.tiny(V, attention="flash")
