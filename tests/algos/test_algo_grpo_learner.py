@@ -208,3 +208,36 @@ def test_with_beta_the_reference_is_the_loaded_weights_not_a_copy():
     learner = _grpo(policy, beta=0.04)
     pointers = lambda tree: [x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)]  # noqa: E731
     assert pointers(learner.ref_params) == pointers(nnx.state(policy, nnx.Param))
+
+
+# -- prompt sharing: each group's prompt run once changes no number ----------------------
+
+
+def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
+    """training.share_prompts (the default) against every row running its own prompt, on a
+    real transformer: behaviour and reference log-probs, then two passes of SGD."""
+    out = {}
+    for share in (True, False):
+        learner = fixed_batch(GRPOLearner)(
+            GRPOConfig(group_size=2, beta=0.04, num_iterations=2),
+            policy=rl_models.Transformer(rl_models.TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
+            tokenizer=TOK,
+            train_data=PROMPTS,
+            training=TrainingConfig(prompts_per_step=2, optimizer="sgd", learning_rate=1.0, max_grad_norm=None,
+                                    share_prompts=share),
+            rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
+            reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
+        )
+        example = learner.produce_examples(learner.data.next(2)).example
+        shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
+        assert (shared is not None) == share
+        before = jax.tree.map(np.array, learner.params)
+        learner.update(example)
+        delta = jax.tree.map(lambda a, b: np.asarray(a) - b, learner.params, before)
+        out[share] = (example, delta)
+    (shared_example, shared_delta), (rows_example, rows_delta) = out[True], out[False]
+    np.testing.assert_allclose(shared_example.old_logp, rows_example.old_logp, atol=1e-5)
+    np.testing.assert_allclose(shared_example.ref_logp, rows_example.ref_logp, atol=1e-5)
+    scale = tree_max_abs_diff(shared_delta, jax.tree.map(np.zeros_like, shared_delta))
+    assert scale > 1e-3  # a real update (the largest entry moves by about 14 at learning rate 1)
+    assert tree_max_abs_diff(shared_delta, rows_delta) < 1e-5 * scale  # float32 round-off

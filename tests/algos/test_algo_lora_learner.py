@@ -50,7 +50,7 @@ class RecordingGRPO(GRPOLearner):
                                    layout=self.layout)
         chunk = self.rollout.logprob_chunk_tokens
         fn = functools.partial(completion_logprobs, temperature=self.rollout.temperature, chunk_tokens=chunk)
-        self._base_logprobs = self.base.forward(fn, chunk_tokens=chunk)
+        self._base_logprobs = self.base.forward(fn, chunk_tokens=chunk, shares=True)  # as the learner's pass
         self.records: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def reference_logprobs(self, example):

@@ -36,6 +36,7 @@ RULES = [
     (TrainingConfig, {"async_rollout": "one_step"}, "rollout_devices", -1, "must be >= 0"),
     (TrainingConfig, {}, "rollout_devices", 2, "needs async_rollout='one_step'"),
     (TrainingConfig, {}, "packing", "yes", "must be true or false"),
+    (TrainingConfig, {}, "share_prompts", "yes", "must be true or false"),
     (TrainingConfig, {}, "learning_rate", 0.0, "must be > 0"),
     (TrainingConfig, {}, "learning_rate", -1e-3, "must be > 0"),
     (TrainingConfig, {}, "lr_schedule", "exponential", "must be one of ('constant', 'cosine', 'linear')"),

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from rl_core.logprobs import completion_logprobs, sequence_inputs, token_logprobs
+from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 V = CharTokenizer().vocab_size
@@ -118,3 +119,42 @@ def test_token_logprobs_known_values():
     # temperature 0.5 squares and renormalizes: [0.25, 0.0625, 0.0625] / 0.375 -> p(0) = 2/3
     logp, _ = token_logprobs(logits, jnp.array([0]), 0.5)
     np.testing.assert_allclose(logp, [np.log(2 / 3)], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["scan", "unrolled"])
+@pytest.mark.parametrize("t", [T, 1], ids=["completions", "one-token"])
+def test_shared_prompts_give_the_same_logprobs_and_gradients(batch, scan_layers, t):
+    """Each group's prompt run once (its KV cache copied to the group's rows) scores and
+    differentiates exactly like every row running its own copy."""
+    model = Transformer(TransformerConfig.tiny(V, scan_layers=scan_layers), rngs=nnx.Rngs(1))
+    graphdef, state = nnx.split(model)
+    g = 2
+    prompt_tokens, prompt_mask, completion = batch  # three prompts of 5, 2 and 8 tokens
+    rows = [jnp.repeat(x, g, axis=0) for x in (prompt_tokens, prompt_mask)]
+    completion = jnp.asarray(np.random.default_rng(2).integers(3, V, (3 * g, t)), jnp.int32)
+    weights = jnp.linspace(-1.0, 1.0, 3 * g * t).reshape(3 * g, t)
+    shared = SharedPrompts(prompt_tokens, prompt_mask)
+
+    @functools.partial(jax.jit, static_argnames="share")
+    def scored(state, share):
+        def loss(s):
+            logp, entropy = completion_logprobs(nnx.merge(graphdef, s), *rows, completion, chunk_tokens=3,
+                                                shared=shared if share else None)
+            return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+        return jax.grad(loss, has_aux=True)(state)
+
+    (g_shared, (logp_shared, ent_shared)), (g_rows, (logp_rows, ent_rows)) = scored(state, True), scored(state, False)
+    assert logp_shared.shape == (3 * g, t)
+    np.testing.assert_allclose(logp_shared, logp_rows, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ent_shared, ent_rows, atol=1e-5, rtol=0)
+    for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_rows), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+    assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_shared)) > 1e-3
+
+
+def test_shared_prompts_must_divide_the_rows(model, batch):
+    prompt_tokens, prompt_mask, completion = batch
+    with pytest.raises(ValueError, match="3 rows cannot share 2 prompts"):
+        completion_logprobs(model, prompt_tokens, prompt_mask, completion,
+                            shared=SharedPrompts(prompt_tokens[:2], prompt_mask[:2]))

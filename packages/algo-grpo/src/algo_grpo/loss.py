@@ -32,6 +32,7 @@ def grpo_objective(model: Policy, example: TrainExample, *, temperature: float, 
     logp, entropy = completion_logprobs(
         model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
         temperature=temperature, chunk_tokens=chunk_tokens, packed=example.packed,
+        shared=example.shared_prompts,
     )
     return grpo_loss(logp, entropy, example, **settings)
 

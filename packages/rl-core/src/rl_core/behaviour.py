@@ -34,7 +34,7 @@ class PolicyLogprobs:
     def __init__(self, policy: TrainableModel, rollout: RolloutConfig) -> None:
         chunk = rollout.logprob_chunk_tokens
         logprobs = functools.partial(completion_logprobs, temperature=rollout.temperature, chunk_tokens=chunk)
-        self.program = policy.forward(logprobs, chunk_tokens=chunk, packs=policy.layout.packing)
+        self.program = policy.forward(logprobs, chunk_tokens=chunk, packs=policy.layout.packing, shares=True)
 
     def __call__(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """Of the example's completions (0 past the trimmed width, see rl_core.trim)."""

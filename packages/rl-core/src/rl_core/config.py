@@ -330,6 +330,11 @@ class TrainingConfig(Config):
     the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
     trains, so generation and reward scoring overlap the update; staleness is at most one step,
     corrected by the algorithm's truncated importance weight (see rl_core.learner)."""
+    share_prompts: bool = True
+    """Run each group's prompt once in the policy's update and log-prob passes, not once per
+    completion: the prompt fills a KV cache its G rows continue from (the same log-probs and
+    gradients). Applies when a micro-batch's rows on each device are whole groups with one
+    prompt each, and not with packing (rl_core.layout)."""
     packing: bool = False
     """Pack each micro-batch's prompt+completion sequences, several per row with attention kept
     within each, into as few rows as they fit (per device on a mesh) for the policy's update and
@@ -343,6 +348,7 @@ class TrainingConfig(Config):
         super().__post_init__()
         check(self.async_rollout in ASYNC_ROLLOUT, self, "async_rollout", f"must be one of {ASYNC_ROLLOUT}")
         check(isinstance(self.packing, bool), self, "packing", "must be true or false")
+        check(isinstance(self.share_prompts, bool), self, "share_prompts", "must be true or false")
         check(self.rollout_devices >= 0, self, "rollout_devices", "must be >= 0")
         check(self.rollout_devices == 0 or self.async_rollout != "off", self, "rollout_devices",
               "needs async_rollout='one_step': synchronous rollouts would leave these devices idle while training")

@@ -9,6 +9,9 @@ micro-batch at a time too, so they hold the activations the update holds.
 With `training.packing`, each micro-batch's sequences are also packed, per device,
 into fewer rows (rl_core.packing): the update's mini-batches carry them as
 `TrainExample.packed`, and the policy's log-prob pass takes them the same way.
+Otherwise, with `training.share_prompts`, when every group of G consecutive rows has
+one prompt and each device's rows of a micro-batch are whole groups, the update's
+mini-batches carry each group's prompt once (`TrainExample.shared_prompts`).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from rl_core import multihost
 from rl_core.config import TrainingConfig
 from rl_core.packing import pack_micro_batches
 from rl_core.trim import trimmed_width
-from rl_core.types import TrainExample
+from rl_core.types import SharedPrompts, TrainExample
 
 
 class BatchLayout:
     """The mini- and micro-batch split of `batch_size` completions on `mesh`."""
 
-    def __init__(self, training: TrainingConfig, batch_size: int, mesh: Mesh) -> None:
+    def __init__(self, training: TrainingConfig, batch_size: int, mesh: Mesh, group_size: int = 1) -> None:
         self.mesh = mesh
         self.batch_size = batch_size
         self.packing = training.packing
@@ -44,6 +47,9 @@ class BatchLayout:
                 f"micro-batches of {self.micro_size} completions cannot be split over {devices} devices (data x fsdp); "
                 "choose prompts_per_step, group size and micro_batch_size so that it divides"
             )
+        # prompts are shared by groups of this many rows when each device holds whole groups
+        whole_groups = group_size > 1 and (self.micro_size // devices) % group_size == 0
+        self.prompt_group = group_size if training.share_prompts and not training.packing and whole_groups else 1
 
     def rows(self, axis: int = 0) -> NamedSharding:
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
@@ -56,16 +62,29 @@ class BatchLayout:
         mini-batch; only fields already on the device take device ops.
         """
         n_mini, n_micro = self.num_mini_batches, self.num_micro_batches
+        example = example._replace(shared_prompts=self.shared_prompts(example.prompt_tokens, example.prompt_mask))
 
-        def split(x):
-            return None if x is None else x.reshape(n_mini, n_micro, self.micro_size, *x.shape[1:])
+        def split(x):  # rows, or shared prompts (one per group of rows)
+            return x.reshape(n_mini, n_micro, -1, *x.shape[1:])
 
-        stacked = TrainExample(*(split(x) for x in example))
+        stacked = jax.tree.map(split, example)
         minis = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n_mini)]
         if self.packing:
             minis = [mini._replace(packed=self.pack(mini.prompt_tokens, mini.prompt_mask, mini.completion_tokens,
                                                     mini.completion_mask)) for mini in minis]
         return multihost.program_inputs(minis, self.rows(axis=1))
+
+    def shared_prompts(self, prompt_tokens: Any, prompt_mask: Any) -> SharedPrompts | None:
+        """Each group's prompt once ([B / G, P], on the host) when the update can share them: every
+        group of `prompt_group` consecutive rows has one prompt (tokens and mask); else None."""
+        g = self.prompt_group
+        if g == 1 or len(prompt_tokens) % g:
+            return None
+        host = lambda x: np.asarray(multihost.to_host(x))  # noqa: E731
+        tokens, mask = (host(x).reshape(-1, g, *x.shape[1:]) for x in (prompt_tokens, prompt_mask))
+        if not ((tokens == tokens[:, :1]).all() and (mask == mask[:, :1]).all()):
+            return None
+        return SharedPrompts(tokens[:, 0], mask[:, 0])
 
     def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
         """The micro-batches [M, mb, ...] packed per device (rl_core.packing), on the host."""
@@ -75,20 +94,21 @@ class BatchLayout:
 
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
                       prompt_mask: Any, completion_tokens: Any, *per_token: Any, mask: Any = None,
-                      chunk_tokens: int = 1, packs: bool = False) -> Any:
+                      chunk_tokens: int = 1, packs: bool = False, shares: bool = False) -> Any:
         """A forward program's [B, T] outputs (rl_core.trainable.TrainableModel.forward), run one
         micro-batch at a time (all rows at once when B is not a multiple of the micro-batch size).
         `per_token` [B, T] inputs follow the completion tokens. With the completion `mask`, it runs
         at the trimmed width (rl_core.trim, in multiples of `chunk_tokens`) and pads its outputs
         with zeros. A program that `packs` gets the packed micro-batches as its last input (the
-        tokens up to the end of `mask`; all without one)."""
+        tokens up to the end of `mask`; all without one); one that `shares`, the micro-batches'
+        `SharedPrompts` where the update would share them, else None."""
         t = completion_tokens.shape[1]
         width = t if mask is None else trimmed_width(mask, chunk_tokens)
         if width < t:
             cut = [np.asarray(multihost.to_host(x))[:, :width] for x in (completion_tokens, *per_token)]
             out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, *cut,
                                      mask=np.asarray(multihost.to_host(mask))[:, :width], chunk_tokens=width,
-                                     packs=packs)
+                                     packs=packs, shares=shares)
             return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
         b = len(completion_tokens)
         micro = self.micro_size if b % self.micro_size == 0 else b
@@ -98,4 +118,8 @@ class BatchLayout:
         stacked = [np.asarray(multihost.to_host(x)).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
         if packs:
             stacked[-1] = self.pack(*stacked[:3], stacked[-1])
+        elif shares:
+            shared = self.shared_prompts(prompt_tokens, prompt_mask) if micro == self.micro_size else None
+            stacked.append(None if shared is None else jax.tree.map(lambda x: x.reshape(b // micro, -1, *x.shape[1:]),
+                                                                    shared))
         return program(params, frozen, tuple(multihost.program_inputs(stacked, self.rows(axis=1))))

@@ -117,7 +117,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # in a multi-process run, process 0 alone writes files and shows progress
         self.writes = multihost.is_primary()
         self.progress = progress and self.writes
-        self.layout = BatchLayout(training, training.prompts_per_step * self.group_size, self.mesh)
+        self.layout = BatchLayout(training, training.prompts_per_step * self.group_size, self.mesh, self.group_size)
         self.batch_size = self.layout.batch_size
         self.num_mini_batches, self.num_micro_batches = self.layout.num_mini_batches, self.layout.num_micro_batches
 

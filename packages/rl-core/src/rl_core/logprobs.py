@@ -4,16 +4,23 @@ The [B, T, V] float32 logits are never materialized: the body returns hidden
 states [B, P+T, D] and the unembedding runs over T in chunks of C tokens
 inside a rematerialized scan, so memory holds [B, C, V] at a time, forward
 and backward.
+
+When the rows come in groups sharing a prompt (`SharedPrompts`), each prompt runs
+once per group: it fills a KV cache that the group's rows copy and continue from,
+as the sampler's prefill does. The copy is differentiable, so the prompt's
+gradient is the sum of its rows' (GRPO with G = 8: the prompt positions cost 1/8).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from rl_core import mesh as mesh_lib
 from rl_core.packing import Packed, unpack
 from rl_core.policy import Policy, chunk_unembedding
+from rl_core.types import SharedPrompts
 
 
 def sequence_inputs(prompt_mask: jax.Array, completion_len: int) -> tuple[jax.Array, jax.Array]:
@@ -59,6 +66,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 64,
     packed: Packed | None = None,
+    shared: SharedPrompts | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(logp [B, T], entropy [B, T]) of each completion token given what precedes it.
 
@@ -66,12 +74,52 @@ def completion_logprobs(
     log-probs is 1 for an unchanged policy. Greedy sampling (0) scores at 1.
     With the sequences `packed` (rl_core.packing), the pass runs on the packed rows
     (`packed_logprobs`: equal on the tokens of the packing's completion masks).
+    With the prompts `shared` by consecutive groups of rows, each runs once
+    (`shared_prompt_hidden`: the same log-probs and gradients).
     """
     if packed is not None:
         return packed_logprobs(model, packed, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
-    tokens, positions, mask, outputs_from = scoring_inputs(prompt_tokens, prompt_mask, completion_tokens)
-    hidden, _ = model(tokens, positions, mask, outputs_from=outputs_from)  # [B, T, D]
+    if shared is not None:
+        hidden = shared_prompt_hidden(model, shared, prompt_mask, completion_tokens)
+    else:
+        tokens, positions, mask, outputs_from = scoring_inputs(prompt_tokens, prompt_mask, completion_tokens)
+        hidden, _ = model(tokens, positions, mask, outputs_from=outputs_from)  # [B, T, D]
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
+
+
+def shared_prompt_hidden(model: Policy, shared: SharedPrompts, prompt_mask: jax.Array,
+                         completion_tokens: jax.Array) -> jax.Array:
+    """The scoring pass's hidden states [B, T, D] (as `scoring_inputs`' pass gives them) with each
+    group's prompt run once: rows i * G .. i * G + G - 1 share prompt i of `shared` (G = B / U).
+
+    The prompts [U, P] fill a KV cache and give the state before each group's first completion
+    token; the cache is copied to the group's rows, which run their completions but the last
+    token on it. `prompt_mask` [B, P] is the rows' (the group's, repeated)."""
+    u, p = shared.tokens.shape
+    b, t = completion_tokens.shape
+    if b % u:
+        raise ValueError(f"{b} rows cannot share {u} prompts in equal groups")
+    g = b // u
+    slots = p + t - 1
+
+    def repeat(x: jax.Array, axis: int) -> jax.Array:  # each group's value to its g rows
+        return jnp.repeat(x, g, axis=axis)
+
+    def laid_out(cache):  # split like the rows (and KV heads), never over slots
+        return jax.tree.map(lambda x, names: mesh_lib.traced_layout(x, tuple(names)), cache, model.cache_axes())
+
+    positions, mask = sequence_inputs(shared.mask, t - 1)
+    cache = laid_out(model.init_cache(u, slots))
+    first, cache = model(shared.tokens, positions[:, :p], mask[:, :p], cache, 0, outputs_from=p - 1)  # [U, 1, D]
+    first = repeat(first, 0)
+    if t == 1:
+        return first
+    batch_axis = jax.tree.map(lambda names: list(names).index("batch"), model.cache_axes(),
+                              is_leaf=lambda x: isinstance(x, PartitionSpec))
+    cache = laid_out(jax.tree.map(repeat, cache, batch_axis))
+    positions, mask = sequence_inputs(prompt_mask, t - 1)
+    rest, _ = model(completion_tokens[:, :-1], positions[:, p:], mask[:, p:], cache, p)  # [B, T - 1, D]
+    return jnp.concatenate([first, rest], axis=1)
 
 
 def packed_logprobs(

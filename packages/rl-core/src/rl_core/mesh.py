@@ -175,6 +175,15 @@ def traced_row_shards() -> int:
     return math.prod(mesh.shape[a] for a in BATCH if a in mesh.shape and a not in mesh.manual_axes)
 
 
+def traced_layout(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """`x` constrained to the layout of logical axis `names` (`RULES`) in the activation layout
+    being traced; the identity outside one (or inside a shard_map)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.manual_axes:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

@@ -151,11 +151,13 @@ class TrainableModel:
             return jax.jit(zeros, out_shardings=self.param_shardings)(self.params)
         return self.place(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
-    def forward(self, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool = False) -> ForwardPass:
+    def forward(self, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool = False,
+                shares: bool = False) -> ForwardPass:
         """The pass `fn(model, prompt_tokens, prompt_mask, completion_tokens)` -> [B, T] outputs of
         this model (log-probs of a policy, values of a critic), run as the update runs its rows;
-        one that `packs` is also given `packed=` the layout's packed rows (rl_core.packing)."""
-        return ForwardPass(self, fn, chunk_tokens=chunk_tokens, packs=packs)
+        one that `packs` is also given `packed=` the layout's packed rows (rl_core.packing), one
+        that `shares` `shared=` each group's prompt once where the layout shares them (else None)."""
+        return ForwardPass(self, fn, chunk_tokens=chunk_tokens, packs=packs, shares=shares)
 
 
 class ForwardPass:
@@ -169,12 +171,15 @@ class ForwardPass:
     `chunk_tokens`), zeros beyond it.
     """
 
-    def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool) -> None:
-        self.part, self.chunk_tokens, self.packs = part, chunk_tokens, packs
+    def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool,
+                 shares: bool = False) -> None:
+        self.part, self.chunk_tokens, self.packs, self.shares = part, chunk_tokens, packs, shares
         graphdef = part.graphdef
 
         def one(model, xs):
-            return fn(model, *xs[:-1], packed=xs[-1]) if packs else fn(model, *xs)
+            if packs:
+                return fn(model, *xs[:-1], packed=xs[-1])
+            return fn(model, *xs[:-1], shared=xs[-1]) if shares else fn(model, *xs)
 
         def program(params, frozen, inputs):  # inputs: [M, mb, ...] each (and the packed rows)
             model = nnx.merge(graphdef, params, frozen)
@@ -192,7 +197,7 @@ class ForwardPass:
         params = self.part.params if params is None else params
         return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
                                               completion_tokens, *per_token, mask=mask, chunk_tokens=self.chunk_tokens,
-                                              packs=self.packs)
+                                              packs=self.packs, shares=self.shares)
 
 
 def make_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn,

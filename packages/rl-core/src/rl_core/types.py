@@ -13,6 +13,14 @@ import jax
 from rl_core.packing import Packed
 
 
+class SharedPrompts(NamedTuple):
+    """Each prompt of a batch whose rows come in consecutive groups of G sharing one prompt
+    (GRPO's completions of a prompt), once: the update runs it once per group (rl_core.logprobs)."""
+
+    tokens: jax.Array  # [B / G, P] int32, left-padded like the rows'
+    mask: jax.Array  # [B / G, P] float32
+
+
 class TrainExample(NamedTuple):
     """One batch of completions ready for the loss.
 
@@ -31,6 +39,7 @@ class TrainExample(NamedTuple):
     returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
     packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.layout for the update)
+    shared_prompts: SharedPrompts | None = None  # each group's prompt once (set by rl_core.layout for the update)
 
     @property
     def batch_size(self) -> int:
