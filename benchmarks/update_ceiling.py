@@ -7,7 +7,8 @@ float32 matmul peak (n x n matmuls of 512-2048). This takes the update the bench
 preset, model, batch and AdamW; the batch of its second step) and prints, as ratios:
 
   real share      real token positions / the positions the update computes (prompt padding
-                  and the completion columns past a row's end are computed but not counted)
+                  and the completion columns past a row's end are computed but not counted; a
+                  prompt its group shares, once per group)
   dense program   the update's block matmuls alone (q, k, v, o, gate, up, down of every layer;
                   forward and both backward products) at the update's padded shape, one
                   jitted program, as a fraction of the peak: what matmuls of these shapes reach
@@ -148,16 +149,24 @@ def main() -> None:
 
     trimmed = trim_example(example, trimmed_width(example.completion_mask, learner.rollout.logprob_chunk_tokens))
     prompt, completion = bench.example_tokens(trimmed)
-    # fed in: the prompt and the completion but its last token; the last block's queries from p - 1
     p_width, t_width = trimmed.prompt_tokens.shape[1], trimmed.completion_tokens.shape[1]
-    rows, width = trimmed.prompt_tokens.shape[0], p_width + t_width - 1
-    real_share = float(scored_tokens(prompt, completion).sum()) / (rows * width)
-    grad, dense_args, dense_flops = dense_program(cfg, rows * width, rows * t_width)
+    rows = trimmed.prompt_tokens.shape[0]
+    shared = learner.layout.shared_prompts(trimmed.prompt_tokens, trimmed.prompt_mask)
+    group = 1 if shared is None else learner.layout.prompt_group
+    # fed in: each prompt (once per group when shared) and the completions but their last token;
+    # the last block's queries from each prompt's last token on
+    prompt_rows = rows // group
+    positions = prompt_rows * p_width + rows * (t_width - 1)
+    real = scored_tokens(prompt, completion).sum() - (1 - 1 / group) * prompt.sum()
+    real_share = float(real) / positions
+    grad, dense_args, dense_flops = dense_program(cfg, positions, prompt_rows + rows * (t_width - 1))
     dense_median, dense_best = seconds(lambda: grad(*dense_args), args.repeats)
     update_median, update_best = seconds(lambda: update(example), args.repeats)
-    update_flops = training_flops(cfg, prompt, completion)
+    update_flops = training_flops(cfg, prompt, completion, group)
 
-    print(f"{args.preset}: the update computes {rows} rows x {width} positions; matmul peak {peak / 1e9:.0f} GFLOP/s")
+    fed = f"{prompt_rows} prompts x {p_width} + {rows} rows x {t_width - 1}" if group > 1 else \
+        f"{rows} rows x {p_width + t_width - 1}"
+    print(f"{args.preset}: the update computes {fed} positions; matmul peak {peak / 1e9:.0f} GFLOP/s")
     print(f"real share     {real_share:.1%} of those positions are real tokens")
     print(f"dense program  {dense_flops / dense_best / peak:.1%} of the peak (best; median "
           f"{dense_flops / dense_median / peak:.1%}), {dense_best * 1e3:.1f} ms")

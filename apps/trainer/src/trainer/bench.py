@@ -73,16 +73,21 @@ class _Recorder:
             self.tokens["generated"] += int(lengths.sum())
             return out
 
+        def shared_group(example) -> int:  # rows per prompt run (rl_core.layout shares a group's prompt)
+            shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
+            return 1 if shared is None else learner.layout.prompt_group
+
         def recording_logprobs(params, example):
             out = compute_logprobs(params, example)
             prompt, completion = example_tokens(example)
-            self.flops["logprob"] += scoring_flops(cfg, prompt, completion)
+            self.flops["logprob"] += scoring_flops(cfg, prompt, completion, shared_group(example))
             return out
 
         def recording_produce(collected):  # the training half: sync and async runs both call it
             batch = produce(collected)
             prompt, completion = example_tokens(batch.example)
-            self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion)
+            group = shared_group(batch.example)
+            self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion, group)
             self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
             return batch
 

@@ -9,7 +9,8 @@ whose hidden states are read at its last o positions:
   queries) of the n - o positions no output reads: they give only keys and values.
 The embedding lookup, norms, rotary and softmax are not counted. A training
 step is 3 forwards (forward + backward) over the prompt and the completion but
-its last token (a target only, never fed in), read from the last prompt token on;
+its last token (a target only, never fed in), read from the last prompt token on
+(a prompt shared by a group of rows runs once per group, as the update does it);
 sampling is one forward over each prompt (once per group, read at its last token)
 and over every generated token fed back (KV cache: each position once).
 Only work the model needs counts: padding, rows decoded after their EOS and the
@@ -81,16 +82,23 @@ def scored_tokens(prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> n
     return np.asarray(prompt_tokens) + np.maximum(np.asarray(completion_tokens) - 1, 0)
 
 
-def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
+def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray,
+                  group_size: int = 1) -> float:
     """The forward that scores completions over `scored_tokens`, read and unembedded at the state
-    before each completion token (from the last prompt token on)."""
-    completion = np.asarray(completion_tokens)
-    return forward_flops(cfg, scored_tokens(prompt_tokens, completion), completion, completion)
+    before each completion token (from the last prompt token on). With `group_size` > 1, each
+    group of that many consecutive rows runs its (one) prompt once, read at its last token
+    (rl_core.logprobs.shared_prompt_hidden); the rows continue from its KV cache."""
+    prompt, completion = np.asarray(prompt_tokens), np.asarray(completion_tokens)
+    flops = forward_flops(cfg, scored_tokens(prompt, completion), completion, completion)
+    if group_size > 1:  # every row's prompt pass less its group's one
+        flops -= (1 - 1 / group_size) * forward_flops(cfg, prompt, np.zeros_like(prompt), np.ones_like(prompt))
+    return flops
 
 
-def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> float:
+def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray,
+                   group_size: int = 1) -> float:
     """Forward and backward (3 forwards) of `scoring_flops`."""
-    return 3.0 * scoring_flops(cfg, prompt_tokens, completion_tokens)
+    return 3.0 * scoring_flops(cfg, prompt_tokens, completion_tokens, group_size)
 
 
 def parameter_count(cfg: TransformerConfig) -> int:
