@@ -13,8 +13,8 @@ preset, model, batch and AdamW; the batch of its second step) and prints, as rat
                   forward and both backward products) at the update's padded shape, one
                   jitted program, as a fraction of the peak: what matmuls of these shapes reach
                   (the last block's query side only on the rows the update reads)
-  update          the learner's own update (median of --repeats), model FLOPs as the bench
-                  counts them, as a fraction of the peak
+  update          the learner's own update (median of --repeats), needed FLOPs as the bench
+                  counts them (what the update runs), as a fraction of the peak
   ceiling         real share x dense program: the update's utilisation if it ran only its
                   matmuls, at the dense program's rate
 

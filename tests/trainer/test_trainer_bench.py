@@ -69,6 +69,15 @@ def test_forward_flops_by_hand():
     assert scoring_flops(cfg, *two_rows, group_size=2) == prompt_pass + 2 * per_row
     assert scoring_flops(cfg, *two_rows, group_size=1) == 2 * scoring
     assert training_flops(cfg, *two_rows, group_size=2) == 3 * (prompt_pass + 2 * per_row)
+    # model FLOPs (MFU's numerator): whatever the implementation skips, every row's whole prompt
+    # and completion (4 tokens) fed, each completion token unembedded, the prefill read everywhere
+    whole = 2 * w * 4 + 2 * score * (1 + 2 + 3 + 4) + 2 * 64 * 10 * 2
+    assert scoring_flops(cfg, np.array([2]), np.array([2]), needed=False) == whole
+    assert scoring_flops(cfg, *two_rows, group_size=2, needed=False) == 2 * whole
+    assert training_flops(cfg, *two_rows, group_size=2, needed=False) == 3 * 2 * whole
+    full_prefill = prefill + 2 * query_side + score * 1
+    assert sampling_flops(cfg, np.array([2]), np.array([2, 2]), num_samples=2, needed=False) == (
+        full_prefill + 2 * per_sample)
 
 
 def test_shared_prompts_skip_in_the_compiled_update_what_the_count_says():
@@ -118,6 +127,13 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     for part in ("prefill", "decode"):
         assert r[part]["seconds"] >= 0 and r[part]["flops"] > 0
     assert r["mfu_step"] == r["phases"]["step"]["mfu"]
+    # needed FLOPs: what the implementation runs of the model FLOPs (the prefill's unread queries,
+    # the completions' last tokens and the shared prompts skipped), the step their sum
+    for phase in ("rollout", "update"):
+        assert 0 < r["phases"][phase]["needed_flops"] < r["phases"][phase]["model_flops"], phase
+    assert r["phases"]["step"]["needed_flops"] == pytest.approx(
+        r["phases"]["rollout"]["needed_flops"] + r["phases"]["update"]["needed_flops"])
+    assert 0 < r["phases"]["step"]["needed_of_peak"] < r["mfu_step"]
 
 
 def test_bench_rejects_unknown_preset(capsys):

@@ -11,8 +11,10 @@
    steps, with the compile count read after the first step, before the timed
    steps and after them: it must stay flat after the first step.
 3. Each step's phases as the learner times them (time/rollout, time/reward,
-   time/logprob, time/update, time/step) and each phase's model FLOPs,
-   counted analytically from the tokens it actually processed.
+   time/logprob, time/update, time/step) and each phase's FLOPs, counted
+   analytically from the tokens it actually processed: model FLOPs (MFU's
+   numerator: what the task costs the model) and needed FLOPs (what this
+   implementation runs of them; see trainer.bench_flops).
 4. Prefill and decode time: the rollout program timed against the same program
    with max_new_tokens=1 (prefill plus the first sampled token). Each prompt is
    prefilled once for its whole group.
@@ -41,10 +43,10 @@ from trainer.bench_critic import CRITIC, CriticTimer, critic_memory
 from trainer.bench_critic import PHASE as CRITIC_PHASE
 from trainer.bench_flops import (
     block_matmul_weights,
-    forward_flops,
     matmul_peak,
     merge_peaks,
     parameter_count,
+    prefill_flops,
     sampling_flops,
     scoring_flops,
     timed,
@@ -60,7 +62,8 @@ class _Recorder:
 
     def __init__(self, learner: Any, cfg: TransformerConfig) -> None:
         self.cfg = cfg
-        self.flops = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}
+        self.flops = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}  # model FLOPs (bench_flops)
+        self.needed = dict(self.flops)  # needed FLOPs
         self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
         generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.examples_from
 
@@ -68,7 +71,8 @@ class _Recorder:
             out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, **options)
             prompt = np.asarray(prompt_mask).sum(axis=1)
             lengths = np.asarray(out.lengths)  # the learner fetches these anyway
-            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples)
+            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples, needed=False)
+            self.needed["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples)
             self.tokens["prompt"] += int(prompt.sum())
             self.tokens["generated"] += int(lengths.sum())
             return out
@@ -80,14 +84,16 @@ class _Recorder:
         def recording_logprobs(params, example):
             out = compute_logprobs(params, example)
             prompt, completion = example_tokens(example)
-            self.flops["logprob"] += scoring_flops(cfg, prompt, completion, shared_group(example))
+            self.flops["logprob"] += scoring_flops(cfg, prompt, completion, needed=False)
+            self.needed["logprob"] += scoring_flops(cfg, prompt, completion, shared_group(example))
             return out
 
         def recording_produce(collected):  # the training half: sync and async runs both call it
             batch = produce(collected)
             prompt, completion = example_tokens(batch.example)
-            group = shared_group(batch.example)
-            self.flops["update"] += learner.num_iterations * training_flops(cfg, prompt, completion, group)
+            passes = learner.num_iterations
+            self.flops["update"] += passes * training_flops(cfg, prompt, completion, needed=False)
+            self.needed["update"] += passes * training_flops(cfg, prompt, completion, shared_group(batch.example))
             self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
             return batch
 
@@ -95,11 +101,12 @@ class _Recorder:
         learner.compute_logprobs = recording_logprobs
         learner.examples_from = recording_produce
 
-    def take(self) -> tuple[dict[str, float], dict[str, int]]:
-        flops, tokens = dict(self.flops), dict(self.tokens)
-        self.flops = dict.fromkeys(self.flops, 0.0)
+    def take(self) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+        """(model FLOPs, needed FLOPs, tokens) by phase since the last take."""
+        flops, needed, tokens = dict(self.flops), dict(self.needed), dict(self.tokens)
+        self.flops, self.needed = dict.fromkeys(self.flops, 0.0), dict.fromkeys(self.needed, 0.0)
         self.tokens = dict.fromkeys(self.tokens, 0)
-        return flops, tokens
+        return flops, needed, tokens
 
 
 def example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +203,7 @@ def run_bench(
         f"optimizer state {memory['optimizer_state_bytes']:,} B, frozen base {memory['frozen_bytes']:,} B")
     recorder = _Recorder(learner, cfg)
     # a critic (PPO): its update is timed as a phase of its own (trainer.bench_critic)
-    critic = CriticTimer(learner, forward_flops) if CRITIC in learner.models else None
+    critic = CriticTimer(learner) if CRITIC in learner.models else None
     phases = (*PHASES, CRITIC_PHASE) if critic else PHASES
     if critic:
         memory |= critic_memory(learner)
@@ -217,7 +224,7 @@ def run_bench(
     if critic:
         critic.take()
     compiles_before = compile_count()
-    records, flops, tokens = [], {k: 0.0 for k in recorder.flops}, {k: 0 for k in recorder.tokens}
+    records = []
     wall = 0.0
     for _ in range(steps):
         start = time.perf_counter()
@@ -225,11 +232,10 @@ def run_bench(
         wall += time.perf_counter() - start
         records.append(critic.split(record) if critic else record)
     compiles_after = compile_count()
-    step_flops, step_tokens = recorder.take()
-    flops.update(step_flops)
-    for name, value in (critic.take() if critic else {}).items():
-        flops[name] = flops.get(name, 0.0) + value
-    tokens.update(step_tokens)
+    flops, needed, tokens = recorder.take()
+    for name, (model_value, needed_value) in (critic.take() if critic else {}).items():
+        flops[name] = flops.get(name, 0.0) + model_value
+        needed[name] = needed.get(name, 0.0) + needed_value
 
     prefill, decode = _prefill_decode(learner, task, p)
     peak = merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
@@ -242,6 +248,7 @@ def run_bench(
         peak=peak,
         records=records,
         flops=flops,
+        needed=needed,
         tokens=tokens,
         wall=wall,
         model=model,
@@ -295,12 +302,12 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     lengths = np.asarray(out.lengths)
     prompt = mask.sum(axis=1)
     model_cfg = learner.model.config
-    prefill_flops = forward_flops(model_cfg, prompt, np.ones_like(prompt), np.ones_like(prompt))
-    decode_flops = sampling_flops(model_cfg, prompt, lengths, n) - prefill_flops
+    prefill = {"flops": prefill_flops(model_cfg, prompt, needed=False), "needed_flops": prefill_flops(model_cfg, prompt)}
+    decode_flops = sampling_flops(model_cfg, prompt, lengths, n) - prefill["needed_flops"]  # the same in both counts
     steps = int(lengths.max()) - 1  # decode iterations of the while loop after the prefill's token
     decode_seconds = max(full - first, 0.0)
     return (
-        {"seconds": first, "tokens": float(prompt.sum()), "flops": prefill_flops},
+        {"seconds": first, "tokens": float(prompt.sum()), **prefill},
         {
             "seconds": decode_seconds,
             "iterations": float(steps),
@@ -309,6 +316,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
             "full_generate_seconds": full,
             "tokens_per_sec": float(lengths.sum()) / full,
             "flops": decode_flops,
+            "needed_flops": decode_flops,
         },
     )
 
@@ -323,6 +331,7 @@ def _summarise(
     peak: dict[str, float],
     records: Sequence[dict[str, Any]],
     flops: dict[str, float],
+    needed: dict[str, float],
     tokens: dict[str, int],
     wall: float,
     compiles: dict[str, int],
@@ -341,7 +350,7 @@ def _summarise(
     phases: dict[str, dict[str, float]] = {}
     for name in phase_names:
         seconds = float(np.median(times(f"time/{name}")))
-        phase_flops = flops.get(name, 0.0) / n
+        phase_flops, phase_needed = flops.get(name, 0.0) / n, needed.get(name, 0.0) / n
         rate = phase_flops / seconds if seconds > 0 else 0.0
         phases[name] = {
             "seconds": seconds,
@@ -349,6 +358,8 @@ def _summarise(
             "model_flops": phase_flops,
             "flops_per_sec": rate,
             "mfu": rate / peak_rate,
+            "needed_flops": phase_needed,
+            "needed_of_peak": (phase_needed / seconds if seconds > 0 else 0.0) / peak_rate,
         }
     step = times("time/step")
     step_seconds = float(np.median(step))
@@ -359,18 +370,23 @@ def _summarise(
         "model_flops": 0.0,
         "flops_per_sec": 0.0,
         "mfu": 0.0,
+        "needed_flops": 0.0,
+        "needed_of_peak": 0.0,
     }
-    step_flops = sum(flops.values()) / n
+    step_flops, step_needed = sum(flops.values()) / n, sum(needed.values()) / n
     phases["step"] = {
         "seconds": step_seconds,
         "mean_seconds": float(step.mean()),
         "model_flops": step_flops,
         "flops_per_sec": step_flops / step_seconds,
         "mfu": step_flops / step_seconds / peak_rate,
+        "needed_flops": step_needed,
+        "needed_of_peak": step_needed / step_seconds / peak_rate,
     }
     for part in (prefill, decode):
         part["flops_per_sec"] = part["flops"] / part["seconds"] if part["seconds"] > 0 else 0.0
         part["mfu"] = part["flops_per_sec"] / peak_rate
+        part["needed_of_peak"] = (part["needed_flops"] / part["seconds"] if part["seconds"] > 0 else 0.0) / peak_rate
     rollout_seconds = sum(r["time/rollout"] for r in records)
     return {
         "preset": preset,
@@ -437,27 +453,24 @@ def print_table(results: dict[str, Any]) -> None:
     from rich.table import Table
 
     peak = results["matmul_peak"]["flops_per_sec"]
-    table = Table(title=f"trainer bench {results['preset']} ({results['algo']}): {results['steps']['timed']} timed steps")
-    for column, justify in (("phase", "left"), ("seconds (median)", "right"), ("model GFLOP", "right"),
-                            ("GFLOP/s", "right"), ("MFU", "right")):  # fmt: skip
+    table = Table(title=f"trainer bench {results['preset']} ({results['algo']}): {results['steps']['timed']} timed "
+                        "steps (median seconds; MFU: model FLOPs; of peak: needed FLOPs)")
+    for column, justify in (("phase", "left"), ("seconds", "right"), ("model GFLOP", "right"),
+                            ("GFLOP/s", "right"), ("MFU", "right"), ("needed GFLOP", "right"),
+                            ("of peak", "right")):  # fmt: skip
         table.add_column(column, justify=justify)
-    for name, ph in results["phases"].items():
+    rows = [(name, ph["model_flops"], ph) for name, ph in results["phases"].items()]
+    rows += [(f"{name} alone", results[name]["flops"], results[name]) for name in ("prefill", "decode")]
+    for name, flops, ph in rows:
         table.add_row(
             name,
             f"{ph['seconds']:.4f}",
-            f"{ph['model_flops'] / 1e9:.3f}",
+            f"{flops / 1e9:.3f}",
             f"{ph['flops_per_sec'] / 1e9:.2f}",
             f"{ph['mfu']:.1%}",
+            f"{ph['needed_flops'] / 1e9:.3f}",
+            f"{ph['needed_of_peak']:.1%}",
             style="bold" if name == "step" else None,
-        )
-    for name in ("prefill", "decode"):
-        part = results[name]
-        table.add_row(
-            f"{name} (standalone)",
-            f"{part['seconds']:.4f}",
-            f"{part['flops'] / 1e9:.3f}",
-            f"{part['flops_per_sec'] / 1e9:.2f}",
-            f"{part['mfu']:.1%}",
         )
     console = Console()
     console.print(table)
@@ -472,5 +485,6 @@ def print_table(results: dict[str, Any]) -> None:
         f"compiles: {results['compile_count']['first_step']} in the first step, "
         f"{results['compile_count']['after_first_step']} after it "
         f"({results['compile_count']['timed_delta']} during the timed steps); "
-        f"whole-step MFU {results['mfu_step']:.1%} (median step; {results['mfu_step_mean']:.1%} on the mean)"
+        f"whole-step MFU {results['mfu_step']:.1%} (median step; {results['mfu_step_mean']:.1%} on the mean), "
+        f"needed work {results['phases']['step']['needed_of_peak']:.1%} of the peak"
     )

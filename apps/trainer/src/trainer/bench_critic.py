@@ -8,10 +8,12 @@ overlap a little in dispatch; here they are serialised, which is what a per-phas
 A timed step's `time/update` then keeps the policy's share and `time/critic_update` gets the
 critic's.
 
-Model FLOPs of the critic (trainer.bench's causal-forward model, nothing unembedded: the value
+FLOPs of the critic (trainer.bench_flops' causal-forward model, nothing unembedded: the value
 head's D weights per position are not counted, like the norms): its update is forward and
 backward, 3 forwards over prompt + completion, per update; its values pass at collection time
 is one forward over every row, counted in the log-prob phase, where the learner times it.
+Model FLOPs feed every row's prompt and completion; needed FLOPs, what rl_core.values feeds
+and reads.
 """
 
 from __future__ import annotations
@@ -22,28 +24,31 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer.bench_flops import scored_tokens
+from trainer.bench_flops import forward_flops, scored_tokens
 
 CRITIC = "critic"
 PHASE = "critic_update"
 
 
-def _tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(real tokens fed in, positions valued) per row, rows stacked in any leading shape: the
-    prompt and the loss-masked completion but its last token (rl_core.values never feeds it),
-    valued from the last prompt token on."""
+def _forward_flops(config: Any, example: Any) -> tuple[float, float]:
+    """(model, needed) FLOPs of one forward of the critic over the example's rows (stacked in any
+    leading shape): model, over the prompt and the loss-masked completion; needed, over them but
+    the completion's last token (rl_core.values never feeds it), valued from the last prompt token on."""
     prompt = np.asarray(example.prompt_mask).reshape(-1, example.prompt_mask.shape[-1]).sum(axis=1)
     completion = np.asarray(example.completion_mask).reshape(-1, example.completion_mask.shape[-1]).sum(axis=1)
-    return scored_tokens(prompt, completion), completion
+    tokens = scored_tokens(prompt, completion)
+    nothing = np.zeros_like(completion)
+    return (forward_flops(config, prompt + completion, nothing),
+            forward_flops(config, tokens, np.zeros_like(tokens), completion))
 
 
 class CriticTimer:
     """Wraps a learner's critic update and values pass (see the module docstring)."""
 
-    def __init__(self, learner: Any, forward_flops: Any) -> None:
+    def __init__(self, learner: Any) -> None:
         part = learner.models[CRITIC]
         self.config = part.module().config  # the critic's backbone (a critic_path model may differ)
-        self.seconds, self.flops = 0.0, {PHASE: 0.0, "logprob": 0.0}
+        self.seconds, self.flops = 0.0, {PHASE: (0.0, 0.0), "logprob": (0.0, 0.0)}  # (model, needed)
         update, values = part.update, learner.critic_values
 
         def timed_update(batch: Any) -> Any:
@@ -52,27 +57,29 @@ class CriticTimer:
             stats = update(batch)
             jax.block_until_ready(part.params)
             self.seconds += time.perf_counter() - start
-            tokens, valued = _tokens(batch)
-            self.flops[PHASE] += 3.0 * forward_flops(self.config, tokens, np.zeros_like(tokens), valued)
+            self._count(PHASE, batch, passes=3)  # forward and backward
             return stats
 
         def counted_values(example: Any) -> np.ndarray:
             out = values(example)
-            tokens, valued = _tokens(example)
-            self.flops["logprob"] += forward_flops(self.config, tokens, np.zeros_like(tokens), valued)
+            self._count("logprob", example, passes=1)
             return out
 
         part.update = timed_update  # the learner calls models[name].update(mini): this one, for the critic
         learner.critic_values = counted_values
+
+    def _count(self, phase: str, example: Any, passes: int) -> None:
+        model, needed = _forward_flops(self.config, example)
+        self.flops[phase] = (self.flops[phase][0] + passes * model, self.flops[phase][1] + passes * needed)
 
     def split(self, record: dict[str, Any]) -> dict[str, Any]:
         """A step's metrics with the critic's update seconds moved out of time/update into their own."""
         seconds, self.seconds = self.seconds, 0.0
         return record | {"time/update": record["time/update"] - seconds, f"time/{PHASE}": seconds}
 
-    def take(self) -> dict[str, float]:
-        """The FLOPs counted since the last take, by phase."""
-        flops, self.flops = self.flops, dict.fromkeys(self.flops, 0.0)
+    def take(self) -> dict[str, tuple[float, float]]:
+        """The (model, needed) FLOPs counted since the last take, by phase."""
+        flops, self.flops = self.flops, dict.fromkeys(self.flops, (0.0, 0.0))
         self.seconds = 0.0
         return flops
 

@@ -1,20 +1,25 @@
 """Model FLOPs counted from the real tokens a phase processed, and the machine's float32 matmul peak.
 
-Model FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them,
+FLOPs of a causal forward over a sequence of n real tokens, unembedding u of them,
 whose hidden states are read at its last o positions:
     2 * W * n            W = matmul weights of the blocks (q, k, v, o, MLP) x layers
   + 4 * L * H * Dh * n(n+1)/2   attention scores and values (each query, each earlier key)
   + 2 * D * V * u       unembedding
   less, in the last block, the query side (q, o and the MLP, and the attention of those
   queries) of the n - o positions no output reads: they give only keys and values.
-The embedding lookup, norms, rotary and softmax are not counted. A training
-step is 3 forwards (forward + backward) over the prompt and the completion but
-its last token (a target only, never fed in), read from the last prompt token on
-(a prompt shared by a group of rows runs once per group, as the update does it);
-sampling is one forward over each prompt (once per group, read at its last token)
-and over every generated token fed back (KV cache: each position once).
-Only work the model needs counts: padding, rows decoded after their EOS and the
-skipped queries above are work a machine may do but the model does not need.
+The embedding lookup, norms, rotary and softmax are not counted.
+
+Two counts, both of real tokens only (padding and rows decoded after their EOS never count):
+
+model FLOPs (MFU's numerator, as PaLM defines it and RL frameworks report it): what the
+  task costs the model, whatever the implementation skips. Training is 3 forwards (forward
+  + backward) over every row's prompt and completion, each completion token unembedded;
+  sampling is one forward over each prompt (once per group, unembedding its last token) and
+  over every generated token fed back (KV cache: each position once).
+needed FLOPs: only the work no output can do without, what this implementation runs. Scoring
+  never feeds a completion's last token (a target only), reads from the last prompt token on
+  (the last block's other queries skipped) and runs a prompt its group shares once per group
+  (rl_core.logprobs); the prefill reads only its last token.
 """
 
 from __future__ import annotations
@@ -58,22 +63,29 @@ def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.nda
 
 
 def sampling_flops(
-    cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray, num_samples: int = 1
+    cfg: TransformerConfig, prompt_tokens: np.ndarray, generated: np.ndarray, num_samples: int = 1, *,
+    needed: bool = True,
 ) -> float:
     """Sampling `num_samples` completions per prompt, as the sampler does it.
 
     Each prompt is prefilled once and unembeds its last position (the first
-    token's logits, shared by its samples); then each completion feeds back
-    every generated token but the last, attending over the prompt and what
-    came before, and unembeds each of them. prompt_tokens: [U] real tokens per
-    prompt; generated: [U * num_samples] tokens per completion, prompt-major.
+    token's logits, shared by its samples; `needed`: read there only); then each
+    completion feeds back every generated token but the last, attending over the
+    prompt and what came before, and unembeds each of them. prompt_tokens: [U] real
+    tokens per prompt; generated: [U * num_samples] tokens per completion, prompt-major.
     """
     prompt_tokens = np.asarray(prompt_tokens)
     prompt = np.repeat(prompt_tokens, num_samples)
     fed = np.maximum(np.asarray(generated) - 1, 0)
-    prefill = forward_flops(cfg, prompt_tokens, np.ones_like(prompt_tokens), np.ones_like(prompt_tokens))
+    prefill = prefill_flops(cfg, prompt_tokens, needed=needed)
     # a completion's decode work: its whole sequence less the prompt's share of it
     return prefill + forward_flops(cfg, prompt + fed, fed) - forward_flops(cfg, prompt, np.zeros_like(prompt))
+
+
+def prefill_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, *, needed: bool = True) -> float:
+    """One forward over each prompt, unembedding its last token (`needed`: read there only)."""
+    once = np.ones_like(np.asarray(prompt_tokens))
+    return forward_flops(cfg, prompt_tokens, once, once if needed else None)
 
 
 def scored_tokens(prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> np.ndarray:
@@ -83,12 +95,15 @@ def scored_tokens(prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> n
 
 
 def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray,
-                  group_size: int = 1) -> float:
-    """The forward that scores completions over `scored_tokens`, read and unembedded at the state
-    before each completion token (from the last prompt token on). With `group_size` > 1, each
-    group of that many consecutive rows runs its (one) prompt once, read at its last token
-    (rl_core.logprobs.shared_prompt_hidden); the rows continue from its KV cache."""
+                  group_size: int = 1, *, needed: bool = True) -> float:
+    """The forward that scores completions, each completion token unembedded. Model FLOPs
+    (`needed=False`): over every row's prompt and completion. Needed: over `scored_tokens`, read
+    at the state before each completion token (from the last prompt token on); with
+    `group_size` > 1, each group of that many consecutive rows runs its (one) prompt once, read
+    at its last token (rl_core.logprobs.shared_prompt_hidden), the rows continuing from its cache."""
     prompt, completion = np.asarray(prompt_tokens), np.asarray(completion_tokens)
+    if not needed:
+        return forward_flops(cfg, prompt + completion, completion)
     flops = forward_flops(cfg, scored_tokens(prompt, completion), completion, completion)
     if group_size > 1:  # every row's prompt pass less its group's one
         flops -= (1 - 1 / group_size) * forward_flops(cfg, prompt, np.zeros_like(prompt), np.ones_like(prompt))
@@ -96,9 +111,9 @@ def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_
 
 
 def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_tokens: np.ndarray,
-                   group_size: int = 1) -> float:
+                   group_size: int = 1, *, needed: bool = True) -> float:
     """Forward and backward (3 forwards) of `scoring_flops`."""
-    return 3.0 * scoring_flops(cfg, prompt_tokens, completion_tokens, group_size)
+    return 3.0 * scoring_flops(cfg, prompt_tokens, completion_tokens, group_size, needed=needed)
 
 
 def parameter_count(cfg: TransformerConfig) -> int:
