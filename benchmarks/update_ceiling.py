@@ -151,8 +151,7 @@ def main() -> None:
     prompt, completion = bench.example_tokens(trimmed)
     p_width, t_width = trimmed.prompt_tokens.shape[1], trimmed.completion_tokens.shape[1]
     rows = trimmed.prompt_tokens.shape[0]
-    shared = learner.layout.shared_prompts(trimmed.prompt_tokens, trimmed.prompt_mask)
-    group = 1 if shared is None else learner.layout.prompt_group
+    group = learner.layout.rows_per_prompt(trimmed.prompt_tokens, trimmed.prompt_mask)
     # fed in: each prompt (once per group when shared) and the completions but their last token;
     # the last block's queries from each prompt's last token on
     prompt_rows = rows // group

@@ -63,3 +63,23 @@ def test_prompts_are_not_shared_when(training):
     assert split.prompt_group == 1
     example = grouped_example(PROMPT_TOKENS)
     assert split.shared_prompts(example.prompt_tokens, example.prompt_mask) is None
+
+
+def test_forward_passes_are_handed_each_micro_batchs_shared_prompts():
+    """`micro_batched(shares=True)` (the log-prob passes) gives the program the micro-batches'
+    prompts once per group as its last input; None where a group has two prompts."""
+    split = layout(micro_batch_size=4)  # 2 micro-batches of 2 groups
+    example = grouped_example(PROMPT_TOKENS)
+    fields = (example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+
+    def inputs(*fields, shares):
+        return split.micro_batched(lambda params, frozen, xs: xs, None, None, *fields, shares=shares)
+
+    *rows, shared = inputs(*fields, shares=True)
+    assert rows[0].shape == (2, 4, P)
+    assert shared.tokens.shape == shared.mask.shape == (2, 2, P)
+    np.testing.assert_array_equal(shared.tokens.reshape(-1, P), PROMPT_TOKENS)
+    tokens = example.prompt_tokens.copy()
+    tokens[5, 1] = 4
+    assert inputs(tokens, *fields[1:], shares=True)[-1] is None
+    assert len(inputs(*fields, shares=False)) == 3  # a pass that does not share gets no such input

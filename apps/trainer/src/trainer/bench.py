@@ -77,9 +77,8 @@ class _Recorder:
             self.tokens["generated"] += int(lengths.sum())
             return out
 
-        def shared_group(example) -> int:  # rows per prompt run (rl_core.layout shares a group's prompt)
-            shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
-            return 1 if shared is None else learner.layout.prompt_group
+        def shared_group(example) -> int:
+            return learner.layout.rows_per_prompt(example.prompt_tokens, example.prompt_mask)
 
         def recording_logprobs(params, example):
             out = compute_logprobs(params, example)

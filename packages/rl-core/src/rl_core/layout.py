@@ -32,6 +32,11 @@ from rl_core.trim import trimmed_width
 from rl_core.types import SharedPrompts, TrainExample
 
 
+def _host(x: Any) -> np.ndarray:
+    """The whole of `x` as a NumPy array on this process."""
+    return np.asarray(multihost.to_host(x))
+
+
 class BatchLayout:
     """The mini- and micro-batch split of `batch_size` completions on `mesh`."""
 
@@ -80,17 +85,19 @@ class BatchLayout:
         g = self.prompt_group
         if g == 1 or len(prompt_tokens) % g:
             return None
-        host = lambda x: np.asarray(multihost.to_host(x))  # noqa: E731
-        tokens, mask = (host(x).reshape(-1, g, *x.shape[1:]) for x in (prompt_tokens, prompt_mask))
+        tokens, mask = (_host(x).reshape(-1, g, *x.shape[1:]) for x in (prompt_tokens, prompt_mask))
         if not ((tokens == tokens[:, :1]).all() and (mask == mask[:, :1]).all()):
             return None
         return SharedPrompts(tokens[:, 0], mask[:, 0])
 
+    def rows_per_prompt(self, prompt_tokens: Any, prompt_mask: Any) -> int:
+        """How many rows each prompt run serves in the update: G where it shares them, else 1."""
+        return 1 if self.shared_prompts(prompt_tokens, prompt_mask) is None else self.prompt_group
+
     def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
         """The micro-batches [M, mb, ...] packed per device (rl_core.packing), on the host."""
-        host = lambda x: np.asarray(multihost.to_host(x))  # noqa: E731
-        return pack_micro_batches(host(prompt_tokens), host(prompt_mask), host(completion_tokens),
-                                  host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
+        return pack_micro_batches(_host(prompt_tokens), _host(prompt_mask), _host(completion_tokens),
+                                  _host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
 
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
                       prompt_mask: Any, completion_tokens: Any, *per_token: Any, mask: Any = None,
@@ -105,9 +112,9 @@ class BatchLayout:
         t = completion_tokens.shape[1]
         width = t if mask is None else trimmed_width(mask, chunk_tokens)
         if width < t:
-            cut = [np.asarray(multihost.to_host(x))[:, :width] for x in (completion_tokens, *per_token)]
+            cut = [_host(x)[:, :width] for x in (completion_tokens, *per_token)]
             out = self.micro_batched(program, params, frozen, prompt_tokens, prompt_mask, *cut,
-                                     mask=np.asarray(multihost.to_host(mask))[:, :width], chunk_tokens=width,
+                                     mask=_host(mask)[:, :width], chunk_tokens=width,
                                      packs=packs, shares=shares)
             return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
         b = len(completion_tokens)
@@ -115,7 +122,7 @@ class BatchLayout:
         fields = [prompt_tokens, prompt_mask, completion_tokens, *per_token]
         if packs:
             fields.append(np.ones(completion_tokens.shape, np.float32) if mask is None else mask)
-        stacked = [np.asarray(multihost.to_host(x)).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
+        stacked = [_host(x).reshape(b // micro, micro, *x.shape[1:]) for x in fields]
         if packs:
             stacked[-1] = self.pack(*stacked[:3], stacked[-1])
         elif shares:

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from rl_core import mesh as mesh_lib
 from rl_core.packing import Packed, unpack
-from rl_core.policy import Policy, chunk_unembedding
+from rl_core.policy import Policy, chunk_unembedding, repeat_cache
 from rl_core.types import SharedPrompts
 
 
@@ -102,21 +101,16 @@ def shared_prompt_hidden(model: Policy, shared: SharedPrompts, prompt_mask: jax.
     g = b // u
     slots = p + t - 1
 
-    def repeat(x: jax.Array, axis: int) -> jax.Array:  # each group's value to its g rows
-        return jnp.repeat(x, g, axis=axis)
-
     def laid_out(cache):  # split like the rows (and KV heads), never over slots
         return jax.tree.map(lambda x, names: mesh_lib.traced_layout(x, tuple(names)), cache, model.cache_axes())
 
     positions, mask = sequence_inputs(shared.mask, t - 1)
     cache = laid_out(model.init_cache(u, slots))
     first, cache = model(shared.tokens, positions[:, :p], mask[:, :p], cache, 0, outputs_from=p - 1)  # [U, 1, D]
-    first = repeat(first, 0)
+    first = jnp.repeat(first, g, axis=0)  # each group's state to its g rows
     if t == 1:
         return first
-    batch_axis = jax.tree.map(lambda names: list(names).index("batch"), model.cache_axes(),
-                              is_leaf=lambda x: isinstance(x, PartitionSpec))
-    cache = laid_out(jax.tree.map(repeat, cache, batch_axis))
+    cache = laid_out(repeat_cache(model, cache, g))
     positions, mask = sequence_inputs(prompt_mask, t - 1)
     rest, _ = model(completion_tokens[:, :-1], positions[:, p:], mask[:, p:], cache, p)  # [B, T - 1, D]
     return jnp.concatenate([first, rest], axis=1)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 Cache = Any  # a pytree of arrays owned by the model; rl_core only threads it through.
 
@@ -71,6 +72,13 @@ def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:
     else `logits` itself."""
     unembedding = getattr(policy, "unembedding", None)
     return unembedding() if callable(unembedding) else policy.logits
+
+
+def repeat_cache(policy: Policy, cache: Cache, n: int) -> Cache:
+    """`cache` with each row copied to n consecutive rows (its "batch" axis, `cache_axes`): a
+    prompt's cache for each of its n samples (the sampler) or group rows (the scoring pass)."""
+    return jax.tree.map(lambda x, names: jnp.repeat(x, n, axis=list(names).index("batch")), cache,
+                        policy.cache_axes())
 
 
 @runtime_checkable

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.config import RolloutConfig
+from rl_core.policy import repeat_cache
 
 
 class Completions(NamedTuple):
@@ -148,10 +149,7 @@ def generate(
     hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0, outputs_from=p - 1)
     first_logits = model.logits(hidden[:, -1])
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
-        cache = jax.tree.map(
-            lambda x, names: jnp.repeat(x, num_samples, axis=list(names).index("batch")), cache, model.cache_axes()
-        )
-        cache = shard_cache(cache)
+        cache = shard_cache(repeat_cache(model, cache, num_samples))
         first_logits, slot_valid, prompt_len = jax.tree.map(
             lambda x: jnp.repeat(x, num_samples, axis=0), (first_logits, slot_valid, prompt_len)
         )
