@@ -49,9 +49,9 @@ from rl_core.learner import RLLearner, StepBatch
 from rl_core.trainable import LossFn
 from rl_core.types import TrainExample
 
-from algo_grpo.config import GRPOConfig
-from algo_grpo.groups import TOTAL, Groups
-from algo_grpo.loss import grpo_objective
+from rl_core.pipeline_config import GRPOConfig
+from rl_core.groups import TOTAL, Groups
+from rl_core.objective import grpo_objective
 
 
 class GRPOLearner(RLLearner[GRPOConfig]):
