@@ -182,7 +182,7 @@ def run_one(mutation: Mutation, timeout_s: int) -> tuple[str, str, float]:
         ).stdout.strip()
         if not where.startswith(str(copy)):
             return "ERROR", f"{package} imports from {where}, not the mutated copy", 0.0
-        command = [sys.executable, "-m", "pytest", "-n0", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests]
+        command = [sys.executable, "-m", "pytest", "-n0", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *mutation.tests]
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:

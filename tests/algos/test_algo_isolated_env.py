@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 MEMBERS = ["rl-core", "rl-models", "rewards", "algo-grpo", "algo-dapo"]
 
@@ -98,7 +100,6 @@ def isolated_python(tmp_path_factory) -> Path:
     return python
 
 
-@pytest.mark.slow
 def test_dapo_trains_without_dr_grpo(isolated_python, tmp_path):
     # Run outside the repository so that nothing is importable from the working directory.
     # (the suite's XLA_FLAGS go along: they make XLA compile the same programs faster)

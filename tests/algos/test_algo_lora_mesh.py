@@ -10,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from simulated_devices import run_on_simulated_devices  # noqa: E402
 
+pytestmark = pytest.mark.multidevice
+
 SCRIPT = Path(__file__).parent / "scripts" / "lora_mesh.py"
 
 
@@ -18,7 +20,6 @@ def result() -> dict:
     return run_on_simulated_devices(SCRIPT)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["1x4x2", "2x2x2"])
 def test_three_lora_steps_match_one_device(result, mesh):
     assert result["device_count"] == 8
@@ -28,7 +29,6 @@ def test_three_lora_steps_match_one_device(result, mesh):
     assert run["base_unchanged"]
 
 
-@pytest.mark.slow
 def test_the_frozen_base_stays_sharded(result):
     # q_proj kernel [layers 2, embed 64, heads 64]: embed split over fsdp=4, heads over tensor=2
     assert result["q_kernel"] == {"shape": [2, 64, 64], "shard": [2, 16, 32]}

@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from simulated_devices import run_on_simulated_devices  # noqa: E402
 
+pytestmark = pytest.mark.multidevice
+
 SCRIPT = Path(__file__).parent / "scripts" / "mesh_parallel.py"
 
 
@@ -20,7 +22,6 @@ def result() -> dict:
     return run_on_simulated_devices(SCRIPT)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["1x8x1", "2x2x2", "1x4x2"])
 def test_three_grpo_steps_match_one_device(result, mesh):
     assert result["device_count"] == 8
@@ -32,7 +33,6 @@ def test_three_grpo_steps_match_one_device(result, mesh):
     assert run["compiles_steps_2_3"] == 0  # steps 2 and 3 reuse step 1's programs
 
 
-@pytest.mark.slow
 def test_packed_rows_train_as_padded_rows(result):
     """training.packing: three steps (update, old-policy and reference passes on packed rows,
     packed per device on data 2 x fsdp 2 x tensor 2) equal one device's unpacked run."""
@@ -42,7 +42,6 @@ def test_packed_rows_train_as_padded_rows(result):
     assert run["compiles_steps_2_3"] == 0
 
 
-@pytest.mark.slow
 def test_fsdp_4_keeps_a_quarter_of_every_large_parameter_and_adam_moment_per_device(result):
     shards = result["fsdp4"]
     large = {path: s for path, s in shards.items() if "norm" not in path}
@@ -57,7 +56,6 @@ def test_fsdp_4_keeps_a_quarter_of_every_large_parameter_and_adam_moment_per_dev
     assert all(s["param_shard"] == s["shape"] for p, s in shards.items() if "norm" in p)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3"])
 def test_hugging_face_checkpoints_load_into_shards_and_keep_parity(result, family):
     """Loaded straight into shards on a (1, 2, 4) mesh: transformers' logits and greedy
@@ -71,7 +69,6 @@ def test_hugging_face_checkpoints_load_into_shards_and_keep_parity(result, famil
     assert run["kv_shard_fraction"] == [0.5]  # fsdp (2) only
 
 
-@pytest.mark.slow
 def test_tensor_8_gives_each_device_whole_heads_and_matches_one_device(result):
     """8 query heads, 2 KV heads of 8 on tensor=8: each device holds one whole query head
     (8 columns of q_proj, 8 rows of o_proj) and both KV heads (k_proj replicated, as
@@ -84,7 +81,6 @@ def test_tensor_8_gives_each_device_whole_heads_and_matches_one_device(result):
     assert run["same_greedy_tokens"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["static", "paged"])
 def test_async_rollouts_on_devices_of_their_own_train_as_on_the_training_devices(result, engine):
     """training.rollout_devices=4: the policy trains on devices 0-3, the next batch is generated

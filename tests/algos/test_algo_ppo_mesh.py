@@ -11,10 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from simulated_devices import run_on_simulated_devices  # noqa: E402
 
+pytestmark = pytest.mark.multidevice
+
 SCRIPT = Path(__file__).parent / "scripts" / "ppo_mesh.py"
 
 
-@pytest.mark.slow
 def test_two_ppo_steps_on_a_mesh_match_one_device_for_the_policy_and_the_critic():
     result = run_on_simulated_devices(SCRIPT, devices=4)
     assert result["device_count"] == 4

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "collectives.py"
 

@@ -17,6 +17,8 @@ from simulated_devices import run_on_simulated_devices  # noqa: E402
 
 from rl_core import hlo
 
+pytestmark = pytest.mark.multidevice
+
 SCRIPT = Path(__file__).parent / "scripts" / "engine_mesh.py"
 
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from rl_core import hlo
 
 # A hand-written fragment in the compiled-HLO text format: one all-gather in the entry,
@@ -66,6 +68,7 @@ print(json.dumps(hlo.summary(hlo.collectives(c.as_text()))))
 """
 
 
+@pytest.mark.multidevice
 def test_a_compiled_program_on_eight_devices():
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
     env = dict(os.environ, XLA_FLAGS=flags)

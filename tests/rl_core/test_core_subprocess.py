@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.multidevice
+
 SCRIPTS = Path(__file__).parent / "scripts"
 _spec = importlib.util.spec_from_file_location("rl_core_test_toy_run", SCRIPTS / "toy_run.py")
 toy_run = importlib.util.module_from_spec(_spec)

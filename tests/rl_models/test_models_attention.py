@@ -224,7 +224,7 @@ print("ok")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.multidevice
 def test_splash_runs_per_device_under_the_activation_layout():
     """On 4 simulated devices (fsdp=2 x tensor=2), traced as the learner traces (rows over fsdp,
     the 2 KV heads over tensor): one shard_map around the kernel, and the same numbers as xla.

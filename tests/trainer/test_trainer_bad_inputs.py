@@ -197,7 +197,7 @@ SMALL = ["task.options.digits=1", "task.options.heldout_size=5", "warm_start.ste
          "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(capsys, tmp_path, monkeypatch):
     real = tasks.TASKS["arithmetic"]
     calls = []

@@ -19,7 +19,7 @@ from scipy import stats as scipy_stats
 from trainer.cli import main
 from trainer.report import COLUMNS, PLOTS
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 ALGOS = ["grpo", "dapo"]
 TINY = [

@@ -36,7 +36,7 @@ from tensorboardX.proto import event_pb2
 from rl_core.checkpoint import CORRUPT_DIR, saved_steps
 from rl_core.faults import ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # countdown: its format reward (0.1) makes some groups informative even for a barely
 # warm-started policy, so steps 3 and 4 have real updates

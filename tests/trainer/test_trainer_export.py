@@ -18,7 +18,7 @@ from trainer.cli import main
 from trainer.run_folder import settings_of_run
 from trainer.run_policy import load_run_policy
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def export(capsys, run, out, *extra):

@@ -9,6 +9,8 @@ must not learn.
 
 import pytest
 
+pytestmark = pytest.mark.learning
+
 # Held-out accuracy points gained in 100 steps from the cached base (0.515), by rollout seed
 # (seed 0 is the suite's run; each measured once, with scripts/learning_run.py as the suite runs it):
 #                seed 0   seed 1   seed 2
@@ -31,7 +33,6 @@ import pytest
 GAIN = 0.10
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dapo", "cispo", "gspo"])
 def test_100_steps_raise_heldout_greedy_accuracy(algo, learn):
     before, after = learn(algo)

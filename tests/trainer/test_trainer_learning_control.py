@@ -8,8 +8,9 @@ only meaningful above what this run does.
 
 import pytest
 
+pytestmark = pytest.mark.learning
 
-@pytest.mark.slow
+
 def test_100_steps_with_shuffled_rewards_do_not_raise_heldout_greedy_accuracy(learn):
     # From the cached base (0.515 held-out accuracy), rollout seeds 0, 1 and 2 fell to
     # 0.09, 0.195 and 0.185: updates on shuffled rewards push the policy away from its

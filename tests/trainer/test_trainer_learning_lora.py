@@ -2,8 +2,9 @@
 
 import pytest
 
+pytestmark = pytest.mark.learning
 
-@pytest.mark.slow
+
 def test_lora_rank_8_raises_heldout_greedy_accuracy(learn):
     """GRPO training only rank-8 adapters (alpha 16, every projection: 16,384 of the tiny
     model's 86,720 weights), 150 steps at lr 5e-3 with cosine decay.

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.learning
+
 LEARNING_RUN = Path(__file__).parent / "scripts" / "learning_run.py"
 SETTINGS = [
     "task.name=multiply", "warm_start.steps=300", "training.num_steps=12", "training.checkpoint_every_steps=0",
@@ -28,7 +30,6 @@ SETTINGS = [
 GAIN = 0.20
 
 
-@pytest.mark.slow
 def test_grpo_learns_to_call_the_calculator(tmp_path, trainer_xla_flags):
     run = tmp_path / "run"
     env = {**os.environ, "XLA_FLAGS": trainer_xla_flags}

@@ -2,8 +2,9 @@
 
 import pytest
 
+pytestmark = pytest.mark.learning
 
-@pytest.mark.slow
+
 def test_150_ppo_steps_raise_heldout_accuracy_and_the_critic_explains_heldout_returns(learn):
     # One completion per prompt and 256 prompts a step: the 256 completions GRPO's learning runs
     # generate (32 prompts x 8). Four mini-batches give the critic four updates a step; learning

@@ -18,7 +18,7 @@ from rl_core.config import ConfigError
 from rl_core.sinks import WandbSink
 from trainer.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 TINY = [
     "training.num_steps=2", "warm_start.steps=0", "training.prompts_per_step=2", "algorithm.group_size=2",

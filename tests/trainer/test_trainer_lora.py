@@ -133,7 +133,7 @@ def adapted_run(lora_run):
     return lora_run, step, adapters
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_checkpoints_hold_only_the_adapters(lora_run):
     # the checkpoint's own keys, from Orbax's metadata (not the learner's tree it is restored into)
     stored = checkpoint_tree(lora_run, 2)
@@ -158,7 +158,7 @@ def test_checkpoints_hold_only_the_adapters(lora_run):
     assert sum(x.size for x in jax.tree.leaves(run.params)) == TINY_RANK8
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_merged_export_reloads_with_the_adapted_logits_and_the_adapter_export_is_peft(adapted_run, tmp_path, capsys):
     run_dir, step, adapters = adapted_run
     assert main(["export", "--run", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
@@ -186,7 +186,7 @@ def test_merged_export_reloads_with_the_adapted_logits_and_the_adapter_export_is
     assert_peft_tensors_are(tensors, adapters, num_layers=2)  # the checkpoint's values, B nonzero
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_qlora_on_a_model_folder(tmp_path, capsys):
     """`--model DIR` (the tiny committed Qwen2) with an int8 base and rank-8 adapters."""
     data = tmp_path / "gsm8k.jsonl"
@@ -222,7 +222,7 @@ def test_qlora_on_a_model_folder(tmp_path, capsys):
     np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     """PPO with a reference (beta 0.04): the policy's adapters and reference as any algorithm's, and a
     critic that trains its own adapters and a value head over the same frozen base."""
@@ -240,7 +240,7 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     assert compiled["critic_parameters_and_optimizer_state"] == 3 * 4 * critic + 8
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bench_reports_a_lora_run(tmp_path):
     from trainer.bench import run_bench
 

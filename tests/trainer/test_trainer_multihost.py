@@ -34,7 +34,7 @@ import pytest
 
 from rl_core.faults import ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multidevice
 
 # countdown's format reward makes some groups informative after a short warm start:
 # the updates are real (non-zero gradients), not only weight decay. SGD, not AdamW:

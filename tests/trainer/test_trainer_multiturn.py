@@ -15,7 +15,7 @@ from rl_core import registry
 from trainer.cli import main
 from trainer.settings import build_settings
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 TINY = [
     "task.name=multiply",

@@ -47,7 +47,7 @@ def plan_json(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.slow
+@pytest.mark.multidevice
 def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
     """Tiny preset, AdamW, GRPO with its reference model and the paged engine, on fsdp=4 x tensor=2."""
     common = ["--preset", "tiny", "--devices", "8", "training.mesh.fsdp=4", "training.mesh.tensor=2",
@@ -236,7 +236,7 @@ def test_the_search_tries_the_cheapest_changes_first():
         ("rollout.engine=paged",), *(("rollout.engine=paged", f"rollout.decode_slots={n}") for n in (16, 8, 4, 2, 1))]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_qwen2_5_7b_on_8_gpus_at_16k_tokens_per_row_finds_settings_that_fit_80_gb():
     """The README's 7B run (fsdp=8, bfloat16, 32 prompts x 8, micro-batches of 16) at 1024 + 15360
     tokens per row, with the defaults it does not fit: no remat keeps every layer's activations

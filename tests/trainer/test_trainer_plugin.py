@@ -20,7 +20,7 @@ import pytest
 
 from trainer.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 FIXTURE = Path(__file__).parent / "fixtures" / "algo_fixture_rloo.py"
 TINY = [

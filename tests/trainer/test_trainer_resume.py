@@ -33,7 +33,7 @@ import yaml
 from rl_core.learner import RLLearner
 from trainer.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 SETTINGS = [
     "task.name=countdown",

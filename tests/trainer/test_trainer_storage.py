@@ -24,7 +24,7 @@ from trainer import build
 from trainer.cli import main
 from trainer.settings import build_settings
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 TIMINGS = ("time/", "perf/tokens_per_sec")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
