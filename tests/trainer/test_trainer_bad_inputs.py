@@ -261,6 +261,23 @@ def test_resume_refuses_a_config_yaml_edited_to_another_algorithm(trained_run, t
     assert code == 0 and "is finished (2 of 2 steps); nothing to do" in out, err
 
 
+def test_resume_to_fewer_steps_than_done_is_one_line_naming_them(trained_run, tmp_path, capsys):
+    """A finished 2-step run resumed with training.num_steps=1: an error, not "nothing to do"; the
+    same for a run stopped after its checkpoint 2 (no summary): nothing in the folder changes."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    files = {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    expected = (f"trainer train: error: training.num_steps = 1: {run} has already done 2 steps; a run can be "
+                "extended, not shortened (give training.num_steps >= 2, or start a new run)\n")
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress", "training.num_steps=1")
+    assert (code, out, err) == (2, "", expected)
+    assert {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+
+    (run / "summary.json").unlink()  # as if stopped by a kill after checkpoint 2
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress", "training.num_steps=1")
+    assert (code, out, err) == (2, "", expected)
+
+
 # -- every bad input is one line, before any folder is made ---------------------------------------
 
 ONE_STEP = ["--no-progress", "warm_start.steps=0", "training.num_steps=1", "training.prompts_per_step=2",

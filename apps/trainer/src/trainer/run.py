@@ -131,6 +131,7 @@ def train_run(
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
         run_folder.refuse_changed_settings(run_dir, settings)
+        run_folder.refuse_shortening(run_dir, settings)  # before "finished": 1 of 2 steps is not "nothing to do"
         finished = run_folder.finished_summary(run_dir, settings)
         if finished is not None:
             log(

@@ -175,16 +175,27 @@ def finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | N
     return None
 
 
+def refuse_shortening(run_dir: Path, settings: RunSettings) -> None:
+    """A resume whose training.num_steps is below the steps the run has already done (its summary's,
+    or its newest checkpoint's) is an error naming them: a run can be extended, not shortened."""
+    done = saved_steps(run_dir / "checkpoints")[-1:]
+    path = run_dir / "summary.json"
+    if path.exists():
+        done.append(int(json.loads(path.read_text()).get("steps", 0)))
+    steps = max(done, default=0)
+    if steps > settings.training.num_steps:
+        raise ConfigError(
+            f"training.num_steps = {settings.training.num_steps}: {run_dir} has already done {steps} steps; "
+            f"a run can be extended, not shortened (give training.num_steps >= {steps}, or start a new run)"
+        )
+
+
 def check_resumable(run_dir: Path, settings: RunSettings) -> bool:
     """True when `run_dir` has a checkpoint to continue from; False when it was killed before its
-    first one (it starts over); raises when its checkpoints are gone or it is past the new total."""
+    first one (it starts over); raises when its checkpoints are gone (`refuse_shortening` has
+    refused a new total below the steps done)."""
     steps = saved_steps(run_dir / "checkpoints")
     if steps:
-        if steps[-1] > settings.training.num_steps:
-            raise ConfigError(
-                f"training.num_steps = {settings.training.num_steps}: {run_dir} is already at step {steps[-1]}; "
-                "a run can be extended, not shortened"
-            )
         return True
     refuse_if_checkpoints_lost(run_dir)
     return False
