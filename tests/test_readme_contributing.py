@@ -1,7 +1,7 @@
-"""The README's "Contributing an algorithm" steps work as written.
+"""The contributing guide's steps (docs/contributing-an-algorithm.md) work as written.
 
 A copy of the workspace, without the real packages/algo-rloo, gets the RLOO
-package made from the README's own text (the folder of step 1, the pyproject.toml of step 2, the __init__.py of
+package made from the guide's own text (the folder of step 1, the pyproject.toml of step 2, the __init__.py of
 step 3, the two edits of step 4); then `uv lock` and `uv run trainer algos`
 run in the copy, as a contributor would run them.
 """
@@ -22,14 +22,14 @@ IGNORED = shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__", ".pytes
 
 
 def contributing_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Contributing an algorithm")
-    return readme[start : readme.index("\n## ", start + 1)]
+    """The guide, from its title on (the README links it: see tests/test_docs_links.py)."""
+    guide = (ROOT / "docs" / "contributing-an-algorithm.md").read_text()
+    return guide[guide.index("# Contributing an algorithm") :]
 
 
 def one(pattern: str, text: str) -> re.Match:
     matches = list(re.finditer(pattern, text, flags=re.S))
-    assert len(matches) == 1, f"the README should hold exactly one match of {pattern!r}"
+    assert len(matches) == 1, f"the contributing guide should hold exactly one match of {pattern!r}"
     return matches[0]
 
 
@@ -60,7 +60,7 @@ def test_the_contributing_steps_make_a_working_package(tmp_path):
         lines = manifest.read_text().splitlines(keepends=True)
         manifest.write_text("".join(line for line in lines if "algo-rloo" not in line))
 
-    # 1. the folder; 2. its pyproject.toml; 3. its __init__.py, each from the README's own words and blocks
+    # 1. the folder; 2. its pyproject.toml; 3. its __init__.py, each from the guide's own words and blocks
     folder = work / one(r"Make the folder `([^`]+)`", text).group(1)
     folder.mkdir(parents=True)
     pyproject = work / one(r"`([^`]+/pyproject\.toml)` declares", text).group(1)
