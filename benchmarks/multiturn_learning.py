@@ -7,7 +7,7 @@ The suite runs a shorter cut of it (tests/trainer/test_trainer_learning_multitur
 
 From the default warm start (the teacher calls the tool on 30% of the problems), 25
 GRPO steps of 32 prompts x 8 episodes; greedy held-out accuracy on 200 problems and
-tool calls per episode before and after (the README's table is the same run at 100 steps).
+tool calls per episode before and after (docs/multi-turn.md's table is the same run at 100 steps).
 Measured (seed 0, the 2-core CPU machine): accuracy 0.190 -> 0.820 and tool calls
 per episode 0.31 -> 1.00 at step 25. The bar, +20 points and tool use above 0.8,
 sits far below that.

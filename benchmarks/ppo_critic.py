@@ -1,4 +1,4 @@
-"""PPO's critic on held-out rollouts, by step: the curve behind the README's PPO section.
+"""PPO's critic on held-out rollouts, by step: the curve behind docs/ppo.md.
 
     uv run python benchmarks/ppo_critic.py [--steps 200] [--at 25,50,100,200] [--base-cache DIR] [key=value ...]
 

@@ -17,8 +17,8 @@ def test_150_ppo_steps_raise_heldout_accuracy_and_the_critic_explains_heldout_re
     #     0.347 / 0.372, seed 0 there 0.368;
     #   - 2-core AMD EPYC (AVX2 only): base 0.440, this run 0.440 -> 0.838 with a fit of 0.296
     #     (0.27 / 0.30 / 0.30 / 0.27 at steps 100 / 150 / 200 / 250).
-    # The fit rises with training, 0.21-0.27 at step 50 (benchmarks/ppo_critic.py; the README's
-    # PPO section has the curve), and a run's fit at step 150 spreads over 0.27-0.45 by seed and
+    # The fit rises with training, 0.21-0.27 at step 50 (benchmarks/ppo_critic.py; docs/ppo.md
+    # has the curve), and a run's fit at step 150 spreads over 0.27-0.45 by seed and
     # CPU. The bars: +15 points, and a fit above 0.25 (a critic that learned nothing fits 0 or less).
     before, after, final = learn("ppo", ["training.prompts_per_step=256", "training.mini_batch_size=64",
                                          "training.num_steps=150", "training.learning_rate=5e-4",

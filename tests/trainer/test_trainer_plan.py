@@ -28,7 +28,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
     [("qwen2.5-1.5b", 1.544, True), ("qwen2.5-7b", 7.616, False)],
 )
 def test_the_readme_models_are_the_published_shapes(name, billions, tied):
-    """The plan figures in the README use these config.json files (read without weights)."""
+    """The plan figures in docs/scaling.md and docs/lora.md use these config.json files (read without weights)."""
     config = load_hf_config(CONFIGS / name)
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract)))
@@ -238,7 +238,7 @@ def test_the_search_tries_the_cheapest_changes_first():
 
 @pytest.mark.e2e
 def test_qwen2_5_7b_on_8_gpus_at_16k_tokens_per_row_finds_settings_that_fit_80_gb():
-    """The README's 7B run (fsdp=8, bfloat16, 32 prompts x 8, micro-batches of 16) at 1024 + 15360
+    """docs/scaling.md's 7B run (fsdp=8, bfloat16, 32 prompts x 8, micro-batches of 16) at 1024 + 15360
     tokens per row, with the defaults it does not fit: no remat keeps every layer's activations
     (hundreds of GiB). The search names a remat policy and, the paged engine's pool then being the
     largest program, fewer decode slots, and the plan of both fits 80 GB under JAX's 75% with 10%
