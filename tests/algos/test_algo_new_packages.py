@@ -24,7 +24,7 @@ PACKAGES = {
     "gspo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "cispo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     # a second trained model, its loss, GAE's inputs, episodes' turn rewards, the critic's metrics: 131
-    "ppo": (135, {"rl-core", "algo-grpo", "jax>=0.7", "numpy>=1.26"}),
+    "ppo": (135, {"rl-core", "jax>=0.7", "numpy>=1.26"}),
 }
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from algo_dr_grpo import dr_grpo_advantages
-from algo_grpo.loss import grpo_loss
 from algo_reinforce_pp import ReinforcePPConfig, reinforce_pp_advantages
 from rl_core import registry
+from rl_core.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
@@ -75,7 +75,7 @@ def test_k2_kl_loss_term_and_its_gradient_by_hand(variant):
     )  # fmt: skip
 
     def loss_of(lp):
-        out = grpo_loss(
+        out = policy_gradient_loss(
             lp, jnp.zeros_like(lp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
             aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode),
             kl_estimator=registry.get("kl_estimator", cfg.kl_estimator), beta=cfg.beta,

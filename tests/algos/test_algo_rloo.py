@@ -7,9 +7,9 @@ import pytest
 
 from algo_dr_grpo import dr_grpo_advantages
 from algo_grpo import GRPOConfig
-from algo_grpo.loss import grpo_loss
 from algo_rloo import RLOOConfig
 from rl_core import registry
+from rl_core.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
@@ -56,7 +56,7 @@ def test_loss_and_gradient_with_one_token_and_fully_masked_rows(variant):
 
 def _rloo_loss(logp, example, cfg, *, max_len):
     """RLOO's aggregated loss (GRPO's loss with RLOO's settings) of `example` at `logp`."""
-    out = grpo_loss(
+    out = policy_gradient_loss(
         logp, jnp.zeros_like(logp), example, policy_loss=registry.get("policy_loss", cfg.policy_loss),
         aggregate=registry.get("loss_aggregation", cfg.loss_agg_mode), kl_estimator=None, beta=cfg.beta,
         eps_low=cfg.epsilon_low, eps_high=cfg.epsilon_high, dual_clip=None, max_len=max_len,

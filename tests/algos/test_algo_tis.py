@@ -15,11 +15,11 @@ from flax import nnx
 import rewards
 import rl_models
 from algo_grpo import GRPOConfig, GRPOLearner
-from algo_grpo.loss import grpo_loss
 from rl_core import registry
 from rl_core.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -42,7 +42,7 @@ def _loss(logp, tis_cap):
         completion_tokens=jnp.zeros((1, 4), jnp.int32), completion_mask=MASK,
         advantages=jnp.ones(1), sampler_logp=SAMPLER,
     )  # fmt: skip
-    return grpo_loss(
+    return policy_gradient_loss(
         logp, jnp.zeros_like(logp), example, policy_loss=registry.get("policy_loss", "grpo"),
         aggregate=registry.get("loss_aggregation", "token-mean"), kl_estimator=None, beta=0.0,
         eps_low=0.2, eps_high=0.2, dual_clip=None, max_len=4, tis_cap=tis_cap,
@@ -110,7 +110,7 @@ def test_every_policy_loss_is_weighted_token_by_token(name):
     weights = np.minimum(FACTORS, CAP) * np.asarray(TWO_MASK)  # [[1.5, 2, 0.5, 1.2], [0.8, 2, 1.1, 0]]
 
     def tis_total(lp):
-        return grpo_loss(lp, jnp.zeros_like(lp), example, policy_loss=fn,
+        return policy_gradient_loss(lp, jnp.zeros_like(lp), example, policy_loss=fn,
                          aggregate=registry.get("loss_aggregation", "token-mean"), kl_estimator=None, beta=0.0,
                          max_len=4, tis_cap=CAP, **kwargs).total  # fmt: skip
 

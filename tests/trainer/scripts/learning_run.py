@@ -22,15 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from algo_grpo import GRPOLearner
+from rl_core.pipeline import PolicyGradientLearner
 from trainer.run import train_run
 from trainer.settings import build_settings
 
 
 def shuffle_training_rewards(seed: int) -> None:
-    """Every GRPO-family learner of this process scores, then permutes the scores of the batch."""
+    """Every pipeline learner of this process (GRPO's family and PPO) scores, then permutes the
+    scores of the batch."""
     rng = np.random.default_rng(seed)
-    score = GRPOLearner.score
+    score = PolicyGradientLearner.score
 
     def shuffled(self, groups):
         groups = score(self, groups)
@@ -38,7 +39,7 @@ def shuffle_training_rewards(seed: int) -> None:
         return dataclasses.replace(groups, rewards=groups.rewards[order],
                                    reward_scores={k: v[order] for k, v in groups.reward_scores.items()})
 
-    GRPOLearner.score = shuffled
+    PolicyGradientLearner.score = shuffled
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from algo_grpo import Groups, GRPOLearner
-from algo_grpo.groups import concat
+from algo_grpo import GRPOLearner
 from rl_core.data import Prompt
+from rl_core.groups import Groups, concat
 
 from algo_dapo.config import DAPOConfig
 

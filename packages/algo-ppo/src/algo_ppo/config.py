@@ -1,16 +1,16 @@
-"""PPOConfig: GRPO's knobs plus the critic's and GAE's."""
+"""PPOConfig: the policy-gradient pipeline's knobs (rl_core.pipeline_config) plus the critic's and GAE's."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import ClassVar
 
-from algo_grpo import GRPOConfig
 from rl_core.config import check
+from rl_core.pipeline_config import PolicyGradientConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOConfig(GRPOConfig):
+class PPOConfig(PolicyGradientConfig):
     """PPO (arXiv:1707.06347) with a critic and GAE; see the package docstring."""
 
     estimator_category: ClassVar[str] = "token_advantage_estimator"

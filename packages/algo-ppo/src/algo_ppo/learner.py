@@ -1,13 +1,14 @@
-"""PPOLearner: GRPO's pipeline with a critic trained beside the policy.
+"""PPOLearner: rl-core's policy-gradient pipeline (rl_core.pipeline) with a critic trained beside the policy.
 
-example_from_groups(groups)        (GRPO's step, overridden)
+example_from_groups(groups)        (the pipeline's step, overridden)
   = to_example -> add_logprobs     behaviour log-probs when the update can be off-policy or
                                    beta > 0, reference log-probs when beta > 0
   -> critic_values(example)        V(s_t) [B, T] at collection time
   -> advantages                    token rewards, GAE, whitening: one jitted program
 
 The update (rl_core.learner) then trains each mini-batch twice: the policy with
-GRPO's clipped surrogate on per-token advantages, the critic with `critic_loss`.
+the pipeline's clipped surrogate (rl_core.objective) on per-token advantages, the
+critic with `critic_loss`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from algo_grpo import Groups, GRPOLearner
 from rl_core import multihost, registry
 from rl_core.aggregation import aggregate
 from rl_core.data import Prompt
 from rl_core.episodes.runner import turn_reward_tokens
+from rl_core.groups import Groups
 from rl_core.learner import StepBatch
+from rl_core.pipeline import PolicyGradientLearner
 from rl_core.policy import ValueFunction
 from rl_core.returns import explained_variance, gae, token_rewards
 from rl_core.trainable import LossOutput
@@ -56,7 +58,7 @@ def critic_loss(model: ValueFunction, example: TrainExample, *, clip: float | No
     return LossOutput(coef * total, denom, means=means)
 
 
-class PPOLearner(GRPOLearner):
+class PPOLearner(PolicyGradientLearner):
     """PPO (arXiv:1707.06347): a policy and a critic, per-token advantages by GAE."""
 
     extra_models = (CRITIC,)

@@ -10,7 +10,7 @@ algorithm that carries them records them). Only on a provably on-policy step may
 `old_logp` be None: the loss then uses stop_gradient(logp), which is exactly equal in
 value. With async rollouts the sampler's weights are a step older than the update's:
 `old_logp` is then the proximal policy's, the current weights' when the step trains
-(decoupled PPO; see algo_grpo.learner).
+(decoupled PPO; see rl_core.pipeline).
 """
 
 from __future__ import annotations

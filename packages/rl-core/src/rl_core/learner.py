@@ -16,11 +16,13 @@ in two: `collect` (rollout and scoring, on the rollout thread, with pinned weigh
 and `examples_from` (what the update needs, under the current weights), plus the
 JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
 rl_core.async_rollout.CollectHalves).
+rl_core.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
+package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(mini)` (rl_core.trainable) -> the jitted
-`make_update` -> `summed_grads` -> the algorithm's `loss_function()` (for GRPO,
-algo_grpo.loss.grpo_objective -> grpo_loss).
+`make_update` -> `summed_grads` -> the algorithm's `loss_function()` (for the pipeline's
+learners, rl_core.objective.policy_objective -> policy_gradient_loss).
 
 Behaviour log-probs (`old_logp`, what the importance ratio divides by): see
 rl_core.behaviour for when every example carries them.

@@ -1,8 +1,8 @@
-"""The GRPO objective for one micro-batch, from registered pure functions.
+"""The policy-gradient objective for one micro-batch, from registered pure functions.
 
-`grpo_objective(model, example, ...)` is what the policy's jitted update differentiates
-(GRPOLearner.loss_function binds its settings): the policy's log-probs of the example's
-completions, then `grpo_loss` on them.
+`policy_objective(model, example, ...)` is what the policy's jitted update differentiates
+for every variant (rl_core.pipeline.PolicyGradientLearner.loss_function binds its settings):
+the policy's log-probs of the example's completions, then `policy_gradient_loss` on them.
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.sum(x * mask), jnp.sum(mask)
 
 
-def grpo_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,
+def policy_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,
                    **settings) -> LossOutput:
-    """`grpo_loss` of the example under `model`: its log-probs and entropy at `temperature`
-    (the sampler's), unembedded `chunk_tokens` at a time; `settings` are grpo_loss's."""
+    """`policy_gradient_loss` of the example under `model`: its log-probs and entropy at
+    `temperature` (the sampler's), unembedded `chunk_tokens` at a time; `settings` are
+    policy_gradient_loss's."""
     logp, entropy = completion_logprobs(
         model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
         temperature=temperature, chunk_tokens=chunk_tokens, packed=example.packed,
         shared=example.shared_prompts,
     )
-    return grpo_loss(logp, entropy, example, **settings)
+    return policy_gradient_loss(logp, entropy, example, **settings)
 
 
-def grpo_loss(
+def policy_gradient_loss(
     logp: jax.Array,  # [B, T] current policy
     entropy: jax.Array,  # [B, T]
     example: TrainExample,

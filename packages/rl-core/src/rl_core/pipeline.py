@@ -1,4 +1,5 @@
-"""GRPOLearner: the group pipeline as small overridable steps.
+"""PolicyGradientLearner: rl-core's concrete learner, the pipeline every variant runs, as small
+overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
 produce_examples(prompts)
   = collect(prompts)                 the rollout half (async rollouts run it beside the update)
@@ -10,8 +11,11 @@ produce_examples(prompts)
        -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
                                      reference log-probs (beta != 0)
 
-The update then differentiates `loss_function()`: algo_grpo.loss.grpo_objective
+The update then differentiates `loss_function()`: rl_core.objective.policy_objective
 with this run's settings bound (see rl_core.learner for the path from the learner).
+GRPO (package algo-grpo) is this pipeline with PolicyGradientConfig's defaults; a variant overrides
+the config's defaults and the one step it changes. G = 1 is allowed where the config's
+estimator category takes a critic's values (PPO).
 
 Behaviour log-probs follow rl_core.learner's contract: recorded by the
 learner's own forward pass at collection time whenever the update can be
@@ -42,27 +46,27 @@ from typing import Any
 
 import jax
 import numpy as np
+
 from rl_core import multihost, registry
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeRecord, episode_metrics
+from rl_core.groups import TOTAL, Groups
 from rl_core.learner import RLLearner, StepBatch
+from rl_core.objective import policy_objective
+from rl_core.pipeline_config import PolicyGradientConfig
 from rl_core.trainable import LossFn
 from rl_core.types import TrainExample
 
-from rl_core.pipeline_config import GRPOConfig
-from rl_core.groups import TOTAL, Groups
-from rl_core.objective import grpo_objective
 
-
-class GRPOLearner(RLLearner[GRPOConfig]):
-    """Group Relative Policy Optimization (arXiv:2402.03300), Algorithm 1.
+class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
+    """The policy-gradient pipeline; with GRPO's config, GRPO's Algorithm 1 (arXiv:2402.03300).
 
     For each batch of prompts: sample G completions per prompt, score them,
-    normalise rewards within each group into advantages, and take
+    turn the rewards into advantages with the configured estimator, and take
     clipped-surrogate steps with a KL penalty to the initial policy.
     """
 
-    def __init__(self, config: GRPOConfig, **kwargs: Any) -> None:
+    def __init__(self, config: PolicyGradientConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
@@ -154,12 +158,12 @@ class GRPOLearner(RLLearner[GRPOConfig]):
         return Groups.from_json(data)
 
     def loss_function(self) -> LossFn:
-        """`grpo_objective` with this run's settings bound: the registered functions the
+        """`policy_objective` with this run's settings bound: the registered functions the
         config names, the clip widths, the KL term (`kl_beta`) and the sampler's temperature."""
         config = self.config
         beta = self.kl_beta()
         return functools.partial(
-            grpo_objective,
+            policy_objective,
             temperature=self.rollout.temperature,
             chunk_tokens=self.rollout.logprob_chunk_tokens,
             policy_loss=registry.get("policy_loss", config.policy_loss),

@@ -1,4 +1,9 @@
-"""GRPOConfig: every knob of Group Relative Policy Optimization."""
+"""PolicyGradientConfig: every knob the policy-gradient pipeline (rl_core.pipeline) reads.
+
+Its defaults are GRPO's (Shao et al. 2024, arXiv:2402.03300), the algorithm the
+variants change: GRPOConfig (package algo-grpo) keeps them as they are, and each variant's
+config (DAPO's, PPO's, ...) overrides the ones it changes.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ from rl_core.config import AlgorithmConfig, check, check_registered
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig(AlgorithmConfig):
-    """GRPO (Shao et al. 2024, arXiv:2402.03300)."""
+class PolicyGradientConfig(AlgorithmConfig):
+    """Sampling G completions per prompt, advantages, the clipped surrogate, KL and importance
+    sampling: the fields of rl_core.pipeline.PolicyGradientLearner, with GRPO's defaults."""
 
     estimator_category: ClassVar[str] = "advantage_estimator"
     """Registry category of `advantage_estimator`: "advantage_estimator" compares the G completions
