@@ -15,9 +15,9 @@ from rewards import RewardSpec, boxed_reward, gsm8k_reward
 from rl_core.data import Prompt
 
 from trainer.data_files import DataError, read_rows
-from trainer.tasks import Task, split_heldout
+from trainer.tasks.task import Task, split_heldout
 
-__all__ = ["DataError", "file_task", "gsm8k", "math", "read_rows"]
+__all__ = ["FILE_TASKS", "file_task", "gsm8k", "math"]
 
 GSM8K_INSTRUCTION = "Solve the problem step by step. End with a line '#### <answer>' giving the final number.\n\n"
 MATH_INSTRUCTION = "Solve the problem step by step. Put the final answer in \\boxed{}.\n\n"

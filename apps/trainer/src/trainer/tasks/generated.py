@@ -1,57 +1,15 @@
-"""Built-in verifiable tasks, generated from a seed with a fixed held-out split.
-
-A task is prompts with the fields its rewards need, a held-out set that no
-training prompt repeats, the reward functions that score it, and for each
-prompt one correct completion (the warm start imitates those).
-"""
+"""The generated tasks: arithmetic, countdown and multiply, each from a seed with a fixed held-out split."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from rewards import RewardSpec, countdown_reward, numeric_answer_reward
 from rl_core.data import Prompt
 
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    name: str
-    description: str
-    train: tuple[Prompt, ...]
-    heldout: tuple[Prompt, ...]
-    rewards: tuple[RewardSpec, ...]
-    correct: str
-    """Name of the reward function whose score 1.0 means the answer is correct."""
-    teacher: Callable[[Prompt, np.random.Generator], str | list[str]]
-    """The warm start's target completion for a prompt (may be deliberately fallible); with an
-    environment, the model's turns."""
-    max_prompt_tokens: int
-    max_new_tokens: int
-    chat: bool = False
-    """Prompts are user messages to render with the tokenizer's chat template."""
-    environment: str | None = None
-    """Multi-turn: the registered environment that answers the model's turns (rollout.environment);
-    the teacher then returns the model's turns (a list of texts) and max_new_tokens is the
-    episode's budget after the prompt."""
-    environment_options: dict = dataclasses.field(default_factory=dict)
-    max_turns: int = 1
-    max_turn_tokens: int = 0
-
-
-def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
-    """A seeded shuffle, cut into (train, held-out): the split is fixed by the seed."""
-    order = np.random.default_rng(seed).permutation(len(problems))
-    shuffled = [problems[i] for i in order]
-    return shuffled[heldout_size:], shuffled[:heldout_size]
-
-
-def _check_heldout(heldout_size: int, problems: int) -> None:
-    if not 1 <= heldout_size < problems:
-        rule = "must be >= 1" if heldout_size < 1 else f"must be less than the task's {problems} problems"
-        raise ValueError(f"heldout_size = {heldout_size!r}: {rule}")
+from trainer.tasks.task import Task, check_heldout, split_heldout
 
 
 def carryless_sum(a: int, b: int) -> int:
@@ -77,7 +35,7 @@ def arithmetic(*, digits: int = 2, teacher_slip_rate: float = 0.6, heldout_size:
         raise ValueError(f"digits = {digits!r}: must be in [1, 3] (a and b below 10**digits: 10**(2*digits) problems)")
     n = 10**digits
     pairs = [(a, b) for a in range(n) for b in range(n)]
-    _check_heldout(heldout_size, len(pairs))
+    check_heldout(heldout_size, len(pairs))
     train, heldout = split_heldout(pairs, heldout_size, seed)
 
     def prompt(a: int, b: int) -> Prompt:
@@ -114,7 +72,7 @@ def _countdown_solution(numbers: Sequence[int], target: int) -> str | None:
 
 def countdown(*, count: int = 3, max_number: int = 9, heldout_size: int = 500, seed: int = 0) -> Task:
     """Reach the target with all given numbers and + - *; reward 1 for a correct expression."""
-    _check_heldout(heldout_size, 4000)
+    check_heldout(heldout_size, 4000)
     rng = np.random.default_rng(seed)
     seen: dict[tuple, str] = {}
     while len(seen) < 4000:
@@ -168,7 +126,7 @@ def multiply(*, digits: int = 3, tool_rate: float = 0.3, train_size: int = 20_00
     count = (high - low) ** 2
     if train_size < 1 or train_size + heldout_size > count:
         raise ValueError(f"train_size = {train_size!r}: must be >= 1, with heldout_size at most {count} problems")
-    _check_heldout(heldout_size, count)
+    check_heldout(heldout_size, count)
     rng = np.random.default_rng(seed)
     chosen = rng.choice(count, size=train_size + heldout_size, replace=False)
     pairs = [(low + int(k) // (high - low), low + int(k) % (high - low)) for k in chosen]
@@ -196,23 +154,3 @@ def multiply(*, digits: int = 3, tool_rate: float = 0.3, train_size: int = 20_00
         max_turns=3,
         max_turn_tokens=turn,
     )
-
-
-def _gsm8k(**options):
-    """GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated."""
-    from trainer.datasets import gsm8k
-
-    return gsm8k(**options)
-
-
-def _math(**options):
-    """MATH-style JSONL/Parquet rows (problem, solution with \\boxed{}), chat-templated."""
-    from trainer.datasets import math
-
-    return math(**options)
-
-
-TASKS: dict[str, Callable[..., Task]] = {
-    "arithmetic": arithmetic, "countdown": countdown, "multiply": multiply, "gsm8k": _gsm8k, "math": _math,
-}
-"""Built-in generated tasks, and file-backed ones that need `options.data`."""

@@ -1,0 +1,17 @@
+"""Tasks: the built-in generated ones and the file-backed ones (GSM8K, MATH rows), by name."""
+
+from collections.abc import Callable
+
+from trainer.tasks.files import FILE_TASKS, file_task, gsm8k, math
+from trainer.tasks.generated import arithmetic, carryless_sum, countdown, multiply
+from trainer.tasks.task import Task, split_heldout
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": arithmetic, "countdown": countdown, "multiply": multiply, "gsm8k": gsm8k, "math": math,
+}
+"""Built-in generated tasks, and file-backed ones that need `options.data`."""
+
+__all__ = [
+    "FILE_TASKS", "TASKS", "Task", "arithmetic", "carryless_sum", "countdown", "file_task", "gsm8k",
+    "math", "multiply", "split_heldout",
+]

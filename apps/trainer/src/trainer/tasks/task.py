@@ -1,0 +1,49 @@
+"""A task: prompts with the fields its rewards need, a fixed held-out split, the rewards that
+score it, and for each prompt one correct completion (the warm start imitates those)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+from rewards import RewardSpec
+from rl_core.data import Prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    train: tuple[Prompt, ...]
+    heldout: tuple[Prompt, ...]
+    rewards: tuple[RewardSpec, ...]
+    correct: str
+    """Name of the reward function whose score 1.0 means the answer is correct."""
+    teacher: Callable[[Prompt, np.random.Generator], str | list[str]]
+    """The warm start's target completion for a prompt (may be deliberately fallible); with an
+    environment, the model's turns."""
+    max_prompt_tokens: int
+    max_new_tokens: int
+    chat: bool = False
+    """Prompts are user messages to render with the tokenizer's chat template."""
+    environment: str | None = None
+    """Multi-turn: the registered environment that answers the model's turns (rollout.environment);
+    the teacher then returns the model's turns (a list of texts) and max_new_tokens is the
+    episode's budget after the prompt."""
+    environment_options: dict = dataclasses.field(default_factory=dict)
+    max_turns: int = 1
+    max_turn_tokens: int = 0
+
+
+def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
+    """A seeded shuffle, cut into (train, held-out): the split is fixed by the seed."""
+    order = np.random.default_rng(seed).permutation(len(problems))
+    shuffled = [problems[i] for i in order]
+    return shuffled[heldout_size:], shuffled[:heldout_size]
+
+
+def check_heldout(heldout_size: int, problems: int) -> None:
+    if not 1 <= heldout_size < problems:
+        rule = "must be >= 1" if heldout_size < 1 else f"must be less than the task's {problems} problems"
+        raise ValueError(f"heldout_size = {heldout_size!r}: {rule}")
