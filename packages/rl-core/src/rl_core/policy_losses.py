@@ -26,11 +26,10 @@ weighed by min(pi_old_trainer / pi_sampler, C).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
+from rl_core.protocols import PolicyLossAux
 from rl_core.registry import register
 
 LOG_RATIO_BOUND = 20.0
@@ -69,19 +68,6 @@ def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax
         raise ValueError(f"the truncation cap C must be >= 1 (a weight of 1 means no mismatch), got {cap}")
     weights = jnp.minimum(jnp.exp(log_ratio(old_logp, sampler_logp, mask)), cap)
     return jax.lax.stop_gradient(weights)
-
-
-class PolicyLossAux(NamedTuple):
-    """Diagnostics with the loss's shape ([B, T] per token or [B] per sequence), unreduced."""
-
-    ratio: jax.Array
-    """rho_t = exp(logp_t - old_logp_t), bounded; 1 at masked positions."""
-    clipped_low: jax.Array
-    """1.0 where the lower bound is active; for the clipped surrogate: A < 0 and rho < 1 - eps_low."""
-    clipped_high: jax.Array
-    """1.0 where the upper bound is active; for the clipped surrogate: A > 0 and rho > 1 + eps_high."""
-    dual_clipped: jax.Array
-    """1.0 where A < 0 and the dual-clip bound c*A is active; zeros without dual clip."""
 
 
 def _check_scalars(eps_low: float, eps_high: float, dual_clip: float | None) -> None:

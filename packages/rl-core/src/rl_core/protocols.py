@@ -14,12 +14,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-if TYPE_CHECKING:  # annotations only: rl_core.policy_losses imports the registry, which imports this
+if TYPE_CHECKING:  # annotations only: importing the registry must not start jax
     import jax
 
-    from rl_core.policy_losses import PolicyLossAux
+
+class PolicyLossAux(NamedTuple):
+    """Diagnostics with the loss's shape ([B, T] per token or [B] per sequence), unreduced."""
+
+    ratio: jax.Array
+    """rho_t = exp(logp_t - old_logp_t), bounded; 1 at masked positions."""
+    clipped_low: jax.Array
+    """1.0 where the lower bound is active; for the clipped surrogate: A < 0 and rho < 1 - eps_low."""
+    clipped_high: jax.Array
+    """1.0 where the upper bound is active; for the clipped surrogate: A > 0 and rho > 1 + eps_high."""
+    dual_clipped: jax.Array
+    """1.0 where A < 0 and the dual-clip bound c*A is active; zeros without dual clip."""
 
 
 class AdvantageEstimator(Protocol):
