@@ -248,7 +248,7 @@ def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_padding_never_changes_the_loss(toy_losses, name):
     _, (loss, _, _, loss_with_rows, loss_with_left_pad) = toy_losses(name)
-    assert loss_with_rows == pytest.approx(loss, abs=1e-6)
+    assert loss_with_rows == pytest.approx(loss, rel=1e-6, abs=1e-6)
     assert loss_with_left_pad == pytest.approx(loss, abs=1e-5)
 
 

@@ -91,7 +91,7 @@ def test_beta_positive_runs_the_reference_once_per_step_and_two_passes_compute_o
     assert example.old_logp is not None and example.old_logp.shape == example.completion_tokens.shape
     # the old policy is the current one (nothing trained since): its own log-probs
     current, _ = learner.compute_logprobs(learner.params, example)
-    np.testing.assert_allclose(example.old_logp, current, atol=1e-6)
+    np.testing.assert_allclose(example.old_logp, current, rtol=1e-6, atol=1e-6)
     # the reference is the initial policy, which one step of SGD moved away from
     assert example.ref_logp is not None and not np.allclose(example.ref_logp, current, atol=1e-6)
 
@@ -152,7 +152,7 @@ def test_micro_batch_sizes_give_the_same_update(one_step_updates, mode):
     for micro in (1, 2):
         delta, loss = one_step_updates[mode, micro]
         assert tree_max_abs_diff(delta, full) < 1e-5, f"{mode}: micro_batch_size={micro} differs from full"
-        assert loss == pytest.approx(full_loss, abs=1e-6)
+        assert loss == pytest.approx(full_loss, rel=1e-6, abs=1e-6)
 
 
 def test_the_modes_really_differ(one_step_updates):

@@ -62,10 +62,11 @@ def test_chunked_equals_unchunked_and_direct(model, batch):
     logp_all, ent_all = chunked(state, *batch, chunk_tokens=64, **kw)  # one chunk (>= T)
     logp_ref, ent_ref = direct(state, *batch, **kw)
     assert logp_3.shape == ent_3.shape == (3, T)
-    np.testing.assert_allclose(logp_3, logp_all, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(ent_3, ent_all, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(logp_all, logp_ref, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ent_all, ent_ref, atol=1e-5, rtol=0)
+    # different programs (chunk widths, the plain log-softmax): float32 resolution at |logp| ~ 7
+    np.testing.assert_allclose(logp_3, logp_all, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ent_3, ent_all, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logp_all, logp_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent_all, ent_ref, rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(logp_3) < 0)
     assert np.all((np.asarray(ent_3) > 0) & (np.asarray(ent_3) <= np.log(V) + 1e-5))
 
@@ -146,8 +147,8 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(batch, scan_layers,
 
     (g_shared, (logp_shared, ent_shared)), (g_rows, (logp_rows, ent_rows)) = scored(state, True), scored(state, False)
     assert logp_shared.shape == (3 * g, t)
-    np.testing.assert_allclose(logp_shared, logp_rows, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ent_shared, ent_rows, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(logp_shared, logp_rows, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent_shared, ent_rows, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_rows), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
     assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_shared)) > 1e-3

@@ -80,7 +80,7 @@ def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
     assert widths == {"logprobs": [8, 32], "update": [8]}  # 32: the untrimmed pass, for comparison
     assert logp.shape == entropy.shape == (8, 32)  # padded back to the completions' width
     # the same values as the untrimmed pass where they count, zeros past the width
-    np.testing.assert_allclose(np.asarray(logp)[:, :8], np.asarray(full)[:, :8], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(logp)[:, :8], np.asarray(full)[:, :8], rtol=1e-6, atol=1e-6)
     assert not np.asarray(logp)[:, 8:].any()
 
 
