@@ -39,7 +39,7 @@ from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import Sampler, SamplingParams
-from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
+from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
 
 PROMPT_TOKENS = 32
 SIGMA = 1.0
@@ -66,10 +66,6 @@ def scheduled_model(config: TransformerConfig, eos: int, max_new_tokens: int) ->
             hidden, cache = super().__call__(tokens, positions, attention_mask, cache, cache_index)
             return hidden.at[..., -1].set(positions.astype(hidden.dtype)), cache
 
-        def paged_forward(self, tokens, positions, pages, page_rows, attention):
-            hidden, pages = super().paged_forward(tokens, positions, pages, page_rows, attention)
-            return hidden.at[..., -1].set(positions.astype(hidden.dtype)), pages
-
         def logits(self, hidden):
             logits = super().logits(hidden)
             step = jnp.clip(hidden[..., -1].astype(jnp.int32) - (PROMPT_TOKENS - 1), 0, max_new_tokens - 1)
@@ -78,6 +74,15 @@ def scheduled_model(config: TransformerConfig, eos: int, max_new_tokens: int) ->
             return logits.at[..., eos].set(others + jnp.log(h) - jnp.log1p(-h))  # P(eos) = h
 
     return Scheduled
+
+
+class ScheduledPaging(TransformerPaging):
+    """The paged engine's adapter for `scheduled_model`'s models: their positions in the hidden
+    states' last feature, as their `__call__` puts them."""
+
+    def forward(self, model, tokens, positions, pages, page_rows, kv):
+        hidden, pages = super().forward(model, tokens, positions, pages, page_rows, kv)
+        return hidden.at[..., -1].set(positions.astype(hidden.dtype)), pages
 
 
 def run_one(backend, state, requests, hazard, sampling) -> tuple[float, float, np.ndarray]:
@@ -136,7 +141,7 @@ def main() -> None:
             else:
                 settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=args.page_size,
                                           slots=args.slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
-                backend = PagedBackend(graphdef, settings, eos_ids=(eos,), pad_id=0)
+                backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling)
             rates[name] = lengths.sum() / cpu
             print(f"{t:>8} {name:>7} {lengths.mean():>8.1f} {lengths.max():>7} {lengths.sum():>8} {seconds:>8.2f} "

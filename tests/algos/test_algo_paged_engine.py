@@ -22,7 +22,7 @@ from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import GREEDY
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy  # noqa: E402
+from algo_test_doubles import BAG_PAGING, BagPolicy  # noqa: E402
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -32,10 +32,11 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def learner(cls, config, engine):
+def learner(cls, config, engine, paging=BAG_PAGING):
     return cls(
         config,
         policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
+        paging=paging,
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, optimizer="sgd", learning_rate=1.0, max_grad_norm=None),
@@ -69,3 +70,13 @@ def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
     b = static.generate(tokens, mask, GREEDY, num_samples=2)
     np.testing.assert_array_equal(a.tokens, np.asarray(b.tokens))
     np.testing.assert_allclose(a.logp, np.asarray(b.logp), atol=1e-5)
+
+
+def test_the_paged_engine_without_its_adapter_is_a_clear_error():
+    """The engine reaches the policy through `paging` (rl_core.policy.PagedModel), never its methods."""
+    config = GRPOConfig(group_size=4)
+    with pytest.raises(TypeError, match=r"engine = 'paged' needs the policy's paged adapter \(BagPolicy\): pass paging="):
+        learner(GRPOLearner, config, "paged", paging=None)
+    with pytest.raises(TypeError, match="BagPolicy lacks cache_spec, forward, inference_copy"):
+        learner(GRPOLearner, config, "paged", paging=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)))
+    assert isinstance(learner(GRPOLearner, config, "static", paging=None).rollout_backend, StaticBackend)

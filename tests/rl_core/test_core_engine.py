@@ -21,6 +21,7 @@ from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.tokens import left_pad
+from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -42,7 +43,8 @@ def prompts(lengths=PROMPT_LENGTHS, seed=0):
 
 def paged(model, eos_ids, **overrides) -> PagedBackend:
     graphdef, state = nnx.split(model)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), eos_ids=eos_ids, pad_id=0)
+    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), paging=PAGED_TRANSFORMER, eos_ids=eos_ids,
+                          pad_id=0)
     engine.update_weights(state, 7)
     return engine
 

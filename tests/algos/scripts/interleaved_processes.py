@@ -37,7 +37,7 @@ from rl_core.rollout.backend import Requests  # noqa: E402
 from rl_core.rollout.paged import EngineSettings, PagedBackend  # noqa: E402
 from rl_core.sampler import SamplingParams  # noqa: E402
 from rl_core.tokens import left_pad  # noqa: E402
-from rl_models import Transformer, TransformerConfig  # noqa: E402
+from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig  # noqa: E402
 
 
 def interleaved(devices: list) -> list:
@@ -72,8 +72,8 @@ def paged_completions() -> tuple[np.ndarray, np.ndarray]:
     weights = jax.tree.map(multihost.to_global, nnx.to_pure_dict(state), shardings)
     settings = EngineSettings(max_prompt_tokens=8, max_new_tokens=6, page_size=4, slots=2, prefill_chunk=8,
                               steps_per_sync=2)
-    engine = PagedBackend(graphdef, settings, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id, mesh=mesh,
-                          param_shardings=shardings)
+    engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id,
+                          mesh=mesh, param_shardings=shardings)
     engine.update_weights(weights, 0)
     tokens, mask = left_pad([TOK.encode(t) for t in ("12+3=", "7*8=", "1", "99-4=", "5+5=")], pad_id=TOK.pad_id,
                             max_tokens=8)

@@ -21,7 +21,7 @@ from rl_core.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.sampler import GREEDY
-from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 
 TOK = CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 7)]
@@ -46,6 +46,7 @@ def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None 
         # beta: the reference pass runs; two iterations: the old-policy pass runs
         GRPOConfig(group_size=4, beta=0.04, num_iterations=2, tis_cap=None if async_rollout == "off" else 2.0),
         policy=Transformer(config or TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
+        paging=PAGED_TRANSFORMER,
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(

@@ -20,7 +20,7 @@ from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.tokens import left_pad
-from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 
 TOK = CharTokenizer()
 SETTINGS = EngineSettings(max_prompt_tokens=8, max_new_tokens=6, page_size=4, slots=8, prefill_chunk=8,
@@ -34,8 +34,8 @@ def main() -> None:
     graphdef, state = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
     shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
     master = jax.device_put(nnx.to_pure_dict(state), shardings)
-    engine = PagedBackend(graphdef, SETTINGS, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id, mesh=mesh,
-                          param_shardings=shardings)
+    engine = PagedBackend(graphdef, SETTINGS, paging=PAGED_TRANSFORMER, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id,
+                          mesh=mesh, param_shardings=shardings)
     engine.update_weights(master, 1)
     key = jax.random.key(0)
     step_text = engine.lower_step(SamplingParams(temperature=1.0), key).compile().as_text()
@@ -48,7 +48,7 @@ def main() -> None:
     static_text = sampler._jit(False, True).lower(master, tokens, mask, key, GREEDY, 2).compile().as_text()
 
     on_mesh = engine.generate(Requests(tokens, mask, 2), GREEDY, key)
-    alone = PagedBackend(graphdef, SETTINGS, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id)
+    alone = PagedBackend(graphdef, SETTINGS, paging=PAGED_TRANSFORMER, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id)
     alone.update_weights(nnx.to_pure_dict(state), 1)
     one_device = alone.generate(Requests(tokens, mask, 2), GREEDY, key)
     # sampled: each completion draws with its own key, whichever replica decodes it

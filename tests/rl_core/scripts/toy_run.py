@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.testing import ToyConfig, ToyLearner, digit_prompts
-from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 
 TOKENIZER = CharTokenizer()
 ROLLOUT = RolloutConfig(max_prompt_tokens=16, max_new_tokens=8, temperature=1.0, seed=0)
@@ -42,6 +42,7 @@ def make_learner(
     return ToyLearner(
         toy or ToyConfig(group_size=4, target_token=TARGET_TOKEN),
         policy=policy(),
+        paging=PAGED_TRANSFORMER,
         tokenizer=TOKENIZER,
         train_data=data,
         training=training,

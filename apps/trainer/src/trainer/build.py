@@ -29,7 +29,15 @@ from rl_core import registry, storage
 from rl_core.learner import RLLearner
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
-from rl_models import CharTokenizer, Transformer, TransformerConfig, ValueModel, preset, value_model_from_policy
+from rl_models import (
+    PAGED_TRANSFORMER,
+    CharTokenizer,
+    Transformer,
+    TransformerConfig,
+    ValueModel,
+    preset,
+    value_model_from_policy,
+)
 from rl_models import attention as attention_lib
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer, load_hf_value_model
 from rl_models.transformer import compute_dtype
@@ -317,6 +325,7 @@ def learner(
     return algorithm.learner(
         settings.algorithm_config(),
         policy=policy,
+        paging=PAGED_TRANSFORMER,  # how the paged engine (rollout.engine=paged) runs the policy
         **{name: make(settings, policy) for name, make in models.items()},
         tokenizer=tokenizer,
         train_data=task.train,

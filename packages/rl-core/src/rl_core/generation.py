@@ -25,6 +25,7 @@ from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.rollout import rollout_prompts as episode_rollout
 from rl_core.episodes.runner import Rollout
+from rl_core.policy import PagedModel
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
@@ -42,8 +43,9 @@ class PolicyRollouts:
     """Sampling from a policy part (rl_core.trainable) through the configured backend."""
 
     def __init__(self, rollout: RolloutConfig, tokenizer: Tokenizer, policy: TrainableModel, *, batch_size: int,
-                 module: nnx.Module, mesh: Mesh | None = None) -> None:
-        """`mesh`: devices of the rollouts' own (training.rollout_devices), or None: the policy's."""
+                 module: nnx.Module, mesh: Mesh | None = None, paging: PagedModel | None = None) -> None:
+        """`mesh`: devices of the rollouts' own (training.rollout_devices), or None: the policy's;
+        `paging`: how the paged engine runs `module` (required by rollout.engine='paged')."""
         self.rollout, self.tokenizer, self.policy = rollout, tokenizer, policy
         self.apart = mesh is not None and mesh is not policy.layout.mesh
         self.mesh = mesh if self.apart else policy.layout.mesh
@@ -60,7 +62,7 @@ class PolicyRollouts:
         )
         self.backend = make_backend(
             rollout, policy.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, mesh=self.mesh,
-            param_shardings=shardings, batch_size=batch_size, sampler=self.sampler, policy=module,
+            param_shardings=shardings, batch_size=batch_size, sampler=self.sampler, policy=module, paging=paging,
         )
         self._weights_of: Any = None  # the trained parameters the backend holds
         self.pinned: int | None = None  # the version of pinned weights, if any

@@ -59,6 +59,7 @@ from rl_core.layout import BatchLayout
 from rl_core.mesh import data_mesh
 from rl_core.learner_state import POLICY, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
+from rl_core.policy import PagedModel
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
 from rl_core.sampler import Completions, SamplingParams
@@ -100,6 +101,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         config: ConfigT,
         *,
         policy: nnx.Module,
+        paging: PagedModel | None = None,
         tokenizer: Tokenizer,
         train_data: Sequence[Prompt] | PromptDataset,
         training: TrainingConfig,
@@ -136,8 +138,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         self.in_flight: InFlight | None = None
         self.ahead = RolloutThread.for_learner(self)
 
+        # `paging`: how the paged engine runs the policy (rl_core.policy.PagedModel; rollout.engine='paged' needs it)
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
-                                       mesh=mesh_lib.rollout_mesh(training, self.mesh))
+                                       mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
         self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
         self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
 

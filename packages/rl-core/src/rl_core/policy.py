@@ -82,32 +82,36 @@ def repeat_cache(policy: Policy, cache: Cache, n: int) -> Cache:
 
 
 @runtime_checkable
-class PagedPolicy(Policy, Protocol):
-    """A policy the paged rollout engine (rl_core.rollout.paged) can decode with.
+class PagedModel(Protocol):
+    """How the paged rollout engine (rl_core.rollout.paged) runs a kind of policy: an adapter
+    the engine's builder passes next to the policy (rl_models.PAGED_TRANSFORMER for
+    rl_models' transformers, plain, LoRA or QLoRA), so the model needs no engine methods.
 
     Shapes: N tokens, each its own query; M pages per sequence.
     """
 
-    def paged_cache_spec(self) -> tuple[int, int, int, Any]:
-        """(layers, kv heads, head dim, dtype) of the key/value pool."""
+    def cache_spec(self, model: Policy) -> tuple[int, int, int, Any]:
+        """(layers, kv heads, head dim, dtype) of the key/value pool for `model`."""
         ...
 
-    def paged_forward(
+    def forward(
         self,
+        model: Policy,
         tokens: jax.Array,  # [N] int32
         positions: jax.Array,  # [N] int32, position of each token in its sequence
         pages: Cache,  # the pool, laid out by `kv`
         page_rows: jax.Array,  # [N, M] int32, the page table of each token's sequence
         kv: Any,  # rl_core.rollout.attention.PagedKV
     ) -> tuple[jax.Array, Cache]:
-        """Hidden states [N, D] (as `__call__` returns them) and the pool. In each layer
-        `out, pages = kv(q [N, H, Dh], k [N, K, Dh], v [N, K, Dh], pages, layer, page_rows,
+        """Hidden states [N, D] (as the policy's `__call__` returns them) and the pool. In each
+        layer `out, pages = kv(q [N, H, Dh], k [N, K, Dh], v [N, K, Dh], pages, layer, page_rows,
         positions)` writes the tokens' keys/values and attends over slots 0..position."""
         ...
 
-    def inference_copy(self) -> Policy:
-        """A module computing the same function with every weight in the compute dtype and
-        adapters merged (traceable; the engine's inference weights)."""
+    def inference_copy(self, model: Policy) -> Policy:
+        """A module computing what `model` computes with every weight in the compute dtype and
+        adapters merged (traceable; the engine's inference weights). `cache_spec` and `forward`
+        receive such copies."""
         ...
 
 

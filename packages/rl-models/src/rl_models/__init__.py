@@ -6,16 +6,19 @@ Hugging Face checkpoints are read and written by the `rl_models.hf` subpackage
 
 from rl_models.char_tokenizer import CharTokenizer
 from rl_models.config import PRESETS, RopeScaling, TransformerConfig, preset
+from rl_models.paged import PAGED_TRANSFORMER, TransformerPaging
 from rl_models.transformer import KVCache, Transformer
 from rl_models.value import ValueModel, value_model_from_policy
 
 __all__ = [
+    "PAGED_TRANSFORMER",
     "PRESETS",
     "CharTokenizer",
     "KVCache",
     "RopeScaling",
     "Transformer",
     "TransformerConfig",
+    "TransformerPaging",
     "ValueModel",
     "preset",
     "value_model_from_policy",

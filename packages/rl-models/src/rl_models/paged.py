@@ -1,4 +1,6 @@
-"""The transformer over a paged KV cache, and the engine's inference copy.
+"""The transformer over a paged KV cache, and the engine's inference copy: the paged
+rollout engine's adapter for `Transformer` (`PAGED_TRANSFORMER`, an
+`rl_core.policy.PagedModel`), which whoever builds the engine passes next to the policy.
 
 Shapes: N tokens (each its own query: a decode slot's next token or one token
 of a prefill chunk), M pages per sequence.
@@ -6,7 +8,7 @@ of a prefill chunk), M pages per sequence.
 The pool and its layout belong to the caller's `kv` (rl_core.rollout.attention):
 per layer the model hands it each token's query, key and value, and `kv` writes
 the key/value at the token's slot and returns the attention output (see
-`rl_core.policy.PagedPolicy`). Token n sits at position `positions[n]` of the
+`rl_core.policy.PagedModel`). Token n sits at position `positions[n]` of the
 sequence whose page table is `page_rows[n]` and attends to slots 0..pos of it.
 So a prefill chunk (many tokens of one sequence) and decode slots (one token
 of many sequences) are the same call, and causality is just each token's length.
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_models import lora
 from rl_models import transformer as tf
 from rl_models.layers import fused_linear
 from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
@@ -78,8 +81,6 @@ def inference_copy(model: tf.Transformer) -> tf.Transformer:
     their kernels (`rl_models.lora.merged_kernel`), so adapters are never dropped and
     decoding pays no adapter matmuls. Traceable (the engine runs it in its jitted refresh).
     """
-    from rl_models import lora  # noqa: PLC0415 (lora imports the transformer module, as this one does)
-
     config = dataclasses.replace(model.config, param_dtype=model.config.dtype)
     # the model's own class, so a subclass (e.g. one with an extra output rule) keeps its behaviour
     graphdef, plain = nnx.split(nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0))))
@@ -97,3 +98,23 @@ def inference_copy(model: tf.Transformer) -> tf.Transformer:
         return jnp.asarray(node, abstract.dtype)
 
     return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, nnx.to_pure_dict(plain)))
+
+
+class TransformerPaging:
+    """`rl_core.policy.PagedModel` for `Transformer` and its subclasses, plain or with LoRA
+    adapters over a full or quantized base (`inference_copy` merges them, so `cache_spec` and
+    `forward` see a plain model). Subclass it to wrap one of them (e.g. a benchmark's timing)."""
+
+    def cache_spec(self, model: tf.Transformer) -> tuple[int, int, int, Any]:
+        return paged_cache_spec(model)
+
+    def forward(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
+                page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
+        return paged_forward(model, tokens, positions, pages, page_rows, kv)
+
+    def inference_copy(self, model: tf.Transformer) -> tf.Transformer:
+        return inference_copy(model)
+
+
+PAGED_TRANSFORMER = TransformerPaging()
+"""The paged engine's adapter for rl_models' transformers (`paging=` of the learner and the engine)."""

@@ -15,7 +15,8 @@ The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]). `rl_models.lora`
 can give projections low-rank adapters (`nnx.LoRAParam`) and store their kernels
 quantized; `Linear` applies both. The parameterised layers are in `rl_models.layers`, rotary
-embeddings in `rl_models.rope`.
+embeddings in `rl_models.rope`. The paged rollout engine runs it through the adapter in
+`rl_models.paged` (which builds on this module; nothing here knows the engine).
 """
 
 from __future__ import annotations
@@ -421,23 +422,6 @@ class Transformer(nnx.Module):
         (x, cache), _ = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
         last = jax.tree.map(lambda a: a[-1], (stacked, layers))
         return make_layer(outputs_from)(x, cache, *last)
-
-    # -- the paged rollout engine's hooks (rl_core.policy.PagedPolicy; code in rl_models.paged) --
-
-    def paged_cache_spec(self):  # noqa: ANN201
-        from rl_models import paged  # noqa: PLC0415 (paged builds on this module)
-
-        return paged.paged_cache_spec(self)
-
-    def paged_forward(self, tokens, positions, pages, page_rows, kv):  # noqa: ANN001, ANN201
-        from rl_models import paged  # noqa: PLC0415
-
-        return paged.paged_forward(self, tokens, positions, pages, page_rows, kv)
-
-    def inference_copy(self) -> Transformer:
-        from rl_models import paged  # noqa: PLC0415
-
-        return paged.inference_copy(self)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""

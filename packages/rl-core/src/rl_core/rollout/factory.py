@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
-from rl_core.policy import PagedPolicy
+from rl_core.policy import PagedModel
 from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
@@ -35,20 +35,23 @@ def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, re
 
 def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Sequence[int], pad_id: int,
                  mesh: Mesh | None = None, param_shardings: Any = None, batch_size: int | None = None,
-                 sampler: Sampler | None = None, policy: Any = None) -> RolloutBackend:
+                 sampler: Sampler | None = None, policy: Any = None,
+                 paging: PagedModel | None = None) -> RolloutBackend:
     """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
 
-    With `policy`, a paged engine first checks that it implements `PagedPolicy`."""
+    `paged` runs the model through `paging` (see `rl_core.policy.PagedModel`), which it requires;
+    `policy` (optional) only names the model in the error when it is missing."""
     if rollout.engine == "paged":
-        if policy is not None and not isinstance(policy, PagedPolicy):
-            missing = [n for n in ("paged_cache_spec", "paged_forward", "inference_copy") if not hasattr(policy, n)]
+        if paging is None:
+            what = f" ({type(policy).__name__})" if policy is not None else ""
             raise TypeError(
-                f"RolloutConfig.engine = 'paged' needs a policy implementing rl_core.policy.PagedPolicy; "
-                f"{type(policy).__name__} lacks {', '.join(missing)}. Implement them or set rollout.engine='static'"
+                f"RolloutConfig.engine = 'paged' needs the policy's paged adapter{what}: pass paging= next to "
+                f"policy= (an rl_core.policy.PagedModel; rl_models.PAGED_TRANSFORMER for rl_models' "
+                f"transformers) or set rollout.engine='static'"
             )
         replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
         settings = engine_settings(rollout, batch_size=batch_size, replicas=replicas)
-        return PagedBackend(graphdef, settings, eos_ids=eos_ids,
+        return PagedBackend(graphdef, settings, paging=paging, eos_ids=eos_ids,
                             pad_id=pad_id, mesh=mesh, param_shardings=param_shardings)
     if sampler is None:
         sampler = Sampler(graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,

@@ -17,9 +17,11 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   the sample requeued): it restarts later and, as every token draws with its
   completion's own key, produces exactly the same tokens.
 Weights: `update_weights` makes the engine's copy once per step in one jitted
-program (the policy's `inference_copy`: compute dtype, adapters merged), laid
+program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
 decoding never gathers a weight.
+The engine reaches the model only through the adapter it is built with (`paging`, an
+`rl_core.policy.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from jax.sharding import PartitionSpec as P
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
+from rl_core.policy import PagedModel
 from rl_core.rollout import attention as attention_lib
+from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.step import Prefill, Slots, engine_step
@@ -75,18 +79,35 @@ class EngineSettings:
         return 1 + self.slots * (self.pages_per_sequence + 1) + prefixes
 
 
+PAGING_METHODS = ("cache_spec", "forward", "inference_copy")
+
+
+def check_paging(paging: Any) -> None:
+    """A TypeError naming what `paging` lacks unless it is an `rl_core.policy.PagedModel`."""
+    if not isinstance(paging, PagedModel):
+        missing = [n for n in PAGING_METHODS if not callable(getattr(paging, n, None))]
+        raise TypeError(
+            f"the paged engine needs paging=, an adapter implementing rl_core.policy.PagedModel "
+            f"(rl_models.PAGED_TRANSFORMER for rl_models' transformers); {type(paging).__name__} "
+            f"lacks {', '.join(missing)}"
+        )
+
+
 class PagedBackend:
     """`RolloutBackend` with a paged KV cache and continuous batching (see the module docstring).
 
-    `compiles` counts traced device programs (steps and weight refreshes).
+    `paging` runs the model (see `rl_core.policy.PagedModel`; rl_models.PAGED_TRANSFORMER for its
+    transformers). `compiles` counts traced device programs (steps and weight refreshes).
     `replicas` (R) is the number of data/fsdp devices of the mesh (1 without one).
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, eos_ids: Sequence[int], pad_id: int,
-                 mesh: Mesh | None = None, param_shardings: Any = None) -> None:
+    def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
+                 eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None) -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
+        check_paging(paging)
         self.graphdef = graphdef
+        self.paging = paging
         self.settings = settings
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.pad_id = int(pad_id)
@@ -121,7 +142,7 @@ class PagedBackend:
 
     def _build_refresh(self, params: Any) -> None:
         def copy(p):
-            return nnx.split(nnx.merge(self.graphdef, p).inference_copy())
+            return nnx.split(self.paging.inference_copy(nnx.merge(self.graphdef, p)))
 
         graphdef, abstract = jax.eval_shape(copy, params)
         self._infer_graphdef = graphdef
@@ -159,8 +180,8 @@ class PagedBackend:
 
                 def one(pages, prefill, copy_src, copy_dst, slots):
                     return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
-                                       steps=s.steps_per_sync, sampling=sampling, eos_ids=self.eos_ids,
-                                       pad_id=self.pad_id, run_prefill=run_prefill)
+                                       paging=self.paging, steps=s.steps_per_sync, sampling=sampling,
+                                       eos_ids=self.eos_ids, pad_id=self.pad_id, run_prefill=run_prefill)
 
                 if self.replicas == 1:  # the same program without a batch axis of one
                     out = one(*jax.tree.map(lambda x: x[0], (pages, prefill, copy_src, copy_dst, slots)))
@@ -194,7 +215,7 @@ class PagedBackend:
         return multihost.to_host((tokens, logp, after))
 
     def _spec(self) -> tuple[int, int, int, Any]:
-        return nnx.merge(self._infer_graphdef, self.weights).paged_cache_spec()
+        return self.paging.cache_spec(nnx.merge(self._infer_graphdef, self.weights))
 
     def _init_pages(self) -> Any:
         layers, kv_heads, head_dim, dtype = self._spec()
@@ -216,12 +237,10 @@ class PagedBackend:
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         if self.weights is None:
             raise RuntimeError("PagedBackend.generate before update_weights: no weights to decode with")
-        from rl_core.rollout.scheduler import run  # noqa: PLC0415 (the loop lives beside)
-
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
-        out = run(self, requests, key, sampling)
+        out = scheduler.run(self, requests, key, sampling)  # the host loop
         return with_version(out, self.version)
 
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rl_core.policy import PagedModel
 from rl_core.sampler import SamplingParams, categorical, sample_with
 
 
@@ -63,13 +64,15 @@ def engine_step(
     key: jax.Array,
     kv: Any,
     *,
+    paging: PagedModel,
     steps: int,
     sampling: SamplingParams,
     eos_ids: Sequence[int],
     pad_id: int,
     run_prefill: jax.Array | None = None,
 ) -> tuple[Any, jax.Array, jax.Array, Slots]:
-    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps).
+    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps); `model` (an inference
+    copy) runs through `paging.forward`.
 
     The prefill chunk goes first, so the samples of a prompt whose last chunk it
     holds may start decoding in the same call; then each new sample's copy of its
@@ -77,7 +80,7 @@ def engine_step(
     `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
     def prefill_chunk(pages):
-        return model.paged_forward(prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+        return paging.forward(model, prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
     if run_prefill is None:
@@ -92,7 +95,7 @@ def engine_step(
         pages, st, out_tokens, out_logp = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
-        hidden, pages = model.paged_forward(st.token, position, pages, rows, kv)
+        hidden, pages = paging.forward(model, st.token, position, pages, rows, kv)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         token, logp = sample_rows(keys, model.logits(hidden), sampling)
         token = jnp.where(st.active, token, pad_id)
