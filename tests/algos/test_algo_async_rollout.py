@@ -53,9 +53,8 @@ def lagged(cls):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.weights = [copy_tree(self.params)]  # weights[k]: after k steps
-
-        def proximal_logprobs(self):
-            return True  # as in async mode: old log-probs of the current weights, for every row
+            # as in async mode: old log-probs of the current weights, for every row
+            self.passes = dataclasses.replace(self.passes, proximal=True)
 
         def train_step(self):
             version = max(self.step - 1, 0)  # step n = self.step + 1 samples with W(n - 2)

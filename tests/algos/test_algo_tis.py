@@ -141,7 +141,7 @@ def _learner(**config):
 def test_on_it_records_behaviour_logprobs_even_on_an_on_policy_step():
     plain, tis = _learner(), _learner(tis_cap=2.0)
     assert not plain.update_is_off_policy() and not tis.update_is_off_policy()
-    assert not plain.needs_behaviour_logprobs() and tis.needs_behaviour_logprobs()
+    assert not plain.passes.behaviour and tis.passes.behaviour
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)

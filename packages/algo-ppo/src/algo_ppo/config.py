@@ -14,6 +14,8 @@ class PPOConfig(PolicyGradientConfig):
     """PPO (arXiv:1707.06347) with a critic and GAE; see the package docstring."""
 
     estimator_category: ClassVar[str] = "token_advantage_estimator"
+    kl_in_rewards: ClassVar[bool] = True
+    """The KL penalty is in the rewards (verl's use_kl_in_reward), not a term of the loss."""
 
     group_size: int = 1
     """Completions sampled per prompt (>= 1; the critic is the baseline, so 1 is PPO's usual)."""

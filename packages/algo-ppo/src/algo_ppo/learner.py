@@ -74,12 +74,6 @@ class PPOLearner(PolicyGradientLearner):
 
     # -- what changes from GRPO ------------------------------------------------------------
 
-    def kl_beta(self) -> float:
-        return 0.0  # the KL penalty is in the rewards
-
-    def needs_behaviour_logprobs(self) -> bool:
-        return super().needs_behaviour_logprobs() or bool(self.config.beta)  # the KL penalty reads them
-
     def models_to_update(self) -> Sequence[str]:
         return [CRITIC] if self.step < self.config.critic_warmup_steps else [*self.models]
 

@@ -11,10 +11,15 @@ algorithm that carries them records them). Only on a provably on-policy step may
 value. With async rollouts the sampler's weights are a step older than the update's:
 `old_logp` is then the proximal policy's, the current weights' when the step trains
 (decoupled PPO; see rl_core.pipeline).
+
+`LogprobPasses` decides, in this one place, which log-prob passes a step of the pipeline
+(rl_core.pipeline) runs besides the update's own: the behaviour pass (at collection time
+for carried rows, before the update for the others), and the reference pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -52,3 +57,58 @@ class PolicyLogprobs:
             return fresh
         missing = np.isnan(recorded).any(axis=1)
         return np.where(missing[:, None], fresh, recorded).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobPasses:
+    """Which log-prob passes a step runs, from the run's settings (fixed for a run).
+
+    behaviour  `old_logp`, the policy that sampled the rows: needed when the update is
+               off-policy, when truncated importance sampling divides it by the sampler's,
+               or when a KL penalty in the rewards reads it (PPO); otherwise the loss uses
+               stop_gradient(logp), equal in value on a provably on-policy step.
+    proximal   with async rollouts, every row's `old_logp` is the current weights' when the
+               step trains on it (decoupled PPO's proximal policy): none is recorded at
+               collection, and none recorded earlier is kept.
+    reference  the reference policy's log-probs, when beta != 0: for the KL term in the loss,
+               or (`kl_in_rewards`) for the KL penalty in the rewards.
+    """
+
+    off_policy: bool
+    """Several passes over the batch or several mini-batches (RLLearner.update_is_off_policy)."""
+    importance_weights: bool
+    """Truncated importance sampling (tis_cap) weighs each token by pi_old / pi_sampler."""
+    proximal: bool
+    """Async rollouts (training.async_rollout != "off")."""
+    beta: float
+    """The config's KL coefficient; 0 = no reference policy."""
+    kl_in_rewards: bool = False
+    """The KL penalty goes into the rewards (PPO), not into the loss."""
+
+    @property
+    def reference(self) -> bool:
+        """The reference pass runs (and the reference parameters are kept)."""
+        return bool(self.beta)
+
+    @property
+    def loss_beta(self) -> float:
+        """The coefficient of the KL term in the loss: 0 when the KL is in the rewards."""
+        return 0.0 if self.kl_in_rewards else self.beta
+
+    @property
+    def behaviour(self) -> bool:
+        """A fresh batch (no row recorded earlier) needs the behaviour pass before the update."""
+        return self.off_policy or self.importance_weights or (self.kl_in_rewards and self.reference)
+
+    def at_collection(self, missing: np.ndarray) -> bool:
+        """Record behaviour log-probs at collection time, for the rows `missing` [N] bool them
+        (rows a step carries to the next): never with proximal log-probs (the update may be
+        changing the weights while a batch is collected)."""
+        return not self.proximal and bool(missing.any())
+
+    def before_update(self, recorded: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
+        """(run the behaviour pass before the update, the rows recorded earlier that it keeps):
+        with rows recorded earlier (NaN rows: not recorded) it runs only when some row lacks
+        them, whatever `behaviour` says; proximal log-probs keep none."""
+        kept = None if self.proximal else recorded
+        return (self.behaviour if kept is None else bool(np.isnan(kept).any())), kept

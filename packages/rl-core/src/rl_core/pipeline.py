@@ -22,6 +22,8 @@ learner's own forward pass at collection time whenever the update can be
 off-policy (several iterations or mini-batches, or rows carried from an
 earlier step, which keep the log-probs recorded when they were collected);
 skipped only on a provably on-policy step, where stop_gradient(logp) is equal.
+Which passes a step runs (behaviour, proximal, reference) is decided in one place,
+`passes` (rl_core.behaviour.LogprobPasses), from the config and the batch layout.
 
 The algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's
 overlong shaping) are added to the reward manager here, so a learner built
@@ -48,6 +50,7 @@ import jax
 import numpy as np
 
 from rl_core import multihost, registry
+from rl_core.behaviour import LogprobPasses
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.groups import TOTAL, Groups
@@ -96,7 +99,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
-        self.ref_params = self.reference_params(kwargs["policy"]) if config.beta else None
+        self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
         self._reward_failed = 0
         self._generated_tokens = 0
 
@@ -113,6 +116,16 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     @_timings.setter
     def _timings(self, value: dict[str, float]) -> None:
         self.__dict__.setdefault("_timings_of_thread", threading.local()).timings = value
+
+    @functools.cached_property
+    def passes(self) -> LogprobPasses:
+        """Which log-prob passes a step runs: decided once, on first use (the base learner's
+        constructor asks for the loss, once the batch layout is known)."""
+        config = self.config
+        return LogprobPasses(
+            off_policy=self.update_is_off_policy(), importance_weights=config.tis_cap is not None,
+            proximal=self.training.async_rollout != "off", beta=config.beta, kl_in_rewards=config.kl_in_rewards,
+        )
 
     # -- base-learner hooks ---------------------------------------------------------------
 
@@ -159,9 +172,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     def loss_function(self) -> LossFn:
         """`policy_objective` with this run's settings bound: the registered functions the
-        config names, the clip widths, the KL term (`kl_beta`) and the sampler's temperature."""
+        config names, the clip widths, the KL term (`passes.loss_beta`) and the sampler's temperature."""
         config = self.config
-        beta = self.kl_beta()
+        beta = self.passes.loss_beta
         return functools.partial(
             policy_objective,
             temperature=self.rollout.temperature,
@@ -176,11 +189,6 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             max_len=self.rollout.max_new_tokens,
             tis_cap=config.tis_cap,
         )
-
-    def kl_beta(self) -> float:
-        """The coefficient of the KL term in the loss: `config.beta` (PPO puts the KL into its
-        rewards instead, and returns 0 here)."""
-        return self.config.beta
 
     # -- pipeline steps -------------------------------------------------------------------
 
@@ -246,9 +254,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
         Call at collection time, before any update: these are the log-probs of the
         policy that sampled the rows. With async rollouts it records nothing (the update
-        may be changing the weights; every row gets the proximal log-probs at training time).
+        may be changing the weights; every row gets the proximal log-probs at training time):
+        `passes.at_collection` decides.
         """
-        if self.proximal_logprobs() or not groups.missing_old_logp().any():
+        if not self.passes.at_collection(groups.missing_old_logp()):
             return groups
         old = self.behaviour_logprobs(
             groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
@@ -288,31 +297,22 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     def add_logprobs(self, example: TrainExample) -> TrainExample:
         """Behaviour log-probs when the update can be off-policy, truncated importance sampling
-        is on, or some rows already carry theirs (carried rows); reference log-probs only when beta != 0.
+        is on, a KL penalty in the rewards reads them, or some rows already carry theirs
+        (carried rows); reference log-probs only when beta != 0 (`passes` decides).
 
         Runs before any update of the step, so the current policy is the one that sampled
         the rows without recorded log-probs.
         """
-        recorded = None if self.proximal_logprobs() else example.old_logp
-        if self.needs_behaviour_logprobs() if recorded is None else np.isnan(recorded).any():
+        run, recorded = self.passes.before_update(example.old_logp)
+        if run:
             old = self.behaviour_logprobs(
                 example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded,
                 completion_mask=example.completion_mask,
             )
             example = example._replace(old_logp=old)
-        if self.config.beta:
+        if self.passes.reference:
             example = example._replace(ref_logp=self.reference_logprobs(example))
         return example
-
-    def needs_behaviour_logprobs(self) -> bool:
-        """The update can be off-policy, or truncated importance sampling divides the
-        trainer's behaviour probabilities by the sampler's (so they must exist)."""
-        return self.update_is_off_policy() or self.config.tis_cap is not None
-
-    def proximal_logprobs(self) -> bool:
-        """True with async rollouts: every row's `old_logp` is computed under the current weights
-        when the step trains on it (decoupled PPO's proximal policy), none kept from collection."""
-        return self.training.async_rollout != "off"
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]
