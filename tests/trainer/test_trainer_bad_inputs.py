@@ -230,6 +230,43 @@ def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "metrics.jsonl:3",
+        pytest.param("samples.jsonl:3", marks=pytest.mark.e2e),
+        pytest.param("tensorboard:3", marks=pytest.mark.e2e),
+        pytest.param("checkpoints:3", marks=pytest.mark.e2e),
+    ],
+)
+def test_a_full_disk_while_training_is_one_line_and_the_last_checkpoint_resumes(capsys, tmp_path, monkeypatch, fault):
+    """The disk fills as step 3 writes its metrics, samples, TensorBoard events or checkpoint
+    (rl_core.faults raises the OSError a full disk gives there): one line naming the file, exit 2,
+    checkpoints 1 and 2 intact, and the resume that follows ends as an uninterrupted run."""
+    from rl_core import faults
+
+    monkeypatch.setattr(faults, "_parsed", {})
+    monkeypatch.setenv(faults.ENV, f"enospc@write:{fault}")
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(run), "--no-progress", *SMALL)
+    name = fault.split(":")[0]
+    where = run / "checkpoints" / "3" if name == "checkpoints" else next((run / name).glob("events.*")) if (
+        name == "tensorboard") else run / name
+    assert (code, err) == (2, f"trainer train: error: {where}: No space left on device; the run stopped at step 3; "
+                              f"checkpoint 2 is kept: make room and continue with `trainer train --resume {run}`\n")
+    assert saved_steps(run / "checkpoints") == [1, 2]
+    assert not (run / "summary.json").exists()
+
+    monkeypatch.delenv(faults.ENV)
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
+    assert code == 0, err
+    assert f"resumed {run} at step 2" in out
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert sorted({json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()}) == steps
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
 def test_resume_refuses_a_config_yaml_edited_to_another_algorithm(trained_run, tmp_path, capsys):
     """config.yaml's `algo: grpo` edited to `dapo`: the GRPO checkpoint is not resumed as DAPO."""
     import yaml

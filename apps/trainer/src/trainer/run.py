@@ -185,9 +185,15 @@ def train_run(
         signals.stop_gracefully(learner)
         try:
             history = learner.train()
-        finally:
+        except BaseException as e:
             signals.stop_at_once()
-            learner.close()
+            with contextlib.suppress(Exception):  # the error that stopped training is the one to report
+                learner.close()
+            if isinstance(e, OSError) and e.strerror:  # a full disk, say: what is kept, and how to go on
+                raise OSError(e.errno, f"{e.strerror}; {stopped_at(learner.step, run_dir)}", e.filename) from e
+            raise
+        signals.stop_at_once()
+        learner.close()
         summary = {
             "algo": settings.algo,
             "steps": learner.step,
@@ -281,6 +287,15 @@ def readable_run(run_dir: Path | str) -> Iterator[Path]:
         raise
     finally:
         folder.close()
+
+
+def stopped_at(step: int, run_dir: Path) -> str:
+    """What a run that failed to write (a full disk) has kept, and how it goes on."""
+    kept = saved_steps(run_dir / "checkpoints")
+    if not kept:
+        return f"the run stopped at step {step} with no checkpoint yet"
+    return (f"the run stopped at step {step}; checkpoint {kept[-1]} is kept: make room and continue with "
+            f"`trainer train --resume {run_dir}`")
 
 
 def _quiet(message: str) -> None:

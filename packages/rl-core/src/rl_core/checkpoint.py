@@ -17,6 +17,12 @@ at most one save is in flight; a kill during it leaves the one before intact.
 The learner waits at the end of the next step's update, so the write overlaps
 that step's rollout and update and is on disk before its records are.
 
+A save that cannot be written (a full disk, a quota, an I/O error) raises an OSError naming
+the checkpoint's folder, from `save` or from the `wait` after it, instead of Orbax's
+tracebacks from its threads; the checkpoints before it are kept. `save` checks first that
+the file system has room for one more checkpoint the size of the last one,
+so a full disk is usually found before anything is written.
+
 In a multi-process run every process calls `save` and `restore` (each writes
 and reads its own shards, Orbax synchronises them); only process 0 removes
 temporary folders and moves damaged checkpoints aside, the others waiting at a
@@ -26,7 +32,10 @@ barrier so that all open the same list of steps.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +97,52 @@ def damage_reason(error: BaseException, limit: int = 300) -> str:
     return f"{type(inner).__name__}: {text}"
 
 
+SPACE_MARGIN = 64 * 1024
+"""Bytes a save is expected to need beyond the size of the checkpoint before it."""
+
+
+def folder_bytes(path: str | Path) -> int:
+    """Bytes in the files under `path`."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def write_failure(error: BaseException, where: str | Path) -> OSError | None:
+    """The file-system error a failed save comes down to, naming `where`: an OSError among its
+    causes, or tensorstore's `... No space left on device [os_error_code='28']`, which Orbax
+    raises as a ValueError. None when the failure is not the file system's."""
+    seen: set[int] = set()
+    inner: BaseException | None = error
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        code = inner.errno if isinstance(inner, OSError) else None
+        if code is None:
+            found = re.search(r"os_error_code='?(\d+)", str(inner))
+            code = int(found.group(1)) if found else None
+        if code:
+            return OSError(code, os.strerror(code), str(where))
+        inner = inner.__cause__ or inner.__context__
+    return None
+
+
+class _SaveErrors(logging.Filter):
+    """Orbax logs a failed save's error, with a traceback, from each of its threads (and asyncio
+    its abandoned futures); `save` or `wait` raises it once, as an OSError, so a Checkpointer that
+    writes drops these records while it is open."""
+
+    loggers = ("absl", "asyncio")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not ("orbax" in record.pathname or record.name == "asyncio")
+
+    def attach(self) -> None:
+        for name in self.loggers:
+            logging.getLogger(name).addFilter(self)
+
+    def detach(self) -> None:
+        for name in self.loggers:
+            logging.getLogger(name).removeFilter(self)
+
+
 class _ReadOnlyNotice(logging.Filter):
     """Orbax warns "Given directory is read only=..." whenever it opens a folder to read it, as
     `trainer eval` and `trainer export` do: that is what they asked for, not a warning."""
@@ -113,6 +168,11 @@ class Checkpointer:
         self.max_to_keep = max_to_keep
         self.read_only = read_only
         self._manager = self._open()
+        self._in_flight: int | None = None  # the step whose save was started and not waited for
+        self._failed = False
+        self._save_errors = _SaveErrors()
+        if not read_only:
+            self._save_errors.attach()
 
     def _open(self) -> ocp.CheckpointManager:
         if not self.read_only:
@@ -144,16 +204,50 @@ class Checkpointer:
         The previous save is finished first, and the old checkpoints pruned then.
         """
         self.wait()
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+        self._check_room(step)
+        self._in_flight = step
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
+        except Exception as e:
+            raise self._failed_save(e) from None
         fault_point("checkpoint", step)  # the save is under way in its temporary folder
+
+    def _check_room(self, step: int) -> None:
+        """An OSError (no space left) when the file system cannot hold one more checkpoint the size
+        of the last one."""
+        where = self.directory / str(step)
+        try:
+            fault_point("write", f"checkpoints:{step}")
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(where)) from None
+        steps = self.steps()
+        if not steps:  # nothing to measure: the arrays' bytes overstate what Orbax writes (it compresses)
+            return
+        needed = folder_bytes(self.directory / str(steps[-1])) + SPACE_MARGIN
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            raise OSError(
+                28, f"{os.strerror(28)} (checkpoint {step} needs about {needed / 2**20:.1f} MiB, "
+                f"{free / 2**20:.1f} MiB free)", str(where),
+            )
+
+    def _failed_save(self, error: Exception) -> Exception:
+        """The error to raise for a save that failed: the file system's, naming the checkpoint."""
+        step, self._in_flight, self._failed = self._in_flight, None, True
+        gc.collect()  # Orbax's abandoned writes end now, not in errors at interpreter exit
+        return write_failure(error, self.directory / str(step)) or error
 
     def wait(self) -> None:
         """Finish the save in flight, if any, and prune."""
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._failed_save(e) from None
+        self._in_flight = None
         if not self.read_only:
             self.prune()
 
@@ -205,6 +299,12 @@ class Checkpointer:
         return target
 
     def close(self) -> None:
-        """Finish the save in flight and release the manager."""
-        self.wait()
-        self._manager.close()
+        """Finish the save in flight and release the manager (after a failed save, without
+        raising its error again)."""
+        try:
+            if not self._failed:
+                self.wait()
+            with contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
+                self._manager.close()
+        finally:
+            self._save_errors.detach()

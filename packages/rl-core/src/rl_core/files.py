@@ -4,6 +4,9 @@ Records are appended one JSON line at a time, so a kill can leave at most the
 last line torn; readers drop it. Whole-file rewrites go through a temporary
 file, fsync and an atomic rename, so a kill leaves either the old file or the
 new one, never an empty or half-written one.
+
+A write that fails (a full disk, a quota, an I/O error) raises an OSError that names the file
+(`write_error`), for the CLI's one line; a rewrite's temporary file is removed first.
 """
 
 from __future__ import annotations
@@ -20,14 +23,39 @@ class RunFileError(ValueError):
     """A run-folder file is damaged beyond what a kill can do (e.g. a bad line in the middle)."""
 
 
+def write_error(error: OSError, path: str | Path) -> OSError:
+    """`error` naming `path` when it names no file (a write's or flush's `[Errno 28] No space left
+    on device` names none), else `error` itself."""
+    if error.filename is not None or error.errno is None:
+        return error
+    return OSError(error.errno, error.strerror or os.strerror(error.errno), str(path))
+
+
+def append_text(path: str | Path, text: str, *, step: int | None = None) -> None:
+    """Append `text` (whole lines) to `path`; a failed write raises an OSError naming `path`
+    (a line cut by it reads as torn, and is dropped like one a kill cut)."""
+    path = Path(path)
+    try:
+        fault_point("write", path.name if step is None else f"{path.name}:{step}")
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise write_error(e, path) from None
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace `path` with `text`: the old content or the new, whatever happens when."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        fault_point("write", path.name)
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)  # the old file stays as it was; no half-written temporary is left
+        raise write_error(e, path) from None
     fault_point("rewrite", path.stem)
     os.replace(tmp, path)
     _fsync_folder(path.parent)

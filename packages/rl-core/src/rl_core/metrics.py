@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.files import keep_records_through
-from rl_core.tb_events import truncate_events
+from rl_core.files import append_text, keep_records_through
+from rl_core.tb_events import EventWriter, truncate_events
 
 
 class MetricsLogger:
@@ -32,11 +32,9 @@ class MetricsLogger:
             out.mkdir(parents=True, exist_ok=True)
             self.path = out / "metrics.jsonl"
             if tensorboard:
-                from tensorboardX import SummaryWriter
-
                 self._tb_dir = out / "tensorboard"
                 # the pid keeps a resumed process from reopening (emptying) the file of the one before
-                self._tb = SummaryWriter(str(self._tb_dir), filename_suffix=f".{os.getpid()}")
+                self._tb = EventWriter(self._tb_dir, filename_suffix=f".{os.getpid()}")
 
     def truncate_after(self, step: int) -> None:
         """Keep the records (JSONL and TensorBoard) of steps <= `step`; a torn last line is dropped."""
@@ -50,24 +48,23 @@ class MetricsLogger:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         self.history.append(record)
         if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_text(self.path, json.dumps(record) + "\n", step=step)
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+                    self._tb.scalar(key, value, step)
+            self._tb.flush(step)
 
     def write_text(self, tag: str, text: str, step: int) -> None:
         """A Markdown text summary in TensorBoard (its TEXT tab); nothing without TensorBoard."""
         if self._tb is not None:
-            self._tb.add_text(tag, text, step)
-            self._tb.flush()
+            self._tb.text(tag, text, step)
+            self._tb.flush(step)
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None  # closed once, even when its last flush fails
+            tb.close()
 
 
 def _plain(value: Any) -> Any:

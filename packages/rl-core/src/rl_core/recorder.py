@@ -25,7 +25,7 @@ from typing import Any
 
 from rl_core.checkpoint import Checkpointer
 from rl_core.config import TrainingConfig
-from rl_core.files import keep_records_through
+from rl_core.files import append_text, keep_records_through
 from rl_core.metrics import MetricsLogger
 from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
 from rl_core.storage import StagedFolder, is_url, open_staged
@@ -74,9 +74,8 @@ class RunRecorder:
         if not shown or not self.writes:
             return
         if self.output_dir is not None:
-            with (self.output_dir / "samples.jsonl").open("a") as f:
-                for sample in shown:
-                    f.write(json.dumps({"step": step, **sample}) + "\n")
+            lines = "".join(json.dumps({"step": step, **sample}) + "\n" for sample in shown)
+            append_text(self.output_dir / "samples.jsonl", lines, step=step)
         self.logger.write_text("samples", samples_markdown(shown), step)
         for sink in self.sinks:
             sink.write_samples(step, shown)
@@ -127,13 +126,24 @@ class RunRecorder:
         return arrays, meta
 
     def close(self) -> None:
-        """Finish the save in flight and close the files; with a URL, push everything there."""
-        self.logger.close()
+        """Finish the save in flight and close the files; with a URL, push everything there.
+        Every part is closed even when one fails (a full disk); the first error is raised then."""
+        errors = []
+
+        def closing(close: Callable[[], Any]) -> None:
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - raised below, once the rest is closed
+                errors.append(e)
+
+        closing(self.logger.close)
         for sink in self.sinks:
-            sink.close()
+            closing(sink.close)
         self.sinks = []
         if self.checkpointer is not None:
-            self.checkpointer.close()
+            closing(self.checkpointer.close)
+        if errors:
+            raise errors[0]  # with a URL, the local copy is kept, not pushed half-written
         if self.mirror is not None:
             self.mirror.push()
             if self._owns_mirror:

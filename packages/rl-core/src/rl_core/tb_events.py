@@ -1,4 +1,5 @@
-"""Cutting TensorBoard event files back to a step, so a resumed run plots each step once.
+"""TensorBoard event files: written in the caller's thread, and cut back to a step so a
+resumed run plots each step once.
 
 An event file is a sequence of records (TFRecord framing: 8-byte length, 4-byte
 length CRC, the serialized Event, 4-byte data CRC). One process writes a file
@@ -8,11 +9,18 @@ a record torn by a kill, is cut off with one truncate.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import time
 from pathlib import Path
 
+from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2
+from tensorboardX.summary import scalar, text
+
+from rl_core.faults import fault_point
+from rl_core.files import write_error
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data
@@ -44,3 +52,52 @@ def truncate_events(folder: str | Path, step: int) -> None:
         keep = kept_bytes(data, step)
         if keep < len(data):
             os.truncate(path, keep)
+
+
+class EventWriter:
+    """Scalars and Markdown text to one event file in `folder`, written in the caller's thread.
+
+    tensorboardX's SummaryWriter writes from a thread of its own: there a full disk is a
+    traceback on stderr (and a buffered file that fails again at exit), never an error the run
+    sees. Here `flush` raises an OSError naming the event file, and the file is closed then.
+    """
+
+    def __init__(self, folder: str | Path, filename_suffix: str = "") -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        try:
+            self._writer = EventsWriter(os.path.join(folder, "events"), filename_suffix)
+        except OSError as e:
+            raise write_error(e, folder) from None
+        self.path = Path(self._writer._file_name)
+        self._failed = False
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self._add(scalar(tag, value), step)
+
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        self._add(text(tag, markdown), step)
+
+    def _add(self, summary, step: int) -> None:
+        event = event_pb2.Event(summary=summary, wall_time=time.time(), step=int(step))
+        self._failing(lambda: self._writer.write_event(event))  # a full buffer writes, and may fail
+
+    def flush(self, step: int | None = None) -> None:
+        """Write and fsync what was added; an OSError names the file (which is then closed)."""
+        self._failing(lambda: (
+            fault_point("write", "tensorboard" if step is None else f"tensorboard:{step}"),
+            self._writer.flush(),
+        ))
+
+    def close(self) -> None:
+        if not self._failed:
+            self.flush()
+            self._writer.close()
+
+    def _failing(self, write) -> None:
+        try:
+            write()
+        except OSError as e:
+            self._failed = True
+            with contextlib.suppress(OSError):  # closed without its buffer: nothing fails again at exit
+                self._writer._py_recordio_writer._writer.close()
+            raise write_error(e, self.path) from None
