@@ -62,9 +62,10 @@ def scheduled_model(config: TransformerConfig, eos: int, max_new_tokens: int) ->
             super().__init__(config, rngs=rngs)
             self.hazard = nnx.Param(jnp.zeros((max_new_tokens,), jnp.float32))
 
-        def __call__(self, tokens, positions, attention_mask, cache=None, cache_index=0):
-            hidden, cache = super().__call__(tokens, positions, attention_mask, cache, cache_index)
-            return hidden.at[..., -1].set(positions.astype(hidden.dtype)), cache
+        def __call__(self, tokens, positions, attention_mask, cache=None, cache_index=0, *, outputs_from=0):
+            hidden, cache = super().__call__(tokens, positions, attention_mask, cache, cache_index,
+                                             outputs_from=outputs_from)
+            return hidden.at[..., -1].set(positions[:, outputs_from:].astype(hidden.dtype)), cache
 
         def logits(self, hidden):
             logits = super().logits(hidden)
