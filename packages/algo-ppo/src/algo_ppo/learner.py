@@ -30,7 +30,7 @@ from rl_core.learner import StepBatch
 from rl_core.pipeline import PolicyGradientLearner
 from rl_core.policy import ValueFunction
 from rl_core.returns import explained_variance, gae, token_rewards
-from rl_core.trainable import LossOutput
+from rl_core.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample
 from rl_core.value_losses import clipped_value_loss
 from rl_core.values import completion_values, written_logp
@@ -66,11 +66,16 @@ class PPOLearner(PolicyGradientLearner):
 
     def __init__(self, config: PPOConfig, *, critic: ValueFunction, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        loss = functools.partial(critic_loss, clip=config.value_clip, coef=config.value_loss_coef)
         self.add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
-                       loss_fn=loss)
+                       loss_fn=self.critic_loss_function(config))
         self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
+
+    @staticmethod
+    def critic_loss_function(config: PPOConfig) -> LossFn:
+        """The critic's loss of one micro-batch, `critic_loss` with `config`'s clip and coefficient
+        bound: a pure function of the config (`trainer plan` compiles the critic's update on it)."""
+        return functools.partial(critic_loss, clip=config.value_clip, coef=config.value_loss_coef)
 
     # -- what changes from GRPO ------------------------------------------------------------
 

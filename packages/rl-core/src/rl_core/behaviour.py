@@ -33,13 +33,19 @@ from rl_core.trainable import TrainableModel
 from rl_core.types import TrainExample
 
 
+def logprob_fn(rollout: RolloutConfig) -> Any:
+    """What the policy's log-prob pass runs per micro-batch: `completion_logprobs` at the sampler's
+    temperature, unembedded `logprob_chunk_tokens` at a time (trainer.plan compiles the same pass)."""
+    return functools.partial(completion_logprobs, temperature=rollout.temperature,
+                             chunk_tokens=rollout.logprob_chunk_tokens)
+
+
 class PolicyLogprobs:
     """(logp, entropy) [B, T] of completions under given trained parameters of the policy."""
 
     def __init__(self, policy: TrainableModel, rollout: RolloutConfig) -> None:
-        chunk = rollout.logprob_chunk_tokens
-        logprobs = functools.partial(completion_logprobs, temperature=rollout.temperature, chunk_tokens=chunk)
-        self.program = policy.forward(logprobs, chunk_tokens=chunk, packs=policy.layout.packing, shares=True)
+        self.program = policy.forward(logprob_fn(rollout), chunk_tokens=rollout.logprob_chunk_tokens,
+                                      packs=policy.layout.packing, shares=True)
 
     def __call__(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """Of the example's completions (0 past the trimmed width, see rl_core.trim)."""

@@ -1,28 +1,57 @@
 """The policy-gradient objective for one micro-batch, from registered pure functions.
 
 `policy_objective(model, example, ...)` is what the policy's jitted update differentiates
-for every variant (rl_core.pipeline.PolicyGradientLearner.loss_function binds its settings):
-the policy's log-probs of the example's completions, then `policy_gradient_loss` on them.
+for every variant: the policy's log-probs of the example's completions, then
+`policy_gradient_loss` on them. `policy_loss_function(config, rollout, beta=...)` binds a run's
+settings, a pure function of the configs: rl_core.pipeline.PolicyGradientLearner.loss_function
+returns it, and `trainer plan` compiles the update on it without building a learner.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
+from rl_core import registry
 from rl_core.aggregation import per_token
 from rl_core.logprobs import completion_logprobs
 from rl_core.policy import Policy
-from rl_core.trainable import LossOutput
+from rl_core.trainable import LossFn, LossOutput
 from rl_core.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample
+
+if TYPE_CHECKING:
+    from rl_core.config import RolloutConfig
+    from rl_core.pipeline_config import PolicyGradientConfig
 
 
 def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(sum over real tokens, number of real tokens): a token-mean metric."""
     return jnp.sum(x * mask), jnp.sum(mask)
+
+
+def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *, beta: float) -> LossFn:
+    """`policy_objective` with a run's settings bound: the registered functions `config` names, its
+    clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.behaviour.LogprobPasses.
+    loss_beta) and the sampler's temperature."""
+    return functools.partial(
+        policy_objective,
+        temperature=rollout.temperature,
+        chunk_tokens=rollout.logprob_chunk_tokens,
+        policy_loss=registry.get("policy_loss", config.policy_loss),
+        aggregate=registry.get("loss_aggregation", config.loss_agg_mode),
+        kl_estimator=registry.get("kl_estimator", config.kl_estimator) if beta else None,
+        beta=beta,
+        eps_low=config.epsilon_low,
+        eps_high=config.epsilon_high,
+        dual_clip=config.dual_clip,
+        max_len=rollout.max_new_tokens,
+        tis_cap=config.tis_cap,
+    )
 
 
 def policy_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,

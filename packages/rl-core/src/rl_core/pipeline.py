@@ -55,7 +55,7 @@ from rl_core.data import Prompt
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.groups import TOTAL, Groups
 from rl_core.learner import RLLearner, StepBatch
-from rl_core.objective import policy_objective
+from rl_core.objective import policy_loss_function
 from rl_core.pipeline_config import PolicyGradientConfig
 from rl_core.trainable import LossFn
 from rl_core.types import TrainExample
@@ -173,22 +173,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def loss_function(self) -> LossFn:
         """`policy_objective` with this run's settings bound: the registered functions the
         config names, the clip widths, the KL term (`passes.loss_beta`) and the sampler's temperature."""
-        config = self.config
-        beta = self.passes.loss_beta
-        return functools.partial(
-            policy_objective,
-            temperature=self.rollout.temperature,
-            chunk_tokens=self.rollout.logprob_chunk_tokens,
-            policy_loss=registry.get("policy_loss", config.policy_loss),
-            aggregate=registry.get("loss_aggregation", config.loss_agg_mode),
-            kl_estimator=registry.get("kl_estimator", config.kl_estimator) if beta else None,
-            beta=beta,
-            eps_low=config.epsilon_low,
-            eps_high=config.epsilon_high,
-            dual_clip=config.dual_clip,
-            max_len=self.rollout.max_new_tokens,
-            tis_cap=config.tis_cap,
-        )
+        return policy_loss_function(self.config, self.rollout, beta=self.passes.loss_beta)
 
     # -- pipeline steps -------------------------------------------------------------------
 

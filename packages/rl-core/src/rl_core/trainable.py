@@ -16,6 +16,11 @@ micro-batch, and owns:
   - its passes outside the update (`forward`: a policy's log-probs, a critic's values),
     cut into micro-batches like the update's batches (the `layout` it is given).
 
+Its shardings (`model_shardings`), its update (`update_program`) and its passes
+(`forward_program`) are functions of the module's split state, concrete or abstract, so that
+`trainer plan` compiles these same programs, with these same layouts, on abstract arrays
+(`abstract_model`) without allocating a weight.
+
 The update is a pure function of its arguments: it closes over the graph definition, the
 optimizer (pure functions), the loss function and the shardings, all fixed when the part
 is made, and over nothing a learner changes later. The loss, `loss_fn(model, example) ->
@@ -31,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from rl_core import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
@@ -63,8 +69,63 @@ def _master_copy(x: jax.Array) -> jax.Array:
 
     Copied: the update donates its buffers, and the caller's module must stay valid.
     """
-    dtype = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
-    return jnp.array(x, dtype=dtype, copy=True)
+    return jnp.array(x, dtype=master_dtype(x.dtype), copy=True)
+
+
+def master_dtype(dtype: Any) -> Any:
+    """The dtype a trained parameter of `dtype` is kept in: float32 if floating, else its own."""
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+class ModelShardings(NamedTuple):
+    """Where a trained model's arrays live on the mesh (pure dicts of NamedShardings)."""
+
+    params: Any
+    """Like the trained parameters (and their float32 masters and gradients)."""
+    frozen: Any
+    """Like the frozen base (empty without adapters)."""
+    opt: Any
+    """Like the optimizer state: moments as their parameters, counters replicated."""
+
+    @property
+    def state(self) -> TrainState:
+        return TrainState(self.params, self.opt)
+
+    @property
+    def whole(self) -> Any:
+        """The whole model's (trained and frozen joined): the tree `nnx.merge` and the samplers take."""
+        return frozen_lib.join(self.params, self.frozen)
+
+
+def model_shardings(params: nnx.State, frozen: nnx.State, optimizer: optax.GradientTransformation,
+                    mesh: Mesh) -> ModelShardings:
+    """The one place a trained model's shardings are computed, from its trained Params and frozen
+    base as `frozen_lib.split_policy` splits them, concrete or abstract (`nnx.eval_shape`): each
+    parameter's layout from its logical axis names through mesh.RULES (`mesh_lib.param_shardings`),
+    the optimizer's moments like their parameters, its counters replicated. TrainableModel and
+    `trainer plan` both take theirs from here."""
+    param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, mesh))
+    frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, mesh))
+    masters = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, master_dtype(s.dtype)), nnx.to_pure_dict(params))
+    opt_shardings = optax.tree_map_params(
+        optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, masters), param_shardings,
+        transform_non_params=lambda _: mesh_lib.replicated(mesh),
+    )
+    return ModelShardings(param_shardings, frozen_shardings, opt_shardings)
+
+
+def abstract_model(params: nnx.State, frozen: nnx.State, optimizer: optax.GradientTransformation,
+                   shardings: ModelShardings) -> tuple[TrainState, Any]:
+    """(state, frozen) of the TrainableModel these would make, as sharded ShapeDtypeStructs (nothing
+    allocated): float32 master weights and their optimizer state, the frozen base in its storage
+    dtype. What `trainer plan` compiles the model's programs on."""
+    def placed(tree: Any, sharding: Any, dtype: Any = None) -> Any:
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype(s.dtype) if dtype else s.dtype,
+                                                               sharding=sh), tree, sharding)
+
+    masters = placed(nnx.to_pure_dict(params), shardings.params, master_dtype)
+    opt_state = placed(jax.eval_shape(optimizer.init, masters), shardings.opt)
+    return TrainState(masters, opt_state), placed(nnx.to_pure_dict(frozen), shardings.frozen)
 
 
 class TrainableModel:
@@ -84,36 +145,26 @@ class TrainableModel:
         self.graphdef, params, frozen, rest = frozen_lib.split_policy(module)
         if jax.tree.leaves(rest):
             raise TypeError(f"the {name} holds state other than nnx.Param; rl_core trains Param-only modules")
-        # A plain dict of arrays (nnx.merge takes it), not nnx.Variables: each jitted call
+        # Plain dicts of arrays (nnx.merge takes them), not nnx.Variables: each jitted call
         # rebuilds its output trees, and rebuilding ~150 Variables per step takes host time
         # that a small CPU's compute threads feel (~4 ms of an 80 ms tiny-qwen2 step).
-        # Each parameter's layout comes from its logical axis names through mesh.RULES.
-        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, mesh))
+        # Every layout comes from `model_shardings` (trainer.plan computes the same ones).
+        self.model_shardings = model_shardings(params, frozen, optimizer, mesh)
+        self.param_shardings, self.frozen_shardings = self.model_shardings.params, self.model_shardings.frozen
+        self.opt_shardings = self.model_shardings.opt
         # The frozen base (empty without adapters) keeps its storage dtype; placing arrays that
         # already sit in their shardings (the trainer builds them so) copies nothing.
-        self.frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, mesh))
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
-        self.shardings = frozen_lib.join(self.param_shardings, self.frozen_shardings)
+        self.shardings = self.model_shardings.whole
         # Float32 master weights (the module casts them to its compute dtype where used),
         # copied inside one program that writes each shard where it belongs.
         self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
             nnx.to_pure_dict(params)
         )
         self.tx = optimizer
-        # optimizer moments shard like their parameters; counters are replicated
-        self.opt_shardings = optax.tree_map_params(
-            optimizer, lambda _, sharding: sharding, jax.eval_shape(optimizer.init, self.params), self.param_shardings,
-            transform_non_params=lambda _: mesh_lib.replicated(mesh),
-        )
         self.opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings)(self.params)
-        state_shardings = TrainState(self.param_shardings, self.opt_shardings)
         # traced under the mesh's activation layout: rows split, weights gathered (rl_core.mesh)
-        self.update_step = jax.jit(
-            mesh_lib.with_activation_layout(mesh, make_update(self.graphdef, optimizer, loss_fn, self.param_shardings)),
-            donate_argnums=0,  # never the frozen base (argument 1)
-            in_shardings=(state_shardings, self.frozen_shardings, layout.rows(axis=1)),
-            out_shardings=(state_shardings, mesh_lib.replicated(mesh)),
-        )
+        self.update_step = update_program(self.graphdef, optimizer, loss_fn, self.model_shardings, mesh)
 
     @property
     def state(self) -> TrainState:
@@ -174,23 +225,8 @@ class ForwardPass:
     def __init__(self, part: TrainableModel, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool,
                  shares: bool = False) -> None:
         self.part, self.chunk_tokens, self.packs, self.shares = part, chunk_tokens, packs, shares
-        graphdef = part.graphdef
-
-        def one(model, xs):
-            if packs:
-                return fn(model, *xs[:-1], packed=xs[-1])
-            return fn(model, *xs[:-1], shared=xs[-1]) if shares else fn(model, *xs)
-
-        def program(params, frozen, inputs):  # inputs: [M, mb, ...] each (and the packed rows)
-            model = nnx.merge(graphdef, params, frozen)
-            out = jax.lax.map(lambda xs: one(model, xs), inputs)
-            return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
-
-        rows = part.layout.rows
-        self.program = jax.jit(
-            mesh_lib.with_activation_layout(part.layout.mesh, program),
-            in_shardings=(part.param_shardings, part.frozen_shardings, rows(axis=1)), out_shardings=rows(),
-        )
+        self.program = forward_program(part.graphdef, fn, part.model_shardings, part.layout.mesh, packs=packs,
+                                       shares=shares)
 
     def __call__(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *per_token: Any,
                  mask: Any = None) -> Any:
@@ -198,6 +234,42 @@ class ForwardPass:
         return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
                                               completion_tokens, *per_token, mask=mask, chunk_tokens=self.chunk_tokens,
                                               packs=self.packs, shares=self.shares)
+
+
+def update_program(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, loss_fn: LossFn,
+                   shardings: ModelShardings, mesh: Mesh) -> Any:
+    """A TrainableModel's `update_step`: `make_update` jitted with the state donated (never the frozen
+    base, argument 1), traced under the mesh's activation layout (rows split, weights gathered; see
+    rl_core.mesh), the batch's micro-batches stacked on axis 0 and their rows split on axis 1."""
+    state = shardings.state
+    return jax.jit(
+        mesh_lib.with_activation_layout(mesh, make_update(graphdef, optimizer, loss_fn, shardings.params)),
+        donate_argnums=0,
+        in_shardings=(state, shardings.frozen, mesh_lib.rows(mesh, axis=1)),
+        out_shardings=(state, mesh_lib.replicated(mesh)),
+    )
+
+
+def forward_program(graphdef: nnx.GraphDef, fn: Callable[..., Any], shardings: ModelShardings, mesh: Mesh, *,
+                    packs: bool, shares: bool) -> Any:
+    """A ForwardPass's jitted program `(params, frozen, inputs) -> [B, T] outputs`: `fn` over the
+    micro-batches stacked on axis 0 of `inputs`, one at a time (see ForwardPass)."""
+
+    def one(model, xs):
+        if packs:
+            return fn(model, *xs[:-1], packed=xs[-1])
+        return fn(model, *xs[:-1], shared=xs[-1]) if shares else fn(model, *xs)
+
+    def program(params, frozen, inputs):  # inputs: [M, mb, ...] each (and the packed rows)
+        model = nnx.merge(graphdef, params, frozen)
+        out = jax.lax.map(lambda xs: one(model, xs), inputs)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+    return jax.jit(
+        mesh_lib.with_activation_layout(mesh, program),
+        in_shardings=(shardings.params, shardings.frozen, mesh_lib.rows(mesh, axis=1)),
+        out_shardings=mesh_lib.rows(mesh),
+    )
 
 
 def make_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn,
