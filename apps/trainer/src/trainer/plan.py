@@ -60,29 +60,6 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def stand_in_update(micro_loss: Any, tx: Any, shardings: Any) -> Any:
-    """`update(params, opt_state, frozen, xs)`: what the learner's update holds, with `micro_loss`
-    (params, frozen, micro-batch) -> scalar standing in for the algorithm's loss: gradients summed in
-    float32 over the micro-batches stacked on axis 0 of `xs`, laid out like the parameters, then one
-    optimizer step."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    def update(params, opt_state, frozen, xs):
-        def body(acc, x):
-            g = jax.grad(micro_loss)(params, frozen, x)
-            return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grads, _ = jax.lax.scan(body, zeros, xs)
-        grads = jax.lax.with_sharding_constraint(grads, shardings)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return update
-
-
 def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
          compiled_programs: dict[str, tuple[int, int, int]] | None = None) -> Plan:
     """The per-device memory of a run with `settings` (a RunSettings) on the current devices,
@@ -95,11 +72,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from flax import nnx
     from rl_core import mesh as mesh_lib
-    from rl_core.logprobs import completion_logprobs
-    from rl_core.optim import make_optimizer
     from rl_core.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core import frozen as frozen_lib
@@ -108,6 +82,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models.transformer import compute_dtype
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
     from trainer.plan_critic import PolicyLayout, critic_plan, has_critic
+    from trainer.plan_programs import policy_programs
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
@@ -133,42 +108,17 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     if has_critic(settings):
         check_critic(settings, policy_abstract)  # model.critic_path: the policy's vocabulary, whole heads
     graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(policy_abstract)
-    shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
-    frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen_abstract, mesh))
-    shapes = nnx.to_pure_dict(abstract)
-    frozen = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          nnx.to_pure_dict(frozen_abstract), frozen_shardings)
-
-    def like(dtype):
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shardings)
-
-    master, stored = like(jnp.float32), like(jnp.dtype(config.param_dtype))
-    group = getattr(settings.algorithm_config(), "group_size", 1)
     training, rollout = settings.training, settings.rollout
-    batch = training.prompts_per_step * group
-    n_mini, n_micro = training.batch_layout(batch)
-    micro = batch // (n_mini * n_micro)
-    p_len, t_len = rollout.max_prompt_tokens + 1, rollout.max_new_tokens  # + BOS
-    tx = make_optimizer(training, training.num_steps)
-    opt_abstract = jax.eval_shape(tx.init, master)
-    opt_shardings = optax.tree_map_params(
-        tx, lambda _, s: s, opt_abstract, shardings, transform_non_params=lambda _: mesh_lib.replicated(mesh)
-    )
-    rows = mesh_lib.rows(mesh, axis=1)
-    whole = mesh_lib.replicated(mesh)
-
-    def stacked(n: int, width: int, dtype) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((n, micro, width), dtype, sharding=rows)
-
-    def micro_inputs(n: int):
-        return (stacked(n, p_len, jnp.int32), stacked(n, p_len, jnp.float32), stacked(n, t_len, jnp.int32),
-                stacked(n, t_len, jnp.float32), jax.ShapeDtypeStruct((n, micro), jnp.float32, sharding=rows))
-
-    def micro_loss(params, frozen, xs):
-        prompt, prompt_mask, completion, mask, adv = xs
-        logp, _ = completion_logprobs(nnx.merge(graphdef, params, frozen), prompt, prompt_mask, completion,
-                                      chunk_tokens=rollout.logprob_chunk_tokens)
-        return jnp.sum(-adv[:, None] * logp * mask)
+    # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan_programs)
+    programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
+    algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
+    group, batch = layout.batch_size // training.prompts_per_step, layout.batch_size
+    n_micro, micro = layout.num_micro_batches, layout.micro_size
+    p_len, t_len = programs.p_len, programs.t_len
+    shardings, master, frozen = programs.shardings, programs.state.params, programs.frozen
+    # the weights as loaded (the module's own Params, in their storage dtype)
+    stored = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nnx.to_pure_dict(abstract), shardings.params)
 
     memo = {} if compiled_programs is None else compiled_programs
 
@@ -180,32 +130,39 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
         if key not in memo:
             stats = lowered.compile().memory_analysis()
-            memo[key] = (stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes)
+            memo[key] = (stats.argument_size_in_bytes + unread_bytes(lowered, args), stats.output_size_in_bytes,
+                         stats.temp_size_in_bytes)
         return memo[key]
 
-    # traced under the mesh's activation layout, as the learner's programs are (rl_core.mesh)
-    update_args, _, update_temp = sizes(jax.jit(
-        mesh_lib.with_activation_layout(mesh, stand_in_update(micro_loss, tx, shardings)), donate_argnums=(0, 1),
-        in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
-        out_shardings=(shardings, opt_shardings),
-    ), master, opt_abstract, frozen, micro_inputs(n_micro))
+    def unread_bytes(lowered, args) -> int:
+        """Per-device bytes of the inputs `jax.jit` dropped from the compiled program because it never
+        reads them (e.g. each row's prompt where the update reads each group's once): the caller still
+        holds them on the device, so the program's arguments count them."""
+        kept = getattr(lowered, "_lowering", None) and lowered._lowering.compile_args.get("kept_var_idx")
+        if kept is None:
+            return 0
+        leaves = jax.tree.leaves(args)
+        return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+                   for i, x in enumerate(leaves) if i not in kept and hasattr(x, "sharding"))
 
-    def reference(params, frozen, xs):
-        return jax.lax.map(lambda x: micro_loss(params, frozen, x), xs)
+    # the learner's update (rl_core.trainable.update_program) of the algorithm's own loss, on one mini-batch
+    update_batch = programs.mini_batch(n_micro)
+    update_args, _, update_temp = sizes(programs.update, programs.state, frozen, update_batch)
 
-    algo = settings.algorithm_config()
-    beta = getattr(algo, "beta", 0.0)
+    beta = algo.beta
     ref_args = ref_temp = None
-    if beta:  # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
-        ref_args, _, ref_temp = sizes(jax.jit(mesh_lib.with_activation_layout(mesh, reference),
-                                              in_shardings=(shardings, frozen_shardings, rows), out_shardings=whole),
-                                      master if lora.rank else stored, frozen, micro_inputs(batch // micro))
+    ref_inputs = programs.pass_inputs(batch // micro)
+    if passes.reference:  # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
+        # the learner's log-prob pass (rl_core.behaviour.PolicyLogprobs), one micro-batch at a time;
+        # its [B, T] log-probs and entropies are allocated as it runs
+        ref_args, ref_out, ref_temp = sizes(programs.logprobs, master if lora.rank else stored, frozen, ref_inputs)
+        ref_temp += ref_out
 
     ways = mesh_lib.batch_devices(mesh)
     rollout_temp = None
     if rollout.engine == "static":  # the paged engine's memory is its pool and weight copy (counted below)
         sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
-                          param_shardings=frozen_lib.join(shardings, frozen_shardings))
+                          param_shardings=shardings.whole)
         u = training.prompts_per_step
         prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
         _, rollout_out, rollout_temp = sizes(
@@ -223,8 +180,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         return total
 
     params_b = per_device(master)
-    opt_b = per_device(jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                    opt_abstract, opt_shardings))
+    opt_b = per_device(programs.state.opt_state)
     frozen_b = per_device(frozen)
     ref_b = per_device(master if lora.rank else stored) if beta else 0
     # what a full run's reference copy would take: the whole model in its storage dtype
@@ -280,7 +236,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         elif cfg.remat != "dots_with_no_batch_dims_saveable":  # that policy lets attention's probabilities go
             kept += cfg.num_heads // tensor * (1 if fused else seq) * 4
         return cfg.num_layers * rows_per_device * seq * kept
-    update_batch_b, ref_batch_b = per_device(micro_inputs(n_micro)), per_device(micro_inputs(batch // micro))
+    update_batch_b, ref_batch_b = per_device(update_batch), per_device(ref_inputs)
     compiled = {
         # the programs' arguments less their (small) batch inputs
         "parameters_and_optimizer_state": update_args - update_batch_b - frozen_b,
@@ -308,11 +264,11 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     if has_critic(settings):  # PPO: a second trained model, resident beside the policy, with its own programs
         layout = PolicyLayout(mesh=mesh, runtime=runtime, micro=micro, n_micro=n_micro, batch=batch, p_len=p_len,
                               t_len=t_len, tx=tx, sizes=sizes, per_device=per_device,
-                              activation_bytes=activation_bytes, update=stand_in_update)
+                              activation_bytes=activation_bytes, mini_batch=programs.mini_batch)
         critic_trainable, critic_compiled, critic_analytic = critic_plan(settings, build, layout)
         compiled |= critic_compiled
         analytic |= critic_analytic
-    trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+    trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(master))
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
     loaded = "frozen_base" if lora.rank else "reference" if beta else "freed"

@@ -7,9 +7,11 @@ adapters and head over the policy's frozen base (shared: no frozen bytes of its 
 `model.critic_path`, that folder's model, trained whole. It is counted like the policy:
 
   - resident for the whole run: its float32 master weights and optimizer state;
-  - its update program (gradients, one micro-batch's activations), compiled with a squared-error
-    stand-in for the clipped value loss (the same arrays live), on the policy's mini- and micro-batches;
-  - its values pass at collection time (one micro-batch at a time, as the learner runs it);
+  - its update program (gradients, one micro-batch's activations): the learner's own
+    (rl_core.trainable.update_program of the algorithm's critic loss, `critic_loss_function`),
+    on the policy's mini-batch (the learner gives both models the same one);
+  - its values pass at collection time (rl_core.trainable.forward_program of completion_values,
+    one micro-batch at a time, as the learner runs it);
   - at startup only, a `critic_path` model as loaded, freed once its float32 copy is made.
 
 The entries join the plan's `compiled` and `analytic` tables with a "critic_" prefix.
@@ -54,8 +56,8 @@ class PolicyLayout:
     """Bytes per device of a tree of sharded ShapeDtypeStructs."""
     activation_bytes: Callable[[Any], int]
     """A TransformerConfig -> what one micro-batch's backward pass keeps per device."""
-    update: Callable[..., Any]
-    """(micro_loss, tx, shardings) -> the stand-in update program (trainer.plan.stand_in_update)."""
+    mini_batch: Callable[[int], Any]
+    """n -> the abstract TrainExample of n stacked micro-batches the update takes (trainer.plan_programs)."""
 
 
 def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
@@ -63,11 +65,10 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     """(parameters the critic trains, its compiled entries, its analytic entries) per device;
     `policy` builds the policy module as the plan does (adapters included)."""
     import jax
-    import jax.numpy as jnp
-    import optax
     from flax import nnx
     from rl_core import frozen as frozen_lib
-    from rl_core import mesh as mesh_lib
+    from rl_core import registry
+    from rl_core.trainable import abstract_model, forward_program, model_shardings, update_program
     from rl_core.values import completion_values
     from rl_models import Transformer, ValueModel, value_model_from_policy
     from rl_models.hf import load_hf_config
@@ -80,46 +81,23 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
         abstract = nnx.eval_shape(lambda: value_model_from_policy(policy(), confidence=confidence))
         config = abstract.config
     graphdef, trained, frozen_abstract, _ = frozen_lib.split_policy(abstract)
-    mesh = layout.mesh
-
-    def placed(state: Any, dtype: Any = None) -> Any:
-        shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=sh),
-                            nnx.to_pure_dict(state), shardings)
-
-    master, frozen = placed(trained, jnp.float32), placed(frozen_abstract)
-    shardings = jax.tree.map(lambda s: s.sharding, master)
-    frozen_shardings = jax.tree.map(lambda s: s.sharding, frozen)
-    tx = layout.tx
-    opt_abstract = jax.eval_shape(tx.init, master)
-    opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, shardings,
-                                          transform_non_params=lambda _: mesh_lib.replicated(mesh))
-    opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_abstract, opt_shardings)
-    rows = mesh_lib.rows(mesh, axis=1)
-
-    def stacked(n: int, width: int, dtype: Any) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((n, layout.micro, width), dtype, sharding=rows)
-
-    def inputs(n: int) -> tuple:  # prompt, its mask, completion, its log-probs
-        return (stacked(n, layout.p_len, jnp.int32), stacked(n, layout.p_len, jnp.float32),
-                stacked(n, layout.t_len, jnp.int32), stacked(n, layout.t_len, jnp.float32))
-
-    def values(params, frozen, x):
-        return completion_values(nnx.merge(graphdef, params, frozen), *x[:4])
-
-    def micro_loss(params, frozen, x):  # x: inputs, completion mask, returns
-        return jnp.sum(jnp.square(values(params, frozen, x) - x[5]) * x[4])
-
-    update_inputs = (*inputs(layout.n_micro), stacked(layout.n_micro, layout.t_len, jnp.float32),
-                     stacked(layout.n_micro, layout.t_len, jnp.float32))
-    update = mesh_lib.with_activation_layout(mesh, layout.update(micro_loss, tx, shardings))
-    update_args, _, update_temp = layout.sizes(jax.jit(
-        update, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, frozen_shardings, rows),
-        out_shardings=(shardings, opt_shardings)), master, opt, frozen, update_inputs)
-    passes = layout.batch // layout.micro
-    pass_ = mesh_lib.with_activation_layout(mesh, lambda p, f, xs: jax.lax.map(lambda x: values(p, f, x), xs))
-    _, values_out, values_temp = layout.sizes(jax.jit(pass_, in_shardings=(shardings, frozen_shardings, rows),
-                                                      out_shardings=rows), master, frozen, inputs(passes))
+    mesh, tx = layout.mesh, layout.tx
+    # the critic's shardings, state, update and values pass, as its TrainableModel makes them
+    shardings = model_shardings(trained, frozen_abstract, tx, mesh)
+    state, frozen = abstract_model(trained, frozen_abstract, tx, shardings)
+    master, opt = state
+    loss_fn = registry.get_algorithm(settings.algo).learner.critic_loss_function(settings.algorithm_config())
+    update_inputs = layout.mini_batch(layout.n_micro)
+    update_args, _, update_temp = layout.sizes(update_program(graphdef, tx, loss_fn, shardings, mesh), state, frozen,
+                                               update_inputs)
+    # the values pass reads the prompt, its mask, the completion and the sampler's log-probs
+    example = layout.mini_batch(layout.batch // layout.micro)
+    inputs = (example.prompt_tokens, example.prompt_mask, example.completion_tokens, example.sampler_logp)
+    values = forward_program(graphdef, completion_values, shardings, mesh, packs=False, shares=False)
+    _, values_out, values_temp = layout.sizes(values, master, frozen, inputs)
+    # a critic_path model as loaded: its own Params in their storage dtype, laid out like the trained ones
+    loaded = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nnx.to_pure_dict(trained), shardings.params)
     frozen_b = layout.per_device(frozen)  # the policy's frozen base, shared: an argument, not the critic's own
     params_b = layout.per_device(master)
     compiled = {
@@ -133,7 +111,7 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
         "critic_gradients": params_b,
         "critic_activations": layout.activation_bytes(config),
         # a critic_path model as loaded (its storage dtype), until the learner's float32 copy exists
-        "critic_loaded_model": layout.per_device(placed(nnx.state(abstract, nnx.Param))) if path else 0,
+        "critic_loaded_model": layout.per_device(loaded) if path else 0,
     }
     trainable = sum(int(x.size) for x in jax.tree.leaves(master))
     return trainable, compiled, analytic
