@@ -1,10 +1,16 @@
-"""The collectives of a Qwen2.5-7B-shaped GRPO-style update on simulated CPU devices.
+"""The collectives of the learner's update of GRPO's loss, on a Qwen2.5-7B shape, on simulated CPU devices.
 
     uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1] [--no-layout] [--packed] [--json]
 
+The program is the learner's own: rl_core.trainable.update_program (the jitted
+make_update) of GRPO's loss as its learner binds it (rl_core.objective.policy_loss_function,
+GRPO's default config: beta 0.04, so the mini-batch carries reference log-probs), with
+the shardings a TrainableModel computes (rl_core.trainable.model_shardings) and the run's
+default optimizer (rl_core.optim.make_optimizer: AdamW after global-norm clipping).
 Abstract shapes only (nothing is allocated): bfloat16 compute over float32
 master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
-(two per step), AdamW, compiled for fsdp x tensor CPU devices. Prints each kind
+(two per step; 2 rows per device on fsdp=8, fewer than a group of 8, so prompts are
+not shared), compiled for fsdp x tensor CPU devices. Prints each kind
 of collective with its executions and bytes per device per optimizer step
 (rl_core.hlo), the largest ones, and what FSDP needs by arithmetic: the
 bfloat16 weights gathered for the forward and the backward pass of each
@@ -12,8 +18,8 @@ micro-batch and the float32 gradients reduce-scattered. Layers run as a scan, as
 on accelerators; the totals scale with --layers.
 
 The update traces under rl_core.mesh's activation layout (rows split over the
-batch axes, weights gathered), as the learner's does; --no-layout compiles it
-without, to show what XLA's partitioner does left alone. --packed feeds the
+batch axes, weights gathered), as the learner's does; --no-layout compiles the same
+make_update without it, to show what XLA's partitioner does left alone. --packed feeds the
 update packed rows (rl_core.packing: half as many rows of 768 tokens, packed per
 device) as training.packing does. --json prints one JSON
 object instead (tests/rl_core/test_core_collectives.py reads it).
@@ -39,13 +45,16 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_p
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from rl_core import frozen as frozen_lib  # noqa: E402
-from rl_core import hlo  # noqa: E402
+from rl_core import hlo, registry  # noqa: E402
 from rl_core import mesh as mesh_lib  # noqa: E402
-from rl_core.logprobs import completion_logprobs  # noqa: E402
+from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402
+from rl_core.objective import policy_loss_function  # noqa: E402
+from rl_core.optim import make_optimizer  # noqa: E402
 from rl_core.packing import Packed  # noqa: E402
+from rl_core.trainable import abstract_model, make_update, model_shardings, update_program  # noqa: E402
+from rl_core.types import TrainExample  # noqa: E402
 from rl_models import Transformer, TransformerConfig  # noqa: E402
 
 GIB = 2**30
@@ -56,11 +65,16 @@ problem = cfg.tensor_parallel_problem(args.tensor)
 if problem:
     sys.exit(f"--tensor {args.tensor}: {problem}")
 mesh = mesh_lib.make_mesh(1, args.fsdp, args.tensor)
-graphdef, abstract, _, _ = frozen_lib.split_policy(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
-shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract, mesh))
-master = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.float32, sharding=sh),
-                      nnx.to_pure_dict(abstract), shardings)
+graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(
+    nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
 n_micro, micro, prompt, completion = args.micro_batches, 16, 64, 704
+tx = make_optimizer(TrainingConfig(), total_updates=1)
+shardings = model_shardings(abstract, frozen_abstract, tx, mesh)  # as the TrainableModel's
+state, frozen = abstract_model(abstract, frozen_abstract, tx, shardings)
+master = state.params
+grpo = registry.get_algorithm("grpo").config()
+loss_fn = policy_loss_function(grpo, RolloutConfig(max_prompt_tokens=prompt, max_new_tokens=completion),
+                               beta=grpo.beta)
 rows = mesh_lib.rows(mesh, axis=1)
 
 
@@ -68,38 +82,25 @@ def batch(width: int, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((n_micro, micro, width), dtype, sharding=rows)
 
 
-xs = (batch(prompt, jnp.int32), batch(prompt, jnp.float32), batch(completion, jnp.int32),
-      batch(completion, jnp.float32), jax.ShapeDtypeStruct((n_micro, micro), jnp.float32, sharding=rows))
+# one mini-batch as the learner's GRPO feeds it: on-policy (no behaviour log-probs), the
+# reference's and the sampler's log-probs
+packed = None
 if args.packed:  # each device's sequences in half as many rows
     packed_rows = jax.ShapeDtypeStruct((n_micro, micro // 2, prompt + completion), jnp.int32, sharding=rows)
-    xs = (*xs, Packed(packed_rows, packed_rows, packed_rows, batch(completion, jnp.int32)))
-tx = optax.adamw(1e-6)
-opt_abstract = jax.eval_shape(tx.init, master)
-opt_shardings = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, shardings,
-                                      transform_non_params=lambda _: mesh_lib.replicated(mesh))
-
-
-def micro_loss(params, x):
-    prompt_tokens, prompt_mask, completion_tokens, mask, adv, *packed = x
-    logp, _ = completion_logprobs(nnx.merge(graphdef, params, {}), prompt_tokens, prompt_mask, completion_tokens,
-                                  packed=packed[0] if packed else None)
-    return jnp.sum(-adv[:, None] * logp * mask)
-
-
-def update(params, opt_state, x):
-    def body(acc, micro_batch):
-        grads = jax.grad(micro_loss)(params, micro_batch)
-        return jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads), None
-
-    grads, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), x)
-    grads = jax.lax.with_sharding_constraint(grads, shardings)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-
-traced = update if args.no_layout else mesh_lib.with_activation_layout(mesh, update)
-compiled = jax.jit(traced, donate_argnums=(0, 1), in_shardings=(shardings, opt_shardings, rows),
-                   out_shardings=(shardings, opt_shardings)).lower(master, opt_abstract, xs).compile()
+    packed = Packed(packed_rows, packed_rows, packed_rows, batch(completion, jnp.int32))
+xs = TrainExample(
+    prompt_tokens=batch(prompt, jnp.int32), prompt_mask=batch(prompt, jnp.float32),
+    completion_tokens=batch(completion, jnp.int32), completion_mask=batch(completion, jnp.float32),
+    advantages=jax.ShapeDtypeStruct((n_micro, micro), jnp.float32, sharding=rows),
+    ref_logp=batch(completion, jnp.float32), sampler_logp=batch(completion, jnp.float32), packed=packed,
+)
+if args.no_layout:  # the same make_update and shardings, traced without the activation layout
+    program = jax.jit(make_update(graphdef, tx, loss_fn, shardings.params), donate_argnums=0,
+                      in_shardings=(shardings.state, shardings.frozen, rows),
+                      out_shardings=(shardings.state, mesh_lib.replicated(mesh)))
+else:
+    program = update_program(graphdef, tx, loss_fn, shardings, mesh)  # the learner's update_step
+compiled = program.lower(state, frozen, xs).compile()
 ops = hlo.collectives(compiled.as_text())
 elements = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(master))
 need = n_micro * 2 * elements * 2 / args.tensor + elements * 4 / args.tensor  # bf16 gathers + f32 reduce-scatter
