@@ -13,6 +13,7 @@ import contextlib
 import os
 import struct
 import time
+import weakref
 from pathlib import Path
 
 from tensorboardX.event_file_writer import EventsWriter
@@ -70,6 +71,8 @@ class EventWriter:
             raise write_error(e, folder) from None
         self.path = Path(self._writer._file_name)
         self._failed = False
+        # a writer dropped without close (a learner never closed) still writes and closes its file
+        self._finalizer = weakref.finalize(self, _close_quietly, self._writer)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self._add(scalar(tag, value), step)
@@ -89,6 +92,7 @@ class EventWriter:
         ))
 
     def close(self) -> None:
+        self._finalizer.detach()
         if not self._failed:
             self.flush()
             self._writer.close()
@@ -98,6 +102,12 @@ class EventWriter:
             write()
         except OSError as e:
             self._failed = True
+            self._finalizer.detach()
             with contextlib.suppress(OSError):  # closed without its buffer: nothing fails again at exit
                 self._writer._py_recordio_writer._writer.close()
             raise write_error(e, self.path) from None
+
+
+def _close_quietly(writer: EventsWriter) -> None:
+    with contextlib.suppress(OSError):
+        writer.close()
