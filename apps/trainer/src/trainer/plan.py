@@ -2,8 +2,9 @@
 
 Nothing is loaded and nothing runs: the model is built with `nnx.eval_shape`
 (only config.json is read for `--model DIR`), and the run's programs (the
-sampler, the reference log-prob pass, the update) are lowered on abstract
-arrays with the same shardings the learner uses and compiled for the
+sampler, the reference log-prob pass, the update: the learner's own, see
+trainer.plan_programs) are lowered on abstract arrays with the same shardings
+the learner uses (rl_core.trainable.model_shardings) and compiled for the
 requested number of devices (simulated CPU devices: XLA's buffer assignment
 gives each program's per-device argument and temporary bytes). Next to them,
 a simple analytic count from the parameter shapes and the mesh rules.
