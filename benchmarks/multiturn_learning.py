@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rl_core.run_layout import SUMMARY
 from trainer.cli import main
 
 
@@ -28,7 +29,7 @@ def grpo_learns_to_call_the_tool(run: Path) -> None:
         "eval.heldout_size=200", "eval.samples_per_prompt=1", "eval.pass_k=1", "algorithm.group_size=8",
     ]  # fmt: skip
     assert main(argv) == 0
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / SUMMARY).read_text())
     before, after = summary["before"], summary["after"]
     assert after["eval/accuracy"] >= before["eval/accuracy"] + 0.20, (before, after)
     assert before["eval/tool_calls_mean"] < 0.5 < 0.8 < after["eval/tool_calls_mean"], (before, after)
@@ -37,4 +38,4 @@ def grpo_learns_to_call_the_tool(run: Path) -> None:
 if __name__ == "__main__":
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "run"
     grpo_learns_to_call_the_tool(folder)
-    print(json.dumps(json.loads((folder / "summary.json").read_text()), indent=2))
+    print(json.dumps(json.loads((folder / SUMMARY).read_text()), indent=2))

@@ -12,7 +12,8 @@ import pytest
 from tensorboardX import SummaryWriter
 from tensorboardX.proto import event_pb2
 
-from rl_core.checkpoint import CORRUPT_DIR, Checkpointer, damage_reason, saved_steps
+from rl_core.checkpoint import Checkpointer, damage_reason, saved_steps
+from rl_core.run_layout import CORRUPT_CHECKPOINTS
 from rl_core.files import RunFileError, atomic_write_text, keep_records_through, read_jsonl
 from rl_core.tb_events import truncate_events
 
@@ -134,7 +135,7 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     assert (step, meta) == (2, {"step": 2})
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.full((4, 3), 2.0))
     assert len(logged) == 2
-    assert logged[0].startswith("checkpoint 6 does not restore (") and logged[0].endswith(f"{CORRUPT_DIR}/6")
+    assert logged[0].startswith("checkpoint 6 does not restore (") and logged[0].endswith(f"{CORRUPT_CHECKPOINTS}/6")
     # the detail at the end of tensorstore's long message is kept (which 3-byte file it reads
     # first varies), its JSON spec dump and Orbax's bound-method repr are not
     detail = ("is less than minimum length", "is not valid for value of size 3")
@@ -142,7 +143,7 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restore
     assert "tensorstore_spec" not in logged[0] and "bound method" not in logged[0], logged[0]
     assert logged[1].startswith("checkpoint 4 does not restore (")
     assert all("\n" not in line for line in logged)
-    assert sorted(p.name for p in (tmp_path / CORRUPT_DIR).iterdir()) == ["4", "6"]  # kept, not deleted
+    assert sorted(p.name for p in (tmp_path / CORRUPT_CHECKPOINTS).iterdir()) == ["4", "6"]  # kept, not deleted
     assert ckpt.steps() == [2]
     ckpt.save(8, arrays=arrays(8.0), meta={"step": 8})  # saving goes on normally
     assert ckpt.steps() == [2, 8]

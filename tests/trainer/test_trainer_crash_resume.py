@@ -33,7 +33,8 @@ import orbax.checkpoint as ocp
 import pytest
 from tensorboardX.proto import event_pb2
 
-from rl_core.checkpoint import CORRUPT_DIR, saved_steps
+from rl_core.checkpoint import saved_steps
+from rl_core.run_layout import CORRUPT_CHECKPOINTS
 from rl_core.faults import ENV
 
 pytestmark = pytest.mark.e2e
@@ -191,9 +192,9 @@ def test_killed_at_every_named_point_the_run_resumes_to_the_uninterrupted_result
     code, out, err = trainer(*resume)
     assert code == 0, err[-3000:]
     damaged = [line for line in out.splitlines() if line.startswith("checkpoint 4 does not restore")]
-    assert len(damaged) == 1 and damaged[0].endswith(f"moved it to {run / CORRUPT_DIR / '4'}")
+    assert len(damaged) == 1 and damaged[0].endswith(f"moved it to {run / CORRUPT_CHECKPOINTS / '4'}")
     assert f"resumed {run} at step 3" in out
-    assert (run / CORRUPT_DIR / "4").is_dir()  # kept for inspection, not deleted
+    assert (run / CORRUPT_CHECKPOINTS / "4").is_dir()  # kept for inspection, not deleted
     assert saved_steps(run / "checkpoints") == [3, 4]
 
     # the uninterrupted run, side by side

@@ -32,6 +32,7 @@ from typing import Any
 
 from rl_core import registry
 from rl_core.config import ConfigError
+from rl_core.run_layout import EVAL_BEFORE, METRICS
 
 from trainer import compare_folder
 from trainer.report import PLOTS, write_report
@@ -202,6 +203,6 @@ def compare(
 
 def _history(run_dir: Path) -> list[dict]:
     """The run's metrics, starting with its base-policy evaluation as step 0."""
-    before = json.loads((run_dir / "eval_before.json").read_text())
-    path = run_dir / "metrics.jsonl"
+    before = json.loads((run_dir / EVAL_BEFORE).read_text())
+    path = run_dir / METRICS
     return [{"step": 0, **before}] + [json.loads(line) for line in path.read_text().splitlines() if line]

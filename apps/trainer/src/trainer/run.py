@@ -31,6 +31,7 @@ from typing import Any
 from rl_core import multihost, storage
 from rl_core.checkpoint import saved_steps
 from rl_core.faults import fault_point
+from rl_core.run_layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMMARY
 
 from trainer import build, run_folder
 from trainer.evaluate import evaluate
@@ -170,12 +171,12 @@ def train_run(
     del model, policy
 
     with StopOnSignal(log) as signals:
-        before_path = run_dir / "eval_before.json"
+        before_path = run_dir / EVAL_BEFORE
         if resume and learner.resume(log):
             log(f"resumed {run_dir} at step {learner.step}")
             before = json.loads(before_path.read_text())
         else:
-            if resume and saved_steps(run_dir / "checkpoints") == []:
+            if resume and saved_steps(run_dir / CHECKPOINTS) == []:
                 run_folder.refuse_if_checkpoints_lost(run_dir)
             before = base_evaluation(learner, task, settings, base_cache or run_dir)
             run_folder.write_text(before_path, json.dumps(before, indent=2))
@@ -211,11 +212,11 @@ def train_run(
                 f"checkpoint {learner.step} saved; continue with `trainer train --resume {run_dir}`"
             )
             summary["interrupted"] = message
-            run_folder.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+            run_folder.write_text(run_dir / SUMMARY, json.dumps(summary, indent=2))
             raise RunInterrupted(message, 128 + signals.received.value)
         fault_point("final_eval")
         summary["after"] = final_evaluation(learner, task, settings)
-        run_folder.write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        run_folder.write_text(run_dir / SUMMARY, json.dumps(summary, indent=2))
     accuracy = summary["after"]["eval/accuracy"]
     log(f"{settings.name}: held-out accuracy after RL {accuracy:.3f} ({plural(learner.step, 'step')})")
     return summary
@@ -235,9 +236,9 @@ def _train_at_url(settings: RunSettings, url: str, *, resume: bool, overwrite: b
     try:
         if not resume:  # refused before anything is fetched; replaced runs are not fetched at all
             names = folder.top_level_names()
-            existing = [n for n in (*run_folder.RUN_FILES, "config.yaml") if n in names]
+            existing = [n for n in (*RUN_FILES, CONFIG) if n in names]
             run_folder.refuse_unless_overwrite(url, existing, overwrite)
-        folder.pull(skip=() if resume else run_folder.RUN_FILES)
+        folder.pull(skip=() if resume else RUN_FILES)
         summary = train_run(settings, folder, resume=resume, overwrite=overwrite,
                             log=lambda message: log(folder.shown(message)), **kwargs)
         folder.push()
@@ -291,7 +292,7 @@ def readable_run(run_dir: Path | str) -> Iterator[Path]:
 
 def stopped_at(step: int, run_dir: Path) -> str:
     """What a run that failed to write (a full disk) has kept, and how it goes on."""
-    kept = saved_steps(run_dir / "checkpoints")
+    kept = saved_steps(run_dir / CHECKPOINTS)
     if not kept:
         return f"the run stopped at step {step} with no checkpoint yet"
     return (f"the run stopped at step {step}; checkpoint {kept[-1]} is kept: make room and continue with "

@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 from rl_core import multihost, storage
-from rl_core.checkpoint import CORRUPT_DIR, saved_steps
+from rl_core.checkpoint import saved_steps
 from rl_core.config import ConfigError
 from rl_core.files import atomic_write_text, read_jsonl
+from rl_core.run_layout import CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, RUN_FILES, SETTINGS_AT_START, SUMMARY
 
 from trainer.settings import RunSettings, build_settings, load_yaml
 
@@ -31,28 +32,16 @@ def write_text(path: Path, text: str) -> None:
         atomic_write_text(path, text)
 
 
-RUN_FILES = (
-    "checkpoints",
-    "settings_at_start.json",
-    CORRUPT_DIR,
-    "tensorboard",
-    "metrics.jsonl",
-    "samples.jsonl",
-    "eval_before.json",
-    "summary.json",
-)
-
-
 def claim(run_dir: Path, overwrite: bool) -> None:
     """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`."""
-    existing = [name for name in (*RUN_FILES, "config.yaml") if (run_dir / name).exists()]
+    existing = [name for name in (*RUN_FILES, CONFIG) if (run_dir / name).exists()]
     if not existing:
         return
     refuse_unless_overwrite(run_dir, existing, overwrite)
     multihost.sync("trainer.claim")  # every process found the folder as it was
     for name in existing if multihost.is_primary() else ():
         path = run_dir / name
-        if name != "config.yaml":  # rewritten below, atomically
+        if name != CONFIG:  # rewritten below, atomically
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
@@ -60,7 +49,7 @@ def refuse_unless_overwrite(run_dir: Path | str, existing: Sequence[str], overwr
     """Refuse to start a new run where `existing` run files (or a config.yaml) are, unless `overwrite`."""
     if not existing or overwrite:
         return
-    if list(existing) == ["config.yaml"]:
+    if list(existing) == [CONFIG]:
         raise FileExistsError(
             f"{storage.child(run_dir, 'config.yaml')} exists and a run writes its settings there; choose another "
             "--output (e.g. a subfolder) or pass --overwrite to replace it"
@@ -102,15 +91,14 @@ def remove_new(run_dir: Path, there: set[str] | None) -> None:
 
 def write_config(run_dir: Path, settings: RunSettings) -> None:
     text = yaml.safe_dump(settings.resolved(), sort_keys=False)
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     if not path.exists() or path.read_text() != text:
         write_text(path, text)
-    started = run_dir / STARTED
+    started = run_dir / SETTINGS_AT_START
     if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
         write_text(started, json.dumps(_comparable(settings), indent=2))
 
 
-STARTED = "settings_at_start.json"
 """The run's resolved settings as it started (training.num_steps as last extended): what its
 checkpoints mean. A resume refuses a config.yaml edited to differ from them."""
 
@@ -131,11 +119,11 @@ def _comparable(settings: RunSettings) -> dict[str, Any]:
 def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
     """A run is resumed, evaluated and exported with the settings its checkpoints were made
     with: an edited config.yaml (another algorithm, model, shape) is refused, naming each difference."""
-    path = run_dir / STARTED
+    path = run_dir / SETTINGS_AT_START
     if not path.exists():  # a run from before this record was kept
         return
     started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
-    written = _flat(load_yaml(run_dir / "config.yaml")) if (run_dir / "config.yaml").exists() else {}
+    written = _flat(load_yaml(run_dir / CONFIG)) if (run_dir / CONFIG).exists() else {}
     added_since = {key for key in now if key not in started and key not in written}  # the run never had them
     changed = [
         f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
@@ -164,7 +152,7 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | None:
     """The summary of a run that finished all `num_steps` (nothing left to do), else None."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
@@ -178,8 +166,8 @@ def finished_summary(run_dir: Path, settings: RunSettings) -> dict[str, Any] | N
 def refuse_shortening(run_dir: Path, settings: RunSettings) -> None:
     """A resume whose training.num_steps is below the steps the run has already done (its summary's,
     or its newest checkpoint's) is an error naming them: a run can be extended, not shortened."""
-    done = saved_steps(run_dir / "checkpoints")[-1:]
-    path = run_dir / "summary.json"
+    done = saved_steps(run_dir / CHECKPOINTS)[-1:]
+    path = run_dir / SUMMARY
     if path.exists():
         done.append(int(json.loads(path.read_text()).get("steps", 0)))
     steps = max(done, default=0)
@@ -194,7 +182,7 @@ def check_resumable(run_dir: Path, settings: RunSettings) -> bool:
     """True when `run_dir` has a checkpoint to continue from; False when it was killed before its
     first one (it starts over); raises when its checkpoints are gone (`refuse_shortening` has
     refused a new total below the steps done)."""
-    steps = saved_steps(run_dir / "checkpoints")
+    steps = saved_steps(run_dir / CHECKPOINTS)
     if steps:
         return True
     refuse_if_checkpoints_lost(run_dir)
@@ -205,13 +193,13 @@ def refuse_if_checkpoints_lost(run_dir: Path) -> None:
     """A run with no checkpoint left must have been killed before its first one; anything else lost them."""
     settings = settings_of_run(run_dir)
     every = settings.training.checkpoint_every_steps or settings.training.num_steps
-    records, _ = read_jsonl(run_dir / "metrics.jsonl")
+    records, _ = read_jsonl(run_dir / METRICS)
     past_first = [r["step"] for r in records if r["step"] > every]  # step `every` was saved before they ran
     lost = (
-        (run_dir / "summary.json").exists()
-        or (run_dir / CORRUPT_DIR).exists()
+        (run_dir / SUMMARY).exists()
+        or (run_dir / CORRUPT_CHECKPOINTS).exists()
         or bool(past_first)
-        or ((run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").is_dir())
+        or ((run_dir / METRICS).exists() and not (run_dir / CHECKPOINTS).is_dir())
     )
     if lost:
         raise FileNotFoundError(
@@ -223,7 +211,7 @@ def refuse_if_checkpoints_lost(run_dir: Path) -> None:
 
 def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSettings:
     """The resolved settings a run folder (a path or a URL) was started with, and `overrides`."""
-    path = storage.child(run_dir, "config.yaml")
+    path = storage.child(run_dir, CONFIG)
     if not (storage.exists(path) if storage.is_url(path) else path.exists()):
         raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
     written = _flat(load_yaml(path))

@@ -19,6 +19,7 @@ from flax import nnx
 from rl_core import storage
 from rl_core.checkpoint import Checkpointer
 from rl_core.learner import RLLearner
+from rl_core.run_layout import CHECKPOINTS
 from rl_core.tokens import Tokenizer
 
 from trainer import build
@@ -51,7 +52,7 @@ class RunPolicy(NamedTuple):
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of the checkpoints in `run_dir/checkpoints` (folders named by their step)."""
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINTS
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()) if folder.is_dir() else []
 
 
@@ -81,7 +82,7 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
                       if (d / f"base-policy-{build.base_policy_key(settings)}").exists()), None)
         policy = build.adapted(settings, build.base_policy(settings, task, tokenizer, policy, cache, log=lambda _: None))
     learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
-    checkpointer = Checkpointer(run_dir / "checkpoints", read_only=True)  # the run may still be saving
+    checkpointer = Checkpointer(run_dir / CHECKPOINTS, read_only=True)  # the run may still be saving
     try:
         arrays, _ = checkpointer.restore(step, like=learner.checkpoint_arrays())
     finally:

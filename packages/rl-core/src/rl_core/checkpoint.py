@@ -46,12 +46,10 @@ import orbax.checkpoint as ocp
 
 from rl_core import multihost
 from rl_core.faults import fault_point
+from rl_core.run_layout import CORRUPT_CHECKPOINTS
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 """Orbax writes step N into `N.orbax-checkpoint-tmp` and renames it to `N` when complete."""
-
-CORRUPT_DIR = "checkpoints-corrupt"
-"""Beside the checkpoints folder: checkpoints that did not restore, kept for inspection."""
 
 
 def saved_steps(directory: str | Path) -> list[int]:
@@ -270,7 +268,7 @@ class Checkpointer:
     ) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, arrays, meta) of the newest checkpoint that restores, or None when none does.
 
-        Each newer one that fails is moved to `CORRUPT_DIR` beside the folder, with one line in `log`.
+        Each newer one that fails is moved to `CORRUPT_CHECKPOINTS` beside the folder, with one line in `log`.
         """
         self.wait()  # a save of this Checkpointer still in flight counts once it is on disk
         for step in reversed(self.steps()):
@@ -284,7 +282,7 @@ class Checkpointer:
         return None
 
     def _move_aside(self, step: int) -> Path:
-        target_dir = self.directory.parent / CORRUPT_DIR
+        target_dir = self.directory.parent / CORRUPT_CHECKPOINTS
         target = target_dir / str(step)
         n = 1
         while target.exists():

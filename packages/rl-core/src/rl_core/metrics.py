@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.files import append_text, keep_records_through
+from rl_core.run_layout import METRICS, TENSORBOARD
 from rl_core.tb_events import EventWriter, truncate_events
 
 
@@ -30,9 +31,9 @@ class MetricsLogger:
         if output_dir is not None:
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            self.path = out / "metrics.jsonl"
+            self.path = out / METRICS
             if tensorboard:
-                self._tb_dir = out / "tensorboard"
+                self._tb_dir = out / TENSORBOARD
                 # the pid keeps a resumed process from reopening (emptying) the file of the one before
                 self._tb = EventWriter(self._tb_dir, filename_suffix=f".{os.getpid()}")
 

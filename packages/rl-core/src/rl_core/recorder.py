@@ -27,6 +27,7 @@ from rl_core.checkpoint import Checkpointer
 from rl_core.config import TrainingConfig
 from rl_core.files import append_text, keep_records_through
 from rl_core.metrics import MetricsLogger
+from rl_core.run_layout import CHECKPOINTS, SAMPLES
 from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
 from rl_core.storage import StagedFolder, is_url, open_staged
 
@@ -54,7 +55,7 @@ class RunRecorder:
             name = "/".join(out.absolute().parts[-2:])
             self.sinks.append(WandbSink(out, config=dict(run_config), name=name))
         self.checkpointer = (
-            Checkpointer(out / "checkpoints", max_to_keep=training.max_checkpoints_to_keep) if out else None
+            Checkpointer(out / CHECKPOINTS, max_to_keep=training.max_checkpoints_to_keep) if out else None
         )
         self._unpushed = False  # a save was started since the last push
 
@@ -75,7 +76,7 @@ class RunRecorder:
             return
         if self.output_dir is not None:
             lines = "".join(json.dumps({"step": step, **sample}) + "\n" for sample in shown)
-            append_text(self.output_dir / "samples.jsonl", lines, step=step)
+            append_text(self.output_dir / SAMPLES, lines, step=step)
         self.logger.write_text("samples", samples_markdown(shown), step)
         for sink in self.sinks:
             sink.write_samples(step, shown)
@@ -121,7 +122,7 @@ class RunRecorder:
         step = int(meta["step"])
         self.logger.truncate_after(step)
         if self.output_dir is not None and self.writes:
-            keep_records_through(self.output_dir / "samples.jsonl", step)
+            keep_records_through(self.output_dir / SAMPLES, step)
         self.checkpointer.prune()
         return arrays, meta
 

@@ -1,0 +1,24 @@
+"""The names of a run folder's files: the one place every writer and reader takes them from.
+
+A run folder holds the user's settings (`CONFIG`), what its checkpoints mean
+(`SETTINGS_AT_START`), the checkpoints and those that failed to restore, the metrics,
+samples and TensorBoard events the recorder writes, and the trainer's held-out
+evaluation before training and summary after it.
+"""
+
+CONFIG = "config.yaml"
+"""The user's settings file, or the resolved settings the run was started with."""
+SETTINGS_AT_START = "settings_at_start.json"
+"""The resolved settings at the first start: what the checkpoints mean."""
+CHECKPOINTS = "checkpoints"
+"""Orbax checkpoints, one folder per saved step."""
+CORRUPT_CHECKPOINTS = "checkpoints-corrupt"
+"""Beside the checkpoints folder: checkpoints that did not restore, kept for inspection."""
+TENSORBOARD = "tensorboard"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+EVAL_BEFORE = "eval_before.json"
+SUMMARY = "summary.json"
+
+RUN_FILES = (CHECKPOINTS, SETTINGS_AT_START, CORRUPT_CHECKPOINTS, TENSORBOARD, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY)
+"""Everything a run writes into its folder besides `CONFIG`: what a new run must not find there."""
