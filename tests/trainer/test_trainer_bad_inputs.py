@@ -230,15 +230,8 @@ def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize(
-    "fault",
-    [
-        "metrics.jsonl:3",
-        pytest.param("samples.jsonl:3", marks=pytest.mark.e2e),
-        pytest.param("tensorboard:3", marks=pytest.mark.e2e),
-        pytest.param("checkpoints:3", marks=pytest.mark.e2e),
-    ],
-)
+@pytest.mark.e2e
+@pytest.mark.parametrize("fault", ["metrics.jsonl:3", "samples.jsonl:3", "tensorboard:3", "checkpoints:3"])
 def test_a_full_disk_while_training_is_one_line_and_the_last_checkpoint_resumes(capsys, tmp_path, monkeypatch, fault):
     """The disk fills as step 3 writes its metrics, samples, TensorBoard events or checkpoint
     (rl_core.faults raises the OSError a full disk gives there): one line naming the file, exit 2,

@@ -104,6 +104,7 @@ def test_shared_prompts_skip_in_the_compiled_update_what_the_count_says():
     assert 0.98 < saved / expected < 1.1  # measured 1.056 (XLA also counts norms, softmax, masked scores)
 
 
+@pytest.mark.e2e
 def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--preset", "tiny", "--steps", "2", "--output", str(out)]) == 0
@@ -141,6 +142,7 @@ def test_bench_rejects_unknown_preset(capsys):
     assert "tiny-qwen2" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_bench_with_a_real_architecture_folder(tmp_path):
     """`--model DIR` benchmarks a loaded Hugging Face folder (here the tiny committed Qwen2)."""
     from pathlib import Path
@@ -199,6 +201,7 @@ def ppo_bench(tmp_path_factory) -> tuple[dict, object]:
     return json.loads(out.read_text()), out
 
 
+@pytest.mark.e2e
 def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(ppo_bench):
     """On-policy (one mini-batch), so the log-prob phase holds only the critic's values pass: one
     forward over the rows its update then trains on with 3 forwards."""
@@ -216,6 +219,7 @@ def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(ppo_bench):
     assert r["compile_count"]["timed_delta"] == 0
 
 
+@pytest.mark.e2e
 def test_bench_against_a_baseline_exits_1_on_a_slower_phase(ppo_bench, tmp_path, capsys):
     run, _ = ppo_bench
     # a baseline whose critic update took a third of the time: that phase is flagged, exit 1
@@ -238,6 +242,7 @@ def test_bench_refuses_a_bad_baseline_before_running(tmp_path, capsys):
     assert "cannot read it" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_update_ceiling_prints_its_ratios():
     """benchmarks/update_ceiling.py on the tiny preset: every line it promises, with ratios in range
     (no timing asserted: only that each is a share of something measured)."""
@@ -255,6 +260,7 @@ def test_update_ceiling_prints_its_ratios():
     assert all(0 <= int(idle) <= 100 for _, idle in kinds), lines["threads"]
 
 
+@pytest.mark.e2e
 def test_update_ablation_times_every_part_against_the_default():
     """benchmarks/update_ablation.py on the tiny preset: one line per part asked for, each a
     positive time and a ratio to the default (no timing asserted), and a clear error for a

@@ -158,6 +158,7 @@ def test_the_weights_as_loaded_count_at_startup_when_freed_and_as_the_reference_
     assert kept.startup_bytes == kept.resident_bytes and kept.peak_bytes == int(18.0 * GIB)
 
 
+@pytest.mark.e2e
 def test_with_beta_0_the_trainer_frees_the_weights_as_loaded_once_the_learner_is_built(monkeypatch, tmp_path):
     """What the plan's "freed" rests on: after trainer.run builds the learner, no reference to the
     loaded model's arrays is left (the learner, the rollout engine and the sampler keep none);

@@ -41,6 +41,7 @@ def test_the_cached_base_policy_is_keyed_by_the_device_layout():
     assert base_policy_key(build_settings(algo="dapo", overrides=["model.lora.rank=4"])) == here
 
 
+@pytest.mark.e2e
 def test_train_reuses_an_identical_base_policy_cached_by_an_earlier_run(tmp_path, capsys, monkeypatch):
     """`trainer compare` caches its base in runs/compare; a later `trainer train` with the same
     warm start, model, task and layout copies it (--base-from, default runs/compare) instead of
