@@ -24,7 +24,7 @@ from rl_core.episodes import (
     register_environment,
     run_episodes,
 )
-from rl_core.episodes.registry import UnknownEnvironmentError
+from rl_core.registry import RegistryError
 from rl_core.episodes.runner import turn_reward_tokens
 from rl_core.episodes.scripted import scripted_episode
 from rl_core.episodes.tools import (
@@ -277,7 +277,7 @@ def test_environment_names_are_checked_when_the_config_is_built():
         RolloutConfig(environment="calculator", max_new_tokens=8, max_turn_tokens=9)
     assert get_environment("calculator")().step("<calc>2*3</calc>").observation == "[6]"
     register_environment("echo-test", EchoEnv)
-    with pytest.raises(UnknownEnvironmentError, match="registered twice"):
+    with pytest.raises(RegistryError, match="registered twice"):
         register_environment("echo-test", BadEnv)
 
 

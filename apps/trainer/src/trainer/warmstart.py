@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from rl_core.checkpoint import remove_unfinished_saves
 from rl_core.data import Prompt
-from rl_core.episodes.registry import environment_factory
+from rl_core.registry import environment_factory
 from rl_core.episodes.scripted import scripted_episode
 from rl_core.faults import fault_point
 from rl_core.logprobs import completion_logprobs

@@ -229,12 +229,10 @@ class RolloutConfig(Config):
         check(0 <= self.max_turn_tokens <= self.max_new_tokens, self, "max_turn_tokens",
               f"must be in [0, max_new_tokens = {self.max_new_tokens}] (0 = max_new_tokens)")
         check(isinstance(self.environment_options, dict), self, "environment_options", "must be a mapping")
-        if self.environment is not None:  # imported here: rl_core.episodes imports the sampler, which imports this
-            from rl_core.episodes.registry import UnknownEnvironmentError, get_environment
-
+        if self.environment is not None:
             try:
-                get_environment(self.environment)
-            except UnknownEnvironmentError as e:
+                registry.get_environment(self.environment)
+            except registry.RegistryError as e:
                 raise ConfigError(f"RolloutConfig.environment = {self.environment!r}: {e}") from None
 
 

@@ -1,11 +1,17 @@
-"""Named functions and algorithms, with discovery through entry points.
+"""Named functions, algorithms and environments, with discovery through entry points.
 
-Configs name their choices (`advantage_estimator="grpo"`); this registry turns
-names into objects. rl_core's own math registers itself when the registry
+Configs name their choices (`advantage_estimator="grpo"`, `rollout.environment="calculator"`);
+this registry turns names into objects. rl_core's own math registers itself when the registry
 first loads the built-in modules (listed below, loaded explicitly, never by an
 import side effect elsewhere). Algorithm packages declare an entry point in
-the group `rl_core.algorithms` that points at an `Algorithm` value; the
-registry loads entry points on a lookup miss, so installing a package is all
+the group `rl_core.algorithms` that points at an `Algorithm` value; environment packages
+one in `rl_core.environments` that points at a factory (a class or a function taking the
+environment's options as keywords and returning a fresh `rl_core.episodes.Environment`):
+
+    [project.entry-points."rl_core.environments"]
+    calculator = "trainer.environments:calculator"
+
+The registry loads entry points on a lookup miss, so installing a package is all
 it takes. Direct construction without discovery always works too.
 """
 
@@ -26,7 +32,9 @@ FUNCTION_CATEGORIES = (
     "advantage_estimator", "token_advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator",
 )
 ALGORITHM = "algorithm"
-CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM)
+ENVIRONMENT = "environment"
+ENVIRONMENT_GROUP = "rl_core.environments"
+CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM, ENVIRONMENT)
 
 # rl_core modules whose decorators register the shared math.
 _BUILTIN_MODULES = (
@@ -85,9 +93,11 @@ class Registry:
         self,
         *,
         group: str = ENTRY_POINT_GROUP,
+        environment_group: str = ENVIRONMENT_GROUP,
         builtin_modules: Iterable[str] = _BUILTIN_MODULES,
     ) -> None:
         self._group = group
+        self._environment_group = environment_group
         self._builtin_modules = tuple(builtin_modules)
         self._entries: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in CATEGORIES}
         self._builtins_loaded = False
@@ -105,6 +115,8 @@ class Registry:
         """
         if category not in CATEGORIES:
             raise RegistryError(f"unknown category {category!r}; categories are {', '.join(CATEGORIES)}")
+        if category == ENVIRONMENT and not callable(obj):
+            raise TypeError(f"environment {name!r}: the factory {obj!r} is not callable")
         check_signature(category, name, obj)
         provider = provider or _distribution_of(obj)
         known = self._entries[category].get(name)
@@ -174,7 +186,7 @@ class Registry:
         return dict(self._load_failures)
 
     def load_entry_points(self) -> None:
-        """Load every algorithm entry point once; failures are kept, not hidden."""
+        """Load every algorithm and environment entry point once; failures are kept, not hidden."""
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
@@ -202,6 +214,14 @@ class Registry:
             except RegistryError as e:
                 # keep loading the others; the clashing name stays an error on every lookup
                 self._conflicts[value.name] = str(e)
+        for ep in metadata.entry_points(group=self._environment_group):
+            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            try:
+                self.register(ENVIRONMENT, ep.name, ep.load(), provider=dist)
+            except Exception as e:  # noqa: BLE001 - one broken plugin must not hide the others
+                self._load_failures[ep.name] = (
+                    f"entry point {ep.name!r} of {dist!r} failed to load: {type(e).__name__}: {e}"
+                )
 
     def _load_builtins(self) -> None:
         if self._builtins_loaded:
@@ -229,6 +249,8 @@ class Registry:
                 f"If {name!r} is an algorithm package, install its distribution: "
                 f"`uv pip install {distribution_for(name)}` (or add {distribution_for(name)!r} to your dependencies)."
             )
+        elif category == ENVIRONMENT:
+            lines.append(f"Install a package that declares it in the entry-point group {self._environment_group!r}.")
         other_failures = [why for ep, why in self._load_failures.items() if ep != name]
         if other_failures:
             lines.append("Entry points that failed to load: " + " | ".join(other_failures))
@@ -254,3 +276,24 @@ def get(category: str, name: str) -> Any:
 
 def get_algorithm(name: str) -> Algorithm:
     return registry.get_algorithm(name)
+
+
+def register_environment(name: str, factory: T) -> T:
+    """Register an environment factory as `name`; the same factory twice is a no-op, another one an error."""
+    return registry.register(ENVIRONMENT, name, factory)
+
+
+def get_environment(name: str) -> Callable[..., Any]:
+    """The environment factory registered as `name`; an unknown name says what exists and how to add one."""
+    return registry.get(ENVIRONMENT, name)
+
+
+def environment_names() -> list[str]:
+    """Every registered environment name (entry points loaded)."""
+    return registry.names(ENVIRONMENT)
+
+
+def environment_factory(name: str, options: dict) -> Callable[[], Any]:
+    """A no-argument factory of fresh environments `name` with `options`."""
+    factory = get_environment(name)
+    return lambda: factory(**options)

@@ -1,7 +1,7 @@
 """Episodes: multi-turn rollouts with environments and tools (see `env`, `tools`, `runner`)."""
 
 from rl_core.episodes.env import JSON, ContractError, Environment, EnvironmentFactory, StepResult
-from rl_core.episodes.registry import environment_names, get_environment, register_environment
+from rl_core.registry import environment_names, get_environment, register_environment
 from rl_core.episodes.runner import (
     ENVIRONMENT,
     MODEL,

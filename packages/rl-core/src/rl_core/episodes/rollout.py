@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from rl_core import multihost
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
-from rl_core.episodes.registry import environment_factory
 from rl_core.episodes.runner import EpisodeLimits, Rollout, run_episodes, single_turn
+from rl_core.registry import environment_factory
 from rl_core.sampler import Completions
 from rl_core.tokens import Tokenizer, encode_prompts
 
