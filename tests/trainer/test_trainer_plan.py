@@ -17,7 +17,7 @@ from flax import nnx
 from rl_core.config import ConfigError
 from rl_models import Transformer
 from rl_models.hf import load_hf_config
-from trainer.device_memory import GIB, memory_budget
+from trainer.plan import GIB, memory_budget
 from trainer.plan import Plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
@@ -218,7 +218,7 @@ def test_the_search_tries_the_cheapest_changes_first():
     replica can use: 8 prompts x 4 completions on one device)."""
     import dataclasses
 
-    from trainer.plan_search import micro_batches, rollout_candidates, training_candidates
+    from trainer.plan.search import micro_batches, rollout_candidates, training_candidates
     from trainer.settings import build_settings
 
     settings = build_settings(algo="grpo", overrides=[

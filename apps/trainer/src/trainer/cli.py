@@ -284,15 +284,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from trainer.device_memory import memory_budget
-    from trainer.plan import plan, simulate_devices
+    from trainer.plan import memory_budget, plan, simulate_devices
 
     if args.devices < 1:
         raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
     budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
                            headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
-    from trainer.plan_search import search
+    from trainer.plan.search import search
     from trainer.settings import build_settings
 
     shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]

@@ -57,7 +57,7 @@ class PolicyLayout:
     activation_bytes: Callable[[Any], int]
     """A TransformerConfig -> what one micro-batch's backward pass keeps per device."""
     mini_batch: Callable[[int], Any]
-    """n -> the abstract TrainExample of n stacked micro-batches the update takes (trainer.plan_programs)."""
+    """n -> the abstract TrainExample of n stacked micro-batches the update takes (trainer.plan.programs)."""
 
 
 def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout

@@ -30,8 +30,8 @@ from typing import Any
 import jax
 from rl_core.config import ConfigError
 
-from trainer.device_memory import GIB
-from trainer.plan import Plan
+from trainer.plan.device_memory import GIB
+from trainer.plan.result import Plan
 from trainer.settings import completions_per_prompt
 
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")

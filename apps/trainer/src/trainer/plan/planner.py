@@ -3,7 +3,7 @@
 Nothing is loaded and nothing runs: the model is built with `nnx.eval_shape`
 (only config.json is read for `--model DIR`), and the run's programs (the
 sampler, the reference log-prob pass, the update: the learner's own, see
-trainer.plan_programs) are lowered on abstract arrays with the same shardings
+trainer.plan.programs) are lowered on abstract arrays with the same shardings
 the learner uses (rl_core.trainable.model_shardings) and compiled for the
 requested number of devices (simulated CPU devices: XLA's buffer assignment
 gives each program's per-device argument and temporary bytes). Next to them,
@@ -18,7 +18,7 @@ Programs are traced as for the platform planned for (`--platform`, rl_models.att
 (cuDNN, Splash) is compiled as a stand-in holding what the kernel holds. The static sampler is
 compiled only for a run that uses it, the reference pass only when beta != 0.
 
-The peak is measured against a `trainer.device_memory.MemoryBudget`: the runtime's share of the
+The peak is measured against a `trainer.plan.device_memory.MemoryBudget`: the runtime's share of the
 device (JAX preallocates 75% of a GPU) less a headroom. The weights as loaded (the model the
 learner is built from) are counted where they stay: as the reference (beta != 0), as the frozen
 base (LoRA), or, with beta = 0, only at startup, since nothing keeps them once the learner has its
@@ -31,8 +31,8 @@ off, so the reference copy a full run keeps (with beta > 0) does not exist;
 the table states how much that saves.
 
 An algorithm that trains a critic beside the policy (PPO) adds the critic's resident weights
-and optimizer state and its two programs, the update and the values pass (trainer.plan_critic).
-The result, its peak and its table are `trainer.plan_result.Plan`.
+and optimizer state and its two programs, the update and the values pass (trainer.plan.critic).
+The result, its peak and its table are `trainer.plan.result.Plan`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import math
 import os
 from typing import Any
 
-from trainer.device_memory import MemoryBudget
-from trainer.plan_result import LOADED_MODEL, Plan  # noqa: F401 - the plan's result, importable from here
+from trainer.plan.device_memory import MemoryBudget
+from trainer.plan.result import LOADED_MODEL, Plan  # noqa: F401 - the plan's result, importable from here
 
 
 def simulate_devices(count: int) -> None:
@@ -70,6 +70,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     paged engine's KV in use is counted: prompts once per group, each completion its own
     tokens rounded up to whole pages. `compiled_programs`, when given, keeps each compiled
     program's sizes by its lowered text, so plans that share a program compile it once."""
+    # imported here, not at the top: `trainer plan` imports this module before simulate_devices
+    # sets the device count, which must come before anything starts JAX's backend
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -82,8 +84,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
-    from trainer.plan_critic import PolicyLayout, critic_plan, has_critic
-    from trainer.plan_programs import policy_programs
+    from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
+    from trainer.plan.programs import policy_programs
 
     m = settings.model
     # the programs an accelerator would run: by default they loop over the layers there
@@ -110,7 +112,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         check_critic(settings, policy_abstract)  # model.critic_path: the policy's vocabulary, whole heads
     graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(policy_abstract)
     training, rollout = settings.training, settings.rollout
-    # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan_programs)
+    # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan.programs)
     programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
     algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
     group, batch = layout.batch_size // training.prompts_per_step, layout.batch_size

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainer.device_memory import GIB, MemoryBudget
+from trainer.plan.device_memory import GIB, MemoryBudget
 
 LOADED_MODEL = {
     "freed": "freed once the learner has its float32 copy (beta = 0: no reference); counted at startup only",
@@ -41,7 +41,7 @@ class Plan:
     loaded_model: str = "freed"
     """Where the weights as loaded stay (a key of LOADED_MODEL)."""
     critic_trainable: int = 0
-    """Parameters the critic trains (0: the algorithm has no critic); see trainer.plan_critic."""
+    """Parameters the critic trains (0: the algorithm has no critic); see trainer.plan.critic."""
 
     @property
     def resident_bytes(self) -> int:
