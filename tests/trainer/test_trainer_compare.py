@@ -17,7 +17,7 @@ import yaml
 from scipy import stats as scipy_stats
 
 from trainer.cli import main
-from trainer.report import COLUMNS, PLOTS
+from trainer.compare.report import COLUMNS, PLOTS
 
 pytestmark = pytest.mark.e2e
 
@@ -171,7 +171,7 @@ def test_every_plot_is_a_titled_png(compared):
 
 def test_evaluation_curves_are_drawn_from_enough_points(tmp_path):
     """MIN_CURVE_POINTS evaluations make a curve; fewer are left to the report's tables."""
-    from trainer.plots import MIN_CURVE_POINTS, plot_runs
+    from trainer.compare.plots import MIN_CURVE_POINTS, plot_runs
 
     def history(evaluations):
         return [{"step": n, "eval/accuracy": 0.5, "eval/length_correct": 3.0, "eval/length_incorrect": 4.0,

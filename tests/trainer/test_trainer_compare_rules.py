@@ -8,13 +8,13 @@ import pytest
 from scipy import stats as scipy_stats
 
 from rl_core.config import ConfigError
-from trainer import compare_folder
+from trainer.compare import folder as compare_folder
 from trainer.cli import main
 from trainer.compare import COMPARE_DEFAULTS, named_variants, variant_settings
-from trainer.plots import smooth
-from trainer.report import config_diff, settings_text
+from trainer.compare.plots import smooth
+from trainer.compare.report import config_diff, settings_text
 from trainer.settings import merge, parse_overrides, user_settings
-from trainer.stats import holm_adjust, mean_ci, significant, welch_p_value
+from trainer.compare.stats import holm_adjust, mean_ci, significant, welch_p_value
 
 PLOT_NAMES = ["reward.png"]
 
@@ -125,7 +125,7 @@ def test_smoothing_keeps_a_constant_and_lags_a_step():
 
 def test_results_json_is_strict_json(tmp_path):
     """One seed's interval is NaN; results.json writes it as null."""
-    from trainer.report import _finite
+    from trainer.compare.report import _finite
 
     assert json.loads(json.dumps(_finite({"a": [math.nan, 1.0]}))) == {"a": [None, 1.0]}
 

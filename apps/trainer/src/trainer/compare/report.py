@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
+from trainer.compare.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
 from trainer.settings import RunSettings, completions_per_prompt
-from trainer.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
+from trainer.compare.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
 __all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
 
@@ -217,7 +217,7 @@ def settings_text(first: RunSettings, all_settings: Sequence[RunSettings], seeds
     if len(shapes) == 1:
         ((prompts, g),) = shapes
         batch = f"{prompts} prompts x {g} completions per step"
-    else:  # the same completions per step (trainer.compare.same_completions), other group sizes
+    else:  # the same completions per step (trainer.compare.sweep.same_completions), other group sizes
         batch = f"{t.prompts_per_step * completions_per_prompt(first.algorithm_config())} completions per step: " + (
             "; ".join(f"{p} prompts x {g} ({', '.join(algos)})" for (p, g), algos in shapes.items()))
     layout = f"mini-batch {t.mini_batch_size or 'whole step'}, micro-batch {t.micro_batch_size or 'whole mini-batch'}"

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from trainer.stats import mean_ci  # noqa: E402
+from trainer.compare.stats import mean_ci  # noqa: E402
 
 # (file, x axis, metric key, title, y label, smoothed)
 PLOTS = (
@@ -43,7 +43,7 @@ X_LABELS = {"step": "training step", "tokens": "generated tokens", "seconds": "t
 MIN_CURVE_POINTS = 8
 """An evaluation curve (unsmoothed) is drawn only with at least this many evaluations; with
 fewer (150 steps evaluated every 50: 4 points) the report shows them as a table instead
-(`trainer.report.evaluation_tables`), which reads better than a few overlapping bands."""
+(`trainer.compare.report.evaluation_tables`), which reads better than a few overlapping bands."""
 
 
 def series(history: Sequence[Mapping[str, Any]], key: str) -> dict[int, tuple[float, float, float]]:

@@ -34,8 +34,8 @@ from rl_core import registry
 from rl_core.config import ConfigError
 from rl_core.run_layout import EVAL_BEFORE, METRICS
 
-from trainer import compare_folder
-from trainer.report import PLOTS, write_report
+from trainer.compare import folder as compare_folder
+from trainer.compare.report import PLOTS, write_report
 from trainer.run import plural, train_run
 from trainer.settings import (
     RunSettings,
