@@ -5,8 +5,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from trainer.data_files import DataError, read_rows
-from trainer.tasks import gsm8k, math
+from trainer.tasks import DataError, gsm8k, math, read_rows
 
 GOOD = [{"question": f"What is {a}+1?", "answer": f"{a}+1 = {a + 1}\n#### {a + 1}"} for a in range(10)]
 

@@ -21,7 +21,7 @@ from rl_core.files import RunFileError
 from rl_core.storage import StorageError, is_url
 from rl_models.hf import HFFolderError
 
-from trainer.data_files import DataError
+from trainer.tasks import DataError
 from trainer.signals import RunInterrupted
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 
+from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.files import FILE_TASKS, file_task, gsm8k, math
 from trainer.tasks.generated import arithmetic, carryless_sum, countdown, multiply
 from trainer.tasks.task import Task, split_heldout
@@ -12,6 +13,6 @@ TASKS: dict[str, Callable[..., Task]] = {
 """Built-in generated tasks, and file-backed ones that need `options.data`."""
 
 __all__ = [
-    "FILE_TASKS", "TASKS", "Task", "arithmetic", "carryless_sum", "countdown", "file_task", "gsm8k",
-    "math", "multiply", "split_heldout",
+    "DataError", "FILE_TASKS", "TASKS", "Task", "arithmetic", "carryless_sum", "countdown", "file_task", "gsm8k",
+    "math", "multiply", "read_rows", "split_heldout",
 ]

@@ -1,4 +1,4 @@
-"""Tasks read from local data: GSM8K and MATH-style problems (see `trainer.data_files` for the formats).
+"""Tasks read from local data: GSM8K and MATH-style problems (see `trainer.tasks.data_files` for the formats).
 
 Rows are validated as they are read: a row that is not an object, lacks a
 configured field, or whose reference answer cannot be scored is reported
@@ -14,7 +14,7 @@ from typing import Any
 from rewards import RewardSpec, boxed_reward, gsm8k_reward
 from rl_core.data import Prompt
 
-from trainer.data_files import DataError, read_rows
+from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.task import Task, split_heldout
 
 __all__ = ["FILE_TASKS", "file_task", "gsm8k", "math"]
