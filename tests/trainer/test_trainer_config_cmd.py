@@ -9,7 +9,7 @@ import pytest
 from rl_core.config import MeshConfig, RolloutConfig, TrainingConfig
 from trainer.cli import main
 from trainer.compare import DEFAULT_SEEDS
-from trainer.settings_doc import describe
+from trainer.settings import describe
 
 
 def listing(algo: str) -> dict[str, list[str]]:

@@ -337,7 +337,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from trainer.settings_doc import describe
+    from trainer.settings import describe
 
     print(describe(args.algo))
     return 0

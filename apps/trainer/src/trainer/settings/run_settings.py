@@ -26,8 +26,7 @@ from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, 
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
-from trainer.tasks import DataError
-from trainer.tasks import FILE_TASKS, TASKS, Task, file_task
+from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
 
 
 LONG_PROMPTS = ("drop", "error")

@@ -19,7 +19,7 @@ from typing import Any
 
 from rl_core.config import Config
 
-from trainer.settings import RunSettings, build_settings
+from trainer.settings.run_settings import RunSettings, build_settings
 
 
 @functools.cache
