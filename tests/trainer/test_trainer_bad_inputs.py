@@ -17,7 +17,7 @@ from rl_models import CharTokenizer
 from rewards import RewardSpec
 from trainer import build, tasks
 from trainer.cli import main
-from trainer.prompt_lengths import fit_prompts
+from trainer.run.prompt_lengths import fit_prompts
 
 HF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -414,7 +414,7 @@ def test_an_os_error_is_path_and_reason_on_one_line(capsys, tmp_path, monkeypatc
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "config.yaml"))
 
-    monkeypatch.setattr("trainer.run_folder.write_config", full)
+    monkeypatch.setattr("trainer.run.folder.write_config", full)
     out = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(out), *ONE_STEP,
                            "task.options.heldout_size=5", "task.options.digits=1")

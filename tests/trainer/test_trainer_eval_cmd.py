@@ -15,7 +15,7 @@ from trainer import build
 from trainer.cli import main
 from trainer.evaluate import evaluate, pass_at_k
 from trainer.evaluate_run import evaluate_run
-from trainer.run_folder import settings_of_run
+from trainer.run import settings_of_run
 
 
 @pytest.mark.parametrize(

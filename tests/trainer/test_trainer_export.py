@@ -15,8 +15,7 @@ from rl_models import CharTokenizer
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer import build
 from trainer.cli import main
-from trainer.run_folder import settings_of_run
-from trainer.run_policy import load_run_policy
+from trainer.run import load_run_policy, settings_of_run
 
 pytestmark = pytest.mark.e2e
 

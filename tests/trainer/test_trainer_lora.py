@@ -19,7 +19,7 @@ from rl_core.checkpoint import Checkpointer
 from rl_core.config import ConfigError
 from rl_models.hf import load_hf_model
 from trainer.cli import main
-from trainer.run_policy import load_run_policy
+from trainer.run import load_run_policy
 from trainer.settings import build_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"

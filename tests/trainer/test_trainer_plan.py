@@ -163,7 +163,8 @@ def test_with_beta_0_the_trainer_frees_the_weights_as_loaded_once_the_learner_is
     """What the plan's "freed" rests on: after trainer.run builds the learner, no reference to the
     loaded model's arrays is left (the learner, the rollout engine and the sampler keep none);
     with beta > 0 they stay, as the reference policy."""
-    from trainer import build, run
+    from trainer import build
+    from trainer.run import train as run
     from trainer.settings import build_settings
 
     loaded: list[weakref.ref] = []

@@ -193,8 +193,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # first: the settings' checks count the devices of every process
     distributed.join(distributed.launch_from(args.coordinator, args.num_processes, args.process_id, args.distributed))
-    from trainer.run import train_run
-    from trainer.run_folder import settings_of_run
+    from trainer.run import settings_of_run, train_run
     from trainer.settings import build_settings, parse_overrides
 
     if args.resume:

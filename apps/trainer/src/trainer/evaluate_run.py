@@ -1,6 +1,6 @@
 """`trainer eval --run DIR`: held-out greedy accuracy and unbiased pass@k of a run's latest checkpoint.
 
-The run folder is only read (see `trainer.run_policy`); one at a URL, from a local copy.
+The run folder is only read (see `trainer.run.policy`); one at a URL, from a local copy.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from rl_core.config import ConfigError
 
 from trainer import build
 from trainer.evaluate import evaluate
-from trainer.run import readable_run
-from trainer.run_folder import settings_of_run
-from trainer.run_policy import load_run_policy
+from trainer.run import load_run_policy, readable_run, settings_of_run
 
 
 def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | None = None, seed: int = 0) -> dict[str, Any]:

@@ -40,9 +40,7 @@ from rl_models.hf import export_hf, export_peft, write_char_tokenizer
 from rl_models.lora import has_adapters, merge_adapters
 
 from trainer import build
-from trainer.run import readable_run
-from trainer.run_folder import settings_of_run
-from trainer.run_policy import load_run_policy
+from trainer.run import load_run_policy, readable_run, settings_of_run
 
 EXPORTED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 

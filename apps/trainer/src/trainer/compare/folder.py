@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.run_folder import RUN_FILES
+from trainer.run import RUN_FILES
 
 REPORT_FILES = ("report.md", "results.json")
 SEED_PREFIX = "seed-"

@@ -22,7 +22,7 @@ The peak is measured against a `trainer.plan.device_memory.MemoryBudget`: the ru
 device (JAX preallocates 75% of a GPU) less a headroom. The weights as loaded (the model the
 learner is built from) are counted where they stay: as the reference (beta != 0), as the frozen
 base (LoRA), or, with beta = 0, only at startup, since nothing keeps them once the learner has its
-float32 copy (trainer.run drops them; tests/trainer/test_trainer_plan.py checks that they go).
+float32 copy (trainer.run.train drops them; tests/trainer/test_trainer_plan.py checks that they go).
 
 A LoRA run (`model.lora.rank` > 0) trains only its adapters: the optimizer
 state is theirs, the base is frozen in its storage dtype (or quantized with

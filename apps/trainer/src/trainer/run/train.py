@@ -14,7 +14,7 @@ works in a local copy pulled from it, and the copy is pushed back after each
 checkpoint and when the run ends (see rl_core.storage); messages name the URL.
 
 The folder's own files and rules (making room, the settings a run started with, whether it
-can resume) are in trainer.run_folder.
+can resume) are in trainer.run.folder.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from rl_core.checkpoint import saved_steps
 from rl_core.faults import fault_point
 from rl_core.run_layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMMARY
 
-from trainer import build, run_folder
+from trainer import build
 from trainer.evaluate import evaluate
-from trainer.prompt_lengths import fit_prompts
+from trainer.run import folder as run_folder
+from trainer.run.prompt_lengths import fit_prompts
 from trainer.settings import RunSettings
 from trainer.signals import RunInterrupted, StopOnSignal
 from trainer.tasks import Task

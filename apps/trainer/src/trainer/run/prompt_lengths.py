@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 from rl_core.data import Prompt
 from rl_core.tokens import Tokenizer
 
-from trainer.tasks import DataError
-from trainer.tasks import Task
+from trainer.tasks import DataError, Task
 
 
 def fit_prompts(

@@ -23,8 +23,8 @@ from rl_core.run_layout import CHECKPOINTS
 from rl_core.tokens import Tokenizer
 
 from trainer import build
-from trainer.run import load_task, readable_run
-from trainer.run_folder import refuse_changed_settings, settings_of_run
+from trainer.run.folder import refuse_changed_settings, settings_of_run
+from trainer.run.train import load_task, readable_run
 from trainer.settings import RunSettings
 from trainer.tasks import Task
 
