@@ -254,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from trainer.evaluate_run import evaluate_run
+    from trainer.evaluate.saved_run import evaluate_run
 
     print(json.dumps(evaluate_run(args.run, k=args.k, samples=args.samples), indent=2))
     return 0

@@ -12,7 +12,7 @@ from rl_core import storage
 from rl_core.config import ConfigError
 
 from trainer import build
-from trainer.evaluate import evaluate
+from trainer.evaluate.heldout import evaluate
 from trainer.run import load_run_policy, readable_run, settings_of_run
 
 
