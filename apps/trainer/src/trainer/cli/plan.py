@@ -1,0 +1,79 @@
+"""`trainer plan`: the per-device memory of a run, and settings that make it fit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rl_core.config import ConfigError
+
+# The command's own modules are imported inside `run`, not at the top: the CLI imports every
+# command module before parsing, and `trainer train` must join a multi-process run before
+# anything else is imported (see trainer.cli and trainer.distributed).
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    pl = sub.add_parser("plan", help="per-device memory of a run, from its compiled programs (no weights loaded)")
+    pl.add_argument("--model", metavar="DIR", help="a Hugging Face folder (only config.json is read)")
+    pl.add_argument("--preset", help="an rl_models preset instead (same as model.preset=NAME)")
+    pl.add_argument("--algo", default="grpo", help="algorithm (default grpo)")
+    pl.add_argument("--config", help="YAML settings file")
+    pl.add_argument("--devices", type=int, default=1, help="devices to plan for (simulated; default 1)")
+    pl.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "cpu"),
+                    help="what the devices are (default gpu): picks model.attention=auto's kernel, the memory "
+                         "the runtime reserves and the default --device-memory-gb")
+    pl.add_argument("--device-memory-gb", type=float, default=None,
+                    help="memory per device in GiB (default 80 on gpu, 16 on tpu: a v5e chip, 80 on cpu)")
+    pl.add_argument("--memory-fraction", type=float, default=None,
+                    help="share of it the runtime lets a run use (default: gpu XLA_CLIENT_MEM_FRACTION or 0.75, "
+                         "JAX's preallocation; tpu 0.97; cpu 1)")
+    pl.add_argument("--headroom", type=float, default=0.10,
+                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10)")
+    pl.add_argument("--no-search", action="store_true",
+                    help="when the run does not fit, do not search for settings that make it fit")
+    pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.add_argument("--mean-new-tokens", type=int, default=None,
+                    help="mean completion length for the paged engine's KV in use (default max_new_tokens)")
+    pl.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.mesh.tensor=2")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.plan import memory_budget, plan, simulate_devices
+
+    if args.devices < 1:
+        raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
+    budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
+                           headroom=args.headroom)
+    simulate_devices(args.devices)  # before anything starts JAX's backend
+    from trainer.plan.search import search
+    from trainer.settings import build_settings
+
+    shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]
+
+    def settings_with(extra):
+        return build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides, *extra])
+
+    programs: dict = {}  # compiled once, shared by the candidates of the search
+
+    def plan_of(settings):
+        return plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs)
+
+    settings = settings_with(())
+    result = plan_of(settings)
+    if not args.json:
+        print(result.table(), flush=True)
+    fit = None
+    if not result.fits and not args.no_search:
+        log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
+            lambda line: print(line, flush=True))
+        log("searching for settings that fit, cheapest first:")
+        fit = search(result, settings, settings_with, plan_of, log=log)
+        if not args.json:
+            print(f"fits with: {' '.join(fit.overrides)}" if fit else
+                  "nothing searched fits (attention, remat, micro-batch size, rollout engine and slots)")
+    if args.json:
+        out = result.to_dict() | {"fit": None if fit is None else {"overrides": list(fit.overrides),
+                                                                     "plan": fit.plan.to_dict()}}
+        print(json.dumps(out, indent=2))
+    return 0
