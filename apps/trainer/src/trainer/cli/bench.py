@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.bench import run_bench
     from trainer.bench_baseline import compare, differences, load_baseline, print_comparison
 

@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.compare import compare
 
     if is_url(args.output):

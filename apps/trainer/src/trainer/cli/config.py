@@ -15,6 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.settings import describe
 
     print(describe(args.algo))

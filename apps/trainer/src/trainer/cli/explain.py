@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.explain import ExplainInputError, explain
 
     try:

@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.export import export_run
 
     print(json.dumps(export_run(args.run, args.out, step=args.step, adapter=args.adapter, overwrite=args.overwrite),

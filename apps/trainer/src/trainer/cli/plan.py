@@ -39,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.plan import memory_budget, plan, simulate_devices
 
     if args.devices < 1:
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
                            headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
+    # after simulate_devices: the search and the settings import JAX
     from trainer.plan.search import search
     from trainer.settings import build_settings
 

@@ -40,10 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above (train joins before any of this)
     from trainer import distributed
 
     # first: the settings' checks count the devices of every process
     distributed.join(distributed.launch_from(args.coordinator, args.num_processes, args.process_id, args.distributed))
+    # only after the join, as before it moved here from cli.py
     from trainer.run import settings_of_run, train_run
     from trainer.settings import build_settings, parse_overrides
 
