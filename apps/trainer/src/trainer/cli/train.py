@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     # first: the settings' checks count the devices of every process
     distributed.join(distributed.launch_from(args.coordinator, args.num_processes, args.process_id, args.distributed))
-    # only after the join, as before it moved here from cli.py
+    # the rest only after the join
     from trainer.run import settings_of_run, train_run
     from trainer.settings import build_settings, parse_overrides
 
