@@ -130,9 +130,9 @@ MUTATIONS = [
       '        tensors[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)',
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
-    m("checkpoint-holds-the-base", f"{CORE}/learner_state.py",
-      '    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}  # never the frozen base',
-      '    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng, "frozen": learner.frozen}',
+    m("checkpoint-holds-the-base", f"{CORE}/learner.py",
+      "        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)",
+      '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.frozen}, meta=meta)',
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------
     m("tensorboard-rewards-only", f"{CORE}/metrics.py",

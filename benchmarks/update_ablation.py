@@ -92,22 +92,23 @@ def main() -> None:
                              output_dir=None, progress=False)
 
     default = learner()
-    examples, update = [], default.update_models
-    default.update_models = lambda example: examples.append(example) or update(example)
-    for _ in range(3):
+    for _ in range(2):
         default.train_step()
-    example = examples[-1]
+    prompts, _ = default.supply().draw(default.training.prompts_per_step)
+    example = default.produce_examples(prompts).example  # the third step's batch (nothing patched)
     width = trimmed_width(example.completion_mask, default.rollout.logprob_chunk_tokens)
     batch = default.layout.mini_batches(trim_example(example, width))[0]
     part = default.policy_part
-    programs = {"default": (part.update_step.lower(part.state, part.frozen, batch).compile(), part.state)}
+    state = default.model_state("policy")
+    programs = {"default": (part.update_step.lower(state, part.frozen, batch).compile(), state)}
     for name in args.parts or [*PARTS, *OPTIMIZER_PARTS]:
         if name in OPTIMIZER_PARTS:
-            other = learner(OPTIMIZER_PARTS[name]).policy_part
+            made = learner(OPTIMIZER_PARTS[name])
         else:
             with PARTS[name]():
-                other = learner().policy_part
-        state = jax.tree.map(jnp.copy, other.state)
+                made = learner()
+        other = made.policy_part
+        state = jax.tree.map(jnp.copy, made.model_state("policy"))
         programs[name] = (other.update_step.lower(state, part.frozen, batch).compile(), state)
 
     times: dict[str, list[float]] = {name: [] for name in programs}

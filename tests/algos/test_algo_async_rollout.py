@@ -126,7 +126,7 @@ def test_a_run_stopped_with_a_batch_in_flight_resumes_to_the_same_result(tmp_pat
     stopped.close()
     resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
     assert resumed.resume(log=lambda _: None) and resumed.step == 4
-    assert resumed.in_flight is not None and resumed.in_flight.version == 3 and resumed._carry is not None
+    assert resumed.in_flight is not None and resumed.in_flight.version == 3 and resumed.carry is not None
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
@@ -139,9 +139,9 @@ def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batch_in_flig
     run.close()
     sync = make(GRPOLearner, GRPO, async_rollout="off", output_dir=tmp_path / "run", num_steps=3)
     assert sync.resume(log=lambda _: None)
-    position = sync.data.position
+    position = sync.data_position
     sync.train()
-    assert sync.in_flight is None and sync.data.position == position  # no prompt drawn, none lost
+    assert sync.in_flight is None and sync.data_position == position  # no prompt drawn, none lost
 
 
 def test_scoring_of_the_next_batch_runs_during_the_update():
@@ -179,13 +179,14 @@ def test_async_without_truncated_importance_sampling_is_refused():
 
 
 def test_a_failing_collection_stops_the_step_with_its_error():
-    run = make(GRPOLearner, GRPO)
+    class Broken(GRPOLearner):
+        def collect(self, prompts, supply):  # collections after the first step's fail
+            if self.step >= 1:
+                raise RuntimeError("the reward sandbox is down")
+            return super().collect(prompts, supply)
+
+    run = make(Broken, GRPO)
     run.train_step()
-
-    def broken(prompts):
-        raise RuntimeError("the reward sandbox is down")
-
-    run.collect = broken
     with pytest.raises(RuntimeError, match="sandbox is down"):
         run.train_step()
     assert run.rollouts.pinned is None  # unpinned: evaluation samples with the current weights

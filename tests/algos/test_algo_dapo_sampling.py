@@ -67,8 +67,8 @@ class ScriptedDAPO(DAPOLearner):
             texts=[f"{gid}:{r:g}" for gid, kind in zip(ids, kinds, strict=True) for r in REWARDS[kind]],
         )
 
-    def produce_examples(self, prompts):
-        batch = super().produce_examples(prompts)
+    def examples_from(self, groups):
+        batch = super().examples_from(groups)
         self.batches.append(batch)
         return batch
 
@@ -119,7 +119,7 @@ def test_rounds_kept_groups_and_surplus_carried_to_the_next_step():
         "groups/uniform_frac": 0.25,
     }
     # Round 2 drew new prompts from the stream: 2 for the step + 2 more.
-    assert learner.data.position == 4
+    assert learner.data_position == 4
     assert len({*learner.rounds[0], *learner.rounds[1]}) == 4
     # kept groups keep their own prompts: group 0 is round 1's first, group 2 round 2's first
     assert [s["prompt"] for s in batch.samples[::G]] == [learner.rounds[0][0], learner.rounds[1][0]]
@@ -178,8 +178,8 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
     assert recorded.shape == (G, T) and np.isfinite(recorded).all()
 
     resumed = make(script=[[U, I]], first_id=4)
-    resumed.params = learner.params  # the parameters after step 1's update ...
-    resumed.load_extra_state({"carry": carry})  # ... and the carry as a checkpoint holds it
+    # the parameters after step 1's update, and the carry as a checkpoint holds it
+    resumed.replace_state(params=learner.params, carry=resumed.carry_from_json({"carry": carry}))
     example = resumed.produce_examples(resumed.data.next(2)).example
     assert group_ids(resumed.batches[-1]) == [3, 5]
     np.testing.assert_array_equal(np.asarray(example.old_logp)[:G], recorded)  # kept, not recomputed
@@ -196,11 +196,11 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
 
 def test_carry_over_survives_a_json_checkpoint():
     first = make(script=[[I, U], [I, I]])
-    first.produce_examples(first.data.next(2))
+    first.train_step()
     state = json.loads(json.dumps(first.extra_state()))  # as written in a checkpoint's metadata
 
     resumed = make(script=[[U, I]], first_id=100)
-    resumed.load_extra_state(state)
+    resumed.replace_state(carry=resumed.carry_from_json(state))
     batch = resumed.produce_examples(resumed.data.next(2))
     # group 3 from the first learner, then group 101 (100 was uniform)
     assert group_ids(batch) == [3, 101]
@@ -211,7 +211,7 @@ def test_carry_over_survives_a_json_checkpoint():
     np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
     assert [s["completion"] for s in batch.samples[:2]] == ["3:1", "3:0"]
 
-    resumed.load_extra_state({"carry": None})
+    resumed.replace_state(carry=resumed.carry_from_json({"carry": None}))
     assert resumed.extra_state() == {"carry": None}
 
 

@@ -111,11 +111,11 @@ FIXED = make_groups(
 
 
 def fixed_batch(cls):
-    """`cls` with group collection replaced by the fixed groups above."""
+    """`cls` with group sampling replaced by the fixed groups above."""
 
     class Fixed(cls):
-        def collect_groups(self, prompts):
-            return FIXED
+        def sample_groups(self, prompts, supply):
+            return FIXED, supply
 
     return Fixed
 

@@ -51,11 +51,12 @@ class RecordingGRPO(GRPOLearner):
         chunk = self.rollout.logprob_chunk_tokens
         fn = functools.partial(completion_logprobs, temperature=self.rollout.temperature, chunk_tokens=chunk)
         self._base_logprobs = self.base.forward(fn, chunk_tokens=chunk, shares=True)  # as the learner's pass
+        self._base_params = self.base.init_state(base).params
         self.records: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def reference_logprobs(self, example):
         ref = super().reference_logprobs(example)
-        base, _ = self._base_logprobs(None, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+        base, _ = self._base_logprobs(self._base_params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
                                       mask=example.completion_mask)
         policy, _ = self.compute_logprobs(self.params, example)
         self.records.append(tuple(np.asarray(x) for x in (ref, base, policy)))

@@ -59,7 +59,7 @@ def numpy_tree(tree):
 
 def states(learner):
     """Both models' parameters and optimizer states and the key, as NumPy."""
-    return numpy_tree({name: model.state._asdict() for name, model in learner.models.items()} | {"rng": learner.rng})
+    return numpy_tree({name: state._asdict() for name, state in learner.state.models.items()} | {"rng": learner.rng})
 
 
 def same(a, b) -> bool:
@@ -134,13 +134,18 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
     (mini, _) = learner.layout.mini_batches(example)
     # both start from the policy's weights, in buffers of their own (an update donates them)
     policy, critic = learner.models["policy"], learner.models["critic"]
-    assert not {x.unsafe_buffer_pointer() for x in jax.tree.leaves(policy.params)} & {
-        x.unsafe_buffer_pointer() for x in jax.tree.leaves(critic.params)}
+    assert not {x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.params)} & {
+        x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.model_state("critic").params)}
+
+    def update(name):
+        state, _ = learner.models[name].update(learner.model_state(name), mini)
+        learner.replace_state(learner.state.with_model(name, state))
+
     before = states(learner)
-    critic.update(mini)  # the critic's gradient reaches only the critic ...
+    update("critic")  # the critic's gradient reaches only the critic ...
     after_critic = states(learner)
     assert same(after_critic["policy"], before["policy"]) and not same(after_critic["critic"], before["critic"])
-    policy.update(mini)  # ... and the policy's only the policy
+    update("policy")  # ... and the policy's only the policy
     after_policy = states(learner)
     assert same(after_policy["critic"], after_critic["critic"]) and not same(after_policy["policy"], before["policy"])
 
@@ -195,11 +200,11 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
     policy_part, critic = learner.models["policy"], learner.models["critic"]
     pointers = lambda tree: {x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)}  # noqa: E731
     assert pointers(critic.frozen) <= pointers(policy_part.frozen)  # no second copy of the base
-    trained = jax.tree_util.tree_leaves_with_path(critic.params)
+    trained = jax.tree_util.tree_leaves_with_path(learner.model_state("critic").params)
     names = {jax.tree_util.keystr(path) for path, _ in trained}
     assert all("lora_" in n or "_head" in n for n in names)  # adapters, the value and confidence heads
     assert any("value_head" in n for n in names) and any("confidence_head" in n for n in names)
-    head_before = numpy_tree(critic.params["value_head"])
+    head_before = numpy_tree(learner.model_state("critic").params["value_head"])
     for _ in range(2):
         learner.train_step()
     # the base is bit-identical after training, in both models (the critic's under "backbone")
@@ -209,9 +214,10 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
             for key in path:
                 want = want[key.key]
             np.testing.assert_array_equal(value, want, err_msg=jax.tree_util.keystr(path))
-    assert not same(numpy_tree(critic.params["value_head"]), head_before)
-    assert np.abs(np.asarray(critic.params["backbone"]["layers"]["mlp"]["up_proj"]["lora_b"])).max() > 0
-    assert learner.checkpoint_arrays()["critic"]["params"] is critic.params  # adapters and head: no base
+    critic_params = learner.model_state("critic").params
+    assert not same(numpy_tree(critic_params["value_head"]), head_before)
+    assert np.abs(np.asarray(critic_params["backbone"]["layers"]["mlp"]["up_proj"]["lora_b"])).max() > 0
+    assert learner.checkpoint_arrays()["critic"]["params"] is critic_params  # adapters and head: no base
 
 
 def test_environment_turn_rewards_go_on_each_turns_last_token(run):

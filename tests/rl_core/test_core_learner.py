@@ -233,7 +233,7 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
 
     def steps(data, seed, n):
         """n steps on `data`; returns the longest prompt of each step (+1 for BOS)."""
-        learner.data = PromptStream(data, seed=seed)
+        learner.use_prompts(data, seed=seed)
         replay = PromptStream(data, seed=seed)
         lengths = [max(len(p.text) for p in replay.next(2)) + 1 for _ in range(n)]
         for _ in range(n):

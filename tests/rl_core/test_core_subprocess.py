@@ -80,7 +80,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     assert json.loads(out.stdout.splitlines()[-1]) == {"restored_step": 2, "final_step": 4}
 
     resumed = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(crashed), toy=toy_run.RESUME_TOY)
-    assert resumed.resume() and resumed.step == 4 and resumed.data.position == learner.data.position
+    assert resumed.resume() and resumed.step == 4 and resumed.data_position == learner.data_position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
     for a, b in zip(jax.tree.leaves(resumed.opt_state), straight_opt, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)

@@ -47,18 +47,18 @@ class CriticTimer:
 
     def __init__(self, learner: Any) -> None:
         part = learner.models[CRITIC]
-        self.config = part.module().config  # the critic's backbone (a critic_path model may differ)
+        self.config = part.module(learner.model_state(CRITIC).params).config  # the critic's backbone (a critic_path model may differ)
         self.seconds, self.flops = 0.0, {PHASE: (0.0, 0.0), "logprob": (0.0, 0.0)}  # (model, needed)
         update, values = part.update, learner.critic_values
 
-        def timed_update(batch: Any) -> Any:
-            jax.block_until_ready([model.params for model in learner.models.values()])
+        def timed_update(state: Any, batch: Any) -> Any:
+            jax.block_until_ready(state)  # the update in progress holds the models' states
             start = time.perf_counter()
-            stats = update(batch)
-            jax.block_until_ready(part.params)
+            state, stats = update(state, batch)
+            jax.block_until_ready(state.params)
             self.seconds += time.perf_counter() - start
             self._count(PHASE, batch, passes=3)  # forward and backward
-            return stats
+            return state, stats
 
         def counted_values(example: Any) -> np.ndarray:
             out = values(example)
@@ -86,7 +86,7 @@ class CriticTimer:
 
 def critic_memory(learner: Any) -> dict[str, int]:
     """The critic's trained parameter count and per-device bytes of its parameters and optimizer state."""
-    part = learner.models[CRITIC]
+    part = learner.model_state(CRITIC)
 
     def per_device(tree: Any) -> int:
         leaves = jax.tree.leaves(tree)

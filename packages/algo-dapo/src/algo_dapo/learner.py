@@ -1,4 +1,4 @@
-"""DAPOLearner: GRPO's pipeline with dynamic sampling in `collect_groups`."""
+"""DAPOLearner: GRPO's pipeline with dynamic sampling in `sample_groups`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from algo_grpo import GRPOLearner
-from rl_core.data import Prompt
+from rl_core.data import Prompt, Supply
 from rl_core.groups import Groups, concat
 
 from algo_dapo.config import DAPOConfig
@@ -21,10 +21,11 @@ class DynamicSamplingError(RuntimeError):
 class DAPOLearner(GRPOLearner):
     """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv:2503.14476).
 
-    Overrides only group collection: generate, drop groups whose correctness
+    Overrides only group sampling (`sample_groups`): generate, drop groups whose correctness
     scores are all equal (all right or all wrong; `filter_reward` chooses the
-    scores), keep generating from new prompts until B informative groups
-    exist, and carry the surplus over to the next step. Carried rows keep the
+    scores), keep generating from new prompts (drawn from the supply) until B
+    informative groups exist, and carry the surplus over to the next step (the
+    supply's carry, which the learner keeps in its state). Carried rows keep the
     behaviour log-probs recorded when they were sampled, so the next step
     weighs them by the importance ratio to the policy that generated them.
     """
@@ -35,14 +36,13 @@ class DAPOLearner(GRPOLearner):
         super().__init__(config, **kwargs)
         self.filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
-        self._carry: Groups | None = None
 
-    def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
+    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         if not self.config.dynamic_sampling:
-            return super().collect_groups(prompts)
-        want = len(prompts)
-        parts = [self._carry] if self._carry is not None else []
-        carried_in = self._carry.num_groups if self._carry is not None else 0
+            return super().sample_groups(prompts, supply)
+        want, carry = len(prompts), supply.carry
+        parts = [carry] if carry is not None else []
+        carried_in = carry.num_groups if carry is not None else 0
         kept, rounds, sampled, uniform = carried_in, 0, 0, 0
         last: Groups | None = None
         while kept < want:
@@ -55,8 +55,11 @@ class DAPOLearner(GRPOLearner):
                         "prompts of a difficulty the policy sometimes solves."
                     )
                 break
-            batch = prompts if rounds == 0 else self.data.next(want)
-            last = super().collect_groups(batch)
+            if rounds == 0:
+                batch = prompts
+            else:
+                batch, supply = supply.draw(want)
+            last = self.collect_groups(batch)
             rounds += 1
             is_uniform = last.uniform(self.filter_by)
             sampled += last.num_groups
@@ -70,10 +73,10 @@ class DAPOLearner(GRPOLearner):
             kept += informative.num_groups
         groups = concat([p for p in parts if p.num_groups] or [last], pad_id=self.tokenizer.pad_id)
         if kept >= want:
-            self._carry = groups.select(np.arange(want, kept)) if kept > want else None
+            carry = groups.select(np.arange(want, kept)) if kept > want else None
             groups = groups.select(np.arange(want))
         else:
-            self._carry = None
+            carry = None
             groups = self._fill_masked(groups, last, want)
         # with the batch, as it may be trained on a step later (async rollouts) or after a resume
         sampling = {
@@ -85,7 +88,8 @@ class DAPOLearner(GRPOLearner):
             "groups/uniform_frac": uniform / sampled if sampled else 0.0,
         }
         # live_groups: the groups in the loss (a partial batch ends in masked filler)
-        return dataclasses.replace(groups, info={**groups.info, "dapo": sampling, "live_groups": min(kept, want)})
+        groups = dataclasses.replace(groups, info={**groups.info, "dapo": sampling, "live_groups": min(kept, want)})
+        return groups, supply._replace(carry=carry)
 
     def _fill_masked(self, informative: Groups, last: Groups, want: int) -> Groups:
         """Pad a partial batch to `want` groups with masked-out uniform groups.
@@ -114,9 +118,9 @@ class DAPOLearner(GRPOLearner):
             return groups, advantages
         return groups.select(np.arange(n)), advantages[: n * self.group_size]
 
-    def extra_state(self) -> dict[str, Any]:
-        return {"carry": None if self._carry is None else self._carry.to_json()}
+    def carry_to_json(self, carry: Groups | None) -> dict[str, Any]:
+        return {"carry": None if carry is None else carry.to_json()}
 
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        carry = state.get("carry")
-        self._carry = None if carry is None else Groups.from_json(carry)
+    def carry_from_json(self, data: Mapping[str, Any]) -> Groups | None:
+        carry = data.get("carry")
+        return None if carry is None else Groups.from_json(carry)

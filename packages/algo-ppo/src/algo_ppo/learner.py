@@ -114,7 +114,8 @@ class PPOLearner(PolicyGradientLearner):
 
     def critic_values(self, example: TrainExample) -> np.ndarray:
         """[B, T] float32 values of the example's completions under the current critic, on the host."""
-        values = self._values(None, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+        values = self._values(self.model_state(CRITIC).params, example.prompt_tokens, example.prompt_mask,
+                              example.completion_tokens,
                               written_logp(example), mask=example.completion_mask)
         return np.asarray(multihost.to_host(values), np.float32)
 

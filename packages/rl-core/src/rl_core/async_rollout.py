@@ -21,6 +21,11 @@ functions that wait on a process, a judge or a sandbox). In a multi-process run 
 processes must issue their collective programs in one order, which two threads per
 process cannot promise, so there the collection runs on the calling thread after the
 update is dispatched (same results, less overlap).
+
+`batch_ahead` and `update_beside` are functions of what they are given (the collect and
+examples functions, the batch in flight, the `Supply` of prompts, carry and key, the
+weights to pin, the rollout thread) and return new values: the batch in flight and the
+supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
 from __future__ import annotations
@@ -28,16 +33,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 
-from rl_core.data import Prompt
+from rl_core.data import Prompt, Supply
 from rl_core.faults import fault_point
 from rl_core.types import StepBatch, TrainExample
-
-if TYPE_CHECKING:
-    from rl_core.learner import RLLearner
 
 
 class CollectHalves:
@@ -45,10 +47,11 @@ class CollectHalves:
     `produce_examples` in two halves, and the JSON form of the half-way batch for the
     checkpoint of the batch in flight. A learner without them runs synchronously only."""
 
-    def collect(self, prompts: Sequence[Prompt]) -> Any:
-        """The rollout half: sample (through `generate`, which uses the pinned weights) and score.
-        It runs beside the update: it must not read the trained parameters nor write what
-        `examples_from` reads."""
+    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """The rollout half: sample (through `generate`, which uses the pinned weights) and score;
+        returns the batch and `supply` as the collection leaves it (more prompts drawn, the
+        algorithm's carry). It runs beside the update: it must not read the trained parameters
+        nor write what `examples_from` reads."""
         raise NotImplementedError
 
     def examples_from(self, batch: Any) -> StepBatch:
@@ -76,29 +79,22 @@ class RolloutThread:
 
     def __init__(self, *, threaded: bool) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if threaded else None
-        self._running: Future | Callable[[], InFlight] | None = None
+        self._running: Future | Callable[[], Any] | None = None
         self._done_at = 0.0
 
     @classmethod
-    def for_learner(cls, learner: RLLearner) -> RolloutThread | None:
-        """The learner's rollout thread for `training.async_rollout` (None when off; in line in a
-        multi-process run); the learner must implement `CollectHalves`."""
-        mode = learner.training.async_rollout
-        if mode == "off":
-            return None
-        if type(learner).collect is CollectHalves.collect:
-            raise ValueError(f"training.async_rollout = {mode!r}: {type(learner).__name__} implements "
-                             "produce_examples only, not its halves collect / examples_from / batch_to_json / "
-                             "batch_from_json that async rollouts run apart")
-        return cls(threaded=jax.process_count() == 1)
+    def for_mode(cls, mode: str) -> RolloutThread | None:
+        """The rollout thread for `training.async_rollout = mode` (None when off; in line in a
+        multi-process run)."""
+        return None if mode == "off" else cls(threaded=jax.process_count() == 1)
 
-    def start(self, collect: Callable[[], InFlight]) -> None:
+    def start(self, collect: Callable[[], Any]) -> None:
         """Begin `collect()` on the rollout thread (in line: it runs in `finish`)."""
         if self._pool is None:
             self._running = collect
             return
 
-        def timed() -> InFlight:
+        def timed() -> Any:
             try:
                 return collect()
             finally:
@@ -106,8 +102,8 @@ class RolloutThread:
 
         self._running = self._pool.submit(timed)
 
-    def finish(self) -> tuple[InFlight, dict[str, float]]:
-        """The collected batch, once done, and the waits: `time/wait_rollout`, seconds this
+    def finish(self) -> tuple[Any, dict[str, float]]:
+        """What the collection returned, once done, and the waits: `time/wait_rollout`, seconds this
         thread waited for it; `time/wait_update`, seconds it was done before this thread."""
         running, self._running = self._running, None
         if not isinstance(running, Future):  # in line, after the caller's work: a fixed dispatch order
@@ -128,42 +124,56 @@ class RolloutThread:
             self._pool.shutdown(wait=True)
 
 
-def batch_ahead(learner: RLLearner) -> StepBatch:
-    """This step's batch (collected during the last step, or now on the first) as examples under
-    the current weights, while the next batch is collected beside it with these weights pinned;
-    `update_beside` then runs the update and takes the collection."""
-    n = learner.training.prompts_per_step
-    if learner.in_flight is None:  # the first step, or a resume from a synchronous run's checkpoint
-        learner.in_flight = InFlight(learner.collect(learner.data.next(n)), learner.step)
-    this = learner.in_flight
-    prompts, version = learner.data.next(n), learner.step
-    learner.rollouts.pin(version)
+class Pinning(Protocol):
+    """Where rollouts sample (rl_core.generation.PolicyRollouts): weights pinned for a collection."""
 
-    def collect_next() -> InFlight:
-        collected = learner.collect(prompts)
-        fault_point("in_flight", learner.step + 1)  # the next batch collected, the update maybe not done
-        return InFlight(collected, version)
+    def pin(self, version: int, params: Any) -> None: ...
 
-    learner.ahead.start(collect_next)
+    def unpin(self) -> None: ...
+
+
+def batch_ahead(*, collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]],
+                examples_from: Callable[[Any], StepBatch], in_flight: InFlight | None, supply: Supply,
+                prompts_per_step: int, version: int, params: Any, rollouts: Pinning, thread: RolloutThread
+                ) -> StepBatch:
+    """This step's batch as examples under the current weights `params` (step count `version`):
+    `in_flight`, collected during the last step, or collected now from `supply` on the first
+    step (or a resume from a synchronous run's checkpoint). Meanwhile the next batch is collected
+    on `thread` from `supply` with these weights pinned in `rollouts`; `update_beside` then runs
+    the update and returns it (InFlight) with the supply past it."""
+    if in_flight is None:
+        prompts, supply = supply.draw(prompts_per_step)
+        collected, supply = collect(prompts, supply)
+        in_flight = InFlight(collected, version)
+    prompts, supply = supply.draw(prompts_per_step)
+    rollouts.pin(version, params)
+
+    def collect_next() -> tuple[InFlight, Supply]:
+        collected, after = collect(prompts, supply)
+        fault_point("in_flight", version + 1)  # the next batch collected, the update maybe not done
+        return InFlight(collected, version), after
+
+    thread.start(collect_next)
     try:
-        batch = learner.examples_from(this.batch)  # the proximal log-prob pass runs beside the collection
+        batch = examples_from(in_flight.batch)  # the proximal log-prob pass runs beside the collection
     except BaseException:
-        learner.ahead.abandon()
-        learner.rollouts.unpin()
+        thread.abandon()
+        rollouts.unpin()
         raise
-    return batch._replace(metrics={**batch.metrics, "async/staleness": float(learner.step - this.version)})
+    return batch._replace(metrics={**batch.metrics, "async/staleness": float(version - in_flight.version)})
 
 
-def update_beside(learner: RLLearner, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
-    """The update on `example` while the collection `batch_ahead` started goes on; the update's
-    statistics and the waits. The batch collected is then in flight, and the rollouts follow
-    the policy's weights again."""
+def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, rollouts: Pinning,
+                  thread: RolloutThread) -> tuple[Any, InFlight, Supply, dict[str, float]]:
+    """`update(example)` while the collection `batch_ahead` started goes on: what the update
+    returned, the batch collected (now in flight), the supply past it and the waits. The
+    rollouts follow the policy's weights again."""
     try:
-        results = learner.update_models(example)
-        learner.in_flight, waits = learner.ahead.finish()
+        results = update(example)
+        (in_flight, supply), waits = thread.finish()
     except BaseException:
-        learner.ahead.abandon()
+        thread.abandon()
         raise
     finally:
-        learner.rollouts.unpin()  # the collection is over: evaluation and export use the current weights
-    return results, waits
+        rollouts.unpin()  # the collection is over: evaluation and export use the current weights
+    return results, in_flight, supply, waits

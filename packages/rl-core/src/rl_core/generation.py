@@ -72,22 +72,22 @@ class PolicyRollouts:
         return encode_prompts(self.tokenizer, [p.text for p in prompts], max_tokens=self.rollout.max_prompt_tokens)
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None, *,
-                 num_samples: int, key: jax.Array, version: int) -> Completions:
-        """`num_samples` completions per prompt row with the policy's current parameters (row
-        i * num_samples + j is sample j of prompt i); new weights go to the backend as `version`."""
-        if self.pinned is None and self._weights_of is not self.policy.params:  # new parameters since the last rollout
-            self.backend.update_weights(self._whole(self.policy.params), version)
-            self._weights_of = self.policy.params
+                 num_samples: int, key: jax.Array, version: int, params: Any) -> Completions:
+        """`num_samples` completions per prompt row with the policy's trained `params` (row
+        i * num_samples + j is sample j of prompt i; the pinned weights instead while pinned);
+        new weights go to the backend as `version`."""
+        if self.pinned is None and self._weights_of is not params:  # new parameters since the last rollout
+            self.backend.update_weights(self._whole(params), version)
+            self._weights_of = params
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
         if self.apart:  # the learner's key lives on the training devices
             key = jax.device_put(key, mesh_lib.replicated(self.mesh))
         return self.backend.generate(Requests(prompt_tokens, prompt_mask, num_samples), sampling, key)
 
-    def pin(self, version: int, params: Any = None) -> None:
-        """Sample with `params` (default: the policy's current trained parameters) as weight
-        `version` until `unpin`, while updates go on: a backend that keeps a reference to
-        the weights gets a copy, as the next update donates the parameters' buffers."""
-        params = self.policy.params if params is None else params
+    def pin(self, version: int, params: Any) -> None:
+        """Sample with trained `params` as weight `version` until `unpin`, while updates go on:
+        a backend that keeps a reference to the weights gets a copy, as the next update donates
+        the parameters' buffers."""
         if getattr(self.backend, "keeps_reference", False) and not self.apart:  # apart: a transfer copies
             params = _copy(params)
         self.backend.update_weights(self._whole(params), version)

@@ -1,12 +1,22 @@
 """The base RL learner: the loop every algorithm shares, wired from parts with one job each.
 
   models     the trained models by name, each a `rl_core.trainable.TrainableModel`
-             (parameters, frozen base, shardings, optimizer state, one pure jitted
-             update): "policy" always; an algorithm may add more (PPO's "critic")
+             (frozen base, shardings, optimizer, one pure jitted update
+             `(state, batch) -> (state, stats)`): "policy" always; an algorithm may add
+             more (PPO's "critic")
   rollouts   the policy's sampler and rollout backend (`rl_core.generation`, rl_core.rollout)
   recorder   the run recorder (`rl_core.recorder`): metrics, samples, checkpoints
   layout     the mini- and micro-batch split on the mesh (`rl_core.layout`)
   guard      the counts and stops of non-finite updates (`rl_core.update_stats`)
+
+What a step changes is one value the learner holds, `state` (rl_core.learner_state.
+LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
+the batch in flight, the algorithm's carry); `params`, `opt_state`, `rng`, `step`,
+`in_flight`, ... read it. Only the learner replaces it, from what its parts return: a
+collection returns its batch and the `Supply` past it (rl_core.data: position, carry,
+key), async rollouts return the batch in flight (rl_core.async_rollout), a checkpoint
+loads into a new value (rl_core.learner_state). Arrows run from the learner to its
+parts, never back: no part takes the learner.
 
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
 on a schedule and exact resume. An algorithm fills the abstract hooks: what a step
@@ -20,7 +30,7 @@ rl_core.pipeline.PolicyGradientLearner fills them with the pipeline every algori
 package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
-mini-batches -> `models[name].update(mini)` (rl_core.trainable) -> the jitted
+mini-batches -> `models[name].update(state, mini)` (rl_core.trainable) -> the jitted
 `make_update` -> `summed_grads` -> the algorithm's `loss_function()` (for the pipeline's
 learners, rl_core.objective.policy_objective -> policy_gradient_loss).
 
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,23 +59,23 @@ from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core.async_rollout import CollectHalves, InFlight, RolloutThread, batch_ahead, update_beside
+from rl_core.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
 from rl_core.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
-from rl_core.data import Prompt, PromptDataset, PromptStream
+from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
 from rl_core.generation import PolicyRollouts, rollout_prompts
 from rl_core.layout import BatchLayout
 from rl_core.mesh import data_mesh
-from rl_core.learner_state import POLICY, load_state, state_arrays, state_meta
+from rl_core.learner_state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
 from rl_core.policy import PagedModel
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
 from rl_core.sampler import Completions, SamplingParams
 from rl_core.tokens import Tokenizer
-from rl_core.trainable import LossFn, LossOutput, TrainableModel
+from rl_core.trainable import LossFn, LossOutput, TrainableModel, TrainState
 from rl_core.trim import trim_example, trimmed_width
 from rl_core.types import StepBatch, TrainExample
 from rl_core.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
@@ -83,9 +94,13 @@ def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _policy_attribute(name: str, doc: str | None = None) -> property:
-    """The policy part's attribute `name`, read and written through the learner."""
-    return property(lambda self: getattr(self.models[POLICY], name),
-                    lambda self, value: setattr(self.models[POLICY], name, value), doc=doc)
+    """The policy part's attribute `name`, read through the learner."""
+    return property(lambda self: getattr(self.models[POLICY], name), doc=doc)
+
+
+def _state_field(name: str, doc: str | None = None) -> property:
+    """Field `name` of the learner's state, read-only (the learner replaces its state whole)."""
+    return property(lambda self: getattr(self._state, name), doc=doc)
 
 
 class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
@@ -128,15 +143,21 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if rollout.top_k > policy.vocab_size:
             raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
         self.models: dict[str, TrainableModel] = {}
+        # everything a step changes, one value (rl_core.learner_state); on the mesh, replicated:
+        # every process splits the same key the same way
+        self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
+                                                                      mesh_lib.replicated(self.mesh)))
         self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss_fn=self.loss_function())
-        # on the mesh, replicated: every process splits the same key the same way
-        self.rng = multihost.to_global(jax.random.PRNGKey(rollout.seed), mesh_lib.replicated(self.mesh))
         self.data = PromptStream(train_data, seed=training.seed)
-        self.step, self._stop_requested = 0, False
+        self._keys = threading.local()  # a running collection's own key stream (see `collect_supplied`)
+        self._stop_requested = False
         self.guard = UpdateGuard(training)
-        # one-step-off-policy rollouts: the batch collected ahead, and where it is collected
-        self.in_flight: InFlight | None = None
-        self.ahead = RolloutThread.for_learner(self)
+        # one-step-off-policy rollouts: where the batch ahead is collected
+        if training.async_rollout != "off" and type(self).collect is CollectHalves.collect:
+            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} implements "
+                             "produce_examples only, not its halves collect / examples_from / batch_to_json / "
+                             "batch_from_json that async rollouts run apart")
+        self.ahead = RolloutThread.for_mode(training.async_rollout)
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.PagedModel; rollout.engine='paged' needs it)
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
@@ -154,8 +175,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         training = dataclasses.replace(self.training, learning_rate=learning_rate)
         total_updates = self.training.num_steps * self.num_iterations * self.num_mini_batches
         optimizer = make_optimizer(training, total_updates)
-        self.models[name] = TrainableModel(module, name=name, optimizer=optimizer, loss_fn=loss_fn, layout=self.layout)
-        return self.models[name]
+        self.models[name] = part = TrainableModel(module, name=name, optimizer=optimizer, loss_fn=loss_fn,
+                                                  layout=self.layout)
+        self._state = self._state.with_model(name, part.init_state(module))
+        return part
 
     # -- hooks an algorithm fills -------------------------------------------------------
 
@@ -189,12 +212,70 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         warm-up trains the critic alone)."""
         return list(self.models)
 
-    def extra_state(self) -> dict[str, Any]:
-        """JSON-serializable algorithm state to checkpoint (e.g. carried-over groups)."""
+    def carry_to_json(self, carry: Any) -> dict[str, Any]:
+        """The algorithm's carry (LearnerState.carry, e.g. carried-over groups) as the JSON a
+        checkpoint holds (its `extra`)."""
         return {}
 
-    def load_extra_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what `extra_state` returned."""
+    def carry_from_json(self, data: Mapping[str, Any]) -> Any:
+        """The carry `carry_to_json` wrote (None by default)."""
+        return None
+
+    def extra_state(self) -> dict[str, Any]:
+        """The current carry as a checkpoint holds it."""
+        return self.carry_to_json(self._state.carry)
+
+    # -- the state: one value, read here, replaced only by the learner ----------------------
+
+    state = property(lambda self: self._state, doc="everything a step changes (rl_core.learner_state.LearnerState)")
+    rng = _state_field("rng", "the training key stream's PRNG key")
+    step = _state_field("step", "the steps done")
+    data_position = _state_field("data_position", "the prompt stream's position")
+    in_flight = _state_field("in_flight", "the batch collected ahead (async rollouts), or None")
+    carry = _state_field("carry", "the algorithm's carry between steps (DAPO's surplus groups)")
+    params = property(lambda self: self._state.models[POLICY].params, doc="the policy's trained parameters (float32 masters)")
+    opt_state = property(lambda self: self._state.models[POLICY].opt_state, doc="the policy's optimizer state")
+
+    def model_state(self, name: str) -> TrainState:
+        """Trained model `name`'s (params, opt_state)."""
+        return self._state.models[name]
+
+    def replace_state(self, state: LearnerState | None = None, *, params: Any = None, opt_state: Any = None,
+                      **fields: Any) -> None:
+        """Take `state` (default the current one) with `fields` of LearnerState replaced, and the
+        policy's `params` / `opt_state` when given: how a caller stages a scenario (a resume, a
+        carried batch) without writing the learner's attributes."""
+        state = (state or self._state)._replace(**fields)
+        if params is not None or opt_state is not None:
+            policy = state.models[POLICY]
+            state = state.with_model(POLICY, TrainState(policy.params if params is None else params,
+                                                        policy.opt_state if opt_state is None else opt_state))
+        self._state = state
+
+    def use_prompts(self, train_data: Sequence[Prompt] | PromptDataset, *, seed: int) -> None:
+        """Draw prompts from `train_data` (epochs shuffled by `seed`) from its start on."""
+        self.data = PromptStream(train_data, seed=seed)
+        self._state = self._state._replace(data_position=0)
+
+    def supply(self) -> Supply:
+        """What the next collection draws on: the prompt stream at the state's position, the carry
+        and the key."""
+        return Supply(self.data, self._state.data_position, self._state.carry, self._state.rng)
+
+    def collect_supplied(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """`collect(prompts, supply)` with the sampling keys (`next_key`) split from `supply.rng`
+        on this thread, and the supply past it with the key it leaves: a collection on the
+        rollout thread draws keys without touching the learner's state."""
+        self._keys.key = supply.rng
+        try:
+            collected, after = self.collect(prompts, supply)
+            return collected, after._replace(rng=self._keys.key)
+        finally:
+            del self._keys.key
+
+    def _take_supply(self, supply: Supply) -> None:
+        """The state past a collection: the stream's position, the carry and the key it left."""
+        self._state = self._state._replace(data_position=supply.position, carry=supply.carry, rng=supply.rng)
 
     # -- the policy part's attributes and the guard's counts, as the learner's own -----------
 
@@ -202,8 +283,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def policy_part(self) -> TrainableModel:
         return self.models[POLICY]
 
-    params = _policy_attribute("params", "the policy's trained parameters (float32 masters)")
-    opt_state = _policy_attribute("opt_state", "the policy's optimizer state")
     graphdef, frozen, tx = (_policy_attribute(name) for name in ("graphdef", "frozen", "tx"))
     param_shardings, frozen_shardings, opt_shardings = (
         _policy_attribute(name) for name in ("param_shardings", "frozen_shardings", "opt_shardings"))
@@ -221,7 +300,14 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return self.loss_function()(model, example)
 
     def next_key(self) -> jax.Array:
-        self.rng, key = _split_key(self.rng)
+        """The training key stream's next key: the running collection's on its thread (see
+        `collect_supplied`), else the state's."""
+        running = getattr(self._keys, "key", None)
+        if running is not None:
+            self._keys.key, key = _split_key(running)
+            return key
+        rng, key = _split_key(self._state.rng)
+        self._state = self._state._replace(rng=rng)
         return key
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +322,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         stream, or evaluating would change the run)."""
         key = self.next_key() if key is None else key
         return self.rollouts.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
-                                      version=self.step)
+                                      version=self.step, params=self.params)
 
     # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
 
@@ -250,12 +336,12 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
         with the frozen base) as one tree, as the sampler and `nnx.merge` take them."""
-        return self.policy_part.whole_params(params)
+        return self.policy_part.whole_params(self.params if params is None else params)
 
     def reference_params(self, policy: nnx.Module) -> Any:
         """Trained-parameter values that make the reference policy, the initial one (with adapters:
         all-zero adapters over the same frozen base, so no second copy of the weights exists)."""
-        return self.policy_part.initial_params(policy)
+        return self.policy_part.initial_params(policy, self.params)
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params` (0 past the trimmed width)."""
@@ -280,7 +366,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     @property
     def model(self) -> nnx.Module:
         """The current policy as an NNX module (a view for evaluation and export)."""
-        return self.policy_part.module()
+        return self.policy_part.module(self.params)
 
     def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Algorithm-specific metrics on held-out prompts, added to each scheduled and final
@@ -314,12 +400,23 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def train_step(self) -> dict[str, Any]:
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
+        n, state = self.training.prompts_per_step, self._state
         if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
-            batch = batch_ahead(self)
-        elif self.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
-            batch, self.in_flight = self.examples_from(self.in_flight.batch), None
+            batch = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from, in_flight=state.in_flight,
+                                supply=self.supply(), prompts_per_step=n, version=state.step, params=self.params,
+                                rollouts=self.rollouts, thread=self.ahead)
+        elif state.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
+            batch = self.examples_from(state.in_flight.batch)
+            self._state = self._state._replace(in_flight=None)
+        elif type(self).collect is CollectHalves.collect:  # produce_examples only
+            prompts, supply = self.supply().draw(n)
+            self._state = self._state._replace(data_position=supply.position)
+            batch = self.produce_examples(prompts)
         else:
-            batch = self.produce_examples(self.data.next(self.training.prompts_per_step))
+            prompts, supply = self.supply().draw(n)
+            collected, supply = self.collect_supplied(prompts, supply)
+            self._take_supply(supply)
+            batch = self.examples_from(collected)
         fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
             if self.ahead is not None:
@@ -331,7 +428,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         update_start = time.perf_counter()
         metrics = dict(batch.metrics)
         if self.ahead is not None:
-            results, waits = update_beside(self, batch.example)
+            results, in_flight, supply, waits = update_beside(self.update_models, batch.example,
+                                                              rollouts=self.rollouts, thread=self.ahead)
+            self._state = self._state._replace(in_flight=in_flight)
+            self._take_supply(supply)
             metrics.update(waits)
         else:
             results = self.update_models(batch.example)
@@ -344,7 +444,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         metrics["time/step"] = now - start
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
-        self.step += 1
+        self._state = self._state._replace(step=self._state.step + 1)
         every = self.eval_every_steps
         if self.eval_fn is not None and every and self.step % every == 0:
             metrics.update(self.eval_fn(self))
@@ -369,10 +469,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         minis = self.layout.mini_batches(example)
         names = list(self.models_to_update())
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        models = dict(self._state.models)
         for _ in range(self.num_iterations):
             for mini in minis:
                 for name in names:
-                    results[name].append(self.models[name].update(mini))
+                    models[name], stats = self.models[name].update(models[name], mini)
+                    results[name].append(stats)
+        self._state = self._state._replace(models=models)
         return multihost.to_host(results)
 
     def _update_metrics(self, results: Mapping[str, list[dict[str, Any]]]) -> dict[str, float]:
@@ -388,10 +491,11 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def checkpoint_arrays(self) -> dict[str, Any]:
         """The arrays a checkpoint holds (see rl_core.learner_state)."""
-        return state_arrays(self)
+        return state_arrays(self._state)
 
     def save_checkpoint(self) -> None:
-        self.recorder.save(self.step, arrays=state_arrays(self), meta=state_meta(self))
+        meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
+        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
         """Restore the newest checkpoint in the run folder that restores; True when one did.
@@ -399,9 +503,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         A damaged newer checkpoint is moved aside with one line in `log`; records the killed
         run wrote past the restored step are dropped (see rl_core.recorder).
         """
-        restored = self.recorder.restore(like=state_arrays(self), log=log)
+        restored = self.recorder.restore(like=state_arrays(self._state), log=log)
         if restored is not None:
-            load_state(self, *restored)
+            self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,
+                                     batch_from_json=self.batch_from_json)
         return restored is not None
 
     def _own_config(self) -> dict[str, Any]:

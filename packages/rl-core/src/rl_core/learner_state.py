@@ -1,47 +1,73 @@
-"""What a learner's checkpoint holds, and how a learner takes it back.
+"""The learner's state, one value, and what a checkpoint holds of it.
+
+`LearnerState` is everything a step changes: each trained model's TrainState by name, the
+PRNG key, the step count, the prompt stream's position, the batch in flight (async rollouts)
+and the algorithm's carry (DAPO's carried groups). The learner holds one and replaces it;
+nothing else writes it.
 
 Arrays (Orbax): the policy's trained parameters and optimizer state and the PRNG key
 at the top (the layout of every earlier checkpoint), each other model's (PPO's
 critic) under its name; never the frozen base. JSON: the step, the data stream's
-position, the algorithm's own state (`extra_state`, e.g. DAPO's carried groups) and,
+position, the algorithm's carry (`extra`, e.g. DAPO's carried groups) and,
 with async rollouts, the batch in flight (collected, not trained on yet) with the
 version of the weights that sampled it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 from rl_core.async_rollout import InFlight
-
-if TYPE_CHECKING:
-    from rl_core.learner import RLLearner
+from rl_core.trainable import TrainState
 
 POLICY = "policy"
 
 
-def state_arrays(learner: RLLearner) -> dict[str, Any]:
-    arrays = {"params": learner.params, "opt_state": learner.opt_state, "rng": learner.rng}  # never the frozen base
-    arrays.update({name: model.state._asdict() for name, model in learner.models.items() if name != POLICY})
+class LearnerState(NamedTuple):
+    """What a learner's step changes (see the module docstring)."""
+
+    models: Mapping[str, TrainState]
+    """Each trained model's (params, opt_state) by name: "policy" always, PPO's "critic"."""
+    rng: Any
+    """The training key stream's PRNG key (replicated on the mesh)."""
+    step: int = 0
+    data_position: int = 0
+    """The prompt stream's position: the next prompt a collection draws."""
+    in_flight: InFlight | None = None
+    """With async rollouts, the batch collected ahead of the step that trains on it."""
+    carry: Any = None
+    """The algorithm's own state between steps (DAPO: the surplus groups), None by default."""
+
+    def with_model(self, name: str, state: TrainState) -> LearnerState:
+        return self._replace(models={**self.models, name: state})
+
+
+def state_arrays(state: LearnerState) -> dict[str, Any]:
+    policy = state.models[POLICY]
+    arrays = {"params": policy.params, "opt_state": policy.opt_state, "rng": state.rng}  # never the frozen base
+    arrays.update({name: model._asdict() for name, model in state.models.items() if name != POLICY})
     return arrays
 
 
-def state_meta(learner: RLLearner) -> dict[str, Any]:
-    meta = {"step": learner.step, "data_position": learner.data.position, "extra": learner.extra_state()}
-    if learner.in_flight is not None:  # sampled, not trained on yet: the resumed run trains on it
-        flight = learner.in_flight
-        meta["in_flight"] = {"version": flight.version, "batch": learner.batch_to_json(flight.batch)}
+def state_meta(state: LearnerState, *, carry_to_json: Callable[[Any], Mapping[str, Any]],
+               batch_to_json: Callable[[Any], Any]) -> dict[str, Any]:
+    meta = {"step": state.step, "data_position": state.data_position, "extra": dict(carry_to_json(state.carry))}
+    if state.in_flight is not None:  # sampled, not trained on yet: the resumed run trains on it
+        flight = state.in_flight
+        meta["in_flight"] = {"version": flight.version, "batch": batch_to_json(flight.batch)}
     return meta
 
 
-def load_state(learner: RLLearner, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Put what `state_arrays` and `state_meta` saved back into `learner`."""
-    learner.params, learner.opt_state, learner.rng = arrays["params"], arrays["opt_state"], arrays["rng"]
-    for name, model in learner.models.items():
-        if name != POLICY:
-            model.params, model.opt_state = arrays[name]["params"], arrays[name]["opt_state"]
-    learner.step = int(meta["step"])
-    learner.data.position = int(meta["data_position"])
-    learner.load_extra_state(meta.get("extra", {}))
+def load_state(arrays: Mapping[str, Any], meta: Mapping[str, Any], *, models: Iterable[str],
+               carry_from_json: Callable[[Mapping[str, Any]], Any],
+               batch_from_json: Callable[[Any], Any]) -> LearnerState:
+    """The state `state_arrays` and `state_meta` saved, for a learner training `models`."""
+    trained = {name: TrainState(arrays["params"], arrays["opt_state"]) if name == POLICY
+               else TrainState(arrays[name]["params"], arrays[name]["opt_state"]) for name in models}
     flight = meta.get("in_flight")
-    learner.in_flight = None if flight is None else InFlight(learner.batch_from_json(flight["batch"]), int(flight["version"]))
+    return LearnerState(
+        models=trained, rng=arrays["rng"], step=int(meta["step"]), data_position=int(meta["data_position"]),
+        in_flight=None if flight is None else InFlight(batch_from_json(flight["batch"]), int(flight["version"])),
+        carry=carry_from_json(meta.get("extra", {})),
+    )

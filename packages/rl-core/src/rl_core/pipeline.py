@@ -2,8 +2,10 @@
 overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
 produce_examples(prompts)
-  = collect(prompts)                 the rollout half (async rollouts run it beside the update)
-    = collect_groups(prompts)        rollout + score (DAPO overrides only this)
+  = collect(prompts, supply)         the rollout half (async rollouts run it beside the update)
+    = sample_groups(prompts, supply) the step's groups and the supply past them (DAPO's
+                                     dynamic sampling overrides this: more prompts, a carry)
+      = collect_groups(prompts)      rollout + score
   -> examples_from(groups)           the training half, under the current weights
     = example_from_groups(groups)    what the update needs (PPO overrides this):
        compute_advantages(groups)    the configured estimator
@@ -51,7 +53,7 @@ import numpy as np
 
 from rl_core import multihost, registry
 from rl_core.behaviour import LogprobPasses
-from rl_core.data import Prompt
+from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.groups import TOTAL, Groups
 from rl_core.learner import RLLearner, StepBatch
@@ -142,18 +144,26 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return [f"step{step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        return self.examples_from(self.collect(prompts))
+        """The examples of `prompts` drawing on the current supply (`train_step` runs the halves
+        and keeps the supply they return; this keeps none)."""
+        return self.examples_from(self.collect(prompts, self.supply())[0])
 
-    def collect(self, prompts: Sequence[Prompt]) -> Groups:
-        """Scored groups, with what their collection cost in `info` (timings, tokens, failures)."""
+    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+        """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
+        and the supply past them."""
         self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
         self._generated_tokens = 0
         self._reward_failed = 0
-        groups = self.collect_groups(prompts)
+        groups, supply = self.sample_groups(prompts, supply)
         # every sampled token counts, including groups a variant then drops
         info = {**self._timings, "perf/generated_tokens": float(self._generated_tokens),
                 "rewards/failed": float(self._reward_failed)}
-        return dataclasses.replace(groups, info={**groups.info, **info})
+        return dataclasses.replace(groups, info={**groups.info, **info}), supply
+
+    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+        """The step's scored groups from `prompts` and what `supply` holds, and the supply past
+        them (default: one group per prompt, the supply unchanged)."""
+        return self.collect_groups(prompts), supply
 
     def examples_from(self, groups: Groups) -> StepBatch:
         self._timings = {name: groups.info.get(name, 0.0) for name in ("time/rollout", "time/reward")}

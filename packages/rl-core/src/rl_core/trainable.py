@@ -1,12 +1,13 @@
-"""One trained model: its parameters, frozen base, shardings, optimizer state and one jitted update.
+"""One trained model: its frozen base, shardings, optimizer and one jitted update; not its state.
 
-The learner holds one `TrainableModel` per model it trains, by name (`policy`; PPO adds
-`critic`). Each is made from an NNX module, an optax optimizer and the loss of one
-micro-batch, and owns:
+The learner trains one `TrainableModel` per model, by name (`policy`; PPO adds `critic`).
+Each is made from an NNX module, an optax optimizer and the loss of one micro-batch. What
+an update changes, the model's `TrainState` (float32 master weights of its trained
+parameters, laid out by the mesh rules (rl_core.mesh) whatever dtype the module stores them
+in, so a float32 update is never rounded onto bfloat16 parameters, and their optimizer
+state), is a value the learner holds (rl_core.learner_state.LearnerState): the part makes the
+first one (`init_state`) and turns one into the next (`update`). The part owns:
 
-  - float32 master weights of its trained parameters (`params`) and their optimizer
-    state, laid out by the mesh rules (rl_core.mesh), whatever dtype the module
-    stores them in: a float32 update is never rounded onto bfloat16 parameters;
   - the frozen base (`frozen`, empty without adapters; see rl_core.frozen), placed
     once and passed to every program, never copied or donated;
   - `update_step`, one jitted program `(state, frozen, batch) -> (state, stats)` with
@@ -156,42 +157,42 @@ class TrainableModel:
         # already sit in their shardings (the trainer builds them so) copies nothing.
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
         self.shardings = self.model_shardings.whole
-        # Float32 master weights (the module casts them to its compute dtype where used),
-        # copied inside one program that writes each shard where it belongs.
-        self.params = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
-            nnx.to_pure_dict(params)
-        )
         self.tx = optimizer
-        self.opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings)(self.params)
         # traced under the mesh's activation layout: rows split, weights gathered (rl_core.mesh)
         self.update_step = update_program(self.graphdef, optimizer, loss_fn, self.model_shardings, mesh)
 
-    @property
-    def state(self) -> TrainState:
-        return TrainState(self.params, self.opt_state)
+    def init_state(self, module: nnx.Module) -> TrainState:
+        """The state training starts from: float32 master weights of `module`'s trained parameters
+        (the module casts them to its compute dtype where used), copied inside one program that
+        writes each shard where it belongs, and the optimizer's initial state."""
+        _, params, _, _ = frozen_lib.split_policy(module)
+        masters = jax.jit(lambda p: jax.tree.map(_master_copy, p), out_shardings=self.param_shardings)(
+            nnx.to_pure_dict(params)
+        )
+        return TrainState(masters, jax.jit(self.tx.init, out_shardings=self.opt_shardings)(masters))
 
-    def update(self, batch: Any) -> dict[str, Any]:
-        """One optimizer step over `batch` (micro-batches stacked on axis 0); its statistics
-        (loss, grad_norm, finite, empty and the loss's metric sums, maxima and minima)."""
-        state, stats = self.update_step(self.state, self.frozen, batch)
-        self.params, self.opt_state = state
-        return stats
+    def update(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
+        """One optimizer step over `batch` (micro-batches stacked on axis 0): the new state (`state`
+        is donated) and its statistics (loss, grad_norm, finite, empty and the loss's metric sums,
+        maxima and minima)."""
+        return self.update_step(state, self.frozen, batch)
 
-    def whole_params(self, params: Any = None) -> dict[str, Any]:
-        """Trained `params` (default the current ones) joined with the frozen base: the tree
-        `nnx.merge(graphdef, ...)` and the samplers take."""
-        return frozen_lib.join(self.params if params is None else params, self.frozen)
+    def whole_params(self, params: Any) -> dict[str, Any]:
+        """Trained `params` joined with the frozen base: the tree `nnx.merge(graphdef, ...)` and
+        the samplers take."""
+        return frozen_lib.join(params, self.frozen)
 
-    def module(self, params: Any = None) -> nnx.Module:
-        """The model with `params` (default the current ones) as an NNX module (a view)."""
-        return nnx.merge(self.graphdef, self.params if params is None else params, self.frozen)
+    def module(self, params: Any) -> nnx.Module:
+        """The model with trained `params` as an NNX module (a view)."""
+        return nnx.merge(self.graphdef, params, self.frozen)
 
     def place(self, tree: Any) -> Any:
         """A params-shaped tree laid out like the trained parameters."""
         return jax.device_put(tree, self.param_shardings)
 
-    def initial_params(self, module: nnx.Module) -> Any:
-        """Trained-parameter values that give `module` as it was given (e.g. a reference policy).
+    def initial_params(self, module: nnx.Module, params: Any) -> Any:
+        """Trained-parameter values that give `module` as it was given (e.g. a reference policy),
+        shaped like trained `params`.
 
         With adapters it is the base with adapters off: all-zero adapters (their term is then
         exactly zero) over the same frozen base, so no second copy of the weights exists.
@@ -199,7 +200,7 @@ class TrainableModel:
         """
         if self.frozen:
             zeros = lambda p: jax.tree.map(jnp.zeros_like, p)  # noqa: E731
-            return jax.jit(zeros, out_shardings=self.param_shardings)(self.params)
+            return jax.jit(zeros, out_shardings=self.param_shardings)(params)
         return self.place(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
     def forward(self, fn: Callable[..., Any], *, chunk_tokens: int, packs: bool = False,
@@ -216,8 +217,7 @@ class ForwardPass:
 
     `pass_(params, prompt_tokens, prompt_mask, completion_tokens, *per_token, mask=...)` runs
     `fn(model, prompt_tokens, prompt_mask, completion_tokens, *per_token)` on one micro-batch at
-    a time (so it holds the activations the update holds) with `params` (None: the model's
-    current ones) and its frozen base; `per_token` are further [B, T] inputs (the critic's
+    a time (so it holds the activations the update holds) with trained `params` and its frozen base; `per_token` are further [B, T] inputs (the critic's
     log-probs). With the completion `mask`, at the trimmed width (rl_core.trim, in multiples of
     `chunk_tokens`), zeros beyond it.
     """
@@ -230,7 +230,6 @@ class ForwardPass:
 
     def __call__(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *per_token: Any,
                  mask: Any = None) -> Any:
-        params = self.part.params if params is None else params
         return self.part.layout.micro_batched(self.program, params, self.part.frozen, prompt_tokens, prompt_mask,
                                               completion_tokens, *per_token, mask=mask, chunk_tokens=self.chunk_tokens,
                                               packs=self.packs, shares=self.shares)
