@@ -139,11 +139,10 @@ def main() -> None:
     tokenizer = build.tokenizer(settings)
     learner = build.learner(settings, settings.task.build(), tokenizer, build.new_model(settings, tokenizer),
                             output_dir=None, progress=False)
-    examples, update = [], learner.update_models
-    learner.update_models = lambda example: examples.append(example) or update(example)
+    update = learner.update_models
     learner.train_step()  # compiles
-    learner.train_step()
-    example = examples[-1]
+    prompts, _ = learner.supply().draw(learner.training.prompts_per_step)
+    example = learner.produce_examples(prompts).example  # the second step's batch (nothing patched)
     cfg = learner.model.config
     peak = matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)["flops_per_sec"]
 

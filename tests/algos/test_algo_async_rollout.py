@@ -145,24 +145,31 @@ def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batch_in_flig
 
 
 def test_scoring_of_the_next_batch_runs_during_the_update():
-    run = make(GRPOLearner, GRPO, reward_delay=0.2)
-    run.train_step()  # step 1 collects its own batch first
     events = []
 
-    def traced(name, fn, *, pause=0.0):
-        def call(*args):
-            events.append((f"{name} start", threading.current_thread().name))
-            out = fn(*args)
-            time.sleep(pause)
-            events.append((f"{name} end", threading.current_thread().name))
-            return out
+    def traced(name, fn, *args, pause=0.0):
+        events.append((f"{name} start", threading.current_thread().name))
+        out = fn(*args)
+        time.sleep(pause)
+        events.append((f"{name} end", threading.current_thread().name))
+        return out
 
-        return call
+    class Traced(GRPOLearner):
+        tracing = False
 
-    # the update held for 1 s: the rollout thread's sampling of batch 3 (milliseconds when the
-    # machine is quiet) must not outlast the update on a busy one, or the overlap is not tested
-    run.update_models = traced("update", run.update_models, pause=1.0)
-    run.score = traced("score", run.score)
+        # the update held for 1 s: the rollout thread's sampling of batch 3 (milliseconds when the
+        # machine is quiet) must not outlast the update on a busy one, or the overlap is not tested
+        def run_updates(self, example):
+            if not self.tracing:
+                return super().run_updates(example)
+            return traced("update", super().run_updates, example, pause=1.0)
+
+        def score(self, groups):
+            return traced("score", super().score, groups) if self.tracing else super().score(groups)
+
+    run = make(Traced, GRPO, reward_delay=0.2)
+    run.train_step()  # step 1 collects its own batch first
+    Traced.tracing = True  # from step 2 on (a class of this test's own)
     metrics = run.train_step()
     order = [name for name, _ in events]
     # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread

@@ -39,7 +39,7 @@ from rl_core.sampler import Sampler, SamplingParams
 from rl_models import TransformerConfig
 
 from trainer import build
-from trainer.bench_critic import CRITIC, CriticTimer, critic_memory
+from trainer.bench_critic import CRITIC, critic_config, critic_flops, critic_memory, split
 from trainer.bench_critic import PHASE as CRITIC_PHASE
 from trainer.bench_flops import (
     block_matmul_weights,
@@ -58,47 +58,55 @@ from trainer.settings import build_settings
 
 
 class _Recorder:
-    """Counts the real tokens each model phase processes, by wrapping the learner's public steps."""
+    """Counts the real tokens each model phase processes: the learner's meter (rl_core.meter),
+    told the rows of every generation, scoring pass, trained batch and update."""
 
-    def __init__(self, learner: Any, cfg: TransformerConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: TransformerConfig) -> None:
+        self.cfg, self.learner, self.critic = cfg, None, None
         self.flops = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}  # model FLOPs (bench_flops)
         self.needed = dict(self.flops)  # needed FLOPs
         self.tokens = {"prompt": 0, "generated": 0, "trained": 0}
-        generate, compute_logprobs, produce = learner.generate, learner.compute_logprobs, learner.examples_from
 
-        def recording_generate(prompt_tokens, prompt_mask, sampling=None, *, num_samples=1, **options):
-            out = generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, **options)
-            prompt = np.asarray(prompt_mask).sum(axis=1)
-            lengths = np.asarray(out.lengths)  # the learner fetches these anyway
-            self.flops["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples, needed=False)
-            self.needed["rollout"] += sampling_flops(cfg, prompt, lengths, num_samples)
-            self.tokens["prompt"] += int(prompt.sum())
-            self.tokens["generated"] += int(lengths.sum())
-            return out
+    def watch(self, learner: Any) -> None:
+        """Count for `learner` (its layout shares prompts; a critic (PPO) is a phase of its own)."""
+        self.learner = learner
+        if CRITIC in learner.models:
+            self.critic = critic_config(learner)
+            self.flops[CRITIC_PHASE] = self.needed[CRITIC_PHASE] = 0.0
 
-        def shared_group(example) -> int:
-            return learner.layout.rows_per_prompt(example.prompt_tokens, example.prompt_mask)
+    def _add(self, phase: str, model: float, needed: float) -> None:
+        self.flops[phase] += model
+        self.needed[phase] += needed
 
-        def recording_logprobs(params, example):
-            out = compute_logprobs(params, example)
-            prompt, completion = example_tokens(example)
-            self.flops["logprob"] += scoring_flops(cfg, prompt, completion, needed=False)
-            self.needed["logprob"] += scoring_flops(cfg, prompt, completion, shared_group(example))
-            return out
+    def _shared_group(self, example: Any) -> int:
+        return self.learner.layout.rows_per_prompt(example.prompt_tokens, example.prompt_mask)
 
-        def recording_produce(collected):  # the training half: sync and async runs both call it
-            batch = produce(collected)
-            prompt, completion = example_tokens(batch.example)
-            passes = learner.num_iterations
-            self.flops["update"] += passes * training_flops(cfg, prompt, completion, needed=False)
-            self.needed["update"] += passes * training_flops(cfg, prompt, completion, shared_group(batch.example))
-            self.tokens["trained"] += int(learner.num_iterations * (prompt + completion).sum())
-            return batch
+    def generated(self, prompt_mask: Any, lengths: Any, num_samples: int) -> None:
+        cfg = self.cfg
+        prompt = np.asarray(prompt_mask).sum(axis=1)
+        lengths = np.asarray(lengths)  # the learner fetches these anyway
+        self._add("rollout", sampling_flops(cfg, prompt, lengths, num_samples, needed=False),
+                  sampling_flops(cfg, prompt, lengths, num_samples))
+        self.tokens["prompt"] += int(prompt.sum())
+        self.tokens["generated"] += int(lengths.sum())
 
-        learner.generate = recording_generate
-        learner.compute_logprobs = recording_logprobs
-        learner.examples_from = recording_produce
+    def scored(self, model: str, example: Any) -> None:
+        if model == CRITIC:  # its values pass at collection time, in the log-prob phase where it is timed
+            self._add("logprob", *critic_flops(self.critic, example, passes=1))
+            return
+        prompt, completion = example_tokens(example)
+        self._add("logprob", scoring_flops(self.cfg, prompt, completion, needed=False),
+                  scoring_flops(self.cfg, prompt, completion, self._shared_group(example)))
+
+    def trained(self, example: Any, passes: int) -> None:
+        prompt, completion = example_tokens(example)
+        self._add("update", passes * training_flops(self.cfg, prompt, completion, needed=False),
+                  passes * training_flops(self.cfg, prompt, completion, self._shared_group(example)))
+        self.tokens["trained"] += int(passes * (prompt + completion).sum())
+
+    def updated(self, model: str, batch: Any) -> None:
+        if model == CRITIC:  # forward and backward
+            self._add(CRITIC_PHASE, *critic_flops(self.critic, batch, passes=3))
 
     def take(self) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
         """(model FLOPs, needed FLOPs, tokens) by phase since the last take."""
@@ -196,13 +204,14 @@ def run_bench(
     if model:
         log(f"model: {model} ({type(tokenizer).__name__}, vocabulary {tokenizer.vocab_size})")
     policy = build.adapted(settings, policy)
-    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
+    recorder = _Recorder(cfg)
+    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False, meter=recorder)
+    recorder.watch(learner)
     memory = resident_memory(learner)
     log(f"trainable parameters {memory['trainable_parameters']:,}; per device: trained {memory['trained_bytes']:,} B, "
         f"optimizer state {memory['optimizer_state_bytes']:,} B, frozen base {memory['frozen_bytes']:,} B")
-    recorder = _Recorder(learner, cfg)
     # a critic (PPO): its update is timed as a phase of its own (trainer.bench_critic)
-    critic = CriticTimer(learner) if CRITIC in learner.models else None
+    critic = CRITIC in learner.models
     phases = (*PHASES, CRITIC_PHASE) if critic else PHASES
     if critic:
         memory |= critic_memory(learner)
@@ -220,8 +229,6 @@ def run_bench(
     for _ in range(p.warmup_steps - 1):
         learner.train_step()
     recorder.take()
-    if critic:
-        critic.take()
     compiles_before = compile_count()
     records = []
     wall = 0.0
@@ -229,12 +236,9 @@ def run_bench(
         start = time.perf_counter()
         record = learner.train_step()
         wall += time.perf_counter() - start
-        records.append(critic.split(record) if critic else record)
+        records.append(split(record) if critic else record)
     compiles_after = compile_count()
     flops, needed, tokens = recorder.take()
-    for name, (model_value, needed_value) in (critic.take() if critic else {}).items():
-        flops[name] = flops.get(name, 0.0) + model_value
-        needed[name] = needed.get(name, 0.0) + needed_value
 
     prefill, decode = _prefill_decode(learner, task, p)
     peak = merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))

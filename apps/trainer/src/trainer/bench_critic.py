@@ -2,11 +2,11 @@
 update as a phase of its own.
 
 The learner's update (`time/update`) trains the policy and then the critic on each mini-batch.
-Bench times the critic's updates apart: before each it waits for every model's pending work and
-after it for the critic's, so the seconds are the critic's alone (on a real run the two would
-overlap a little in dispatch; here they are serialised, which is what a per-phase time needs).
-A timed step's `time/update` then keeps the policy's share and `time/critic_update` gets the
-critic's.
+With a meter (rl_core.meter) the learner times the critic's updates apart: before each it waits
+for every model's pending work and after it for the critic's, so the seconds are the critic's
+alone (on a real run the two would overlap a little in dispatch; here they are serialised, which
+is what a per-phase time needs), and reports them as `time/critic_update`. Bench's `split` then
+leaves a timed step's `time/update` the policy's share.
 
 FLOPs of the critic (trainer.bench_flops' causal-forward model, nothing unembedded: the value
 head's D weights per position are not counted, like the norms): its update is forward and
@@ -18,7 +18,6 @@ and reads.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -42,46 +41,22 @@ def _forward_flops(config: Any, example: Any) -> tuple[float, float]:
             forward_flops(config, tokens, np.zeros_like(tokens), completion))
 
 
-class CriticTimer:
-    """Wraps a learner's critic update and values pass (see the module docstring)."""
+def critic_config(learner: Any) -> Any:
+    """The critic's backbone config (a critic_path model may differ from the policy's)."""
+    return learner.models[CRITIC].module(learner.model_state(CRITIC).params).config
 
-    def __init__(self, learner: Any) -> None:
-        part = learner.models[CRITIC]
-        self.config = part.module(learner.model_state(CRITIC).params).config  # the critic's backbone (a critic_path model may differ)
-        self.seconds, self.flops = 0.0, {PHASE: (0.0, 0.0), "logprob": (0.0, 0.0)}  # (model, needed)
-        update, values = part.update, learner.critic_values
 
-        def timed_update(state: Any, batch: Any) -> Any:
-            jax.block_until_ready(state)  # the update in progress holds the models' states
-            start = time.perf_counter()
-            state, stats = update(state, batch)
-            jax.block_until_ready(state.params)
-            self.seconds += time.perf_counter() - start
-            self._count(PHASE, batch, passes=3)  # forward and backward
-            return state, stats
+def critic_flops(config: Any, example: Any, passes: int) -> tuple[float, float]:
+    """(model, needed) FLOPs of `passes` forwards of the critic over the example's rows."""
+    model, needed = _forward_flops(config, example)
+    return passes * model, passes * needed
 
-        def counted_values(example: Any) -> np.ndarray:
-            out = values(example)
-            self._count("logprob", example, passes=1)
-            return out
 
-        part.update = timed_update  # the learner calls models[name].update(mini): this one, for the critic
-        learner.critic_values = counted_values
-
-    def _count(self, phase: str, example: Any, passes: int) -> None:
-        model, needed = _forward_flops(self.config, example)
-        self.flops[phase] = (self.flops[phase][0] + passes * model, self.flops[phase][1] + passes * needed)
-
-    def split(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A step's metrics with the critic's update seconds moved out of time/update into their own."""
-        seconds, self.seconds = self.seconds, 0.0
-        return record | {"time/update": record["time/update"] - seconds, f"time/{PHASE}": seconds}
-
-    def take(self) -> dict[str, tuple[float, float]]:
-        """The (model, needed) FLOPs counted since the last take, by phase."""
-        flops, self.flops = self.flops, dict.fromkeys(self.flops, (0.0, 0.0))
-        self.seconds = 0.0
-        return flops
+def split(record: dict[str, Any]) -> dict[str, Any]:
+    """A step's metrics with the critic's update seconds (the learner's `time/critic_update`,
+    timed apart with a meter; rl_core.meter) out of time/update."""
+    seconds = record.get(f"time/{PHASE}", 0.0)
+    return record | {"time/update": record["time/update"] - seconds, f"time/{PHASE}": seconds}
 
 
 def critic_memory(learner: Any) -> dict[str, int]:

@@ -27,6 +27,7 @@ from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core import registry, storage
 from rl_core.learner import RLLearner
+from rl_core.meter import Meter
 from rl_core.config import ConfigError
 from rl_core.tokens import Tokenizer
 from rl_models import (
@@ -319,6 +320,7 @@ def learner(
     *,
     output_dir: Path | storage.StagedFolder | None,
     progress: bool,
+    meter: Meter | None = None,
 ) -> RLLearner:
     algorithm = registry.get_algorithm(settings.algo)
     models = {"critic": critic} if "critic" in algorithm.learner.extra_models else {}
@@ -337,4 +339,5 @@ def learner(
         output_dir=output_dir,
         run_config=settings.resolved(),
         progress=progress,
+        meter=meter,  # a benchmark's (rl_core.meter)
     )

@@ -114,6 +114,8 @@ class PPOLearner(PolicyGradientLearner):
 
     def critic_values(self, example: TrainExample) -> np.ndarray:
         """[B, T] float32 values of the example's completions under the current critic, on the host."""
+        if self.meter is not None:
+            self.meter.scored(CRITIC, example)
         values = self._values(self.model_state(CRITIC).params, example.prompt_tokens, example.prompt_mask,
                               example.completion_tokens,
                               written_logp(example), mask=example.completion_mask)

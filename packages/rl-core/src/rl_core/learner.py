@@ -68,6 +68,7 @@ from rl_core.faults import fault_point
 from rl_core.generation import PolicyRollouts, rollout_prompts
 from rl_core.layout import BatchLayout
 from rl_core.mesh import data_mesh
+from rl_core.meter import Meter
 from rl_core.learner_state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
 from rl_core.policy import PagedModel
@@ -128,9 +129,11 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         run_config: Mapping[str, Any] | None = None,
         mesh: Mesh | None = None,
         progress: bool = False,
+        meter: Meter | None = None,
     ) -> None:
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         self.reward_manager, self.eval_fn = reward_manager, eval_fn
+        self.meter = meter  # told the rows each phase processes (rl_core.meter), for a benchmark
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
         self.mesh = mesh or mesh_lib.training_mesh(training)
         # in a multi-process run, process 0 alone writes files and shows progress
@@ -321,8 +324,11 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         training stream's next key unless `key` is given (an evaluation must not draw from the
         stream, or evaluating would change the run)."""
         key = self.next_key() if key is None else key
-        return self.rollouts.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
-                                      version=self.step, params=self.params)
+        out = self.rollouts.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
+                                     version=self.step, params=self.params)
+        if self.meter is not None:
+            self.meter.generated(prompt_mask, out.lengths, num_samples)
+        return out
 
     # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
 
@@ -345,6 +351,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def compute_logprobs(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """(logp, entropy) [B, T] of the example's completions under `params` (0 past the trimmed width)."""
+        if self.meter is not None:
+            self.meter.scored(POLICY, example)
         return self.logprob_pass(params, example)
 
     def update_is_off_policy(self) -> bool:
@@ -425,21 +433,24 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
+        if self.meter is not None:
+            self.meter.trained(batch.example, self.num_iterations)
         update_start = time.perf_counter()
         metrics = dict(batch.metrics)
         if self.ahead is not None:
-            results, in_flight, supply, waits = update_beside(self.update_models, batch.example,
-                                                              rollouts=self.rollouts, thread=self.ahead)
+            (results, apart), in_flight, supply, waits = update_beside(self.run_updates, batch.example,
+                                                                       rollouts=self.rollouts, thread=self.ahead)
             self._state = self._state._replace(in_flight=in_flight)
             self._take_supply(supply)
             metrics.update(waits)
         else:
-            results = self.update_models(batch.example)
+            results, apart = self.run_updates(batch.example)
         # the previous step's checkpoint was written while this step ran; it is on disk
         # before this step's records are, so the files never run more than a step ahead
         self.recorder.wait()
         now = time.perf_counter()
         metrics.update(self._update_metrics(results))
+        metrics.update(apart)
         metrics["time/update"] = now - update_start
         metrics["time/step"] = now - start
         if batch.generated_tokens:
@@ -464,19 +475,34 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         Returns each model's update statistics on the host, in order (loss, grad_norm,
         finite, empty, and its loss's metric sums, maxima and minima).
         """
+        return self.run_updates(example)[0]
+
+    def run_updates(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+        """`update_models(example)` and, with a meter, the seconds of each model's updates but the
+        policy's, timed apart (`time/<name>_update`)."""
         # only the columns up to the longest completion (a bucketed width; see rl_core.trim)
         example = trim_example(example, trimmed_width(example.completion_mask, self.rollout.logprob_chunk_tokens))
         minis = self.layout.mini_batches(example)
         names = list(self.models_to_update())
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         models = dict(self._state.models)
+        # with a meter, each other model's updates are timed apart: wait for the work before and after them
+        apart = {name: 0.0 for name in names if name != POLICY} if self.meter is not None else {}
         for _ in range(self.num_iterations):
             for mini in minis:
                 for name in names:
+                    if name in apart:
+                        jax.block_until_ready(models)
+                        start = time.perf_counter()
                     models[name], stats = self.models[name].update(models[name], mini)
+                    if name in apart:
+                        jax.block_until_ready(models[name])
+                        apart[name] += time.perf_counter() - start
+                    if self.meter is not None:
+                        self.meter.updated(name, mini)
                     results[name].append(stats)
         self._state = self._state._replace(models=models)
-        return multihost.to_host(results)
+        return multihost.to_host(results), {f"time/{name}_update": seconds for name, seconds in apart.items()}
 
     def _update_metrics(self, results: Mapping[str, list[dict[str, Any]]]) -> dict[str, float]:
         """Each model's updates summarised: the policy's as train/..., another's as <name>/...."""
