@@ -102,14 +102,13 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
         self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
-        self._reward_failed = 0
-        self._generated_tokens = 0
 
     @property
     def _timings(self) -> dict[str, float]:
-        """The seconds pipeline steps spent on the batch this thread works on (also valid when a
-        step is called on its own). Per thread: with async rollouts the rollout thread collects
-        the next batch while the calling thread turns this one into examples."""
+        """The seconds pipeline steps spent on the batch this thread works on, and what its
+        collection counted (tokens generated, reward failures); also valid when a step is called
+        on its own. Per thread, none of it the learner's state: with async rollouts the rollout
+        thread collects the next batch while the calling thread turns this one into examples."""
         local = self.__dict__.setdefault("_timings_of_thread", threading.local())
         if not hasattr(local, "timings"):
             local.timings = {"time/rollout": 0.0, "time/reward": 0.0}
@@ -151,13 +150,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them."""
-        self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
-        self._generated_tokens = 0
-        self._reward_failed = 0
-        groups, supply = self.sample_groups(prompts, supply)
         # every sampled token counts, including groups a variant then drops
-        info = {**self._timings, "perf/generated_tokens": float(self._generated_tokens),
-                "rewards/failed": float(self._reward_failed)}
+        self._timings = {"time/rollout": 0.0, "time/reward": 0.0, "perf/generated_tokens": 0.0, "rewards/failed": 0.0}
+        groups, supply = self.sample_groups(prompts, supply)
+        info = dict(self._timings)
         return dataclasses.replace(groups, info={**groups.info, **info}), supply
 
     def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
@@ -201,7 +197,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         rolled = self.rollout_prompts(prompts, g, key=key)
         out = rolled.completions
         self._timings["time/rollout"] += time.perf_counter() - start
-        self._generated_tokens += int(out.lengths.sum())
+        tally = self._timings
+        tally["perf/generated_tokens"] = tally.get("perf/generated_tokens", 0.0) + float(int(out.lengths.sum()))
         return Groups(
             group_size=g,
             prompts=tuple(prompts),
@@ -237,7 +234,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields)
         self._timings["time/reward"] += time.perf_counter() - start
         gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
-        self._reward_failed += int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())
+        failed = int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())
+        self._timings["rewards/failed"] = self._timings.get("rewards/failed", 0.0) + float(failed)
         return dataclasses.replace(
             groups,
             rewards=gather(result.total),
