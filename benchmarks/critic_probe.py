@@ -29,7 +29,7 @@ import optax
 from algo_ppo.learner import HELDOUT_SEED
 from ppo_critic import RUN
 from rl_core.logprobs import sequence_inputs
-from rl_core.returns import explained_variance
+from rl_core.math.returns import explained_variance
 from rl_core.values import written_logp
 from rl_models.value import prefix_confidence
 from trainer import build

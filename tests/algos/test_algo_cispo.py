@@ -9,9 +9,9 @@ import pytest
 
 from algo_cispo import CISPOConfig, cispo_loss
 from rl_core import registry
-from rl_core.aggregation import aggregate
+from rl_core.math.aggregation import aggregate
 from rl_core.config import ConfigError
-from rl_core.policy_losses import clipped_surrogate
+from rl_core.math.policy_losses import clipped_surrogate
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 PAPER = dict(eps_low=1.0, eps_high=0.28)  # no lower bound; eps_high as in CISPOConfig

@@ -19,7 +19,7 @@ import rl_models
 from algo_dr_grpo import DrGRPOConfig, DrGRPOLearner, dr_grpo_advantages
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core import registry
-from rl_core.advantages import grpo_advantages
+from rl_core.math.advantages import grpo_advantages
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 

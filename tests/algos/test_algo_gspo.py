@@ -11,7 +11,7 @@ import pytest
 from algo_grpo import GRPOConfig
 from algo_gspo import GSPOConfig, gspo_loss, gspo_token_loss, sequence_log_ratio
 from rl_core import registry
-from rl_core.aggregation import aggregate, per_token
+from rl_core.math.aggregation import aggregate, per_token
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 PAPER = dict(eps_low=3e-4, eps_high=4e-4)

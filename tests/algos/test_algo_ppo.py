@@ -16,7 +16,7 @@ from algo_ppo import PPOConfig, PPOLearner
 from flax import nnx
 from rl_core.config import ConfigError, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.returns import gae, token_rewards, whiten
+from rl_core.math.returns import gae, token_rewards, whiten
 from rl_models import (
     CharTokenizer,
     Transformer,

@@ -16,7 +16,7 @@ import rewards
 import rl_models
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core import registry
-from rl_core.aggregation import per_token
+from rl_core.math.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.objective import policy_gradient_loss

@@ -57,7 +57,7 @@ def test_builtin_math_is_registered_without_any_import_by_the_caller():
         """
         import sys
         from rl_core import registry
-        assert "rl_core.advantages" not in sys.modules
+        assert "rl_core.math.advantages" not in sys.modules
         fn = registry.get("advantage_estimator", "grpo")
         print(fn.__module__, *registry.registry.names("loss_aggregation"))
         """
@@ -65,7 +65,7 @@ def test_builtin_math_is_registered_without_any_import_by_the_caller():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     words = out.stdout.split()
-    assert words[0] == "rl_core.advantages"
+    assert words[0] == "rl_core.math.advantages"
     assert {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"} <= set(words[1:])
 
 

@@ -1,4 +1,4 @@
-"""rl_core.advantages: hand-computed GRPO / RLOO advantages, with and without jit, under vmap."""
+"""rl_core.math.advantages: hand-computed GRPO / RLOO advantages, with and without jit, under vmap."""
 
 import functools
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rl_core import registry
-from rl_core.advantages import grpo_advantages, rloo_advantages, uniform_groups
+from rl_core.math.advantages import grpo_advantages, rloo_advantages, uniform_groups
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 

@@ -1,4 +1,4 @@
-"""rl_core.aggregation: (total, denominator) per mode, padding rows, micro-batch exactness."""
+"""rl_core.math.aggregation: (total, denominator) per mode, padding rows, micro-batch exactness."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rl_core import registry
-from rl_core.aggregation import (
+from rl_core.math.aggregation import (
     aggregate,
     seq_mean_token_mean,
     seq_mean_token_sum,
@@ -169,7 +169,7 @@ def test_per_sequence_gradient_weights_by_hand(mode, weights):
 
 
 def test_per_token_spreads_only_one_value_per_row():
-    from rl_core.aggregation import per_token
+    from rl_core.math.aggregation import per_token
 
     np.testing.assert_array_equal(per_token(SEQ, SEQ_MASK)[:, 3], SEQ)
     assert per_token(X, MASK) is X  # a [B, T] array is left as it is

@@ -1,4 +1,4 @@
-"""rl_core.kl: k1, k2, k3 on hand-computed inputs, with and without jit, under vmap."""
+"""rl_core.math.kl: k1, k2, k3 on hand-computed inputs, with and without jit, under vmap."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rl_core import registry
-from rl_core.kl import k1, k2, k3
+from rl_core.math.kl import k1, k2, k3
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 

@@ -1,4 +1,4 @@
-"""rl_core.policy_losses: clipped surrogate values, clip indicators and gradients by hand."""
+"""rl_core.math.policy_losses: clipped surrogate values, clip indicators and gradients by hand."""
 
 import functools
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rl_core import registry
-from rl_core.policy_losses import PolicyLossAux, clipped_surrogate
+from rl_core.math.policy_losses import PolicyLossAux, clipped_surrogate
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 SYM = dict(eps_low=0.2, eps_high=0.2)
@@ -139,7 +139,7 @@ def test_garbage_at_padded_positions_leaves_loss_and_gradient_as_in_the_clean_ca
     # Row 0 has 2 real tokens, row 1 has 1; the padded positions of old_logp (and of logp,
     # through the forward pass) hold garbage. exp(logp - old) there would be inf or NaN,
     # and 0 * inf in the backward pass NaN: the log-ratio is zeroed before the exponent.
-    from rl_core.aggregation import token_mean
+    from rl_core.math.aggregation import token_mean
 
     mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     logp = jnp.log(jnp.array([[0.5, 0.25, 0.5], [0.225, 0.5, 0.5]]))
@@ -165,7 +165,7 @@ def test_garbage_at_padded_positions_leaves_loss_and_gradient_as_in_the_clean_ca
 
 
 def test_log_ratio_is_bounded():
-    from rl_core.policy_losses import LOG_RATIO_BOUND, log_ratio
+    from rl_core.math.policy_losses import LOG_RATIO_BOUND, log_ratio
 
     mask = jnp.ones((1, 3))
     d = log_ratio(jnp.array([[0.0, -100.0, 3.0]]), jnp.array([[-100.0, 0.0, 1.0]]), mask)
@@ -193,7 +193,7 @@ def test_per_token_advantages_by_hand(variant):
 
 @VARIANTS
 def test_truncated_is_weights_by_hand(variant):
-    from rl_core.policy_losses import truncated_is_weights
+    from rl_core.math.policy_losses import truncated_is_weights
 
     # old - sampler = [log 1.5, log 3, -log 2, garbage at a masked position]; C = 2:
     # weights min([1.5, 3, 0.5], 2) = [1.5, 2, 0.5], and 1 where masked.

@@ -1,4 +1,4 @@
-"""rl_core.returns: token rewards, GAE against a NumPy loop, whitening, explained variance.
+"""rl_core.math.returns: token rewards, GAE against a NumPy loop, whitening, explained variance.
 
 GAE is checked against the textbook recursion written as a plain loop over each row's
 real tokens (CleanRL's "vectorised vs loop" check), on random right-padded batches, and
@@ -15,7 +15,7 @@ import pytest
 
 from rl_core import registry
 from rl_core.protocols import check_signature
-from rl_core.returns import explained_variance, gae, gae_advantages, token_rewards, whiten
+from rl_core.math.returns import explained_variance, gae, gae_advantages, token_rewards, whiten
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 

@@ -1,4 +1,4 @@
-"""rl_core.value_losses: the clipped value loss by hand, its gradient, jit and vmap."""
+"""rl_core.math.value_losses: the clipped value loss by hand, its gradient, jit and vmap."""
 
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_core.value_losses import clipped_value_loss
+from rl_core.math.value_losses import clipped_value_loss
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import check
-from rl_core.policy_losses import PolicyLossAux, log_ratio, token_advantages
+from rl_core.math.policy_losses import PolicyLossAux, log_ratio, token_advantages
 from rl_core.registry import Algorithm
 
 

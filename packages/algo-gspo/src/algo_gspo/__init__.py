@@ -7,7 +7,7 @@ Changes from GRPO:
 2. Clipping per sequence: -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
    with the paper's eps_low = 3e-4, eps_high = 4e-4 (s_i moves far less than a token ratio).
 3. The loss is one term per sequence, averaged over sequences ("seq-mean-token-mean"
-   gives mean_i of a per-sequence term; rl_core.aggregation states the rule).
+   gives mean_i of a per-sequence term; rl_core.math.aggregation states the rule).
 4. beta = 0: the paper's objective has no KL term.
 
 GRPO's group-normalised advantages are kept. `policy_loss = "gspo_token"` is the
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.policy_losses import clipped_surrogate, log_ratio
+from rl_core.math.policy_losses import clipped_surrogate, log_ratio
 from rl_core.registry import Algorithm
 
 

@@ -22,17 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rl_core import multihost, registry
-from rl_core.aggregation import aggregate
+from rl_core.math.aggregation import aggregate
 from rl_core.data import Prompt
 from rl_core.episodes.runner import turn_reward_tokens
 from rl_core.groups import Groups
 from rl_core.learner import StepBatch
 from rl_core.pipeline import PolicyGradientLearner
 from rl_core.policy import ValueFunction
-from rl_core.returns import explained_variance, gae, token_rewards
+from rl_core.math.returns import explained_variance, gae, token_rewards
 from rl_core.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample
-from rl_core.value_losses import clipped_value_loss
+from rl_core.math.value_losses import clipped_value_loss
 from rl_core.values import completion_values, written_logp
 
 from algo_ppo.config import PPOConfig

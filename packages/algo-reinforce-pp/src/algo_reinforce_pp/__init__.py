@@ -19,7 +19,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.advantages import GRPO_STD_EPS, group_centered
+from rl_core.math.advantages import GRPO_STD_EPS, group_centered
 from rl_core.registry import Algorithm
 
 

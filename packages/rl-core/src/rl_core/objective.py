@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from rl_core import registry
-from rl_core.aggregation import per_token
+from rl_core.math.aggregation import per_token
 from rl_core.logprobs import completion_logprobs
 from rl_core.policy import Policy
 from rl_core.trainable import LossFn, LossOutput
-from rl_core.policy_losses import truncated_is_weights
+from rl_core.math.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def policy_gradient_loss(
     aggregated into (sum, denominator).
 
     A per-sequence policy loss [B] and its diagnostics are spread over their tokens
-    (rl_core.aggregation.per_token) before weighting and aggregation.
+    (rl_core.math.aggregation.per_token) before weighting and aggregation.
     """
     mask = example.completion_mask
     # No behaviour log-probs only on a provably on-policy step: rho == 1 exactly in value.

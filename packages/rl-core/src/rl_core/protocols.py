@@ -49,7 +49,7 @@ class AdvantageEstimator(Protocol):
 class TokenAdvantageEstimator(Protocol):
     """(rewards, values, mask [B, T]) -> (advantages [B, T], returns [B, T]), for a learner with a critic.
 
-    `rewards` are per token (rl_core.returns.token_rewards: the sequence reward at the
+    `rewards` are per token (rl_core.math.returns.token_rewards: the sequence reward at the
     last real token, minus beta * KL), `values` the critic's values before each token
     at collection time, `mask` 1.0 on the tokens of the loss; `returns` are the critic's
     targets. Group estimators (`AdvantageEstimator`) keep their own call: they need no
@@ -66,7 +66,7 @@ class PolicyLoss(Protocol):
 
     `loss` is per token [B, T] or per sequence [B]; the aux fields have the
     same shape as `loss`. A per-sequence term stands for the same value on
-    every real token of its sequence (see rl_core.aggregation), and a
+    every real token of its sequence (see rl_core.math.aggregation), and a
     sequence-level loss derives lengths from the mask: |y_i| = sum_t mask[i, t].
     """
 

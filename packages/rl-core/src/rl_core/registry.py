@@ -38,7 +38,7 @@ CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM, ENVIRONMENT)
 
 # rl_core modules whose decorators register the shared math.
 _BUILTIN_MODULES = (
-    "rl_core.advantages", "rl_core.returns", "rl_core.policy_losses", "rl_core.aggregation", "rl_core.kl",
+    "rl_core.math.advantages", "rl_core.math.returns", "rl_core.math.policy_losses", "rl_core.math.aggregation", "rl_core.math.kl",
 )
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ separate lower and upper clip widths, so one function serves GRPO
 Every policy loss is called as `fn(logp, old_logp, adv, mask, *, eps_low,
 eps_high, dual_clip)` (rl_core.protocols.PolicyLoss) and returns losses per
 token [B, T] or per sequence [B] together with diagnostics of the same shape;
-the caller aggregates both with the mask (rl_core.aggregation, which states
+the caller aggregates both with the mask (rl_core.math.aggregation, which states
 how a per-sequence term is weighed). The log-ratio is zeroed at masked positions before the
 exponent and bounded to +-LOG_RATIO_BOUND, so garbage in padding (or a
 runaway ratio) can never make the loss or its gradient non-finite.

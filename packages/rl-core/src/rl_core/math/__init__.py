@@ -1,0 +1,1 @@
+"""Pure math: advantages, returns, policy and value losses, KL estimators, loss aggregation."""
