@@ -46,7 +46,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from rl_core import frozen as frozen_lib  # noqa: E402
+from rl_core.policy import frozen as frozen_lib  # noqa: E402
 from rl_core import hlo, registry  # noqa: E402
 from rl_core import mesh as mesh_lib  # noqa: E402
 from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402

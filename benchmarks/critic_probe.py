@@ -28,9 +28,9 @@ import numpy as np
 import optax
 from algo_ppo.learner import HELDOUT_SEED
 from ppo_critic import RUN
-from rl_core.logprobs import sequence_inputs
+from rl_core.policy.logprobs import sequence_inputs
 from rl_core.math.returns import explained_variance
-from rl_core.values import written_logp
+from rl_core.policy.values import written_logp
 from rl_models.value import prefix_confidence
 from trainer import build
 from trainer.run import load_task
@@ -49,7 +49,7 @@ def rollouts(learner, base, prompts, rep: int) -> dict[str, np.ndarray]:
     tokens = jnp.concatenate([jnp.asarray(example.prompt_tokens), jnp.asarray(example.completion_tokens)], axis=1)
     hidden, _ = base(tokens, positions, mask)
     logp = jnp.concatenate([jnp.zeros(example.prompt_tokens.shape, jnp.float32), written_logp(example)], axis=1)
-    # the value of completion token j is read where token j - 1 sits (rl_core.values.completion_values)
+    # the value of completion token j is read where token j - 1 sits (rl_core.policy.values.completion_values)
     inputs = jnp.concatenate([hidden.astype(jnp.float32), prefix_confidence(logp)], axis=-1)[:, p - 1 : p + t - 1]
     return {"mask": groups.completion_mask, "rewards": groups.rewards, "inputs": np.asarray(inputs),
             "critic": learner.critic_values(example)}

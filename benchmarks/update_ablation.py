@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-import rl_core.logprobs as logprobs_lib
+import rl_core.policy.logprobs as logprobs_lib
 import rl_models.layers as layers_lib
 import rl_models.transformer as transformer_lib
 from rl_core.cpu_random import unroll_threefry_on_cpu

@@ -19,7 +19,7 @@ import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.trainable import TrainableModel
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from rl_models.lora import add_adapters, quantize_base

@@ -73,7 +73,7 @@ def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
 
 
 def test_the_paged_engine_without_its_adapter_is_a_clear_error():
-    """The engine reaches the policy through `paging` (rl_core.policy.PagedModel), never its methods."""
+    """The engine reaches the policy through `paging` (rl_core.policy.protocols.PagedModel), never its methods."""
     config = GRPOConfig(group_size=4)
     with pytest.raises(TypeError, match=r"engine = 'paged' needs the policy's paged adapter \(BagPolicy\): pass paging="):
         learner(GRPOLearner, config, "paged", paging=None)

@@ -1,10 +1,10 @@
-"""rl_core.data and rl_core.tokens: the resumable prompt order, left padding, buckets, decoding."""
+"""rl_core.data and rl_core.policy.tokens: the resumable prompt order, left padding, buckets, decoding."""
 
 import numpy as np
 import pytest
 
 from rl_core.data import Prompt, PromptStream
-from rl_core.tokens import bucket, decode_completions, left_pad
+from rl_core.policy.tokens import bucket, decode_completions, left_pad
 from rl_models import CharTokenizer
 
 DATASET = [Prompt(f"p{i}", {"answer": str(i)}) for i in range(10)]

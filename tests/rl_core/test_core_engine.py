@@ -14,13 +14,13 @@ import pytest
 from flax import nnx
 
 from rl_core.compiles import compile_count
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.rollout.backend import Requests, RolloutBackend
 from rl_core.rollout.pages import PoolExhausted
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import GREEDY, Sampler, SamplingParams
-from rl_core.tokens import left_pad
+from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 

@@ -35,7 +35,7 @@ from rl_core.episodes.tools import (
     chat_template_results,
     run_tool,
 )
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.sampler import Completions, Sampler, SamplingParams
 
 TOK = rl_models.CharTokenizer()

@@ -20,7 +20,7 @@ from rl_core.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptStream
 from rl_core.learner import NonFiniteUpdateError, StepBatch
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.registry import get
 from rl_core.testing import ToyConfig, ToyLearner
 from rl_core.types import TrainExample

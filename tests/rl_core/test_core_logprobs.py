@@ -1,4 +1,4 @@
-"""rl_core.logprobs: chunked unembedding equals the plain computation (values and gradients)."""
+"""rl_core.policy.logprobs: chunked unembedding equals the plain computation (values and gradients)."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.logprobs import completion_logprobs, sequence_inputs, token_logprobs
+from rl_core.policy.logprobs import completion_logprobs, sequence_inputs, token_logprobs
 from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 

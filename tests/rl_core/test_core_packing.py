@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from rl_core.logprobs import completion_logprobs, packed_logprobs
+from rl_core.policy.logprobs import completion_logprobs, packed_logprobs
 from rl_core.packing import pack, pack_micro_batches, packed_rows, padded_positions, unpack
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 

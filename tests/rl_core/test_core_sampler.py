@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.logprobs import completion_logprobs, sequence_inputs
+from rl_core.policy.logprobs import completion_logprobs, sequence_inputs
 from rl_core.sampler import GREEDY, Sampler, SamplingParams, categorical, filter_logits, first_argmax
-from rl_core.tokens import left_pad
+from rl_core.policy.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 TOKENIZER = CharTokenizer()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.logprobs import sequence_inputs
+from rl_core.policy.logprobs import sequence_inputs
 from rl_core.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
@@ -85,7 +85,7 @@ def xla_attention(q, k, v, mask):
 
 
 def padded_layout():
-    """rl_core.logprobs' layout: 7 prompt slots (row 1 has 3 pads) and 9 completion slots."""
+    """rl_core.policy.logprobs' layout: 7 prompt slots (row 1 has 3 pads) and 9 completion slots."""
     prompt_mask = jnp.array([[1] * 7, [0, 0, 0, 1, 1, 1, 1]], jnp.float32)
     return sequence_inputs(prompt_mask, 9)[1]
 
@@ -199,7 +199,7 @@ def dataclasses_replace(config, **changes):
 SPLASH_ON_A_MESH = """
 import jax, jax.numpy as jnp, numpy as np
 from rl_core import mesh as mesh_lib
-from rl_core.logprobs import sequence_inputs
+from rl_core.policy.logprobs import sequence_inputs
 from rl_models import attention
 from rl_models.transformer import attend
 

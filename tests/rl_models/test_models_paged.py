@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.logprobs import sequence_inputs
-from rl_core.policy import PagedModel
+from rl_core.policy.logprobs import sequence_inputs
+from rl_core.policy.protocols import PagedModel
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.sampler import GREEDY, Sampler
-from rl_core.tokens import left_pad
+from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig, lora
 
 V = 64
@@ -78,7 +78,7 @@ def test_paged_forward_of_a_whole_sequence_equals_the_plain_forward():
 
 
 def test_the_adapter_is_the_engines_protocol_and_the_model_has_no_engine_methods():
-    """The paged engine reaches a transformer through `PAGED_TRANSFORMER` (rl_core.policy.PagedModel),
+    """The paged engine reaches a transformer through `PAGED_TRANSFORMER` (rl_core.policy.protocols.PagedModel),
     so rl_models.transformer needs nothing of rl_models.paged (no import circle)."""
     assert isinstance(PAGED_TRANSFORMER, PagedModel)
     for name in ("paged_cache_spec", "paged_forward", "inference_copy"):

@@ -256,7 +256,7 @@ def test_bad_shapes_and_overflowing_cache_index_are_rejected():
 
 
 def test_is_an_rl_core_policy():
-    from rl_core.policy import Policy
+    from rl_core.policy.protocols import Policy
 
     model = make()
     assert isinstance(model, Policy)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
 from trainer.bench_flops import (

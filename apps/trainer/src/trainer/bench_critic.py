@@ -12,7 +12,7 @@ FLOPs of the critic (trainer.bench_flops' causal-forward model, nothing unembedd
 head's D weights per position are not counted, like the norms): its update is forward and
 backward, 3 forwards over prompt + completion, per update; its values pass at collection time
 is one forward over every row, counted in the log-prob phase, where the learner times it.
-Model FLOPs feed every row's prompt and completion; needed FLOPs, what rl_core.values feeds
+Model FLOPs feed every row's prompt and completion; needed FLOPs, what rl_core.policy.values feeds
 and reads.
 """
 
@@ -32,7 +32,7 @@ PHASE = "critic_update"
 def _forward_flops(config: Any, example: Any) -> tuple[float, float]:
     """(model, needed) FLOPs of one forward of the critic over the example's rows (stacked in any
     leading shape): model, over the prompt and the loss-masked completion; needed, over them but
-    the completion's last token (rl_core.values never feeds it), valued from the last prompt token on."""
+    the completion's last token (rl_core.policy.values never feeds it), valued from the last prompt token on."""
     prompt = np.asarray(example.prompt_mask).reshape(-1, example.prompt_mask.shape[-1]).sum(axis=1)
     completion = np.asarray(example.completion_mask).reshape(-1, example.completion_mask.shape[-1]).sum(axis=1)
     tokens = scored_tokens(prompt, completion)

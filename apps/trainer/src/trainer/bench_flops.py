@@ -19,7 +19,7 @@ model FLOPs (MFU's numerator, as PaLM defines it and RL frameworks report it): w
 needed FLOPs: only the work no output can do without, what this implementation runs. Scoring
   never feeds a completion's last token (a target only), reads from the last prompt token on
   (the last block's other queries skipped) and runs a prompt its group shares once per group
-  (rl_core.logprobs); the prefill reads only its last token.
+  (rl_core.policy.logprobs); the prefill reads only its last token.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def prefill_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, *, needed: 
 
 
 def scored_tokens(prompt_tokens: np.ndarray, completion_tokens: np.ndarray) -> np.ndarray:
-    """Real tokens a scoring pass feeds in (rl_core.logprobs.scoring_inputs): the prompt and every
+    """Real tokens a scoring pass feeds in (rl_core.policy.logprobs.scoring_inputs): the prompt and every
     completion token but the last (nothing is predicted from it)."""
     return np.asarray(prompt_tokens) + np.maximum(np.asarray(completion_tokens) - 1, 0)
 
@@ -100,7 +100,7 @@ def scoring_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion_
     (`needed=False`): over every row's prompt and completion. Needed: over `scored_tokens`, read
     at the state before each completion token (from the last prompt token on); with
     `group_size` > 1, each group of that many consecutive rows runs its (one) prompt once, read
-    at its last token (rl_core.logprobs.shared_prompt_hidden), the rows continuing from its cache."""
+    at its last token (rl_core.policy.logprobs.shared_prompt_hidden), the rows continuing from its cache."""
     prompt, completion = np.asarray(prompt_tokens), np.asarray(completion_tokens)
     if not needed:
         return forward_flops(cfg, prompt + completion, completion)

@@ -29,7 +29,7 @@ from rl_core import registry, storage
 from rl_core.learner import RLLearner
 from rl_core.meter import Meter
 from rl_core.config import ConfigError
-from rl_core.tokens import Tokenizer
+from rl_core.policy.tokens import Tokenizer
 from rl_models import (
     PAGED_TRANSFORMER,
     CharTokenizer,

@@ -22,9 +22,9 @@ from rl_core.data import Prompt
 from rl_core.registry import environment_factory
 from rl_core.episodes.scripted import scripted_episode
 from rl_core.faults import fault_point
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.progress import ProgressBar
-from rl_core.tokens import Tokenizer, encode_prompts
+from rl_core.policy.tokens import Tokenizer, encode_prompts
 
 from trainer.tasks import Task
 

@@ -28,12 +28,12 @@ from rl_core.episodes.runner import turn_reward_tokens
 from rl_core.groups import Groups
 from rl_core.learner import StepBatch
 from rl_core.pipeline import PolicyGradientLearner
-from rl_core.policy import ValueFunction
+from rl_core.policy.protocols import ValueFunction
 from rl_core.math.returns import explained_variance, gae, token_rewards
 from rl_core.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample
 from rl_core.math.value_losses import clipped_value_loss
-from rl_core.values import completion_values, written_logp
+from rl_core.policy.values import completion_values, written_logp
 
 from algo_ppo.config import PPOConfig
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from rl_core import multihost
 from rl_core.config import RolloutConfig
-from rl_core.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs
 from rl_core.trainable import TrainableModel
 from rl_core.types import TrainExample
 

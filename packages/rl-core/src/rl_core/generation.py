@@ -19,17 +19,17 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core import frozen as frozen_lib
+from rl_core.policy import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.rollout import rollout_prompts as episode_rollout
 from rl_core.episodes.runner import Rollout
-from rl_core.policy import PagedModel
+from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
-from rl_core.tokens import Tokenizer, decode_completions, encode_prompts
+from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.trainable import TrainableModel
 
 

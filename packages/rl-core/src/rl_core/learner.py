@@ -37,7 +37,7 @@ learners, rl_core.objective.policy_objective -> policy_gradient_loss).
 Behaviour log-probs (`old_logp`, what the importance ratio divides by): see
 rl_core.behaviour for when every example carries them.
 
-Adapters. A policy holding `nnx.LoRAParam`s (LoRA, see rl_core.frozen) trains only
+Adapters. A policy holding `nnx.LoRAParam`s (LoRA, see rl_core.policy.frozen) trains only
 them: `params`, the optimizer state and checkpoints hold the adapters, and the base is
 `frozen`, placed once on the mesh and passed to every program, never copied or donated.
 """
@@ -71,11 +71,11 @@ from rl_core.mesh import data_mesh
 from rl_core.meter import Meter
 from rl_core.learner_state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.optim import make_optimizer
-from rl_core.policy import PagedModel
+from rl_core.policy.protocols import PagedModel
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
 from rl_core.sampler import Completions, SamplingParams
-from rl_core.tokens import Tokenizer
+from rl_core.policy.tokens import Tokenizer
 from rl_core.trainable import LossFn, LossOutput, TrainableModel, TrainState
 from rl_core.trim import trim_example, trimmed_width
 from rl_core.types import StepBatch, TrainExample
@@ -162,7 +162,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                              "batch_from_json that async rollouts run apart")
         self.ahead = RolloutThread.for_mode(training.async_rollout)
 
-        # `paging`: how the paged engine runs the policy (rl_core.policy.PagedModel; rollout.engine='paged' needs it)
+        # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
         self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 from rl_core import registry
 from rl_core.math.aggregation import per_token
-from rl_core.logprobs import completion_logprobs
-from rl_core.policy import Policy
+from rl_core.policy.logprobs import completion_logprobs
+from rl_core.policy.protocols import Policy
 from rl_core.trainable import LossFn, LossOutput
 from rl_core.math.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.config import RolloutConfig
-from rl_core.policy import repeat_cache
+from rl_core.policy.protocols import repeat_cache
 
 
 class Completions(NamedTuple):

@@ -8,7 +8,7 @@ in, so a float32 update is never rounded onto bfloat16 parameters, and their opt
 state), is a value the learner holds (rl_core.learner_state.LearnerState): the part makes the
 first one (`init_state`) and turns one into the next (`update`). The part owns:
 
-  - the frozen base (`frozen`, empty without adapters; see rl_core.frozen), placed
+  - the frozen base (`frozen`, empty without adapters; see rl_core.policy.frozen), placed
     once and passed to every program, never copied or donated;
   - `update_step`, one jitted program `(state, frozen, batch) -> (state, stats)` with
     the state donated: exact gradient accumulation of (sum, denominator) pairs over
@@ -39,7 +39,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core import frozen as frozen_lib
+from rl_core.policy import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
 from rl_core.layout import BatchLayout
 

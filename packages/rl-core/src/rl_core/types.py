@@ -15,7 +15,7 @@ from rl_core.packing import Packed
 
 class SharedPrompts(NamedTuple):
     """Each prompt of a batch whose rows come in consecutive groups of G sharing one prompt
-    (GRPO's completions of a prompt), once: the update runs it once per group (rl_core.logprobs)."""
+    (GRPO's completions of a prompt), once: the update runs it once per group (rl_core.policy.logprobs)."""
 
     tokens: jax.Array  # [B / G, P] int32, left-padded like the rows'
     mask: jax.Array  # [B / G, P] float32

@@ -1,6 +1,6 @@
 """The transformer over a paged KV cache, and the engine's inference copy: the paged
 rollout engine's adapter for `Transformer` (`PAGED_TRANSFORMER`, an
-`rl_core.policy.PagedModel`), which whoever builds the engine passes next to the policy.
+`rl_core.policy.protocols.PagedModel`), which whoever builds the engine passes next to the policy.
 
 Shapes: N tokens (each its own query: a decode slot's next token or one token
 of a prefill chunk), M pages per sequence.
@@ -8,7 +8,7 @@ of a prefill chunk), M pages per sequence.
 The pool and its layout belong to the caller's `kv` (rl_core.rollout.attention):
 per layer the model hands it each token's query, key and value, and `kv` writes
 the key/value at the token's slot and returns the attention output (see
-`rl_core.policy.PagedModel`). Token n sits at position `positions[n]` of the
+`rl_core.policy.protocols.PagedModel`). Token n sits at position `positions[n]` of the
 sequence whose page table is `page_rows[n]` and attends to slots 0..pos of it.
 So a prefill chunk (many tokens of one sequence) and decode slots (one token
 of many sequences) are the same call, and causality is just each token's length.
@@ -101,7 +101,7 @@ def inference_copy(model: tf.Transformer) -> tf.Transformer:
 
 
 class TransformerPaging:
-    """`rl_core.policy.PagedModel` for `Transformer` and its subclasses, plain or with LoRA
+    """`rl_core.policy.protocols.PagedModel` for `Transformer` and its subclasses, plain or with LoRA
     adapters over a full or quantized base (`inference_copy` merges them, so `cache_spec` and
     `forward` see a plain model). Subclass it to wrap one of them (e.g. a benchmark's timing)."""
 

@@ -299,7 +299,7 @@ def _vocab_rows(logits: jax.Array) -> jax.Array:
 
 
 class Transformer(nnx.Module):
-    """Decoder-only language model implementing `rl_core.policy.Policy`.
+    """Decoder-only language model implementing `rl_core.policy.protocols.Policy`.
 
     `rngs` is used only to initialize parameters; nothing random is kept.
     """
@@ -429,7 +429,7 @@ class Transformer(nnx.Module):
 
     def unembedding(self) -> Callable[[jax.Array], jax.Array]:
         """`logits` with the weight made ready once (cast to the compute dtype and, under a
-        mesh, gathered over fsdp), for callers that unembed many chunks (rl_core.logprobs):
+        mesh, gathered over fsdp), for callers that unembed many chunks (rl_core.policy.logprobs):
         FSDP then gathers the [V, D] table once per pass, not once per chunk."""
         dtype = compute_dtype(self.config)
         head = self.lm_head

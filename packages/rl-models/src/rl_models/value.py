@@ -1,7 +1,7 @@
 """A value model (critic): the transformer's backbone, a scalar head and a confidence head.
 
 `ValueModel(tokens, positions, attention_mask, token_logp)` returns one float32
-value per position (implementing `rl_core.policy.ValueFunction`):
+value per position (implementing `rl_core.policy.protocols.ValueFunction`):
 
     v_j = h_j . w + b  +  u . gelu(phi_j W + a)
 
@@ -21,7 +21,7 @@ OpenRLHF start theirs from the actor's weights: every base array is shared, not
 copied (a learner trains its own float32 copy of a fully trained critic). With
 LoRA the critic gets its own fresh adapters on the same projections, and its heads
 are marked `train_with_adapters`, so it trains adapters plus heads over the very
-frozen base the policy uses (rl_core.frozen): no second copy of the base exists.
+frozen base the policy uses (rl_core.policy.frozen): no second copy of the base exists.
 `rl_models.hf.load_hf_value_model` starts one from a Hugging Face folder.
 """
 

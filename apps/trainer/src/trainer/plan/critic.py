@@ -66,10 +66,10 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     `policy` builds the policy module as the plan does (adapters included)."""
     import jax
     from flax import nnx
-    from rl_core import frozen as frozen_lib
+    from rl_core.policy import frozen as frozen_lib
     from rl_core import registry
     from rl_core.trainable import abstract_model, forward_program, model_shardings, update_program
-    from rl_core.values import completion_values
+    from rl_core.policy.values import completion_values
     from rl_models import Transformer, ValueModel, value_model_from_policy
     from rl_models.hf import load_hf_config
 

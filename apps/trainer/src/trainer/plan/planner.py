@@ -79,7 +79,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core import mesh as mesh_lib
     from rl_core.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
-    from rl_core import frozen as frozen_lib
+    from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype

@@ -56,7 +56,7 @@ class PolicyPrograms:
 
 def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen: Any) -> PolicyPrograms:
     """The policy's programs of a run with `settings` (a RunSettings) on `mesh`, for a module split
-    (rl_core.frozen.split_policy of its `nnx.eval_shape`) into `graphdef`, trained `params` and `frozen` base."""
+    (rl_core.policy.frozen.split_policy of its `nnx.eval_shape`) into `graphdef`, trained `params` and `frozen` base."""
     import jax
     import jax.numpy as jnp
     from rl_core import mesh as mesh_lib

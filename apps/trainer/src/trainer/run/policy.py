@@ -20,7 +20,7 @@ from rl_core import storage
 from rl_core.checkpoint import Checkpointer
 from rl_core.learner import RLLearner
 from rl_core.run_layout import CHECKPOINTS
-from rl_core.tokens import Tokenizer
+from rl_core.policy.tokens import Tokenizer
 
 from trainer import build
 from trainer.run.folder import refuse_changed_settings, settings_of_run

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from rl_core.data import Prompt
-from rl_core.tokens import Tokenizer
+from rl_core.policy.tokens import Tokenizer
 
 from trainer.tasks import DataError, Task
 

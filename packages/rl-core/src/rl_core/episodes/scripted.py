@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rl_core.data import Prompt
 from rl_core.episodes.env import Environment, checked_result
-from rl_core.tokens import Tokenizer
+from rl_core.policy.tokens import Tokenizer
 
 
 def scripted_episode(

@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core.config import RolloutConfig
-from rl_core.policy import PagedModel
+from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
@@ -39,14 +39,14 @@ def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Seq
                  paging: PagedModel | None = None) -> RolloutBackend:
     """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
 
-    `paged` runs the model through `paging` (see `rl_core.policy.PagedModel`), which it requires;
+    `paged` runs the model through `paging` (see `rl_core.policy.protocols.PagedModel`), which it requires;
     `policy` (optional) only names the model in the error when it is missing."""
     if rollout.engine == "paged":
         if paging is None:
             what = f" ({type(policy).__name__})" if policy is not None else ""
             raise TypeError(
                 f"RolloutConfig.engine = 'paged' needs the policy's paged adapter{what}: pass paging= next to "
-                f"policy= (an rl_core.policy.PagedModel; rl_models.PAGED_TRANSFORMER for rl_models' "
+                f"policy= (an rl_core.policy.protocols.PagedModel; rl_models.PAGED_TRANSFORMER for rl_models' "
                 f"transformers) or set rollout.engine='static'"
             )
         replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1

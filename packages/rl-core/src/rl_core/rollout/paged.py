@@ -21,7 +21,7 @@ program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
 decoding never gathers a weight.
 The engine reaches the model only through the adapter it is built with (`paging`, an
-`rl_core.policy.PagedModel`: the pool's shape, the paged forward, the inference copy).
+`rl_core.policy.protocols.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core.policy import PagedModel
+from rl_core.policy.protocols import PagedModel
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Requests, with_version
@@ -83,11 +83,11 @@ PAGING_METHODS = ("cache_spec", "forward", "inference_copy")
 
 
 def check_paging(paging: Any) -> None:
-    """A TypeError naming what `paging` lacks unless it is an `rl_core.policy.PagedModel`."""
+    """A TypeError naming what `paging` lacks unless it is an `rl_core.policy.protocols.PagedModel`."""
     if not isinstance(paging, PagedModel):
         missing = [n for n in PAGING_METHODS if not callable(getattr(paging, n, None))]
         raise TypeError(
-            f"the paged engine needs paging=, an adapter implementing rl_core.policy.PagedModel "
+            f"the paged engine needs paging=, an adapter implementing rl_core.policy.protocols.PagedModel "
             f"(rl_models.PAGED_TRANSFORMER for rl_models' transformers); {type(paging).__name__} "
             f"lacks {', '.join(missing)}"
         )
@@ -96,7 +96,7 @@ def check_paging(paging: Any) -> None:
 class PagedBackend:
     """`RolloutBackend` with a paged KV cache and continuous batching (see the module docstring).
 
-    `paging` runs the model (see `rl_core.policy.PagedModel`; rl_models.PAGED_TRANSFORMER for its
+    `paging` runs the model (see `rl_core.policy.protocols.PagedModel`; rl_models.PAGED_TRANSFORMER for its
     transformers). `compiles` counts traced device programs (steps and weight refreshes).
     `replicas` (R) is the number of data/fsdp devices of the mesh (1 without one).
     """

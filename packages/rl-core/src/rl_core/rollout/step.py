@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl_core.policy import PagedModel
+from rl_core.policy.protocols import PagedModel
 from rl_core.sampler import SamplingParams, categorical, sample_with
 
 

@@ -1,4 +1,4 @@
-"""The critic's values of completion tokens (the value-side twin of rl_core.logprobs).
+"""The critic's values of completion tokens (the value-side twin of rl_core.policy.logprobs).
 
 Value t of a completion is the critic's estimate V(s_t) of the return before token t
 is generated, read at the position whose hidden state predicts token t: the last
@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_core.logprobs import scoring_inputs
-from rl_core.policy import ValueFunction
+from rl_core.policy.logprobs import scoring_inputs
+from rl_core.policy.protocols import ValueFunction
 from rl_core.types import TrainExample
 
 

@@ -5,7 +5,7 @@ Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab.
 A policy is a Flax NNX module whose state is all `nnx.Param` (so that
 `nnx.split(model)` gives (graphdef, params) and optax can update params
 directly). When some of them are `nnx.LoRAParam` (adapters), only those train and
-the rest is a frozen base (see `rl_core.frozen`). rl_core never imports a model package.
+the rest is a frozen base (see `rl_core.policy.frozen`). rl_core never imports a model package.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Policy(Protocol):
     """A decoder-only language model.
 
     `__call__` runs the transformer body and returns hidden states, not
-    logits, so that callers can unembed in chunks (see `rl_core.logprobs`)
+    logits, so that callers can unembed in chunks (see `rl_core.policy.logprobs`)
     and never materialize a [B, L, V] float32 array.
     """
 
@@ -120,7 +120,7 @@ class ValueFunction(Protocol):
     """A critic: the value of each prefix of a sequence (rl_models.value.ValueModel).
 
     Like a policy it is an NNX module of `nnx.Param`s (with adapters, it trains them and
-    its head over a frozen base; see `rl_core.frozen`).
+    its head over a frozen base; see `rl_core.policy.frozen`).
     """
 
     def __call__(

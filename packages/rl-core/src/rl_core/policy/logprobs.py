@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from rl_core import mesh as mesh_lib
 from rl_core.packing import Packed, unpack
-from rl_core.policy import Policy, chunk_unembedding, repeat_cache
+from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache
 from rl_core.types import SharedPrompts
 
 

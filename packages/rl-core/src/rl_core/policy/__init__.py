@@ -1,0 +1,1 @@
+"""The policy side: model protocols, log-probabilities, tokenization, frozen references, values."""
