@@ -2,11 +2,11 @@
 
     uv run python benchmarks/collectives.py [--layers N] [--fsdp 8] [--tensor 1] [--no-layout] [--packed] [--json]
 
-The program is the learner's own: rl_core.trainable.update_program (the jitted
-make_update) of GRPO's loss as its learner binds it (rl_core.objective.policy_loss_function,
+The program is the learner's own: rl_core.train.trainable.update_program (the jitted
+make_update) of GRPO's loss as its learner binds it (rl_core.train.objective.policy_loss_function,
 GRPO's default config: beta 0.04, so the mini-batch carries reference log-probs), with
-the shardings a TrainableModel computes (rl_core.trainable.model_shardings) and the run's
-default optimizer (rl_core.optim.make_optimizer: AdamW after global-norm clipping).
+the shardings a TrainableModel computes (rl_core.train.trainable.model_shardings) and the run's
+default optimizer (rl_core.train.optim.make_optimizer: AdamW after global-norm clipping).
 Abstract shapes only (nothing is allocated): bfloat16 compute over float32
 master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
 (two per step; 2 rows per device on fsdp=8, fewer than a group of 8, so prompts are
@@ -20,7 +20,7 @@ on accelerators; the totals scale with --layers.
 The update traces under rl_core.mesh's activation layout (rows split over the
 batch axes, weights gathered), as the learner's does; --no-layout compiles the same
 make_update without it, to show what XLA's partitioner does left alone. --packed feeds the
-update packed rows (rl_core.packing: half as many rows of 768 tokens, packed per
+update packed rows (rl_core.train.packing: half as many rows of 768 tokens, packed per
 device) as training.packing does. --json prints one JSON
 object instead (tests/rl_core/test_core_collectives.py reads it).
 """
@@ -50,10 +50,10 @@ from rl_core.policy import frozen as frozen_lib  # noqa: E402
 from rl_core import hlo, registry  # noqa: E402
 from rl_core import mesh as mesh_lib  # noqa: E402
 from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402
-from rl_core.objective import policy_loss_function  # noqa: E402
-from rl_core.optim import make_optimizer  # noqa: E402
-from rl_core.packing import Packed  # noqa: E402
-from rl_core.trainable import abstract_model, make_update, model_shardings, update_program  # noqa: E402
+from rl_core.train.objective import policy_loss_function  # noqa: E402
+from rl_core.train.optim import make_optimizer  # noqa: E402
+from rl_core.train.packing import Packed  # noqa: E402
+from rl_core.train.trainable import abstract_model, make_update, model_shardings, update_program  # noqa: E402
 from rl_core.types import TrainExample  # noqa: E402
 from rl_models import Transformer, TransformerConfig  # noqa: E402
 

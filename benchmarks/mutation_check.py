@@ -90,7 +90,7 @@ MUTATIONS = [
       "    ratio = jax.lax.stop_gradient(jnp.exp(log_ratio(logp, old_logp, mask)))",
       "    ratio = jnp.exp(log_ratio(logp, old_logp, mask))",
       "tests/algos/test_algo_cispo.py"),
-    m("tis-unweighted", f"{CORE}/objective.py",
+    m("tis-unweighted", f"{CORE}/train/objective.py",
       "        pg = pg * tis",
       "        pg = pg * 1.0",
       "tests/algos/test_algo_tis.py", "-k", "every_policy_loss or mismatched"),

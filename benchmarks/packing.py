@@ -7,9 +7,9 @@ of 8 to 40 tokens, completions whose lengths follow a long tail (exponential, me
 max_new / 8, at most max_new), as RL responses do where a few run to the limit. One
 jitted program per layout computes GRPO's gradients (log-probs of every completion
 token, summed over micro-batches as the learner's update does). Prints, per layout,
-the token positions computed (rows x width; rl_core.packing), the share that is
+the token positions computed (rows x width; rl_core.train.packing), the share that is
 padding, the best seconds of `--repeats` runs, and the ratio. In both layouts the
-completion columns end at the longest completion (the most rl_core.trim can cut).
+completion columns end at the longest completion (the most rl_core.train.trim can cut).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs
-from rl_core.packing import pack_micro_batches, padded_positions
+from rl_core.train.packing import pack_micro_batches, padded_positions
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 

@@ -33,7 +33,7 @@ import rl_models.layers as layers_lib
 import rl_models.transformer as transformer_lib
 from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
-from rl_core.trim import trim_example, trimmed_width
+from rl_core.train.trim import trim_example, trimmed_width
 from trainer import bench, build
 from trainer.bench_presets import PRESETS
 

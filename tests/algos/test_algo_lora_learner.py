@@ -20,7 +20,7 @@ from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.policy.logprobs import completion_logprobs
-from rl_core.trainable import TrainableModel
+from rl_core.train.trainable import TrainableModel
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from rl_models.lora import add_adapters, quantize_base
 

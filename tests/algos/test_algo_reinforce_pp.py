@@ -8,7 +8,7 @@ import pytest
 from algo_dr_grpo import dr_grpo_advantages
 from algo_reinforce_pp import ReinforcePPConfig, reinforce_pp_advantages
 from rl_core import registry
-from rl_core.objective import policy_gradient_loss
+from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])

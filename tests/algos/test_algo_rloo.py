@@ -9,7 +9,7 @@ from algo_dr_grpo import dr_grpo_advantages
 from algo_grpo import GRPOConfig
 from algo_rloo import RLOOConfig
 from rl_core import registry
-from rl_core.objective import policy_gradient_loss
+from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])

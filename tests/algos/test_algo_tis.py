@@ -19,7 +19,7 @@ from rl_core import registry
 from rl_core.math.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.objective import policy_gradient_loss
+from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))

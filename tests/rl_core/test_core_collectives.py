@@ -1,6 +1,6 @@
 """The collectives of a Qwen2.5-7B-shaped update, read from its compiled HLO.
 
-benchmarks/collectives.py compiles the learner's own update (rl_core.trainable.update_program
+benchmarks/collectives.py compiles the learner's own update (rl_core.train.trainable.update_program
 of GRPO's loss; 2 layers of the 7B shape, abstract weights, bfloat16 compute over float32
 masters, 2 micro-batches of 16 rows x 768 tokens, AdamW) on simulated CPU devices under the
 learner's activation layout, and reports every collective. FSDP should gather weights and

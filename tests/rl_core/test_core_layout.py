@@ -1,4 +1,4 @@
-"""rl_core.layout: which mini-batches carry each group's prompt once (`SharedPrompts`)."""
+"""rl_core.train.layout: which mini-batches carry each group's prompt once (`SharedPrompts`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from rl_core import mesh as mesh_lib
 from rl_core.config import TrainingConfig
-from rl_core.layout import BatchLayout
+from rl_core.train.layout import BatchLayout
 from rl_core.types import TrainExample
 
 G, PROMPTS, P, T = 2, 4, 3, 5

@@ -1,4 +1,4 @@
-"""rl_core.packing: packed passes give the padded passes' log-probs and gradients, on less padding."""
+"""rl_core.train.packing: packed passes give the padded passes' log-probs and gradients, on less padding."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs, packed_logprobs
-from rl_core.packing import pack, pack_micro_batches, packed_rows, padded_positions, unpack
+from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions, unpack
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 V = CharTokenizer().vocab_size

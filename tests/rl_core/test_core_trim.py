@@ -1,4 +1,4 @@
-"""rl_core.trim and the learner's passes at the trimmed width."""
+"""rl_core.train.trim and the learner's passes at the trimmed width."""
 
 import importlib.util
 from pathlib import Path
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rl_core.config import RolloutConfig, TrainingConfig
-from rl_core.trim import trim_example, trimmed_width
+from rl_core.train.trim import trim_example, trimmed_width
 from rl_core.types import TrainExample
 
 _spec = importlib.util.spec_from_file_location("rl_core_test_toy_run", Path(__file__).parent / "scripts" / "toy_run.py")

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rl_core.policy.logprobs import sequence_inputs
-from rl_core.packing import pack
+from rl_core.train.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
 from rl_models.transformer import attend
@@ -91,7 +91,7 @@ def padded_layout():
 
 
 def packed_layout():
-    """rl_core.packing's layout: four sequences of 5, 9, 7 and 3 tokens in two 16-slot rows (causal
+    """rl_core.train.packing's layout: four sequences of 5, 9, 7 and 3 tokens in two 16-slot rows (causal
     within each segment; the row ends are padding that sees nothing)."""
     prompt_mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
     completion_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], np.float32)

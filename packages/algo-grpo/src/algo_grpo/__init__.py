@@ -3,7 +3,7 @@
 GRPO is rl-core's policy-gradient pipeline with its default settings: the pipeline
 (rl_core.pipeline.PolicyGradientLearner), its config's fields and defaults
 (rl_core.pipeline_config.PolicyGradientConfig), the scored groups (rl_core.groups)
-and the clipped objective (rl_core.objective) live in rl-core. This package names
+and the clipped objective (rl_core.train.objective) live in rl-core. This package names
 them GRPO's: the config, the learner the GRPO variants (Dr. GRPO, DAPO, RLOO, GSPO,
 CISPO, REINFORCE++) derive from, and the `ALGORITHM` value that the entry point
 `grpo = "algo_grpo:ALGORITHM"` points at.

@@ -7,7 +7,7 @@ example_from_groups(groups)        (the pipeline's step, overridden)
   -> advantages                    token rewards, GAE, whitening: one jitted program
 
 The update (rl_core.learner) then trains each mini-batch twice: the policy with
-the pipeline's clipped surrogate (rl_core.objective) on per-token advantages, the
+the pipeline's clipped surrogate (rl_core.train.objective) on per-token advantages, the
 critic with `critic_loss`.
 """
 
@@ -30,7 +30,7 @@ from rl_core.learner import StepBatch
 from rl_core.pipeline import PolicyGradientLearner
 from rl_core.policy.protocols import ValueFunction
 from rl_core.math.returns import explained_variance, gae, token_rewards
-from rl_core.trainable import LossFn, LossOutput
+from rl_core.train.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample
 from rl_core.math.value_losses import clipped_value_loss
 from rl_core.policy.values import completion_values, written_logp

@@ -332,11 +332,11 @@ class TrainingConfig(Config):
     """Run each group's prompt once in the policy's update and log-prob passes, not once per
     completion: the prompt fills a KV cache its G rows continue from (the same log-probs and
     gradients). Applies when a micro-batch's rows on each device are whole groups with one
-    prompt each, and not with packing (rl_core.layout)."""
+    prompt each, and not with packing (rl_core.train.layout)."""
     packing: bool = False
     """Pack each micro-batch's prompt+completion sequences, several per row with attention kept
     within each, into as few rows as they fit (per device on a mesh) for the policy's update and
-    log-prob passes: the same losses and gradients on fewer padded positions (rl_core.packing)."""
+    log-prob passes: the same losses and gradients on fewer padded positions (rl_core.train.packing)."""
     rollout_devices: int = 0
     """With async_rollout=one_step, the last N devices generate, on a mesh of their own (fsdp
     over them), and `mesh` is laid over the others: the next batch is sampled while this one

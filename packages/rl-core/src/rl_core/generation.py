@@ -30,7 +30,7 @@ from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
 from rl_core.sampler import Completions, Sampler, SamplingParams
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
-from rl_core.trainable import TrainableModel
+from rl_core.train.trainable import TrainableModel
 
 
 @jax.jit
@@ -40,7 +40,7 @@ def _copy(tree: Any) -> Any:
 
 
 class PolicyRollouts:
-    """Sampling from a policy part (rl_core.trainable) through the configured backend."""
+    """Sampling from a policy part (rl_core.train.trainable) through the configured backend."""
 
     def __init__(self, rollout: RolloutConfig, tokenizer: Tokenizer, policy: TrainableModel, *, batch_size: int,
                  module: nnx.Module, mesh: Mesh | None = None, paging: PagedModel | None = None) -> None:

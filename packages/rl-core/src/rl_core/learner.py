@@ -1,13 +1,13 @@
 """The base RL learner: the loop every algorithm shares, wired from parts with one job each.
 
-  models     the trained models by name, each a `rl_core.trainable.TrainableModel`
+  models     the trained models by name, each a `rl_core.train.trainable.TrainableModel`
              (frozen base, shardings, optimizer, one pure jitted update
              `(state, batch) -> (state, stats)`): "policy" always; an algorithm may add
              more (PPO's "critic")
   rollouts   the policy's sampler and rollout backend (`rl_core.generation`, rl_core.rollout)
   recorder   the run recorder (`rl_core.recorder`): metrics, samples, checkpoints
-  layout     the mini- and micro-batch split on the mesh (`rl_core.layout`)
-  guard      the counts and stops of non-finite updates (`rl_core.update_stats`)
+  layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
+  guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
 
 What a step changes is one value the learner holds, `state` (rl_core.learner_state.
 LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
@@ -30,12 +30,12 @@ rl_core.pipeline.PolicyGradientLearner fills them with the pipeline every algori
 package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
-mini-batches -> `models[name].update(state, mini)` (rl_core.trainable) -> the jitted
+mini-batches -> `models[name].update(state, mini)` (rl_core.train.trainable) -> the jitted
 `make_update` -> `summed_grads` -> the algorithm's `loss_function()` (for the pipeline's
-learners, rl_core.objective.policy_objective -> policy_gradient_loss).
+learners, rl_core.train.objective.policy_objective -> policy_gradient_loss).
 
 Behaviour log-probs (`old_logp`, what the importance ratio divides by): see
-rl_core.behaviour for when every example carries them.
+rl_core.train.behaviour for when every example carries them.
 
 Adapters. A policy holding `nnx.LoRAParam`s (LoRA, see rl_core.policy.frozen) trains only
 them: `params`, the optimizer state and checkpoints hold the adapters, and the base is
@@ -60,26 +60,26 @@ from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
-from rl_core.behaviour import PolicyLogprobs
+from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
 from rl_core.generation import PolicyRollouts, rollout_prompts
-from rl_core.layout import BatchLayout
+from rl_core.train.layout import BatchLayout
 from rl_core.mesh import data_mesh
 from rl_core.meter import Meter
 from rl_core.learner_state import POLICY, LearnerState, load_state, state_arrays, state_meta
-from rl_core.optim import make_optimizer
+from rl_core.train.optim import make_optimizer
 from rl_core.policy.protocols import PagedModel
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
 from rl_core.sampler import Completions, SamplingParams
 from rl_core.policy.tokens import Tokenizer
-from rl_core.trainable import LossFn, LossOutput, TrainableModel, TrainState
-from rl_core.trim import trim_example, trimmed_width
+from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
+from rl_core.train.trim import trim_example, trimmed_width
 from rl_core.types import StepBatch, TrainExample
-from rl_core.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
+from rl_core.train.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
 
 __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data_mesh"]
 
@@ -357,7 +357,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def update_is_off_policy(self) -> bool:
         """True when an update on a fresh batch can run on a policy other than the one that
-        sampled it: several passes or several mini-batches (see rl_core.behaviour)."""
+        sampled it: several passes or several mini-batches (see rl_core.train.behaviour)."""
         return self.num_iterations > 1 or self.num_mini_batches > 1
 
     def behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
@@ -480,7 +480,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def run_updates(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
         """`update_models(example)` and, with a meter, the seconds of each model's updates but the
         policy's, timed apart (`time/<name>_update`)."""
-        # only the columns up to the longest completion (a bucketed width; see rl_core.trim)
+        # only the columns up to the longest completion (a bucketed width; see rl_core.train.trim)
         example = trim_example(example, trimmed_width(example.completion_mask, self.rollout.logprob_chunk_tokens))
         minis = self.layout.mini_batches(example)
         names = list(self.models_to_update())

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from rl_core.async_rollout import InFlight
-from rl_core.trainable import TrainState
+from rl_core.train.trainable import TrainState
 
 POLICY = "policy"
 

@@ -13,7 +13,7 @@ produce_examples(prompts)
        -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
                                      reference log-probs (beta != 0)
 
-The update then differentiates `loss_function()`: rl_core.objective.policy_objective
+The update then differentiates `loss_function()`: rl_core.train.objective.policy_objective
 with this run's settings bound (see rl_core.learner for the path from the learner).
 GRPO (package algo-grpo) is this pipeline with PolicyGradientConfig's defaults; a variant overrides
 the config's defaults and the one step it changes. G = 1 is allowed where the config's
@@ -25,7 +25,7 @@ off-policy (several iterations or mini-batches, or rows carried from an
 earlier step, which keep the log-probs recorded when they were collected);
 skipped only on a provably on-policy step, where stop_gradient(logp) is equal.
 Which passes a step runs (behaviour, proximal, reference) is decided in one place,
-`passes` (rl_core.behaviour.LogprobPasses), from the config and the batch layout.
+`passes` (rl_core.train.behaviour.LogprobPasses), from the config and the batch layout.
 
 The algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's
 overlong shaping) are added to the reward manager here, so a learner built
@@ -52,14 +52,14 @@ import jax
 import numpy as np
 
 from rl_core import multihost, registry
-from rl_core.behaviour import LogprobPasses
+from rl_core.train.behaviour import LogprobPasses
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.groups import TOTAL, Groups
 from rl_core.learner import RLLearner, StepBatch
-from rl_core.objective import policy_loss_function
+from rl_core.train.objective import policy_loss_function
 from rl_core.pipeline_config import PolicyGradientConfig
-from rl_core.trainable import LossFn
+from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample
 
 

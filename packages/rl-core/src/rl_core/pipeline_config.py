@@ -23,7 +23,7 @@ class PolicyGradientConfig(AlgorithmConfig):
     of a prompt (so G >= 2); "token_advantage_estimator" takes a critic's values (PPO, G >= 1)."""
     kl_in_rewards: ClassVar[bool] = False
     """True: the KL penalty (beta) goes into the rewards, which read the behaviour log-probs (PPO);
-    False: it is a term of the loss (rl_core.behaviour.LogprobPasses)."""
+    False: it is a term of the loss (rl_core.train.behaviour.LogprobPasses)."""
 
     group_size: int = 8
     """G: completions sampled per prompt (>= 2, so that a group has a baseline)."""

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from rl_core.packing import Packed
+from rl_core.train.packing import Packed
 
 
 class SharedPrompts(NamedTuple):
@@ -38,8 +38,8 @@ class TrainExample(NamedTuple):
     sampler_logp: jax.Array | None = None  # [B, T] log-probs reported by the sampler (drift metrics, the critic)
     returns: jax.Array | None = None  # [B, T] the critic's targets (a learner with a critic)
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
-    packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.layout for the update)
-    shared_prompts: SharedPrompts | None = None  # each group's prompt once (set by rl_core.layout for the update)
+    packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.train.layout for the update)
+    shared_prompts: SharedPrompts | None = None  # each group's prompt once (set by rl_core.train.layout for the update)
 
     @property
     def batch_size(self) -> int:

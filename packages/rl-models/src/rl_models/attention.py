@@ -14,7 +14,7 @@ xla, so CPU programs are those of `attention: xla`, number for number.
 Masks. The model takes a boolean mask [B, L, S] (query i may see key slot j), and its callers
 pass causal attention within segments: query i sits at slot offset + i and sees the earlier slots
 of its own sequence (rl_core.policy.logprobs and the sampler's prefill: one sequence after its padding;
-rl_core.packing: several per row). xla and cudnn take the mask as given. Splash computes the
+rl_core.train.packing: several per row). xla and cudnn take the mask as given. Splash computes the
 causal part in blocks and takes the rest as segment ids (`segment_ids`): a query's segment is the
 first slot it may see, a slot's that of the query at it, and padding (a query that may see
 nothing) is segment -1. Real queries then see exactly the mask's keys; a padding query sees the

@@ -8,9 +8,9 @@ adapters and head over the policy's frozen base (shared: no frozen bytes of its 
 
   - resident for the whole run: its float32 master weights and optimizer state;
   - its update program (gradients, one micro-batch's activations): the learner's own
-    (rl_core.trainable.update_program of the algorithm's critic loss, `critic_loss_function`),
+    (rl_core.train.trainable.update_program of the algorithm's critic loss, `critic_loss_function`),
     on the policy's mini-batch (the learner gives both models the same one);
-  - its values pass at collection time (rl_core.trainable.forward_program of completion_values,
+  - its values pass at collection time (rl_core.train.trainable.forward_program of completion_values,
     one micro-batch at a time, as the learner runs it);
   - at startup only, a `critic_path` model as loaded, freed once its float32 copy is made.
 
@@ -68,7 +68,7 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     from flax import nnx
     from rl_core.policy import frozen as frozen_lib
     from rl_core import registry
-    from rl_core.trainable import abstract_model, forward_program, model_shardings, update_program
+    from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
     from rl_core.policy.values import completion_values
     from rl_models import Transformer, ValueModel, value_model_from_policy
     from rl_models.hf import load_hf_config

@@ -4,7 +4,7 @@ Nothing is loaded and nothing runs: the model is built with `nnx.eval_shape`
 (only config.json is read for `--model DIR`), and the run's programs (the
 sampler, the reference log-prob pass, the update: the learner's own, see
 trainer.plan.programs) are lowered on abstract arrays with the same shardings
-the learner uses (rl_core.trainable.model_shardings) and compiled for the
+the learner uses (rl_core.train.trainable.model_shardings) and compiled for the
 requested number of devices (simulated CPU devices: XLA's buffer assignment
 gives each program's per-device argument and temporary bytes). Next to them,
 a simple analytic count from the parameter shapes and the mesh rules.
@@ -148,7 +148,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
                    for i, x in enumerate(leaves) if i not in kept and hasattr(x, "sharding"))
 
-    # the learner's update (rl_core.trainable.update_program) of the algorithm's own loss, on one mini-batch
+    # the learner's update (rl_core.train.trainable.update_program) of the algorithm's own loss, on one mini-batch
     update_batch = programs.mini_batch(n_micro)
     update_args, _, update_temp = sizes(programs.update, programs.state, frozen, update_batch)
 
@@ -156,7 +156,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     ref_args = ref_temp = None
     ref_inputs = programs.pass_inputs(batch // micro)
     if passes.reference:  # a LoRA run's reference is all-zero adapters (float32, adapter-sized) over the same frozen base
-        # the learner's log-prob pass (rl_core.behaviour.PolicyLogprobs), one micro-batch at a time;
+        # the learner's log-prob pass (rl_core.train.behaviour.PolicyLogprobs), one micro-batch at a time;
         # its [B, T] log-probs and entropies are allocated as it runs
         ref_args, ref_out, ref_temp = sizes(programs.logprobs, master if lora.rank else stored, frozen, ref_inputs)
         ref_temp += ref_out

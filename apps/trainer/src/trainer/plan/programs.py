@@ -1,18 +1,18 @@
 """The learner's own programs for `trainer plan`, on abstract arrays: nothing is allocated.
 
-A run's policy update is `rl_core.trainable.update_program` (the jitted `make_update`) of the
-algorithm's loss as its learner binds it (`rl_core.objective.policy_loss_function`), and its
-reference and behaviour passes are `rl_core.trainable.forward_program` of the learner's log-prob
-function (`rl_core.behaviour.logprob_fn`); the shardings are `rl_core.trainable.model_shardings`
-and the batch is cut by `rl_core.layout.BatchLayout`, all exactly as the learner makes them. What
-differs is only the inputs: sharded `jax.ShapeDtypeStruct`s (`rl_core.trainable.abstract_model`
+A run's policy update is `rl_core.train.trainable.update_program` (the jitted `make_update`) of the
+algorithm's loss as its learner binds it (`rl_core.train.objective.policy_loss_function`), and its
+reference and behaviour passes are `rl_core.train.trainable.forward_program` of the learner's log-prob
+function (`rl_core.train.behaviour.logprob_fn`); the shardings are `rl_core.train.trainable.model_shardings`
+and the batch is cut by `rl_core.train.layout.BatchLayout`, all exactly as the learner makes them. What
+differs is only the inputs: sharded `jax.ShapeDtypeStruct`s (`rl_core.train.trainable.abstract_model`
 for the state) at the widest shapes a step can have, a mini-batch `TrainExample` holding the
 fields the learner's would hold (behaviour log-probs when `LogprobPasses.behaviour`, reference
 log-probs when beta != 0, the sampler's always, per-token advantages, returns and values for an
 algorithm with a critic, each group's prompt once where the layout shares them).
 
 With `training.packing`, the packed rows are planned at their most: one sequence per row (the
-count a step compiles for depends on its lengths; rl_core.packing).
+count a step compiles for depends on its lengths; rl_core.train.packing).
 """
 
 from __future__ import annotations
@@ -31,27 +31,27 @@ class PolicyPrograms:
     algo: Any
     """The algorithm's config."""
     passes: Any
-    """rl_core.behaviour.LogprobPasses: which log-prob passes a step runs."""
+    """rl_core.train.behaviour.LogprobPasses: which log-prob passes a step runs."""
     layout: Any
-    """rl_core.layout.BatchLayout of the step's batch."""
+    """rl_core.train.layout.BatchLayout of the step's batch."""
     tx: Any
-    """The optimizer (rl_core.optim.make_optimizer over the run's updates)."""
+    """The optimizer (rl_core.train.optim.make_optimizer over the run's updates)."""
     shardings: Any
-    """rl_core.trainable.ModelShardings."""
+    """rl_core.train.trainable.ModelShardings."""
     state: Any
-    """rl_core.trainable.TrainState of sharded ShapeDtypeStructs (float32 masters, optimizer state)."""
+    """rl_core.train.trainable.TrainState of sharded ShapeDtypeStructs (float32 masters, optimizer state)."""
     frozen: Any
     """The frozen base (empty without adapters), sharded ShapeDtypeStructs."""
     update: Any
-    """The jitted update (rl_core.trainable.update_program)."""
+    """The jitted update (rl_core.train.trainable.update_program)."""
     logprobs: Any
-    """The jitted log-prob pass (rl_core.trainable.forward_program)."""
+    """The jitted log-prob pass (rl_core.train.trainable.forward_program)."""
     p_len: int
     t_len: int
     mini_batch: Callable[[int], Any]
     """n -> a TrainExample of n stacked micro-batches (what the update takes)."""
     pass_inputs: Callable[[int], tuple]
-    """n -> the log-prob pass's inputs for n stacked micro-batches (as rl_core.layout.micro_batched stacks them)."""
+    """n -> the log-prob pass's inputs for n stacked micro-batches (as rl_core.train.layout.micro_batched stacks them)."""
 
 
 def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen: Any) -> PolicyPrograms:
@@ -61,13 +61,13 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     import jax.numpy as jnp
     from rl_core import mesh as mesh_lib
     from rl_core import registry
-    from rl_core.behaviour import LogprobPasses, logprob_fn
-    from rl_core.layout import BatchLayout
-    from rl_core.objective import policy_loss_function
-    from rl_core.optim import make_optimizer
-    from rl_core.packing import Packed
+    from rl_core.train.behaviour import LogprobPasses, logprob_fn
+    from rl_core.train.layout import BatchLayout
+    from rl_core.train.objective import policy_loss_function
+    from rl_core.train.optim import make_optimizer
+    from rl_core.train.packing import Packed
     from rl_core.pipeline import PolicyGradientLearner
-    from rl_core.trainable import abstract_model, forward_program, model_shardings, update_program
+    from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
     from rl_core.types import SharedPrompts, TrainExample
 
     algo = settings.algorithm_config()

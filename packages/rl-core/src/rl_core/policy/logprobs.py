@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core import mesh as mesh_lib
-from rl_core.packing import Packed, unpack
+from rl_core.train.packing import Packed, unpack
 from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache
 from rl_core.types import SharedPrompts
 
@@ -71,7 +71,7 @@ def completion_logprobs(
 
     `temperature` must match the sampler's so that the ratio to sampler
     log-probs is 1 for an unchanged policy. Greedy sampling (0) scores at 1.
-    With the sequences `packed` (rl_core.packing), the pass runs on the packed rows
+    With the sequences `packed` (rl_core.train.packing), the pass runs on the packed rows
     (`packed_logprobs`: equal on the tokens of the packing's completion masks).
     With the prompts `shared` by consecutive groups of rows, each runs once
     (`shared_prompt_hidden`: the same log-probs and gradients).
@@ -118,7 +118,7 @@ def shared_prompt_hidden(model: Policy, shared: SharedPrompts, prompt_mask: jax.
 
 def packed_logprobs(
     model: Policy,
-    packed: Packed,  # rl_core.packing: the sequences of the batch packed into rows
+    packed: Packed,  # rl_core.train.packing: the sequences of the batch packed into rows
     completion_tokens: jax.Array,  # [B, T]
     *,
     temperature: float = 1.0,
@@ -126,7 +126,7 @@ def packed_logprobs(
 ) -> tuple[jax.Array, jax.Array]:
     """`completion_logprobs` over packed rows: (logp [B, T], entropy [B, T]), equal on every
     token of the packing's completion masks; elsewhere placeholders (mask them). Traced under
-    a mesh's activation layout, the rows are packed per device (rl_core.packing)."""
+    a mesh's activation layout, the rows are packed per device (rl_core.train.packing)."""
     hidden, _ = model(packed.tokens, packed.positions, packed.attention_mask())
     hidden = unpack(hidden, packed.index, mesh_lib.traced_row_shards())  # [B, T, D]
     return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)

@@ -2,7 +2,7 @@
 
 Each model's jitted update reports (loss, grad_norm, finite, empty, and its loss's
 metric sums, maxima and minima); a non-finite one has already left the model as it
-was (rl_core.trainable). The guard counts them, and stops the run when the config
+was (rl_core.train.trainable). The guard counts them, and stops the run when the config
 says so (`on_nonfinite='stop'`) or when `max_skipped_in_a_row` come in a row.
 """
 

@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 
 from rl_core.policy import frozen as frozen_lib
 from rl_core import mesh as mesh_lib
-from rl_core.layout import BatchLayout
+from rl_core.train.layout import BatchLayout
 
 
 class LossOutput(NamedTuple):
@@ -207,7 +207,7 @@ class TrainableModel:
                 shares: bool = False) -> ForwardPass:
         """The pass `fn(model, prompt_tokens, prompt_mask, completion_tokens)` -> [B, T] outputs of
         this model (log-probs of a policy, values of a critic), run as the update runs its rows;
-        one that `packs` is also given `packed=` the layout's packed rows (rl_core.packing), one
+        one that `packs` is also given `packed=` the layout's packed rows (rl_core.train.packing), one
         that `shares` `shared=` each group's prompt once where the layout shares them (else None)."""
         return ForwardPass(self, fn, chunk_tokens=chunk_tokens, packs=packs, shares=shares)
 
@@ -218,7 +218,7 @@ class ForwardPass:
     `pass_(params, prompt_tokens, prompt_mask, completion_tokens, *per_token, mask=...)` runs
     `fn(model, prompt_tokens, prompt_mask, completion_tokens, *per_token)` on one micro-batch at
     a time (so it holds the activations the update holds) with trained `params` and its frozen base; `per_token` are further [B, T] inputs (the critic's
-    log-probs). With the completion `mask`, at the trimmed width (rl_core.trim, in multiples of
+    log-probs). With the completion `mask`, at the trimmed width (rl_core.train.trim, in multiples of
     `chunk_tokens`), zeros beyond it.
     """
 

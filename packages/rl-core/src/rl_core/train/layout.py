@@ -7,7 +7,7 @@ axes. Forward passes outside the update (log-probs, a critic's values) run one
 micro-batch at a time too, so they hold the activations the update holds.
 
 With `training.packing`, each micro-batch's sequences are also packed, per device,
-into fewer rows (rl_core.packing): the update's mini-batches carry them as
+into fewer rows (rl_core.train.packing): the update's mini-batches carry them as
 `TrainExample.packed`, and the policy's log-prob pass takes them the same way.
 Otherwise, with `training.share_prompts`, when every group of G consecutive rows has
 one prompt and each device's rows of a micro-batch are whole groups, the update's
@@ -27,8 +27,8 @@ from jax.sharding import Mesh, NamedSharding
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core.config import TrainingConfig
-from rl_core.packing import pack_micro_batches
-from rl_core.trim import trimmed_width
+from rl_core.train.packing import pack_micro_batches
+from rl_core.train.trim import trimmed_width
 from rl_core.types import SharedPrompts, TrainExample
 
 
@@ -95,17 +95,17 @@ class BatchLayout:
         return 1 if self.shared_prompts(prompt_tokens, prompt_mask) is None else self.prompt_group
 
     def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
-        """The micro-batches [M, mb, ...] packed per device (rl_core.packing), on the host."""
+        """The micro-batches [M, mb, ...] packed per device (rl_core.train.packing), on the host."""
         return pack_micro_batches(_host(prompt_tokens), _host(prompt_mask), _host(completion_tokens),
                                   _host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
 
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
                       prompt_mask: Any, completion_tokens: Any, *per_token: Any, mask: Any = None,
                       chunk_tokens: int = 1, packs: bool = False, shares: bool = False) -> Any:
-        """A forward program's [B, T] outputs (rl_core.trainable.TrainableModel.forward), run one
+        """A forward program's [B, T] outputs (rl_core.train.trainable.TrainableModel.forward), run one
         micro-batch at a time (all rows at once when B is not a multiple of the micro-batch size).
         `per_token` [B, T] inputs follow the completion tokens. With the completion `mask`, it runs
-        at the trimmed width (rl_core.trim, in multiples of `chunk_tokens`) and pads its outputs
+        at the trimmed width (rl_core.train.trim, in multiples of `chunk_tokens`) and pads its outputs
         with zeros. A program that `packs` gets the packed micro-batches as its last input (the
         tokens up to the end of `mask`; all without one); one that `shares`, the micro-batches'
         `SharedPrompts` where the update would share them, else None."""

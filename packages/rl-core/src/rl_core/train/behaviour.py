@@ -29,7 +29,7 @@ import numpy as np
 from rl_core import multihost
 from rl_core.config import RolloutConfig
 from rl_core.policy.logprobs import completion_logprobs
-from rl_core.trainable import TrainableModel
+from rl_core.train.trainable import TrainableModel
 from rl_core.types import TrainExample
 
 
@@ -48,7 +48,7 @@ class PolicyLogprobs:
                                       packs=policy.layout.packing, shares=True)
 
     def __call__(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
-        """Of the example's completions (0 past the trimmed width, see rl_core.trim)."""
+        """Of the example's completions (0 past the trimmed width, see rl_core.train.trim)."""
         return self.program(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
                             mask=example.completion_mask)
 

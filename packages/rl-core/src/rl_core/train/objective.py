@@ -20,7 +20,7 @@ from rl_core import registry
 from rl_core.math.aggregation import per_token
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.protocols import Policy
-from rl_core.trainable import LossFn, LossOutput
+from rl_core.train.trainable import LossFn, LossOutput
 from rl_core.math.policy_losses import truncated_is_weights
 from rl_core.types import TrainExample
 
@@ -36,7 +36,7 @@ def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *, beta: float) -> LossFn:
     """`policy_objective` with a run's settings bound: the registered functions `config` names, its
-    clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.behaviour.LogprobPasses.
+    clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.train.behaviour.LogprobPasses.
     loss_beta) and the sampler's temperature."""
     return functools.partial(
         policy_objective,
