@@ -38,7 +38,7 @@ from rl_core.host_memory import keep_freed_memory
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.sampler import Sampler, SamplingParams
+from rl_core.rollout.sampler import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
 
 PROMPT_TOKENS = 32

@@ -19,7 +19,7 @@ from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.sampler import GREEDY
+from rl_core.rollout.sampler import GREEDY
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from algo_test_doubles import BAG_PAGING, BagPolicy  # noqa: E402

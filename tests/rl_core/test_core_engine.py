@@ -19,7 +19,7 @@ from rl_core.rollout.backend import Requests, RolloutBackend
 from rl_core.rollout.pages import PoolExhausted
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model

@@ -36,7 +36,7 @@ from rl_core.episodes.tools import (
     run_tool,
 )
 from rl_core.policy.logprobs import completion_logprobs
-from rl_core.sampler import Completions, Sampler, SamplingParams
+from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 
 TOK = rl_models.CharTokenizer()
 EOS = TOK.eos_id

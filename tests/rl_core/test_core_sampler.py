@@ -1,4 +1,4 @@
-"""rl_core.sampler against full recomputation without a KV cache.
+"""rl_core.rollout.sampler against full recomputation without a KV cache.
 
 The reference decodes greedily by running the model without a cache over
 prompt + everything generated so far and taking the argmax at the last
@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from rl_core.policy.logprobs import completion_logprobs, sequence_inputs
-from rl_core.sampler import GREEDY, Sampler, SamplingParams, categorical, filter_logits, first_argmax
+from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams, categorical, filter_logits, first_argmax
 from rl_core.policy.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 

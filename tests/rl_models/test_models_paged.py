@@ -13,7 +13,7 @@ from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.sampler import GREEDY, Sampler
+from rl_core.rollout.sampler import GREEDY, Sampler
 from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig, lora
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.sampler import GREEDY, Completions
+from rl_core.rollout.sampler import GREEDY, Completions
 from rl_core.testing import ToyConfig, ToyLearner
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer import build, tasks

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 from flax import nnx
 from rl_core.data import Prompt
-from rl_core.sampler import GREEDY, Sampler
+from rl_core.rollout.sampler import GREEDY, Sampler
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from trainer.evaluate import generate_texts
 

@@ -35,7 +35,7 @@ from rl_core import mesh as mesh_lib  # noqa: E402
 from rl_core import multihost  # noqa: E402
 from rl_core.rollout.backend import Requests  # noqa: E402
 from rl_core.rollout.paged import EngineSettings, PagedBackend  # noqa: E402
-from rl_core.sampler import SamplingParams  # noqa: E402
+from rl_core.rollout.sampler import SamplingParams  # noqa: E402
 from rl_core.policy.tokens import left_pad  # noqa: E402
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig  # noqa: E402
 

@@ -20,7 +20,7 @@ from rl_core import mesh as mesh_lib
 from rl_core.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.sampler import GREEDY
+from rl_core.rollout.sampler import GREEDY
 from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 
 TOK = CharTokenizer()
@@ -122,7 +122,7 @@ def hf_sharded(mesh) -> dict:
 
     from safetensors.numpy import load_file
 
-    from rl_core.sampler import Sampler
+    from rl_core.rollout.sampler import Sampler
     from rl_models.hf import load_hf_model, load_hf_tokenizer
 
     fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "hf"

@@ -18,7 +18,7 @@ from rl_core import hlo
 from rl_core import mesh as mesh_lib
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 

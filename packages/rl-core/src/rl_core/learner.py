@@ -4,7 +4,7 @@
              (frozen base, shardings, optimizer, one pure jitted update
              `(state, batch) -> (state, stats)`): "policy" always; an algorithm may add
              more (PPO's "critic")
-  rollouts   the policy's sampler and rollout backend (`rl_core.generation`, rl_core.rollout)
+  rollouts   the policy's sampler and rollout backend (`rl_core.rollout.generation`, rl_core.rollout)
   recorder   the run recorder (`rl_core.recorder`): metrics, samples, checkpoints
   layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
   guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
@@ -14,18 +14,18 @@ LearnerState: each model's TrainState, the key, the step, the prompt stream's po
 the batch in flight, the algorithm's carry); `params`, `opt_state`, `rng`, `step`,
 `in_flight`, ... read it. Only the learner replaces it, from what its parts return: a
 collection returns its batch and the `Supply` past it (rl_core.data: position, carry,
-key), async rollouts return the batch in flight (rl_core.async_rollout), a checkpoint
+key), async rollouts return the batch in flight (rl_core.rollout.async_rollout), a checkpoint
 loads into a new value (rl_core.learner_state). Arrows run from the learner to its
 parts, never back: no part takes the learner.
 
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
 on a schedule and exact resume. An algorithm fills the abstract hooks: what a step
 trains on (`produce_examples`) and the policy's loss of one micro-batch (`loss_function`).
-For `training.async_rollout = "one_step"` (rl_core.async_rollout) it splits the first
+For `training.async_rollout = "one_step"` (rl_core.rollout.async_rollout) it splits the first
 in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
 and `examples_from` (what the update needs, under the current weights), plus the
 JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
-rl_core.async_rollout.CollectHalves).
+rl_core.rollout.async_rollout.CollectHalves).
 rl_core.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
 package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
@@ -59,13 +59,13 @@ from jax.sharding import Mesh
 
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
+from rl_core.rollout.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
 from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
 from rl_core.episodes.runner import Rollout
 from rl_core.faults import fault_point
-from rl_core.generation import PolicyRollouts, rollout_prompts
+from rl_core.rollout.generation import PolicyRollouts, rollout_prompts
 from rl_core.train.layout import BatchLayout
 from rl_core.mesh import data_mesh
 from rl_core.meter import Meter
@@ -74,7 +74,7 @@ from rl_core.train.optim import make_optimizer
 from rl_core.policy.protocols import PagedModel
 from rl_core.progress import ProgressBar
 from rl_core.recorder import RunRecorder
-from rl_core.sampler import Completions, SamplingParams
+from rl_core.rollout.sampler import Completions, SamplingParams
 from rl_core.policy.tokens import Tokenizer
 from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
 from rl_core.train.trim import trim_example, trimmed_width
@@ -335,7 +335,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
                         ) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
-        each, or with `rollout.environment` whole multi-turn episodes (rl_core.generation.rollout_prompts);
+        each, or with `rollout.environment` whole multi-turn episodes (rl_core.rollout.generation.rollout_prompts);
         `key`: sample with it instead of the training key stream."""
         return rollout_prompts(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key)
 

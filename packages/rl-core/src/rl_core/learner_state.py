@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from rl_core.async_rollout import InFlight
+from rl_core.rollout.async_rollout import InFlight
 from rl_core.train.trainable import TrainState
 
 POLICY = "policy"

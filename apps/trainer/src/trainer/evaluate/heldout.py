@@ -13,7 +13,7 @@ from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeLimits, EpisodeRecord, episode_metrics, run_episodes
 from rl_core.registry import environment_factory
-from rl_core.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
 
 from trainer.tasks import Task

@@ -77,7 +77,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     import numpy as np
     from flax import nnx
     from rl_core import mesh as mesh_lib
-    from rl_core.sampler import Sampler, SamplingParams
+    from rl_core.rollout.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib

@@ -9,7 +9,7 @@ from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.runner import EpisodeLimits, Rollout, run_episodes, single_turn
 from rl_core.registry import environment_factory
-from rl_core.sampler import Completions
+from rl_core.rollout.sampler import Completions
 from rl_core.policy.tokens import Tokenizer, encode_prompts
 
 

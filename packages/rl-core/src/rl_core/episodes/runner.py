@@ -36,7 +36,7 @@ import numpy as np
 from rl_core import multihost
 from rl_core.data import Prompt
 from rl_core.episodes.env import JSON, ContractError, Environment, StepResult, checked_result, checked_state
-from rl_core.sampler import Completions
+from rl_core.rollout.sampler import Completions
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts, left_pad
 
 MODEL = "model"

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from rl_core.sampler import Completions, SamplingParams
+from rl_core.rollout.sampler import Completions, SamplingParams
 
 
 class Requests(NamedTuple):

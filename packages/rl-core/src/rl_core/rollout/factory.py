@@ -14,7 +14,7 @@ from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.sampler import Sampler
+from rl_core.rollout.sampler import Sampler
 
 
 def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1) -> EngineSettings:

@@ -45,7 +45,7 @@ from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.step import Prefill, Slots, engine_step
-from rl_core.sampler import Completions, SamplingParams
+from rl_core.rollout.sampler import Completions, SamplingParams
 
 DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
 """Inference weights: split over `tensor` only, whole on every data/fsdp device."""

@@ -25,7 +25,7 @@ import numpy as np
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.pages import PoolExhausted
 from rl_core.rollout.step import Prefill, Slots
-from rl_core.sampler import Completions, SamplingParams
+from rl_core.rollout.sampler import Completions, SamplingParams
 
 
 @dataclasses.dataclass(eq=False)

@@ -13,11 +13,11 @@ from typing import Any
 import jax
 
 from rl_core.rollout.backend import Requests, with_version
-from rl_core.sampler import Completions, Sampler, SamplingParams
+from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 
 
 class StaticBackend:
-    """`RolloutBackend` over a `rl_core.sampler.Sampler`."""
+    """`RolloutBackend` over a `rl_core.rollout.sampler.Sampler`."""
 
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler

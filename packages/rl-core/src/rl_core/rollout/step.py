@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.policy.protocols import PagedModel
-from rl_core.sampler import SamplingParams, categorical, sample_with
+from rl_core.rollout.sampler import SamplingParams, categorical, sample_with
 
 
 class Prefill(NamedTuple):
@@ -49,8 +49,8 @@ def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """(token [S], log-prob [S]) with one key per row (`rl_core.sampler.sample_token` has one
-    key for all rows); see `rl_core.sampler.sample_with`."""
+    """(token [S], log-prob [S]) with one key per row (`rl_core.rollout.sampler.sample_token` has one
+    key for all rows); see `rl_core.rollout.sampler.sample_with`."""
     return sample_with(lambda filtered: jax.vmap(categorical)(keys, filtered), logits, params)
 
 

@@ -125,7 +125,7 @@ class RolloutThread:
 
 
 class Pinning(Protocol):
-    """Where rollouts sample (rl_core.generation.PolicyRollouts): weights pinned for a collection."""
+    """Where rollouts sample (rl_core.rollout.generation.PolicyRollouts): weights pinned for a collection."""
 
     def pin(self, version: int, params: Any) -> None: ...
 

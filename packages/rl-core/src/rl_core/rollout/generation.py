@@ -5,7 +5,7 @@ the rollout backend `rollout.engine` asks for (rl_core.rollout), and hands the
 backend the policy's weights on the first rollout after they change, stamped with
 the learner's step as their version, unless weights are pinned (`pin`): then it
 samples with those until `unpin`, whatever the policy's parameters become (the
-asynchronous rollouts of rl_core.async_rollout).
+asynchronous rollouts of rl_core.rollout.async_rollout).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rl_core.episodes.runner import Rollout
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
-from rl_core.sampler import Completions, Sampler, SamplingParams
+from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.train.trainable import TrainableModel
 
