@@ -130,7 +130,7 @@ MUTATIONS = [
       '        tensors[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)',
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
-    m("checkpoint-holds-the-base", f"{CORE}/learner.py",
+    m("checkpoint-holds-the-base", f"{CORE}/learner/base.py",
       "        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)",
       '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.frozen}, meta=meta)',
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
@@ -145,7 +145,7 @@ MUTATIONS = [
       "step=step)",
       "tests/trainer/test_trainer_loggers.py", "-k", "wandb"),
     # -- resume -----------------------------------------------------------------------------
-    m("kill-after-checkpoint-2", f"{CORE}/learner.py",
+    m("kill-after-checkpoint-2", f"{CORE}/learner/base.py",
       '                fault_point("logged", self.step)',
       '                fault_point("logged", self.step - 1)',
       "tests/trainer/test_trainer_multihost.py", slow=True),

@@ -32,7 +32,7 @@ from rl_core import compiles, registry
 from rl_core.math.aggregation import per_token
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner import RLLearner
+from rl_core.learner.base import RLLearner
 from rl_core.testing import tree_max_abs_diff
 from rl_core.types import TrainExample
 

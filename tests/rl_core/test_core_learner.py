@@ -1,4 +1,4 @@
-"""rl_core.learner: exact micro-batching, the non-finite guard and a fixed set of compiled programs.
+"""rl_core.learner.base: exact micro-batching, the non-finite guard and a fixed set of compiled programs.
 
 Most tests train `ToyLearner` (loss -A * logp, aggregated by the configured
 mode) on one hand-made batch, so that every learner sees identical data and
@@ -19,7 +19,7 @@ from flax import nnx
 from rl_core.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptStream
-from rl_core.learner import NonFiniteUpdateError, StepBatch
+from rl_core.learner.base import NonFiniteUpdateError, StepBatch
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.registry import get
 from rl_core.testing import ToyConfig, ToyLearner

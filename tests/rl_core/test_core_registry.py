@@ -16,7 +16,7 @@ import pytest
 
 from rl_core import registry as registry_module
 from rl_core.config import AlgorithmConfig
-from rl_core.learner import RLLearner
+from rl_core.learner.base import RLLearner
 from rl_core.registry import ALGORITHM, Algorithm, Registry, RegistryError
 from rl_core.testing import ToyConfig, ToyLearner
 

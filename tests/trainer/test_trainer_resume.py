@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from rl_core.learner import RLLearner
+from rl_core.learner.base import RLLearner
 from trainer.cli import main
 
 pytestmark = pytest.mark.e2e

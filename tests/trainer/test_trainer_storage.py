@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 from fsspec.registry import known_implementations
 from rl_core.config import ConfigError
-from rl_core.learner import RLLearner
+from rl_core.learner.base import RLLearner
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer import build
 from trainer.cli import main

@@ -9,7 +9,7 @@ import json
 import jax
 import numpy as np
 
-from rl_core.learner import data_mesh
+from rl_core.learner.base import data_mesh
 from rl_core.types import TrainExample
 from toy_run import DATA_PARALLEL_TRAINING, make_learner, max_abs_diff, params_numpy
 

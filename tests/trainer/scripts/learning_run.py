@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rl_core.pipeline import PolicyGradientLearner
+from rl_core.learner.pipeline import PolicyGradientLearner
 from trainer.run import train_run
 from trainer.settings import build_settings
 

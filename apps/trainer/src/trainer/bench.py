@@ -58,7 +58,7 @@ from trainer.settings import build_settings
 
 
 class _Recorder:
-    """Counts the real tokens each model phase processes: the learner's meter (rl_core.meter),
+    """Counts the real tokens each model phase processes: the learner's meter (rl_core.learner.meter),
     told the rows of every generation, scoring pass, trained batch and update."""
 
     def __init__(self, cfg: TransformerConfig) -> None:

@@ -2,7 +2,7 @@
 update as a phase of its own.
 
 The learner's update (`time/update`) trains the policy and then the critic on each mini-batch.
-With a meter (rl_core.meter) the learner times the critic's updates apart: before each it waits
+With a meter (rl_core.learner.meter) the learner times the critic's updates apart: before each it waits
 for every model's pending work and after it for the critic's, so the seconds are the critic's
 alone (on a real run the two would overlap a little in dispatch; here they are serialised, which
 is what a per-phase time needs), and reports them as `time/critic_update`. Bench's `split` then
@@ -54,7 +54,7 @@ def critic_flops(config: Any, example: Any, passes: int) -> tuple[float, float]:
 
 def split(record: dict[str, Any]) -> dict[str, Any]:
     """A step's metrics with the critic's update seconds (the learner's `time/critic_update`,
-    timed apart with a meter; rl_core.meter) out of time/update."""
+    timed apart with a meter; rl_core.learner.meter) out of time/update."""
     seconds = record.get(f"time/{PHASE}", 0.0)
     return record | {"time/update": record["time/update"] - seconds, f"time/{PHASE}": seconds}
 

@@ -26,8 +26,8 @@ from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
 from rl_core import registry, storage
-from rl_core.learner import RLLearner
-from rl_core.meter import Meter
+from rl_core.learner.base import RLLearner
+from rl_core.learner.meter import Meter
 from rl_core.config import ConfigError
 from rl_core.policy.tokens import Tokenizer
 from rl_models import (
@@ -339,5 +339,5 @@ def learner(
         output_dir=output_dir,
         run_config=settings.resolved(),
         progress=progress,
-        meter=meter,  # a benchmark's (rl_core.meter)
+        meter=meter,  # a benchmark's (rl_core.learner.meter)
     )

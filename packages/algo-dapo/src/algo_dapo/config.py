@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from algo_grpo import GRPOConfig
 from rl_core.config import Config, check
-from rl_core.groups import TOTAL
+from rl_core.learner.groups import TOTAL
 
 from algo_dapo.overlong import overlong_penalty
 

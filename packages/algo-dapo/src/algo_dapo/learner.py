@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from algo_grpo import GRPOLearner
 from rl_core.data import Prompt, Supply
-from rl_core.groups import Groups, concat
+from rl_core.learner.groups import Groups, concat
 
 from algo_dapo.config import DAPOConfig
 

@@ -1,4 +1,4 @@
-"""PPOLearner: rl-core's policy-gradient pipeline (rl_core.pipeline) with a critic trained beside the policy.
+"""PPOLearner: rl-core's policy-gradient pipeline (rl_core.learner.pipeline) with a critic trained beside the policy.
 
 example_from_groups(groups)        (the pipeline's step, overridden)
   = to_example -> add_logprobs     behaviour log-probs when the update can be off-policy or
@@ -6,7 +6,7 @@ example_from_groups(groups)        (the pipeline's step, overridden)
   -> critic_values(example)        V(s_t) [B, T] at collection time
   -> advantages                    token rewards, GAE, whitening: one jitted program
 
-The update (rl_core.learner) then trains each mini-batch twice: the policy with
+The update (rl_core.learner.base) then trains each mini-batch twice: the policy with
 the pipeline's clipped surrogate (rl_core.train.objective) on per-token advantages, the
 critic with `critic_loss`.
 """
@@ -25,9 +25,9 @@ from rl_core import multihost, registry
 from rl_core.math.aggregation import aggregate
 from rl_core.data import Prompt
 from rl_core.episodes.runner import turn_reward_tokens
-from rl_core.groups import Groups
-from rl_core.learner import StepBatch
-from rl_core.pipeline import PolicyGradientLearner
+from rl_core.learner.groups import Groups
+from rl_core.learner.base import StepBatch
+from rl_core.learner.pipeline import PolicyGradientLearner
 from rl_core.policy.protocols import ValueFunction
 from rl_core.math.returns import explained_variance, gae, token_rewards
 from rl_core.train.trainable import LossFn, LossOutput

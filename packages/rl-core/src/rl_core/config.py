@@ -327,7 +327,7 @@ class TrainingConfig(Config):
     """off: each step samples its batch with the current weights, then trains on it. one_step:
     the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
     trains, so generation and reward scoring overlap the update; staleness is at most one step,
-    corrected by the algorithm's truncated importance weight (see rl_core.learner)."""
+    corrected by the algorithm's truncated importance weight (see rl_core.learner.base)."""
     share_prompts: bool = True
     """Run each group's prompt once in the policy's update and log-prob passes, not once per
     completion: the prompt fills a KV cache its G rows continue from (the same log-probs and

@@ -57,7 +57,7 @@ class Algorithm:
     config: type
     """The frozen config class (a subclass of `rl_core.config.AlgorithmConfig`)."""
     learner: type
-    """The learner class (a subclass of `rl_core.learner.RLLearner`)."""
+    """The learner class (a subclass of `rl_core.learner.base.RLLearner`)."""
     functions: Mapping[str, Mapping[str, Callable[..., Any]]] = dataclasses.field(default_factory=dict)
     """Math this algorithm owns, by category then name (e.g. its advantage estimator)."""
 

@@ -21,7 +21,7 @@ from flax import nnx
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, check
 from rl_core.data import Prompt
-from rl_core.learner import RLLearner, StepBatch
+from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.train.trainable import LossFn, LossOutput
 from rl_core.types import TrainExample

@@ -13,7 +13,7 @@ from rl_core.compiles import use_persistent_cache
 from rl_core.config import ConfigError
 from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
-from rl_core.learner import NonFiniteUpdateError
+from rl_core.learner.base import NonFiniteUpdateError
 from rl_core.registry import RegistryError
 from rl_core.files import RunFileError
 from rl_core.storage import StorageError

@@ -66,14 +66,14 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     from rl_core.train.objective import policy_loss_function
     from rl_core.train.optim import make_optimizer
     from rl_core.train.packing import Packed
-    from rl_core.pipeline import PolicyGradientLearner
+    from rl_core.learner.pipeline import PolicyGradientLearner
     from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
     from rl_core.types import SharedPrompts, TrainExample
 
     algo = settings.algorithm_config()
     learner = registry.get_algorithm(settings.algo).learner
     if not issubclass(learner, PolicyGradientLearner):
-        raise ConfigError(f"trainer plan compiles rl_core.pipeline's update; {settings.algo}'s learner "
+        raise ConfigError(f"trainer plan compiles rl_core.learner.pipeline's update; {settings.algo}'s learner "
                           f"{learner.__name__} is not a PolicyGradientLearner")
     training, rollout = settings.training, settings.rollout
     group = getattr(algo, "group_size", 1)

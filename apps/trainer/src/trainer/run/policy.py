@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from flax import nnx
 from rl_core import storage
 from rl_core.checkpoint import Checkpointer
-from rl_core.learner import RLLearner
+from rl_core.learner.base import RLLearner
 from rl_core.run_layout import CHECKPOINTS
 from rl_core.policy.tokens import Tokenizer
 

@@ -10,10 +10,10 @@ algorithm that carries them records them). Only on a provably on-policy step may
 `old_logp` be None: the loss then uses stop_gradient(logp), which is exactly equal in
 value. With async rollouts the sampler's weights are a step older than the update's:
 `old_logp` is then the proximal policy's, the current weights' when the step trains
-(decoupled PPO; see rl_core.pipeline).
+(decoupled PPO; see rl_core.learner.pipeline).
 
 `LogprobPasses` decides, in this one place, which log-prob passes a step of the pipeline
-(rl_core.pipeline) runs besides the update's own: the behaviour pass (at collection time
+(rl_core.learner.pipeline) runs besides the update's own: the behaviour pass (at collection time
 for carried rows, before the update for the others), and the reference pass.
 """
 

@@ -3,7 +3,7 @@
 `policy_objective(model, example, ...)` is what the policy's jitted update differentiates
 for every variant: the policy's log-probs of the example's completions, then
 `policy_gradient_loss` on them. `policy_loss_function(config, rollout, beta=...)` binds a run's
-settings, a pure function of the configs: rl_core.pipeline.PolicyGradientLearner.loss_function
+settings, a pure function of the configs: rl_core.learner.pipeline.PolicyGradientLearner.loss_function
 returns it, and `trainer plan` compiles the update on it without building a learner.
 """
 
@@ -26,7 +26,7 @@ from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
     from rl_core.config import RolloutConfig
-    from rl_core.pipeline_config import PolicyGradientConfig
+    from rl_core.learner.pipeline_config import PolicyGradientConfig
 
 
 def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:

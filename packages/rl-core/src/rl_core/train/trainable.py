@@ -5,7 +5,7 @@ Each is made from an NNX module, an optax optimizer and the loss of one micro-ba
 an update changes, the model's `TrainState` (float32 master weights of its trained
 parameters, laid out by the mesh rules (rl_core.mesh) whatever dtype the module stores them
 in, so a float32 update is never rounded onto bfloat16 parameters, and their optimizer
-state), is a value the learner holds (rl_core.learner_state.LearnerState): the part makes the
+state), is a value the learner holds (rl_core.learner.state.LearnerState): the part makes the
 first one (`init_state`) and turns one into the next (`update`). The part owns:
 
   - the frozen base (`frozen`, empty without adapters; see rl_core.policy.frozen), placed

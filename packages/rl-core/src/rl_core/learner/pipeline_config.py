@@ -1,4 +1,4 @@
-"""PolicyGradientConfig: every knob the policy-gradient pipeline (rl_core.pipeline) reads.
+"""PolicyGradientConfig: every knob the policy-gradient pipeline (rl_core.learner.pipeline) reads.
 
 Its defaults are GRPO's (Shao et al. 2024, arXiv:2402.03300), the algorithm the
 variants change: GRPOConfig (package algo-grpo) keeps them as they are, and each variant's
@@ -16,7 +16,7 @@ from rl_core.config import AlgorithmConfig, check, check_registered
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PolicyGradientConfig(AlgorithmConfig):
     """Sampling G completions per prompt, advantages, the clipped surrogate, KL and importance
-    sampling: the fields of rl_core.pipeline.PolicyGradientLearner, with GRPO's defaults."""
+    sampling: the fields of rl_core.learner.pipeline.PolicyGradientLearner, with GRPO's defaults."""
 
     estimator_category: ClassVar[str] = "advantage_estimator"
     """Registry category of `advantage_estimator`: "advantage_estimator" compares the G completions

@@ -9,13 +9,13 @@
   layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
   guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
 
-What a step changes is one value the learner holds, `state` (rl_core.learner_state.
+What a step changes is one value the learner holds, `state` (rl_core.learner.state.
 LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
 the batch in flight, the algorithm's carry); `params`, `opt_state`, `rng`, `step`,
 `in_flight`, ... read it. Only the learner replaces it, from what its parts return: a
 collection returns its batch and the `Supply` past it (rl_core.data: position, carry,
 key), async rollouts return the batch in flight (rl_core.rollout.async_rollout), a checkpoint
-loads into a new value (rl_core.learner_state). Arrows run from the learner to its
+loads into a new value (rl_core.learner.state). Arrows run from the learner to its
 parts, never back: no part takes the learner.
 
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
@@ -26,8 +26,8 @@ in two: `collect` (rollout and scoring, on the rollout thread, with pinned weigh
 and `examples_from` (what the update needs, under the current weights), plus the
 JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
 rl_core.rollout.async_rollout.CollectHalves).
-rl_core.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
-package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
+rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
+package runs (sample, score, advantages, log-probs; the config in rl_core.learner.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(state, mini)` (rl_core.train.trainable) -> the jitted
@@ -68,8 +68,8 @@ from rl_core.faults import fault_point
 from rl_core.rollout.generation import PolicyRollouts, rollout_prompts
 from rl_core.train.layout import BatchLayout
 from rl_core.mesh import data_mesh
-from rl_core.meter import Meter
-from rl_core.learner_state import POLICY, LearnerState, load_state, state_arrays, state_meta
+from rl_core.learner.meter import Meter
+from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.train.optim import make_optimizer
 from rl_core.policy.protocols import PagedModel
 from rl_core.progress import ProgressBar
@@ -133,7 +133,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     ) -> None:
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         self.reward_manager, self.eval_fn = reward_manager, eval_fn
-        self.meter = meter  # told the rows each phase processes (rl_core.meter), for a benchmark
+        self.meter = meter  # told the rows each phase processes (rl_core.learner.meter), for a benchmark
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
         self.mesh = mesh or mesh_lib.training_mesh(training)
         # in a multi-process run, process 0 alone writes files and shows progress
@@ -146,7 +146,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if rollout.top_k > policy.vocab_size:
             raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
         self.models: dict[str, TrainableModel] = {}
-        # everything a step changes, one value (rl_core.learner_state); on the mesh, replicated:
+        # everything a step changes, one value (rl_core.learner.state); on the mesh, replicated:
         # every process splits the same key the same way
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(self.mesh)))
@@ -230,7 +230,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     # -- the state: one value, read here, replaced only by the learner ----------------------
 
-    state = property(lambda self: self._state, doc="everything a step changes (rl_core.learner_state.LearnerState)")
+    state = property(lambda self: self._state, doc="everything a step changes (rl_core.learner.state.LearnerState)")
     rng = _state_field("rng", "the training key stream's PRNG key")
     step = _state_field("step", "the steps done")
     data_position = _state_field("data_position", "the prompt stream's position")
@@ -516,7 +516,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     # -- checkpoints ------------------------------------------------------------------------
 
     def checkpoint_arrays(self) -> dict[str, Any]:
-        """The arrays a checkpoint holds (see rl_core.learner_state)."""
+        """The arrays a checkpoint holds (see rl_core.learner.state)."""
         return state_arrays(self._state)
 
     def save_checkpoint(self) -> None:

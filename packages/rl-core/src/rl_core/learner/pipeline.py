@@ -14,12 +14,12 @@ produce_examples(prompts)
                                      reference log-probs (beta != 0)
 
 The update then differentiates `loss_function()`: rl_core.train.objective.policy_objective
-with this run's settings bound (see rl_core.learner for the path from the learner).
+with this run's settings bound (see rl_core.learner.base for the path from the learner).
 GRPO (package algo-grpo) is this pipeline with PolicyGradientConfig's defaults; a variant overrides
 the config's defaults and the one step it changes. G = 1 is allowed where the config's
 estimator category takes a critic's values (PPO).
 
-Behaviour log-probs follow rl_core.learner's contract: recorded by the
+Behaviour log-probs follow rl_core.learner.base's contract: recorded by the
 learner's own forward pass at collection time whenever the update can be
 off-policy (several iterations or mini-batches, or rows carried from an
 earlier step, which keep the log-probs recorded when they were collected);
@@ -55,10 +55,10 @@ from rl_core import multihost, registry
 from rl_core.train.behaviour import LogprobPasses
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
-from rl_core.groups import TOTAL, Groups
-from rl_core.learner import RLLearner, StepBatch
+from rl_core.learner.groups import TOTAL, Groups
+from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
-from rl_core.pipeline_config import PolicyGradientConfig
+from rl_core.learner.pipeline_config import PolicyGradientConfig
 from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample
 
