@@ -135,11 +135,11 @@ MUTATIONS = [
       '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.frozen}, meta=meta)',
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------
-    m("tensorboard-rewards-only", f"{CORE}/metrics.py",
+    m("tensorboard-rewards-only", f"{CORE}/run/metrics.py",
       '                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):',
       '                if key.startswith("rewards/") and isinstance(value, (int, float)) and math.isfinite(value):',
       "tests/trainer/test_trainer_loggers.py", "-k", "tensorboard"),
-    m("wandb-two-keys", f"{CORE}/sinks.py",
+    m("wandb-two-keys", f"{CORE}/run/sinks.py",
       "        self.run.log(scalars(metrics), step=step)",
       '        self.run.log({k: v for k, v in scalars(metrics).items() if k in ("train/loss", "rewards/total/mean")}, '
       "step=step)",

@@ -2,7 +2,7 @@
 
 import io
 
-from rl_core.progress import ProgressBar, clock
+from rl_core.run.progress import ProgressBar, clock
 
 
 class FakeClock:

@@ -12,10 +12,10 @@ import pytest
 from tensorboardX import SummaryWriter
 from tensorboardX.proto import event_pb2
 
-from rl_core.checkpoint import Checkpointer, damage_reason, saved_steps
-from rl_core.run_layout import CORRUPT_CHECKPOINTS
-from rl_core.files import RunFileError, atomic_write_text, keep_records_through, read_jsonl
-from rl_core.tb_events import truncate_events
+from rl_core.run.checkpoint import Checkpointer, damage_reason, saved_steps
+from rl_core.run.layout import CORRUPT_CHECKPOINTS
+from rl_core.run.files import RunFileError, atomic_write_text, keep_records_through, read_jsonl
+from rl_core.run.tb_events import truncate_events
 
 
 def lines(*steps):

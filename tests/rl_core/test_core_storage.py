@@ -1,4 +1,4 @@
-"""rl_core.storage: a folder at a URL worked on in a local copy, and the recorder's checkpoints there.
+"""rl_core.run.storage: a folder at a URL worked on in a local copy, and the recorder's checkpoints there.
 
 fsspec's memory:// filesystem lives in this process; file:// is a real folder to look into.
 """
@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_core import storage
+from rl_core.run import storage
 from rl_core.config import TrainingConfig
-from rl_core.recorder import RunRecorder
+from rl_core.run.recorder import RunRecorder
 
 
 class Crash(Exception):

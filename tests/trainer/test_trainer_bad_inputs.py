@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from rl_core.checkpoint import saved_steps
+from rl_core.run.checkpoint import saved_steps
 from rl_models import CharTokenizer
 
 from rewards import RewardSpec
@@ -234,9 +234,9 @@ def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(
 @pytest.mark.parametrize("fault", ["metrics.jsonl:3", "samples.jsonl:3", "tensorboard:3", "checkpoints:3"])
 def test_a_full_disk_while_training_is_one_line_and_the_last_checkpoint_resumes(capsys, tmp_path, monkeypatch, fault):
     """The disk fills as step 3 writes its metrics, samples, TensorBoard events or checkpoint
-    (rl_core.faults raises the OSError a full disk gives there): one line naming the file, exit 2,
+    (rl_core.run.faults raises the OSError a full disk gives there): one line naming the file, exit 2,
     checkpoints 1 and 2 intact, and the resume that follows ends as an uninterrupted run."""
-    from rl_core import faults
+    from rl_core.run import faults
 
     monkeypatch.setattr(faults, "_parsed", {})
     monkeypatch.setenv(faults.ENV, f"enospc@write:{fault}")

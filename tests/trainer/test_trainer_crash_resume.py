@@ -33,9 +33,9 @@ import orbax.checkpoint as ocp
 import pytest
 from tensorboardX.proto import event_pb2
 
-from rl_core.checkpoint import saved_steps
-from rl_core.run_layout import CORRUPT_CHECKPOINTS
-from rl_core.faults import ENV
+from rl_core.run.checkpoint import saved_steps
+from rl_core.run.layout import CORRUPT_CHECKPOINTS
+from rl_core.run.faults import ENV
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from rl_core.config import ConfigError
-from rl_core.sinks import WandbSink
+from rl_core.run.sinks import WandbSink
 from trainer.cli import main
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from rl_core.checkpoint import Checkpointer
+from rl_core.run.checkpoint import Checkpointer
 from rl_core.config import ConfigError
 from rl_models.hf import load_hf_model
 from trainer.cli import main

@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rl_core.faults import ENV
+from rl_core.run.faults import ENV
 
 pytestmark = pytest.mark.multidevice
 

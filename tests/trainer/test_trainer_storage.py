@@ -1,4 +1,4 @@
-"""`trainer` with run folders, checkpoints, exports and model folders at URLs (rl_core.storage).
+"""`trainer` with run folders, checkpoints, exports and model folders at URLs (rl_core.run.storage).
 
 The end-to-end run repeats the shared `trained_run` (its config.yaml: two GRPO steps,
 checkpoints at steps 1 and 2) at URLs and must end exactly where it did: the same records,

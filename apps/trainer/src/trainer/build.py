@@ -25,7 +25,8 @@ from rewards import RewardManager
 from jax.sharding import Mesh
 from rl_core import mesh as mesh_lib
 from rl_core import multihost
-from rl_core import registry, storage
+from rl_core import registry
+from rl_core.run import storage
 from rl_core.learner.base import RLLearner
 from rl_core.learner.meter import Meter
 from rl_core.config import ConfigError

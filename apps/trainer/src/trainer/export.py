@@ -20,7 +20,7 @@ aside (`.<name>.export-tmp`) and renamed into place when complete, so a failed
 export (a full disk) leaves what was there before.
 
 `--run` and `--out` may be URLs (gs://bucket/..., any fsspec filesystem; see
-rl_core.storage): a run at a URL is read from a local copy; an export to a URL is
+rl_core.run.storage): a run at a URL is read from a local copy; an export to a URL is
 written locally, then uploaded with config.json (or adapter_config.json) last, so
 a reader that finds it finds the rest, and the files of an export it replaces are
 removed after.
@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core import storage
+from rl_core.run import storage
 from rl_core.config import ConfigError
 from rl_models.hf import export_hf, export_peft, write_char_tokenizer
 from rl_models.lora import has_adapters, merge_adapters

@@ -17,13 +17,13 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from rl_core.checkpoint import remove_unfinished_saves
+from rl_core.run.checkpoint import remove_unfinished_saves
 from rl_core.data import Prompt
 from rl_core.registry import environment_factory
 from rl_core.episodes.scripted import scripted_episode
-from rl_core.faults import fault_point
+from rl_core.run.faults import fault_point
 from rl_core.policy.logprobs import completion_logprobs
-from rl_core.progress import ProgressBar
+from rl_core.run.progress import ProgressBar
 from rl_core.policy.tokens import Tokenizer, encode_prompts
 
 from trainer.tasks import Task

@@ -15,8 +15,8 @@ from rl_core.cpu_random import unroll_threefry_on_cpu
 from rl_core.host_memory import keep_freed_memory
 from rl_core.learner.base import NonFiniteUpdateError
 from rl_core.registry import RegistryError
-from rl_core.files import RunFileError
-from rl_core.storage import StorageError
+from rl_core.run.files import RunFileError
+from rl_core.run.storage import StorageError
 from rl_models.hf import HFFolderError
 
 from trainer.cli import algos, bench, compare, config, explain, export, plan, tasks, train

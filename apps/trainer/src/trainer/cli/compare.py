@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rl_core.config import ConfigError
-from rl_core.storage import is_url
+from rl_core.run.storage import is_url
 
 from trainer.cli.common import DEFAULT_COMPARE_DIR, SETTINGS_HINT, location
 

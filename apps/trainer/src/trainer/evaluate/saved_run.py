@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_core import storage
+from rl_core.run import storage
 from rl_core.config import ConfigError
 
 from trainer import build

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_core import multihost, storage
-from rl_core.checkpoint import saved_steps
+from rl_core import multihost
+from rl_core.run import storage
+from rl_core.run.checkpoint import saved_steps
 from rl_core.config import ConfigError
-from rl_core.files import atomic_write_text, read_jsonl
-from rl_core.run_layout import CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, RUN_FILES, SETTINGS_AT_START, SUMMARY
+from rl_core.run.files import atomic_write_text, read_jsonl
+from rl_core.run.layout import CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, RUN_FILES, SETTINGS_AT_START, SUMMARY
 
 from trainer.settings import RunSettings, build_settings, load_yaml
 

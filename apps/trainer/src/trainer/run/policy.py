@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flax import nnx
-from rl_core import storage
-from rl_core.checkpoint import Checkpointer
+from rl_core.run import storage
+from rl_core.run.checkpoint import Checkpointer
 from rl_core.learner.base import RLLearner
-from rl_core.run_layout import CHECKPOINTS
+from rl_core.run.layout import CHECKPOINTS
 from rl_core.policy.tokens import Tokenizer
 
 from trainer import build

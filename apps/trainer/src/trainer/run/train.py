@@ -11,7 +11,7 @@ it; process 0 alone writes and removes files and logs, the others keep in step.
 
 A run folder may be a URL (gs://bucket/runs/x, or any fsspec filesystem): the run
 works in a local copy pulled from it, and the copy is pushed back after each
-checkpoint and when the run ends (see rl_core.storage); messages name the URL.
+checkpoint and when the run ends (see rl_core.run.storage); messages name the URL.
 
 The folder's own files and rules (making room, the settings a run started with, whether it
 can resume) are in trainer.run.folder.
@@ -28,10 +28,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core import multihost, storage
-from rl_core.checkpoint import saved_steps
-from rl_core.faults import fault_point
-from rl_core.run_layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMMARY
+from rl_core import multihost
+
+from rl_core.run import storage
+from rl_core.run.checkpoint import saved_steps
+from rl_core.run.faults import fault_point
+from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMMARY
 
 from trainer import build
 from trainer.evaluate import evaluate
@@ -225,7 +227,7 @@ def train_run(
 
 STAGED_SAVES = ("checkpoints/*", "base-policy-*.partial/*", "base-policy-" + "?" * 12)
 """Orbax saves in a run folder: the checkpoints, the warm start's, the cached base policy
-(`build.base_policy`). At a URL each counts only once complete (rl_core.storage)."""
+(`build.base_policy`). At a URL each counts only once complete (rl_core.run.storage)."""
 
 
 def _train_at_url(settings: RunSettings, url: str, *, resume: bool, overwrite: bool, log: Callable[[str], None],

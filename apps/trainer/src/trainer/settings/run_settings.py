@@ -21,7 +21,8 @@ from typing import Any
 
 import jax
 import yaml
-from rl_core import registry, storage
+from rl_core import registry
+from rl_core.run import storage
 from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS

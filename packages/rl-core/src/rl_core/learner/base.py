@@ -5,7 +5,7 @@
              `(state, batch) -> (state, stats)`): "policy" always; an algorithm may add
              more (PPO's "critic")
   rollouts   the policy's sampler and rollout backend (`rl_core.rollout.generation`, rl_core.rollout)
-  recorder   the run recorder (`rl_core.recorder`): metrics, samples, checkpoints
+  recorder   the run recorder (`rl_core.run.recorder`): metrics, samples, checkpoints
   layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
   guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
 
@@ -64,7 +64,7 @@ from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
 from rl_core.episodes.runner import Rollout
-from rl_core.faults import fault_point
+from rl_core.run.faults import fault_point
 from rl_core.rollout.generation import PolicyRollouts, rollout_prompts
 from rl_core.train.layout import BatchLayout
 from rl_core.mesh import data_mesh
@@ -72,8 +72,8 @@ from rl_core.learner.meter import Meter
 from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.train.optim import make_optimizer
 from rl_core.policy.protocols import PagedModel
-from rl_core.progress import ProgressBar
-from rl_core.recorder import RunRecorder
+from rl_core.run.progress import ProgressBar
+from rl_core.run.recorder import RunRecorder
 from rl_core.rollout.sampler import Completions, SamplingParams
 from rl_core.policy.tokens import Tokenizer
 from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
@@ -527,7 +527,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """Restore the newest checkpoint in the run folder that restores; True when one did.
 
         A damaged newer checkpoint is moved aside with one line in `log`; records the killed
-        run wrote past the restored step are dropped (see rl_core.recorder).
+        run wrote past the restored step are dropped (see rl_core.run.recorder).
         """
         restored = self.recorder.restore(like=state_arrays(self._state), log=log)
         if restored is not None:

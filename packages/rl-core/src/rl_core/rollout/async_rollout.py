@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Protocol
 import jax
 
 from rl_core.data import Prompt, Supply
-from rl_core.faults import fault_point
+from rl_core.run.faults import fault_point
 from rl_core.types import StepBatch, TrainExample
 
 

@@ -45,8 +45,8 @@ import jax
 import orbax.checkpoint as ocp
 
 from rl_core import multihost
-from rl_core.faults import fault_point
-from rl_core.run_layout import CORRUPT_CHECKPOINTS
+from rl_core.run.faults import fault_point
+from rl_core.run.layout import CORRUPT_CHECKPOINTS
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 """Orbax writes step N into `N.orbax-checkpoint-tmp` and renames it to `N` when complete."""
@@ -176,7 +176,7 @@ class Checkpointer:
         if not self.read_only:
             if multihost.is_primary():
                 remove_unfinished_saves(self.directory)
-            multihost.sync("rl_core.checkpoint.open")
+            multihost.sync("rl_core.run.checkpoint.open")
         options = ocp.CheckpointManagerOptions(
             # read-only: the values Orbax would set itself, each with a warning
             max_to_keep=None if self.read_only else self.max_to_keep,
@@ -288,7 +288,7 @@ class Checkpointer:
         while target.exists():
             n += 1
             target = target_dir / f"{step}-{n}"
-        multihost.sync(f"rl_core.checkpoint.move_aside.{step}")  # every process named the same target
+        multihost.sync(f"rl_core.run.checkpoint.move_aside.{step}")  # every process named the same target
         if multihost.is_primary():
             target_dir.mkdir(exist_ok=True)
             shutil.move(str(self.directory / str(step)), str(target))

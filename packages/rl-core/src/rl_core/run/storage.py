@@ -40,7 +40,7 @@ from typing import Any
 from filelock import FileLock
 
 from rl_core import multihost
-from rl_core.faults import fault_point
+from rl_core.run.faults import fault_point
 
 COMMIT_MARKER = "commit_success.txt"
 """Orbax writes it into a save's folder when the save is complete (orbax atomicity_types.COMMIT_SUCCESS_FILE)."""
@@ -49,7 +49,7 @@ COMMITTED_FOLDERS = ("checkpoints/*",)
 """Folders (fnmatch patterns, relative to the root) that count only with their COMMIT_MARKER."""
 
 NEVER_MIRRORED = ("*.orbax-checkpoint-tmp*", ".*.tmp")
-"""Names (fnmatch) of work in progress: Orbax's unfinished saves, rl_core.files' unrenamed rewrites."""
+"""Names (fnmatch) of work in progress: Orbax's unfinished saves, rl_core.run.files' unrenamed rewrites."""
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 

@@ -20,8 +20,8 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2
 from tensorboardX.summary import scalar, text
 
-from rl_core.faults import fault_point
-from rl_core.files import write_error
+from rl_core.run.faults import fault_point
+from rl_core.run.files import write_error
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data

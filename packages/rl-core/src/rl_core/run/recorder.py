@@ -12,7 +12,7 @@ saves and restores its own checkpoint shards.
 
 The run folder may be a URL (gs://bucket/run, any fsspec filesystem): the recorder then
 works in a local copy pulled from it and pushes the copy back once each checkpoint is
-complete and when it closes (see rl_core.storage). A caller that writes files of its own
+complete and when it closes (see rl_core.run.storage). A caller that writes files of its own
 into the run folder (the trainer) opens the `StagedFolder` itself and passes it.
 """
 
@@ -23,13 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import Checkpointer
+from rl_core.run.checkpoint import Checkpointer
 from rl_core.config import TrainingConfig
-from rl_core.files import append_text, keep_records_through
-from rl_core.metrics import MetricsLogger
-from rl_core.run_layout import CHECKPOINTS, SAMPLES
-from rl_core.sinks import MetricsSink, WandbSink, samples_markdown
-from rl_core.storage import StagedFolder, is_url, open_staged
+from rl_core.run.files import append_text, keep_records_through
+from rl_core.run.metrics import MetricsLogger
+from rl_core.run.layout import CHECKPOINTS, SAMPLES
+from rl_core.run.sinks import MetricsSink, WandbSink, samples_markdown
+from rl_core.run.storage import StagedFolder, is_url, open_staged
 
 
 class RunRecorder:
@@ -91,7 +91,7 @@ class RunRecorder:
         return self.checkpointer.latest_step() if self.checkpointer else None
 
     def save(self, step: int, *, arrays: Any, meta: Mapping[str, Any]) -> None:
-        """Start saving checkpoint `step` (written in the background; see rl_core.checkpoint)."""
+        """Start saving checkpoint `step` (written in the background; see rl_core.run.checkpoint)."""
         if self.checkpointer is None:
             raise ValueError("no output_dir: nowhere to save a checkpoint")
         self.wait()  # the save before, pushed to the URL before this one starts

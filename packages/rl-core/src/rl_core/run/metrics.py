@@ -1,4 +1,4 @@
-"""Metrics: JSONL plus TensorBoard event files (the console progress bar is `rl_core.progress`)."""
+"""Metrics: JSONL plus TensorBoard event files (the console progress bar is `rl_core.run.progress`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.files import append_text, keep_records_through
-from rl_core.run_layout import METRICS, TENSORBOARD
-from rl_core.tb_events import EventWriter, truncate_events
+from rl_core.run.files import append_text, keep_records_through
+from rl_core.run.layout import METRICS, TENSORBOARD
+from rl_core.run.tb_events import EventWriter, truncate_events
 
 
 class MetricsLogger:

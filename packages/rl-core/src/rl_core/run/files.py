@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rl_core.faults import fault_point
+from rl_core.run.faults import fault_point
 
 
 class RunFileError(ValueError):
