@@ -12,12 +12,12 @@ master weights, micro-batches of 16 rows of 64 prompt + 704 completion tokens
 (two per step; 2 rows per device on fsdp=8, fewer than a group of 8, so prompts are
 not shared), compiled for fsdp x tensor CPU devices. Prints each kind
 of collective with its executions and bytes per device per optimizer step
-(rl_core.hlo), the largest ones, and what FSDP needs by arithmetic: the
+(rl_core.runtime.hlo), the largest ones, and what FSDP needs by arithmetic: the
 bfloat16 weights gathered for the forward and the backward pass of each
 micro-batch and the float32 gradients reduce-scattered. Layers run as a scan, as
 on accelerators; the totals scale with --layers.
 
-The update traces under rl_core.mesh's activation layout (rows split over the
+The update traces under rl_core.runtime.mesh's activation layout (rows split over the
 batch axes, weights gathered), as the learner's does; --no-layout compiles the same
 make_update without it, to show what XLA's partitioner does left alone. --packed feeds the
 update packed rows (rl_core.train.packing: half as many rows of 768 tokens, packed per
@@ -47,8 +47,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from rl_core.policy import frozen as frozen_lib  # noqa: E402
-from rl_core import hlo, registry  # noqa: E402
-from rl_core import mesh as mesh_lib  # noqa: E402
+from rl_core import registry  # noqa: E402
+from rl_core.runtime import hlo
+from rl_core.runtime import mesh as mesh_lib  # noqa: E402
 from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402
 from rl_core.train.objective import policy_loss_function  # noqa: E402
 from rl_core.train.optim import make_optimizer  # noqa: E402

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.compiles import use_persistent_cache
-from rl_core.cpu_random import unroll_threefry_on_cpu
-from rl_core.host_memory import keep_freed_memory
+from rl_core.runtime.compiles import use_persistent_cache
+from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
+from rl_core.runtime.host_memory import keep_freed_memory
 
 # --- faster XLA compiles -------------------------------------------------------------------------
 # The test programs are tiny, so XLA:CPU's compile time dominates the suite. LLVM optimization

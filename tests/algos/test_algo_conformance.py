@@ -28,7 +28,8 @@ from flax import nnx
 
 import rewards
 import rl_models
-from rl_core import compiles, registry
+from rl_core import registry
+from rl_core.runtime import compiles
 from rl_core.math.aggregation import per_token
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt

@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_core.compiles import CACHE_MIN_COMPILE_SECS
+from rl_core.runtime.compiles import CACHE_MIN_COMPILE_SECS
 
 SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp
 from jax import monitoring
-from rl_core.compiles import compile_count, use_persistent_cache
+from rl_core.runtime.compiles import compile_count, use_persistent_cache
 use_persistent_cache(sys.argv[1], min_compile_secs=0)  # these two programs compile in milliseconds
 hits = []
 monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("cache_hits") else None)

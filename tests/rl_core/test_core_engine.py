@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.compiles import compile_count
+from rl_core.runtime.compiles import compile_count
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.rollout.backend import Requests, RolloutBackend
 from rl_core.rollout.pages import PoolExhausted

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
 from simulated_devices import run_on_simulated_devices  # noqa: E402
 
-from rl_core import hlo
+from rl_core.runtime import hlo
 
 pytestmark = pytest.mark.multidevice
 

@@ -1,4 +1,4 @@
-"""rl_core.hlo counts a compiled program's collectives, loops included (8 simulated devices)."""
+"""rl_core.runtime.hlo counts a compiled program's collectives, loops included (8 simulated devices)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from rl_core import hlo
+from rl_core.runtime import hlo
 
 # A hand-written fragment in the compiled-HLO text format: one all-gather in the entry,
 # an all-reduce inside a while body with a known trip count of 4, and an async all-gather.
@@ -52,7 +52,7 @@ def test_collectives_by_hand():
 SCRIPT = """
 import json, jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from rl_core import hlo
+from rl_core.runtime import hlo
 mesh = jax.make_mesh((8,), ("x",))
 rows, whole = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.config import TrainingConfig
 from rl_core.train.layout import BatchLayout
 from rl_core.types import TrainExample

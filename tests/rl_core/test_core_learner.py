@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rl_core.compiles import compile_count
+from rl_core.runtime.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptStream
 from rl_core.learner.base import NonFiniteUpdateError, StepBatch

@@ -1,10 +1,10 @@
-"""rl_core.mesh: the rules table turns logical axis names into PartitionSpecs for any mesh."""
+"""rl_core.runtime.mesh: the rules table turns logical axis names into PartitionSpecs for any mesh."""
 
 import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from rl_core.mesh import MESH_AXES, logical_spec
+from rl_core.runtime.mesh import MESH_AXES, logical_spec
 
 MESH = AbstractMesh((2, 4, 2), MESH_AXES)  # data 2, fsdp 4, tensor 2 (no devices needed)
 

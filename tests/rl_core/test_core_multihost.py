@@ -1,4 +1,4 @@
-"""rl_core.multihost on one process: the same as device_put / device_get, and the block arithmetic
+"""rl_core.runtime.multihost on one process: the same as device_put / device_get, and the block arithmetic
 that a multi-process run relies on (the processes themselves: tests/trainer/test_trainer_multihost.py
 and tests/algos/test_algo_interleaved_processes.py)."""
 
@@ -7,7 +7,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 
 
 def test_split_counts_and_own_block_give_contiguous_near_equal_blocks():

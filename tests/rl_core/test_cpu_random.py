@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.extend.random import threefry_2x32
-from rl_core.cpu_random import threefry2x32, unroll_threefry_on_cpu
+from rl_core.runtime.cpu_random import threefry2x32, unroll_threefry_on_cpu
 
 U32_MAX = np.iinfo(np.uint32).max
 # Threefry-2x32-20 known answers from the reference implementation (Random123):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rl_core.host_memory import _M_MMAP_THRESHOLD, keep_freed_memory
+from rl_core.runtime.host_memory import _M_MMAP_THRESHOLD, keep_freed_memory
 
 glibc_only = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc"
@@ -56,7 +56,7 @@ def test_freed_blocks_are_reused_without_page_faults():
 # block larger than a thread arena's 64 MiB heap.
 THREAD_REUSE = """
 import ctypes, ctypes.util, resource, sys, threading
-from rl_core import host_memory
+from rl_core.runtime import host_memory
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p
 if sys.argv[1] == "thresholds":

@@ -198,7 +198,7 @@ def dataclasses_replace(config, **changes):
 
 SPLASH_ON_A_MESH = """
 import jax, jax.numpy as jnp, numpy as np
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.policy.logprobs import sequence_inputs
 from rl_models import attention
 from rl_models.transformer import attend

@@ -333,7 +333,7 @@ def test_resolved_settings_round_trip_through_yaml(tmp_path):
 def test_only_process_0_prints_the_summary(capsys, tmp_path, monkeypatch, primary):
     """In a multi-process run every process runs `train`; one summary is printed, process 0's."""
     import trainer.run
-    from rl_core import multihost
+    from rl_core.runtime import multihost
 
     summary = {"algo": "grpo", "steps": 1, "before": {"eval/accuracy": 0.5}, "after": {"eval/accuracy": 0.75}}
     monkeypatch.setattr(trainer.run, "train_run", lambda *args, **kwargs: summary)

@@ -31,8 +31,8 @@ from mesh_parallel import STEPS, make_learner  # noqa: E402
 from flax import nnx  # noqa: E402
 from mesh_parallel import TOK  # noqa: E402
 
-from rl_core import mesh as mesh_lib  # noqa: E402
-from rl_core import multihost  # noqa: E402
+from rl_core.runtime import mesh as mesh_lib  # noqa: E402
+from rl_core.runtime import multihost  # noqa: E402
 from rl_core.rollout.backend import Requests  # noqa: E402
 from rl_core.rollout.paged import EngineSettings, PagedBackend  # noqa: E402
 from rl_core.rollout.sampler import SamplingParams  # noqa: E402

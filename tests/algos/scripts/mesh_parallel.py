@@ -16,8 +16,8 @@ from flax import nnx
 
 import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core import mesh as mesh_lib
-from rl_core.compiles import compile_count
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime.compiles import compile_count
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.rollout.sampler import GREEDY

@@ -16,7 +16,7 @@ from flax import nnx
 
 import rewards
 from algo_ppo import PPOConfig, PPOLearner
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_models import CharTokenizer, Transformer, TransformerConfig, value_model_from_policy

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rl_core import hlo
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import hlo
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams

@@ -32,8 +32,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from rl_core import mesh as mesh_lib
-from rl_core.compiles import compile_count
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime.compiles import compile_count
 from rl_core.config import ConfigError
 from rl_core.rollout.sampler import Sampler, SamplingParams
 from rl_models import TransformerConfig

@@ -23,8 +23,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager
 from jax.sharding import Mesh
-from rl_core import mesh as mesh_lib
-from rl_core import multihost
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime import multihost
 from rl_core import registry
 from rl_core.run import storage
 from rl_core.learner.base import RLLearner

@@ -21,7 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rl_core import multihost, registry
+from rl_core import registry
+from rl_core.runtime import multihost
 from rl_core.math.aggregation import aggregate
 from rl_core.data import Prompt
 from rl_core.episodes.runner import turn_reward_tokens

@@ -238,7 +238,7 @@ class RolloutConfig(Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig(Config):
-    """The device mesh (see `rl_core.mesh`): sizes of its three axes; one may be -1,
+    """The device mesh (see `rl_core.runtime.mesh`): sizes of its three axes; one may be -1,
     meaning all remaining devices. Their product must be the device count."""
 
     data: int = 1

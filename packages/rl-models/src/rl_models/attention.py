@@ -155,7 +155,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
     mask [B, L, S] (causal within segments, see the module doc) -> [B, L, H * Dh].
 
     `interpret` runs the kernel in the Pallas interpreter (any platform: tests). Under a mesh and
-    logical-axis rules (as `rl_core.mesh.activation_layout` traces programs) the kernel runs per
+    logical-axis rules (as `rl_core.runtime.mesh.activation_layout` traces programs) the kernel runs per
     device through `shard_map`, rows split like act_batch and heads like act_kv_heads.
     """
     b, l, h, dh = q.shape

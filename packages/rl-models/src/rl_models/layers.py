@@ -2,7 +2,7 @@
 kernels and LoRA adapters included), several Linears as one matmul, and RMSNorm.
 
 Every parameter carries logical axis names (`out_sharding`) that a rules table maps to
-mesh axes (`rl_core.mesh`); the layers themselves need no mesh.
+mesh axes (`rl_core.runtime.mesh`); the layers themselves need no mesh.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def param(value: jax.Array, axes: Axes, units: tuple[int, ...] | None = None) ->
     whole multiples of its unit, e.g. head_dim for the fused (heads x head_dim) output of
     q_proj, so tensor parallelism hands each device whole heads. Not sharded here (no
     eager sharding): whoever places the model maps the names to a mesh (see
-    `rl_core.mesh`), so the model itself needs no mesh.
+    `rl_core.runtime.mesh`), so the model itself needs no mesh.
     """
     assert len(axes) == value.ndim, (axes, value.shape)
     units = units or (1,) * value.ndim

@@ -5,7 +5,7 @@ model maps to a mesh. Activations are named the same way, at the points where
 XLA's partitioner would otherwise guess: `constrain(x, ("act_batch",
 "act_length", "act_embed"))` pins x's layout when the caller traces the model
 under a mesh and logical-axis rules (`jax.sharding.use_abstract_mesh` and
-`flax.core.spmd.logical_axis_rules`; rl_core.mesh.activation_layout enters
+`flax.core.spmd.logical_axis_rules`; rl_core.runtime.mesh.activation_layout enters
 both), and is the identity otherwise, so the model itself needs no mesh.
 
 Why pin them: left alone, XLA may split a matmul over the FSDP-sharded

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from rewards import RewardError
-from rl_core.compiles import use_persistent_cache
+from rl_core.runtime.compiles import use_persistent_cache
 from rl_core.config import ConfigError
-from rl_core.cpu_random import unroll_threefry_on_cpu
-from rl_core.host_memory import keep_freed_memory
+from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
+from rl_core.runtime.host_memory import keep_freed_memory
 from rl_core.learner.base import NonFiniteUpdateError
 from rl_core.registry import RegistryError
 from rl_core.run.files import RunFileError

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite,
         reuse_base_from=[args.base_from],
     )
-    from rl_core import multihost
+    from rl_core.runtime import multihost
 
     if multihost.is_primary():  # process 0 speaks for a multi-process run
         print(json.dumps({k: summary[k] for k in ("algo", "steps", "before", "after")}, indent=2))

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeLimits, EpisodeRecord, episode_metrics, run_episodes

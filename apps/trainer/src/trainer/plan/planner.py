@@ -76,7 +76,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
-    from rl_core import mesh as mesh_lib
+    from rl_core.runtime import mesh as mesh_lib
     from rl_core.rollout.sampler import Sampler, SamplingParams
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core.policy import frozen as frozen_lib

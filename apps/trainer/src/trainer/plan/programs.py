@@ -59,7 +59,7 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     (rl_core.policy.frozen.split_policy of its `nnx.eval_shape`) into `graphdef`, trained `params` and `frozen` base."""
     import jax
     import jax.numpy as jnp
-    from rl_core import mesh as mesh_lib
+    from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
     from rl_core.train.behaviour import LogprobPasses, logprob_fn
     from rl_core.train.layout import BatchLayout

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.run import storage
 from rl_core.run.checkpoint import saved_steps
 from rl_core.config import ConfigError

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 
 from rl_core.run import storage
 from rl_core.run.checkpoint import saved_steps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.runner import EpisodeLimits, Rollout, run_episodes, single_turn

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.data import Prompt
 from rl_core.episodes.env import JSON, ContractError, Environment, StepResult, checked_result, checked_state
 from rl_core.rollout.sampler import Completions

@@ -57,8 +57,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core import mesh as mesh_lib
-from rl_core import multihost
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime import multihost
 from rl_core.rollout.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
 from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
@@ -67,7 +67,7 @@ from rl_core.episodes.runner import Rollout
 from rl_core.run.faults import fault_point
 from rl_core.rollout.generation import PolicyRollouts, rollout_prompts
 from rl_core.train.layout import BatchLayout
-from rl_core.mesh import data_mesh
+from rl_core.runtime.mesh import data_mesh
 from rl_core.learner.meter import Meter
 from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.train.optim import make_optimizer

@@ -51,7 +51,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_core import multihost, registry
+from rl_core import registry
+
+from rl_core.runtime import multihost
 from rl_core.train.behaviour import LogprobPasses
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics

@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.train.packing import Packed, unpack
 from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache
 from rl_core.types import SharedPrompts

@@ -8,7 +8,7 @@ from typing import Any
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import RolloutBackend

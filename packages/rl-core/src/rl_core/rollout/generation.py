@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core.policy import frozen as frozen_lib
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.rollout import rollout_prompts as episode_rollout

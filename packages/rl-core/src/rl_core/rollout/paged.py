@@ -37,8 +37,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl_core import mesh as mesh_lib
-from rl_core import multihost
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler

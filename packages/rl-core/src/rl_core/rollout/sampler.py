@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core import mesh as mesh_lib
-from rl_core import multihost
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.policy.protocols import repeat_cache
 

@@ -44,7 +44,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.run.faults import fault_point
 from rl_core.run.layout import CORRUPT_CHECKPOINTS
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.run.faults import fault_point
 
 COMMIT_MARKER = "commit_success.txt"

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.train.trainable import TrainableModel

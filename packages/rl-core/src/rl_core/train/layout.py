@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from rl_core import mesh as mesh_lib
-from rl_core import multihost
+from rl_core.runtime import mesh as mesh_lib
+from rl_core.runtime import multihost
 from rl_core.config import TrainingConfig
 from rl_core.train.packing import pack_micro_batches
 from rl_core.train.trim import trimmed_width

@@ -3,7 +3,7 @@
 The learner trains one `TrainableModel` per model, by name (`policy`; PPO adds `critic`).
 Each is made from an NNX module, an optax optimizer and the loss of one micro-batch. What
 an update changes, the model's `TrainState` (float32 master weights of its trained
-parameters, laid out by the mesh rules (rl_core.mesh) whatever dtype the module stores them
+parameters, laid out by the mesh rules (rl_core.runtime.mesh) whatever dtype the module stores them
 in, so a float32 update is never rounded onto bfloat16 parameters, and their optimizer
 state), is a value the learner holds (rl_core.learner.state.LearnerState): the part makes the
 first one (`init_state`) and turns one into the next (`update`). The part owns:
@@ -40,7 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core.policy import frozen as frozen_lib
-from rl_core import mesh as mesh_lib
+from rl_core.runtime import mesh as mesh_lib
 from rl_core.train.layout import BatchLayout
 
 
@@ -158,7 +158,7 @@ class TrainableModel:
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
         self.shardings = self.model_shardings.whole
         self.tx = optimizer
-        # traced under the mesh's activation layout: rows split, weights gathered (rl_core.mesh)
+        # traced under the mesh's activation layout: rows split, weights gathered (rl_core.runtime.mesh)
         self.update_step = update_program(self.graphdef, optimizer, loss_fn, self.model_shardings, mesh)
 
     def init_state(self, module: nnx.Module) -> TrainState:
@@ -239,7 +239,7 @@ def update_program(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformati
                    shardings: ModelShardings, mesh: Mesh) -> Any:
     """A TrainableModel's `update_step`: `make_update` jitted with the state donated (never the frozen
     base, argument 1), traced under the mesh's activation layout (rows split, weights gathered; see
-    rl_core.mesh), the batch's micro-batches stacked on axis 0 and their rows split on axis 1."""
+    rl_core.runtime.mesh), the batch's micro-batches stacked on axis 0 and their rows split on axis 1."""
     state = shardings.state
     return jax.jit(
         mesh_lib.with_activation_layout(mesh, make_update(graphdef, optimizer, loss_fn, shardings.params)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rl_core import multihost
+from rl_core.runtime import multihost
 from rl_core.types import TrainExample
 
 

@@ -9,7 +9,7 @@ token). `unroll_threefry_on_cpu()` gives CPU the straight-line form as well: the
 bits, one fusion per draw, the tiny-qwen2 rollout 5-7% faster (interleaved A/B).
 
 A process-wide setting (a lowering rule, read when a program is traced), so
-applications call it at start-up, as they call `rl_core.host_memory.keep_freed_memory`:
+applications call it at start-up, as they call `rl_core.runtime.host_memory.keep_freed_memory`:
 the trainer's command line, the test suite, the benchmarks. Importing rl_core never does.
 """
 

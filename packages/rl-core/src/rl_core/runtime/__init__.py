@@ -1,0 +1,1 @@
+"""The runtime: device meshes, multi-host setup, compilation caching, CPU randomness, host memory, HLO."""
