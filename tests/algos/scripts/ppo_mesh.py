@@ -59,7 +59,7 @@ def leaves(tree) -> list[np.ndarray]:
 
 
 def params(learner: PPOLearner) -> dict[str, list[np.ndarray]]:
-    return {name: leaves(model.params) for name, model in learner.models.items()}
+    return {name: leaves(model.params) for name, model in learner.state.models.items()}
 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
