@@ -84,11 +84,7 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
             raise  # rows a micro-batch cannot split over the devices
         raise ConfigError(str(e)) from e
     n_mini = layout.num_mini_batches
-    # as PolicyGradientLearner.passes and RLLearner.add_model decide them
-    passes = LogprobPasses(
-        off_policy=algo.num_iterations > 1 or n_mini > 1, importance_weights=algo.tis_cap is not None,
-        proximal=training.async_rollout != "off", beta=algo.beta, kl_in_rewards=algo.kl_in_rewards,
-    )
+    passes = LogprobPasses.of(algo, num_mini_batches=n_mini, async_rollout=training.async_rollout)
     tx = make_optimizer(training, training.num_steps * algo.num_iterations * n_mini)
     shardings = model_shardings(params, frozen, tx, mesh)
     state, frozen_abstract = abstract_model(params, frozen, tx, shardings)

@@ -124,11 +124,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def passes(self) -> LogprobPasses:
         """Which log-prob passes a step runs: decided once, on first use (the base learner's
         constructor asks for the loss, once the batch layout is known)."""
-        config = self.config
-        return LogprobPasses(
-            off_policy=self.update_is_off_policy(), importance_weights=config.tis_cap is not None,
-            proximal=self.training.async_rollout != "off", beta=config.beta, kl_in_rewards=config.kl_in_rewards,
-        )
+        return LogprobPasses.of(self.config, num_mini_batches=self.num_mini_batches,
+                                async_rollout=self.training.async_rollout)
 
     # -- base-learner hooks ---------------------------------------------------------------
 

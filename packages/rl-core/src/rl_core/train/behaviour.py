@@ -91,6 +91,16 @@ class LogprobPasses:
     kl_in_rewards: bool = False
     """The KL penalty goes into the rewards (PPO), not into the loss."""
 
+    @classmethod
+    def of(cls, config: Any, *, num_mini_batches: int, async_rollout: str) -> LogprobPasses:
+        """The passes of a run of `config` (a PolicyGradientConfig) whose batch splits into
+        `num_mini_batches`: what the learner decides, and what `trainer plan` compiles."""
+        return cls(
+            off_policy=config.num_iterations > 1 or num_mini_batches > 1,
+            importance_weights=config.tis_cap is not None, proximal=async_rollout != "off",
+            beta=config.beta, kl_in_rewards=config.kl_in_rewards,
+        )
+
     @property
     def reference(self) -> bool:
         """The reference pass runs (and the reference parameters are kept)."""
