@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from rl_core.runtime import multihost
+import jax
+
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes.runner import EpisodeLimits, Rollout, run_episodes, single_turn
+from rl_core.policy.tokens import Tokenizer, encode_prompts
 from rl_core.registry import environment_factory
 from rl_core.rollout.sampler import Completions
-from rl_core.policy.tokens import Tokenizer, encode_prompts
+from rl_core.runtime import multihost
 
 
-def rollout_prompts(
+def collect_rollout(
     generate: Callable[..., Completions],
     tokenizer: Tokenizer,
     rollout: RolloutConfig,
     prompts: Sequence[Prompt],
     num_samples: int,
+    *,
+    key: jax.Array | None = None,
 ) -> Rollout:
     """`num_samples` completions of each prompt (rows prompt-major, on the host).
 
-    `generate(prompt_tokens, prompt_mask, num_samples=G)` samples with the current
-    weights (the learner's `generate`). Without `rollout.environment` each row is one
-    generation; with one, each row is a whole episode (rl_core.episodes.runner).
+    `generate(prompt_tokens, prompt_mask, num_samples=G, key=...)` samples with the
+    current weights (the learner's `generate`). Without `rollout.environment` each row
+    is one generation; with one, each row is a whole episode (rl_core.episodes.runner).
+    `key`: the first generation samples with it and the n-th turn's with fold_in(key, n),
+    instead of `generate`'s own key stream.
     """
+    if key is not None:
+        calls, stream = itertools.count(), generate
+
+        def generate(*args: Any, **kwargs: Any) -> Completions:
+            n = next(calls)
+            return stream(*args, key=key if n == 0 else jax.random.fold_in(key, n), **kwargs)
+
     if rollout.environment is None:
         tokens, mask = encode_prompts(tokenizer, [p.text for p in prompts], max_tokens=rollout.max_prompt_tokens)
         out = multihost.to_host(generate(tokens, mask, num_samples=num_samples))

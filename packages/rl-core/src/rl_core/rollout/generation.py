@@ -10,7 +10,6 @@ asynchronous rollouts of rl_core.rollout.async_rollout).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ from rl_core.policy import frozen as frozen_lib
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
-from rl_core.episodes.rollout import rollout_prompts as episode_rollout
-from rl_core.episodes.runner import Rollout
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
@@ -106,18 +103,3 @@ class PolicyRollouts:
         """Completion texts (tokens under the mask, EOS dropped)."""
         return decode_completions(self.tokenizer, tokens, mask)
 
-
-def rollout_prompts(generate: Callable[..., Completions], tokenizer: Tokenizer, rollout: RolloutConfig,
-                    prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None) -> Rollout:
-    """`num_samples` completions of each prompt through `generate` (the learner's), rows
-    prompt-major: one generation each, or with `rollout.environment` whole multi-turn episodes
-    (rl_core.episodes). `key`: the first generation samples with it and the n-th turn's with
-    fold_in(key, n), instead of `generate`'s own key stream."""
-    if key is not None:
-        calls, stream = itertools.count(), generate
-
-        def generate(*args: Any, **kwargs: Any) -> Completions:
-            n = next(calls)
-            return stream(*args, key=key if n == 0 else jax.random.fold_in(key, n), **kwargs)
-
-    return episode_rollout(generate, tokenizer, rollout, prompts, num_samples)
