@@ -63,9 +63,10 @@ from rl_core.rollout.async_rollout import CollectHalves, RolloutThread, batch_ah
 from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
+from rl_core.episodes.rollout import collect_rollout
 from rl_core.episodes.runner import Rollout
 from rl_core.run.faults import fault_point
-from rl_core.rollout.generation import PolicyRollouts, rollout_prompts
+from rl_core.rollout.generation import PolicyRollouts
 from rl_core.train.layout import BatchLayout
 from rl_core.runtime.mesh import data_mesh
 from rl_core.learner.meter import Meter
@@ -335,9 +336,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
                         ) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
-        each, or with `rollout.environment` whole multi-turn episodes (rl_core.rollout.generation.rollout_prompts);
+        each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes.rollout.collect_rollout);
         `key`: sample with it instead of the training key stream."""
-        return rollout_prompts(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key)
+        return collect_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
