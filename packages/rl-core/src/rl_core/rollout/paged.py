@@ -13,9 +13,11 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   own page pool, its S slots and its share of the prompts (one call advances
   them all: every array has a leading replica axis split over those devices),
   so each device decodes only its own requests.
-- A pool that runs dry preempts the youngest running sample (its pages freed,
-  the sample requeued): it restarts later and, as every token draws with its
-  completion's own key, produces exactly the same tokens.
+- A pool that runs dry frees waiting prompts' prefixes, then the youngest running
+  samples (their pages freed, the sample requeued), never the oldest, which
+  always completes: a preempted sample restarts later and, as every token draws
+  with its completion's own key, produces exactly the same tokens. A pool that
+  cannot hold one completion is a ValueError before the first call.
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
@@ -240,7 +242,14 @@ class PagedBackend:
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
-        out = scheduler.run(self, requests, key, sampling)  # the host loop
+        try:
+            out = scheduler.run(self, requests, key, sampling)  # the host loop (frees every page on any exit)
+        except BaseException:
+            # a call that failed after taking the donated pool leaves it deleted: the next rollout
+            # starts a fresh one (no page's content outlives a rollout)
+            if any(x.is_deleted() for x in jax.tree.leaves(self.pages)):
+                self.pages = None
+            raise
         return with_version(out, self.version)
 
 

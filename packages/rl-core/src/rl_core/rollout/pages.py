@@ -25,7 +25,8 @@ class PagePool:
             raise ValueError(f"a page pool needs at least 2 pages (one is scratch), got {num_pages}")
         self.num_pages = num_pages
         self._refs = np.zeros(num_pages, np.int32)
-        self._free = list(range(num_pages - 1, SCRATCH, -1))  # pop() hands out low ids first
+        self._free: list[int] = []
+        self.reset()
 
     @property
     def free(self) -> int:
@@ -56,6 +57,11 @@ class PagePool:
             self._refs[p] -= 1
             if self._refs[p] == 0:
                 self._free.append(p)
+
+    def reset(self) -> None:
+        """Every page free again (a rollout's end, however it ended: nothing outlives it)."""
+        self._refs[:] = 0
+        self._free = list(range(self.num_pages - 1, SCRATCH, -1))  # pop() hands out low ids first
 
     def refcount(self, page: int) -> int:
         return int(self._refs[page])

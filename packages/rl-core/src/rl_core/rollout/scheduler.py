@@ -4,10 +4,21 @@ See rl_core.rollout.paged for the whole picture. The prompts are dealt to the
 engine's R data replicas (prompt i to replica i mod R), each with its own page
 pool and S slots; one device call advances every replica. Before each call,
 each replica (1) gives every running sample the pages its next k tokens need,
-oldest first, preempting the youngest when its pool is dry; (2) fills its
-prefill chunk with prompt prefixes, at most S samples ahead of the free slots;
-(3) starts waiting samples in free slots. After the call it records the tokens
-and retires finished samples, freeing their pages.
+oldest first; when its pool is dry it frees, youngest first, the prefixes of
+prompts with no running sample, then running samples younger than the one
+growing (both are recomputed later); (2) when nothing runs, frees other
+prompts' prefixes until the first waiting sample can start; (3) fills its
+prefill chunk with prompt prefixes, at most S samples ahead of the free slots,
+leaving free what the running samples may still need and what the first
+waiting sample needs to start; (4) starts waiting samples in free slots.
+After the call it records the tokens and retires finished samples, freeing
+their pages.
+
+Why it always finishes: nothing ever takes pages from the oldest running
+sample, and once everything else is freed its prompt and its completion fit
+(checked before the first call: one completion must fit the pool), so every
+call with a running sample advances the oldest one by k tokens; a call with
+none prefills or starts one. Waiting work never preempts running work.
 
 Every process of a multi-process run runs every replica's bookkeeping (the
 same deterministic work on the same gathered tokens), so all keep in step.
@@ -23,7 +34,6 @@ import jax
 import numpy as np
 
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.pages import PoolExhausted
 from rl_core.rollout.step import Prefill, Slots
 from rl_core.rollout.sampler import Completions, SamplingParams
 
@@ -49,7 +59,8 @@ class _Sample:
     own: list[int] = dataclasses.field(default_factory=list)  # its pages (first: its copy of a partial prefix page)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logp: list[float] = dataclasses.field(default_factory=list)
-    started: int = -1
+    started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
+    done: bool = False
 
 
 def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
@@ -70,6 +81,27 @@ def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
     return prompts
 
 
+def pages_for_one(page_size: int, prompt_tokens: int, max_new_tokens: int) -> int:
+    """Pages one completion holds at its longest: its prompt's prefix pages (all but the last
+    token) and its own pages (a copy of a partly filled prefix page, then its new tokens)."""
+    prefix = prompt_tokens - 1
+    last = prefix + max_new_tokens - 1  # the last position it writes
+    return -(-prefix // page_size) + last // page_size + 1 - prefix // page_size
+
+
+def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: int) -> None:
+    """A ValueError, before any device call, when one completion can never fit the pool: the
+    scheduler could never finish it (a smaller batch would not help)."""
+    one = pages_for_one(page_size, prompt_tokens, max_new_tokens)
+    if one > usable:
+        raise ValueError(
+            f"the KV pool (rollout.kv_pages = {usable + 1}: {usable} usable pages and a scratch one, "
+            f"rollout.page_size_tokens = {page_size}) cannot hold one completion: {max_new_tokens} new tokens "
+            f"(rollout.max_new_tokens) after a {prompt_tokens}-token prompt need {one} pages. Set "
+            f"rollout.kv_pages >= {one + 1} (0 sizes the pool for the batch) or lower max_new_tokens"
+        )
+
+
 class _Replica:
     """One data replica: its page pool, its share of the prompts and its S decode slots."""
 
@@ -81,19 +113,17 @@ class _Replica:
         self.prompts = prompts
         self.samples = [x for p in prompts for x in p.samples]
         self.remaining = len(self.samples)
-        longest = max((p.prefix for p in self.prompts), default=0)
-        one = -(-longest // self.ps) + self._pages_to(longest + self.t - 1) - longest // self.ps
-        if one > self.pool.num_pages - 1:
-            raise PoolExhausted(
-                f"the KV pool has {self.pool.num_pages - 1} pages of {self.ps} tokens; one completion of "
-                f"{self.t} tokens after a {longest + 1}-token prompt needs {one}. Raise rollout.kv_pages "
-                "(0 sizes the pool for the batch) or lower max_new_tokens"
-            )
+        # the prompt needing most pages, not always the longest: a partly filled prefix page is held
+        # twice (shared and copied)
+        worst = max((len(p.tokens) for p in self.prompts), key=lambda n: pages_for_one(self.ps, n, self.t), default=1)
+        check_fits(self.pool.num_pages - 1, self.ps, worst, self.t)
         self.to_prefill = collections.deque(self.prompts)
         self.prefilling: _Prompt | None = None
+        self.prefilled: list[_Prompt] = []  # prompts holding their whole prefix, oldest first
         self.ready: collections.deque[_Sample] = collections.deque()
         self.running: list[_Sample | None] = [None] * self.slots
         self.calls = 0
+        self.starts = 0
         self.before = np.zeros(self.slots, np.int32)
         self.host = {
             "token": np.zeros(self.slots, np.int32), "position": np.zeros(self.slots, np.int32),
@@ -112,25 +142,29 @@ class _Replica:
     def _shared(self, sample: _Sample) -> list[int]:
         return sample.prompt.pages[: sample.prompt.prefix // self.ps]  # full prefix pages only
 
-    # -- pages of running samples --------------------------------------------------------
+    def _own_pages(self, sample: _Sample, upto: int) -> int:
+        """Own pages `sample` needs to hold positions up to `upto` (at most its last one)."""
+        last = sample.prompt.prefix + self.t - 1
+        return self._pages_to(min(upto, last)) - len(self._shared(sample))
 
-    def _grow_running(self) -> None:
-        order = sorted((x for x in self.running if x is not None), key=lambda x: x.started)
-        for sample in order:
-            if sample not in self.running:  # preempted for an older one
-                continue
-            slot = self.running.index(sample)
-            prompt = sample.prompt
-            upto = min(int(self.host["position"][slot]) + self.k - 1, prompt.prefix + self.t - 1)
-            need = self._pages_to(upto) - len(self._shared(sample)) - len(sample.own)
-            while need > 0 and self.running[slot] is sample:
-                try:
-                    sample.own += self.pool.allocate(need)
-                    need = 0
-                except PoolExhausted:
-                    self._preempt(max((x for x in self.running if x is not None), key=lambda x: x.started))
-            if self.running[slot] is sample:
-                self.host["page_rows"][slot] = self._row(self._shared(sample) + sample.own)
+    def _start_need(self, sample: _Sample) -> int:
+        return self._own_pages(sample, sample.prompt.prefix + self.k - 1)
+
+    def _still_needed(self) -> int:
+        """Pages the running samples may still take (each to its full length)."""
+        return sum(self._own_pages(x, self.t + x.prompt.prefix) - len(x.own) for x in self._running())
+
+    def _running(self) -> list[_Sample]:
+        """The running samples, oldest first."""
+        return sorted((x for x in self.running if x is not None), key=lambda x: x.started)
+
+    def _idle_prompts(self, keep: _Prompt | None = None) -> list[_Prompt]:
+        """Prompts holding prefix pages that no running sample reads (but `keep`), youngest first."""
+        busy = {x.prompt for x in self._running()}
+        held = ([self.prefilling] if self.prefilling is not None else []) + self.prefilled[::-1]
+        return [p for p in held if p.pages and p not in busy and p is not keep]
+
+    # -- freeing pages ---------------------------------------------------------------------
 
     def _preempt(self, sample: _Sample) -> None:
         """Free a running sample's pages and requeue it first; it restarts from its prompt."""
@@ -142,17 +176,74 @@ class _Replica:
         self.ready.appendleft(sample)
         self.engine.preemptions += 1
 
+    def _unprefill(self, prompt: _Prompt) -> None:
+        """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
+        ahead of the prompts never prefilled (freeing youngest first keeps their order)."""
+        self.pool.release(prompt.pages)
+        prompt.pages, prompt.scheduled = [], 0
+        if prompt is self.prefilling:
+            self.prefilling = None
+        else:
+            self.prefilled.remove(prompt)
+            self.ready = collections.deque(x for x in self.ready if x.prompt is not prompt)
+        self.to_prefill.appendleft(prompt)
+        self.engine.preemptions += 1
+
+    # -- pages of running samples --------------------------------------------------------
+
+    def _grow_running(self) -> None:
+        """Pages for every running sample's next k tokens, oldest first. A dry pool frees waiting
+        work first, then younger samples; a sample preempts itself only when nothing younger is
+        left, which never happens to the oldest (its completion fits the pool alone)."""
+        oldest = True
+        for sample in self._running():
+            if sample not in self.running:  # preempted for an older one
+                continue
+            slot = self.running.index(sample)
+            need = self._own_pages(sample, int(self.host["position"][slot]) + self.k - 1) - len(sample.own)
+            while need > self.pool.free:
+                idle = self._idle_prompts()
+                younger = [x for x in self._running() if x.started > sample.started]
+                if idle:
+                    self._unprefill(idle[0])
+                elif younger:
+                    self._preempt(younger[-1])
+                elif oldest:
+                    raise RuntimeError(f"scheduler bug: the oldest running sample needs {need} pages, "
+                                       f"{self.pool.free} free and nothing left to free")
+                else:
+                    self._preempt(sample)
+                    break
+            if self.running[slot] is sample:
+                sample.own += self.pool.allocate(max(need, 0))
+                self.host["page_rows"][slot] = self._row(self._shared(sample) + sample.own)
+            oldest = False
+
+    def _room_to_start(self) -> None:
+        """With nothing running, free other prompts' prefixes until the first waiting sample can
+        start (it fits alone), so that a call always makes progress."""
+        if not self.ready or self._running():
+            return
+        first = self.ready[0]
+        while self._start_need(first) > self.pool.free:
+            idle = self._idle_prompts(keep=first.prompt)
+            if not idle:
+                raise RuntimeError(f"scheduler bug: a waiting sample needs {self._start_need(first)} pages, "
+                                   f"{self.pool.free} free and nothing left to free")
+            self._unprefill(idle[0])
+
     # -- the prefill chunk -----------------------------------------------------------------
 
     def _plan_prefill(self) -> tuple[Prefill, int]:
         tokens, positions, rows = [], [], []
-        reserve = sum(x is not None for x in self.running)  # a page per running sample this call
         while len(tokens) < self.chunk:
             if self.prefilling is None:
                 if not self.to_prefill or len(self.ready) >= self.slots:
                     break
                 prompt = self.to_prefill[0]
                 n = -(-prompt.prefix // self.ps)
+                # a new prefix never takes what running samples or the next start need (no thrashing)
+                reserve = self._still_needed() + (self._start_need(self.ready[0]) if self.ready else 0)
                 if self.pool.free - n < reserve:
                     break
                 prompt.pages = self.pool.allocate(n)
@@ -166,7 +257,8 @@ class _Replica:
             rows.extend([self._row(prompt.pages)] * take)
             prompt.scheduled += take
             if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
-                self.ready.extend(prompt.samples)
+                self.ready.extend(x for x in prompt.samples if not x.done)  # all but the finished
+                self.prefilled.append(prompt)
                 self.prefilling = None
         pad = self.chunk - len(tokens)
         prefill = Prefill(
@@ -186,7 +278,7 @@ class _Replica:
             sample = self.ready[0]
             prompt = sample.prompt
             shared = self._shared(sample)
-            need = self._pages_to(min(prompt.prefix + self.k - 1, prompt.prefix + self.t - 1)) - len(shared)
+            need = self._start_need(sample)
             if need > self.pool.free:
                 break
             self.ready.popleft()
@@ -194,7 +286,7 @@ class _Replica:
             self.pool.retain(shared)
             if prompt.prefix % self.ps:  # its own copy of the partly filled prefix page
                 src[slot], dst[slot] = prompt.pages[len(shared)], sample.own[0]
-            sample.started = self.calls
+            sample.started, self.starts = self.starts, self.starts + 1
             self.running[slot] = sample
             h = self.host
             h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, 0
@@ -206,26 +298,27 @@ class _Replica:
         sample = self.running[slot]
         assert sample is not None
         self.pool.release(sample.own + self._shared(sample))
-        sample.own = []
+        sample.own, sample.done = [], True
         self.running[slot] = None
         prompt = sample.prompt
         prompt.unfinished -= 1
         if prompt.unfinished == 0:
             self.pool.release(prompt.pages)
+            prompt.pages = []
+            self.prefilled.remove(prompt)
 
     # -- one call ---------------------------------------------------------------------------
 
     def plan(self) -> tuple[Prefill, np.ndarray, np.ndarray, Slots]:
         """This replica's inputs to the next call (pages grown, prefill chunk, new samples started)."""
         self._grow_running()
+        self._room_to_start()
         prefill, prefilling = self._plan_prefill()
         src, dst = self._start_waiting()
         self.engine.peak_pages = max(self.engine.peak_pages, self.pool.in_use)
-        if self.remaining and not self.host["active"].any() and not prefilling:
-            raise PoolExhausted(
-                f"the KV pool ({self.pool.num_pages - 1} pages of {self.ps} tokens, {self.pool.free} free) "
-                "cannot start any waiting sample; raise rollout.kv_pages (0 sizes it for the batch)"
-            )
+        if self.remaining and not self.host["active"].any() and not prefilling:  # cannot happen (see above)
+            raise RuntimeError(f"scheduler bug: a call with nothing to do ({self.pool.free} of "
+                               f"{self.pool.num_pages - 1} pages free, {len(self.ready)} samples waiting)")
         self.before = self.host["count"].copy()
         return prefill, src, dst, Slots(**self.host)
 
@@ -263,14 +356,22 @@ def _stack(trees: list[Any]) -> Any:
 
 
 def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> Completions:
-    """Completions of every request (rows in request order); every pool is empty afterwards."""
+    """Completions of every request (rows in request order); every pool is empty afterwards,
+    however the rollout ends (an exception, an interrupt)."""
     prompts = _prompts(engine.settings, requests)
     r = len(engine.pools)
-    replicas = [_Replica(engine, pool, prompts[i::r]) for i, pool in enumerate(engine.pools)]
-    step = engine._step_fn(sampling)
-    while any(x.remaining for x in replicas):
-        prefill, src, dst, slots = _stack([x.plan() for x in replicas])
-        tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
-        for i, replica in enumerate(replicas):
-            replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after))  # noqa: B023
+    try:
+        replicas = [_Replica(engine, pool, prompts[i::r]) for i, pool in enumerate(engine.pools)]
+        step = engine._step_fn(sampling)
+        while any(x.remaining for x in replicas):
+            prefill, src, dst, slots = _stack([x.plan() for x in replicas])
+            tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
+            for i, replica in enumerate(replicas):
+                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after))  # noqa: B023
+        leaked = [pool.in_use for pool in engine.pools]
+        if any(leaked):  # a finished rollout released everything itself: anything else is a bookkeeping bug
+            raise RuntimeError(f"scheduler bug: pages still held after the rollout ({leaked} per replica)")
+    finally:
+        for pool in engine.pools:
+            pool.reset()
     return _completions(engine, [x for p in prompts for x in p.samples], engine.settings.max_new_tokens)
