@@ -81,10 +81,29 @@ def build(name: str, config_overrides=None, **training):
     return algorithm, config, learner
 
 
+_BUILT: dict[tuple, tuple] = {}
+
+
+def fresh(name: str, config_overrides=None, **training):
+    """`build`'s learner, built once per test run for each setting and handed back in its
+    initial state: its programs are traced and compiled once, not once per test."""
+    key = (name, tuple(sorted((config_overrides or {}).items())), tuple(sorted(training.items())))
+    if key not in _BUILT:
+        algorithm, config, learner = build(name, config_overrides, **training)
+        _BUILT[key] = (algorithm, config, learner, _copy_state(learner.state))
+    algorithm, config, learner, initial = _BUILT[key]
+    learner.replace_state(_copy_state(initial))  # the update donates its state's buffers
+    return algorithm, config, learner
+
+
+def _copy_state(state):
+    return state._replace(models=jax.tree.map(lambda x: x.copy(), state.models), rng=state.rng.copy())
+
+
 @pytest.fixture(scope="module", params=ALGORITHMS)
 def run(request):
     """Each algorithm trained for 3 steps; compile counts of steps 2 and 3."""
-    algorithm, config, learner = build(request.param)
+    algorithm, config, learner = fresh(request.param)
     before = jax.tree.map(np.array, learner.params)
     history = [learner.train_step()]
     new_compiles = []
@@ -99,6 +118,7 @@ def run(request):
         learner=learner,
         before=before,
         after=jax.tree.map(np.array, learner.params),
+        step=learner.step,  # the learner is shared: later tests start it over
         history=history,
         new_compiles=new_compiles,
     )
@@ -187,7 +207,7 @@ def toy_losses():
 
     def get(name):
         if name not in cache:
-            _, _, learner = build(name)
+            _, _, learner = fresh(name)  # only its (stateless) loss
             graphdef, params = nnx.split(rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)))
             base, rows, left = toy_example(), toy_example(extra_rows=2), toy_example(left_pad=3)
 
@@ -300,7 +320,7 @@ def test_trains_end_to_end(run):
     assert all(math.isfinite(x) for x in losses), losses
     assert all(m["train/skipped_updates"] == 0 for m in run.history)
     assert tree_max_abs_diff(run.before, run.after) > 0, "parameters did not change"
-    assert run.learner.step == 3
+    assert run.step == 3
 
 
 def test_logs_the_documented_metrics(run):
@@ -418,15 +438,18 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
     recomputed path's old_logp comes from another compiled program (the behaviour pass), which
     XLA may round differently in the last bit (it does with XLA:CPU's older emitters). So the
     ratios agree to float32 rounding, and the updates to a few ulps, not bit for bit."""
-    fast, slow = build(name)[2], build(name)[2]
-    assert not fast.update_is_off_policy()
-    example = identical_groups(fast, 2)
+    learner = fresh(name)[2]
+    assert not learner.update_is_off_policy()
+    example = identical_groups(learner, 2)
     assert example.old_logp is None  # no behaviour forward on a provably on-policy step
     recomputed = example._replace(
-        old_logp=slow.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+        old_logp=learner.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
-    (a,), (b,) = fast.update(example), slow.update(recomputed)
+    (a,) = learner.update(example)
+    fast = jax.device_get((learner.params, learner.opt_state))
+    (b,) = fresh(name)[2].update(recomputed)  # the same learner, from the same initial state
+    slow = jax.device_get((learner.params, learner.opt_state))
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0
-    for x, y in zip(jax.tree.leaves((fast.params, fast.opt_state)), jax.tree.leaves((slow.params, slow.opt_state))):
+    for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(slow), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-8)
