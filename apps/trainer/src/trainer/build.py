@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -302,13 +303,17 @@ def heldout(task: Task, settings: RunSettings) -> tuple:
 
 
 def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[str, float]]:
-    """Scheduled evaluation: greedy held-out accuracy (pass@k only at the end, it is costlier)."""
+    """Scheduled evaluation: greedy held-out accuracy (pass@k only at the end, it is costlier), and
+    its wall time in `time/eval` (a wall-clock figure like the other time/* metrics; the step's
+    time/step leaves it out)."""
     prompts = heldout(task, settings)
 
     def run(learner: RLLearner) -> dict[str, float]:
+        start = time.perf_counter()
         metrics = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
                            rollout=settings.rollout)
-        return metrics | learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
+        metrics |= learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
+        return metrics | {"time/eval": time.perf_counter() - start}
 
     return run
 

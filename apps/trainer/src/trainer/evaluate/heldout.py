@@ -28,14 +28,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def call_rows(prompts: int, most: int) -> int:
+    """Prompt rows a call of `prompts` real ones decodes: the next power of two, at most `most`.
+    Padding to a few sizes keeps the compiled programs few (log2(most) + 2 at most) while no call
+    decodes even twice its real rows (`eval.heldout_size=4` decodes 4, not a whole batch)."""
+    if not 1 <= prompts <= most:
+        raise ValueError(f"call_rows: prompts = {prompts} must be in [1, {most}]")
+    return min(most, 1 << (prompts - 1).bit_length())
+
+
 def _batches(prompts: Sequence[Prompt], batch_size: int, num_samples: int):
-    """(prompts, real completions) per call: about `batch_size` completions each, the last
-    padded with repeats so that every call has one shape (no recompiles)."""
+    """(prompts, real completions) per call: at most about `batch_size` completions each (one
+    prompt at least), the prompts padded with repeats to `call_rows` of them."""
     per_call = max(1, batch_size // num_samples)
     for start in range(0, len(prompts), per_call):
         chunk = list(prompts[start : start + per_call])
         real = len(chunk) * num_samples
-        yield chunk + [chunk[-1]] * (per_call - len(chunk)), real
+        yield chunk + [chunk[-1]] * (call_rows(len(chunk), per_call) - len(chunk)), real
 
 
 def generate_texts(
@@ -52,8 +61,8 @@ def generate_texts(
 ) -> tuple[list[str], np.ndarray]:
     """`num_samples` completions (text) per prompt, prompt-major, and their lengths in tokens.
 
-    Runs in batches of one fixed shape (about `batch_size` completions), each
-    prompt prefilled once for all of its samples.
+    Runs in batches of at most about `batch_size` completions, padded to a power-of-two number
+    of prompts (`call_rows`), each prompt prefilled once for all of its samples.
     """
     texts: list[str] = []
     lengths: list[int] = []
@@ -82,7 +91,7 @@ def generate_episodes(
     """`generate_texts` for a multi-turn task: whole episodes with `rollout.environment`.
 
     Returns each episode's last model turn (what the task's reward scores), its model
-    tokens and its record. Batches have one shape, as in `generate_texts`."""
+    tokens and its record. Batches as in `generate_texts`."""
     texts: list[str] = []
     lengths: list[int] = []
     records: list[EpisodeRecord] = []
