@@ -15,6 +15,7 @@ import jax
 import pytest
 from flax import nnx
 from rl_core.config import ConfigError
+from rl_core.rollout.factory import resolve_engine
 from rl_models import Transformer
 from rl_models.hf import load_hf_config
 from trainer.plan import GIB, memory_budget
@@ -182,7 +183,7 @@ def test_with_beta_0_the_trainer_frees_the_weights_as_loaded_once_the_learner_is
 
     def count_alive_then_stop(learner, *args, **kwargs):  # the first thing after `del model, policy`
         gc.collect()
-        alive[f"{learner.config.beta}-{learner.rollout.engine}"] = sum(r() is not None for r in loaded)
+        alive[f"{learner.config.beta}-{resolve_engine(learner.rollout)}"] = sum(r() is not None for r in loaded)
         raise Built
 
     monkeypatch.setattr(build, "new_model", recording_new_model)

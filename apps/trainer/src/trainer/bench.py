@@ -35,6 +35,7 @@ import numpy as np
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime.compiles import compile_count
 from rl_core.config import ConfigError
+from rl_core.rollout.factory import resolve_engine
 from rl_core.rollout.sampler import Sampler, SamplingParams
 from rl_models import TransformerConfig
 
@@ -269,6 +270,7 @@ def run_bench(
     results["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
                        "quantize": settings.model.quantize} if lora.rank else None
     results["memory"] = memory
+    results["rollout"]["engine"] = resolve_engine(settings.rollout)  # "auto" picks by max_new_tokens
     print_table(results)
     if output is not None:
         output = Path(output)

@@ -152,7 +152,7 @@ class AlgorithmConfig(Config):
         algorithm's own), checked before any model loads; raises ConfigError. None by default."""
 
 
-ROLLOUT_ENGINES = ("static", "paged")
+ROLLOUT_ENGINES = ("auto", "static", "paged")
 ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 
 
@@ -176,11 +176,11 @@ class RolloutConfig(Config):
     """Seed of the sampling key stream."""
     logprob_chunk_tokens: int = 64
     """Completion tokens unembedded at once when computing log-probs."""
-    engine: str = "static"
-    """Rollout backend: "static" (one program, KV cache preallocated to the longest completion) or
-    "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout).
-    Static is the default because it is faster at the short completions of the built-in tasks and
-    tests (2.8x at 16 new tokens); paged wins from about 64 new tokens (benchmarks/rollout_engines.py)."""
+    engine: str = "auto"
+    """Rollout backend: "static" (one program, KV cache preallocated to the longest completion),
+    "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout) or
+    "auto" (the default): paged from 64 new tokens, where it wins, static below, where it is faster
+    (2.8x at 16 new tokens; benchmarks/rollout_engines.py). See rl_core.rollout.factory.resolve_engine."""
     attention: str = "auto"
     """Paged engine's attention: "auto" (Pallas kernels on TPU/GPU, plain JAX on CPU), "reference"
     (plain JAX everywhere) or "pallas"."""

@@ -112,6 +112,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         check_critic(settings, policy_abstract)  # model.critic_path: the policy's vocabulary, whole heads
     graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(policy_abstract)
     training, rollout = settings.training, settings.rollout
+    from rl_core.rollout.factory import resolve_engine
+
+    engine_name = resolve_engine(rollout)  # "auto" as the trainer's learner resolves it (it has a paged adapter)
     # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan.programs)
     programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
     algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
@@ -163,7 +166,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
 
     ways = mesh_lib.batch_devices(mesh)
     rollout_temp = None
-    if rollout.engine == "static":  # the paged engine's memory is its pool and weight copy (counted below)
+    if engine_name == "static":  # the paged engine's memory is its pool and weight copy (counted below)
         sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
                           param_shardings=shardings.whole)
         u = training.prompts_per_step
@@ -275,6 +278,6 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset
     loaded = "frozen_base" if lora.rank else "reference" if beta else "freed"
-    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, budget, engine=rollout.engine,
+    return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, budget, engine=engine_name,
                 mean_new_tokens=mean, attention=kernel, auto_attention=auto, loaded_model=loaded,
                 critic_trainable=critic_trainable)

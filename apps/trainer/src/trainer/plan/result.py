@@ -31,7 +31,7 @@ class Plan:
     analytic: dict[str, int]
     budget: MemoryBudget
     engine: str = "static"
-    """The rollout engine (rollout.engine)."""
+    """The rollout engine (rollout.engine, "auto" resolved: rl_core.rollout.factory.resolve_engine)."""
     mean_new_tokens: int = 0
     """The mean completion length the paged engine's in-use KV is counted at."""
     attention: str = "xla"

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 from rl_core.config import ConfigError
+from rl_core.rollout.factory import resolve_engine
 
 from trainer.plan.device_memory import GIB
 from trainer.plan.result import Plan
@@ -102,7 +103,7 @@ def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
 def rollout_candidates(settings: Any) -> Iterator[tuple[str, ...]]:
     """The paged engine, then fewer decode slots per replica (one replica per data/fsdp device)."""
     rollout = settings.rollout
-    engine = () if rollout.engine == "paged" else ("rollout.engine=paged",)
+    engine = () if resolve_engine(rollout) == "paged" else ("rollout.engine=paged",)
     if engine:
         yield engine
     batch, replicas = _rows(settings)

@@ -2,9 +2,9 @@
 it can resume.
 
 A run folder holds config.yaml (the user's, or the resolved settings), settings_at_start.json
-(what its checkpoints mean), checkpoints/, metrics.jsonl, samples.jsonl, tensorboard/,
-eval_before.json and summary.json. Only process 0 writes (`write_text`); every process
-reads the same files and takes the same decisions.
+(what its checkpoints mean, and what its "auto" settings picked), checkpoints/, metrics.jsonl,
+samples.jsonl, tensorboard/, eval_before.json and summary.json. Only process 0 writes
+(`write_text`); every process reads the same files and takes the same decisions.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from rl_core.run import storage
 from rl_core.run.checkpoint import saved_steps
 from rl_core.config import ConfigError
 from rl_core.run.files import atomic_write_text, read_jsonl
+from rl_core.rollout.factory import resolve_engine
 from rl_core.run.layout import CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, RUN_FILES, SETTINGS_AT_START, SUMMARY
 
 from trainer.settings import RunSettings, build_settings, load_yaml
@@ -96,8 +97,9 @@ def write_config(run_dir: Path, settings: RunSettings) -> None:
     if not path.exists() or path.read_text() != text:
         write_text(path, text)
     started = run_dir / SETTINGS_AT_START
-    if not started.exists() or json.loads(started.read_text()) != _comparable(settings):
-        write_text(started, json.dumps(_comparable(settings), indent=2))
+    record = _comparable(settings) | {PICKED: picked(settings)}
+    if not started.exists() or json.loads(started.read_text()) != record:
+        write_text(started, json.dumps(record, indent=2))
 
 
 """The run's resolved settings as it started (training.num_steps as last extended): what its
@@ -113,6 +115,17 @@ with it. (A setting added at a default that reproduces earlier runs needs no ent
 lacks it takes the default.)"""
 
 
+PICKED = "picked"
+"""settings_at_start.json's record of what the "auto" settings picked when the run started (by dotted
+name): what the run did, not settings; a resume picks again (and records it) rather than being refused."""
+
+
+def picked(settings: RunSettings) -> dict[str, Any]:
+    """What the run's "auto" settings resolve to: the rollout engine (the trainer's learners
+    have the paged adapter, so its shape alone decides)."""
+    return {"rollout.engine": resolve_engine(settings.rollout)}
+
+
 def _comparable(settings: RunSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.resolved()))  # tuples as lists, as they read back
 
@@ -123,7 +136,9 @@ def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
     path = run_dir / SETTINGS_AT_START
     if not path.exists():  # a run from before this record was kept
         return
-    started, now = _flat(json.loads(path.read_text())), _flat(_comparable(settings))
+    record = json.loads(path.read_text())
+    record.pop(PICKED, None)  # not settings (see PICKED)
+    started, now = _flat(record), _flat(_comparable(settings))
     written = _flat(load_yaml(run_dir / CONFIG)) if (run_dir / CONFIG).exists() else {}
     added_since = {key for key in now if key not in started and key not in written}  # the run never had them
     changed = [

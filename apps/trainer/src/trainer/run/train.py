@@ -30,6 +30,7 @@ from typing import Any
 
 from rl_core.runtime import multihost
 
+from rl_core.rollout.factory import explain_engine
 from rl_core.run import storage
 from rl_core.run.checkpoint import saved_steps
 from rl_core.run.faults import fault_point
@@ -172,6 +173,7 @@ def train_run(
     # The learner trains float32 copies and keeps the loaded weights only as the reference
     # (beta > 0) or the frozen base (LoRA): with beta = 0 this frees the whole loaded model.
     del model, policy
+    log(f"{settings.name}: rollout engine {explain_engine(settings.rollout)}")  # as settings_at_start.json records it
 
     with StopOnSignal(log) as signals:
         before_path = run_dir / EVAL_BEFORE

@@ -1,4 +1,4 @@
-"""The rollout backend a `RolloutConfig` asks for (`rollout.engine`)."""
+"""The rollout backend a `RolloutConfig` asks for (`rollout.engine`; "auto" is resolved by `resolve_engine`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,32 @@ from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import Sampler
+
+
+PAGED_FROM_NEW_TOKENS = 64
+"""`rollout.engine = "auto"` picks the paged engine from this many new tokens, the static sampler
+below: benchmarks/rollout_engines.py measures paged 1.6x faster at 64 new tokens and static 2.8x
+faster at 16 (docs/rollout-engines.md)."""
+
+
+def resolve_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
+    """The engine a run uses: `rollout.engine` when it names one, else ("auto") the faster at the
+    run's shape: "paged" from PAGED_FROM_NEW_TOKENS new tokens, "static" below. A policy without a
+    paged adapter (`pageable=False`) gets "static" from "auto"; an explicit "paged" stays (and errors)."""
+    if rollout.engine != "auto":
+        return rollout.engine
+    return "paged" if pageable and rollout.max_new_tokens >= PAGED_FROM_NEW_TOKENS else "static"
+
+
+def explain_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
+    """`resolve_engine`'s choice and why, for a run's log: "paged (auto: 512 new tokens >= 64)"."""
+    engine = resolve_engine(rollout, pageable=pageable)
+    if rollout.engine != "auto":
+        return f"{engine} (rollout.engine={engine})"
+    if not pageable:
+        return f"{engine} (auto: the policy has no paged adapter)"
+    sign = ">=" if engine == "paged" else "<"
+    return f"{engine} (auto: {rollout.max_new_tokens} new tokens {sign} {PAGED_FROM_NEW_TOKENS})"
 
 
 def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1) -> EngineSettings:
@@ -37,11 +63,11 @@ def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Seq
                  mesh: Mesh | None = None, param_shardings: Any = None, batch_size: int | None = None,
                  sampler: Sampler | None = None, policy: Any = None,
                  paging: PagedModel | None = None) -> RolloutBackend:
-    """`rollout.engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
+    """`resolve_engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
 
     `paged` runs the model through `paging` (see `rl_core.policy.protocols.PagedModel`), which it requires;
     `policy` (optional) only names the model in the error when it is missing."""
-    if rollout.engine == "paged":
+    if resolve_engine(rollout, pageable=paging is not None) == "paged":
         if paging is None:
             what = f" ({type(policy).__name__})" if policy is not None else ""
             raise TypeError(

@@ -1,0 +1,75 @@
+"""The trainer's rollout engine under rollout.engine=auto: recorded in settings_at_start.json and
+the run's log, the same for `trainer compare`'s built-in default as before auto, and in plans."""
+
+import json
+
+import pytest
+
+from rl_core import registry
+from rl_core.config import ConfigError
+from rl_core.rollout.factory import resolve_engine
+from trainer.cli import main
+from trainer.compare.sweep import COMPARE_DEFAULTS, variant_settings
+from trainer.run import folder as run_folder
+from trainer.settings import build_settings, merge, parse_overrides
+from trainer.plan.search import rollout_candidates
+
+
+@pytest.mark.parametrize(("overrides", "engine"), [
+    ((), "static"),  # the default task's 5 new tokens
+    (("rollout.max_new_tokens=64",), "paged"),
+    (("rollout.max_new_tokens=512", "rollout.engine=static"), "static"),
+    (("rollout.engine=paged",), "paged"),
+])
+def test_settings_at_start_records_the_engine_picked(tmp_path, overrides, engine):
+    settings = build_settings(overrides=list(overrides))
+    run_folder.write_config(tmp_path, settings)
+    started = json.loads((tmp_path / "settings_at_start.json").read_text())
+    assert started["picked"] == {"rollout.engine": engine}
+    assert started["rollout"]["engine"] == settings.rollout.engine  # the setting itself, as given
+    run_folder.refuse_changed_settings(tmp_path, settings)  # its own record is no change
+
+
+def test_a_resume_picks_again_rather_than_refusing(tmp_path):
+    """The pick is what the run did, not a setting: one recorded by an older rule is no change."""
+    settings = build_settings(overrides=["rollout.max_new_tokens=128"])
+    run_folder.write_config(tmp_path, settings)
+    path = tmp_path / "settings_at_start.json"
+    started = json.loads(path.read_text())
+    path.write_text(json.dumps(started | {"picked": {"rollout.engine": "static"}}))
+    run_folder.refuse_changed_settings(tmp_path, settings)
+    run_folder.write_config(tmp_path, settings)
+    assert json.loads(path.read_text())["picked"] == {"rollout.engine": "paged"}
+    with pytest.raises(ConfigError, match="rollout.engine: 'auto' -> 'static'"):  # the setting still counts
+        run_folder.refuse_changed_settings(tmp_path, build_settings(overrides=["rollout.max_new_tokens=128",
+                                                                              "rollout.engine=static"]))
+
+
+def test_compare_default_keeps_the_static_engine():
+    """`trainer compare` with no config ran the static engine before auto: its numbers stay."""
+    user = merge(parse_overrides(COMPARE_DEFAULTS), {})
+    for settings in variant_settings(registry.registry.names("algorithm"), user):
+        assert settings.rollout.engine == "auto"
+        assert resolve_engine(settings.rollout) == "static", settings.name
+
+
+def test_plan_search_offers_the_paged_engine_only_where_auto_does_not_pick_it():
+    short, long = (build_settings(overrides=[f"rollout.max_new_tokens={n}"]) for n in (16, 64))
+    assert next(rollout_candidates(short)) == ("rollout.engine=paged",)
+    assert all("rollout.engine=paged" not in c for c in rollout_candidates(long))
+
+
+@pytest.mark.e2e
+def test_the_run_logs_the_engine_and_its_evaluation_time(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([
+        "train", "--algo", "grpo", "--output", str(run), "--no-progress", "model.preset=tiny",
+        "training.num_steps=1", "training.checkpoint_every_steps=0", "warm_start.steps=0",
+        "training.prompts_per_step=2", "algorithm.group_size=2", "eval.heldout_size=4",
+        "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=1",
+    ]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "rollout engine static (auto: 5 new tokens < 64)" in out
+    assert json.loads((run / "settings_at_start.json").read_text())["picked"] == {"rollout.engine": "static"}
+    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/accuracy" in record and record["time/eval"] > 0.0
