@@ -25,6 +25,7 @@ def collect_rollout(
     num_samples: int,
     *,
     key: jax.Array | None = None,
+    row_limits: bool = False,
 ) -> Rollout:
     """`num_samples` completions of each prompt (rows prompt-major, on the host).
 
@@ -32,7 +33,9 @@ def collect_rollout(
     current weights (the learner's `generate`). Without `rollout.environment` each row
     is one generation; with one, each row is a whole episode (rl_core.episodes.runner).
     `key`: the first generation samples with it and the n-th turn's with fold_in(key, n),
-    instead of `generate`'s own key stream.
+    instead of `generate`'s own key stream. `row_limits`: the backend stops each row at its own
+    `max_new_tokens` and `stop_strings` (the paged engine's `row_limits`): each episode turn asks for
+    only what the episode can keep, with exactly the live rows (`run_episodes`).
     """
     if key is not None:
         calls, stream = itertools.count(), generate
@@ -46,10 +49,11 @@ def collect_rollout(
         out = multihost.to_host(generate(tokens, mask, num_samples=num_samples))
         return single_turn(tokenizer, tokens, mask, out, num_samples)
     return run_episodes(
-        lambda tokens, mask, n: generate(tokens, mask, num_samples=n),
+        lambda tokens, mask, n, **limits: generate(tokens, mask, num_samples=n, **limits),
         tokenizer,
         prompts,
         environment_factory(rollout.environment, rollout.environment_options),
         num_samples=num_samples,
         limits=EpisodeLimits.from_rollout(rollout),
+        row_limits=row_limits,
     )

@@ -20,6 +20,16 @@ turn ends at an end-of-sequence token (kept, it is the model's choice to end
 its turn), at the first of the environment's `stop_strings` (e.g. a tool
 call's closing tag; the tokens after it are dropped, but for an EOS right
 after it) or at `max_turn_tokens`.
+With `row_limits` (a backend that stops each row at its own limits: the paged
+engine) each turn's request carries those limits, so the backend decodes only
+about what the episode keeps: min(max_turn_tokens, room left + 1) new tokens
+(the one past the room tells a turn cut by the budget from one that ended
+there) and the environment's stop strings; and it gets exactly the live rows.
+Without, every row decodes to the backend's max_new_tokens and the rows are
+padded to a power of two (a static program per row count). The kept tokens are
+the same either way: the runner cuts each turn as above in both cases.
+`Rollout.decoded_tokens` counts what the backend returned, every row of every
+call; the completions' lengths, what the episodes kept.
 An episode ends when the environment says done, after `max_turns` model turns,
 or when the token budget T cannot hold the next observation and one more
 token (then it is `truncated`).
@@ -136,6 +146,7 @@ class Rollout(NamedTuple):
     completions: Completions  # [N, T] numpy; mask = the model's tokens
     texts: tuple[str, ...]  # [N] what reward functions score (an episode's last model turn)
     episodes: tuple[EpisodeRecord, ...] | None = None  # None for single-turn completions
+    decoded_tokens: int | None = None  # tokens the backend returned, every row of every call; None: the kept ones
 
     def row_fields(self) -> dict[str, tuple[Any, ...]]:
         """Per-row fields for reward functions: `episode` (each record's JSON) for episodes."""
@@ -162,6 +173,7 @@ def single_turn(tokenizer: Tokenizer, prompt_tokens: np.ndarray, prompt_mask: np
         prompt_mask=np.repeat(prompt_mask, num_samples, axis=0),
         completions=out,
         texts=tuple(decode_completions(tokenizer, out.tokens, out.mask)),
+        decoded_tokens=int(np.sum(out.lengths)),
     )
 
 
@@ -173,8 +185,13 @@ def run_episodes(
     *,
     num_samples: int,
     limits: EpisodeLimits,
+    row_limits: bool = False,
 ) -> Rollout:
-    """G = `num_samples` episodes of each prompt (rows prompt-major), every one to its end."""
+    """G = `num_samples` episodes of each prompt (rows prompt-major), every one to its end.
+
+    `row_limits`: `generate` is called as `generate(tokens, mask, n, max_new_tokens=[U] ints,
+    stop_strings=[U] tuples)` with exactly the live rows, and decodes each row only to its limits
+    (see the module docstring); without, as `generate(tokens, mask, n)` with rows padded."""
     n, t_max = len(prompts) * num_samples, limits.max_tokens
     eos = set(tokenizer.eos_ids)
     episodes = [_Episode(_made(make_env), prompts[i // num_samples]) for i in range(n)]
@@ -182,29 +199,44 @@ def run_episodes(
     tokens, mask = encode_prompts(tokenizer, [e.prompt.text + f for e, f in zip(episodes, firsts)],
                                   max_tokens=limits.max_prompt_tokens)
     prompt_rows = [tokens[i, mask[i] > 0].tolist() for i in range(n)]
+    decoded = 0
     for turn in range(limits.max_turns):
         live = [i for i, e in enumerate(episodes) if not e.over]
         if not live:
             break
-        shared = turn == 0 and all(prompt_rows[i] == prompt_rows[i - i % num_samples] for i in range(n))
+        shared = turn == 0 and all(prompt_rows[i] == prompt_rows[i - i % num_samples]
+                                   and episodes[i].stops == episodes[i - i % num_samples].stops for i in range(n))
         if shared:  # every sample of a prompt starts alike: one prefill per prompt
-            out = generate(tokens[::num_samples], mask[::num_samples], num_samples)
+            heads = range(0, n, num_samples)
+            out = generate(tokens[::num_samples], mask[::num_samples], num_samples,
+                           **_row_limits(row_limits, [episodes[i] for i in heads], limits))
             rows_out = {i: i for i in live}
         else:
-            width = _bucket_rows(len(live))
+            width = len(live) if row_limits else _bucket_rows(len(live))
             batch = [prompt_rows[i] + episodes[i].tokens for i in live]
             batch += [batch[0]] * (width - len(live))  # fixed row counts: few compiled shapes
             turn_tokens, turn_mask = left_pad(batch, pad_id=tokenizer.pad_id,
                                               max_tokens=limits.max_prompt_tokens + 1 + t_max, what="episode")
-            out = generate(turn_tokens, turn_mask, 1)
+            out = generate(turn_tokens, turn_mask, 1, **_row_limits(row_limits, [episodes[i] for i in live], limits))
             rows_out = {i: j for j, i in enumerate(live)}
         out = multihost.to_host(out)
+        decoded += int(np.sum(out.lengths))
         for i in live:
             j = rows_out[i]
             length = int(out.lengths[j])
             episodes[i].model_turn(np.asarray(out.tokens[j, :length]), np.asarray(out.logp[j, :length]),
                                    tokenizer, eos, limits, last_turn=turn == limits.max_turns - 1)
-    return _assemble(episodes, tokens, mask, t_max, tokenizer.pad_id)
+    return _assemble(episodes, tokens, mask, t_max, tokenizer.pad_id)._replace(decoded_tokens=decoded)
+
+
+def _row_limits(on: bool, rows: Sequence[_Episode], limits: EpisodeLimits) -> dict[str, Any]:
+    """The keyword arguments telling `generate` where each row's turn ends (none when not `on`):
+    at most max_turn_tokens, and one token past the room the budget leaves (that token shows the turn
+    was cut by the budget; it is never kept), and the environment's stop strings."""
+    if not on:
+        return {}
+    ends = [min(limits.max_turn_tokens, limits.max_tokens - len(e.tokens) + 1, limits.max_tokens) for e in rows]
+    return {"max_new_tokens": np.asarray(ends, np.int32), "stop_strings": [e.stops for e in rows]}
 
 
 def _made(make_env: Callable[[], Environment]) -> Environment:
@@ -237,6 +269,11 @@ class _Episode:
         self.state: JSON = None
         self.over = self.done = self.truncated = False
 
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """The environment's stop strings (a turn ends after the first)."""
+        return tuple(getattr(self.env, "stop_strings", ()))
+
     def reset(self) -> str:
         try:
             first = self.env.reset(self.prompt)
@@ -251,7 +288,7 @@ class _Episode:
     def model_turn(self, tokens: np.ndarray, logp: np.ndarray, tokenizer: Tokenizer, eos: set[int],
                    limits: EpisodeLimits, *, last_turn: bool) -> None:
         keep = min(len(tokens), limits.max_turn_tokens)
-        stops = tuple(getattr(self.env, "stop_strings", ()))
+        stops = self.stops
         if stops:
             cut = _cut_at_stop(tokens[:keep], tokenizer, stops)
             keep = cut + 1 if cut < keep and int(tokens[cut]) in eos else cut  # an EOS right after stays

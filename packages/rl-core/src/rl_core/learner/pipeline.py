@@ -150,7 +150,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them."""
         # every sampled token counts, including groups a variant then drops
-        self._timings = {"time/rollout": 0.0, "time/reward": 0.0, "perf/generated_tokens": 0.0, "rewards/failed": 0.0}
+        self._timings = {"time/rollout": 0.0, "time/reward": 0.0, "perf/generated_tokens": 0.0,
+                         "perf/kept_tokens": 0.0, "rewards/failed": 0.0}
         groups, supply = self.sample_groups(prompts, supply)
         info = dict(self._timings)
         return dataclasses.replace(groups, info={**groups.info, **info}), supply
@@ -165,8 +166,13 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         example = self.example_from_groups(groups)  # adds time/logprob
         adv = example.advantages
         metrics = {**self.group_metrics(groups, adv), **self._timings}
+        # generated: what the backend decoded (padding rows and a turn's tokens past where its episode
+        # cut it included); kept: the model tokens the completions hold (episodes' turns as cut)
         tokens = groups.info.get("perf/generated_tokens", 0.0)
+        kept = groups.info.get("perf/kept_tokens", tokens)
         metrics["perf/generated_tokens"] = tokens
+        metrics["perf/kept_tokens"] = kept
+        metrics["perf/decoded_per_kept"] = tokens / kept if kept else 1.0
         return StepBatch(example, metrics, self.samples(groups, adv), int(tokens))
 
     def batch_to_json(self, batch: Groups) -> dict[str, Any]:
@@ -197,7 +203,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         out = rolled.completions
         self._timings["time/rollout"] += time.perf_counter() - start
         tally = self._timings
-        tally["perf/generated_tokens"] = tally.get("perf/generated_tokens", 0.0) + float(int(out.lengths.sum()))
+        kept = float(int(out.lengths.sum()))
+        decoded = kept if rolled.decoded_tokens is None else float(rolled.decoded_tokens)
+        tally["perf/generated_tokens"] = tally.get("perf/generated_tokens", 0.0) + decoded
+        tally["perf/kept_tokens"] = tally.get("perf/kept_tokens", 0.0) + kept
         return Groups(
             group_size=g,
             prompts=tuple(prompts),

@@ -14,6 +14,7 @@ continuous batching, for real lengths).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -29,12 +30,23 @@ class Requests(NamedTuple):
     name the prompts for their random keys (backends that key each completion by
     (prompt id, sample index), like `paged`, give a prompt the same completions
     whichever other requests share the call).
+
+    Each prompt may also say where its samples end (`max_new_tokens`, `stop_strings`,
+    which need `decode`). A backend with `row_limits = True` (the paged engine) stops
+    each sample there; others may ignore them and decode to their own length (the
+    caller cuts what it keeps either way).
     """
 
     prompt_tokens: np.ndarray  # [U, P] int32, left-padded
     prompt_mask: np.ndarray  # [U, P], 1 = real token
     num_samples: int = 1
     prompt_ids: np.ndarray | None = None  # [U] int; None = 0..U-1
+    max_new_tokens: np.ndarray | None = None
+    """[U] int >= 1: most new tokens of each prompt's samples (capped at the backend's own); None: the backend's."""
+    stop_strings: Sequence[Sequence[str]] | None = None
+    """[U] per prompt: a sample ends soon after its new tokens' text holds one of them (see `stop_index`)."""
+    decode: Callable[[list[int]], str] | None = None
+    """Token ids to text (the tokenizer's): what `stop_strings` are checked on."""
 
     def ids(self) -> np.ndarray:
         u = len(self.prompt_tokens)
@@ -42,6 +54,40 @@ class Requests(NamedTuple):
         if ids.shape != (u,):
             raise ValueError(f"prompt_ids has shape {ids.shape}; expected ({u},), one id per prompt")
         return ids.astype(np.int64)
+
+    def limits(self, most: int) -> np.ndarray:
+        """[U] each prompt's new-token limit, capped at `most` (the backend's max_new_tokens)."""
+        u = len(self.prompt_tokens)
+        if self.max_new_tokens is None:
+            return np.full(u, most, np.int64)
+        limits = np.asarray(self.max_new_tokens).astype(np.int64)
+        if limits.shape != (u,) or (limits < 1).any():
+            raise ValueError(f"max_new_tokens must be one int >= 1 per prompt ({u}), got {self.max_new_tokens!r}")
+        return np.minimum(limits, most)
+
+    def stops(self) -> list[tuple[str, ...]]:
+        """[U] each prompt's stop strings (empty ones dropped); a ValueError without `decode` to check them."""
+        u = len(self.prompt_tokens)
+        if self.stop_strings is None:
+            return [()] * u
+        if len(self.stop_strings) != u:
+            raise ValueError(f"stop_strings has {len(self.stop_strings)} entries; expected {u}, one per prompt")
+        stops = [tuple(s for s in row if s) for row in self.stop_strings]
+        if any(stops) and self.decode is None:
+            raise ValueError("stop_strings need decode= (token ids to text) to be checked")
+        return stops
+
+
+def stop_index(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
+    """Where a sample whose new tokens are `tokens` may end for a stop string: None while their
+    text holds none; else the tokens it must have, `len(tokens)` when the text held one already
+    before the last token, else one more (the token after the stop, which a caller keeps when it
+    is an end-of-sequence). Text is checked, not token ids: a BPE tokenizer can spell a stop
+    string with many token sequences, and merge its last characters with the next ones."""
+    if not stops or not any(s in decode(tokens) for s in stops):
+        return None
+    before = decode(tokens[:-1])
+    return len(tokens) if any(s in before for s in stops) else len(tokens) + 1
 
 
 @runtime_checkable

@@ -8,7 +8,12 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   and starts by running the prompt's last token, whose logits give its first
   completion token. Pages are added as it grows and freed when it ends.
 - The S slots decode k tokens per call; between calls the host retires
-  finished samples and refills their slots with waiting ones.
+  finished samples and refills their slots with waiting ones. A sample ends at
+  an end-of-sequence token, at its prompt's own limit (`Requests.max_new_tokens`)
+  or, checked on the host between calls on the text of its new tokens, soon
+  after one of its prompt's `Requests.stop_strings` (at most k - 1 tokens past
+  it, and one token past it so that a caller can keep an EOS that follows):
+  its tokens up to there are the ones it would have had without those limits.
 - On a mesh the engine is R = data x fsdp independent replicas, each with its
   own page pool, its S slots and its share of the prompts (one call advances
   them all: every array has a leading replica axis split over those devices),
@@ -102,6 +107,10 @@ class PagedBackend:
     transformers). `compiles` counts traced device programs (steps and weight refreshes).
     `replicas` (R) is the number of data/fsdp devices of the mesh (1 without one).
     """
+
+    row_limits = True
+    """It stops each sample at its prompt's `Requests.max_new_tokens` and `stop_strings`, and any
+    number of rows runs the same program (a caller need not pad them)."""
 
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
                  eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None) -> None:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from rl_core.rollout.backend import Requests
+from rl_core.rollout.backend import Requests, stop_index
 from rl_core.rollout.step import Prefill, Slots
 from rl_core.rollout.sampler import Completions, SamplingParams
 
@@ -45,6 +46,8 @@ class _Prompt:
     pages: list[int] = dataclasses.field(default_factory=list)  # the prefix's pages (all but the last token)
     scheduled: int = 0  # prefix tokens sent to prefill
     unfinished: int = 0
+    limit: int = 0  # most new tokens of its samples (at most the engine's max_new_tokens)
+    stops: tuple[str, ...] = ()  # its samples end soon after their text holds one (`stop_index`)
 
     @property
     def prefix(self) -> int:
@@ -67,10 +70,10 @@ def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
     """The requests as prompts with their samples (rows in request order), checked against the engine."""
     g, ps, m, t = requests.num_samples, settings.page_size, settings.pages_per_sequence, settings.max_new_tokens
     tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
-    ids = requests.ids()
+    ids, limits, stops = requests.ids(), requests.limits(t), requests.stops()
     prompts = []
     for i in range(len(tokens)):
-        prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g)
+        prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g, limit=int(limits[i]), stops=stops[i])
         if not len(prompt.tokens):
             raise ValueError(f"prompt {i} has no token")
         if (prompt.prefix + t - 1) // ps + 1 > m:
@@ -105,9 +108,10 @@ def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: 
 class _Replica:
     """One data replica: its page pool, its share of the prompts and its S decode slots."""
 
-    def __init__(self, engine: Any, pool: Any, prompts: list[_Prompt]) -> None:
+    def __init__(self, engine: Any, pool: Any, prompts: list[_Prompt],
+                 decode: Callable[[list[int]], str] | None = None) -> None:
         s = engine.settings
-        self.engine, self.pool = engine, pool
+        self.engine, self.pool, self.decode = engine, pool, decode
         self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
         self.chunk = s.prefill_chunk
         self.prompts = prompts
@@ -144,7 +148,7 @@ class _Replica:
 
     def _own_pages(self, sample: _Sample, upto: int) -> int:
         """Own pages `sample` needs to hold positions up to `upto` (at most its last one)."""
-        last = sample.prompt.prefix + self.t - 1
+        last = sample.prompt.prefix + sample.prompt.limit - 1
         return self._pages_to(min(upto, last)) - len(self._shared(sample))
 
     def _start_need(self, sample: _Sample) -> int:
@@ -290,6 +294,7 @@ class _Replica:
             self.running[slot] = sample
             h = self.host
             h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, 0
+            h["limit"][slot] = prompt.limit
             h["active"][slot], h["ids"][slot] = True, sample.ids
             h["page_rows"][slot] = self._row(shared + sample.own)
         return src, dst
@@ -333,6 +338,13 @@ class _Replica:
             n = int(self.host["count"][slot] - self.before[slot])
             sample.tokens.extend(tokens[slot, :n].tolist())
             sample.logp.extend(logp[slot, :n].tolist())
+            if self.host["active"][slot] and n and sample.prompt.stops:
+                assert self.decode is not None  # Requests.stops checked it
+                end = stop_index(sample.tokens, sample.prompt.stops, self.decode)
+                if end is not None and end <= len(sample.tokens):  # a stop string: it ends here
+                    self.host["active"][slot] = False
+                elif end is not None:  # the stop ended with its last token: one more (an EOS may follow)
+                    self.host["limit"][slot] = min(int(self.host["limit"][slot]), end)
             if not self.host["active"][slot]:
                 self._finish(slot)
                 self.remaining -= 1
@@ -361,7 +373,7 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
     prompts = _prompts(engine.settings, requests)
     r = len(engine.pools)
     try:
-        replicas = [_Replica(engine, pool, prompts[i::r]) for i, pool in enumerate(engine.pools)]
+        replicas = [_Replica(engine, pool, prompts[i::r], requests.decode) for i, pool in enumerate(engine.pools)]
         step = engine._step_fn(sampling)
         while any(x.remaining for x in replicas):
             prefill, src, dst, slots = _stack([x.plan() for x in replicas])

@@ -24,6 +24,10 @@ class StaticBackend:
         self.version = -1
         self._params: Any = None
 
+    row_limits = False
+    """It decodes every row to max_new_tokens (or until every row ended), ignoring `Requests.max_new_tokens`
+    and `stop_strings`; a program per row count, so callers pad rows to a few counts."""
+
     keeps_reference = True
     """It samples from the very arrays `update_weights` was given (a pinned caller copies them)."""
 
