@@ -41,6 +41,21 @@ keep_freed_memory()
 unroll_threefry_on_cpu()
 
 
+# --- the multidevice tier runs in processes with 8 simulated devices ------------------------------
+MULTIDEVICE_TIER_DEVICES = 8
+
+
+def pytest_configure(config):
+    """`-m multidevice` alone: 8 CPU devices in this process (and each xdist worker, which runs
+    this too), set before JAX starts its backend, so the mesh scripts run in-process
+    (tests/algos/fixtures/simulated_devices.py). Children are not affected: it is a setting of
+    this process, not of the environment. Every other selection keeps one device."""
+    if config.getoption("markexpr", "").strip() == "multidevice":
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", MULTIDEVICE_TIER_DEVICES)
+
+
 # --- the longest files first ----------------------------------------------------------------------
 # pytest-xdist (--dist=loadfile --no-loadscope-reorder) hands whole files to its workers in
 # collection order. Started first, the long files share out over the workers; started last, one

@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import pytest
 
+from rl_core.runtime.mesh import data_mesh
+
 pytestmark = pytest.mark.multidevice
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -25,6 +27,12 @@ _spec.loader.exec_module(toy_run)
 
 TIMEOUT_S = 600
 TIMING = ("time/", "perf/")
+
+
+def one_device():
+    """The in-process runs use one device, as the fresh processes they are compared with do (the
+    multidevice tier's processes have 8: tests/conftest.py)."""
+    return data_mesh(jax.devices()[:1])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,7 +64,8 @@ def without_timing(record: dict) -> dict:
 
 def test_exact_resume_in_a_fresh_process(tmp_path):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    learner = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(straight), toy=toy_run.RESUME_TOY)
+    learner = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(straight), toy=toy_run.RESUME_TOY,
+                                   mesh=one_device())
     initial = toy_run.params_numpy(learner)
     learner.train()  # 4 steps in one go, checkpoints at steps 2 and 4
     learner.close()
@@ -79,7 +88,8 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {"restored_step": 2, "final_step": 4}
 
-    resumed = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(crashed), toy=toy_run.RESUME_TOY)
+    resumed = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(crashed), toy=toy_run.RESUME_TOY,
+                                   mesh=one_device())
     assert resumed.resume() and resumed.step == 4 and resumed.data_position == learner.data_position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
     for a, b in zip(jax.tree.leaves(resumed.opt_state), straight_opt, strict=True):

@@ -49,8 +49,8 @@ def leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 
 
-def main() -> None:
-    devices = jax.devices()
+def measure(devices) -> dict:
+    """LoRA on each mesh of `devices` (8) against one device."""
     one = make_learner(mesh_lib.make_mesh(devices=devices[:1]))
     start, base = leaves(one.params), leaves(one.frozen)
     for _ in range(3):
@@ -68,7 +68,11 @@ def main() -> None:
         if shape == (1, 4, 2):
             q = learner.frozen["layers"]["attn"]["q_proj"]["kernel"]  # [layers, embed, heads]
             result["q_kernel"] = {"shape": list(q.shape), "shard": list(q.addressable_shards[0].data.shape)}
-    print(json.dumps(result))
+    return result
+
+
+def main() -> None:
+    print(json.dumps(measure(jax.devices())))
 
 
 if __name__ == "__main__":

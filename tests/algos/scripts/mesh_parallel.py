@@ -181,11 +181,8 @@ def rollouts_apart(devices, engine: str) -> dict:
     }
 
 
-def main() -> None:
-    devices = jax.devices()
-    if os.environ.get("ONLY_HF"):  # a quick look while changing the loader
-        print(json.dumps(hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))))
-        return
+def measure(devices) -> dict:
+    """Every mesh's run against one device's, on `devices` (8)."""
     one_params, one_tokens, _, one_metrics = run(mesh_lib.make_mesh(devices=devices[:1]))
     result = {"device_count": len(devices), "meshes": {}}
     for shape in MESHES:
@@ -214,7 +211,15 @@ def main() -> None:
     result["hf_1x2x4"] = hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))
     result["whole_heads_1x1x8"] = whole_heads(devices)
     result["rollouts_apart"] = {engine: rollouts_apart(devices, engine) for engine in ("static", "paged")}
-    print(json.dumps(result))
+    return result
+
+
+def main() -> None:
+    devices = jax.devices()
+    if os.environ.get("ONLY_HF"):  # a quick look while changing the loader
+        print(json.dumps(hf_sharded(mesh_lib.make_mesh(1, 2, 4, devices=devices))))
+        return
+    print(json.dumps(measure(devices)))
 
 
 if __name__ == "__main__":

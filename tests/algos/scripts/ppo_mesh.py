@@ -66,15 +66,15 @@ def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-def main() -> None:
-    devices = jax.devices()
+def measure(devices) -> dict:
+    """PPO on a mesh of `devices` (4) against one device."""
     one = make_learner(mesh_lib.make_mesh(devices=devices[:1]))
     start = params(one)
     one_metrics = [one.train_step() for _ in range(STEPS)]
     learner = make_learner(mesh_lib.make_mesh(*MESH, devices=devices))
     metrics = [learner.train_step() for _ in range(STEPS)]
     gate = learner.model_state("critic").params["backbone"]["layers"]["mlp"]["gate_proj"]["kernel"]
-    print(json.dumps({
+    return {
         "device_count": len(devices),
         "moved": {name: max_diff(p, start[name]) for name, p in params(one).items()},
         "params_max_abs_diff": {name: max_diff(p, params(one)[name]) for name, p in params(learner).items()},
@@ -83,7 +83,11 @@ def main() -> None:
         ),
         "critic_metrics": sorted(k for k in one_metrics[-1] if k.startswith("critic/")),
         "critic_gate_kernel": {"shape": list(gate.shape), "shard": list(gate.addressable_shards[0].data.shape)},
-    }))
+    }
+
+
+def main() -> None:
+    print(json.dumps(measure(jax.devices())))
 
 
 if __name__ == "__main__":
