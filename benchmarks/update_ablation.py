@@ -34,8 +34,9 @@ import rl_models.transformer as transformer_lib
 from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
 from rl_core.runtime.host_memory import keep_freed_memory
 from rl_core.train.trim import trim_example, trimmed_width
-from trainer import bench, build
-from trainer.bench_presets import PRESETS
+from trainer import build
+from trainer.bench import measure as bench
+from trainer.bench.presets import PRESETS
 
 
 @contextlib.contextmanager

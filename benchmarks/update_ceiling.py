@@ -44,9 +44,10 @@ from jax.profiler import ProfileData
 from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
 from rl_core.runtime.host_memory import keep_freed_memory
 from rl_core.train.trim import trim_example, trimmed_width
-from trainer import bench, build
-from trainer.bench_flops import block_matmul_weights, matmul_peak, query_side_weights, scored_tokens, training_flops
-from trainer.bench_presets import PRESETS
+from trainer import build
+from trainer.bench import measure as bench
+from trainer.bench.flops import block_matmul_weights, matmul_peak, query_side_weights, scored_tokens, training_flops
+from trainer.bench.presets import PRESETS
 
 
 def dense_program(cfg, rows: int, last_rows: int):

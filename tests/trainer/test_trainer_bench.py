@@ -16,7 +16,7 @@ from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
-from trainer.bench_flops import (
+from trainer.bench.flops import (
     block_matmul_weights,
     forward_flops,
     sampling_flops,
@@ -147,7 +147,7 @@ def test_bench_with_a_real_architecture_folder(tmp_path):
     """`--model DIR` benchmarks a loaded Hugging Face folder (here the tiny committed Qwen2)."""
     from pathlib import Path
 
-    from trainer.bench import run_bench
+    from trainer.bench.measure import run_bench
 
     folder = Path(__file__).parents[1] / "fixtures" / "hf" / "qwen2"
     logged = []
@@ -171,7 +171,7 @@ def _bench_json(step: float, update: float, rollout: float, reward: float, peak_
 
 
 def test_baseline_ratios_and_flags_by_hand():
-    from trainer.bench_baseline import compare
+    from trainer.bench.baseline import compare
 
     baseline = _bench_json(step=0.100, update=0.080, rollout=0.019, reward=0.001)
     # update 0.080 -> 0.0885 (+10.6%: flagged), rollout 0.019 -> 0.0209 (+10.0%: at the limit, not

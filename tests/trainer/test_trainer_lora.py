@@ -242,7 +242,7 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
 
 @pytest.mark.e2e
 def test_bench_reports_a_lora_run(tmp_path):
-    from trainer.bench import run_bench
+    from trainer.bench.measure import run_bench
 
     results = run_bench(preset="tiny", steps=1, output=tmp_path / "b.json", overrides=["model.lora.rank=8"],
                         log=lambda _: None)

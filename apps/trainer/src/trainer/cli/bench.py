@@ -29,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
-    from trainer.bench import run_bench
-    from trainer.bench_baseline import compare, differences, load_baseline, print_comparison
+    from trainer.bench.measure import run_bench
+    from trainer.bench.baseline import compare, differences, load_baseline, print_comparison
 
     baseline = load_baseline(args.baseline) if args.baseline else None  # a bad file fails before the run
     results = run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,

@@ -8,7 +8,7 @@ alone (on a real run the two would overlap a little in dispatch; here they are s
 is what a per-phase time needs), and reports them as `time/critic_update`. Bench's `split` then
 leaves a timed step's `time/update` the policy's share.
 
-FLOPs of the critic (trainer.bench_flops' causal-forward model, nothing unembedded: the value
+FLOPs of the critic (trainer.bench.flops' causal-forward model, nothing unembedded: the value
 head's D weights per position are not counted, like the norms): its update is forward and
 backward, 3 forwards over prompt + completion, per update; its values pass at collection time
 is one forward over every row, counted in the log-prob phase, where the learner times it.
@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer.bench_flops import forward_flops, scored_tokens
+from trainer.bench.flops import forward_flops, scored_tokens
 
 CRITIC = "critic"
 PHASE = "critic_update"

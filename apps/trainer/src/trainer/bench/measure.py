@@ -14,12 +14,12 @@
    time/logprob, time/update, time/step) and each phase's FLOPs, counted
    analytically from the tokens it actually processed: model FLOPs (MFU's
    numerator: what the task costs the model) and needed FLOPs (what this
-   implementation runs of them; see trainer.bench_flops).
+   implementation runs of them; see trainer.bench.flops).
 4. Prefill and decode time: the rollout program timed against the same program
    with max_new_tokens=1 (prefill plus the first sampled token). Each prompt is
    prefilled once for its whole group.
 
-Model FLOPs: trainer.bench_flops; presets: trainer.bench_presets.
+Model FLOPs: trainer.bench.flops; presets: trainer.bench.presets.
 """
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ from rl_core.rollout.sampler import Sampler, SamplingParams
 from rl_models import TransformerConfig
 
 from trainer import build
-from trainer.bench_critic import CRITIC, critic_config, critic_flops, critic_memory, split
-from trainer.bench_critic import PHASE as CRITIC_PHASE
-from trainer.bench_flops import (
+from trainer.bench.critic import CRITIC, critic_config, critic_flops, critic_memory, split
+from trainer.bench.critic import PHASE as CRITIC_PHASE
+from trainer.bench.flops import (
     block_matmul_weights,
     matmul_peak,
     merge_peaks,
@@ -53,7 +53,7 @@ from trainer.bench_flops import (
     timed,
     training_flops,
 )
-from trainer.bench_presets import PRESETS, BenchPreset
+from trainer.bench.presets import PRESETS, BenchPreset
 from trainer.run import plural
 from trainer.settings import build_settings
 
@@ -211,7 +211,7 @@ def run_bench(
     memory = resident_memory(learner)
     log(f"trainable parameters {memory['trainable_parameters']:,}; per device: trained {memory['trained_bytes']:,} B, "
         f"optimizer state {memory['optimizer_state_bytes']:,} B, frozen base {memory['frozen_bytes']:,} B")
-    # a critic (PPO): its update is timed as a phase of its own (trainer.bench_critic)
+    # a critic (PPO): its update is timed as a phase of its own (trainer.bench.critic)
     critic = CRITIC in learner.models
     phases = (*PHASES, CRITIC_PHASE) if critic else PHASES
     if critic:
