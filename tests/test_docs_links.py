@@ -69,5 +69,6 @@ def test_cites_nothing_outside_the_repository(path):
 def test_every_guide_is_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     guides = [p for p in (ROOT / "docs").rglob("*.md") if p.parent.name != "results" or p.name == "README.md"]
+    guides = [p for p in guides if p != ROOT / "docs" / "index.md"]  # the site's front page (mkdocs.yml)
     missing = [str(p.relative_to(ROOT)) for p in guides if str(p.relative_to(ROOT)) not in readme]
     assert not missing, f"guides the README does not link: {missing}"
