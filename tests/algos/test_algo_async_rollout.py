@@ -58,11 +58,11 @@ def lagged(cls):
 
         def train_step(self):
             version = max(self.step - 1, 0)  # step n = self.step + 1 samples with W(n - 2)
-            self.rollouts.pin(version, self.weights[version])
+            self.generator.pin(version, self.weights[version])
             try:
                 metrics = super().train_step()
             finally:
-                self.rollouts.unpin()
+                self.generator.unpin()
             self.weights.append(copy_tree(self.params))
             return metrics
 
@@ -196,7 +196,7 @@ def test_a_failing_collection_stops_the_step_with_its_error():
     run.train_step()
     with pytest.raises(RuntimeError, match="sandbox is down"):
         run.train_step()
-    assert run.rollouts.pinned is None  # unpinned: evaluation samples with the current weights
+    assert run.generator.pinned is None  # unpinned: evaluation samples with the current weights
     np.testing.assert_equal(run.step, 1)
 
 

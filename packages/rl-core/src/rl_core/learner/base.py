@@ -66,7 +66,7 @@ from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.episodes.runner import Rollout
 from rl_core.run.faults import fault_point
-from rl_core.rollout.generation import PolicyRollouts
+from rl_core.rollout.generation import PolicyGenerator
 from rl_core.train.layout import BatchLayout
 from rl_core.runtime.mesh import data_mesh
 from rl_core.learner.meter import Meter
@@ -164,7 +164,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         self.ahead = RolloutThread.for_mode(training.async_rollout)
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
-        self.rollouts = PolicyRollouts(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
+        self.generator = PolicyGenerator(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
         self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
         self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
@@ -291,8 +291,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     param_shardings, frozen_shardings, opt_shardings = (
         _policy_attribute(name) for name in ("param_shardings", "frozen_shardings", "opt_shardings"))
     policy_shardings = _policy_attribute("shardings", "the whole policy's shardings (trained and frozen)")
-    sampler = property(lambda self: self.rollouts.sampler)  # the one-program sampler (evaluation uses it)
-    rollout_backend = property(lambda self: self.rollouts.backend)
+    sampler = property(lambda self: self.generator.sampler)  # the one-program sampler (evaluation uses it)
+    rollout_backend = property(lambda self: self.generator.backend)
     skipped_updates = property(lambda self: self.guard.skipped_updates)
     skipped_in_a_row = property(lambda self: self.guard.skipped_in_a_row)
     empty_updates = property(lambda self: self.guard.empty_updates)
@@ -316,7 +316,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompt tokens and mask [len(prompts), P] (sample each with `generate(num_samples=...)`)."""
-        return self.rollouts.encode(prompts)
+        return self.generator.encode(prompts)
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
                  *, num_samples: int = 1, key: jax.Array | None = None, max_new_tokens: np.ndarray | None = None,
@@ -327,7 +327,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         stream, or evaluating would change the run). `max_new_tokens` / `stop_strings` (one per
         prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine)."""
         key = self.next_key() if key is None else key
-        out = self.rollouts.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
+        out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                      version=self.step, params=self.params, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings)
         if self.meter is not None:
@@ -374,7 +374,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
-        return self.rollouts.decode(tokens, mask)
+        return self.generator.decode(tokens, mask)
 
     @property
     def model(self) -> nnx.Module:
@@ -417,7 +417,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
             batch = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from, in_flight=state.in_flight,
                                 supply=self.supply(), prompts_per_step=n, version=state.step, params=self.params,
-                                rollouts=self.rollouts, thread=self.ahead)
+                                generator=self.generator, thread=self.ahead)
         elif state.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
             batch = self.examples_from(state.in_flight.batch)
             self._state = self._state._replace(in_flight=None)
@@ -434,7 +434,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if batch.example.batch_size != self.batch_size:
             if self.ahead is not None:
                 self.ahead.abandon()
-                self.rollouts.unpin()
+                self.generator.unpin()
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
@@ -444,7 +444,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         metrics = dict(batch.metrics)
         if self.ahead is not None:
             (results, apart), in_flight, supply, waits = update_beside(self.run_updates, batch.example,
-                                                                       rollouts=self.rollouts, thread=self.ahead)
+                                                                       generator=self.generator, thread=self.ahead)
             self._state = self._state._replace(in_flight=in_flight)
             self._take_supply(supply)
             metrics.update(waits)

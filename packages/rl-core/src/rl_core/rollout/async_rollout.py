@@ -125,7 +125,7 @@ class RolloutThread:
 
 
 class Pinning(Protocol):
-    """Where rollouts sample (rl_core.rollout.generation.PolicyRollouts): weights pinned for a collection."""
+    """Where rollouts sample (rl_core.rollout.generation.PolicyGenerator): weights pinned for a collection."""
 
     def pin(self, version: int, params: Any) -> None: ...
 
@@ -134,19 +134,19 @@ class Pinning(Protocol):
 
 def batch_ahead(*, collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]],
                 examples_from: Callable[[Any], StepBatch], in_flight: InFlight | None, supply: Supply,
-                prompts_per_step: int, version: int, params: Any, rollouts: Pinning, thread: RolloutThread
+                prompts_per_step: int, version: int, params: Any, generator: Pinning, thread: RolloutThread
                 ) -> StepBatch:
     """This step's batch as examples under the current weights `params` (step count `version`):
     `in_flight`, collected during the last step, or collected now from `supply` on the first
     step (or a resume from a synchronous run's checkpoint). Meanwhile the next batch is collected
-    on `thread` from `supply` with these weights pinned in `rollouts`; `update_beside` then runs
+    on `thread` from `supply` with these weights pinned in `generator`; `update_beside` then runs
     the update and returns it (InFlight) with the supply past it."""
     if in_flight is None:
         prompts, supply = supply.draw(prompts_per_step)
         collected, supply = collect(prompts, supply)
         in_flight = InFlight(collected, version)
     prompts, supply = supply.draw(prompts_per_step)
-    rollouts.pin(version, params)
+    generator.pin(version, params)
 
     def collect_next() -> tuple[InFlight, Supply]:
         collected, after = collect(prompts, supply)
@@ -158,12 +158,12 @@ def batch_ahead(*, collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supp
         batch = examples_from(in_flight.batch)  # the proximal log-prob pass runs beside the collection
     except BaseException:
         thread.abandon()
-        rollouts.unpin()
+        generator.unpin()
         raise
     return batch._replace(metrics={**batch.metrics, "async/staleness": float(version - in_flight.version)})
 
 
-def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, rollouts: Pinning,
+def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, generator: Pinning,
                   thread: RolloutThread) -> tuple[Any, InFlight, Supply, dict[str, float]]:
     """`update(example)` while the collection `batch_ahead` started goes on: what the update
     returned, the batch collected (now in flight), the supply past it and the waits. The
@@ -175,5 +175,5 @@ def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, 
         thread.abandon()
         raise
     finally:
-        rollouts.unpin()  # the collection is over: evaluation and export use the current weights
+        generator.unpin()  # the collection is over: evaluation and export use the current weights
     return results, in_flight, supply, waits

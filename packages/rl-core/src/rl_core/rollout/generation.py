@@ -36,7 +36,7 @@ def _copy(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.copy(), tree)
 
 
-class PolicyRollouts:
+class PolicyGenerator:
     """Sampling from a policy part (rl_core.train.trainable) through the configured backend."""
 
     def __init__(self, rollout: RolloutConfig, tokenizer: Tokenizer, policy: TrainableModel, *, batch_size: int,
