@@ -187,3 +187,27 @@ def test_greedy_decode_in_the_engine_matches_numpy(tokenizer, prompt_ids, comple
     assert completion == want, (tokenizer.decode(completion), tokenizer.decode(want))
     assert completion[-1] == tokenizer.eos_id  # it ends its answer within NEW_TOKENS
     assert tokenizer.decode(completion) == "The answer to this classic math problem is 4."
+
+
+def test_grpo_trains_a_step_of_the_real_model_from_its_folder(folder, tmp_path):
+    """`trainer train --model <converted folder> --task gsm8k --data FILE`: one GRPO step of
+    SmolLM2-135M-Instruct end to end (chat template, its EOS, rewards, the update, both evaluations),
+    evaluating only as many rows as it has held-out problems, with the engine `auto` picked."""
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+             "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in [(2, 3), (4, 1), (5, 2), (3, 3), (1, 6)]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    argv = [
+        "train", "--model", str(folder), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
+        "--output", str(run), "--no-progress",
+        "training.num_steps=1", "training.prompts_per_step=2", "algorithm.group_size=2",
+        "task.options.heldout_size=2", "task.options.max_new_tokens=16", "eval.every_steps=0",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["skipped_updates"] == 0
+    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train/loss"' in line]
+    assert np.isfinite(record["train/loss"]) and record["completions/length_max"] <= 16
+    picked = json.loads((run / "settings_at_start.json").read_text())["picked"]
+    assert picked["rollout.engine"] == "static"  # auto: 16 new tokens are below the paged engine's 64
