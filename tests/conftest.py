@@ -71,6 +71,7 @@ LONGEST_FIRST = [
     "test_trainer_resume.py",  # 98
     "test_trainer_multiturn.py",  # 95: trainer compare over every variant on episodes
     "test_trainer_multihost.py",  # 89: five trainer processes
+    "test_models_smollm2.py",  # 60-220: SmolLM2-135M converted, its parity, a GRPO step of it
     "test_trainer_lora.py",  # 87
     "test_trainer_learning_ppo.py",  # 78: 150 steps of 256 prompts, a critic beside the policy
     "test_trainer_learning_lora.py",  # 70
