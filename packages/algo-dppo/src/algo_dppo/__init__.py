@@ -32,6 +32,7 @@ Diagnostics: `clipped_high` / `clipped_low` flag masked-out tokens with A > 0 / 
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -55,29 +56,21 @@ def binary_kl_valid(logp, old_logp, a, eps_low, eps_high):
 
 
 def dppo_loss(valid_fn, logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None):
-    """-A * sg(min(r, C)) * log pi * sg(valid) per token [B, T], with diagnostics."""
-    real = mask > 0
+    """-A * sg(min(r, C)) * log pi * valid per token [B, T], with diagnostics; C = dual_clip (None: inf)."""
     ratio = jnp.exp(log_ratio(logp, old_logp, mask))
     a = token_advantages(adv, logp).astype(ratio.dtype)
-    lp, old = jnp.where(real, logp, 0.0), jnp.where(real, old_logp, 0.0)  # padding: p = q = 1
-    valid = jax.lax.stop_gradient(valid_fn(lp, old, a, eps_low, eps_high))
-    weight = jax.lax.stop_gradient(ratio if dual_clip is None else jnp.minimum(ratio, dual_clip))
-    loss = -a * weight * lp * valid
-    as_float = lambda b: b.astype(ratio.dtype)  # noqa: E731 - local helper
-    truncated = valid & (ratio > dual_clip) if dual_clip is not None else jnp.zeros_like(valid)
-    aux = PolicyLossAux(ratio=ratio, clipped_low=as_float(~valid & (a < 0)),
-                        clipped_high=as_float(~valid & (a > 0)), dual_clipped=as_float(truncated))  # fmt: skip
-    return loss, aux
+    lp, old = jnp.where(mask > 0, logp, 0.0), jnp.where(mask > 0, old_logp, 0.0)  # padding: p = q = 1
+    valid = valid_fn(lp, old, a, eps_low, eps_high)  # a boolean mask: no gradient flows through it
+    cap = jnp.inf if dual_clip is None else dual_clip
+    loss = -a * jax.lax.stop_gradient(jnp.minimum(ratio, cap)) * lp * valid
+    flags = [~valid & (a < 0), ~valid & (a > 0), valid & (ratio > cap)]
+    return loss, PolicyLossAux(ratio, *(f.astype(ratio.dtype) for f in flags))
 
 
-def dppo_tv_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None):
-    """DPPO-Binary-TV (verl "dppo_tv")."""
-    return dppo_loss(binary_tv_valid, logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
-
-
-def dppo_kl_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None):
-    """DPPO-Binary-KL (verl "dppo_kl")."""
-    return dppo_loss(binary_kl_valid, logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+dppo_tv_loss = functools.partial(dppo_loss, binary_tv_valid)
+"""DPPO-Binary-TV (verl "dppo_tv")."""
+dppo_kl_loss = functools.partial(dppo_loss, binary_kl_valid)
+"""DPPO-Binary-KL (verl "dppo_kl")."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

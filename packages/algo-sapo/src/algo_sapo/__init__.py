@@ -37,10 +37,7 @@ from rl_core.config import check
 from rl_core.math.policy_losses import PolicyLossAux, log_ratio, token_advantages
 from rl_core.registry import Algorithm
 
-TAU_POS, TAU_NEG = 1.0, 1.05
-
-
-def sapo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None, tau_pos=TAU_POS, tau_neg=TAU_NEG):
+def sapo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None, tau_pos=1.0, tau_neg=1.05):
     """-(4 / tau) * sigmoid(tau * (r_t - 1)) * A per token [B, T], tau by the sign of A; eps_* unused."""
     if dual_clip is not None:
         raise ValueError("SAPO has no dual clip: its gate is bounded by 4 / tau")
@@ -48,10 +45,9 @@ def sapo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None, t
     a = token_advantages(adv, logp).astype(ratio.dtype)
     tau = jnp.where(a > 0, tau_pos, tau_neg).astype(ratio.dtype)
     gate = jax.nn.sigmoid(tau * (ratio - 1.0))
-    removed = jax.lax.stop_gradient(1.0 - 4.0 * gate * (1.0 - gate))  # gradient share the gate takes away
-    high = jnp.where((a > 0) & (ratio > 1.0), removed, 0.0)
-    low = jnp.where((a < 0) & (ratio < 1.0), removed, 0.0)
-    return -(4.0 / tau) * gate * a, PolicyLossAux(ratio=ratio, clipped_low=low, clipped_high=high, dual_clipped=0 * low)
+    removed = 1.0 - 4.0 * gate * (1.0 - gate)  # the share of the gradient the gate takes away: 0 at r = 1
+    low, high = (jnp.where(side, removed, 0.0) for side in ((a < 0) & (ratio < 1.0), (a > 0) & (ratio > 1.0)))
+    return -(4.0 / tau) * gate * a, PolicyLossAux(ratio, clipped_low=low, clipped_high=high, dual_clipped=0 * low)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,9 +55,9 @@ class SAPOConfig(GRPOConfig):
     """GRPOConfig with SAPO's changes as defaults, and the gate's two temperatures."""
 
     policy_loss: str = "sapo"
-    tau_pos: float = TAU_POS
+    tau_pos: float = 1.0
     """Gate temperature for tokens with A > 0."""
-    tau_neg: float = TAU_NEG
+    tau_neg: float = 1.05
     """Gate temperature for tokens with A <= 0 (larger: faster decay)."""
     beta: float = 0.0
 
@@ -76,11 +72,9 @@ class SAPOLearner(GRPOLearner):
     """SAPO (arXiv:2511.20347): the GRPO learner with the soft-gated policy loss, at the config's temperatures."""
 
     def loss_function(self):
-        fn = super().loss_function()
-        if self.config.policy_loss != "sapo":
-            return fn
-        gate = functools.partial(sapo_loss, tau_pos=self.config.tau_pos, tau_neg=self.config.tau_neg)
-        return functools.partial(fn, policy_loss=gate)
+        fn, c = super().loss_function(), self.config
+        gate = functools.partial(sapo_loss, tau_pos=c.tau_pos, tau_neg=c.tau_neg)
+        return functools.partial(fn, policy_loss=gate) if c.policy_loss == "sapo" else fn
 
 
 ALGORITHM = Algorithm(
