@@ -1,0 +1,271 @@
+"""rl_core.math.rollout_correction: every mode by hand, and against literal numpy transcriptions of
+verl's (verl/trainer/ppo/rollout_corr_helper.py) and TRL's (GRPOTrainer, vllm_importance_sampling_mode)
+formulas on random inputs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_core.math import rollout_correction as rc
+
+VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
+
+
+def _inputs(ratios, mask):
+    """sampler_logp = -1 everywhere, old_logp = sampler + log(ratio): rho_t = ratio_t exactly
+    (NaN at padding, which must never reach an output)."""
+    ratios = np.asarray(ratios, np.float32)
+    mask = np.asarray(mask, np.float32)
+    sampler = np.where(mask > 0, -1.0, np.nan).astype(np.float32)
+    old = np.where(mask > 0, sampler + np.log(np.where(mask > 0, ratios, 1.0)), np.nan).astype(np.float32)
+    return jnp.asarray(old), jnp.asarray(sampler), jnp.asarray(mask)
+
+
+# Two rows of three tokens; the second row's last token is padding.
+RATIOS = [[1.5, 3.0, 0.4], [0.9, 1.2, 1.0]]
+MASK = [[1, 1, 1], [1, 1, 0]]
+
+
+@VARIANTS
+def test_token_tis_by_hand(variant):
+    w, keep = variant(functools.partial(rc.token_tis, cap=2.0))(*_inputs(RATIOS, MASK))
+    # min(rho, 2): [1.5, 2 (3 truncated), 0.4], [0.9, 1.2, 1 at padding]
+    np.testing.assert_allclose(w, [[1.5, 2.0, 0.4], [0.9, 1.2, 1.0]], atol=1e-6)
+    np.testing.assert_array_equal(keep, [[1, 1, 1], [1, 1, 0]])
+
+
+@VARIANTS
+def test_seq_is_by_hand(variant):
+    w, keep = variant(functools.partial(rc.seq_is, cap=2.0))(*_inputs(RATIOS, MASK))
+    # row 0: 1.5 * 3 * 0.4 = 1.8 < 2 -> 1.8 on every token; row 1: 0.9 * 1.2 = 1.08 (padding not in the product)
+    np.testing.assert_allclose(w, [[1.8, 1.8, 1.8], [1.08, 1.08, 1.0]], atol=1e-5)
+    np.testing.assert_array_equal(keep, [[1, 1, 1], [1, 1, 0]])
+    w, _ = rc.seq_is(*_inputs(RATIOS, MASK), cap=1.5)
+    # 1.8 truncated to 1.5; 1.08 kept
+    np.testing.assert_allclose(w[:, 0], [1.5, 1.08], atol=1e-5)
+
+
+@VARIANTS
+def test_token_reject_by_hand(variant):
+    w, keep = variant(functools.partial(rc.token_reject, upper=2.0))(*_inputs(RATIOS, MASK))
+    # band [1/2, 2]: 1.5 in, 3 out (above), 0.4 out (below); 0.9, 1.2 in; padding never kept
+    np.testing.assert_array_equal(keep, [[1, 0, 0], [1, 1, 0]])
+    np.testing.assert_allclose(w, np.ones((2, 3)), atol=0)
+    _, keep = rc.token_reject(*_inputs(RATIOS, MASK), upper=4.0, lower=0.3)
+    # band [0.3, 4]: every real token in
+    np.testing.assert_array_equal(keep, [[1, 1, 1], [1, 1, 0]])
+
+
+@VARIANTS
+def test_seq_reject_by_hand(variant):
+    w, keep = variant(functools.partial(rc.seq_reject, upper=1.5))(*_inputs(RATIOS, MASK))
+    # products 1.8 (row 0, above 1.5: the whole row out) and 1.08 (in [1/1.5, 1.5])
+    np.testing.assert_array_equal(keep, [[0, 0, 0], [1, 1, 0]])
+    np.testing.assert_allclose(w, np.ones((2, 3)), atol=0)
+
+
+@VARIANTS
+def test_geo_reject_by_hand(variant):
+    w, keep = variant(functools.partial(rc.geo_reject, upper=1.2))(*_inputs(RATIOS, MASK))
+    # geometric means: row 0 (1.8)^(1/3) = 1.2164 > 1.2 -> out; row 1 (1.08)^(1/2) = 1.0392 in [1/1.2, 1.2]
+    np.testing.assert_array_equal(keep, [[0, 0, 0], [1, 1, 0]])
+    _, keep = rc.geo_reject(*_inputs(RATIOS, MASK), upper=1.25)
+    np.testing.assert_array_equal(keep, [[1, 1, 1], [1, 1, 0]])  # 1.2164 <= 1.25
+    np.testing.assert_allclose(np.exp(rc.geometric_log_ratio(*_inputs(RATIOS, MASK))),
+                               [1.8 ** (1 / 3), 1.08 ** 0.5], rtol=1e-6)
+
+
+@VARIANTS
+def test_icepop_by_hand(variant):
+    w, keep = variant(functools.partial(rc.icepop, lower=0.5, upper=2.0))(*_inputs(RATIOS, MASK))
+    # M(rho; 0.5, 2): 1.5 -> 1.5, 3 -> 0 (above), 0.4 -> 0 (below); 0.9, 1.2 kept as themselves
+    np.testing.assert_allclose(w, [[1.5, 0.0, 0.0], [0.9, 1.2, 1.0]], atol=1e-6)
+    np.testing.assert_array_equal(keep, [[1, 0, 0], [1, 1, 0]])
+    w, _ = rc.icepop(*_inputs(RATIOS, MASK))  # the paper's [0.5, 5]: only 0.4 falls out
+    np.testing.assert_allclose(w[0], [1.5, 3.0, 0.0], atol=1e-6)
+
+
+@VARIANTS
+def test_seq_mask_by_hand(variant):
+    w, keep = variant(functools.partial(rc.seq_mask, cap=1.5))(*_inputs(RATIOS, MASK))
+    # TRL sequence_mask, C = 1.5: row 0's product 1.8 > 1.5 -> weight 0; row 1's 1.08 is the weight
+    np.testing.assert_allclose(w, [[0.0, 0.0, 0.0], [1.08, 1.08, 1.0]], atol=1e-5)
+    np.testing.assert_array_equal(keep, [[0, 0, 0], [1, 1, 0]])
+    # a lower bound (TRL has none): the product 0.5 * 1.5 = 0.75 is below 0.8
+    args = _inputs([[0.5, 1.5]], [[1, 1]])
+    assert rc.seq_mask(*args, cap=3.0)[1].tolist() == [[True, True]]
+    assert rc.seq_mask(*args, cap=3.0, lower=0.8)[1].tolist() == [[False, False]]
+
+
+def test_off_and_dispatch():
+    args = _inputs(RATIOS, MASK)
+    w, keep = rc.rollout_correction("off", *args)
+    np.testing.assert_array_equal(w, np.ones((2, 3)))
+    np.testing.assert_array_equal(keep, [[1, 1, 1], [1, 1, 0]])
+    for mode, direct in [("token_tis", rc.token_tis(*args, cap=2.0)), ("seq_is", rc.seq_is(*args, cap=2.0)),
+                         ("token_reject", rc.token_reject(*args, upper=2.0)),
+                         ("seq_reject", rc.seq_reject(*args, upper=2.0)),
+                         ("geo_reject", rc.geo_reject(*args, upper=2.0)),
+                         ("icepop", rc.icepop(*args, upper=2.0)), ("seq_mask", rc.seq_mask(*args, cap=2.0))]:
+        got = rc.rollout_correction(mode, *args, cap=2.0)
+        np.testing.assert_array_equal(got[0], direct[0], err_msg=mode)
+        np.testing.assert_array_equal(got[1], direct[1], err_msg=mode)
+    with pytest.raises(ValueError, match="must be one of"):
+        rc.rollout_correction("tis", *args, cap=2.0)
+    assert set(rc.DROPS_FROM_DENOMINATOR) == {"token_reject", "seq_reject", "geo_reject"}
+
+
+def test_thresholds_are_checked():
+    args = _inputs(RATIOS, MASK)
+    with pytest.raises(ValueError, match=">= 1"):
+        rc.token_tis(*args, cap=0.5)
+    with pytest.raises(ValueError, match="must hold 1"):
+        rc.token_reject(*args, upper=2.0, lower=1.5)
+    with pytest.raises(ValueError, match="must hold 1"):
+        rc.icepop(*args, lower=0.5, upper=0.9)
+
+
+@pytest.mark.parametrize("mode", [m for m in rc.MODES if m != "off"])
+def test_no_gradient_and_finite_on_padding(mode):
+    old, sampler, mask = _inputs(RATIOS, MASK)
+
+    def total(o):
+        w, keep = rc.rollout_correction(mode, o, sampler, mask, cap=2.0)
+        return jnp.sum(w * keep)
+
+    assert np.array_equal(np.asarray(jax.grad(total)(jnp.nan_to_num(old))), np.zeros((2, 3)))
+    w, keep = rc.rollout_correction(mode, old, sampler, mask, cap=2.0)
+    assert np.isfinite(np.asarray(w)).all()
+    assert not bool(keep[1, 2])  # padding
+
+
+def test_huge_log_ratios_stay_finite():
+    # a token log-ratio of +-50 is clamped at 20 (verl's SAFETY_BOUND) before the exponent
+    old = jnp.asarray([[50.0, -50.0]])
+    sampler = jnp.zeros((1, 2))
+    mask = jnp.ones((1, 2))
+    w, _ = rc.icepop(old, sampler, mask, lower=0.0, upper=1e10)
+    np.testing.assert_allclose(w, [[np.exp(20.0), np.exp(-20.0)]], rtol=1e-5)
+    w, _ = rc.seq_is(old, sampler, mask, cap=3.0)  # sum 0 -> ratio 1
+    np.testing.assert_allclose(w, [[1.0, 1.0]], atol=1e-6)
+
+
+def test_metrics_by_hand():
+    args = _inputs(RATIOS, MASK)
+    w, keep = rc.token_tis(*args, cap=2.0)
+    m = {k: float(s) / float(c) for k, (s, c) in rc.correction_metrics("token_tis", w, keep, args[2], cap=2.0).items()}
+    # 5 real tokens: weights 1.5 + 2 + 0.4 + 0.9 + 1.2 = 6.0 -> 1.2; one truncated (3 -> 2): 1/5; none dropped
+    assert m == pytest.approx({"rollout/weight_mean": 1.2, "rollout/corrected_frac": 0.2,
+                               "rollout/masked_frac": 0.0, "rollout/seq_masked_frac": 0.0})
+    w, keep = rc.token_reject(*args, upper=2.0)
+    m = {k: float(s) / float(c) for k, (s, c) in rc.correction_metrics("token_reject", w, keep, args[2]).items()}
+    # 3 and 0.4 dropped: 2/5 tokens; row 0 has a dropped token, row 1 none: 1/2 rows
+    assert m["rollout/masked_frac"] == pytest.approx(0.4)
+    assert m["rollout/seq_masked_frac"] == pytest.approx(0.5)
+    assert m["rollout/corrected_frac"] == 0.0
+
+
+# -- literal numpy transcriptions of verl and TRL --------------------------------------------------------
+
+
+def _verl_masked_sum(values, mask, axis=None):
+    return (values * mask).sum(axis=axis)
+
+
+def _verl_masked_mean(values, mask, axis=None):
+    return (values * mask).sum(axis=axis) / (mask.sum(axis=axis) + 1e-8)
+
+
+SAFETY_BOUND = 20.0
+
+
+def verl_is_weights(old, rollout, mask, level, threshold):
+    """compute_rollout_correction_weights: rollout_is in {"token", "sequence"}, a float threshold (TIS)
+    or (lower, upper) (IcePop)."""
+    log_ratio = old - rollout
+    if level == "token":
+        raw = np.exp(np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+    else:
+        s = _verl_masked_sum(log_ratio, mask, axis=-1)[:, None]
+        raw = np.broadcast_to(np.exp(np.clip(s, -SAFETY_BOUND, SAFETY_BOUND)), log_ratio.shape)
+    raw = raw * mask
+    if isinstance(threshold, tuple):
+        lower, upper = threshold
+        kept = (raw >= lower) & (raw <= upper)
+        return np.where(kept, raw, np.zeros_like(raw)), mask  # IcePop: response_mask unchanged
+    return np.minimum(raw, threshold), mask
+
+
+def verl_rejection_mask(old, rollout, mask, rollout_rs, upper, lower=None):
+    """compute_rollout_rejection_mask: rollout_rs in {"token", "sequence", "geometric"}."""
+    log_ratio = old - rollout
+    lower = lower if lower is not None else 1.0 / upper
+    if rollout_rs == "token":
+        w = np.exp(np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+    elif rollout_rs == "sequence":
+        s = _verl_masked_sum(log_ratio, mask, axis=-1)[:, None]
+        w = np.broadcast_to(np.exp(np.clip(s, -SAFETY_BOUND, SAFETY_BOUND)), log_ratio.shape)
+    else:
+        m = _verl_masked_mean(log_ratio, mask, axis=-1)[:, None]
+        w = np.broadcast_to(np.exp(np.clip(m, -SAFETY_BOUND, SAFETY_BOUND)), log_ratio.shape)
+    keep = ((w >= lower) & (w <= upper)).astype(np.float64)
+    return np.ones_like(w), mask * keep  # modified_response_mask
+
+
+def trl_sequence_mask(old, sampling, mask, cap):
+    """GRPOTrainer, vllm_importance_sampling_mode="sequence_mask"."""
+    per_token_logps_diff = (old - sampling) * mask
+    logps_diff = per_token_logps_diff.sum(axis=-1, keepdims=True)
+    ratio = np.exp(logps_diff)
+    ratio = np.where(ratio > cap, 0.0, ratio)
+    return np.broadcast_to(ratio, old.shape), mask
+
+
+CASES = [
+    ("token_tis", dict(cap=2.0), lambda o, s, m: verl_is_weights(o, s, m, "token", 2.0)),
+    ("token_tis", dict(cap=1.2), lambda o, s, m: verl_is_weights(o, s, m, "token", 1.2)),
+    ("seq_is", dict(cap=2.0), lambda o, s, m: verl_is_weights(o, s, m, "sequence", 2.0)),
+    ("token_reject", dict(cap=1.3), lambda o, s, m: verl_rejection_mask(o, s, m, "token", 1.3)),
+    ("token_reject", dict(cap=1.5, lower=0.6), lambda o, s, m: verl_rejection_mask(o, s, m, "token", 1.5, 0.6)),
+    ("seq_reject", dict(cap=2.0, lower=0.5), lambda o, s, m: verl_rejection_mask(o, s, m, "sequence", 2.0, 0.5)),
+    ("geo_reject", dict(cap=1.05), lambda o, s, m: verl_rejection_mask(o, s, m, "geometric", 1.05)),
+    ("icepop", dict(cap=1.3, lower=0.8), lambda o, s, m: verl_is_weights(o, s, m, "token", (0.8, 1.3))),
+    ("icepop", dict(), lambda o, s, m: verl_is_weights(o, s, m, "token", (0.5, 5.0))),
+    ("seq_mask", dict(cap=3.0), lambda o, s, m: trl_sequence_mask(o, s, m, 3.0)),
+]
+
+
+@pytest.mark.parametrize("mode,kwargs,reference", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_against_verl_and_trl_transcriptions(mode, kwargs, reference):
+    rng = np.random.default_rng(7)
+    b, t = 16, 12
+    sampler = rng.uniform(-4.0, -0.05, size=(b, t)).astype(np.float32)
+    old = (sampler + rng.normal(0.0, 0.4, size=(b, t))).astype(np.float32)
+    lengths = rng.integers(0, t + 1, size=b)
+    lengths[0] = t
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
+    # finite garbage at padding: the transcriptions multiply it by the mask, we never read it
+    old = np.where(mask > 0, old, rng.normal(0, 30, size=(b, t))).astype(np.float32)
+    w, keep = jax.jit(functools.partial(rc.rollout_correction, mode, **kwargs))(old, sampler, mask)
+    ref_w, ref_mask = reference(old.astype(np.float64), sampler.astype(np.float64), mask.astype(np.float64))
+    real = mask > 0
+    np.testing.assert_allclose(np.asarray(w)[real], np.asarray(ref_w)[real], rtol=1e-6, atol=1e-6)
+    if mode in rc.DROPS_FROM_DENOMINATOR:
+        # rejection rewrites the response mask: the kept tokens are exactly verl's modified mask
+        np.testing.assert_array_equal(np.asarray(keep), np.asarray(ref_mask) > 0)
+    else:
+        # the weights carry the correction, the mask (the denominator) is unchanged; keep marks w's support
+        np.testing.assert_array_equal(np.asarray(ref_mask) > 0, real)
+        if mode in ("icepop", "seq_mask"):
+            np.testing.assert_array_equal(np.asarray(keep), real & (np.asarray(ref_w) > 0))
+        else:
+            np.testing.assert_array_equal(np.asarray(keep), real)
+    # the random draw exercises both sides of every threshold
+    dropped = real & ~np.asarray(keep)
+    if mode in rc.TRUNCATING:
+        assert 0 < (np.asarray(w)[real] >= kwargs["cap"]).sum() < real.sum()
+    else:
+        assert 0 < dropped.sum() < real.sum(), (mode, dropped.sum())
