@@ -1,0 +1,42 @@
+"""The easy GSM8K-format word problem generator: seeded, distinct rows whose '#### N' is the right answer."""
+
+import json
+import re
+
+import pytest
+from trainer.tasks import gsm8k
+from trainer.tasks.word_problems import easy_word_problems, main
+
+
+def test_seeded_distinct_and_answers_right():
+    rows = easy_word_problems(300, seed=3)
+    assert rows == easy_word_problems(300, seed=3)
+    assert rows != easy_word_problems(300, seed=4)
+    assert len({r["question"] for r in rows}) == 300
+    for row in rows:
+        *work, last = row["answer"].split("\n")
+        final = int(re.fullmatch(r"#### (\d+)", last).group(1))
+        # every worked line's arithmetic is right, and the last one gives the final number
+        for line in work:
+            lhs, rhs = re.search(r"([\d +*-]+) = (\d+)", line).groups()
+            assert eval(lhs) == int(rhs)  # noqa: S307 - digits and + - * only
+        assert int(re.search(r"= (\d+)", work[-1]).group(1)) == final >= 0
+    assert {len(r["answer"].split("\n")) for r in rows} == {2, 3}  # one- and two-step problems
+    assert {len(r["answer"].split("\n")) for r in easy_word_problems(50, steps=1)} == {2}
+
+
+def test_bad_options():
+    for bad in ({"steps": 3}, {"max_number": 2}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            easy_word_problems(10, **bad)
+    with pytest.raises(ValueError, match="count"):
+        easy_word_problems(0)
+
+
+def test_written_file_loads_as_gsm8k_task(tmp_path, capsys):
+    out = tmp_path / "easy.jsonl"
+    assert main([str(out), "--count", "40", "--seed", "1"]) == 0
+    assert "wrote 40 problems" in capsys.readouterr().out
+    assert [json.loads(line) for line in out.read_text().splitlines()] == easy_word_problems(40, seed=1)
+    task = gsm8k(data=str(out), heldout_size=8)  # every reference is scorable by the gsm8k reward
+    assert (len(task.train), len(task.heldout)) == (32, 8)
