@@ -1,4 +1,4 @@
-"""RLOO, GSPO, CISPO, REINFORCE++ and PPO: each a small package declared by its entry point alone.
+"""RLOO, GSPO, CISPO, REINFORCE++, PPO, SAPO and DPPO: each a small package declared by its entry point alone.
 
 Each package's code (no docstrings, comments or blank lines) stays within its
 budget, its pyproject declares exactly the entry point and what it imports,
@@ -23,6 +23,8 @@ PACKAGES = {
     "reinforce_pp": (17, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "gspo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "cispo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
+    "sapo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
+    "dppo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     # a second trained model, its loss, GAE's inputs, episodes' turn rewards, the critic's metrics: 131
     "ppo": (135, {"rl-core", "jax>=0.7", "numpy>=1.26"}),
 }
