@@ -269,3 +269,111 @@ def test_against_verl_and_trl_transcriptions(mode, kwargs, reference):
         assert 0 < (np.asarray(w)[real] >= kwargs["cap"]).sum() < real.sum()
     else:
         assert 0 < dropped.sum() < real.sum(), (mode, dropped.sum())
+
+
+# -- the settings group and what a run uses --------------------------------------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from rl_core.config import ConfigError  # noqa: E402
+from rl_core.learner.rollout_correction import ASYNC_DEFAULT, PRESETS, RolloutCorrection, resolve_correction  # noqa: E402
+
+
+def test_presets_modes_and_defaults():
+    assert RolloutCorrection().mode == "off" and not RolloutCorrection().on
+    seq = RolloutCorrection(preset="seq_mask")  # TRL's default: sequence-level mask at C = 3
+    assert (seq.mode, seq.cap, seq.lower) == ("seq_mask", 3.0, None)
+    assert (RolloutCorrection(preset="token_tis").mode, RolloutCorrection(preset="token_tis").cap) == ("token_tis", 2.0)
+    ice = RolloutCorrection(mode="icepop")
+    assert (ice.cap, ice.lower) == (5.0, 0.5)
+    rej = RolloutCorrection(mode="token_reject", cap=1.5)  # verl: lower = 1 / upper
+    assert rej.lower == pytest.approx(1 / 1.5)
+    assert RolloutCorrection(preset="seq_mask", cap=2.0).cap == 2.0  # explicit settings override the preset
+    assert RolloutCorrection(preset="seq_mask", mode="icepop").cap == 5.0  # another mode: its own defaults
+    for name, preset in PRESETS.items():
+        made = RolloutCorrection(preset=name)
+        assert (made.mode, made.cap, made.lower) == (preset.mode, preset.cap, preset.lower), name
+        assert RolloutCorrection.from_dict(made.to_dict()) == made
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="tis"), r"RolloutCorrection.mode = 'tis': must be one of"),
+    (dict(preset="trl"), r"RolloutCorrection.preset = 'trl': must be one of"),
+    (dict(cap=2.0), r"cap = 2.0: has no effect with mode off"),
+    (dict(mode="token_tis", cap=0.5), r"cap = 0.5: must be >= 1"),
+    (dict(mode="seq_is", lower=0.5), r"lower = 0.5: has no effect with mode seq_is"),
+    (dict(mode="icepop", lower=1.5), r"lower = 1.5: must be in \[0, 1\]"),
+    (dict(mode="seq_reject", cap=0.9), r"cap = 0.9: must be >= 1"),
+])
+def test_bad_settings_name_the_field(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RolloutCorrection(**kwargs)
+
+
+def test_resolve_correction_alias_and_async_default():
+    plain = SimpleNamespace(tis_cap=None, rollout_correction=RolloutCorrection())
+    assert resolve_correction(plain).mode == "off"
+    # async rollouts with nothing set: token-level TIS at C = 2
+    assert resolve_correction(plain, async_rollout="one_step") == ASYNC_DEFAULT
+    assert (ASYNC_DEFAULT.mode, ASYNC_DEFAULT.cap) == ("token_tis", 2.0)
+    # tis_cap: the old name of token_tis with that cap, sync or async
+    old = SimpleNamespace(tis_cap=3.0, rollout_correction=RolloutCorrection())
+    assert (resolve_correction(old).mode, resolve_correction(old).cap) == ("token_tis", 3.0)
+    assert resolve_correction(old, async_rollout="one_step").cap == 3.0
+    # an explicit group wins over the async default
+    ice = SimpleNamespace(tis_cap=None, rollout_correction=RolloutCorrection(mode="icepop"))
+    assert resolve_correction(ice, async_rollout="one_step").mode == "icepop"
+
+
+# -- composed in the objective: weights times the policy loss, the keep-mask, the aggregation -----------
+
+
+def _compose(mode_kwargs, *, proximal=False, moved=0.0):
+    from rl_core import registry
+    from rl_core.train.correction import correct_policy_terms
+
+    old, sampler, mask = _inputs(RATIOS, MASK)
+    old = jnp.nan_to_num(old)
+    logp = old + moved * mask
+    pg = -jnp.ones((2, 3))  # A = 1 on every token, ratio 1: the policy term is -1 per token
+    correction = RolloutCorrection(**mode_kwargs)
+    pg, loss_mask, means, maxima = correct_policy_terms(pg, logp, old, jnp.nan_to_num(sampler), mask,
+                                                         correction=correction, proximal=proximal)
+    total, denom = registry.get("loss_aggregation", "token-mean")(pg, loss_mask, max_len=3)
+    metrics = {k: float(s) / float(c) for k, (s, c) in means.items()}
+    return float(total) / float(denom), float(denom), metrics, {k: float(v) for k, v in maxima.items()}
+
+
+def test_composed_losses_by_hand():
+    # token_tis C = 2: -(1.5 + 2 + 0.4 + 0.9 + 1.2) / 5 = -1.2
+    assert _compose(dict(mode="token_tis", cap=2.0))[:2] == pytest.approx((-1.2, 5.0))
+    # token_reject [1/2, 2]: 3 and 0.4 rejected from numerator and denominator: -3 / 3
+    assert _compose(dict(mode="token_reject", cap=2.0))[:2] == pytest.approx((-1.0, 3.0))
+    # seq_reject [1/1.5, 1.5]: row 0 (1.8) rejected whole: -2 / 2
+    assert _compose(dict(mode="seq_reject", cap=1.5))[:2] == pytest.approx((-1.0, 2.0))
+    # icepop [0.5, 2]: weights 1.5, 0, 0, 0.9, 1.2; the denominator keeps all 5: -3.6 / 5
+    assert _compose(dict(mode="icepop", lower=0.5, cap=2.0))[:2] == pytest.approx((-0.72, 5.0))
+    # seq_mask C = 1.5: row 0 (1.8) weight 0, row 1 1.08 on 2 tokens: -2.16 / 5
+    assert _compose(dict(mode="seq_mask", cap=1.5))[:2] == pytest.approx((-0.432, 5.0))
+    # off: -5 / 5
+    assert _compose(dict())[:2] == pytest.approx((-1.0, 5.0))
+
+
+def test_mismatch_and_staleness_metrics_by_hand():
+    logs = np.abs(np.log([1.5, 3.0, 0.4, 0.9, 1.2]))
+    _, _, m, mx = _compose(dict(mode="token_reject", cap=2.0), moved=0.1)
+    assert m["rollout/mismatch_logp_abs_mean"] == pytest.approx(logs.mean(), rel=1e-5)
+    assert m["drift/logp_abs_mean"] == pytest.approx(logs.mean(), rel=1e-5)
+    # per sequence: row 0 mean of 3, row 1 mean of 2, then their mean
+    assert m["rollout/mismatch_seq_logp_abs_mean"] == pytest.approx((logs[:3].mean() + logs[3:].mean()) / 2, rel=1e-5)
+    assert mx["rollout/mismatch_logp_abs_max"] == pytest.approx(np.log(3.0), rel=1e-5)
+    # the current policy moved 0.1 per token away from the behaviour one
+    assert m["rollout/staleness_logp_abs_mean"] == pytest.approx(0.1, rel=1e-5)
+    assert m["rollout/masked_frac"] == pytest.approx(0.4) and m["rollout/seq_masked_frac"] == pytest.approx(0.5)
+    assert m["rollout/corrected_frac"] == 0.0
+    # async: old_logp is the proximal policy's, so the same gap is not called mismatch
+    _, _, m, mx = _compose(dict(mode="token_tis", cap=2.0), proximal=True)
+    assert "rollout/mismatch_logp_abs_mean" not in m
+    assert m["rollout/offpolicy_logp_abs_mean"] == pytest.approx(logs.mean(), rel=1e-5)
+    assert m["drift/tis_weight_mean"] == pytest.approx(1.2) and m["drift/tis_capped_frac"] == pytest.approx(0.2)
+    assert m["rollout/corrected_frac"] == pytest.approx(0.2) and m["rollout/staleness_logp_abs_mean"] == 0.0

@@ -420,6 +420,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                                 generator=self.generator, thread=self.ahead)
         elif state.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
             batch = self.examples_from(state.in_flight.batch)
+            batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - state.in_flight.version),
+                                            **batch.metrics})
             self._state = self._state._replace(in_flight=None)
         elif type(self).collect is CollectHalves.collect:  # produce_examples only
             prompts, supply = self.supply().draw(n)
@@ -442,6 +444,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             self.meter.trained(batch.example, self.num_iterations)
         update_start = time.perf_counter()
         metrics = dict(batch.metrics)
+        # steps between the weights that sampled the batch and the update's (async: batch_ahead's count)
+        metrics.setdefault("rollout/staleness_version_lag", metrics.get("async/staleness", 0.0))
         if self.ahead is not None:
             (results, apart), in_flight, supply, waits = update_beside(self.run_updates, batch.example,
                                                                        generator=self.generator, thread=self.ahead)
