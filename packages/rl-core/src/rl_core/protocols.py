@@ -41,6 +41,10 @@ class AdvantageEstimator(Protocol):
     batch, or both; it runs once per step before the batch is split into
     mini- and micro-batches, so batch statistics are exact. A group whose
     rewards are all equal must get advantages of exactly 0.
+
+    An estimator with the attribute `takes_reward_scores = True` (GDPO) is also passed
+    `scores` [K, B] (each reward function's unweighted scores) and `weights` [K] by keyword
+    (rl_core.math.advantages.takes_reward_scores).
     """
 
     def __call__(self, rewards: jax.Array, group_size: int) -> jax.Array: ...

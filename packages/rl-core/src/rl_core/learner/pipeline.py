@@ -61,6 +61,7 @@ from rl_core.learner.groups import TOTAL, Groups
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
 from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.math.advantages import takes_reward_scores
 from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample
 
@@ -279,6 +280,19 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return jax.jit(registry.get("advantage_estimator", self.config.advantage_estimator), static_argnums=1)
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
+        """The configured estimator on the groups' total rewards; one that reads each reward
+        function's scores (GDPO, `takes_reward_scores`) also gets them [K, B] and their weights [K]."""
+        estimator = registry.get(self.config.estimator_category, self.config.advantage_estimator)
+        if takes_reward_scores(estimator) and groups.reward_scores:
+            names = list(groups.reward_scores)
+            weights = {spec.name: spec.weight for spec in getattr(self.reward_manager, "specs", ())}
+            unweighted = [name for name in names if name not in weights]
+            if unweighted:
+                raise ValueError(f"advantage_estimator {self.config.advantage_estimator!r} weighs each reward "
+                                 f"function's scores, but the reward manager has no weight for {unweighted}")
+            scores = np.stack([np.asarray(groups.reward_scores[name], np.float32) for name in names])
+            w = np.asarray([weights[name] for name in names], np.float32)
+            return np.asarray(self._advantages(groups.rewards, self.group_size, scores=scores, weights=w))
         return np.asarray(self._advantages(groups.rewards, self.group_size))
 
     def to_example(self, groups: Groups, advantages: np.ndarray) -> TrainExample:
