@@ -51,6 +51,12 @@ class PolicyGradientConfig(AlgorithmConfig):
     """C of truncated importance sampling against the sampler/trainer mismatch (Yao et al. 2025):
     each token's policy loss is weighed by min(pi_old_trainer / pi_sampler, C). None = off. When on,
     the behaviour log-probs are computed on every step, also on-policy ones."""
+    entropy_top_fraction: float = 1.0
+    """rho of high-entropy token selection ("Beyond the 80/20 Rule", arXiv:2506.01939; TRL's
+    top_entropy_quantile): the policy-gradient term only on the tokens whose entropy under the
+    current policy is at or above the (1 - rho)-quantile of the micro-batch's real tokens; the
+    loss's denominator still counts every real token (rl_core.train.objective.high_entropy_mask).
+    1.0 = every token (off); the paper keeps 0.2."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,6 +69,9 @@ class PolicyGradientConfig(AlgorithmConfig):
         check(self.epsilon_high >= 0.0, self, "epsilon_high", "must be >= 0")
         check(self.dual_clip is None or self.dual_clip > 1.0, self, "dual_clip", "must be > 1 or None")
         check(self.tis_cap is None or self.tis_cap >= 1.0, self, "tis_cap", "must be >= 1 or None (off)")
+        check(0.0 < self.entropy_top_fraction <= 1.0, self, "entropy_top_fraction",
+              "must be in (0, 1]: the fraction of each micro-batch's tokens, by entropy, "
+              "that the policy loss keeps (1 = all)")
         check_registered(self, "kl_estimator", "kl_estimator")
         check_registered(self, "advantage_estimator", self.estimator_category)
         check_registered(self, "policy_loss", "policy_loss")

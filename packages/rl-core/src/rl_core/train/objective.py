@@ -51,7 +51,33 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         dual_clip=config.dual_clip,
         max_len=rollout.max_new_tokens,
         tis_cap=config.tis_cap,
+        entropy_top_fraction=config.entropy_top_fraction,
     )
+
+
+def high_entropy_mask(entropy: jax.Array, mask: jax.Array, fraction: float) -> jax.Array:
+    """bool [B, T]: the real tokens (mask > 0) whose entropy is at or above the (1 - fraction)-
+    quantile of the real tokens' entropies, linearly interpolated as torch.quantile does.
+
+    High-entropy token selection ("Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive
+    Effective RL for LLM Reasoning", Wang et al. 2025, arXiv:2506.01939), computed as TRL's
+    GRPOTrainer.get_high_entropy_mask (its `top_entropy_quantile` is `fraction`): the threshold
+    is taken over the micro-batch the loss sees (on a mesh: the whole micro-batch, over every
+    device, as TRL gathers over processes), ties at the threshold are kept, and no gradient
+    flows through the selection. A micro-batch without real tokens selects none.
+    """
+    real = mask > 0
+    h = jax.lax.stop_gradient(entropy).astype(jnp.float32)
+    flat = jnp.sort(jnp.where(real, h, jnp.inf).reshape(-1))  # the real tokens first, ascending
+    count = jnp.sum(real).astype(jnp.float32)
+    pos = (1.0 - fraction) * jnp.maximum(count - 1.0, 0.0)
+    low = jnp.floor(pos)
+    last = flat.shape[0] - 1
+    below = flat[jnp.clip(low.astype(jnp.int32), 0, last)]
+    above = flat[jnp.clip(jnp.ceil(pos).astype(jnp.int32), 0, last)]
+    # `above == below` whenever pos is whole: no inf - inf at the end of the real tokens
+    threshold = jnp.where(above > below, below + (pos - low) * (above - below), below)
+    return real & (h >= threshold)
 
 
 def policy_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,
@@ -81,12 +107,19 @@ def policy_gradient_loss(
     dual_clip: float | None,
     max_len: int,
     tis_cap: float | None = None,
+    entropy_top_fraction: float = 1.0,
 ) -> LossOutput:
     """The policy loss (times the truncated IS weight when `tis_cap` is set) plus beta * KL,
     aggregated into (sum, denominator).
 
     A per-sequence policy loss [B] and its diagnostics are spread over their tokens
     (rl_core.math.aggregation.per_token) before weighting and aggregation.
+
+    `entropy_top_fraction` < 1 keeps the policy-gradient term only on the micro-batch's
+    high-entropy tokens (`high_entropy_mask`) and zeroes it elsewhere, as TRL does: the KL term
+    stays on every token, and the aggregation's denominator still counts every real token (TRL
+    and the paper's objective, which normalise by all response tokens), so the selection drops
+    terms without scaling the kept ones up. 1.0 (a static setting) leaves the loss untouched.
     """
     mask = example.completion_mask
     # No behaviour log-probs only on a provably on-policy step: rho == 1 exactly in value.
@@ -102,6 +135,9 @@ def policy_gradient_loss(
         # sampler/trainer mismatch: each token's policy-gradient term weighed by min(pi_old / pi_sampler, C)
         tis = truncated_is_weights(jax.lax.stop_gradient(old_logp), example.sampler_logp, mask, cap=tis_cap)
         pg = pg * tis
+    if entropy_top_fraction < 1.0:
+        kept = high_entropy_mask(entropy, mask, entropy_top_fraction)
+        pg = jnp.where(kept, pg, 0.0)
     per_token_loss = pg
     means = {
         "train/policy_loss": aggregate(pg, mask, max_len=max_len),
@@ -121,6 +157,8 @@ def policy_gradient_loss(
     if tis_cap is not None:
         means["drift/tis_weight_mean"] = masked_sum(tis, mask)
         means["drift/tis_capped_frac"] = masked_sum((tis >= tis_cap).astype(tis.dtype), mask)
+    if entropy_top_fraction < 1.0:
+        means["train/entropy_kept_frac"] = masked_sum(kept.astype(jnp.float32), mask)
     total, denom = aggregate(per_token_loss, mask, max_len=max_len)
     real = mask > 0
     maxima = {"train/ratio_max": jnp.max(jnp.where(real, aux.ratio, -jnp.inf))}
