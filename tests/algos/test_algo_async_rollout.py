@@ -96,8 +96,12 @@ DAPO = DAPOConfig(group_size=2, tis_cap=2.0, filter_reward="even_start", max_gen
 
 
 def untimed(metrics):
-    return {k: v for k, v in metrics.items()
-            if not k.startswith(("time/", "async/")) and k not in ("perf/tokens_per_sec",)}
+    """The metrics both runs must agree on. The same gap |old_logp - sampler_logp| is named
+    rollout/offpolicy_* in async mode (old_logp is proximal) and rollout/mismatch_* in the
+    synchronous reference, and the reference's version lag is 0 by construction."""
+    return {k.replace("rollout/offpolicy_", "rollout/mismatch_"): v for k, v in metrics.items()
+            if not k.startswith(("time/", "async/"))
+            and k not in ("perf/tokens_per_sec", "rollout/staleness_version_lag")}
 
 
 @pytest.mark.parametrize(("cls", "config"), [(GRPOLearner, GRPO), (DAPOLearner, DAPO)], ids=["grpo", "dapo"])
@@ -178,9 +182,19 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     assert metrics["time/reward"] >= 0.2  # this step's batch: scored during step 1's update
 
 
-def test_async_without_truncated_importance_sampling_is_refused():
-    with pytest.raises(ValueError, match="async_rollout = 'one_step' needs GRPOConfig.tis_cap"):
-        make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None))
+def test_async_without_a_correction_uses_token_tis_at_two():
+    """Neither tis_cap nor rollout_correction set: async rollouts use token_tis with C = 2
+    (rl_core.learner.rollout_correction.ASYNC_DEFAULT), the run tis_cap=2.0 asked for before."""
+    default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None), num_steps=2)
+    explicit = make(GRPOLearner, GRPO, num_steps=2)
+    assert default.passes.importance_weights and default.passes.proximal
+    for _ in range(2):
+        got, want = default.train_step(), explicit.train_step()
+        for name in ("train/loss", "drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/offpolicy_logp_abs_mean"):
+            assert got[name] == want[name], name
+        assert "rollout/mismatch_logp_abs_mean" not in got  # old_logp is the proximal policy's
+    assert got["rollout/staleness_version_lag"] == 1.0
+    assert tree_max_abs_diff(default.params, explicit.params) == 0
     with pytest.raises(ValueError, match="async_rollout"):
         TrainingConfig(async_rollout="two_steps")
 

@@ -312,6 +312,9 @@ LOGGED = {
     "completions/length_mean", "completions/length_min", "completions/length_max", "completions/truncated_frac",
     "rewards/total/mean", "rewards/total/std", "rewards/numeric_answer/mean", "rewards/digit_fraction/mean",
     "groups/uniform_frac", "drift/logp_abs_mean", "drift/logp_abs_max",
+    "rollout/mismatch_logp_abs_mean", "rollout/mismatch_logp_abs_max", "rollout/mismatch_seq_logp_abs_mean",
+    "rollout/staleness_logp_abs_mean", "rollout/staleness_logp_abs_max", "rollout/staleness_version_lag",
+    "rollout/corrected_frac", "rollout/masked_frac", "rollout/seq_masked_frac",
 }  # fmt: skip
 
 
@@ -331,6 +334,8 @@ def test_logs_the_documented_metrics(run):
         for name in run.learner.reward_manager.names:
             assert f"rewards/{name}/mean" in m
         assert m["drift/logp_abs_max"] < 1e-4  # sampler and trainer agree on log-probs
+        assert m["rollout/mismatch_logp_abs_max"] == m["drift/logp_abs_max"]
+        assert m["rollout/staleness_version_lag"] == 0.0 and m["rollout/masked_frac"] == 0.0
         if m.get("dapo/groups_carried_in", 0) == 0:
             # one pass, one mini-batch, no carried rows: on-policy, the ratio is 1 in value
             assert m["train/ratio_min"] == pytest.approx(1.0, abs=1e-6)
@@ -344,11 +349,14 @@ def test_second_step_compiles_nothing_new(run):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_trains_with_async_rollouts_as_it_is(name):
     """training.async_rollout=one_step needs nothing of the package: step 2 trains on a batch
-    sampled by the initial weights while batch 3 is collected, and the loss stays finite."""
-    _, _, learner = build(name, {"tis_cap": 2.0}, async_rollout="one_step")
+    sampled by the initial weights while batch 3 is collected, and the loss stays finite. No
+    correction is set: async rollouts default to token_tis at C = 2 (docs/rollout-correction.md)."""
+    _, _, learner = build(name, {}, async_rollout="one_step")
     before = jax.tree.map(np.array, learner.params)
     history = [learner.train_step() for _ in range(2)]
     assert [m["async/staleness"] for m in history] == [0.0, 1.0]
+    assert [m["rollout/staleness_version_lag"] for m in history] == [0.0, 1.0]
+    assert all("drift/tis_weight_mean" in m for m in history)  # the async default: token_tis
     assert all(math.isfinite(m["train/loss"]) for m in history)
     assert learner.in_flight is not None and learner.in_flight.version == 1
     assert tree_max_abs_diff(before, jax.tree.map(np.array, learner.params)) > 0

@@ -98,10 +98,11 @@ def test_non_finite_task_options_are_rejected(capsys, tmp_path, nothing_is_built
         (["rollout.temperature=0"], "RolloutConfig.temperature = 0.0: RL rollouts need temperature > 0"),
         # DAPO's overlong buffer against the rollout's length
         (["rollout.max_new_tokens=4", "algorithm.overlong.cache_tokens=8"], "cache_tokens = 8: must be in (0, max_tokens = 4]"),
-        # async rollouts sample with weights a step old: the truncated importance weight corrects for it
-        (["training.async_rollout=one_step"], "training.async_rollout = 'one_step' needs algorithm.tis_cap (e.g. 2.0)"),
+        # tis_cap is the old name of rollout_correction.mode=token_tis: both set must agree
+        (["algorithm.tis_cap=2.0", "algorithm.rollout_correction.mode=icepop"],
+         "tis_cap = 2.0 and rollout_correction (mode='icepop', cap=5.0) both set"),
     ],
-    ids=["mini-batch", "micro-batch", "group-size-counts", "greedy-rollouts", "overlong-buffer", "async-without-tis"],
+    ids=["mini-batch", "micro-batch", "group-size-counts", "greedy-rollouts", "overlong-buffer", "tis-cap-and-correction"],
 )
 def test_rules_across_sections_fail_before_anything_is_built(overrides, expected, capsys, tmp_path, nothing_is_built):
     algo = "dapo" if any("overlong" in o for o in overrides) else "grpo"

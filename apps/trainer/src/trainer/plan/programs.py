@@ -88,7 +88,7 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     tx = make_optimizer(training, training.num_steps * algo.num_iterations * n_mini)
     shardings = model_shardings(params, frozen, tx, mesh)
     state, frozen_abstract = abstract_model(params, frozen, tx, shardings)
-    loss_fn = policy_loss_function(algo, rollout, beta=passes.loss_beta)
+    loss_fn = policy_loss_function(algo, rollout, beta=passes.loss_beta, async_rollout=training.async_rollout)
     update = update_program(graphdef, tx, loss_fn, shardings, mesh)
     logprobs = forward_program(graphdef, logprob_fn(rollout), shardings, mesh, packs=layout.packing, shares=True)
 

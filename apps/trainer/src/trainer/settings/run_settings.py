@@ -260,12 +260,8 @@ class RunSettings(Config):
                 f"RolloutConfig.temperature = {self.rollout.temperature!r}: RL rollouts need temperature > 0 "
                 "(greedy decoding samples the same completion for the whole group, so every advantage is 0)"
             )
-        if self.training.async_rollout != "off" and getattr(config, "tis_cap", 0) is None:
-            raise ConfigError(
-                f"training.async_rollout = {self.training.async_rollout!r} needs algorithm.tis_cap (e.g. 2.0): batches "
-                "are sampled by weights one step older than the update's, and the truncated importance weight "
-                "min(pi_current / pi_sampler, tis_cap) is what corrects for that"
-            )
+        # async rollouts without algorithm.rollout_correction (or tis_cap) use token_tis at C = 2
+        # (rl_core.learner.rollout_correction.resolve_correction; docs/rollout-correction.md)
         if self.model.critic_path is not None and "critic" not in registry.get_algorithm(self.algo).learner.extra_models:
             raise ConfigError(
                 f"ModelSettings.critic_path = {self.model.critic_path!r}: algorithm {self.algo!r} trains no critic; "

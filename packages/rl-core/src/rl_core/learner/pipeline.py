@@ -35,8 +35,9 @@ Async rollouts (training.async_rollout = "one_step") sample with weights one ste
 older than the update's. The update then follows decoupled PPO (AReaL): every row's
 `old_logp` is the proximal policy's, the current weights' at training time (none is
 recorded at collection, when the update may be changing the weights), the clipped
-ratio is taken against it, and the truncated importance weight min(pi_prox / pi_sampler,
-tis_cap) corrects for the stale sampler, so `tis_cap` is required.
+ratio is taken against it, and the rollout correction (rl_core.learner.rollout_correction:
+the config's, or by default the truncated importance weight min(pi_prox / pi_sampler, 2))
+corrects for the stale sampler.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from rl_core.learner.groups import TOTAL, Groups
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
 from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample
@@ -89,17 +91,15 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # The sampler reports log-probs under the whole tempered softmax (top-k / top-p only choose
         # the token), so the weight measures the sampler's mismatch with the trainer. Greedy tokens
         # are drawn from no distribution: the weight means nothing there.
-        if self.training.async_rollout != "off" and config.tis_cap is None:
+        # Async rollouts without a correction of their own use token_tis at C = 2 (resolve_correction).
+        correction = resolve_correction(config, async_rollout=self.training.async_rollout)
+        if correction.on and self.rollout.temperature == 0:
             raise ValueError(
-                f"training.async_rollout = {self.training.async_rollout!r} needs {type(config).__name__}.tis_cap: "
-                "batches are sampled by weights one step older than the update's, and the truncated importance "
-                "weight min(pi_current / pi_sampler, tis_cap) is what corrects for that (2.0 is a common choice)"
-            )
-        if config.tis_cap is not None and self.rollout.temperature == 0:
-            raise ValueError(
-                f"{type(config).__name__}.tis_cap = {config.tis_cap} with RolloutConfig.temperature = 0: greedy "
-                "tokens are not samples of the distribution whose log-probs the sampler reports, so the truncated "
-                "importance weight min(pi_old / pi_sampler, C) is meaningless; sample (temperature > 0) or set tis_cap=None"
+                f"{type(config).__name__}: rollout correction {correction.mode} (cap {correction.cap}; tis_cap = "
+                f"{config.tis_cap}, training.async_rollout = {self.training.async_rollout!r}) "
+                "with RolloutConfig.temperature = 0: greedy tokens are not samples of the distribution whose "
+                "log-probs the sampler reports, so the importance weight pi_old / pi_sampler is meaningless; "
+                "sample (temperature > 0) or set tis_cap=None and rollout_correction.mode=off"
             )
         self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the
@@ -185,7 +185,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def loss_function(self) -> LossFn:
         """`policy_objective` with this run's settings bound: the registered functions the
         config names, the clip widths, the KL term (`passes.loss_beta`) and the sampler's temperature."""
-        return policy_loss_function(self.config, self.rollout, beta=self.passes.loss_beta)
+        return policy_loss_function(self.config, self.rollout, beta=self.passes.loss_beta,
+                                    async_rollout=self.training.async_rollout)
 
     # -- pipeline steps -------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
+from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.train.trainable import TrainableModel
 from rl_core.types import TrainExample
@@ -70,7 +71,7 @@ class LogprobPasses:
     """Which log-prob passes a step runs, from the run's settings (fixed for a run).
 
     behaviour  `old_logp`, the policy that sampled the rows: needed when the update is
-               off-policy, when truncated importance sampling divides it by the sampler's,
+               off-policy, when a rollout correction divides it by the sampler's,
                or when a KL penalty in the rewards reads it (PPO); otherwise the loss uses
                stop_gradient(logp), equal in value on a provably on-policy step.
     proximal   with async rollouts, every row's `old_logp` is the current weights' when the
@@ -83,7 +84,8 @@ class LogprobPasses:
     off_policy: bool
     """Several passes over the batch or several mini-batches (RLLearner.update_is_off_policy)."""
     importance_weights: bool
-    """Truncated importance sampling (tis_cap) weighs each token by pi_old / pi_sampler."""
+    """A rollout correction (rl_core.learner.rollout_correction.resolve_correction: the config's,
+    tis_cap, or async rollouts' default) weighs or masks each token by pi_old / pi_sampler."""
     proximal: bool
     """Async rollouts (training.async_rollout != "off")."""
     beta: float
@@ -97,7 +99,8 @@ class LogprobPasses:
         `num_mini_batches`: what the learner decides, and what `trainer plan` compiles."""
         return cls(
             off_policy=config.num_iterations > 1 or num_mini_batches > 1,
-            importance_weights=config.tis_cap is not None, proximal=async_rollout != "off",
+            importance_weights=resolve_correction(config, async_rollout=async_rollout).on,
+            proximal=async_rollout != "off",
             beta=config.beta, kl_in_rewards=config.kl_in_rewards,
         )
 

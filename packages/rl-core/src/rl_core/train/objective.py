@@ -21,7 +21,8 @@ from rl_core.math.aggregation import per_token
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.protocols import Policy
 from rl_core.train.trainable import LossFn, LossOutput
-from rl_core.math.policy_losses import truncated_is_weights
+from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
+from rl_core.train.correction import correct_policy_terms
 from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
@@ -34,10 +35,13 @@ def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.sum(x * mask), jnp.sum(mask)
 
 
-def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *, beta: float) -> LossFn:
+def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *, beta: float,
+                         async_rollout: str = "off") -> LossFn:
     """`policy_objective` with a run's settings bound: the registered functions `config` names, its
     clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.train.behaviour.LogprobPasses.
-    loss_beta) and the sampler's temperature."""
+    loss_beta), the sampler's temperature and the run's rollout correction (rl_core.learner.
+    rollout_correction.resolve_correction: with `async_rollout` != "off", token_tis at C = 2 unless
+    the config sets one; old_logp is then the proximal policy's)."""
     return functools.partial(
         policy_objective,
         temperature=rollout.temperature,
@@ -50,7 +54,8 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         eps_high=config.epsilon_high,
         dual_clip=config.dual_clip,
         max_len=rollout.max_new_tokens,
-        tis_cap=config.tis_cap,
+        rollout_correction=resolve_correction(config, async_rollout=async_rollout),
+        proximal=async_rollout != "off",
         entropy_top_fraction=config.entropy_top_fraction,
     )
 
@@ -108,9 +113,19 @@ def policy_gradient_loss(
     max_len: int,
     tis_cap: float | None = None,
     entropy_top_fraction: float = 1.0,
+    rollout_correction: RolloutCorrection | None = None,
+    proximal: bool = False,
 ) -> LossOutput:
-    """The policy loss (times the truncated IS weight when `tis_cap` is set) plus beta * KL,
+    """The policy loss, corrected for the sampler (`rollout_correction`), plus beta * KL,
     aggregated into (sum, denominator).
+
+    `rollout_correction` (rl_core.train.correction.correct_policy_terms, every mode of
+    rl_core.math.rollout_correction) weighs each token's policy-gradient term by its weight and
+    drops the tokens outside its keep-mask; the rejection modes also drop them from the
+    aggregation's denominator and the KL term, as verl. `tis_cap` = C is the older spelling of
+    token_tis with that cap (one of the two, or both agreeing). `proximal` (async rollouts):
+    old_logp is the proximal policy's, so its gap to the sampler is logged as rollout/offpolicy_*,
+    not rollout/mismatch_*.
 
     A per-sequence policy loss [B] and its diagnostics are spread over their tokens
     (rl_core.math.aggregation.per_token) before weighting and aggregation.
@@ -130,17 +145,21 @@ def policy_gradient_loss(
     pg = per_token(pg, mask)
     aux = aux._replace(**{k: per_token(v, mask) for k, v in aux._asdict().items()})
     if tis_cap is not None:
-        if example.sampler_logp is None:
-            raise ValueError("truncated importance sampling (tis_cap) needs the sampler's log-probs (sampler_logp)")
-        # sampler/trainer mismatch: each token's policy-gradient term weighed by min(pi_old / pi_sampler, C)
-        tis = truncated_is_weights(jax.lax.stop_gradient(old_logp), example.sampler_logp, mask, cap=tis_cap)
-        pg = pg * tis
+        alias = RolloutCorrection.token_tis(tis_cap)
+        if rollout_correction is not None and rollout_correction.on and rollout_correction != alias:
+            raise ValueError(f"tis_cap = {tis_cap} and rollout_correction = {rollout_correction}: set one of them")
+        rollout_correction = alias
+    if tis_cap is not None and example.sampler_logp is None:
+        raise ValueError("truncated importance sampling (tis_cap) needs the sampler's log-probs (sampler_logp)")
+    # sampler/trainer mismatch: each token's policy-gradient term weighed (and kept) by the correction
+    pg, loss_mask, corr_means, corr_maxima = correct_policy_terms(
+        pg, logp, old_logp, example.sampler_logp, mask, correction=rollout_correction, proximal=proximal)
     if entropy_top_fraction < 1.0:
         kept = high_entropy_mask(entropy, mask, entropy_top_fraction)
         pg = jnp.where(kept, pg, 0.0)
     per_token_loss = pg
     means = {
-        "train/policy_loss": aggregate(pg, mask, max_len=max_len),
+        "train/policy_loss": aggregate(pg, loss_mask, max_len=max_len),
         "train/entropy": masked_sum(entropy, mask),
         "train/clip_frac_low": masked_sum(aux.clipped_low, mask),
         "train/clip_frac_high": masked_sum(aux.clipped_high, mask),
@@ -150,19 +169,12 @@ def policy_gradient_loss(
         kl = kl_estimator(logp, example.ref_logp)
         per_token_loss = per_token_loss + beta * kl
         means["train/kl"] = masked_sum(kl, mask)
-    if example.sampler_logp is not None:
-        # sampler vs trainer on the same behaviour policy (not the policy's movement since)
-        drift = jnp.abs(jax.lax.stop_gradient(old_logp) - example.sampler_logp) * mask
-        means["drift/logp_abs_mean"] = (jnp.sum(drift), jnp.sum(mask))
-    if tis_cap is not None:
-        means["drift/tis_weight_mean"] = masked_sum(tis, mask)
-        means["drift/tis_capped_frac"] = masked_sum((tis >= tis_cap).astype(tis.dtype), mask)
+    means.update(corr_means)  # drift/*, rollout/mismatch_*, rollout/staleness_*, rollout/*_frac
     if entropy_top_fraction < 1.0:
         means["train/entropy_kept_frac"] = masked_sum(kept.astype(jnp.float32), mask)
-    total, denom = aggregate(per_token_loss, mask, max_len=max_len)
+    total, denom = aggregate(per_token_loss, loss_mask, max_len=max_len)
     real = mask > 0
     maxima = {"train/ratio_max": jnp.max(jnp.where(real, aux.ratio, -jnp.inf))}
     minima = {"train/ratio_min": jnp.min(jnp.where(real, aux.ratio, jnp.inf))}
-    if example.sampler_logp is not None:
-        maxima["drift/logp_abs_max"] = jnp.max(drift)
+    maxima.update(corr_maxima)
     return LossOutput(total, denom, means=means, maxima=maxima, minima=minima)
