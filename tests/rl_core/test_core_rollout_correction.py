@@ -2,6 +2,7 @@
 verl's (verl/trainer/ppo/rollout_corr_helper.py) and TRL's (GRPOTrainer, vllm_importance_sampling_mode)
 formulas on random inputs."""
 
+import dataclasses
 import functools
 
 import jax
@@ -377,3 +378,117 @@ def test_mismatch_and_staleness_metrics_by_hand():
     assert m["rollout/offpolicy_logp_abs_mean"] == pytest.approx(logs.mean(), rel=1e-5)
     assert m["drift/tis_weight_mean"] == pytest.approx(1.2) and m["drift/tis_capped_frac"] == pytest.approx(0.2)
     assert m["rollout/corrected_frac"] == pytest.approx(0.2) and m["rollout/staleness_logp_abs_mean"] == 0.0
+
+
+# -- on every algorithm's config and learner ------------------------------------------------------------
+
+
+def test_the_group_on_the_shared_config_round_trips_and_keeps_tis_cap():
+    from algo_dapo import DAPOConfig
+    from algo_grpo import GRPOConfig
+
+    grpo = GRPOConfig.from_dict({"rollout_correction": {"preset": "seq_mask"}})
+    assert (grpo.rollout_correction.mode, grpo.rollout_correction.cap) == ("seq_mask", 3.0)
+    assert GRPOConfig.from_dict(grpo.to_dict()) == grpo
+    dapo = DAPOConfig.from_dict({"rollout_correction": {"mode": "geo_reject", "cap": 1.01}})
+    assert dapo.rollout_correction.lower == pytest.approx(1 / 1.01) and DAPOConfig.from_dict(dapo.to_dict()) == dapo
+    # an old config (tis_cap only) still loads, and means token_tis with that cap
+    old = GRPOConfig.from_dict({"tis_cap": 2.5})
+    assert not old.rollout_correction.on
+    assert (resolve_correction(old).mode, resolve_correction(old).cap) == ("token_tis", 2.5)
+    assert GRPOConfig(tis_cap=2.0, rollout_correction=RolloutCorrection(mode="token_tis", cap=2.0)).tis_cap == 2.0
+    with pytest.raises(ConfigError, match=r"tis_cap = 2.0 and rollout_correction \(mode='icepop'"):
+        GRPOConfig(tis_cap=2.0, rollout_correction=RolloutCorrection(mode="icepop"))
+    with pytest.raises(ConfigError, match="RolloutCorrection has no field 'capp'"):
+        GRPOConfig.from_dict({"rollout_correction": {"capp": 2.0}})
+
+
+def test_behaviour_pass_follows_the_resolved_correction():
+    from algo_grpo import GRPOConfig
+    from rl_core.train.behaviour import LogprobPasses
+
+    def passes(config, mode="off"):
+        return LogprobPasses.of(config, num_mini_batches=1, async_rollout=mode)
+
+    assert not passes(GRPOConfig()).behaviour
+    assert passes(GRPOConfig(rollout_correction=RolloutCorrection(preset="seq_mask"))).behaviour
+    assert passes(GRPOConfig(tis_cap=2.0)).behaviour
+    assert passes(GRPOConfig(), "one_step").importance_weights  # the async default
+
+
+MODE_CASES = [
+    dict(mode="token_tis", cap=2.0),
+    dict(mode="seq_is", cap=2.0),
+    dict(mode="token_reject", cap=2.5, lower=0.6),
+    dict(mode="seq_reject", cap=4.0, lower=0.6),
+    dict(mode="geo_reject", cap=1.4, lower=0.9),
+    dict(mode="icepop", cap=2.5, lower=0.6),
+    dict(mode="seq_mask", cap=2.0),
+]
+
+
+@pytest.mark.parametrize("settings", MODE_CASES, ids=[c["mode"] for c in MODE_CASES])
+def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
+    """Every mode through the GRPO learner (the shared objective): its sampler under-rates the
+    tokens by factors 0.5, 1.5, 3 (so rho ~ those), and the logged policy loss and fractions are
+    the ones of the weights and masks recomputed here from the example."""
+    import sys
+    from pathlib import Path
+
+    import rewards
+    import rl_models
+    from algo_grpo import GRPOConfig
+    from flax import nnx
+    from rl_core.config import RolloutConfig, TrainingConfig
+    from rl_core.data import Prompt
+
+    from algo_grpo import GRPOLearner
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
+    from algo_test_doubles import BagPolicy
+
+    class MismatchedSampler(GRPOLearner):
+        """As tests/algos/test_algo_tis.py's: the sampler reports log pi - log factor, factors
+        cycling through 0.5, 1.5, 3; advantages +-1; the last example kept."""
+
+        def rollout_groups(self, prompts):
+            groups = super().rollout_groups(prompts)
+            factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
+            off = np.log(factors).reshape(groups.sampler_logp.shape)
+            return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
+
+        def compute_advantages(self, groups):
+            return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
+
+        def add_logprobs(self, example):
+            self.last_example = super().add_logprobs(example)
+            return self.last_example
+
+    tok = rl_models.CharTokenizer()
+    correction = RolloutCorrection(**settings)
+    learner = MismatchedSampler(
+        GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction),
+        policy=BagPolicy(tok.vocab_size, rngs=nnx.Rngs(0)), tokenizer=tok,
+        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
+        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+    )  # fmt: skip
+    assert learner.passes.behaviour
+    metrics = learner.train_step()
+    example = learner.last_example
+    mask = np.asarray(example.completion_mask)
+    old, sampler = np.asarray(example.old_logp), np.asarray(example.sampler_logp)
+    w, keep = rc.rollout_correction(correction.mode, old, sampler, mask, cap=correction.cap, lower=correction.lower)
+    w, keep = np.asarray(w), np.asarray(keep)
+    real = mask > 0
+    assert metrics["rollout/masked_frac"] == pytest.approx((real & ~keep).sum() / real.sum(), abs=1e-6)
+    assert metrics["rollout/weight_mean"] == pytest.approx(w[real].mean(), rel=1e-4)
+    assert metrics["rollout/mismatch_logp_abs_mean"] == pytest.approx(np.abs(old - sampler)[real].mean(), rel=1e-4)
+    # rho = 1 (one pass): GRPO's token term is -A * w on kept tokens; seq-mean-token-mean over the loss mask
+    loss_mask = mask * keep if correction.mode in rc.DROPS_FROM_DENOMINATOR else mask
+    adv = np.asarray(example.advantages)[:, None]
+    rows = loss_mask.sum(axis=1) > 0
+    per_row = (-adv * w * keep * loss_mask).sum(axis=1)[rows] / loss_mask.sum(axis=1)[rows]
+    assert metrics["train/policy_loss"] == pytest.approx(per_row.mean() if rows.any() else 0.0, rel=1e-4, abs=1e-6)
+    if correction.mode not in rc.TRUNCATING:
+        assert 0 < metrics["rollout/masked_frac"] < 1  # the factors straddle the thresholds
