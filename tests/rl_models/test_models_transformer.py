@@ -1,5 +1,7 @@
 """The NNX transformer: cache equivalence, grouped-query layout, masking, tying, dtypes."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -508,3 +510,48 @@ def test_attention_implementation_is_validated():
         TransformerConfig.tiny(V, attention="flash")
     with pytest.raises(ValueError, match="cuDNN attention needs dtype='bfloat16'"):
         TransformerConfig.tiny(V, attention="cudnn")
+
+
+@pytest.mark.parametrize("fuse_max", [None, 0])
+def test_a_decode_loop_through_loop_view_copies_no_weights_and_decodes_the_same(monkeypatch, fuse_max):
+    """rl_core.policy.protocols.loop_policy (Transformer.loop_view): the compiled decode loop of an
+    unrolled model, run through the view, holds no instruction that writes a weight-shaped array
+    (each layer's slice out of the stacks, or q/k/v or gate/up kernels concatenated, is made once
+    before the loop); run on the model itself, the loop copies them at every token. The logits
+    are the same; with fuse_max 0, fused_linear's separate matmuls (large kernels) give the fused ones'."""
+    from rl_core.policy.protocols import loop_policy
+    from rl_models import layers
+
+    model = make()
+    if fuse_max is not None:
+        monkeypatch.setattr(layers, "FUSE_MAX_KERNEL_ELEMENTS", fuse_max)
+    assert not scans_layers(model.config)  # the CPU default
+    cfg, b, s = model.config, 2, 8
+    shapes = {(cfg.hidden_size, cfg.mlp_hidden_size), (cfg.mlp_hidden_size, cfg.hidden_size),
+              (cfg.hidden_size, cfg.num_heads * cfg.head_dim), (cfg.hidden_size, 2 * cfg.mlp_hidden_size)}
+
+    def decode(m, cache, view: bool):
+        get = loop_policy(m) if view else (lambda: m)
+
+        def body(t, carry):
+            cache, logits = carry
+            step = get()
+            hidden, cache = step(jnp.full((b, 1), t % V, jnp.int32), jnp.full((b, 1), t), jnp.ones((b, 1, s), bool),
+                                 cache, t)
+            return cache, logits.at[t].set(step.logits(hidden[:, 0]))
+
+        return jax.lax.fori_loop(0, s, body, (cache, jnp.zeros((s, b, V), jnp.float32)))[1]
+
+    def weight_copies_in_loop(view: bool) -> int:
+        hlo = nnx.jit(decode, static_argnums=2).lower(model, model.init_cache(b, s), view).compile().as_text()
+        names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+        bodies = [c for c in hlo.split("\n\n") if c.strip().lstrip("%").split(" ", 1)[0] in names]
+        assert bodies
+        found = re.findall(r"= f32\[(\d+),(\d+)\]\S* (?!get-tuple-element|parameter|bitcast)", "\n".join(bodies))
+        return sum((int(a), int(c)) in shapes for a, c in found)
+
+    assert weight_copies_in_loop(True) == 0
+    assert weight_copies_in_loop(False) > 0
+    viewed = nnx.jit(decode, static_argnums=2)(model, model.init_cache(b, s), True)
+    plain = nnx.jit(decode, static_argnums=2)(model, model.init_cache(b, s), False)
+    np.testing.assert_allclose(viewed, plain, rtol=1e-5, atol=1e-5)

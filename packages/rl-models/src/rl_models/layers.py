@@ -7,6 +7,8 @@ mesh axes (`rl_core.runtime.mesh`); the layers themselves need no mesh.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -119,10 +121,23 @@ def trailing_axes(var: nnx.Variable, ndim: int) -> tuple[tuple[str | None, ...],
     return tuple(names[-ndim:]), tuple(units[-ndim:])
 
 
+FUSE_MAX_KERNEL_ELEMENTS = 1 << 18
+"""`fused_linear` concatenates kernels of at most this many elements in all (1 MiB of float32)."""
+
+
 def fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
     """The outputs of several Linears on the same input, concatenated on the last
     axis, from ONE matmul over their concatenated kernels (the parameters stay
-    separate); adapters add their own low-rank terms."""
+    separate); adapters add their own low-rank terms.
+
+    Only small kernels are concatenated (at most FUSE_MAX_KERNEL_ELEMENTS): the
+    concatenation copies the kernels at every call, which a decode step pays per token
+    (SmolLM2-135M, 16 rows on CPU: 39 of a decode step's 430 thread-ms, see
+    docs/results/2026-12-03-real-model-floors.md), while one matmul instead of several saves
+    only per-operation overhead, which counts for small kernels alone. Larger ones run as
+    separate matmuls (the outputs are the same)."""
+    if sum(math.prod(lin.kernel.shape) for lin in layers) > FUSE_MAX_KERNEL_ELEMENTS:
+        return jnp.concatenate([lin(x) for lin in layers], axis=-1)
     w = jnp.concatenate([lin.weight() for lin in layers], axis=1)
     x2 = x.reshape(-1, x.shape[-1])
     y = x2 @ w

@@ -71,7 +71,11 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
         return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv), None
 
     layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-    (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
+    if tf.scans_layers(cfg):
+        (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
+    else:  # unrolled (CPU), as Transformer runs its layers: each reads its own slice (see Transformer.loop_view)
+        for i in range(cfg.num_layers):
+            (x, pages), _ = body((x, pages), (jax.tree.map(lambda a, i=i: a[i], stacked), layers[i]))
     return model.final_norm(x)[:, 0], pages
 
 

@@ -423,6 +423,32 @@ class Transformer(nnx.Module):
         last = jax.tree.map(lambda a: a[-1], (stacked, layers))
         return make_layer(outputs_from)(x, cache, *last)
 
+    def loop_view(self) -> Callable[[], Transformer]:
+        """For a loop that runs the model at every iteration (a decode loop; see
+        rl_core.policy.protocols.loop_policy): takes each layer's parameters out of the stacks
+        once, here, outside the loop, and returns what the loop's body calls to get this model
+        with its stacks rebuilt from those slices. With the layers unrolled (CPU), the body's
+        slice of layer i out of a rebuilt stack folds to the slice itself (XLA simplifies a
+        slice of a concatenation), so an iteration reads each layer's weights where they are
+        instead of copying them out of the stacks at every token (SmolLM2-135M, 16 rows on CPU:
+        98 of a decode step's 430 thread-ms; docs/results/2026-12-03-real-model-floors.md). Scanned
+        (accelerators), the model itself: the scan reads its slices in place."""
+        if scans_layers(self.config):
+            return lambda: self
+        n = self.config.num_layers
+        model_def, model_state = nnx.split(self)
+        layers_def, layers_state = nnx.split(self.layers)
+        leaves, treedef = jax.tree.flatten(layers_state)
+        # the barrier keeps XLA from folding the slices back into the stacks they came from
+        pieces = jax.lax.optimization_barrier([[a[i] for i in range(n)] for a in leaves])
+
+        def rebuild() -> Transformer:
+            model = nnx.merge(model_def, model_state)
+            model.layers = nnx.merge(layers_def, treedef.unflatten([jnp.stack(p) for p in pieces]))
+            return model
+
+        return rebuild
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from hidden states [..., D]."""
         return self.unembedding()(hidden)

@@ -74,6 +74,15 @@ def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:
     return unembedding() if callable(unembedding) else policy.logits
 
 
+def loop_policy(policy: Any) -> Callable[[], Any]:
+    """What a loop that runs `policy` at every iteration (a decode loop) calls inside its body
+    to get the policy: the policy's optional `loop_view()` (its weights made ready once, before
+    the loop, e.g. rl_models' layers taken out of their stacks), else the policy itself. Call
+    this outside the loop."""
+    loop_view = getattr(policy, "loop_view", None)
+    return loop_view() if callable(loop_view) else (lambda: policy)
+
+
 def repeat_cache(policy: Policy, cache: Cache, n: int) -> Cache:
     """`cache` with each row copied to n consecutive rows (its "batch" axis, `cache_axes`): a
     prompt's cache for each of its n samples (the sampler) or group rows (the scoring pass)."""

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
-from rl_core.policy.protocols import repeat_cache
+from rl_core.policy.protocols import loop_policy, repeat_cache
 
 
 class Completions(NamedTuple):
@@ -159,6 +159,7 @@ def generate(
     tokens = jnp.full((b, t_max), pad_id, jnp.int32).at[:, 0].set(first)
     logps = jnp.zeros((b, t_max), jnp.float32).at[:, 0].set(first_logp)
     done = jnp.isin(first, eos)
+    in_loop = loop_policy(model)  # the weights made ready once, not at every token
 
     def cond(state):
         t, _, _, _, done, _ = state
@@ -169,9 +170,10 @@ def generate(
         last = jax.lax.dynamic_index_in_dim(tokens, t, axis=1, keepdims=True)  # [B, 1]
         slot = p + t
         mask = (jnp.arange(slots) <= slot)[None, None, :] & slot_valid[:, None, :]
-        hidden, cache = model(last, (prompt_len + t)[:, None], mask, cache, slot)
+        step_model = in_loop()
+        hidden, cache = step_model(last, (prompt_len + t)[:, None], mask, cache, slot)
         key, sub = jax.random.split(key)
-        token, logp = sample_token(sub, model.logits(hidden[:, 0]), params)
+        token, logp = sample_token(sub, step_model.logits(hidden[:, 0]), params)
         token = jnp.where(done, pad_id, token)
         logp = jnp.where(done, 0.0, logp)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rl_core.policy.protocols import PagedModel
+from rl_core.policy.protocols import PagedModel, loop_policy
 from rl_core.rollout.sampler import SamplingParams, categorical, sample_with
 
 
@@ -79,8 +79,12 @@ def engine_step(
     prompt's partly filled last page (samples append, so a shared page must be full).
     `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
+    # the weights made ready once per call (e.g. each layer's slice out of the stacks), for the
+    # prefill chunk and every decode step, not once per use
+    in_loop = loop_policy(model)
+
     def prefill_chunk(pages):
-        return paging.forward(model, prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+        return paging.forward(in_loop(), prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
     if run_prefill is None:
@@ -95,9 +99,10 @@ def engine_step(
         pages, st, out_tokens, out_logp = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
-        hidden, pages = paging.forward(model, st.token, position, pages, rows, kv)
+        step_model = in_loop()
+        hidden, pages = paging.forward(step_model, st.token, position, pages, rows, kv)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
-        token, logp = sample_rows(keys, model.logits(hidden), sampling)
+        token, logp = sample_rows(keys, step_model.logits(hidden), sampling)
         token = jnp.where(st.active, token, pad_id)
         logp = jnp.where(st.active, logp, 0.0)
         out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, i, axis=1)
