@@ -189,6 +189,9 @@ def run_bench(
     if steps < 1:
         raise ConfigError(f"--steps {steps}: must be >= 1")
     p = PRESETS[preset]
+    if p.needs_model and not model:
+        raise ConfigError(f"--preset {preset} needs --model DIR, the model's Hugging Face folder (for SmolLM2: "
+                          "uv run trainer convert --gguf FILE --out DIR; docs/real-models.md)")
     settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)

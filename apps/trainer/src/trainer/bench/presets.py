@@ -32,6 +32,8 @@ class BenchPreset:
     dtype: str = "float32"
     """Compute dtype of the model (bfloat16 for the accelerator presets)."""
     description: str = ""
+    needs_model: bool = False
+    """The preset is a real model's: `--model DIR` must give its folder (`model` is only a stand-in)."""
 
 
 PRESETS: dict[str, BenchPreset] = {
@@ -75,6 +77,19 @@ PRESETS: dict[str, BenchPreset] = {
         description="hidden 128, 4 layers (tiny-qwen2), 16 prompts x 8 completions of up to 1024 new tokens: "
         "rollout at real lengths (an untrained policy rarely stops early, so most run to the maximum); "
         "compare engines with rollout.engine=static|paged (the prefill/decode split times the static program)",
+    ),
+    # A real model from a local folder (docs/real-models.md): its rollout and update against
+    # their floors in benchmarks/real_model_floors.py.
+    "smollm2-135m": BenchPreset(
+        model="tiny",
+        needs_model=True,
+        prompts=4,
+        group_size=4,
+        max_new_tokens=64,
+        warmup_steps=1,
+        generate_repeats=2,
+        description="SmolLM2-135M-Instruct from --model DIR (hidden 576, 30 layers, 9/3 heads, MLP 1536, tied "
+        "embeddings, vocabulary 49152), float32; 4 prompts x 4 completions, up to 64 new tokens, AdamW, beta 0",
     ),
     "tiny": BenchPreset(
         model="tiny",
