@@ -43,6 +43,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl_core.math.policy_losses import truncated_is_weights
+
 SAFETY_BOUND = 20.0
 """|log rho| (token or sequence level) is clamped here before the exponent, as verl's SAFETY_BOUND."""
 
@@ -115,9 +117,10 @@ def token_tis(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, *, 
 
         w_t = min(rho_t, C),  keep = every real token (the denominator keeps them all).
     """
-    _check_cap(cap)
-    lr = token_log_ratio(old_logp, sampler_logp, mask)
-    return _out(jnp.minimum(_ratio(lr), cap), jnp.ones_like(lr, bool), mask)
+    # the formula's one home (the cap's check with it); min(., C) makes verl's upper clamp moot,
+    # and its lower one (exp(-20)) differs from exp(log rho) by less than float32 resolves
+    weights = truncated_is_weights(old_logp, sampler_logp, mask, cap=cap)
+    return _out(weights, jnp.ones_like(weights, bool), mask)
 
 
 def seq_is(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, *, cap: float
