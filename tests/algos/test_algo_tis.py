@@ -23,7 +23,7 @@ from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy  # noqa: E402
+from algo_test_doubles import BagPolicy, MismatchedSampler  # noqa: E402
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 TOK = rl_models.CharTokenizer()
@@ -150,26 +150,6 @@ def test_on_it_records_behaviour_logprobs_even_on_an_on_policy_step():
     # sampler and trainer run the same float32 policy here: weights 1, nothing capped
     assert metrics["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["drift/tis_capped_frac"] == 0.0
-
-
-class MismatchedSampler(GRPOLearner):
-    """A learner whose sampler reports every token's log-prob off by a known factor (as a
-    bfloat16 engine would, but known): log pi_sampler = log pi_sampled - log FACTOR, with the
-    factors cycling through 0.5, 1.5, 3 (C = 2 caps the last). Fixed advantages +-1 replace
-    the random policy's all-tied groups, so the loss is not 0. Keeps the last example."""
-
-    def rollout_groups(self, prompts):
-        groups = super().rollout_groups(prompts)
-        factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
-        off = np.log(factors).reshape(groups.sampler_logp.shape)
-        return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
-
-    def compute_advantages(self, groups):
-        return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
-
-    def add_logprobs(self, example):
-        self.last_example = super().add_logprobs(example)
-        return self.last_example
 
 
 def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_ratio():

@@ -442,27 +442,8 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     from rl_core.config import RolloutConfig, TrainingConfig
     from rl_core.data import Prompt
 
-    from algo_grpo import GRPOLearner
-
     sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
-    from algo_test_doubles import BagPolicy
-
-    class MismatchedSampler(GRPOLearner):
-        """As tests/algos/test_algo_tis.py's: the sampler reports log pi - log factor, factors
-        cycling through 0.5, 1.5, 3; advantages +-1; the last example kept."""
-
-        def rollout_groups(self, prompts):
-            groups = super().rollout_groups(prompts)
-            factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
-            off = np.log(factors).reshape(groups.sampler_logp.shape)
-            return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
-
-        def compute_advantages(self, groups):
-            return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
-
-        def add_logprobs(self, example):
-            self.last_example = super().add_logprobs(example)
-            return self.last_example
+    from algo_test_doubles import BagPolicy, MismatchedSampler
 
     tok = rl_models.CharTokenizer()
     correction = RolloutCorrection(**settings)
