@@ -2,7 +2,6 @@
 every registered policy loss is weighted token by token, and a learner whose sampler's
 log-probs are off by known factors trains with weights min(exp(old - sampler), C)."""
 
-import dataclasses
 import sys
 from pathlib import Path
 
