@@ -29,7 +29,6 @@ from flax import nnx
 import rewards
 import rl_models
 from rl_core import registry
-from rl_core.runtime import compiles
 from rl_core.math.aggregation import per_token
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
@@ -38,7 +37,7 @@ from rl_core.testing import tree_max_abs_diff
 from rl_core.types import TrainExample
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import make_groups  # noqa: E402
+from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
@@ -105,12 +104,7 @@ def run(request):
     """Each algorithm trained for 3 steps; compile counts of steps 2 and 3."""
     algorithm, config, learner = fresh(request.param)
     before = jax.tree.map(np.array, learner.params)
-    history = [learner.train_step()]
-    new_compiles = []
-    for _ in range(2):
-        start = compiles.compile_count()
-        history.append(learner.train_step())
-        new_compiles.append(compiles.compile_count() - start)
+    history, new_compiles = train_counting_compiles(learner)
     return SimpleNamespace(
         name=request.param,
         algorithm=algorithm,

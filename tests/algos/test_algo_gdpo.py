@@ -18,11 +18,10 @@ from rl_core import registry
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.math.advantages import gdpo_advantages
-from rl_core.runtime import compiles
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import make_groups  # noqa: E402
+from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
 
 TOK = rl_models.CharTokenizer()
 MODEL = rl_models.TransformerConfig.tiny(
@@ -82,12 +81,7 @@ def test_the_learner_passes_every_functions_scores_and_weights():
 def test_a_group_variant_trains_with_gdpo_and_compiles_once(name):
     learner = build(name)
     before = jax.tree.map(np.array, learner.params)
-    history = [learner.train_step()]
-    new = []
-    for _ in range(2):
-        start = compiles.compile_count()
-        history.append(learner.train_step())
-        new.append(compiles.compile_count() - start)
+    history, new = train_counting_compiles(learner)
     assert all(math.isfinite(m["train/loss"]) for m in history)
     assert all(m["train/skipped_updates"] == 0 for m in history)
     assert all(math.isfinite(m["advantages/mean"]) for m in history)

@@ -4,6 +4,8 @@ micro-batch's highest-entropy tokens, the denominator and the KL term on every r
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +19,12 @@ from algo_grpo import GRPOConfig
 from rl_core import registry
 from rl_core.config import ConfigError, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.runtime import compiles
 from rl_core.testing import tree_max_abs_diff
 from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
 from rl_core.types import TrainExample
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from algo_test_doubles import train_counting_compiles  # noqa: E402
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 
@@ -134,12 +138,7 @@ def test_a_learner_trains_with_it_and_compiles_once(micro_batch_size):
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
     )
     before = jax.tree.map(np.array, learner.params)
-    history = [learner.train_step()]
-    new = []
-    for _ in range(2):
-        start = compiles.compile_count()
-        history.append(learner.train_step())
-        new.append(compiles.compile_count() - start)
+    history, new = train_counting_compiles(learner)
     assert all(math.isfinite(m["train/loss"]) and m["train/skipped_updates"] == 0 for m in history)
     # about half the real tokens (ties at the threshold are kept)
     kept = [m["train/entropy_kept_frac"] for m in history]
