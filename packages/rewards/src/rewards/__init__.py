@@ -9,7 +9,7 @@ bounded time on any string.
 from rewards.countdown import countdown_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
-from rewards.manager import ON_ERROR_CHOICES, RewardError, RewardManager, RewardResult, RewardSpec
+from rewards.manager import ON_ERROR_CHOICES, RewardError, RewardManager, RewardResult, RewardSpec, Scores
 from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer, numeric_answer_reward
 from rewards.registry import REWARD_FUNCTIONS, RewardFn, make_reward
 
@@ -21,6 +21,7 @@ __all__ = [
     "RewardManager",
     "RewardResult",
     "RewardSpec",
+    "Scores",
     "boxed_reward",
     "countdown_reward",
     "format_reward",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-__all__ = ["ON_ERROR_CHOICES", "RewardError", "RewardManager", "RewardResult", "RewardSpec"]
+__all__ = ["ON_ERROR_CHOICES", "RewardError", "RewardManager", "RewardResult", "RewardSpec", "Scores"]
 
 ON_ERROR_CHOICES = ("raise", "zero")
 """``raise``: a failing reward function fails the call. ``zero``: its failed scores become 0 and are counted."""
@@ -38,6 +38,19 @@ class RewardError(ValueError):
         self.function = function
         self.index = index
         self.completion = completion
+
+
+class Scores(list):
+    """A reward function's scores (a list, one per completion) with numbers about the call.
+
+    ``metrics`` are named like the step's metrics: ``time/<what>`` for seconds (e.g. a judge
+    model's ``time/judge``), ``rewards/<name>/<what>`` for counts; the manager sums them over
+    its functions into ``RewardResult.function_metrics``.
+    """
+
+    def __init__(self, scores: Sequence[float], metrics: Mapping[str, float] | None = None) -> None:
+        super().__init__(scores)
+        self.metrics: dict[str, float] = dict(metrics or {})
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,8 @@ class RewardResult:
     """Scores that failed and were set to 0 (``on_error="zero"`` only); a failed call counts N."""
     errors: tuple[RewardError, ...] = field(default=(), repr=False)
     """The failures behind ``num_failed``."""
+    function_metrics: dict[str, float] = field(default_factory=dict)
+    """What functions returning ``Scores`` reported about their calls (e.g. ``time/judge``), summed by key."""
 
     def metrics(self) -> dict[str, float]:
         """``rewards/<name>/mean``, ``rewards/<name>/frac_positive`` (share of scores > 0) per function,
@@ -87,7 +102,7 @@ class RewardResult:
         result["rewards/total/mean"] = mean
         result["rewards/total/std"] = math.sqrt(_mean([(value - mean) ** 2 for value in self.total]))
         result["rewards/failed"] = float(self.num_failed)
-        return result
+        return result | self.function_metrics
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -99,6 +114,7 @@ class _Scored:
     scores: tuple[float, ...]
     errors: tuple[RewardError, ...]
     num_failed: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 class RewardManager:
@@ -177,13 +193,17 @@ class RewardManager:
         else:
             scored = [self._run(spec, prompts, completions, fields) for spec in self.specs]
         total = [0.0] * len(completions)
+        function_metrics: dict[str, float] = {}
         for spec, result in zip(self.specs, scored):
             total = [t + spec.weight * s for t, s in zip(total, result.scores)]
+            for key, value in result.metrics.items():
+                function_metrics[key] = function_metrics.get(key, 0.0) + value
         return RewardResult(
             total=tuple(total),
             per_function={spec.name: result.scores for spec, result in zip(self.specs, scored)},
             num_failed=sum(result.num_failed for result in scored),
             errors=tuple(error for result in scored for error in result.errors),
+            function_metrics=function_metrics,
         )
 
     def _run(
@@ -211,6 +231,7 @@ class RewardManager:
             if self.on_error == "raise":
                 raise error
             return _Scored((0.0,) * n, (error,), n)
+        metrics = _call_metrics(spec.name, raw)
         scores: list[float] = []
         errors: list[RewardError] = []
         for index, score in enumerate(list(raw)):
@@ -229,7 +250,24 @@ class RewardManager:
                 raise error
             errors.append(error)
             scores.append(0.0)
-        return _Scored(tuple(scores), tuple(errors), len(errors))
+        return _Scored(tuple(scores), tuple(errors), len(errors), metrics)
+
+
+def _call_metrics(name: str, raw: object) -> dict[str, float]:
+    """The metrics a function returned with its ``Scores``: finite numbers under metric-like names."""
+    metrics = getattr(raw, "metrics", None) if isinstance(raw, Scores) else None
+    out: dict[str, float] = {}
+    for key, value in (metrics or {}).items():
+        if not isinstance(key, str) or not key.startswith(("time/", "rewards/")):
+            raise RewardError(
+                f"reward function {name!r} reported a metric named {key!r}; name them time/<what> or "
+                "rewards/<name>/<what>", function=name,
+            )
+        if _score_problem(value) is not None:
+            raise RewardError(f"reward function {name!r} reported {key} = {value!r}, not a finite number",
+                              function=name)
+        out[key] = float(value)
+    return out
 
 
 def _is_list_like(value: object) -> bool:
