@@ -163,7 +163,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return self.collect_groups(prompts), supply
 
     def examples_from(self, groups: Groups) -> StepBatch:
-        self._timings = {name: groups.info.get(name, 0.0) for name in ("time/rollout", "time/reward")}
+        self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
+        # and what reward functions reported about their calls (e.g. a judge model's time/judge)
+        self._timings |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
         example = self.example_from_groups(groups)  # adds time/logprob
         adv = example.advantages
         metrics = {**self.group_metrics(groups, adv), **self._timings}
@@ -246,6 +248,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
         failed = int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())
         self._timings["rewards/failed"] = self._timings.get("rewards/failed", 0.0) + float(failed)
+        for name, value in result.function_metrics.items():  # this process's, summed over the step's rounds
+            self._timings[name] = self._timings.get(name, 0.0) + value
         return dataclasses.replace(
             groups,
             rewards=gather(result.total),
