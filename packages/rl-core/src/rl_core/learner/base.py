@@ -70,6 +70,7 @@ from rl_core.rollout.generation import PolicyGenerator
 from rl_core.train.layout import BatchLayout
 from rl_core.runtime.mesh import data_mesh
 from rl_core.learner.meter import Meter
+from rl_core.learner.reward_audit import RewardAudit
 from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.train.optim import make_optimizer
 from rl_core.policy.protocols import PagedModel
@@ -131,10 +132,12 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         mesh: Mesh | None = None,
         progress: bool = False,
         meter: Meter | None = None,
+        reward_audit: RewardAudit | None = None,
     ) -> None:
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         self.reward_manager, self.eval_fn = reward_manager, eval_fn
         self.meter = meter  # told the rows each phase processes (rl_core.learner.meter), for a benchmark
+        self.reward_audit = reward_audit  # told each step's rewards (rl_core.learner.reward_audit)
         self.eval_every_steps = eval_every_steps  # 0: `eval_fn` never runs on a schedule
         self.mesh = mesh or mesh_lib.training_mesh(training)
         # in a multi-process run, process 0 alone writes files and shows progress

@@ -362,6 +362,12 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         )
         if "episode" in groups.row_fields:
             metrics.update(episode_metrics([EpisodeRecord.from_json(e) for e in groups.row_fields["episode"]]))
+        if self.reward_audit is not None:  # signs of reward hacking (rl_core.learner.reward_audit)
+            weights = {spec.name: spec.weight for spec in getattr(self.reward_manager, "specs", ())}
+            metrics.update(self.reward_audit(
+                step=self.step + 1, total=groups.rewards.tolist(), weights=weights, group_size=self.group_size,
+                per_function={name: scores.tolist() for name, scores in groups.reward_scores.items()},
+                lengths=groups.lengths.tolist(), finished=(~groups.truncated).tolist()))
         return metrics
 
     def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
