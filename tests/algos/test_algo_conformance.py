@@ -67,9 +67,12 @@ def build(name: str, config_overrides=None, **training):
     # An untrained policy never answers right: groups are judged by the shaping reward.
     manager = rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction], correctness="digit_fraction")
     policy = rl_models.Transformer(MODEL, rngs=nnx.Rngs(0))
+    # a distilling config (distill_coef > 0, algo-opd) gets a teacher: the same tiny model, other weights
+    teacher = {"teacher": rl_models.Transformer(MODEL, rngs=nnx.Rngs(1))} if getattr(config, "distill_coef", 0) else {}
     learner = algorithm.learner(
         config,
         policy=policy,
+        **teacher,
         **{kind: EXTRA_MODELS[kind](policy) for kind in algorithm.learner.extra_models},
         tokenizer=TOK,
         train_data=PROMPTS,
@@ -190,6 +193,7 @@ def toy_example(*, extra_rows: int = 0, left_pad: int = 0) -> TrainExample:
         completion_mask=jnp.asarray(mask),
         advantages=jnp.asarray(adv, jnp.float32),
         ref_logp=jnp.full(mask.shape, -4.0),  # a plausible reference; used only when beta != 0
+        teacher_logp=jnp.full(mask.shape, -3.0),  # a plausible teacher; used only when distill_coef != 0
         sampler_logp=jnp.asarray(-4.0 * mask),
     )
 
@@ -253,7 +257,9 @@ def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
     assert all(np.all(np.isfinite(g)) for g in leaves)
     assert sum(float(np.sum(np.square(g))) for g in leaves) > 0.0
     surrogate = is_ratio_surrogate(config)
-    if config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means:
+    # distillation adds the teacher's per-token term to A (tests/rl_core/test_distillation.py checks it)
+    distills = getattr(config, "distill_coef", 0)
+    if config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means and not distills:
         total, denom = out.means["train/policy_loss"]
         assert total / denom == pytest.approx(POLICY_LOSS_AT_RATIO_ONE[config.loss_agg_mode], abs=1e-5)
         if not config.beta:

@@ -40,6 +40,7 @@ class TrainExample(NamedTuple):
     values: jax.Array | None = None  # [B, T] the critic's values at collection time (its clip's anchor)
     packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.train.layout for the update)
     shared_prompts: SharedPrompts | None = None  # each group's prompt once (set by rl_core.train.layout for the update)
+    teacher_logp: jax.Array | None = None  # [B, T] a distillation teacher's log-probs (distill_coef != 0)
 
     @property
     def batch_size(self) -> int:

@@ -11,7 +11,8 @@ produce_examples(prompts)
        compute_advantages(groups)    the configured estimator
        -> to_example(groups, adv)    arrays for the update, with the masks
        -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
-                                     reference log-probs (beta != 0)
+                                     reference log-probs (beta != 0), the distillation
+                                     teacher's (distill_coef != 0)
 
 The update then differentiates `loss_function()`: rl_core.train.objective.policy_objective
 with this run's settings bound (see rl_core.learner.base for the path from the learner).
@@ -55,7 +56,8 @@ import numpy as np
 from rl_core import registry
 
 from rl_core.runtime import multihost
-from rl_core.train.behaviour import LogprobPasses
+from rl_core.train.behaviour import LogprobPasses, PolicyLogprobs
+from rl_core.train.frozen_model import teacher_model
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.learner.groups import TOTAL, Groups
@@ -76,7 +78,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     clipped-surrogate steps with a KL penalty to the initial policy.
     """
 
-    def __init__(self, config: PolicyGradientConfig, **kwargs: Any) -> None:
+    def __init__(self, config: PolicyGradientConfig, *, teacher: Any = None, **kwargs: Any) -> None:
+        """`teacher`: the frozen model to distill from (an NNX module with the policy's vocabulary),
+        needed exactly when config.distill_coef != 0; the other arguments are RLLearner's."""
         super().__init__(config, **kwargs)
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
@@ -105,6 +109,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
         self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
+        # the distillation teacher: frozen, its log-prob pass the reference's over its own weights
+        self.teacher = teacher_model(teacher, kwargs["policy"], distill_coef=config.distill_coef, layout=self.layout)
+        self.teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
 
     @property
     def _timings(self) -> dict[str, float]:
@@ -332,10 +339,18 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             example = example._replace(old_logp=old)
         if self.passes.reference:
             example = example._replace(ref_logp=self.reference_logprobs(example))
+        if self.passes.teacher:
+            example = example._replace(teacher_logp=self.teacher_logprobs(example))
         return example
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]
+
+    def teacher_logprobs(self, example: TrainExample) -> jax.Array:
+        """[B, T] log-probs of the example's completions under the distillation teacher."""
+        if self.meter is not None:
+            self.meter.scored("teacher", example)
+        return self.teacher_pass(self.teacher.params, example)[0]
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -63,6 +63,16 @@ class PolicyGradientConfig(AlgorithmConfig):
     current policy is at or above the (1 - rho)-quantile of the micro-batch's real tokens; the
     loss's denominator still counts every real token (rl_core.train.objective.high_entropy_mask).
     1.0 = every token (off); the paper keeps 0.2."""
+    distill_coef: float = 0.0
+    """On-policy distillation: each token's advantage gains distill_coef * (log pi_teacher(y_t) -
+    log pi_old(y_t)), the negative sampled reverse KL to a frozen teacher on the student's own tokens
+    (rl_core.math.distillation; Thinking Machines' "On-Policy Distillation", slime's opd_kl_coef).
+    0 = off: no teacher is kept and no teacher pass runs. Beside any estimator's advantage (GRPO +
+    distillation is this setting); with advantage_estimator="zero" it is distillation alone (algo-opd)."""
+    teacher: str | None = None
+    """Where the distillation teacher comes from, for the app that builds the learner (the trainer: a
+    Hugging Face model folder or a trainer run folder, sharing the student's tokenizer); the learner
+    itself takes the module (`teacher=`). Only with distill_coef > 0."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,6 +89,9 @@ class PolicyGradientConfig(AlgorithmConfig):
         check(0.0 < self.entropy_top_fraction <= 1.0, self, "entropy_top_fraction",
               "must be in (0, 1]: the fraction of each micro-batch's tokens, by entropy, "
               "that the policy loss keeps (1 = all)")
+        check(self.distill_coef >= 0.0, self, "distill_coef", "must be >= 0 (0 = no distillation)")
+        check(self.teacher is None or self.distill_coef > 0, self, "teacher",
+              "a teacher is only read with distill_coef > 0; set algorithm.distill_coef (e.g. 1.0) or unset it")
         check_registered(self, "kl_estimator", "kl_estimator")
         check_registered(self, "advantage_estimator", self.estimator_category)
         check_registered(self, "policy_loss", "policy_loss")

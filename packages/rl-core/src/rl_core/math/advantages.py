@@ -9,6 +9,8 @@ reshape, so it must be static under jit).
 - "rloo": A_i = r_i - mean_{j != i} r_j                      (arXiv:2402.14740)
 - "gdpo": every reward function's scores GRPO-normalised within the group, summed by
           weight, then normalised over the batch                (arXiv:2601.05242)
+- "zero": A_i = 0: no reward signal (on-policy distillation alone, where the teacher's
+          per-token term, rl_core.math.distillation, is the whole signal)
 
 A group whose rewards are all equal gets advantages of exactly 0.0 from every
 estimator here: such a group carries no learning signal, and the learner and
@@ -111,6 +113,16 @@ def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
     adv = groups - (total - groups) / (group_size - 1)
     adv = jnp.where(_uniform(groups), jnp.zeros_like(adv), adv)
     return adv.reshape(-1)
+
+
+@register("advantage_estimator", "zero")
+def zero_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """A_i = 0 for every completion: the rewards train nothing (they are still scored and logged).
+
+    rewards: float [B] (group-contiguous); returns float [B].
+    """
+    _check_groups(rewards, group_size)
+    return jnp.zeros_like(rewards)
 
 
 REWARD_SCORES_ATTR = "takes_reward_scores"

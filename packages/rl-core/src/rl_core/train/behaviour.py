@@ -14,7 +14,9 @@ value. With async rollouts the sampler's weights are a step older than the updat
 
 `LogprobPasses` decides, in this one place, which log-prob passes a step of the pipeline
 (rl_core.learner.pipeline) runs besides the update's own: the behaviour pass (at collection time
-for carried rows, before the update for the others), and the reference pass.
+for carried rows, before the update for the others), the reference pass, and the distillation
+teacher's pass (`PolicyLogprobs` of a rl_core.train.frozen_model.FrozenModel: the reference's
+program and micro-batches, over the teacher's weights).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.policy.logprobs import completion_logprobs
+from rl_core.train.frozen_model import FrozenModel
 from rl_core.train.trainable import TrainableModel
 from rl_core.types import TrainExample
 
@@ -42,9 +45,10 @@ def logprob_fn(rollout: RolloutConfig) -> Any:
 
 
 class PolicyLogprobs:
-    """(logp, entropy) [B, T] of completions under given trained parameters of the policy."""
+    """(logp, entropy) [B, T] of completions under given trained parameters of the policy (or of a
+    frozen model's parameters: a FrozenModel makes the same pass)."""
 
-    def __init__(self, policy: TrainableModel, rollout: RolloutConfig) -> None:
+    def __init__(self, policy: TrainableModel | FrozenModel, rollout: RolloutConfig) -> None:
         self.program = policy.forward(logprob_fn(rollout), chunk_tokens=rollout.logprob_chunk_tokens,
                                       packs=policy.layout.packing, shares=True)
 
@@ -79,6 +83,7 @@ class LogprobPasses:
                collection, and none recorded earlier is kept.
     reference  the reference policy's log-probs, when beta != 0: for the KL term in the loss,
                or (`kl_in_rewards`) for the KL penalty in the rewards.
+    teacher    the distillation teacher's log-probs, when distill_coef != 0 (rl_core.math.distillation).
     """
 
     off_policy: bool
@@ -92,6 +97,8 @@ class LogprobPasses:
     """The config's KL coefficient; 0 = no reference policy."""
     kl_in_rewards: bool = False
     """The KL penalty goes into the rewards (PPO), not into the loss."""
+    distill: bool = False
+    """On-policy distillation is on (distill_coef != 0): the teacher pass runs."""
 
     @classmethod
     def of(cls, config: Any, *, num_mini_batches: int, async_rollout: str) -> LogprobPasses:
@@ -101,13 +108,18 @@ class LogprobPasses:
             off_policy=config.num_iterations > 1 or num_mini_batches > 1,
             importance_weights=resolve_correction(config, async_rollout=async_rollout).on,
             proximal=async_rollout != "off",
-            beta=config.beta, kl_in_rewards=config.kl_in_rewards,
+            beta=config.beta, kl_in_rewards=config.kl_in_rewards, distill=bool(config.distill_coef),
         )
 
     @property
     def reference(self) -> bool:
         """The reference pass runs (and the reference parameters are kept)."""
         return bool(self.beta)
+
+    @property
+    def teacher(self) -> bool:
+        """The teacher pass runs (and the teacher's weights are kept)."""
+        return self.distill
 
     @property
     def loss_beta(self) -> float:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from rl_core import registry
 from rl_core.math.aggregation import per_token
+from rl_core.math.distillation import distill_advantages, sampled_reverse_kl
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.protocols import Policy
 from rl_core.train.trainable import LossFn, LossOutput
@@ -57,6 +58,7 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         rollout_correction=resolve_correction(config, async_rollout=async_rollout),
         proximal=async_rollout != "off",
         entropy_top_fraction=config.entropy_top_fraction,
+        distill_coef=config.distill_coef,
     )
 
 
@@ -115,6 +117,7 @@ def policy_gradient_loss(
     entropy_top_fraction: float = 1.0,
     rollout_correction: RolloutCorrection | None = None,
     proximal: bool = False,
+    distill_coef: float = 0.0,
 ) -> LossOutput:
     """The policy loss, corrected for the sampler (`rollout_correction`), plus beta * KL,
     aggregated into (sum, denominator).
@@ -135,13 +138,22 @@ def policy_gradient_loss(
     stays on every token, and the aggregation's denominator still counts every real token (TRL
     and the paper's objective, which normalise by all response tokens), so the selection drops
     terms without scaling the kept ones up. 1.0 (a static setting) leaves the loss untouched.
+
+    `distill_coef` != 0 (on-policy distillation) gives each token the advantage
+    A + distill_coef * (teacher_logp - old_logp) (rl_core.math.distillation.distill_advantages)
+    before the policy loss sees it, and logs the sampled reverse KL to the teacher as
+    train/distill_reverse_kl. A per-sequence policy loss (GSPO's "gspo") takes one advantage per
+    completion and refuses these; its per-token form ("gspo_token") takes them.
     """
     mask = example.completion_mask
     # No behaviour log-probs only on a provably on-policy step: rho == 1 exactly in value.
     old_logp = example.old_logp if example.old_logp is not None else jax.lax.stop_gradient(logp)
-    pg, aux = policy_loss(
-        logp, old_logp, example.advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
-    )
+    adv = example.advantages
+    if distill_coef:
+        if example.teacher_logp is None:
+            raise ValueError(f"distill_coef = {distill_coef}: the example has no teacher log-probs (teacher_logp)")
+        adv = distill_advantages(adv, old_logp, example.teacher_logp, mask, coef=distill_coef)
+    pg, aux = policy_loss(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
     pg = per_token(pg, mask)
     aux = aux._replace(**{k: per_token(v, mask) for k, v in aux._asdict().items()})
     if tis_cap is not None:
@@ -170,6 +182,8 @@ def policy_gradient_loss(
         per_token_loss = per_token_loss + beta * kl
         means["train/kl"] = masked_sum(kl, mask)
     means.update(corr_means)  # drift/*, rollout/mismatch_*, rollout/staleness_*, rollout/*_frac
+    if distill_coef:
+        means["train/distill_reverse_kl"] = masked_sum(sampled_reverse_kl(old_logp, example.teacher_logp), mask)
     if entropy_top_fraction < 1.0:
         means["train/entropy_kept_frac"] = masked_sum(kept.astype(jnp.float32), mask)
     total, denom = aggregate(per_token_loss, loss_mask, max_len=max_len)
