@@ -1,0 +1,93 @@
+"""The judge's reward function, and how a run builds it from its `judge:` settings.
+
+The reward manager calls it like any reward, `fn(prompts, completions, **fields)`; it renders
+one judge prompt per completion, sends them all through the judge in one call (greedy replies
+read by a rewards.verdicts rule, or the yes/no probability), and returns `Scores` whose metrics
+give the judge's wall time (`time/<name>`, part of `time/reward`) and the replies without a
+verdict (`rewards/<name>/unparsed`, scored `unparsed_score`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rewards import RewardSpec, Scores
+from rewards.verdicts import yes_probability
+from rl_core.config import ConfigError
+from rl_models import PAGED_TRANSFORMER
+from rl_models.hf import load_hf_model, load_hf_tokenizer
+
+from trainer import build
+from trainer.judge.model import JudgeModel
+from trainer.judge.settings import YES_PROBABILITY, JudgeSettings
+from trainer.judge.template import JudgeTemplate, verdict_scores
+from trainer.run import load_run_policy
+from trainer.settings import RunSettings
+from trainer.tasks import Task
+
+
+class JudgeReward:
+    """`fn(prompts, completions, **fields) -> Scores`: the judge's score of each completion, in [0, 1]."""
+
+    def __init__(self, judge: JudgeModel, settings: JudgeSettings) -> None:
+        self.judge = judge
+        self.settings = settings
+        self.template = JudgeTemplate(settings.template)
+        self.rule = settings.rule()
+        self.__name__ = settings.name
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **fields: Sequence[object]) -> Scores:
+        s = self.settings
+        start = time.perf_counter()
+        references = None
+        if self.template.needs_reference:
+            if s.reference_field not in fields:
+                known = sorted(k for k in fields if not k.startswith("completion"))
+                raise ValueError(f"the judge template uses {{reference}}, judge.reference_field = {s.reference_field!r}, "
+                                 f"but the task's prompts have no such field (they have {known})")
+            references = fields[s.reference_field]
+        texts = self.template.render(prompts, completions, references)
+        if s.verdict == YES_PROBABILITY:
+            logp = self.judge.yes_logprobs(texts, s.yes_word, s.no_word)
+            scores, unparsed = [yes_probability(float(y), float(n)) for y, n in logp], 0
+        else:
+            scores, unparsed = verdict_scores(self.judge.replies(texts), self.rule, s.unparsed_score)
+        seconds = time.perf_counter() - start
+        return Scores(scores, {f"time/{s.name}": seconds, f"rewards/{s.name}/unparsed": float(unparsed)})
+
+
+def judge_model(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,
+                log: Callable[[str], None] = print) -> JudgeModel:
+    """The judge `settings.judge` names: a Hugging Face folder, a run's policy, or (train_steps) a fresh
+    preset warm-started on `task`'s judge examples (trainer.judge.trained)."""
+    j = settings.judge
+    if j.path:
+        folder = build.model_folder(j.path)
+        try:
+            module, tokenizer = load_hf_model(folder), load_hf_tokenizer(folder)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"judge.path = {j.path!r}: not a model folder the judge can load ({e})") from None
+        log(f"judge: {j.path}")
+    elif j.run:
+        try:
+            run = load_run_policy(j.run, j.run_step)
+        except FileNotFoundError as e:
+            raise ConfigError(f"judge.run = {j.run!r}: {e}") from None
+        module, tokenizer = run.model, run.tokenizer
+        log(f"judge: the policy of {j.run} at step {run.step}")
+    else:
+        raise ConfigError(f"judge.train_steps = {j.train_steps}: no task brings judge examples yet; "
+                          "name a judge with judge.path or judge.run")
+    return JudgeModel(module, tokenizer, max_prompt_tokens=j.max_prompt_tokens, max_new_tokens=j.max_new_tokens,
+                      engine=j.engine, paging=PAGED_TRANSFORMER)
+
+
+def judge_rewards(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,
+                  log: Callable[[str], None] = print) -> tuple[RewardSpec, ...]:
+    """The run's judge reward (weighted), or none when `judge:` names no model."""
+    if not settings.judge.on:
+        return ()
+    judge = judge_model(settings, task, cache_dir=cache_dir, log=log)
+    return (RewardSpec(JudgeReward(judge, settings.judge), weight=settings.judge.weight, name=settings.judge.name),)

@@ -1,0 +1,93 @@
+"""A judge model as a reward, end to end: a run's policy judges another run's completions
+through the rollout engine, its scores enter the total reward and the advantages, and its
+time is in the step's metrics (docs/judge-rewards.md)."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+from rewards import RewardManager
+from rl_core.policy.logprobs import completion_logprobs
+from rl_core.run.layout import METRICS, SAMPLES
+
+from trainer.cli import main
+from trainer.judge.reward import judge_model
+from trainer.settings import build_settings
+
+pytestmark = pytest.mark.e2e
+
+RUN = [
+    "training.num_steps=2", "training.checkpoint_every_steps=0", "warm_start.steps=0", "eval.every_steps=0",
+    "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1",
+    "training.prompts_per_step=4", "algorithm.group_size=4", "algorithm.beta=0.0", "--no-progress",
+]  # fmt: skip
+TEMPLATE = "{prompt}{completion} vs {reference}?"
+
+
+def records(run):
+    return [json.loads(line) for line in (run / METRICS).read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize(("verdict", "engine"), [("yes_probability", "auto"), ("yes_no", "paged")])
+def test_a_judge_reward_trains_end_to_end(trained_run, tmp_path, verdict, engine):
+    run = tmp_path / "run"
+    argv = ["train", "--algo", "grpo", "--output", str(run), *RUN, f"judge.run={trained_run}",
+            f"judge.template='{TEMPLATE}'", f"judge.verdict={verdict}", f"judge.engine={engine}",
+            "judge.weight=0.5", "judge.max_prompt_tokens=48", "judge.max_new_tokens=4"]
+    assert main(argv) == 0
+    steps = records(run)
+    assert len(steps) == 2
+    for m in steps:
+        # the total is the task's reward plus 0.5 x the judge's, per completion and so in the mean
+        assert m["rewards/total/mean"] == pytest.approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/judge/mean"],
+                                                        abs=1e-6)
+        assert 0.0 <= m["rewards/judge/mean"] <= 1.0
+        assert 0.0 < m["time/judge"] <= m["time/reward"]  # the judge's share of scoring
+        assert m["rewards/judge/unparsed"] >= 0.0
+    if verdict == "yes_probability":
+        # a random-init policy never answers right, so only the judge's probabilities differ within
+        # groups: they give the advantages (uniform groups would leave every advantage 0)
+        assert all(m["rewards/numeric_answer/mean"] == 0.0 for m in steps)
+        assert all(m["groups/uniform_frac"] < 1.0 for m in steps)
+        assert all(m["rewards/judge/unparsed"] == 0.0 for m in steps)
+        samples = [json.loads(line) for line in (run / SAMPLES).read_text().splitlines() if line]
+        assert len({round(s["reward"], 6) for s in samples}) > 1
+        assert any(abs(s["advantage"]) > 0 for s in samples)
+    else:  # greedy replies read by the yes_no rule: every reply scored 1, 0 or unparsed_score 0
+        n = 16
+        for m in steps:
+            scored = m["rewards/judge/mean"] * n
+            assert abs(scored - round(scored)) < 1e-4  # a count of yes replies
+            assert round(scored) + m["rewards/judge/unparsed"] <= n
+
+
+def test_the_judge_scores_by_the_learners_own_logprobs(trained_run):
+    """yes_probability reads the same log-probs the learner's scoring pass gives the first reply
+    token, and the greedy reply starts with the most likely token."""
+    settings = build_settings(algo="grpo", overrides=[f"judge.run={trained_run}", "judge.max_prompt_tokens=32",
+                                                      "judge.engine=static"])
+    judge = judge_model(settings, log=lambda _: None)
+    prompts = ["1+2=3 vs 3?", "4+4=9 vs 8?", "12+30=42 vs 42?"]
+    pair = judge.yes_logprobs(prompts, "yes", "no")
+    tokens, mask = judge.encode(prompts)
+    model = judge.model()
+    for column, word in enumerate(("y", "n")):
+        target = np.full((len(prompts), 1), judge.first_token(word), np.int32)
+        logp, _ = completion_logprobs(model, tokens, mask, target)
+        np.testing.assert_allclose(pair[:, column], np.asarray(logp)[:, 0], atol=1e-5)
+    # the greedy reply's first character is the argmax of the first position's distribution
+    first = judge.first_logprobs(prompts)
+    replies = judge.replies(prompts)
+    for row, reply in zip(np.asarray(first), replies, strict=True):
+        if reply:
+            assert judge.first_token(reply[0]) == int(np.argmax(row))
+
+
+def test_a_judge_prompt_too_long_names_the_setting(trained_run):
+    settings = build_settings(algo="grpo", overrides=[f"judge.run={trained_run}", "judge.max_prompt_tokens=8",
+                                                      "judge.engine=static"])
+    judge = judge_model(settings, log=lambda _: None)
+    with pytest.raises(ValueError, match="judge.max_prompt_tokens = 8"):
+        judge.replies(["a prompt much longer than eight characters"])
