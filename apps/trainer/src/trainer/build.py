@@ -30,6 +30,7 @@ from rl_core import registry
 from rl_core.run import storage
 from rl_core.learner.base import RLLearner
 from rl_core.learner.meter import Meter
+from rl_core.learner.reward_audit import RewardAudit
 from rl_core.config import ConfigError
 from rl_core.policy.tokens import Tokenizer
 from rl_models import (
@@ -327,6 +328,7 @@ def learner(
     output_dir: Path | storage.StagedFolder | None,
     progress: bool,
     meter: Meter | None = None,
+    reward_audit: RewardAudit | None = None,
 ) -> RLLearner:
     algorithm = registry.get_algorithm(settings.algo)
     models = {"critic": critic} if "critic" in algorithm.learner.extra_models else {}
@@ -346,4 +348,5 @@ def learner(
         run_config=settings.resolved(),
         progress=progress,
         meter=meter,  # a benchmark's (rl_core.learner.meter)
+        reward_audit=reward_audit,  # the run's reward audits (trainer.run.reward_audit)
     )

@@ -39,6 +39,7 @@ from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMM
 from trainer import build
 from trainer.evaluate import evaluate
 from trainer.run import folder as run_folder
+from trainer.run import reward_audit
 from trainer.run.prompt_lengths import fit_prompts
 from trainer.settings import RunSettings
 from trainer.signals import RunInterrupted, StopOnSignal
@@ -165,7 +166,8 @@ def train_run(
             settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
         )
         policy = build.adapted(settings, policy)
-        learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress)
+        learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress,
+                                reward_audit=reward_audit.auditor(settings, task, log))
     except Exception:
         if multihost.is_primary():
             run_folder.remove_new(run_dir, there)  # a failed start leaves no half-made run folder
@@ -174,6 +176,7 @@ def train_run(
     # (beta > 0) or the frozen base (LoRA): with beta = 0 this frees the whole loaded model.
     del model, policy
     log(f"{settings.name}: rollout engine {explain_engine(settings.rollout)}")  # as settings_at_start.json records it
+    probed = reward_audit.probe(learner.reward_manager, task, settings, tokenizer, log)  # once, before any step
 
     with StopOnSignal(log) as signals:
         before_path = run_dir / EVAL_BEFORE
@@ -210,6 +213,7 @@ def train_run(
             "uniform_frac_mean": _mean(h.get("groups/uniform_frac") for h in history),
             # from the records, not the learner's counter: a resumed run counts the steps before its restart
             "skipped_updates": int(sum(h.get("train/skipped_updates", 0.0) for h in history)),
+            "reward_audit": reward_audit.report(history, probed, settings, task, log),  # docs/reward-audits.md
         }
         if signals.received is not None:
             message = (

@@ -27,6 +27,7 @@ from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, 
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
+from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
 
 
@@ -247,6 +248,8 @@ class RunSettings(Config):
     algorithm: dict = dataclasses.field(default_factory=dict)
     """Fields of the algorithm's config class (e.g. {group_size: 8, beta: 0.0})."""
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+    reward_audit: RewardAuditSettings = dataclasses.field(default_factory=RewardAuditSettings)
+    """Audits of each step's rewards that catch reward hacking (docs/reward-audits.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
