@@ -12,11 +12,14 @@ from rewards.length import length_penalty
 from rewards.manager import ON_ERROR_CHOICES, RewardError, RewardManager, RewardResult, RewardSpec, Scores
 from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer, numeric_answer_reward
 from rewards.registry import REWARD_FUNCTIONS, RewardFn, make_reward
+from rewards.remote import RemoteReward, RemoteRewardError, remote_judge, remote_score
 
 __all__ = [
     "ON_ERROR_CHOICES",
     "REWARD_FUNCTIONS",
     "RewardError",
+    "RemoteReward",
+    "RemoteRewardError",
     "RewardFn",
     "RewardManager",
     "RewardResult",
@@ -30,4 +33,6 @@ __all__ = [
     "make_reward",
     "numeric_answer",
     "numeric_answer_reward",
+    "remote_judge",
+    "remote_score",
 ]

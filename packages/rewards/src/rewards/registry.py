@@ -15,6 +15,7 @@ from rewards.countdown import countdown_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
 from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer_reward
+from rewards.remote import remote_judge, remote_score
 
 __all__ = ["REWARD_FUNCTIONS", "RewardFn", "make_reward"]
 
@@ -50,6 +51,8 @@ REWARD_FUNCTIONS: Mapping[str, Callable[..., RewardFn]] = MappingProxyType(
         "format_lenient": format_lenient,
         "countdown": countdown_reward,
         "length_penalty": length_penalty,
+        "remote_score": remote_score,
+        "remote_judge": remote_judge,
     }
 )
 
