@@ -40,10 +40,10 @@ class AuditLimits:
         for name in ("unfinished_rewarded_max", "length_corr_max", "share_max"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"AuditLimits.{name} = {value!r}: must be in [0, 1] (1 turns it off)")
+                raise ValueError(f"{type(self).__name__}.{name} = {value!r}: must be in [0, 1] (1 turns it off)")
         steps = self.constant_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"AuditLimits.constant_steps = {self.constant_steps!r}: must be an int >= 0 (0 turns it off)")
+            raise ValueError(f"{type(self).__name__}.constant_steps = {steps!r}: must be an int >= 0 (0 turns it off)")
 
 
 def step_audit(
