@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
-from rewards import RewardManager
+from rewards import RewardManager, RewardSpec
 from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
@@ -292,10 +292,10 @@ def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:
     return {"steps": settings.warm_start_steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
 
 
-def reward_manager(task: Task) -> RewardManager:
-    """The task's rewards, with its correctness function named; the learner adds the
-    algorithm's own (e.g. DAPO's overlong penalty)."""
-    return RewardManager(task.rewards, correctness=task.correct)
+def reward_manager(task: Task, rewards: Sequence[RewardSpec] = ()) -> RewardManager:
+    """The task's rewards and the run's `rewards` (e.g. a judge's, trainer.judge), with the task's
+    correctness function named; the learner adds the algorithm's own (e.g. DAPO's overlong penalty)."""
+    return RewardManager([*task.rewards, *rewards], correctness=task.correct)
 
 
 def heldout(task: Task, settings: RunSettings) -> tuple:
@@ -329,7 +329,11 @@ def learner(
     progress: bool,
     meter: Meter | None = None,
     reward_audit: RewardAudit | None = None,
+    rewards: Sequence[RewardSpec] = (),
+    teacher: nnx.Module | None = None,
 ) -> RLLearner:
+    """The run's learner; `rewards` are added to the task's (e.g. the judge's, trainer.judge);
+    `teacher`: the model a distilling run (algorithm.distill_coef > 0) learns from (trainer.run.teacher)."""
     algorithm = registry.get_algorithm(settings.algo)
     models = {"critic": critic} if "critic" in algorithm.learner.extra_models else {}
     return algorithm.learner(
@@ -337,11 +341,12 @@ def learner(
         policy=policy,
         paging=PAGED_TRANSFORMER,  # how the paged engine (rollout.engine=paged) runs the policy
         **{name: make(settings, policy) for name, make in models.items()},
+        **({"teacher": teacher} if teacher is not None else {}),
         tokenizer=tokenizer,
         train_data=task.train,
         training=settings.training,
         rollout=settings.rollout,
-        reward_manager=reward_manager(task),
+        reward_manager=reward_manager(task, rewards),
         eval_fn=eval_fn(task, settings),
         eval_every_steps=settings.eval.every_steps,
         output_dir=output_dir,

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # first: the settings' checks count the devices of every process
     distributed.join(distributed.launch_from(args.coordinator, args.num_processes, args.process_id, args.distributed))
     # the rest only after the join
+    from trainer.judge.reward import judge_rewards
     from trainer.run import settings_of_run, train_run
     from trainer.settings import build_settings, parse_overrides
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     summary = train_run(
         settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite,
         reuse_base_from=[args.base_from],
+        rewards=lambda task, cache: judge_rewards(settings, task, cache_dir=cache),
     )
     from rl_core.runtime import multihost
 

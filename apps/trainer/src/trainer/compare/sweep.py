@@ -36,6 +36,7 @@ from rl_core.run.layout import EVAL_BEFORE, METRICS
 
 from trainer.compare import folder as compare_folder
 from trainer.compare.report import PLOTS, write_report
+from trainer.judge.reward import judge_rewards
 from trainer.run import plural, train_run
 from trainer.settings import (
     RunSettings,
@@ -191,8 +192,10 @@ def compare(
             # named as its folder is (seed-0 is the first), with the count
             log(f"compare: {settings.name}/{run_dir.name} ({n + 1} of {seeds} seeds) in {run_dir}")
             # one cached base policy (and its evaluation) for every variant and seed
+            seeded = with_seed(settings, n)
             summary = train_run(
-                with_seed(settings, n), run_dir, progress=progress, log=log, base_cache=output, overwrite=True
+                seeded, run_dir, progress=progress, log=log, base_cache=output, overwrite=True,
+                rewards=lambda task, cache, seeded=seeded: judge_rewards(seeded, task, cache_dir=cache, log=log),
             )
             runs[settings.name].append({"seed": n, "summary": summary, "history": _history(run_dir)})
     wall = time.perf_counter() - start

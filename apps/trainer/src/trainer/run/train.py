@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rewards import RewardSpec
 from rl_core.runtime import multihost
 
 from rl_core.rollout.factory import explain_engine
@@ -112,8 +113,13 @@ def train_run(
     base_cache: Path | None = None,
     overwrite: bool = False,
     reuse_base_from: Sequence[Path] = (),
+    rewards: Callable[[Task, Path], Sequence[RewardSpec]] | None = None,
+    teacher: Callable[[RunSettings, Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Train one variant in `run_dir`; returns the summary also written to summary.json.
+
+    `rewards(task, cache_dir)` gives reward functions to add to the task's (trainer.judge.judge_rewards:
+    the judge model, loaded once the task is).
 
     The base policy is cached in `base_cache` (default: the run folder), copied from
     one of `reuse_base_from` when an identical one is cached there. A
@@ -126,7 +132,7 @@ def train_run(
     if storage.is_url(run_dir):
         return _train_at_url(
             settings, run_dir, resume=resume, progress=progress, log=log, base_cache=base_cache,
-            overwrite=overwrite, reuse_base_from=reuse_base_from,
+            overwrite=overwrite, reuse_base_from=reuse_base_from, rewards=rewards,
         )
     mirror = run_dir if isinstance(run_dir, storage.StagedFolder) else None
     run_dir = Path(run_dir)  # a StagedFolder: its local copy
@@ -157,6 +163,10 @@ def train_run(
     model = build.new_model(settings, tokenizer)
     build.check_finite(settings, model)
     build.check_critic(settings, model)
+    extra = tuple(rewards(task, Path(base_cache or run_dir))) if rewards is not None else ()
+    # `teacher(settings, tokenizer)`: a distilling run's teacher (trainer.run.teacher.load_teacher), checked
+    # against the student's tokenizer before the run folder exists; None for a run that does not distill
+    teacher_model = teacher(settings, tokenizer) if teacher is not None else None
 
     there = set(os.listdir(run_dir)) if run_dir.exists() else None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +177,8 @@ def train_run(
         )
         policy = build.adapted(settings, policy)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress,
-                                reward_audit=reward_audit.auditor(settings, task, log))
+                                rewards=extra, reward_audit=reward_audit.auditor(settings, task, log),
+                                teacher=teacher_model)
     except Exception:
         if multihost.is_primary():
             run_folder.remove_new(run_dir, there)  # a failed start leaves no half-made run folder

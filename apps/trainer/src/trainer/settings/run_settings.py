@@ -27,6 +27,7 @@ from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, 
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
+from trainer.judge.settings import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
 
@@ -250,6 +251,8 @@ class RunSettings(Config):
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
     reward_audit: RewardAuditSettings = dataclasses.field(default_factory=RewardAuditSettings)
     """Audits of each step's rewards that catch reward hacking (docs/reward-audits.md)."""
+    judge: JudgeSettings = dataclasses.field(default_factory=JudgeSettings)
+    """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -441,7 +444,8 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     settings = RunSettings.from_dict(merge(defaults, user))
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
-    config.check_reward_names([*(spec.name for spec in task.rewards), *(fn.__name__ for fn in own)])
+    judge = [settings.judge.name] if settings.judge.on else []
+    config.check_reward_names([*(spec.name for spec in task.rewards), *judge, *(fn.__name__ for fn in own)])
     return settings
 
 
