@@ -49,6 +49,7 @@ from rl_models.lora import add_adapters, quantize_base
 
 from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
+from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
 from trainer.warmstart import warm_start
 
@@ -319,6 +320,14 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
     return run
 
 
+def without_distillation(settings: RunSettings) -> RunSettings:
+    """`settings` with distillation off (distill_coef 0, no teacher): a learner built only for the shapes
+    of a run's checkpoint (trainer.run.policy) needs no teacher, which no checkpoint holds."""
+    if not getattr(settings.algorithm_config(), "distill_coef", 0):
+        return settings
+    return dataclasses.replace(settings, algorithm={**settings.algorithm, "distill_coef": 0.0, "teacher": None})
+
+
 def learner(
     settings: RunSettings,
     task: Task,
@@ -346,7 +355,7 @@ def learner(
         train_data=task.train,
         training=settings.training,
         rollout=settings.rollout,
-        reward_manager=reward_manager(task, rewards),
+        reward_manager=reward_manager(task, [*reward_specs(settings.rewards), *rewards]),
         eval_fn=eval_fn(task, settings),
         eval_every_steps=settings.eval.every_steps,
         output_dir=output_dir,

@@ -29,6 +29,7 @@ from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
 from trainer.judge.settings import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
+from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
 
 
@@ -253,11 +254,15 @@ class RunSettings(Config):
     """Audits of each step's rewards that catch reward hacking (docs/reward-audits.md)."""
     judge: JudgeSettings = dataclasses.field(default_factory=JudgeSettings)
     """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one)."""
+    rewards: dict = dataclasses.field(default_factory=dict)
+    """Registered reward functions added to the task's, by name: {name: {function, weight, options}},
+    e.g. a remote scorer or judge (docs/remote-rewards.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         config = self.algorithm_config()  # validates the algorithm name and its fields now
         self._check_across_fields(config)
+        reward_specs(self.rewards)  # builds each (no request yet): a bad entry fails here
 
     def _check_across_fields(self, config: AlgorithmConfig) -> None:
         """Rules between sections, checked here so that they fail before any model loads."""
@@ -268,6 +273,12 @@ class RunSettings(Config):
             )
         # async rollouts without algorithm.rollout_correction (or tis_cap) use token_tis at C = 2
         # (rl_core.learner.rollout_correction.resolve_correction; docs/rollout-correction.md)
+        if getattr(config, "distill_coef", 0):  # distillation reads a teacher (trainer.run.teacher)
+            teacher = config.teacher
+            check(teacher is not None, config, "distill_coef", "distillation needs algorithm.teacher: a Hugging Face "
+                  "model folder or a trainer run folder (same tokenizer as the student) to distill from")
+            check(storage.is_url(teacher) or Path(teacher).is_dir(), config, "teacher",
+                  "must be an existing folder (a Hugging Face model or a trainer run) or a URL")
         if self.model.critic_path is not None and "critic" not in registry.get_algorithm(self.algo).learner.extra_models:
             raise ConfigError(
                 f"ModelSettings.critic_path = {self.model.critic_path!r}: algorithm {self.algo!r} trains no critic; "
@@ -445,7 +456,12 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
     judge = [settings.judge.name] if settings.judge.on else []
-    config.check_reward_names([*(spec.name for spec in task.rewards), *judge, *(fn.__name__ for fn in own)])
+    names = [*(spec.name for spec in task.rewards), *judge, *(spec.name for spec in reward_specs(settings.rewards))]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"rewards: {twice} named twice (the task's rewards are {[s.name for s in task.rewards]}); "
+                          "give the entry another name and set its function: explicitly")
+    config.check_reward_names([*names, *(fn.__name__ for fn in own)])
     return settings
 
 
