@@ -1,4 +1,4 @@
-"""RLOO, GSPO, CISPO, REINFORCE++, PPO, SAPO and DPPO: each a small package declared by its entry point alone.
+"""RLOO, GSPO, CISPO, REINFORCE++, PPO, SAPO, DPPO and OPD: each a small package declared by its entry point alone.
 
 Each package's code (no docstrings, comments or blank lines) stays within its
 budget, its pyproject declares exactly the entry point and what it imports,
@@ -25,6 +25,8 @@ PACKAGES = {
     "cispo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "sapo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
     "dppo": (40, {"rl-core", "algo-grpo", "jax>=0.7"}),
+    # config defaults only: the teacher's pass and the per-token term are rl-core's (rl_core.math.distillation)
+    "opd": (30, {"rl-core", "algo-grpo"}),
     # a second trained model, its loss, GAE's inputs, episodes' turn rewards, the critic's metrics: 131
     "ppo": (135, {"rl-core", "jax>=0.7", "numpy>=1.26"}),
 }

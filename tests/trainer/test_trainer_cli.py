@@ -202,7 +202,7 @@ def test_algos_lists_every_installed_algorithm_with_its_distribution(capsys):
     code, out, err = run_cli(capsys, "algos")
     assert code == 0
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line and not line.startswith("(")}
-    names = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "reinforce_pp", "ppo", "sapo", "dppo"]
+    names = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "reinforce_pp", "ppo", "sapo", "dppo", "opd"]
     assert rows == {name: "algo-" + name.replace("_", "-") for name in names}
     assert "Group Relative Policy Optimization" in out
     assert "failed to load" not in out
@@ -226,7 +226,7 @@ def test_algos_lists_an_algorithm_whose_learner_has_no_docstring(capsys, monkeyp
     assert code == 0
     names = [line.split()[0] for line in out.splitlines()]
     assert names == [
-        "cispo", "dapo", "dppo", "dr_grpo", "grpo", "gspo", "plain", "ppo", "reinforce_pp", "rloo", "sapo"
+        "cispo", "dapo", "dppo", "dr_grpo", "grpo", "gspo", "opd", "plain", "ppo", "reinforce_pp", "rloo", "sapo"
     ]
     assert "algo-plain" in out
 

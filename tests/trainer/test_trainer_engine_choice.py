@@ -5,11 +5,10 @@ import json
 
 import pytest
 
-from rl_core import registry
 from rl_core.config import ConfigError
 from rl_core.rollout.factory import resolve_engine
 from trainer.cli import main
-from trainer.compare.sweep import COMPARE_DEFAULTS, variant_settings
+from trainer.compare.sweep import COMPARE_DEFAULTS, default_algos, variant_settings
 from trainer.run import folder as run_folder
 from trainer.settings import build_settings, merge, parse_overrides
 from trainer.plan.search import rollout_candidates
@@ -48,7 +47,7 @@ def test_a_resume_picks_again_rather_than_refusing(tmp_path):
 def test_compare_default_keeps_the_static_engine():
     """`trainer compare` with no config ran the static engine before auto: its numbers stay."""
     user = merge(parse_overrides(COMPARE_DEFAULTS), {})
-    for settings in variant_settings(registry.registry.names("algorithm"), user):
+    for settings in variant_settings(default_algos(), user):  # those that need no teacher
         assert settings.rollout.engine == "auto"
         assert resolve_engine(settings.rollout) == "static", settings.name
 

@@ -72,7 +72,8 @@ def test_algos_lists_the_fixture_with_its_distribution(site):
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
     assert set(rows) == {
-        "grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "reinforce_pp", "ppo", "sapo", "dppo", "fixture_rloo"
+        "grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "reinforce_pp", "ppo", "sapo", "dppo", "opd",
+        "fixture_rloo",
     }
     assert rows["fixture_rloo"].split()[1] == "algo-fixture-rloo"
     assert "leave-one-out" in rows["fixture_rloo"]

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     # the rest only after the join
     from trainer.judge.reward import judge_rewards
     from trainer.run import settings_of_run, train_run
+    from trainer.run.teacher import load_teacher
     from trainer.settings import build_settings, parse_overrides
 
     if args.resume:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         settings, run_dir, resume=bool(args.resume), progress=not args.no_progress, overwrite=args.overwrite,
         reuse_base_from=[args.base_from],
         rewards=lambda task, cache: judge_rewards(settings, task, cache_dir=cache),
+        teacher=load_teacher,  # a distilling run's (algorithm.teacher)
     )
     from rl_core.runtime import multihost
 

@@ -38,6 +38,7 @@ from trainer.compare import folder as compare_folder
 from trainer.compare.report import PLOTS, write_report
 from trainer.judge.reward import judge_rewards
 from trainer.run import plural, train_run
+from trainer.run.teacher import load_teacher
 from trainer.settings import (
     RunSettings,
     completions_per_prompt,
@@ -153,6 +154,13 @@ def with_seed(settings: RunSettings, offset: int) -> RunSettings:
     return dataclasses.replace(settings, training=training, rollout=rollout)
 
 
+def default_algos() -> list[str]:
+    """Every installed algorithm but those that distill by default (algo-opd): they need a teacher
+    (algorithm.teacher) the others must not be given; compare them by name or as `variants:`."""
+    return [name for name in registry.registry.names("algorithm")
+            if not getattr(registry.get_algorithm(name).config(), "distill_coef", 0)]
+
+
 def compare(
     algos: Sequence[str],
     *,
@@ -177,7 +185,7 @@ def compare(
         all_settings = named_variants(variants, user, list(dict.fromkeys(algos)))
         reference = all_settings[0]  # the first variant: the report's differences are from it
     else:
-        algos = list(dict.fromkeys(algos)) or registry.registry.names("algorithm")
+        algos = list(dict.fromkeys(algos)) or default_algos()
         all_settings = variant_settings(algos, user)
         reference = settings_for(REFERENCE_ALGO, user)
     names = [s.name for s in all_settings]
@@ -196,6 +204,7 @@ def compare(
             summary = train_run(
                 seeded, run_dir, progress=progress, log=log, base_cache=output, overwrite=True,
                 rewards=lambda task, cache, seeded=seeded: judge_rewards(seeded, task, cache_dir=cache, log=log),
+                teacher=load_teacher,  # a distilling variant's (algorithm.teacher)
             )
             runs[settings.name].append({"seed": n, "summary": summary, "history": _history(run_dir)})
     wall = time.perf_counter() - start

@@ -8,7 +8,7 @@ and the batch is cut by `rl_core.train.layout.BatchLayout`, all exactly as the l
 differs is only the inputs: sharded `jax.ShapeDtypeStruct`s (`rl_core.train.trainable.abstract_model`
 for the state) at the widest shapes a step can have, a mini-batch `TrainExample` holding the
 fields the learner's would hold (behaviour log-probs when `LogprobPasses.behaviour`, reference
-log-probs when beta != 0, the sampler's always, per-token advantages, returns and values for an
+log-probs when beta != 0, the teacher's when distilling, the sampler's always, per-token advantages, returns and values for an
 algorithm with a critic, each group's prompt once where the layout shares them).
 
 With `training.packing`, the packed rows are planned at their most: one sequence per row (the
@@ -118,6 +118,7 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
             advantages=per_token() if per_token_advantages else stacked(n, micro),
             old_logp=per_token(passes.behaviour), ref_logp=per_token(passes.reference), sampler_logp=per_token(),
             returns=per_token(critic), values=per_token(critic), packed=packed, shared_prompts=shared,
+            teacher_logp=per_token(passes.teacher),
         )
 
     def pass_inputs(n: int) -> tuple:

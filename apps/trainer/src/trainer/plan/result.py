@@ -42,14 +42,17 @@ class Plan:
     """Where the weights as loaded stay (a key of LOADED_MODEL)."""
     critic_trainable: int = 0
     """Parameters the critic trains (0: the algorithm has no critic); see trainer.plan.critic."""
+    teacher_parameters: int = 0
+    """Parameters of the distillation teacher (0: the run does not distill); see trainer.plan.teacher."""
 
     @property
     def resident_bytes(self) -> int:
         """What stays on the device between programs: master weights, optimizer state, frozen
-        base, reference, and a critic's master weights and optimizer state."""
+        base, reference, a critic's master weights and optimizer state, and a distillation teacher."""
         c = self.compiled
         critic = c["critic_parameters_and_optimizer_state"] if self.critic_trainable else 0
-        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"] + critic
+        teacher = c["teacher"] if self.teacher_parameters else 0
+        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"] + critic + teacher
 
     @property
     def startup_bytes(self) -> int:
@@ -68,6 +71,8 @@ class Plan:
         if self.critic_trainable:  # its update and its values pass at collection time
             programs |= {"critic_update": c["critic_update_temporaries"],
                          "critic_values": c["critic_values_temporaries"]}
+        if self.teacher_parameters:  # the teacher's log-prob pass
+            programs["teacher"] = c["teacher_temporaries"]
         return programs
 
     @property
@@ -115,6 +120,11 @@ class Plan:
                 ("critic: gradients + update activations", c["critic_update_temporaries"],
                  a["critic_gradients"] + a["critic_activations"]),
                 ("critic: values pass temporaries", c["critic_values_temporaries"], None),
+            ]
+        if self.teacher_parameters:
+            rows += [
+                (f"distillation teacher ({self.teacher_parameters / 1e9:.2f}B parameters)", c["teacher"], a["teacher"]),
+                ("teacher log-prob pass temporaries", c["teacher_temporaries"], None),
             ]
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
         lora = self.trainable != self.parameters

@@ -81,7 +81,9 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
         cache = next((d for d in (run_dir, run_dir.parent, run_dir.parent.parent)
                       if (d / f"base-policy-{build.base_policy_key(settings)}").exists()), None)
         policy = build.adapted(settings, build.base_policy(settings, task, tokenizer, policy, cache, log=lambda _: None))
-    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
+    # a distilling run's teacher is no part of its checkpoint: the learner is built for the shapes without it
+    learner = build.learner(build.without_distillation(settings), task, tokenizer, policy, output_dir=None,
+                            progress=False)
     checkpointer = Checkpointer(run_dir / CHECKPOINTS, read_only=True)  # the run may still be saving
     try:
         arrays, _ = checkpointer.restore(step, like=learner.checkpoint_arrays())

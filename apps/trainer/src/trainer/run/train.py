@@ -132,7 +132,7 @@ def train_run(
     if storage.is_url(run_dir):
         return _train_at_url(
             settings, run_dir, resume=resume, progress=progress, log=log, base_cache=base_cache,
-            overwrite=overwrite, reuse_base_from=reuse_base_from, rewards=rewards,
+            overwrite=overwrite, reuse_base_from=reuse_base_from, rewards=rewards, teacher=teacher,
         )
     mirror = run_dir if isinstance(run_dir, storage.StagedFolder) else None
     run_dir = Path(run_dir)  # a StagedFolder: its local copy
