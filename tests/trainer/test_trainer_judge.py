@@ -91,3 +91,25 @@ def test_a_judge_prompt_too_long_names_the_setting(trained_run):
     judge = judge_model(settings, log=lambda _: None)
     with pytest.raises(ValueError, match="judge.max_prompt_tokens = 8"):
         judge.replies(["a prompt much longer than eight characters"])
+
+
+def test_number_words_trains_on_a_judge_it_warm_starts_itself(tmp_path, capsys):
+    """The built-in task judged by a model: its tiny judge is warm-started on CPU, agrees with the
+    task's answers on held-out examples, and is the whole training reward (the exact checker,
+    spelled_answer, has weight 0 and shows how often the judge was right)."""
+    run = tmp_path / "run"
+    argv = ["train", "--algo", "grpo", "--task", "number_words", "--output", str(run), "judge.train_steps=300",
+            "warm_start.steps=100", "training.num_steps=3", "training.checkpoint_every_steps=0", "eval.every_steps=0",
+            "training.prompts_per_step=8", "algorithm.group_size=4", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    agreed = float(out.split("judge: agrees with the task's answers on ")[1].split("%")[0])
+    assert agreed >= 90.0
+    for m in records(run):
+        # spelled_answer weighs 0: the total is the judge's probability alone
+        assert m["rewards/total/mean"] == pytest.approx(m["rewards/judge/mean"], abs=1e-6)
+        assert 0.0 < m["time/judge"] <= m["time/reward"]
+        assert 0.0 <= m["rewards/spelled_answer/mean"] <= 1.0
+    # a second run finds the trained judge in its cache folder (the run folder) instead of training it
+    assert main([*argv, "--overwrite"]) == 0
+    assert "trained judge cached at" in capsys.readouterr().out

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from rewards import RewardSpec, Scores
 from rewards.verdicts import yes_probability
 from rl_core.config import ConfigError
@@ -23,6 +24,7 @@ from trainer import build
 from trainer.judge.model import JudgeModel
 from trainer.judge.settings import YES_PROBABILITY, JudgeSettings
 from trainer.judge.template import JudgeTemplate, verdict_scores
+from trainer.judge.trained import heldout_examples, trained_judge
 from trainer.run import load_run_policy
 from trainer.settings import RunSettings
 from trainer.tasks import Task
@@ -48,20 +50,24 @@ class JudgeReward:
                 raise ValueError(f"the judge template uses {{reference}}, judge.reference_field = {s.reference_field!r}, "
                                  f"but the task's prompts have no such field (they have {known})")
             references = fields[s.reference_field]
-        texts = self.template.render(prompts, completions, references)
-        if s.verdict == YES_PROBABILITY:
-            logp = self.judge.yes_logprobs(texts, s.yes_word, s.no_word)
-            scores, unparsed = [yes_probability(float(y), float(n)) for y, n in logp], 0
-        else:
-            scores, unparsed = verdict_scores(self.judge.replies(texts), self.rule, s.unparsed_score)
+        scores, unparsed = self.verdicts(self.template.render(prompts, completions, references))
         seconds = time.perf_counter() - start
         return Scores(scores, {f"time/{s.name}": seconds, f"rewards/{s.name}/unparsed": float(unparsed)})
+
+    def verdicts(self, judge_prompts: Sequence[str]) -> tuple[list[float], int]:
+        """(score per judge prompt, replies without a verdict), all prompts in one judge call."""
+        s = self.settings
+        if s.verdict == YES_PROBABILITY:
+            logp = self.judge.yes_logprobs(judge_prompts, s.yes_word, s.no_word)
+            return [yes_probability(float(y), float(n)) for y, n in logp], 0
+        return verdict_scores(self.judge.replies(judge_prompts), self.rule, s.unparsed_score)
 
 
 def judge_model(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,
                 log: Callable[[str], None] = print) -> JudgeModel:
     """The judge `settings.judge` names: a Hugging Face folder, a run's policy, or (train_steps) a fresh
-    preset warm-started on `task`'s judge examples (trainer.judge.trained)."""
+    preset warm-started on `task`'s judge examples (trainer.judge.trained), whose agreement with the
+    task's answers on held-out examples is logged."""
     j = settings.judge
     if j.path:
         folder = build.model_folder(j.path)
@@ -78,10 +84,23 @@ def judge_model(settings: RunSettings, task: Task | None = None, *, cache_dir: P
         module, tokenizer = run.model, run.tokenizer
         log(f"judge: the policy of {j.run} at step {run.step}")
     else:
-        raise ConfigError(f"judge.train_steps = {j.train_steps}: no task brings judge examples yet; "
-                          "name a judge with judge.path or judge.run")
-    return JudgeModel(module, tokenizer, max_prompt_tokens=j.max_prompt_tokens, max_new_tokens=j.max_new_tokens,
-                      engine=j.engine, paging=PAGED_TRANSFORMER)
+        if task is None:
+            raise ConfigError(f"judge.train_steps = {j.train_steps}: a judge is trained on a task's examples; no task given")
+        module, tokenizer = trained_judge(j, task, settings.task.to_dict(), cache_dir=cache_dir, log=log)
+    judge = JudgeModel(module, tokenizer, max_prompt_tokens=j.max_prompt_tokens, max_new_tokens=j.max_new_tokens,
+                       engine=j.engine, paging=PAGED_TRANSFORMER)
+    if j.train_steps:
+        held = heldout_examples(task, j)
+        log(f"judge: agrees with the task's answers on {agreement(JudgeReward(judge, j), held):.1%} of "
+            f"{len(held.train)} held-out examples")
+    return judge
+
+
+def agreement(reward: JudgeReward, examples: Task) -> float:
+    """The share of `examples` (trainer.judge.trained.judge_task: judge prompts with their `correct`
+    flag) where the judge's score is above 1/2 exactly when the example is correct."""
+    scores, _ = reward.verdicts([p.text for p in examples.train])
+    return float(np.mean([(score > 0.5) == p.fields["correct"] for score, p in zip(scores, examples.train, strict=True)]))
 
 
 def judge_rewards(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,

@@ -452,6 +452,9 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     if task.environment is not None:  # a multi-turn task brings its environment and turn limits
         defaults["rollout"].update(environment=task.environment, environment_options=dict(task.environment_options),
                                    max_turns=task.max_turns, max_turn_tokens=task.max_turn_tokens)
+    if task.judge:  # a task judged by a model brings its judge's settings; a judge the user names replaces its own
+        named = isinstance(user.get("judge"), Mapping) and any(user["judge"].get(k) for k in ("path", "run"))
+        defaults["judge"] = {k: v for k, v in task.judge.items() if not (named and k == "train_steps")}
     settings = RunSettings.from_dict(merge(defaults, user))
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)

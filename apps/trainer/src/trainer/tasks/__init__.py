@@ -5,14 +5,16 @@ from collections.abc import Callable
 from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.files import FILE_TASKS, file_task, gsm8k, math
 from trainer.tasks.generated import arithmetic, carryless_sum, countdown, multiply
+from trainer.tasks.number_words import number_words
 from trainer.tasks.task import Task, split_heldout
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": arithmetic, "countdown": countdown, "multiply": multiply, "gsm8k": gsm8k, "math": math,
+    "number_words": number_words,
 }
 """Built-in generated tasks, and file-backed ones that need `options.data`."""
 
 __all__ = [
     "DataError", "FILE_TASKS", "TASKS", "Task", "arithmetic", "carryless_sum", "countdown", "file_task", "gsm8k",
-    "math", "multiply", "read_rows", "split_heldout",
+    "math", "multiply", "number_words", "read_rows", "split_heldout",
 ]

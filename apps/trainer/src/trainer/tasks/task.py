@@ -34,6 +34,11 @@ class Task:
     environment_options: dict = dataclasses.field(default_factory=dict)
     max_turns: int = 1
     max_turn_tokens: int = 0
+    judge: dict = dataclasses.field(default_factory=dict)
+    """Defaults of the run's `judge:` settings for a task whose reward is a judge model's (trainer.judge)."""
+    judge_examples: Callable[[np.random.Generator, int], list[tuple[str, str, str, bool]]] | None = None
+    """`(rng, count)` -> (prompt, completion, reference, correct) examples a judge is warm-started on
+    (judge.train_steps); None: the task brings none."""
 
 
 def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
