@@ -79,6 +79,16 @@ def test_tied_group_has_exact_zero_advantages():
     assert "dynamic sampling drops it" in explain_algorithm("dapo", group).note
 
 
+def test_distillation_is_named_beside_the_rewards_advantages():
+    """opd's rewards give no advantage ("zero"); its teacher's per-token term is named, not computed."""
+    for rewards in ("1,0,0,1", "1,1,1,1"):
+        e = explain_algorithm("opd", parse_group(rewards))
+        assert e.advantages == (0.0, 0.0, 0.0, 0.0) and e.loss == 0.0
+        assert "distill_coef * (log pi_teacher - log pi_old) = 1 * (...)" in e.note
+        assert ("contributes nothing" not in e.note) and (e.uniform == ("from the rewards is exactly 0" in e.note))
+    assert "distill" not in explain_algorithm("grpo", parse_group("1,0,0,1")).note
+
+
 def test_report_lists_every_installed_algorithm():
     text = explain(rewards="1,1,1,1")
     for name in ("grpo", "dr_grpo", "dapo"):

@@ -197,6 +197,19 @@ def _clean(x: float) -> float:
 
 
 def _note(config, fields: set[str], group: Group, kl_term: float) -> str:
+    distill = getattr(config, "distill_coef", 0)
+    tied = _tied_note(config, fields, group, kl_term)
+    if not distill:
+        return tied
+    # on-policy distillation (docs/distillation.md): a per-token term these rewards do not show
+    text = (f"distillation: each token's advantage also gains distill_coef * (log pi_teacher - log pi_old) = "
+            f"{distill:g} * (...), from a teacher's log-probs of the tokens (not shown)")
+    if group.uniform:  # the rewards' advantages are 0, the teacher's term is not
+        tied = "tied group: every advantage from the rewards is exactly 0"
+    return f"{tied}; {text}" if tied else text
+
+
+def _tied_note(config, fields: set[str], group: Group, kl_term: float) -> str:
     if not group.uniform:
         return ""
     if config.beta > 0:
