@@ -251,3 +251,16 @@ def test_by_name_from_the_registry(server):
 def test_bad_options(factory, options, match):
     with pytest.raises((ValueError, TypeError), match=match):
         factory(**options)
+
+
+def test_batch_replies_are_checked():
+    from rewards.remote_endpoints import ReplyError, ScoreEndpoint
+
+    batch = ScoreEndpoint(batch_size=3)
+    assert batch.scores({"scores": [0.5, None, 2]}, 3) == [0.5, None, 2.0]  # null: that item declined
+    with pytest.raises(ReplyError, match="list of 3 numbers, got 2 scores"):
+        batch.scores({"scores": [1, 2]}, 3)
+    with pytest.raises(ReplyError, match=r"'scores'\[1\] is 'high', not a finite number"):
+        batch.scores({"scores": [1, "high", 2]}, 3)
+    with pytest.raises(ReplyError, match="not a finite number"):
+        ScoreEndpoint().scores({"score": float("nan")}, 1)

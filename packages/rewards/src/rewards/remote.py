@@ -174,12 +174,12 @@ class RemoteReward:
                     todo.append(i)
         size = self.endpoint.batch_size
         units = [_Unit(todo[k : k + size], [items[i] for i in todo[k : k + size]]) for k in range(0, len(todo), size)]
-        self._run_units(units, deadline, self._counts)
-        for unit in units:
+        outcomes = self._run_units(units, deadline, self._counts)
+        for unit, (unit_scores, unit_error) in zip(units, outcomes):
             for slot, i in enumerate(unit.indices):
-                score = unit.scores[slot] if unit.error is None else None
+                score = unit_scores[slot] if unit_error is None else None
                 if score is None:
-                    errors[i] = unit.error or "the server declined to score it (null)"
+                    errors[i] = unit_error or "the server declined to score it (null)"
                 else:
                     scores[i] = score
                     self._remember(keys[i], score)
@@ -220,20 +220,27 @@ class RemoteReward:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _run_units(self, units: list[_Unit], deadline: float, counts: dict[str, float]) -> None:
-        """Every unit's scores or error, by the deadline (those still out then get an error)."""
+    def _run_units(
+        self, units: list[_Unit], deadline: float, counts: dict[str, float]
+    ) -> list[tuple[list[float | None], str | None]]:
+        """Each unit's (scores, error) by the deadline; one still out then gets an error (its
+        thread may finish later: what it writes is no longer read)."""
         if not units:
-            return
+            return []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(self.settings.concurrency, len(units)),
                                                      thread_name_prefix=f"reward-{self.__name__}")
         try:
-            futures = {pool.submit(self._request, unit, deadline, counts): unit for unit in units}
+            futures = [pool.submit(self._request, unit, deadline, counts) for unit in units]
             done, _ = concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
-            for future, unit in futures.items():
+            outcomes: list[tuple[list[float | None], str | None]] = []
+            for future, unit in zip(futures, units):
                 if future not in done:
-                    unit.error = f"no reply within the step's {self.settings.step_timeout_s:g} s (step_timeout_s)"
+                    outcomes.append(([], f"no reply within the step's {self.settings.step_timeout_s:g} s (step_timeout_s)"))
                 elif future.exception() is not None:  # a bug here, not the server's: say so
-                    unit.error = f"{type(future.exception()).__name__}: {future.exception()}"
+                    outcomes.append(([], f"{type(future.exception()).__name__}: {future.exception()}"))
+                else:
+                    outcomes.append((unit.scores, unit.error))
+            return outcomes
         finally:
             # threads still waiting end by their own (deadline-capped) timeouts; nothing waits for them
             pool.shutdown(wait=False, cancel_futures=True)
