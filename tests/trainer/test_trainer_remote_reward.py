@@ -43,10 +43,11 @@ def test_bad_entries_name_what_is_wrong(section, match):
 
 @pytest.mark.e2e
 def test_a_run_trains_with_a_reward_served_over_http(tmp_path):
-    """Three GRPO steps of the tiny model on arithmetic, with a second reward scored over HTTP by
-    the loopback server (1 when a completion's last number is the answer, like the task's own):
-    every completion of every step goes to the server or its cache, the step's metrics count
-    the requests, and the server's scores are the ones logged."""
+    """Three GRPO steps of the tiny model on arithmetic, with two more rewards over HTTP from the
+    loopback server: a scorer (a completion's length in characters / 100, sent without fields)
+    and a chat-completions judge (`Score: N`, N = how often its message says "good": 0 here).
+    Every completion of every step goes to the server or a cache, the step's metrics count the
+    requests, and the server's scores are the ones logged and weighted into the total."""
     from trainer.cli import main
 
     with RewardServer() as server:
@@ -56,8 +57,13 @@ def test_a_run_trains_with_a_reward_served_over_http(tmp_path):
             "  served:\n"
             "    function: remote_score\n"
             "    weight: 0.5\n"
-            f"    options: {{url: '{server.url('/score')}', fields: [answer], timeout_s: 5,"
+            f"    options: {{url: '{server.url('/score')}', timeout_s: 5,"
             " step_timeout_s: 60, on_failure: stop}\n"
+            "  judged:\n"
+            "    function: remote_judge\n"
+            "    weight: 2.0\n"
+            f"    options: {{url: '{server.url('/v1/chat/completions')}', model: tiny-judge, timeout_s: 5,"
+            " template: 'Q: {prompt} A: {completion} (expected {answer})', on_failure: stop}\n"
         )
         run = tmp_path / "run"
         argv = [
@@ -68,7 +74,8 @@ def test_a_run_trains_with_a_reward_served_over_http(tmp_path):
             "reward_audit.probe_prompts=0",  # no start-up probe: every request is a step's
         ]  # fmt: skip
         assert main(argv) == 0
-        served = server.requests["/score"]
+        served, judged = server.requests["/score"], server.requests["/v1/chat/completions"]
+        judge_body = next(body for body in server.bodies if "messages" in body)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "rewards/served/requests" in m]
     assert len(steps) == 3
@@ -76,10 +83,16 @@ def test_a_run_trains_with_a_reward_served_over_http(tmp_path):
         # 4 prompts x 4 completions: each asked once, or answered from the cache
         assert m["rewards/served/requests"] + m["rewards/served/cache_hits"] == 16
         assert m["rewards/served/failed"] == m["rewards/served/retries"] == 0
-        # the server's check is the task's: the same mean, and the total weighs it by 0.5
-        assert m["rewards/served/mean"] == pytest.approx(m["rewards/numeric_answer/mean"])
-        assert m["rewards/total/mean"] == pytest.approx(1.5 * m["rewards/numeric_answer/mean"])
+        assert m["rewards/judged/requests"] + m["rewards/judged/cache_hits"] == 16
+        assert m["rewards/judged/failed"] == 0 and m["rewards/judged/mean"] == 0.0
+        # the server's scores, weighted into the total: 1 x task + 0.5 x served + 2 x judged
+        assert m["rewards/served/mean"] > 0
+        expected = m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/served/mean"] + 2.0 * m["rewards/judged/mean"]
+        assert m["rewards/total/mean"] == pytest.approx(expected, abs=1e-6)
     assert served == sum(m["rewards/served/requests"] for m in steps)
+    assert judged == sum(m["rewards/judged/requests"] for m in steps)
+    assert judge_body["model"] == "tiny-judge"
+    assert judge_body["messages"][0]["content"].startswith("Q: ") and "(expected " in judge_body["messages"][0]["content"]
     # kept with the run, so a resumed run scores with the same server
     assert json.loads((run / "settings_at_start.json").read_text())["rewards"]["served"]["function"] == "remote_score"
 
