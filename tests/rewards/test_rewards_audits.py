@@ -1,5 +1,6 @@
 """Reward audits (rewards.audits, rewards.auditor) on literal batches, with the arithmetic shown."""
 
+import json
 import math
 
 import pytest
@@ -184,3 +185,21 @@ def test_probe_of_a_weighted_spec_reports_unweighted_scores():
     result = probe_rewards(_scorer(manager), manager.names, ["a", "b"], {}, max_new_tokens=2)
     assert result.mean["one"] == {"empty": 1.0, "echo": 1.0, "repeat": 1.0}
     assert result.flagged == {"one": list(ADVERSARIAL_KINDS)}
+
+
+def test_a_restored_auditor_goes_on_as_if_it_had_not_stopped():
+    step = dict(total=[0.0] * 4, per_function={"right": [0.0] * 4}, weights={"right": 1.0}, lengths=[3] * 4,
+                finished=[True] * 4, group_size=2)
+    lines = []
+    straight = RewardAuditor(AuditLimits(constant_steps=2), log=lines.append)
+    for n in (1, 2):
+        straight(step=n, **step)
+    saved = straight.state_json()
+    assert saved == {"streaks": {"right": 2}, "warned": ["constant_groups/right"]}
+    resumed = RewardAuditor(AuditLimits(constant_steps=2), log=lines.append)
+    resumed.restore_json(json.loads(json.dumps(saved)))  # through a checkpoint's JSON
+    assert resumed(step=3, **step) == straight(step=3, **step)  # streak 3 in both
+    assert len(lines) == 1  # warned at step 2, not again after the resume
+    fresh = RewardAuditor()
+    fresh.restore_json({})  # a checkpoint from before the audits
+    assert fresh(step=1, **step)["reward_audit/constant_groups_steps/right"] == 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rewards.audits import constant_in_groups, length_correlation, next_streak, reward_shares, unfinished_rewarded
 
@@ -122,7 +123,8 @@ def trips(metrics: Mapping[str, float], limits: AuditLimits, *, correctness: str
 class RewardAuditor:
     """Called once per step by the learner (rl_core.learner.reward_audit.RewardAudit): returns the
     step's ``reward_audit/*`` metrics and writes a warning line to ``log`` the first time each
-    audit (per function) trips. Streaks start at 0: a resumed run counts them again."""
+    audit (per function) trips. ``state_json`` / ``restore_json``: the streaks and warnings given,
+    which a learner keeps in its checkpoints so that a resumed run goes on counting."""
 
     def __init__(self, limits: AuditLimits | None = None, *, correctness: str | None = None,
                  log: Callable[[str], None] = print) -> None:
@@ -144,6 +146,15 @@ class RewardAuditor:
                 self._warned.add(trip.key)
                 self.log(trip.message(step))
         return metrics
+
+    def state_json(self) -> dict[str, Any]:
+        """The streaks and the warnings given, for a checkpoint."""
+        return {"streaks": dict(self._streaks), "warned": sorted(self._warned)}
+
+    def restore_json(self, data: Mapping[str, Any]) -> None:
+        """Continue a resumed run from `state_json`'s record ({}: from scratch)."""
+        self._streaks = {str(k): int(v) for k, v in data.get("streaks", {}).items()}
+        self._warned = set(data.get("warned", ()))
 
 
 def summarize(records: Iterable[Mapping[str, float]], limits: AuditLimits, *, correctness: str | None

@@ -533,6 +533,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def save_checkpoint(self) -> None:
         meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
+        if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
+            meta["reward_audit"] = self.reward_audit.state_json()
         self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
@@ -545,6 +547,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if restored is not None:
             self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,
                                      batch_from_json=self.batch_from_json)
+            if self.reward_audit is not None:
+                self.reward_audit.restore_json(restored[1].get("reward_audit", {}))
         return restored is not None
 
     def _own_config(self) -> dict[str, Any]:
