@@ -13,7 +13,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.run.layout import METRICS, SAMPLES
 
 from trainer.cli import main
-from trainer.judge.reward import judge_model
+from trainer.judge.reward import JudgeReward, judge_model
 from trainer.settings import build_settings
 
 pytestmark = pytest.mark.e2e
@@ -85,12 +85,17 @@ def test_the_judge_scores_by_the_learners_own_logprobs(trained_run):
             assert judge.first_token(reply[0]) == int(np.argmax(row))
 
 
-def test_a_judge_prompt_too_long_names_the_setting(trained_run):
-    settings = build_settings(algo="grpo", overrides=[f"judge.run={trained_run}", "judge.max_prompt_tokens=8",
-                                                      "judge.engine=static"])
-    judge = judge_model(settings, log=lambda _: None)
-    with pytest.raises(ValueError, match="judge.max_prompt_tokens = 8"):
-        judge.replies(["a prompt much longer than eight characters"])
+def test_a_judge_prompt_too_long_is_not_judged_but_counted(trained_run):
+    settings = build_settings(algo="grpo", overrides=[f"judge.run={trained_run}", "judge.max_prompt_tokens=12",
+                                                      "judge.engine=static", "judge.verdict=yes_probability",
+                                                      "judge.template='{completion}?'", "judge.unparsed_score=0.25"])
+    reward = JudgeReward(judge_model(settings, log=lambda _: None), settings.judge)
+    # "12?" and BOS: 4 tokens, judged; "a completion of 20?" and BOS: 21 > 12, scored 0.25 and counted
+    scores = reward(["1+1=", "1+1="], ["12", "a completion of 20"])
+    assert scores[1] == 0.25 and 0.0 < scores[0] < 1.0
+    assert scores.metrics["rewards/judge/too_long"] == 1.0 and scores.metrics["rewards/judge/unparsed"] == 0.0
+    with pytest.raises(ValueError, match="longer than judge.max_prompt_tokens = 12"):
+        reward.judge.replies(["a completion of 20?"])
 
 
 def test_number_words_trains_on_a_judge_it_warm_starts_itself(tmp_path, capsys):

@@ -10,7 +10,7 @@ score, arXiv:2303.16634).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -35,25 +35,29 @@ class JudgeModel:
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.graphdef, self.params = nnx.split(module)
+        self.vocab_size = int(module.vocab_size)
         rollout = RolloutConfig(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                 temperature=0.0, engine=engine)
         self.backend = make_backend(rollout, self.graphdef, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
                                     paging=paging, policy=module)
         self.backend.update_weights(self.params, 0)
         self._key = jax.random.key(0)  # greedy: drawn from no distribution, any key gives the same replies
-        self._first_logprobs = jax.jit(self._first_logprobs_traced)
+        self._first_logprobs = first_logprobs_program(self.graphdef)
 
     def weight_bytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
 
+    def fits(self, prompts: Sequence[str]) -> list[bool]:
+        """Whether each judge prompt fits judge.max_prompt_tokens (BOS included)."""
+        return [len(self.tokenizer.encode(p, add_bos=True)) <= self.max_prompt_tokens for p in prompts]
+
     def encode(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded judge prompt tokens; a prompt over max_prompt_tokens is a ValueError naming it."""
-        lengths = [len(self.tokenizer.encode(p, add_bos=True)) for p in prompts]
-        for prompt, n in zip(prompts, lengths, strict=True):
-            if n > self.max_prompt_tokens:
+        for prompt, ok in zip(prompts, self.fits(prompts), strict=True):
+            if not ok:
                 raise ValueError(
-                    f"a judge prompt has {n} tokens, more than judge.max_prompt_tokens = {self.max_prompt_tokens}; "
-                    f"raise it or shorten judge.template (the prompt begins {prompt[:80]!r})"
+                    f"a judge prompt is longer than judge.max_prompt_tokens = {self.max_prompt_tokens} tokens "
+                    f"(it begins {prompt[:80]!r})"
                 )
         return encode_prompts(self.tokenizer, prompts, max_tokens=self.max_prompt_tokens)
 
@@ -82,16 +86,22 @@ class JudgeModel:
     def first_logprobs(self, prompts: Sequence[str], ids: np.ndarray | None = None) -> np.ndarray:
         """[N, len(ids)] log-probs of tokens `ids` (default: the whole vocabulary) as the first reply token."""
         tokens, mask = self.encode(prompts)
-        logp = np.asarray(self._first_logprobs(self.params, tokens, mask))
-        return logp if ids is None else logp[:, ids]
+        ids = np.arange(self.vocab_size, dtype=np.int32) if ids is None else np.asarray(ids, np.int32)
+        return np.asarray(self._first_logprobs(self.params, tokens, mask, ids))  # only [N, len(ids)] leaves the device
 
     def model(self) -> nnx.Module:
         """The judge as an NNX module (its weights, not the engine's inference copy)."""
         return nnx.merge(self.graphdef, self.params)
 
-    def _first_logprobs_traced(self, params: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        """[N, V] log-softmax of the logits after each whole prompt (the last position's output)."""
-        model = nnx.merge(self.graphdef, params)
+
+def first_logprobs_program(graphdef: nnx.GraphDef) -> Callable[..., jax.Array]:
+    """The judge's yes/no program, jitted: (params, prompt tokens [N, P], mask [N, P], token ids [K])
+    -> [N, K], the log-softmax after each whole prompt at `ids` (`trainer plan` compiles this same program)."""
+
+    def first_logprobs(params: Any, tokens: jax.Array, mask: jax.Array, ids: jax.Array) -> jax.Array:
+        model = nnx.merge(graphdef, params)
         positions, attention = sequence_inputs(mask, 0)
         hidden, _ = model(tokens, positions, attention, outputs_from=tokens.shape[1] - 1)
-        return jax.nn.log_softmax(model.logits(hidden[:, -1]).astype(jnp.float32), axis=-1)
+        return jax.nn.log_softmax(model.logits(hidden[:, -1]).astype(jnp.float32), axis=-1)[:, ids]
+
+    return jax.jit(first_logprobs)

@@ -3,8 +3,9 @@
 The reward manager calls it like any reward, `fn(prompts, completions, **fields)`; it renders
 one judge prompt per completion, sends them all through the judge in one call (greedy replies
 read by a rewards.verdicts rule, or the yes/no probability), and returns `Scores` whose metrics
-give the judge's wall time (`time/<name>`, part of `time/reward`) and the replies without a
-verdict (`rewards/<name>/unparsed`, scored `unparsed_score`).
+give the judge's wall time (`time/<name>`, part of `time/reward`), the replies without a
+verdict (`rewards/<name>/unparsed`) and the judge prompts longer than judge.max_prompt_tokens
+(`rewards/<name>/too_long`, not sent to the judge); both are scored `unparsed_score`.
 """
 
 from __future__ import annotations
@@ -50,9 +51,18 @@ class JudgeReward:
                 raise ValueError(f"the judge template uses {{reference}}, judge.reference_field = {s.reference_field!r}, "
                                  f"but the task's prompts have no such field (they have {known})")
             references = fields[s.reference_field]
-        scores, unparsed = self.verdicts(self.template.render(prompts, completions, references))
+        texts = self.template.render(prompts, completions, references)
+        fits = self.judge.fits(texts)
+        scores = [s.unparsed_score] * len(texts)  # a judge prompt too long for the judge is not judged
+        judged = [i for i, ok in enumerate(fits) if ok]
+        unparsed = 0
+        if judged:
+            some, unparsed = self.verdicts([texts[i] for i in judged])
+            for i, score in zip(judged, some, strict=True):
+                scores[i] = score
         seconds = time.perf_counter() - start
-        return Scores(scores, {f"time/{s.name}": seconds, f"rewards/{s.name}/unparsed": float(unparsed)})
+        return Scores(scores, {f"time/{s.name}": seconds, f"rewards/{s.name}/unparsed": float(unparsed),
+                               f"rewards/{s.name}/too_long": float(len(texts) - len(judged))})
 
     def verdicts(self, judge_prompts: Sequence[str]) -> tuple[list[float], int]:
         """(score per judge prompt, replies without a verdict), all prompts in one judge call."""

@@ -48,9 +48,11 @@ class JudgeSettings(Config):
     no_word: str = "no"
     """yes_probability: the reply whose first token counts as no."""
     unparsed_score: float = 0.0
-    """The score of a reply that holds no verdict (counted in `rewards/<name>/unparsed`)."""
+    """The score of a reply that holds no verdict (counted in `rewards/<name>/unparsed`) and of a judge
+    prompt too long to judge (`rewards/<name>/too_long`)."""
     max_prompt_tokens: int = 256
-    """Longest judge prompt in the judge's tokens; a longer one stops the run, naming it."""
+    """Longest judge prompt in the judge's tokens; a longer one is not judged: it scores `unparsed_score`
+    and is counted in `rewards/<name>/too_long`."""
     max_new_tokens: int = 8
     """Most tokens of the judge's reply (greedy)."""
     engine: str = "auto"

@@ -44,15 +44,18 @@ class Plan:
     """Parameters the critic trains (0: the algorithm has no critic); see trainer.plan.critic."""
     teacher_parameters: int = 0
     """Parameters of the distillation teacher (0: the run does not distill); see trainer.plan.teacher."""
+    judge_parameters: int = 0
+    """Parameters of the judge model (0: no judge); see trainer.plan.judge."""
 
     @property
     def resident_bytes(self) -> int:
         """What stays on the device between programs: master weights, optimizer state, frozen
-        base, reference, a critic's master weights and optimizer state, and a distillation teacher."""
+        base, reference, a critic's master weights and optimizer state, a distillation teacher and a judge."""
         c = self.compiled
         critic = c["critic_parameters_and_optimizer_state"] if self.critic_trainable else 0
         teacher = c["teacher"] if self.teacher_parameters else 0
-        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"] + critic + teacher
+        judge = c["judge"] if self.judge_parameters else 0
+        return c["parameters_and_optimizer_state"] + c["frozen_base"] + c["reference"] + critic + teacher + judge
 
     @property
     def startup_bytes(self) -> int:
@@ -73,6 +76,8 @@ class Plan:
                          "critic_values": c["critic_values_temporaries"]}
         if self.teacher_parameters:  # the teacher's log-prob pass
             programs["teacher"] = c["teacher_temporaries"]
+        if self.judge_parameters:  # the judge scoring a step's completions
+            programs["judge"] = c["judge_temporaries"]
         return programs
 
     @property
@@ -125,6 +130,11 @@ class Plan:
             rows += [
                 (f"distillation teacher ({self.teacher_parameters / 1e9:.2f}B parameters)", c["teacher"], a["teacher"]),
                 ("teacher log-prob pass temporaries", c["teacher_temporaries"], None),
+            ]
+        if self.judge_parameters:
+            rows += [
+                (f"judge model ({self.judge_parameters / 1e9:.3f}B parameters, device 0)", c["judge"], a["judge"]),
+                ("judge scoring temporaries", c["judge_temporaries"], a["judge_kv_cache"] + a["judge_engine"]),
             ]
         mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
         lora = self.trainable != self.parameters

@@ -1,0 +1,85 @@
+"""`trainer plan` for a run with a judge model (`judge:` names one): the judge's bytes.
+
+The judge (trainer.judge) is built on abstract arrays as the run loads it: its Params in their
+storage dtype, whole on one device (the judge is not sharded), resident for the whole run, and
+the program that scores a step's completions, compiled for all of them at once (one judge prompt
+per completion, judge.max_prompt_tokens long):
+
+  - yes_probability: the judge's forward pass (trainer.judge.model.first_logprobs_program);
+  - a text verdict on the static engine: the sampler's program (greedy, judge.max_new_tokens);
+  - a text verdict on the paged engine: its KV page pool and its weight copy (compute dtype),
+    counted as the policy's engine is (trainer.plan.planner).
+
+The judge's model is read from config.json (judge.path), from a run folder's settings (judge.run)
+or is judge.preset (judge.train_steps). The entries join the plan's tables with a "judge" prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def judge_config(settings: Any, runtime: dict[str, Any]) -> Any:
+    """The TransformerConfig of the run's judge, without loading a weight."""
+    from rl_models import CharTokenizer, preset
+
+    from trainer.build import model_config
+    from trainer.run.folder import settings_of_run
+
+    j = settings.judge
+    if j.path:
+        return model_config(j.path, **runtime)
+    if j.run:
+        model = settings_of_run(j.run).model
+        own = model.runtime() | {"scan_layers": runtime["scan_layers"]}
+        return model_config(model.path, **own) if model.path else preset(
+            model.preset, vocab_size=CharTokenizer().vocab_size, **own)
+    return preset(j.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
+
+
+def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[..., tuple[int, int, int]],
+               per_device: Callable[[Any], int]) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(the judge's parameter count, its compiled entries, its analytic entries) for `batch`
+    completions a step; bytes of the device the judge lives on."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from rl_core.config import RolloutConfig
+    from rl_core.rollout.factory import engine_settings, resolve_engine
+    from rl_core.rollout.sampler import GREEDY, Sampler
+    from rl_models import Transformer
+
+    from trainer.judge.model import first_logprobs_program
+    from trainer.judge.settings import YES_PROBABILITY
+
+    j = settings.judge
+    config = judge_config(settings, runtime)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    stored = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), nnx.to_pure_dict(params))
+    weights = per_device(stored)  # the compiled programs' arguments less their inputs, where one runs
+    tokens = jax.ShapeDtypeStruct((batch, j.max_prompt_tokens), jnp.int32, sharding=one)
+    mask = jax.ShapeDtypeStruct((batch, j.max_prompt_tokens), jnp.float32, sharding=one)
+    rollout = RolloutConfig(max_prompt_tokens=j.max_prompt_tokens, max_new_tokens=j.max_new_tokens, temperature=0.0,
+                            engine=j.engine)
+    cbytes = jnp.dtype(config.dtype).itemsize
+    token_kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes
+    engine = engine_settings(rollout)  # as trainer.judge.model builds it: rollout.decode_slots slots
+    analytic = {"judge": per_device(stored), "judge_kv_cache": 0, "judge_engine": 0}
+    if j.verdict == YES_PROBABILITY:
+        ids = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one)
+        args, out, temp = sizes(first_logprobs_program(graphdef), stored, tokens, mask, ids)
+        weights = args - per_device((tokens, mask, ids))
+    elif resolve_engine(rollout) == "static":
+        sampler = Sampler(graphdef, max_new_tokens=j.max_new_tokens, eos_ids=(0,), pad_id=0)
+        args, out, temp = sizes(sampler._jit(False, False), stored, tokens, mask, jax.random.key(0), GREEDY, 1)
+        weights = args - per_device((tokens, mask))
+        analytic["judge_kv_cache"] = batch * (j.max_prompt_tokens + j.max_new_tokens) * token_kv
+    else:  # the paged engine: its pool and a weight copy in the compute dtype
+        out = 0
+        analytic["judge_kv_cache"] = engine.pool_pages * engine.page_size * token_kv
+        analytic["judge_engine"] = sum(int(x.size) for x in jax.tree.leaves(stored)) * cbytes
+        temp = analytic["judge_kv_cache"] + analytic["judge_engine"]
+    compiled = {"judge": weights, "judge_temporaries": temp + out}
+    return sum(int(x.size) for x in jax.tree.leaves(stored)), compiled, analytic

@@ -1,0 +1,39 @@
+"""`trainer plan` counts a judge model: its weights resident on one device, and the program that
+scores a step's completions (trainer.plan.judge)."""
+
+import pytest
+from trainer.plan import memory_budget, plan
+from trainer.settings import build_settings
+
+pytestmark = pytest.mark.e2e
+
+TINY_PARAMETERS = 86_720  # the tiny preset with the character tokenizer's vocabulary (tests/trainer/test_trainer_plan.py)
+COMMON = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0"]
+JUDGE = ["judge.train_steps=1", "judge.preset=tiny", "judge.max_prompt_tokens=32", "judge.max_new_tokens=4"]
+
+
+def test_plan_adds_the_judges_weights_and_its_scoring_program():
+    programs: dict = {}
+    without = plan(build_settings(algo="grpo", overrides=COMMON), memory_budget("gpu"), compiled_programs=programs)
+    judged = plan(build_settings(algo="grpo", overrides=[*COMMON, *JUDGE, "judge.verdict=yes_probability"]),
+                  memory_budget("gpu"), compiled_programs=programs)
+    assert without.judge_parameters == 0 and "judge" not in without.program_bytes
+    assert judged.judge_parameters == TINY_PARAMETERS
+    a, c = judged.analytic, judged.compiled
+    assert a["judge"] == c["judge"] == 4 * TINY_PARAMETERS  # float32 weights, counted and compiled alike
+    assert judged.resident_bytes == without.resident_bytes + 4 * TINY_PARAMETERS
+    # the forward pass over 8 judge prompts of 32 tokens holds at least its [8, 32, 64] float32 activations
+    assert judged.program_bytes["judge"] >= 8 * 32 * 64 * 4
+    assert "judge model" in judged.table()
+
+
+def test_plan_counts_a_paged_judges_pool_and_weight_copy():
+    result = plan(build_settings(algo="grpo", overrides=[*COMMON, *JUDGE, "judge.verdict=yes_no", "judge.engine=paged"]),
+                  memory_budget("gpu"))
+    a = result.analytic
+    # tiny: 2 layers x 2 KV heads x 16 dims x (key, value) x float32 = 512 bytes a token; 64 slots (the
+    # engine's default), pages of 16 tokens, 3 a sequence ((33 + 4) / 16 up, a BOS's room included):
+    # 1 scratch + 64 x (3 + 1) + 64 x 3 prompt pages
+    assert a["judge_kv_cache"] == (1 + 64 * 4 + 64 * 3) * 16 * 512
+    assert a["judge_engine"] == 4 * TINY_PARAMETERS  # the compute dtype is float32 here
+    assert result.program_bytes["judge"] == a["judge_kv_cache"] + a["judge_engine"]
