@@ -1,4 +1,4 @@
-"""rewards: verifiable reward functions and the reward manager.
+"""rewards: verifiable reward functions, the reward manager, and the audits that catch reward hacking.
 
 Reward functions are called as ``fn(prompts, completions, **fields)`` with one
 entry per completion in every list, and return one float per completion.
@@ -6,6 +6,8 @@ They never evaluate, compile or import model text, and every one returns in
 bounded time on any string.
 """
 
+from rewards.auditor import AuditLimits, RewardAuditor
+from rewards.audits import ProbeResult, probe_rewards
 from rewards.countdown import countdown_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
@@ -15,8 +17,11 @@ from rewards.registry import REWARD_FUNCTIONS, RewardFn, make_reward
 from rewards.remote import RemoteReward, RemoteRewardError, remote_judge, remote_score
 
 __all__ = [
+    "AuditLimits",
     "ON_ERROR_CHOICES",
+    "ProbeResult",
     "REWARD_FUNCTIONS",
+    "RewardAuditor",
     "RewardError",
     "RemoteReward",
     "RemoteRewardError",
@@ -33,6 +38,7 @@ __all__ = [
     "make_reward",
     "numeric_answer",
     "numeric_answer_reward",
+    "probe_rewards",
     "remote_judge",
     "remote_score",
 ]
