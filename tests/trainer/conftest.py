@@ -93,13 +93,14 @@ def learn(tmp_path_factory, learning_base, trainer_xla_flags):
                    *LEARNING_STEPS, *overrides]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stderr[-4000:]
-        result = json.loads(done.stdout.splitlines()[-1])
+        result = {**json.loads(done.stdout.splitlines()[-1]), "run_dir": run_dir}
         print(f"{name}: held-out accuracy {result['before']:.3f} -> {result['after']:.3f}")
         return result
 
     def run(algo: str, overrides=(), name: str | None = None, *, shuffled_rewards: bool = False,
-            final_metrics: bool = False) -> tuple:
-        """(accuracy before, after), and with `final_metrics` every metric of the final evaluation.
+            final_metrics: bool = False, folder: bool = False) -> tuple:
+        """(accuracy before, after), and with `final_metrics` every metric of the final evaluation,
+        with `folder` the run folder (e.g. a distillation teacher's).
         `shuffled_rewards`: the control run (see scripts/learning_run.py), which must not learn."""
         made = learning_base / "made"
         result = None
@@ -111,6 +112,7 @@ def learn(tmp_path_factory, learning_base, trainer_xla_flags):
         if result is None:
             result = train(algo, overrides, name or algo, shuffled_rewards)
         out = (result["before"], result["after"])
-        return (*out, result["after_metrics"]) if final_metrics else out
+        out = (*out, result["after_metrics"]) if final_metrics else out
+        return (*out, result["run_dir"]) if folder else out
 
     return run

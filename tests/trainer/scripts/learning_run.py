@@ -24,6 +24,7 @@ import numpy as np
 
 from rl_core.learner.pipeline import PolicyGradientLearner
 from trainer.run import train_run
+from trainer.run.teacher import load_teacher
 from trainer.settings import build_settings
 
 
@@ -49,7 +50,8 @@ def main() -> None:
         shuffle_training_rewards(seed=0)
     algo, run_dir, base_cache, *overrides = args
     settings = build_settings(algo=algo, overrides=overrides)
-    summary = train_run(settings, Path(run_dir), progress=False, log=lambda _: None, base_cache=Path(base_cache))
+    summary = train_run(settings, Path(run_dir), progress=False, log=lambda _: None, base_cache=Path(base_cache),
+                        teacher=load_teacher)  # a distilling run's (algorithm.teacher)
     print(json.dumps({"before": summary["before"]["eval/accuracy"], "after": summary["after"]["eval/accuracy"],
                       "after_metrics": summary["after"]}))
 
