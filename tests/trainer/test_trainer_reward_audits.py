@@ -16,8 +16,8 @@ from trainer.tasks import TASKS, arithmetic
 pytestmark = pytest.mark.e2e
 
 SHORT = [
-    "training.num_steps=3", "training.prompts_per_step=4", "algorithm.group_size=4", "training.checkpoint_every_steps=0",
-    "eval.heldout_size=8", "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0",
+    "training.num_steps=3", "training.prompts_per_step=4", "algorithm.group_size=4",
+    "training.checkpoint_every_steps=0", "eval.heldout_size=8", "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0",
 ]  # fmt: skip
 
 
@@ -64,7 +64,8 @@ def test_a_reward_that_pays_cut_off_completions_trips_the_audits(tmp_path, monke
         assert record["reward_audit/tripped"] >= 2
     assert [r["reward_audit/constant_groups_steps/numeric_answer"] for r in records] == [1.0, 2.0, 3.0]
     report = summary["reward_audit"]
-    assert list(report["probe"]["flagged"]) == ["pays_cut_off"] and "repeat" in report["probe"]["flagged"]["pays_cut_off"]
+    assert list(report["probe"]["flagged"]) == ["pays_cut_off"]
+    assert "repeat" in report["probe"]["flagged"]["pays_cut_off"]
     assert report["probe"]["paid"]["numeric_answer"] == {"empty": 0, "echo": 0, "repeat": 0}
     assert report["tripped"]["unfinished_rewarded"]["steps"] == 3
     assert report["tripped"]["constant_groups/numeric_answer"] == {"steps": 2, "first_step": 2, "worst": 3.0}
