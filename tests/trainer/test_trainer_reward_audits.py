@@ -17,7 +17,8 @@ pytestmark = pytest.mark.e2e
 
 SHORT = [
     "training.num_steps=3", "training.prompts_per_step=4", "algorithm.group_size=4",
-    "training.checkpoint_every_steps=0", "eval.heldout_size=8", "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0",
+    "training.checkpoint_every_steps=0", "eval.heldout_size=8", "eval.samples_per_prompt=1", "eval.pass_k=1",
+    "eval.every_steps=0",
 ]  # fmt: skip
 
 
