@@ -59,15 +59,16 @@ def test_the_teacher_is_checked_against_the_student():
 @pytest.mark.e2e  # builds a learner and compiles its passes
 @pytest.mark.parametrize("name", ["opd", "grpo"])
 def test_the_examples_carry_the_teachers_logprobs(name):
-    """GRPO + distill_coef and opd: the teacher's pass (two micro-batches, shared prompts) gives what
-    one plain pass over the teacher gives, and the step logs the reverse KL to it."""
+    """GRPO + distill_coef and opd: the teacher's pass (two micro-batches, shared prompts, chunks of 2
+    tokens) gives what one plain pass over the teacher gives, the step logs the reverse KL to it, and
+    an update trimmed to its completions' width trims the teacher's log-probs with the rest."""
     algorithm = registry.get_algorithm(name)
     config = dataclasses.replace(algorithm.config(), group_size=G, distill_coef=0.5, teacher="tiny, seed 1")
     teacher = rl_models.Transformer(MODEL, rngs=nnx.Rngs(1))
     learner = algorithm.learner(
         config, policy=rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)), teacher=teacher, tokenizer=TOK,
         train_data=PROMPTS, training=TrainingConfig(prompts_per_step=2, num_steps=1, micro_batch_size=4),
-        rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
+        rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8, logprob_chunk_tokens=2),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
     )
     batch = learner.produce_examples(PROMPTS[:2])
@@ -79,3 +80,7 @@ def test_the_examples_carry_the_teachers_logprobs(name):
     stats = learner.update(ex)[0]
     total, count = stats["means"]["train/distill_reverse_kl"]
     assert np.isfinite(total / count) and abs(total / count) > 1e-3  # two random models disagree
+    # completions of at most 2 tokens: the update trims every [B, T] field to 2 columns, the teacher's too
+    short = ex._replace(completion_mask=np.asarray(ex.completion_mask) * (np.arange(4) < 2))
+    stats = learner.update(short)[0]
+    assert bool(stats["finite"]) and np.isfinite(stats["loss"])

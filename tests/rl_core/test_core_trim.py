@@ -86,8 +86,10 @@ def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
 
 def test_trim_example_cuts_every_token_field():
     x = np.zeros((2, 16))
-    ex = trim_example(TrainExample(x, x, x, x, np.zeros(2), old_logp=x, ref_logp=None, sampler_logp=x), 4)
+    ex = trim_example(TrainExample(x, x, x, x, np.zeros(2), old_logp=x, ref_logp=None, sampler_logp=x,
+                                   teacher_logp=x), 4)
     assert ex.prompt_tokens.shape == (2, 16)  # prompts keep theirs
-    assert [f.shape for f in (ex.completion_tokens, ex.completion_mask, ex.old_logp, ex.sampler_logp)] == [(2, 4)] * 4
+    fields = (ex.completion_tokens, ex.completion_mask, ex.old_logp, ex.sampler_logp, ex.teacher_logp)
+    assert [f.shape for f in fields] == [(2, 4)] * 5
     assert ex.ref_logp is None
     jax.tree.map(lambda a: a, ex)  # still a pytree

@@ -36,5 +36,5 @@ def trim_example(example: TrainExample, width: int) -> TrainExample:
         completion_tokens=cut(example.completion_tokens), completion_mask=cut(example.completion_mask),
         old_logp=cut(example.old_logp), ref_logp=cut(example.ref_logp), sampler_logp=cut(example.sampler_logp),
         advantages=cut(advantages) if advantages.ndim == 2 else advantages,
-        returns=cut(example.returns), values=cut(example.values),
+        returns=cut(example.returns), values=cut(example.values), teacher_logp=cut(example.teacher_logp),
     )
