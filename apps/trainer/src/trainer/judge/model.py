@@ -44,9 +44,6 @@ class JudgeModel:
         self._key = jax.random.key(0)  # greedy: drawn from no distribution, any key gives the same replies
         self._first_logprobs = first_logprobs_program(self.graphdef)
 
-    def weight_bytes(self) -> int:
-        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.params))
-
     def fits(self, prompts: Sequence[str]) -> list[bool]:
         """Whether each judge prompt fits judge.max_prompt_tokens (BOS included)."""
         return [len(self.tokenizer.encode(p, add_bos=True)) <= self.max_prompt_tokens for p in prompts]
