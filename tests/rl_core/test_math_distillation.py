@@ -51,6 +51,25 @@ def test_per_token_advantage_under_vmap():
     np.testing.assert_allclose(one(jnp.zeros(2), LOGP, TEACHER, MASK), A_T)
 
 
+def tinker_incorporate_kl_penalty(advantages, sampled_logprobs, teacher_logprobs, mask, kl_penalty_coef):
+    """The Tinker cookbook's `incorporate_kl_penalty` (tinker_cookbook/distillation/train_on_policy.py,
+    kl_discount_factor = 0), transcribed: per-token advantages plus the negative reverse KL."""
+    reverse_kl = (sampled_logprobs - teacher_logprobs) * mask
+    kl_advantages = -kl_penalty_coef * mask * reverse_kl
+    return advantages + kl_advantages
+
+
+def test_equals_the_tinker_cookbooks_formula_on_random_inputs():
+    rng = np.random.default_rng(0)
+    logp, teacher = -rng.exponential(2.0, (8, 16)), -rng.exponential(2.0, (8, 16))
+    mask = (np.arange(16)[None, :] < rng.integers(1, 17, (8, 1))).astype(np.float32)
+    adv = rng.normal(size=8)
+    ours = distill_advantages(jnp.asarray(adv, jnp.float32), jnp.asarray(logp, jnp.float32),
+                              jnp.asarray(teacher, jnp.float32), jnp.asarray(mask), coef=0.7)
+    theirs = tinker_incorporate_kl_penalty(adv[:, None] * mask, logp, teacher, mask, 0.7)  # A on the action tokens
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+
+
 def test_the_term_carries_no_gradient():
     grad = jax.grad(lambda lp: jnp.sum(distill_advantages(jnp.zeros(2), lp, TEACHER, MASK, coef=0.5)))(LOGP)
     assert not np.any(np.asarray(grad))  # a fixed per-token reward, as the sources' stop-gradient
