@@ -45,10 +45,13 @@ def test_opd_is_grpo_with_its_four_changes():
 def test_the_teacher_is_checked_against_the_student():
     layout = BatchLayout(TrainingConfig(prompts_per_step=2), 8, training_mesh(TrainingConfig()), G)
     student = abstract(MODEL)
-    other_vocab = abstract(dataclasses.replace(MODEL, vocab_size=MODEL.vocab_size + 5))
-    with pytest.raises(ValueError, match=r"the teacher's vocabulary has 104 tokens and the student's 99: .* "
-                                         r"must share one tokenizer"):
-        teacher_model(other_vocab, student, distill_coef=1.0, layout=layout)
+    smaller = abstract(dataclasses.replace(MODEL, vocab_size=MODEL.vocab_size - 5))
+    with pytest.raises(ValueError, match=r"the teacher's vocabulary has 94 tokens and the student's 99: .* "
+                                         r"needs at least the student's vocabulary"):
+        teacher_model(smaller, student, distill_coef=1.0, layout=layout)
+    # more rows than the student's (embeddings padded otherwise, as Qwen2.5's 1.5B and 7B): it scores every id
+    larger = rl_models.Transformer(dataclasses.replace(MODEL, vocab_size=MODEL.vocab_size + 5), rngs=nnx.Rngs(1))
+    assert teacher_model(larger, student, distill_coef=1.0, layout=layout).params["embed"].shape == (104, 32)
     with pytest.raises(ValueError, match="distill_coef = 1.0 needs a teacher model: pass teacher="):
         teacher_model(None, student, distill_coef=1.0, layout=layout)
     with pytest.raises(ValueError, match="a teacher was given but distill_coef = 0"):

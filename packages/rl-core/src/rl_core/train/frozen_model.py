@@ -42,7 +42,10 @@ class FrozenModel:
 def teacher_model(teacher: nnx.Module | None, policy: nnx.Module, *, distill_coef: float,
                   layout: BatchLayout) -> FrozenModel | None:
     """The distillation teacher as a FrozenModel when distill_coef != 0, checked against the student:
-    its log-probs are read at the student's token ids, so both must share one vocabulary."""
+    its log-probs are read at the token ids the student samples, so it must have a row for every one
+    (it may have more: one tokenizer's models pad their embeddings differently, Qwen2.5-1.5B has
+    151,936 rows and Qwen2.5-7B 152,064). That they mean the same tokens is the caller's to check
+    (the trainer compares the tokenizers, trainer.run.teacher)."""
     if not distill_coef:
         if teacher is not None:
             raise ValueError("a teacher was given but distill_coef = 0: set distill_coef > 0 to distill from it")
@@ -51,9 +54,10 @@ def teacher_model(teacher: nnx.Module | None, policy: nnx.Module, *, distill_coe
         raise ValueError(f"distill_coef = {distill_coef} needs a teacher model: pass teacher=<module> "
                          "(the trainer loads algorithm.teacher)")
     theirs, ours = getattr(teacher, "vocab_size", None), getattr(policy, "vocab_size", None)
-    if theirs != ours:
+    if theirs is None or ours is None or theirs < ours:
         raise ValueError(
-            f"the teacher's vocabulary has {theirs} tokens and the student's {ours}: distillation compares "
-            "the log-probs of the student's token ids under both, so teacher and student must share one tokenizer"
+            f"the teacher's vocabulary has {theirs} tokens and the student's {ours}: distillation reads the "
+            "teacher's log-probs of every token id the student samples, so the teacher needs at least the "
+            "student's vocabulary, from one tokenizer"
         )
     return FrozenModel(teacher, name="teacher", layout=layout)
