@@ -101,3 +101,7 @@ def test_distilling_runs_end_to_end(tmp_path):
         # the student's own tokens are likelier under itself than under a teacher that differs
         assert metrics["train/distill_reverse_kl"] > 0.01, name
         assert math.isfinite(metrics["train/loss"]) and metrics["train/skipped_updates"] == 0, name
+    # the student's checkpoint reads back without its teacher (trainer eval, trainer export)
+    from trainer.run import load_run_policy
+
+    assert load_run_policy(tmp_path / "opd").step == 1
