@@ -259,7 +259,8 @@ def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
     surrogate = is_ratio_surrogate(config)
     # distillation adds the teacher's per-token term to A (tests/rl_core/test_distillation.py checks it)
     distills = getattr(config, "distill_coef", 0)
-    if config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means and not distills:
+    checked = config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means
+    if checked and not distills:
         total, denom = out.means["train/policy_loss"]
         assert total / denom == pytest.approx(POLICY_LOSS_AT_RATIO_ONE[config.loss_agg_mode], abs=1e-5)
         if not config.beta:

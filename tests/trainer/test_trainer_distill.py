@@ -48,7 +48,8 @@ def test_a_run_folder_teacher_with_another_tokenizer_is_refused(tmp_path):
     run_folder.write_config(tmp_path, build_settings(overrides=[f"model.path={HF / 'qwen2'}"]))
     for teacher in (tmp_path, HF / "qwen2"):  # the run folder (before any checkpoint is read), the model folder
         student = build_settings(algo="opd", overrides=[f"algorithm.teacher={teacher}"])
-        with pytest.raises(ConfigError, match=f"algorithm.teacher = '{teacher}': its tokenizer .* is not the student's"):
+        refused = f"algorithm.teacher = '{teacher}': its tokenizer .* is not the student's"
+        with pytest.raises(ConfigError, match=refused):
             load_teacher(student, CharTokenizer())
 
 
