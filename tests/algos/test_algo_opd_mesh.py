@@ -1,0 +1,28 @@
+"""On-policy distillation on meshes of 8 simulated devices equals one device: the teacher's
+log-probs (its weights sharded like the student's) and the student's parameters after two steps.
+One subprocess runs every mesh; see scripts/distill_mesh.py."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from simulated_devices import run_on_simulated_devices  # noqa: E402
+
+pytestmark = pytest.mark.multidevice
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    return run_on_simulated_devices(Path(__file__).parent / "scripts" / "distill_mesh.py")
+
+
+@pytest.mark.parametrize("mesh", ["1x8x1", "2x2x2"])
+def test_distillation_on_a_mesh_matches_one_device(result, mesh):
+    assert result["device_count"] == 8 and result["one_device_kl"] > 1e-2  # two random models disagree
+    run = result["meshes"][mesh]
+    assert run["teacher_logp_max_abs_diff"] <= 1e-5
+    assert run["params_max_abs_diff"] <= 1e-5
+    assert run["kl_abs_diff"] <= 1e-5
+    assert run["largest_teacher_shard_fraction"] <= 0.5  # split over fsdp (and tensor), never whole on a device
