@@ -76,7 +76,8 @@ def build(name: str, config_overrides=None, **training):
         **{kind: EXTRA_MODELS[kind](policy) for kind in algorithm.learner.extra_models},
         tokenizer=TOK,
         train_data=PROMPTS,
-        training=TrainingConfig(**{"prompts_per_step": 2, "num_steps": 3, "learning_rate": 1e-3, **training}),
+        # a step large enough that one update visibly moves the tiny policy (the recorded-log-prob test)
+        training=TrainingConfig(**{"prompts_per_step": 2, "num_steps": 3, "learning_rate": 0.05, **training}),
         rollout=RolloutConfig(max_new_tokens=T, max_prompt_tokens=8),
         reward_manager=manager,
     )
@@ -411,7 +412,7 @@ def test_mini_batches_after_the_first_see_the_moved_policy(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
-    _, _, learner = build(name, learning_rate=0.05)
+    _, _, learner = fresh(name)  # the shared learner: its programs are already compiled
     rows = 2 * G
     collected = identical_groups(learner, 2)  # on-policy: nothing recorded yet ...
     assert collected.old_logp is None
