@@ -7,7 +7,6 @@ parameters (or none, for the defaults) to get a reward function whose
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -15,6 +14,7 @@ from rewards.countdown import countdown_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
 from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer_reward
+from rewards.names import lookup
 from rewards.remote import remote_judge, remote_score
 
 __all__ = ["REWARD_FUNCTIONS", "RewardFn", "make_reward"]
@@ -59,9 +59,4 @@ REWARD_FUNCTIONS: Mapping[str, Callable[..., RewardFn]] = MappingProxyType(
 
 def make_reward(name: str, **params: object) -> RewardFn:
     """The reward function ``REWARD_FUNCTIONS[name](**params)``; an unknown name raises listing the known ones."""
-    factory = REWARD_FUNCTIONS.get(name)
-    if factory is None:
-        close = difflib.get_close_matches(str(name), REWARD_FUNCTIONS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown reward function {name!r}; known: {', '.join(REWARD_FUNCTIONS)}.{hint}")
-    return factory(**params)
+    return lookup(REWARD_FUNCTIONS, name, "reward function")(**params)

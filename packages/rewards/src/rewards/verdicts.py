@@ -22,12 +22,13 @@ bounded digits, and every pattern runs in linear time.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from rewards.names import lookup
 
 __all__ = [
     "MAX_VERDICT_CHARS",
@@ -220,11 +221,7 @@ VERDICT_RULES: Mapping[str, Callable[..., VerdictRule]] = MappingProxyType(
 
 def make_verdict_rule(name: str, **params: object) -> VerdictRule:
     """``VERDICT_RULES[name](**params)``; an unknown name or parameter raises, naming what exists."""
-    factory = VERDICT_RULES.get(name)
-    if factory is None:
-        close = difflib.get_close_matches(str(name), VERDICT_RULES, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown verdict rule {name!r}; known: {', '.join(VERDICT_RULES)}.{hint}")
+    factory = lookup(VERDICT_RULES, name, "verdict rule")
     known = factory.__dataclass_fields__  # type: ignore[attr-defined]
     unknown = [key for key in params if key not in known]
     if unknown:
