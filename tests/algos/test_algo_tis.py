@@ -137,14 +137,16 @@ def _learner(**config):
     )
 
 
-def test_on_it_records_behaviour_logprobs_even_on_an_on_policy_step():
+def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
+    """The loss's stop_gradient(logp) is the behaviour policy's log-probs in value: the weights
+    divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
     assert not plain.update_is_off_policy() and not tis.update_is_off_policy()
-    assert not plain.passes.behaviour and tis.passes.behaviour
+    assert not plain.passes.behaviour and not tis.passes.behaviour and tis.passes.importance_weights
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)
-    assert batch.example.old_logp is not None and batch.example.old_logp.shape == batch.example.sampler_logp.shape
+    assert batch.example.old_logp is None and batch.example.sampler_logp is not None
     metrics = tis.train_step()
     # sampler and trainer run the same float32 policy here: weights 1, nothing capped
     assert metrics["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -162,7 +164,7 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)
-    old, sampler = np.asarray(example.old_logp), np.asarray(example.sampler_logp)
+    old, sampler = learner.last_old_logp, np.asarray(example.sampler_logp)
     weights = np.minimum(np.exp(old - sampler), CAP)  # ~0.5, 1.5 and 2 (3 capped): trainer vs sampler
     real = mask > 0
     assert real.sum() >= 6 and {0.5, 1.5, 2.0} <= {round(float(w), 2) for w in weights[real]}
@@ -174,6 +176,34 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     rows = real.any(axis=1)
     per_row = (-adv * weights * mask).sum(axis=1)[rows] / mask.sum(axis=1)[rows]
     assert metrics["train/policy_loss"] == pytest.approx(per_row.mean(), rel=1e-4, abs=1e-6)
+
+
+def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
+    """On an on-policy step the capped weights of stop_gradient(logp) / pi_sampler equal those of
+    a recomputed behaviour pass: the same loss, weights and update to float32 rounding (the pass
+    is another compiled program, rounded differently in the last bit)."""
+    learner = MismatchedSampler(
+        GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP),
+        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)), tokenizer=TOK,
+        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
+        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+    )  # fmt: skip
+    initial = learner.state._replace(models=jax.tree.map(lambda x: x.copy(), learner.state.models))
+    example = learner.produce_examples(learner.data.next(2)).example
+    assert example.old_logp is None
+    (fast,) = learner.update(example)
+    fast_params = jax.tree.map(np.asarray, learner.params)
+    learner.replace_state(initial)
+    (recomputed,) = learner.update(example._replace(old_logp=learner.last_old_logp))
+    for name in ("drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/mismatch_logp_abs_mean"):
+        total, count = fast["means"][name]
+        want_total, want_count = recomputed["means"][name]
+        assert total / count == pytest.approx(want_total / want_count, rel=1e-5, abs=1e-7), name
+    assert fast["means"]["drift/tis_capped_frac"][0] > 0  # the factor 3 is capped: the weights matter
+    assert fast["loss"] == pytest.approx(recomputed["loss"], rel=1e-5, abs=1e-8)
+    for got, want in zip(jax.tree.leaves(fast_params), jax.tree.leaves(learner.params), strict=True):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-7)
 
 
 def test_greedy_sampling_with_tis_is_refused():

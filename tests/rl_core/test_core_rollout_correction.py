@@ -403,17 +403,23 @@ def test_the_group_on_the_shared_config_round_trips_and_keeps_tis_cap():
         GRPOConfig.from_dict({"rollout_correction": {"capp": 2.0}})
 
 
-def test_behaviour_pass_follows_the_resolved_correction():
+def test_a_correction_adds_no_behaviour_pass_to_an_on_policy_step():
+    """On a provably on-policy step the loss's stop_gradient(logp) is the behaviour policy's (with
+    async rollouts the proximal policy's) in value, so a correction divides it by the sampler's
+    log-probs without a pass of its own; several mini-batches need the pass, correction or not."""
     from algo_grpo import GRPOConfig
     from rl_core.train.behaviour import LogprobPasses
 
-    def passes(config, mode="off"):
-        return LogprobPasses.of(config, num_mini_batches=1, async_rollout=mode)
+    def passes(config, mode="off", mini_batches=1):
+        return LogprobPasses.of(config, num_mini_batches=mini_batches, async_rollout=mode)
 
+    seq_mask = GRPOConfig(rollout_correction=RolloutCorrection(preset="seq_mask"))
     assert not passes(GRPOConfig()).behaviour
-    assert passes(GRPOConfig(rollout_correction=RolloutCorrection(preset="seq_mask"))).behaviour
-    assert passes(GRPOConfig(tis_cap=2.0)).behaviour
+    assert passes(seq_mask).importance_weights and not passes(seq_mask).behaviour
+    assert passes(GRPOConfig(tis_cap=2.0)).importance_weights and not passes(GRPOConfig(tis_cap=2.0)).behaviour
     assert passes(GRPOConfig(), "one_step").importance_weights  # the async default
+    assert not passes(GRPOConfig(), "one_step").behaviour
+    assert passes(seq_mask, mini_batches=2).behaviour and passes(GRPOConfig(), "one_step", 2).behaviour
 
 
 MODE_CASES = [
@@ -454,11 +460,11 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
         training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
     )  # fmt: skip
-    assert learner.passes.behaviour
+    assert learner.passes.importance_weights and not learner.passes.behaviour  # on-policy: sg(logp) is old_logp
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)
-    old, sampler = np.asarray(example.old_logp), np.asarray(example.sampler_logp)
+    old, sampler = learner.last_old_logp, np.asarray(example.sampler_logp)
     w, keep = rc.rollout_correction(correction.mode, old, sampler, mask, cap=correction.cap, lower=correction.lower)
     w, keep = np.asarray(w), np.asarray(keep)
     real = mask > 0

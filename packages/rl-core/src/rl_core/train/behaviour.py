@@ -75,9 +75,11 @@ class LogprobPasses:
     """Which log-prob passes a step runs, from the run's settings (fixed for a run).
 
     behaviour  `old_logp`, the policy that sampled the rows: needed when the update is
-               off-policy, when a rollout correction divides it by the sampler's,
-               or when a KL penalty in the rewards reads it (PPO); otherwise the loss uses
-               stop_gradient(logp), equal in value on a provably on-policy step.
+               off-policy, or when a KL penalty in the rewards reads it (PPO); otherwise the
+               loss uses stop_gradient(logp), equal in value on a provably on-policy step. A
+               rollout correction needs no pass of its own: on such a step it divides that
+               same stop_gradient(logp) by the sampler's log-probs (with async rollouts it is
+               the proximal policy's: the weights the step starts from).
     proximal   with async rollouts, every row's `old_logp` is the current weights' when the
                step trains on it (decoupled PPO's proximal policy): none is recorded at
                collection, and none recorded earlier is kept.
@@ -129,7 +131,7 @@ class LogprobPasses:
     @property
     def behaviour(self) -> bool:
         """A fresh batch (no row recorded earlier) needs the behaviour pass before the update."""
-        return self.off_policy or self.importance_weights or (self.kl_in_rewards and self.reference)
+        return self.off_policy or (self.kl_in_rewards and self.reference)
 
     def at_collection(self, missing: np.ndarray) -> bool:
         """Record behaviour log-probs at collection time, for the rows `missing` [N] bool them
