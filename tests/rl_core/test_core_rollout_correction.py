@@ -479,3 +479,42 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     assert metrics["train/policy_loss"] == pytest.approx(per_row.mean() if rows.any() else 0.0, rel=1e-4, abs=1e-6)
     if correction.mode not in rc.TRUNCATING:
         assert 0 < metrics["rollout/masked_frac"] < 1  # the factors straddle the thresholds
+
+
+def test_bfloat16_rollout_weights_are_a_mismatch_the_metrics_and_the_correction_see():
+    """rollout.weights_dtype = bfloat16: the engine samples with a bfloat16 copy of the weights, so
+    its log-probs leave the float32 trainer's by the rounding of every weight (a float32 engine
+    agrees to ~1e-6), the same-weights mismatch metrics show it, and token TIS weighs by it."""
+    import rewards
+    import rl_models
+    from algo_grpo import GRPOConfig, GRPOLearner
+    from flax import nnx
+    from rl_core.config import RolloutConfig, TrainingConfig
+    from rl_core.data import Prompt
+
+    tok = rl_models.CharTokenizer()
+    model = rl_models.TransformerConfig.tiny(tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+                                             num_kv_heads=1, mlp_hidden_size=64)
+
+    def step(weights_dtype):
+        learner = GRPOLearner(
+            GRPOConfig(group_size=4, beta=0.0, rollout_correction=RolloutCorrection(preset="token_tis")),
+            policy=rl_models.Transformer(model, rngs=nnx.Rngs(0)), tokenizer=tok,
+            train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
+            training=TrainingConfig(prompts_per_step=2),
+            rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8, weights_dtype=weights_dtype),
+            reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
+        )  # fmt: skip
+        metrics = learner.train_step()
+        held = {x.dtype for x in jax.tree.leaves(learner.generator.backend._params)}
+        return metrics, held
+
+    f32, f32_held = step(None)
+    bf16, bf16_held = step("bfloat16")
+    assert f32_held == {jnp.dtype(jnp.float32)} and bf16_held == {jnp.dtype(jnp.bfloat16)}
+    assert f32["rollout/mismatch_logp_abs_max"] < 1e-5
+    assert bf16["rollout/mismatch_logp_abs_max"] > 1e-3 and bf16["rollout/mismatch_logp_abs_mean"] > 1e-4
+    assert f32["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert bf16["drift/tis_weight_mean"] != pytest.approx(1.0, abs=1e-5)  # the weights follow the gap
+    with pytest.raises(Exception, match="weights_dtype"):
+        RolloutConfig(weights_dtype="float16")

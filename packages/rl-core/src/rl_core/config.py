@@ -154,6 +154,7 @@ class AlgorithmConfig(Config):
 
 ROLLOUT_ENGINES = ("auto", "static", "paged")
 ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
+ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,10 +209,18 @@ class RolloutConfig(Config):
     """Most model turns per episode (with an environment)."""
     max_turn_tokens: int = 0
     """Most tokens of one model turn; 0 = max_new_tokens."""
+    weights_dtype: str | None = None
+    """The weights the rollout engine samples with: None = the trained parameters as they are (the
+    model casts them to model.dtype where used); "bfloat16" = a bfloat16 copy of each weight version
+    (half the rollout's weight memory and traffic; the sampler then differs from the trainer as a
+    bfloat16 inference server does, which the rollout correction is for: docs/rollout-correction.md).
+    Evaluation samples with the trained weights."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.engine in ROLLOUT_ENGINES, self, "engine", f"must be one of {ROLLOUT_ENGINES}")
+        check(self.weights_dtype in ROLLOUT_WEIGHTS_DTYPES, self, "weights_dtype",
+              f"must be one of {ROLLOUT_WEIGHTS_DTYPES}")
         check(self.attention in ROLLOUT_ATTENTION, self, "attention", f"must be one of {ROLLOUT_ATTENTION}")
         for name in ("page_size_tokens", "decode_slots", "prefill_chunk_tokens", "steps_per_sync"):
             check(getattr(self, name) >= 1, self, name, "must be >= 1")

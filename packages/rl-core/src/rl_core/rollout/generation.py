@@ -10,10 +10,12 @@ asynchronous rollouts of rl_core.rollout.async_rollout).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -34,6 +36,19 @@ from rl_core.train.trainable import TrainableModel
 def _copy(tree: Any) -> Any:
     """New buffers with `tree`'s values (one program; a jitted identity would alias)."""
     return jax.tree.map(lambda x: x.copy(), tree)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast(tree: Any, dtype: str) -> Any:
+    """`tree` with its wider floating leaves in `dtype` (new buffers; integer leaves, e.g. a
+    quantized base's codes, and leaves already as narrow stay as they are)."""
+    target = jnp.dtype(dtype)
+
+    def cast(x: jax.Array) -> jax.Array:
+        wider = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > target.itemsize
+        return x.astype(target) if wider else x.copy()
+
+    return jax.tree.map(cast, tree)
 
 
 class PolicyGenerator:
@@ -101,10 +116,13 @@ class PolicyGenerator:
         self.pinned = None
 
     def _whole(self, params: Any) -> Any:
-        """Trained `params` joined with the frozen base, on the rollout devices."""
+        """Trained `params` joined with the frozen base, on the rollout devices, in
+        `rollout.weights_dtype` when it is set."""
         if not self.apart:
-            return self.policy.whole_params(params)
-        return frozen_lib.join(jax.device_put(params, self._param_shardings), self._frozen)
+            whole = self.policy.whole_params(params)
+        else:
+            whole = frozen_lib.join(jax.device_put(params, self._param_shardings), self._frozen)
+        return whole if self.rollout.weights_dtype is None else _cast(whole, self.rollout.weights_dtype)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""
