@@ -1,0 +1,171 @@
+"""The loss-invariance contract: how a batch is cut and laid out never changes the loss or its gradient.
+
+Each policy loss returns (sum, denominator) pairs per micro-batch, summed before the one
+division (rl_core.math.aggregation, rl_core.train.trainable.summed_grads), so the loss and the
+gradient are the same, to float32 rounding, whatever the micro-batch size, and whether the
+update packs its rows or runs each group's prompt once. Here, in the fast tier:
+
+- every registered policy loss x every registered aggregation (with the KL term), every
+  rollout-correction mode and every KL estimator: the loss of the whole batch and its gradient
+  with respect to the log-probs equal the sums over micro-batches of 1, 2 and 4 rows;
+- the one setting that is per micro-batch by definition, `entropy_top_fraction` < 1 (the
+  entropy threshold is the micro-batch's quantile, as TRL takes it per batch it sees): the split
+  loss is exactly the loss of the per-micro-batch selection, which differs from the whole batch's;
+- one learner's own update (GRPO with its KL term, a small policy) under packing, shared prompts
+  and gradient accumulation equals the plain one-micro-batch update.
+
+test_algo_loss_invariance_mesh.py runs the whole sweep on the tiny transformer: every
+installed algorithm's own config through its learner's update, one device and meshes of 8
+simulated devices. Every list here comes from the registry: a new loss, aggregation or
+algorithm package is covered without editing this file.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core import registry
+from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.math.rollout_correction import MODES
+from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import loss_invariance as contract  # noqa: E402
+from algo_test_doubles import BagPolicy  # noqa: E402
+
+registry.registry.names("algorithm")  # loads every algorithm package: their losses register too
+# each registered function once (GRPO's clipped surrogate is registered under two names)
+POLICY_LOSSES = sorted({registry.get("policy_loss", name): name
+                        for name in reversed(registry.registry.names("policy_loss"))}.values())
+AGGREGATIONS = registry.registry.names("loss_aggregation")
+KL_ESTIMATORS = registry.registry.names("kl_estimator")
+MICRO_SIZES = (1, 2, 4)  # rows per micro-batch, of the example's 8
+TOL = 1e-5  # float32, a sum of a few dozen terms (STYLE: 1e-5 simple, 1e-4 composite)
+
+EXAMPLE = contract.example()
+# the current policy's log-probs: the old policy's moved by a fixed pattern, so that ratios
+# spread over both sides of the clip range; entropies likewise fixed
+LOGP = jnp.asarray(EXAMPLE.old_logp + contract._wave(EXAMPLE.old_logp.size, 0.35, 5.0).reshape(EXAMPLE.old_logp.shape))
+ENTROPY = jnp.asarray(2.0 + contract._wave(LOGP.size, 1.0, 6.0).reshape(LOGP.shape))
+
+
+CLIP = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
+
+
+def settings(*, policy_loss="grpo", aggregation="token-mean", kl="k3", beta=0.04, correction="off", **more):
+    """policy_gradient_loss's settings, the registered functions looked up by name."""
+    rc = RolloutCorrection(mode=correction)
+    return {
+        "policy_loss": registry.get("policy_loss", policy_loss),
+        "aggregate": registry.get("loss_aggregation", aggregation),
+        "kl_estimator": registry.get("kl_estimator", kl),
+        "beta": beta,
+        **CLIP,
+        "max_len": contract.T,
+        "rollout_correction": rc,
+        **more,
+    }
+
+
+def loss_and_grad(kwargs, micro: int):
+    """(total / denominator, its gradient in the log-probs [B, T]) with the batch's rows summed
+    over micro-batches of `micro` rows, as the update sums them (traced)."""
+    example = jax.tree.map(jnp.asarray, EXAMPLE)
+    b = LOGP.shape[0]
+
+    def split(x):
+        return x.reshape(b // micro, micro, *x.shape[1:])
+
+    def loss(logp):
+        total, denom = jax.vmap(lambda lp, ent, ex: policy_gradient_loss(lp, ent, ex, **kwargs)[:2])(
+            split(logp), split(ENTROPY), jax.tree.map(split, example))
+        return jnp.sum(total) / jax.lax.stop_gradient(jnp.sum(denom))
+
+    return jax.value_and_grad(loss)(LOGP)
+
+
+def sweep(cases: dict, micro_sizes=(8, *MICRO_SIZES)) -> dict:
+    """label -> micro-batch size -> (loss, gradient) for each case of policy_gradient_loss settings,
+    all in one jitted program (one compile for many cases)."""
+    program = jax.jit(lambda: {label: {m: loss_and_grad(kwargs, m) for m in micro_sizes}
+                               for label, kwargs in cases.items()})
+    return jax.device_get(program())
+
+
+def assert_invariant(results: dict) -> None:
+    """Every case's loss and gradient at each micro-batch size equal the whole batch's (8 rows)."""
+    for label, by_size in results.items():
+        whole, whole_grad = by_size[8]
+        assert abs(float(whole)) > 1e-3 and np.max(np.abs(whole_grad)) > 1e-3, label  # a real loss is compared
+        for micro, (loss, grad) in by_size.items():
+            np.testing.assert_allclose(loss, whole, atol=TOL, rtol=TOL,
+                                       err_msg=f"{label}: loss, micro-batches of {micro}")
+            np.testing.assert_allclose(grad, whole_grad, atol=TOL, rtol=TOL,
+                                       err_msg=f"{label}: gradient, micro-batches of {micro}")
+
+
+# -- the pure half: policy_gradient_loss on fixed log-probs -----------------------------------
+
+FULL_SWEEP = pytest.mark.multidevice
+"""The full sweep runs in the slower multidevice tier, beside the mesh half; the fast tier
+checks every loss under every aggregation with one split (micro-batches of 1 row)."""
+
+
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
+def test_every_loss_under_every_aggregation_is_the_same_in_single_row_micro_batches(policy_loss):
+    assert_invariant(sweep({agg: settings(policy_loss=policy_loss, aggregation=agg) for agg in AGGREGATIONS},
+                           micro_sizes=(8, 1)))
+
+
+@FULL_SWEEP
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
+def test_every_loss_under_every_aggregation_is_the_same_over_micro_batches(policy_loss):
+    assert_invariant(sweep({agg: settings(policy_loss=policy_loss, aggregation=agg) for agg in AGGREGATIONS}))
+
+
+@FULL_SWEEP
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "off"])
+def test_every_rollout_correction_is_the_same_over_micro_batches(mode):
+    """Weights, keep-masks and the rejection modes' smaller denominators are all per row."""
+    assert_invariant(sweep({agg: settings(aggregation=agg, correction=mode) for agg in AGGREGATIONS}))
+
+
+@FULL_SWEEP
+def test_every_kl_estimator_and_distillation_are_the_same_over_micro_batches():
+    assert_invariant(sweep({kl: settings(kl=kl, aggregation="seq-mean-token-mean", distill_coef=0.5)
+                            for kl in KL_ESTIMATORS}))
+
+
+@FULL_SWEEP
+def test_high_entropy_selection_is_per_micro_batch_by_definition():
+    """entropy_top_fraction = 0.5 keeps the tokens at or above the median entropy *of the
+    micro-batch* (the loss never sees the others). Split, the loss is exactly that selection
+    aggregated over the whole batch; it is not the whole batch's selection."""
+    kwargs = settings(beta=0.0, entropy_top_fraction=0.5)
+    mask = jnp.asarray(EXAMPLE.completion_mask)
+    sizes = (8, *MICRO_SIZES)
+
+    @jax.jit
+    def per_micro_batch_selection():
+        pg, _ = registry.get("policy_loss", "grpo")(LOGP, jnp.asarray(EXAMPLE.old_logp),
+                                                    jnp.asarray(EXAMPLE.advantages), mask, **CLIP)
+        out = {}
+        for micro in sizes:
+            kept = jnp.concatenate([high_entropy_mask(ENTROPY[i:i + micro], mask[i:i + micro], 0.5)
+                                    for i in range(0, 8, micro)])
+            total, denom = registry.get("loss_aggregation", "token-mean")(jnp.where(kept, pg, 0.0), mask,
+                                                                          max_len=contract.T)
+            out[micro] = total / denom
+        return out
+
+    expected = jax.device_get(per_micro_batch_selection())
+    got = sweep({"top-half": kwargs}, sizes)["top-half"]
+    for micro in MICRO_SIZES:
+        np.testing.assert_allclose(got[micro][0], expected[micro], atol=TOL, rtol=TOL)
+        assert abs(float(got[micro][0]) - float(got[8][0])) > 1e-3  # another selection: not the whole batch's
