@@ -169,3 +169,36 @@ def test_high_entropy_selection_is_per_micro_batch_by_definition():
     for micro in MICRO_SIZES:
         np.testing.assert_allclose(got[micro][0], expected[micro], atol=TOL, rtol=TOL)
         assert abs(float(got[micro][0]) - float(got[8][0])) > 1e-3  # another selection: not the whole batch's
+
+
+# -- the model half, in small: GRPO's own learner update under packing, shared prompts and accumulation -----
+
+
+def bag_policy(seed: int) -> BagPolicy:
+    """A policy that compiles several times faster than a transformer (fixtures/algo_test_doubles.py)."""
+    return BagPolicy(contract.TOK.vocab_size, rngs=nnx.Rngs(seed))
+
+
+@pytest.fixture(scope="module")
+def grpo_updates():
+    """layout name -> (one update's results, the layout used) of GRPO's learner (its KL term on)."""
+    algorithm = registry.get_algorithm("grpo")
+    config = dataclasses.replace(algorithm.config(), group_size=contract.G)
+    assert config.beta > 0
+    out = {"reference": contract.one_update(algorithm, config, {}, make_policy=bag_policy)}
+    for name in ("packed-micro-2", "shared-micro-4"):
+        _, training = contract.LAYOUTS[name]
+        out[name] = contract.one_update(algorithm, config, training, make_policy=bag_policy)
+    return out
+
+
+@pytest.mark.parametrize("name", ["packed-micro-2", "shared-micro-4"])
+def test_grpo_update_is_the_same_packed_or_sharing_prompts_over_micro_batches(grpo_updates, name):
+    got, layout = grpo_updates[name]
+    # the layout really is in effect: 4 micro-batches packed, or 2 each running its group's prompt once
+    assert layout == {"packed-micro-2": {"micro_batches": 4, "packing": True, "rows_per_prompt": 1, "devices": 1},
+                      "shared-micro-4": {"micro_batches": 2, "packing": False, "rows_per_prompt": 4,
+                                         "devices": 1}}[name]
+    diffs = contract.max_diffs(got, grpo_updates["reference"][0])["policy"]
+    assert abs(diffs["ref_loss"]) > 1e-2 and diffs["ref_grad_max"] > 1e-2  # a real update is compared
+    assert diffs["loss"] <= TOL and diffs["grad"] <= TOL and diffs["grad_norm"] <= TOL, diffs
