@@ -49,6 +49,11 @@ MICRO_SIZES = (1, 2, 4)  # rows per micro-batch, of the example's 8
 TOL = 1e-5  # float32, a sum of a few dozen terms (STYLE: 1e-5 simple, 1e-4 composite)
 
 EXAMPLE = contract.example()
+# two tokens the sampler rated far off (rho = pi_old / pi_sampler = e^1.2 = 3.3 and e^-1 = 0.37, both
+# outside [0.5, 2]), so that the correction modes truncate, reject and drop from the denominator
+_SPIKES = np.zeros_like(EXAMPLE.sampler_logp)
+_SPIKES[0, 1], _SPIKES[5, 0] = -1.2, 1.0
+EXAMPLE = EXAMPLE._replace(sampler_logp=EXAMPLE.sampler_logp + _SPIKES)
 # the current policy's log-probs: the old policy's moved by a fixed pattern, so that ratios
 # spread over both sides of the clip range; entropies likewise fixed
 LOGP = jnp.asarray(EXAMPLE.old_logp + contract._wave(EXAMPLE.old_logp.size, 0.35, 5.0).reshape(EXAMPLE.old_logp.shape))
@@ -60,7 +65,8 @@ CLIP = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
 
 def settings(*, policy_loss="grpo", aggregation="token-mean", kl="k3", beta=0.04, correction="off", **more):
     """policy_gradient_loss's settings, the registered functions looked up by name."""
-    rc = RolloutCorrection(mode=correction)
+    # geo_reject's default band, a geometric-mean ratio within 0.1% of 1, would keep no sequence here
+    rc = RolloutCorrection(mode=correction, cap=1.1 if correction == "geo_reject" else None)
     return {
         "policy_loss": registry.get("policy_loss", policy_loss),
         "aggregate": registry.get("loss_aggregation", aggregation),
