@@ -23,7 +23,7 @@ pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "loss_invariance.py"
 CONFIGS = contract.configs()
-TOL = 1e-5  # float32; observed <= 5e-7 (docs/algorithms.md, "Loss invariance")
+TOL = 1e-5  # float32; observed: loss 1.9e-7, gradient 5.4e-7, its norm 2.4e-6 (docs/results)
 
 
 @pytest.fixture(scope="module")
