@@ -3,21 +3,22 @@
 Each policy loss returns (sum, denominator) pairs per micro-batch, summed before the one
 division (rl_core.math.aggregation, rl_core.train.trainable.summed_grads), so the loss and the
 gradient are the same, to float32 rounding, whatever the micro-batch size, and whether the
-update packs its rows or runs each group's prompt once. Here, in the fast tier:
+update packs its rows or runs each group's prompt once. Here:
 
 - every registered policy loss x every registered aggregation (with the KL term), every
-  rollout-correction mode and every KL estimator: the loss of the whole batch and its gradient
-  with respect to the log-probs equal the sums over micro-batches of 1, 2 and 4 rows;
+  rollout-correction mode, every KL estimator and distillation: the loss of the whole batch and
+  its gradient with respect to the log-probs equal the sums over micro-batches of 1, 2 and 4
+  rows (the fast tier: every loss x aggregation, in micro-batches of 1 row);
 - the one setting that is per micro-batch by definition, `entropy_top_fraction` < 1 (the
-  entropy threshold is the micro-batch's quantile, as TRL takes it per batch it sees): the split
-  loss is exactly the loss of the per-micro-batch selection, which differs from the whole batch's;
-- one learner's own update (GRPO with its KL term, a small policy) under packing, shared prompts
-  and gradient accumulation equals the plain one-micro-batch update.
+  entropy threshold is the micro-batch's quantile, as TRL takes it over the batch it sees): the
+  split loss is exactly the loss of the per-micro-batch selection, not the whole batch's;
+- fast tier: GRPO's own learner update (its KL term on, a small policy) packed, and sharing
+  prompts, over micro-batches equals the plain one-micro-batch update.
 
-test_algo_loss_invariance_mesh.py runs the whole sweep on the tiny transformer: every
-installed algorithm's own config through its learner's update, one device and meshes of 8
-simulated devices. Every list here comes from the registry: a new loss, aggregation or
-algorithm package is covered without editing this file.
+test_algo_loss_invariance_mesh.py runs the model half in full on the tiny transformer: every
+installed algorithm's own config through its learner's update, on one device and on meshes of
+8 simulated devices. Every list comes from the registry: a new loss, aggregation or algorithm
+package is covered without editing a file.
 """
 
 import dataclasses
@@ -56,8 +57,8 @@ _SPIKES[0, 1], _SPIKES[5, 0] = -1.2, 1.0
 EXAMPLE = EXAMPLE._replace(sampler_logp=EXAMPLE.sampler_logp + _SPIKES)
 # the current policy's log-probs: the old policy's moved by a fixed pattern, so that ratios
 # spread over both sides of the clip range; entropies likewise fixed
-LOGP = jnp.asarray(EXAMPLE.old_logp + contract._wave(EXAMPLE.old_logp.size, 0.35, 5.0).reshape(EXAMPLE.old_logp.shape))
-ENTROPY = jnp.asarray(2.0 + contract._wave(LOGP.size, 1.0, 6.0).reshape(LOGP.shape))
+LOGP = jnp.asarray(EXAMPLE.old_logp + contract.wave(EXAMPLE.old_logp.shape, 0.35, 5.0))
+ENTROPY = jnp.asarray(2.0 + contract.wave(LOGP.shape, 1.0, 6.0))
 
 
 CLIP = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
