@@ -64,6 +64,7 @@ def pytest_configure(config):
 LONGEST_FIRST = [
     "test_trainer_learning.py",  # 150: its first run makes the shared base policy of the learning tests
     "test_algo_conformance.py",  # 205: every algorithm, a few learners each
+    "test_algo_loss_invariance_mesh.py",  # 226 (2026-12-04, load 5-7): 13 configs x 6 layouts, one process
     "test_trainer_crash_resume.py",  # 149: eleven trainer processes in a row, then an async run
     "test_trainer_learning_multiturn.py",  # 140: its own warm start and 12 steps of episodes
     "test_algo_mesh_parallel.py",  # 138: one process, every mesh of 8 simulated devices
