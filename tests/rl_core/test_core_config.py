@@ -21,6 +21,7 @@ RULES = [
     (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
     (RolloutConfig, {}, "engine", "vllm", "must be one of ('auto', 'static', 'paged')"),
     (RolloutConfig, {}, "attention", "flash", "must be one of ('auto', 'reference', 'pallas')"),
+    (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {}, "page_size_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "decode_slots", 0, "must be >= 1"),
     (RolloutConfig, {}, "prefill_chunk_tokens", 0, "must be >= 1"),

@@ -277,11 +277,12 @@ def test_against_verl_and_trl_transcriptions(mode, kwargs, reference):
 from types import SimpleNamespace  # noqa: E402
 
 from rl_core.config import ConfigError  # noqa: E402
-from rl_core.learner.rollout_correction import ASYNC_DEFAULT, PRESETS, RolloutCorrection, resolve_correction  # noqa: E402
+from rl_core.learner.rollout_correction import PRESETS, RolloutCorrection, resolve_correction  # noqa: E402
 
 
 def test_presets_modes_and_defaults():
-    assert RolloutCorrection().mode == "off" and not RolloutCorrection().on
+    assert RolloutCorrection().mode == "token_tis" and RolloutCorrection().on  # the default (C = 2)
+    assert not RolloutCorrection(mode="off").on and not RolloutCorrection(preset="off").on
     seq = RolloutCorrection(preset="seq_mask")  # TRL's default: sequence-level mask at C = 3
     assert (seq.mode, seq.cap, seq.lower) == ("seq_mask", 3.0, None)
     assert (RolloutCorrection(preset="token_tis").mode, RolloutCorrection(preset="token_tis").cap) == ("token_tis", 2.0)
@@ -300,7 +301,7 @@ def test_presets_modes_and_defaults():
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(mode="tis"), r"RolloutCorrection.mode = 'tis': must be one of"),
     (dict(preset="trl"), r"RolloutCorrection.preset = 'trl': must be one of"),
-    (dict(cap=2.0), r"cap = 2.0: has no effect with mode off"),
+    (dict(mode="off", cap=2.0), r"cap = 2.0: has no effect with mode off"),
     (dict(mode="token_tis", cap=0.5), r"cap = 0.5: must be >= 1"),
     (dict(mode="seq_is", lower=0.5), r"lower = 0.5: has no effect with mode seq_is"),
     (dict(mode="icepop", lower=1.5), r"lower = 1.5: must be in \[0, 1\]"),
@@ -311,19 +312,24 @@ def test_bad_settings_name_the_field(kwargs, message):
         RolloutCorrection(**kwargs)
 
 
-def test_resolve_correction_alias_and_async_default():
-    plain = SimpleNamespace(tis_cap=None, rollout_correction=RolloutCorrection())
-    assert resolve_correction(plain).mode == "off"
-    # async rollouts with nothing set: token-level TIS at C = 2
-    assert resolve_correction(plain, async_rollout="one_step") == ASYNC_DEFAULT
-    assert (ASYNC_DEFAULT.mode, ASYNC_DEFAULT.cap) == ("token_tis", 2.0)
-    # tis_cap: the old name of token_tis with that cap, sync or async
-    old = SimpleNamespace(tis_cap=3.0, rollout_correction=RolloutCorrection())
-    assert (resolve_correction(old).mode, resolve_correction(old).cap) == ("token_tis", 3.0)
-    assert resolve_correction(old, async_rollout="one_step").cap == 3.0
-    # an explicit group wins over the async default
-    ice = SimpleNamespace(tis_cap=None, rollout_correction=RolloutCorrection(mode="icepop"))
-    assert resolve_correction(ice, async_rollout="one_step").mode == "icepop"
+def test_the_default_is_token_tis_and_off_means_off_sync_and_async():
+    from algo_grpo import GRPOConfig
+    from rl_core.train.behaviour import LogprobPasses
+
+    assert (RolloutCorrection().mode, RolloutCorrection().cap) == ("token_tis", 2.0)
+    default, off = GRPOConfig(), GRPOConfig(rollout_correction=RolloutCorrection(mode="off"))
+    assert resolve_correction(default) == RolloutCorrection(preset="token_tis")
+    for mode in ("off", "one_step"):  # an explicit off holds for async rollouts too
+        assert not LogprobPasses.of(off, num_mini_batches=1, async_rollout=mode).importance_weights
+        assert LogprobPasses.of(default, num_mini_batches=1, async_rollout=mode).importance_weights
+    # tis_cap, the old name of token_tis with that cap, becomes the group when it is left at its default
+    assert (GRPOConfig(tis_cap=3.0).rollout_correction.mode, GRPOConfig(tis_cap=3.0).rollout_correction.cap) == (
+        "token_tis", 3.0)
+    # a config written before the default changed (its group resolved to off) keeps no correction
+    saved = GRPOConfig.from_dict({"rollout_correction": {"preset": None, "mode": "off", "cap": None, "lower": None}})
+    assert not resolve_correction(saved).on
+    # an explicit group is kept
+    assert resolve_correction(GRPOConfig(rollout_correction=RolloutCorrection(mode="icepop"))).mode == "icepop"
 
 
 # -- composed in the objective: weights times the policy loss, the keep-mask, the aggregation -----------
@@ -357,7 +363,9 @@ def test_composed_losses_by_hand():
     # seq_mask C = 1.5: row 0 (1.8) weight 0, row 1 1.08 on 2 tokens: -2.16 / 5
     assert _compose(dict(mode="seq_mask", cap=1.5))[:2] == pytest.approx((-0.432, 5.0))
     # off: -5 / 5
-    assert _compose(dict())[:2] == pytest.approx((-1.0, 5.0))
+    assert _compose(dict(mode="off"))[:2] == pytest.approx((-1.0, 5.0))
+    # the default group: token_tis at C = 2, as above
+    assert _compose(dict())[:2] == pytest.approx((-1.2, 5.0))
 
 
 def test_mismatch_and_staleness_metrics_by_hand():
@@ -394,7 +402,7 @@ def test_the_group_on_the_shared_config_round_trips_and_keeps_tis_cap():
     assert dapo.rollout_correction.lower == pytest.approx(1 / 1.01) and DAPOConfig.from_dict(dapo.to_dict()) == dapo
     # an old config (tis_cap only) still loads, and means token_tis with that cap
     old = GRPOConfig.from_dict({"tis_cap": 2.5})
-    assert not old.rollout_correction.on
+    assert old.rollout_correction == RolloutCorrection.token_tis(2.5) and GRPOConfig.from_dict(old.to_dict()) == old
     assert (resolve_correction(old).mode, resolve_correction(old).cap) == ("token_tis", 2.5)
     assert GRPOConfig(tis_cap=2.0, rollout_correction=RolloutCorrection(mode="token_tis", cap=2.0)).tis_cap == 2.0
     with pytest.raises(ConfigError, match=r"tis_cap = 2.0 and rollout_correction \(mode='icepop'"):
@@ -516,5 +524,3 @@ def test_bfloat16_rollout_weights_are_a_mismatch_the_metrics_and_the_correction_
     assert bf16["rollout/mismatch_logp_abs_max"] > 1e-3 and bf16["rollout/mismatch_logp_abs_mean"] > 1e-4
     assert f32["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert bf16["drift/tis_weight_mean"] != pytest.approx(1.0, abs=1e-5)  # the weights follow the gap
-    with pytest.raises(Exception, match="weights_dtype"):
-        RolloutConfig(weights_dtype="float16")

@@ -95,15 +95,14 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # The sampler reports log-probs under the whole tempered softmax (top-k / top-p only choose
         # the token), so the weight measures the sampler's mismatch with the trainer. Greedy tokens
         # are drawn from no distribution: the weight means nothing there.
-        # Async rollouts without a correction of their own use token_tis at C = 2 (resolve_correction).
-        correction = resolve_correction(config, async_rollout=self.training.async_rollout)
+        correction = resolve_correction(config)
         if correction.on and self.rollout.temperature == 0:
             raise ValueError(
                 f"{type(config).__name__}: rollout correction {correction.mode} (cap {correction.cap}; tis_cap = "
                 f"{config.tis_cap}, training.async_rollout = {self.training.async_rollout!r}) "
                 "with RolloutConfig.temperature = 0: greedy tokens are not samples of the distribution whose "
                 "log-probs the sampler reports, so the importance weight pi_old / pi_sampler is meaningless; "
-                "sample (temperature > 0) or set tis_cap=None and rollout_correction.mode=off"
+                "sample (temperature > 0) or set algorithm.rollout_correction.mode=off (and tis_cap unset)"
             )
         self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the

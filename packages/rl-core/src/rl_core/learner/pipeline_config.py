@@ -11,7 +11,7 @@ import dataclasses
 from typing import ClassVar
 
 from rl_core.config import AlgorithmConfig, check, check_registered
-from rl_core.learner.rollout_correction import RolloutCorrection, check_alias
+from rl_core.learner.rollout_correction import RolloutCorrection, fold_alias
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,13 +50,13 @@ class PolicyGradientConfig(AlgorithmConfig):
     """Give completions that hit max_new_tokens mask 0 in the loss (overlong filtering)."""
     tis_cap: float | None = None
     """C of truncated importance sampling against the sampler/trainer mismatch (Yao et al. 2025):
-    each token's policy loss is weighed by min(pi_old_trainer / pi_sampler, C). None = off. When on,
-    the behaviour log-probs are computed on every step, also on-policy ones. The older name of
-    rollout_correction.mode=token_tis with cap C (kept for configs and checkpoints)."""
+    each token's policy loss is weighed by min(pi_old_trainer / pi_sampler, C). The older name of
+    rollout_correction.mode=token_tis with cap C (kept for configs and checkpoints): with that group
+    left at its default it becomes it. None = the group decides."""
     rollout_correction: RolloutCorrection = dataclasses.field(default_factory=RolloutCorrection)
     """The correction of the sampler/trainer mismatch and staleness (docs/rollout-correction.md):
     a preset (token_tis, seq_mask = TRL's default, icepop, ...) or a mode with its thresholds.
-    Off by default; async rollouts use token_tis with C = 2 when neither this nor tis_cap is set."""
+    Default: token_tis with C = 2, synchronous and async alike; mode=off turns it off."""
     entropy_top_fraction: float = 1.0
     """rho of high-entropy token selection ("Beyond the 80/20 Rule", arXiv:2506.01939; TRL's
     top_entropy_quantile): the policy-gradient term only on the tokens whose entropy under the
@@ -85,7 +85,7 @@ class PolicyGradientConfig(AlgorithmConfig):
         check(self.epsilon_high >= 0.0, self, "epsilon_high", "must be >= 0")
         check(self.dual_clip is None or self.dual_clip > 1.0, self, "dual_clip", "must be > 1 or None")
         check(self.tis_cap is None or self.tis_cap >= 1.0, self, "tis_cap", "must be >= 1 or None (off)")
-        check_alias(self)
+        fold_alias(self)
         check(0.0 < self.entropy_top_fraction <= 1.0, self, "entropy_top_fraction",
               "must be in (0, 1]: the fraction of each micro-batch's tokens, by entropy, "
               "that the policy loss keeps (1 = all)")

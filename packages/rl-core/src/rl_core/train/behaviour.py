@@ -92,7 +92,7 @@ class LogprobPasses:
     """Several passes over the batch or several mini-batches (RLLearner.update_is_off_policy)."""
     importance_weights: bool
     """A rollout correction (rl_core.learner.rollout_correction.resolve_correction: the config's,
-    tis_cap, or async rollouts' default) weighs or masks each token by pi_old / pi_sampler."""
+    token_tis by default, or tis_cap) weighs or masks each token by pi_old / pi_sampler."""
     proximal: bool
     """Async rollouts (training.async_rollout != "off")."""
     beta: float
@@ -108,7 +108,7 @@ class LogprobPasses:
         `num_mini_batches`: what the learner decides, and what `trainer plan` compiles."""
         return cls(
             off_policy=config.num_iterations > 1 or num_mini_batches > 1,
-            importance_weights=resolve_correction(config, async_rollout=async_rollout).on,
+            importance_weights=resolve_correction(config).on,
             proximal=async_rollout != "off",
             beta=config.beta, kl_in_rewards=config.kl_in_rewards, distill=bool(config.distill_coef),
         )

@@ -41,8 +41,8 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
     """`policy_objective` with a run's settings bound: the registered functions `config` names, its
     clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.train.behaviour.LogprobPasses.
     loss_beta), the sampler's temperature and the run's rollout correction (rl_core.learner.
-    rollout_correction.resolve_correction: with `async_rollout` != "off", token_tis at C = 2 unless
-    the config sets one; old_logp is then the proximal policy's)."""
+    rollout_correction.resolve_correction); with `async_rollout` != "off" old_logp is the proximal
+    policy's."""
     return functools.partial(
         policy_objective,
         temperature=rollout.temperature,
@@ -55,7 +55,7 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         eps_high=config.epsilon_high,
         dual_clip=config.dual_clip,
         max_len=rollout.max_new_tokens,
-        rollout_correction=resolve_correction(config, async_rollout=async_rollout),
+        rollout_correction=resolve_correction(config),
         proximal=async_rollout != "off",
         entropy_top_fraction=config.entropy_top_fraction,
         distill_coef=config.distill_coef,
