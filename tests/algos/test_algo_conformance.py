@@ -195,7 +195,7 @@ def toy_example(*, extra_rows: int = 0, left_pad: int = 0) -> TrainExample:
         advantages=jnp.asarray(adv, jnp.float32),
         ref_logp=jnp.full(mask.shape, -4.0),  # a plausible reference; used only when beta != 0
         teacher_logp=jnp.full(mask.shape, -3.0),  # a plausible teacher; used only when distill_coef != 0
-        sampler_logp=jnp.asarray(-4.0 * mask),
+        sampler_logp=jnp.asarray(-4.0 * mask),  # toy_losses puts the policy's own here
     )
 
 
@@ -209,6 +209,11 @@ def toy_losses():
             _, _, learner = fresh(name)  # only its (stateless) loss
             graphdef, params = nnx.split(rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)))
             base, rows, left = toy_example(), toy_example(extra_rows=2), toy_example(left_pad=3)
+            # an engine that agrees with the trainer (the default correction's weights are then 1)
+            own = learner.behaviour_logprobs(base.prompt_tokens, base.prompt_mask, base.completion_tokens)
+            own = jnp.asarray(own) * base.completion_mask
+            base, left = base._replace(sampler_logp=own), left._replace(sampler_logp=own)
+            rows = rows._replace(sampler_logp=jnp.concatenate([own, rows.sampler_logp[len(own):]]))
 
             def loss_of(p, example):
                 out = learner.compute_loss(nnx.merge(graphdef, p), example)
