@@ -1,11 +1,15 @@
 """The static sampler and the paged engine on the same requests: generated tokens/s of each.
 
     uv run python benchmarks/rollout_engines.py [--prompts 64] [--samples 8] [--new-tokens 256 1024 4096]
+        [--model DIR] [--mean-fraction 0.2]
 
 Model: the sampler benchmark's (D=128, 4 layers, 4 query / 2 KV heads, SwiGLU
 512, character vocabulary, float32, random weights), with an EOS schedule:
 completion lengths follow a lognormal (sigma 1, mean 20% of max_new_tokens,
-cut at the maximum), the long tail RL rollouts have. The schedule is forced
+cut at the maximum), the long tail RL rollouts have (`--mean-fraction 0`: every completion runs
+to the maximum). `--model DIR` runs a Hugging Face folder's model instead (its config and weights,
+e.g. SmolLM2-135M converted by `trainer convert --gguf`; EOS its last vocabulary id), with the
+same schedule; random prompt tokens either way. The schedule is forced
 through the model's own output: the last hidden channel carries the position,
 and the logits give EOS exactly the lognormal's hazard at that completion step
 (every prompt has the same length, so position = prompt + step; in bfloat16 the
@@ -40,13 +44,17 @@ from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
+from rl_models.hf import load_hf_config, load_hf_model
 
 PROMPT_TOKENS = 32
 SIGMA = 1.0
 
 
 def lognormal_hazard(max_new_tokens: int, mean_fraction: float = 0.2) -> np.ndarray:
-    """h[t] = P(length == t + 1 | length > t) for length = ceil(lognormal), cut at the maximum."""
+    """h[t] = P(length == t + 1 | length > t) for length = ceil(lognormal), cut at the maximum;
+    mean_fraction 0: no EOS (every completion runs to the maximum)."""
+    if mean_fraction <= 0:
+        return np.zeros(max_new_tokens, np.float32)
     mu = math.log(mean_fraction * max_new_tokens) - SIGMA**2 / 2
     cdf = lambda x: 0.5 * (1 + math.erf((math.log(x) - mu) / (SIGMA * math.sqrt(2))))  # noqa: E731
     f = np.array([cdf(t) for t in range(1, max_new_tokens + 1)])
@@ -110,17 +118,25 @@ def main() -> None:
     parser.add_argument("--model-preset", default=None,
                         help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
     parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on accelerators)")
+    parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
+    parser.add_argument("--mean-fraction", type=float, default=0.2,
+                        help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
     args = parser.parse_args()
     keep_freed_memory()
     unroll_threefry_on_cpu()
     compile_count()
     vocab = CharTokenizer().vocab_size
-    eos = vocab - 1
-    if args.model_preset:
+    real: dict | None = None
+    if args.model:
+        config = load_hf_config(args.model, dtype=args.dtype, param_dtype=args.dtype)
+        vocab = config.vocab_size
+        real = nnx.to_pure_dict(nnx.state(load_hf_model(args.model, dtype=args.dtype, param_dtype=args.dtype)))
+    elif args.model_preset:
         config = preset(args.model_preset, vocab_size=vocab, dtype=args.dtype)
     else:
         config = TransformerConfig(vocab_size=vocab, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                                    mlp_hidden_size=512, dtype=args.dtype)
+    eos = vocab - 1
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, eos, (args.prompts, PROMPT_TOKENS)).astype(np.int32)
     requests = Requests(tokens, np.ones_like(tokens), args.samples)
@@ -132,8 +148,9 @@ def main() -> None:
     for t in args.new_tokens:
         model = scheduled_model(config, eos, t)(config, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
-        state = nnx.to_pure_dict(state)
-        hazard = lognormal_hazard(t)
+        state = nnx.to_pure_dict(state) | (real or {})
+        hazard = lognormal_hazard(t, args.mean_fraction)
+        slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
         for name in args.engines:
             before = compile_count()
@@ -141,7 +158,7 @@ def main() -> None:
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
                 settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=args.page_size,
-                                          slots=args.slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
+                                          slots=slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
                 backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling)
             rates[name] = lengths.sum() / cpu

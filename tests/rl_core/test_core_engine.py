@@ -164,3 +164,22 @@ def test_one_program_per_configuration_and_none_on_a_second_rollout(model):
     assert compile_count() == before  # other requests, new weights: nothing compiles
     engine.generate(requests, GREEDY, jax.random.key(0))
     assert engine.compiles == 3  # other sampling parameters: one more program
+
+
+HLO_TYPES = {"float32": "f32", "bfloat16": "bf16"}
+
+
+def test_the_step_reads_each_layers_weights_in_place():
+    """Unrolled (CPU), the engine keeps one array per layer, made once per weight version, so its
+    step program (called every steps_per_sync tokens) copies no layer's weights out of a stack."""
+    model = load_hf_model(HF / "qwen2")
+    engine = paged(model, (301,))
+    per_layer = jax.tree.leaves(engine.weights["layers"], is_leaf=lambda x: isinstance(x, list))
+    assert per_layer and all(isinstance(x, list) and len(x) == model.config.num_layers for x in per_layer)
+    text = engine.lower_step(GREEDY, jax.random.key(0)).compile().as_text()
+    shapes = {f"{HLO_TYPES[str(x[0].dtype)]}[1,{','.join(map(str, x[0].shape))}]" for x in per_layer}
+    sliced = [line for line in text.splitlines() if " slice(" in line and any(f"= {s}" in line for s in shapes)]
+    assert sliced == []
+    hlo_params = [line for line in text.splitlines() if " parameter(" in line]
+    stacked = {f"[{model.config.num_layers},{','.join(map(str, x[0].shape))}]" for x in per_layer}
+    assert not [line for line in hlo_params if any(s in line for s in stacked)]  # the stacks are not inputs

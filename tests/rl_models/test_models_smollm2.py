@@ -210,4 +210,4 @@ def test_grpo_trains_a_step_of_the_real_model_from_its_folder(folder, tmp_path):
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train/loss"' in line]
     assert np.isfinite(record["train/loss"]) and record["completions/length_max"] <= 16
     picked = json.loads((run / "settings_at_start.json").read_text())["picked"]
-    assert picked["rollout.engine"] == "static"  # auto: 16 new tokens are below the paged engine's 64
+    assert picked["rollout.engine"] == "static"  # auto: 16 new tokens are below the paged engine's 512

@@ -16,7 +16,7 @@ from trainer.plan.search import rollout_candidates
 
 @pytest.mark.parametrize(("overrides", "engine"), [
     ((), "static"),  # the default task's 5 new tokens
-    (("rollout.max_new_tokens=64",), "paged"),
+    (("rollout.max_new_tokens=512",), "paged"),
     (("rollout.max_new_tokens=512", "rollout.engine=static"), "static"),
     (("rollout.engine=paged",), "paged"),
 ])
@@ -31,7 +31,7 @@ def test_settings_at_start_records_the_engine_picked(tmp_path, overrides, engine
 
 def test_a_resume_picks_again_rather_than_refusing(tmp_path):
     """The pick is what the run did, not a setting: one recorded by an older rule is no change."""
-    settings = build_settings(overrides=["rollout.max_new_tokens=128"])
+    settings = build_settings(overrides=["rollout.max_new_tokens=512"])
     run_folder.write_config(tmp_path, settings)
     path = tmp_path / "settings_at_start.json"
     started = json.loads(path.read_text())
@@ -40,7 +40,7 @@ def test_a_resume_picks_again_rather_than_refusing(tmp_path):
     run_folder.write_config(tmp_path, settings)
     assert json.loads(path.read_text())["picked"] == {"rollout.engine": "paged"}
     with pytest.raises(ConfigError, match="rollout.engine: 'auto' -> 'static'"):  # the setting still counts
-        run_folder.refuse_changed_settings(tmp_path, build_settings(overrides=["rollout.max_new_tokens=128",
+        run_folder.refuse_changed_settings(tmp_path, build_settings(overrides=["rollout.max_new_tokens=512",
                                                                               "rollout.engine=static"]))
 
 
@@ -53,7 +53,7 @@ def test_compare_default_keeps_the_static_engine():
 
 
 def test_plan_search_offers_the_paged_engine_only_where_auto_does_not_pick_it():
-    short, long = (build_settings(overrides=[f"rollout.max_new_tokens={n}"]) for n in (16, 64))
+    short, long = (build_settings(overrides=[f"rollout.max_new_tokens={n}"]) for n in (16, 512))
     assert next(rollout_candidates(short)) == ("rollout.engine=paged",)
     assert all("rollout.engine=paged" not in c for c in rollout_candidates(long))
 
@@ -68,7 +68,7 @@ def test_the_run_logs_the_engine_and_its_evaluation_time(tmp_path, capsys):
         "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=1",
     ]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert "rollout engine static (auto: 5 new tokens < 64)" in out
+    assert "rollout engine static (auto: 5 new tokens < 512)" in out
     assert json.loads((run / "settings_at_start.json").read_text())["picked"] == {"rollout.engine": "static"}
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval/accuracy" in record and record["time/eval"] > 0.0

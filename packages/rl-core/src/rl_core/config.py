@@ -180,8 +180,8 @@ class RolloutConfig(Config):
     engine: str = "auto"
     """Rollout backend: "static" (one program, KV cache preallocated to the longest completion),
     "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout) or
-    "auto" (the default): paged from 64 new tokens, where it wins, static below, where it is faster
-    (2.8x at 16 new tokens; benchmarks/rollout_engines.py). See rl_core.rollout.factory.resolve_engine."""
+    "auto" (the default): paged from 512 new tokens, where it wins, static below, where it is as fast or
+    faster (benchmarks/rollout_engines.py; docs/rollout-engines.md). See rl_core.rollout.factory.resolve_engine."""
     attention: str = "auto"
     """Paged engine's attention: "auto" (Pallas kernels on TPU/GPU, plain JAX on CPU), "reference"
     (plain JAX everywhere) or "pallas"."""

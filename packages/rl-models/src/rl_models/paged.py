@@ -119,6 +119,11 @@ class TransformerPaging:
     def inference_copy(self, model: tf.Transformer) -> tf.Transformer:
         return inference_copy(model)
 
+    def loop_stacks(self, model: tf.Transformer) -> tuple[str, ...]:
+        """The parameters the engine keeps as one array per layer (rl_core.rollout.unstacked):
+        the stacked blocks when they run unrolled (CPU), none when scanned (the scan reads its slices)."""
+        return () if tf.scans_layers(model.config) else ("layers",)
+
 
 PAGED_TRANSFORMER = TransformerPaging()
 """The paged engine's adapter for rl_models' transformers (`paging=` of the learner and the engine)."""

@@ -97,6 +97,10 @@ class PagedModel(Protocol):
     rl_models' transformers, plain, LoRA or QLoRA), so the model needs no engine methods.
 
     Shapes: N tokens, each its own query; M pages per sequence.
+
+    Optional: `loop_stacks(model) -> tuple[str, ...]`, the top-level parameter entries whose
+    leaves are stacked on a leading layer axis that `forward` reads one slice at a time; the
+    engine keeps them as one array per layer so that no call copies them (rl_core.rollout.unstacked).
     """
 
     def cache_spec(self, model: Policy) -> tuple[int, int, int, Any]:

@@ -17,10 +17,11 @@ from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import Sampler
 
 
-PAGED_FROM_NEW_TOKENS = 64
+PAGED_FROM_NEW_TOKENS = 512
 """`rollout.engine = "auto"` picks the paged engine from this many new tokens, the static sampler
-below: benchmarks/rollout_engines.py measures paged 1.6x faster at 64 new tokens and static 2.8x
-faster at 16 (docs/rollout-engines.md)."""
+below: where benchmarks/rollout_engines.py has paged win on both the small model and SmolLM2-135M
+at 16 and 64 rows on CPU (2.0-3.1x with completions of varying length, even with all at the
+maximum); at 64-256 static is as fast or faster on SmolLM2 (docs/results/2026-12-04-engine-choice.md)."""
 
 
 def resolve_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
@@ -33,7 +34,7 @@ def resolve_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
 
 
 def explain_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
-    """`resolve_engine`'s choice and why, for a run's log: "paged (auto: 512 new tokens >= 64)"."""
+    """`resolve_engine`'s choice and why, for a run's log: "paged (auto: 1024 new tokens >= 512)"."""
     engine = resolve_engine(rollout, pageable=pageable)
     if rollout.engine != "auto":
         return f"{engine} (rollout.engine={engine})"

@@ -26,7 +26,8 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
-decoding never gathers a weight.
+decoding never gathers a weight; with unrolled layers (the adapter's `loop_stacks`),
+one array per layer, so no call copies a weight (see `rl_core.rollout.unstacked`).
 The engine reaches the model only through the adapter it is built with (`paging`, an
 `rl_core.policy.protocols.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
@@ -52,6 +53,7 @@ from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.step import Prefill, Slots, engine_step
+from rl_core.rollout.unstacked import restack, unstack, unstack_shardings
 from rl_core.rollout.sampler import Completions, SamplingParams
 
 DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
@@ -129,6 +131,8 @@ class PagedBackend:
         self.compiles = 0
         self.weights: Any = None
         self._infer_graphdef: nnx.GraphDef | None = None
+        self._stacks: tuple[str, ...] = ()  # the weights' entries kept as one array per layer
+        self._cache_spec: tuple[int, int, int, Any] | None = None
         self._refresh: Any = None
         self._steps: dict[SamplingParams, Any] = {}
         self.replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
@@ -157,12 +161,18 @@ class PagedBackend:
 
         graphdef, abstract = jax.eval_shape(copy, params)
         self._infer_graphdef = graphdef
+        model = nnx.merge(graphdef, abstract)  # shapes only: what the adapter reads the config from
+        self._cache_spec = self.paging.cache_spec(model)
+        loop_stacks = getattr(self.paging, "loop_stacks", None)
+        self._stacks = tuple(loop_stacks(model)) if callable(loop_stacks) else ()
         out = self.decode_shardings(abstract)
+        if out is not None:
+            out = unstack_shardings(out, nnx.to_pure_dict(abstract), self._stacks)
         self.weight_shardings = out
 
         def refresh(p):
             self.compiles += 1
-            return nnx.to_pure_dict(copy(p)[1])
+            return unstack(nnx.to_pure_dict(copy(p)[1]), self._stacks)
 
         kwargs = {} if self.mesh is None else {"in_shardings": (self.param_shardings,), "out_shardings": out}
         self._refresh = jax.jit(refresh, **kwargs)
@@ -185,7 +195,9 @@ class PagedBackend:
 
             def step(weights, pages, prefill, copy_src, copy_dst, slots, key):
                 self.compiles += 1
-                model = nnx.merge(self._infer_graphdef, weights)
+
+                def model():  # called where the model runs, so each layer's slice folds to its array
+                    return nnx.merge(self._infer_graphdef, restack(weights, self._stacks))
                 # decided over every replica, so the chunk's forward stays a real branch under vmap
                 run_prefill = jnp.any(prefill.page_rows > 0)
 
@@ -226,7 +238,8 @@ class PagedBackend:
         return multihost.to_host((tokens, logp, after))
 
     def _spec(self) -> tuple[int, int, int, Any]:
-        return self.paging.cache_spec(nnx.merge(self._infer_graphdef, self.weights))
+        assert self._cache_spec is not None, "update_weights sets it"
+        return self._cache_spec
 
     def _init_pages(self) -> Any:
         layers, kv_heads, head_dim, dtype = self._spec()

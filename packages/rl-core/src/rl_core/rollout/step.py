@@ -9,13 +9,13 @@ Shapes: S slots, C prefill tokens, M pages per sequence, k decode steps, V vocab
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from rl_core.policy.protocols import PagedModel, loop_policy
+from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.sampler import SamplingParams, categorical, sample_with
 
 
@@ -55,7 +55,7 @@ def sample_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> t
 
 
 def engine_step(
-    model: Any,
+    model: Callable[[], Any],
     pages: Any,
     prefill: Prefill,
     copy_src: jax.Array,  # [S] int32 pages copied to copy_dst before decoding (0 -> 0: nothing)
@@ -71,20 +71,17 @@ def engine_step(
     pad_id: int,
     run_prefill: jax.Array | None = None,
 ) -> tuple[Any, jax.Array, jax.Array, Slots]:
-    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps); `model` (an inference
-    copy) runs through `paging.forward`.
+    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps); `model()` (an inference
+    copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
 
     The prefill chunk goes first, so the samples of a prompt whose last chunk it
     holds may start decoding in the same call; then each new sample's copy of its
     prompt's partly filled last page (samples append, so a shared page must be full).
     `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
-    # the weights made ready once per call (e.g. each layer's slice out of the stacks), for the
-    # prefill chunk and every decode step, not once per use
-    in_loop = loop_policy(model)
 
     def prefill_chunk(pages):
-        return paging.forward(in_loop(), prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+        return paging.forward(model(), prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
     if run_prefill is None:
@@ -99,7 +96,7 @@ def engine_step(
         pages, st, out_tokens, out_logp = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
-        step_model = in_loop()
+        step_model = model()
         hidden, pages = paging.forward(step_model, st.token, position, pages, rows, kv)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         token, logp = sample_rows(keys, step_model.logits(hidden), sampling)
