@@ -1,7 +1,7 @@
-"""One-step-off-policy rollouts (training.async_rollout = "one_step").
+"""Off-policy rollouts up to k steps ahead (training.async_rollout = "one_step", max_staleness = k).
 
 The reference is built here, without the rollout thread: a synchronous learner that
-pins, before each step n, the weights of step n-2 (a copy kept after every step) for
+pins, before each step n, the weights of step n-1-k (a copy kept after every step) for
 its rollouts, and takes every row's old log-probs under the current weights (the
 proximal policy). The async learner must equal it bit for bit: parameters, metrics
 (timings aside) and samples, for GRPO and for DAPO with dynamic sampling and carried
@@ -46,8 +46,8 @@ def copy_tree(tree):
     return jax.tree.map(lambda x: x.copy(), tree)
 
 
-def lagged(cls):
-    """`cls`, synchronous, sampling each step with the weights of two steps before it."""
+def lagged(cls, k=1):
+    """`cls`, synchronous, sampling each step n with the weights of step n-1-k (W(0) at first)."""
 
     class Lagged(cls):
         def __init__(self, *args, **kwargs):
@@ -57,7 +57,7 @@ def lagged(cls):
             self.passes = dataclasses.replace(self.passes, proximal=True)
 
         def train_step(self):
-            version = max(self.step - 1, 0)  # step n = self.step + 1 samples with W(n - 2)
+            version = max(self.step - k, 0)  # step n = self.step + 1 samples with W(n-1-k)
             self.generator.pin(version, self.weights[version])
             try:
                 metrics = super().train_step()
@@ -70,7 +70,7 @@ def lagged(cls):
 
 
 def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=STEPS, reward_delay=0.0,
-         rollout_devices=0):
+         rollout_devices=0, max_staleness=1):
     def reward(prompts, completions, **fields):
         time.sleep(reward_delay)
         return even_start(prompts, completions, **fields)
@@ -83,7 +83,7 @@ def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=ST
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, learning_rate=0.3, num_steps=num_steps,
                                 checkpoint_every_steps=1, async_rollout=async_rollout,
-                                rollout_devices=rollout_devices),
+                                rollout_devices=rollout_devices, max_staleness=max_staleness),
         rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8, temperature=1.0),
         reward_manager=rewards.RewardManager([reward]),
         output_dir=output_dir,
@@ -104,22 +104,27 @@ def untimed(metrics):
             and k not in ("perf/tokens_per_sec", "rollout/staleness_version_lag")}
 
 
-@pytest.mark.parametrize(("cls", "config"), [(GRPOLearner, GRPO), (DAPOLearner, DAPO)], ids=["grpo", "dapo"])
-def test_async_equals_a_synchronous_run_sampling_with_weights_one_step_older(cls, config):
-    ref = make(lagged(cls), config, async_rollout="off")
-    run = make(cls, config)
+@pytest.mark.parametrize(("cls", "config", "k"), [(GRPOLearner, GRPO, 1), (DAPOLearner, DAPO, 1),
+                                                  (DAPOLearner, DAPO, 2), (GRPOLearner, GRPO, 3)],
+                         ids=["grpo", "dapo", "dapo-k2", "grpo-k3"])
+def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls, config, k):
+    ref = make(lagged(cls, k), config, async_rollout="off")
+    run = make(cls, config, max_staleness=k)
     for step in range(1, STEPS + 1):
         want, got = ref.train_step(), run.train_step()
         assert untimed(got) == untimed(want), step
-        assert got["async/staleness"] == (0.0 if step == 1 else 1.0)
+        # batch n was sampled by W(max(n-1-k, 0)) and trained by W(n-1)
+        assert got["async/staleness"] == min(step - 1, k)
+        assert got["async/sampled_version"] == max(step - 1 - k, 0)
+        assert got["async/queue"] == k - 1
         assert {"time/wait_rollout", "time/wait_update"} <= set(got)
     assert tree_max_abs_diff(run.params, ref.params) == 0.0
     assert tree_max_abs_diff(run.params, ref.weights[0]) > 1e-3  # the runs learned something
     if cls is DAPOLearner:  # the reference carried groups and resampled: the path was exercised
         assert any(m["dapo/groups_carried_in"] > 0 for m in ref.recorder.history)
         assert any(m["dapo/gen_rounds"] > 2 for m in ref.recorder.history)
-    # the batch in flight was sampled by the weights of step STEPS - 1
-    assert run.in_flight is not None and run.in_flight.version == STEPS - 1
+    # the batches in flight were sampled by the weights of steps STEPS-k .. STEPS-1, oldest first
+    assert [f.version for f in run.in_flight] == list(range(STEPS - k, STEPS))
 
 
 def test_a_run_stopped_with_a_batch_in_flight_resumes_to_the_same_result(tmp_path):
@@ -130,7 +135,7 @@ def test_a_run_stopped_with_a_batch_in_flight_resumes_to_the_same_result(tmp_pat
     stopped.close()
     resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
     assert resumed.resume(log=lambda _: None) and resumed.step == 4
-    assert resumed.in_flight is not None and resumed.in_flight.version == 3 and resumed.carry is not None
+    assert [f.version for f in resumed.in_flight] == [3] and resumed.carry is not None
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
@@ -145,7 +150,7 @@ def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batch_in_flig
     assert sync.resume(log=lambda _: None)
     position = sync.data_position
     sync.train()
-    assert sync.in_flight is None and sync.data_position == position  # no prompt drawn, none lost
+    assert sync.in_flight == () and sync.data_position == position  # no prompt drawn, none lost
 
 
 def test_scoring_of_the_next_batch_runs_during_the_update():

@@ -337,6 +337,9 @@ class TrainingConfig(Config):
     the batch of step n+1 is sampled (and scored) with the weights of step n-1 while step n
     trains, so generation and reward scoring overlap the update; staleness is at most one step,
     corrected by the algorithm's truncated importance weight (see rl_core.learner.base)."""
+    max_staleness: int = 1
+    """With async_rollout=one_step, how many batches are collected ahead (k): batch n is sampled by
+    the weights of step n-1-k at the latest and trained k steps stale (rl_core.rollout.async_rollout)."""
     share_prompts: bool = True
     """Run each group's prompt once in the policy's update and log-prob passes, not once per
     completion: the prompt fills a KV cache its G rows continue from (the same log-probs and
@@ -354,6 +357,10 @@ class TrainingConfig(Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.async_rollout in ASYNC_ROLLOUT, self, "async_rollout", f"must be one of {ASYNC_ROLLOUT}")
+        check(isinstance(self.max_staleness, int) and self.max_staleness >= 1, self, "max_staleness",
+              "must be an integer >= 1")
+        check(self.max_staleness == 1 or self.async_rollout != "off", self, "max_staleness",
+              "needs async_rollout='one_step': synchronous rollouts sample with the current weights")
         check(isinstance(self.packing, bool), self, "packing", "must be true or false")
         check(isinstance(self.share_prompts, bool), self, "share_prompts", "must be true or false")
         check(self.rollout_devices >= 0, self, "rollout_devices", "must be >= 0")

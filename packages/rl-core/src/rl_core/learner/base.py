@@ -238,7 +238,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     rng = _state_field("rng", "the training key stream's PRNG key")
     step = _state_field("step", "the steps done")
     data_position = _state_field("data_position", "the prompt stream's position")
-    in_flight = _state_field("in_flight", "the batch collected ahead (async rollouts), or None")
+    in_flight = _state_field("in_flight", "the batches collected ahead (async rollouts), oldest first")
     carry = _state_field("carry", "the algorithm's carry between steps (DAPO's surplus groups)")
     params = property(lambda self: self._state.models[POLICY].params, doc="the policy's trained parameters (float32 masters)")
     opt_state = property(lambda self: self._state.models[POLICY].opt_state, doc="the policy's optimizer state")
@@ -418,14 +418,16 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         start = time.perf_counter()
         n, state = self.training.prompts_per_step, self._state
         if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
-            batch = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from, in_flight=state.in_flight,
-                                supply=self.supply(), prompts_per_step=n, version=state.step, params=self.params,
-                                generator=self.generator, thread=self.ahead)
-        elif state.in_flight is not None:  # an async run's checkpoint resumed synchronously: train on its batch
-            batch = self.examples_from(state.in_flight.batch)
-            batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - state.in_flight.version),
+            batch, rest = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from,
+                                      in_flight=state.in_flight, supply=self.supply(), prompts_per_step=n,
+                                      version=state.step, params=self.params, generator=self.generator,
+                                      thread=self.ahead, max_staleness=self.training.max_staleness)
+        elif state.in_flight:  # an async run's checkpoint resumed synchronously: train on its batches first
+            head = state.in_flight[0]
+            batch = self.examples_from(head.batch)
+            batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - head.version),
                                             **batch.metrics})
-            self._state = self._state._replace(in_flight=None)
+            self._state = self._state._replace(in_flight=state.in_flight[1:])
         elif type(self).collect is CollectHalves.collect:  # produce_examples only
             prompts, supply = self.supply().draw(n)
             self._state = self._state._replace(data_position=supply.position)
@@ -450,10 +452,11 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # steps between the weights that sampled the batch and the update's (async: batch_ahead's count)
         metrics.setdefault("rollout/staleness_version_lag", metrics.get("async/staleness", 0.0))
         if self.ahead is not None:
-            (results, apart), in_flight, supply, waits = update_beside(self.run_updates, batch.example,
-                                                                       generator=self.generator, thread=self.ahead)
+            (results, apart), in_flight, supply, waits = update_beside(
+                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self.ahead)
             self._state = self._state._replace(in_flight=in_flight)
-            self._take_supply(supply)
+            if supply is not None:
+                self._take_supply(supply)
             metrics.update(waits)
         else:
             results, apart = self.run_updates(batch.example)

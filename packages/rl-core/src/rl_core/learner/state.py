@@ -9,8 +9,9 @@ Arrays (Orbax): the policy's trained parameters and optimizer state and the PRNG
 at the top (the layout of every earlier checkpoint), each other model's (PPO's
 critic) under its name; never the frozen base. JSON: the step, the data stream's
 position, the algorithm's carry (`extra`, e.g. DAPO's carried groups) and,
-with async rollouts, the batch in flight (collected, not trained on yet) with the
-version of the weights that sampled it.
+with async rollouts, the batches in flight (collected, not trained on yet, oldest first)
+each with the version of the weights that sampled it: a list; a checkpoint written
+before rollouts could run more than one step ahead holds one, as a dict.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class LearnerState(NamedTuple):
     step: int = 0
     data_position: int = 0
     """The prompt stream's position: the next prompt a collection draws."""
-    in_flight: InFlight | None = None
-    """With async rollouts, the batch collected ahead of the step that trains on it."""
+    in_flight: tuple[InFlight, ...] = ()
+    """With async rollouts, the batches collected ahead of the steps that train on them, oldest
+    first (at most training.max_staleness)."""
     carry: Any = None
     """The algorithm's own state between steps (DAPO: the surplus groups), None by default."""
 
@@ -53,9 +55,8 @@ def state_arrays(state: LearnerState) -> dict[str, Any]:
 def state_meta(state: LearnerState, *, carry_to_json: Callable[[Any], Mapping[str, Any]],
                batch_to_json: Callable[[Any], Any]) -> dict[str, Any]:
     meta = {"step": state.step, "data_position": state.data_position, "extra": dict(carry_to_json(state.carry))}
-    if state.in_flight is not None:  # sampled, not trained on yet: the resumed run trains on it
-        flight = state.in_flight
-        meta["in_flight"] = {"version": flight.version, "batch": batch_to_json(flight.batch)}
+    if state.in_flight:  # sampled, not trained on yet: the resumed run trains on them
+        meta["in_flight"] = [{"version": f.version, "batch": batch_to_json(f.batch)} for f in state.in_flight]
     return meta
 
 
@@ -65,9 +66,10 @@ def load_state(arrays: Mapping[str, Any], meta: Mapping[str, Any], *, models: It
     """The state `state_arrays` and `state_meta` saved, for a learner training `models`."""
     trained = {name: TrainState(arrays["params"], arrays["opt_state"]) if name == POLICY
                else TrainState(arrays[name]["params"], arrays[name]["opt_state"]) for name in models}
-    flight = meta.get("in_flight")
+    flight = meta.get("in_flight", [])
+    flight = [flight] if isinstance(flight, Mapping) else flight  # an older checkpoint: one batch ahead
     return LearnerState(
         models=trained, rng=arrays["rng"], step=int(meta["step"]), data_position=int(meta["data_position"]),
-        in_flight=None if flight is None else InFlight(batch_from_json(flight["batch"]), int(flight["version"])),
+        in_flight=tuple(InFlight(batch_from_json(f["batch"]), int(f["version"])) for f in flight),
         carry=carry_from_json(meta.get("extra", {})),
     )

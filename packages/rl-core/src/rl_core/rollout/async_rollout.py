@@ -1,19 +1,24 @@
-"""One-step-off-policy rollouts: the next batch is collected while this one trains.
+"""Off-policy rollouts up to k steps ahead: the batches ahead are collected while this one trains.
 
-With `training.async_rollout = "one_step"` a step n of the learner
+With `training.async_rollout = "one_step"` and `training.max_staleness = k` (1 by default)
+the learner holds a bounded queue of up to k collected batches, oldest first, each with the
+version of the weights that sampled it (`InFlight`). A step n of the learner
 
   1. pins the current weights W(n-1) in the rollout backend and starts collecting
-     batch n+1 with them (generation, decoding, reward scoring) on a rollout thread,
-  2. meanwhile turns the batch collected during step n-1 into train examples under
+     batch n+k with them (generation, decoding, reward scoring) on a rollout thread,
+  2. meanwhile turns the queue's oldest batch, batch n, into train examples under
      W(n-1) (the proximal log-probs of decoupled PPO; advantages; metrics),
   3. runs the update on batch n (W(n-1) -> W(n)) on the calling thread,
-  4. waits for batch n+1, which is then "in flight": sampled by W(n-1), trained at
-     step n+1 by W(n), one step stale, and saved in every checkpoint with its version.
+  4. waits for batch n+k and appends it to the queue: sampled by W(n-1), trained at step
+     n+k by W(n+k-1), k steps stale. Every checkpoint saves the queue with its versions.
 
-Step 1 has no batch in flight: it collects batch 1 with W(0) first. Nothing else is
-reordered: the prompt stream and the key stream are drawn in the same order as in a
-synchronous run, so an async run equals a synchronous one whose rollouts use weights
-one step older (tests/algos/test_algo_async_rollout.py builds that reference).
+The first step fills the queue first: it collects batches 1..k with W(0) in line (as does a
+resume from a checkpoint with fewer than k batches ahead; one with more trains them off
+without collecting). Nothing else is reordered: the prompt stream and the key stream are drawn
+in the same order as in a synchronous run, so an async run equals a synchronous one whose
+batch n is sampled by W(max(n-1-k, 0)) (tests/algos/test_algo_async_rollout.py builds that
+reference). One collection runs per step and the step waits for it, so k > 1 does not overlap
+more than k = 1: it lets a batch be trained later, not collected sooner.
 
 The thread overlaps what can overlap on the host: the update's device work runs while
 the rollout thread generates (a host-driven engine), decodes and scores (reward
@@ -23,8 +28,8 @@ process cannot promise, so there the collection runs on the calling thread after
 update is dispatched (same results, less overlap).
 
 `batch_ahead` and `update_beside` are functions of what they are given (the collect and
-examples functions, the batch in flight, the `Supply` of prompts, carry and key, the
-weights to pin, the rollout thread) and return new values: the batch in flight and the
+examples functions, the queue in flight, the `Supply` of prompts, carry and key, the
+weights to pin, the rollout thread) and return new values: the queue in flight and the
 supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
@@ -103,9 +108,12 @@ class RolloutThread:
         self._running = self._pool.submit(timed)
 
     def finish(self) -> tuple[Any, dict[str, float]]:
-        """What the collection returned, once done, and the waits: `time/wait_rollout`, seconds this
-        thread waited for it; `time/wait_update`, seconds it was done before this thread."""
+        """What the collection returned, once done (None when none was started), and the waits:
+        `time/wait_rollout`, seconds this thread waited for it; `time/wait_update`, seconds it was
+        done before this thread."""
         running, self._running = self._running, None
+        if running is None:
+            return None, {"time/wait_rollout": 0.0, "time/wait_update": 0.0}
         if not isinstance(running, Future):  # in line, after the caller's work: a fixed dispatch order
             return running(), {"time/wait_rollout": 0.0, "time/wait_update": 0.0}
         ready = time.perf_counter()
@@ -133,47 +141,59 @@ class Pinning(Protocol):
 
 
 def batch_ahead(*, collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]],
-                examples_from: Callable[[Any], StepBatch], in_flight: InFlight | None, supply: Supply,
-                prompts_per_step: int, version: int, params: Any, generator: Pinning, thread: RolloutThread
-                ) -> StepBatch:
-    """This step's batch as examples under the current weights `params` (step count `version`):
-    `in_flight`, collected during the last step, or collected now from `supply` on the first
-    step (or a resume from a synchronous run's checkpoint). Meanwhile the next batch is collected
-    on `thread` from `supply` with these weights pinned in `generator`; `update_beside` then runs
-    the update and returns it (InFlight) with the supply past it."""
-    if in_flight is None:
+                examples_from: Callable[[Any], StepBatch], in_flight: tuple[InFlight, ...], supply: Supply,
+                prompts_per_step: int, version: int, params: Any, generator: Pinning, thread: RolloutThread,
+                max_staleness: int = 1) -> tuple[StepBatch, tuple[InFlight, ...]]:
+    """This step's batch as examples under the current weights `params` (step count `version`),
+    and the queue left behind it. The batch is the oldest of `in_flight`, the queue collected
+    during earlier steps; a queue shorter than `max_staleness` (the first step, a resume from a
+    synchronous run's checkpoint) is filled first from `supply`, in line. Meanwhile the next
+    batch is collected on `thread` with these weights pinned in `generator`, unless the queue
+    left holds `max_staleness` batches already (a resume with a smaller k); `update_beside`
+    then runs the update and returns the queue with it and the supply past it."""
+    queue = tuple(in_flight)
+    while len(queue) < max_staleness:
         prompts, supply = supply.draw(prompts_per_step)
         collected, supply = collect(prompts, supply)
-        in_flight = InFlight(collected, version)
-    prompts, supply = supply.draw(prompts_per_step)
-    generator.pin(version, params)
+        queue += (InFlight(collected, version),)
+    head, rest = queue[0], queue[1:]
+    if len(rest) < max_staleness:
+        prompts, supply = supply.draw(prompts_per_step)
+        generator.pin(version, params)
 
-    def collect_next() -> tuple[InFlight, Supply]:
-        collected, after = collect(prompts, supply)
-        fault_point("in_flight", version + 1)  # the next batch collected, the update maybe not done
-        return InFlight(collected, version), after
+        def collect_next() -> tuple[InFlight, Supply]:
+            collected, after = collect(prompts, supply)
+            fault_point("in_flight", version + 1)  # the next batch collected, the update maybe not done
+            return InFlight(collected, version), after
 
-    thread.start(collect_next)
+        thread.start(collect_next)
     try:
-        batch = examples_from(in_flight.batch)  # the proximal log-prob pass runs beside the collection
+        batch = examples_from(head.batch)  # the proximal log-prob pass runs beside the collection
     except BaseException:
         thread.abandon()
         generator.unpin()
         raise
-    return batch._replace(metrics={**batch.metrics, "async/staleness": float(version - in_flight.version)})
+    metrics = {**batch.metrics, "async/staleness": float(version - head.version),
+               "async/sampled_version": float(head.version), "async/queue": float(len(rest))}
+    return batch._replace(metrics=metrics), rest
 
 
-def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, generator: Pinning,
-                  thread: RolloutThread) -> tuple[Any, InFlight, Supply, dict[str, float]]:
+def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, rest: tuple[InFlight, ...],
+                  generator: Pinning, thread: RolloutThread
+                  ) -> tuple[Any, tuple[InFlight, ...], Supply | None, dict[str, float]]:
     """`update(example)` while the collection `batch_ahead` started goes on: what the update
-    returned, the batch collected (now in flight), the supply past it and the waits. The
-    rollouts follow the policy's weights again."""
+    returned, the queue in flight (`rest`, what `batch_ahead` left, with the batch collected
+    appended), the supply past it (None when no collection ran) and the waits. The rollouts
+    follow the policy's weights again."""
     try:
         results = update(example)
-        (in_flight, supply), waits = thread.finish()
+        collected, waits = thread.finish()
     except BaseException:
         thread.abandon()
         raise
     finally:
         generator.unpin()  # the collection is over: evaluation and export use the current weights
-    return results, in_flight, supply, waits
+    if collected is None:
+        return results, rest, None, waits
+    in_flight, supply = collected
+    return results, (*rest, in_flight), supply, waits
