@@ -11,6 +11,7 @@ settings are refused.
 """
 
 import dataclasses
+import json
 import sys
 import threading
 import time
@@ -127,30 +128,58 @@ def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls,
     assert [f.version for f in run.in_flight] == list(range(STEPS - k, STEPS))
 
 
-def test_a_run_stopped_with_a_batch_in_flight_resumes_to_the_same_result(tmp_path):
-    straight = make(DAPOLearner, DAPO)
+def as_written_before_k(run_dir, step):
+    """Rewrite checkpoint `step`'s batches in flight (one) as a checkpoint written before
+    training.max_staleness held them: one dict, not a list."""
+    [path] = (run_dir / "checkpoints" / str(step) / "meta").glob("metadata")
+    meta = json.loads(path.read_text())
+    [meta["in_flight"]] = meta["in_flight"]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_path, k):
+    straight = make(DAPOLearner, DAPO, max_staleness=k)
     straight.train()
-    stopped = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
-    stopped.train(4)  # batch 5 in flight: it leaves a group carried over to step 6
+    stopped = make(DAPOLearner, DAPO, output_dir=tmp_path / "run", max_staleness=k)
+    stopped.train(4)  # k = 1: batch 5 in flight, it leaves a group carried over to step 6; k = 2: batches 5, 6
     stopped.close()
-    resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run")
+    if k == 1:  # and as an older checkpoint holds it
+        as_written_before_k(tmp_path / "run", 4)
+    resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run", max_staleness=k)
     assert resumed.resume(log=lambda _: None) and resumed.step == 4
-    assert [f.version for f in resumed.in_flight] == [3] and resumed.carry is not None
+    assert [f.version for f in resumed.in_flight] == list(range(4 - k, 4))
+    assert resumed.carry is not None or k > 1  # k = 1: the group carried out of batch 5
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
     assert [untimed(m) for m in resumed.recorder.history] == [untimed(m) for m in straight.recorder.history]
 
 
-def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batch_in_flight(tmp_path):
-    run = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=2)
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_flight(tmp_path, k):
+    run = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=2, max_staleness=k)
     run.train()
     run.close()
-    sync = make(GRPOLearner, GRPO, async_rollout="off", output_dir=tmp_path / "run", num_steps=3)
-    assert sync.resume(log=lambda _: None)
+    sync = make(GRPOLearner, GRPO, async_rollout="off", output_dir=tmp_path / "run", num_steps=2 + k)
+    assert sync.resume(log=lambda _: None) and len(sync.in_flight) == k
     position = sync.data_position
-    sync.train()
+    lags = [sync.train_step()["rollout/staleness_version_lag"] for _ in range(k)]
     assert sync.in_flight == () and sync.data_position == position  # no prompt drawn, none lost
+    assert lags == [k] * k  # batch 3 (and 4) sampled by W(2 - k), W(1): the weights of k steps before
+
+
+def test_more_batches_in_flight_than_k_are_trained_off_before_collecting_again(tmp_path):
+    run = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=2, max_staleness=2)
+    run.train()
+    run.close()
+    fewer = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=4, max_staleness=1)
+    assert fewer.resume(log=lambda _: None)
+    position = fewer.data_position
+    first = fewer.train_step()  # batch 3 trained, batch 4 left: nothing collected
+    assert len(fewer.in_flight) == 1 and fewer.data_position == position and first["async/queue"] == 1
+    fewer.train_step()  # batch 4 trained, batch 5 collected with W(3)
+    assert [f.version for f in fewer.in_flight] == [3] and fewer.data_position > position
 
 
 def test_scoring_of_the_next_batch_runs_during_the_update():

@@ -36,6 +36,8 @@ RULES = [
     (TrainingConfig, {}, "async_rollout", "two_steps", "must be one of ('off', 'one_step')"),
     (TrainingConfig, {"async_rollout": "one_step"}, "rollout_devices", -1, "must be >= 0"),
     (TrainingConfig, {}, "rollout_devices", 2, "needs async_rollout='one_step'"),
+    (TrainingConfig, {"async_rollout": "one_step"}, "max_staleness", 0, "must be an integer >= 1"),
+    (TrainingConfig, {}, "max_staleness", 2, "needs async_rollout='one_step'"),
     (TrainingConfig, {}, "packing", "yes", "must be true or false"),
     (TrainingConfig, {}, "share_prompts", "yes", "must be true or false"),
     (TrainingConfig, {}, "learning_rate", 0.0, "must be > 0"),
