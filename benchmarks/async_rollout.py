@@ -1,12 +1,15 @@
-"""Step time with synchronous and one-step-off-policy async rollouts, with a slow reward.
+"""Step time with synchronous rollouts and async rollouts k = 1, 2, 4 steps ahead, with a slow reward.
 
     uv run python benchmarks/async_rollout.py [--delay 0.2] [--steps 8] [--prompts 8] [--group 8]
+        [--staleness 1 2 4] [--rounds 1]
 
 GRPO on the tiny-qwen2 shape (D=128, 4 layers, random weights, character vocabulary)
 and the built-in arithmetic task's prompts; the reward sleeps `--delay` seconds per batch, as a
-code sandbox, a judge model or a remote verifier would. Each mode runs 2 untimed
-steps (compiles; async mode's first step also collects its own batch) and then
-`--steps` timed ones; printed per mode: mean seconds per step and of its phases
+code sandbox, a judge model or a remote verifier would. Each mode (sync, then async with
+`training.max_staleness` = each of `--staleness`) runs k + 1 untimed steps (compiles; async
+mode's first step also collects its first k batches) and then `--steps` timed ones, in
+`--rounds` rounds that alternate the modes (a busy machine drifts); printed per mode: mean
+seconds per step over the rounds and of its phases
 (rollout = generation and decoding, reward = scoring, logprob = the log-prob
 passes, update = the optimizer steps), and for async the waits of each side.
 
@@ -14,7 +17,9 @@ With one step of staleness a batch is generated and then scored while one update
 runs, so the async step is bounded by the longer side, max(rollout + reward,
 logprob + update) of the synchronous phases; max(rollout, update, reward) would
 need a batch's scoring to overlap its own generation (rewards streamed per
-completion) or two steps of staleness. On a CPU both sides also share the cores.
+completion). One collection runs beside each update and the step waits for it at any k
+(rl_core.rollout.async_rollout), so k = 2 and 4 should step as k = 1 does. On a CPU both sides
+also share the cores.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ def slow_reward(delay: float):
     return numeric_answer
 
 
-def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
+def run(k: int, args: argparse.Namespace) -> dict[str, float]:
+    """Mean seconds of the timed steps at staleness `k` (0: synchronous rollouts)."""
     tok = CharTokenizer()
     config = TransformerConfig.tiny_qwen2(tok.vocab_size)
     learner = GRPOLearner(
@@ -51,12 +57,12 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         policy=Transformer(config, rngs=nnx.Rngs(0)),
         tokenizer=tok,
         train_data=list(arithmetic().train),
-        training=TrainingConfig(prompts_per_step=args.prompts, learning_rate=1e-4, async_rollout=mode,
-                                num_steps=args.steps + 2),
+        training=TrainingConfig(prompts_per_step=args.prompts, learning_rate=1e-4, num_steps=args.steps + k + 1,
+                                async_rollout="one_step" if k else "off", max_staleness=max(k, 1)),
         rollout=RolloutConfig(max_new_tokens=args.new_tokens, max_prompt_tokens=16, temperature=1.0),
         reward_manager=rewards.RewardManager([slow_reward(args.delay)]),
     )
-    for _ in range(2):
+    for _ in range(k + 1):  # compiles; async: the first step collects k batches in line
         learner.train_step()
     rows = [learner.train_step() for _ in range(args.steps)]
     learner.close()
@@ -72,19 +78,29 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="async modes' max_staleness")
+    p.add_argument("--rounds", type=int, default=1, help="rounds over the modes, alternating")
     args = p.parse_args()
     keep_freed_memory()
     unroll_threefry_on_cpu()
-    sync, one_step = run("off", args), run("one_step", args)
-    for name, row in (("sync", sync), ("one_step", one_step)):
-        print(f"{name:9s} " + "  ".join(f"{k.removeprefix('time/')} {v:.3f} s" for k, v in row.items()))
-    # one step stale: a batch is generated and then scored within one update (its own scoring
-    # cannot overlap its own generation), so the step is bounded by the longer of the two sides
+    modes = [0, *args.staleness]
+    rounds = [{k: run(k, args) for k in modes} for _ in range(args.rounds)]
+    rows = {k: {name: float(np.mean([r[k][name] for r in rounds])) for name in rounds[0][k]} for k in modes}
+    for k, row in rows.items():
+        name = "sync" if k == 0 else f"async k={k}"
+        print(f"{name:11s} " + "  ".join(f"{n.removeprefix('time/')} {v:.3f} s" for n, v in row.items()))
+    sync = rows[0]
+    # a batch is generated and then scored within one update (its own scoring cannot overlap
+    # its own generation), so the step is bounded by the longer of the two sides
     sides = max(sync["time/rollout"] + sync["time/reward"], sync["time/logprob"] + sync["time/update"])
-    phases = max(sync["time/rollout"], sync["time/update"], sync["time/reward"])
-    print(f"async step / sync step: {one_step['time/step'] / sync['time/step']:.2f}; "
-          f"async step / max(rollout + reward, logprob + update): {one_step['time/step'] / sides:.2f}; "
-          f"async step / max(rollout, update, reward): {one_step['time/step'] / phases:.2f}")
+    for k in args.staleness:
+        step = rows[k]["time/step"]
+        print(f"k={k}: async step / sync step {step / sync['time/step']:.2f}; "
+              f"/ max(rollout + reward, logprob + update) {step / sides:.2f}")
+    if args.rounds > 1:
+        for k in modes:
+            print(f"{'sync' if k == 0 else f'k={k}'} step per round: "
+                  + " ".join(f"{r[k]['time/step']:.3f}" for r in rounds))
 
 
 if __name__ == "__main__":
