@@ -33,7 +33,7 @@ overlong shaping) are added to the reward manager here, so a learner built
 directly from the library applies them too.
 
 Async rollouts (training.async_rollout = "one_step") sample with weights one step
-older than the update's. The update then follows decoupled PPO (AReaL): every row's
+(up to training.max_staleness = k steps) older than the update's. The update then follows decoupled PPO (AReaL): every row's
 `old_logp` is the proximal policy's, the current weights' at training time (none is
 recorded at collection, when the update may be changing the weights), the clipped
 ratio is taken against it, and the rollout correction (rl_core.learner.rollout_correction:

@@ -8,7 +8,7 @@ than one mini-batch (the policy moves between optimizer steps; the learner's
 (they keep the log-probs recorded when they were collected, checkpoints included; the
 algorithm that carries them records them). Only on a provably on-policy step may
 `old_logp` be None: the loss then uses stop_gradient(logp), which is exactly equal in
-value. With async rollouts the sampler's weights are a step older than the update's:
+value. With async rollouts the sampler's weights are up to k steps (training.max_staleness) older:
 `old_logp` is then the proximal policy's, the current weights' when the step trains
 (decoupled PPO; see rl_core.learner.pipeline).
 
