@@ -5,7 +5,8 @@ simulated CPU devices; the fsdp=4 mesh alternates processes position by position
 so every batch's rows and every parameter's shards are scattered among them
 (the layout a TPU slice's default device order gives). Three GRPO steps must
 match one process with 4 devices to 1e-5, with synchronous and with async rollouts
-(the async runs on packed rows, training.packing), and so must the paged engine's sampled completions (one engine replica per device).
+(the async runs two steps ahead, training.max_staleness = 2, on packed rows, training.packing),
+and so must the paged engine's sampled completions (one engine replica per device).
 """
 
 import os
@@ -55,7 +56,7 @@ def test_two_interleaved_processes_train_as_one(tmp_path):
     np.testing.assert_array_equal(two["paged_tokens"], ref["paged_tokens"])
     assert (two["paged_tokens"] != 0).sum() > 15  # real completions were compared
     np.testing.assert_allclose(two["paged_logp"], ref["paged_logp"], rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(two["async_staleness"], [0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(two["async_staleness"], [0.0, 1.0, 2.0])  # k = 2
     for k in (k for k in ref.files if k.startswith("async_")):
         np.testing.assert_allclose(two[k], ref[k], atol=1e-5, rtol=1e-5)
     arrays = [k for k in ref.files if k.startswith("arr_")]

@@ -9,7 +9,8 @@ TPU v5e 4x4 slice interleaves hosts). The learner and its settings are those of
 mesh_parallel.py (SGD, beta > 0 and two iterations, so the reference and the
 old-policy passes run too). Process 0 writes the parameters after 3 steps and
 the metrics of each step to OUT (.npz), then the parameters of 3 steps with async
-rollouts (one collection beside each update; in line in a multi-process run) and
+rollouts two steps ahead (training.max_staleness = 2: the first step collects two
+batches; one collection beside each update; in line in a multi-process run) and
 packed rows (training.packing: each process packs the same batch, places its own
 devices' blocks), then
 the sampled completions of the paged engine on the same mesh (4 replicas,
@@ -60,7 +61,7 @@ def trained(learner) -> list[np.ndarray]:
 learner = make_learner(mesh)
 metrics = [learner.train_step() for _ in range(STEPS)]
 params = trained(learner)
-async_learner = make_learner(mesh, async_rollout="one_step", packing=True)
+async_learner = make_learner(mesh, async_rollout="one_step", packing=True, max_staleness=2)
 async_staleness = [async_learner.train_step()["async/staleness"] for _ in range(STEPS)]
 async_params = trained(async_learner)
 

@@ -37,7 +37,7 @@ def digit_fraction(prompts, completions, **_):
 
 def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None = None,
                  async_rollout: str = "off", rollout_devices: int = 0, engine: str = "static",
-                 packing: bool = False) -> GRPOLearner:
+                 packing: bool = False, max_staleness: int = 1) -> GRPOLearner:
     """SGD for the comparisons: Adam divides by sqrt(v), which turns 1e-7 rounding
     differences of near-zero gradient entries (another reduction order) into
     learning-rate-sized parameter differences; SGD shows the computation itself.
@@ -52,6 +52,7 @@ def make_learner(mesh, optimizer: str = "sgd", config: TransformerConfig | None 
         training=TrainingConfig(
             optimizer=optimizer, learning_rate=0.5, prompts_per_step=4, micro_batch_size=8, num_steps=STEPS,
             async_rollout=async_rollout, rollout_devices=rollout_devices, packing=packing,
+            max_staleness=max_staleness,
         ),  # 16 rows a step: one mini-batch of two micro-batches of 8 rows
         rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, temperature=1.0, seed=0, engine=engine),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
