@@ -106,8 +106,7 @@ def untimed(metrics):
 
 
 @pytest.mark.parametrize(("cls", "config", "k"), [(GRPOLearner, GRPO, 1), (DAPOLearner, DAPO, 1),
-                                                  (DAPOLearner, DAPO, 2), (GRPOLearner, GRPO, 3)],
-                         ids=["grpo", "dapo", "dapo-k2", "grpo-k3"])
+                                                  (DAPOLearner, DAPO, 2)], ids=["grpo", "dapo", "dapo-k2"])
 def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls, config, k):
     ref = make(lagged(cls, k), config, async_rollout="off")
     run = make(cls, config, max_staleness=k)
@@ -156,8 +155,7 @@ def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_pat
     assert [untimed(m) for m in resumed.recorder.history] == [untimed(m) for m in straight.recorder.history]
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_flight(tmp_path, k):
+def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_flight(tmp_path, k=2):
     run = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=2, max_staleness=k)
     run.train()
     run.close()
@@ -166,7 +164,7 @@ def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_fl
     position = sync.data_position
     lags = [sync.train_step()["rollout/staleness_version_lag"] for _ in range(k)]
     assert sync.in_flight == () and sync.data_position == position  # no prompt drawn, none lost
-    assert lags == [k] * k  # batch 3 (and 4) sampled by W(2 - k), W(1): the weights of k steps before
+    assert lags == [k] * k  # batches 3 and 4 sampled by W(0), W(1): the weights of k steps before
 
 
 def test_more_batches_in_flight_than_k_are_trained_off_before_collecting_again(tmp_path):
