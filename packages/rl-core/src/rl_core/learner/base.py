@@ -11,10 +11,10 @@
 
 What a step changes is one value the learner holds, `state` (rl_core.learner.state.
 LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
-the batch in flight, the algorithm's carry); `params`, `opt_state`, `rng`, `step`,
+the batches in flight, the algorithm's carry); `params`, `opt_state`, `rng`, `step`,
 `in_flight`, ... read it. Only the learner replaces it, from what its parts return: a
 collection returns its batch and the `Supply` past it (rl_core.data: position, carry,
-key), async rollouts return the batch in flight (rl_core.rollout.async_rollout), a checkpoint
+key), async rollouts return the batches in flight (rl_core.rollout.async_rollout), a checkpoint
 loads into a new value (rl_core.learner.state). Arrows run from the learner to its
 parts, never back: no part takes the learner.
 
