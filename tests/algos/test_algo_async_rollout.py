@@ -27,6 +27,7 @@ from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner.rollout_correction import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -215,9 +216,11 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
 
 
 def test_async_without_a_correction_uses_token_tis_at_two():
-    """Neither tis_cap nor rollout_correction set: async rollouts use token_tis with C = 2
-    (rl_core.learner.rollout_correction.ASYNC_DEFAULT), the run tis_cap=2.0 asked for before."""
-    default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None), num_steps=2)
+    """Neither tis_cap nor rollout_correction set: async rollouts use the default correction,
+    token_tis with C = 2 (rl_core.learner.rollout_correction.DEFAULT_PRESET), the run
+    tis_cap=2.0 asked for before."""
+    default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None, rollout_correction=RolloutCorrection()),
+                   num_steps=2)
     explicit = make(GRPOLearner, GRPO, num_steps=2)
     assert default.passes.importance_weights and default.passes.proximal
     for _ in range(2):
