@@ -23,10 +23,13 @@ import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner, DynamicSamplingError
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner.rollout_correction import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+
+OFF = RolloutCorrection(mode="off")
 
 I, U, Z, L = "I", "U", "Z", "L"  # noqa: E741 - the script reads as a table of kinds
 REWARDS = {I: (1.0, 0.0), U: (1.0, 1.0), Z: (0.0, 0.0), L: (0.0, 0.0)}
@@ -76,7 +79,8 @@ class ScriptedDAPO(DAPOLearner):
 def make(script, *, first_id=0, **config):
     tok = rl_models.CharTokenizer()
     return ScriptedDAPO(
-        DAPOConfig(group_size=G, max_gen_batches=config.pop("max_gen_batches", 3), **config),
+        # the scripted groups carry made-up sampler log-probs (-1 a token): no rollout correction
+        DAPOConfig(group_size=G, max_gen_batches=config.pop("max_gen_batches", 3), rollout_correction=OFF, **config),
         script=script,
         first_id=first_id,
         policy=BagPolicy(tok.vocab_size, rngs=nnx.Rngs(0)),

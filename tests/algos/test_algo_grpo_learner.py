@@ -20,6 +20,7 @@ from algo_dr_grpo import DrGRPOConfig, DrGRPOLearner
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner.rollout_correction import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -122,10 +123,12 @@ def fixed_batch(cls):
 
 # One config per aggregation mode used by the three algorithms. GRPO's beta is set to 0:
 # at the first step the reference equals the policy, so the k3 term and its gradient are 0.
+# FIXED's sampler log-probs are made up (-1 a token): no rollout correction.
+OFF = RolloutCorrection(mode="off")
 MODES = {
-    "seq-mean-token-mean": (GRPOLearner, dataclasses.replace(GRPOConfig(group_size=2), beta=0.0)),
-    "seq-mean-token-sum-norm": (DrGRPOLearner, DrGRPOConfig(group_size=2)),
-    "token-mean": (DAPOLearner, DAPOConfig(group_size=2)),
+    "seq-mean-token-mean": (GRPOLearner, GRPOConfig(group_size=2, beta=0.0, rollout_correction=OFF)),
+    "seq-mean-token-sum-norm": (DrGRPOLearner, DrGRPOConfig(group_size=2, rollout_correction=OFF)),
+    "token-mean": (DAPOLearner, DAPOConfig(group_size=2, rollout_correction=OFF)),
 }
 
 
@@ -219,7 +222,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
     out = {}
     for share in (True, False):
         learner = fixed_batch(GRPOLearner)(
-            GRPOConfig(group_size=2, beta=0.04, num_iterations=2),
+            GRPOConfig(group_size=2, beta=0.04, num_iterations=2, rollout_correction=OFF),
             policy=rl_models.Transformer(rl_models.TransformerConfig.tiny(TOK.vocab_size), rngs=nnx.Rngs(0)),
             tokenizer=TOK,
             train_data=PROMPTS,
