@@ -4,7 +4,6 @@ Uses the toy `BagPolicy` (a real NNX policy honouring masks and the KV cache)
 so that the many small programs compile quickly.
 """
 
-import dataclasses
 import sys
 from pathlib import Path
 
