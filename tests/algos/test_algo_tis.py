@@ -154,13 +154,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
 
 
 def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_ratio():
-    learner = MismatchedSampler(
-        GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP),
-        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)), tokenizer=TOK,
-        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
-        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
-        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
-    )  # fmt: skip
+    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP))
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)
@@ -182,13 +176,7 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     """On an on-policy step the capped weights of stop_gradient(logp) / pi_sampler equal those of
     a recomputed behaviour pass: the same loss, weights and update to float32 rounding (the pass
     is another compiled program, rounded differently in the last bit)."""
-    learner = MismatchedSampler(
-        GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP),
-        policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)), tokenizer=TOK,
-        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
-        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
-        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
-    )  # fmt: skip
+    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP))
     initial = learner.state._replace(models=jax.tree.map(lambda x: x.copy(), learner.state.models))
     example = learner.produce_examples(learner.data.next(2)).example
     assert example.old_logp is None

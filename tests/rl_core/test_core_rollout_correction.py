@@ -449,25 +449,13 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     import sys
     from pathlib import Path
 
-    import rewards
-    import rl_models
     from algo_grpo import GRPOConfig
-    from flax import nnx
-    from rl_core.config import RolloutConfig, TrainingConfig
-    from rl_core.data import Prompt
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
-    from algo_test_doubles import BagPolicy, MismatchedSampler
+    from algo_test_doubles import MismatchedSampler
 
-    tok = rl_models.CharTokenizer()
     correction = RolloutCorrection(**settings)
-    learner = MismatchedSampler(
-        GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction),
-        policy=BagPolicy(tok.vocab_size, rngs=nnx.Rngs(0)), tokenizer=tok,
-        train_data=[Prompt(f"{a}+{a}=", {"answer": str(2 * a)}) for a in range(1, 5)],
-        training=TrainingConfig(prompts_per_step=2), rollout=RolloutConfig(max_new_tokens=3, max_prompt_tokens=8),
-        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
-    )  # fmt: skip
+    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction))
     assert learner.passes.importance_weights and not learner.passes.behaviour  # on-policy: sg(logp) is old_logp
     metrics = learner.train_step()
     example = learner.last_example
