@@ -40,13 +40,13 @@ def _copy(tree: Any) -> Any:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _cast(tree: Any, dtype: str) -> Any:
-    """`tree` with its wider floating leaves in `dtype` (new buffers; integer leaves, e.g. a
-    quantized base's codes, and leaves already as narrow stay as they are)."""
+    """`tree` with its wider floating leaves in `dtype`, new buffers; integer leaves (a quantized
+    base's codes) and leaves already as narrow pass through uncopied (never donated)."""
     target = jnp.dtype(dtype)
 
     def cast(x: jax.Array) -> jax.Array:
         wider = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > target.itemsize
-        return x.astype(target) if wider else x.copy()
+        return x.astype(target) if wider else x
 
     return jax.tree.map(cast, tree)
 
