@@ -27,7 +27,7 @@ from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -222,7 +222,7 @@ def test_async_without_a_correction_uses_token_tis_at_two():
     default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None, rollout_correction=RolloutCorrection()),
                    num_steps=2)
     explicit = make(GRPOLearner, GRPO, num_steps=2)
-    assert default.passes.importance_weights and default.passes.proximal
+    assert resolve_correction(default.config) == RolloutCorrection.token_tis(2.0) and default.passes.proximal
     for _ in range(2):
         got, want = default.train_step(), explicit.train_step()
         for name in ("train/loss", "drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/offpolicy_logp_abs_mean"):

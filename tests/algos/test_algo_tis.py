@@ -18,6 +18,7 @@ from rl_core import registry
 from rl_core.math.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 
@@ -142,7 +143,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
     assert not plain.update_is_off_policy() and not tis.update_is_off_policy()
-    assert not plain.passes.behaviour and not tis.passes.behaviour and tis.passes.importance_weights
+    assert not plain.passes.behaviour and not tis.passes.behaviour and resolve_correction(tis.config).on
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)

@@ -320,8 +320,9 @@ def test_the_default_is_token_tis_and_off_means_off_sync_and_async():
     default, off = GRPOConfig(), GRPOConfig(rollout_correction=RolloutCorrection(mode="off"))
     assert resolve_correction(default) == RolloutCorrection(preset="token_tis")
     for mode in ("off", "one_step"):  # an explicit off holds for async rollouts too
-        assert not LogprobPasses.of(off, num_mini_batches=1, async_rollout=mode).importance_weights
-        assert LogprobPasses.of(default, num_mini_batches=1, async_rollout=mode).importance_weights
+        assert not LogprobPasses.of(off, num_mini_batches=1, async_rollout=mode).behaviour
+        assert not LogprobPasses.of(default, num_mini_batches=1, async_rollout=mode).behaviour
+    assert not resolve_correction(off).on and resolve_correction(default).on
     # tis_cap, the old name of token_tis with that cap, becomes the group when it is left at its default
     assert (GRPOConfig(tis_cap=3.0).rollout_correction.mode, GRPOConfig(tis_cap=3.0).rollout_correction.cap) == (
         "token_tis", 3.0)
@@ -423,9 +424,9 @@ def test_a_correction_adds_no_behaviour_pass_to_an_on_policy_step():
 
     seq_mask = GRPOConfig(rollout_correction=RolloutCorrection(preset="seq_mask"))
     assert not passes(GRPOConfig()).behaviour
-    assert passes(seq_mask).importance_weights and not passes(seq_mask).behaviour
-    assert passes(GRPOConfig(tis_cap=2.0)).importance_weights and not passes(GRPOConfig(tis_cap=2.0)).behaviour
-    assert passes(GRPOConfig(), "one_step").importance_weights  # the async default
+    assert resolve_correction(seq_mask).on and not passes(seq_mask).behaviour
+    assert resolve_correction(GRPOConfig(tis_cap=2.0)).on and not passes(GRPOConfig(tis_cap=2.0)).behaviour
+    assert resolve_correction(GRPOConfig()).on  # the default, synchronous or async
     assert not passes(GRPOConfig(), "one_step").behaviour
     assert passes(seq_mask, mini_batches=2).behaviour and passes(GRPOConfig(), "one_step", 2).behaviour
 
@@ -456,7 +457,7 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
 
     correction = RolloutCorrection(**settings)
     learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction))
-    assert learner.passes.importance_weights and not learner.passes.behaviour  # on-policy: sg(logp) is old_logp
+    assert resolve_correction(learner.config).on and not learner.passes.behaviour  # on-policy: sg(logp) is old_logp
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)

@@ -30,7 +30,6 @@ import numpy as np
 
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
-from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.train.frozen_model import FrozenModel
 from rl_core.train.trainable import TrainableModel
@@ -90,9 +89,6 @@ class LogprobPasses:
 
     off_policy: bool
     """Several passes over the batch or several mini-batches (RLLearner.update_is_off_policy)."""
-    importance_weights: bool
-    """A rollout correction (rl_core.learner.rollout_correction.resolve_correction: the config's,
-    token_tis by default, or tis_cap) weighs or masks each token by pi_old / pi_sampler."""
     proximal: bool
     """Async rollouts (training.async_rollout != "off")."""
     beta: float
@@ -108,7 +104,6 @@ class LogprobPasses:
         `num_mini_batches`: what the learner decides, and what `trainer plan` compiles."""
         return cls(
             off_policy=config.num_iterations > 1 or num_mini_batches > 1,
-            importance_weights=resolve_correction(config).on,
             proximal=async_rollout != "off",
             beta=config.beta, kl_in_rewards=config.kl_in_rewards, distill=bool(config.distill_coef),
         )
