@@ -12,6 +12,8 @@ contract: mini-batches after the first see the moved policy through the
 importance ratio (and clip), rows with recorded log-probs keep them, and the
 on-policy fast path (no behaviour forward) equals the recomputed path to
 float32 rounding. A new algorithm package is picked up here by its entry point alone.
+The contracts that build a learner per algorithm (async rollouts, the behaviour policy) run
+for three representatives in the fast tier and for every other algorithm in the e2e tier.
 """
 
 import dataclasses
@@ -41,6 +43,13 @@ from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
+# The contracts that build a learner of their own per algorithm (async rollouts, the behaviour
+# policy) run in the fast tier for three algorithms that span the loss shapes: a token ratio,
+# a sequence ratio and a critic; for every other algorithm in the e2e tier (`-m e2e`).
+REPRESENTATIVE = ("grpo", "gspo", "ppo")
+EVERY_ALGORITHM_ACROSS_TIERS = [
+    name if name in REPRESENTATIVE else pytest.param(name, marks=pytest.mark.e2e) for name in ALGORITHMS
+]
 TOK = rl_models.CharTokenizer()
 MODEL = rl_models.TransformerConfig.tiny(
     TOK.vocab_size, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, mlp_hidden_size=64
@@ -123,6 +132,10 @@ def run(request):
 
 
 # -- discovery ----------------------------------------------------------------------------
+
+
+def test_the_representatives_are_installed_algorithms():
+    assert set(REPRESENTATIVE) <= set(ALGORITHMS)
 
 
 def test_discovered_set_equals_the_algo_packages():
@@ -353,7 +366,7 @@ def test_second_step_compiles_nothing_new(run):
     assert run.new_compiles == [0, 0]
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_trains_with_async_rollouts_as_it_is(name):
     """training.async_rollout=one_step needs nothing of the package: step 2 trains on a batch
     sampled by the initial weights while batch 3 is collected, and the loss stays finite. No
@@ -395,7 +408,7 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
     return learner.example_from_groups(dataclasses.replace(groups, prompt_tokens=prompt))
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_mini_batches_after_the_first_see_the_moved_policy(name):
     _, _, learner = build(name, prompts_per_step=4, mini_batch_size=G, learning_rate=0.01)
     assert learner.num_mini_batches == 4 and learner.update_is_off_policy()
@@ -415,7 +428,7 @@ def test_mini_batches_after_the_first_see_the_moved_policy(name):
     assert sum(clipped[1:]) > 0, (ratio_min, ratio_max)
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     _, _, learner = fresh(name)  # the shared learner: its programs are already compiled
     rows = 2 * G
@@ -447,7 +460,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     assert stats["maxima"]["train/ratio_max"] == pytest.approx(reported.max(), rel=1e-5)
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_on_policy_fast_path_equals_the_recomputed_path(name):
     """The fast path's stop_gradient(logp) equals the update's own forward exactly; the
     recomputed path's old_logp comes from another compiled program (the behaviour pass), which

@@ -13,6 +13,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 import rewards
 import rl_models
 from flax import nnx
@@ -73,6 +74,7 @@ def test_an_algorithm_trains_on_episodes():
     assert 0 < metrics["episodes/model_token_frac"] <= 1 and 1 <= metrics["episodes/turns_mean"] <= 2
 
 
+@pytest.mark.e2e  # a whole run checkpointed and resumed: the e2e tier
 def test_a_run_with_episodes_resumes_exactly(tmp_path):
     """DAPO carries surplus episode groups (with their records) through the checkpoint."""
     a = build("dapo", tmp_path / "run")
