@@ -109,6 +109,22 @@ def test_plan_counts_the_paged_engine_pool_its_use_and_weight_copy():
     assert result.peak_bytes >= a["engine_kv_pool"] + a["engine_weights"]
 
 
+def test_plan_counts_the_static_engines_bfloat16_weight_copy():
+    """rollout.weights_dtype=bfloat16: the static engine samples with a bfloat16 copy of the whole
+    float32 model, 2 bytes a parameter beside the trained weights; without it, no copy."""
+    from trainer.plan import memory_budget, plan
+    from trainer.settings import build_settings
+
+    base = ["model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=static"]
+    cast = plan(build_settings(algo="grpo", overrides=[*base, "rollout.weights_dtype=bfloat16"]), memory_budget("gpu"))
+    same = plan(build_settings(algo="grpo", overrides=base), memory_budget("gpu"))
+    assert cast.analytic["rollout_weight_copy"] == 2 * cast.parameters and same.analytic["rollout_weight_copy"] == 0
+    assert "rollout: weight copy in rollout.weights_dtype" in cast.table()
+    assert "weight copy" not in same.table()
+    copy = cast.analytic["rollout_weight_copy"]
+    assert cast.program_bytes["rollout"] == cast.compiled["rollout_temporaries"] + copy
+
+
 def test_the_memory_a_run_may_plan_for_on_each_platform():
     """GPU: JAX preallocates 75% (XLA_CLIENT_MEM_FRACTION or the older XLA_PYTHON_CLIENT_MEM_FRACTION
     changes it; --memory-fraction wins); TPU: 3% kept by the runtime (assumed); CPU: all. A plan

@@ -49,6 +49,17 @@ from trainer.plan.device_memory import MemoryBudget
 from trainer.plan.result import LOADED_MODEL, Plan  # noqa: F401 - the plan's result, importable from here
 
 
+
+def narrowed(s: jax.ShapeDtypeStruct, dtype: Any) -> jax.ShapeDtypeStruct:
+    """`s` as rl_core.rollout.generation's cast leaves it: a wider floating leaf in `dtype`, any
+    other leaf (a quantized base's codes, one already as narrow) itself, uncopied."""
+    import jax
+    import jax.numpy as jnp
+
+    if jnp.issubdtype(s.dtype, jnp.floating) and jnp.dtype(s.dtype).itemsize > dtype.itemsize:
+        return jax.ShapeDtypeStruct(s.shape, dtype, sharding=s.sharding)
+    return s
+
 def simulate_devices(count: int) -> None:
     """Make JAX see `count` CPU devices; must run before JAX starts a backend."""
     from jax._src import xla_bridge
@@ -171,13 +182,18 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
 
     ways = mesh_lib.batch_devices(mesh)
     rollout_temp = None
+    # rollout.weights_dtype: the static engine samples with a cast copy of the whole model
+    # (rl_core.rollout.generation.PolicyGenerator), held beside the trained weights
+    sampled_weights = frozen_lib.join(master, frozen)
+    if rollout.weights_dtype is not None:
+        sampled_weights = jax.tree.map(lambda s: narrowed(s, jnp.dtype(rollout.weights_dtype)), sampled_weights)
     if engine_name == "static":  # the paged engine's memory is its pool and weight copy (counted below)
         sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
                           param_shardings=shardings.whole)
         u = training.prompts_per_step
         prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
         _, rollout_out, rollout_temp = sizes(
-            sampler._jit(u % ways == 0, batch % ways == 0), frozen_lib.join(master, frozen), prompts,
+            sampler._jit(u % ways == 0, batch % ways == 0), sampled_weights, prompts,
             jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0), SamplingParams.from_rollout(rollout),
             group,
         )
@@ -269,6 +285,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "engine_kv_pool": pool_b,
         "engine_kv_in_use": in_use_b,
         "engine_weights": engine_weights_b,
+        # the static engine's cast copy (rollout.weights_dtype); without one it samples the policy's own buffers
+        "rollout_weight_copy": per_device([new for old, new in zip(jax.tree.leaves(frozen_lib.join(master, frozen)),
+                                                                  jax.tree.leaves(sampled_weights), strict=True)
+                                           if new is not old]) if engine_name == "static" else 0,
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
     }
     critic_trainable = 0

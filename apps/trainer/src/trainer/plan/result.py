@@ -69,7 +69,8 @@ class Plan:
         """The temporaries of each program the run uses (they run one at a time)."""
         c, a = self.compiled, self.analytic
         # the paged engine holds its pool and its weight copy while it generates
-        rollout = c["rollout_temporaries"] if self.engine == "static" else a["engine_kv_pool"] + a["engine_weights"]
+        rollout = (c["rollout_temporaries"] + a.get("rollout_weight_copy", 0) if self.engine == "static"
+                   else a["engine_kv_pool"] + a["engine_weights"])
         programs = {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
         if self.critic_trainable:  # its update and its values pass at collection time
             programs |= {"critic_update": c["critic_update_temporaries"],
@@ -110,6 +111,8 @@ class Plan:
             ("  of which gradients (analytic)", None, a["gradients"]),
             ("  of which activations, one micro-batch", None, a["activations"]),
             (None if paged else "rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            ("rollout: weight copy in rollout.weights_dtype" if a.get("rollout_weight_copy") else None, None,
+             a.get("rollout_weight_copy")),
             ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),
             (f"  in use at a mean of {self.mean_new_tokens} new tokens" if paged else None, None,
              a["engine_kv_in_use"]),
