@@ -119,9 +119,10 @@ def assert_invariant(results: dict) -> None:
 
 # -- the pure half: policy_gradient_loss on fixed log-probs -----------------------------------
 
-FULL_SWEEP = pytest.mark.multidevice
-"""The full sweep runs in the slower multidevice tier, beside the mesh half; the fast tier
-checks every loss under every aggregation with one split (micro-batches of 1 row)."""
+FULL_SWEEP = pytest.mark.e2e
+"""The full sweep is a wider matrix: it runs in the e2e tier (it needs no devices; the mesh half
+is in the multidevice tier); the fast tier checks every loss under every aggregation with one
+split (micro-batches of 1 row)."""
 
 
 @pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
