@@ -69,11 +69,13 @@ def requests(lengths, samples, seed):
                     num_samples=samples)
 
 
-def rollout(engine, pages, reqs, sampling, key):
+def rollout(engine, pages, reqs, sampling, key, held=False):
     """(completions, device calls, preemptions) with a host pool of `pages` pages; every page
-    must be free afterwards."""
+    must be free afterwards, but (`held`) those of retained sequences, kept in the same pool."""
     s = engine.settings
-    engine.pools = [PagePool(pages)]
+    if not held or len(engine.pools[0]._refs) != pages:
+        engine.release()
+        engine.pools = [PagePool(pages)]
     engine.preemptions = 0
     prompts, samples = len(reqs.prompt_tokens), len(reqs.prompt_tokens) * reqs.num_samples
     # the oldest running sample advances k tokens every call (it is never preempted, so each
@@ -86,8 +88,9 @@ def rollout(engine, pages, reqs, sampling, key):
         out = engine.generate(reqs, sampling, key)
     finally:
         del engine.call
-    assert engine.pools[0].in_use == 0
-    assert all(engine.pools[0].refcount(p) == 0 for p in range(pages))
+    held_pages = {p for x in engine.retained.held.values() for p in x.pages}
+    assert engine.pools[0].in_use == len(held_pages)
+    assert all(engine.pools[0].refcount(p) == 0 for p in range(pages) if p not in held_pages)
     return out, calls[0], engine.preemptions
 
 
@@ -174,3 +177,36 @@ def test_an_exception_mid_rollout_frees_every_page_and_the_engine_runs_again(eng
         assert engine.pools[0].in_use == 0
         got, _, _ = rollout(engine, engine.settings.pool_pages, reqs, SAMPLED, key)
         assert_same(got, want)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_continued_sequences_under_any_pool_finish_with_the_completions_of_a_full_prefill(engines, data):
+    """Two turns: every sample's sequence retained (`Requests.sessions`), then continued by a
+    prompt that keeps some of its tokens and adds a few; in a pool that fits one completion,
+    held sequences are given back (the prompt then prefilled whole), and the second turn equals
+    the roomy pool's prefill of the whole history. Released, nothing stays held."""
+    engine = engines[data.draw(st.integers(0, len(SHAPES) - 1), label="shape")]
+    s = engine.settings
+    lengths = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="prompt lengths")
+    samples = data.draw(st.integers(1, 2), label="samples per prompt")
+    reqs = requests(lengths, samples, data.draw(st.integers(0, 2**16), label="prompt seed"))
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    history_most = MAX_PROMPT - 1  # the continued prompts stay within max_prompt_tokens
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in range(1, history_most + 1))
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    handles = engine.new_sessions(len(lengths) * samples)
+
+    first, _, _ = rollout(engine, pages, reqs._replace(sessions=handles), SAMPLED, key, held=True)
+    history = []
+    for row in range(len(handles)):
+        prompt = reqs.prompt_tokens[row // samples][reqs.prompt_mask[row // samples] > 0].tolist()
+        kept = first.tokens[row, : data.draw(st.integers(1, int(first.lengths[row])), label="kept")].tolist()
+        new = data.draw(st.lists(st.integers(6, V - 1), max_size=3), label="new tokens")
+        history.append((prompt + kept + new)[:history_most])
+    continued = Requests(*left_pad(history, pad_id=0, max_tokens=MAX_PROMPT), prompt_ids=np.arange(len(history)) + 50)
+    got, _, _ = rollout(engine, pages, continued._replace(sessions=handles), SAMPLED, key, held=True)
+    engine.release(handles)
+    assert engine.pools[0].in_use == 0 and not engine.retained.held
+    want, _, _ = rollout(engine, s.pool_pages, continued, SAMPLED, key)
+    assert_same(got, want)

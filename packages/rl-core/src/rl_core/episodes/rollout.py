@@ -10,7 +10,7 @@ import jax
 
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
-from rl_core.episodes.runner import EpisodeLimits, Rollout, run_episodes, single_turn
+from rl_core.episodes.runner import EpisodeLimits, Rollout, Sessions, run_episodes, single_turn
 from rl_core.policy.tokens import Tokenizer, encode_prompts
 from rl_core.registry import environment_factory
 from rl_core.rollout.sampler import Completions
@@ -26,6 +26,7 @@ def collect_rollout(
     *,
     key: jax.Array | None = None,
     row_limits: bool = False,
+    sessions: Sessions | None = None,
 ) -> Rollout:
     """`num_samples` completions of each prompt (rows prompt-major, on the host).
 
@@ -35,8 +36,30 @@ def collect_rollout(
     `key`: the first generation samples with it and the n-th turn's with fold_in(key, n),
     instead of `generate`'s own key stream. `row_limits`: the backend stops each row at its own
     `max_new_tokens` and `stop_strings` (the paged engine's `row_limits`): each episode turn asks for
-    only what the episode can keep, with exactly the live rows (`run_episodes`).
+    only what the episode can keep, with exactly the live rows (`run_episodes`). `sessions`: the
+    backend keeps each episode's sequence between its turns (the paged engine, which `retains`):
+    a turn prefills only what follows what it holds. A backend that counts them (`prefill_tokens`,
+    `reused_tokens`) has the rollout's prompt tokens prefilled and reused in the Rollout.
     """
+    counts = _counts(sessions)
+    rolled = _collect(generate, tokenizer, rollout, prompts, num_samples, key, row_limits, sessions)
+    if counts is None:
+        return rolled
+    after = _counts(sessions)
+    assert after is not None
+    return rolled._replace(prefill_tokens=after[0] - counts[0], reused_tokens=after[1] - counts[1])
+
+
+def _counts(backend: Any) -> tuple[int, int] | None:
+    """(prompt tokens prefilled, reused) so far by `backend`, if it counts them."""
+    if not hasattr(backend, "prefill_tokens"):
+        return None
+    return int(backend.prefill_tokens), int(backend.reused_tokens)
+
+
+def _collect(generate: Callable[..., Completions], tokenizer: Tokenizer, rollout: RolloutConfig,
+             prompts: Sequence[Prompt], num_samples: int, key: jax.Array | None, row_limits: bool,
+             sessions: Sessions | None) -> Rollout:
     if key is not None:
         calls, stream = itertools.count(), generate
 
@@ -56,4 +79,5 @@ def collect_rollout(
         num_samples=num_samples,
         limits=EpisodeLimits.from_rollout(rollout),
         row_limits=row_limits,
+        sessions=sessions,
     )

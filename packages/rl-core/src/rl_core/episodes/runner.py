@@ -14,8 +14,12 @@ is G episodes of the same prompt. A single-turn rollout is an episode of one
 turn without an environment (`single_turn`).
 
 Turns are generated with the learner's rollout backend, each turn one call
-for every live episode: the history is prefilled again (the static sampler's
-way; correct with any backend, and cheap at the built-in task's lengths). A
+for every live episode, whose prompt is the episode's whole history. Given
+`sessions` (a backend that retains sequences: the paged engine), each episode
+has a session handle: its sequence stays in the engine between turns, and the
+next turn prefills only what follows the part the engine still holds (the
+observation, and the turn's last token), until the episode ends and its handle
+is released. Otherwise (the static sampler) the history is prefilled again. A
 turn ends at an end-of-sequence token (kept, it is the model's choice to end
 its turn), at the first of the environment's `stop_strings` (e.g. a tool
 call's closing tag; the tokens after it are dropped, but for an EOS right
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -55,6 +59,18 @@ ENVIRONMENT = "environment"
 
 GenerateFn = Callable[[np.ndarray, np.ndarray, int], Completions]
 """`generate(prompt_tokens [U, P], prompt_mask [U, P], num_samples)` -> completions [U * G, T']."""
+
+
+class Sessions(Protocol):
+    """A backend that keeps a row's sequence between calls under a handle (`Requests.sessions`)."""
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        """`n` fresh handles."""
+        ...
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        """Free what is held under `handles`."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +163,8 @@ class Rollout(NamedTuple):
     texts: tuple[str, ...]  # [N] what reward functions score (an episode's last model turn)
     episodes: tuple[EpisodeRecord, ...] | None = None  # None for single-turn completions
     decoded_tokens: int | None = None  # tokens the backend returned, every row of every call; None: the kept ones
+    prefill_tokens: int | None = None  # prompt tokens the backend prefilled; None: it does not count them
+    reused_tokens: int | None = None  # prompt tokens it continued from a retained sequence instead
 
     def row_fields(self) -> dict[str, tuple[Any, ...]]:
         """Per-row fields for reward functions: `episode` (each record's JSON) for episodes."""
@@ -186,12 +204,29 @@ def run_episodes(
     num_samples: int,
     limits: EpisodeLimits,
     row_limits: bool = False,
+    sessions: Sessions | None = None,
 ) -> Rollout:
     """G = `num_samples` episodes of each prompt (rows prompt-major), every one to its end.
 
     `row_limits`: `generate` is called as `generate(tokens, mask, n, max_new_tokens=[U] ints,
     stop_strings=[U] tuples)` with exactly the live rows, and decodes each row only to its limits
-    (see the module docstring); without, as `generate(tokens, mask, n)` with rows padded."""
+    (see the module docstring); without, as `generate(tokens, mask, n)` with rows padded.
+    `sessions` (needs `row_limits`): each call also gets `sessions=[U * n] handles`, one per row,
+    so a turn continues its episode's retained sequence; every handle is released by the end."""
+    if sessions is not None and not row_limits:
+        raise ValueError("run_episodes: sessions= needs row_limits=True (rows one per live episode)")
+    n = len(prompts) * num_samples
+    handles = None if sessions is None else np.asarray(sessions.new_sessions(n))
+    try:
+        return _run(generate, tokenizer, prompts, make_env, num_samples, limits, row_limits, sessions, handles)
+    finally:
+        if sessions is not None:
+            sessions.release(handles)  # whatever is still held, however the rollout ended
+
+
+def _run(generate: GenerateFn, tokenizer: Tokenizer, prompts: Sequence[Prompt],
+         make_env: Callable[[], Environment], num_samples: int, limits: EpisodeLimits, row_limits: bool,
+         sessions: Sessions | None, handles: np.ndarray | None) -> Rollout:
     n, t_max = len(prompts) * num_samples, limits.max_tokens
     eos = set(tokenizer.eos_ids)
     episodes = [_Episode(_made(make_env), prompts[i // num_samples]) for i in range(n)]
@@ -209,7 +244,8 @@ def run_episodes(
         if shared:  # every sample of a prompt starts alike: one prefill per prompt
             heads = range(0, n, num_samples)
             out = generate(tokens[::num_samples], mask[::num_samples], num_samples,
-                           **_row_limits(row_limits, [episodes[i] for i in heads], limits))
+                           **_row_limits(row_limits, [episodes[i] for i in heads], limits),
+                           **_sessions(handles, range(n)))
             rows_out = {i: i for i in live}
         else:
             width = len(live) if row_limits else _bucket_rows(len(live))
@@ -217,7 +253,8 @@ def run_episodes(
             batch += [batch[0]] * (width - len(live))  # fixed row counts: few compiled shapes
             turn_tokens, turn_mask = left_pad(batch, pad_id=tokenizer.pad_id,
                                               max_tokens=limits.max_prompt_tokens + 1 + t_max, what="episode")
-            out = generate(turn_tokens, turn_mask, 1, **_row_limits(row_limits, [episodes[i] for i in live], limits))
+            out = generate(turn_tokens, turn_mask, 1, **_row_limits(row_limits, [episodes[i] for i in live], limits),
+                           **_sessions(handles, live))
             rows_out = {i: j for j, i in enumerate(live)}
         out = multihost.to_host(out)
         decoded += int(np.sum(out.lengths))
@@ -226,6 +263,9 @@ def run_episodes(
             length = int(out.lengths[j])
             episodes[i].model_turn(np.asarray(out.tokens[j, :length]), np.asarray(out.logp[j, :length]),
                                    tokenizer, eos, limits, last_turn=turn == limits.max_turns - 1)
+        if sessions is not None:  # ended episodes give their sequences back at once
+            assert handles is not None
+            sessions.release(handles[[i for i in range(n) if episodes[i].over]])
     return _assemble(episodes, tokens, mask, t_max, tokenizer.pad_id)._replace(decoded_tokens=decoded)
 
 
@@ -237,6 +277,11 @@ def _row_limits(on: bool, rows: Sequence[_Episode], limits: EpisodeLimits) -> di
         return {}
     ends = [min(limits.max_turn_tokens, limits.max_tokens - len(e.tokens) + 1, limits.max_tokens) for e in rows]
     return {"max_new_tokens": np.asarray(ends, np.int32), "stop_strings": [e.stops for e in rows]}
+
+
+def _sessions(handles: np.ndarray | None, rows: Sequence[int]) -> dict[str, Any]:
+    """The keyword argument naming each row's session handle (none without sessions)."""
+    return {} if handles is None else {"sessions": handles[list(rows)]}
 
 
 def _made(make_env: Callable[[], Environment]) -> Environment:

@@ -323,16 +323,18 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
                  *, num_samples: int = 1, key: jax.Array | None = None, max_new_tokens: np.ndarray | None = None,
-                 stop_strings: Sequence[Sequence[str]] | None = None) -> Completions:
+                 stop_strings: Sequence[Sequence[str]] | None = None, sessions: np.ndarray | None = None
+                 ) -> Completions:
         """Sample `num_samples` completions per prompt row with the current parameters (row
         i * num_samples + j is sample j of prompt i; each prompt is prefilled once), with the
         training stream's next key unless `key` is given (an evaluation must not draw from the
         stream, or evaluating would change the run). `max_new_tokens` / `stop_strings` (one per
-        prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine)."""
+        prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine);
+        `sessions` (one handle per row): sequences the backend keeps between calls (`Requests.sessions`)."""
         key = self.next_key() if key is None else key
         out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                      version=self.step, params=self.params, max_new_tokens=max_new_tokens,
-                                     stop_strings=stop_strings)
+                                     stop_strings=stop_strings, sessions=sessions)
         if self.meter is not None:
             self.meter.generated(prompt_mask, out.lengths, num_samples)
         return out
@@ -344,8 +346,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
         each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes.rollout.collect_rollout);
         `key`: sample with it instead of the training key stream."""
+        backend = self.rollout_backend
         return collect_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
-                               row_limits=getattr(self.rollout_backend, "row_limits", False))
+                               row_limits=getattr(backend, "row_limits", False),
+                               sessions=backend if getattr(backend, "retains", False) else None)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined

@@ -182,6 +182,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         metrics["perf/generated_tokens"] = tokens
         metrics["perf/kept_tokens"] = kept
         metrics["perf/decoded_per_kept"] = tokens / kept if kept else 1.0
+        # prompt tokens the engine prefilled, and those it continued from an episode's retained sequence
+        metrics |= {k: v for k, v in groups.info.items() if k in ("perf/prefill_tokens", "perf/reused_prefix_tokens")}
         return StepBatch(example, metrics, self.samples(groups, adv), int(tokens))
 
     def batch_to_json(self, batch: Groups) -> dict[str, Any]:
@@ -217,6 +219,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         decoded = kept if rolled.decoded_tokens is None else float(rolled.decoded_tokens)
         tally["perf/generated_tokens"] = tally.get("perf/generated_tokens", 0.0) + decoded
         tally["perf/kept_tokens"] = tally.get("perf/kept_tokens", 0.0) + kept
+        if rolled.prefill_tokens is not None:  # a backend that counts them (the paged engine)
+            for name, value in (("perf/prefill_tokens", rolled.prefill_tokens),
+                                ("perf/reused_prefix_tokens", rolled.reused_tokens or 0)):
+                tally[name] = tally.get(name, 0.0) + float(value)
         return Groups(
             group_size=g,
             prompts=tuple(prompts),

@@ -47,6 +47,11 @@ class Requests(NamedTuple):
     """[U] per prompt: a sample ends soon after its new tokens' text holds one of them (see `stop_index`)."""
     decode: Callable[[list[int]], str] | None = None
     """Token ids to text (the tokenizer's): what `stop_strings` are checked on."""
+    sessions: np.ndarray | None = None
+    """[U * G] int per row, on a backend that `retains` sequences (the paged engine): a row with a
+    handle (>= 0) continues the sequence held under it, if any (its prompt's prefill starts where
+    the prompt and the held tokens part), and leaves its own sequence held under it when it ends,
+    until `release`. -1 or None: nothing held (see rl_core.rollout.retained)."""
 
     def ids(self) -> np.ndarray:
         u = len(self.prompt_tokens)
@@ -76,6 +81,19 @@ class Requests(NamedTuple):
         if any(stops) and self.decode is None:
             raise ValueError("stop_strings need decode= (token ids to text) to be checked")
         return stops
+
+    def handles(self) -> np.ndarray:
+        """[U * G] each row's session handle (-1: none), checked: one per row, none used twice."""
+        rows = len(self.prompt_tokens) * self.num_samples
+        if self.sessions is None:
+            return np.full(rows, -1, np.int64)
+        handles = np.asarray(self.sessions).astype(np.int64)
+        if handles.shape != (rows,):
+            raise ValueError(f"sessions has shape {handles.shape}; expected ({rows},), one handle per row")
+        used = handles[handles >= 0]
+        if len(np.unique(used)) != len(used):
+            raise ValueError(f"sessions names a handle for two rows: {sorted(used.tolist())}")
+        return handles
 
 
 def stop_index(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:

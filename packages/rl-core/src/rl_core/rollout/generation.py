@@ -86,12 +86,14 @@ class PolicyGenerator:
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None, *,
                  num_samples: int, key: jax.Array, version: int, params: Any,
                  max_new_tokens: np.ndarray | None = None,
-                 stop_strings: Sequence[Sequence[str]] | None = None) -> Completions:
+                 stop_strings: Sequence[Sequence[str]] | None = None,
+                 sessions: np.ndarray | None = None) -> Completions:
         """`num_samples` completions per prompt row with the policy's trained `params` (row
         i * num_samples + j is sample j of prompt i; the pinned weights instead while pinned);
         new weights go to the backend as `version`. `max_new_tokens` and `stop_strings` (one per
         prompt row) end each row's samples where a backend with `row_limits` honours them
-        (`Requests`; stop strings are checked on text decoded with the tokenizer)."""
+        (`Requests`; stop strings are checked on text decoded with the tokenizer); `sessions` (one handle
+        per row): sequences a backend that `retains` them keeps between calls."""
         if self.pinned is None and self._weights_of is not params:  # new parameters since the last rollout
             self.backend.update_weights(self._whole(params), version)
             self._weights_of = params
@@ -100,7 +102,7 @@ class PolicyGenerator:
             key = jax.device_put(key, mesh_lib.replicated(self.mesh))
         decode = self.tokenizer.decode if stop_strings is not None else None
         requests = Requests(prompt_tokens, prompt_mask, num_samples, max_new_tokens=max_new_tokens,
-                            stop_strings=stop_strings, decode=decode)
+                            stop_strings=stop_strings, decode=decode, sessions=sessions)
         return self.backend.generate(requests, sampling, key)
 
     def pin(self, version: int, params: Any) -> None:

@@ -23,6 +23,13 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   always completes: a preempted sample restarts later and, as every token draws
   with its completion's own key, produces exactly the same tokens. A pool that
   cannot hold one completion is a ValueError before the first call.
+- A row with a session handle (`Requests.sessions`) keeps its sequence's pages
+  when it ends, and a later prompt naming the handle prefills only what follows
+  the part of the held sequence it shares (its prefill starts at that position):
+  an episode's next turn continues from its cached prefix. Idle held sequences
+  are the first pages a dry pool takes back (the prompt is then prefilled whole:
+  the same tokens); `release(handles)` frees them, new weights and any exception
+  free them all (rl_core.rollout.retained).
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
@@ -52,6 +59,7 @@ from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Requests, with_version
 from rl_core.rollout.pages import PagePool, PoolExhausted
+from rl_core.rollout.retained import Retained
 from rl_core.rollout.step import Prefill, Slots, engine_step
 from rl_core.rollout.unstacked import restack, unstack, unstack_shardings
 from rl_core.rollout.sampler import Completions, SamplingParams
@@ -114,6 +122,10 @@ class PagedBackend:
     """It stops each sample at its prompt's `Requests.max_new_tokens` and `stop_strings`, and any
     number of rows runs the same program (a caller need not pad them)."""
 
+    retains = True
+    """It keeps the sequences of rows with `Requests.sessions` handles for a next request to continue
+    (`new_sessions`, `release`)."""
+
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
                  eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None) -> None:
         if not eos_ids:
@@ -140,6 +152,10 @@ class PagedBackend:
         self.pages: Any = None
         self.peak_pages = 0
         self.preemptions = 0
+        self.retained = Retained()
+        self.evictions = 0  # retained sequences and reused prefixes given back to a dry pool
+        self.prefill_tokens = 0  # prompt tokens prefilled (again, after a preemption or an eviction)
+        self.reused_tokens = 0  # prompt tokens continued from a retained sequence instead
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -183,6 +199,25 @@ class PagedBackend:
             self._build_refresh(params)
         self.weights = self._refresh(params)
         self.version = version
+        self.release()  # held keys and values are the old weights'
+
+    # -- retained sequences ------------------------------------------------------------------
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        """`n` session handles this engine never gave out (for `Requests.sessions`)."""
+        return self.retained.new_handles(n)
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        """Free the sequences held under `handles` (those it no longer holds are skipped); None: all."""
+        if handles is None:
+            self.retained.forget()
+            for pool in self.pools:
+                pool.reset()  # between rollouts only retained sequences hold pages
+            return
+        for handle in np.asarray(handles, np.int64).reshape(-1).tolist():
+            where = self.retained.replica_of(handle)
+            if where is not None:
+                self.retained.drop(handle, self.pools[where])
 
     def weight_bytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.weights))

@@ -6,13 +6,17 @@ pool and S slots; one device call advances every replica. Before each call,
 each replica (1) gives every running sample the pages its next k tokens need,
 oldest first; when its pool is dry it frees, youngest first, the prefixes of
 prompts with no running sample, then running samples younger than the one
-growing (both are recomputed later); (2) when nothing runs, frees other
+growing (both are recomputed later), but first the idle retained sequences
+(rl_core.rollout.retained) and the reused pages of waiting prompts (prefilled
+whole later); (2) when nothing runs, frees other
 prompts' prefixes until the first waiting sample can start; (3) fills its
 prefill chunk with prompt prefixes, at most S samples ahead of the free slots,
 leaving free what the running samples may still need and what the first
 waiting sample needs to start; (4) starts waiting samples in free slots.
 After the call it records the tokens and retires finished samples, freeing
-their pages.
+their pages, or keeping them as a retained sequence when their row has a
+session handle. A prompt continuing a retained sequence starts with its pages
+and prefills only past the part of it that it shares.
 
 Why it always finishes: nothing ever takes pages from the oldest running
 sample, and once everything else is freed its prompt and its completion fit
@@ -48,6 +52,7 @@ class _Prompt:
     unfinished: int = 0
     limit: int = 0  # most new tokens of its samples (at most the engine's max_new_tokens)
     stops: tuple[str, ...] = ()  # its samples end soon after their text holds one (`stop_index`)
+    reused: int = 0  # leading prefix tokens its pages hold from a retained sequence (not prefilled)
 
     @property
     def prefix(self) -> int:
@@ -64,13 +69,14 @@ class _Sample:
     logp: list[float] = dataclasses.field(default_factory=list)
     started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
     done: bool = False
+    session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
 
 
 def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
     """The requests as prompts with their samples (rows in request order), checked against the engine."""
     g, ps, m, t = requests.num_samples, settings.page_size, settings.pages_per_sequence, settings.max_new_tokens
     tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
-    ids, limits, stops = requests.ids(), requests.limits(t), requests.stops()
+    ids, limits, stops, handles = requests.ids(), requests.limits(t), requests.stops(), requests.handles()
     prompts = []
     for i in range(len(tokens)):
         prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g, limit=int(limits[i]), stops=stops[i])
@@ -79,7 +85,8 @@ def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
         if (prompt.prefix + t - 1) // ps + 1 > m:
             raise ValueError(f"prompt {i} has {len(prompt.tokens)} tokens: longer than the engine's "
                              f"max_prompt_tokens ({settings.max_prompt_tokens}) allows")
-        prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j)) for j in range(g)]
+        prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j), session=int(handles[i * g + j]))
+                          for j in range(g)]
         prompts.append(prompt)
     return prompts
 
@@ -108,10 +115,10 @@ def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: 
 class _Replica:
     """One data replica: its page pool, its share of the prompts and its S decode slots."""
 
-    def __init__(self, engine: Any, pool: Any, prompts: list[_Prompt],
+    def __init__(self, engine: Any, index: int, prompts: list[_Prompt],
                  decode: Callable[[list[int]], str] | None = None) -> None:
         s = engine.settings
-        self.engine, self.pool, self.decode = engine, pool, decode
+        self.engine, self.index, self.pool, self.decode = engine, index, engine.pools[index], decode
         self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
         self.chunk = s.prefill_chunk
         self.prompts = prompts
@@ -184,7 +191,7 @@ class _Replica:
         """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
         ahead of the prompts never prefilled (freeing youngest first keeps their order)."""
         self.pool.release(prompt.pages)
-        prompt.pages, prompt.scheduled = [], 0
+        prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
         if prompt is self.prefilling:
             self.prefilling = None
         else:
@@ -192,6 +199,23 @@ class _Replica:
             self.ready = collections.deque(x for x in self.ready if x.prompt is not prompt)
         self.to_prefill.appendleft(prompt)
         self.engine.preemptions += 1
+
+    def _give_back(self, keep: _Prompt | None = None, *, waiting: bool = True) -> bool:
+        """Free pages no call reads: the oldest idle retained sequence, else (`waiting`) the reused
+        prefix of the youngest waiting prompt but `keep` (prefilled whole later: the same tokens).
+        False when there is none."""
+        retained = self.engine.retained
+        handle = retained.oldest(self.index)
+        if handle is not None:
+            retained.drop(handle, self.pool)
+        else:
+            held = [p for p in self.to_prefill if p.pages and p is not keep] if waiting else []
+            if not held:
+                return False
+            self.pool.release(held[-1].pages)
+            held[-1].pages, held[-1].scheduled, held[-1].reused = [], 0, 0
+        self.engine.evictions += 1
+        return True
 
     # -- pages of running samples --------------------------------------------------------
 
@@ -206,6 +230,8 @@ class _Replica:
             slot = self.running.index(sample)
             need = self._own_pages(sample, int(self.host["position"][slot]) + self.k - 1) - len(sample.own)
             while need > self.pool.free:
+                if self._give_back():
+                    continue
                 idle = self._idle_prompts()
                 younger = [x for x in self._running() if x.started > sample.started]
                 if idle:
@@ -230,6 +256,8 @@ class _Replica:
             return
         first = self.ready[0]
         while self._start_need(first) > self.pool.free:
+            if self._give_back():
+                continue
             idle = self._idle_prompts(keep=first.prompt)
             if not idle:
                 raise RuntimeError(f"scheduler bug: a waiting sample needs {self._start_need(first)} pages, "
@@ -245,12 +273,18 @@ class _Replica:
                 if not self.to_prefill or len(self.ready) >= self.slots:
                     break
                 prompt = self.to_prefill[0]
-                n = -(-prompt.prefix // self.ps)
-                # a new prefix never takes what running samples or the next start need (no thrashing)
+                # a new prefix never takes what running samples or the next start need (no thrashing);
+                # it takes idle retained sequences' pages, and other waiting prompts' reused ones only
+                # when nothing else could run
                 reserve = self._still_needed() + (self._start_need(self.ready[0]) if self.ready else 0)
+                stuck = not self.ready and not self._running()
+                while (self.pool.free - (-(-prompt.prefix // self.ps) - len(prompt.pages)) < reserve
+                       and self._give_back(keep=prompt, waiting=stuck)):
+                    pass
+                n = -(-prompt.prefix // self.ps) - len(prompt.pages)  # beyond the pages it reuses
                 if self.pool.free - n < reserve:
                     break
-                prompt.pages = self.pool.allocate(n)
+                prompt.pages += self.pool.allocate(n)
                 self.to_prefill.popleft()
                 self.prefilling = prompt
             prompt = self.prefilling
@@ -260,7 +294,9 @@ class _Replica:
             positions.extend(span)
             rows.extend([self._row(prompt.pages)] * take)
             prompt.scheduled += take
+            self.engine.prefill_tokens += take
             if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
+                self.engine.reused_tokens += prompt.reused
                 self.ready.extend(x for x in prompt.samples if not x.done)  # all but the finished
                 self.prefilled.append(prompt)
                 self.prefilling = None
@@ -283,6 +319,9 @@ class _Replica:
             prompt = sample.prompt
             shared = self._shared(sample)
             need = self._start_need(sample)
+            # nothing runs and a fully reused prompt left no prefill for this call: room, or it has nothing to do
+            while need > self.pool.free and not self._running() and self._give_back():
+                pass
             if need > self.pool.free:
                 break
             self.ready.popleft()
@@ -302,7 +341,12 @@ class _Replica:
     def _finish(self, slot: int) -> None:
         sample = self.running[slot]
         assert sample is not None
-        self.pool.release(sample.own + self._shared(sample))
+        pages = self._shared(sample) + sample.own  # its page row
+        if sample.session >= 0:  # kept for a next turn: every token but the last was run
+            tokens = np.concatenate([sample.prompt.tokens, np.asarray(sample.tokens[:-1], np.int32)])
+            self.engine.retained.keep(sample.session, self.index, tokens, pages, self.pool, self.ps)
+        else:
+            self.pool.release(pages)
         sample.own, sample.done = [], True
         self.running[slot] = None
         prompt = sample.prompt
@@ -367,23 +411,48 @@ def _stack(trees: list[Any]) -> Any:
     return jax.tree.map(lambda *xs: np.stack(xs), *trees)
 
 
+def _deal(engine: Any, prompts: list[_Prompt], r: int) -> list[list[_Prompt]]:
+    """Each replica's prompts: prompt i to replica i mod R, but a prompt continuing a retained
+    sequence to the replica holding it, with the pages it reuses taken (`Retained.take`)."""
+    shares: list[list[_Prompt]] = [[] for _ in range(r)]
+    for i, prompt in enumerate(prompts):
+        handle = prompt.samples[0].session
+        where = engine.retained.replica_of(handle) if handle >= 0 else None
+        if where is not None and len(prompt.samples) > 1:
+            raise ValueError(f"prompt {i} continues the sequence held under handle {handle} with "
+                             f"{len(prompt.samples)} samples; a continued prompt has one (num_samples=1)")
+        if where is None:
+            shares[i % r].append(prompt)
+            continue
+        prompt.pages, prompt.reused = engine.retained.take(handle, where, prompt.tokens, prompt.prefix,
+                                                           engine.pools[where], engine.settings.page_size)
+        prompt.scheduled = prompt.reused
+        shares[where].append(prompt)
+    return shares
+
+
 def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> Completions:
-    """Completions of every request (rows in request order); every pool is empty afterwards,
-    however the rollout ends (an exception, an interrupt)."""
+    """Completions of every request (rows in request order). Afterwards the pools hold only the
+    retained sequences (`Requests.sessions`); however else the rollout ends (an exception, an
+    interrupt), every page is free and nothing is retained."""
     prompts = _prompts(engine.settings, requests)
     r = len(engine.pools)
     try:
-        replicas = [_Replica(engine, pool, prompts[i::r], requests.decode) for i, pool in enumerate(engine.pools)]
+        shares = _deal(engine, prompts, r)
+        replicas = [_Replica(engine, i, share, requests.decode) for i, share in enumerate(shares)]
         step = engine._step_fn(sampling)
         while any(x.remaining for x in replicas):
             prefill, src, dst, slots = _stack([x.plan() for x in replicas])
             tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
             for i, replica in enumerate(replicas):
                 replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after))  # noqa: B023
-        leaked = [pool.in_use for pool in engine.pools]
-        if any(leaked):  # a finished rollout released everything itself: anything else is a bookkeeping bug
+        # a finished rollout released everything it does not retain: anything else is a bookkeeping bug
+        leaked = [pool.in_use - engine.retained.pages_on(i) for i, pool in enumerate(engine.pools)]
+        if any(leaked):
             raise RuntimeError(f"scheduler bug: pages still held after the rollout ({leaked} per replica)")
-    finally:
+    except BaseException:
+        engine.retained.forget()
         for pool in engine.pools:
             pool.reset()
+        raise
     return _completions(engine, [x for p in prompts for x in p.samples], engine.settings.max_new_tokens)
