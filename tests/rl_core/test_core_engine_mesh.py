@@ -59,6 +59,13 @@ def test_same_completions_on_the_mesh_as_on_one_device(result):
     assert result["pages_free_after"]
 
 
+def test_a_continued_sequence_is_decoded_by_the_replica_holding_it(result):
+    assert result["continued_same_as_one_device"]
+    assert result["continued_logp_gap"] < 1e-5
+    # every prefix token but those of the cut turn's last token and the observation was held
+    assert 0 < result["continued_reused_tokens"] <= result["continued_prefix_tokens"]
+
+
 def test_hlo_helper_reads_kinds_shapes_and_async_pairs():
     text = """
   %all-gather.1 = f32[8,64]{1,0} all-gather(f32[1,64]{1,0} %p0), channel_id=1, replica_groups={{0,1}}

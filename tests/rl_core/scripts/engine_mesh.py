@@ -23,7 +23,7 @@ from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 
 TOK = CharTokenizer()
-SETTINGS = EngineSettings(max_prompt_tokens=8, max_new_tokens=6, page_size=4, slots=8, prefill_chunk=8,
+SETTINGS = EngineSettings(max_prompt_tokens=16, max_new_tokens=6, page_size=4, slots=8, prefill_chunk=8,
                           steps_per_sync=2)
 
 
@@ -57,6 +57,19 @@ def measure(devices) -> dict:
     sampled_mesh = engine.generate(Requests(tokens, mask, 3), sampled, key)
     sampled_alone = alone.generate(Requests(tokens, mask, 3), sampled, key)
 
+    # a next turn continuing each sample's retained sequence, rows in another order than the replicas
+    # hold them (a continued prompt goes to its sequence's replica), equals a full prefill on one device
+    handles = engine.new_sessions(len(tokens) * 3)
+    first = engine.generate(Requests(tokens, mask, 3, sessions=handles), sampled, key)
+    order = np.arange(len(handles))[::-1]
+    history = [tokens[r // 3][mask[r // 3] > 0].tolist() + first.tokens[r, : max(1, int(first.lengths[r]) - 1)].tolist()
+               + TOK.encode("[") for r in order]
+    history_tokens, history_mask = left_pad(history, pad_id=TOK.pad_id, max_tokens=16)
+    reused = engine.reused_tokens
+    continued = engine.generate(Requests(history_tokens, history_mask, 1, sessions=handles[order]), sampled, key)
+    reused = engine.reused_tokens - reused
+    engine.release(handles)
+    continued_alone = alone.generate(Requests(history_tokens, history_mask, 1), sampled, key)
     weights = jax.tree.leaves(engine.weights)
     master_leaves = jax.tree.leaves(master)
     return {
@@ -79,6 +92,10 @@ def measure(devices) -> dict:
         "same_sampled_as_one_device": bool(np.array_equal(sampled_mesh.tokens, sampled_alone.tokens)),
         "sampled_logp_gap": float(np.abs(sampled_mesh.logp - sampled_alone.logp).max()),
         "pages_free_after": all(pool.in_use == 0 for pool in engine.pools),
+        "continued_same_as_one_device": bool(np.array_equal(continued.tokens, continued_alone.tokens)),
+        "continued_logp_gap": float(np.abs(continued.logp - continued_alone.logp).max()),
+        "continued_reused_tokens": int(reused),
+        "continued_prefix_tokens": int(history_mask.sum() - len(history)),
     }
 
 
