@@ -205,3 +205,7 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
     assert metrics["perf/kept_tokens"] == groups.lengths.sum()  # what the episodes kept
     assert metrics["perf/decoded_per_kept"] == pytest.approx(sum(returned) / groups.lengths.sum())
     assert 1.0 <= metrics["perf/decoded_per_kept"] < 1.5
+    # later turns continued their episodes' cached sequences (tests/rl_core/test_core_episode_prefix.py),
+    # released when the episodes ended
+    assert metrics["perf/reused_prefix_tokens"] > metrics["perf/prefill_tokens"] > 0
+    assert learner.rollout_backend.pools[0].in_use == 0 and not learner.rollout_backend.retained.held
