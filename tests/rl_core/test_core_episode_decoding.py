@@ -5,6 +5,12 @@ stop strings (rl_core.rollout.backend.Requests), the engine stops each sequence 
 only the live rows reach it; the episodes keep exactly what they kept when every turn was
 decoded to max_new_tokens on padded rows (the "old" path, `row_limits=False`), and the
 metrics tell decoded (`perf/generated_tokens`) from kept (`perf/kept_tokens`) tokens.
+
+And a turn continues from its episode's cached prefix: a row with a session handle leaves its
+sequence's pages in the engine when it ends (rl_core.rollout.retained), and the next turn's
+prompt (the whole history) prefills only what follows the part the engine still holds. The
+tokens and log-probs are those of prefilling the whole history again, which the engine does
+itself when a dry pool took the held pages back; every page is free once the episodes end.
 """
 
 import dataclasses
@@ -21,7 +27,9 @@ from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeLimits, StepResult, register_environment, run_episodes
 from rl_core.rollout.backend import Requests, stop_index
+from rl_core.rollout.pages import PagePool
 from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.retained import Retained
 from rl_core.rollout.sampler import SamplingParams
 from rl_core.policy.tokens import left_pad
 
@@ -76,9 +84,9 @@ class Calls:
     def __init__(self, engine, seed=0):
         self.engine, self.key, self.calls, self.log = engine, jax.random.key(seed), itertools.count(), []
 
-    def __call__(self, tokens, mask, n, max_new_tokens=None, stop_strings=None):
+    def __call__(self, tokens, mask, n, max_new_tokens=None, stop_strings=None, sessions=None):
         requests = Requests(tokens, mask, n, max_new_tokens=max_new_tokens, stop_strings=stop_strings,
-                            decode=TOK.decode)
+                            decode=TOK.decode, sessions=sessions)
         out = self.engine.generate(requests, SAMPLING, jax.random.fold_in(self.key, next(self.calls)))
         self.log.append({"rows": len(out.lengths), "limits": None if max_new_tokens is None
                          else np.repeat(max_new_tokens, n), "lengths": np.asarray(out.lengths)})
@@ -137,10 +145,10 @@ def test_the_engine_stops_each_row_at_its_limit_and_stop_strings_and_decodes_the
     assert ended_by["stop"] and ended_by["limit"]  # both kinds of end happen
 
 
-def run(engine, row_limits, seed=0, num_samples=2):
+def run(engine, row_limits, seed=0, num_samples=2, sessions=False):
     generate = Calls(engine, seed)
     out = run_episodes(generate, TOK, PROMPTS, StopEnv, num_samples=num_samples, limits=LIMITS,
-                       row_limits=row_limits)
+                       row_limits=row_limits, sessions=engine if sessions else None)
     return out, generate
 
 
@@ -205,7 +213,153 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
     assert metrics["perf/kept_tokens"] == groups.lengths.sum()  # what the episodes kept
     assert metrics["perf/decoded_per_kept"] == pytest.approx(sum(returned) / groups.lengths.sum())
     assert 1.0 <= metrics["perf/decoded_per_kept"] < 1.5
-    # later turns continued their episodes' cached sequences (tests/rl_core/test_core_episode_prefix.py),
+    # later turns continued their episodes' cached sequences (the tests below),
     # released when the episodes ended
     assert metrics["perf/reused_prefix_tokens"] > metrics["perf/prefill_tokens"] > 0
     assert learner.rollout_backend.pools[0].in_use == 0 and not learner.rollout_backend.retained.held
+
+
+# -- a turn continues from its cached prefix ---------------------------------------------------
+
+
+def ids_of(*lengths):
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, TOK.vocab_size, n).tolist() for n in lengths]
+
+
+def empty(engine):
+    return all(pool.in_use == 0 for pool in engine.pools) and not engine.retained.held
+
+
+def counted(engine, fn):
+    """fn()'s result and the (prefilled, reused) prompt tokens it cost the engine."""
+    before = engine.prefill_tokens, engine.reused_tokens
+    out = fn()
+    return out, (engine.prefill_tokens - before[0], engine.reused_tokens - before[1])
+
+
+def test_retained_take_keeps_the_common_prefix_and_frees_the_pages_past_it():
+    pool, store = PagePool(9), Retained()
+    pages = pool.allocate(3)
+    tokens = np.arange(10, 20, dtype=np.int32)  # 10 positions in 3 pages of 4
+    store.keep(5, 0, tokens[:9], pages, pool, 4)  # 9 tokens need all 3 pages
+    assert pool.in_use == 3 and store.pages_on(0) == 3
+    # the new prompt parts from the held tokens at position 5: pages 0-1 kept, page 2 freed
+    prompt = np.concatenate([tokens[:5], [99, 98, 97]])
+    got, reused = store.take(5, 0, prompt, len(prompt) - 1, pool, 4)
+    assert (got, reused) == (pages[:2], 5) and pool.in_use == 2 and not store.held
+    pool.release(got)
+    # a shared page at the parting (another sequence of the prompt holds it): never written, the
+    # prefill restarts at its first position
+    pages = pool.allocate(3)
+    pool.retain(pages[:2])
+    store.keep(6, 0, tokens[:9], pages, pool, 4)
+    got, reused = store.take(6, 0, prompt, len(prompt) - 1, pool, 4)
+    assert (got, reused) == (pages[:1], 4)
+    # a prompt that is the held sequence and more: every held position reused, at most its prefix
+    store.keep(7, 0, tokens[:6], [*got, *pool.allocate(1)], pool, 4)
+    got, reused = store.take(7, 0, tokens, 9, pool, 4)
+    assert reused == 6 and len(got) == 2
+    assert store.take(7, 0, tokens, 9, pool, 4) == ([], 0)  # taken: nothing held any more
+
+
+def test_a_continued_turn_prefills_only_past_what_it_shares_and_samples_as_a_full_prefill(engine):
+    prompts, g = ids_of(3, 9, 5), 2
+    handles = engine.new_sessions(len(prompts) * g)
+    first = engine.generate(Requests(*left_pad(prompts, pad_id=0, max_tokens=16), g, sessions=handles),
+                            SAMPLING, jax.random.key(1))
+    assert engine.pools[0].in_use == engine.retained.pages_on(0) > 0  # held, the rest freed
+    history, expect = [], 0
+    for row in range(len(prompts) * g):
+        prompt, n = prompts[row // g], int(first.lengths[row])
+        keep = [n, n - 1, 1][row % 3]  # all, all but one, one: a turn cut short drops held positions
+        following = int(first.tokens[row, keep]) if keep < n else -1
+        observation = [t for t in (7, 8, 9) if t != following][: row % 3]  # 0 to 2 new tokens
+        history.append(prompt + first.tokens[row, :keep].tolist() + observation)
+        # held: the prompt and every sampled token but the last; shared with the history up to `keep`
+        expect += min(len(prompt) + n - 1, len(prompt) + keep, len(history[-1]) - 1)
+    tokens, mask = left_pad(history, pad_id=0, max_tokens=T + 16)
+    key = jax.random.key(2)
+    continued, (prefilled, reused) = counted(engine, lambda: engine.generate(
+        Requests(tokens, mask, 1, sessions=handles), SAMPLING, key))
+    assert reused == expect and prefilled == sum(len(h) - 1 for h in history) - expect
+    engine.release(handles)
+    assert empty(engine)
+
+    again, (prefilled, reused) = counted(engine, lambda: engine.generate(Requests(tokens, mask, 1), SAMPLING, key))
+    assert reused == 0 and prefilled == sum(len(h) - 1 for h in history)
+    np.testing.assert_array_equal(continued.tokens, again.tokens)
+    np.testing.assert_array_equal(continued.lengths, again.lengths)
+    np.testing.assert_allclose(continued.logp, again.logp, rtol=1e-6, atol=1e-6)
+    assert empty(engine)
+
+
+def episodes(engine, sessions, seed=0):
+    return counted(engine, lambda: run(engine, row_limits=True, seed=seed, sessions=sessions)[0])
+
+
+def assert_same_episodes(got, want):
+    np.testing.assert_array_equal(got.completions.tokens, want.completions.tokens)
+    np.testing.assert_array_equal(got.completions.mask, want.completions.mask)
+    np.testing.assert_allclose(got.completions.logp, want.completions.logp, rtol=1e-6, atol=1e-6)
+    assert got.episodes == want.episodes and got.texts == want.texts
+
+
+def test_episodes_continuing_their_sequences_equal_episodes_prefilling_their_histories(engine):
+    whole, (whole_prefill, none) = episodes(engine, sessions=False)
+    cached, (cached_prefill, reused) = episodes(engine, sessions=True)
+    assert empty(engine)  # every episode released its sequence
+    assert_same_episodes(cached, whole)
+    turns = [t for e in whole.episodes for role, t in e.turns if role == "model"]
+    assert len(turns) > len(PROMPTS) * 2 and any(t.endswith(STOPS) for t in turns)  # later turns; cut ones
+    assert none == 0 and whole_prefill == cached_prefill + reused  # the same prompts, the prefix now reused
+    assert reused > 2 * cached_prefill, (whole_prefill, cached_prefill, reused)  # measured: 295 = 61 + 234
+
+
+def test_a_dry_pool_takes_retained_sequences_back_first_and_the_episodes_stay_the_same(engine):
+    want, _ = episodes(engine, sessions=True, seed=3)
+    roomy = engine.pools
+    evictions = engine.evictions
+    engine.pools = [PagePool(40)]  # 39 pages: the held sequences of 6 episodes and their next turns do not fit
+    try:
+        got, (prefilled, reused) = episodes(engine, sessions=True, seed=3)
+        assert empty(engine)
+    finally:
+        engine.pools = roomy
+    assert engine.evictions > evictions and reused > 0
+    assert_same_episodes(got, want)
+
+
+def test_sessions_are_checked_and_every_held_page_is_freed_on_an_exception_or_new_weights(engine, tiny):
+    tokens, mask = left_pad(ids_of(3, 9, 5), pad_id=0, max_tokens=16)
+    with pytest.raises(ValueError, match=r"sessions has shape \(3,\); expected \(6,\)"):
+        engine.generate(Requests(tokens, mask, 2, sessions=np.arange(3)), SAMPLING, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"sessions names a handle for two rows: \[1, 1, 2\]"):
+        engine.generate(Requests(tokens, mask, 1, sessions=np.array([1, 1, 2])), SAMPLING, jax.random.key(0))
+    handles = engine.new_sessions(3)
+    engine.generate(Requests(tokens, mask, 1, sessions=handles), SAMPLING, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"prompt 0 continues the sequence held under handle .* with 2 samples"):
+        engine.generate(Requests(tokens, mask, 2, sessions=np.concatenate([handles, handles + 100])), SAMPLING,
+                        jax.random.key(0))
+    assert empty(engine)  # a failed rollout keeps nothing
+
+    engine.generate(Requests(tokens, mask, 1, sessions=handles), SAMPLING, jax.random.key(0))
+    assert engine.retained.held
+    call = engine.call
+
+    def failing(*args):
+        raise KeyboardInterrupt("interrupted mid-rollout")
+
+    engine.call = failing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(Requests(tokens, mask, 1, sessions=handles), SAMPLING, jax.random.key(0))
+    finally:
+        engine.call = call
+        del engine.call
+    assert empty(engine)
+
+    engine.generate(Requests(tokens, mask, 1, sessions=handles), SAMPLING, jax.random.key(0))
+    assert engine.retained.held
+    engine.update_weights(nnx.split(tiny)[1], 1)  # as new weights: the held keys and values would be stale
+    assert empty(engine)
