@@ -161,6 +161,15 @@ MUTATIONS = [
       '                fault_point("logged", self.step)',
       '                fault_point("logged", self.step - 1)',
       "tests/trainer/test_trainer_multihost.py", slow=True),
+    # -- the paged engine's retained sequences ----------------------------------------------
+    m("retained-keeps-cut-tokens", f"{CORE}/rollout/retained.py",
+      "        reused = int(differ[0]) if len(differ) else n",
+      "        reused = n",
+      "tests/rl_core/test_core_episode_decoding.py", "-k", "retained or continu"),
+    m("retained-writes-shared-page", f"{CORE}/rollout/retained.py",
+      "        if reused % page_size and pool.refcount(held.pages[keep - 1]) > 1:",
+      "        if False:",
+      "tests/rl_core/test_core_episode_decoding.py", "-k", "retained"),
 ]  # fmt: skip
 
 
