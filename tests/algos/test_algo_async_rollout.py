@@ -209,9 +209,9 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     Traced.tracing = True  # from step 2 on (a class of this test's own)
     metrics = run.train_step()
     order = [name for name, _ in events]
-    # the 0.2 s scoring of batch 3 starts before step 2's update ends, on the rollout thread
+    # the 0.2 s scoring of batch 3 starts before step 2's update ends, on a scoring thread
     assert order.index("score start") < order.index("update end"), events
-    assert dict(events)["score start"].startswith("rollout") and dict(events)["update start"] == "MainThread"
+    assert dict(events)["score start"].startswith("scoring") and dict(events)["update start"] == "MainThread"
     assert metrics["time/reward"] >= 0.2  # this step's batch: scored during step 1's update
 
 

@@ -59,7 +59,7 @@ from jax.sharding import Mesh
 
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
-from rl_core.rollout.async_rollout import CollectHalves, RolloutThread, batch_ahead, update_beside
+from rl_core.rollout.async_rollout import CollectHalves, RolloutThread, batch_ahead, settled, update_beside
 from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
@@ -164,7 +164,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} implements "
                              "produce_examples only, not its halves collect / examples_from / batch_to_json / "
                              "batch_from_json that async rollouts run apart")
-        self.ahead = RolloutThread.for_mode(training.async_rollout)
+        self.ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self.generator = PolicyGenerator(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
@@ -269,13 +269,15 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         and the key."""
         return Supply(self.data, self._state.data_position, self._state.carry, self._state.rng)
 
-    def collect_supplied(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
+                         ) -> tuple[Any, Supply]:
         """`collect(prompts, supply)` with the sampling keys (`next_key`) split from `supply.rng`
         on this thread, and the supply past it with the key it leaves: a collection on the
-        rollout thread draws keys without touching the learner's state."""
+        rollout thread draws keys without touching the learner's state. `unscored`: its
+        generation half only (`collect_unscored`; `score_collected` scores it, on any thread)."""
         self._keys.key = supply.rng
         try:
-            collected, after = self.collect(prompts, supply)
+            collected, after = (self.collect_unscored if unscored else self.collect)(prompts, supply)
             return collected, after._replace(rng=self._keys.key)
         finally:
             del self._keys.key
@@ -316,6 +318,12 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         rng, key = _split_key(self._state.rng)
         self._state = self._state._replace(rng=rng)
         return key
+
+    def sampling_version(self) -> int:
+        """The step count of the weights `generate` samples with: the pinned ones' (a collection
+        ahead), else the current step's."""
+        pinned = self.generator.pinned
+        return self.step if pinned is None else pinned
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
         """Left-padded prompt tokens and mask [len(prompts), P] (sample each with `generate(num_samples=...)`)."""
@@ -422,12 +430,14 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         start = time.perf_counter()
         n, state = self.training.prompts_per_step, self._state
         if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
+            # a collection that can be scored apart is: its scoring runs on while later batches generate
+            score = self.score_collected if self.scores_apart() else None
             batch, rest = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from,
                                       in_flight=state.in_flight, supply=self.supply(), prompts_per_step=n,
                                       version=state.step, params=self.params, generator=self.generator,
-                                      thread=self.ahead, max_staleness=self.training.max_staleness)
+                                      thread=self.ahead, max_staleness=self.training.max_staleness, score=score)
         elif state.in_flight:  # an async run's checkpoint resumed synchronously: train on its batches first
-            head = state.in_flight[0]
+            head = settled(state.in_flight[:1])[0]
             batch = self.examples_from(head.batch)
             batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - head.version),
                                             **batch.metrics})
@@ -539,6 +549,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return state_arrays(self._state)
 
     def save_checkpoint(self) -> None:
+        # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
+        self._state = self._state._replace(in_flight=settled(self._state.in_flight))
         meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
         if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
             meta["reward_audit"] = self.reward_audit.state_json()

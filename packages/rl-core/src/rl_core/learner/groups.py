@@ -45,6 +45,10 @@ class Groups:
     row_fields: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     """Per-row JSON values passed to reward functions by name, e.g. `episode` (each episode's
     record, rl_core.episodes.EpisodeRecord.to_json) for multi-turn rollouts."""
+    versions: np.ndarray | None = None
+    """[N] int32: the step count of the weights that sampled each row (0: the initial weights);
+    rows of one batch differ when DAPO carries groups over or rollouts run ahead. None: not
+    recorded (groups built by hand, a checkpoint written before rows carried it)."""
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """JSON facts about the batch as a whole, recorded while collecting it, read when it is
     trained on (possibly a step later, or after a resume): timings, token counts, DAPO's
@@ -87,6 +91,7 @@ class Groups:
             texts=tuple(self.texts[i] for i in rows),
             reward_scores={k: v[rows] for k, v in self.reward_scores.items()},
             old_logp=None if self.old_logp is None else self.old_logp[rows],
+            versions=None if self.versions is None else self.versions[rows],
             row_fields={k: tuple(v[i] for i in rows) for k, v in self.row_fields.items()},
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
@@ -100,13 +105,14 @@ class Groups:
         out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
         out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
         out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
+        out["versions"] = None if self.versions is None else self.versions.tolist()
         out["info"] = dict(self.info)
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Groups:
         arrays = {name: np.asarray(data[name], dtype=_DTYPES[name]) for name in _ROW_ARRAYS}
-        old = data["old_logp"]
+        old, versions = data["old_logp"], data.get("versions")
         return cls(
             group_size=int(data["group_size"]),
             prompts=tuple(Prompt(p["text"], p["fields"]) for p in data["prompts"]),
@@ -114,6 +120,7 @@ class Groups:
             reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
             old_logp=None if old is None else np.asarray(old, np.float32),
             row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
+            versions=None if versions is None else np.asarray(versions, np.int32),
             info=dict(data.get("info", {})),
             **arrays,
         )
@@ -135,7 +142,8 @@ _ROW_ARRAYS = tuple(_DTYPES)
 def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
     """Groups of several rounds in order; prompts re-padded on the left to a common width.
 
-    Rows of a part without recorded behaviour log-probs get NaN rows when another part has them.
+    Rows of a part without recorded behaviour log-probs get NaN rows when another part has them,
+    and version -1 (unknown) when another part records its versions.
     """
     if len(parts) == 1:
         return parts[0]
@@ -155,6 +163,10 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
             [p.old_logp if p.old_logp is not None else np.full(p.completion_mask.shape, np.nan, np.float32)
              for p in parts]
         )
+    versions = None
+    if any(p.versions is not None for p in parts):
+        versions = np.concatenate([p.versions if p.versions is not None else np.full(len(p.rewards), -1, np.int32)
+                                   for p in parts])
     return Groups(
         group_size=parts[0].group_size,
         prompts=tuple(q for p in parts for q in p.prompts),
@@ -163,6 +175,7 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         texts=tuple(t for p in parts for t in p.texts),
         reward_scores={k: np.concatenate([p.reward_scores[k] for p in parts]) for k in names},
         old_logp=old_logp,
+        versions=versions,
         row_fields={k: tuple(x for p in parts for x in p.row_fields[k]) for k in parts[0].row_fields},
         **arrays,
     )

@@ -156,12 +156,31 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them."""
-        # every sampled token counts, including groups a variant then drops
-        self._timings = {"time/rollout": 0.0, "time/reward": 0.0, "perf/generated_tokens": 0.0,
-                         "perf/kept_tokens": 0.0, "rewards/failed": 0.0}
+        self._timings = _collection_tally()
         groups, supply = self.sample_groups(prompts, supply)
         info = dict(self._timings)
         return dataclasses.replace(groups, info={**groups.info, **info}), supply
+
+    def scores_apart(self) -> bool:
+        """True unless a variant changes the collection (DAPO's dynamic sampling draws more prompts
+        as the scores come in): then `collect` is `collect_unscored` and then `score_collected`."""
+        own = PolicyGradientLearner
+        return all(getattr(type(self), name) is getattr(own, name)
+                   for name in ("collect", "sample_groups", "collect_groups"))
+
+    def collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+        """`collect`'s generation half: the groups unscored (`score_collected` scores them), with
+        what their generation cost in `info`, and the supply past them."""
+        self._timings = _collection_tally()
+        groups = self.rollout_groups(prompts)
+        return dataclasses.replace(groups, info={**groups.info, **self._timings}), supply
+
+    def score_collected(self, groups: Groups) -> Groups:
+        """`collect`'s scoring half, on any thread: `collect_unscored`'s groups scored, its tally
+        in `info` continued (the same numbers `collect` returns)."""
+        self._timings = dict(groups.info)
+        scored = self.score(groups)
+        return dataclasses.replace(scored, info=dict(self._timings))
 
     def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
@@ -184,6 +203,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         metrics["perf/decoded_per_kept"] = tokens / kept if kept else 1.0
         # prompt tokens the engine prefilled, and those it continued from an episode's retained sequence
         metrics |= {k: v for k, v in groups.info.items() if k in ("perf/prefill_tokens", "perf/reused_prefix_tokens")}
+        if groups.versions is not None:  # the weights that sampled the rows (carried groups: older ones)
+            metrics["rollout/version_min"] = float(groups.versions.min())
+            metrics["rollout/version_max"] = float(groups.versions.max())
         return StepBatch(example, metrics, self.samples(groups, adv), int(tokens))
 
     def batch_to_json(self, batch: Groups) -> dict[str, Any]:
@@ -236,6 +258,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             texts=rolled.texts,
             rewards=np.zeros(len(out.lengths), np.float32),
             row_fields=rolled.row_fields(),
+            versions=np.full(len(out.lengths), self.sampling_version(), np.int32),
         )
 
     def score(self, groups: Groups) -> Groups:
@@ -403,9 +426,17 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             }
             for i in range(len(groups.texts))
         ]
+        if groups.versions is not None:  # the weights' step count that sampled the row (every token of it)
+            for sample, version in zip(out, groups.versions.tolist(), strict=True):
+                sample["version"] = version
         for sample, episode in zip(out, groups.row_fields.get("episode", ()), strict=False):
             # every turn with its role; the completion column shows the whole episode
             record = EpisodeRecord.from_json(episode)
             sample.update(completion=record.transcript(), turns=episode["turns"], turn_rewards=list(record.rewards))
         return out
 
+
+def _collection_tally() -> dict[str, float]:
+    """What a collection counts from zero: every sampled token counts, including groups a variant then drops."""
+    return {"time/rollout": 0.0, "time/reward": 0.0, "perf/generated_tokens": 0.0, "perf/kept_tokens": 0.0,
+            "rewards/failed": 0.0}
