@@ -7,7 +7,7 @@ proximal policy). The async learner must equal it bit for bit: parameters, metri
 (timings aside) and samples, for GRPO and for DAPO with dynamic sampling and carried
 groups. Then: a run stopped with a batch in flight resumes to the same result, the
 overlap happens (scoring of batch n+1 runs during the update of step n), and bad
-settings are refused.
+settings are refused. At k = 2 the scorings of two batches run at once, numbers unchanged.
 """
 
 import dataclasses
@@ -72,12 +72,13 @@ def lagged(cls, k=1):
 
 
 def make(cls, config, *, async_rollout="one_step", output_dir=None, num_steps=STEPS, reward_delay=0.0,
-         rollout_devices=0, max_staleness=1):
-    def reward(prompts, completions, **fields):
+         rollout_devices=0, max_staleness=1, reward=None):
+    def delayed(prompts, completions, **fields):
         time.sleep(reward_delay)
         return even_start(prompts, completions, **fields)
 
-    reward.__name__ = "even_start"
+    delayed.__name__ = "even_start"
+    reward = reward or delayed
     return cls(
         config,
         policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)),
@@ -137,19 +138,22 @@ def as_written_before_k(run_dir, step):
     path.write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_path, k):
-    straight = make(DAPOLearner, DAPO, max_staleness=k)
+@pytest.mark.parametrize(("cls", "config", "k"), [
+    (DAPOLearner, DAPO, 1), (DAPOLearner, DAPO, 2),
+    # batches scored on scoring threads: the checkpoint waits for them
+    pytest.param(GRPOLearner, GRPO, 2, marks=pytest.mark.e2e)], ids=["dapo-k1", "dapo-k2", "grpo-k2"])
+def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_path, cls, config, k):
+    straight = make(cls, config, max_staleness=k)
     straight.train()
-    stopped = make(DAPOLearner, DAPO, output_dir=tmp_path / "run", max_staleness=k)
+    stopped = make(cls, config, output_dir=tmp_path / "run", max_staleness=k)
     stopped.train(4)  # k = 1: batch 5 in flight, it leaves a group carried over to step 6; k = 2: batches 5, 6
     stopped.close()
     if k == 1:  # and as an older checkpoint holds it
         as_written_before_k(tmp_path / "run", 4)
-    resumed = make(DAPOLearner, DAPO, output_dir=tmp_path / "run", max_staleness=k)
+    resumed = make(cls, config, output_dir=tmp_path / "run", max_staleness=k)
     assert resumed.resume(log=lambda _: None) and resumed.step == 4
     assert [f.version for f in resumed.in_flight] == list(range(4 - k, 4))
-    assert resumed.carry is not None or k > 1  # k = 1: the group carried out of batch 5
+    assert resumed.carry is not None or k > 1  # DAPO, k = 1: the group carried out of batch 5
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
@@ -213,6 +217,54 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
     assert order.index("score start") < order.index("update end"), events
     assert dict(events)["score start"].startswith("scoring") and dict(events)["update start"] == "MainThread"
     assert metrics["time/reward"] >= 0.2  # this step's batch: scored during step 1's update
+
+
+class HeldScoring:
+    """`even_start`, counting the scorings in progress at once (`peak`). The first scoring on a
+    scoring thread waits for the second to begin (up to a minute): only scorings that run side by
+    side get past it at once; a design that finishes each scoring within its step times out."""
+
+    __name__ = "even_start"
+
+    def __init__(self):
+        self.lock, self.second = threading.Lock(), threading.Event()
+        self.active = self.peak = self.apart = 0
+        self.timed_out = False
+
+    def __call__(self, prompts, completions, **fields):
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            apart = threading.current_thread().name.startswith("scoring")
+            self.apart += apart
+            nth = self.apart
+        try:
+            if apart and nth == 1:
+                self.timed_out = not self.second.wait(timeout=60)
+            elif apart and nth == 2:
+                self.second.set()
+            return even_start(prompts, completions, **fields)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def test_at_k_2_two_scorings_run_at_once_and_the_numbers_stay_those_of_the_delayed_synchronous_run(k=2):
+    """Step 1 collects batches 1, 2 in line and starts batch 3, whose scoring holds; step 2 trains
+    batch 2 and starts batch 4, whose scoring begins while batch 3's still runs; step 3 waits for
+    batch 3's. Numbers and per-row versions equal the synchronous run sampling with W(n-1-k)."""
+    held = HeldScoring()
+    ref = make(lagged(GRPOLearner, k), GRPO, async_rollout="off", num_steps=4)
+    run = make(GRPOLearner, GRPO, max_staleness=k, num_steps=4, reward=held)
+    for step in range(1, 5):
+        want, got = ref.train_step(), run.train_step()
+        assert untimed(got) == untimed(want), step
+        # every row of batch n was sampled by W(max(n-1-k, 0))
+        assert got["rollout/version_min"] == got["rollout/version_max"] == max(step - 1 - k, 0)
+    assert held.peak == 2 and not held.timed_out
+    assert tree_max_abs_diff(run.params, ref.params) == 0.0
+    assert [f.version for f in run.in_flight] == [2, 3]
+    run.close()
 
 
 def test_async_without_a_correction_uses_token_tis_at_two():
