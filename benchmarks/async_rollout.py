@@ -1,7 +1,7 @@
 """Step time with synchronous rollouts and async rollouts k = 1, 2, 4 steps ahead, with a slow reward.
 
     uv run python benchmarks/async_rollout.py [--delay 0.2] [--steps 8] [--prompts 8] [--group 8]
-        [--staleness 1 2 4] [--rounds 1]
+        [--staleness 1 2 4] [--rounds 1] [--whole 2 4]
 
 GRPO on the tiny-qwen2 shape (D=128, 4 layers, random weights, character vocabulary)
 and the built-in arithmetic task's prompts; the reward sleeps `--delay` seconds per batch, as a
@@ -18,8 +18,9 @@ With one step of staleness a batch is generated while one update runs and scored
 step that trains it, so the async step is bounded by max(rollout + reward, logprob + update)
 of the synchronous phases. At k > 1 the scoring runs on one of k scoring threads while later
 batches generate and train (rl_core.rollout.async_rollout): each batch has k steps to be
-scored, so the bound falls to max(rollout, logprob + update, reward / k). On a CPU the
-rollout thread and the update also share the cores.
+scored, so the bound falls to max(rollout, logprob + update, reward / k). `--whole` adds modes
+whose collection is waited for whole within the step that started it, as before the cut (the
+k = 1 bound at any k). On a CPU the rollout thread and the update also share the cores.
 """
 
 from __future__ import annotations
@@ -48,11 +49,22 @@ def slow_reward(delay: float):
     return numeric_answer
 
 
-def run(k: int, args: argparse.Namespace) -> dict[str, float]:
-    """Mean seconds of the timed steps at staleness `k` (0: synchronous rollouts)."""
+class WholeCollection(GRPOLearner):
+    """GRPO with its collection never cut: scored on the rollout thread and waited for within
+    the step that started it, at any k (how every collection ran before the cut)."""
+
+    def scores_apart(self) -> bool:
+        return False
+
+
+def run(mode: int | str, args: argparse.Namespace) -> dict[str, float]:
+    """Mean seconds of the timed steps at staleness `mode` (0: synchronous rollouts; "whole k":
+    k with the collection waited for whole)."""
+    whole = isinstance(mode, str)
+    k = int(str(mode).removeprefix("whole "))
     tok = CharTokenizer()
     config = TransformerConfig.tiny_qwen2(tok.vocab_size)
-    learner = GRPOLearner(
+    learner = (WholeCollection if whole else GRPOLearner)(
         GRPOConfig(group_size=args.group, beta=0.0, tis_cap=2.0),
         policy=Transformer(config, rngs=nnx.Rngs(0)),
         tokenizer=tok,
@@ -80,22 +92,26 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4], help="async modes' max_staleness")
     p.add_argument("--rounds", type=int, default=1, help="rounds over the modes, alternating")
+    p.add_argument("--whole", type=int, nargs="*", default=[],
+                   help="also these max_staleness with each collection waited for whole (no scoring apart)")
     args = p.parse_args()
     keep_freed_memory()
     unroll_threefry_on_cpu()
-    modes = [0, *args.staleness]
+    modes = [0, *args.staleness, *(f"whole {k}" for k in args.whole)]
     rounds = [{k: run(k, args) for k in modes} for _ in range(args.rounds)]
     rows = {k: {name: float(np.median([r[k][name] for r in rounds])) for name in rounds[0][k]} for k in modes}
     for k, row in rows.items():
         name = "sync" if k == 0 else f"async k={k}"
+        name = name.replace("k=whole ", "whole k=")
         print(f"{name:11s} " + "  ".join(f"{n.removeprefix('time/')} {v:.3f} s" for n, v in row.items()))
     sync = rows[0]
     # a batch's own scoring cannot overlap its own generation; at k > 1 scorings overlap each other
-    for k in args.staleness:
+    for k in modes[1:]:
         step = rows[k]["time/step"]
+        apart = isinstance(k, int) and k > 1
         bound = max(sync["time/logprob"] + sync["time/update"],
-                    sync["time/rollout"] + sync["time/reward"] if k == 1 else
-                    max(sync["time/rollout"], sync["time/reward"] / k))
+                    max(sync["time/rollout"], sync["time/reward"] / k) if apart else
+                    sync["time/rollout"] + sync["time/reward"])
         ratios = [r[k]["time/step"] / r[0]["time/step"] for r in rounds]  # within a round: alike load
         print(f"k={k}: async step / sync step {step / sync['time/step']:.2f} (median of the rounds' ratios "
               f"{float(np.median(ratios)):.2f}); / the bound from the sync phases {step / bound:.2f}")

@@ -27,11 +27,12 @@ from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner.groups import Groups, concat
 from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
 from rl_core.testing import tree_max_abs_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy  # noqa: E402
+from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 5)]
@@ -125,8 +126,28 @@ def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls,
     if cls is DAPOLearner:  # the reference carried groups and resampled: the path was exercised
         assert any(m["dapo/groups_carried_in"] > 0 for m in ref.recorder.history)
         assert any(m["dapo/gen_rounds"] > 2 for m in ref.recorder.history)
+        # rows carried out of an earlier collection keep its (older) version
+        assert any(m["rollout/version_min"] < m["rollout/version_max"] for m in run.recorder.history)
+    for m in run.recorder.history:  # no row newer than the weights pinned for the batch; GRPO's rows all theirs
+        assert m["rollout/version_max"] <= m["async/sampled_version"]
+        assert cls is DAPOLearner or m["rollout/version_min"] == m["async/sampled_version"]
     # the batches in flight were sampled by the weights of steps STEPS-k .. STEPS-1, oldest first
     assert [f.version for f in run.in_flight] == list(range(STEPS - k, STEPS))
+
+
+def test_each_row_keeps_its_version_through_select_concat_and_a_checkpoint():
+    prompts = [Prompt("a"), Prompt("b")]
+    old = dataclasses.replace(make_groups(prompts, [1, 0, 0, 1], group_size=2, completion_tokens=np.ones((4, 2)),
+                                          lengths=[1, 2, 1, 2]), versions=np.array([3, 3, 3, 3], np.int32))
+    new = dataclasses.replace(old, versions=np.array([5, 5, 5, 5], np.int32))
+    unknown = make_groups(prompts[:1], [1, 0], group_size=2, completion_tokens=np.ones((2, 2)), lengths=[1, 2])
+    # DAPO's batch: the second group carried (version 3), a new round (5), a part without versions (-1)
+    batch = concat([old.select([1]), new.select([0]), unknown], pad_id=0)
+    np.testing.assert_array_equal(batch.versions, [3, 3, 5, 5, -1, -1])
+    np.testing.assert_array_equal(Groups.from_json(json.loads(json.dumps(batch.to_json()))).versions, batch.versions)
+    assert Groups.from_json({**unknown.to_json(), "versions": None}).versions is None
+    written_before = {k: v for k, v in old.to_json().items() if k != "versions"}  # a checkpoint from before
+    assert Groups.from_json(written_before).versions is None
 
 
 def as_written_before_k(run_dir, step):
