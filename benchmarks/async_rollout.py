@@ -14,13 +14,13 @@ median over the rounds of each round's mean seconds per step and of its phases
 passes, update = the optimizer steps), and for async the waits of each side
 (wait_scoring: the step waiting for its own batch's scoring to end).
 
-With one step of staleness a batch is generated while one update runs and scored before the
-step that trains it, so the async step is bounded by max(rollout + reward, logprob + update)
-of the synchronous phases. At k > 1 the scoring runs on one of k scoring threads while later
-batches generate and train (rl_core.rollout.async_rollout): each batch has k steps to be
-scored, so the bound falls to max(rollout, logprob + update, reward / k). `--whole` adds modes
-whose collection is waited for whole within the step that started it, as before the cut (the
-k = 1 bound at any k). On a CPU the rollout thread and the update also share the cores.
+A batch is generated while one update runs; its scoring then runs on one of k scoring threads
+while the next batches generate and train, until the step that trains it (rl_core.rollout.
+async_rollout): each batch has k steps to be scored, so the async step is bounded by
+max(rollout, logprob + update, reward / k) of the synchronous phases. `--whole` adds modes whose
+collection is waited for whole within the step that started it, as before that cut: bounded
+by max(rollout + reward, logprob + update) at any k. On a CPU the rollout thread and the
+update also share the cores.
 """
 
 from __future__ import annotations
@@ -105,12 +105,12 @@ def main() -> None:
         name = name.replace("k=whole ", "whole k=")
         print(f"{name:11s} " + "  ".join(f"{n.removeprefix('time/')} {v:.3f} s" for n, v in row.items()))
     sync = rows[0]
-    # a batch's own scoring cannot overlap its own generation; at k > 1 scorings overlap each other
+    # scored apart, a batch's scoring overlaps the next generations and k - 1 other scorings;
+    # whole, it follows its own generation within one update
     for k in modes[1:]:
         step = rows[k]["time/step"]
-        apart = isinstance(k, int) and k > 1
         bound = max(sync["time/logprob"] + sync["time/update"],
-                    max(sync["time/rollout"], sync["time/reward"] / k) if apart else
+                    max(sync["time/rollout"], sync["time/reward"] / k) if isinstance(k, int) else
                     sync["time/rollout"] + sync["time/reward"])
         ratios = [r[k]["time/step"] / r[0]["time/step"] for r in rounds]  # within a round: alike load
         print(f"k={k}: async step / sync step {step / sync['time/step']:.2f} (median of the rounds' ratios "

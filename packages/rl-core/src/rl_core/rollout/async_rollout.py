@@ -215,7 +215,7 @@ def batch_ahead(*, collect: Callable[..., tuple[Any, Supply]],
             else:  # generated here; scored on a scoring thread while the next batches generate
                 unscored, after = collect(prompts, supply, unscored=True)
                 collected = thread.score(lambda: score(unscored))
-            fault_point("in_flight", version + 1)  # the next batch collected, the update maybe not done
+            fault_point("in_flight", version + 1)  # batch n+k generated, the update maybe not done
             return InFlight(collected, version), after
 
         thread.start(collect_next)
