@@ -25,7 +25,8 @@ For `training.async_rollout = "one_step"` (rl_core.rollout.async_rollout) it spl
 in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
 and `examples_from` (what the update needs, under the current weights), plus the
 JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
-rl_core.rollout.async_rollout.CollectHalves).
+rl_core.rollout.async_rollout.CollectHalves); where `scores_apart`, `collect` is cut once
+more (`collect_unscored`, `score_collected`) so that scoring runs on a scoring thread.
 rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
 package runs (sample, score, advantages, log-probs; the config in rl_core.learner.pipeline_config).
 
