@@ -431,7 +431,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         start = time.perf_counter()
         n, state = self.training.prompts_per_step, self._state
         if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
-            # a collection that can be scored apart is: its scoring runs on while later batches generate
+            # scored apart where the collection allows it: its scoring runs on while later batches generate
             score = self.score_collected if self.scores_apart() else None
             batch, rest = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from,
                                       in_flight=state.in_flight, supply=self.supply(), prompts_per_step=n,
