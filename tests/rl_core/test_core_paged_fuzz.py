@@ -8,6 +8,7 @@ scheduler hands out; the prompts, samples per prompt, EOS-driven completion leng
 vary freely on the host.
 """
 
+import itertools
 import math
 
 import jax
@@ -210,3 +211,78 @@ def test_continued_sequences_under_any_pool_finish_with_the_completions_of_a_ful
     assert engine.pools[0].in_use == 0 and not engine.retained.held
     want, _, _ = rollout(engine, s.pool_pages, continued, SAMPLED, key)
     assert_same(got, want)
+
+
+@pytest.fixture(scope="module")
+def switching():
+    """Engines of SHAPES[1] that switch weights mid-rollout, one per partial-rollouts mode, the two
+    weight versions they switch between, and a version counter (published versions only grow)."""
+    graphdef, old = nnx.split(Transformer(TransformerConfig.tiny(V), rngs=nnx.Rngs(0)))
+    new = nnx.split(Transformer(TransformerConfig.tiny(V), rngs=nnx.Rngs(1)))[1]
+    engines = {mode: PagedBackend(graphdef, EngineSettings(max_prompt_tokens=MAX_PROMPT, **SHAPES[1]),
+                                  paging=PAGED_TRANSFORMER, eos_ids=EOS, pad_id=0, partial_rollouts=mode)
+               for mode in ("continue", "recompute")}
+    return engines, old, new, itertools.count(0, 2)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_weight_switch_at_any_call_keeps_the_old_tokens_and_frees_every_page(switching, data):
+    """New weights published after any call, in either mode, with any pool that fits (a resumed
+    completion needs one page more under recompute), sequences retained or not, and sometimes an
+    exception a call later: the rollout finishes (or fails) with no page held but the retained
+    sequences'; each row's old-version tokens come first and are the ones the old weights alone give."""
+    engines, old, new, versions = switching
+    mode = data.draw(st.sampled_from(("continue", "recompute")), label="mode")
+    engine = engines[mode]
+    s = engine.settings
+    lengths = data.draw(st.lists(st.integers(1, MAX_PROMPT), min_size=1, max_size=4), label="prompt lengths")
+    reqs = requests(lengths, data.draw(st.integers(1, 3), label="samples per prompt"), seed=data.draw(
+        st.integers(0, 2**16), label="prompt seed"))
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths) + (mode == "recompute")
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    switch = data.draw(st.integers(1, 8), label="switch after call")
+    fail = data.draw(st.booleans(), label="fail a call after the switch")
+    held = data.draw(st.booleans(), label="retain the sequences (Requests.sessions)")
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    v0 = next(versions)
+    engine.update_weights(old, v0)
+    want, _, _ = rollout(engine, pages, reqs, SAMPLED, key)
+
+    engine.update_weights(old, v0 + 1)  # the same weights, a newer version: the feed's must be newer still
+    call, calls = type(engine).call.__get__(engine), [0]
+
+    def switching_call(*args):
+        calls[0] += 1
+        if fail and calls[0] == switch + 1:
+            raise KeyboardInterrupt("interrupted after the switch")
+        out = call(*args)
+        if calls[0] == switch:
+            engine.feed.publish(v0 + 2, new)
+        return out
+
+    engine.pools = [PagePool(pages)]
+    engine.call = switching_call
+    sessions = engine.new_sessions(len(want.lengths)) if held else None
+    try:
+        got = engine.generate(reqs._replace(sessions=sessions), SAMPLED, key)
+    except KeyboardInterrupt:
+        assert fail
+        got = None
+    finally:
+        del engine.call
+    held_pages = {p for x in engine.retained.held.values() for p in x.pages}
+    assert engine.pools[0].in_use == len(held_pages) and (held or not held_pages)
+    engine.release()
+    assert engine.pools[0].in_use == 0
+    if got is None:
+        return
+    for row in range(len(got.lengths)):
+        n = int(got.lengths[row])
+        row_versions = got.token_version[row, :n]
+        assert n >= 1 and set(row_versions.tolist()) <= {v0 + 1, v0 + 2}
+        assert (np.diff(row_versions) >= 0).all()  # the old version's tokens come first
+        old_tokens = int((row_versions == v0 + 1).sum())
+        np.testing.assert_array_equal(got.tokens[row, :old_tokens], want.tokens[row, :old_tokens])
+        assert got.truncated[row] == (got.tokens[row, n - 1] not in EOS)
+    assert (calls[0] > switch) == (engine.version == v0 + 2)

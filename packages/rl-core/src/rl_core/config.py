@@ -155,6 +155,7 @@ class AlgorithmConfig(Config):
 ROLLOUT_ENGINES = ("auto", "static", "paged")
 ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
+PARTIAL_ROLLOUTS = ("off", "continue", "recompute")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,10 +216,21 @@ class RolloutConfig(Config):
     (half the rollout's weight memory and traffic; the sampler then differs from the trainer as a
     bfloat16 inference server does, which the rollout correction is for: docs/rollout-correction.md).
     Evaluation samples with the trained weights."""
+    partial_rollouts: str = "off"
+    """Paged engine with async rollouts: what a collection does when the update publishes newer
+    weights while it decodes (rl_core.rollout.feed; docs/async-rollouts.md). "off": nothing, one
+    weight version per collection; "continue": running sequences keep the keys and values older
+    weights computed and decode on under the new ones (PipelineRL); "recompute": their keys and
+    values are recomputed under the new weights first. Either way each token keeps the version
+    that sampled it and its log-prob under that version (the rollout correction weighs it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.engine in ROLLOUT_ENGINES, self, "engine", f"must be one of {ROLLOUT_ENGINES}")
+        check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
+              f"must be one of {PARTIAL_ROLLOUTS}")
+        check(self.partial_rollouts == "off" or self.engine == "paged", self, "partial_rollouts",
+              "needs rollout.engine='paged': only the paged engine switches weights between device calls")
         check(self.weights_dtype in ROLLOUT_WEIGHTS_DTYPES, self, "weights_dtype",
               f"must be one of {ROLLOUT_WEIGHTS_DTYPES}")
         check(self.attention in ROLLOUT_ATTENTION, self, "attention", f"must be one of {ROLLOUT_ATTENTION}")

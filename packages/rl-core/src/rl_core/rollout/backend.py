@@ -121,10 +121,11 @@ class RolloutBackend(Protocol):
         ...
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
-        """Completions [U * G, T] with `version` filled in (one entry per row)."""
+        """Completions [U * G, T] with `version` (one entry per row) and `token_version` filled in."""
         ...
 
 
 def with_version(out: Completions, version: int) -> Completions:
-    """`out` with every row stamped with weight `version`."""
-    return out._replace(version=np.full(out.lengths.shape[0], version, np.int32))
+    """`out` with every row and token stamped with weight `version`."""
+    return out._replace(version=np.full(out.lengths.shape[0], version, np.int32),
+                        token_version=np.full(np.shape(out.tokens), version, np.int32))

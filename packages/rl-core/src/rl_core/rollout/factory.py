@@ -78,8 +78,8 @@ def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Seq
             )
         replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
         settings = engine_settings(rollout, batch_size=batch_size, replicas=replicas)
-        return PagedBackend(graphdef, settings, paging=paging, eos_ids=eos_ids,
-                            pad_id=pad_id, mesh=mesh, param_shardings=param_shardings)
+        return PagedBackend(graphdef, settings, paging=paging, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh,
+                            param_shardings=param_shardings, partial_rollouts=rollout.partial_rollouts)
     if sampler is None:
         sampler = Sampler(graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
                           mesh=mesh, param_shardings=param_shardings)

@@ -35,6 +35,11 @@ program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
 decoding never gathers a weight; with unrolled layers (the adapter's `loop_stacks`),
 one array per layer, so no call copies a weight (see `rl_core.rollout.unstacked`).
+Partial rollouts (`partial_rollouts`, rl_core.rollout.feed): between device calls the engine
+reads its `feed`; weights published there with a newer version decode the following calls
+("continue": the running samples keep the keys and values older weights wrote; "recompute":
+`scheduler._Replica.recompute` has them, and every held prompt prefix, prefilled again under the
+new weights first). Each token records the version that sampled it (`Completions.token_version`).
 The engine reaches the model only through the adapter it is built with (`paging`, an
 `rl_core.policy.protocols.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
@@ -57,7 +62,8 @@ from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler
-from rl_core.rollout.backend import Requests, with_version
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.feed import WeightFeed
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.retained import Retained
 from rl_core.rollout.step import Prefill, Slots, engine_step
@@ -116,6 +122,8 @@ class PagedBackend:
     `paging` runs the model (see `rl_core.policy.protocols.PagedModel`; rl_models.PAGED_TRANSFORMER for its
     transformers). `compiles` counts traced device programs (steps and weight refreshes).
     `replicas` (R) is the number of data/fsdp devices of the mesh (1 without one).
+    `partial_rollouts` ("off", "continue", "recompute"): what a rollout does with weights
+    published to `feed` while it runs (see the module docstring); off: it has no feed.
     """
 
     row_limits = True
@@ -127,9 +135,12 @@ class PagedBackend:
     (`new_sessions`, `release`)."""
 
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
-                 eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None) -> None:
+                 eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None,
+                 partial_rollouts: str = "off") -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
+        if partial_rollouts not in ("off", "continue", "recompute"):
+            raise ValueError(f"partial_rollouts = {partial_rollouts!r}: must be one of off, continue, recompute")
         check_paging(paging)
         self.graphdef = graphdef
         self.paging = paging
@@ -156,6 +167,9 @@ class PagedBackend:
         self.evictions = 0  # retained sequences and reused prefixes given back to a dry pool
         self.prefill_tokens = 0  # prompt tokens prefilled (again, after a preemption or an eviction)
         self.reused_tokens = 0  # prompt tokens continued from a retained sequence instead
+        self.partial_rollouts = partial_rollouts
+        self.feed: WeightFeed | None = None if partial_rollouts == "off" else WeightFeed()
+        self.switches = 0  # weight versions taken from the feed mid-rollout
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -197,9 +211,15 @@ class PagedBackend:
         """The engine's copy of `params` (one program: cast, merge adapters, reshard)."""
         if self._refresh is None:
             self._build_refresh(params)
+        self._take(params, version)
+        self.release()  # held keys and values are the old weights'
+
+    def _take(self, params: Any, version: int) -> None:
+        """Decode with `params` from the next call on (the pages keep what they hold)."""
         self.weights = self._refresh(params)
         self.version = version
-        self.release()  # held keys and values are the old weights'
+        if self.feed is not None:
+            self.feed.forget_through(version)
 
     # -- retained sequences ------------------------------------------------------------------
 
@@ -218,6 +238,17 @@ class PagedBackend:
             where = self.retained.replica_of(handle)
             if where is not None:
                 self.retained.drop(handle, self.pools[where])
+
+    def follow_feed(self) -> bool:
+        """Between device calls: take the feed's weights when they are newer than the engine's
+        (True when it did; the following calls decode with them)."""
+        newer = None if self.feed is None else self.feed.newer_than(self.version)
+        if newer is None:
+            return False
+        version, params = newer
+        self._take(params, version)  # mid-rollout: the running sequences' pages stay (recompute: the scheduler's)
+        self.switches += 1
+        return True
 
     def weight_bytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.weights))
@@ -307,7 +338,7 @@ class PagedBackend:
             if any(x.is_deleted() for x in jax.tree.leaves(self.pages)):
                 self.pages = None
             raise
-        return with_version(out, self.version)
+        return out  # each row and token stamped with the version that sampled it
 
 
 __all__ = ["EngineSettings", "PagedBackend", "PoolExhausted"]

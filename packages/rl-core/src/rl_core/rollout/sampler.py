@@ -30,6 +30,9 @@ class Completions(NamedTuple):
     lengths: jax.Array  # [B] int32; tokens including EOS
     truncated: jax.Array  # [B] bool; no EOS within max_new_tokens
     version: jax.Array | None = None  # [B] int32; weight version that generated each row (set by a rollout backend)
+    # [B, T] int32; the weight version that sampled each token, the row's last past its end (set with `version`;
+    # one per row unless a partial rollout switched weights mid-row: rl_core.rollout.feed)
+    token_version: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)

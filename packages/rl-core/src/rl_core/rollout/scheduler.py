@@ -53,6 +53,7 @@ class _Prompt:
     limit: int = 0  # most new tokens of its samples (at most the engine's max_new_tokens)
     stops: tuple[str, ...] = ()  # its samples end soon after their text holds one (`stop_index`)
     reused: int = 0  # leading prefix tokens its pages hold from a retained sequence (not prefilled)
+    resumed: int = 0  # a resumed sample's own prompt: its last `resumed` tokens are that sample's first ones
 
     @property
     def prefix(self) -> int:
@@ -67,6 +68,7 @@ class _Sample:
     own: list[int] = dataclasses.field(default_factory=list)  # its pages (first: its copy of a partial prefix page)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logp: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)  # the weight version of each token
     started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
     done: bool = False
     session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
@@ -99,10 +101,11 @@ def pages_for_one(page_size: int, prompt_tokens: int, max_new_tokens: int) -> in
     return -(-prefix // page_size) + last // page_size + 1 - prefix // page_size
 
 
-def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: int) -> None:
+def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: int, *, spare: int = 0) -> None:
     """A ValueError, before any device call, when one completion can never fit the pool: the
-    scheduler could never finish it (a smaller batch would not help)."""
-    one = pages_for_one(page_size, prompt_tokens, max_new_tokens)
+    scheduler could never finish it (a smaller batch would not help). `spare`: pages it needs
+    beyond that (1 when a completion may resume on a prompt of its own: `_Replica.recompute`)."""
+    one = pages_for_one(page_size, prompt_tokens, max_new_tokens) + spare
     if one > usable:
         raise ValueError(
             f"the KV pool (rollout.kv_pages = {usable + 1}: {usable} usable pages and a scratch one, "
@@ -127,7 +130,8 @@ class _Replica:
         # the prompt needing most pages, not always the longest: a partly filled prefix page is held
         # twice (shared and copied)
         worst = max((len(p.tokens) for p in self.prompts), key=lambda n: pages_for_one(self.ps, n, self.t), default=1)
-        check_fits(self.pool.num_pages - 1, self.ps, worst, self.t)
+        # a resumed completion's own prompt may hold one more partly filled page, copied
+        check_fits(self.pool.num_pages - 1, self.ps, worst, self.t, spare=int(engine.partial_rollouts == "recompute"))
         self.to_prefill = collections.deque(self.prompts)
         self.prefilling: _Prompt | None = None
         self.prefilled: list[_Prompt] = []  # prompts holding their whole prefix, oldest first
@@ -178,16 +182,19 @@ class _Replica:
     # -- freeing pages ---------------------------------------------------------------------
 
     def _preempt(self, sample: _Sample) -> None:
-        """Free a running sample's pages and requeue it first; it restarts from its prompt."""
+        """Free a running sample's pages and requeue it first; it restarts from its prompt (a
+        resumed sample keeps the tokens its own prompt holds)."""
         slot = self.running.index(sample)
         self.pool.release(sample.own + self._shared(sample))
-        sample.own, sample.tokens, sample.logp = [], [], []
+        keep = sample.prompt.resumed
+        sample.own = []
+        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:]
         self.running[slot] = None
         self.host["active"][slot] = False
         self.ready.appendleft(sample)
         self.engine.preemptions += 1
 
-    def _unprefill(self, prompt: _Prompt) -> None:
+    def _unprefill(self, prompt: _Prompt, *, preempted: bool = True) -> None:
         """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
         ahead of the prompts never prefilled (freeing youngest first keeps their order)."""
         self.pool.release(prompt.pages)
@@ -198,7 +205,7 @@ class _Replica:
             self.prefilled.remove(prompt)
             self.ready = collections.deque(x for x in self.ready if x.prompt is not prompt)
         self.to_prefill.appendleft(prompt)
-        self.engine.preemptions += 1
+        self.engine.preemptions += preempted
 
     def _give_back(self, keep: _Prompt | None = None, *, waiting: bool = True) -> bool:
         """Free pages no call reads: the oldest idle retained sequence, else (`waiting`) the reused
@@ -297,7 +304,8 @@ class _Replica:
             self.engine.prefill_tokens += take
             if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
                 self.engine.reused_tokens += prompt.reused
-                self.ready.extend(x for x in prompt.samples if not x.done)  # all but the finished
+                # all but the finished and those resumed on a prompt of their own
+                self.ready.extend(x for x in prompt.samples if not x.done and x.prompt is prompt)
                 self.prefilled.append(prompt)
                 self.prefilling = None
         pad = self.chunk - len(tokens)
@@ -332,8 +340,8 @@ class _Replica:
             sample.started, self.starts = self.starts, self.starts + 1
             self.running[slot] = sample
             h = self.host
-            h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, 0
-            h["limit"][slot] = prompt.limit
+            h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, prompt.resumed
+            h["limit"][slot] = prompt.limit + prompt.resumed  # counts the resumed tokens too (their keys)
             h["active"][slot], h["ids"][slot] = True, sample.ids
             h["page_rows"][slot] = self._row(shared + sample.own)
         return src, dst
@@ -343,7 +351,8 @@ class _Replica:
         assert sample is not None
         pages = self._shared(sample) + sample.own  # its page row
         if sample.session >= 0:  # kept for a next turn: every token but the last was run
-            tokens = np.concatenate([sample.prompt.tokens, np.asarray(sample.tokens[:-1], np.int32)])
+            base = sample.prompt.tokens[: len(sample.prompt.tokens) - sample.prompt.resumed]  # a resumed one's own
+            tokens = np.concatenate([base, np.asarray(sample.tokens[:-1], np.int32)])
             self.engine.retained.keep(sample.session, self.index, tokens, pages, self.pool, self.ps)
         else:
             self.pool.release(pages)
@@ -355,6 +364,45 @@ class _Replica:
             self.pool.release(prompt.pages)
             prompt.pages = []
             self.prefilled.remove(prompt)
+
+    # -- new weights mid-rollout (rollout.partial_rollouts = recompute) ----------------------
+
+    def recompute(self) -> None:
+        """Every key and value computed so far is recomputed under the new weights: running
+        samples stop, keep their tokens (with the versions and log-probs that sampled them) and
+        resume, oldest first, from a prompt of their own, their prompt followed by those tokens;
+        every held prompt prefix (reused ones too) is freed and prefilled again, and the replica's
+        retained sequences are dropped. Nothing is lost but the pages."""
+        running = self._running()
+        limits = {id(x): int(self.host["limit"][self.running.index(x)]) for x in running}  # stop strings lower them
+        for sample in running:
+            slot = self.running.index(sample)
+            self.pool.release(sample.own + self._shared(sample))
+            sample.own, self.running[slot] = [], None
+            self.host["active"][slot] = False
+        for prompt in self._idle_prompts():  # every held prefix now, youngest first
+            self._unprefill(prompt, preempted=False)
+        for prompt in self.to_prefill:  # waiting prompts holding a retained sequence's pages
+            self.pool.release(prompt.pages)
+            prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
+        retained = self.engine.retained
+        while (handle := retained.oldest(self.index)) is not None:
+            retained.drop(handle, self.pool)
+        for sample in reversed(running):
+            self.to_prefill.appendleft(self._resumed(sample, limits[id(sample)]))
+
+    def _resumed(self, sample: _Sample, limit: int) -> _Prompt:
+        """`sample` moved to a prompt of its own: its original prompt and its `len(sample.tokens)`
+        tokens (`limit`: most tokens in all, its slot's)."""
+        old, n = sample.prompt, len(sample.tokens)
+        base = old.tokens[: len(old.tokens) - old.resumed]
+        prompt = _Prompt(np.concatenate([base, np.asarray(sample.tokens, np.int32)]), samples=[sample], unfinished=1,
+                         limit=limit - n, stops=old.stops, resumed=n)
+        old.unfinished -= 1
+        if not old.unfinished and old in self.to_prefill:  # no sample left to read its prefix
+            self.to_prefill.remove(old)
+        sample.prompt = prompt
+        return prompt
 
     # -- one call ---------------------------------------------------------------------------
 
@@ -371,8 +419,8 @@ class _Replica:
         self.before = self.host["count"].copy()
         return prefill, src, dst, Slots(**self.host)
 
-    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots) -> None:
-        """Record the call's tokens [S, k] and retire the samples that ended."""
+    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots, version: int) -> None:
+        """Record the call's tokens [S, k], sampled by weight `version`, and retire the samples that ended."""
         self.calls += 1
         for name in ("token", "position", "count", "active"):
             self.host[name] = np.array(getattr(after, name))
@@ -382,6 +430,7 @@ class _Replica:
             n = int(self.host["count"][slot] - self.before[slot])
             sample.tokens.extend(tokens[slot, :n].tolist())
             sample.logp.extend(logp[slot, :n].tolist())
+            sample.versions.extend([version] * n)
             if self.host["active"][slot] and n and sample.prompt.stops:
                 assert self.decode is not None  # Requests.stops checked it
                 end = stop_index(sample.tokens, sample.prompt.stops, self.decode)
@@ -395,16 +444,21 @@ class _Replica:
 
 
 def _completions(engine: Any, samples: list[_Sample], t: int) -> Completions:
+    """The samples' rows; a row's `version` is its oldest token's (the engine's for an empty one),
+    its `token_version` past its end its last token's."""
     b = len(samples)
     tokens = np.full((b, t), engine.pad_id, np.int32)
     logp = np.zeros((b, t), np.float32)
     lengths = np.zeros(b, np.int32)
+    versions = np.full((b, t), engine.version, np.int32)
     for sample in samples:
         n = len(sample.tokens)
         tokens[sample.row, :n], logp[sample.row, :n], lengths[sample.row] = sample.tokens, sample.logp, n
+        if n:
+            versions[sample.row, :n], versions[sample.row, n:] = sample.versions, sample.versions[-1]
     mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
     ended = np.isin(tokens[np.arange(b), np.maximum(lengths - 1, 0)], engine.eos_ids)
-    return Completions(tokens, logp, mask, lengths, ~ended)
+    return Completions(tokens, logp, mask, lengths, ~ended, versions.min(axis=1), versions)
 
 
 def _stack(trees: list[Any]) -> Any:
@@ -442,10 +496,13 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
         replicas = [_Replica(engine, i, share, requests.decode) for i, share in enumerate(shares)]
         step = engine._step_fn(sampling)
         while any(x.remaining for x in replicas):
+            if engine.follow_feed() and engine.partial_rollouts == "recompute":  # newer weights from here on
+                for replica in replicas:
+                    replica.recompute()
             prefill, src, dst, slots = _stack([x.plan() for x in replicas])
             tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
             for i, replica in enumerate(replicas):
-                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after))  # noqa: B023
+                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version)  # noqa: B023
         # a finished rollout released everything it does not retain: anything else is a bookkeeping bug
         leaked = [pool.in_use - engine.retained.pages_on(i) for i, pool in enumerate(engine.pools)]
         if any(leaked):
