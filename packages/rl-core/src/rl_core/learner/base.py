@@ -166,6 +166,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                              "produce_examples only, not its halves collect / examples_from / batch_to_json / "
                              "batch_from_json that async rollouts run apart")
         self.ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
+        if rollout.partial_rollouts != "off" and self.ahead is None:
+            raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
+                             "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self.generator = PolicyGenerator(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
@@ -282,6 +285,11 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             return collected, after._replace(rng=self._keys.key)
         finally:
             del self._keys.key
+
+    def _publish_update(self) -> None:
+        """The weights the update just made, W(step + 1), to the collection running beside it
+        (`rollout.partial_rollouts`): its remaining tokens sample with them."""
+        self.generator.publish(self._state.step + 1, self.params)
 
     def _take_supply(self, supply: Supply) -> None:
         """The state past a collection: the stream's position, the carry and the key it left."""
@@ -468,7 +476,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         metrics.setdefault("rollout/staleness_version_lag", metrics.get("async/staleness", 0.0))
         if self.ahead is not None:
             (results, apart), in_flight, supply, waits = update_beside(
-                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self.ahead)
+                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self.ahead,
+                publish=self._publish_update if self.rollout.partial_rollouts != "off" else None)
             self._state = self._state._replace(in_flight=in_flight)
             if supply is not None:
                 self._take_supply(supply)

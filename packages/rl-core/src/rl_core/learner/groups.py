@@ -42,13 +42,18 @@ class Groups:
     old_logp: np.ndarray | None = None
     """[N, T] float32 log-probs of the sampling policy from the trainer's forward pass, recorded
     at collection time; None = recorded for no row, a NaN row = not recorded for that row."""
+    token_version: np.ndarray | None = None
+    """[N, T] int32: the weight version (step count) that sampled each completion token, as the
+    rollout backend reported it (mixed within a row with partial rollouts); None = not reported
+    (multi-turn episodes)."""
     row_fields: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     """Per-row JSON values passed to reward functions by name, e.g. `episode` (each episode's
     record, rl_core.episodes.EpisodeRecord.to_json) for multi-turn rollouts."""
     versions: np.ndarray | None = None
     """[N] int32: the step count of the weights that sampled each row (0: the initial weights);
     rows of one batch differ when DAPO carries groups over or rollouts run ahead. None: not
-    recorded (groups built by hand, a checkpoint written before rows carried it)."""
+    recorded (groups built by hand, a checkpoint written before rows carried it). With partial
+    rollouts, the weights its collection started with; later tokens may be newer (`token_version`)."""
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """JSON facts about the batch as a whole, recorded while collecting it, read when it is
     trained on (possibly a step later, or after a resume): timings, token counts, DAPO's
@@ -92,6 +97,7 @@ class Groups:
             reward_scores={k: v[rows] for k, v in self.reward_scores.items()},
             old_logp=None if self.old_logp is None else self.old_logp[rows],
             versions=None if self.versions is None else self.versions[rows],
+            token_version=None if self.token_version is None else self.token_version[rows],
             row_fields={k: tuple(v[i] for i in rows) for k, v in self.row_fields.items()},
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
@@ -104,6 +110,7 @@ class Groups:
         out["texts"] = list(self.texts)
         out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
         out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
+        out["token_version"] = None if self.token_version is None else self.token_version.tolist()
         out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
         out["versions"] = None if self.versions is None else self.versions.tolist()
         out["info"] = dict(self.info)
@@ -113,12 +120,14 @@ class Groups:
     def from_json(cls, data: Mapping[str, Any]) -> Groups:
         arrays = {name: np.asarray(data[name], dtype=_DTYPES[name]) for name in _ROW_ARRAYS}
         old, versions = data["old_logp"], data.get("versions")
+        token_versions = data.get("token_version")  # none in checkpoints before it
         return cls(
             group_size=int(data["group_size"]),
             prompts=tuple(Prompt(p["text"], p["fields"]) for p in data["prompts"]),
             texts=tuple(data["texts"]),
             reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
             old_logp=None if old is None else np.asarray(old, np.float32),
+            token_version=None if token_versions is None else np.asarray(token_versions, np.int32),
             row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
             versions=None if versions is None else np.asarray(versions, np.int32),
             info=dict(data.get("info", {})),
@@ -137,6 +146,18 @@ _DTYPES = {
     "rewards": np.float32,
 }
 _ROW_ARRAYS = tuple(_DTYPES)
+
+
+def version_lag_metrics(token_version: np.ndarray, mask: np.ndarray, current: int) -> dict[str, float]:
+    """How many steps older than the `current` weights (step count) the weights that sampled each
+    real token (`mask` > 0) are: the token-weighted mean and the max of `current - token_version`,
+    and the fraction of tokens at lag 0 (sampled by the weights that train on them: partial
+    rollouts' tokens after a switch)."""
+    lag = (current - token_version.astype(np.int64))[mask > 0]
+    if not lag.size:
+        return {}
+    return {"rollout/staleness_token_lag_mean": float(lag.mean()), "rollout/staleness_token_lag_max": float(lag.max()),
+            "rollout/staleness_current_frac": float((lag == 0).mean())}
 
 
 def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
@@ -167,6 +188,7 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
     if any(p.versions is not None for p in parts):
         versions = np.concatenate([p.versions if p.versions is not None else np.full(len(p.rewards), -1, np.int32)
                                    for p in parts])
+    token_versions = [p.token_version for p in parts]
     return Groups(
         group_size=parts[0].group_size,
         prompts=tuple(q for p in parts for q in p.prompts),
@@ -176,6 +198,8 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         reward_scores={k: np.concatenate([p.reward_scores[k] for p in parts]) for k in names},
         old_logp=old_logp,
         versions=versions,
+        # versions of every part, or none (a part without them: the rows' versions are unknown)
+        token_version=None if any(v is None for v in token_versions) else np.concatenate(token_versions),
         row_fields={k: tuple(x for p in parts for x in p.row_fields[k]) for k in parts[0].row_fields},
         **arrays,
     )

@@ -60,7 +60,7 @@ from rl_core.train.behaviour import LogprobPasses, PolicyLogprobs
 from rl_core.train.frozen_model import teacher_model
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
-from rl_core.learner.groups import TOTAL, Groups
+from rl_core.learner.groups import TOTAL, Groups, version_lag_metrics
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
 from rl_core.learner.pipeline_config import PolicyGradientConfig
@@ -194,6 +194,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         example = self.example_from_groups(groups)  # adds time/logprob
         adv = example.advantages
         metrics = {**self.group_metrics(groups, adv), **self._timings}
+        if groups.token_version is not None:  # per token: partial rollouts mix versions within a row
+            metrics.update(version_lag_metrics(groups.token_version, groups.completion_mask, self.step))
         # generated: what the backend decoded (padding rows and a turn's tokens past where its episode
         # cut it included); kept: the model tokens the completions hold (episodes' turns as cut)
         tokens = groups.info.get("perf/generated_tokens", 0.0)
@@ -253,6 +255,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             completion_tokens=np.asarray(out.tokens),
             completion_mask=np.asarray(out.mask),
             sampler_logp=np.asarray(out.logp),
+            token_version=None if out.token_version is None else np.asarray(out.token_version, np.int32),
             lengths=np.asarray(out.lengths),
             truncated=np.asarray(out.truncated),
             texts=rolled.texts,
@@ -426,7 +429,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             }
             for i in range(len(groups.texts))
         ]
-        if groups.versions is not None:  # the weights' step count that sampled the row (every token of it)
+        # the weights' step count that sampled the row (with partial rollouts: its first tokens)
+        if groups.versions is not None:
             for sample, version in zip(out, groups.versions.tolist(), strict=True):
                 sample["version"] = version
         for sample, episode in zip(out, groups.row_fields.get("episode", ()), strict=False):

@@ -120,6 +120,7 @@ class RolloutThread:
     and up to `scorers` scorings of collected batches beside both."""
 
     def __init__(self, *, threaded: bool, scorers: int = 1) -> None:
+        self.threaded = threaded
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if threaded else None
         self._scorers = ThreadPoolExecutor(scorers, thread_name_prefix="scoring") if threaded else None
         self._running: Future | Callable[[], Any] | None = None
@@ -235,14 +236,18 @@ def batch_ahead(*, collect: Callable[..., tuple[Any, Supply]],
 
 
 def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, rest: tuple[InFlight, ...],
-                  generator: Pinning, thread: RolloutThread
+                  generator: Pinning, thread: RolloutThread, publish: Callable[[], Any] | None = None
                   ) -> tuple[Any, tuple[InFlight, ...], Supply | None, dict[str, float]]:
     """`update(example)` while the collection `batch_ahead` started goes on: what the update
     returned, the queue in flight (`rest`, what `batch_ahead` left, with the batch collected
     appended), the supply past it (None when no collection ran) and the waits. The rollouts
-    follow the policy's weights again."""
+    follow the policy's weights again. `publish` (partial rollouts): called once the update
+    returns, before the wait, to hand the new weights to the collection still decoding; not
+    when the collection runs in line (a multi-process run), where it has not started yet."""
     try:
         results = update(example)
+        if publish is not None and thread.threaded:
+            publish()
         collected, waits = thread.finish()
     except BaseException:
         thread.abandon()

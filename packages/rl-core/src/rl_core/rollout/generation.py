@@ -117,6 +117,17 @@ class PolicyGenerator:
     def unpin(self) -> None:
         self.pinned = None
 
+    def publish(self, version: int, params: Any) -> bool:
+        """Offer trained `params` as weight `version` to the rollout running with pinned weights:
+        a backend with a feed (the paged engine with rollout.partial_rollouts on) decodes its
+        following device calls with them (rl_core.rollout.feed). False when it has none. The
+        caller keeps `params` undonated until that rollout ends."""
+        feed = getattr(self.backend, "feed", None)
+        if feed is None:
+            return False
+        feed.publish(version, self._whole(params))
+        return True
+
     def _whole(self, params: Any) -> Any:
         """Trained `params` joined with the frozen base, on the rollout devices, in
         `rollout.weights_dtype` when it is set."""
