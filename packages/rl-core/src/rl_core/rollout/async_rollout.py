@@ -9,7 +9,9 @@ version of the weights that sampled it (`InFlight`; every row of a batch also re
      batch n+k with them on the rollout thread: generation and decoding, then scoring,
   2. meanwhile waits for the queue's oldest batch, batch n, to be scored, and turns it into
      train examples under W(n-1) (the proximal log-probs of decoupled PPO; advantages; metrics),
-  3. runs the update on batch n (W(n-1) -> W(n)) on the calling thread,
+  3. runs the update on batch n (W(n-1) -> W(n)) on the calling thread (with partial
+     rollouts, `rollout.partial_rollouts`, it then publishes W(n) to the generation still
+     decoding, whose remaining tokens sample with it: rl_core.rollout.feed),
   4. waits for batch n+k's generation and appends it to the queue: sampled by W(n-1), trained
      at step n+k by W(n+k-1), k steps stale. Every checkpoint saves the queue with its versions.
 
