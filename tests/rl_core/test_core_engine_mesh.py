@@ -75,3 +75,12 @@ def test_hlo_helper_reads_kinds_shapes_and_async_pairs():
 """
     assert hlo.count(text) == {"all-gather": 1, "all-reduce": 1}
     assert [c.elements for c in hlo.collectives(text)] == [512, 8]
+
+
+def test_partial_rollouts_switch_every_replica_at_once(result):
+    """rollout.partial_rollouts = recompute on the 8 replicas: new weights published after the first
+    call decode every replica's following calls; tokens before it are the unswitched run's."""
+    assert result["partial_switches"] == 1 and result["partial_versions"] == [1, 2]
+    assert result["partial_versions_in_order"]
+    assert result["partial_old_tokens"] > 0 and result["partial_old_tokens_as_unswitched"]
+    assert result["partial_pages_free_after"]

@@ -70,6 +70,23 @@ def measure(devices) -> dict:
     reused = engine.reused_tokens - reused
     engine.release(handles)
     continued_alone = alone.generate(Requests(history_tokens, history_mask, 1), sampled, key)
+    # partial rollouts (recompute) on the 8 replicas: new weights published once the first call returns
+    partial = PagedBackend(graphdef, SETTINGS, paging=PAGED_TRANSFORMER, eos_ids=(TOK.eos_ids[0],), pad_id=TOK.pad_id,
+                           mesh=mesh, param_shardings=shardings, partial_rollouts="recompute")
+    partial.update_weights(master, 1)
+    new_master = jax.device_put(nnx.to_pure_dict(nnx.split(Transformer(config, rngs=nnx.Rngs(1)))[1]), shardings)
+    call = partial.call
+
+    def publishing(*args):
+        out = call(*args)
+        if partial.version == 1 and partial.feed.version is None:
+            partial.feed.publish(2, new_master)
+        return out
+
+    partial.call = publishing
+    switched = partial.generate(Requests(tokens, mask, 3), sampled, key)
+    real = switched.mask > 0
+    old = (switched.token_version == 1) & real
     weights = jax.tree.leaves(engine.weights)
     master_leaves = jax.tree.leaves(master)
     return {
@@ -96,6 +113,12 @@ def measure(devices) -> dict:
         "continued_logp_gap": float(np.abs(continued.logp - continued_alone.logp).max()),
         "continued_reused_tokens": int(reused),
         "continued_prefix_tokens": int(history_mask.sum() - len(history)),
+        "partial_switches": partial.switches,
+        "partial_versions": sorted(set(switched.token_version[real].tolist())),
+        "partial_versions_in_order": bool((np.diff(switched.token_version, axis=1) >= 0).all()),
+        "partial_old_tokens": int(old.sum()),
+        "partial_old_tokens_as_unswitched": bool(np.array_equal(switched.tokens[old], sampled_mesh.tokens[old])),
+        "partial_pages_free_after": all(pool.in_use == 0 for pool in partial.pools),
     }
 
 
