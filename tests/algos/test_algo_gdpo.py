@@ -77,7 +77,8 @@ def test_the_learner_passes_every_functions_scores_and_weights():
                                atol=1e-6)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["grpo", "dapo"])
+# a learner each: GRPO in the fast tier, DAPO in e2e
+@pytest.mark.parametrize("name", ["grpo", pytest.param("dapo", marks=pytest.mark.e2e)])
 def test_a_group_variant_trains_with_gdpo_and_compiles_once(name):
     learner = build(name)
     before = jax.tree.map(np.array, learner.params)

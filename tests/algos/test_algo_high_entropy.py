@@ -121,7 +121,8 @@ def digit_fraction(prompts, completions, **_):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-@pytest.mark.parametrize("micro_batch_size", [None, 4])
+# a learner each: one micro-batch in the fast tier, four in e2e
+@pytest.mark.parametrize("micro_batch_size", [None, pytest.param(4, marks=pytest.mark.e2e)])
 def test_a_learner_trains_with_it_and_compiles_once(micro_batch_size):
     tok = rl_models.CharTokenizer()
     model = rl_models.TransformerConfig.tiny(

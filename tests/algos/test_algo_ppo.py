@@ -193,6 +193,7 @@ def test_resume_restores_both_models_and_the_warm_up(run, tmp_path):
 # -- LoRA: one frozen base for both models ------------------------------------------------------
 
 
+@pytest.mark.e2e  # a whole LoRA learner with its critic; the LoRA critic's parts are unit-tested in the fast tier
 def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
     policy = add_adapters(Transformer(MODEL, rngs=nnx.Rngs(0)), rank=2, alpha=4.0)
     base_before = numpy_tree(nnx.to_pure_dict(nnx.state(policy, nnx.LoRAParam, nnx.Param)[1]))

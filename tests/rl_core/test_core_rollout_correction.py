@@ -442,7 +442,10 @@ MODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("settings", MODE_CASES, ids=[c["mode"] for c in MODE_CASES])
+# a learner per mode: the default (token_tis) and one masking mode in the fast tier, the rest in
+# e2e (every mode's formula is checked by hand above, in the fast tier)
+@pytest.mark.parametrize("settings", [c if c["mode"] in ("token_tis", "icepop") else pytest.param(c, marks=pytest.mark.e2e)
+                                      for c in MODE_CASES], ids=[c["mode"] for c in MODE_CASES])
 def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     """Every mode through the GRPO learner (the shared objective): its sampler under-rates the
     tokens by factors 0.5, 1.5, 3 (so rho ~ those), and the logged policy loss and fractions are
