@@ -12,8 +12,9 @@ contract: mini-batches after the first see the moved policy through the
 importance ratio (and clip), rows with recorded log-probs keep them, and the
 on-policy fast path (no behaviour forward) equals the recomputed path to
 float32 rounding. A new algorithm package is picked up here by its entry point alone.
-The contracts that build a learner per algorithm (async rollouts, the behaviour policy) run
-for three representatives in the fast tier and for every other algorithm in the e2e tier.
+The contracts that train a learner per algorithm (three steps, async rollouts, the behaviour
+policy) run for three representatives in the fast tier and for every other algorithm in the
+e2e tier; the config, loss and padding contracts run for every algorithm in the fast tier.
 """
 
 import dataclasses
@@ -43,9 +44,10 @@ from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
-# The contracts that build a learner of their own per algorithm (async rollouts, the behaviour
-# policy) run in the fast tier for three algorithms that span the loss shapes: a token ratio,
-# a sequence ratio and a critic; for every other algorithm in the e2e tier (`-m e2e`).
+# The contracts that train or update a learner per algorithm (three trained steps, async
+# rollouts, the behaviour policy) run in the fast tier for three algorithms that span the loss
+# shapes: a token ratio, a sequence ratio and a critic; for every other algorithm in the e2e
+# tier (`-m e2e`). The config and the loss on a hand-built batch are checked for every one here.
 REPRESENTATIVE = ("grpo", "gspo", "ppo")
 EVERY_ALGORITHM_ACROSS_TIERS = [
     name if name in REPRESENTATIVE else pytest.param(name, marks=pytest.mark.e2e) for name in ALGORITHMS
@@ -112,7 +114,7 @@ def _copy_state(state):
     return state._replace(models=jax.tree.map(lambda x: x.copy(), state.models), rng=state.rng.copy())
 
 
-@pytest.fixture(scope="module", params=ALGORITHMS)
+@pytest.fixture(scope="module", params=EVERY_ALGORITHM_ACROSS_TIERS)
 def run(request):
     """Each algorithm trained for 3 steps; compile counts of steps 2 and 3."""
     algorithm, config, learner = fresh(request.param)
