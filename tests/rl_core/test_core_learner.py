@@ -225,7 +225,9 @@ def test_empty_updates_are_counted_in_the_metrics():
 # -- compile count -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["static", "paged"])
+# a learner per engine: static (the default at these lengths) in the fast tier, paged in e2e
+# (the paged engine's own program count is checked in test_core_engine.py)
+@pytest.mark.parametrize("engine", ["static", pytest.param("paged", marks=pytest.mark.e2e)])
 def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
     short = [Prompt("1" * n) for n in range(2, 7)]  # 3..7 tokens with BOS: bucket 8
     long = [Prompt("2" * n) for n in range(9, 15)]  # 10..15 tokens: bucket 16
