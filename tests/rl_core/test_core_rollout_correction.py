@@ -520,11 +520,11 @@ def test_bfloat16_rollout_weights_are_a_mismatch_the_metrics_and_the_correction_
 
 def test_bfloat16_rollout_weights_leave_integer_and_narrow_leaves_alone():
     """A quantized base's integer codes and leaves already in bfloat16 reach the engine as they are."""
-    from rl_core.rollout.generation import _cast
+    from rl_core.rollout.generation import cast_weights
 
     tree = {"w": jnp.full((2, 2), 1.0 + 2.0**-10, jnp.float32), "codes": jnp.arange(4, dtype=jnp.int8),
             "scale": jnp.ones((2,), jnp.bfloat16)}
-    out = _cast(tree, "bfloat16")
+    out = cast_weights(tree, "bfloat16")
     assert {k: v.dtype for k, v in out.items()} == {"w": jnp.bfloat16, "codes": jnp.int8, "scale": jnp.bfloat16}
     assert float(out["w"][0, 0]) == 1.0  # rounded to bfloat16's 8 bits of mantissa
     np.testing.assert_array_equal(out["codes"], tree["codes"])

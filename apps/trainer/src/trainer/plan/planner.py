@@ -50,16 +50,6 @@ from trainer.plan.result import LOADED_MODEL, Plan  # noqa: F401 - the plan's re
 
 
 
-def narrowed(s: jax.ShapeDtypeStruct, dtype: Any) -> jax.ShapeDtypeStruct:
-    """`s` as rl_core.rollout.generation's cast leaves it: a wider floating leaf in `dtype`, any
-    other leaf (a quantized base's codes, one already as narrow) itself, uncopied."""
-    import jax
-    import jax.numpy as jnp
-
-    if jnp.issubdtype(s.dtype, jnp.floating) and jnp.dtype(s.dtype).itemsize > dtype.itemsize:
-        return jax.ShapeDtypeStruct(s.shape, dtype, sharding=s.sharding)
-    return s
-
 def simulate_devices(count: int) -> None:
     """Make JAX see `count` CPU devices; must run before JAX starts a backend."""
     from jax._src import xla_bridge
@@ -92,6 +82,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
     from rl_core.rollout.sampler import Sampler, SamplingParams
+    from rl_core.rollout.generation import cast_weights
     from rl_models import CharTokenizer, Transformer, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
@@ -182,11 +173,15 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
 
     ways = mesh_lib.batch_devices(mesh)
     rollout_temp = None
-    # rollout.weights_dtype: the static engine samples with a cast copy of the whole model
-    # (rl_core.rollout.generation.PolicyGenerator), held beside the trained weights
-    sampled_weights = frozen_lib.join(master, frozen)
+    # rollout.weights_dtype: the static engine samples with a cast copy of the whole model, held
+    # beside the trained weights (the generator's own cast_weights, traced on shapes; a leaf it
+    # casts is a new buffer, the others pass through)
+    whole_weights = sampled_weights = frozen_lib.join(master, frozen)
     if rollout.weights_dtype is not None:
-        sampled_weights = jax.tree.map(lambda s: narrowed(s, jnp.dtype(rollout.weights_dtype)), sampled_weights)
+        cast = jax.eval_shape(lambda w: cast_weights(w, rollout.weights_dtype), whole_weights)
+        sampled_weights = jax.tree.map(
+            lambda s, c: s if c.dtype == s.dtype else jax.ShapeDtypeStruct(s.shape, c.dtype, sharding=s.sharding),
+            whole_weights, cast)
     if engine_name == "static":  # the paged engine's memory is its pool and weight copy (counted below)
         sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
                           param_shardings=shardings.whole)
@@ -286,7 +281,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "engine_kv_in_use": in_use_b,
         "engine_weights": engine_weights_b,
         # the static engine's cast copy (rollout.weights_dtype); without one it samples the policy's own buffers
-        "rollout_weight_copy": per_device([new for old, new in zip(jax.tree.leaves(frozen_lib.join(master, frozen)),
+        "rollout_weight_copy": per_device([new for old, new in zip(jax.tree.leaves(whole_weights),
                                                                   jax.tree.leaves(sampled_weights), strict=True)
                                            if new is not old]) if engine_name == "static" else 0,
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded

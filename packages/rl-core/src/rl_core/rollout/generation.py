@@ -39,7 +39,7 @@ def _copy(tree: Any) -> Any:
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _cast(tree: Any, dtype: str) -> Any:
+def cast_weights(tree: Any, dtype: str) -> Any:
     """`tree` with its wider floating leaves in `dtype`, new buffers; integer leaves (a quantized
     base's codes) and leaves already as narrow pass through uncopied (never donated)."""
     target = jnp.dtype(dtype)
@@ -135,7 +135,7 @@ class PolicyGenerator:
             whole = self.policy.whole_params(params)
         else:
             whole = frozen_lib.join(jax.device_put(params, self._param_shardings), self._frozen)
-        return whole if self.rollout.weights_dtype is None else _cast(whole, self.rollout.weights_dtype)
+        return whole if self.rollout.weights_dtype is None else cast_weights(whole, self.rollout.weights_dtype)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""

@@ -20,7 +20,6 @@ exception mid-rollout free them all.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -87,10 +86,9 @@ class Retained:
         pool.release(held.pages)
         return True
 
-    def oldest(self, replica: int, busy: Iterable[int] = ()) -> int | None:
-        """The oldest handle held on `replica` but those in `busy`, or None."""
-        skip = set(busy)
-        return next((h for h, x in self.held.items() if x.replica == replica and h not in skip), None)
+    def oldest(self, replica: int) -> int | None:
+        """The oldest handle held on `replica`, or None."""
+        return next((h for h, x in self.held.items() if x.replica == replica), None)
 
     def pages_on(self, replica: int) -> int:
         """Distinct pages held on `replica` (sequences of one prompt share its full prefix pages)."""
