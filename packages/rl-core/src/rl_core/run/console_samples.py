@@ -63,7 +63,7 @@ def samples_table(samples: Sequence[Mapping[str, Any]], *, title: str | None = N
     table.add_column("prompt", overflow="fold", ratio=1, min_width=12)
     table.add_column("completion", overflow="fold", ratio=3, min_width=24)
     for name in functions:  # a long name folds onto two lines rather than taking the texts' room
-        table.add_column(name, justify="right", overflow="fold", max_width=10)
+        table.add_column(name, justify="right", overflow="fold", max_width=14)
     table.add_column("reward", justify="right")
     table.add_column("adv", justify="right")
     table.add_column("len", justify="right")

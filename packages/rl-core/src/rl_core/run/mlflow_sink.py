@@ -61,9 +61,9 @@ class MlflowSink:
 
     def __init__(self, output_dir: Path, *, config: Mapping[str, Any], name: str) -> None:
         try:
+            from mlflow import MlflowClient  # the package first: its submodules may be loaded without it
             from mlflow.entities import Metric, Param
             from mlflow.exceptions import MlflowException
-            from mlflow.tracking import MlflowClient
         except ImportError:
             raise ConfigError(
                 "TrainingConfig.loggers includes 'mlflow', but mlflow is not installed: install the extra "
