@@ -17,6 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--step", action="append", default=[], metavar="N|A:B",
                    help="steps whose best and worst samples to print (repeatable; default the first and the last)")
     s.add_argument("--count", type=int, default=2, metavar="K", help="best and worst samples per step (default 2)")
+    s.add_argument("--no-plots", action="store_true", help="the terminal summary alone, no PNG files")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,5 +27,5 @@ def run(args: argparse.Namespace) -> int:
 
     if args.count < 1:
         raise ConfigError(f"--count {args.count}: must be >= 1")
-    show_run(args.run, steps=parse_steps(args.step), count=args.count)
+    show_run(args.run, steps=parse_steps(args.step), count=args.count, plots=not args.no_plots)
     return 0

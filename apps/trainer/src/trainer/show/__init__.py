@@ -25,9 +25,9 @@ __all__ = ["SampleFilter", "parse_steps", "select", "show_run", "show_samples"]
 
 
 def show_run(location: str | Path, *, steps: tuple[tuple[int, int], ...] = (), count: int = 2,
-             console: Console | None = None) -> list[str]:
-    """Print the run's summary to `console` and write its plots; returns the plots' paths (URLs
-    for a run at a URL)."""
+             console: Console | None = None, plots: bool = True) -> list[str]:
+    """Print the run's summary to `console` and write its plots (unless not `plots`); returns the
+    plots' paths (URLs for a run at a URL)."""
     console = console or Console()
     with open_records(location) as records:
         history, summary, samples = records.metrics(), records.summary(), records.samples()
@@ -54,9 +54,11 @@ def show_run(location: str | Path, *, steps: tuple[tuple[int, int], ...] = (), c
         for step in chosen_steps(samples, steps):
             best, worst = best_and_worst([s for s in samples if s["step"] == step], count)
             console.print(samples_table(best + worst, title=f"step {step}: best {len(best)} and worst {len(worst)} samples"))
-        plots = _plots(records, location, history, before, summary, title=f"{name} ({settings.algo if settings else '?'})")
-        console.print("plots: " + ", ".join(plots), highlight=False)
-        return plots
+        if not plots:
+            return []
+        written = _plots(records, location, history, before, summary, title=f"{name} ({settings.algo if settings else '?'})")
+        console.print("plots: " + ", ".join(written), highlight=False)
+        return written
 
 
 def _plots(records: RunRecords, location: str | Path, history: Sequence[dict[str, Any]], before: Any,

@@ -39,6 +39,8 @@ class Panel:
     """Metric keys drawn as curves (more are found by `curves`)."""
     points: bool = False
     """Evaluations (logged every few steps): points joined by lines, not smoothed."""
+    log_scale: bool = False
+    """A logarithmic y axis (step times: the first steps compile, and would flatten the rest)."""
 
 
 PANELS = (
@@ -50,7 +52,8 @@ PANELS = (
     Panel("clip_fraction.png", "Clipped tokens", "fraction of tokens", ("train/clip_frac_low", "train/clip_frac_high")),
     Panel("mismatch_staleness.png", "Sampler mismatch and staleness", "|logp diff| / steps behind",
           ("rollout/mismatch_logp_abs_mean", "rollout/staleness_logp_abs_mean", "rollout/staleness_version_lag")),
-    Panel("step_time.png", "Seconds per step, by phase", "seconds", ("time/step", *PHASES)),
+    Panel("step_time.png", "Seconds per step, by phase (first steps compile)", "seconds (log scale)",
+          ("time/step", *PHASES), log_scale=True),
 )
 OVERVIEW = "overview.png"
 
@@ -109,6 +112,8 @@ def draw(ax: Any, panel: Panel, history: Sequence[Mapping[str, Any]]) -> bool:
             ax.plot(x, smooth(y, smoothing_weight(x.size)), color=line.get_color(), label=label)
         else:
             ax.plot(x, y, marker=".", label=label)
+    if panel.log_scale and keys:
+        ax.set_yscale("log")
     ax.set_title(panel.title, fontsize=10)
     ax.set_xlabel("training step")
     ax.set_ylabel(panel.ylabel)
@@ -127,7 +132,8 @@ def plot_run(history: Sequence[Mapping[str, Any]], out: Path, *, title: str) -> 
     for panel in PANELS:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         draw(ax, panel, history)
-        fig.tight_layout()
+        # fixed margins, not tight_layout: it measures every label by drawing the figure once more
+        fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
         fig.savefig(out / panel.file, dpi=100)
         plt.close(fig)
         written.append(out / panel.file)
@@ -139,7 +145,7 @@ def plot_run(history: Sequence[Mapping[str, Any]], out: Path, *, title: str) -> 
     for ax in list(axes.flat)[len(PANELS):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.08, top=0.9, wspace=0.28, hspace=0.38)
     fig.savefig(out / OVERVIEW, dpi=100)
     plt.close(fig)
     return [out / OVERVIEW, *written]
