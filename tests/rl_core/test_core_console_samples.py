@@ -6,6 +6,7 @@ import io
 from rich.console import Console
 
 from rl_core.run.console_samples import ConsoleSamples, cut, samples_table
+from rl_core.run.recorder import spread
 from rl_core.run.sinks import sample_table, samples_markdown
 
 SAMPLES = [
@@ -72,3 +73,12 @@ def test_auto_prints_beside_a_progress_bar_on_a_terminal_only():
     assert not ConsoleSamples.wanted("auto", progress=True, is_terminal=False)  # a log file
     assert ConsoleSamples.wanted("always", progress=False, is_terminal=False)
     assert not ConsoleSamples.wanted("never", progress=True, is_terminal=True)
+
+
+def test_samples_kept_are_two_of_each_group_in_turn():
+    rows = [{"prompt": f"p{g}", "id": f"{g}.{j}"} for g in range(4) for j in range(8)]  # 4 groups of G = 8
+    assert [r["id"] for r in spread(rows, 4)] == ["0.0", "0.1", "1.0", "1.1"]
+    assert [r["id"] for r in spread(rows, 12)] == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2", "2.0", "2.1", "2.2",
+                                                   "3.0", "3.1", "3.2"]  # ceil(12 / 4) = 3 of each  # fmt: skip
+    pairs = [{"prompt": f"p{g}", "id": f"{g}.{j}"} for g in range(4) for j in range(2)]  # groups of 2: rows as they are
+    assert spread(pairs, 6) == pairs[:6] and spread(pairs, 100) == pairs and spread([], 4) == []

@@ -339,7 +339,8 @@ class TrainingConfig(Config):
     spike is skipped, but weights, data or settings that make every update non-finite stop it
     with a message (0 = never stop). The count restarts on resume."""
     samples_per_step: int = 4
-    """Completions written to samples.jsonl each step."""
+    """Completions written to samples.jsonl each step: the first two of each group in turn (a few
+    prompts, each with completions to contrast)."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Where metrics go besides metrics.jsonl: tensorboard (scalars, the config and samples as text), wandb
     (Weights & Biases), mlflow or trackio (scalars, the config, a samples table; each needs its extra)."""

@@ -76,8 +76,8 @@ class RunRecorder:
             sink.write(step, metrics)
 
     def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        """The first `training.samples_per_step` completions of the step."""
-        shown = list(samples[: self.samples_per_step])
+        """`training.samples_per_step` completions of the step (`spread` over its groups)."""
+        shown = spread(samples, self.samples_per_step)
         if not shown or not self.writes:
             return
         if self.output_dir is not None:
@@ -156,3 +156,17 @@ class RunRecorder:
             if self._owns_mirror:
                 self.mirror.close()
             self.mirror = None
+
+
+def spread(samples: Sequence[Mapping[str, Any]], count: int) -> list[Mapping[str, Any]]:
+    """`count` of a step's samples (rows group-contiguous): the first two of each group in turn
+    (more when there are fewer groups than count / 2), so that a few prompts are seen, each with
+    completions to contrast. Groups of two, or a count of every row, keep the rows as they are."""
+    groups: list[list[Mapping[str, Any]]] = []
+    for sample in samples:  # a group: consecutive rows of one prompt
+        if groups and groups[-1][0].get("prompt") == sample.get("prompt"):
+            groups[-1].append(sample)
+        else:
+            groups.append([sample])
+    each = max(2, -(-count // max(len(groups), 1)))
+    return [sample for group in groups for sample in group[:each]][:count]

@@ -33,7 +33,7 @@ class RunRecords:
         return read_jsonl(self.folder / METRICS)[0]
 
     def samples(self) -> list[dict[str, Any]]:
-        """samples.jsonl: each step's first `training.samples_per_step` completions."""
+        """samples.jsonl: `training.samples_per_step` completions of each step."""
         return read_jsonl(self.folder / SAMPLES)[0]
 
     def summary(self) -> dict[str, Any] | None:
