@@ -3,7 +3,8 @@
 
     uv run python benchmarks/sink_cost.py RUN_FOLDER [--sinks console,mlflow,trackio] [--repeats 3]
 
-Each sink gets the run's records replayed step by step (rl_core.run.records.replay), as the
+A sink's open time counts its own imports (the tracker's library), not rl_core's. Each sink
+gets the run's records replayed step by step (rl_core.run.records.replay), as the
 recorder sends them while a run goes, in a process of its own (imports count, as in a run):
 MLflow's file store and trackio's database in a temporary folder; the console table printed at
 every step into memory (a run prints it every `training.console_samples_every_steps`).
@@ -23,8 +24,8 @@ from pathlib import Path
 CHILD = """
 import io, json, sys, time
 from pathlib import Path
+from rl_core.run.records import RunRecords, replay  # rl_core (and JAX) load in every run anyway
 start = time.perf_counter()
-from rl_core.run.records import RunRecords, replay
 kind, run, tmp = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if kind == "mlflow":
     from rl_core.run.mlflow_sink import MlflowSink
