@@ -57,11 +57,14 @@ def tables_by_step():
 def test_mlflow_file_store_holds_metrics_config_and_samples_tables(records, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the sink allows its own default store
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):  # unset here, and as they were afterwards
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    # the sink picks a file store in the run folder and allows it (MLflow refuses one otherwise)
     sink = MlflowSink(records.folder, config=CONFIG, name="runs/run")
     replay(records, sink)
     sink.close()
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"
 
     client = MlflowClient(tracking_uri=(records.folder / "mlruns").as_uri())
     run = client.get_run(sink.run_id)

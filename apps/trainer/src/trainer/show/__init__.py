@@ -6,6 +6,7 @@ curves: the PNG panels; report: the terminal summary's parts; select: which samp
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,6 @@ def show_samples(location: str | Path, where: SampleFilter, *, limit: int | None
                  console: Console | None = None, as_json: bool = False) -> list[dict[str, Any]]:
     """The samples of the run at `location` that match `where`: written to `output` as JSONL, or
     printed (the first `limit` as a table, or every one as JSONL with `as_json`)."""
-    import json
-
     console = console or Console()
     with open_records(location) as records:
         matches = select(records.samples(), where)
