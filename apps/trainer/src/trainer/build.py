@@ -204,15 +204,21 @@ def adapted(settings: RunSettings, policy: Transformer) -> Transformer:
 
 
 def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:
-    """Render a chat task's prompts through the tokenizer's chat template."""
-    if not task.chat:
-        return task
+    """Render a chat task's prompts through the tokenizer's chat template (with the task's template
+    options); a task with `chat=None` keeps plain text when the tokenizer has no template."""
     render = getattr(tokenizer, "apply_chat_template", None)
-    if render is None or getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError(f"task {task.name!r} needs a model folder whose tokenizer has a chat template (model.path)")
+    has_template = render is not None and getattr(tokenizer, "chat_template", None) is not None
+    if task.chat is False or (task.chat is None and not has_template):
+        return task
+    if not has_template:
+        raise ConfigError(f"task {task.name!r} needs a model folder whose tokenizer has a chat template (model.path); "
+                          "or render its prompts as plain text: task.options.chat=false")
+
+    def messages(p):
+        return list(getattr(p, "messages", ())) or [{"role": "user", "content": p.text}]
 
     def wrap(prompts):
-        return tuple(dataclasses.replace(p, text=render([{"role": "user", "content": p.text}])) for p in prompts)
+        return tuple(dataclasses.replace(p, text=render(messages(p), **task.template_options)) for p in prompts)
 
     return dataclasses.replace(task, train=wrap(task.train), heldout=wrap(task.heldout))
 
@@ -299,6 +305,13 @@ def reward_manager(task: Task, rewards: Sequence[RewardSpec] = ()) -> RewardMana
     return RewardManager([*task.rewards, *rewards], correctness=task.correct)
 
 
+def run_rewards(settings: RunSettings, task: Task) -> tuple[RewardSpec, ...]:
+    """The `rewards:` entries the task does not hold already (`trainer.run.train.load_task` gives a
+    task without a reward of its own the first entry as its correctness reward)."""
+    own = {spec.name for spec in task.rewards}
+    return tuple(spec for spec in reward_specs(settings.rewards) if spec.name not in own)
+
+
 def heldout(task: Task, settings: RunSettings) -> tuple:
     n = settings.eval.heldout_size
     return task.heldout if n is None else task.heldout[:n]
@@ -355,7 +368,7 @@ def learner(
         train_data=task.train,
         training=settings.training,
         rollout=settings.rollout,
-        reward_manager=reward_manager(task, [*reward_specs(settings.rewards), *rewards]),
+        reward_manager=reward_manager(task, [*run_rewards(settings, task), *rewards]),
         eval_fn=eval_fn(task, settings),
         eval_every_steps=settings.eval.every_steps,
         output_dir=output_dir,

@@ -432,7 +432,11 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     if algo is not None:
         user["algo"] = algo
     _reject_unknown(user)
-    task_settings = TaskSettings.from_dict(user.get("task", {}))
+    task_section = dict(user.get("task") or {})
+    if "name" not in task_section and "data" in (task_section.get("options") or {}):
+        task_section["name"] = "data"  # --data FILE alone: rows of any shape (trainer.tasks.rows)
+        user["task"] = task_section
+    task_settings = TaskSettings.from_dict(task_section)
     problems = []  # a data error and a missing model are both told at once, not one after the other
     try:
         task = task_settings.build()
@@ -442,6 +446,13 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         problems.append(
             f"task.name = {task_settings.name!r} needs a model folder whose tokenizer has a chat template: "
             "pass --model DIR (model.path=DIR)"
+        )
+    if not problems and not task.rewards and not user.get("rewards") \
+            and not any((user.get("judge") or {}).get(k) for k in ("path", "run", "train_steps")):
+        problems.append(
+            f"the rows of {task_settings.options.get('data')!r} carry no reference answer (column answer, solution, "
+            "reward_model.ground_truth or a final assistant turn) and no reward scores them: pass "
+            "task.options.reward=my_rewards.py:my_function or add a rewards: entry"
         )
     if problems:
         raise ConfigError("; and ".join(problems))
