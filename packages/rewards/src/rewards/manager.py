@@ -116,14 +116,15 @@ class RewardResult:
     errors: tuple[RewardError, ...] = field(default=(), repr=False)
     """The failures behind ``num_failed``."""
     function_metrics: dict[str, float] = field(default_factory=dict)
-    """What functions returning ``Scores`` reported about their calls (e.g. ``time/judge``), summed by key."""
+    """What functions returning ``Scores`` reported about their calls (e.g. ``time/judge``), summed by key,
+    and ``rewards/<name>/unscored``: the completions a function gave no score."""
     scored: dict[str, tuple[bool, ...]] = field(default_factory=dict)
     """Per function, which completions it scored (False: it returned None, the row was routed away
     by ``data_sources`` or its score failed under ``skip``); absent: all of them."""
 
     def metrics(self) -> dict[str, float]:
         """``rewards/<name>/mean``, ``rewards/<name>/frac_positive`` (share of scores > 0) per function over
-        the completions it scored (with ``rewards/<name>/unscored`` counting the others when there are),
+        the completions it scored (``function_metrics`` count the others, ``rewards/<name>/unscored``),
         then ``rewards/total/mean``, ``rewards/total/std`` (population std) and ``rewards/failed``."""
         result: dict[str, float] = {}
         for name, scores in self.per_function.items():
@@ -131,8 +132,6 @@ class RewardResult:
             kept = list(scores) if mask is None else [s for s, ok in zip(scores, mask) if ok]
             result[f"rewards/{name}/mean"] = _mean(kept) if kept else 0.0
             result[f"rewards/{name}/frac_positive"] = sum(score > 0 for score in kept) / len(kept) if kept else 0.0
-            if mask is not None and not all(mask):
-                result[f"rewards/{name}/unscored"] = float(len(mask) - sum(mask))
         mean = _mean(self.total)
         result["rewards/total/mean"] = mean
         result["rewards/total/std"] = math.sqrt(_mean([(value - mean) ** 2 for value in self.total]))
@@ -262,6 +261,10 @@ class RewardManager:
             total = [t + spec.weight * s if s is not None else t for t, s in zip(total, result.scores)]
             for key, value in result.metrics.items():
                 function_metrics[key] = function_metrics.get(key, 0.0) + value
+            unscored = sum(s is None for s in result.scores)
+            if unscored:  # None, routed away or skipped: the learner's per-function mean counts them as 0
+                key = f"rewards/{spec.name}/unscored"
+                function_metrics[key] = function_metrics.get(key, 0.0) + unscored
         return RewardResult(
             total=tuple(total),
             per_function={spec.name: tuple(0.0 if s is None else s for s in result.scores)
