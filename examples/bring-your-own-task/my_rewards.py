@@ -2,9 +2,10 @@
 completion. `trainer train` loads them as `examples/bring-your-own-task/my_rewards.py:exact`."""
 
 
-def exact(completions, solution, **kwargs):
-    """1.0 when the completion is the reference sum, else 0.0."""
-    return [1.0 if completion.strip() == str(reference) else 0.0 for completion, reference in zip(completions, solution)]
+def exact(completions, answer, **kwargs):
+    """1.0 when the completion is the reference sum, else 0.0. `answer` is the row's reference in every
+    shape (here TRL's `solution`; verl's `reward_model.ground_truth`); `solution` itself is there too."""
+    return [1.0 if completion.strip() == str(reference) else 0.0 for completion, reference in zip(completions, answer)]
 
 
 def brevity(completions, completion_ids, **kwargs):
@@ -12,6 +13,6 @@ def brevity(completions, completion_ids, **kwargs):
     return [-0.1 * max(0, len(ids) - 4) for ids in completion_ids]
 
 
-def carries(completions, solution, **kwargs):
+def carries(completions, answer, **kwargs):
     """The same check, given more weight on sums that carry (config.yaml routes it to data_source carry)."""
-    return exact(completions, solution)
+    return exact(completions, answer)

@@ -51,6 +51,7 @@ from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
 from trainer.warmstart import warm_start
 
 
@@ -317,17 +318,35 @@ def heldout(task: Task, settings: RunSettings) -> tuple:
     return task.heldout if n is None else task.heldout[:n]
 
 
+def evaluation_task(settings: RunSettings, entry: Mapping[str, Any]) -> Task:
+    """An `eval.sets` entry's rows as a task (held-out rows only), rendered and scored like the run's data
+    task (its system prompt, chat options and reward) unless the entry names its own reward."""
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS} \
+        if settings.task.name == "data" else {}
+    own = {k: v for k, v in entry.items() if k in ("reward", "split")}
+    return evaluation_set(entry["data"], max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                          max_new_tokens=settings.rollout.max_new_tokens, **(inherited | own))
+
+
 def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[str, float]]:
     """Scheduled evaluation: greedy held-out accuracy (pass@k only at the end, it is costlier), and
     its wall time in `time/eval` (a wall-clock figure like the other time/* metrics; the step's
     time/step leaves it out)."""
     prompts = heldout(task, settings)
+    sets: dict[str, Task] = {}  # eval.sets, read at first use: the learner's tokenizer renders them
 
     def run(learner: RLLearner) -> dict[str, float]:
         start = time.perf_counter()
         metrics = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
                            rollout=settings.rollout)
         metrics |= learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
+        for name, entry in settings.eval.sets.items():
+            if name not in sets:
+                sets[name] = chat_prompts(evaluation_task(settings, entry), learner.tokenizer)
+            rows = sets[name].heldout[: entry.get("size")]
+            scores = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, sets[name], rows, pass_k=0,
+                              rollout=settings.rollout)
+            metrics |= {f"eval/{name}/{key.removeprefix('eval/')}": value for key, value in scores.items()}
         return metrics | {"time/eval": time.perf_counter() - start}
 
     return run

@@ -31,6 +31,7 @@ from trainer.judge.settings import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
 
 
 LONG_PROMPTS = ("drop", "error")
@@ -205,6 +206,9 @@ class WarmStartSettings(Config):
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
 
 
+EVAL_SET_KEYS = ("data", "reward", "split", "size")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalSettings(Config):
     every_steps: int = 50
@@ -215,10 +219,24 @@ class EvalSettings(Config):
     """k of pass@k in the final evaluation."""
     samples_per_prompt: int = 8
     """n samples per prompt for the unbiased pass@k estimate."""
+    sets: dict = dataclasses.field(default_factory=dict)
+    """More evaluation sets, by name, each {data: FILE, reward: ..., split: ..., size: N}: greedy accuracy on
+    their rows (any shape; the first `size`) at every scheduled evaluation, logged as eval/<name>/accuracy."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.every_steps >= 0, self, "every_steps", "must be >= 0")
+        for name, entry in self.sets.items():
+            check(isinstance(name, str) and name.replace("-", "_").isidentifier(), self, "sets",
+                  f"{name!r}: a set's name is letters, digits, - and _ (it names metrics)")
+            check(isinstance(entry, Mapping) and isinstance(entry.get("data"), str), self, "sets",
+                  f"{name}: must be a mapping with data: FILE (and optionally {', '.join(EVAL_SET_KEYS[1:])})")
+            unknown = [key for key in entry if key not in EVAL_SET_KEYS]
+            check(not unknown, self, "sets", f"{name}.{unknown[0] if unknown else ''}: not a key of an evaluation set "
+                  f"(its keys: {', '.join(EVAL_SET_KEYS)})")
+            size = entry.get("size")
+            check(size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 1), self, "sets",
+                  f"{name}.size = {size!r}: must be an int >= 1")
         check(self.heldout_size is None or self.heldout_size >= 1, self, "heldout_size", "must be >= 1")
         check(self.pass_k >= 1, self, "pass_k", "must be >= 1")
         check(self.samples_per_prompt >= self.pass_k, self, "samples_per_prompt", "must be >= pass_k")
@@ -467,6 +485,13 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         named = isinstance(user.get("judge"), Mapping) and any(user["judge"].get(k) for k in ("path", "run"))
         defaults["judge"] = {k: v for k, v in task.judge.items() if not (named and k == "train_steps")}
     settings = RunSettings.from_dict(merge(defaults, user))
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS} \
+        if settings.task.name == "data" else {}
+    for name, entry in settings.eval.sets.items():  # read now: a bad file fails before any model loads
+        try:
+            evaluation_set(entry["data"], **(inherited | {k: v for k, v in entry.items() if k in ("reward", "split")}))
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"eval.sets.{name}: {e}") from None
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
     judge = [settings.judge.name] if settings.judge.on else []

@@ -26,7 +26,10 @@ from trainer.tasks.data_files import DataError, Row, read_rows
 from trainer.tasks.rows import prompts_of
 from trainer.tasks.task import Task, split_heldout
 
-__all__ = ["data", "rows_of"]
+__all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of"]
+
+EVAL_TASK_OPTIONS = ("system_prompt", "chat", "template_options", "reward")
+"""A data task's options an evaluation file inherits from the run (the rows' rendering and reward)."""
 
 
 def rows_of(source: str, split: str | None = None) -> Iterable[Row]:
@@ -70,6 +73,49 @@ def _teacher_text(reward: str, reference: object) -> str:
     return text
 
 
+def _rewards(prompts: list[Prompt], reward: str | None) -> tuple[tuple[RewardSpec, ...], str | None]:
+    """(the task's own reward, its name): `reward`, else the automatic one when every row has a reference."""
+    if reward is not None:
+        try:
+            name = reward.split(":")[-1] if is_code_reference(reward) else reward
+            return (RewardSpec(make_reward(reward), name=name),), reward
+        except CodeError as e:
+            raise ValueError(f"reward = {e}") from None
+    references = [p.fields.get("answer") for p in prompts]
+    if all(r is not None for r in references):
+        chosen = _auto_reward(references)
+        return (RewardSpec(make_reward(chosen)),), chosen
+    return (), None  # the run's rewards: entries score it (checked with the settings)
+
+
+def evaluation_set(
+    data: str,
+    *,
+    reward: str | None = None,
+    system_prompt: str | None = None,
+    chat: bool | None = None,
+    template_options: dict | None = None,
+    max_prompt_tokens: int = 256,
+    max_new_tokens: int = 256,
+    split: str | None = None,
+) -> Task:
+    """Every row of `data` as held-out prompts (no training rows), scored by `reward` (default: chosen
+    from the references as for `data`); a benchmark file for `trainer eval --data` and `eval.sets`."""
+    prompts = prompts_of(rows_of(data, split), system_prompt)
+    if not prompts:
+        raise DataError(f"data {data!r} holds no rows")
+    specs, _ = _rewards(prompts, reward)
+    if not specs:
+        raise DataError(f"the rows of {data!r} carry no reference answer: name the reward that scores them")
+    return Task(name="data", description=f"{len(prompts)} rows from {data}", train=(), heldout=tuple(prompts),
+                rewards=specs, correct=specs[0].name, teacher=_no_teacher, max_prompt_tokens=max_prompt_tokens,
+                max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
+
+
+def _no_teacher(prompt: Prompt, rng: np.random.Generator) -> str:
+    raise DataError("an evaluation set has no warm start")
+
+
 def data(
     *,
     data: str,
@@ -103,20 +149,7 @@ def data(
     if not 1 <= size < len(prompts):
         rule = "must be >= 1" if size < 1 else f"must be less than the {len(prompts)} rows (it leaves no training rows)"
         raise ValueError(f"heldout_size = {size!r}: {rule}")
-    references = [p.fields.get("answer") for p in prompts]
-    has_references = all(r is not None for r in references)
-    specs: tuple[RewardSpec, ...] = ()
-    if reward is not None:
-        try:
-            specs = (RewardSpec(make_reward(reward), name=reward.split(":")[-1] if is_code_reference(reward) else reward),)
-        except CodeError as e:
-            raise ValueError(f"reward = {e}") from None
-        chosen = reward
-    elif has_references:
-        chosen = _auto_reward(references)
-        specs = (RewardSpec(make_reward(chosen)),)
-    else:
-        chosen = None  # the run's rewards: entries score it (checked with the settings)
+    specs, chosen = _rewards(prompts, reward)
     train, heldout = split_heldout(prompts, size, seed)
 
     def teacher(prompt: Prompt, rng: np.random.Generator) -> str:
