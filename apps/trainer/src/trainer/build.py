@@ -51,7 +51,7 @@ from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
-from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 from trainer.warmstart import warm_start
 
 
@@ -62,6 +62,8 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     (2 simulated devices: another loss and base accuracy), and must not reuse this one."""
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
+    if warm.get("data") is None:
+        warm.pop("data", None)  # the keys of runs without SFT data stay what they were
     model = settings.model.to_dict()
     # applied after the warm start: LoRA and full runs share one base; the critic is not the base
     for key in ("lora", "quantize", "critic_path", "critic_confidence"):
@@ -71,6 +73,7 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
         "model": model,
         "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
+        **({"warm_start_data": data_fingerprint(warm["data"])} if warm.get("data") else {}),
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
         "layout": {
             "platform": jax.default_backend(),
@@ -245,7 +248,8 @@ def base_policy(
     if settings.warm_start_steps == 0:
         return model
     if cache_dir is None:
-        return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress, log=log)
+        return warm_start(model, warm_start_task(settings, task, tokenizer), tokenizer, **_warm_kwargs(settings),
+                          progress=progress, log=log)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     partial = path.with_name(path.name + ".partial")
     if not path.exists() and not multihost.multi_process():
@@ -265,10 +269,12 @@ def base_policy(
         if multihost.is_primary():
             shutil.rmtree(partial, ignore_errors=True)  # a kill between the save and this cleanup left it
         return model
-    log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
+    examples = warm_start_task(settings, task, tokenizer)
+    log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on "
+        f"{settings.warm_start.data or task.name}")
     warm_start(
         model,
-        task,
+        examples,
         tokenizer,
         **_warm_kwargs(settings),
         checkpoint_dir=partial,
@@ -280,6 +286,31 @@ def base_policy(
     checkpointer.wait_until_finished()
     shutil.rmtree(partial, ignore_errors=True)
     return model
+
+
+def warm_start_task(settings: RunSettings, task: Task, tokenizer: Tokenizer) -> Task:
+    """What the warm start imitates: the rows of `warm_start.data` (rendered like the run's data task:
+    its system prompt and chat options), or the task's own references."""
+    if settings.warm_start.data is None:
+        return task
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS and k != "reward"} \
+        if settings.task.name == "data" else {}
+    return chat_prompts(sft_set(settings.warm_start.data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                                max_new_tokens=settings.rollout.max_new_tokens, **inherited), tokenizer)
+
+
+def data_fingerprint(source: str) -> str:
+    """A hash of the bytes of a data file or folder (user code: its reference), so that a cached base
+    policy trained on a file is not reused after the file changed."""
+    path = Path(source)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+    if not files:
+        digest.update(source.encode())
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _copy_cached(path: Path, folders: Sequence[Path], log: Callable[[str], None]) -> None:

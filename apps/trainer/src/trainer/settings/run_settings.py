@@ -31,7 +31,7 @@ from trainer.judge.settings import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
-from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
 
 LONG_PROMPTS = ("drop", "error")
@@ -197,6 +197,10 @@ class WarmStartSettings(Config):
     """Adam learning rate of the warm start."""
     checkpoint_every_steps: int = 100
     """Save the warm start's state this often, so a killed run continues it rather than redoing it."""
+    data: str | None = None
+    """Supervised fine-tuning rows (any shape of docs/bring-your-own-task.md with a reference, e.g.
+    conversations whose final assistant turn is the target): the warm start trains on them instead of
+    the task's references, the loss on the reference's tokens only; None: the task's."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -487,6 +491,11 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     settings = RunSettings.from_dict(merge(defaults, user))
     inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS} \
         if settings.task.name == "data" else {}
+    if settings.warm_start.data is not None:  # read now: a bad file fails before any model loads
+        try:
+            sft_set(settings.warm_start.data, **{k: v for k, v in inherited.items() if k != "reward"})
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"warm_start.data: {e}") from None
     for name, entry in settings.eval.sets.items():  # read now: a bad file fails before any model loads
         try:
             evaluation_set(entry["data"], **(inherited | {k: v for k, v in entry.items() if k in ("reward", "split")}))

@@ -26,7 +26,7 @@ from trainer.tasks.data_files import DataError, Row, read_rows
 from trainer.tasks.rows import prompts_of
 from trainer.tasks.task import Task, split_heldout
 
-__all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of"]
+__all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of", "sft_set"]
 
 EVAL_TASK_OPTIONS = ("system_prompt", "chat", "template_options", "reward")
 """A data task's options an evaluation file inherits from the run (the rows' rendering and reward)."""
@@ -110,6 +110,34 @@ def evaluation_set(
     return Task(name="data", description=f"{len(prompts)} rows from {data}", train=(), heldout=tuple(prompts),
                 rewards=specs, correct=specs[0].name, teacher=_no_teacher, max_prompt_tokens=max_prompt_tokens,
                 max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
+
+
+def sft_set(
+    data: str,
+    *,
+    system_prompt: str | None = None,
+    chat: bool | None = None,
+    template_options: dict | None = None,
+    max_prompt_tokens: int = 256,
+    max_new_tokens: int = 256,
+) -> Task:
+    """Every row of `data` as supervised examples (`train`): the prompt, and the reference (a
+    conversation's final assistant turn, `solution`, `reward_model.ground_truth`, `answer`) as the
+    target the warm start imitates, as it is."""
+    prompts = prompts_of(rows_of(data), system_prompt)
+    missing = next((p for p in prompts if p.fields.get("answer") is None), None)
+    if missing is not None:
+        raise DataError(f"{missing.fields['source_row']}: a supervised row needs a reference to imitate (a final "
+                        "assistant turn, or a column answer, solution or reward_model.ground_truth)")
+    if not prompts:
+        raise DataError(f"data {data!r} holds no rows")
+    return Task(name="sft", description=f"{len(prompts)} supervised rows from {data}", train=tuple(prompts),
+                heldout=(), rewards=(), correct="", teacher=_reference, max_prompt_tokens=max_prompt_tokens,
+                max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
+
+
+def _reference(prompt: Prompt, rng: np.random.Generator) -> str:
+    return str(prompt.fields["answer"])
 
 
 def _no_teacher(prompt: Prompt, rng: np.random.Generator) -> str:
