@@ -271,6 +271,7 @@ def test_registry_builds_every_reward_with_its_name_and_defaults():
         "format_strict",
         "gsm8k",
         "length_penalty",
+        "math_verify",
         "numeric_answer",
         "remote_judge",
         "remote_score",
