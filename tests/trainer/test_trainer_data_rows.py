@@ -147,3 +147,33 @@ def test_rows_from_user_code(tmp_path):
     assert data(data=f"{tmp_path / 'make_rows.py'}:rows", split="test", heldout_size=1).train[0].fields["data_source"] == "test"
     with pytest.raises(DataError, match=r"defines no 'rowz'"):
         data(data=f"{tmp_path / 'make_rows.py'}:rowz")
+
+
+def save_to_disk(folder, rows):
+    """The layout of `datasets.Dataset.save_to_disk`: an Arrow stream listed in state.json."""
+    folder.mkdir()
+    table = pa.Table.from_pylist(rows)
+    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+
+
+def test_the_same_verl_rows_from_every_file_kind(tmp_path):
+    """JSONL, a JSON array, a Parquet file, a folder of Parquet shards and a datasets.save_to_disk folder."""
+    rows = verl_rows(8)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "one.parquet")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:4]), shards / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[4:]), shards / "train-00001-of-00002.parquet")
+    (tmp_path / "array.json").write_text(json.dumps(rows))
+    save_to_disk(tmp_path / "saved", rows)
+    sources = [write_jsonl(tmp_path / "d.jsonl", rows), str(tmp_path / "array.json"), str(tmp_path / "one.parquet"),
+               str(shards), str(tmp_path / "saved")]
+
+    def content(task):
+        return sorted((p.text, p.fields["data_source"], p.fields["reward_model"]["ground_truth"],
+                       p.fields["extra_info"]["index"]) for p in task.train + task.heldout)
+
+    first, *others = [content(data(data=source, heldout_size=2)) for source in sources]
+    assert len(first) == 8 and all(other == first for other in others)
