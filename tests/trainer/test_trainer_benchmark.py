@@ -6,6 +6,7 @@ import math
 
 import pytest
 from rl_core.config import ConfigError
+from trainer.cli import main
 from trainer.evaluate.benchmark import final_answer, interval, majority_at_k
 from trainer.settings import build_settings
 
@@ -59,3 +60,18 @@ def test_eval_sets_are_checked_with_the_settings(tmp_path):
     bare.write_text("".join(json.dumps({"prompt": f"{a}"}) + "\n" for a in range(3)))
     with pytest.raises(ConfigError, match=r"eval.sets.x: the rows of .* carry no reference answer"):
         build_settings(algo="grpo", overrides=[f"eval.sets.x.data={bare}"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "b.jsonl"], "trainer eval --data needs either --run DIR or --model DIR"),
+        (["--data", "b.jsonl", "--run", "r", "--model", "m"], "trainer eval --data needs either --run DIR or --model DIR"),
+        (["--data", "b.jsonl", "--model", "m", "--k", "4", "--samples", "2"], "--k = 4 and --samples = 2: need 1 <= k <= samples"),
+        (["--reward", "boxed"], "trainer eval needs --run DIR (held-out split), or --data FILE with --run DIR or --model DIR"),
+    ],
+)
+def test_eval_with_data_says_what_it_needs(capsys, argv, message):
+    assert main(["eval", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainer eval: error: ") and message in err
