@@ -36,7 +36,7 @@ def main() -> None:
         same = sum(x == y for x, y in zip(a, b))
         return f"{same}/{n} ({same / n:.0%})"
 
-    print(f"| pairs | boxed = judgment | math_verify = judgment | boxed = math_verify | math_verify timeouts |")
+    print("| pairs | boxed = judgment | math_verify = judgment | boxed = math_verify | math_verify timeouts |")
     print("|---|---|---|---|---|")
     print(f"| {n} | {share(boxed, judged)} | {share(verified, judged)} | {share(boxed, verified)} | "
           f"{verified_scores.metrics['rewards/math_verify/timeouts']:.0f} |")

@@ -7,100 +7,16 @@ the symbolic comparison of math answers.
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import math
-import numbers
-import threading
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-__all__ = ["ON_ERROR_CHOICES", "RewardError", "RewardManager", "RewardResult", "RewardSpec", "Scores"]
+from rewards.calls import Call, gather, outcome
+from rewards.scores import ON_ERROR_CHOICES, ROW_FIELD, RewardError, Scored, Scores, is_list_like
+from rewards.spec import RewardSpec
 
-ON_ERROR_CHOICES = ("raise", "zero", "skip")
-"""What a failed score (the call raised, hung past its timeout, returned the wrong count, a non-number or a
-non-finite score) does. ``raise``: the call fails, naming the function, the row and the value. ``zero``:
-it scores 0 and is counted (``rewards/failed``). ``skip``: it scores nothing (like ``None``: it adds
-nothing to the total and is left out of the function's mean) and is counted (``rewards/failed``)."""
-
-_SHOWN_CHARS = 80
-ROW_FIELD = "source_row"
-"""A field naming each row's origin (``file:line``); a failure names it when the rows carry it."""
-
-
-def shorten(text: str, limit: int = _SHOWN_CHARS) -> str:
-    """``repr`` of ``text`` cut to about ``limit`` characters, for error messages."""
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
-
-
-class RewardError(ValueError):
-    """A reward function failed: it raised, or returned the wrong count, a non-number or a non-finite score.
-
-    Attributes: ``function`` (its name), ``index`` (the completion's index, or
-    None when the whole call failed) and ``completion`` (that completion,
-    shortened, as ``repr``; None when the whole call failed).
-    """
-
-    def __init__(self, message: str, *, function: str, index: int | None = None, completion: str | None = None) -> None:
-        super().__init__(message)
-        self.function = function
-        self.index = index
-        self.completion = completion
-
-
-class Scores(list):
-    """A reward function's scores (a list, one per completion) with numbers about the call.
-
-    ``metrics`` are named like the step's metrics: ``time/<what>`` for seconds (e.g. a judge
-    model's ``time/judge``), ``rewards/<name>/<what>`` for counts; the manager sums them over
-    its functions into ``RewardResult.function_metrics``.
-    """
-
-    def __init__(self, scores: Sequence[float], metrics: Mapping[str, float] | None = None) -> None:
-        super().__init__(scores)
-        self.metrics: dict[str, float] = dict(metrics or {})
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """One reward function in a manager, with its weight, its name and how it is called."""
-
-    fn: Callable[..., Sequence[float | None]] | Callable[..., Awaitable[Sequence[float | None]]]
-    """Called as ``fn(prompts, completions, **fields)`` (or with every argument by keyword, TRL's way,
-    when it names a parameter ``prompts`` or ``completions``); returns one score or ``None`` per
-    completion. An ``async def`` function is awaited, concurrently with the manager's other async ones."""
-    weight: float = 1.0
-    """Multiplies this function's scores in the total; its own scores are reported unweighted."""
-    name: str | None = None
-    """Key in ``RewardResult.per_function`` and in metrics; defaults to ``fn.__name__``."""
-    data_sources: tuple[str, ...] | None = None
-    """Score only rows whose field ``data_source`` is one of these (verl's routing); the others get
-    ``None`` from it. None: every row."""
-    timeout_s: float | None = None
-    """A call that has not returned after this many seconds fails (its thread is left behind)."""
-    on_failure: str | None = None
-    """One of ``ON_ERROR_CHOICES`` for this function's failures; None: the manager's ``on_error``."""
-
-    def __post_init__(self) -> None:
-        if not callable(self.fn):
-            raise TypeError(f"RewardSpec.fn must be callable, got {self.fn!r}")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, numbers.Real) or not math.isfinite(self.weight):
-            raise ValueError(f"RewardSpec.weight must be a finite number, got {self.weight!r}")
-        name = self.name if self.name is not None else getattr(self.fn, "__name__", None)
-        if not isinstance(name, str) or not name or name == "<lambda>":
-            raise ValueError(f"reward function {self.fn!r} needs a name: pass RewardSpec(fn, name='...')")
-        if self.data_sources is not None:
-            if isinstance(self.data_sources, str) or not all(isinstance(d, str) for d in self.data_sources):
-                raise ValueError(f"RewardSpec.data_sources must be a list of names, got {self.data_sources!r}")
-            object.__setattr__(self, "data_sources", tuple(self.data_sources))
-        if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, numbers.Real)
-                                           or not self.timeout_s > 0):
-            raise ValueError(f"RewardSpec.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
-        if self.on_failure is not None and self.on_failure not in ON_ERROR_CHOICES:
-            raise ValueError(f"RewardSpec.on_failure must be one of {ON_ERROR_CHOICES}, got {self.on_failure!r}")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "weight", float(self.weight))
+__all__ = ["ON_ERROR_CHOICES", "ROW_FIELD", "RewardError", "RewardManager", "RewardResult", "RewardSpec", "Scores"]
 
 
 @dataclass(frozen=True)
@@ -141,18 +57,6 @@ class RewardResult:
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
-
-
-@dataclass(frozen=True)
-class _Scored:
-    scores: tuple[float | None, ...]
-    errors: tuple[RewardError, ...]
-    num_failed: int
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-class _Timeout(Exception):
-    pass
 
 
 class RewardManager:
@@ -238,23 +142,23 @@ class RewardManager:
         """
         fields = _check_inputs(prompts, completions, fields or {})
         extra = {} if step is None else {"step": step}
-        calls = [_Call(spec, self.on_error, prompts, completions, fields, extra) for spec in self.specs]
-        outcomes: dict[int, _Scored | BaseException] = {}
+        calls = [Call(spec, self.on_error, prompts, completions, fields, extra) for spec in self.specs]
+        outcomes: dict[int, Scored | BaseException] = {}
         waiting = [i for i, call in enumerate(calls) if call.is_async]
         if waiting:
-            outcomes.update(zip(waiting, asyncio.run(_gather([calls[i] for i in waiting]))))
+            outcomes.update(zip(waiting, asyncio.run(gather([calls[i] for i in waiting]))))
         plain = [i for i, call in enumerate(calls) if not call.is_async]
         if self.max_workers is not None and self.max_workers > 1 and len(plain) > 1:
             with ThreadPoolExecutor(max_workers=min(self.max_workers, len(plain))) as pool:
-                outcomes.update(zip(plain, pool.map(_outcome, [calls[i] for i in plain])))
+                outcomes.update(zip(plain, pool.map(outcome, [calls[i] for i in plain])))
         else:
-            outcomes.update((i, _outcome(calls[i])) for i in plain)
-        scored: list[_Scored] = []
+            outcomes.update((i, outcome(calls[i])) for i in plain)
+        scored: list[Scored] = []
         for i in range(len(calls)):  # in spec order: the same first error as in turn
-            outcome = outcomes[i]
-            if isinstance(outcome, BaseException):
-                raise outcome
-            scored.append(outcome)
+            got = outcomes[i]
+            if isinstance(got, BaseException):
+                raise got
+            scored.append(got)
         total = [0.0] * len(completions)
         function_metrics: dict[str, float] = {}
         for spec, result in zip(self.specs, scored):
@@ -277,196 +181,6 @@ class RewardManager:
         )
 
 
-class _Call:
-    """One function's call on one batch: its rows (after routing), its arguments and the checks of what it
-    returns. Holds nothing between batches."""
-
-    def __init__(self, spec: RewardSpec, on_error: str, prompts: Sequence[str], completions: Sequence[str],
-                 fields: dict[str, list[object]], extra: dict[str, object]) -> None:
-        self.spec, self.n = spec, len(completions)
-        self.policy = spec.on_failure or on_error
-        self.completions = completions
-        self.rows = fields.get(ROW_FIELD)
-        self.indices = list(range(self.n))
-        if spec.data_sources is not None:
-            if "data_source" not in fields:
-                raise ValueError(f"reward function {spec.name!r} is routed to data_sources {list(spec.data_sources)}, "
-                                 "but the rows have no data_source field")
-            self.indices = [i for i in self.indices if fields["data_source"][i] in spec.data_sources]
-        pick = (lambda values: [values[i] for i in self.indices])  # fresh copies: a function may not change another's
-        self.args = (pick(prompts), pick(completions))
-        self.kwargs = {k: pick(v) for k, v in fields.items()} | extra
-        self.is_async = _is_async(spec.fn)
-
-    def call(self) -> object:
-        by_keyword, accepted = _call_style(self.spec.fn)
-        kwargs = self.kwargs if accepted is None else {k: v for k, v in self.kwargs.items() if k in accepted}
-        if by_keyword:
-            both = {"prompts": self.args[0], "completions": self.args[1]}
-            kwargs = {k: v for k, v in both.items() if accepted is None or k in accepted} | kwargs
-            return self.spec.fn(**kwargs)
-        return self.spec.fn(*self.args, **kwargs)
-
-    def where(self, index: int) -> str:
-        row = f" (row {self.rows[index]})" if self.rows is not None else ""
-        return f"completion {index}{row}"
-
-    def fail(self, message: str, index: int | None = None, cause: BaseException | None = None) -> _Scored:
-        completion = None if index is None else shorten(self.completions[index])
-        error = RewardError(message, function=self.spec.name, index=index, completion=completion)
-        if self.policy == "raise":
-            raise error from cause
-        failed = (0.0 if self.policy == "zero" else None,)
-        return _Scored(failed * self.n, (error,), self.n)
-
-    def check(self, raw: object) -> _Scored:
-        """The scores of `raw` (what the function returned) at every completion, ``None`` where it gave none."""
-        name, n = self.spec.name, len(self.indices)
-        if not _is_list_like(raw) or len(raw) != n:
-            got = f"{len(raw)} scores" if _is_list_like(raw) else f"{repr(raw)[:_SHOWN_CHARS]} (not a list)"
-            return self.fail(f"reward function {name!r} returned {got} for {n} completions")
-        metrics = _call_metrics(name, raw)
-        scores: list[float | None] = [None] * self.n
-        errors: list[RewardError] = []
-        for index, score in zip(self.indices, list(raw)):
-            if score is None:
-                continue
-            problem = _score_problem(score)
-            if problem is None:
-                scores[index] = float(score)
-                continue
-            completion = shorten(self.completions[index])
-            error = RewardError(
-                f"reward function {name!r} returned {problem} for {self.where(index)}: {completion}",
-                function=name, index=index, completion=completion,
-            )
-            if self.policy == "raise":
-                raise error
-            errors.append(error)
-            scores[index] = 0.0 if self.policy == "zero" else None
-        return _Scored(tuple(scores), tuple(errors), len(errors), metrics)
-
-    def failed_call(self, exc: BaseException) -> _Scored:
-        name = self.spec.name
-        first = f", the first {self.where(self.indices[0])}" if self.indices and self.rows is not None else ""
-        if isinstance(exc, _Timeout):
-            what = f"did not return within timeout_s = {self.spec.timeout_s:g} s"
-        else:
-            what = f"raised {type(exc).__name__}: {exc}"
-        return self.fail(f"reward function {name!r} {what} (on a batch of {len(self.indices)} completions{first})",
-                         cause=None if isinstance(exc, _Timeout) else exc)
-
-
-def _outcome(call: _Call) -> _Scored | BaseException:
-    """The checked scores of a plain function's call, or the error to raise (in spec order, by the caller)."""
-    if not call.indices:
-        return _Scored((None,) * call.n, (), 0)
-    try:
-        try:
-            raw = _with_timeout(call.call, call.spec.timeout_s)
-        except KeyboardInterrupt:
-            raise  # Ctrl-C stops the run; it is not the reward's failure
-        except BaseException as exc:  # noqa: BLE001 - SystemExit from a reward must not end the run unnamed
-            return call.failed_call(exc)
-        return call.check(raw)
-    except RewardError as error:
-        return error
-
-
-async def _gather(calls: Sequence[_Call]) -> list[_Scored | BaseException]:
-    async def one(call: _Call) -> _Scored | BaseException:
-        if not call.indices:
-            return _Scored((None,) * call.n, (), 0)
-        try:
-            try:
-                raw = await asyncio.wait_for(call.call(), call.spec.timeout_s)
-            except asyncio.TimeoutError:
-                return call.failed_call(_Timeout())
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - named like a plain function's
-                return call.failed_call(exc)
-            return call.check(raw)
-        except RewardError as error:
-            return error
-
-    return list(await asyncio.gather(*(one(call) for call in calls)))
-
-
-def _with_timeout(call: Callable[[], object], timeout_s: float | None) -> object:
-    """`call()`, or _Timeout when it has not returned within `timeout_s` (its daemon thread is abandoned:
-    Python cannot stop a thread; a function that may hang forever belongs in a process)."""
-    if timeout_s is None:
-        return call()
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True, name="reward-call")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _Timeout()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]
-
-
-def _is_async(fn: Callable[..., object]) -> bool:
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None))
-
-
-def _call_style(fn: Callable[..., object]) -> tuple[bool, set[str] | None]:
-    """(pass prompts and completions by keyword, the keyword names it accepts or None for any).
-
-    TRL calls ``reward_func(prompts=..., completions=..., completion_ids=..., **columns)``: a function
-    that names a parameter ``prompts`` or ``completions`` is called that way; one that takes
-    ``**kwargs`` gets every field; one that does not gets the fields it names."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: the old positional call
-        return False, None
-    named = {p.name for p in parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    any_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    return bool({"prompts", "completions"} & named), None if any_keyword else named
-
-
-def _call_metrics(name: str, raw: object) -> dict[str, float]:
-    """The metrics a function returned with its ``Scores``: finite numbers under metric-like names."""
-    metrics = getattr(raw, "metrics", None) if isinstance(raw, Scores) else None
-    out: dict[str, float] = {}
-    for key, value in (metrics or {}).items():
-        if not isinstance(key, str) or not key.startswith(("time/", "rewards/")):
-            raise RewardError(
-                f"reward function {name!r} reported a metric named {key!r}; name them time/<what> or "
-                "rewards/<name>/<what>", function=name,
-            )
-        if _score_problem(value) is not None:
-            raise RewardError(f"reward function {name!r} reported {key} = {value!r}, not a finite number",
-                              function=name)
-        out[key] = float(value)
-    return out
-
-
-def _is_list_like(value: object) -> bool:
-    """A list, tuple, numpy array...: sized and iterable, but not text or a mapping."""
-    return isinstance(value, Collection) and not isinstance(value, (str, bytes, Mapping))
-
-
-def _score_problem(score: object) -> str | None:
-    """What is wrong with one score, or None if it is a finite real number."""
-    if isinstance(score, bool) or not isinstance(score, numbers.Real):
-        return f"a non-number {repr(score)[:40]} ({type(score).__name__})"
-    if not math.isfinite(score):
-        return f"a non-finite score {float(score)!r}"
-    return None
-
-
 def _check_inputs(
     prompts: Sequence[str], completions: Sequence[str], fields: Mapping[str, Sequence[object]]
 ) -> dict[str, list[object]]:
@@ -484,7 +198,7 @@ def _check_inputs(
     for name, values in fields.items():
         if not isinstance(name, str) or not name.isidentifier() or name in ("prompts", "completions", "step"):
             raise ValueError(f"field name {name!r} cannot be passed as a keyword argument")
-        if not _is_list_like(values):
+        if not is_list_like(values):
             got = type(values).__name__
             raise ValueError(f"field {name!r} must be a list with one entry per completion, got {got}")
         if len(values) != n:
