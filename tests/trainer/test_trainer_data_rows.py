@@ -15,7 +15,7 @@ from rl_models.char_tokenizer import CharTokenizer
 from rl_models.hf import load_hf_tokenizer
 from trainer import build
 from trainer.settings import build_settings
-from trainer.tasks import DataError, data
+from trainer.tasks import DataError, data, gsm8k
 from trainer.tasks.rows import data_row
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -177,3 +177,14 @@ def test_the_same_verl_rows_from_every_file_kind(tmp_path):
 
     first, *others = [content(data(data=source, heldout_size=2)) for source in sources]
     assert len(first) == 8 and all(other == first for other in others)
+
+
+def test_gsm8k_rows_take_a_system_prompt_and_template_options(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", [{"question": f"{a}+1?", "answer": f"#### {a + 1}"} for a in range(3)])
+    tokenizer = load_hf_tokenizer(FIXTURES / "qwen3")
+    plain = build.chat_prompts(gsm8k(data=path, heldout_size=1), tokenizer)
+    told = build.chat_prompts(gsm8k(data=path, heldout_size=1, system_prompt="Be brief.",
+                                    template_options={"enable_thinking": False}), tokenizer)
+    before, after = plain.heldout[0].text, told.heldout[0].text
+    assert "<|im_start|>system\nBe brief.<|im_end|>\n" in after and "system" not in before
+    assert after.endswith("<think>\n\n</think>\n\n") and not before.endswith("</think>\n\n")
