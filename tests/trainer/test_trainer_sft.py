@@ -7,12 +7,17 @@ import numpy as np
 import pytest
 from rl_core.config import ConfigError
 from rl_models.char_tokenizer import CharTokenizer
+from pathlib import Path
+
+from rl_models.hf import load_hf_tokenizer
 from trainer import build
 from trainer.cli import main
 from trainer.settings import build_settings
 from trainer.tasks import DataError
 from trainer.tasks.data_task import sft_set
 from trainer.warmstart import sft_arrays
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
 def conversations(path, count=20):
@@ -22,20 +27,40 @@ def conversations(path, count=20):
     return path
 
 
-def test_the_targets_are_the_reference_turns_only(tmp_path):
-    path = tmp_path / "chat.jsonl"
+def two_turns(path):
     path.write_text(json.dumps({"messages": [
         {"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"},
         {"role": "user", "content": "+3="}, {"role": "assistant", "content": "5"}]}) + "\n")
-    task = sft_set(str(path), max_prompt_tokens=32, max_new_tokens=4)
+    return path
+
+
+def test_every_assistant_turn_is_trained_and_nothing_else(tmp_path):
+    path = two_turns(tmp_path / "chat.jsonl")
+    settings = build_settings(algo="grpo", overrides=[f"warm_start.data={path}", "rollout.max_new_tokens=12"])
     tokenizer = CharTokenizer()
+    task = build.warm_start_task(settings, None, tokenizer)  # no template: plain text
     prompt = task.train[0]
-    assert prompt.text == "1+1=\n\n2\n\n+3="  # the earlier turns are the prompt (plain text: no template)
+    assert prompt.text == "1+1="  # the prompt ends before the first assistant turn
+    assert prompt.fields["segments"] == (("\n\n", False), ("2", True), ("\n\n+3=", False), ("5", True))
     tokens, mask, targets, target_mask = sft_arrays(task, tokenizer, task.train, np.random.default_rng(0))
-    # "5" and EOS are the only trained tokens; the earlier assistant turn "2" is in the prompt, out of the loss
-    assert targets[0].tolist() == [*tokenizer.encode("5"), tokenizer.eos_ids[0], 0, 0]
-    assert target_mask[0].tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert tokenizer.decode(tokens[0][mask[0] > 0].tolist()) == "1+1=\n\n2\n\n+3="
+    n = len("\n\n2\n\n+3=5") + 1
+    assert targets[0, :n].tolist() == [*tokenizer.encode("\n\n2\n\n+3=5"), tokenizer.eos_ids[0]]
+    # trained: "2", "5" and EOS; the separators and the user's turn are in the sequence, out of the loss
+    assert target_mask[0, :n].tolist() == [0, 0, 1, 0, 0, 0, 0, 0, 1, 1]
+    assert target_mask[0, n:].sum() == 0
+    assert tokenizer.decode(tokens[0][mask[0] > 0].tolist()) == "1+1="
+
+
+def test_with_a_chat_template_each_turn_is_cut_where_the_template_puts_it(tmp_path):
+    path = two_turns(tmp_path / "chat.jsonl")
+    settings = build_settings(algo="grpo", overrides=[f"warm_start.data={path}", f"model.path={FIXTURES / 'qwen2'}"])
+    task = build.warm_start_task(settings, None, load_hf_tokenizer(FIXTURES / "qwen2"))
+    assert task.train[0].text.endswith("<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n")
+    assert task.train[0].fields["segments"] == (
+        ("2<|im_end|>\n", True),  # the reply and its end-of-turn marker: the model learns to end its turn
+        ("<|im_start|>user\n+3=<|im_end|>\n<|im_start|>assistant\n", False),
+        ("5", True),  # the final reply, then EOS
+    )
 
 
 def test_rows_without_a_reference_and_the_cache_key(tmp_path):

@@ -295,8 +295,43 @@ def warm_start_task(settings: RunSettings, task: Task, tokenizer: Tokenizer) -> 
         return task
     inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS and k != "reward"} \
         if settings.task.name == "data" else {}
-    return chat_prompts(sft_set(settings.warm_start.data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
-                                max_new_tokens=settings.rollout.max_new_tokens, **inherited), tokenizer)
+    examples = chat_prompts(sft_set(settings.warm_start.data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                                    max_new_tokens=settings.rollout.max_new_tokens, **inherited), tokenizer)
+    templated = examples.chat is not False and getattr(tokenizer, "chat_template", None) is not None
+
+    def with_segments(p):
+        if "turns" not in p.fields:
+            return p
+        render = (lambda m, g: tokenizer.apply_chat_template(m, add_generation_prompt=g, **examples.template_options)) \
+            if templated else None
+        return dataclasses.replace(p, fields={**p.fields, "segments": turn_segments(p, render)})
+
+    return dataclasses.replace(examples, train=tuple(with_segments(p) for p in examples.train))
+
+
+def turn_segments(prompt: Any, render: Callable[[list, bool], str] | None) -> tuple[tuple[str, bool], ...]:
+    """The text after `prompt.text` of a conversation's later turns (`prompt.fields["turns"]`), as
+    (text, trained) pieces: each assistant turn trained (with its end-of-turn marker), the others not.
+    `render(messages, add_generation_prompt)` is the chat template; None: plain text, turns a blank
+    line apart, the final reply right after the text before it (as a completion follows its prompt)."""
+    turns = prompt.fields["turns"]
+    history, done, pieces = list(prompt.messages), prompt.text, []
+    for i, turn in enumerate(turns):
+        history.append(turn)
+        if i == len(turns) - 1:  # the final reply: its text, then EOS (sft_arrays), as a one-turn target
+            pieces.append((turn["content"], True))
+            break
+        if render is None:
+            pieces += [("\n\n", False), (turn["content"], True)] if turn["role"] == "assistant" else \
+                [("\n\n" + turn["content"], False)]
+            continue
+        full = render(history, turn["role"] != "assistant" and turns[i + 1]["role"] == "assistant")
+        if not full.startswith(done):
+            raise ConfigError(f"warm_start.data {prompt.fields.get('source_row')}: the chat template does not render "
+                              "this conversation turn by turn (an earlier rendering is no prefix of a later one)")
+        pieces.append((full[len(done):], turn["role"] == "assistant"))
+        done = full
+    return tuple(pieces)
 
 
 def data_fingerprint(source: str) -> str:

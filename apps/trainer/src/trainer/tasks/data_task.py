@@ -22,7 +22,7 @@ from rewards.numbers import reference_number
 from rl_core.data import Prompt
 
 from trainer.tasks.data_files import DataError, Row, read_rows
-from trainer.tasks.rows import prompts_of
+from trainer.tasks.rows import RowPrompt, plain_text, prompts_of
 from trainer.tasks.task import Task, split_heldout
 
 __all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of", "sft_set"]
@@ -122,7 +122,9 @@ def sft_set(
 ) -> Task:
     """Every row of `data` as supervised examples (`train`): the prompt, and the reference (a
     conversation's final assistant turn, `solution`, `reward_model.ground_truth`, `answer`) as the
-    target the warm start imitates, as it is."""
+    target the warm start imitates, as it is. A conversation with earlier assistant turns is trained
+    on each of them: its prompt ends before the first, and field `turns` holds the rest (the
+    assistant's turns trained, the others not; `trainer.build.warm_start_task` renders them)."""
     prompts = prompts_of(rows_of(data), system_prompt)
     missing = next((p for p in prompts if p.fields.get("answer") is None), None)
     if missing is not None:
@@ -130,9 +132,20 @@ def sft_set(
                         "assistant turn, or a column answer, solution or reward_model.ground_truth)")
     if not prompts:
         raise DataError(f"data {data!r} holds no rows")
+    prompts = [_from_first_reply(p) for p in prompts]
     return Task(name="sft", description=f"{len(prompts)} supervised rows from {data}", train=tuple(prompts),
                 heldout=(), rewards=(), correct="", teacher=_reference, max_prompt_tokens=max_prompt_tokens,
                 max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
+
+
+def _from_first_reply(prompt: RowPrompt) -> RowPrompt:
+    """`prompt` cut before its first assistant turn, the turns from there (the reference last) in `turns`."""
+    first = next((i for i, m in enumerate(prompt.messages) if m["role"] == "assistant"), None)
+    if first is None:
+        return prompt
+    head = prompt.messages[:first]
+    turns = (*prompt.messages[first:], {"role": "assistant", "content": str(prompt.fields["answer"])})
+    return RowPrompt(plain_text(head), {**prompt.fields, "turns": turns}, head)
 
 
 def _reference(prompt: Prompt, rng: np.random.Generator) -> str:
