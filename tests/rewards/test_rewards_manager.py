@@ -141,10 +141,6 @@ def string_at_3(prompts, completions, **_):
     return [0.0, 0.0, 0.0, "1.0"]
 
 
-def none_at_0(prompts, completions, **_):
-    return [None, 0.0, 0.0, 0.0]
-
-
 LONG = "x" * 200 + "THE END"
 HOSTILE_COMPLETIONS = ["#### 4", "#### 5", "no answer", LONG]
 
@@ -158,7 +154,6 @@ HOSTILE_COMPLETIONS = ["#### 4", "#### 5", "no answer", LONG]
         (nan_at_2, "'nan_at_2' returned a non-finite score nan for completion 2: 'no answer'", 2),
         (inf_at_1, "'inf_at_1' returned a non-finite score -inf for completion 1: '#### 5'", 1),
         (string_at_3, r"'string_at_3' returned a non-number '1.0' \(str\) for completion 3: 'xxx", 3),
-        (none_at_0, r"'none_at_0' returned a non-number None \(NoneType\) for completion 0: '#### 4'", 0),
     ],
 )
 def test_each_failure_raises_a_reward_error_naming_function_index_and_completion(fn, match, index):
@@ -269,16 +264,17 @@ def test_result_is_frozen():
 
 
 def test_registry_builds_every_reward_with_its_name_and_defaults():
-    assert list(REWARD_FUNCTIONS) == [
-        "numeric_answer",
-        "gsm8k",
+    assert sorted(REWARD_FUNCTIONS) == [  # the entry points this package declares (rewards.functions)
         "boxed",
-        "format_strict",
-        "format_lenient",
         "countdown",
+        "format_lenient",
+        "format_strict",
+        "gsm8k",
         "length_penalty",
-        "remote_score",
+        "math_verify",
+        "numeric_answer",
         "remote_judge",
+        "remote_score",
     ]
     for name, factory in REWARD_FUNCTIONS.items():
         if name.startswith("remote_"):
@@ -293,7 +289,7 @@ def test_registry_builds_every_reward_with_its_name_and_defaults():
 def test_registry_is_read_only_and_unknown_names_say_what_exists():
     with pytest.raises(TypeError):
         REWARD_FUNCTIONS["mine"] = gsm8k_reward
-    with pytest.raises(ValueError, match=r"unknown reward function 'gsm8kk'; known: numeric_answer, .*mean 'gsm8k'\?"):
+    with pytest.raises(ValueError, match=r"unknown reward function 'gsm8kk'; known: boxed, .*mean 'gsm8k'\? Your own: 'module:function'"):
         make_reward("gsm8kk")
     with pytest.raises(TypeError, match="gsm8k"):
         make_reward("gsm8k", strict=True)

@@ -51,6 +51,7 @@ from trainer.evaluate import evaluate
 from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 from trainer.warmstart import warm_start
 
 
@@ -61,6 +62,8 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     (2 simulated devices: another loss and base accuracy), and must not reuse this one."""
     warm = settings.warm_start.to_dict()
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
+    if warm.get("data") is None:
+        warm.pop("data", None)  # the keys of runs without SFT data stay what they were
     model = settings.model.to_dict()
     # applied after the warm start: LoRA and full runs share one base; the critic is not the base
     for key in ("lora", "quantize", "critic_path", "critic_confidence"):
@@ -70,6 +73,7 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
         "model": model,
         "warm_start": warm,
         "warm_start_steps": settings.warm_start_steps,
+        **({"warm_start_data": data_fingerprint(warm["data"])} if warm.get("data") else {}),
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
         "layout": {
             "platform": jax.default_backend(),
@@ -204,15 +208,21 @@ def adapted(settings: RunSettings, policy: Transformer) -> Transformer:
 
 
 def chat_prompts(task: Task, tokenizer: Tokenizer) -> Task:
-    """Render a chat task's prompts through the tokenizer's chat template."""
-    if not task.chat:
-        return task
+    """Render a chat task's prompts through the tokenizer's chat template (with the task's template
+    options); a task with `chat=None` keeps plain text when the tokenizer has no template."""
     render = getattr(tokenizer, "apply_chat_template", None)
-    if render is None or getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError(f"task {task.name!r} needs a model folder whose tokenizer has a chat template (model.path)")
+    has_template = render is not None and getattr(tokenizer, "chat_template", None) is not None
+    if task.chat is False or (task.chat is None and not has_template):
+        return task
+    if not has_template:
+        raise ConfigError(f"task {task.name!r} needs a model folder whose tokenizer has a chat template (model.path); "
+                          "or render its prompts as plain text: task.options.chat=false")
+
+    def messages(p):
+        return list(getattr(p, "messages", ())) or [{"role": "user", "content": p.text}]
 
     def wrap(prompts):
-        return tuple(dataclasses.replace(p, text=render([{"role": "user", "content": p.text}])) for p in prompts)
+        return tuple(dataclasses.replace(p, text=render(messages(p), **task.template_options)) for p in prompts)
 
     return dataclasses.replace(task, train=wrap(task.train), heldout=wrap(task.heldout))
 
@@ -238,7 +248,8 @@ def base_policy(
     if settings.warm_start_steps == 0:
         return model
     if cache_dir is None:
-        return warm_start(model, task, tokenizer, **_warm_kwargs(settings), progress=progress, log=log)
+        return warm_start(model, warm_start_task(settings, task, tokenizer), tokenizer, **_warm_kwargs(settings),
+                          progress=progress, log=log)
     path = (cache_dir / f"base-policy-{base_policy_key(settings)}").absolute()
     partial = path.with_name(path.name + ".partial")
     if not path.exists() and not multihost.multi_process():
@@ -258,10 +269,12 @@ def base_policy(
         if multihost.is_primary():
             shutil.rmtree(partial, ignore_errors=True)  # a kill between the save and this cleanup left it
         return model
-    log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on {task.name}")
+    examples = warm_start_task(settings, task, tokenizer)
+    log(f"base policy: warm start, {settings.warm_start_steps} supervised steps on "
+        f"{settings.warm_start.data or task.name}")
     warm_start(
         model,
-        task,
+        examples,
         tokenizer,
         **_warm_kwargs(settings),
         checkpoint_dir=partial,
@@ -273,6 +286,66 @@ def base_policy(
     checkpointer.wait_until_finished()
     shutil.rmtree(partial, ignore_errors=True)
     return model
+
+
+def warm_start_task(settings: RunSettings, task: Task, tokenizer: Tokenizer) -> Task:
+    """What the warm start imitates: the rows of `warm_start.data` (rendered like the run's data task:
+    its system prompt and chat options), or the task's own references."""
+    if settings.warm_start.data is None:
+        return task
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS and k != "reward"} \
+        if settings.task.name == "data" else {}
+    examples = chat_prompts(sft_set(settings.warm_start.data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                                    max_new_tokens=settings.rollout.max_new_tokens, **inherited), tokenizer)
+    templated = examples.chat is not False and getattr(tokenizer, "chat_template", None) is not None
+
+    def with_segments(p):
+        if "turns" not in p.fields:
+            return p
+        render = (lambda m, g: tokenizer.apply_chat_template(m, add_generation_prompt=g, **examples.template_options)) \
+            if templated else None
+        return dataclasses.replace(p, fields={**p.fields, "segments": turn_segments(p, render)})
+
+    return dataclasses.replace(examples, train=tuple(with_segments(p) for p in examples.train))
+
+
+def turn_segments(prompt: Any, render: Callable[[list, bool], str] | None) -> tuple[tuple[str, bool], ...]:
+    """The text after `prompt.text` of a conversation's later turns (`prompt.fields["turns"]`), as
+    (text, trained) pieces: each assistant turn trained (with its end-of-turn marker), the others not.
+    `render(messages, add_generation_prompt)` is the chat template; None: plain text, turns a blank
+    line apart, the final reply right after the text before it (as a completion follows its prompt)."""
+    turns = prompt.fields["turns"]
+    history, done, pieces = list(prompt.messages), prompt.text, []
+    for i, turn in enumerate(turns):
+        history.append(turn)
+        if i == len(turns) - 1:  # the final reply: its text, then EOS (sft_arrays), as a one-turn target
+            pieces.append((turn["content"], True))
+            break
+        if render is None:
+            pieces += [("\n\n", False), (turn["content"], True)] if turn["role"] == "assistant" else \
+                [("\n\n" + turn["content"], False)]
+            continue
+        full = render(history, turn["role"] != "assistant" and turns[i + 1]["role"] == "assistant")
+        if not full.startswith(done):
+            raise ConfigError(f"warm_start.data {prompt.fields.get('source_row')}: the chat template does not render "
+                              "this conversation turn by turn (an earlier rendering is no prefix of a later one)")
+        pieces.append((full[len(done):], turn["role"] == "assistant"))
+        done = full
+    return tuple(pieces)
+
+
+def data_fingerprint(source: str) -> str:
+    """A hash of the bytes of a data file or folder (user code: its reference), so that a cached base
+    policy trained on a file is not reused after the file changed."""
+    path = Path(source)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+    if not files:
+        digest.update(source.encode())
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _copy_cached(path: Path, folders: Sequence[Path], log: Callable[[str], None]) -> None:
@@ -299,9 +372,26 @@ def reward_manager(task: Task, rewards: Sequence[RewardSpec] = ()) -> RewardMana
     return RewardManager([*task.rewards, *rewards], correctness=task.correct)
 
 
+def run_rewards(settings: RunSettings, task: Task) -> tuple[RewardSpec, ...]:
+    """The `rewards:` entries the task does not hold already (`trainer.run.train.load_task` gives a
+    task without a reward of its own the first entry as its correctness reward)."""
+    own = {spec.name for spec in task.rewards}
+    return tuple(spec for spec in reward_specs(settings.rewards) if spec.name not in own)
+
+
 def heldout(task: Task, settings: RunSettings) -> tuple:
     n = settings.eval.heldout_size
     return task.heldout if n is None else task.heldout[:n]
+
+
+def evaluation_task(settings: RunSettings, entry: Mapping[str, Any]) -> Task:
+    """An `eval.sets` entry's rows as a task (held-out rows only), rendered and scored like the run's data
+    task (its system prompt, chat options and reward) unless the entry names its own reward."""
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS} \
+        if settings.task.name == "data" else {}
+    own = {k: v for k, v in entry.items() if k in ("reward", "split")}
+    return evaluation_set(entry["data"], max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                          max_new_tokens=settings.rollout.max_new_tokens, **(inherited | own))
 
 
 def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[str, float]]:
@@ -309,12 +399,20 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
     its wall time in `time/eval` (a wall-clock figure like the other time/* metrics; the step's
     time/step leaves it out)."""
     prompts = heldout(task, settings)
+    sets: dict[str, Task] = {}  # eval.sets, read at first use: the learner's tokenizer renders them
 
     def run(learner: RLLearner) -> dict[str, float]:
         start = time.perf_counter()
         metrics = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
                            rollout=settings.rollout)
         metrics |= learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
+        for name, entry in settings.eval.sets.items():
+            if name not in sets:
+                sets[name] = chat_prompts(evaluation_task(settings, entry), learner.tokenizer)
+            rows = sets[name].heldout[: entry.get("size")]
+            scores = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, sets[name], rows, pass_k=0,
+                              rollout=settings.rollout)
+            metrics |= {f"eval/{name}/{key.removeprefix('eval/')}": value for key, value in scores.items()}
         return metrics | {"time/eval": time.perf_counter() - start}
 
     return run
@@ -355,7 +453,7 @@ def learner(
         train_data=task.train,
         training=settings.training,
         rollout=settings.rollout,
-        reward_manager=reward_manager(task, [*reward_specs(settings.rewards), *rewards]),
+        reward_manager=reward_manager(task, [*run_rewards(settings, task), *rewards]),
         eval_fn=eval_fn(task, settings),
         eval_every_steps=settings.eval.every_steps,
         output_dir=output_dir,

@@ -42,7 +42,13 @@ def sft_arrays(
     texts = []
     make_env = environment_factory(task.environment, task.environment_options) if task.environment else None
     for i, p in enumerate(prompts):
-        if make_env is None:
+        if "segments" in p.fields:  # a conversation: its assistant turns trained, the turns between them not
+            text, seq, mask = p.text, [], []
+            for piece, trained in p.fields["segments"]:
+                ids = tokenizer.encode(piece)
+                seq, mask = seq + ids, mask + [float(trained)] * len(ids)
+            seq, mask = seq + [tokenizer.eos_ids[0]], mask + [1.0]
+        elif make_env is None:
             text, seq = p.text, tokenizer.encode(task.teacher(p, rng)) + [tokenizer.eos_ids[0]]
             mask = [1.0] * len(seq)
         else:

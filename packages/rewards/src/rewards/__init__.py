@@ -1,9 +1,13 @@
 """rewards: verifiable reward functions, the reward manager, and the audits that catch reward hacking.
 
 Reward functions are called as ``fn(prompts, completions, **fields)`` with one
-entry per completion in every list, and return one float per completion.
-They never evaluate, compile or import model text, and every one returns in
-bounded time on any string.
+entry per completion in every list (or all by keyword, TRL's way, when a function
+names a parameter ``prompts`` or ``completions``), and return one float, or None for
+"not mine to score", per completion. The built-in ones never evaluate, compile or
+import model text, and every one returns in bounded time on any string; a user's
+function is bounded by its ``timeout_s``. Functions are found by name in the
+entry-point group ``rewards.functions`` or as ``module:function`` /
+``path/to/file.py:function`` (``rewards.registry``).
 """
 
 from rewards.auditor import AuditLimits, RewardAuditor

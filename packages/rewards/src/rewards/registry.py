@@ -1,62 +1,92 @@
-"""Reward functions by stable name, for configs (e.g. a trainer's YAML).
+"""Reward functions by name: the entry-point group ``rewards.functions``, plus user code.
 
-``REWARD_FUNCTIONS[name]`` is a factory: call it with the reward's keyword
-parameters (or none, for the defaults) to get a reward function whose
-``__name__`` is ``name``. A fixed, read-only table: nothing registers by import.
+A name in a config (``rewards: {x: {function: NAME}}``) is one of:
+
+- a registered name: an entry point of the group ``rewards.functions`` that points at a
+  factory; ``make_reward(name, **options)`` calls it with the reward's options. This
+  package declares its built-ins there like any third-party package declares its own
+  (``[project.entry-points."rewards.functions"] mine = "my_pkg.rewards:mine"``); nothing
+  registers by import, and one name from two distributions is an error naming both;
+- ``module:function`` or ``path/to/file.py:function``: the reward function itself (TRL's
+  signature works: see ``rewards.manager``); its options are bound as keyword arguments.
+
+``REWARD_FUNCTIONS`` is the read-only table of registered names (entry points load on
+first use).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
 
-from rewards.countdown import countdown_reward
-from rewards.formatting import format_reward
-from rewards.length import length_penalty
-from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer_reward
-from rewards.names import lookup
-from rewards.remote import remote_judge, remote_score
+from rewards.code import is_code_reference, load_object
 
-__all__ = ["REWARD_FUNCTIONS", "RewardFn", "make_reward"]
+__all__ = ["ENTRY_POINT_GROUP", "REWARD_FUNCTIONS", "RewardFn", "make_reward", "reward_factory"]
+
+ENTRY_POINT_GROUP = "rewards.functions"
 
 RewardFn = Callable[..., list[float]]
-"""``fn(prompts: list[str], completions: list[str], **fields) -> list[float]``, one score per completion."""
+"""``fn(prompts, completions, **fields) -> list[float | None]``, one score per completion."""
 
 
-def _without_parameters(fn: RewardFn) -> Callable[[], RewardFn]:
-    def factory() -> RewardFn:
-        return fn
+class _Registered(Mapping):
+    """The entry points of ``rewards.functions``, loaded once, read-only."""
 
-    factory.__name__ = factory.__qualname__ = fn.__name__
-    factory.__doc__ = f"Returns ``{fn.__name__}``, which has no parameters."
-    return factory
+    def __init__(self) -> None:
+        self._table: dict[str, Callable[..., RewardFn]] | None = None
 
+    def _load(self) -> dict[str, Callable[..., RewardFn]]:
+        if self._table is None:
+            table: dict[str, Callable[..., RewardFn]] = {}
+            providers: dict[str, str] = {}
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
+                if ep.name in providers and providers[ep.name] != dist:
+                    raise ValueError(
+                        f"reward function {ep.name!r} is registered by two distributions, {providers[ep.name]!r} and "
+                        f"{dist!r}; uninstall one or rename its entry point"
+                    )
+                providers[ep.name] = dist
+                table[ep.name] = ep.load()
+            self._table = table
+        return self._table
 
-def format_strict(*, think_tag: str = "think", answer_tag: str = "answer") -> RewardFn:
-    """``format_reward(strict=True, ...)``."""
-    return format_reward(strict=True, think_tag=think_tag, answer_tag=answer_tag)
+    def __getitem__(self, name: str) -> Callable[..., RewardFn]:
+        return self._load()[name]
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
 
-def format_lenient(*, think_tag: str = "think", answer_tag: str = "answer") -> RewardFn:
-    """``format_reward(strict=False, ...)``."""
-    return format_reward(strict=False, think_tag=think_tag, answer_tag=answer_tag)
-
-
-REWARD_FUNCTIONS: Mapping[str, Callable[..., RewardFn]] = MappingProxyType(
-    {
-        "numeric_answer": numeric_answer_reward,
-        "gsm8k": _without_parameters(gsm8k_reward),
-        "boxed": _without_parameters(boxed_reward),
-        "format_strict": format_strict,
-        "format_lenient": format_lenient,
-        "countdown": countdown_reward,
-        "length_penalty": length_penalty,
-        "remote_score": remote_score,
-        "remote_judge": remote_judge,
-    }
-)
+    def __len__(self) -> int:
+        return len(self._load())
 
 
-def make_reward(name: str, **params: object) -> RewardFn:
-    """The reward function ``REWARD_FUNCTIONS[name](**params)``; an unknown name raises listing the known ones."""
-    return lookup(REWARD_FUNCTIONS, name, "reward function")(**params)
+REWARD_FUNCTIONS: Mapping[str, Callable[..., RewardFn]] = _Registered()
+
+
+def reward_factory(name: str) -> Callable[..., RewardFn]:
+    """The registered factory `name`; an unknown name says what exists, the closest name and the fix."""
+    if name in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[name]
+    close = difflib.get_close_matches(str(name), list(REWARD_FUNCTIONS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"unknown reward function {name!r}; known: {', '.join(REWARD_FUNCTIONS)}.{hint} Your own: "
+        f"'module:function' or 'path/to/file.py:function', or an entry point of the group {ENTRY_POINT_GROUP!r}"
+    )
+
+
+def make_reward(name: str, **options: object) -> RewardFn:
+    """The reward function that `name` names (a registered name or a code reference), with `options`."""
+    if is_code_reference(name):
+        fn = load_object(name, "reward function")
+        if not callable(fn):
+            raise ValueError(f"reward function {name!r} is a {type(fn).__name__}, not a function")
+        if not options:
+            return fn
+        bound = functools.partial(fn, **options)
+        bound.__name__ = getattr(fn, "__name__", name.split(":")[1])
+        return bound
+    return reward_factory(name)(**options)

@@ -143,7 +143,6 @@ class RemoteReward:
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
         self._closer: weakref.finalize | None = None
-        self._counts = dict.fromkeys(COUNTERS, 0.0)  # this call's; one call at a time per function
 
     def __repr__(self) -> str:
         return f"RemoteReward({self.__name__!r}, {self.settings.url!r}, on_failure={self.settings.on_failure!r})"
@@ -158,7 +157,7 @@ class RemoteReward:
                 f"it gives: {', '.join(sorted(fields)) or 'none'}"
             )
         deadline = time.monotonic() + self.settings.step_timeout_s
-        self._counts = dict.fromkeys(COUNTERS, 0.0)
+        counts = dict.fromkeys(COUNTERS, 0.0)  # this call's own: overlapping calls (max_staleness >= 2) each count theirs
         items = [(p, c, {name: fields[name][i] for name in self._send}) for i, (p, c) in enumerate(zip(prompts, completions))]
         scores: list[float | None] = [None] * len(items)
         errors: dict[int, str] = {}
@@ -169,12 +168,12 @@ class RemoteReward:
                 if key in self._cache:
                     scores[i] = self._cache[key]
                     self._cache.move_to_end(key)
-                    self._counts["cache_hits"] += 1
+                    counts["cache_hits"] += 1
                 else:
                     todo.append(i)
         size = self.endpoint.batch_size
         units = [_Unit(todo[k : k + size], [items[i] for i in todo[k : k + size]]) for k in range(0, len(todo), size)]
-        outcomes = self._run_units(units, deadline, self._counts)
+        outcomes = self._run_units(units, deadline, counts)
         for unit, (unit_scores, unit_error) in zip(units, outcomes):
             for slot, i in enumerate(unit.indices):
                 score = unit_scores[slot] if unit_error is None else None
@@ -183,13 +182,13 @@ class RemoteReward:
                 else:
                     scores[i] = score
                     self._remember(keys[i], score)
-        final = self._apply_policy(scores, errors, prompts, completions)
-        return Scores(final, {f"rewards/{self.__name__}/{key}": value for key, value in self._counts.items()})
+        final = self._apply_policy(scores, errors, prompts, completions, counts)
+        return Scores(final, {f"rewards/{self.__name__}/{key}": value for key, value in counts.items()})
 
     def _apply_policy(self, scores: list[float | None], errors: dict[int, str], prompts: Sequence[str],
-                      completions: Sequence[str]) -> list[float]:
+                      completions: Sequence[str], counts: dict[str, float]) -> list[float]:
         with self._lock:
-            self._counts["failed"] += len(errors)
+            counts["failed"] += len(errors)
         if errors and self.settings.on_failure == "stop":
             first = min(errors)
             shown = completions[first] if len(completions[first]) <= 60 else completions[first][:57] + "..."
@@ -204,9 +203,9 @@ class RemoteReward:
                 if failed & set(range(start, end)):
                     failed |= set(range(start, end))
                     with self._lock:
-                        self._counts["skipped_groups"] += 1
+                        counts["skipped_groups"] += 1
         with self._lock:
-            self._counts["fallback"] += len(failed)
+            counts["fallback"] += len(failed)
         fallback = float(self.settings.fallback)
         return [fallback if i in failed or score is None else score for i, score in enumerate(scores)]
 
@@ -274,6 +273,12 @@ class RemoteReward:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _post(self, body: object, deadline: float, timeout_s: float) -> _Reply:
+        """POST `body` and read the reply by `deadline`; the connection goes back to the pool (or is closed,
+        when the reply was cut off) before this returns."""
+        with self.client().stream("POST", self.settings.url, json=body, timeout=timeout_s) as reply:
+            return _read_by(reply, deadline)
+
     def _count(self, counts: dict[str, float], name: str, amount: float = 1.0) -> None:
         with self._lock:  # the counts of the call that sent the request, even if it has returned
             counts[name] += amount
@@ -291,15 +296,15 @@ class RemoteReward:
             self._count(counts, "requests")
             wait: float | None = None
             try:
-                reply = self.client().post(self.settings.url, json=body, timeout=min(self.settings.timeout_s, left))
-            except httpx.TransportError as e:  # connect/read/write/pool timeouts and refused connections
+                reply = self._post(body, deadline, min(self.settings.timeout_s, left))
+            except (httpx.TransportError, _Overdue) as e:  # connect/read/write/pool timeouts, refused connections
                 self._count(counts, "latency_s", time.monotonic() - start)
                 unit.error = f"{type(e).__name__} after {attempt + 1} attempt(s): {e or 'no detail'}"
             else:
                 self._count(counts, "latency_s", time.monotonic() - start)
                 if reply.status_code == 200:
                     try:
-                        unit.scores = self.endpoint.scores(reply.json(), len(unit.items))
+                        unit.scores = self.endpoint.scores(json.loads(reply.content), len(unit.items))
                         unit.error = None
                     except ReplyError as e:
                         unit.error = str(e)
@@ -319,6 +324,34 @@ class RemoteReward:
                 return  # waiting would pass the deadline: fail now with the last error
             self._count(counts, "retries")
             time.sleep(wait)
+
+
+class _Overdue(Exception):
+    """A reply still arriving at the step's deadline (a server trickling its bytes): closed, not waited for."""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What a request got back: read whole by the deadline."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def _read_by(reply: httpx.Response, deadline: float) -> _Reply:
+    """`reply` read whole, giving up at `deadline`: each read is bounded by the read timeout, but a server
+    that sends a byte now and then resets that timeout forever and would hold the pooled connection."""
+    chunks = []
+    for chunk in reply.iter_bytes():
+        chunks.append(chunk)
+        if time.monotonic() >= deadline:
+            raise _Overdue(f"the reply was still arriving at the step's deadline ({sum(map(len, chunks))} bytes read)")
+    return _Reply(reply.status_code, reply.headers, b"".join(chunks))
 
 
 def _retry_after(value: str | None) -> float | None:

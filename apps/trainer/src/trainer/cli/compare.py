@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("algos", nargs="*", metavar="ALGO|key=value", help="algorithms (default: every installed one) and dotted overrides")
     c.add_argument("--config", help="YAML settings file applied to every variant")
     c.add_argument("--output", type=location, default=DEFAULT_COMPARE_DIR, help=f"report folder (default {DEFAULT_COMPARE_DIR})")
+    c.add_argument("--data", metavar="FILE", help="rows of your task, any shape (same as task.options.data=FILE; "
+                   "docs/bring-your-own-task.md)")
+    c.add_argument("--model", metavar="DIR", help="Hugging Face folder every variant starts from (same as model.path=DIR)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value", help="dotted override (repeatable)")
     c.add_argument("--seeds", type=int, metavar="N", help="seeds per variant (default 3): mean and 95%% CI")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in the --output folder")
@@ -35,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
             "give a local folder and copy it afterwards, or train each variant with `trainer train --output URL`"
         )
     algos = [a for a in args.algos if "=" not in a]
-    overrides = [a for a in args.algos if "=" in a] + args.overrides
+    shortcuts = [f"{key}={value}" for key, value in (("task.options.data", args.data), ("model.path", args.model))
+                 if value is not None]
+    overrides = shortcuts + [a for a in args.algos if "=" in a] + args.overrides
     table, _ = compare(
         algos,
         output=args.output,

@@ -15,6 +15,9 @@ def run(args: argparse.Namespace) -> int:
     for name, make in TASKS.items():
         try:
             task = make()
+        except ValueError as e:  # an optional library not installed
+            print(f"{name:12s} {e}")
+            continue
         except TypeError:  # a file-backed task: it needs options.data
             doc = (make.__doc__ or "reads task.options.data").strip().splitlines()[0]
             print(f"{name:12s} from a local file (task.options.data=FILE)  {doc}")

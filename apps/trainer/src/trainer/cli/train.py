@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--overwrite", action="store_true", help="replace the run (or config.yaml) already in --output")
     t.add_argument("--model", metavar="DIR", help="Hugging Face folder, a path or a URL (same as model.path=DIR)")
     t.add_argument("--task", help="task name (same as task.name=NAME)")
-    t.add_argument("--data", metavar="FILE", help="data of a file task: JSONL, JSON array, Parquet, a folder of Parquet shards or a datasets.save_to_disk folder (same as task.options.data=FILE)")
+    t.add_argument("--data", metavar="FILE", help="rows of your task: JSONL, JSON array, Parquet, a folder of Parquet shards, a datasets.save_to_disk folder or module:function; any row shape, no --task needed (same as task.options.data=FILE; docs/bring-your-own-task.md)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--base-from", type=Path, default=DEFAULT_COMPARE_DIR, metavar="DIR",
                    help=f"reuse an identical cached base policy (same warm start, model, task and device layout) "

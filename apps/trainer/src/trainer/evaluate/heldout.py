@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from rewards import RewardManager
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
@@ -116,7 +117,8 @@ def correctness(task: Task, prompts: Sequence[Prompt], completions: Sequence[str
     spec = next(s for s in task.rewards if s.name == task.correct)
     names = sorted({k for p in prompts for k in p.fields})
     fields = {k: [p.fields.get(k) for p in prompts] for k in names}
-    scores = spec.fn([p.text for p in prompts], list(completions), **fields)
+    # called as in training (keywords, None scores, checks): a None counts as not correct
+    scores = RewardManager([spec]).score([p.text for p in prompts], list(completions), fields).per_function[spec.name]
     return (np.asarray(scores) >= 1.0).astype(np.float64)
 
 

@@ -5,6 +5,7 @@ The run folder is only read (see `trainer.run.policy`); one at a URL, from a loc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,12 @@ from rl_core.run import storage
 from rl_core.config import ConfigError
 
 from trainer import build
+from trainer.evaluate.benchmark import benchmark
 from trainer.evaluate.heldout import evaluate
 from trainer.run import load_run_policy, readable_run, settings_of_run
+from trainer.run.train import load_task
+from trainer.settings import build_settings
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
 
 
 def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | None = None, seed: int = 0) -> dict[str, Any]:
@@ -56,3 +61,49 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
         "k": k,
         **metrics,
     }
+
+
+def evaluate_data(
+    data: str,
+    *,
+    run_dir: str | Path | None = None,
+    model_dir: str | None = None,
+    k: int = 4,
+    samples: int = 8,
+    reward: str | None = None,
+    seed: int = 0,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Accuracy, pass@k and maj@k with intervals (overall and per data_source) of the rows of `data`,
+    answered by a run's latest checkpoint (`run_dir`) or by a model folder (`model_dir`), scored by
+    `reward` (default: the run's data-task reward, else one chosen from the rows' references)."""
+    if (run_dir is None) == (model_dir is None):
+        raise ConfigError("trainer eval --data needs either --run DIR or --model DIR")
+    if samples < k or k < 1:
+        raise ConfigError(f"--k = {k} and --samples = {samples}: need 1 <= k <= samples")
+    if run_dir is not None:
+        run = load_run_policy(run_dir)
+        settings, tokenizer, sampler, params, step = run.settings, run.tokenizer, run.learner.sampler, run.policy_params, run.step
+    else:
+        settings = build_settings(algo="grpo", overrides=[f"model.path={model_dir}", f"task.options.data={data}",
+                                                          "warm_start.steps=0", *([f"task.options.reward={reward}"] if reward else []),
+                                                          *overrides])
+        tokenizer = build.tokenizer(settings)
+        task = load_task(settings, tokenizer, log=lambda _: None)
+        learner = build.learner(settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False)
+        sampler, params, step = learner.sampler, learner.policy_params(), 0
+    inherited = {k_: v for k_, v in settings.task.options.items() if k_ in EVAL_TASK_OPTIONS} if settings.task.name == "data" else {}
+    if reward is not None:
+        inherited["reward"] = reward
+    task = build.chat_prompts(evaluation_set(data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
+                                             max_new_tokens=settings.rollout.max_new_tokens, **inherited), tokenizer)
+    result = benchmark(sampler, params, tokenizer, task, task.heldout, k=k, samples=samples,
+                       temperature=settings.rollout.temperature or 1.0, seed=seed)
+    where = {"run": str(run_dir)} if run_dir is not None else {"model": str(model_dir)}
+    return {**where, "data": str(data), "step": step, **result}
+
+
+def results_path(run_dir: Path, data: str) -> Path:
+    """Where `trainer eval --data` writes its results beside a run: eval/<file stem>.json."""
+    stem = Path(data.split(":")[0]).stem or "data"
+    return run_dir / "eval" / f"{stem}.json"

@@ -10,6 +10,8 @@ score, arXiv:2303.16634).
 
 from __future__ import annotations
 
+import threading
+
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +44,9 @@ class JudgeModel:
                                     paging=paging, policy=module)
         self.backend.update_weights(self.params, 0)
         self._key = jax.random.key(0)  # greedy: drawn from no distribution, any key gives the same replies
+        # one engine, one caller at a time: overlapping scorings (training.max_staleness >= 2) call the
+        # judge from several threads, and a paged engine's scheduler and pages serve one rollout at a time
+        self._engine_lock = threading.Lock()
         self._first_logprobs = first_logprobs_program(self.graphdef)
 
     def fits(self, prompts: Sequence[str]) -> list[bool]:
@@ -61,8 +66,8 @@ class JudgeModel:
     def replies(self, prompts: Sequence[str]) -> list[str]:
         """The judge's greedy reply to each prompt, all in one backend call."""
         tokens, mask = self.encode(prompts)
-        out = self.backend.generate(Requests(tokens, mask, 1), GREEDY, self._key)
-        out = multihost.to_host(out)
+        with self._engine_lock:
+            out = multihost.to_host(self.backend.generate(Requests(tokens, mask, 1), GREEDY, self._key))
         return decode_completions(self.tokenizer, np.asarray(out.tokens), np.asarray(out.mask))
 
     def first_token(self, word: str) -> int:

@@ -33,7 +33,8 @@ def probe(manager: RewardManager, task: Task, settings: RunSettings, tokenizer: 
     specs = {spec.name: spec for spec in manager.specs}
 
     def score(name, texts, completions, fields):  # the function alone: one bad function spoils no other's
-        return RewardManager([specs[name]]).score(texts, completions, fields).per_function[name]
+        ids = {"completion_ids": [list(tokenizer.encode(c, add_bos=False)) for c in completions]}  # as in training
+        return RewardManager([specs[name]]).score(texts, completions, ids | dict(fields)).per_function[name]
 
     fields = {k: [p.fields.get(k) for p in prompts] for k in sorted({k for p in prompts for k in p.fields})}
     result = probe_rewards(score, list(specs), [p.text for p in prompts], fields,

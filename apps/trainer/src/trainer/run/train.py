@@ -20,6 +20,7 @@ can resume) are in trainer.run.folder.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from trainer.run import folder as run_folder
 from trainer.run import reward_audit
 from trainer.run.prompt_lengths import fit_prompts
 from trainer.settings import RunSettings
+from trainer.settings.reward_functions import reward_specs
 from trainer.signals import RunInterrupted, StopOnSignal
 from trainer.tasks import Task
 
@@ -94,6 +96,9 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
 def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
     """The task's prompts, chat-templated and cut to those that fit rollout.max_prompt_tokens."""
     task = build.chat_prompts(settings.task.build(), tokenizer)
+    if not task.rewards and settings.rewards:  # a data task scored by the run's rewards: alone; the first entry says what is correct
+        specs = reward_specs(settings.rewards)
+        task = dataclasses.replace(task, rewards=specs, correct=specs[0].name)
     return fit_prompts(
         task,
         tokenizer,

@@ -31,6 +31,7 @@ from trainer.judge.settings import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
+from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
 
 LONG_PROMPTS = ("drop", "error")
@@ -196,6 +197,10 @@ class WarmStartSettings(Config):
     """Adam learning rate of the warm start."""
     checkpoint_every_steps: int = 100
     """Save the warm start's state this often, so a killed run continues it rather than redoing it."""
+    data: str | None = None
+    """Supervised fine-tuning rows (any shape of docs/bring-your-own-task.md with a reference, e.g.
+    conversations whose final assistant turn is the target): the warm start trains on them instead of
+    the task's references, the loss on the reference's tokens only; None: the task's."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -203,6 +208,9 @@ class WarmStartSettings(Config):
         check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
+
+
+EVAL_SET_KEYS = ("data", "reward", "split", "size")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,10 +223,24 @@ class EvalSettings(Config):
     """k of pass@k in the final evaluation."""
     samples_per_prompt: int = 8
     """n samples per prompt for the unbiased pass@k estimate."""
+    sets: dict = dataclasses.field(default_factory=dict)
+    """More evaluation sets, by name, each {data: FILE, reward: ..., split: ..., size: N}: greedy accuracy on
+    their rows (any shape; the first `size`) at every scheduled evaluation, logged as eval/<name>/accuracy."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.every_steps >= 0, self, "every_steps", "must be >= 0")
+        for name, entry in self.sets.items():
+            check(isinstance(name, str) and name.replace("-", "_").isidentifier(), self, "sets",
+                  f"{name!r}: a set's name is letters, digits, - and _ (it names metrics)")
+            check(isinstance(entry, Mapping) and isinstance(entry.get("data"), str), self, "sets",
+                  f"{name}: must be a mapping with data: FILE (and optionally {', '.join(EVAL_SET_KEYS[1:])})")
+            unknown = [key for key in entry if key not in EVAL_SET_KEYS]
+            check(not unknown, self, "sets", f"{name}.{unknown[0] if unknown else ''}: not a key of an evaluation set "
+                  f"(its keys: {', '.join(EVAL_SET_KEYS)})")
+            size = entry.get("size")
+            check(size is None or (isinstance(size, int) and not isinstance(size, bool) and size >= 1), self, "sets",
+                  f"{name}.size = {size!r}: must be an int >= 1")
         check(self.heldout_size is None or self.heldout_size >= 1, self, "heldout_size", "must be >= 1")
         check(self.pass_k >= 1, self, "pass_k", "must be >= 1")
         check(self.samples_per_prompt >= self.pass_k, self, "samples_per_prompt", "must be >= pass_k")
@@ -432,7 +454,11 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     if algo is not None:
         user["algo"] = algo
     _reject_unknown(user)
-    task_settings = TaskSettings.from_dict(user.get("task", {}))
+    task_section = dict(user.get("task") or {})
+    if "name" not in task_section and "data" in (task_section.get("options") or {}):
+        task_section["name"] = "data"  # --data FILE alone: rows of any shape (trainer.tasks.rows)
+        user["task"] = task_section
+    task_settings = TaskSettings.from_dict(task_section)
     problems = []  # a data error and a missing model are both told at once, not one after the other
     try:
         task = task_settings.build()
@@ -442,6 +468,13 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         problems.append(
             f"task.name = {task_settings.name!r} needs a model folder whose tokenizer has a chat template: "
             "pass --model DIR (model.path=DIR)"
+        )
+    if not problems and not task.rewards and not user.get("rewards") \
+            and not any((user.get("judge") or {}).get(k) for k in ("path", "run", "train_steps")):
+        problems.append(
+            f"the rows of {task_settings.options.get('data')!r} carry no reference answer (column answer, solution, "
+            "reward_model.ground_truth or a final assistant turn) and no reward scores them: pass "
+            "task.options.reward=my_rewards.py:my_function or add a rewards: entry"
         )
     if problems:
         raise ConfigError("; and ".join(problems))
@@ -456,6 +489,18 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         named = isinstance(user.get("judge"), Mapping) and any(user["judge"].get(k) for k in ("path", "run"))
         defaults["judge"] = {k: v for k, v in task.judge.items() if not (named and k == "train_steps")}
     settings = RunSettings.from_dict(merge(defaults, user))
+    inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS} \
+        if settings.task.name == "data" else {}
+    if settings.warm_start.data is not None:  # read now: a bad file fails before any model loads
+        try:
+            sft_set(settings.warm_start.data, **{k: v for k, v in inherited.items() if k != "reward"})
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"warm_start.data: {e}") from None
+    for name, entry in settings.eval.sets.items():  # read now: a bad file fails before any model loads
+        try:
+            evaluation_set(entry["data"], **(inherited | {k: v for k, v in entry.items() if k in ("reward", "split")}))
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"eval.sets.{name}: {e}") from None
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
     judge = [settings.judge.name] if settings.judge.on else []

@@ -15,6 +15,7 @@ from rewards import RewardSpec, boxed_reward, gsm8k_reward
 from rl_core.data import Prompt
 
 from trainer.tasks.data_files import DataError, read_rows
+from trainer.tasks.rows import RowPrompt, plain_text
 from trainer.tasks.task import Task, split_heldout
 
 __all__ = ["FILE_TASKS", "file_task", "gsm8k", "math"]
@@ -40,6 +41,7 @@ def _load(
     instruction: str,
     reward: RewardSpec,
     split: str | None = None,
+    system_prompt: str | None = None,
 ) -> list[Prompt]:
     prompts = []
     for where, number, row in read_rows(data, split):
@@ -55,13 +57,16 @@ def _load(
                 f"{where}: field {answer_field!r} has no final answer the {reward.name} reward can read: "
                 f"{answer[:80]!r}"
             )
-        prompts.append(Prompt(instruction + question, {"answer": answer, "line": number}))
+        messages = ({"role": "system", "content": system_prompt},) if system_prompt else ()
+        messages += ({"role": "user", "content": instruction + question},)
+        prompts.append(RowPrompt(plain_text(messages), {"answer": answer, "line": number}, messages))
     if not prompts:
         raise DataError(f"data path {data!r} holds no rows")
     return prompts
 
 
-def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_size: int, seed: int, lengths: tuple[int, int]) -> Task:
+def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_size: int, seed: int,
+               lengths: tuple[int, int], template_options: dict) -> Task:
     if not 1 <= heldout_size < len(prompts):
         rule = "must be >= 1" if heldout_size < 1 else f"must be less than the {len(prompts)} rows of the data (it leaves no training rows)"
         raise DataError(f"task.options.heldout_size = {heldout_size!r}: {rule}")
@@ -77,6 +82,7 @@ def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_siz
         max_prompt_tokens=lengths[0],
         max_new_tokens=lengths[1],
         chat=True,
+        template_options=template_options,
     )
 
 
@@ -109,13 +115,16 @@ def file_task(
     seed: int = 0,
     max_prompt_tokens: int | None = None,
     max_new_tokens: int | None = None,
+    system_prompt: str | None = None,
+    template_options: dict | None = None,
 ) -> Task:
     """A task of kind `name` ("gsm8k": '#### n' answers; "math": the last \\boxed{}) from `data`.
 
     `data` is a JSONL, JSON-array or Parquet file, a folder of Parquet shards or a
     `datasets.save_to_disk` folder; `split` picks a split of a folder (e.g. "test").
     Fields and lengths default to the kind's (GSM8K: question/answer, 256/512 tokens;
-    MATH: problem/solution, 384/1024 tokens).
+    MATH: problem/solution, 384/1024 tokens). `system_prompt`: a system message before each problem;
+    `template_options`: variables for the chat template (e.g. {enable_thinking: false}).
     """
     kind = FILE_TASKS[name]
     prompts = _load(
@@ -125,9 +134,10 @@ def file_task(
         instruction=kind.instruction,
         reward=kind.reward,
         split=split,
+        system_prompt=system_prompt,
     )
     lengths = (max_prompt_tokens or kind.max_prompt_tokens, max_new_tokens or kind.max_new_tokens)
-    return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths)
+    return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths, dict(template_options or {}))
 
 
 def gsm8k(**options: Any) -> Task:

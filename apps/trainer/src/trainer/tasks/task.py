@@ -25,8 +25,12 @@ class Task:
     environment, the model's turns."""
     max_prompt_tokens: int
     max_new_tokens: int
-    chat: bool = False
-    """Prompts are user messages to render with the tokenizer's chat template."""
+    chat: bool | None = False
+    """Render prompts with the tokenizer's chat template (a text prompt as one user message, a
+    `trainer.tasks.rows.RowPrompt` as its messages); False: as plain text; None: the template
+    when the tokenizer has one, plain text otherwise."""
+    template_options: dict = dataclasses.field(default_factory=dict)
+    """Variables for the chat template (e.g. {"enable_thinking": False} for Qwen3)."""
     environment: str | None = None
     """Multi-turn: the registered environment that answers the model's turns (rollout.environment);
     the teacher then returns the model's turns (a list of texts) and max_new_tokens is the

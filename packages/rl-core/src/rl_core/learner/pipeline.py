@@ -281,7 +281,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         fields = {k: [p.fields.get(k) for p in prompts] for k in names}
         fields["completion_lengths"] = [int(n) for n in mine.lengths]  # model tokens, in an episode
         fields.update({k: list(v) for k, v in mine.row_fields.items()})  # e.g. each row's `episode`
-        result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields)
+        fields["completion_ids"] = [row[:n].tolist() for row, n in zip(mine.completion_tokens, mine.lengths)]  # TRL's
+        result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields, step=self.step + 1)
         self._timings["time/reward"] += time.perf_counter() - start
         gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
         failed = int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())

@@ -1,0 +1,52 @@
+"""Write this example's two data files (the same seed writes the same files):
+
+    uv run python examples/bring-your-own-task/make_files.py
+
+- `sums.parquet`: 200 rows in verl's schema (`data_source`, `prompt` as messages, `ability`,
+  `reward_model.ground_truth`, `extra_info`);
+- `sums.jsonl`: 200 rows in TRL's conversational shape (`prompt` as messages, `solution`).
+
+The problems are sums a+b= with a, b below 50, small enough for the built-in tiny model;
+`data_source` says whether a sum carries ("carry") or not ("no_carry").
+"""
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).parent
+
+
+def sums(seed: int, count: int = 200) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randrange(50), rng.randrange(50)) for _ in range(count)]
+
+
+def source(a: int, b: int) -> str:
+    return "carry" if a % 10 + b % 10 >= 10 else "no_carry"
+
+
+def main() -> None:
+    verl = [
+        {
+            "data_source": source(a, b),
+            "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"index": i, "a": a, "b": b},
+        }
+        for i, (a, b) in enumerate(sums(seed=0))
+    ]
+    pq.write_table(pa.Table.from_pylist(verl), HERE / "sums.parquet")
+    trl = [
+        {"prompt": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b), "data_source": source(a, b)}
+        for a, b in sums(seed=1)
+    ]
+    (HERE / "sums.jsonl").write_text("".join(json.dumps(row) + "\n" for row in trl))
+
+
+if __name__ == "__main__":
+    main()
