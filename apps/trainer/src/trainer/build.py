@@ -348,7 +348,9 @@ def learner(
     return algorithm.learner(
         settings.algorithm_config(),
         policy=policy,
-        paging=PAGED_TRANSFORMER,  # how the paged engine (rollout.engine=paged) runs the policy
+        # how the paged engine (rollout.engine=paged) runs the policy; it holds no linear-attention
+        # state yet, so a hybrid model (Qwen3.5) has none and "auto" picks the static sampler
+        paging=None if policy.config.hybrid else PAGED_TRANSFORMER,
         **{name: make(settings, policy) for name, make in models.items()},
         **({"teacher": teacher} if teacher is not None else {}),
         tokenizer=tokenizer,

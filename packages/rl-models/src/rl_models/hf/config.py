@@ -195,6 +195,8 @@ def _qwen35_config(hf: dict[str, Any], model_type: str, source: str, runtime: di
 
 def infer_model_type(config: TransformerConfig) -> str:
     """The Hugging Face family that computes exactly what `config` computes."""
+    if config.hybrid:
+        return "qwen3_5_text"
     if config.qk_norm and config.attention_bias:
         raise ValueError(
             "no Hugging Face architecture has both qk_norm and q/k/v-only attention biases"
@@ -216,6 +218,8 @@ def hf_config_from_transformer_config(
             f"(qk_norm={config.qk_norm}, attention_bias={config.attention_bias}); "
             f"it is a {inferred!r} model"
         )
+    if model_type == "qwen3_5_text":
+        return _qwen35_hf_config(config)
     hf: dict[str, Any] = {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
@@ -243,3 +247,22 @@ def hf_config_from_transformer_config(
             "original_max_position_embeddings": s.original_max_position_embeddings,
         }
     return hf
+
+
+def _qwen35_hf_config(config: TransformerConfig) -> dict[str, Any]:
+    """A qwen3_5_text config.json (Qwen3_5ForCausalLM) for a hybrid config."""
+    la = config.linear_attention
+    assert la is not None
+    return {
+        "architectures": [ARCHITECTURES["qwen3_5_text"]], "model_type": "qwen3_5_text",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.mlp_hidden_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                            "partial_rotary_factor": config.partial_rotary_factor},
+        "layer_types": list(config.kinds()), "linear_conv_kernel_dim": la.conv_kernel_size,
+        "linear_key_head_dim": la.key_head_dim, "linear_value_head_dim": la.value_head_dim,
+        "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads,
+        "attention_bias": False, "tie_word_embeddings": config.tie_embeddings, "torch_dtype": config.param_dtype,
+    }
