@@ -6,7 +6,7 @@ Hugging Face checkpoints are read and written by the `rl_models.hf` subpackage
 
 from rl_models.char_tokenizer import CharTokenizer
 from rl_models.config import PRESETS, LinearAttention, RopeScaling, TransformerConfig, preset
-from rl_models.hybrid import HybridTransformer
+from rl_models.hybrid import HybridTransformer, model_class
 from rl_models.paged import PAGED_TRANSFORMER, TransformerPaging
 from rl_models.transformer import KVCache, Transformer
 from rl_models.value import ValueModel, value_model_from_policy
@@ -23,6 +23,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerPaging",
     "ValueModel",
+    "model_class",
     "preset",
     "value_model_from_policy",
 ]

@@ -140,7 +140,7 @@ class HybridTransformer(Transformer):
 
     def recurrent_state_bytes(self, batch_size: int) -> int:
         """Bytes of the linear-attention layers' state for `batch_size` sequences (any length)."""
-        conv, state = self.init_cache(batch_size, 1)[1]
+        conv, state = jax.eval_shape(lambda: self.init_cache(batch_size, 1)[1])  # shapes only, nothing allocated
         return conv.size * conv.dtype.itemsize + state.size * state.dtype.itemsize
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
@@ -202,3 +202,8 @@ class HybridTransformer(Transformer):
     def loop_view(self) -> Callable[[], HybridTransformer]:
         """The model itself: its blocks already read their slices where they are."""
         return lambda: self
+
+
+def model_class(config: TransformerConfig) -> type[Transformer]:
+    """The module that computes `config`: a HybridTransformer when some layers are linear attention."""
+    return HybridTransformer if config.hybrid else Transformer

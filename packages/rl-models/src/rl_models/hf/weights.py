@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 
 from rl_models.config import TransformerConfig
 from rl_models.hf.config import HFFolderError, read_json
-from rl_models.hybrid import HybridTransformer
+from rl_models.hybrid import model_class
 from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -126,11 +126,6 @@ def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.") -> d
     if not config.tie_embeddings:
         names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
     return names
-
-
-def model_class(config: TransformerConfig) -> type[Transformer]:
-    """The module that computes `config`: a HybridTransformer when some layers are linear attention."""
-    return HybridTransformer if config.hybrid else Transformer
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
