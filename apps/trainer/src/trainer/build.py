@@ -116,6 +116,9 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
         m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     check_tensor_parallel(config, device_mesh.shape["tensor"])
     check_attention(config)
+    if config.hybrid and settings.rollout.engine == "paged":
+        raise ConfigError("rollout.engine = 'paged': the paged engine keeps no recurrent state for linear-attention "
+                          "layers (Qwen3.5) yet; use rollout.engine=static (or auto, which picks it)")
     if folder:
         return load_hf_model(folder, shardings=shardings, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
@@ -344,9 +347,6 @@ def learner(
     """The run's learner; `rewards` are added to the task's (e.g. the judge's, trainer.judge);
     `teacher`: the model a distilling run (algorithm.distill_coef > 0) learns from (trainer.run.teacher)."""
     algorithm = registry.get_algorithm(settings.algo)
-    if policy.config.hybrid and settings.rollout.engine == "paged":
-        raise ConfigError("rollout.engine = 'paged': the paged engine keeps no recurrent state for linear-attention "
-                          "layers (Qwen3.5) yet; use rollout.engine=static (or auto, which picks it)")
     models = {"critic": critic} if "critic" in algorithm.learner.extra_models else {}
     return algorithm.learner(
         settings.algorithm_config(),

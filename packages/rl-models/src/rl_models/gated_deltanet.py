@@ -105,6 +105,20 @@ def recurrent_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
     return out.transpose(1, 0, 2, 3), state  # [L, B, Hv, Dv] -> [B, L, Hv, Dv]
 
 
+def unit_lower_inverse(strict: jax.Array) -> jax.Array:
+    """(I + A)^-1 for strictly lower triangular A [..., C, C]: A is nilpotent (A^C = 0), so
+    (I + A)^-1 = (I - A)(I + A^2)(I + A^4)... over ceil(log2 C) factors, matmuls only (the UT
+    transform of the chunked delta rule; no triangular-solve kernel, which XLA runs as a custom
+    call on CPU and one row at a time on accelerators)."""
+    eye = jnp.eye(strict.shape[-1], dtype=strict.dtype)
+    power = -strict
+    inverse = eye + power
+    for _ in range(max(strict.shape[-1] - 1, 1).bit_length() - 1):
+        power = power @ power
+        inverse = inverse @ (eye + power)
+    return inverse
+
+
 def chunked_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
                        state: jax.Array, reset: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array]:
     """`recurrent_delta_rule`'s values, by chunks of `chunk` tokens (transformers'
@@ -134,9 +148,8 @@ def chunked_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
     decay = jnp.exp(jnp.where(pairs, cum[..., :, None] - cum[..., None, :], -jnp.inf))
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     strict = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay * (1.0 - jnp.eye(chunk))
-    system = jnp.eye(chunk) + strict  # unit lower triangular
     rhs = jnp.concatenate([v_beta, k_beta * (jnp.exp(cum) * carried)[..., None]], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(system, rhs, left_side=True, lower=True, unit_diagonal=True)
+    solved = unit_lower_inverse(strict) @ rhs
     dv = v.shape[-1]
     new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
     intra = jnp.einsum("...id,...jd->...ij", q, k) * decay
