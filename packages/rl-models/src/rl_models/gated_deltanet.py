@@ -12,8 +12,8 @@ Per token t of a sequence, with S the [Dk, Dv] state of a value head:
     S = exp(g) S;  S = S + k (beta (v - S^T k))^T;  o = S^T q
     out = out_proj(rmsnorm(o) * w * silu(in_proj_z(x)))
 
-Training and prefill run the chunked form (`chunked_delta_rule`: within a chunk, a
-triangular solve and matmuls; across chunks, `lax.scan`); decoding runs the recurrence
+Training and prefill run the chunked form (`chunked_delta_rule`: within a chunk, matmuls only;
+across chunks, `lax.scan`); decoding runs the recurrence
 (`recurrent_delta_rule`) from a fixed-size state per sequence: the last K - 1 inputs of
 the convolution and S. A `reset` flag starts a token's sequence afresh (nothing before it
 reaches it, through the convolution or the state): how left padding and packed rows keep
@@ -108,8 +108,9 @@ def recurrent_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
 def unit_lower_inverse(strict: jax.Array) -> jax.Array:
     """(I + A)^-1 for strictly lower triangular A [..., C, C]: A is nilpotent (A^C = 0), so
     (I + A)^-1 = (I - A)(I + A^2)(I + A^4)... over ceil(log2 C) factors, matmuls only (the UT
-    transform of the chunked delta rule; no triangular-solve kernel, which XLA runs as a custom
-    call on CPU and one row at a time on accelerators)."""
+    transform of the chunked delta rule). Not `lax.linalg.triangular_solve`: on XLA:CPU a training
+    step holding it (its LAPACK custom call, in the backward pass too) never finished in the
+    trainer's update program, and accelerators run it one row at a time."""
     eye = jnp.eye(strict.shape[-1], dtype=strict.dtype)
     power = -strict
     inverse = eye + power
@@ -123,7 +124,7 @@ def chunked_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, b
                        state: jax.Array, reset: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array]:
     """`recurrent_delta_rule`'s values, by chunks of `chunk` tokens (transformers'
     torch_chunk_gated_delta_rule, with resets): within a chunk, the delta rule's updates are
-    one unit-lower-triangular solve (the UT transform) and matmuls restricted to pairs of
+    one unit-lower-triangular inverse (the UT transform) and matmuls restricted to pairs of
     tokens of one sequence; the state crosses chunks in a `lax.scan`, read only by the tokens
     before the chunk's first reset and carried on only when the chunk has none."""
     b, length = reset.shape
