@@ -21,8 +21,9 @@ NAMES = ("qwen35", "qwen35_text")
 FOLDERS = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
-@pytest.fixture(params=NAMES)
+@pytest.fixture(params=["qwen35", pytest.param("qwen35_text", marks=pytest.mark.e2e)])
 def name(request) -> str:
+    """The folder as Qwen3.5 ships (fast tier) and the text-only causal LM (e2e tier)."""
     return request.param
 
 

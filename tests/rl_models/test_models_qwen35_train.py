@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from safetensors import safe_open
 
@@ -27,6 +28,7 @@ def logits(model, tokens=TOKENS):
     return np.asarray(model.logits(hidden))
 
 
+@pytest.mark.e2e  # (a GRPO step on the model is tests/trainer/test_trainer_qwen35.py, e2e too)
 def test_gradients_reach_every_linear_attention_parameter():
     model = load_hf_model(HF / "qwen35_text")
     graphdef, params = nnx.split(model)

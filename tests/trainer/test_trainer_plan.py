@@ -323,6 +323,7 @@ def test_plan_refuses_a_critic_folder_with_another_vocabulary_before_compiling(c
     assert "its vocabulary has 320 tokens and the policy's 99; the critic reads the policy's tokens" in err
 
 
+@pytest.mark.e2e  # compiles the hybrid model's update (half a minute on the shared 2 cores)
 def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_state():
     """The committed tiny Qwen3.5 (3 linear-attention layers, 1 attention layer, float32). Per
     sequence, each linear-attention layer keeps the convolution's last 3 inputs of 128 channels and
