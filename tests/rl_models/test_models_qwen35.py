@@ -147,3 +147,17 @@ def test_causal_conv_taps_and_reset():
     np.testing.assert_allclose(new_state[0, :, 0], [4.0, 5.0])  # the last sequence's inputs
     _, cut = causal_conv(x[:, :4], weight, state, reset[:, :4])
     np.testing.assert_allclose(cut[0, :, 0], [0.0, 4.0])  # nothing from before the reset
+
+
+def test_bfloat16_compute_is_close_to_float32(name, hf_fixtures, hf_reference):
+    """bfloat16 activations, matmuls, conv state and KV (the recurrent state and every norm, gate and
+    decay stay float32) and bfloat16 storage: measured 4.7% (qwen35) and 5.2% (qwen35_text) of the
+    logit range at most, against the dense families' 5% over 2 layers: 4 layers here, and the gated
+    RMSNorm magnifies a small head output's rounding (the float32 fixtures' conditioning note)."""
+    arrays, _ = hf_reference(name)
+    model = load_hf_model(hf_fixtures / name, dtype="bfloat16", param_dtype="bfloat16")
+    valid = arrays["attention_mask"] > 0
+    mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
+    logits = _forward(model, arrays["input_ids"], arrays["position_ids"], mask)
+    ref = arrays["logits"][valid]
+    assert np.abs(logits[valid] - ref).max() < 0.08 * (ref.max() - ref.min())
