@@ -90,3 +90,14 @@ def test_export_of_the_multimodal_folder_is_its_text_model_and_reloads_to_the_sa
         np.testing.assert_allclose(norm, f.get_tensor("model.language_model.layers.3.self_attn.q_norm.weight"),
                                    atol=1e-6)
     np.testing.assert_allclose(logits(load_hf_model(out)), logits(model), atol=1e-6)
+
+
+def test_export_without_a_source_folder_writes_a_qwen3_5_text_config_that_describes_the_model(tmp_path):
+    model = load_hf_model(HF / "qwen35_text")
+    out = export_hf(model, tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5_text" and config["layer_types"][3] == "full_attention"
+    assert config["rope_parameters"]["partial_rotary_factor"] == 0.25
+    reloaded = load_hf_model(out)
+    assert reloaded.config == model.config
+    np.testing.assert_array_equal(logits(reloaded), logits(model))
