@@ -37,3 +37,9 @@ def test_the_paged_engine_is_refused_for_qwen3_5_before_the_model_loads(tmp_path
     assert main(_argv(tmp_path, "rollout.engine=paged")) == 2
     err = capsys.readouterr().err
     assert "rollout.engine = 'paged': the paged engine keeps no recurrent state" in err and len(err.splitlines()) == 1
+
+
+def test_bench_refuses_qwen3_5_rather_than_report_a_wrong_mfu(capsys):
+    assert main(["bench", "--preset", "tiny", "--model", str(QWEN35)]) == 2
+    err = capsys.readouterr().err
+    assert "counts the FLOPs of full-attention layers only" in err and len(err.strip().splitlines()) == 1
