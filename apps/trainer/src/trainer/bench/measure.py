@@ -197,9 +197,6 @@ def run_bench(
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)
     cfg = policy.config
-    if cfg.hybrid:  # trainer.bench.flops counts attention layers only: an MFU from it would be wrong
-        raise ConfigError(f"--model {model}: trainer bench counts the FLOPs of full-attention layers only, and this "
-                          "model has linear-attention layers (Qwen3.5); benchmarks/linear_attention_decode.py times them")
     # with --model the preset gives only the batch shape: describe the model actually loaded
     description = (
         f"{model}: {architecture(cfg)}; {p.prompts} prompts x {p.group_size} completions, "
