@@ -161,3 +161,18 @@ def test_bfloat16_compute_is_close_to_float32(name, hf_fixtures, hf_reference):
     logits = _forward(model, arrays["input_ids"], arrays["position_ids"], mask)
     ref = arrays["logits"][valid]
     assert np.abs(logits[valid] - ref).max() < 0.08 * (ref.max() - ref.min())
+
+
+def test_the_scanned_groups_compute_what_the_unrolled_blocks_do(hf_fixtures, hf_reference, greedy_generate):
+    """scan_layers=True (the accelerators' default): one `lax.scan` over the group of 3 linear-attention
+    blocks and 1 attention block; the same logits as transformers, and greedy decoding through the
+    cache (its linear-attention state regrouped per scan step) gives transformers' tokens."""
+    arrays, _ = hf_reference("qwen35")
+    model = load_hf_model(hf_fixtures / "qwen35", scan_layers=True)
+    valid = arrays["attention_mask"] > 0
+    mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
+    logits = _forward(model, arrays["input_ids"], arrays["position_ids"], mask)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    tok = load_hf_tokenizer(hf_fixtures / "qwen35")
+    got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], 10, tok.eos_ids, tok.pad_id)
+    np.testing.assert_array_equal(got, arrays["greedy_ids"])

@@ -4,7 +4,9 @@ each followed by the SwiGLU MLP, pre-norm residual like rl_models.transformer's 
 
 Parameters: the linear-attention blocks stacked in `linear_layers`, the attention blocks in
 `layers` (each on a leading layer axis, so LoRA, quantization and the sharding rules treat
-them like the transformer's); the blocks run in model order, unrolled.
+them like the transformer's). The blocks run in model order: unrolled, or (`scans_layers`: on
+accelerators) as one `lax.scan` over the repeating group of layers when `layer_types` repeats one
+(Qwen3.5's three linear-attention layers and one attention layer).
 
 The cache is (kv, linear): kv the transformer's stacked (k, v) [n_attention, B, K, S, Dh]
 for the attention layers; linear = (conv [n_linear, B, K - 1, C], state [n_linear, B, Hv,
@@ -42,6 +44,7 @@ from rl_models.transformer import (
     compute_dtype,
     param_dtype,
     remat_policy,
+    scans_layers,
     stack_layers,
 )
 
@@ -181,6 +184,9 @@ class HybridTransformer(Transformer):
             return nnx.merge(attn_def, params)(x, rope, mask, kv, cache_index, layer)
 
         kv = None if cache is None else cache[0]
+        period = repeating_group(self.config.kinds())
+        if scans_layers(self.config) and period is not None:
+            return self._scan_groups(x, linear, attention, linear_stack, attn_stack, kv, cache, period)
         convs, states = [], []
         i_linear = i_attn = 0
         for kind in self.config.kinds():
@@ -199,9 +205,46 @@ class HybridTransformer(Transformer):
             return x, None
         return x, (kv, (jnp.stack(convs).astype(cache[1][0].dtype), jnp.stack(states)))
 
+    def _scan_groups(self, x, linear, attention, linear_stack, attn_stack, kv, cache, period):
+        """The blocks as one `lax.scan` over the repeating group (period - 1 linear-attention blocks,
+        then an attention block; Qwen3.5: 3 + 1), so a program's size does not grow with depth."""
+        groups, r = self.config.num_layers // period, period - 1
+        grouped = jax.tree.map(lambda a: a.reshape(groups, r, *a.shape[1:]), linear_stack)
+        recurrent = None if cache is None else jax.tree.map(lambda a: a.reshape(groups, r, *a.shape[1:]), cache[1])
+
+        def body(carry, xs):
+            x, kv = carry
+            lin_params, attn_params, group_state, g = xs
+            convs, states = [], []
+            for j in range(r):
+                state = None if group_state is None else (group_state[0][j], group_state[1][j])
+                x, (conv, st) = linear(x, jax.tree.map(lambda a, j=j: a[j], lin_params), state)
+                convs.append(conv)
+                states.append(st)
+            x, kv = attention(x, kv, attn_params, g)
+            return (x, kv), (jnp.stack(convs), jnp.stack(states))
+
+        xs = (grouped, attn_stack, recurrent, jnp.arange(groups, dtype=jnp.int32))
+        (x, kv), (convs, states) = jax.lax.scan(body, (x, kv), xs)
+        if cache is None:
+            return x, None
+        flat = (convs.reshape(-1, *convs.shape[2:]).astype(cache[1][0].dtype), states.reshape(-1, *states.shape[2:]))
+        return x, (kv, flat)
+
     def loop_view(self) -> Callable[[], HybridTransformer]:
         """The model itself: its blocks already read their slices where they are."""
         return lambda: self
+
+
+def repeating_group(kinds: tuple[str, ...]) -> int | None:
+    """The period p when `kinds` repeats a group of p - 1 linear-attention layers then one attention
+    layer (Qwen3.5: 4), else None."""
+    if "full_attention" not in kinds:
+        return None
+    period = kinds.index("full_attention") + 1
+    if period < 2 or len(kinds) % period or kinds != kinds[:period] * (len(kinds) // period):
+        return None
+    return period
 
 
 def model_class(config: TransformerConfig) -> type[Transformer]:
