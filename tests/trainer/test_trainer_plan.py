@@ -321,3 +321,32 @@ def test_plan_refuses_a_critic_folder_with_another_vocabulary_before_compiling(c
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "its vocabulary has 320 tokens and the policy's 99; the critic reads the policy's tokens" in err
+
+
+@pytest.mark.e2e  # compiles the hybrid model's update (half a minute on the shared 2 cores)
+def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_state():
+    """The committed tiny Qwen3.5 (3 linear-attention layers, 1 attention layer, float32). Per
+    sequence, each linear-attention layer keeps the convolution's last 3 inputs of 128 channels and
+    a 16 x 16 state for each of 4 value heads: (3 * 128 + 4 * 256) * 4 bytes * 3 layers = 16,896
+    bytes at any length; keys and values only for the one attention layer (2 heads of 32: 512
+    bytes a token). The parameters are the folder's text model's (its vision tower is not read)."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen35"
+    settings = build_settings(algo="grpo", overrides=[f"model.path={folder}", "training.prompts_per_step=2",
+                                                      "algorithm.group_size=4"])
+    result = plan(settings, memory_budget("gpu"))
+    a = result.analytic
+    assert result.engine == "static"  # "auto": a hybrid model has no paged adapter
+    assert a["recurrent_state"] == 8 * 16_896
+    kv = a["kv_cache"] - a["recurrent_state"]
+    assert kv > 0 and kv % (8 * 512) == 0  # 8 rows of whole tokens of the one attention layer
+    assert "of which linear-attention state" in result.table()
+    with safe_open(folder / "model.safetensors", framework="np") as f:
+        text = sum(prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.startswith("model.visual"))
+    assert result.parameters == text

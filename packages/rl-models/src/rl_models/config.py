@@ -63,6 +63,37 @@ class RopeScaling:
         )
 
 
+LAYER_TYPES = ("full_attention", "linear_attention")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearAttention:
+    """The Gated DeltaNet layers of a hybrid model (Qwen3.5: rl_models.gated_deltanet)."""
+
+    num_key_heads: int
+    """Query/key heads Hk of the linear-attention layers."""
+    num_value_heads: int
+    """Value heads Hv (a multiple of num_key_heads: each key head serves Hv / Hk of them)."""
+    key_head_dim: int
+    """Per-head width Dk of queries and keys."""
+    value_head_dim: int
+    """Per-head width Dv of values (and of the recurrent state's columns)."""
+    conv_kernel_size: int = 4
+    """Taps of the causal depthwise convolution over q, k and v."""
+    chunk_tokens: int = 64
+    """Tokens per chunk of the chunked (training, prefill) form; decoding runs the recurrence."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim",
+                      "conv_kernel_size", "chunk_tokens"):
+            value = getattr(self, field)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                     name, field, value, "must be a positive int")
+        _require(self.num_value_heads % self.num_key_heads == 0, name, "num_value_heads",
+                 self.num_value_heads, f"must be a multiple of num_key_heads ({self.num_key_heads})")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """A decoder-only transformer (Llama / Qwen2 / Qwen3 family)."""
@@ -95,6 +126,15 @@ class TransformerConfig:
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
     rope_scaling: RopeScaling | None = None
     """Llama 3.1 style frequency scaling, or None."""
+    partial_rotary_factor: float = 1.0
+    """The fraction of head_dim that rotary positions turn (its first dims; Qwen3.5: 0.25)."""
+    attention_output_gate: bool = False
+    """Attention output times sigmoid(a per-head gate that q_proj also produces) (Qwen3.5)."""
+    layer_types: tuple[str, ...] | None = None
+    """Each layer's kind (LAYER_TYPES), or None: every layer full attention. A hybrid model
+    (with "linear_attention" layers) is an rl_models.hybrid.HybridTransformer."""
+    linear_attention: LinearAttention | None = None
+    """The linear-attention layers' shape; required exactly when layer_types has any."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -159,14 +199,38 @@ class TransformerConfig:
             self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
             name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",
         )
+        _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
+                 name, "partial_rotary_factor", self.partial_rotary_factor,
+                 f"must be in (0, 1] and turn an even number of the {self.head_dim} head dims")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            _require(len(self.layer_types) == self.num_layers and set(self.layer_types) <= set(LAYER_TYPES),
+                     name, "layer_types", self.layer_types,
+                     f"must name one of {LAYER_TYPES} for each of the {self.num_layers} layers")
+        _require((self.linear_attention is not None) == self.hybrid, name, "linear_attention",
+                 self.linear_attention, "must be set exactly when layer_types has 'linear_attention' layers")
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         _require(self.remat in REMAT, name, "remat", self.remat, f"must be one of {REMAT}")
-        for field in ("tie_embeddings", "attention_bias", "qk_norm"):
+        for field in ("tie_embeddings", "attention_bias", "qk_norm", "attention_output_gate"):
             value = getattr(self, field)
             _require(isinstance(value, bool), name, field, value, "must be a bool")
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",
                  self.scan_layers, "must be a bool or None (by platform)")
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers are linear attention (rl_models.hybrid)."""
+        return self.layer_types is not None and "linear_attention" in self.layer_types
+
+    def kinds(self) -> tuple[str, ...]:
+        """Each layer's kind (`layer_types`, every layer full attention when None)."""
+        return self.layer_types or ("full_attention",) * self.num_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """The head dims rotary positions turn (`partial_rotary_factor` of head_dim)."""
+        return int(self.head_dim * self.partial_rotary_factor)  # type: ignore[operator]
 
     def tensor_parallel_problem(self, ways: int) -> str | None:
         """Why `ways`-way tensor parallelism cannot give each device whole attention heads

@@ -106,7 +106,7 @@ def quantize_base(model: Transformer, qtype: str) -> Transformer:
     """Store every block projection's kernel (in place; also returned) as `qtype` codes
     plus scales; embeddings, norms, biases and an untied lm_head stay as they are."""
     for path, lin in linears(model).items():
-        if not path.startswith("layers/") or lin.kernel_scale is not None:
+        if not path.startswith(("layers/", "linear_layers/")) or lin.kernel_scale is not None:
             continue
         axes, units = _axes(lin.kernel), _units(lin.kernel)
         codes, scale = quant.quantize(lin.kernel[...], qtype)
@@ -140,7 +140,7 @@ def merged_kernel(lin: Linear) -> jax.Array:
 def merge_adapters(model: Transformer) -> Transformer:
     """A plain Transformer (no adapters, nothing quantized) whose kernels are W + (alpha / r) A B,
     stored in the model's `param_dtype`: what `rl_models.hf.export_hf` writes."""
-    graphdef, plain = nnx.split(nnx.eval_shape(lambda: Transformer(model.config, rngs=nnx.Rngs(0))))
+    graphdef, plain = nnx.split(nnx.eval_shape(lambda: type(model)(model.config, rngs=nnx.Rngs(0))))
     values = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     adapted = linears(model)
     dtype = jnp.dtype(model.config.param_dtype)

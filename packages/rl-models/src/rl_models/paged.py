@@ -32,6 +32,9 @@ from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
     """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
     cfg = model.config
+    if cfg.hybrid:
+        raise ValueError("the paged engine keeps no recurrent state for linear-attention layers (Qwen3.5) yet: "
+                         "run this model on the static engine (rollout.engine=static)")
     return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
 
 

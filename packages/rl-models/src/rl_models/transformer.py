@@ -305,6 +305,9 @@ class Transformer(nnx.Module):
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        if config.hybrid:
+            raise ValueError("a config with linear-attention layers is a rl_models.HybridTransformer "
+                             "(rl_models.model_class(config) picks the class)")
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
         embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)

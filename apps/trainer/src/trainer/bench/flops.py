@@ -7,7 +7,10 @@ whose hidden states are read at its last o positions:
   + 2 * D * V * u       unembedding
   less, in the last block, the query side (q, o and the MLP, and the attention of those
   queries) of the n - o positions no output reads: they give only keys and values.
-The embedding lookup, norms, rotary and softmax are not counted.
+The embedding lookup, norms, rotary and softmax are not counted. A hybrid model (Qwen3.5) counts
+its attention layers' scores only, and for each linear-attention layer and token 6 * Hv * Dk * Dv
+(the state's read, delta-rule update and output: three [Dk, Dv] products per value head) plus
+2 * K * C for the convolution; it runs every position of every block (no query side skipped).
 
 Two counts, both of real tokens only (padding and rows decoded after their EOS never count):
 
@@ -32,20 +35,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from rl_models import Transformer, TransformerConfig
+from rl_models import TransformerConfig, model_class
 
 # -- model FLOPs ------------------------------------------------------------------------
 
 
 def block_matmul_weights(cfg: TransformerConfig) -> int:
     """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
+    if cfg.hybrid:
+        return _hybrid_block_weights(cfg)
     return cfg.num_layers * (query_side_weights(cfg) + 2 * cfg.hidden_size * cfg.num_kv_heads * cfg.head_dim)
 
 
 def query_side_weights(cfg: TransformerConfig) -> int:
-    """One block's matmul weights that act per query position: q, o and the MLP (not k, v)."""
+    """One block's matmul weights that act per query position: q, o and the MLP (not k, v); none
+    for a hybrid model, whose last block runs every position."""
+    if cfg.hybrid:
+        return 0
     d, h, dh, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size
     return d * h * dh + h * dh * d + 3 * d * f
+
+
+def _hybrid_block_weights(cfg: TransformerConfig) -> int:
+    """W of a hybrid model: attention layers (q with its gate, k, v, o), linear-attention layers
+    (in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj), the MLP of each."""
+    d, h, dh, f, la = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size, cfg.linear_attention
+    assert la is not None
+    q = (2 if cfg.attention_output_gate else 1) * d * h * dh
+    attention = q + 2 * d * cfg.num_kv_heads * dh + h * dh * d
+    keys, values = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
+    linear = d * (2 * keys + values) + d * values + 2 * d * la.num_value_heads + values * d
+    kinds = cfg.kinds()
+    return kinds.count("full_attention") * attention + kinds.count("linear_attention") * linear + len(kinds) * 3 * d * f
+
+
+def linear_attention_token_flops(cfg: TransformerConfig) -> int:
+    """Per token, all linear-attention layers: the recurrence (6 * Hv * Dk * Dv) and the convolution."""
+    la = cfg.linear_attention
+    if la is None:
+        return 0
+    channels = 2 * la.num_key_heads * la.key_head_dim + la.num_value_heads * la.value_head_dim
+    per_layer = 6 * la.num_value_heads * la.key_head_dim * la.value_head_dim + 2 * la.conv_kernel_size * channels
+    return cfg.kinds().count("linear_attention") * per_layer
 
 
 def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.ndarray,
@@ -55,9 +86,12 @@ def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.nda
     n = np.asarray(tokens, np.float64)
     u = np.asarray(unembedded, np.float64)
     skipped = 0.0 if outputs is None else n - np.asarray(outputs, np.float64)  # the first n - o queries
+    if cfg.hybrid:  # every position of every block runs
+        skipped = 0.0
     per_score = 4.0 * cfg.num_heads * cfg.head_dim
     dense = 2.0 * (block_matmul_weights(cfg) * n - query_side_weights(cfg) * skipped)
-    attention = per_score * (cfg.num_layers * n * (n + 1) - skipped * (skipped + 1)) / 2
+    attention = per_score * (cfg.kinds().count("full_attention") * n * (n + 1) - skipped * (skipped + 1)) / 2
+    attention = attention + linear_attention_token_flops(cfg) * n
     logits = 2.0 * cfg.hidden_size * cfg.vocab_size * u
     return float(np.sum(dense + attention + logits))
 
@@ -118,7 +152,7 @@ def training_flops(cfg: TransformerConfig, prompt_tokens: np.ndarray, completion
 
 def parameter_count(cfg: TransformerConfig) -> int:
     """Every parameter of the model (embeddings, norms and biases included)."""
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 

@@ -70,13 +70,14 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     from rl_core import registry
     from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
     from rl_core.policy.values import completion_values
-    from rl_models import Transformer, ValueModel, value_model_from_policy
+    from rl_models import ValueModel, model_class, value_model_from_policy
     from rl_models.hf import load_hf_config
 
     path, confidence = settings.model.critic_path, settings.model.critic_confidence
     if path:
         config = load_hf_config(path, **layout.runtime)
-        abstract = nnx.eval_shape(lambda: ValueModel(Transformer(config, rngs=nnx.Rngs(0)), confidence=confidence))
+        abstract = nnx.eval_shape(lambda: ValueModel(model_class(config)(config, rngs=nnx.Rngs(0)),
+                                                    confidence=confidence))
     else:
         abstract = nnx.eval_shape(lambda: value_model_from_policy(policy(), confidence=confidence))
         config = abstract.config

@@ -48,14 +48,14 @@ def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Cal
     from rl_core.config import RolloutConfig
     from rl_core.rollout.factory import engine_settings, resolve_engine
     from rl_core.rollout.sampler import GREEDY, Sampler
-    from rl_models import Transformer
+    from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program
     from trainer.judge.settings import YES_PROBABILITY
 
     j = settings.judge
     config = judge_config(settings, runtime)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0))))
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     stored = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), nnx.to_pure_dict(params))
     weights = per_device(stored)  # the compiled programs' arguments less their inputs, where one runs

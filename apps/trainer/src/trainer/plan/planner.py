@@ -83,7 +83,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.runtime import mesh as mesh_lib
     from rl_core.rollout.sampler import Sampler, SamplingParams
     from rl_core.rollout.generation import cast_weights
-    from rl_models import CharTokenizer, Transformer, preset
+    from rl_models import CharTokenizer, model_class, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
@@ -109,7 +109,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     lora = m.lora
 
     def build():
-        model = Transformer(config, rngs=nnx.Rngs(0))
+        model = model_class(config)(config, rngs=nnx.Rngs(0))
         if lora.rank and m.quantize:
             quantize_base(model, m.quantize)
         return add_adapters(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets) if lora.rank else model
@@ -121,7 +121,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     training, rollout = settings.training, settings.rollout
     from rl_core.rollout.factory import resolve_engine
 
-    engine_name = resolve_engine(rollout)  # "auto" as the trainer's learner resolves it (it has a paged adapter)
+    # "auto" as the trainer's learner resolves it (it has a paged adapter, but for a hybrid model)
+    engine_name = resolve_engine(rollout, pageable=not config.hybrid)
     # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan.programs)
     programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
     algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
@@ -206,7 +207,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     frozen_b = per_device(frozen)
     ref_b = per_device(master if lora.rank else stored) if beta else 0
     # what a full run's reference copy would take: the whole model in its storage dtype
-    whole_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    whole_model = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
     full_stored = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.dtype(config.param_dtype), sharding=sh),
         nnx.to_pure_dict(nnx.state(whole_model, nnx.Param)),
@@ -215,11 +216,14 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     cbytes = jnp.dtype(config.dtype).itemsize
     seq = p_len + t_len
+    kv_layers = config.kinds().count("full_attention")  # a hybrid's linear-attention layers keep a fixed state
     kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
-                                    (config.num_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
+                                    (kv_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
                          for x in kv_spec if x is not None)
-    kv_b = 2 * config.num_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
+    kv_b = 2 * kv_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
+    # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
+    recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
     # the paged engine (rl_core.rollout): one replica per data/fsdp device, each with its own page
     # pool split over tensor on kv heads, and weights in the compute dtype split over tensor only
     from rl_core.rollout.factory import engine_settings
@@ -275,7 +279,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "reference": ref_b,
         "reference_saved": saved_b,
         "gradients": params_b,
-        "kv_cache": kv_b,
+        "kv_cache": kv_b + recurrent_b,
+        "recurrent_state": recurrent_b,
         "activations": activation_bytes(config),
         "engine_kv_pool": pool_b,
         "engine_kv_in_use": in_use_b,

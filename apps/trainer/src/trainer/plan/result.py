@@ -111,6 +111,8 @@ class Plan:
             ("  of which gradients (analytic)", None, a["gradients"]),
             ("  of which activations, one micro-batch", None, a["activations"]),
             (None if paged else "rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            ("  of which linear-attention state (any length)" if a.get("recurrent_state") else None, None,
+             a.get("recurrent_state")),
             ("rollout: weight copy in rollout.weights_dtype" if a.get("rollout_weight_copy") else None, None,
              a.get("rollout_weight_copy")),
             ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),

@@ -46,10 +46,10 @@ def teacher_plan(settings: Any, *, mesh: Any, runtime: dict[str, Any], layout: A
     from rl_core.runtime import mesh as mesh_lib
     from rl_core.train.behaviour import logprob_fn
     from rl_core.train.trainable import ModelShardings, forward_program
-    from rl_models import Transformer
+    from rl_models import model_class
 
     config = teacher_config(settings, runtime)
-    graphdef, params, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    graphdef, params, _ = nnx.split(nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0))), nnx.Param, ...)
     shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, mesh))
     stored = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nnx.to_pure_dict(params), shardings)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl_models.config import RUNTIME_FIELDS, RopeScaling, TransformerConfig
+from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -24,6 +24,8 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
 }
 
 
@@ -95,6 +97,8 @@ def transformer_config_from_hf(
     if architectures != [ARCHITECTURES[model_type]]:
         raise _unsupported(source, "architectures", architectures,
                            f"model_type {model_type!r} needs [{ARCHITECTURES[model_type]!r}]")
+    if model_type in ("qwen3_5", "qwen3_5_text"):
+        return _qwen35_config(hf, model_type, source, runtime)
     if hf.get("hidden_act", "silu") != "silu":
         raise _unsupported(source, "hidden_act", hf["hidden_act"], "only 'silu' (SwiGLU)")
     if hf.get("mlp_bias", False):
@@ -141,8 +145,58 @@ def _transformer_config(
     )
 
 
+def _qwen35_config(hf: dict[str, Any], model_type: str, source: str, runtime: dict[str, Any]) -> TransformerConfig:
+    """Qwen3.5 dense: the text model's fields (for "qwen3_5", the multimodal folder Qwen3.5 ships
+    as, those of `text_config`; the vision tower beside it is not read). Rotary positions are
+    Qwen3.5's multimodal rope on text alone: its three position streams are equal there, which is
+    the plain rope over the first partial_rotary_factor of each head."""
+    text = hf
+    if model_type == "qwen3_5":
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            raise HFFolderError(f"{source}: model_type 'qwen3_5' needs a 'text_config' object")
+        source = f"{source} text_config"
+    if text.get("hidden_act", "silu") != "silu":
+        raise _unsupported(source, "hidden_act", text["hidden_act"], "only 'silu' (SwiGLU)")
+    if text.get("attention_bias", False):
+        raise _unsupported(source, "attention_bias", True, "Qwen3.5's attention has no biases here")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+        if key not in text:
+            raise HFFolderError(f"{source}: missing required field {key!r}")
+    layers = text["num_hidden_layers"]
+    interval = text.get("full_attention_interval", 4)
+    layer_types = text.get("layer_types") or [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    try:
+        theta, scaling = _rope(text, source)
+        linear = LinearAttention(
+            num_key_heads=text["linear_num_key_heads"], num_value_heads=text["linear_num_value_heads"],
+            key_head_dim=text["linear_key_head_dim"], value_head_dim=text["linear_value_head_dim"],
+            conv_kernel_size=text.get("linear_conv_kernel_dim", 4),
+        )
+        return TransformerConfig(
+            vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], num_layers=layers,
+            num_heads=text["num_attention_heads"],
+            num_kv_heads=text.get("num_key_value_heads") or text["num_attention_heads"],
+            head_dim=text.get("head_dim", 256), mlp_hidden_size=text["intermediate_size"],
+            rope_theta=theta, rope_scaling=scaling,
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(tie), qk_norm=True,
+            attention_output_gate=True, layer_types=tuple(layer_types), linear_attention=linear, **runtime,
+        )
+    except HFFolderError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise HFFolderError(f"{source}: {e}") from e
+
+
 def infer_model_type(config: TransformerConfig) -> str:
     """The Hugging Face family that computes exactly what `config` computes."""
+    if config.hybrid:
+        return "qwen3_5_text"
     if config.qk_norm and config.attention_bias:
         raise ValueError(
             "no Hugging Face architecture has both qk_norm and q/k/v-only attention biases"
@@ -164,6 +218,8 @@ def hf_config_from_transformer_config(
             f"(qk_norm={config.qk_norm}, attention_bias={config.attention_bias}); "
             f"it is a {inferred!r} model"
         )
+    if model_type == "qwen3_5_text":
+        return _qwen35_hf_config(config)
     hf: dict[str, Any] = {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
@@ -191,3 +247,22 @@ def hf_config_from_transformer_config(
             "original_max_position_embeddings": s.original_max_position_embeddings,
         }
     return hf
+
+
+def _qwen35_hf_config(config: TransformerConfig) -> dict[str, Any]:
+    """A qwen3_5_text config.json (Qwen3_5ForCausalLM) for a hybrid config."""
+    la = config.linear_attention
+    assert la is not None
+    return {
+        "architectures": [ARCHITECTURES["qwen3_5_text"]], "model_type": "qwen3_5_text",
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.mlp_hidden_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                            "partial_rotary_factor": config.partial_rotary_factor},
+        "layer_types": list(config.kinds()), "linear_conv_kernel_dim": la.conv_kernel_size,
+        "linear_key_head_dim": la.key_head_dim, "linear_value_head_dim": la.value_head_dim,
+        "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads,
+        "attention_bias": False, "tie_word_embeddings": config.tie_embeddings, "torch_dtype": config.param_dtype,
+    }

@@ -33,7 +33,8 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
     replaced) and return it.
 
     With `source_dir` (the folder the model was loaded from), its config.json is
-    kept (with torch_dtype updated) after checking that it describes this model,
+    kept (with torch_dtype updated) after checking that it describes this model (of a
+    multimodal Qwen3.5 folder, its text model's: the vision tower is not written),
     and its tokenizer/generation files are copied. Without it, config.json is
     written from the model's config (`model_type` inferred: qwen3 with qk_norm,
     qwen2 with q/k/v biases, llama otherwise).
@@ -55,6 +56,9 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
                 if getattr(described, f.name) != getattr(config, f.name)
             ]
             raise ValueError(f"{source / 'config.json'} does not describe this model: {diffs}")
+        if hf.get("model_type") == "qwen3_5":  # the text model alone, as Qwen3_5ForCausalLM reads it
+            hf = hf["text_config"] | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+                                      "tie_word_embeddings": config.tie_embeddings}
         hf = {k: v for k, v in hf.items() if k != "dtype"} | {"torch_dtype": config.param_dtype}
         for name in COPIED_FILES:
             if (source / name).is_file():

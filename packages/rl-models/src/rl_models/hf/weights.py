@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 
 from rl_models.config import TransformerConfig
 from rl_models.hf.config import HFFolderError, read_json
+from rl_models.hybrid import model_class
 from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -32,6 +33,10 @@ SINGLE_FILE = "model.safetensors"
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 # Buffers some older checkpoints carry; recomputed here from config.json.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+# Qwen3.5's vision tower and multi-token-prediction head: not part of the text model.
+_IGNORED_HYBRID = re.compile(r"(model\.visual|mtp)\..*")
+# Where the multimodal Qwen3.5 folder keeps its text model (transformers' Qwen3_5ForConditionalGeneration).
+LANGUAGE_MODEL = "model.language_model."
 
 Path_ = tuple[str | int, ...]
 
@@ -53,11 +58,14 @@ class Slot(NamedTuple):
     path: Path_  # the param's path in the model's state
     layer: int | None  # index on the stacked layer axis, or None for unstacked params
     transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
+    offset: float = 0.0  # added on reading, taken off on writing: Qwen3.5's (1 + w) norms hold 1 + w here
 
 
-def parameter_map(config: TransformerConfig) -> dict[str, Slot]:
+def parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str, Slot]:
     """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
-    `layers` params."""
+    `layers` params (for a hybrid model, `hybrid_parameter_map`)."""
+    if config.hybrid:
+        return hybrid_parameter_map(config, prefix)
     names: dict[str, Slot] = {"model.embed_tokens.weight": Slot(("embed",), None, False)}
     for i in range(config.num_layers):
         hf = f"model.layers.{i}"
@@ -78,6 +86,43 @@ def parameter_map(config: TransformerConfig) -> dict[str, Slot]:
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
     names["model.norm.weight"] = Slot(("final_norm", "weight"), None, False)
+    if not config.tie_embeddings:
+        names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
+    return names
+
+
+def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str, Slot]:
+    """Qwen3.5's keys (under `prefix`: "model." or the multimodal folder's "model.language_model.")
+    -> their Slots: the k-th linear-attention layer is row k of `linear_layers`, the k-th
+    full-attention layer row k of `layers`. Every RMSNorm but the linear attention's gated one
+    scales by (1 + w): its weight is stored here as 1 + w."""
+    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False),
+                              f"{prefix}norm.weight": Slot(("final_norm", "weight"), None, False, 1.0)}
+    counts = {"linear_attention": 0, "full_attention": 0}
+    for i, kind in enumerate(config.kinds()):
+        hf, j = f"{prefix}layers.{i}", counts[kind]
+        counts[kind] += 1
+        stack = "linear_layers" if kind == "linear_attention" else "layers"
+
+        def at(*path: str, transposed: bool = False, offset: float = 0.0, j: int = j, stack: str = stack) -> Slot:
+            return Slot((stack, *path), j, transposed, offset)
+
+        names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight", offset=1.0)
+        names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight", offset=1.0)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+        if kind == "linear_attention":
+            for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+                names[f"{hf}.linear_attn.{proj}.weight"] = at("linear_attn", proj, "kernel", transposed=True)
+            names[f"{hf}.linear_attn.conv1d.weight"] = at("linear_attn", "conv_weight")
+            names[f"{hf}.linear_attn.dt_bias"] = at("linear_attn", "dt_bias")
+            names[f"{hf}.linear_attn.A_log"] = at("linear_attn", "A_log")
+            names[f"{hf}.linear_attn.norm.weight"] = at("linear_attn", "norm_weight")
+        else:
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
+            for norm in ("q_norm", "k_norm"):
+                names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight", offset=1.0)
     if not config.tie_embeddings:
         names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
     return names
@@ -115,7 +160,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
 
 def load_params(folder: Path, config: TransformerConfig,
                 shardings: Callable[[nnx.State], Any] | None = None) -> Transformer:
-    """A Transformer with `config` whose params are read from `folder`, cast to
+    """A Transformer (a HybridTransformer for Qwen3.5) with `config` whose params are read from `folder`, cast to
     `config.param_dtype`.
 
     `shardings` maps the abstract param state to a same-shaped tree of
@@ -125,11 +170,13 @@ def load_params(folder: Path, config: TransformerConfig,
     no device ever holds the whole model unless its sharding says so.
     """
     files = weight_files(folder)
-    expected = parameter_map(config)
+    prefix = LANGUAGE_MODEL if config.hybrid and any(k.startswith(LANGUAGE_MODEL) for k in files) else "model."
+    expected = parameter_map(config, prefix)
     unknown = sorted(
         k for k in files
         if k not in expected and not _IGNORED.fullmatch(k)
         and not (config.tie_embeddings and k == "lm_head.weight")
+        and not (config.hybrid and _IGNORED_HYBRID.fullmatch(k))
     )
     if unknown:
         shown = ", ".join(f"{k!r} in {files[k]}" for k in unknown[:10])
@@ -145,7 +192,7 @@ def load_params(folder: Path, config: TransformerConfig,
             + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         )
 
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     slots = dict(nnx.to_flat_state(state))
     if shardings is None:
@@ -184,7 +231,9 @@ def load_params(folder: Path, config: TransformerConfig,
             view = handles[files[key]].get_slice(key)
             hf_index = index[::-1] if transposed else index
             block = np.asarray(view[hf_index])
-            return (block.T if transposed else block).astype(dtype)
+            block = block.T if transposed else block
+            offset = expected[key].offset
+            return (block.astype(np.float32) + np.float32(offset)).astype(dtype) if offset else block.astype(dtype)
 
         def load(path: Path_) -> jax.Array:
             shape = tuple(slots[path].shape)
@@ -212,7 +261,10 @@ def save_params(model: Transformer, path: Path) -> None:
     tensors = {}
     for key, slot in parameter_map(model.config).items():
         array = arrays[slot.path] if slot.layer is None else arrays[slot.path][slot.layer]
-        tensors[key] = np.ascontiguousarray(array.T if slot.transposed else array)
+        array = array.T if slot.transposed else array
+        if slot.offset:
+            array = (array.astype(np.float32) - np.float32(slot.offset)).astype(array.dtype)
+        tensors[key] = np.ascontiguousarray(array)
     save_safetensors(tensors, path)
 
 
