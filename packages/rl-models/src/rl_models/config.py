@@ -10,9 +10,13 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from rl_models.rope_types import LinearRope, YarnRope
+
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ACTIVATIONS = ("silu", "gelu_tanh")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 """TransformerConfig fields that say how a model runs (precision, memory, kernels, loops), not
 what it is: a Hugging Face config.json does not hold them; loaders take them as overrides."""
@@ -93,8 +97,29 @@ class TransformerConfig:
     """Biases on the q/k/v projections (Qwen2)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
-    rope_scaling: RopeScaling | None = None
-    """Llama 3.1 style frequency scaling, or None."""
+    rope_scaling: RopeScaling | LinearRope | YarnRope | None = None
+    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, or None."""
+    sliding_window: int | None = None
+    """A windowed layer's query sees the W key slots up to and including its own (Mistral,
+    Gemma 3); None: no layer is windowed."""
+    layer_types: tuple[str, ...] | None = None
+    """Per layer, "full_attention" or "sliding_attention"; None: every layer is windowed when
+    `sliding_window` is set, else none (Mistral's layout)."""
+    rope_local_theta: float | None = None
+    """Rotary base of the windowed layers, unscaled (Gemma 3's rope_local_base_freq); None: they
+    share the global rope."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers whose attention has no rotary positions (SmolLM3's NoPE layers)."""
+    hidden_act: Literal["silu", "gelu_tanh"] = "silu"
+    """The gated MLP's activation: SwiGLU ("silu") or GeGLU with tanh GELU ("gelu_tanh", Gemma)."""
+    norm_plus_one: bool = False
+    """RMSNorms scale by (1 + w) computed in float32, weights starting at 0 (Gemma)."""
+    sandwich_norms: bool = False
+    """Norms after the attention and after the MLP too, before each residual add (Gemma 2/3)."""
+    embed_scale: bool = False
+    """Embeddings multiplied by sqrt(hidden_size), in the parameters' dtype (Gemma)."""
+    query_scale: float | None = None
+    """Attention score scale; None: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar ** -0.5)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -156,17 +181,51 @@ class TransformerConfig:
             "cuDNN attention needs dtype='bfloat16'",
         )
         _require(
-            self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
-            name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",
+            self.rope_scaling is None or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope)),
+            name, "rope_scaling", self.rope_scaling, "must be None, a RopeScaling, LinearRope or YarnRope",
         )
+        self._check_layers(name)
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         _require(self.remat in REMAT, name, "remat", self.remat, f"must be one of {REMAT}")
-        for field in ("tie_embeddings", "attention_bias", "qk_norm"):
+        for field in ("tie_embeddings", "attention_bias", "qk_norm", "norm_plus_one", "sandwich_norms",
+                      "embed_scale"):
             value = getattr(self, field)
             _require(isinstance(value, bool), name, field, value, "must be a bool")
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",
                  self.scan_layers, "must be a bool or None (by platform)")
+
+    def _check_layers(self, name: str) -> None:
+        """The per-layer settings: window, layer types, local theta, NoPE layers, activation."""
+        w = self.sliding_window
+        _require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0), name, "sliding_window",
+                 w, "must be None or a positive int")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            types = self.layer_types
+            _require(len(types) == self.num_layers, name, "layer_types", types,
+                     f"must name one type per layer ({self.num_layers})")
+            _require(set(types) <= set(LAYER_TYPES), name, "layer_types", types, f"each must be one of {LAYER_TYPES}")
+            _require(w is not None or "sliding_attention" not in types, name, "layer_types", types,
+                     "sliding_attention layers need a sliding_window")
+            if set(types) == {"sliding_attention"}:  # one spelling of "every layer windowed": None
+                object.__setattr__(self, "layer_types", None)
+        _require(self.rope_local_theta is None or self.rope_local_theta > 0, name, "rope_local_theta",
+                 self.rope_local_theta, "must be None or > 0")
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        _require(all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.nope_layers), name,
+                 "nope_layers", self.nope_layers, f"must be layer indices below {self.num_layers}")
+        _require(self.hidden_act in ACTIVATIONS, name, "hidden_act", self.hidden_act, f"must be one of {ACTIVATIONS}")
+        _require(self.query_scale is None or self.query_scale > 0, name, "query_scale", self.query_scale,
+                 "must be None or > 0")
+
+    def windowed(self) -> tuple[bool, ...]:
+        """Per layer, whether its attention is windowed (see `layer_types`)."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        if self.layer_types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
 
     def tensor_parallel_problem(self, ways: int) -> str | None:
         """Why `ways`-way tensor parallelism cannot give each device whole attention heads

@@ -32,6 +32,14 @@ SINGLE_FILE = "model.safetensors"
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 # Buffers some older checkpoints carry; recomputed here from config.json.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+# A multimodal folder's other towers (Gemma 3): its text model is read, they are not.
+_OTHER_TOWERS = re.compile(r"(model\.)?(vision_tower|multi_modal_projector)\..*")
+
+TEXT_LAYOUTS = (("model.", "lm_head.weight"),
+                ("model.language_model.", "lm_head.weight"),
+                ("language_model.model.", "language_model.lm_head.weight"))
+"""(prefix of the text model's keys, key of its unembedding): a causal LM's, then a multimodal
+model's as transformers 5 saves it and as older folders (Gemma 3 on the Hub) hold it."""
 
 Path_ = tuple[str | int, ...]
 
@@ -55,18 +63,23 @@ class Slot(NamedTuple):
     transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
 
 
-def parameter_map(config: TransformerConfig) -> dict[str, Slot]:
+def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight") -> dict[str, Slot]:
     """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
-    `layers` params."""
-    names: dict[str, Slot] = {"model.embed_tokens.weight": Slot(("embed",), None, False)}
+    `layers` params. `prefix` and `head`: the text model's keys (see TEXT_LAYOUTS)."""
+    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False)}
+    # the block's norms: Llama's two, or Gemma's four (each sub-layer's input and output)
+    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
+    if config.sandwich_norms:
+        norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
+                 "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
     for i in range(config.num_layers):
-        hf = f"model.layers.{i}"
+        hf = f"{prefix}layers.{i}"
 
         def at(*path: str, transposed: bool = False, i: int = i) -> Slot:
             return Slot(("layers", *path), i, transposed)
 
-        names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight")
-        names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight")
+        for name, ours in norms.items():
+            names[f"{hf}.{name}.weight"] = at(ours, "weight")
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
         if config.attention_bias:
@@ -77,10 +90,18 @@ def parameter_map(config: TransformerConfig) -> dict[str, Slot]:
                 names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
-    names["model.norm.weight"] = Slot(("final_norm", "weight"), None, False)
+    names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
     if not config.tie_embeddings:
-        names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
+        names[head] = Slot(("lm_head", "kernel"), None, True)
     return names
+
+
+def text_layout(keys: set[str] | dict[str, Path]) -> tuple[str, str]:
+    """(prefix, unembedding key) of the folder's text model (TEXT_LAYOUTS; the first by default)."""
+    for prefix, head in TEXT_LAYOUTS:
+        if f"{prefix}embed_tokens.weight" in keys:
+            return prefix, head
+    return TEXT_LAYOUTS[0]
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -125,11 +146,14 @@ def load_params(folder: Path, config: TransformerConfig,
     no device ever holds the whole model unless its sharding says so.
     """
     files = weight_files(folder)
-    expected = parameter_map(config)
+    prefix, head = text_layout(files)
+    expected = parameter_map(config, prefix, head)
+    multimodal = prefix != TEXT_LAYOUTS[0][0]
     unknown = sorted(
         k for k in files
         if k not in expected and not _IGNORED.fullmatch(k)
-        and not (config.tie_embeddings and k == "lm_head.weight")
+        and not (config.tie_embeddings and k == head)
+        and not (multimodal and _OTHER_TOWERS.fullmatch(k))
     )
     if unknown:
         shown = ", ".join(f"{k!r} in {files[k]}" for k in unknown[:10])
