@@ -253,13 +253,23 @@ class Attention(nnx.Module):
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
         new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
-        kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
-              jax.lax.dynamic_update_slice(kv[1], new[1], start))
-        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
-        slots = k_all.shape[2]
+        slots = kv[0].shape[3]
         if l == 1 and isinstance(window, int) and window < slots:  # decoding: read only the window's slots
-            start = jnp.clip(jnp.asarray(cache_index, jnp.int32) - window + 1, 0, slots - window)
-            k_all, v_all, mask = (jax.lax.dynamic_slice_in_dim(a, start, window, axis=2) for a in (k_all, v_all, mask))
+            # read from the cache as it was, then write: a read of the updated cache makes XLA:CPU
+            # copy the whole cache at every token; the window's copy gets the new key/value itself
+            first = jnp.clip(jnp.asarray(cache_index, jnp.int32) - window + 1, 0, slots - window)
+            size = (1, *kv[0].shape[1:3], window, kv[0].shape[4])
+            at = (zero, zero, zero, jnp.asarray(cache_index, jnp.int32) - first, zero)
+            k_all, v_all = (jax.lax.dynamic_update_slice(
+                jax.lax.dynamic_slice(c, (start[0], zero, zero, first, zero), size), n, at)[0]
+                for c, n in zip(kv, new, strict=True))
+            mask = jax.lax.dynamic_slice_in_dim(mask, first, window, axis=2)
+            kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
+                  jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        else:
+            kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
+                  jax.lax.dynamic_update_slice(kv[1], new[1], start))
+            k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
         if kind == "xla" or (kind == "splash" and (windowed or not isinstance(cache_index, int))):  # the cache's layout
             out = attend(q, k_all, v_all, mask, scale)
