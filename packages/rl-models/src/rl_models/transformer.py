@@ -226,8 +226,8 @@ class Attention(nnx.Module):
         Every position gives a key and value; only positions `queries_from`.. ask a query,
         so the output is [B, L - queries_from, D] (the last block's, when no later position
         reads the earlier ones' outputs). `window` (key slots; None: every earlier one) keeps
-        each query to its sliding window; a decoding step of a window known when tracing reads
-        only the window's slots of the cache."""
+        each query to its sliding window (the paged engine's attention reads only the window's
+        pages; this cache path masks the rest)."""
         cfg = self.config
         b, l, _ = x.shape
         h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -253,23 +253,11 @@ class Attention(nnx.Module):
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
         new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
-        slots = kv[0].shape[3]
-        if l == 1 and isinstance(window, int) and window < slots:  # decoding: read only the window's slots
-            # read from the cache as it was, then write: a read of the updated cache makes XLA:CPU
-            # copy the whole cache at every token; the window's copy gets the new key/value itself
-            first = jnp.clip(jnp.asarray(cache_index, jnp.int32) - window + 1, 0, slots - window)
-            size = (1, *kv[0].shape[1:3], window, kv[0].shape[4])
-            at = (zero, zero, zero, jnp.asarray(cache_index, jnp.int32) - first, zero)
-            k_all, v_all = (jax.lax.dynamic_update_slice(
-                jax.lax.dynamic_slice(c, (start[0], zero, zero, first, zero), size), n, at)[0]
-                for c, n in zip(kv, new, strict=True))
-            mask = jax.lax.dynamic_slice_in_dim(mask, first, window, axis=2)
-            kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
-                  jax.lax.dynamic_update_slice(kv[1], new[1], start))
-        else:
-            kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
-                  jax.lax.dynamic_update_slice(kv[1], new[1], start))
-            k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+        kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
+              jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        # a windowed layer masks the slots before its window (any read of a slice of the cache next
+        # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
+        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
         if kind == "xla" or (kind == "splash" and (windowed or not isinstance(cache_index, int))):  # the cache's layout
             out = attend(q, k_all, v_all, mask, scale)
