@@ -69,7 +69,8 @@ class RopeScaling:
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """A decoder-only transformer (Llama / Qwen2 / Qwen3 family)."""
+    """A decoder-only transformer: the Llama block, with the per-layer and per-family settings below
+    (Qwen2 biases, Qwen3 q/k norm, Mistral windows, SmolLM3 NoPE layers, Gemma 3's norms and scales)."""
 
     vocab_size: int
     """Number of token ids V."""

@@ -1,4 +1,4 @@
-"""config.json of a Hugging Face Llama / Qwen2 / Qwen3 checkpoint <-> TransformerConfig.
+"""config.json of a Hugging Face checkpoint (rl_models.hf.families) <-> TransformerConfig.
 
 Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
