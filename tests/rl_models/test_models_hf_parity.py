@@ -115,6 +115,20 @@ def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_referen
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
 
 
+@pytest.mark.parametrize("name", ["gemma3_text", "smollm3"])
+def test_scanned_layers_pick_each_layers_window_and_rotary_table(name, hf_fixtures, hf_reference, greedy_generate):
+    """With the layers scanned (as on accelerators: one traced body, the settings picked by the
+    layer index) the logits and greedy tokens are those of transformers too."""
+    arrays, meta = hf_reference(name)
+    model = load_hf_model(hf_fixtures / name, scan_layers=True)
+    logits, valid = _logits(model, arrays)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    want = arrays["greedy_ids"]
+    got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], want.shape[1], meta["eos_ids"],
+                          meta["pad_id"])
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
 def test_bfloat16_compute_is_close_to_float32(hf_name, hf_fixtures, hf_reference, param_dtype):
     arrays, _ = hf_reference(hf_name)

@@ -353,18 +353,19 @@ class LayerSettings:
         self.ropes = ropes
         self.tables = layer_tables(config)
         self.windows = layer_windows(config)
+        kinds = list(ropes)
+        # stacked once per forward pass (a scanned layer picks its own by index); unused: dead code to XLA
+        self.stacked = tuple(jnp.stack([ropes[k][j] for k in kinds]) for j in (0, 1)) if len(kinds) > 1 else None
+        self.index = jnp.asarray([kinds.index(t) for t in self.tables], jnp.int32)
 
     def at(self, i: int | jax.Array) -> tuple[tuple[jax.Array, jax.Array], int | jax.Array | None]:
         if isinstance(i, int):
             window = self.windows[i]
             return self.ropes[self.tables[i]], None if window == FULL_WINDOW else window
-        if len(self.ropes) == 1:
+        if self.stacked is None:
             rope = next(iter(self.ropes.values()))
         else:
-            kinds = list(self.ropes)
-            index = jnp.asarray([kinds.index(t) for t in self.tables], jnp.int32)[i]
-            rope = tuple(jax.lax.dynamic_index_in_dim(jnp.stack([self.ropes[k][j] for k in kinds]), index, 0, False)
-                         for j in (0, 1))
+            rope = tuple(jax.lax.dynamic_index_in_dim(table, self.index[i], 0, False) for table in self.stacked)
         distinct = set(self.windows)
         if distinct == {FULL_WINDOW}:
             return rope, None
