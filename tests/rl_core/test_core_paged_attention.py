@@ -131,3 +131,73 @@ def test_gpu_pallas_kernel_in_interpret_mode_equals_dense():
     args = problem()
     out = attention_lib._pallas_gpu(*map(jnp.asarray, args), pages_per_block=2, interpret=True)
     np.testing.assert_allclose(out, dense(*args), atol=1e-5)
+
+
+def windowed_dense(q, k_pages, v_pages, page_rows, lengths, window):
+    """`dense` with each query seeing only its last `window` slots."""
+    k = k_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    v = v_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    scores = jnp.einsum("nkgd,knsd->nkgs", q.reshape(N, K, H // K, DH), k) / math.sqrt(DH)
+    slots = np.arange(M * PS)[None, :]
+    valid = (slots < lengths[:, None]) & (slots >= lengths[:, None] - window)
+    probs = jax.nn.softmax(jnp.where(valid[:, None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(N, H, DH)
+
+
+def disjoint_problem(seed=0):
+    """`problem` with every row on pages of its own (page 0 unused), so spoiling one row's
+    slots touches no other row's."""
+    rng = np.random.default_rng(seed)
+    pages = N * M + 1
+    q = rng.normal(size=(N, H, DH)).astype(np.float32)
+    k_pages, v_pages = (rng.normal(size=(K, pages, PS, DH)).astype(np.float32) for _ in range(2))
+    page_rows = rng.permutation(np.arange(1, pages)).reshape(N, M).astype(np.int32)
+    return q, k_pages, v_pages, page_rows, LENGTHS
+
+
+def _windowed(args, window, kv_head_major):
+    q, k_pages, v_pages, page_rows, lengths = args
+    if kv_head_major:
+        pools = (k_pages[None], v_pages[None])  # [L=1, K, P, ps, Dh]
+    else:
+        pools = (k_pages.transpose(1, 2, 0, 3)[None], v_pages.transpose(1, 2, 0, 3)[None])
+    fn = functools.partial(attention_lib.reference_paged_attention, layer=0, window=window, pages_per_block=1,
+                           kv_head_major=kv_head_major)
+    return jax.jit(fn)(q, *pools, page_rows, lengths)
+
+
+def _spoil(k_pages, v_pages, page_rows, rows, before, value):
+    """Copies of the pools with `value` in slots 0..before[i] - 1 of each row i in `rows`."""
+    k_bad, v_bad = k_pages.copy(), v_pages.copy()
+    for n, end in zip(rows, before, strict=True):
+        for slot in range(end):
+            k_bad[:, page_rows[n, slot // PS], slot % PS] = v_bad[:, page_rows[n, slot // PS], slot % PS] = value
+    return k_bad, v_bad
+
+
+@pytest.mark.parametrize("window", [1, 3, 6, 100])
+@pytest.mark.parametrize("kv_head_major", [False, True], ids=["page-major", "kv-head-major"])
+def test_windowed_reference_equals_the_dense_windowed_softmax(window, kv_head_major):
+    """A sliding-window layer's attention (3 and 6 cut mid-page; 100 is longer than every
+    sequence), with huge stale keys and values in every slot before each query's window: they
+    get no weight. Both pool layouts (PallasKV's windowed layers run over its kv-head-major pool)."""
+    q, k_pages, v_pages, page_rows, lengths = disjoint_problem()
+    want = windowed_dense(q, k_pages, v_pages, page_rows, lengths, window)
+    starts = [max(int(n) - window, 0) for n in lengths]
+    k_bad, v_bad = _spoil(k_pages, v_pages, page_rows, range(N), starts, 1e6)
+    np.testing.assert_allclose(_windowed((q, k_bad, v_bad, page_rows, lengths), window, kv_head_major), want,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_head_major", [False, True], ids=["page-major", "kv-head-major"])
+def test_windowed_reference_does_not_read_blocks_before_every_window(kv_head_major):
+    """Queries at 13 and 24 slots with a window of 3 start at slots 10 and 21: pages 0 and 1
+    of both (slots 0-7) are never read, so NaN there changes nothing."""
+    q, k_pages, v_pages, page_rows, lengths = disjoint_problem()
+    rows = [3, 4]
+    args = (q[rows], k_pages, v_pages, page_rows[rows], lengths[rows])
+    want = _windowed(args, 3, kv_head_major)
+    k_bad, v_bad = _spoil(k_pages, v_pages, page_rows, rows, [8, 8], np.nan)
+    got = _windowed((q[rows], k_bad, v_bad, page_rows[rows], lengths[rows]), 3, kv_head_major)
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(got).all()

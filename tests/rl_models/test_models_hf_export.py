@@ -9,6 +9,7 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.hf import export_hf, load_hf_model, load_hf_tokenizer
+from rl_models.rope_types import LinearRope, YarnRope
 
 
 def _assert_same_params(a, b):
@@ -42,7 +43,14 @@ def test_export_of_a_loaded_checkpoint_loads_back_exactly(hf_name, hf_fixtures, 
 @pytest.mark.parametrize(
     ("overrides", "model_type"),
     [(dict(), "llama"), (dict(attention_bias=True, tie_embeddings=True), "qwen2"),
-     (dict(qk_norm=True, head_dim=32), "qwen3")],
+     (dict(qk_norm=True, head_dim=32), "qwen3"),
+     (dict(sliding_window=8), "mistral"),
+     (dict(sliding_window=8, layer_types=("sliding_attention", "full_attention")), "ministral"),
+     (dict(nope_layers=(1,), tie_embeddings=True), "smollm3"),
+     (dict(sliding_window=4, layer_types=("sliding_attention", "full_attention"), rope_local_theta=1e4,
+           hidden_act="gelu_tanh", norm_plus_one=True, sandwich_norms=True, embed_scale=True, qk_norm=True,
+           query_scale=24 ** -0.5, tie_embeddings=True, rope_scaling=LinearRope(factor=8.0)), "gemma3_text"),
+     (dict(qk_norm=True, rope_scaling=YarnRope(factor=4.0, original_max_position_embeddings=64)), "qwen3")],
 )
 def test_export_of_a_fresh_model_infers_its_family(tmp_path, overrides, model_type):
     model = Transformer(TransformerConfig.tiny(40, **overrides), rngs=nnx.Rngs(0))
@@ -57,3 +65,23 @@ def test_export_refuses_a_source_config_that_describes_another_model(hf_fixtures
     model = load_hf_model(hf_fixtures / "qwen2")
     with pytest.raises(ValueError, match=r"does not describe this model: .*qk_norm"):
         export_hf(model, tmp_path / "out", source_dir=hf_fixtures / "qwen3")
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3"])
+def test_export_without_the_source_folder_writes_a_config_of_the_same_model(name, hf_fixtures, hf_reference,
+                                                                          tmp_path):
+    """The config.json written from the model's own config (no source folder to copy) describes
+    the model transformers made: loaded back, it gives the reference logits (a multimodal
+    folder is written as its text model)."""
+    import jax.numpy as jnp
+
+    arrays, meta = hf_reference(name)
+    out = export_hf(load_hf_model(hf_fixtures / name), tmp_path / name)
+    written = json.loads((out / "config.json").read_text())
+    assert written["model_type"] == ("gemma3_text" if name == "gemma3" else meta["model_type"])
+    model = load_hf_model(out)
+    ids, positions = jnp.asarray(arrays["input_ids"]), jnp.asarray(arrays["position_ids"])
+    valid = np.asarray(arrays["attention_mask"], bool)
+    mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
+    hidden, _ = model(ids, positions, mask)
+    np.testing.assert_allclose(np.asarray(model.logits(hidden))[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)

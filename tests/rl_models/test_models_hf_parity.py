@@ -15,6 +15,9 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
+PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3")
+"""The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
+
 
 def _logits(model, arrays):
     ids = jnp.asarray(arrays["input_ids"])
@@ -33,6 +36,20 @@ def test_logits_match_transformers(hf_name, hf_fixtures, hf_reference):
     assert logits.shape == arrays["logits"].shape == (2, 12, 320)
     # Row 1 is left-padded by 3: compare real tokens only (pad queries attend to nothing).
     np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", PACKED_NAMES)
+def test_packed_rows_match_each_sequence_run_alone_in_transformers(name, hf_fixtures, hf_reference):
+    """Two or three sequences back to back in a row (positions restarting, each attending only
+    within itself, windows counted inside it) give each sequence's own logits."""
+    arrays, _ = hf_reference(name)
+    model = load_hf_model(hf_fixtures / name)
+    ids, positions = jnp.asarray(arrays["packed_ids"]), jnp.asarray(arrays["packed_positions"])
+    segments = jnp.asarray(arrays["packed_segments"])
+    length = ids.shape[1]
+    mask = jnp.tril(jnp.ones((length, length), bool))[None] & (segments[:, :, None] == segments[:, None, :])
+    hidden, _ = jax.jit(lambda m: m(ids, positions, mask))(model)
+    np.testing.assert_allclose(np.asarray(model.logits(hidden)), arrays["packed_logits"], atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_generation_matches_transformers_token_for_token(
@@ -74,6 +91,42 @@ def test_llama3_rope_scaling_is_exercised(hf_fixtures, hf_reference):
     nnx.update(unscaled, nnx.state(loaded))
     logits, valid = _logits(unscaled, arrays)
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
+
+
+@pytest.mark.parametrize(("name", "without"), [
+    ("mistral", dict(sliding_window=None, layer_types=None)),
+    ("gemma3_text", dict(layer_types=("full_attention",) * 6)),
+    ("gemma3_text", dict(rope_local_theta=None)),
+    ("gemma3_text", dict(rope_scaling=None)),
+    ("gemma3_text", dict(query_scale=None)),
+    ("gemma3_text", dict(embed_scale=False)),
+    ("qwen3_yarn", dict(rope_scaling=None)),
+    ("smollm3", dict(nope_layers=())),
+], ids=["mistral-window", "gemma3-window", "gemma3-local-theta", "gemma3-linear-rope", "gemma3-query-scale",
+        "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope"])
+def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_reference):
+    """Without the setting, the fixture's logits move by far more than the tolerance: the
+    parity tests above really check it (the prompts are longer than the windows)."""
+    arrays, _ = hf_reference(name)
+    loaded = load_hf_model(hf_fixtures / name)
+    changed = Transformer(dataclasses.replace(loaded.config, **without), rngs=nnx.Rngs(0))
+    nnx.update(changed, nnx.state(loaded))
+    logits, valid = _logits(changed, arrays)
+    assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "smollm3"])
+def test_scanned_layers_pick_each_layers_window_and_rotary_table(name, hf_fixtures, hf_reference, greedy_generate):
+    """With the layers scanned (as on accelerators: one traced body, the settings picked by the
+    layer index) the logits and greedy tokens are those of transformers too."""
+    arrays, meta = hf_reference(name)
+    model = load_hf_model(hf_fixtures / name, scan_layers=True)
+    logits, valid = _logits(model, arrays)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    want = arrays["greedy_ids"]
+    got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], want.shape[1], meta["eos_ids"],
+                          meta["pad_id"])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])

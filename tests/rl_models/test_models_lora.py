@@ -212,3 +212,53 @@ def test_qlora_adapters_on_a_quantized_base_merge_into_a_plain_model(tmp_path):
     merged = merge_adapters(model)  # dequantized W + (alpha / r) A B, float32
     assert merged.layers.attn.q_proj.kernel[...].dtype == jnp.float32
     np.testing.assert_allclose(logits(merged), logits(model), atol=1e-5)
+
+
+def test_lora_finds_gemma3s_seven_projections_and_fresh_adapters_change_nothing(hf_fixtures):
+    """Gemma 3's block (GeGLU, sandwich norms, q/k norm) has the same seven projections."""
+    model = add_adapters(load_hf_model(hf_fixtures / "gemma3_text"), rank=4, alpha=8.0)
+    assert len(targeted(model, DEFAULT_TARGETS)) == 7
+    # rank 4 over 6 layers: q, o 64 -> 64; k, v 64 -> 32; gate, up 64 -> 128; down 128 -> 64
+    assert adapter_count(model) == 6 * 4 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128)) == 24_576
+    graphdef, state = nnx.split(model)
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((6, 6), bool)), (2, 6, 6))
+
+    @jax.jit
+    def run(state):
+        m = nnx.merge(graphdef, state)
+        return m.logits(m(TOKENS, jnp.broadcast_to(jnp.arange(6), (2, 6)), causal)[0])
+
+    base = run(state)
+    np.testing.assert_array_equal(run(nnx.state(nudged(model, 0.0))), base)
+    assert np.abs(run(nnx.state(nudged(model))) - base).max() > 1e-2
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3"])
+def test_lora_and_qlora_target_each_familys_projections(hf_fixtures, tmp_path, name):
+    """The families' blocks have the same seven projections: the default targets find them all,
+    fresh adapters change nothing, adapted kernels merge and export to the adapted logits, and
+    a QLoRA model decodes with the cache as its full forward computes (windows included)."""
+    base = load_hf_model(hf_fixtures / name)
+    tokens = jnp.asarray([[5, 17, 42, 99, 130, 255, 8, 13, 21, 3]], jnp.int32)  # longer than the windows
+    want = logits(base, tokens)
+    model = add_adapters(load_hf_model(hf_fixtures / name), rank=4, alpha=8.0)
+    assert len(targeted(model, DEFAULT_TARGETS)) == 7
+    np.testing.assert_array_equal(logits(model, tokens), want)
+    model = nudged(model)
+    adapted = logits(model, tokens)
+    assert np.abs(adapted - want).max() > 1e-2
+    reloaded = load_hf_model(export_hf(merge_adapters(model), tmp_path / name))
+    np.testing.assert_allclose(logits(reloaded, tokens), adapted, atol=1e-4, rtol=1e-4)
+
+    qlora = nudged(add_adapters(quantize_base(load_hf_model(hf_fixtures / name), "int8"), rank=4, alpha=8.0))
+    full = logits(qlora, tokens)
+    n = tokens.shape[1]
+    cache = qlora.init_cache(1, n)
+    steps = []
+    step = jax.jit(lambda m, token, t, cache: (lambda h, c: (m.logits(h), c))(
+        *m(token, jnp.full((1, 1), t), (jnp.arange(n) <= t)[None, None], cache, t)))
+    for t in range(n):
+        out, cache = step(qlora, tokens[:, t : t + 1], t, cache)
+        steps.append(np.asarray(out)[:, 0])
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-4, rtol=1e-4)

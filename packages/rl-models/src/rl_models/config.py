@@ -10,9 +10,13 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from rl_models.rope_types import LinearRope, YarnRope
+
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+ACTIVATIONS = ("silu", "gelu_tanh")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 """TransformerConfig fields that say how a model runs (precision, memory, kernels, loops), not
 what it is: a Hugging Face config.json does not hold them; loaders take them as overrides."""
@@ -63,9 +67,6 @@ class RopeScaling:
         )
 
 
-LAYER_TYPES = ("full_attention", "linear_attention")
-
-
 @dataclass(frozen=True, kw_only=True)
 class LinearAttention:
     """The Gated DeltaNet layers of a hybrid model (Qwen3.5: rl_models.gated_deltanet)."""
@@ -96,7 +97,8 @@ class LinearAttention:
 
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """A decoder-only transformer (Llama / Qwen2 / Qwen3 family)."""
+    """A decoder-only transformer: the Llama block, with the per-layer and per-family settings below
+    (Qwen2 biases, Qwen3 q/k norm, Mistral windows, SmolLM3 NoPE layers, Gemma 3's norms and scales)."""
 
     vocab_size: int
     """Number of token ids V."""
@@ -124,15 +126,34 @@ class TransformerConfig:
     """Biases on the q/k/v projections (Qwen2)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
-    rope_scaling: RopeScaling | None = None
-    """Llama 3.1 style frequency scaling, or None."""
+    rope_scaling: RopeScaling | LinearRope | YarnRope | None = None
+    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, or None."""
+    sliding_window: int | None = None
+    """A windowed layer's query sees the W key slots up to and including its own (Mistral,
+    Gemma 3); None: no layer is windowed."""
+    layer_types: tuple[str, ...] | None = None
+    """Per layer, "full_attention", "sliding_attention" or "linear_attention"; None: every layer is
+    windowed when `sliding_window` is set, else none (Mistral's layout). A hybrid model (with
+    "linear_attention" layers) is an rl_models.hybrid.HybridTransformer."""
+    rope_local_theta: float | None = None
+    """Rotary base of the windowed layers, unscaled (Gemma 3's rope_local_base_freq); None: they
+    share the global rope."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers whose attention has no rotary positions (SmolLM3's NoPE layers)."""
+    hidden_act: Literal["silu", "gelu_tanh"] = "silu"
+    """The gated MLP's activation: SwiGLU ("silu") or GeGLU with tanh GELU ("gelu_tanh", Gemma)."""
+    norm_plus_one: bool = False
+    """RMSNorms scale by (1 + w) computed in float32, weights starting at 0 (Gemma)."""
+    sandwich_norms: bool = False
+    """Norms after the attention and after the MLP too, before each residual add (Gemma 2/3)."""
+    embed_scale: bool = False
+    """Embeddings multiplied by sqrt(hidden_size), in the parameters' dtype (Gemma)."""
+    query_scale: float | None = None
+    """Attention score scale; None: 1 / sqrt(head_dim) (Gemma 3: query_pre_attn_scalar ** -0.5)."""
     partial_rotary_factor: float = 1.0
     """The fraction of head_dim that rotary positions turn (its first dims; Qwen3.5: 0.25)."""
     attention_output_gate: bool = False
     """Attention output times sigmoid(a per-head gate that q_proj also produces) (Qwen3.5)."""
-    layer_types: tuple[str, ...] | None = None
-    """Each layer's kind (LAYER_TYPES), or None: every layer full attention. A hybrid model
-    (with "linear_attention" layers) is an rl_models.hybrid.HybridTransformer."""
     linear_attention: LinearAttention | None = None
     """The linear-attention layers' shape; required exactly when layer_types has any."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -196,23 +217,22 @@ class TransformerConfig:
             "cuDNN attention needs dtype='bfloat16'",
         )
         _require(
-            self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
-            name, "rope_scaling", self.rope_scaling, "must be None or a RopeScaling",
+            self.rope_scaling is None or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope)),
+            name, "rope_scaling", self.rope_scaling, "must be None, a RopeScaling, LinearRope or YarnRope",
         )
         _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
                  name, "partial_rotary_factor", self.partial_rotary_factor,
                  f"must be in (0, 1] and turn an even number of the {self.head_dim} head dims")
-        if self.layer_types is not None:
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
-            _require(len(self.layer_types) == self.num_layers and set(self.layer_types) <= set(LAYER_TYPES),
-                     name, "layer_types", self.layer_types,
-                     f"must name one of {LAYER_TYPES} for each of the {self.num_layers} layers")
+        self._check_layers(name)
         _require((self.linear_attention is not None) == self.hybrid, name, "linear_attention",
                  self.linear_attention, "must be set exactly when layer_types has 'linear_attention' layers")
+        _require(not (self.hybrid and self.sliding_window is not None), name, "sliding_window",
+                 self.sliding_window, "must be None in a hybrid (linear-attention) model")
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         _require(self.remat in REMAT, name, "remat", self.remat, f"must be one of {REMAT}")
-        for field in ("tie_embeddings", "attention_bias", "qk_norm", "attention_output_gate"):
+        for field in ("tie_embeddings", "attention_bias", "qk_norm", "attention_output_gate", "norm_plus_one",
+                      "sandwich_norms", "embed_scale"):
             value = getattr(self, field)
             _require(isinstance(value, bool), name, field, value, "must be a bool")
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",
@@ -231,6 +251,38 @@ class TransformerConfig:
     def rotary_dim(self) -> int:
         """The head dims rotary positions turn (`partial_rotary_factor` of head_dim)."""
         return int(self.head_dim * self.partial_rotary_factor)  # type: ignore[operator]
+
+    def _check_layers(self, name: str) -> None:
+        """The per-layer settings: window, layer types, local theta, NoPE layers, activation."""
+        w = self.sliding_window
+        _require(w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0), name, "sliding_window",
+                 w, "must be None or a positive int")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            types = self.layer_types
+            _require(len(types) == self.num_layers, name, "layer_types", types,
+                     f"must name one type per layer ({self.num_layers})")
+            _require(set(types) <= set(LAYER_TYPES), name, "layer_types", types, f"each must be one of {LAYER_TYPES}")
+            _require(w is not None or "sliding_attention" not in types, name, "layer_types", types,
+                     "sliding_attention layers need a sliding_window")
+            if set(types) == {"sliding_attention"}:  # one spelling of "every layer windowed": None
+                object.__setattr__(self, "layer_types", None)
+        _require(self.rope_local_theta is None or self.rope_local_theta > 0, name, "rope_local_theta",
+                 self.rope_local_theta, "must be None or > 0")
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        _require(all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.nope_layers), name,
+                 "nope_layers", self.nope_layers, f"must be layer indices below {self.num_layers}")
+        _require(self.hidden_act in ACTIVATIONS, name, "hidden_act", self.hidden_act, f"must be one of {ACTIVATIONS}")
+        _require(self.query_scale is None or self.query_scale > 0, name, "query_scale", self.query_scale,
+                 "must be None or > 0")
+
+    def windowed(self) -> tuple[bool, ...]:
+        """Per layer, whether its attention is windowed (see `layer_types`)."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        if self.layer_types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
 
     def tensor_parallel_problem(self, ways: int) -> str | None:
         """Why `ways`-way tensor parallelism cannot give each device whole attention heads

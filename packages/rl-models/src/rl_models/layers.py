@@ -158,13 +158,17 @@ def fused_linear(x: jax.Array, layers: tuple[Linear, ...]) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-    """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`."""
+    """Llama's RMSNorm: normalize in float32, cast back, then scale by `weight`. With
+    `plus_one` (Gemma's), scale by (1 + weight) in float32 and cast after; the weight starts at 0."""
 
-    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, axis: str = "norm"):
-        self.weight = param(jnp.ones((dim,), param_dtype), (axis,))
+    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype, axis: str = "norm", plus_one: bool = False):
+        self.weight = param((jnp.zeros if plus_one else jnp.ones)((dim,), param_dtype), (axis,))
         self.eps = eps
+        self.plus_one = plus_one
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return (y * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...].astype(x.dtype) * y.astype(x.dtype)

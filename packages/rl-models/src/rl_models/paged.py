@@ -26,7 +26,7 @@ from flax import nnx
 from rl_models import lora
 from rl_models import transformer as tf
 from rl_models.layers import fused_linear
-from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
+from rl_models.rope import rope_tables, rotate
 
 
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
@@ -39,8 +39,10 @@ def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
 
 
 def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: Any,
-           layer: jax.Array, page_rows: jax.Array, positions: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
-    """One block for N single-token queries: x [N, 1, D] (the decode shapes of `Block`)."""
+           layer: jax.Array, page_rows: jax.Array, positions: jax.Array, kv: Any,
+           window: int | jax.Array | None) -> tuple[jax.Array, Any]:
+    """One block for N single-token queries: x [N, 1, D] (the decode shapes of `Block`); a
+    windowed layer's tokens attend to their last `window` positions only."""
     cfg = block.attn.config
     n = x.shape[0]
     h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -51,9 +53,14 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     if attn.q_norm is not None and attn.k_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rotate(q, *rope), rotate(k, *rope)
-    out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions)
-    x = x + attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
-    return x + block.mlp(block.mlp_norm(x)), pages
+    extra = {} if window is None else {"window": window}
+    if cfg.query_scale is not None:  # the pool's attention scales by 1 / sqrt(Dh): the queries carry the rest
+        q = (q.astype(jnp.float32) * (cfg.query_scale * dh ** 0.5)).astype(q.dtype)
+    out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions, **extra)
+    h = attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
+    x = x + (h if block.attn_post_norm is None else block.attn_post_norm(h))
+    h = block.mlp(block.mlp_norm(x))
+    return x + (h if block.mlp_post_norm is None else block.mlp_post_norm(h)), pages
 
 
 def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
@@ -63,22 +70,22 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     cfg = model.config
     if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
-    x = jnp.take(model.embed[...], tokens, axis=0).astype(tf.compute_dtype(cfg))[:, None]  # [N, 1, D]
-    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
-    rope = rope_cos_sin(positions[:, None], inv_freq)
+    x = tf.embed_tokens(model, tokens)[:, None]  # [N, 1, D]
+    settings = tf.LayerSettings(cfg, rope_tables(cfg, positions[:, None]))
     graphdef, stacked = nnx.split(model.layers)
 
-    def body(carry, xs):
+    def body(carry, xs, static=None):
         x, pages = carry
         state, i = xs
-        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv), None
+        rope, window = settings.at(i if static is None else static)
+        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv, window), None
 
     layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     if tf.scans_layers(cfg):
         (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
     else:  # unrolled (CPU), as Transformer runs its layers: each reads its own slice (see Transformer.loop_view)
         for i in range(cfg.num_layers):
-            (x, pages), _ = body((x, pages), (jax.tree.map(lambda a, i=i: a[i], stacked), layers[i]))
+            (x, pages), _ = body((x, pages), (jax.tree.map(lambda a, i=i: a[i], stacked), layers[i]), static=i)
     return model.final_norm(x)[:, 0], pages
 
 

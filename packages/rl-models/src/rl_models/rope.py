@@ -1,5 +1,9 @@
 """Rotary position embeddings, as Hugging Face computes them ("rotate_half" convention,
-the "llama3" rope_scaling rule included)."""
+the "llama3" rope_scaling rule included; linear and YaRN in rl_models.rope_types).
+
+A model may give its layers different rotary tables (Gemma 3's local theta on its windowed
+layers, SmolLM3's layers without positions): `rope_tables` computes each distinct table once
+per forward pass and `layer_tables` says which one each layer reads."""
 
 from __future__ import annotations
 
@@ -9,14 +13,49 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_models.config import RopeScaling
+from rl_models.config import RopeScaling, TransformerConfig
+from rl_models.rope_types import LinearRope, YarnRope, default_inv_freq
+
+GLOBAL, LOCAL, NONE = "global", "local", "none"
+"""The rotary tables a layer may read: the model's (scaled) rope, the windowed layers' own
+theta, or none (cos 1, sin 0: the identity, exactly)."""
+
+
+def layer_tables(config: TransformerConfig) -> tuple[str, ...]:
+    """Which rotary table each layer reads (GLOBAL, LOCAL or NONE)."""
+    nope = set(config.nope_layers)
+    local = config.rope_local_theta is not None
+    return tuple(NONE if i in nope else LOCAL if local and windowed else GLOBAL
+                 for i, windowed in enumerate(config.windowed()))
+
+
+def rope_tables(config: TransformerConfig, positions: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """(cos, sin) of each table some layer reads (see `layer_tables`) at positions [B, L]."""
+    tables: dict[str, tuple[jax.Array, jax.Array]] = {}
+    for kind in dict.fromkeys(layer_tables(config)):
+        if kind == NONE:
+            ones = jnp.ones((*positions.shape, 1, config.head_dim), jnp.float32)
+            tables[kind] = (ones, jnp.zeros_like(ones))
+        elif kind == LOCAL:
+            tables[kind] = rope_cos_sin(positions, default_inv_freq(config.head_dim, config.rope_local_theta))
+        else:
+            inv_freq, factor = rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+            tables[kind] = rope_cos_sin(positions, inv_freq, factor)
+    return tables
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | LinearRope | YarnRope | None
+                     ) -> tuple[np.ndarray, float]:
+    """(inverse frequencies [Dh/2] float32, attention factor on cos and sin) of a rope setting."""
+    if isinstance(scaling, (LinearRope, YarnRope)):
+        return scaling.inv_freq(head_dim, theta)
+    return rope_inv_freq(head_dim, theta, scaling), 1.0
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
     """Rotary inverse frequencies [Dh/2] in float32, as Hugging Face computes them
     (including the "llama3" rope_scaling rule)."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    inv_freq = default_inv_freq(head_dim, theta)
     if scaling is None:
         return inv_freq
     old_len = scaling.original_max_position_embeddings
@@ -32,12 +71,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """(cos, sin) [B, L, 1, Dh] float32 for positions [B, L], in the form `rotate` takes: cos
-    over both halves of Dh, sin negated over the first. Computed once per forward pass and
-    shared by every layer."""
+    over both halves of Dh, sin negated over the first; both times `factor` (YaRN's attention
+    factor). Computed once per forward pass and shared by every layer."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, L, Dh/2]
     cos, sin = jnp.cos(freqs), jnp.sin(freqs)
+    if factor != 1.0:
+        cos, sin = cos * np.float32(factor), sin * np.float32(factor)
     return (jnp.concatenate([cos, cos], axis=-1)[:, :, None, :],
             jnp.concatenate([-sin, sin], axis=-1)[:, :, None, :])
 

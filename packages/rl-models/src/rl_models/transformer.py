@@ -1,4 +1,4 @@
-"""A decoder-only transformer (Llama / Qwen2 / Qwen3 family) in Flax NNX.
+"""A decoder-only transformer (Llama / Qwen / Mistral / Gemma 3 / SmolLM3 families) in Flax NNX.
 
 Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab,
 H query heads, K key/value heads, G = H // K queries per KV head, Dh head_dim.
@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec
 from rl_models import attention as attention_lib
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
-from rl_models.rope import rope_cos_sin, rope_inv_freq, rotate
+from rl_models.rope import layer_tables, rope_tables, rotate
 from rl_models.sharding import constrain, shards
 
 ROWS = ("act_batch", "act_length", "act_embed")
@@ -82,7 +82,24 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
     }[remat]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+FULL_WINDOW = 1 << 30
+"""The window of a layer that sees every earlier slot (longer than any sequence)."""
+
+
+def layer_windows(config: TransformerConfig) -> tuple[int, ...]:
+    """Each layer's window in key slots (FULL_WINDOW: not windowed)."""
+    return tuple(config.sliding_window if w else FULL_WINDOW for w in config.windowed())  # type: ignore[misc]
+
+
+def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Array | int) -> jax.Array:
+    """`mask` [B, Lq, S] with each query (at slots first_slot..) kept to the `window` key slots
+    ending at its own, as transformers' sliding-window mask (kv > q - window, by cache slot)."""
+    q_slots = jnp.asarray(first_slot, jnp.int32) + jnp.arange(mask.shape[1], dtype=jnp.int32)
+    near = q_slots[:, None] - jnp.arange(mask.shape[2], dtype=jnp.int32)[None, :] < window
+    return mask & near[None]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None) -> jax.Array:
     """Grouped-query attention over head-major keys and values (the cache's layout).
 
     q [B, L, H, Dh], k/v [B, K, S, Dh] (the cache's layout), mask [B, L, S]
@@ -99,7 +116,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     q = q.reshape(b, l, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * l, dh)
     mask = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g, l, mask.shape[-1])).reshape(b, kv_heads, g * l, -1)
     core = _attention_core_cpu if attention_lib.target_platform() == "cpu" else _attention_core
-    out = core(q, k, v, mask, 1.0 / math.sqrt(dh))
+    out = core(q, k, v, mask, 1.0 / math.sqrt(dh) if scale is None else scale)
     out = out.reshape(b, kv_heads, g, l, dh).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
@@ -155,7 +172,8 @@ _attention_core_cpu.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
 def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                    implementation: str, offset: int = 0) -> jax.Array:
+                    implementation: str, offset: int = 0, scale: float | None = None,
+                    windowed: bool = False) -> jax.Array:
     """Grouped-query attention over whole sequences (training, prefill): q [B, L, H, Dh] at key
     slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
@@ -163,14 +181,18 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     traced for (rl_models.attention.traced_kernel). "xla": the head-major batched matmuls of
     `attend` (on XLA:CPU 12% faster over a whole tiny-qwen2 update than
     `jax.nn.dot_product_attention`'s XLA path, whose grouped-query reshapes become strided
-    copies); "cudnn" and "splash": the fused kernels.
+    copies); "cudnn" and "splash": the fused kernels. `scale` multiplies the scores (None:
+    1 / sqrt(Dh)). Splash builds its mask from causal blocks and segments, which cannot say a
+    sliding window: a `windowed` layer's attention runs as xla there.
     """
     kind = attention_lib.traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
+    if scale is not None and kind in ("cudnn", "splash"):  # the kernels scale by 1 / sqrt(Dh): the queries carry the rest
+        q = (q.astype(jnp.float32) * (scale * math.sqrt(q.shape[-1]))).astype(q.dtype)
     if kind == "cudnn":
         return attention_lib.cudnn(q, k, v, mask)
-    if kind == "splash":
+    if kind == "splash" and not windowed:
         return attention_lib.splash(q, k, v, mask, offset=offset)
-    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale)
 
 
 class Attention(nnx.Module):
@@ -190,20 +212,22 @@ class Attention(nnx.Module):
         self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
         self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, units=(dh, 1), **dtypes, rngs=rngs)
         eps, pdt = config.rms_norm_eps, param_dtype(config)
-        norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim"}
+        norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim", "plus_one": config.norm_plus_one}
         self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
         self.k_norm = RMSNorm(dh, **norm) if config.qk_norm else None
         self.config = config
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
-                 queries_from: int = 0) -> tuple[jax.Array, KVCache | None]:
+                 queries_from: int = 0, window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """`kv` is the whole stacked cache; this layer writes and reads its slice
         `layer` in place (a loop-carried buffer, so decoding copies no cache).
 
         Every position gives a key and value; only positions `queries_from`.. ask a query,
         so the output is [B, L - queries_from, D] (the last block's, when no later position
-        reads the earlier ones' outputs)."""
+        reads the earlier ones' outputs). `window` (key slots; None: every earlier one) keeps
+        each query to its sliding window (the paged engine's attention reads only the window's
+        pages; this cache path masks the rest)."""
         cfg = self.config
         b, l, _ = x.shape
         h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -220,27 +244,38 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
         mask = mask[:, queries_from:]
+        if window is not None:
+            mask = within_window(mask, window, cache_index + queries_from)
+        scale, windowed = cfg.query_scale, window is not None
         if kv is None:
-            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from)
+            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
         new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
         kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
               jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        # a windowed layer masks the slots before its window (any read of a slice of the cache next
+        # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
-        if kind == "xla" or (kind == "splash" and not isinstance(cache_index, int)):  # the cache's own layout
-            out = attend(q, k_all, v_all, mask)
+        if kind == "xla" or (kind == "splash" and (windowed or not isinstance(cache_index, int))):  # the cache's layout
+            out = attend(q, k_all, v_all, mask, scale)
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
-                                  cfg.attention, offset=offset)
+                                  cfg.attention, offset=offset, scale=scale)
         return self.o_proj(out), kv
 
 
+ACTIVATION_FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": partial(jax.nn.gelu, approximate=True),  # torch's gelu(approximate="tanh")
+}
+
+
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
@@ -248,33 +283,48 @@ class MLP(nnx.Module):
         self.gate_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
         self.up_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
         self.down_proj = Linear(f, d, axes=("mlp", "embed"), use_bias=False, **dtypes, rngs=rngs)
+        self.act = config.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATION_FUNCTIONS[self.act]
         if x.shape[1] != 1:
             names = ("act_batch", "act_length", "act_mlp")
-            return self.down_proj(jax.nn.silu(constrain(self.gate_proj(x), names)) * constrain(self.up_proj(x), names))
+            return self.down_proj(act(constrain(self.gate_proj(x), names)) * constrain(self.up_proj(x), names))
         gate_up = fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
         f = self.gate_proj.kernel.shape[-1]
-        return self.down_proj(jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:])
+        return self.down_proj(act(gate_up[..., :f]) * gate_up[..., f:])
+
+
+def norm(config: TransformerConfig) -> RMSNorm:
+    """An RMSNorm over the hidden size, in the config's style."""
+    return RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=param_dtype(config),
+                   plus_one=config.norm_plus_one)
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x)). With `sandwich_norms`
+    each sub-layer's output is normed too before it is added (Gemma's)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        pdt = param_dtype(config)
-        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
+        self.attn_norm = norm(config)
         self.attn = Attention(config, rngs=rngs)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
+        self.mlp_norm = norm(config)
         self.mlp = MLP(config, rngs=rngs)
+        self.attn_post_norm = norm(config) if config.sandwich_norms else None
+        self.mlp_post_norm = norm(config) if config.sandwich_norms else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
-                 queries_from: int = 0) -> tuple[jax.Array, KVCache | None]:
+                 queries_from: int = 0, window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """The block's output at positions `queries_from`.. (see `Attention`)."""
-        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from)
+        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from, window)
+        if self.attn_post_norm is not None:
+            h = self.attn_post_norm(h)
         x = constrain(x[:, queries_from:] + h, ROWS)
-        return constrain(x + self.mlp(self.mlp_norm(x)), ROWS), kv
+        h = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            h = self.mlp_post_norm(h)
+        return constrain(x + h, ROWS), kv
 
 
 def stack_layers(blocks: list[Block]) -> Block:
@@ -291,6 +341,47 @@ def stack_layers(blocks: list[Block]) -> Block:
 
     stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return nnx.merge(graphdef, stacked)
+
+
+class LayerSettings:
+    """What differs between layers: the rotary table each reads (rl_models.rope.layer_tables) and
+    its window (`layer_windows`). `at(i)` gives layer i's (rope, window): with a static i, the
+    table itself and the window as an int (None when not windowed); with a traced i (the layer
+    scan), an index into the stacked tables and the windows, each only when the layers differ."""
+
+    def __init__(self, config: TransformerConfig, ropes: dict[str, tuple[jax.Array, jax.Array]]):
+        self.ropes = ropes
+        self.tables = layer_tables(config)
+        self.windows = layer_windows(config)
+        kinds = list(ropes)
+        # stacked once per forward pass (a scanned layer picks its own by index); unused: dead code to XLA
+        self.stacked = tuple(jnp.stack([ropes[k][j] for k in kinds]) for j in (0, 1)) if len(kinds) > 1 else None
+        self.index = jnp.asarray([kinds.index(t) for t in self.tables], jnp.int32)
+
+    def at(self, i: int | jax.Array) -> tuple[tuple[jax.Array, jax.Array], int | jax.Array | None]:
+        if isinstance(i, int):
+            window = self.windows[i]
+            return self.ropes[self.tables[i]], None if window == FULL_WINDOW else window
+        if self.stacked is None:
+            rope = next(iter(self.ropes.values()))
+        else:
+            rope = tuple(jax.lax.dynamic_index_in_dim(table, self.index[i], 0, False) for table in self.stacked)
+        distinct = set(self.windows)
+        if distinct == {FULL_WINDOW}:
+            return rope, None
+        if len(distinct) == 1:
+            return rope, self.windows[0]
+        return rope, jnp.asarray(self.windows, jnp.int32)[i]
+
+
+def embed_tokens(model: Transformer, tokens: jax.Array) -> jax.Array:
+    """Token embeddings [B, L, D] in the compute dtype (times sqrt(D) in the parameters' dtype
+    with `embed_scale`, as Gemma's scaled embedding): the rows gathered first, then cast, so no
+    compute-dtype copy of the whole table is made."""
+    rows = jnp.take(model.embed[...], tokens, axis=0)
+    if model.config.embed_scale:
+        rows = rows * jnp.asarray(math.sqrt(model.config.hidden_size), rows.dtype)
+    return rows.astype(compute_dtype(model.config))
 
 
 def _vocab_rows(logits: jax.Array) -> jax.Array:
@@ -317,8 +408,7 @@ class Transformer(nnx.Module):
         )
         # Built one by one (the same random draws as unstacked blocks), then stacked.
         self.layers = stack_layers([Block(config, rngs=rngs) for _ in range(config.num_layers)])
-        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
-                                  param_dtype=dtypes["param_dtype"])
+        self.final_norm = norm(config)
         self.lm_head = None if config.tie_embeddings else Linear(
             config.hidden_size, config.vocab_size, axes=("embed", "vocab"), use_bias=False, **dtypes,
             rngs=rngs,
@@ -370,19 +460,17 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache has {layers} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
-        # gather the rows first, then cast: never a compute-dtype copy of the whole table
-        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(compute_dtype(self.config)), ROWS)
-        cfg = self.config
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # type: ignore[arg-type]
-        rope = rope_cos_sin(positions, inv_freq)
-        x, cache = self._run_layers(x, rope, attention_mask, cache, cache_index, outputs_from)
+        x = constrain(embed_tokens(self, tokens), ROWS)
+        x, cache = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache, cache_index,
+                                    outputs_from)
         return self.final_norm(x), cache
 
-    def _run_layers(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
+    def _run_layers(self, x: jax.Array, ropes: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array,
                     cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int
                     ) -> tuple[jax.Array, KVCache | None]:
         """Every block, as one `lax.scan` over the stacked layer parameters; the
-        cache rides in the carry so each layer updates its slice in place.
+        cache rides in the carry so each layer updates its slice in place. Each layer reads its
+        rotary table and window (`LayerSettings`): static when the layer index is, else by index.
 
         Unrolled, the last block runs after the scan, its queries from `outputs_from` on.
         Scanned, every block keeps the same shape and the output is sliced: taking the last
@@ -391,10 +479,12 @@ class Transformer(nnx.Module):
         graphdef, stacked = nnx.split(self.layers)
         n = self.config.num_layers
         scanned = scans_layers(self.config)
+        settings = LayerSettings(self.config, ropes)
 
-        def make_layer(queries_from: int):
+        def make_layer(queries_from: int, static: int | None = None):
             def layer(x, cache, state, i):
-                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from)
+                rope, window = settings.at(i if static is None else static)
+                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from, window)
 
             if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
                 layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
@@ -412,7 +502,7 @@ class Transformer(nnx.Module):
                 state = jax.tree.map(lambda a, i=i: a[i], stacked)
                 kv = (cache[0][i][None], cache[1][i][None])  # a leading layer axis of 1: a bitcast
                 queries_from = outputs_from if i == n - 1 else 0
-                x, kv = make_layer(queries_from)(x, kv, state, jnp.int32(0))
+                x, kv = make_layer(queries_from, static=i)(x, kv, state, jnp.int32(0))
                 ks.append(kv[0][0])
                 vs.append(kv[1][0])
             return x, (tuple(ks), tuple(vs))

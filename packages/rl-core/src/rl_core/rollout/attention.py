@@ -20,6 +20,10 @@ Called by the model once per layer as `kv(q, k, v, pages, layer, page_rows,
 positions) -> (out [N, H, Dh], pages)`: token n's key/value go to its position's
 slot (page `page_rows[n, pos // ps]`, offset `pos % ps`), then it attends to
 slots 0..pos of its sequence, scores scaled by 1/sqrt(Dh), softmax in float32.
+A sliding-window layer passes `window=W`: its tokens attend to slots pos-W+1..pos
+only, and the reference attention reads only the pages those slots are in (the
+Pallas kernels take no window: such a layer runs the reference attention over
+the kernel's layout).
 """
 
 from __future__ import annotations
@@ -36,15 +40,22 @@ ATTENTION_CHOICES = ("auto", "reference", "pallas")
 
 def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_rows: jax.Array,
                               lengths: jax.Array, *, layer: jax.Array | int | None = None,
-                              pages_per_block: int = 8) -> jax.Array:
+                              pages_per_block: int = 8, window: jax.Array | int | None = None,
+                              kv_head_major: bool = False) -> jax.Array:
     """Attention of q [N, H, Dh] over page-major pages [P, ps, K, Dh] (or the whole pool
     [L, P, ps, K, Dh] and a `layer`: only the pages read are gathered; slicing the layer
-    out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1."""
+    out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1, or
+    with a `window` only the last `window` of them (the blocks before are not read).
+    `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's)."""
     q, k_pages, v_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, v_pages, page_rows, lengths))
     if layer is None:
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     n, h, dh = q.shape
-    _, _, page_size, kv_heads, _ = k_pages.shape
+    if kv_head_major:
+        _, kv_heads, _, page_size, _ = k_pages.shape
+    else:
+        _, _, page_size, kv_heads, _ = k_pages.shape
+    starts = jnp.zeros_like(lengths) if window is None else jnp.maximum(lengths - window, 0)
     g = h // kv_heads
     m = page_rows.shape[1]
     per_block = min(pages_per_block, m)
@@ -57,14 +68,20 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
     def block(j, carry):
         top, total, acc = carry  # running max [N, K, G], denominator [N, K, G], numerator [N, K, G, Dh]
         ids = jax.lax.dynamic_slice_in_dim(page_rows, j * per_block, per_block, axis=1)  # [N, b]
-        k = k_pages[layer, ids].reshape(n, width, kv_heads, dh)  # whole pages: a row gather
-        v = v_pages[layer, ids].reshape(n, width, kv_heads, dh)
+        if kv_head_major:  # [K, N, b, ps, Dh] -> [N, b * ps, K, Dh]
+            k, v = (p[layer][:, ids].transpose(1, 2, 3, 0, 4).reshape(n, width, kv_heads, dh) for p in (k_pages, v_pages))
+        else:  # whole pages: a row gather
+            k = k_pages[layer, ids].reshape(n, width, kv_heads, dh)
+            v = v_pages[layer, ids].reshape(n, width, kv_heads, dh)
         s = jnp.einsum("nkgd,nskd->nkgs", qg, k, preferred_element_type=jnp.float32) * scale
-        valid = (j * width + jnp.arange(width))[None, :] < lengths[:, None]  # [N, width]
+        slots = (j * width + jnp.arange(width))[None, :]
+        valid = (slots < lengths[:, None]) & (slots >= starts[:, None])  # [N, width]
         s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
-        new_top = jnp.maximum(top, jnp.max(s, axis=-1))  # finite: slot 0 of block 0 is always valid
-        p = jnp.exp(s - new_top[..., None])
-        correction = jnp.exp(top - new_top)
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1))
+        # a query's first block may hold none of its slots: keep its state, no exp(-inf - -inf)
+        safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
+        p = jnp.exp(s - safe_top[..., None])
+        correction = jnp.exp(top - safe_top)
         total = total * correction + jnp.sum(p, axis=-1)
         pv = jnp.einsum("nkgs,nskd->nkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return new_top, total, acc * correction[..., None] + pv
@@ -75,7 +92,8 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
         jnp.zeros((n, kv_heads, g), jnp.float32),
         jnp.zeros((n, kv_heads, g, dh), jnp.float32),
     )
-    _, total, acc = jax.lax.fori_loop(0, jnp.minimum(needed, blocks), block, init)
+    first = jnp.min(starts) // width  # blocks wholly before every query's window are not read
+    _, total, acc = jax.lax.fori_loop(first, jnp.minimum(needed, blocks), block, init)
     return (acc / total[..., None]).reshape(n, h, dh).astype(q.dtype)
 
 
@@ -124,21 +142,23 @@ class PagedKV:
         """Pool with pages `src` [S] copied onto pages `dst` [S] in every layer (0 -> 0: nothing)."""
         return tuple(p.at[self._pages(dst)].set(p[self._pages(src)]) for p in pages)
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths) -> jax.Array:
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None) -> jax.Array:
         raise NotImplementedError
 
     def init(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, num_pages: int) -> tuple[jax.Array, jax.Array]:
         shape = self.pool_shape(layers, kv_heads, head_dim, num_pages)
         return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
-    def __call__(self, q, k, v, pages, layer, page_rows, positions) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """q [N, H, Dh], k / v [N, K, Dh] of tokens at `positions` [N] -> (out [N, H, Dh], pages)."""
+    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """q [N, H, Dh], k / v [N, K, Dh] of tokens at `positions` [N] -> (out [N, H, Dh], pages);
+        `window` (int or traced int; None: none) keeps each token to its last `window` slots."""
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
         slot = self._slot(layer, page, positions % self.page_size)
         # a scatter into the loop-carried pool: in place, nothing else is copied
         k_pool = pages[0].at[slot].set(k.astype(pages[0].dtype))
         v_pool = pages[1].at[slot].set(v.astype(pages[1].dtype))
-        return self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1), (k_pool, v_pool)
+        return self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window), (k_pool, v_pool)
 
 
 class ReferenceKV(PagedKV):
@@ -155,9 +175,9 @@ class ReferenceKV(PagedKV):
     def _pages(self, page):
         return slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None):
         return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
-                                         pages_per_block=self.pages_per_block)
+                                         pages_per_block=self.pages_per_block, window=window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +198,10 @@ class PallasKV(PagedKV):
     def _pages(self, page):
         return slice(None), slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None):
+        if window is not None:  # the kernels take no window: the reference attention over this layout
+            return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
+                                             pages_per_block=self.pages_per_block, kv_head_major=True)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
             return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block)

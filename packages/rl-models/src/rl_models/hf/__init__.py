@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (Llama 3, Qwen2/2.5, Qwen3) from and to local folders.
+"""Hugging Face checkpoints (Llama 3, Qwen2/2.5/3, Mistral, Gemma 3, SmolLM3) from and to local folders.
 
 Nothing here downloads: every function takes a folder on disk.
 """

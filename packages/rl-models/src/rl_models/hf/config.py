@@ -1,10 +1,11 @@
-"""config.json of a Hugging Face Llama / Qwen2 / Qwen3 checkpoint <-> TransformerConfig.
+"""config.json of a Hugging Face checkpoint (rl_models.hf.families) <-> TransformerConfig.
 
 Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
-Anything the model here does not implement (another architecture, sliding
-window attention, an o_proj or MLP bias, another rope type, another activation)
-is an error naming the file and the field, never silently ignored.
+Each family's own fields are read by rl_models.hf.families. Anything the model here
+does not implement (another architecture, an o_proj or MLP bias, a rope type whose
+frequencies change with the running length, logit soft-capping) is an error naming
+the file and the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
+from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, FamilyFieldError, infer_family
+from rl_models.rope_types import LinearRope, YarnRope
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
     the message names the file and the field, key or value."""
 
 
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_5": "Qwen3_5ForConditionalGeneration",
-    "qwen3_5_text": "Qwen3_5ForCausalLM",
-}
+HYBRID_ARCHITECTURES = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+"""The hybrid (linear-attention) model_types: rl_models.hybrid, read by _qwen35_config."""
+ARCHITECTURES = {model_type: family.architecture for model_type, family in FAMILIES.items()} | HYBRID_ARCHITECTURES
+"""Every supported model_type -> its architecture class (rl_models.hf.families)."""
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -49,33 +49,61 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
     return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
-def _rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
-    if isinstance(hf.get("rope_parameters"), dict):
-        params = dict(hf["rope_parameters"])
-        field = "rope_parameters"
-        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    else:
-        params = dict(hf.get("rope_scaling") or {})
-        field = "rope_scaling"
-        theta = hf.get("rope_theta", 10000.0)
+ROPE_TYPES = ("default", "llama3", "linear", "yarn")
+"""Rope types read; "dynamic" and "longrope" change their frequencies with the running length."""
+
+
+def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any], float, float | None]:
+    """(field named in errors, the global rope's parameters, its theta, the windowed layers' theta or None)."""
+    params = hf.get("rope_parameters")
+    local = hf.get("rope_local_base_freq")
+    if isinstance(params, dict) and windows and isinstance(params.get("full_attention"), dict):
+        # per layer type (Gemma 3 as transformers 5 writes it)
+        sliding = dict(params.get("sliding_attention") or {})
+        if sliding.get("rope_type", "default") != "default":
+            raise HFFolderError(f"rope_parameters.sliding_attention.rope_type={sliding['rope_type']!r}: "
+                                "the windowed layers' rope is read unscaled only")
+        full = dict(params["full_attention"])
+        theta = full.get("rope_theta", hf.get("rope_theta", 10000.0))
+        return "rope_parameters.full_attention", full, theta, sliding.get("rope_theta", local)
+    if isinstance(params, dict):
+        return "rope_parameters", dict(params), params.get("rope_theta", hf.get("rope_theta", 10000.0)), local
+    return "rope_scaling", dict(hf.get("rope_scaling") or {}), hf.get("rope_theta", 10000.0), local
+
+
+def _rope(hf: dict[str, Any], source: str, windows: bool
+          ) -> tuple[float, RopeScaling | LinearRope | YarnRope | None, float | None]:
+    field, params, theta, local = _rope_params(hf, windows)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type in (None, "default"):
-        return float(theta), None
-    if rope_type != "llama3":
+        return float(theta), None, None if local is None else float(local)
+    if rope_type not in ROPE_TYPES:
         raise _unsupported(source, f"{field}.rope_type", rope_type,
-                           "supported rope types are 'default' and 'llama3'")
+                           f"supported rope types are {list(ROPE_TYPES)} (dynamic NTK and longrope change "
+                           "their frequencies with the running length)")
+    original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
     try:
-        scaling = RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-        )
+        if rope_type == "linear":
+            scaling: RopeScaling | LinearRope | YarnRope = LinearRope(factor=float(params["factor"]))
+        elif rope_type == "yarn":
+            optional = {k: params[k] for k in ("beta_fast", "beta_slow", "attention_factor", "mscale",
+                                               "mscale_all_dim") if params.get(k) is not None}
+            factor = params.get("factor") or hf["max_position_embeddings"] / original
+            scaling = YarnRope(factor=float(factor), original_max_position_embeddings=int(original),
+                               truncate=bool(params.get("truncate", True)),
+                               **{k: float(v) for k, v in optional.items()})
+        else:
+            scaling = RopeScaling(
+                factor=float(params["factor"]),
+                low_freq_factor=float(params["low_freq_factor"]),
+                high_freq_factor=float(params["high_freq_factor"]),
+                original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+            )
     except KeyError as e:
-        raise HFFolderError(f"{source}: {field} of rope_type 'llama3' lacks {e.args[0]!r}") from e
+        raise HFFolderError(f"{source}: {field} of rope_type {rope_type!r} lacks {e.args[0]!r}") from e
     except (TypeError, ValueError) as e:
-        raise HFFolderError(f"{source}: {field} of rope_type 'llama3': {e}") from e
-    return float(theta), scaling
+        raise HFFolderError(f"{source}: {field} of rope_type {rope_type!r}: {e}") from e
+    return float(theta), scaling, None if local is None else float(local)
 
 
 def transformer_config_from_hf(
@@ -97,27 +125,44 @@ def transformer_config_from_hf(
     if architectures != [ARCHITECTURES[model_type]]:
         raise _unsupported(source, "architectures", architectures,
                            f"model_type {model_type!r} needs [{ARCHITECTURES[model_type]!r}]")
-    if model_type in ("qwen3_5", "qwen3_5_text"):
+    if model_type in HYBRID_ARCHITECTURES:
         return _qwen35_config(hf, model_type, source, runtime)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise _unsupported(source, "hidden_act", hf["hidden_act"], "only 'silu' (SwiGLU)")
+    family = FAMILIES[model_type]
+    if family.text_config is not None:  # a multimodal folder: its text model (the rest is refused by the weights)
+        text = hf.get(family.text_config)
+        if not isinstance(text, dict):
+            raise HFFolderError(f"{source}: model_type {model_type!r} needs a {family.text_config!r} object")
+        hf, source = text, f"{source} ({family.text_config})"
+    hf = family.defaults | hf
+    activation = hf.get(family.activation_key, "silu")
+    if activation not in ACTIVATION_NAMES or (family.activation_key == "hidden_act") != (activation == "silu"):
+        want = "'silu' (SwiGLU)" if family.activation_key == "hidden_act" else "'gelu_pytorch_tanh' (GeGLU)"
+        raise _unsupported(source, family.activation_key, activation, f"only {want}")
     if hf.get("mlp_bias", False):
         raise _unsupported(source, "mlp_bias", True, "the MLP has no biases here")
     if model_type != "qwen2" and hf.get("attention_bias", False):
         raise _unsupported(source, "attention_bias", True,
                            f"{model_type} puts a bias on o_proj too, which is not implemented")
-    if hf.get("use_sliding_window", False):
-        raise _unsupported(source, "use_sliding_window", True, "only full attention")
-    layer_types = set(hf.get("layer_types") or ["full_attention"])
-    if layer_types != {"full_attention"}:
-        raise _unsupported(source, "layer_types", sorted(layer_types), "only full attention")
+    for key in family.refused:
+        if hf.get(key, False):
+            raise _unsupported(source, key, hf[key], "only full attention")
+    if not family.windows:
+        layer_types = set(hf.get("layer_types") or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            raise _unsupported(source, "layer_types", sorted(layer_types), "only full attention")
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads"):
         if key not in hf:
             raise HFFolderError(f"{source}: missing required field {key!r}")
     try:
-        theta, scaling = _rope(hf, source)
-        return _transformer_config(hf, model_type, theta, scaling, runtime)
+        extra = family.read(hf)
+        theta, scaling, local = _rope(hf, source, family.windows)
+        if local is not None and extra.get("sliding_window") is not None:
+            extra["rope_local_theta"] = local
+        extra["hidden_act"] = ACTIVATION_NAMES[activation]
+        return _transformer_config(hf, model_type, theta, scaling, extra, runtime)
+    except FamilyFieldError as e:
+        raise _unsupported(source, e.field, e.value, e.why) from e
     except HFFolderError:
         raise
     except (TypeError, ValueError) as e:  # a field of the wrong type or value, e.g. "hidden_size": "64"
@@ -125,9 +170,10 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | None, runtime: dict[str, Any],
+    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | LinearRope | YarnRope | None,
+    extra: dict[str, Any], runtime: dict[str, Any],
 ) -> TransformerConfig:
-    return TransformerConfig(
+    fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"],
@@ -141,8 +187,8 @@ def _transformer_config(
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
-        **runtime,
     )
+    return TransformerConfig(**(fields | extra | runtime))
 
 
 def _qwen35_config(hf: dict[str, Any], model_type: str, source: str, runtime: dict[str, Any]) -> TransformerConfig:
@@ -171,7 +217,7 @@ def _qwen35_config(hf: dict[str, Any], model_type: str, source: str, runtime: di
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     try:
-        theta, scaling = _rope(text, source)
+        theta, scaling, _ = _rope(text, source, False)
         linear = LinearAttention(
             num_key_heads=text["linear_num_key_heads"], num_value_heads=text["linear_num_value_heads"],
             key_head_dim=text["linear_key_head_dim"], value_head_dim=text["linear_value_head_dim"],
@@ -197,13 +243,7 @@ def infer_model_type(config: TransformerConfig) -> str:
     """The Hugging Face family that computes exactly what `config` computes."""
     if config.hybrid:
         return "qwen3_5_text"
-    if config.qk_norm and config.attention_bias:
-        raise ValueError(
-            "no Hugging Face architecture has both qk_norm and q/k/v-only attention biases"
-        )
-    if config.qk_norm:
-        return "qwen3"
-    return "qwen2" if config.attention_bias else "llama"
+    return infer_family(config)
 
 
 def hf_config_from_transformer_config(
@@ -239,14 +279,28 @@ def hf_config_from_transformer_config(
     }
     if model_type != "qwen2":
         hf["attention_bias"] = False
-    if config.rope_scaling is not None:
-        s = config.rope_scaling
+    s = config.rope_scaling
+    if isinstance(s, RopeScaling):
         hf["rope_scaling"] = {
             "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
             "high_freq_factor": s.high_freq_factor,
             "original_max_position_embeddings": s.original_max_position_embeddings,
         }
-    return hf
+    elif isinstance(s, LinearRope):
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": s.factor}
+    elif isinstance(s, YarnRope):
+        hf["rope_scaling"] = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast,
+                              "beta_slow": s.beta_slow, "truncate": s.truncate,
+                              "original_max_position_embeddings": s.original_max_position_embeddings}
+        hf["max_position_embeddings"] = int(s.original_max_position_embeddings * s.factor)
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if getattr(s, key) is not None:
+                hf["rope_scaling"][key] = getattr(s, key)
+    family = FAMILIES[model_type]
+    written = family.write(config)
+    if family.activation_key != "hidden_act":
+        del hf["hidden_act"]
+    return hf | written
 
 
 def _qwen35_hf_config(config: TransformerConfig) -> dict[str, Any]:

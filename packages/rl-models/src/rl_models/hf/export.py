@@ -17,6 +17,7 @@ from rl_models.hf.config import (
     read_json,
     transformer_config_from_hf,
 )
+from rl_models.hf.families import FAMILIES
 from rl_models.hf.weights import SINGLE_FILE, save_params
 from rl_models.transformer import Transformer
 
@@ -48,6 +49,9 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
         described = transformer_config_from_hf(
             hf, source=str(source / "config.json"), **config.runtime()
         )
+        if FAMILIES.get(hf.get("model_type"), FAMILIES["llama"]).text_config is not None:
+            # a multimodal folder: its text model is what was trained and what is written
+            hf = hf_config_from_transformer_config(config) | {"torch_dtype": config.param_dtype}
         if described != config:
             diffs = [
                 f"{f.name}: config.json {getattr(described, f.name)!r} vs model "

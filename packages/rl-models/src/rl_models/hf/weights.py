@@ -35,8 +35,14 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 # Qwen3.5's vision tower and multi-token-prediction head: not part of the text model.
 _IGNORED_HYBRID = re.compile(r"(model\.visual|mtp)\..*")
-# Where the multimodal Qwen3.5 folder keeps its text model (transformers' Qwen3_5ForConditionalGeneration).
-LANGUAGE_MODEL = "model.language_model."
+# A multimodal folder's other towers (Gemma 3): its text model is read, they are not.
+_OTHER_TOWERS = re.compile(r"(model\.)?(vision_tower|multi_modal_projector)\..*")
+
+TEXT_LAYOUTS = (("model.", "lm_head.weight"),
+                ("model.language_model.", "lm_head.weight"),
+                ("language_model.model.", "language_model.lm_head.weight"))
+"""(prefix of the text model's keys, key of its unembedding): a causal LM's, then a multimodal
+model's as transformers 5 saves it and as older folders (Gemma 3 on the Hub) hold it."""
 
 Path_ = tuple[str | int, ...]
 
@@ -61,20 +67,25 @@ class Slot(NamedTuple):
     offset: float = 0.0  # added on reading, taken off on writing: Qwen3.5's (1 + w) norms hold 1 + w here
 
 
-def parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str, Slot]:
+def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight") -> dict[str, Slot]:
     """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
-    `layers` params (for a hybrid model, `hybrid_parameter_map`)."""
+    `layers` params. `prefix` and `head`: the text model's keys (see TEXT_LAYOUTS)."""
     if config.hybrid:
         return hybrid_parameter_map(config, prefix)
-    names: dict[str, Slot] = {"model.embed_tokens.weight": Slot(("embed",), None, False)}
+    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False)}
+    # the block's norms: Llama's two, or Gemma's four (each sub-layer's input and output)
+    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
+    if config.sandwich_norms:
+        norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
+                 "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
     for i in range(config.num_layers):
-        hf = f"model.layers.{i}"
+        hf = f"{prefix}layers.{i}"
 
         def at(*path: str, transposed: bool = False, i: int = i) -> Slot:
             return Slot(("layers", *path), i, transposed)
 
-        names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight")
-        names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight")
+        for name, ours in norms.items():
+            names[f"{hf}.{name}.weight"] = at(ours, "weight")
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
         if config.attention_bias:
@@ -85,9 +96,9 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str
                 names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
-    names["model.norm.weight"] = Slot(("final_norm", "weight"), None, False)
+    names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
     if not config.tie_embeddings:
-        names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
+        names[head] = Slot(("lm_head", "kernel"), None, True)
     return names
 
 
@@ -126,6 +137,14 @@ def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.") -> d
     if not config.tie_embeddings:
         names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
     return names
+
+
+def text_layout(keys: set[str] | dict[str, Path]) -> tuple[str, str]:
+    """(prefix, unembedding key) of the folder's text model (TEXT_LAYOUTS; the first by default)."""
+    for prefix, head in TEXT_LAYOUTS:
+        if f"{prefix}embed_tokens.weight" in keys:
+            return prefix, head
+    return TEXT_LAYOUTS[0]
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -170,12 +189,14 @@ def load_params(folder: Path, config: TransformerConfig,
     no device ever holds the whole model unless its sharding says so.
     """
     files = weight_files(folder)
-    prefix = LANGUAGE_MODEL if config.hybrid and any(k.startswith(LANGUAGE_MODEL) for k in files) else "model."
-    expected = parameter_map(config, prefix)
+    prefix, head = text_layout(files)
+    expected = parameter_map(config, prefix, head)
+    multimodal = prefix != TEXT_LAYOUTS[0][0]
     unknown = sorted(
         k for k in files
         if k not in expected and not _IGNORED.fullmatch(k)
-        and not (config.tie_embeddings and k == "lm_head.weight")
+        and not (config.tie_embeddings and k == head)
+        and not (multimodal and _OTHER_TOWERS.fullmatch(k))
         and not (config.hybrid and _IGNORED_HYBRID.fullmatch(k))
     )
     if unknown:

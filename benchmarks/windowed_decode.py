@@ -1,0 +1,68 @@
+"""Decode time per token against context length: a sliding-window layer's attention against full attention.
+
+    uv run python benchmarks/windowed_decode.py [--contexts 512 1024 2048 4096 8192 16384] [--window 256]
+        [--batch 8] [--repeats 50]
+
+The paged engine's attention for one decoding step of one layer (`reference_paged_attention`,
+the CPU engine's: 16-token pages, 4 query / 2 KV heads of 64, float32), one query per row at
+length C, over the pool's pages, with and without a window. A windowed layer reads only the
+blocks of pages its window reaches, so its time should stay flat in C while full attention's
+grows with it. Times are medians over `--repeats` calls after a warm-up.
+
+(The static sampler and training mask the slots outside a window: the same work as full
+attention; see docs/real-models.md.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_core.rollout.attention import reference_paged_attention
+
+
+def median_seconds(fn, repeats: int) -> float:
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def paged_attention_seconds(window: int | None, context: int, batch: int, repeats: int) -> float:
+    page, heads, kv_heads, dh = 16, 4, 2, 64
+    pages_per_row = -(-context // page)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(batch, heads, dh)).astype(np.float32))
+    pool = [jnp.asarray(rng.normal(size=(1, batch * pages_per_row + 1, page, kv_heads, dh)).astype(np.float32))
+            for _ in range(2)]
+    rows = jnp.asarray(1 + np.arange(batch * pages_per_row).reshape(batch, pages_per_row), jnp.int32)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    fn = jax.jit(lambda q, k, v: reference_paged_attention(q, k, v, rows, lengths, layer=0, window=window))
+    return median_seconds(lambda: fn(q, *pool), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    print(f"backend {jax.default_backend()}, batch {args.batch}, window {args.window}; ms per layer and token")
+    print(f"{'context':>8} | {'full':>8} {'windowed':>9} {'ratio':>6}")
+    for context in args.contexts:
+        full = paged_attention_seconds(None, context, args.batch, args.repeats) * 1e3
+        windowed = paged_attention_seconds(args.window, context, args.batch, args.repeats) * 1e3
+        print(f"{context:>8} | {full:>8.3f} {windowed:>9.3f} {full / windowed:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""What each supported Hugging Face family's config.json says beyond the Llama block.
+
+A `Family` reads its own fields (windows, NoPE layers, Gemma's norms and scales) into
+TransformerConfig fields and writes them back; the fields every family shares (sizes, rope,
+tied embeddings) are read in `rl_models.hf.config`. A field a family's folders may set that
+the model here does not implement is refused there or here, naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_models.config import TransformerConfig
+
+
+class FamilyFieldError(ValueError):
+    """A family field the model does not implement: (field, value, why)."""
+
+    def __init__(self, field: str, value: object, why: str):
+        super().__init__(field, value, why)
+        self.field, self.value, self.why = field, value, why
+
+
+def _no_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _nothing_written(config: TransformerConfig) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One `model_type`: its architecture class name and its own config.json fields."""
+
+    architecture: str
+    """The `architectures` entry transformers writes for it."""
+    read: Callable[[dict[str, Any]], dict[str, Any]] = _no_fields
+    """config.json (the text part) -> the TransformerConfig fields only this family sets."""
+    write: Callable[[TransformerConfig], dict[str, Any]] = _nothing_written
+    """TransformerConfig -> the config.json fields only this family writes."""
+    activation_key: str = "hidden_act"
+    """The config.json key naming the MLP's activation."""
+    windows: bool = False
+    """Whether its folders may window layers (`sliding_window`, `layer_types`)."""
+    text_config: str | None = None
+    """A multimodal folder's key holding the text model's config (Gemma 3's "text_config")."""
+    refused: tuple[str, ...] = field(default=())
+    """config.json keys that must be absent or false (a setting not implemented)."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """What transformers' config class assumes for keys a folder leaves out (Gemma 3's
+    text_config lists only what differs from them)."""
+
+
+def _windows(hf: dict[str, Any], default_type: str) -> dict[str, Any]:
+    """sliding_window and layer_types; with a window and no layer_types every layer is `default_type`."""
+    window = hf.get("sliding_window")
+    types = hf.get("layer_types")
+    if window is None:
+        if types is not None and set(types) != {"full_attention"}:
+            raise FamilyFieldError("layer_types", sorted(set(types)), "sliding_attention layers need a sliding_window")
+        return {}
+    if types is None:
+        types = [default_type] * hf["num_hidden_layers"]
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise FamilyFieldError("sliding_window", window, "must be null or a positive int")
+    return {"sliding_window": window, "layer_types": tuple(types)}
+
+
+def _read_mistral(hf: dict[str, Any]) -> dict[str, Any]:
+    return _windows(hf, "sliding_attention")
+
+
+def _write_mistral(config: TransformerConfig) -> dict[str, Any]:
+    """Only the window: transformers takes a Mistral config.json with layer_types for Ministral."""
+    return {"sliding_window": config.sliding_window}
+
+
+def _write_windows(config: TransformerConfig) -> dict[str, Any]:
+    return {"sliding_window": config.sliding_window, "layer_types": [
+        "sliding_attention" if w else "full_attention" for w in config.windowed()]}
+
+
+def _read_smollm3(hf: dict[str, Any]) -> dict[str, Any]:
+    """`no_rope_layers`: 1 where a layer uses rope, 0 where it does not (every fourth by default)."""
+    n = hf["num_hidden_layers"]
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        interval = hf.get("no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if not isinstance(flags, list) or len(flags) != n or not set(flags) <= {0, 1}:
+        raise FamilyFieldError("no_rope_layers", flags, f"must be {n} flags of 0 (no rope) or 1")
+    if hf.get("use_sliding_window", False):
+        raise FamilyFieldError("use_sliding_window", True, "SmolLM3's windowed layers are not implemented")
+    return {"nope_layers": tuple(i for i, f in enumerate(flags) if f == 0)}
+
+
+def _write_smollm3(config: TransformerConfig) -> dict[str, Any]:
+    nope = set(config.nope_layers)
+    # no special ids: the class's defaults (Llama 3's) lie outside most vocabularies
+    return {"no_rope_layers": [0 if i in nope else 1 for i in range(config.num_layers)],
+            "use_sliding_window": False, "sliding_window": None,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf.get(cap) is not None:
+            raise FamilyFieldError(cap, hf[cap], "logit soft-capping is not implemented (Gemma 3 folders set null)")
+    if hf.get("use_bidirectional_attention", False):
+        raise FamilyFieldError("use_bidirectional_attention", True, "only causal attention")
+    pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types") is None and hf.get("sliding_window") is not None:
+        hf = hf | {"layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                   for i in range(n)]}
+    fields = _windows(hf, "sliding_attention")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    fields |= {"norm_plus_one": True, "sandwich_norms": True, "embed_scale": True, "qk_norm": True,
+               "query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
+    return fields
+
+
+def _number(x: float) -> int | float:
+    """x as config.json holds it: an int when it is one (to 6 decimals; transformers checks the type)."""
+    x = round(x, 6)
+    return int(x) if x == int(x) else x
+
+
+def _write_gemma3(config: TransformerConfig) -> dict[str, Any]:
+    assert config.query_scale is not None
+    return _write_windows(config) | {
+        "query_pre_attn_scalar": _number(config.query_scale ** -2),
+        "rope_local_base_freq": config.rope_local_theta if config.rope_local_theta is not None else config.rope_theta,
+        "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+
+
+GEMMA3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+}
+"""transformers' Gemma3TextConfig defaults (5.x)."""
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",)),
+    "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",)),
+    "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",)),
+    "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
+    "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
+    "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True}),
+    "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation",
+                          windows=True, defaults=GEMMA3_DEFAULTS),
+    "gemma3": Family("Gemma3ForConditionalGeneration", _read_gemma3, _write_gemma3,
+                     activation_key="hidden_activation", windows=True, text_config="text_config",
+                     defaults=GEMMA3_DEFAULTS),
+}
+
+ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""config.json activation -> TransformerConfig.hidden_act."""
+
+
+def infer_family(config: TransformerConfig) -> str:
+    """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
+    Qwen3, Qwen2, Llama); ValueError when none does."""
+    if config.sandwich_norms or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu":
+        gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale and config.qk_norm
+        if not gemma or config.hidden_act != "gelu_tanh" or config.attention_bias or config.nope_layers:
+            raise ValueError("only Gemma 3 (gemma3_text) has (1 + w) norms, sandwich norms, scaled embeddings "
+                             "and GeGLU, and it has all of them with q/k norm and no biases")
+        return "gemma3_text"
+    if config.rope_local_theta is not None or config.query_scale is not None:
+        raise ValueError("a local rope theta or a query scale is Gemma 3's, which this config is not")
+    if config.nope_layers:
+        if config.sliding_window is not None or config.qk_norm or config.attention_bias:
+            raise ValueError("SmolLM3 (NoPE layers) has no windows, q/k norm or biases here")
+        return "smollm3"
+    if config.sliding_window is not None:
+        if config.qk_norm or config.attention_bias:
+            raise ValueError("Mistral (windowed layers) has no q/k norm or biases")
+        return "mistral" if all(config.windowed()) else "ministral"
+    if config.qk_norm and config.attention_bias:
+        raise ValueError("no Hugging Face architecture has both qk_norm and q/k/v-only attention biases")
+    if config.qk_norm:
+        return "qwen3"
+    return "qwen2" if config.attention_bias else "llama"
