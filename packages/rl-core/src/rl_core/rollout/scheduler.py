@@ -147,6 +147,16 @@ class _Replica:
             "ids": np.zeros((self.slots, 2), np.int32),
         }
 
+    def admit(self, prompts: list[_Prompt]) -> None:
+        """Prompts joining this replica between calls (the serving loop's requests,
+        rl_core.rollout.serving), each checked to fit the pool alone as at the start; a prompt
+        continuing a retained sequence comes with its pages taken (`Retained.take`)."""
+        spare = int(self.engine.partial_rollouts == "recompute")
+        for prompt in prompts:
+            check_fits(self.pool.num_pages - 1, self.ps, len(prompt.tokens), self.t, spare=spare)
+        self.remaining += sum(len(p.samples) for p in prompts)
+        self.to_prefill.extend(prompts)
+
     def _pages_to(self, position: int) -> int:
         """Pages a sequence needs to hold positions 0..position."""
         return position // self.ps + 1
