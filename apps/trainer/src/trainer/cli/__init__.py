@@ -1,4 +1,4 @@
-"""The `trainer` command line: train, compare, eval, export, convert, bench, explain, config, algos, tasks."""
+"""The `trainer` command line: train, compare, eval, export, convert, bench, explain, config, algos, tasks, serve."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rl_core.run.files import RunFileError
 from rl_core.run.storage import StorageError
 from rl_models.hf import HFFolderError
 
-from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, tasks, train
+from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, serve, tasks, train
 from trainer.cli import eval as evaluate
 from trainer.cli.common import SETTINGS_HINT
 from trainer.signals import RunInterrupted
@@ -28,7 +28,7 @@ from trainer.tasks import DataError
 # each command: its module's add_parser (its arguments) and run (its handler), in --help's order
 COMMAND_MODULES = {
     "train": train, "compare": compare, "eval": evaluate, "export": export, "convert": convert, "bench": bench,
-    "plan": plan, "explain": explain, "config": config, "algos": algos, "tasks": tasks,
+    "plan": plan, "explain": explain, "config": config, "algos": algos, "tasks": tasks, "serve": serve,
 }
 
 

@@ -1,0 +1,385 @@
+"""The OpenAI-compatible endpoint: a Starlette app over an `rl_core.rollout.serving.EngineLoop`.
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`.
+Each request becomes one engine job (its `n` samples share the prompt's prefill); concurrent
+requests join the engine's running rollout between device calls, so they share its continuous
+batching. Chat messages are rendered by the model's own chat template (with `tools` when given)
+and tokenized once; the completion's tokens are the engine's, never re-tokenized text:
+`return_token_ids` gives `prompt_token_ids` and each choice's `token_ids`, and `logprobs` the
+sampler's log-prob of each of those tokens.
+
+An `Episodes` recorder (trainer.serve.episodes), when the app has one, sees every chat request
+made under an episode key (the path `/episodes/{key}/v1/...` or the header `X-Episode-Id`): it
+picks the request's prompt tokens (an append-only history continues its episode's own tokens)
+and records what the engine sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import uvicorn
+from rl_core.rollout.sampler import SamplingParams
+from rl_core.rollout.serving import EngineLoop, Job, Sample
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from trainer.serve import tool_calls
+from trainer.serve.requests import (
+    ChatRequest,
+    RequestError,
+    Sampling,
+    body_of,
+    chat_request,
+    completion_request,
+)
+
+EPISODE_HEADER = "x-episode-id"
+
+
+@dataclasses.dataclass(eq=False)
+class Served:
+    """What the endpoint serves: a model's name, its engine loop and tokenizer, and how it writes tool calls."""
+
+    name: str
+    loop: EngineLoop
+    tokenizer: Any
+    max_prompt_tokens: int
+    max_new_tokens: int
+    tool_format: str = "hermes"
+    episodes: Any = None
+    """An `Episodes` recorder (trainer.serve.episodes), or None: requests under an episode key are refused."""
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @property
+    def eos(self) -> set[int]:
+        return set(self.tokenizer.eos_ids)
+
+
+def _error(e: RequestError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _params(s: Sampling) -> SamplingParams:
+    return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+
+
+def _job(served: Served, tokens: Sequence[int], s: Sampling, *, session: int = -1) -> Job:
+    if len(tokens) > served.max_prompt_tokens:
+        raise RequestError(f"the prompt has {len(tokens)} tokens; this model's context allows "
+                           f"{served.max_prompt_tokens} prompt tokens (max_prompt_tokens)",
+                           param="messages", code="context_length_exceeded")
+    if not tokens:
+        raise RequestError("the prompt has no token", param="prompt")
+    return Job(list(tokens), _params(s), num_samples=s.n, max_new_tokens=min(s.max_tokens or 0, served.max_new_tokens),
+               stops=s.stop, seed=s.seed, session=session)
+
+
+def visible_text(served: Served, tokens: Sequence[int], stops: Sequence[str], *, final: bool) -> str:
+    """The text a client sees of `tokens`: end-of-sequence tokens dropped, cut before the first stop
+    string; while more may come (not `final`), without the characters a stop string could still
+    start with, nor a trailing incomplete character."""
+    text = served.tokenizer.decode([t for t in tokens if t not in served.eos])
+    cuts = [text.find(s) for s in stops if s in text]
+    if cuts:
+        return text[: min(cuts)]
+    if not final:
+        hold = max((len(s) for s in stops), default=1) - 1
+        text = text[: len(text) - hold] if hold else text
+        text = text.rstrip("\ufffd")
+    return text
+
+
+def _logprobs(served: Served, sample: Sample) -> dict[str, Any]:
+    entries = []
+    for token, logp in zip(sample.tokens, sample.logp, strict=True):
+        text = served.tokenizer.decode([token], skip_special=False)
+        entries.append({"token": text, "logprob": logp, "bytes": list(text.encode()), "top_logprobs": []})
+    return {"content": entries}
+
+
+def _message(served: Served, sample: Sample, request: ChatRequest) -> tuple[dict[str, Any], str]:
+    """(the assistant message, its finish_reason) of one sample."""
+    text = visible_text(served, sample.tokens, request.sampling.stop, final=True)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    finish = sample.finish
+    if request.tools:
+        content, calls = tool_calls.parse(text, served.tool_format, request.tools)
+        if calls:
+            message = {"role": "assistant", "content": content or None,
+                       "tool_calls": [c.to_openai() for c in calls]}
+            finish = "tool_calls" if finish == "stop" else finish
+    return message, finish
+
+
+def _usage(prompt_tokens: int, samples: Sequence[Sample]) -> dict[str, int]:
+    completion = sum(len(s.tokens) for s in samples)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def render(served: Served, request: ChatRequest) -> list[int]:
+    """The request's prompt tokens: its messages through the model's chat template."""
+    template = getattr(served.tokenizer, "apply_chat_template", None)
+    if template is None or getattr(served.tokenizer, "chat_template", None) is None:
+        raise RequestError(f"the model {served.name!r} has no chat template: use /v1/completions", param="messages")
+    kwargs = dict(request.template_kwargs)
+    if request.tools:
+        kwargs["tools"] = [dict(t) for t in request.tools]
+    try:
+        text = template(list(request.messages), add_generation_prompt=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages is the request's problem
+        raise RequestError(f"the chat template cannot render these messages: {' '.join(str(e).split())[:300]}",
+                           param="messages") from None
+    return served.tokenizer.encode(text, add_bos=True)
+
+
+async def _run(served: Served, job: Job) -> list[Sample]:
+    try:
+        return await asyncio.wrap_future(served.loop.submit(job))
+    except ValueError as e:  # the engine's own checks of one job (its prompt's length against the pool)
+        raise RequestError(" ".join(str(e).split()), code="context_length_exceeded") from None
+
+
+def _episode_key(request: Request) -> str | None:
+    return request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
+
+
+async def chat_completions(request: Request) -> Response:
+    served: Served = request.app.state.served
+    key = _episode_key(request)
+    try:
+        chat = chat_request(body_of(await request.body()))
+        if key is not None and served.episodes is None:
+            raise RequestError("this endpoint records no episodes (no episode key expected)", param="episode")
+        if key is not None:
+            turn = served.episodes.prepare(key, chat, render(served, chat))
+            job = _job(served, turn.tokens, chat.sampling, session=turn.session)
+        else:
+            turn, job = None, _job(served, render(served, chat), chat.sampling)
+        if chat.sampling.stream:
+            if turn is not None:
+                raise RequestError("streaming is not available under an episode key", param="stream")
+            return StreamingResponse(_stream_chat(served, chat, job), media_type="text/event-stream")
+        samples = await _run(served, job)
+    except RequestError as e:
+        if key is not None and served.episodes is not None:
+            served.episodes.fail(key, f"request {e.status}: {e}")
+        return _error(e)
+    choices = []
+    for i, sample in enumerate(samples):
+        message, finish = _message(served, sample, chat)
+        choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
+                                  "logprobs": _logprobs(served, sample) if chat.sampling.logprobs else None}
+        if chat.sampling.return_token_ids:
+            choice["token_ids"] = list(sample.tokens)
+        choices.append(choice)
+    if turn is not None:
+        served.episodes.record(key, turn, chat, samples, [c["message"] for c in choices])
+    out: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                           "created": int(time.time()), "model": served.name, "choices": choices,
+                           "usage": _usage(len(job.tokens), samples)}
+    if chat.sampling.return_token_ids:
+        out["prompt_token_ids"] = list(job.tokens)
+    return JSONResponse(out)
+
+
+def _sse(data: Any) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+def _streamed(job: Job) -> tuple[asyncio.Queue, asyncio.Future]:
+    """Submit `job` with a token stream into an asyncio queue (None after its result)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    aloop = asyncio.get_running_loop()
+    job.on_tokens = lambda j, tokens: aloop.call_soon_threadsafe(queue.put_nowait, (j, list(tokens)))
+    return queue, job.future
+
+
+async def _stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIterator[bytes]:
+    """SSE chunks: each choice's role, its content as it is decoded (tool calls and the rest at the end:
+    a call is parsed whole), its finish_reason; usage when asked; [DONE]."""
+    s = chat.sampling
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": served.name}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        return _sse({**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None,
+                                          **extra}]})
+
+    queue, _ = _streamed(job)
+    future = asyncio.wrap_future(served.loop.submit(job))
+    future.add_done_callback(lambda _: queue.put_nowait(None))
+    sent = [""] * s.n
+    for i in range(s.n):
+        extra = {"prompt_token_ids": list(job.tokens)} if s.return_token_ids and i == 0 else {}
+        yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "finish_reason": None, "logprobs": None}], **extra})
+    while (item := await queue.get()) is not None:
+        j, tokens = item
+        if chat.tools:  # a call is parsed whole: content comes at the end
+            continue
+        text = visible_text(served, tokens, s.stop, final=False)
+        if len(text) > len(sent[j]):
+            yield chunk(j, {"content": text[len(sent[j]):]})
+            sent[j] = text
+    try:
+        samples = future.result()
+    except Exception as e:  # noqa: BLE001 - the stream has started: the error goes in it
+        yield _sse({"error": {"message": " ".join(str(e).split()), "type": "server_error", "param": None,
+                              "code": None}})
+        return
+    for i, sample in enumerate(samples):
+        message, finish = _message(served, sample, chat)
+        delta: dict[str, Any] = {}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        if message["content"] and len(message["content"]) > len(sent[i]):
+            delta["content"] = message["content"][len(sent[i]):]
+        extra: dict[str, Any] = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}
+        if s.logprobs:
+            extra["logprobs"] = _logprobs(served, sample)
+        yield _sse({**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None,
+                                         **extra}]})
+    if s.include_usage:
+        yield _sse({**head, "choices": [], "usage": _usage(len(job.tokens), samples)})
+    yield b"data: [DONE]\n\n"
+
+
+async def completions(request: Request) -> Response:
+    served: Served = request.app.state.served
+    try:
+        req = completion_request(body_of(await request.body()))
+        s = req.sampling
+        prompts = [served.tokenizer.encode(p, add_bos=True) if isinstance(p, str) else list(p) for p in req.prompts]
+        for p in prompts:
+            if any(t < 0 or t >= served.tokenizer.vocab_size for t in p):
+                raise RequestError(f"the prompt has a token id outside the vocabulary (0..{served.tokenizer.vocab_size - 1})",
+                                   param="prompt")
+        jobs = [_job(served, p, s) for p in prompts]
+        if s.stream:
+            return StreamingResponse(_stream_completions(served, s, jobs), media_type="text/event-stream")
+        results = await asyncio.gather(*(_run(served, job) for job in jobs))
+    except RequestError as e:
+        return _error(e)
+    choices = []
+    for i, samples in enumerate(results):
+        for j, sample in enumerate(samples):
+            choice: dict[str, Any] = {"index": i * s.n + j, "text": visible_text(served, sample.tokens, s.stop, final=True),
+                                      "finish_reason": sample.finish, "logprobs": None}
+            if s.logprobs:
+                tokens = [served.tokenizer.decode([t], skip_special=False) for t in sample.tokens]
+                offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+                choice["logprobs"] = {"tokens": tokens, "token_logprobs": list(sample.logp),
+                                      "top_logprobs": None, "text_offset": offsets}
+            if s.return_token_ids:
+                choice["prompt_token_ids"], choice["token_ids"] = list(jobs[i].tokens), list(sample.tokens)
+            choices.append(choice)
+    usage = {"prompt_tokens": sum(len(j.tokens) * s.n for j in jobs),
+             "completion_tokens": sum(len(x.tokens) for r in results for x in r)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                         "model": served.name, "choices": choices, "usage": usage})
+
+
+async def _stream_completions(served: Served, s: Sampling, jobs: list[Job]) -> AsyncIterator[bytes]:
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": served.name}
+    queue: asyncio.Queue = asyncio.Queue()
+    aloop = asyncio.get_running_loop()
+    futures = []
+    for i, job in enumerate(jobs):
+        job.on_tokens = lambda j, tokens, i=i: aloop.call_soon_threadsafe(queue.put_nowait, (i * s.n + j, list(tokens)))
+        futures.append(asyncio.wrap_future(served.loop.submit(job)))
+    done = asyncio.gather(*futures)
+    done.add_done_callback(lambda _: queue.put_nowait(None))
+    sent: dict[int, str] = {}
+    while (item := await queue.get()) is not None:
+        index, tokens = item
+        text = visible_text(served, tokens, s.stop, final=False)
+        if len(text) > len(sent.get(index, "")):
+            yield _sse({**head, "choices": [{"index": index, "text": text[len(sent.get(index, "")):],
+                                             "finish_reason": None, "logprobs": None}]})
+            sent[index] = text
+    try:
+        results = done.result()
+    except Exception as e:  # noqa: BLE001 - see _stream_chat
+        yield _sse({"error": {"message": " ".join(str(e).split()), "type": "server_error", "param": None, "code": None}})
+        return
+    for i, samples in enumerate(results):
+        for j, sample in enumerate(samples):
+            index = i * s.n + j
+            text = visible_text(served, sample.tokens, s.stop, final=True)
+            extra = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}
+            yield _sse({**head, "choices": [{"index": index, "text": text[len(sent.get(index, "")):],
+                                             "finish_reason": sample.finish, "logprobs": None, **extra}]})
+    yield b"data: [DONE]\n\n"
+
+
+async def models(request: Request) -> Response:
+    served: Served = request.app.state.served
+    return JSONResponse({"object": "list", "data": [{
+        "id": served.name, "object": "model", "created": served.created, "owned_by": "rl-variants",
+        "max_model_len": served.max_prompt_tokens + served.max_new_tokens}]})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return _error(RequestError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code,
+                               kind=kind))
+
+
+def make_app(served: Served) -> Starlette:
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/episodes/{episode}/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/episodes/{episode}/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app.state.served = served
+    return app
+
+
+class Running:
+    """A uvicorn server on its own thread (`url`: the base URL, ending in /v1); `stop()` ends it."""
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, *,
+                 log_level: str = "warning") -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="openai-endpoint", daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise OSError(f"the endpoint could not start on {host}:{port}")
+            time.sleep(0.01)
+        bound = self.server.servers[0].sockets[0].getsockname()
+        self.host, self.port = bound[0], bound[1]
+        self.url = f"http://{self.host}:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+
+def serve_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0) -> Running:
+    """`served` on host:port (0: a free port) from a thread of this process."""
+    return Running(make_app(served), host, port)
+
