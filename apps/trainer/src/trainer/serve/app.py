@@ -74,15 +74,19 @@ def _params(s: Sampling) -> SamplingParams:
     return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
 
-def _job(served: Served, tokens: Sequence[int], s: Sampling, *, session: int = -1) -> Job:
+def _job(served: Served, tokens: Sequence[int], s: Sampling, *, session: int = -1, room: int | None = None) -> Job:
     if len(tokens) > served.max_prompt_tokens:
         raise RequestError(f"the prompt has {len(tokens)} tokens; this model's context allows "
                            f"{served.max_prompt_tokens} prompt tokens (max_prompt_tokens)",
                            param="messages", code="context_length_exceeded")
     if not tokens:
         raise RequestError("the prompt has no token", param="prompt")
-    return Job(list(tokens), _params(s), num_samples=s.n, max_new_tokens=min(s.max_tokens or 0, served.max_new_tokens),
-               stops=s.stop, seed=s.seed, session=session)
+    limit = min(x for x in (s.max_tokens, served.max_new_tokens, room) if x is not None)
+    if limit < 1:
+        raise RequestError("no room is left for a reply: the episode's token budget is spent", param="messages",
+                           code="context_length_exceeded")
+    return Job(list(tokens), _params(s), num_samples=s.n, max_new_tokens=limit, stops=s.stop, seed=s.seed,
+               session=session)
 
 
 def visible_text(served: Served, tokens: Sequence[int], stops: Sequence[str], *, final: bool) -> str:
@@ -163,7 +167,7 @@ async def chat_completions(request: Request) -> Response:
             raise RequestError("this endpoint records no episodes (no episode key expected)", param="episode")
         if key is not None:
             turn = served.episodes.prepare(key, chat, render(served, chat))
-            job = _job(served, turn.tokens, chat.sampling, session=turn.session)
+            job = _job(served, turn.tokens, chat.sampling, session=turn.session, room=turn.room)
         else:
             turn, job = None, _job(served, render(served, chat), chat.sampling)
         if chat.sampling.stream:

@@ -272,14 +272,18 @@ class EngineLoop:
         return True
 
     def _kept(self, job: Job, tokens: list[int]) -> tuple[list[int], bool]:
-        """(the tokens up to the one completing a stop string (all when none holds one), whether one did)."""
-        if not job.stops or not any(stop in self.decode(tokens) for stop in job.stops):
-            return tokens, False
-        lo, hi = 1, len(tokens)  # the fewest leading tokens whose text holds a stop (texts only grow)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if any(stop in self.decode(tokens[:mid]) for stop in job.stops) else (mid + 1, hi)
-        return tokens[:lo], True
+        return kept(tokens, job.stops, self.decode)
 
 
-__all__ = ["EngineLoop", "Job", "Sample"]
+def kept(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> tuple[list[int], bool]:
+    """(the tokens up to the one completing a stop string (all when none holds one), whether one did)."""
+    if not stops or not any(stop in decode(tokens) for stop in stops):
+        return tokens, False
+    lo, hi = 1, len(tokens)  # the fewest leading tokens whose text holds a stop (texts only grow)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if any(stop in decode(tokens[:mid]) for stop in stops) else (mid + 1, hi)
+    return tokens[:lo], True
+
+
+__all__ = ["EngineLoop", "Job", "Sample", "kept"]
