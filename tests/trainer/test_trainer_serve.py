@@ -18,17 +18,7 @@ from trainer.serve.tool_calls import choose, parse
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 # the Hermes tool section of Qwen's templates, shortened: tools listed in the system turn, calls as
 # <tool_call> JSON, tool results as user turns holding <tool_response>
-TOOL_TEMPLATE = """\
-{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}{{- tool | tojson }}\
-{%- endfor %}{{- '</tools><|im_end|>\\n' }}{%- endif %}
-{%- for message in messages %}
-{%- if message.role == "tool" %}{{- '<|im_start|>user\\n<tool_response>' + message.content + '</tool_response><|im_end|>\\n' }}
-{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content }}
-{%- for call in message.tool_calls or [] %}{{- '<tool_call>' + {"name": call.function.name, \
-"arguments": call.function.arguments} | tojson + '</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
-"""
+TOOL_TEMPLATE = (Path(__file__).resolve().parent / "fixtures" / "tool_chat_template.jinja").read_text()
 OPTIONS = EngineOptions(max_prompt_tokens=400, max_new_tokens=12, slots=4, page_size=8, steps_per_sync=4,
                         prefill_chunk=64)
 HELLO = [{"role": "user", "content": "hello"}]
