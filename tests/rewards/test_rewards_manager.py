@@ -279,6 +279,7 @@ def test_registry_builds_every_reward_with_its_name_and_defaults():
         "length_penalty",
         "remote_score",
         "remote_judge",
+        "episode_reward",
     ]
     for name, factory in REWARD_FUNCTIONS.items():
         if name.startswith("remote_"):

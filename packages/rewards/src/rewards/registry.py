@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from rewards.countdown import countdown_reward
+from rewards.episodes import episode_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
 from rewards.math_answers import boxed_reward, gsm8k_reward, numeric_answer_reward
@@ -53,6 +54,7 @@ REWARD_FUNCTIONS: Mapping[str, Callable[..., RewardFn]] = MappingProxyType(
         "length_penalty": length_penalty,
         "remote_score": remote_score,
         "remote_judge": remote_judge,
+        "episode_reward": _without_parameters(episode_reward),
     }
 )
 
