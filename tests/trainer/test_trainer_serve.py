@@ -12,7 +12,7 @@ import pytest
 
 from rl_models.hf import load_hf_tokenizer
 from trainer.cli import main
-from trainer.serve import EngineOptions, serve_in_thread, served_folder
+from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 from trainer.serve.tool_calls import choose, parse
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
@@ -184,3 +184,23 @@ def test_a_body_that_is_not_json_is_a_400_and_an_unknown_path_a_404(server):
 def test_the_command_refuses_a_missing_folder(tmp_path, capsys):
     assert main(["serve", "--model", str(tmp_path / "none"), "--port", "0"]) == 2
     assert "no such file" in capsys.readouterr().err.lower()
+
+
+def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
+    """The built-in model (character tokenizer, no chat template): completions work, chat says why not."""
+    served = served_run(trained_run, OPTIONS)
+    running = serve_in_thread(served)
+    try:
+        with openai.OpenAI(base_url=running.url, api_key="none", max_retries=0) as client:
+            assert [m.id for m in client.models.list()] == ["run@2"]
+            out = client.completions.create(model="run@2", prompt="12+34=", max_tokens=4, temperature=0,
+                                            extra_body={"return_token_ids": True})
+            assert out.choices[0].prompt_token_ids == served.tokenizer.encode("12+34=", add_bos=True)
+            assert out.choices[0].text == served.tokenizer.decode(
+                [t for t in out.choices[0].token_ids if t not in served.tokenizer.eos_ids])
+            with pytest.raises(openai.BadRequestError, match="has no chat template: use /v1/completions"):
+                chat(client, model="run@2")
+    finally:
+        running.stop()
+        served.loop.close()
+    assert served.loop.engine.version == 2  # the checkpoint's step is the weight version
