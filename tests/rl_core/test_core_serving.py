@@ -17,7 +17,8 @@ from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
-SMALL = dict(max_prompt_tokens=16, max_new_tokens=10, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
+SMALL = dict(max_prompt_tokens=16, max_new_tokens=10, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3,
+             top_logprobs=4)
 PROMPTS = [[5, 9, 11], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [100, 101, 102, 103, 104]]
 
 
@@ -101,3 +102,16 @@ def test_a_bad_job_fails_alone(loop):
     assert len(good.result()[0].tokens) >= 1
     with pytest.raises(ValueError, match="a job with a session has one sample, not 2"):
         loop.generate(Job(PROMPTS[0], GREEDY, num_samples=2, session=4))
+
+
+def test_top_logprobs_hold_the_likeliest_tokens_under_the_tempered_softmax(loop):
+    greedy = loop.generate(Job(PROMPTS[1], GREEDY))[0]
+    assert len(greedy.top) == len(greedy.tokens)
+    for token, logp, (ids, logps) in zip(greedy.tokens, greedy.logp, greedy.top, strict=True):
+        assert len(ids) == 4 and logps == sorted(logps, reverse=True)
+        assert ids[0] == token and logps[0] == pytest.approx(logp, abs=1e-6)  # greedy takes the likeliest
+    hot = loop.generate(Job(PROMPTS[1], SamplingParams(temperature=2.0), seed=3))[0]
+    for token, logp, (ids, logps) in zip(hot.tokens, hot.logp, hot.top, strict=True):
+        assert logps[0] >= logp  # under the same tempered softmax the sampled token's log-prob is reported
+        if token in ids:
+            assert logps[ids.index(token)] == pytest.approx(logp, abs=1e-6)

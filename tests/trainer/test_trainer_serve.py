@@ -2,6 +2,7 @@
 against a server on a free loopback port, serving a tiny Qwen3 folder with a tool-aware template."""
 
 import json
+import math
 import shutil
 import threading
 from pathlib import Path
@@ -20,7 +21,7 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 # <tool_call> JSON, tool results as user turns holding <tool_response>
 TOOL_TEMPLATE = (Path(__file__).resolve().parent / "fixtures" / "tool_chat_template.jinja").read_text()
 OPTIONS = EngineOptions(max_prompt_tokens=400, max_new_tokens=12, slots=4, page_size=8, steps_per_sync=4,
-                        prefill_chunk=64)
+                        prefill_chunk=64, top_logprobs=3)
 HELLO = [{"role": "user", "content": "hello"}]
 TOOLS = [{"type": "function", "function": {"name": "multiply", "description": "the product of two numbers",
                                            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
@@ -66,6 +67,19 @@ def test_chat_returns_the_engines_tokens_and_their_text(folder, client):
     assert len(choice.logprobs.content) == len(ids) and all(x.logprob <= 0 for x in choice.logprobs.content)
     assert out.usage.prompt_tokens == len(out.prompt_token_ids) and out.usage.completion_tokens == len(ids)
     assert out.model == "tiny-qwen3"
+
+
+def test_top_logprobs_are_the_likeliest_tokens_best_first(client):
+    out = chat(client, logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True}).choices[0]
+    assert len(out.logprobs.content) == len(out.token_ids)
+    for entry in out.logprobs.content:
+        alternatives = [x.logprob for x in entry.top_logprobs]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+        assert sum(math.exp(x) for x in alternatives) <= 1 + 1e-6
+        # greedy: the sampled token is the likeliest, with the same log-prob
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+    legacy = client.completions.create(model="tiny-qwen3", prompt="abc", max_tokens=3, temperature=0, logprobs=2)
+    assert all(len(top) == 2 for top in legacy.choices[0].logprobs.top_logprobs)
 
 
 def test_n_samples_with_a_seed_repeat_and_differ(client):
@@ -161,7 +175,8 @@ def test_concurrent_requests_share_the_engines_rollouts(server, client):
     (dict(messages=[]), "messages must be a non-empty list"),
     (dict(n=0), "n = 0: must be between 1 and 128"),
     (dict(messages=[{"role": "robot", "content": "x"}]), "messages[0].role = 'robot'"),
-    (dict(logprobs=True, top_logprobs=3), "top_logprobs > 0 is not supported"),
+    (dict(logprobs=True, top_logprobs=5), "top_logprobs = 5: this server computes at most 3"),
+    (dict(top_logprobs=2), "top_logprobs needs logprobs = true"),
     (dict(tools=TOOLS, tool_choice="required"), "tool_choice = 'required' is not supported"),
     (dict(messages=[{"role": "user", "content": "x" * 500}]), "context allows 400 prompt tokens"),
 ])

@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder"),
                    help="how the model writes tool calls (default: from its chat template)")
     s.add_argument("--seed", type=int, default=0, help="the engine's random key (default: %(default)s)")
+    s.add_argument("--top-logprobs", type=int, default=20,
+                   help="the most top_logprobs a request may ask for (default: %(default)s; 0: none computed)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 
     options = EngineOptions(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                            slots=args.slots, tool_format=args.tool_format, seed=args.seed)
+                            slots=args.slots, tool_format=args.tool_format, seed=args.seed,
+                            top_logprobs=args.top_logprobs)
     if args.model is not None:
         served = served_folder(args.model, options, name=args.served_model_name)
     else:

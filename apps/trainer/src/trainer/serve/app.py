@@ -57,6 +57,8 @@ class Served:
     max_prompt_tokens: int
     max_new_tokens: int
     tool_format: str = "hermes"
+    top_logprobs: int = 0
+    """The most alternatives per token the engine computes (`EngineSettings.top_logprobs`)."""
     episodes: Any = None
     """An `Episodes` recorder (trainer.serve.episodes), or None: requests under an episode key are refused."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -81,6 +83,9 @@ def _job(served: Served, tokens: Sequence[int], s: Sampling, *, session: int = -
                            param="messages", code="context_length_exceeded")
     if not tokens:
         raise RequestError("the prompt has no token", param="prompt")
+    if s.top_logprobs > served.top_logprobs:
+        raise RequestError(f"top_logprobs = {s.top_logprobs}: this server computes at most {served.top_logprobs} "
+                           f"(trainer serve --top-logprobs)", param="top_logprobs")
     limit = min(x for x in (s.max_tokens, served.max_new_tokens, room) if x is not None)
     if limit < 1:
         raise RequestError("no room is left for a reply: the episode's token budget is spent", param="messages",
@@ -104,11 +109,18 @@ def visible_text(served: Served, tokens: Sequence[int], stops: Sequence[str], *,
     return text
 
 
-def _logprobs(served: Served, sample: Sample) -> dict[str, Any]:
+def _token(served: Served, token: int, logp: float) -> dict[str, Any]:
+    text = served.tokenizer.decode([token], skip_special=False)
+    return {"token": text, "logprob": logp, "bytes": list(text.encode())}
+
+
+def _logprobs(served: Served, sample: Sample, top: int) -> dict[str, Any]:
+    """Chat `logprobs`: each token's log-prob, and its `top` likeliest alternatives (the engine's, best first)."""
     entries = []
-    for token, logp in zip(sample.tokens, sample.logp, strict=True):
-        text = served.tokenizer.decode([token], skip_special=False)
-        entries.append({"token": text, "logprob": logp, "bytes": list(text.encode()), "top_logprobs": []})
+    for t, (token, logp) in enumerate(zip(sample.tokens, sample.logp, strict=True)):
+        ids, logps = sample.top[t] if top else ((), ())
+        alternatives = [_token(served, i, lp) for i, lp in zip(ids[:top], logps[:top], strict=True)]
+        entries.append({**_token(served, token, logp), "top_logprobs": alternatives})
     return {"content": entries}
 
 
@@ -183,7 +195,7 @@ async def chat_completions(request: Request) -> Response:
     for i, sample in enumerate(samples):
         message, finish = _message(served, sample, chat)
         choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
-                                  "logprobs": _logprobs(served, sample) if chat.sampling.logprobs else None}
+                                  "logprobs": _logprobs(served, sample, chat.sampling.top_logprobs) if chat.sampling.logprobs else None}
         if chat.sampling.return_token_ids:
             choice["token_ids"] = list(sample.tokens)
         choices.append(choice)
@@ -251,7 +263,7 @@ async def _stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIter
             delta["content"] = message["content"][len(sent[i]):]
         extra: dict[str, Any] = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}
         if s.logprobs:
-            extra["logprobs"] = _logprobs(served, sample)
+            extra["logprobs"] = _logprobs(served, sample, s.top_logprobs)
         yield _sse({**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None,
                                          **extra}]})
     if s.include_usage:
@@ -283,8 +295,13 @@ async def completions(request: Request) -> Response:
             if s.logprobs:
                 tokens = [served.tokenizer.decode([t], skip_special=False) for t in sample.tokens]
                 offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+                top = None
+                if s.top_logprobs:
+                    top = [{served.tokenizer.decode([i], skip_special=False): lp
+                            for i, lp in zip(ids[: s.top_logprobs], logps[: s.top_logprobs], strict=True)}
+                           for ids, logps in sample.top]
                 choice["logprobs"] = {"tokens": tokens, "token_logprobs": list(sample.logp),
-                                      "top_logprobs": None, "text_offset": offsets}
+                                      "top_logprobs": top, "text_offset": offsets}
             if s.return_token_ids:
                 choice["prompt_token_ids"], choice["token_ids"] = list(jobs[i].tokens), list(sample.tokens)
             choices.append(choice)

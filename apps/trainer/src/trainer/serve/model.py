@@ -37,11 +37,14 @@ class EngineOptions:
     """auto (from the chat template), hermes or qwen3_coder (trainer.serve.tool_calls)."""
     seed: int = 0
     """The engine's key: requests with a seed give the same tokens for the same seed."""
+    top_logprobs: int = 20
+    """The most alternatives per token a request may ask for (`top_logprobs`); 0: none are computed."""
 
     def settings(self) -> EngineSettings:
         return EngineSettings(max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
                               page_size=self.page_size, slots=self.slots, prefill_chunk=self.prefill_chunk,
-                              steps_per_sync=self.steps_per_sync, num_pages=self.num_pages)
+                              steps_per_sync=self.steps_per_sync, num_pages=self.num_pages,
+                              top_logprobs=self.top_logprobs)
 
 
 def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOptions, *, version: int = 0) -> Served:
@@ -54,7 +57,7 @@ def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOpt
     template = getattr(tokenizer, "chat_template", None)
     fmt = tool_calls.choose(template) if options.tool_format == "auto" else tool_calls.check_parser(options.tool_format)
     return Served(name=name, loop=loop, tokenizer=tokenizer, max_prompt_tokens=options.max_prompt_tokens,
-                  max_new_tokens=options.max_new_tokens, tool_format=fmt)
+                  max_new_tokens=options.max_new_tokens, tool_format=fmt, top_logprobs=options.top_logprobs)
 
 
 def served_folder(folder: str | Path, options: EngineOptions, *, name: str | None = None) -> Served:

@@ -4,7 +4,7 @@ Every rule a body breaks is answered as OpenAI answers it: status 400 and
 `{"error": {"message", "type": "invalid_request_error", "param", "code"}}`, the message one
 line naming the field, the value and the rule. Fields the endpoint does not use (`user`,
 `metadata`, `store`, ...) are ignored, as other OpenAI-compatible servers do; fields it cannot
-honour (`top_logprobs` > 0, a forced `tool_choice`, `logit_bias`) are refused, never ignored.
+honour (a forced `tool_choice`, `logit_bias`, penalties) are refused, never ignored.
 Extensions, as vLLM names them (the client's `extra_body`): `return_token_ids`, `top_k`,
 `chat_template_kwargs`.
 """
@@ -46,6 +46,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
@@ -144,10 +145,7 @@ def sampling_of(body: Mapping[str, Any], *, default_max_tokens: int | None = Non
     else:
         top = _int(body, "logprobs", 0, 5) or 0
         wanted = logprobs is not None
-        top = max(top - 1, 0)  # legacy `logprobs: k` counts the sampled token
-    if top:
-        raise RequestError("top_logprobs > 0 is not supported: the engine returns the sampled token's log-prob "
-                           "only (logprobs = true)", param="top_logprobs")
+        # legacy `logprobs: k`: the sampled token's log-prob and the k likeliest tokens'
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise RequestError(f"stream_options = {options!r}: must be an object", param="stream_options")
@@ -161,6 +159,7 @@ def sampling_of(body: Mapping[str, Any], *, default_max_tokens: int | None = Non
         stop=_stops(body),
         seed=_int(body, "seed", -(2**63), 2**63 - 1),
         logprobs=wanted,
+        top_logprobs=top,
         stream=stream,
         include_usage=bool(stream and options and options.get("include_usage")),
         return_token_ids=_bool(body, "return_token_ids"),

@@ -51,6 +51,8 @@ class Sample(NamedTuple):
     """The weight version that sampled its tokens."""
     finish: str
     """"stop" (an end-of-sequence token or a stop string) or "length" (the job's limit)."""
+    top: Sequence[tuple[list[int], list[float]]] = ()
+    """Per token, the engine's `top_logprobs` likeliest tokens and their log-probs (empty when it computes none)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -186,10 +188,11 @@ class EngineLoop:
                 if not running:
                     break
                 prefill, src, dst, slots = scheduler._stack([x.plan() for x in replicas])
-                tokens, logp, after = engine.call(step, prefill, src, dst, slots, self.key)
+                tokens, logp, after, top = engine.call(step, prefill, src, dst, slots, self.key)
                 self.calls += 1
                 for i, replica in enumerate(replicas):
-                    replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version)  # noqa: B023
+                    replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023
+                                   (top[0][i], top[1][i]))
                 running[:] = [job for job in running if not self._progress(job)]
         except BaseException as e:
             engine.retained.forget()
@@ -267,7 +270,8 @@ class EngineLoop:
             tokens, stopped = self._kept(job, list(sample.tokens))
             ended = stopped or (bool(tokens) and tokens[-1] in self.engine.eos_ids)
             version = sample.versions[0] if sample.versions else self.engine.version
-            out.append(Sample(tokens, list(sample.logp[: len(tokens)]), version, "stop" if ended else "length"))
+            out.append(Sample(tokens, list(sample.logp[: len(tokens)]), version, "stop" if ended else "length",
+                              list(sample.top[: len(tokens)])))
         job.future.set_result(out)
         return True
 
