@@ -3,7 +3,11 @@ against a server on a free loopback port, serving a tiny Qwen3 folder with a too
 
 import json
 import math
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -219,3 +223,22 @@ def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
         running.stop()
         served.loop.close()
     assert served.loop.engine.version == 2  # the checkpoint's step is the weight version
+
+
+@pytest.mark.e2e
+def test_the_serve_command_serves_until_interrupted(folder):
+    """`trainer serve --port 0` prints its URL, answers the client, and Ctrl-C stops it (exit 130)."""
+    process = subprocess.Popen([sys.executable, "-m", "trainer.cli", "serve", "--model", str(folder), "--port", "0",
+                                "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        url = re.search(r"at (http://\S+/v1)", line).group(1)
+        with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
+            assert [m.id for m in client.models.list()] == [folder.name]
+            assert len(chat(client, model=folder.name, max_tokens=6, extra_body={"return_token_ids": True})
+                       .choices[0].token_ids) <= 6
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+        process.stderr.close()

@@ -213,12 +213,12 @@ def _sse(data: Any) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
-def _streamed(job: Job) -> tuple[asyncio.Queue, asyncio.Future]:
-    """Submit `job` with a token stream into an asyncio queue (None after its result)."""
+def _streamed(job: Job) -> asyncio.Queue:
+    """A queue the engine thread puts `job`'s token streams in, as (sample index, its tokens so far)."""
     queue: asyncio.Queue = asyncio.Queue()
     aloop = asyncio.get_running_loop()
     job.on_tokens = lambda j, tokens: aloop.call_soon_threadsafe(queue.put_nowait, (j, list(tokens)))
-    return queue, job.future
+    return queue
 
 
 async def _stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIterator[bytes]:
@@ -232,7 +232,7 @@ async def _stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIter
         return _sse({**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None,
                                           **extra}]})
 
-    queue, _ = _streamed(job)
+    queue = _streamed(job)
     future = asyncio.wrap_future(served.loop.submit(job))
     future.add_done_callback(lambda _: queue.put_nowait(None))
     sent = [""] * s.n
@@ -364,6 +364,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
                                kind=kind))
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """Anything else (the engine failed): status 500 in OpenAI's shape, its one line."""
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    return _error(RequestError(message, status=500, kind="server_error"))
+
+
 def make_app(served: Served) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -373,7 +379,7 @@ def make_app(served: Served) -> Starlette:
         Route("/episodes/{episode}/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.served = served
     return app
 
