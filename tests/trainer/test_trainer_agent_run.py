@@ -40,5 +40,8 @@ def test_trainer_trains_the_example_agent_through_the_endpoint(tmp_path):
     for metrics in steps:
         assert metrics["episodes/env_errors"] == 0.0 and metrics["episodes/turns_mean"] >= 1.0
         assert metrics["episodes/model_token_frac"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    for when in ("before", "after"):  # held-out accuracy is the agent's: its episodes, greedy
+        assert summary[when]["eval/agent_errors"] == 0.0 and summary[when]["eval/turns_mean"] >= 1.0
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["turns"] and s["turns"][0]["role"] == "model" for s in samples)

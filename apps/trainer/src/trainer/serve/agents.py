@@ -208,7 +208,7 @@ def _answer(batch: list[Job], generate: Callable[..., Any], tokenizer: Tokenizer
         raise
     eos = set(tokenizer.eos_ids)
     for i, job in enumerate(batch):
-        n = int(out.lengths[i])
+        n = min(int(out.lengths[i]), max(job.max_new_tokens, 1))  # a backend without row limits decodes on
         sampled, stopped = kept(np.asarray(out.tokens[i, :n]).tolist(), job.stops, tokenizer.decode)
         ended = stopped or (bool(sampled) and sampled[-1] in eos)
         version = int(out.version[i]) if out.version is not None else -1
