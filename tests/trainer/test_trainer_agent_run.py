@@ -43,5 +43,6 @@ def test_trainer_trains_the_example_agent_through_the_endpoint(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     for when in ("before", "after"):  # held-out accuracy is the agent's: its episodes, greedy
         assert summary[when]["eval/agent_errors"] == 0.0 and summary[when]["eval/turns_mean"] >= 1.0
+        assert summary[when]["eval/agent_reward_mean"] == 0.0  # the example returns its answer's text
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["turns"] and s["turns"][0]["role"] == "model" for s in samples)

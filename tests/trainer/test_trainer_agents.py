@@ -78,6 +78,7 @@ def test_an_append_only_agent_is_one_sequence_token_for_token(engine, tokenizer)
         assert mask[len(first) + glue:].tolist() == [1.0] * (n - len(first) - glue)  # the final reply: in
         assert (out.completions.logp[row, :n][mask == 0] == 0).all() and (out.completions.logp[row, :n][mask > 0] < 0).all()
         assert out.texts[row] == record.final_text
+        assert (out.completions.token_version[row][out.completions.mask[row] > 0] == VERSION).all()
     assert engine.retained.held == {}  # every episode's sequence released
 
 

@@ -202,8 +202,9 @@ def evaluate(
         stats = episode_metrics(records)
         metrics["eval/tool_calls_mean"] = stats["episodes/tool_calls_mean"]
         metrics["eval/turns_mean"] = stats["episodes/turns_mean"]
-        if agents:
+        if agents:  # errors, and the mean of what agents returned as a reward (0 for text results)
             metrics["eval/agent_errors"] = stats["episodes/env_errors"]
+            metrics["eval/agent_reward_mean"] = stats["episodes/env_reward_mean"]
     if pass_k and samples_per_prompt:
         texts, _, _ = answers(SamplingParams(temperature=temperature), jax.random.fold_in(key, 1), samples_per_prompt)
         repeated = [p for p in prompts for _ in range(samples_per_prompt)]

@@ -264,6 +264,8 @@ class EpisodeLog:
         tokens = np.full((n, t), pad_id, np.int32)
         mask = np.zeros((n, t), np.float32)
         logp = np.zeros((n, t), np.float32)
+        seen = [v for e in self.episodes.values() for v in e.versions]
+        versions = np.full((n, t), max(seen, default=0), np.int32)  # tokens out of the loss: any version
         prompt_rows, records, texts = [], [], []
         for i, key in enumerate(keys):
             episode = self.episodes[key]
@@ -280,6 +282,8 @@ class EpisodeLog:
             if not episode.errors:
                 k = len(segment.tokens)
                 tokens[i, :k], mask[i, :k], logp[i, :k] = segment.tokens, segment.mask, segment.logp
+                model = np.asarray(segment.mask) > 0
+                versions[i, :k][model] = np.asarray(segment.versions)[model]  # each reply's request's version
             reward = float(result) if isinstance(result, (int, float)) and not episode.errors else 0.0
             final = next((text for role, text in reversed(segment.turns) if role == MODEL), "")
             text = result if isinstance(result, str) and not episode.errors else ("" if episode.errors else final)
@@ -295,7 +299,7 @@ class EpisodeLog:
                 errors=tuple(episode.errors)))
         prompt_tokens, prompt_mask = left_pad(prompt_rows, pad_id=pad_id, max_tokens=prompt_width, what="agent prompt")
         completions = Completions(tokens=tokens, logp=logp * mask, mask=mask, lengths=mask.sum(1).astype(np.int32),
-                                  truncated=np.zeros(n, bool), version=None)  # each request's version: the record
+                                  truncated=np.zeros(n, bool), version=versions.min(axis=1), token_version=versions)
         return Rollout(prompt_tokens, prompt_mask, completions, tuple(texts), tuple(records))
 
 
