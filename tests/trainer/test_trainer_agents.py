@@ -12,14 +12,16 @@ from flax import nnx
 from rl_core.config import ConfigError, RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes import episode_metrics
-from rl_core.episodes.agents import load_agent
+from rl_core.episodes.agents import EpisodeLog, load_agent
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import engine_settings
 from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
-from rl_models.hf import load_hf_model, load_hf_tokenizer
+from rl_core.rollout.serving import Sample
+from rl_models.hf import HFTokenizer, load_hf_model, load_hf_tokenizer
+from trainer.serve.agents import chat_renderer
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 AGENTS = Path(__file__).resolve().parent / "fixtures" / "agents.py"
@@ -126,3 +128,33 @@ def test_an_agent_spec_names_an_async_function(tmp_path):
         load_agent(f"{tmp_path / 'none.py'}:agent")
     with pytest.raises(ValueError, match="has no function 'missing'"):
         load_agent(f"{AGENTS}:missing")
+
+
+def test_a_tool_call_reply_sent_back_with_its_result_continues_the_episode(tokenizer):
+    """The model's tool call, parsed into the OpenAI shape and echoed by the agent with the tool's result,
+    continues the sequence: the model's own tokens, then the template's end of turn and the result."""
+    template = (Path(__file__).resolve().parent / "fixtures" / "tool_chat_template.jinja").read_text()
+    tokenizer = HFTokenizer(tokenizer._tok, eos_ids=(302,), pad_id=300, bos_id=None, special_tokens={},
+                            chat_template=template, source="test")
+    log = EpisodeLog(tokenizer, chat_renderer(tokenizer), budget=200, max_prompt_tokens=400)
+    log.open("e")
+    tools = ({"type": "function", "function": {"name": "multiply", "parameters": {}}},)
+    first = [{"role": "user", "content": "3*4?"}]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(first, tools=list(tools)))
+    turn = log.prepare("e", first, tools, {}, prompt)
+    assert not turn.continued and turn.tokens == prompt
+    said = '<tool_call>{"name":"multiply","arguments":{"a":3,"b":4}}</tool_call>'  # the model's spacing, not JSON's
+    sampled = tokenizer.encode(said) + [302]
+    reply = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 3, "b": 4}'}}]}
+    log.record("e", turn, first, tools, {}, Sample(sampled, [-0.5] * len(sampled), 2, "stop"), reply, said)
+    echoed = [*first, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": {"b": 4, "a": 3}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12"}]
+    nxt = log.prepare("e", echoed, tools, {}, [])
+    assert nxt.continued and nxt.tokens[: len(prompt) + len(sampled)] == prompt + sampled
+    assert tokenizer.decode(nxt.observation, skip_special=False) == (
+        "\n<|im_start|>user\n<tool_response>12</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert nxt.room == 200 - len(sampled) - len(nxt.observation)
+    rewritten = log.prepare("e", [{"role": "user", "content": "3*4 is?"}], tools, {}, [7, 8, 9])
+    assert not rewritten.continued and rewritten.tokens == [7, 8, 9]

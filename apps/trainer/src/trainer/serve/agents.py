@@ -80,7 +80,7 @@ class RecordedEpisodes:
         self.log.fail(key, line)
 
 
-def _render(tokenizer: Tokenizer) -> Callable[..., str]:
+def chat_renderer(tokenizer: Tokenizer) -> Callable[..., str]:
     def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], kwargs: Mapping[str, Any],
                add_generation_prompt: bool) -> str:
         extra = dict(kwargs) | ({"tools": [dict(t) for t in tools]} if tools else {})
@@ -102,7 +102,7 @@ def run_agents(generate: Callable[..., Any], tokenizer: Tokenizer, rollout: Roll
     if getattr(tokenizer, "chat_template", None) is None:
         raise AgentError("agent episodes need a tokenizer with a chat template (model.path: a Hugging Face folder)")
     width = rollout.max_prompt_tokens + 1
-    log = EpisodeLog(tokenizer, _render(tokenizer), budget=rollout.max_new_tokens, max_prompt_tokens=width,
+    log = EpisodeLog(tokenizer, chat_renderer(tokenizer), budget=rollout.max_new_tokens, max_prompt_tokens=width,
                      sessions=getattr(sessions, "new_sessions", None),
                      max_requests=rollout.max_turns if rollout.max_turns > 1 else 0)
     run = uuid.uuid4().hex[:8]
