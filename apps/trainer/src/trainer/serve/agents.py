@@ -81,6 +81,7 @@ class RecordedEpisodes:
 
 
 def chat_renderer(tokenizer: Tokenizer) -> Callable[..., str]:
+    """`render(messages, tools, kwargs, add_generation_prompt)`: the text of the tokenizer's chat template."""
     def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], kwargs: Mapping[str, Any],
                add_generation_prompt: bool) -> str:
         extra = dict(kwargs) | ({"tools": [dict(t) for t in tools]} if tools else {})
