@@ -1,7 +1,8 @@
 """An agent learns through the endpoint: tests/trainer/fixtures/agents.py:digits (two requests per
 episode with the `openai` client, no project import; its reward, the share of digits in the model's
 replies, comes back as a number through `episode_reward`) trains a random tiny Qwen3 from about
-0.03 to about 1.0 in 20 GRPO steps (docs/results/2026-12-04-agent-learning.md: three seeds)."""
+0.03 to about 1.0 in 20 GRPO steps, and so does its greedy reward on held-out prompts
+(docs/results/2026-12-04-agent-learning.md: three seeds)."""
 
 import json
 import shutil
@@ -20,7 +21,7 @@ DIGITS_RUN = [
     "task.name=multiply", f"rollout.agent={HERE / 'fixtures' / 'agents.py'}:digits", "rollout.environment=null",
     "rollout.engine=paged", "rollout.max_prompt_tokens=64", "rollout.max_new_tokens=64", "rollout.max_turns=2",
     "training.num_steps=20", "training.prompts_per_step=4", "algorithm.group_size=8", "warm_start.steps=0",
-    "eval.every_steps=0", "eval.heldout_size=2", "eval.samples_per_prompt=1", "eval.pass_k=1",
+    "eval.every_steps=0", "eval.heldout_size=32", "eval.samples_per_prompt=1", "eval.pass_k=1",
     "training.learning_rate=1e-2", "algorithm.beta=0.0",
 ]
 """The run of the learning test and of the results file (with seed=0, 1, 2)."""
@@ -40,3 +41,5 @@ def test_an_agent_learns_through_the_endpoint(tmp_path):
     assert len(rewards) == 20
     assert sum(rewards[:3]) / 3 < 0.1  # random replies: about 10 digits in 320 tokens
     assert sum(rewards[-3:]) / 3 > 0.8
+    summary = json.loads((run / "summary.json").read_text())  # the agent on 32 held-out prompts, greedy
+    assert summary["before"]["eval/agent_reward_mean"] < 0.2 and summary["after"]["eval/agent_reward_mean"] > 0.8
