@@ -46,3 +46,29 @@ def test_trainer_trains_the_example_agent_through_the_endpoint(tmp_path):
         assert summary[when]["eval/agent_reward_mean"] == 0.0  # the example returns its answer's text
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["turns"] and s["turns"][0]["role"] == "model" for s in samples)
+
+
+@pytest.mark.e2e
+def test_agent_rollouts_run_ahead_with_partial_rollouts(tmp_path):
+    """Async rollouts one step ahead, new weights taken mid-rollout: every reply's tokens carry the
+    version that sampled them, which the staleness metrics read."""
+    model = tmp_path / "tiny-qwen3"
+    shutil.copytree(HF, model)
+    shutil.copy(TEMPLATE, model / "chat_template.jinja")
+    config = tmp_path / "digits.yaml"
+    config.write_text("rewards:\n  agent:\n    function: episode_reward\n")
+    run = tmp_path / "run"
+    agents = Path(__file__).resolve().parent / "fixtures" / "agents.py"
+    argv = [
+        "train", "--algo", "grpo", "--config", str(config), "--output", str(run), "--no-progress",
+        f"model.path={model}", "task.name=multiply", f"rollout.agent={agents}:digits", "rollout.environment=null",
+        "rollout.engine=paged", "rollout.max_prompt_tokens=64", "rollout.max_new_tokens=64", "rollout.max_turns=2",
+        "training.num_steps=3", "training.prompts_per_step=2", "algorithm.group_size=4", "warm_start.steps=0",
+        "eval.every_steps=0", "eval.heldout_size=2", "eval.samples_per_prompt=1", "eval.pass_k=1",
+        "training.async_rollout=one_step", "rollout.partial_rollouts=continue",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["episodes/env_errors"] for m in steps] == [0.0, 0.0, 0.0]
+    assert steps[0]["rollout/staleness_token_lag_max"] == 0.0  # the first collection: the first weights
+    assert all(m["rollout/staleness_token_lag_max"] in (0.0, 1.0) for m in steps[1:])
