@@ -1,7 +1,6 @@
 """Agent rollouts (`rollout.agent`): agents written against the `openai` client, run by
 `collect_rollout` through the trainer's runtime against the paged engine, recorded token for token."""
 
-import shutil
 from pathlib import Path
 
 import jax

@@ -8,7 +8,7 @@ and tokenized once; the completion's tokens are the engine's, never re-tokenized
 `return_token_ids` gives `prompt_token_ids` and each choice's `token_ids`, and `logprobs` the
 sampler's log-prob of each of those tokens.
 
-An `Episodes` recorder (trainer.serve.episodes), when the app has one, sees every chat request
+An episode recorder (`Served.episodes`: trainer.serve.agents.RecordedEpisodes), when the app has one, sees every chat request
 made under an episode key (the path `/episodes/{key}/v1/...` or the header `X-Episode-Id`): it
 picks the request's prompt tokens (an append-only history continues its episode's own tokens)
 and records what the engine sampled.
@@ -17,24 +17,21 @@ and records what the engine sampled.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
 from rl_core.rollout.sampler import SamplingParams
-from rl_core.rollout.serving import EngineLoop, Job, Sample
+from rl_core.rollout.serving import Job, Sample
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from trainer.serve import tool_calls
 from trainer.serve.requests import (
     ChatRequest,
     RequestError,
@@ -43,29 +40,10 @@ from trainer.serve.requests import (
     chat_request,
     completion_request,
 )
+from trainer.serve.responses import Served, chat_logprobs, message_of, usage, visible_text
+from trainer.serve.stream import stream_chat, stream_completions
 
 EPISODE_HEADER = "x-episode-id"
-
-
-@dataclasses.dataclass(eq=False)
-class Served:
-    """What the endpoint serves: a model's name, its engine loop and tokenizer, and how it writes tool calls."""
-
-    name: str
-    loop: EngineLoop
-    tokenizer: Any
-    max_prompt_tokens: int
-    max_new_tokens: int
-    tool_format: str = "hermes"
-    top_logprobs: int = 0
-    """The most alternatives per token the engine computes (`EngineSettings.top_logprobs`)."""
-    episodes: Any = None
-    """An `Episodes` recorder (trainer.serve.episodes), or None: requests under an episode key are refused."""
-    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-
-    @property
-    def eos(self) -> set[int]:
-        return set(self.tokenizer.eos_ids)
 
 
 def _error(e: RequestError) -> JSONResponse:
@@ -92,55 +70,6 @@ def _job(served: Served, tokens: Sequence[int], s: Sampling, *, session: int = -
                            code="context_length_exceeded")
     return Job(list(tokens), _params(s), num_samples=s.n, max_new_tokens=limit, stops=s.stop, seed=s.seed,
                session=session)
-
-
-def visible_text(served: Served, tokens: Sequence[int], stops: Sequence[str], *, final: bool) -> str:
-    """The text a client sees of `tokens`: end-of-sequence tokens dropped, cut before the first stop
-    string; while more may come (not `final`), without the characters a stop string could still
-    start with, nor a trailing incomplete character."""
-    text = served.tokenizer.decode([t for t in tokens if t not in served.eos])
-    cuts = [text.find(s) for s in stops if s in text]
-    if cuts:
-        return text[: min(cuts)]
-    if not final:
-        hold = max((len(s) for s in stops), default=1) - 1
-        text = text[: len(text) - hold] if hold else text
-        text = text.rstrip("\ufffd")
-    return text
-
-
-def _token(served: Served, token: int, logp: float) -> dict[str, Any]:
-    text = served.tokenizer.decode([token], skip_special=False)
-    return {"token": text, "logprob": logp, "bytes": list(text.encode())}
-
-
-def _logprobs(served: Served, sample: Sample, top: int) -> dict[str, Any]:
-    """Chat `logprobs`: each token's log-prob, and its `top` likeliest alternatives (the engine's, best first)."""
-    entries = []
-    for t, (token, logp) in enumerate(zip(sample.tokens, sample.logp, strict=True)):
-        ids, logps = sample.top[t] if top else ((), ())
-        alternatives = [_token(served, i, lp) for i, lp in zip(ids[:top], logps[:top], strict=True)]
-        entries.append({**_token(served, token, logp), "top_logprobs": alternatives})
-    return {"content": entries}
-
-
-def _message(served: Served, sample: Sample, request: ChatRequest) -> tuple[dict[str, Any], str]:
-    """(the assistant message, its finish_reason) of one sample."""
-    text = visible_text(served, sample.tokens, request.sampling.stop, final=True)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    finish = sample.finish
-    if request.tools:
-        content, calls = tool_calls.parse(text, served.tool_format, request.tools)
-        if calls:
-            message = {"role": "assistant", "content": content or None,
-                       "tool_calls": [c.to_openai() for c in calls]}
-            finish = "tool_calls" if finish == "stop" else finish
-    return message, finish
-
-
-def _usage(prompt_tokens: int, samples: Sequence[Sample]) -> dict[str, int]:
-    completion = sum(len(s.tokens) for s in samples)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
 def render(served: Served, request: ChatRequest) -> list[int]:
@@ -185,7 +114,7 @@ async def chat_completions(request: Request) -> Response:
         if chat.sampling.stream:
             if turn is not None:
                 raise RequestError("streaming is not available under an episode key", param="stream")
-            return StreamingResponse(_stream_chat(served, chat, job), media_type="text/event-stream")
+            return StreamingResponse(stream_chat(served, chat, job), media_type="text/event-stream")
         samples = await _run(served, job)
     except RequestError as e:
         if key is not None and served.episodes is not None:
@@ -193,9 +122,9 @@ async def chat_completions(request: Request) -> Response:
         return _error(e)
     choices = []
     for i, sample in enumerate(samples):
-        message, finish = _message(served, sample, chat)
+        message, finish = message_of(served, sample, chat)
         choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
-                                  "logprobs": _logprobs(served, sample, chat.sampling.top_logprobs) if chat.sampling.logprobs else None}
+                                  "logprobs": chat_logprobs(served, sample, chat.sampling.top_logprobs) if chat.sampling.logprobs else None}
         if chat.sampling.return_token_ids:
             choice["token_ids"] = list(sample.tokens)
         choices.append(choice)
@@ -203,72 +132,10 @@ async def chat_completions(request: Request) -> Response:
         served.episodes.record(key, turn, chat, samples, [c["message"] for c in choices])
     out: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                            "created": int(time.time()), "model": served.name, "choices": choices,
-                           "usage": _usage(len(job.tokens), samples)}
+                           "usage": usage(len(job.tokens), samples)}
     if chat.sampling.return_token_ids:
         out["prompt_token_ids"] = list(job.tokens)
     return JSONResponse(out)
-
-
-def _sse(data: Any) -> bytes:
-    return f"data: {json.dumps(data)}\n\n".encode()
-
-
-def _streamed(job: Job) -> asyncio.Queue:
-    """A queue the engine thread puts `job`'s token streams in, as (sample index, its tokens so far)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    aloop = asyncio.get_running_loop()
-    job.on_tokens = lambda j, tokens: aloop.call_soon_threadsafe(queue.put_nowait, (j, list(tokens)))
-    return queue
-
-
-async def _stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIterator[bytes]:
-    """SSE chunks: each choice's role, its content as it is decoded (tool calls and the rest at the end:
-    a call is parsed whole), its finish_reason; usage when asked; [DONE]."""
-    s = chat.sampling
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": served.name}
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        return _sse({**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None,
-                                          **extra}]})
-
-    queue = _streamed(job)
-    future = asyncio.wrap_future(served.loop.submit(job))
-    future.add_done_callback(lambda _: queue.put_nowait(None))
-    sent = [""] * s.n
-    for i in range(s.n):
-        extra = {"prompt_token_ids": list(job.tokens)} if s.return_token_ids and i == 0 else {}
-        yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None, "logprobs": None}], **extra})
-    while (item := await queue.get()) is not None:
-        j, tokens = item
-        if chat.tools:  # a call is parsed whole: content comes at the end
-            continue
-        text = visible_text(served, tokens, s.stop, final=False)
-        if len(text) > len(sent[j]):
-            yield chunk(j, {"content": text[len(sent[j]):]})
-            sent[j] = text
-    try:
-        samples = future.result()
-    except Exception as e:  # noqa: BLE001 - the stream has started: the error goes in it
-        yield _sse({"error": {"message": " ".join(str(e).split()), "type": "server_error", "param": None,
-                              "code": None}})
-        return
-    for i, sample in enumerate(samples):
-        message, finish = _message(served, sample, chat)
-        delta: dict[str, Any] = {}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
-        if message["content"] and len(message["content"]) > len(sent[i]):
-            delta["content"] = message["content"][len(sent[i]):]
-        extra: dict[str, Any] = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}
-        if s.logprobs:
-            extra["logprobs"] = _logprobs(served, sample, s.top_logprobs)
-        yield _sse({**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None,
-                                         **extra}]})
-    if s.include_usage:
-        yield _sse({**head, "choices": [], "usage": _usage(len(job.tokens), samples)})
-    yield b"data: [DONE]\n\n"
 
 
 async def completions(request: Request) -> Response:
@@ -283,7 +150,7 @@ async def completions(request: Request) -> Response:
                                    param="prompt")
         jobs = [_job(served, p, s) for p in prompts]
         if s.stream:
-            return StreamingResponse(_stream_completions(served, s, jobs), media_type="text/event-stream")
+            return StreamingResponse(stream_completions(served, s, jobs), media_type="text/event-stream")
         results = await asyncio.gather(*(_run(served, job) for job in jobs))
     except RequestError as e:
         return _error(e)
@@ -310,40 +177,6 @@ async def completions(request: Request) -> Response:
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                          "model": served.name, "choices": choices, "usage": usage})
-
-
-async def _stream_completions(served: Served, s: Sampling, jobs: list[Job]) -> AsyncIterator[bytes]:
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": served.name}
-    queue: asyncio.Queue = asyncio.Queue()
-    aloop = asyncio.get_running_loop()
-    futures = []
-    for i, job in enumerate(jobs):
-        job.on_tokens = lambda j, tokens, i=i: aloop.call_soon_threadsafe(queue.put_nowait, (i * s.n + j, list(tokens)))
-        futures.append(asyncio.wrap_future(served.loop.submit(job)))
-    done = asyncio.gather(*futures)
-    done.add_done_callback(lambda _: queue.put_nowait(None))
-    sent: dict[int, str] = {}
-    while (item := await queue.get()) is not None:
-        index, tokens = item
-        text = visible_text(served, tokens, s.stop, final=False)
-        if len(text) > len(sent.get(index, "")):
-            yield _sse({**head, "choices": [{"index": index, "text": text[len(sent.get(index, "")):],
-                                             "finish_reason": None, "logprobs": None}]})
-            sent[index] = text
-    try:
-        results = done.result()
-    except Exception as e:  # noqa: BLE001 - see _stream_chat
-        yield _sse({"error": {"message": " ".join(str(e).split()), "type": "server_error", "param": None, "code": None}})
-        return
-    for i, samples in enumerate(results):
-        for j, sample in enumerate(samples):
-            index = i * s.n + j
-            text = visible_text(served, sample.tokens, s.stop, final=True)
-            extra = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}
-            yield _sse({**head, "choices": [{"index": index, "text": text[len(sent.get(index, "")):],
-                                             "finish_reason": sample.finish, "logprobs": None, **extra}]})
-    yield b"data: [DONE]\n\n"
 
 
 async def models(request: Request) -> Response:

@@ -15,7 +15,7 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 from trainer.run import load_run_policy
 from trainer.serve import tool_calls
-from trainer.serve.app import Served
+from trainer.serve.responses import Served
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
