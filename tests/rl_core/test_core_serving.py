@@ -115,3 +115,33 @@ def test_top_logprobs_hold_the_likeliest_tokens_under_the_tempered_softmax(loop)
         assert logps[0] >= logp  # under the same tempered softmax the sampled token's log-prob is reported
         if token in ids:
             assert logps[ids.index(token)] == pytest.approx(logp, abs=1e-6)
+
+
+def test_a_burst_at_an_idle_engine_starts_as_one_rollout(engine):
+    """Jobs arriving at an idle engine within `linger_s` of each other start together: one rollout, the
+    same tokens as one `generate` call of them all."""
+    burst = EngineLoop(engine, load_hf_tokenizer(HF).decode, key=jax.random.key(5), linger_s=0.5, linger_max_s=2.0)
+    try:
+        futures = [burst.submit(Job(p, GREEDY)) for p in PROMPTS]
+        got = [f.result()[0].tokens for f in futures]
+        assert burst.rollouts == 1 and burst.calls == engine_calls_of_one_rollout(engine)
+        assert got == rollout(engine, PROMPTS, GREEDY, jax.random.key(5))
+    finally:
+        burst.close()
+
+
+def engine_calls_of_one_rollout(engine) -> int:
+    """Device calls of one `generate` of PROMPTS (greedy), counted on the engine."""
+    calls = [0]
+    call = engine.call
+
+    def counted(*args):
+        calls[0] += 1
+        return call(*args)
+
+    engine.call = counted
+    try:
+        rollout(engine, PROMPTS, GREEDY, jax.random.key(5))
+    finally:
+        del engine.call
+    return calls[0]

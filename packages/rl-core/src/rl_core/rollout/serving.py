@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -79,11 +80,17 @@ class Job:
 class EngineLoop:
     """Serves `Job`s on one thread with `engine` (a PagedBackend holding weights); see the module docstring."""
 
-    def __init__(self, engine: Any, decode: Callable[[list[int]], str], *, key: jax.Array | None = None) -> None:
+    def __init__(self, engine: Any, decode: Callable[[list[int]], str], *, key: jax.Array | None = None,
+                 linger_s: float = 0.005, linger_max_s: float = 0.05) -> None:
+        """`linger_s`, `linger_max_s`: an idle engine woken by a job waits while more keep coming, each
+        within `linger_s` of the last, `linger_max_s` at most, so that a burst of requests starts as one
+        rollout (as a batching server's queue delay): a job arriving once a device call has started
+        waits for that call (k decode steps), which costs a burst's last job a whole call."""
         if engine.weights is None:
             raise RuntimeError("EngineLoop needs an engine holding weights (update_weights first)")
         self.engine, self.decode = engine, decode
         self.key = jax.random.key(0) if key is None else key
+        self.linger_s, self.linger_max_s = linger_s, linger_max_s
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._waiting: collections.deque[Job] = collections.deque()
         self._commands: list[Callable[[], None]] = []
@@ -138,7 +145,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stopping:
-            if not self._take(block=not self._waiting):
+            idle = not self._waiting
+            if not self._take(block=idle):
+                break
+            if idle and self._waiting and not self._linger():
                 break
             for command in self._commands:
                 command()
@@ -157,18 +167,32 @@ class EngineLoop:
             item = self._inbox.get(block=block)
         except queue.Empty:
             return True
-        while True:
-            if item is None:
-                self._stopping = True
-                return False
-            if isinstance(item, Job):
-                self._waiting.append(item)
-            else:
-                self._commands.append(item)
+        while self._sort(item):
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+        return False
+
+    def _sort(self, item: Any) -> bool:
+        """File one inbox item: a job waits, a command runs between rollouts; None closes (False)."""
+        if item is None:
+            self._stopping = True
+            return False
+        (self._waiting if isinstance(item, Job) else self._commands).append(item)
+        return True
+
+    def _linger(self) -> bool:
+        """Take the jobs of a burst that is still arriving (see `__init__`); False once closed."""
+        end = time.perf_counter() + self.linger_max_s
+        while (left := end - time.perf_counter()) > 0:
+            try:
+                item = self._inbox.get(timeout=min(self.linger_s, left))
+            except queue.Empty:
+                return True
+            if not self._sort(item) or not self._take(block=False):
+                return False
+        return True
 
     def _rollout(self, sampling: SamplingParams) -> None:
         """One busy period: device calls while any job with `sampling` waits or runs, admitting new ones."""
