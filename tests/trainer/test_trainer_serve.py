@@ -183,6 +183,7 @@ def test_concurrent_requests_share_the_engines_rollouts(server, client):
     (dict(top_logprobs=2), "top_logprobs needs logprobs = true"),
     (dict(tools=TOOLS, tool_choice="required"), "tool_choice = 'required' is not supported"),
     (dict(messages=[{"role": "user", "content": "x" * 500}]), "context allows 400 prompt tokens"),
+    (dict(extra_headers={"X-Episode-Id": "e1"}), "this endpoint records no episodes"),  # only agent rollouts do
 ])
 def test_bad_requests_get_openai_400_errors(client, kwargs, says):
     with pytest.raises(openai.BadRequestError) as caught:
