@@ -157,3 +157,10 @@ def test_a_tool_call_reply_sent_back_with_its_result_continues_the_episode(token
     assert nxt.room == 200 - len(sampled) - len(nxt.observation)
     rewritten = log.prepare("e", [{"role": "user", "content": "3*4 is?"}], tools, {}, [7, 8, 9])
     assert not rewritten.continued and rewritten.tokens == [7, 8, 9]
+
+
+def test_an_agent_blocking_the_event_loop_ends_the_rollout_at_twice_the_budget(engine, tokenizer):
+    out = rollout(engine, tokenizer, settings("blocks", agent_timeout_s=0.5), [Prompt("1*1=", {"block_s": 3.0})], g=1)
+    assert out.episodes[0].errors == ("AgentError: the agents' event loop was blocked past twice the budget (1 s): "
+                                      "an agent made a synchronous call that never returned",)
+    assert out.completions.mask.sum() == 0

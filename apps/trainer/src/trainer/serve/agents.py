@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from rl_core.rollout.serving import Job, Sample, kept
 from trainer.serve import tool_calls
 from trainer.serve.app import Running, Served, make_app
 from trainer.serve.requests import ChatRequest, RequestError
+
+_RUNNING = object()  # an agent's result before it returns
 
 GATHER_S = 0.02
 """How long the engine waits for more requests while some running agent is not waiting on the model."""
@@ -121,11 +124,13 @@ def run_agents(generate: Callable[..., Any], tokenizer: Tokenizer, rollout: Roll
     try:
         _serve(calls, agents, generate, tokenizer, width + rollout.max_new_tokens)
     finally:
-        agents.finish()
+        results = agents.finish()
+        while not calls.jobs.empty():  # requests of agents given up on: their handlers answer and return
+            calls.jobs.get_nowait().future.set_exception(AgentError("the rollout has ended"))
         endpoint.stop()
         if sessions is not None:
             sessions.release(np.asarray(log.sessions(), np.int64))
-    return log.rollout(keys, [prompts[i // num_samples] for i in range(len(keys))], agents.results,
+    return log.rollout(keys, [prompts[i // num_samples] for i in range(len(keys))], results,
                        pad_id=tokenizer.pad_id, prompt_width=width)
 
 
@@ -134,8 +139,12 @@ class _Agents:
 
     def __init__(self, agent: Callable[..., Any], root: str, keys: Sequence[str], rows: Sequence[dict[str, Any]],
                  timeout_s: float) -> None:
-        self.results: list[Any] = [None] * len(keys)
+        self.results: list[Any] = [_RUNNING] * len(keys)
         self.live = len(keys)
+        # an agent that blocks the event loop (a synchronous call) stops every agent and every timeout
+        # of the rollout: past twice the budget the rollout gives them all up
+        self.deadline = time.monotonic() + 2 * timeout_s
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self.done = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,8 +176,12 @@ class _Agents:
         finally:
             self.done.set()
 
-    def finish(self) -> None:
-        self._thread.join()
+    def finish(self) -> list[Any]:
+        """Each agent's result (or exception); agents still running (their event loop blocked) get an error."""
+        self._thread.join(timeout=0 if time.monotonic() > self.deadline else None)
+        blocked = AgentError(f"the agents' event loop was blocked past twice the budget ({2 * self.timeout_s:g} s): "
+                             f"an agent made a synchronous call that never returned")
+        return [blocked if r is _RUNNING else r for r in self.results]
 
 
 def _serve(calls: Calls, agents: _Agents, generate: Callable[..., Any], tokenizer: Tokenizer, width: int) -> None:
@@ -177,7 +190,7 @@ def _serve(calls: Calls, agents: _Agents, generate: Callable[..., Any], tokenize
         try:
             first = calls.jobs.get(timeout=GATHER_S)
         except queue.Empty:
-            if agents.done.is_set():
+            if agents.done.is_set() or time.monotonic() > agents.deadline:
                 return
             continue
         batch = [first]

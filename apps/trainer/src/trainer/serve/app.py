@@ -222,7 +222,9 @@ class Running:
 
     def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, *,
                  log_level: str = "warning") -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off")
+        # a request still waiting when it stops (an agent given up on) holds it at most a second
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="openai-endpoint", daemon=True)
         self.thread.start()
