@@ -267,6 +267,7 @@ def test_registry_builds_every_reward_with_its_name_and_defaults():
     assert sorted(REWARD_FUNCTIONS) == [  # the entry points this package declares (rewards.functions)
         "boxed",
         "countdown",
+        "episode_reward",
         "format_lenient",
         "format_strict",
         "gsm8k",

@@ -35,6 +35,8 @@ RULES = [
     (RolloutConfig, {}, "max_turn_tokens", 17, "must be in [0, max_new_tokens = 16]"),
     (RolloutConfig, {}, "environment", "calculater", "unknown environment 'calculater'"),
     (RolloutConfig, {}, "environment_options", [1], "must be a mapping"),
+    (RolloutConfig, {"engine": "paged"}, "agent", "agents.py", "must be module:function or file.py:function"),
+    (RolloutConfig, {"engine": "paged", "agent": "a:b"}, "agent_timeout_s", 0.0, "must be > 0"),
     (TrainingConfig, {}, "optimizer", "adamww", "must be one of ('adamw', 'adam', 'sgd')"),
     (TrainingConfig, {}, "async_rollout", "two_steps", "must be one of ('off', 'one_step')"),
     (TrainingConfig, {"async_rollout": "one_step"}, "rollout_devices", -1, "must be >= 0"),

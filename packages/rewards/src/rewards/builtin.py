@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rewards.countdown import countdown_reward as countdown
+from rewards.episodes import episode_reward as _episode_reward
 from rewards.formatting import format_reward
 from rewards.length import length_penalty
 from rewards.math_answers import boxed_reward, gsm8k_reward
 from rewards.math_answers import numeric_answer_reward as numeric_answer
 from rewards.remote import remote_judge, remote_score
 
-__all__ = ["boxed", "countdown", "format_lenient", "format_strict", "gsm8k", "length_penalty", "numeric_answer",
+__all__ = ["boxed", "countdown", "episode_reward", "format_lenient", "format_strict", "gsm8k", "length_penalty", "numeric_answer",
            "remote_judge", "remote_score"]
 
 RewardFn = Callable[..., list[float]]
@@ -33,6 +34,7 @@ def _without_parameters(fn: RewardFn) -> Callable[[], RewardFn]:
 
 gsm8k = _without_parameters(gsm8k_reward)
 boxed = _without_parameters(boxed_reward)
+episode_reward = _without_parameters(_episode_reward)
 
 
 def format_strict(*, think_tag: str = "think", answer_tag: str = "answer") -> RewardFn:

@@ -206,8 +206,15 @@ class RolloutConfig(Config):
     together (see rl_core.episodes)."""
     environment_options: dict = dataclasses.field(default_factory=dict)
     """Keyword arguments of the environment's factory."""
+    agent: str | None = None
+    """Agent episodes: `module:function` or `file.py:function` naming `async def agent(client, row)`,
+    run G times per prompt against the policy served as an OpenAI endpoint (`client` an
+    `openai.AsyncOpenAI`; see rl_core.episodes.agents and docs/agents.md). Needs the paged engine; as
+    with an environment, max_new_tokens is the episode's budget after its first prompt."""
+    agent_timeout_s: float = 120.0
+    """Wall-clock budget of one agent episode; an agent still running then ends with an error."""
     max_turns: int = 1
-    """Most model turns per episode (with an environment)."""
+    """Most model turns per episode (with an environment; with an agent, most requests, 1 = unbounded)."""
     max_turn_tokens: int = 0
     """Most tokens of one model turn; 0 = max_new_tokens."""
     weights_dtype: str | None = None
@@ -245,8 +252,13 @@ class RolloutConfig(Config):
         check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
         check(self.max_turns >= 1, self, "max_turns", "must be >= 1")
-        check(self.max_turns == 1 or self.environment is not None, self, "max_turns",
-              "more than one turn needs an environment to answer the turns (rollout.environment)")
+        check(self.max_turns == 1 or self.environment is not None or self.agent is not None, self, "max_turns",
+              "more than one turn needs an environment to answer the turns (rollout.environment) or an agent")
+        if self.agent is not None:
+            check(self.environment is None, self, "agent", "an agent and an environment cannot both run the episodes")
+            check(self.engine == "paged", self, "agent", "agent episodes need rollout.engine='paged' (the served engine)")
+            check(":" in self.agent, self, "agent", "must be module:function or file.py:function")
+            check(self.agent_timeout_s > 0, self, "agent_timeout_s", "must be > 0")
         check(0 <= self.max_turn_tokens <= self.max_new_tokens, self, "max_turn_tokens",
               f"must be in [0, max_new_tokens = {self.max_new_tokens}] (0 = max_new_tokens)")
         check(isinstance(self.environment_options, dict), self, "environment_options", "must be a mapping")

@@ -1,5 +1,5 @@
 """The `trainer` command line: train, show, samples, compare, eval, export, convert, bench, explain, config,
-algos, tasks."""
+algos, tasks, serve."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rl_core.run.files import RunFileError
 from rl_core.run.storage import StorageError
 from rl_models.hf import HFFolderError
 
-from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, samples, show, tasks, train
+from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, samples, serve, show, tasks, train
 from trainer.cli import eval as evaluate
 from trainer.cli.common import SETTINGS_HINT
 from trainer.signals import RunInterrupted
@@ -29,7 +29,7 @@ from trainer.tasks import DataError
 # each command: its module's add_parser (its arguments) and run (its handler), in --help's order
 COMMAND_MODULES = {
     "train": train, "show": show, "samples": samples, "compare": compare, "eval": evaluate, "export": export, "convert": convert, "bench": bench,
-    "plan": plan, "explain": explain, "config": config, "algos": algos, "tasks": tasks,
+    "plan": plan, "explain": explain, "config": config, "algos": algos, "tasks": tasks, "serve": serve,
 }
 
 

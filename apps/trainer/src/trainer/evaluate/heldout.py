@@ -13,6 +13,7 @@ from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
 from rl_core.episodes import EpisodeLimits, EpisodeRecord, episode_metrics, run_episodes
+from rl_core.episodes.agents import agent_runtime
 from rl_core.registry import environment_factory
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
@@ -112,6 +113,43 @@ def generate_episodes(
     return texts, np.asarray(lengths), records
 
 
+def generate_agent_episodes(
+    sampler: Sampler,
+    params: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Prompt],
+    rollout: RolloutConfig,
+    *,
+    sampling: SamplingParams,
+    key: jax.Array,
+    batch_size: int = 256,
+    num_samples: int = 1,
+) -> tuple[list[str], np.ndarray, list[EpisodeRecord]]:
+    """`generate_episodes` for `rollout.agent`: each prompt's agent, run against the policy served
+    as in training (rl_core.episodes.agents), its requests answered by `sampler` with `sampling`.
+    Returns each episode's result text (what the task's reward scores), model tokens and record."""
+    texts: list[str] = []
+    lengths: list[int] = []
+    records: list[EpisodeRecord] = []
+    run = agent_runtime()
+    for chunk, real in _batches(prompts, batch_size, num_samples):
+        key, sub = jax.random.split(key)
+        calls = iter(range(1 << 30))
+
+        def generate(tokens, mask, num_samples=1, **limits):  # limits: the runtime cuts each reply to its own
+            rows = len(tokens)
+            width = call_rows(rows, max(rows, batch_size))  # a few row counts: a few compiled programs
+            pad = lambda x: np.concatenate([x, np.repeat(x[:1], width - rows, axis=0)])  # noqa: E731
+            out = sampler(params, pad(tokens), pad(mask), jax.random.fold_in(sub, next(calls)), sampling, num_samples)
+            return jax.tree.map(lambda x: None if x is None else np.asarray(x)[:rows], out)
+
+        out = run(generate, tokenizer, rollout, chunk, num_samples)
+        texts += out.texts[:real]
+        lengths += out.completions.lengths[:real].tolist()
+        records += out.episodes[:real]
+    return texts, np.asarray(lengths), records
+
+
 def correctness(task: Task, prompts: Sequence[Prompt], completions: Sequence[str]) -> np.ndarray:
     """1.0 where the task's correctness reward gives full marks."""
     spec = next(s for s in task.rewards if s.name == task.correct)
@@ -138,11 +176,16 @@ def evaluate(
     """Greedy accuracy and length stats, plus pass@k over `samples_per_prompt` samples.
 
     With `rollout.environment` (a multi-turn task), every answer is a whole episode; the
-    metrics add tool calls and turns per episode (`eval/tool_calls_mean`, `eval/turns_mean`)."""
+    metrics add tool calls and turns per episode (`eval/tool_calls_mean`, `eval/turns_mean`).
+    With `rollout.agent`, every answer is the agent's episode against the policy (its result text)."""
     key = jax.random.PRNGKey(seed)
     episodes = rollout is not None and rollout.environment is not None
+    agents = rollout is not None and rollout.agent is not None
 
     def answers(sampling: SamplingParams, key: jax.Array, num_samples: int = 1):
+        if agents:
+            return generate_agent_episodes(sampler, params, tokenizer, prompts, rollout, sampling=sampling, key=key,
+                                           num_samples=num_samples)
         if episodes:
             return generate_episodes(sampler, params, tokenizer, prompts, rollout, sampling=sampling, key=key,
                                      num_samples=num_samples)
@@ -161,6 +204,9 @@ def evaluate(
         stats = episode_metrics(records)
         metrics["eval/tool_calls_mean"] = stats["episodes/tool_calls_mean"]
         metrics["eval/turns_mean"] = stats["episodes/turns_mean"]
+        if agents:  # errors, and the mean of what agents returned as a reward (0 for text results)
+            metrics["eval/agent_errors"] = stats["episodes/env_errors"]
+            metrics["eval/agent_reward_mean"] = stats["episodes/env_reward_mean"]
     if pass_k and samples_per_prompt:
         texts, _, _ = answers(SamplingParams(temperature=temperature), jax.random.fold_in(key, 1), samples_per_prompt)
         repeated = [p for p in prompts for _ in range(samples_per_prompt)]

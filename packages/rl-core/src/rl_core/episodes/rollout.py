@@ -10,6 +10,7 @@ import jax
 
 from rl_core.config import RolloutConfig
 from rl_core.data import Prompt
+from rl_core.episodes.agents import agent_runtime
 from rl_core.episodes.runner import EpisodeLimits, Rollout, Sessions, run_episodes, single_turn
 from rl_core.policy.tokens import Tokenizer, encode_prompts
 from rl_core.registry import environment_factory
@@ -32,7 +33,8 @@ def collect_rollout(
 
     `generate(prompt_tokens, prompt_mask, num_samples=G, key=...)` samples with the
     current weights (the learner's `generate`). Without `rollout.environment` each row
-    is one generation; with one, each row is a whole episode (rl_core.episodes.runner).
+    is one generation; with one, each row is a whole episode (rl_core.episodes.runner); with
+    `rollout.agent`, each row is an agent's episode (rl_core.episodes.agents).
     `key`: the first generation samples with it and the n-th turn's with fold_in(key, n),
     instead of `generate`'s own key stream. `row_limits`: the backend stops each row at its own
     `max_new_tokens` and `stop_strings` (the paged engine's `row_limits`): each episode turn asks for
@@ -67,6 +69,8 @@ def _collect(generate: Callable[..., Completions], tokenizer: Tokenizer, rollout
             n = next(calls)
             return stream(*args, key=key if n == 0 else jax.random.fold_in(key, n), **kwargs)
 
+    if rollout.agent is not None:  # the agent runtime serves `generate` to the agents (rl_core.episodes.agents)
+        return agent_runtime()(generate, tokenizer, rollout, prompts, num_samples, sessions=sessions)
     if rollout.environment is None:
         tokens, mask = encode_prompts(tokenizer, [p.text for p in prompts], max_tokens=rollout.max_prompt_tokens)
         out = multihost.to_host(generate(tokens, mask, num_samples=num_samples))

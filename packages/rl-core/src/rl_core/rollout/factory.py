@@ -50,10 +50,11 @@ def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, re
     since more slots than completions would only idle.
 
     Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds); with an
-    environment, a later turn's prompt is the episode so far, up to max_new_tokens longer."""
+    environment or an agent, a later turn's prompt is the episode so far, up to max_new_tokens longer."""
+    episodes = rollout.environment is not None or rollout.agent is not None
     slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, -(-batch_size // replicas))
     return EngineSettings(
-        max_prompt_tokens=rollout.max_prompt_tokens + 1 + (rollout.max_new_tokens if rollout.environment else 0),
+        max_prompt_tokens=rollout.max_prompt_tokens + 1 + (rollout.max_new_tokens if episodes else 0),
         max_new_tokens=rollout.max_new_tokens,
         page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
         steps_per_sync=rollout.steps_per_sync, num_pages=rollout.kv_pages, attention=rollout.attention,

@@ -89,6 +89,7 @@ class EngineSettings:
     steps_per_sync: int = 8
     num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
     attention: str = "auto"
+    top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
 
     @property
     def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
@@ -270,7 +271,8 @@ class PagedBackend:
                 def one(pages, prefill, copy_src, copy_dst, slots):
                     return engine_step(model, pages, prefill, copy_src, copy_dst, slots, key, self.kv,
                                        paging=self.paging, steps=s.steps_per_sync, sampling=sampling,
-                                       eos_ids=self.eos_ids, pad_id=self.pad_id, run_prefill=run_prefill)
+                                       eos_ids=self.eos_ids, pad_id=self.pad_id, run_prefill=run_prefill,
+                                       top_logprobs=s.top_logprobs)
 
                 if self.replicas == 1:  # the same program without a batch axis of one
                     out = one(*jax.tree.map(lambda x: x[0], (pages, prefill, copy_src, copy_dst, slots)))
@@ -283,7 +285,7 @@ class PagedBackend:
                 pool = self.pool_sharding()
                 kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
                                             mesh_lib.replicated(self.mesh)),
-                              out_shardings=(pool, rows, rows, rows))
+                              out_shardings=(pool, rows, rows, rows, (rows, rows)))
             self._steps[sampling] = jax.jit(step, **kwargs)
         return self._steps[sampling]
 
@@ -294,14 +296,14 @@ class PagedBackend:
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
 
     def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
-             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots]:
+             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray]]:
         """One device call on every replica's inputs (leading axis R): (tokens [R, S, k],
-        log-probs [R, S, k], slots after), on the host of every process."""
+        log-probs [R, S, k], slots after, top (ids, log-probs) [R, S, k, K]), on the host of every process."""
         inputs = (prefill, copy_src, copy_dst, slots)
         if self.mesh is not None:
             inputs = multihost.program_inputs(inputs, NamedSharding(self.mesh, P(REPLICAS)))
-        self.pages, tokens, logp, after = step(self.weights, self.pages, *inputs, key)
-        return multihost.to_host((tokens, logp, after))
+        self.pages, tokens, logp, after, top = step(self.weights, self.pages, *inputs, key)
+        return multihost.to_host((tokens, logp, after, top))
 
     def _spec(self) -> tuple[int, int, int, Any]:
         assert self._cache_spec is not None, "update_weights sets it"

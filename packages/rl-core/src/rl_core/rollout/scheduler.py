@@ -69,6 +69,7 @@ class _Sample:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logp: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # the weight version of each token
+    top: list[tuple[list[int], list[float]]] = dataclasses.field(default_factory=list)  # per token (EngineSettings.top_logprobs)
     started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
     done: bool = False
     session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
@@ -147,6 +148,16 @@ class _Replica:
             "ids": np.zeros((self.slots, 2), np.int32),
         }
 
+    def admit(self, prompts: list[_Prompt]) -> None:
+        """Prompts joining this replica between calls (the serving loop's requests,
+        rl_core.rollout.serving), each checked to fit the pool alone as at the start; a prompt
+        continuing a retained sequence comes with its pages taken (`Retained.take`)."""
+        spare = int(self.engine.partial_rollouts == "recompute")
+        for prompt in prompts:
+            check_fits(self.pool.num_pages - 1, self.ps, len(prompt.tokens), self.t, spare=spare)
+        self.remaining += sum(len(p.samples) for p in prompts)
+        self.to_prefill.extend(prompts)
+
     def _pages_to(self, position: int) -> int:
         """Pages a sequence needs to hold positions 0..position."""
         return position // self.ps + 1
@@ -188,7 +199,7 @@ class _Replica:
         self.pool.release(sample.own + self._shared(sample))
         keep = sample.prompt.resumed
         sample.own = []
-        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:]
+        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:]
         self.running[slot] = None
         self.host["active"][slot] = False
         self.ready.appendleft(sample)
@@ -419,8 +430,10 @@ class _Replica:
         self.before = self.host["count"].copy()
         return prefill, src, dst, Slots(**self.host)
 
-    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots, version: int) -> None:
-        """Record the call's tokens [S, k], sampled by weight `version`, and retire the samples that ended."""
+    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots, version: int,
+               top: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Record the call's tokens [S, k], sampled by weight `version` (with their top alternatives
+        [S, k, K] when K > 0), and retire the samples that ended."""
         self.calls += 1
         for name in ("token", "position", "count", "active"):
             self.host[name] = np.array(getattr(after, name))
@@ -431,6 +444,8 @@ class _Replica:
             sample.tokens.extend(tokens[slot, :n].tolist())
             sample.logp.extend(logp[slot, :n].tolist())
             sample.versions.extend([version] * n)
+            if top is not None and top[0].shape[-1]:
+                sample.top.extend((top[0][slot, t].tolist(), top[1][slot, t].tolist()) for t in range(n))
             if self.host["active"][slot] and n and sample.prompt.stops:
                 assert self.decode is not None  # Requests.stops checked it
                 end = stop_index(sample.tokens, sample.prompt.stops, self.decode)
@@ -500,7 +515,7 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
                 for replica in replicas:
                     replica.recompute()
             prefill, src, dst, slots = _stack([x.plan() for x in replicas])
-            tokens, logp, after = engine.call(step, prefill, src, dst, slots, key)
+            tokens, logp, after, _ = engine.call(step, prefill, src, dst, slots, key)
             for i, replica in enumerate(replicas):
                 replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version)  # noqa: B023
         # a finished rollout released everything it does not retain: anything else is a bookkeeping bug

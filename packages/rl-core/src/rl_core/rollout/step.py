@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.policy.protocols import PagedModel
-from rl_core.rollout.sampler import SamplingParams, categorical, sample_with
+from rl_core.rollout.sampler import SamplingParams, categorical, sample_with, tempered_logits
 
 
 class Prefill(NamedTuple):
@@ -70,9 +70,12 @@ def engine_step(
     eos_ids: Sequence[int],
     pad_id: int,
     run_prefill: jax.Array | None = None,
-) -> tuple[Any, jax.Array, jax.Array, Slots]:
-    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps); `model()` (an inference
+    top_logprobs: int = 0,
+) -> tuple[Any, jax.Array, jax.Array, Slots, tuple[jax.Array, jax.Array]]:
+    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps, top); `model()` (an inference
     copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
+    `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
+    the whole tempered softmax (the sampled token's distribution; K = 0: empty, nothing computed).
 
     The prefill chunk goes first, so the samples of a prompt whose last chunk it
     holds may start decoding in the same call; then each new sample's copy of its
@@ -93,13 +96,18 @@ def engine_step(
     row_keys = completion_keys(key, slots.ids)
 
     def body(i, carry):
-        pages, st, out_tokens, out_logp = carry
+        pages, st, out_tokens, out_logp, (top_ids, top_logp) = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
         step_model = model()
         hidden, pages = paging.forward(step_model, st.token, position, pages, rows, kv)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
-        token, logp = sample_rows(keys, step_model.logits(hidden), sampling)
+        logits = step_model.logits(hidden)
+        token, logp = sample_rows(keys, logits, sampling)
+        if top_logprobs:
+            values, ids = jax.lax.top_k(jax.nn.log_softmax(tempered_logits(logits, sampling), axis=-1), top_logprobs)
+            top_ids = jax.lax.dynamic_update_index_in_dim(top_ids, ids.astype(jnp.int32), i, axis=1)
+            top_logp = jax.lax.dynamic_update_index_in_dim(top_logp, values, i, axis=1)
         token = jnp.where(st.active, token, pad_id)
         logp = jnp.where(st.active, logp, 0.0)
         out_tokens = jax.lax.dynamic_update_index_in_dim(out_tokens, token, i, axis=1)
@@ -109,8 +117,9 @@ def engine_step(
         ended = jnp.isin(token, eos) | (count >= st.limit)
         st = st._replace(token=jnp.where(st.active, token, st.token), position=st.position + step, count=count,
                          active=st.active & ~ended)
-        return pages, st, out_tokens, out_logp
+        return pages, st, out_tokens, out_logp, (top_ids, top_logp)
 
-    init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32))
-    pages, slots, tokens, logp = jax.lax.fori_loop(0, steps, body, init)
-    return pages, tokens, logp, slots
+    top = (jnp.zeros((s, steps, top_logprobs), jnp.int32), jnp.zeros((s, steps, top_logprobs), jnp.float32))
+    init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32), top)
+    pages, slots, tokens, logp, top = jax.lax.fori_loop(0, steps, body, init)
+    return pages, tokens, logp, slots, top

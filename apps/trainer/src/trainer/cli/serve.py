@@ -1,0 +1,53 @@
+"""`trainer serve`: a model folder or a run's policy behind an OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.cli.common import location
+
+# The command's own modules are imported inside `run`, not at the top: the CLI imports every
+# command module before parsing, and `trainer train` must join a multi-process run before
+# anything else is imported (see trainer.cli and trainer.distributed).
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="serve a model folder or a run's policy as an OpenAI-compatible endpoint")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", type=location, metavar="HF_DIR", help="a Hugging Face model folder")
+    what.add_argument("--run", type=location, help="run folder written by `trainer train`")
+    s.add_argument("--step", type=int, default=None, help="the run's checkpoint step (default: the latest)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    s.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0: a free one)")
+    s.add_argument("--served-model-name", default=None, help="the model's name in /v1/models (default: the folder's)")
+    s.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt (default: %(default)s)")
+    s.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens a sample (default: %(default)s)")
+    s.add_argument("--slots", type=int, default=32, help="samples decoded at once (default: %(default)s)")
+    s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder"),
+                   help="how the model writes tool calls (default: from its chat template)")
+    s.add_argument("--seed", type=int, default=0, help="the engine's random key (default: %(default)s)")
+    s.add_argument("--top-logprobs", type=int, default=20,
+                   help="the most top_logprobs a request may ask for (default: %(default)s; 0: none computed)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: see the note above
+    from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
+
+    options = EngineOptions(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                            slots=args.slots, tool_format=args.tool_format, seed=args.seed,
+                            top_logprobs=args.top_logprobs)
+    if args.model is not None:
+        served = served_folder(args.model, options, name=args.served_model_name)
+    else:
+        served = served_run(args.run, options, step=args.step, name=args.served_model_name)
+    running = serve_in_thread(served, args.host, args.port)
+    print(f"trainer serve: {served.name} at {running.url} (tool calls: {served.tool_format}); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    try:
+        running.thread.join()
+    finally:
+        running.stop()
+        served.loop.close()
+    return 0

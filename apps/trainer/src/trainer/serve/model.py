@@ -1,0 +1,74 @@
+"""What `trainer serve` serves: a Hugging Face model folder, or a run folder's policy at a checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.serving import EngineLoop
+from rl_models import PAGED_TRANSFORMER
+from rl_models.hf import load_hf_model, load_hf_tokenizer
+
+from trainer.run import load_run_policy
+from trainer.serve import tool_calls
+from trainer.serve.responses import Served
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """The engine's shapes (`rl_core.rollout.paged.EngineSettings`) and the endpoint's settings."""
+
+    max_prompt_tokens: int = 2048
+    """Longest prompt (tokens): a longer one is answered 400 context_length_exceeded."""
+    max_new_tokens: int = 1024
+    """Most new tokens of a sample: a request's max_tokens above it is capped (finish_reason "length")."""
+    slots: int = 32
+    """Samples decoded at once."""
+    page_size: int = 16
+    steps_per_sync: int = 8
+    prefill_chunk: int = 256
+    num_pages: int = 0
+    """KV pages; 0: every slot at full length."""
+    tool_format: str = "auto"
+    """auto (from the chat template), hermes or qwen3_coder (trainer.serve.tool_calls)."""
+    seed: int = 0
+    """The engine's key: requests with a seed give the same tokens for the same seed."""
+    top_logprobs: int = 20
+    """The most alternatives per token a request may ask for (`top_logprobs`); 0: none are computed."""
+
+    def settings(self) -> EngineSettings:
+        return EngineSettings(max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
+                              page_size=self.page_size, slots=self.slots, prefill_chunk=self.prefill_chunk,
+                              steps_per_sync=self.steps_per_sync, num_pages=self.num_pages,
+                              top_logprobs=self.top_logprobs)
+
+
+def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOptions, *, version: int = 0) -> Served:
+    """An engine loop decoding `model` (an rl_models transformer), as `name`."""
+    graphdef, state = nnx.split(model)
+    engine = PagedBackend(graphdef, options.settings(), paging=PAGED_TRANSFORMER, eos_ids=tokenizer.eos_ids,
+                          pad_id=tokenizer.pad_id)
+    engine.update_weights(state, version)
+    loop = EngineLoop(engine, tokenizer.decode, key=jax.random.key(options.seed))
+    template = getattr(tokenizer, "chat_template", None)
+    fmt = tool_calls.choose(template) if options.tool_format == "auto" else tool_calls.check_parser(options.tool_format)
+    return Served(name=name, loop=loop, tokenizer=tokenizer, max_prompt_tokens=options.max_prompt_tokens,
+                  max_new_tokens=options.max_new_tokens, tool_format=fmt, top_logprobs=options.top_logprobs)
+
+
+def served_folder(folder: str | Path, options: EngineOptions, *, name: str | None = None) -> Served:
+    """The model in a Hugging Face folder (config.json, safetensors, tokenizer.json)."""
+    folder = Path(folder)
+    return serve_model(name or folder.name, load_hf_model(folder), load_hf_tokenizer(folder), options)
+
+
+def served_run(run_dir: str | Path, options: EngineOptions, *, step: int | None = None,
+               name: str | None = None) -> Served:
+    """A run folder's policy at checkpoint `step` (default: the latest), its weight version the step."""
+    run = load_run_policy(run_dir, step)
+    return serve_model(name or f"{Path(run_dir).name}@{run.step}", run.model, run.tokenizer, options,
+                       version=run.step)
