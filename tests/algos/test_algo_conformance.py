@@ -37,6 +37,8 @@ from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner.base import RLLearner
 from rl_core.testing import tree_max_abs_diff
+from rl_core.train.behaviour import LogprobPasses
+from rl_core.train.objective import policy_loss_function
 from rl_core.types import TrainExample
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -293,6 +295,67 @@ def test_padding_never_changes_the_loss(toy_losses, name):
     _, (loss, _, _, loss_with_rows, loss_with_left_pad) = toy_losses(name)
     assert loss_with_rows == pytest.approx(loss, rel=1e-6, abs=1e-6)
     assert loss_with_left_pad == pytest.approx(loss, abs=1e-5)
+
+
+# -- every tool compiles the program that runs ---------------------------------------------
+
+# Settings where an algorithm's own loss differs from the registered function its config names
+# at that function's defaults: SAPO's gate at other temperatures than `sapo_loss`'s.
+OWN_SETTINGS = {"sapo": {"tau_pos": 2.0, "tau_neg": 3.0}}
+
+
+def planned_and_trained(name):
+    """(learner, passes, the loss `trainer plan` compiles, the loss the learner's update differentiates)."""
+    from trainer.plan.programs import policy_loss
+
+    _, config, learner = fresh(name, OWN_SETTINGS.get(name))
+    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+                              async_rollout=learner.training.async_rollout)
+    return learner, passes, policy_loss(name, config, learner.rollout, passes), learner.models["policy"].loss_fn
+
+
+def loss_on_toy(loss_fn):
+    """The LossOutput of `loss_fn` on the toy batch, off-policy (old_logp != logp: ratios away from 1)."""
+    example = toy_example()
+    example = example._replace(old_logp=example.sampler_logp + 0.5 * example.completion_mask)
+    return jax.device_get(jax.jit(loss_fn)(rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)), example))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_trainer_plan_compiles_the_loss_the_learner_trains(name):
+    """`trainer plan` compiles its update on the algorithm's own loss: equal to the bit to the loss
+    the learner's update differentiates, every sum and metric (SAPO's override included)."""
+    _, _, planned, trained = planned_and_trained(name)
+    plan, train = loss_on_toy(planned), loss_on_toy(trained)
+    assert jax.tree.structure(plan) == jax.tree.structure(train)
+    for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(train), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_plan_check_tells_sapos_gate_from_the_registered_function():
+    """What the check above catches: compiling the registered function the config names (what
+    trainer plan did) gives SAPO the gate at sapo_loss's default temperatures, another loss.
+    At ratio 1 the gate's value is -2A / tau: tau_pos 2 halves the positive rows' terms."""
+    learner, passes, _, trained = planned_and_trained("sapo")
+    registered = policy_loss_function(learner.config, learner.rollout, beta=passes.loss_beta)
+    assert float(loss_on_toy(registered).total) != pytest.approx(float(loss_on_toy(trained).total), rel=1e-3)
+
+
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
+def test_the_planned_batch_holds_the_fields_the_learner_fills(name):
+    """The batch `trainer plan` lays out (the learner's `example_spec`) has the fields a real step's
+    example has, each per row or per token as there, in its dtype."""
+    _, config, learner = fresh(name)
+    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+                              async_rollout=learner.training.async_rollout)
+    real = learner.produce_examples(PROMPTS[:2]).example
+    spec = type(learner).example_spec(config, passes, rows=learner.batch_size, prompt_tokens=9, completion_tokens=T)
+    for field, want, got in zip(TrainExample._fields, spec, real, strict=True):
+        assert (want is None) == (got is None), (field, want, got)
+        if want is not None:
+            assert (np.shape(got)[0], np.ndim(got), np.asarray(got).dtype) == (want.shape[0], want.ndim, want.dtype), field
+            if want.ndim == 2 and field.startswith(("completion", "old", "ref", "sampler", "teacher", "adv")):
+                assert np.shape(got)[1] == T, field
 
 
 # -- advantages of equal rewards -----------------------------------------------------------

@@ -75,6 +75,12 @@ class PPOLearner(PolicyGradientLearner):
         bound: a pure function of the config (`trainer plan` compiles the critic's update on it)."""
         return functools.partial(critic_loss, clip=config.value_clip, coef=config.value_loss_coef)
 
+    @classmethod
+    def example_spec(cls, config: PPOConfig, passes: Any, **shape: int) -> TrainExample:
+        """The pipeline's example plus the critic's targets and its values at collection time."""
+        example = super().example_spec(config, passes, **shape)
+        return example._replace(returns=example.completion_mask, values=example.completion_mask)
+
     # -- what changes from GRPO ------------------------------------------------------------
 
     def models_to_update(self) -> Sequence[str]:

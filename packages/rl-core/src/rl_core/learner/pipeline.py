@@ -64,6 +64,7 @@ from rl_core.learner.groups import TOTAL, Groups, version_lag_metrics
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
 from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.config import RolloutConfig
 from rl_core.learner.rollout_correction import resolve_correction
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.train.trainable import LossFn
@@ -217,10 +218,39 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return Groups.from_json(data)
 
     def loss_function(self) -> LossFn:
-        """`policy_objective` with this run's settings bound: the registered functions the
-        config names, the clip widths, the KL term (`passes.loss_beta`) and the sampler's temperature."""
-        return policy_loss_function(self.config, self.rollout, beta=self.passes.loss_beta,
-                                    async_rollout=self.training.async_rollout)
+        """This run's `loss_of`: what the policy's update differentiates."""
+        return self.loss_of(self.config, self.rollout, self.passes)
+
+    @classmethod
+    def loss_of(cls, config: PolicyGradientConfig, rollout: RolloutConfig, passes: LogprobPasses) -> LossFn:
+        """The policy's loss of one micro-batch for a run of these settings, a pure function of them:
+        `policy_objective` with the registered functions the config names, the clip widths, the KL
+        term (`passes.loss_beta`) and the sampler's temperature bound. A variant that changes the
+        loss overrides this (SAPO's gate), so `trainer plan` compiles, without a learner, the loss
+        the learner trains."""
+        return policy_loss_function(config, rollout, beta=passes.loss_beta, proximal=passes.proximal)
+
+    @classmethod
+    def example_spec(cls, config: PolicyGradientConfig, passes: LogprobPasses, *, rows: int, prompt_tokens: int,
+                     completion_tokens: int) -> TrainExample:
+        """The TrainExample a step of these settings trains on (`examples_from`'s), as
+        ShapeDtypeStructs of `rows` rows at the widest shapes: the fields it fills (behaviour
+        log-probs when `passes.behaviour`, the reference's and the teacher's when they run, the
+        sampler's always; per-token advantages for a token estimator) and no other; the batch
+        layout adds the packed rows and shared prompts for the update (rl_core.train.layout).
+        A variant that adds fields extends it (PPO's returns and values)."""
+        def per_token(present: bool = True, dtype: Any = np.float32) -> jax.ShapeDtypeStruct | None:
+            return jax.ShapeDtypeStruct((rows, completion_tokens), dtype) if present else None
+
+        prompt = lambda dtype: jax.ShapeDtypeStruct((rows, prompt_tokens), dtype)  # noqa: E731
+        per_token_advantages = config.estimator_category == "token_advantage_estimator"
+        return TrainExample(
+            prompt_tokens=prompt(np.int32), prompt_mask=prompt(np.float32),
+            completion_tokens=per_token(dtype=np.int32), completion_mask=per_token(),
+            advantages=per_token() if per_token_advantages else jax.ShapeDtypeStruct((rows,), np.float32),
+            old_logp=per_token(passes.behaviour), ref_logp=per_token(passes.reference), sampler_logp=per_token(),
+            teacher_logp=per_token(passes.teacher),
+        )
 
     # -- pipeline steps -------------------------------------------------------------------
 

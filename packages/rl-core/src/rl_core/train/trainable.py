@@ -158,6 +158,7 @@ class TrainableModel:
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
         self.shardings = self.model_shardings.whole
         self.tx = optimizer
+        self.loss_fn = loss_fn  # what `update_step` differentiates (trainer plan compiles the same; tests hold them equal)
         # traced under the mesh's activation layout: rows split, weights gathered (rl_core.runtime.mesh)
         self.update_step = update_program(self.graphdef, optimizer, loss_fn, self.model_shardings, mesh)
 
