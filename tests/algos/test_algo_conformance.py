@@ -19,7 +19,6 @@ e2e tier; the config, loss and padding contracts run for every algorithm in the 
 
 import dataclasses
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,9 +39,7 @@ from rl_core.testing import tree_max_abs_diff
 from rl_core.train.behaviour import LogprobPasses
 from rl_core.train.objective import policy_loss_function
 from rl_core.types import TrainExample
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
+from rl_core.testing import make_groups, train_counting_compiles
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")

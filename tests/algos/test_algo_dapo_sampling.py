@@ -10,8 +10,6 @@ the real scoring path (reward manager over the texts).
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -23,11 +21,9 @@ import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner, DynamicSamplingError
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
 
 OFF = RolloutCorrection(mode="off")
 

@@ -4,8 +4,6 @@ Uses the toy `BagPolicy` (a real NNX policy honouring masks and the KV cache)
 so that the many small programs compile quickly.
 """
 
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,11 +17,9 @@ from algo_dr_grpo import DrGRPOConfig, DrGRPOLearner
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]

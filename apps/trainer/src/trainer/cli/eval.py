@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
-    from trainer.evaluate.saved_run import evaluate_run
+    from trainer.run.saved_run import evaluate_run
 
     print(json.dumps(evaluate_run(args.run, k=args.k, samples=args.samples), indent=2))
     return 0

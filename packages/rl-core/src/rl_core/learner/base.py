@@ -28,7 +28,7 @@ JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_jso
 rl_core.rollout.async_rollout.CollectHalves); where `scores_apart`, `collect` is cut once
 more (`collect_unscored`, `score_collected`) so that scoring runs on a scoring thread.
 rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
-package runs (sample, score, advantages, log-probs; the config in rl_core.learner.pipeline_config).
+package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(state, mini)` (rl_core.train.trainable) -> the jitted

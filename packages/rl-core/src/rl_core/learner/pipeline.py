@@ -36,7 +36,7 @@ Async rollouts (training.async_rollout = "one_step") sample with weights one ste
 (up to training.max_staleness = k steps) older than the update's. The update then follows decoupled PPO (AReaL): every row's
 `old_logp` is the proximal policy's, the current weights' at training time (none is
 recorded at collection, when the update may be changing the weights), the clipped
-ratio is taken against it, and the rollout correction (rl_core.learner.rollout_correction:
+ratio is taken against it, and the rollout correction (rl_core.correction_config:
 the config's, or by default the truncated importance weight min(pi_prox / pi_sampler, 2))
 corrects for the stale sampler.
 """
@@ -63,9 +63,9 @@ from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.learner.groups import TOTAL, Groups, version_lag_metrics
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
-from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.pipeline_config import PolicyGradientConfig
 from rl_core.config import RolloutConfig
-from rl_core.learner.rollout_correction import resolve_correction
+from rl_core.correction_config import resolve_correction
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample

@@ -27,7 +27,8 @@ from jax.sharding import Mesh, NamedSharding
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.config import TrainingConfig
-from rl_core.train.packing import Packed, pack_micro_batches
+from rl_core.packed import Packed
+from rl_core.train.packing import pack_micro_batches
 from rl_core.train.trim import trimmed_width
 from rl_core.types import SharedPrompts, TrainExample
 

@@ -23,13 +23,13 @@ from rl_core.math.distillation import distill_advantages, sampled_reverse_kl
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.protocols import Policy
 from rl_core.train.trainable import LossFn, LossOutput
-from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
+from rl_core.correction_config import RolloutCorrection, resolve_correction
 from rl_core.train.correction import correct_policy_terms
 from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
     from rl_core.config import RolloutConfig
-    from rl_core.learner.pipeline_config import PolicyGradientConfig
+    from rl_core.pipeline_config import PolicyGradientConfig
 
 
 def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -41,8 +41,8 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
                          proximal: bool = False) -> LossFn:
     """`policy_objective` with a run's settings bound: the registered functions `config` names, its
     clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.train.behaviour.LogprobPasses.
-    loss_beta), the sampler's temperature and the run's rollout correction (rl_core.learner.
-    rollout_correction.resolve_correction); `proximal` (async rollouts): old_logp is the proximal
+    loss_beta), the sampler's temperature and the run's rollout correction (rl_core.
+    correction_config.resolve_correction); `proximal` (async rollouts): old_logp is the proximal
     policy's."""
     return functools.partial(
         policy_objective,

@@ -13,7 +13,9 @@ from rl_core.config import ConfigError
 
 from trainer import build
 from trainer.evaluate.heldout import evaluate
-from trainer.run import load_run_policy, readable_run, settings_of_run
+from trainer.run.folder import settings_of_run
+from trainer.run.policy import load_run_policy
+from trainer.run.train import readable_run
 
 
 def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | None = None, seed: int = 0) -> dict[str, Any]:
