@@ -230,7 +230,7 @@ def toy_losses():
             rows = rows._replace(sampler_logp=jnp.concatenate([own, rows.sampler_logp[len(own):]]))
 
             def loss_of(p, example):
-                out = learner.compute_loss(nnx.merge(graphdef, p), example)
+                out = learner.models["policy"].loss_fn(nnx.merge(graphdef, p), example)
                 return out.total / out.denom, out
 
             @jax.jit
@@ -473,10 +473,10 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_mini_batches_after_the_first_see_the_moved_policy(name):
     _, _, learner = build(name, prompts_per_step=4, mini_batch_size=G, learning_rate=0.01)
-    assert learner.num_mini_batches == 4 and learner.update_is_off_policy()
+    assert learner.num_mini_batches == 4 and learner.passes.off_policy
     example = identical_groups(learner, 4)
     assert example.old_logp is not None  # recorded before any update
-    stats = learner.update(example)
+    stats = learner.update_models(example)["policy"]
     ratio_min = [s["minima"]["train/ratio_min"] for s in stats]
     ratio_max = [s["maxima"]["train/ratio_max"] for s in stats]
     clipped = [s["means"]["train/clip_frac_low"][0] + s["means"]["train/clip_frac_high"][0] for s in stats]
@@ -497,7 +497,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     collected = identical_groups(learner, 2)  # on-policy: nothing recorded yet ...
     assert collected.old_logp is None
     recorded = learner.behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
-    learner.update(collected)  # ... the policy moves, then the rows come back as if carried
+    learner.update_models(collected)  # ... the policy moves, then the rows come back as if carried
     carried = learner.add_logprobs(collected._replace(old_logp=recorded))
     np.testing.assert_array_equal(np.asarray(carried.old_logp), recorded)
     new, _ = learner.compute_logprobs(learner.params, carried)
@@ -517,7 +517,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     else:
         per_row = np.exp(np.log(ratio).reshape(rows, 3).mean(axis=1))  # 3 real tokens per row
         np.testing.assert_allclose(np.asarray(aux.ratio), per_row, rtol=1e-5)
-    (stats,) = learner.update(carried)
+    (stats,) = learner.update_models(carried)["policy"]
     assert stats["minima"]["train/ratio_min"] == pytest.approx(reported.min(), rel=1e-5)
     assert stats["maxima"]["train/ratio_max"] == pytest.approx(reported.max(), rel=1e-5)
 
@@ -529,13 +529,13 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
     XLA may round differently in the last bit (it does with XLA:CPU's older emitters). So the
     ratios agree to float32 rounding, and the updates to a few ulps, not bit for bit."""
     learner = fresh(name)[2]
-    assert not learner.update_is_off_policy()
+    assert not learner.passes.off_policy
     example = identical_groups(learner, 2)
     assert example.old_logp is None  # no behaviour forward on a provably on-policy step
     recomputed = example._replace(
         old_logp=learner.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
-    (a,) = learner.update(example)
+    (a,) = learner.update_models(example)["policy"]
     fast = jax.device_get((learner.params, learner.opt_state))
     (b,) = fresh(name)[2].update(recomputed)  # the same learner, from the same initial state
     slow = jax.device_get((learner.params, learner.opt_state))

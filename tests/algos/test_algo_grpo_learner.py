@@ -239,7 +239,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
         shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
         assert (shared is not None) == share
         before = jax.tree.map(np.array, learner.params)
-        learner.update(example)
+        learner.update_models(example)
         delta = jax.tree.map(lambda a, b: np.asarray(a) - b, learner.params, before)
         out[share] = (example, delta)
     (shared_example, shared_delta), (rows_example, rows_delta) = out[True], out[False]

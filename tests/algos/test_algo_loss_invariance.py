@@ -34,7 +34,7 @@ from rl_core.correction_config import RolloutCorrection
 from rl_core.math.rollout_correction import MODES
 from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
 
-import loss_invariance as contract
+import invariance_contract as contract
 from rl_core.testing import BagPolicy
 
 registry.registry.names("algorithm")  # loads every algorithm package: their losses register too

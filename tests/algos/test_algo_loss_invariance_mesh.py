@@ -1,5 +1,5 @@
 """The loss-invariance contract, model half: every configuration's own learner update is the same
-under every layout (tests/support/loss_invariance.py: gradient accumulation over micro-batches,
+under every layout (tests/support/invariance_contract.py: gradient accumulation over micro-batches,
 packing, shared prompts, data x fsdp meshes of simulated devices) as on one device in one
 plain micro-batch, for every model it trains (PPO's critic too).
 
@@ -14,7 +14,7 @@ import pytest
 
 from rl_core import registry
 
-import loss_invariance as contract
+import invariance_contract as contract
 from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice

@@ -142,7 +142,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     """The loss's stop_gradient(logp) is the behaviour policy's log-probs in value: the weights
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
-    assert not plain.update_is_off_policy() and not tis.update_is_off_policy()
+    assert not plain.passes.off_policy and not tis.passes.off_policy
     assert not plain.passes.behaviour and not tis.passes.behaviour and resolve_correction(tis.config).on
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
@@ -181,10 +181,10 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     initial = learner.state._replace(models=jax.tree.map(lambda x: x.copy(), learner.state.models))
     example = learner.produce_examples(learner.data.next(2)).example
     assert example.old_logp is None
-    (fast,) = learner.update(example)
+    (fast,) = learner.update_models(example)["policy"]
     fast_params = jax.tree.map(np.asarray, learner.params)
     learner.replace_state(initial)
-    (recomputed,) = learner.update(example._replace(old_logp=learner.last_old_logp))
+    (recomputed,) = learner.update_models(example._replace(old_logp=learner.last_old_logp))["policy"]
     for name in ("drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/mismatch_logp_abs_mean"):
         total, count = fast["means"][name]
         want_total, want_count = recomputed["means"][name]

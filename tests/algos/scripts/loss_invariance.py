@@ -1,4 +1,4 @@
-"""The loss-invariance contract, model half: every configuration (tests/support/loss_invariance.py's
+"""The loss-invariance contract, model half: every configuration (tests/support/invariance_contract.py's
 `configs`: each installed algorithm's own, and GRPO's with each policy loss and aggregation no
 algorithm uses) trained one step by its own learner under each layout of `LAYOUTS`, against the
 plain one-device layout.
@@ -14,7 +14,7 @@ import sys
 
 import jax
 
-import loss_invariance as contract
+import invariance_contract as contract
 from rl_core.runtime import mesh as mesh_lib
 
 

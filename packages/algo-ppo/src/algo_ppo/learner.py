@@ -65,7 +65,7 @@ class PPOLearner(PolicyGradientLearner):
     def __init__(self, config: PPOConfig, *, critic: ValueFunction, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
-                       loss_fn=self.critic_loss_function(config))
+                       loss=functools.partial(self.critic_loss_function, config))
         self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
 

@@ -7,7 +7,6 @@
   rollouts   the policy's sampler and rollout backend (`rl_core.rollout.generation`, rl_core.rollout)
   recorder   the run recorder (`rl_core.run.recorder`): metrics, samples, checkpoints
   layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
-  guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
 
 What a step changes is one value the learner holds, `state` (rl_core.learner.state.
 LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
@@ -82,7 +81,7 @@ from rl_core.policy.tokens import Tokenizer
 from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
 from rl_core.train.trim import trim_example, trimmed_width
 from rl_core.types import StepBatch, TrainExample
-from rl_core.train.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
+from rl_core.train.update_stats import NonFiniteUpdateError, guard_updates, summarize
 
 __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data_mesh"]
 
@@ -155,38 +154,39 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # every process splits the same key the same way
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(self.mesh)))
-        self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss_fn=self.loss_function())
+        self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
         self.data = PromptStream(train_data, seed=training.seed)
-        self._keys = threading.local()  # a running collection's own key stream (see `collect_supplied`)
+        self._keys = threading.local()  # a running collection's own key stream (see `_collect_supplied`)
         self._stop_requested = False
-        self.guard = UpdateGuard(training)
         # one-step-off-policy rollouts: where the batch ahead is collected
         if training.async_rollout != "off" and type(self).collect is CollectHalves.collect:
             raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} implements "
                              "produce_examples only, not its halves collect / examples_from / batch_to_json / "
                              "batch_from_json that async rollouts run apart")
-        self.ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
-        if rollout.partial_rollouts != "off" and self.ahead is None:
+        self._ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
+        if rollout.partial_rollouts != "off" and self._ahead is None:
             raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
                              "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self.generator = PolicyGenerator(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
-        self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
-        self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
+        self._logprob_pass = PolicyLogprobs(self.policy_part, rollout)
+        self._logprobs = self._logprob_pass.program  # (logp, entropy) [B, T]
 
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else self._own_config()
         self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=self.writes)
         self.output_dir = self.recorder.output_dir
 
-    def add_model(self, name: str, module: nnx.Module, *, learning_rate: float, loss_fn: LossFn) -> TrainableModel:
-        """Train `module` as model `name`, with the run's optimizer at `learning_rate` and `loss_fn`."""
+    def add_model(self, name: str, module: nnx.Module, *, learning_rate: float,
+                  loss: Callable[[], LossFn]) -> TrainableModel:
+        """Train `module` as model `name`, with the run's optimizer at `learning_rate` and the loss
+        `loss()` builds where it is first needed (the first update, or trainer plan's check)."""
         training = dataclasses.replace(self.training, learning_rate=learning_rate)
         total_updates = self.training.num_steps * self.num_iterations * self.num_mini_batches
         optimizer = make_optimizer(training, total_updates)
-        self.models[name] = part = TrainableModel(module, name=name, optimizer=optimizer, loss_fn=loss_fn,
+        self.models[name] = part = TrainableModel(module, name=name, optimizer=optimizer, loss=loss,
                                                   layout=self.layout)
         self._state = self._state.with_model(name, part.init_state(module))
         return part
@@ -200,9 +200,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def loss_function(self) -> LossFn:
         """The policy's loss of one micro-batch, `fn(model, example) -> LossOutput` (sums and
-        denominator plus metric sums, traced). Called while the learner is built (and by
-        `compute_loss`): it may read the configs (`self.config`, `self.rollout`), never state that
-        changes later, and the function it returns must be pure, as the jitted update closes over it."""
+        denominator plus metric sums, traced). Called once, where the policy's first update needs it
+        (rl_core.train.trainable.TrainableModel.loss_fn): it may read the configs (`self.config`, `self.rollout`), never state that changes later, and the function it
+        returns must be pure, as the jitted update closes over it."""
 
     @property
     @abc.abstractmethod
@@ -273,9 +273,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         and the key."""
         return Supply(self.data, self._state.data_position, self._state.carry, self._state.rng)
 
-    def collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
+    def _collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
                          ) -> tuple[Any, Supply]:
-        """`collect(prompts, supply)` with the sampling keys (`next_key`) split from `supply.rng`
+        """`collect(prompts, supply)` with the sampling keys (`_next_key`) split from `supply.rng`
         on this thread, and the supply past it with the key it leaves: a collection on the
         rollout thread draws keys without touching the learner's state. `unscored`: its
         generation half only (`collect_unscored`; `score_collected` scores it, on any thread)."""
@@ -295,31 +295,22 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """The state past a collection: the stream's position, the carry and the key it left."""
         self._state = self._state._replace(data_position=supply.position, carry=supply.carry, rng=supply.rng)
 
-    # -- the policy part's attributes and the guard's counts, as the learner's own -----------
+    # -- the policy part's attributes, as the learner's own -------------------------------------
 
     @property
     def policy_part(self) -> TrainableModel:
         return self.models[POLICY]
 
-    graphdef, frozen, tx = (_policy_attribute(name) for name in ("graphdef", "frozen", "tx"))
-    param_shardings, frozen_shardings, opt_shardings = (
-        _policy_attribute(name) for name in ("param_shardings", "frozen_shardings", "opt_shardings"))
+    graphdef, frozen = (_policy_attribute(name) for name in ("graphdef", "frozen"))
     policy_shardings = _policy_attribute("shardings", "the whole policy's shardings (trained and frozen)")
     sampler = property(lambda self: self.generator.sampler)  # the one-program sampler (evaluation uses it)
     rollout_backend = property(lambda self: self.generator.backend)
-    skipped_updates = property(lambda self: self.guard.skipped_updates)
-    skipped_in_a_row = property(lambda self: self.guard.skipped_in_a_row)
-    empty_updates = property(lambda self: self.guard.empty_updates)
 
     # -- services for subclasses ----------------------------------------------------------
 
-    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
-        """The policy's loss of one micro-batch (what the update differentiates)."""
-        return self.loss_function()(model, example)
-
-    def next_key(self) -> jax.Array:
+    def _next_key(self) -> jax.Array:
         """The training key stream's next key: the running collection's on its thread (see
-        `collect_supplied`), else the state's."""
+        `_collect_supplied`), else the state's."""
         running = getattr(self._keys, "key", None)
         if running is not None:
             self._keys.key, key = _split_key(running)
@@ -328,7 +319,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         self._state = self._state._replace(rng=rng)
         return key
 
-    def sampling_version(self) -> int:
+    def _sampling_version(self) -> int:
         """The step count of the weights `generate` samples with: the pinned ones' (a collection
         ahead), else the current step's."""
         pinned = self.generator.pinned
@@ -348,7 +339,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         stream, or evaluating would change the run). `max_new_tokens` / `stop_strings` (one per
         prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine);
         `sessions` (one handle per row): sequences the backend keeps between calls (`Requests.sessions`)."""
-        key = self.next_key() if key is None else key
+        key = self._next_key() if key is None else key
         out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                      version=self.step, params=self.params, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings, sessions=sessions)
@@ -358,7 +349,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
 
-    def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
+    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
                         ) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
         each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes.rollout.collect_rollout);
@@ -382,18 +373,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """(logp, entropy) [B, T] of the example's completions under `params` (0 past the trimmed width)."""
         if self.meter is not None:
             self.meter.scored(POLICY, example)
-        return self.logprob_pass(params, example)
-
-    def update_is_off_policy(self) -> bool:
-        """True when an update on a fresh batch can run on a policy other than the one that
-        sampled it: several passes or several mini-batches (see rl_core.train.behaviour)."""
-        return self.num_iterations > 1 or self.num_mini_batches > 1
+        return self._logprob_pass(params, example)
 
     def behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
                            recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
         """[B, T] float32 log-probs of completions under the current parameters, on the host
         (`PolicyLogprobs.behaviour`). Call it at collection time, before any update on these rows."""
-        return self.logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
+        return self._logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
                                            recorded=recorded, completion_mask=completion_mask)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
@@ -408,7 +394,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Algorithm-specific metrics on held-out prompts, added to each scheduled and final
         evaluation (PPO: the critic's explained variance); none by default. Must not draw from
-        the training key stream (`next_key`): evaluating would change the run."""
+        the training key stream (`_next_key`): evaluating would change the run."""
         return {}
 
     def request_stop(self) -> None:
@@ -438,13 +424,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
         n, state = self.training.prompts_per_step, self._state
-        if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
+        if self._ahead is not None:  # async: the next batch is being collected from here to the update's end
             # scored apart where the collection allows it: its scoring runs on while later batches generate
             score = self.score_collected if self.scores_apart() else None
-            batch, rest = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from,
+            batch, rest = batch_ahead(collect=self._collect_supplied, examples_from=self.examples_from,
                                       in_flight=state.in_flight, supply=self.supply(), prompts_per_step=n,
                                       version=state.step, params=self.params, generator=self.generator,
-                                      thread=self.ahead, max_staleness=self.training.max_staleness, score=score)
+                                      thread=self._ahead, max_staleness=self.training.max_staleness, score=score)
         elif state.in_flight:  # an async run's checkpoint resumed synchronously: train on its batches first
             head = settled(state.in_flight[:1])[0]
             batch = self.examples_from(head.batch)
@@ -457,13 +443,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             batch = self.produce_examples(prompts)
         else:
             prompts, supply = self.supply().draw(n)
-            collected, supply = self.collect_supplied(prompts, supply)
+            collected, supply = self._collect_supplied(prompts, supply)
             self._take_supply(supply)
             batch = self.examples_from(collected)
         fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
-            if self.ahead is not None:
-                self.ahead.abandon()
+            if self._ahead is not None:
+                self._ahead.abandon()
                 self.generator.unpin()
             raise ValueError(
                 f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
@@ -474,9 +460,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         metrics = dict(batch.metrics)
         # steps between the weights that sampled the batch and the update's (async: batch_ahead's count)
         metrics.setdefault("rollout/staleness_version_lag", metrics.get("async/staleness", 0.0))
-        if self.ahead is not None:
+        if self._ahead is not None:
             (results, apart), in_flight, supply, waits = update_beside(
-                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self.ahead,
+                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self._ahead,
                 publish=self._publish_update if self.rollout.partial_rollouts != "off" else None)
             self._state = self._state._replace(in_flight=in_flight)
             if supply is not None:
@@ -502,10 +488,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             self.recorder.metrics(self.step, metrics)
         self.recorder.samples(self.step, batch.samples)
         return metrics
-
-    def update(self, example: TrainExample) -> list[dict[str, Any]]:
-        """The policy's statistics of `update_models(example)`, one dict per update in order."""
-        return self.update_models(example).get(POLICY, [])
 
     def update_models(self, example: TrainExample) -> dict[str, list[dict[str, Any]]]:
         """`num_iterations` passes of one optimizer step per mini-batch over `example`, for each
@@ -548,7 +530,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         out: dict[str, float] = {}
         for name, stats in results.items():
             if stats:  # a model left out of this step (e.g. the policy in PPO's critic warm-up) has none
-                self.guard.check(self.step + 1, "updates" if name == POLICY else f"{name} updates", stats)
+                counts = guard_updates(self._state.updates, self.training, self.step + 1,
+                                       "updates" if name == POLICY else f"{name} updates", stats)
+                self._state = self._state._replace(updates=counts)
                 out.update(summarize(stats, "train/" if name == POLICY else f"{name}/"))
         return out
 
@@ -584,7 +568,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return {"algorithm": self.config.to_dict(), "training": self.training.to_dict(), "rollout": self.rollout.to_dict()}
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
+        if self._ahead is not None:
+            self._ahead.close()
         self.recorder.close()
 

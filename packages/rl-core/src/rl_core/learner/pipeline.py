@@ -44,7 +44,6 @@ corrects for the stale sampler.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -83,6 +82,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """`teacher`: the frozen model to distill from (an NNX module with the policy's vocabulary),
         needed exactly when config.distill_coef != 0; the other arguments are RLLearner's."""
         super().__init__(config, **kwargs)
+        # which log-prob passes a step runs, decided once from the config and the batch layout
+        self.passes = LogprobPasses.of(config, num_mini_batches=self.num_mini_batches,
+                                       async_rollout=self.training.async_rollout)
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
         extra = config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
@@ -111,7 +113,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
         # the distillation teacher: frozen, its log-prob pass the reference's over its own weights
         self.teacher = teacher_model(teacher, kwargs["policy"], distill_coef=config.distill_coef, layout=self.layout)
-        self.teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
+        self._teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
 
     @property
     def _timings(self) -> dict[str, float]:
@@ -127,13 +129,6 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     @_timings.setter
     def _timings(self, value: dict[str, float]) -> None:
         self.__dict__.setdefault("_timings_of_thread", threading.local()).timings = value
-
-    @functools.cached_property
-    def passes(self) -> LogprobPasses:
-        """Which log-prob passes a step runs: decided once, on first use (the base learner's
-        constructor asks for the loss, once the batch layout is known)."""
-        return LogprobPasses.of(self.config, num_mini_batches=self.num_mini_batches,
-                                async_rollout=self.training.async_rollout)
 
     # -- base-learner hooks ---------------------------------------------------------------
 
@@ -265,7 +260,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         start = time.perf_counter()
         g = self.group_size
         # one prefill per group; every process gets every row (a multi-process run gathers them)
-        rolled = self.rollout_prompts(prompts, g, key=key)
+        rolled = self._rollout_prompts(prompts, g, key=key)
         out = rolled.completions
         self._timings["time/rollout"] += time.perf_counter() - start
         tally = self._timings
@@ -291,7 +286,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             texts=rolled.texts,
             rewards=np.zeros(len(out.lengths), np.float32),
             row_fields=rolled.row_fields(),
-            versions=np.full(len(out.lengths), self.sampling_version(), np.int32),
+            versions=np.full(len(out.lengths), self._sampling_version(), np.int32),
         )
 
     def score(self, groups: Groups) -> Groups:
@@ -401,17 +396,17 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         if self.passes.reference:
             example = example._replace(ref_logp=self.reference_logprobs(example))
         if self.passes.teacher:
-            example = example._replace(teacher_logp=self.teacher_logprobs(example))
+            example = example._replace(teacher_logp=self._teacher_logprobs(example))
         return example
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]
 
-    def teacher_logprobs(self, example: TrainExample) -> jax.Array:
+    def _teacher_logprobs(self, example: TrainExample) -> jax.Array:
         """[B, T] log-probs of the example's completions under the distillation teacher."""
         if self.meter is not None:
             self.meter.scored("teacher", example)
-        return self.teacher_pass(self.teacher.params, example)[0]
+        return self._teacher_pass(self.teacher.params, example)[0]
 
     # -- reporting ------------------------------------------------------------------------
 
