@@ -223,8 +223,10 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
                 return super().run_updates(example)
             return traced("update", super().run_updates, example, pause=1.0)
 
-        def score(self, groups):
-            return traced("score", super().score, groups) if self.tracing else super().score(groups)
+        def score(self, groups, draw=None):
+            if self.tracing:
+                return traced("score", super().score, groups, draw)
+            return super().score(groups, draw)
 
     run = make(Traced, GRPO, reward_delay=0.2)
     run.train_step()  # step 1 collects its own batch first

@@ -110,7 +110,7 @@ def fixed_batch(cls):
     """`cls` with group sampling replaced by the fixed groups above."""
 
     class Fixed(cls):
-        def sample_groups(self, prompts, supply):
+        def sample_groups(self, prompts, supply, draw=None):
             return FIXED, supply
 
     return Fixed

@@ -96,13 +96,14 @@ class PPOLearner(PolicyGradientLearner):
 
         return jax.jit(program)
 
-    def example_from_groups(self, groups: Groups) -> TrainExample:
+    def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """Log-probs (the KL penalty needs them), the critic's values, then GAE."""
         example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))  # advantages: below
         start = time.perf_counter()
         example = self.add_logprobs(example)
         values = self.critic_values(example)
-        self._timings["time/logprob"] = time.perf_counter() - start
+        if tally is not None:
+            tally["time/logprob"] = time.perf_counter() - start
         kl = None if self._kl_reward is None else self._kl_reward(example.old_logp, example.ref_logp)
         adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl, self.turn_rewards(groups))
         return example._replace(advantages=np.asarray(adv), returns=np.asarray(returns), values=values)

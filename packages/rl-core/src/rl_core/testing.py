@@ -214,8 +214,8 @@ class MismatchedSampler(PolicyGradientLearner):
     old_logp, or on an on-policy step, where the loss uses stop_gradient(logp) instead, a pass
     the test double makes before the update)."""
 
-    def rollout_groups(self, prompts):
-        groups = super().rollout_groups(prompts)
+    def rollout_groups(self, prompts, draw=None, **kwargs):
+        groups = super().rollout_groups(prompts, draw, **kwargs)
         factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
         off = np.log(factors).reshape(groups.sampler_logp.shape)
         return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import threading
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -94,6 +94,20 @@ def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     where the eager split and the unpacking of its result compile and dispatch two."""
     carried, used = jax.random.split(key)
     return carried, used
+
+
+class KeyStream:
+    """A collection's own sampling keys: each call splits the key it holds (the values of
+    `jax.random.split`, as the state's stream splits). A collection passes it down its steps as a
+    value and leaves its last key in the supply it returns: nothing on a thread holds it, and a
+    collection on the rollout thread never touches the learner's state."""
+
+    def __init__(self, key: jax.Array) -> None:
+        self.key = key
+
+    def __call__(self) -> jax.Array:
+        self.key, used = _split_key(self.key)
+        return used
 
 
 def _policy_attribute(name: str, doc: str | None = None) -> property:
@@ -156,7 +170,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                                                                       mesh_lib.replicated(self.mesh)))
         self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
         self.data = PromptStream(train_data, seed=training.seed)
-        self._keys = threading.local()  # a running collection's own key stream (see `_collect_supplied`)
         self._stop_requested = False
         # one-step-off-policy rollouts: where the batch ahead is collected
         if training.async_rollout != "off" and type(self).collect is CollectHalves.collect:
@@ -275,16 +288,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     def _collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
                          ) -> tuple[Any, Supply]:
-        """`collect(prompts, supply)` with the sampling keys (`_next_key`) split from `supply.rng`
-        on this thread, and the supply past it with the key it leaves: a collection on the
-        rollout thread draws keys without touching the learner's state. `unscored`: its
-        generation half only (`collect_unscored`; `score_collected` scores it, on any thread)."""
-        self._keys.key = supply.rng
-        try:
-            collected, after = (self.collect_unscored if unscored else self.collect)(prompts, supply)
-            return collected, after._replace(rng=self._keys.key)
-        finally:
-            del self._keys.key
+        """`collect(prompts, supply)`, or with `unscored` its generation half only (`collect_unscored`;
+        `score_collected` scores it, on any thread): the batch and the supply past it, the key its
+        samples were split from included."""
+        return (self.collect_unscored if unscored else self.collect)(prompts, supply)
 
     def _publish_update(self) -> None:
         """The weights the update just made, W(step + 1), to the collection running beside it
@@ -309,12 +316,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     # -- services for subclasses ----------------------------------------------------------
 
     def _next_key(self) -> jax.Array:
-        """The training key stream's next key: the running collection's on its thread (see
-        `_collect_supplied`), else the state's."""
-        running = getattr(self._keys, "key", None)
-        if running is not None:
-            self._keys.key, key = _split_key(running)
-            return key
+        """The state's training key stream's next key (a collection draws from its own `KeyStream`)."""
         rng, key = _split_key(self._state.rng)
         self._state = self._state._replace(rng=rng)
         return key
@@ -330,16 +332,17 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return self.generator.encode(prompts)
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
-                 *, num_samples: int = 1, key: jax.Array | None = None, max_new_tokens: np.ndarray | None = None,
-                 stop_strings: Sequence[Sequence[str]] | None = None, sessions: np.ndarray | None = None
-                 ) -> Completions:
+                 *, num_samples: int = 1, key: jax.Array | None = None, keys: Callable[[], jax.Array] | None = None,
+                 max_new_tokens: np.ndarray | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
+                 sessions: np.ndarray | None = None) -> Completions:
         """Sample `num_samples` completions per prompt row with the current parameters (row
         i * num_samples + j is sample j of prompt i; each prompt is prefilled once), with the
-        training stream's next key unless `key` is given (an evaluation must not draw from the
-        stream, or evaluating would change the run). `max_new_tokens` / `stop_strings` (one per
+        next key of `keys` (a collection's own stream, `KeyStream`) or else of the state's training
+        stream, unless `key` is given (an evaluation must not draw from the stream, or evaluating
+        would change the run). `max_new_tokens` / `stop_strings` (one per
         prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine);
         `sessions` (one handle per row): sequences the backend keeps between calls (`Requests.sessions`)."""
-        key = self._next_key() if key is None else key
+        key = (keys or self._next_key)() if key is None else key
         out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                      version=self.step, params=self.params, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings, sessions=sessions)
@@ -349,13 +352,15 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
 
-    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
-                        ) -> Rollout:
+    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None,
+                         keys: Callable[[], jax.Array] | None = None) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
         each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes.rollout.collect_rollout);
-        `key`: sample with it instead of the training key stream."""
+        `key`: sample with it instead of a key stream; `keys`: the collection's own stream (else the
+        state's)."""
         backend = self.rollout_backend
-        return collect_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
+        generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
+        return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
                                row_limits=getattr(backend, "row_limits", False),
                                sessions=backend if getattr(backend, "retains", False) else None)
 
