@@ -18,8 +18,7 @@ from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.correction_config import RolloutCorrection
-from rl_core.testing import tree_max_abs_diff
-from rl_core.testing import BagPolicy, make_groups
+from rl_core.testing import BagPolicy, make_groups, tree_max_abs_diff
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -248,3 +247,31 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
     scale = tree_max_abs_diff(shared_delta, jax.tree.map(np.zeros_like, shared_delta))
     assert scale > 1e-3  # a real update (the largest entry moves by about 14 at learning rate 1)
     assert tree_max_abs_diff(shared_delta, rows_delta) < 1e-5 * scale  # float32 round-off
+
+
+# -- the reward audit's streaks are the learner's state --------------------------------------
+
+
+def test_the_reward_audits_streaks_are_in_the_state_and_survive_a_resume(tmp_path):
+    """After each step the state holds the audit's streaks; a checkpoint keeps them, and a learner
+    resumed from it with a fresh auditor audits its next step as the one that went on does."""
+    def learner(folder):
+        return _learner(GRPOLearner, GRPOConfig(group_size=2, beta=0.0), output_dir=folder,
+                        reward_audit=rewards.RewardAuditor(log=lambda line: None))
+
+    on = learner(tmp_path / "on")
+    on.train_step()
+    on.train_step()
+    # numeric_answer pays nothing to the untrained policy: constant within every group, 2 steps running
+    assert on.state.audit == on.reward_audit.state_json() and on.state.audit["streaks"]["numeric_answer"] == 2
+    on.save_checkpoint()
+    on.recorder.wait()  # checkpoints are written in the background
+    resumed = learner(tmp_path / "on")
+    assert resumed.resume(log=lambda line: None)
+    assert resumed.reward_audit.state_json() == on.state.audit == resumed.state.audit  # the streak of 2 included
+    went_on, after_resume = on.train_step(), resumed.train_step()
+    audited = {k: v for k, v in went_on.items() if k.startswith("reward_audit/")}
+    assert audited and audited == {k: v for k, v in after_resume.items() if k.startswith("reward_audit/")}
+    on.close()
+    resumed.close()
+

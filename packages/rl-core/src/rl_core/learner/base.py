@@ -486,6 +486,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
         self._state = self._state._replace(step=self._state.step + 1)
+        if self.reward_audit is not None:  # what the audit carries to the next step, in the state
+            self._state = self._state._replace(audit=self.reward_audit.state_json())
         every = self.eval_every_steps
         if self.eval_fn is not None and every and self.step % every == 0:
             metrics.update(self.eval_fn(self))
@@ -551,8 +553,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
         self._state = self._state._replace(in_flight=settled(self._state.in_flight))
         meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
-        if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
-            meta["reward_audit"] = self.reward_audit.state_json()
         self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
@@ -565,8 +565,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if restored is not None:
             self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,
                                      batch_from_json=self.batch_from_json)
-            if self.reward_audit is not None:
-                self.reward_audit.restore_json(restored[1].get("reward_audit", {}))
+            if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
+                self.reward_audit.restore_json(self._state.audit or {})
         return restored is not None
 
     def _own_config(self) -> dict[str, Any]:
