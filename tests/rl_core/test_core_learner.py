@@ -57,8 +57,8 @@ def hand_made_batch() -> TrainExample:
 class FixedBatchLearner(ToyLearner):
     """ToyLearner that trains on `hand_made_batch()` instead of sampling."""
 
-    def produce_examples(self, prompts):
-        return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0})
+    def collect(self, prompts, supply):
+        return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0}), supply
 
 
 def fixed_learner(training: TrainingConfig, toy: ToyConfig) -> FixedBatchLearner:
@@ -230,9 +230,9 @@ def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_
 
 def test_empty_updates_are_counted_in_the_metrics():
     class EmptyTail(FixedBatchLearner):
-        def produce_examples(self, prompts):
+        def collect(self, prompts, supply):
             batch = hand_made_batch()
-            return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {})
+            return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {}), supply
 
     learner = EmptyTail(
         ToyConfig(group_size=2), policy=toy_run.policy(), tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA,

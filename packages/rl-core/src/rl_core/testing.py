@@ -27,8 +27,8 @@ from jax.sharding import PartitionSpec
 
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig, check
-from rl_core.data import Prompt
-from rl_core.learner.base import RLLearner, StepBatch
+from rl_core.data import Prompt, Supply
+from rl_core.learner.base import KeyStream, RLLearner, StepBatch
 from rl_core.learner.groups import Groups
 from rl_core.learner.pipeline import PolicyGradientLearner
 from rl_core.policy.logprobs import completion_logprobs
@@ -63,9 +63,11 @@ class ToyLearner(RLLearner[ToyConfig]):
     def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
         return [f"{self.step}/{i}/{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
-    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
+    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
+        """Samples, rewards and advantages at once: the batch is the step's examples."""
+        keys = KeyStream(supply.rng)
         tokens, mask = self.encode_prompts(prompts)
-        out = self.generate(tokens, mask, num_samples=self.group_size)
+        out = self.generate(tokens, mask, num_samples=self.group_size, keys=keys)
         tokens, mask = np.repeat(tokens, self.group_size, axis=0), np.repeat(mask, self.group_size, axis=0)
         hits = np.asarray((out.tokens == self.config.target_token) * out.mask).sum(1)
         rewards = hits / np.maximum(np.asarray(out.mask).sum(1), 1)
@@ -73,7 +75,11 @@ class ToyLearner(RLLearner[ToyConfig]):
         adv = (grouped - grouped.mean(1, keepdims=True)).reshape(-1).astype(np.float32)
         example = TrainExample(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask, jnp.asarray(adv))
         metrics = {"rewards/total/mean": float(rewards.mean())}
-        return StepBatch(example, metrics, generated_tokens=int(np.asarray(out.lengths).sum()))
+        return StepBatch(example, metrics, generated_tokens=int(np.asarray(out.lengths).sum())), supply._replace(
+            rng=keys.key)
+
+    def examples_from(self, batch: StepBatch) -> StepBatch:
+        return batch
 
     def loss_function(self) -> LossFn:
         return functools.partial(

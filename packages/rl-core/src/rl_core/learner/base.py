@@ -19,13 +19,13 @@ parts, never back: no part takes the learner.
 
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
 on a schedule and exact resume. An algorithm fills the abstract hooks: what a step
-trains on (`produce_examples`) and the policy's loss of one micro-batch (`loss_function`).
-For `training.async_rollout = "one_step"` (rl_core.rollout.async_rollout) it splits the first
-in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
-and `examples_from` (what the update needs, under the current weights), plus the
-JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
-rl_core.rollout.async_rollout.CollectHalves); where `scores_apart`, `collect` is cut once
-more (`collect_unscored`, `score_collected`) so that scoring runs on a scoring thread.
+trains on, in two halves, `collect` (rollout and scoring; with async rollouts on the rollout
+thread, with pinned weights) and `examples_from` (what the update needs, under the current
+weights), and the policy's loss of one micro-batch (`loss_function`); `produce_examples` is the
+two in line. For async rollouts (rl_core.rollout.async_rollout) it also gives the JSON form of a
+collected batch for checkpoints (`batch_to_json`, `batch_from_json`); where `scores_apart`,
+`collect` is cut once more (`collect_unscored`, `score_collected`) so that scoring runs on a
+scoring thread.
 rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
 package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
@@ -121,9 +121,9 @@ def _state_field(name: str, doc: str | None = None) -> property:
 
 
 class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
-    """Base learner; subclasses fill `produce_examples`, `loss_function`,
-    `num_iterations`, `group_size` and `trajectory_ids` (and, for async rollouts, the
-    halves of `CollectHalves`)."""
+    """Base learner; subclasses fill `collect`, `examples_from`, `loss_function`,
+    `num_iterations`, `group_size` and `trajectory_ids` (and, for async rollouts, the JSON
+    form of a collected batch, `CollectHalves.batch_to_json` / `batch_from_json`)."""
 
     extra_models: tuple[str, ...] = ()
     """Trained models beyond the policy, each a keyword argument of the constructor (PPO: "critic")."""
@@ -172,10 +172,10 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         self.data = PromptStream(train_data, seed=training.seed)
         self._stop_requested = False
         # one-step-off-policy rollouts: where the batch ahead is collected
-        if training.async_rollout != "off" and type(self).collect is CollectHalves.collect:
-            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} implements "
-                             "produce_examples only, not its halves collect / examples_from / batch_to_json / "
-                             "batch_from_json that async rollouts run apart")
+        if training.async_rollout != "off" and type(self).batch_to_json is CollectHalves.batch_to_json:
+            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} has no "
+                             "JSON form of a collected batch (batch_to_json / batch_from_json), which the "
+                             "checkpoint of the batches in flight holds")
         self._ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
         if rollout.partial_rollouts != "off" and self._ahead is None:
             raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
@@ -207,8 +207,23 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     # -- hooks an algorithm fills -------------------------------------------------------
 
     @abc.abstractmethod
+    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """The rollout half of a step: sample (through `generate`, which uses the pinned weights
+        with async rollouts) and score; returns the batch and `supply` as the collection leaves it
+        (more prompts drawn, the algorithm's carry, the key past its samples'). With async rollouts
+        it runs beside the update: it must not read the trained parameters nor write what
+        `examples_from` reads."""
+
+    @abc.abstractmethod
+    def examples_from(self, batch: Any) -> StepBatch:
+        """The training half: what `collect` returned, as train examples under the current weights."""
+
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        """Turn a batch of prompts into train examples with advantages."""
+        """The examples of `prompts` drawing on the current supply, the two halves in line
+        (`train_step` keeps the supply they return; this keeps only the key its samples drew)."""
+        batch, supply = self.collect(prompts, self.supply())
+        self._state = self._state._replace(rng=supply.rng)
+        return self.examples_from(batch)
 
     @abc.abstractmethod
     def loss_function(self) -> LossFn:
@@ -442,10 +457,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - head.version),
                                             **batch.metrics})
             self._state = self._state._replace(in_flight=state.in_flight[1:])
-        elif type(self).collect is CollectHalves.collect:  # produce_examples only
-            prompts, supply = self.supply().draw(n)
-            self._state = self._state._replace(data_position=supply.position)
-            batch = self.produce_examples(prompts)
         else:
             prompts, supply = self.supply().draw(n)
             collected, supply = self._collect_supplied(prompts, supply)
@@ -457,7 +468,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                 self._ahead.abandon()
                 self.generator.unpin()
             raise ValueError(
-                f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
+                f"examples_from returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
         if self.meter is not None:
             self.meter.trained(batch.example, self.num_iterations)

@@ -128,13 +128,6 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         step = self.step + 1  # the step being produced: samples.jsonl records it after the counter advances
         return [f"step{step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
-    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        """The examples of `prompts` drawing on the current supply (`train_step` runs the halves
-        and keeps the supply they return; this keeps only the key its samples drew)."""
-        groups, supply = self.collect(prompts, self.supply())
-        self._state = self._state._replace(rng=supply.rng)
-        return self.examples_from(groups)
-
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them (its key past the samples' keys)."""
