@@ -53,7 +53,7 @@ from rl_core.runtime import mesh as mesh_lib  # noqa: E402
 from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402
 from rl_core.train.objective import policy_loss_function  # noqa: E402
 from rl_core.train.optim import make_optimizer  # noqa: E402
-from rl_core.train.packing import Packed  # noqa: E402
+from rl_core.packed import Packed  # noqa: E402
 from rl_core.train.trainable import abstract_model, make_update, model_shardings, update_program  # noqa: E402
 from rl_core.types import TrainExample  # noqa: E402
 from rl_models import Transformer, TransformerConfig  # noqa: E402

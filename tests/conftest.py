@@ -48,7 +48,7 @@ MULTIDEVICE_TIER_DEVICES = 8
 def pytest_configure(config):
     """`-m multidevice` alone: 8 CPU devices in this process (and each xdist worker, which runs
     this too), set before JAX starts its backend, so the mesh scripts run in-process
-    (tests/algos/fixtures/simulated_devices.py). Children are not affected: it is a setting of
+    (tests/support/simulated_devices.py). Children are not affected: it is a setting of
     this process, not of the environment. Every other selection keeps one device."""
     if config.getoption("markexpr", "").strip() == "multidevice":
         import jax

@@ -12,10 +12,8 @@ settings are refused. At k = 2 the scorings of two batches run at once, numbers 
 
 import dataclasses
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -28,11 +26,9 @@ from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner.groups import Groups, concat
-from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
+from rl_core.correction_config import RolloutCorrection, resolve_correction
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 5)]
@@ -227,8 +223,10 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
                 return super().run_updates(example)
             return traced("update", super().run_updates, example, pause=1.0)
 
-        def score(self, groups):
-            return traced("score", super().score, groups) if self.tracing else super().score(groups)
+        def score(self, groups, draw=None):
+            if self.tracing:
+                return traced("score", super().score, groups, draw)
+            return super().score(groups, draw)
 
     run = make(Traced, GRPO, reward_delay=0.2)
     run.train_step()  # step 1 collects its own batch first
@@ -291,7 +289,7 @@ def test_at_k_2_two_scorings_run_at_once_and_the_numbers_stay_those_of_the_delay
 
 def test_async_without_a_correction_uses_token_tis_at_two():
     """Neither tis_cap nor rollout_correction set: async rollouts use the default correction,
-    token_tis with C = 2 (rl_core.learner.rollout_correction.DEFAULT_PRESET), the run
+    token_tis with C = 2 (rl_core.correction_config.DEFAULT_PRESET), the run
     tis_cap=2.0 asked for before."""
     default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None, rollout_correction=RolloutCorrection()),
                    num_steps=2)

@@ -19,7 +19,6 @@ e2e tier; the config, loss and padding contracts run for every algorithm in the 
 
 import dataclasses
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,10 +36,10 @@ from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner.base import RLLearner
 from rl_core.testing import tree_max_abs_diff
+from rl_core.train.behaviour import LogprobPasses
+from rl_core.train.objective import policy_loss_function
 from rl_core.types import TrainExample
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
+from rl_core.testing import make_groups, train_counting_compiles
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
@@ -231,7 +230,7 @@ def toy_losses():
             rows = rows._replace(sampler_logp=jnp.concatenate([own, rows.sampler_logp[len(own):]]))
 
             def loss_of(p, example):
-                out = learner.compute_loss(nnx.merge(graphdef, p), example)
+                out = learner.models["policy"].loss_fn(nnx.merge(graphdef, p), example)
                 return out.total / out.denom, out
 
             @jax.jit
@@ -293,6 +292,67 @@ def test_padding_never_changes_the_loss(toy_losses, name):
     _, (loss, _, _, loss_with_rows, loss_with_left_pad) = toy_losses(name)
     assert loss_with_rows == pytest.approx(loss, rel=1e-6, abs=1e-6)
     assert loss_with_left_pad == pytest.approx(loss, abs=1e-5)
+
+
+# -- every tool compiles the program that runs ---------------------------------------------
+
+# Settings where an algorithm's own loss differs from the registered function its config names
+# at that function's defaults: SAPO's gate at other temperatures than `sapo_loss`'s.
+OWN_SETTINGS = {"sapo": {"tau_pos": 2.0, "tau_neg": 3.0}}
+
+
+def planned_and_trained(name):
+    """(learner, passes, the loss `trainer plan` compiles, the loss the learner's update differentiates)."""
+    from trainer.plan.programs import policy_loss
+
+    _, config, learner = fresh(name, OWN_SETTINGS.get(name))
+    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+                              async_rollout=learner.training.async_rollout)
+    return learner, passes, policy_loss(name, config, learner.rollout, passes), learner.models["policy"].loss_fn
+
+
+def loss_on_toy(loss_fn):
+    """The LossOutput of `loss_fn` on the toy batch, off-policy (old_logp != logp: ratios away from 1)."""
+    example = toy_example()
+    example = example._replace(old_logp=example.sampler_logp + 0.5 * example.completion_mask)
+    return jax.device_get(jax.jit(loss_fn)(rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)), example))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_trainer_plan_compiles_the_loss_the_learner_trains(name):
+    """`trainer plan` compiles its update on the algorithm's own loss: equal to the bit to the loss
+    the learner's update differentiates, every sum and metric (SAPO's override included)."""
+    _, _, planned, trained = planned_and_trained(name)
+    plan, train = loss_on_toy(planned), loss_on_toy(trained)
+    assert jax.tree.structure(plan) == jax.tree.structure(train)
+    for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(train), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_plan_check_tells_sapos_gate_from_the_registered_function():
+    """What the check above catches: compiling the registered function the config names (what
+    trainer plan did) gives SAPO the gate at sapo_loss's default temperatures, another loss.
+    At ratio 1 the gate's value is -2A / tau: tau_pos 2 halves the positive rows' terms."""
+    learner, passes, _, trained = planned_and_trained("sapo")
+    registered = policy_loss_function(learner.config, learner.rollout, beta=passes.loss_beta)
+    assert float(loss_on_toy(registered).total) != pytest.approx(float(loss_on_toy(trained).total), rel=1e-3)
+
+
+@pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
+def test_the_planned_batch_holds_the_fields_the_learner_fills(name):
+    """The batch `trainer plan` lays out (the learner's `example_spec`) has the fields a real step's
+    example has, each per row or per token as there, in its dtype."""
+    _, config, learner = fresh(name)
+    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+                              async_rollout=learner.training.async_rollout)
+    real = learner.produce_examples(PROMPTS[:2]).example
+    spec = type(learner).example_spec(config, passes, rows=learner.batch_size, prompt_tokens=9, completion_tokens=T)
+    for field, want, got in zip(TrainExample._fields, spec, real, strict=True):
+        assert (want is None) == (got is None), (field, want, got)
+        if want is not None:
+            assert (np.shape(got)[0], np.ndim(got), np.asarray(got).dtype) == (want.shape[0], want.ndim, want.dtype), field
+            if want.ndim == 2 and field.startswith(("completion", "old", "ref", "sampler", "teacher", "adv")):
+                assert np.shape(got)[1] == T, field
 
 
 # -- advantages of equal rewards -----------------------------------------------------------
@@ -413,10 +473,10 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_mini_batches_after_the_first_see_the_moved_policy(name):
     _, _, learner = build(name, prompts_per_step=4, mini_batch_size=G, learning_rate=0.01)
-    assert learner.num_mini_batches == 4 and learner.update_is_off_policy()
+    assert learner.num_mini_batches == 4 and learner.passes.off_policy
     example = identical_groups(learner, 4)
     assert example.old_logp is not None  # recorded before any update
-    stats = learner.update(example)
+    stats = learner.update_models(example)["policy"]
     ratio_min = [s["minima"]["train/ratio_min"] for s in stats]
     ratio_max = [s["maxima"]["train/ratio_max"] for s in stats]
     clipped = [s["means"]["train/clip_frac_low"][0] + s["means"]["train/clip_frac_high"][0] for s in stats]
@@ -437,7 +497,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     collected = identical_groups(learner, 2)  # on-policy: nothing recorded yet ...
     assert collected.old_logp is None
     recorded = learner.behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
-    learner.update(collected)  # ... the policy moves, then the rows come back as if carried
+    learner.update_models(collected)  # ... the policy moves, then the rows come back as if carried
     carried = learner.add_logprobs(collected._replace(old_logp=recorded))
     np.testing.assert_array_equal(np.asarray(carried.old_logp), recorded)
     new, _ = learner.compute_logprobs(learner.params, carried)
@@ -457,7 +517,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     else:
         per_row = np.exp(np.log(ratio).reshape(rows, 3).mean(axis=1))  # 3 real tokens per row
         np.testing.assert_allclose(np.asarray(aux.ratio), per_row, rtol=1e-5)
-    (stats,) = learner.update(carried)
+    (stats,) = learner.update_models(carried)["policy"]
     assert stats["minima"]["train/ratio_min"] == pytest.approx(reported.min(), rel=1e-5)
     assert stats["maxima"]["train/ratio_max"] == pytest.approx(reported.max(), rel=1e-5)
 
@@ -469,15 +529,15 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
     XLA may round differently in the last bit (it does with XLA:CPU's older emitters). So the
     ratios agree to float32 rounding, and the updates to a few ulps, not bit for bit."""
     learner = fresh(name)[2]
-    assert not learner.update_is_off_policy()
+    assert not learner.passes.off_policy
     example = identical_groups(learner, 2)
     assert example.old_logp is None  # no behaviour forward on a provably on-policy step
     recomputed = example._replace(
         old_logp=learner.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
-    (a,) = learner.update(example)
+    (a,) = learner.update_models(example)["policy"]
     fast = jax.device_get((learner.params, learner.opt_state))
-    (b,) = fresh(name)[2].update(recomputed)  # the same learner, from the same initial state
+    (b,) = fresh(name)[2].update_models(recomputed)["policy"]  # the same learner, from the same initial state
     slow = jax.device_get((learner.params, learner.opt_state))
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0

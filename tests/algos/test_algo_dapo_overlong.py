@@ -1,8 +1,6 @@
 """DAPO's soft overlong punishment, in tokens, at the edges of its buffer."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,7 @@ import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner, OverlongConfig, overlong_penalty, overlong_shaping
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
 
 
 # L_max = 20, L_cache = 4: the buffer starts at L_max - L_cache = 16.

@@ -10,8 +10,6 @@ the real scoring path (reward manager over the texts).
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -23,11 +21,9 @@ import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner, DynamicSamplingError
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
 
 OFF = RolloutCorrection(mode="off")
 
@@ -54,7 +50,7 @@ class ScriptedDAPO(DAPOLearner):
         self.next_id = first_id
         self.batches = []
 
-    def rollout_groups(self, prompts):
+    def rollout_groups(self, prompts, draw=None):
         assert self.script, "more generation rounds than scripted"
         kinds = self.script.pop(0)
         assert len(kinds) == len(prompts)
@@ -193,7 +189,7 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
     # the policy moved since the carried rows were sampled; fresh rows are on-policy
     assert np.abs(ratio[:G][mask[:G]] - 1).min() > 1e-4  # rounding alone gives ~1e-7
     np.testing.assert_allclose(ratio[G:][mask[G:]], 1.0, atol=1e-5)
-    (stats,) = resumed.update(example)
+    (stats,) = resumed.update_models(example)["policy"]
     assert stats["minima"]["train/ratio_min"] == pytest.approx(ratio[mask].min(), rel=1e-5)
     assert stats["maxima"]["train/ratio_max"] == pytest.approx(ratio[mask].max(), rel=1e-5)
 

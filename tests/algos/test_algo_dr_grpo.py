@@ -4,7 +4,6 @@ that the package stays a dozen lines declared by an entry point only."""
 import importlib.metadata
 import math
 import re
-import sys
 import tomllib
 from pathlib import Path
 
@@ -22,10 +21,8 @@ from rl_core import registry
 from rl_core.math.advantages import grpo_advantages
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
-from code_lines import code_lines as _code_lines  # noqa: E402
+from rl_core.testing import BagPolicy, make_groups
+from code_lines import code_lines as _code_lines
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "packages" / "algo-dr-grpo"

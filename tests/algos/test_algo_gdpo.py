@@ -3,8 +3,6 @@ passes each reward function's scores and weights, and a group variant trains wit
 
 import dataclasses
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +17,7 @@ from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.math.advantages import gdpo_advantages
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import make_groups, train_counting_compiles  # noqa: E402
+from rl_core.testing import make_groups, train_counting_compiles
 
 TOK = rl_models.CharTokenizer()
 MODEL = rl_models.TransformerConfig.tiny(

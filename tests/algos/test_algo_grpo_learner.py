@@ -4,8 +4,6 @@ Uses the toy `BagPolicy` (a real NNX policy honouring masks and the KV cache)
 so that the many small programs compile quickly.
 """
 
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,11 +17,8 @@ from algo_dr_grpo import DrGRPOConfig, DrGRPOLearner
 from algo_grpo import GRPOConfig, GRPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import RolloutCorrection
-from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, make_groups  # noqa: E402
+from rl_core.correction_config import RolloutCorrection
+from rl_core.testing import BagPolicy, make_groups, tree_max_abs_diff
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -114,7 +109,7 @@ def fixed_batch(cls):
     """`cls` with group sampling replaced by the fixed groups above."""
 
     class Fixed(cls):
-        def sample_groups(self, prompts, supply):
+        def sample_groups(self, prompts, supply, draw=None):
             return FIXED, supply
 
     return Fixed
@@ -243,7 +238,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
         shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
         assert (shared is not None) == share
         before = jax.tree.map(np.array, learner.params)
-        learner.update(example)
+        learner.update_models(example)
         delta = jax.tree.map(lambda a, b: np.asarray(a) - b, learner.params, before)
         out[share] = (example, delta)
     (shared_example, shared_delta), (rows_example, rows_delta) = out[True], out[False]
@@ -252,3 +247,31 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
     scale = tree_max_abs_diff(shared_delta, jax.tree.map(np.zeros_like, shared_delta))
     assert scale > 1e-3  # a real update (the largest entry moves by about 14 at learning rate 1)
     assert tree_max_abs_diff(shared_delta, rows_delta) < 1e-5 * scale  # float32 round-off
+
+
+# -- the reward audit's streaks are the learner's state --------------------------------------
+
+
+def test_the_reward_audits_streaks_are_in_the_state_and_survive_a_resume(tmp_path):
+    """After each step the state holds the audit's streaks; a checkpoint keeps them, and a learner
+    resumed from it with a fresh auditor audits its next step as the one that went on does."""
+    def learner(folder):
+        return _learner(GRPOLearner, GRPOConfig(group_size=2, beta=0.0), output_dir=folder,
+                        reward_audit=rewards.RewardAuditor(log=lambda line: None))
+
+    on = learner(tmp_path / "on")
+    on.train_step()
+    on.train_step()
+    # numeric_answer pays nothing to the untrained policy: constant within every group, 2 steps running
+    assert on.state.audit == on.reward_audit.state_json() and on.state.audit["streaks"]["numeric_answer"] == 2
+    on.save_checkpoint()
+    on.recorder.wait()  # checkpoints are written in the background
+    resumed = learner(tmp_path / "on")
+    assert resumed.resume(log=lambda line: None)
+    assert resumed.reward_audit.state_json() == on.state.audit == resumed.state.audit  # the streak of 2 included
+    went_on, after_resume = on.train_step(), resumed.train_step()
+    audited = {k: v for k, v in went_on.items() if k.startswith("reward_audit/")}
+    assert audited and audited == {k: v for k, v in after_resume.items() if k.startswith("reward_audit/")}
+    on.close()
+    resumed.close()
+

@@ -4,8 +4,6 @@ micro-batch's highest-entropy tokens, the denominator and the KL term on every r
 
 import dataclasses
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +20,7 @@ from rl_core.data import Prompt
 from rl_core.testing import tree_max_abs_diff
 from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
 from rl_core.types import TrainExample
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import train_counting_compiles  # noqa: E402
+from rl_core.testing import train_counting_compiles
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 

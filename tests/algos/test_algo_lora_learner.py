@@ -46,7 +46,7 @@ class RecordingGRPO(GRPOLearner):
         super().__init__(*args, **kwargs)
         # the plain base as a model of its own (never trained), so that its log-prob pass is
         # the learner's program on other parameters
-        self.base = TrainableModel(base, name="base", optimizer=optax.sgd(0.0), loss_fn=self.loss_function(),
+        self.base = TrainableModel(base, name="base", optimizer=optax.sgd(0.0), loss=self.loss_function,
                                    layout=self.layout)
         chunk = self.rollout.logprob_chunk_tokens
         fn = functools.partial(completion_logprobs, temperature=self.rollout.temperature, chunk_tokens=chunk)
@@ -156,7 +156,7 @@ def test_qlora_trains_without_non_finite_updates(qtype):
     codes = np.array(policy.layers.mlp.up_proj.kernel[...])
     learner = make_learner(policy, beta=0.04)
     history = [learner.train_step() for _ in range(2)]
-    assert learner.skipped_updates == 0
+    assert learner.state.updates.skipped == 0
     assert all(np.isfinite(h["train/loss"]) and np.isfinite(h["train/grad_norm"]) for h in history)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(learner.params)))
     assert float(np.abs(learner.params["layers"]["mlp"]["up_proj"]["lora_b"]).max()) > 0

@@ -2,13 +2,11 @@
 the frozen base stays sharded. One subprocess (XLA reads the device count once per
 process); see scripts/lora_mesh.py."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice
 

@@ -22,8 +22,6 @@ package is covered without editing a file.
 """
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -32,13 +30,12 @@ import pytest
 from flax import nnx
 
 from rl_core import registry
-from rl_core.learner.rollout_correction import RolloutCorrection
+from rl_core.correction_config import RolloutCorrection
 from rl_core.math.rollout_correction import MODES
 from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-import loss_invariance as contract  # noqa: E402
-from algo_test_doubles import BagPolicy  # noqa: E402
+import invariance_contract as contract
+from rl_core.testing import BagPolicy
 
 registry.registry.names("algorithm")  # loads every algorithm package: their losses register too
 # each registered function once (GRPO's clipped surrogate is registered under two names)
@@ -183,7 +180,7 @@ def test_high_entropy_selection_is_per_micro_batch_by_definition():
 
 
 def bag_policy(seed: int) -> BagPolicy:
-    """A policy that compiles several times faster than a transformer (fixtures/algo_test_doubles.py)."""
+    """A policy that compiles several times faster than a transformer (rl_core.testing)."""
     return BagPolicy(contract.TOK.vocab_size, rngs=nnx.Rngs(seed))
 
 

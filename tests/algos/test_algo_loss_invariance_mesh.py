@@ -1,5 +1,5 @@
 """The loss-invariance contract, model half: every configuration's own learner update is the same
-under every layout (fixtures/loss_invariance.py: gradient accumulation over micro-batches,
+under every layout (tests/support/invariance_contract.py: gradient accumulation over micro-batches,
 packing, shared prompts, data x fsdp meshes of simulated devices) as on one device in one
 plain micro-batch, for every model it trains (PPO's critic too).
 
@@ -8,16 +8,14 @@ registered policy loss and aggregation that no algorithm names. One process runs
 (scripts/loss_invariance.py); test_algo_loss_invariance.py holds the pure half and the fast subset.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from rl_core import registry
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-import loss_invariance as contract  # noqa: E402
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+import invariance_contract as contract
+from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice
 

@@ -4,13 +4,11 @@ One subprocess (XLA reads the device count once per process) runs every mesh;
 see scripts/mesh_parallel.py.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice
 

@@ -80,10 +80,10 @@ def test_the_examples_carry_the_teachers_logprobs(name):
                                     jnp.asarray(ex.completion_tokens))
     mask = np.asarray(ex.completion_mask) > 0
     np.testing.assert_allclose(np.asarray(ex.teacher_logp)[mask], np.asarray(direct)[mask], atol=1e-5)
-    stats = learner.update(ex)[0]
+    stats = learner.update_models(ex)["policy"][0]
     total, count = stats["means"]["train/distill_reverse_kl"]
     assert np.isfinite(total / count) and abs(total / count) > 1e-3  # two random models disagree
     # completions of at most 2 tokens: the update trims every [B, T] field to 2 columns, the teacher's too
     short = ex._replace(completion_mask=np.asarray(ex.completion_mask) * (np.arange(4) < 2))
-    stats = learner.update(short)[0]
+    stats = learner.update_models(short)["policy"][0]
     assert bool(stats["finite"]) and np.isfinite(stats["loss"])

@@ -2,13 +2,11 @@
 log-probs (its weights sharded like the student's) and the student's parameters after two steps.
 One subprocess runs every mesh; see scripts/distill_mesh.py."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice
 

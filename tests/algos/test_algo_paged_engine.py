@@ -4,8 +4,6 @@ The whole GRPO/DAPO learner suites pass with paged as the default engine (checke
 engine was added); this file keeps the wiring under test while the default is static.
 """
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +18,7 @@ from rl_core.data import Prompt
 from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import GREEDY
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BAG_PAGING, BagPolicy  # noqa: E402
+from rl_core.testing import BAG_PAGING, BagPolicy
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]

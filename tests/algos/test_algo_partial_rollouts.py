@@ -8,10 +8,8 @@ collection and waits for them there, so calls 1-2 sample with W(n-1) and calls 3
 whatever the timing.
 """
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +22,7 @@ from rl_core.data import Prompt
 from rl_core.learner.groups import Groups
 from rl_core.rollout.async_rollout import settled
 from rl_core.testing import tree_max_abs_diff
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BAG_PAGING, BagPolicy  # noqa: E402
+from rl_core.testing import BAG_PAGING, BagPolicy
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 5)]

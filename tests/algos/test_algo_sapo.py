@@ -15,9 +15,10 @@ import pytest
 
 from algo_sapo import ALGORITHM, SAPOConfig, SAPOLearner, sapo_loss
 from rl_core import registry
-from rl_core.config import ConfigError
+from rl_core.config import ConfigError, RolloutConfig
 from rl_core.math.aggregation import aggregate
 from rl_core.math.policy_losses import clipped_surrogate
+from rl_core.train.behaviour import LogprobPasses
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 PAPER = dict(eps_low=0.2, eps_high=0.2, dual_clip=None)  # eps_* are not used by SAPO
@@ -178,12 +179,11 @@ def test_dual_clip_is_rejected():
 
 
 def test_the_learner_binds_the_configured_temperatures():
-    learner = SAPOLearner.__new__(SAPOLearner)  # only loss_function's config lookup is exercised
-    learner.config = SAPOConfig(tau_pos=0.5, tau_neg=3.0)
-    base = functools.partial(lambda **kw: kw, policy_loss=sapo_loss, beta=0.0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(SAPOLearner.__mro__[1], "loss_function", lambda self: base)
-        bound = learner.loss_function()()["policy_loss"]
-        assert (bound.func, bound.keywords) == (sapo_loss, {"tau_pos": 0.5, "tau_neg": 3.0})
-        learner.config = dataclasses.replace(learner.config, policy_loss="grpo")
-        assert learner.loss_function() is base  # another policy loss is left as configured
+    """SAPOLearner.loss_of, what the learner trains and trainer plan compiles, gates at the config's
+    temperatures; another configured policy loss is left as the config names it."""
+    config = SAPOConfig(tau_pos=0.5, tau_neg=3.0)
+    passes = LogprobPasses.of(config, num_mini_batches=1, async_rollout="off")
+    bound = SAPOLearner.loss_of(config, RolloutConfig(), passes).keywords["policy_loss"]
+    assert (bound.func, bound.keywords) == (sapo_loss, {"tau_pos": 0.5, "tau_neg": 3.0})
+    other = SAPOLearner.loss_of(dataclasses.replace(config, policy_loss="grpo"), RolloutConfig(), passes)
+    assert other.keywords["policy_loss"] is registry.get("policy_loss", "grpo")

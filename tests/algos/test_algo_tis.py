@@ -2,8 +2,6 @@
 every registered policy loss is weighted token by token, and a learner whose sampler's
 log-probs are off by known factors trains with weights min(exp(old - sampler), C)."""
 
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,12 +16,14 @@ from rl_core import registry
 from rl_core.math.aggregation import per_token
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
-from rl_core.learner.rollout_correction import resolve_correction
+from rl_core.correction_config import resolve_correction
 from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
+from rl_core.testing import BagPolicy, MismatchedSampler
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from algo_test_doubles import BagPolicy, MismatchedSampler  # noqa: E402
+# MismatchedSampler.on_doubling's tokenizer and reward (rl_core.testing needs neither package)
+DOUBLING = {"tokenizer": rl_models.CharTokenizer(),
+            "reward_manager": rewards.RewardManager([rewards.numeric_answer_reward()])}
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 TOK = rl_models.CharTokenizer()
@@ -142,7 +142,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     """The loss's stop_gradient(logp) is the behaviour policy's log-probs in value: the weights
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
-    assert not plain.update_is_off_policy() and not tis.update_is_off_policy()
+    assert not plain.passes.off_policy and not tis.passes.off_policy
     assert not plain.passes.behaviour and not tis.passes.behaviour and resolve_correction(tis.config).on
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
@@ -155,7 +155,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
 
 
 def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_ratio():
-    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP))
+    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP), **DOUBLING)
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)
@@ -177,14 +177,14 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     """On an on-policy step the capped weights of stop_gradient(logp) / pi_sampler equal those of
     a recomputed behaviour pass: the same loss, weights and update to float32 rounding (the pass
     is another compiled program, rounded differently in the last bit)."""
-    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP))
+    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP), **DOUBLING)
     initial = learner.state._replace(models=jax.tree.map(lambda x: x.copy(), learner.state.models))
     example = learner.produce_examples(learner.data.next(2)).example
     assert example.old_logp is None
-    (fast,) = learner.update(example)
+    (fast,) = learner.update_models(example)["policy"]
     fast_params = jax.tree.map(np.asarray, learner.params)
     learner.replace_state(initial)
-    (recomputed,) = learner.update(example._replace(old_logp=learner.last_old_logp))
+    (recomputed,) = learner.update_models(example._replace(old_logp=learner.last_old_logp))["policy"]
     for name in ("drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/mismatch_logp_abs_mean"):
         total, count = fast["means"][name]
         want_total, want_count = recomputed["means"][name]

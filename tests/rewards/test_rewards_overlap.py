@@ -2,17 +2,14 @@
 remote reward through one manager equal the serial calls, scores and counters alike; a server that
 trickles its reply does not keep the shared connection pool past the step that gave up on it."""
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from rewards import RewardManager, RewardSpec
 from rewards.remote import remote_score
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from reward_server import RewardServer  # noqa: E402
+from reward_server import RewardServer
 
 K = 4
 BATCHES = [(["p"] * n, [f"{'x' * (10 * i + n)}" for i in range(n)]) for n in range(1, K + 1)]

@@ -1,20 +1,17 @@
-"""Remote rewards against a real HTTP server on loopback (tests/rewards/fixtures/reward_server.py):
+"""Remote rewards against a real HTTP server on loopback (tests/support/reward_server.py):
 normal, batched, slow, failing, malformed, overloaded and judge modes; the failure policies; the cache.
 
 Timeouts here are 0.1-0.5 s, so every test takes well under a second.
 """
 
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 
 from rewards import RewardError, RewardManager, RewardSpec, make_reward
 from rewards.remote import RemoteRewardError, remote_judge, remote_score
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from reward_server import RewardServer  # noqa: E402
+from reward_server import RewardServer
 
 FAST = {"timeout_s": 0.5, "backoff_s": 0.01, "step_timeout_s": 3.0}
 

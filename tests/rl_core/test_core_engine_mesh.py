@@ -7,13 +7,11 @@ replica with its own page pool, decoding its own share of the prompts. The stati
 decodes from the master weights, is the contrast: its program gathers them.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+from simulated_devices import run_on_simulated_devices
 
 from rl_core.runtime import hlo
 

@@ -57,8 +57,8 @@ def hand_made_batch() -> TrainExample:
 class FixedBatchLearner(ToyLearner):
     """ToyLearner that trains on `hand_made_batch()` instead of sampling."""
 
-    def produce_examples(self, prompts):
-        return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0})
+    def collect(self, prompts, supply):
+        return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0}), supply
 
 
 def fixed_learner(training: TrainingConfig, toy: ToyConfig) -> FixedBatchLearner:
@@ -145,7 +145,7 @@ def test_nan_loss_is_skipped_and_counted_and_never_reaches_the_parameters():
         metrics = learner.train_step()
         assert metrics["train/skipped_updates"] == 1.0
         assert np.isnan(metrics["train/loss"])
-        assert learner.skipped_updates == step
+        assert learner.state.updates.skipped == step
         assert learner.step == step  # the run goes on
     assert max_diff(leaves(learner.params), params) == 0.0
     assert max_diff(leaves(learner.opt_state), opt_state) == 0.0  # not even Adam's step count moved
@@ -159,7 +159,7 @@ def test_updates_skipped_in_a_row_stop_the_run_at_max_skipped_in_a_row():
     params = leaves(learner.params)
     learner.train_step()
     learner.train_step()
-    assert learner.skipped_in_a_row == 2
+    assert learner.state.updates.skipped_in_a_row == 2
     with pytest.raises(NonFiniteUpdateError) as info:
         learner.train_step()
     message = str(info.value)
@@ -171,7 +171,28 @@ def test_updates_skipped_in_a_row_stop_the_run_at_max_skipped_in_a_row():
     never = fixed_learner(dataclasses.replace(training, max_skipped_in_a_row=0), ToyConfig(group_size=2, inject_nan=True))
     for _ in range(4):
         never.train_step()
-    assert never.skipped_updates == 4
+    assert never.state.updates.skipped == 4
+
+
+def test_updates_skipped_in_a_row_count_on_across_a_resume(tmp_path):
+    """The guard's counts are the learner's state: 2 skipped, a checkpoint, and the resumed run's
+    first skipped update is the 3rd in a row (a count that restarted would let it run on)."""
+    training = TrainingConfig(prompts_per_step=2, learning_rate=1e-2, max_skipped_in_a_row=3)
+    first = FixedBatchLearner(ToyConfig(group_size=2, inject_nan=True), policy=toy_run.policy(),
+                              tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA, training=training,
+                              rollout=ROLLOUT, output_dir=tmp_path)
+    first.train_step()
+    first.train_step()
+    first.save_checkpoint()
+    first.close()
+    resumed = FixedBatchLearner(ToyConfig(group_size=2, inject_nan=True), policy=toy_run.policy(),
+                                tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA, training=training,
+                                rollout=ROLLOUT, output_dir=tmp_path)
+    assert resumed.resume(log=lambda line: None)
+    assert resumed.state.updates == (2, 2, 0)  # skipped, skipped in a row, empty
+    with pytest.raises(NonFiniteUpdateError, match="step 3: the last 3 updates in a row"):
+        resumed.train_step()
+    resumed.close()
 
 
 def test_nan_loss_with_on_nonfinite_stop_raises_a_clear_error():
@@ -196,11 +217,11 @@ def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_
     batch = hand_made_batch()
     # mini-batch 1: rows 0-1 (real tokens); mini-batch 2: rows 2-3 with every token masked
     empty_tail = batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0))
-    first, second = learner.update(empty_tail)
+    first, second = learner.update_models(empty_tail)["policy"]
     assert not first["empty"] and first["finite"]
     assert second["empty"] and second["loss"] == 0.0
     after_first = leaves((learner.params, learner.opt_state))
-    learner.update(batch._replace(completion_mask=jnp.zeros_like(batch.completion_mask)))  # both empty
+    learner.update_models(batch._replace(completion_mask=jnp.zeros_like(batch.completion_mask)))  # both empty
     assert max_diff(leaves((learner.params, learner.opt_state)), after_first) == 0.0
     # the optimizer (and the schedule) counted one update, the first
     counts = [x for x in jax.tree.leaves(learner.opt_state) if np.asarray(x).dtype == np.int32]
@@ -209,9 +230,9 @@ def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_
 
 def test_empty_updates_are_counted_in_the_metrics():
     class EmptyTail(FixedBatchLearner):
-        def produce_examples(self, prompts):
+        def collect(self, prompts, supply):
             batch = hand_made_batch()
-            return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {})
+            return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {}), supply
 
     learner = EmptyTail(
         ToyConfig(group_size=2), policy=toy_run.policy(), tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA,
@@ -219,7 +240,7 @@ def test_empty_updates_are_counted_in_the_metrics():
     )  # fmt: skip
     metrics = learner.train_step()
     assert metrics["train/updates"] == 2.0 and metrics["train/empty_updates"] == 1.0
-    assert metrics["train/skipped_updates"] == 0.0 and learner.empty_updates == 1
+    assert metrics["train/skipped_updates"] == 0.0 and learner.state.updates.empty == 1
 
 
 # -- compile count -----------------------------------------------------------------------------

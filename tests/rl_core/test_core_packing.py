@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs, packed_logprobs
-from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions, unpack
+from rl_core.packed import unpack
+from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 V = CharTokenizer().vocab_size

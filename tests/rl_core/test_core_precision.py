@@ -47,7 +47,7 @@ def three_steps(dtype: str, param_dtype: str = "float32") -> tuple[np.ndarray, T
         batch = three_steps("float32")[3]
     before = jax.tree.map(np.array, learner.params)
     for _ in range(3):
-        (stats,) = learner.update(batch)
+        (stats,) = learner.update_models(batch)["policy"]
         assert stats["finite"] and not stats["empty"]
     deltas = jax.tree.map(lambda a, b: np.asarray(a) - b, learner.params, before)
     return np.concatenate([d.ravel() for d in jax.tree.leaves(deltas)]), learner, policy, batch

@@ -274,10 +274,10 @@ def test_against_verl_and_trl_transcriptions(mode, kwargs, reference):
 
 # -- the settings group and what a run uses --------------------------------------------------------------
 
-from types import SimpleNamespace  # noqa: E402
+from types import SimpleNamespace
 
-from rl_core.config import ConfigError  # noqa: E402
-from rl_core.learner.rollout_correction import PRESETS, RolloutCorrection, resolve_correction  # noqa: E402
+from rl_core.config import ConfigError
+from rl_core.correction_config import PRESETS, RolloutCorrection, resolve_correction
 
 
 def test_presets_modes_and_defaults():
@@ -450,16 +450,16 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     """Every mode through the GRPO learner (the shared objective): its sampler under-rates the
     tokens by factors 0.5, 1.5, 3 (so rho ~ those), and the logged policy loss and fractions are
     the ones of the weights and masks recomputed here from the example."""
-    import sys
-    from pathlib import Path
-
+    import rewards
+    import rl_models
     from algo_grpo import GRPOConfig
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
-    from algo_test_doubles import MismatchedSampler
+    from rl_core.testing import MismatchedSampler
 
     correction = RolloutCorrection(**settings)
-    learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction))
+    learner = MismatchedSampler.on_doubling(
+        GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction), tokenizer=rl_models.CharTokenizer(),
+        reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]))
     assert resolve_correction(learner.config).on and not learner.passes.behaviour  # on-policy: sg(logp) is old_logp
     metrics = learner.train_step()
     example = learner.last_example

@@ -76,7 +76,7 @@ def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
     ex = example(learner, [5, 3, 1, 2, 6, 4, 1, 1])  # longest 6: two chunks of 4 -> 8
     logp, entropy = learner.compute_logprobs(learner.params, ex)
     full, _ = learner._logprobs(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)  # no mask
-    learner.update(ex)
+    learner.update_models(ex)
     assert widths == {"logprobs": [8, 32], "update": [8]}  # 32: the untrimmed pass, for comparison
     assert logp.shape == entropy.shape == (8, 32)  # padded back to the completions' width
     # the same values as the untrimmed pass where they count, zeros past the width

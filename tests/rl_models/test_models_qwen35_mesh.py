@@ -2,13 +2,11 @@
 linear-attention weights (split over fsdp on their input axis, whole over tensor), the sharded
 forward equals one device's, and the static sampler on the mesh generates what transformers does."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "algos" / "fixtures"))
-from simulated_devices import run_on_simulated_devices  # noqa: E402
+from simulated_devices import run_on_simulated_devices
 
 pytestmark = pytest.mark.multidevice
 

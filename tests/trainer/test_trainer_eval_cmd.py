@@ -8,13 +8,13 @@ from math import comb
 import jax
 import numpy as np
 import pytest
-import trainer.evaluate.saved_run
+import trainer.run.saved_run
 from flax import nnx
 from rl_models import CharTokenizer
 from trainer import build
 from trainer.cli import main
 from trainer.evaluate import evaluate, pass_at_k
-from trainer.evaluate.saved_run import evaluate_run
+from trainer.run.saved_run import evaluate_run
 from trainer.run import settings_of_run
 
 
@@ -60,7 +60,7 @@ def test_eval_of_a_run_matches_its_final_summary(trained_run, decay_per_step, ca
         evaluated.append(params)
         return evaluate(sampler, params, *args, **kwargs)
 
-    monkeypatch.setattr(trainer.evaluate.saved_run, "evaluate", recording_evaluate)
+    monkeypatch.setattr(trainer.run.saved_run, "evaluate", recording_evaluate)
     capsys.readouterr()
     before = _snapshot(trained_run)
     assert main(["eval", "--run", str(trained_run)]) == 0

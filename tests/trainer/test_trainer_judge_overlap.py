@@ -12,7 +12,7 @@ from rl_models.char_tokenizer import CharTokenizer
 
 from trainer.judge.model import JudgeModel
 from trainer.judge.reward import JudgeReward
-from trainer.judge.settings import JudgeSettings
+from trainer.settings.judge import JudgeSettings
 
 pytestmark = pytest.mark.e2e
 K = 4

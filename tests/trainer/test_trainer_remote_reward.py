@@ -1,17 +1,14 @@
 """A remote reward in a run: the `rewards:` settings section, and (e2e) a few training steps of the
-tiny model scored by a real HTTP server on loopback (tests/rewards/fixtures/reward_server.py)."""
+tiny model scored by a real HTTP server on loopback (tests/support/reward_server.py)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from rl_core.config import ConfigError
 
 from trainer.settings.reward_functions import reward_specs
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "rewards" / "fixtures"))
-from reward_server import RewardServer  # noqa: E402
+from reward_server import RewardServer
 
 
 def test_reward_specs_by_name_weight_and_options():

@@ -162,3 +162,15 @@ def test_micro_batches_must_divide_over_the_devices(monkeypatch):
     ok = build_settings(algo="grpo", overrides=["training.prompts_per_step=4", "algorithm.group_size=2",
                                                   "training.micro_batch_size=4"])
     assert ok.training.micro_batch_size == 4
+
+
+def test_reading_settings_loads_no_engine():
+    """The settings (the judge's included) are read without importing a rollout engine, a judge
+    model or an evaluation: those build on the settings, never the other way round."""
+    import subprocess
+    import sys
+
+    code = ("import sys, trainer.settings; print(sorted(m for m in sys.modules if m.startswith("
+            "('rl_core.rollout', 'rl_core.learner', 'trainer.judge', 'trainer.evaluate', 'trainer.build'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

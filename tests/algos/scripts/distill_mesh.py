@@ -1,7 +1,7 @@
 """On-policy distillation (opd) on (data, fsdp, tensor) meshes of 8 simulated CPU devices, against one device.
 
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before jax is imported), or through
-tests/algos/fixtures/simulated_devices.py. Prints one JSON line with, per mesh: the largest difference
+tests/support/simulated_devices.py. Prints one JSON line with, per mesh: the largest difference
 of the first batch's teacher log-probs and of the parameters after two steps from the one-device run,
 and the largest share of a teacher weight one device holds (the teacher is laid out like the student).
 """

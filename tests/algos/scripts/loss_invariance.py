@@ -1,4 +1,4 @@
-"""The loss-invariance contract, model half: every configuration (fixtures/loss_invariance.py's
+"""The loss-invariance contract, model half: every configuration (tests/support/invariance_contract.py's
 `configs`: each installed algorithm's own, and GRPO's with each policy loss and aggregation no
 algorithm uses) trained one step by its own learner under each layout of `LAYOUTS`, against the
 plain one-device layout.
@@ -11,13 +11,11 @@ and the layout the learner used.
 
 import json
 import sys
-from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-import loss_invariance as contract  # noqa: E402
-from rl_core.runtime import mesh as mesh_lib  # noqa: E402
+import invariance_contract as contract
+from rl_core.runtime import mesh as mesh_lib
 
 
 def measure(devices, only: str | None = None) -> dict:

@@ -37,9 +37,9 @@ class DAPOLearner(GRPOLearner):
         self.filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
 
-    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
         if not self.config.dynamic_sampling:
-            return super().sample_groups(prompts, supply)
+            return super().sample_groups(prompts, supply, draw)
         want, carry = len(prompts), supply.carry
         parts = [carry] if carry is not None else []
         carried_in = carry.num_groups if carry is not None else 0
@@ -59,7 +59,7 @@ class DAPOLearner(GRPOLearner):
                 batch = prompts
             else:
                 batch, supply = supply.draw(want)
-            last = self.collect_groups(batch)
+            last = self.collect_groups(batch, draw)
             rounds += 1
             is_uniform = last.uniform(self.filter_by)
             sampled += last.num_groups

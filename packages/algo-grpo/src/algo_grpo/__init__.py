@@ -2,7 +2,7 @@
 
 GRPO is rl-core's policy-gradient pipeline with its default settings: the pipeline
 (rl_core.learner.pipeline.PolicyGradientLearner), its config's fields and defaults
-(rl_core.learner.pipeline_config.PolicyGradientConfig), the scored groups (rl_core.learner.groups)
+(rl_core.pipeline_config.PolicyGradientConfig), the scored groups (rl_core.learner.groups)
 and the clipped objective (rl_core.train.objective) live in rl-core. This package names
 them GRPO's: the config, the learner the GRPO variants (Dr. GRPO, DAPO, RLOO, GSPO,
 CISPO, REINFORCE++) derive from, and the `ALGORITHM` value that the entry point
@@ -12,7 +12,7 @@ CISPO, REINFORCE++) derive from, and the `ALGORITHM` value that the entry point
 import dataclasses
 
 from rl_core.learner.pipeline import PolicyGradientLearner
-from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.pipeline_config import PolicyGradientConfig
 from rl_core.registry import Algorithm
 
 

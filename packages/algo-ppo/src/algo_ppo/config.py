@@ -1,4 +1,4 @@
-"""PPOConfig: the policy-gradient pipeline's knobs (rl_core.learner.pipeline_config) plus the critic's and GAE's."""
+"""PPOConfig: the policy-gradient pipeline's knobs (rl_core.pipeline_config) plus the critic's and GAE's."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from rl_core.config import check
-from rl_core.learner.pipeline_config import PolicyGradientConfig
+from rl_core.pipeline_config import PolicyGradientConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

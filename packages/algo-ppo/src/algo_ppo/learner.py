@@ -65,7 +65,7 @@ class PPOLearner(PolicyGradientLearner):
     def __init__(self, config: PPOConfig, *, critic: ValueFunction, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
-                       loss_fn=self.critic_loss_function(config))
+                       loss=functools.partial(self.critic_loss_function, config))
         self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
 
@@ -74,6 +74,12 @@ class PPOLearner(PolicyGradientLearner):
         """The critic's loss of one micro-batch, `critic_loss` with `config`'s clip and coefficient
         bound: a pure function of the config (`trainer plan` compiles the critic's update on it)."""
         return functools.partial(critic_loss, clip=config.value_clip, coef=config.value_loss_coef)
+
+    @classmethod
+    def example_spec(cls, config: PPOConfig, passes: Any, **shape: int) -> TrainExample:
+        """The pipeline's example plus the critic's targets and its values at collection time."""
+        example = super().example_spec(config, passes, **shape)
+        return example._replace(returns=example.completion_mask, values=example.completion_mask)
 
     # -- what changes from GRPO ------------------------------------------------------------
 
@@ -90,13 +96,14 @@ class PPOLearner(PolicyGradientLearner):
 
         return jax.jit(program)
 
-    def example_from_groups(self, groups: Groups) -> TrainExample:
+    def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """Log-probs (the KL penalty needs them), the critic's values, then GAE."""
         example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))  # advantages: below
         start = time.perf_counter()
         example = self.add_logprobs(example)
         values = self.critic_values(example)
-        self._timings["time/logprob"] = time.perf_counter() - start
+        if tally is not None:
+            tally["time/logprob"] = time.perf_counter() - start
         kl = None if self._kl_reward is None else self._kl_reward(example.old_logp, example.ref_logp)
         adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl, self.turn_rewards(groups))
         return example._replace(advantages=np.asarray(adv), returns=np.asarray(returns), values=values)

@@ -71,10 +71,11 @@ class SAPOConfig(GRPOConfig):
 class SAPOLearner(GRPOLearner):
     """SAPO (arXiv:2511.20347): the GRPO learner with the soft-gated policy loss, at the config's temperatures."""
 
-    def loss_function(self):
-        fn, c = super().loss_function(), self.config
-        gate = functools.partial(sapo_loss, tau_pos=c.tau_pos, tau_neg=c.tau_neg)
-        return functools.partial(fn, policy_loss=gate) if c.policy_loss == "sapo" else fn
+    @classmethod
+    def loss_of(cls, config, rollout, passes):
+        fn = super().loss_of(config, rollout, passes)
+        gate = functools.partial(sapo_loss, tau_pos=config.tau_pos, tau_neg=config.tau_neg)
+        return functools.partial(fn, policy_loss=gate) if config.policy_loss == "sapo" else fn
 
 
 ALGORITHM = Algorithm(

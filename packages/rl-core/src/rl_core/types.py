@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from rl_core.train.packing import Packed
+from rl_core.packed import Packed
 
 
 class SharedPrompts(NamedTuple):

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rl_core.config import ConfigError
 
-    from trainer.evaluate.saved_run import evaluate_data, evaluate_run, results_path
+    from trainer.run.saved_run import evaluate_data, evaluate_run, results_path
 
     if args.data is None:
         if args.run is None or args.model or args.reward or args.output:

@@ -23,8 +23,8 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 from trainer import build
 from trainer.judge.model import JudgeModel
-from trainer.judge.settings import YES_PROBABILITY, JudgeSettings
-from trainer.judge.template import JudgeTemplate, verdict_scores
+from trainer.settings.judge import YES_PROBABILITY, JudgeSettings
+from trainer.settings.judge_template import JudgeTemplate, verdict_scores
 from trainer.judge.trained import heldout_examples, trained_judge
 from trainer.run import load_run_policy
 from trainer.settings import RunSettings

@@ -22,8 +22,8 @@ from rl_core.config import ConfigError
 from rl_core.data import Prompt
 from rl_models import CharTokenizer, Transformer, preset
 
-from trainer.judge.settings import JudgeSettings
-from trainer.judge.template import JudgeTemplate
+from trainer.settings.judge import JudgeSettings
+from trainer.settings.judge_template import JudgeTemplate
 from trainer.tasks import Task
 from trainer.warmstart import warm_start
 

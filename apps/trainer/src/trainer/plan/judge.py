@@ -51,7 +51,7 @@ def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Cal
     from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program
-    from trainer.judge.settings import YES_PROBABILITY
+    from trainer.settings.judge import YES_PROBABILITY
 
     j = settings.judge
     config = judge_config(settings, runtime)

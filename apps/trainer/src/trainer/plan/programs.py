@@ -1,18 +1,14 @@
 """The learner's own programs for `trainer plan`, on abstract arrays: nothing is allocated.
 
-A run's policy update is `rl_core.train.trainable.update_program` (the jitted `make_update`) of the
-algorithm's loss as its learner binds it (`rl_core.train.objective.policy_loss_function`), and its
-reference and behaviour passes are `rl_core.train.trainable.forward_program` of the learner's log-prob
-function (`rl_core.train.behaviour.logprob_fn`); the shardings are `rl_core.train.trainable.model_shardings`
-and the batch is cut by `rl_core.train.layout.BatchLayout`, all exactly as the learner makes them. What
-differs is only the inputs: sharded `jax.ShapeDtypeStruct`s (`rl_core.train.trainable.abstract_model`
-for the state) at the widest shapes a step can have, a mini-batch `TrainExample` holding the
-fields the learner's would hold (behaviour log-probs when `LogprobPasses.behaviour`, reference
-log-probs when beta != 0, the teacher's when distilling, the sampler's always, per-token advantages, returns and values for an
-algorithm with a critic, each group's prompt once where the layout shares them).
-
-With `training.packing`, the packed rows are planned at their most: one sequence per row (the
-count a step compiles for depends on its lengths; rl_core.train.packing).
+Each piece comes from the algorithm's own objects, as the learner makes it: the policy's loss is
+its learner's `loss_of` (rl_core.learner.pipeline.PolicyGradientLearner.loss_of; SAPO's gate
+included), the batch the update takes is its learner's `example_spec` laid out by
+`rl_core.train.layout.BatchLayout.abstract_mini_batch`, the update is
+`rl_core.train.trainable.update_program` of that loss, the reference and behaviour passes are
+`rl_core.train.trainable.forward_program` of the learner's log-prob function
+(`rl_core.train.behaviour.logprob_fn`), and the shardings are `rl_core.train.trainable.model_shardings`.
+What differs is only the inputs: sharded `jax.ShapeDtypeStruct`s (`rl_core.train.trainable.abstract_model`
+for the state) at the widest shapes a step can have.
 """
 
 from __future__ import annotations
@@ -54,27 +50,29 @@ class PolicyPrograms:
     """n -> the log-prob pass's inputs for n stacked micro-batches (as rl_core.train.layout.micro_batched stacks them)."""
 
 
+def policy_loss(algo_name: str, algo: Any, rollout: Any, passes: Any) -> Any:
+    """The policy's loss a run of algorithm `algo_name` (config `algo`) trains: its learner's own
+    `loss_of` (rl_core.learner.pipeline.PolicyGradientLearner.loss_of), which a variant may override."""
+    from rl_core import registry
+    from rl_core.learner.pipeline import PolicyGradientLearner
+
+    learner = registry.get_algorithm(algo_name).learner
+    if not issubclass(learner, PolicyGradientLearner):
+        raise ConfigError(f"trainer plan compiles rl_core.learner.pipeline's update; {algo_name}'s learner "
+                          f"{learner.__name__} is not a PolicyGradientLearner")
+    return learner.loss_of(algo, rollout, passes)
+
+
 def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen: Any) -> PolicyPrograms:
     """The policy's programs of a run with `settings` (a RunSettings) on `mesh`, for a module split
     (rl_core.policy.frozen.split_policy of its `nnx.eval_shape`) into `graphdef`, trained `params` and `frozen` base."""
-    import jax
-    import jax.numpy as jnp
-    from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
     from rl_core.train.behaviour import LogprobPasses, logprob_fn
     from rl_core.train.layout import BatchLayout
-    from rl_core.train.objective import policy_loss_function
     from rl_core.train.optim import make_optimizer
-    from rl_core.train.packing import Packed
-    from rl_core.learner.pipeline import PolicyGradientLearner
     from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
-    from rl_core.types import SharedPrompts, TrainExample
 
     algo = settings.algorithm_config()
-    learner = registry.get_algorithm(settings.algo).learner
-    if not issubclass(learner, PolicyGradientLearner):
-        raise ConfigError(f"trainer plan compiles rl_core.learner.pipeline's update; {settings.algo}'s learner "
-                          f"{learner.__name__} is not a PolicyGradientLearner")
     training, rollout = settings.training, settings.rollout
     group = getattr(algo, "group_size", 1)
     try:
@@ -85,41 +83,20 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
         raise ConfigError(str(e)) from e
     n_mini = layout.num_mini_batches
     passes = LogprobPasses.of(algo, num_mini_batches=n_mini, async_rollout=training.async_rollout)
+    loss_fn = policy_loss(settings.algo, algo, rollout, passes)
     tx = make_optimizer(training, training.num_steps * algo.num_iterations * n_mini)
     shardings = model_shardings(params, frozen, tx, mesh)
     state, frozen_abstract = abstract_model(params, frozen, tx, shardings)
-    loss_fn = policy_loss_function(algo, rollout, beta=passes.loss_beta, async_rollout=training.async_rollout)
     update = update_program(graphdef, tx, loss_fn, shardings, mesh)
     logprobs = forward_program(graphdef, logprob_fn(rollout), shardings, mesh, packs=layout.packing, shares=True)
 
     p_len, t_len = rollout.max_prompt_tokens + 1, rollout.max_new_tokens  # + BOS
-    micro, rows = layout.micro_size, mesh_lib.rows(mesh, axis=1)
-    critic = bool(getattr(learner, "extra_models", ()))
-    per_token_advantages = algo.estimator_category == "token_advantage_estimator"
+    # one micro-batch of the examples the learner makes (its own `example_spec`)
+    micro = registry.get_algorithm(settings.algo).learner.example_spec(
+        algo, passes, rows=layout.micro_size, prompt_tokens=p_len, completion_tokens=t_len)
 
-    def stacked(n: int, *shape: int, dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=rows)
-
-    def mini_batch(n: int) -> TrainExample:
-        def per_token(present: bool = True) -> jax.ShapeDtypeStruct | None:
-            return stacked(n, micro, t_len) if present else None
-
-        shared = None
-        if layout.prompt_group > 1:  # each device's rows are whole groups of one prompt
-            shared = SharedPrompts(stacked(n, micro // layout.prompt_group, p_len, dtype=jnp.int32),
-                                   stacked(n, micro // layout.prompt_group, p_len))
-        packed = None
-        if layout.packing:  # at most one sequence per packed row
-            row = stacked(n, micro, p_len + t_len, dtype=jnp.int32)
-            packed = Packed(row, row, row, stacked(n, micro, t_len, dtype=jnp.int32))
-        return TrainExample(
-            prompt_tokens=stacked(n, micro, p_len, dtype=jnp.int32), prompt_mask=stacked(n, micro, p_len),
-            completion_tokens=stacked(n, micro, t_len, dtype=jnp.int32), completion_mask=per_token(),
-            advantages=per_token() if per_token_advantages else stacked(n, micro),
-            old_logp=per_token(passes.behaviour), ref_logp=per_token(passes.reference), sampler_logp=per_token(),
-            returns=per_token(critic), values=per_token(critic), packed=packed, shared_prompts=shared,
-            teacher_logp=per_token(passes.teacher),
-        )
+    def mini_batch(n: int) -> Any:
+        return layout.abstract_mini_batch(micro, n)
 
     def pass_inputs(n: int) -> tuple:
         example = mini_batch(n)
@@ -129,4 +106,3 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     return PolicyPrograms(algo=algo, passes=passes, layout=layout, tx=tx, shardings=shardings, state=state,
                           frozen=frozen_abstract, update=update, logprobs=logprobs, p_len=p_len, t_len=t_len,
                           mini_batch=mini_batch, pass_inputs=pass_inputs)
-

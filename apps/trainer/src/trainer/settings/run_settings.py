@@ -27,7 +27,7 @@ from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, 
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
-from trainer.judge.settings import JudgeSettings
+from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
@@ -294,7 +294,7 @@ class RunSettings(Config):
                 "(greedy decoding samples the same completion for the whole group, so every advantage is 0)"
             )
         # async rollouts without algorithm.rollout_correction (or tis_cap) use token_tis at C = 2
-        # (rl_core.learner.rollout_correction.resolve_correction; docs/rollout-correction.md)
+        # (rl_core.correction_config.resolve_correction; docs/rollout-correction.md)
         if getattr(config, "distill_coef", 0):  # distillation reads a teacher (trainer.run.teacher)
             teacher = config.teacher
             check(teacher is not None, config, "distill_coef", "distillation needs algorithm.teacher: a Hugging Face "

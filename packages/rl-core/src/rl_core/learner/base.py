@@ -7,7 +7,6 @@
   rollouts   the policy's sampler and rollout backend (`rl_core.rollout.generation`, rl_core.rollout)
   recorder   the run recorder (`rl_core.run.recorder`): metrics, samples, checkpoints
   layout     the mini- and micro-batch split on the mesh (`rl_core.train.layout`)
-  guard      the counts and stops of non-finite updates (`rl_core.train.update_stats`)
 
 What a step changes is one value the learner holds, `state` (rl_core.learner.state.
 LearnerState: each model's TrainState, the key, the step, the prompt stream's position,
@@ -20,15 +19,15 @@ parts, never back: no part takes the learner.
 
 The learner owns data iteration, repeating a batch `num_iterations` times, evaluation
 on a schedule and exact resume. An algorithm fills the abstract hooks: what a step
-trains on (`produce_examples`) and the policy's loss of one micro-batch (`loss_function`).
-For `training.async_rollout = "one_step"` (rl_core.rollout.async_rollout) it splits the first
-in two: `collect` (rollout and scoring, on the rollout thread, with pinned weights)
-and `examples_from` (what the update needs, under the current weights), plus the
-JSON form of a collected batch for checkpoints (`batch_to_json`, `batch_from_json`;
-rl_core.rollout.async_rollout.CollectHalves); where `scores_apart`, `collect` is cut once
-more (`collect_unscored`, `score_collected`) so that scoring runs on a scoring thread.
+trains on, in two halves, `collect` (rollout and scoring; with async rollouts on the rollout
+thread, with pinned weights) and `examples_from` (what the update needs, under the current
+weights), and the policy's loss of one micro-batch (`loss_function`); `produce_examples` is the
+two in line. For async rollouts (rl_core.rollout.async_rollout) it also gives the JSON form of a
+collected batch for checkpoints (`batch_to_json`, `batch_from_json`); where `scores_apart`,
+`collect` is cut once more (`collect_unscored`, `score_collected`) so that scoring runs on a
+scoring thread.
 rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline every algorithm
-package runs (sample, score, advantages, log-probs; the config in rl_core.learner.pipeline_config).
+package runs (sample, score, advantages, log-probs; the config in rl_core.pipeline_config).
 
 The update path: `train_step` -> `update_models(example)` cuts the example into
 mini-batches -> `models[name].update(state, mini)` (rl_core.train.trainable) -> the jitted
@@ -47,7 +46,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import threading
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -82,7 +81,7 @@ from rl_core.policy.tokens import Tokenizer
 from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
 from rl_core.train.trim import trim_example, trimmed_width
 from rl_core.types import StepBatch, TrainExample
-from rl_core.train.update_stats import NonFiniteUpdateError, UpdateGuard, summarize
+from rl_core.train.update_stats import NonFiniteUpdateError, guard_updates, summarize
 
 __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data_mesh"]
 
@@ -97,6 +96,20 @@ def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     return carried, used
 
 
+class KeyStream:
+    """A collection's own sampling keys: each call splits the key it holds (the values of
+    `jax.random.split`, as the state's stream splits). A collection passes it down its steps as a
+    value and leaves its last key in the supply it returns: nothing on a thread holds it, and a
+    collection on the rollout thread never touches the learner's state."""
+
+    def __init__(self, key: jax.Array) -> None:
+        self.key = key
+
+    def __call__(self) -> jax.Array:
+        self.key, used = _split_key(self.key)
+        return used
+
+
 def _policy_attribute(name: str, doc: str | None = None) -> property:
     """The policy part's attribute `name`, read through the learner."""
     return property(lambda self: getattr(self.models[POLICY], name), doc=doc)
@@ -108,9 +121,9 @@ def _state_field(name: str, doc: str | None = None) -> property:
 
 
 class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
-    """Base learner; subclasses fill `produce_examples`, `loss_function`,
-    `num_iterations`, `group_size` and `trajectory_ids` (and, for async rollouts, the
-    halves of `CollectHalves`)."""
+    """Base learner; subclasses fill `collect`, `examples_from`, `loss_function`,
+    `num_iterations`, `group_size` and `trajectory_ids` (and, for async rollouts, the JSON
+    form of a collected batch, `CollectHalves.batch_to_json` / `batch_from_json`)."""
 
     extra_models: tuple[str, ...] = ()
     """Trained models beyond the policy, each a keyword argument of the constructor (PPO: "critic")."""
@@ -155,26 +168,24 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # every process splits the same key the same way
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(self.mesh)))
-        self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss_fn=self.loss_function())
+        self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
         self.data = PromptStream(train_data, seed=training.seed)
-        self._keys = threading.local()  # a running collection's own key stream (see `collect_supplied`)
         self._stop_requested = False
-        self.guard = UpdateGuard(training)
         # one-step-off-policy rollouts: where the batch ahead is collected
-        if training.async_rollout != "off" and type(self).collect is CollectHalves.collect:
-            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} implements "
-                             "produce_examples only, not its halves collect / examples_from / batch_to_json / "
-                             "batch_from_json that async rollouts run apart")
-        self.ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
-        if rollout.partial_rollouts != "off" and self.ahead is None:
+        if training.async_rollout != "off" and type(self).batch_to_json is CollectHalves.batch_to_json:
+            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} has no "
+                             "JSON form of a collected batch (batch_to_json / batch_from_json), which the "
+                             "checkpoint of the batches in flight holds")
+        self._ahead = RolloutThread.for_mode(training.async_rollout, scorers=training.max_staleness)
+        if rollout.partial_rollouts != "off" and self._ahead is None:
             raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
                              "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
 
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self.generator = PolicyGenerator(rollout, tokenizer, self.policy_part, batch_size=self.batch_size, module=policy,
                                        mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
-        self.logprob_pass = PolicyLogprobs(self.policy_part, rollout)
-        self._logprobs = self.logprob_pass.program  # (logp, entropy) [B, T]
+        self._logprob_pass = PolicyLogprobs(self.policy_part, rollout)
+        self._logprobs = self._logprob_pass.program  # (logp, entropy) [B, T]
 
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else self._own_config()
@@ -182,12 +193,14 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
                                     progress=self.progress)
         self.output_dir = self.recorder.output_dir
 
-    def add_model(self, name: str, module: nnx.Module, *, learning_rate: float, loss_fn: LossFn) -> TrainableModel:
-        """Train `module` as model `name`, with the run's optimizer at `learning_rate` and `loss_fn`."""
+    def add_model(self, name: str, module: nnx.Module, *, learning_rate: float,
+                  loss: Callable[[], LossFn]) -> TrainableModel:
+        """Train `module` as model `name`, with the run's optimizer at `learning_rate` and the loss
+        `loss()` builds where it is first needed (the first update, or trainer plan's check)."""
         training = dataclasses.replace(self.training, learning_rate=learning_rate)
         total_updates = self.training.num_steps * self.num_iterations * self.num_mini_batches
         optimizer = make_optimizer(training, total_updates)
-        self.models[name] = part = TrainableModel(module, name=name, optimizer=optimizer, loss_fn=loss_fn,
+        self.models[name] = part = TrainableModel(module, name=name, optimizer=optimizer, loss=loss,
                                                   layout=self.layout)
         self._state = self._state.with_model(name, part.init_state(module))
         return part
@@ -195,15 +208,30 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     # -- hooks an algorithm fills -------------------------------------------------------
 
     @abc.abstractmethod
+    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """The rollout half of a step: sample (through `generate`, which uses the pinned weights
+        with async rollouts) and score; returns the batch and `supply` as the collection leaves it
+        (more prompts drawn, the algorithm's carry, the key past its samples'). With async rollouts
+        it runs beside the update: it must not read the trained parameters nor write what
+        `examples_from` reads."""
+
+    @abc.abstractmethod
+    def examples_from(self, batch: Any) -> StepBatch:
+        """The training half: what `collect` returned, as train examples under the current weights."""
+
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        """Turn a batch of prompts into train examples with advantages."""
+        """The examples of `prompts` drawing on the current supply, the two halves in line
+        (`train_step` keeps the supply they return; this keeps only the key its samples drew)."""
+        batch, supply = self.collect(prompts, self.supply())
+        self._state = self._state._replace(rng=supply.rng)
+        return self.examples_from(batch)
 
     @abc.abstractmethod
     def loss_function(self) -> LossFn:
         """The policy's loss of one micro-batch, `fn(model, example) -> LossOutput` (sums and
-        denominator plus metric sums, traced). Called while the learner is built (and by
-        `compute_loss`): it may read the configs (`self.config`, `self.rollout`), never state that
-        changes later, and the function it returns must be pure, as the jitted update closes over it."""
+        denominator plus metric sums, traced). Called once, where the policy's first update needs it
+        (rl_core.train.trainable.TrainableModel.loss_fn): it may read the configs (`self.config`, `self.rollout`), never state that changes later, and the function it
+        returns must be pure, as the jitted update closes over it."""
 
     @property
     @abc.abstractmethod
@@ -274,18 +302,12 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         and the key."""
         return Supply(self.data, self._state.data_position, self._state.carry, self._state.rng)
 
-    def collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
+    def _collect_supplied(self, prompts: Sequence[Prompt], supply: Supply, *, unscored: bool = False
                          ) -> tuple[Any, Supply]:
-        """`collect(prompts, supply)` with the sampling keys (`next_key`) split from `supply.rng`
-        on this thread, and the supply past it with the key it leaves: a collection on the
-        rollout thread draws keys without touching the learner's state. `unscored`: its
-        generation half only (`collect_unscored`; `score_collected` scores it, on any thread)."""
-        self._keys.key = supply.rng
-        try:
-            collected, after = (self.collect_unscored if unscored else self.collect)(prompts, supply)
-            return collected, after._replace(rng=self._keys.key)
-        finally:
-            del self._keys.key
+        """`collect(prompts, supply)`, or with `unscored` its generation half only (`collect_unscored`;
+        `score_collected` scores it, on any thread): the batch and the supply past it, the key its
+        samples were split from included."""
+        return (self.collect_unscored if unscored else self.collect)(prompts, supply)
 
     def _publish_update(self) -> None:
         """The weights the update just made, W(step + 1), to the collection running beside it
@@ -296,40 +318,26 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """The state past a collection: the stream's position, the carry and the key it left."""
         self._state = self._state._replace(data_position=supply.position, carry=supply.carry, rng=supply.rng)
 
-    # -- the policy part's attributes and the guard's counts, as the learner's own -----------
+    # -- the policy part's attributes, as the learner's own -------------------------------------
 
     @property
     def policy_part(self) -> TrainableModel:
         return self.models[POLICY]
 
-    graphdef, frozen, tx = (_policy_attribute(name) for name in ("graphdef", "frozen", "tx"))
-    param_shardings, frozen_shardings, opt_shardings = (
-        _policy_attribute(name) for name in ("param_shardings", "frozen_shardings", "opt_shardings"))
+    graphdef, frozen = (_policy_attribute(name) for name in ("graphdef", "frozen"))
     policy_shardings = _policy_attribute("shardings", "the whole policy's shardings (trained and frozen)")
     sampler = property(lambda self: self.generator.sampler)  # the one-program sampler (evaluation uses it)
     rollout_backend = property(lambda self: self.generator.backend)
-    skipped_updates = property(lambda self: self.guard.skipped_updates)
-    skipped_in_a_row = property(lambda self: self.guard.skipped_in_a_row)
-    empty_updates = property(lambda self: self.guard.empty_updates)
 
     # -- services for subclasses ----------------------------------------------------------
 
-    def compute_loss(self, model: nnx.Module, example: TrainExample) -> LossOutput:
-        """The policy's loss of one micro-batch (what the update differentiates)."""
-        return self.loss_function()(model, example)
-
-    def next_key(self) -> jax.Array:
-        """The training key stream's next key: the running collection's on its thread (see
-        `collect_supplied`), else the state's."""
-        running = getattr(self._keys, "key", None)
-        if running is not None:
-            self._keys.key, key = _split_key(running)
-            return key
+    def _next_key(self) -> jax.Array:
+        """The state's training key stream's next key (a collection draws from its own `KeyStream`)."""
         rng, key = _split_key(self._state.rng)
         self._state = self._state._replace(rng=rng)
         return key
 
-    def sampling_version(self) -> int:
+    def _sampling_version(self) -> int:
         """The step count of the weights `generate` samples with: the pinned ones' (a collection
         ahead), else the current step's."""
         pinned = self.generator.pinned
@@ -340,16 +348,17 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return self.generator.encode(prompts)
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
-                 *, num_samples: int = 1, key: jax.Array | None = None, max_new_tokens: np.ndarray | None = None,
-                 stop_strings: Sequence[Sequence[str]] | None = None, sessions: np.ndarray | None = None
-                 ) -> Completions:
+                 *, num_samples: int = 1, key: jax.Array | None = None, keys: Callable[[], jax.Array] | None = None,
+                 max_new_tokens: np.ndarray | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
+                 sessions: np.ndarray | None = None) -> Completions:
         """Sample `num_samples` completions per prompt row with the current parameters (row
         i * num_samples + j is sample j of prompt i; each prompt is prefilled once), with the
-        training stream's next key unless `key` is given (an evaluation must not draw from the
-        stream, or evaluating would change the run). `max_new_tokens` / `stop_strings` (one per
+        next key of `keys` (a collection's own stream, `KeyStream`) or else of the state's training
+        stream, unless `key` is given (an evaluation must not draw from the stream, or evaluating
+        would change the run). `max_new_tokens` / `stop_strings` (one per
         prompt row): where each row's samples end, on a backend with `row_limits` (the paged engine);
         `sessions` (one handle per row): sequences the backend keeps between calls (`Requests.sessions`)."""
-        key = self.next_key() if key is None else key
+        key = (keys or self._next_key)() if key is None else key
         out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                      version=self.step, params=self.params, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings, sessions=sessions)
@@ -359,13 +368,15 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
     # -- the rollout hook: how a step turns prompts into completions (or episodes) -------------
 
-    def rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None
-                        ) -> Rollout:
+    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None,
+                         keys: Callable[[], jax.Array] | None = None) -> Rollout:
         """`num_samples` completions of each prompt on the host, rows prompt-major: one generation
         each, or with `rollout.environment` whole multi-turn episodes (rl_core.episodes.rollout.collect_rollout);
-        `key`: sample with it instead of the training key stream."""
+        `key`: sample with it instead of a key stream; `keys`: the collection's own stream (else the
+        state's)."""
         backend = self.rollout_backend
-        return collect_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
+        generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
+        return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
                                row_limits=getattr(backend, "row_limits", False),
                                sessions=backend if getattr(backend, "retains", False) else None)
 
@@ -383,18 +394,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """(logp, entropy) [B, T] of the example's completions under `params` (0 past the trimmed width)."""
         if self.meter is not None:
             self.meter.scored(POLICY, example)
-        return self.logprob_pass(params, example)
-
-    def update_is_off_policy(self) -> bool:
-        """True when an update on a fresh batch can run on a policy other than the one that
-        sampled it: several passes or several mini-batches (see rl_core.train.behaviour)."""
-        return self.num_iterations > 1 or self.num_mini_batches > 1
+        return self._logprob_pass(params, example)
 
     def behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
                            recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
         """[B, T] float32 log-probs of completions under the current parameters, on the host
         (`PolicyLogprobs.behaviour`). Call it at collection time, before any update on these rows."""
-        return self.logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
+        return self._logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
                                            recorded=recorded, completion_mask=completion_mask)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
@@ -409,7 +415,7 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
     def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Algorithm-specific metrics on held-out prompts, added to each scheduled and final
         evaluation (PPO: the critic's explained variance); none by default. Must not draw from
-        the training key stream (`next_key`): evaluating would change the run."""
+        the training key stream (`_next_key`): evaluating would change the run."""
         return {}
 
     def request_stop(self) -> None:
@@ -439,35 +445,31 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         """One step: prompts, examples, num_iterations passes of mini-batch updates, metrics."""
         start = time.perf_counter()
         n, state = self.training.prompts_per_step, self._state
-        if self.ahead is not None:  # async: the next batch is being collected from here to the update's end
+        if self._ahead is not None:  # async: the next batch is being collected from here to the update's end
             # scored apart where the collection allows it: its scoring runs on while later batches generate
             score = self.score_collected if self.scores_apart() else None
-            batch, rest = batch_ahead(collect=self.collect_supplied, examples_from=self.examples_from,
+            batch, rest = batch_ahead(collect=self._collect_supplied, examples_from=self.examples_from,
                                       in_flight=state.in_flight, supply=self.supply(), prompts_per_step=n,
                                       version=state.step, params=self.params, generator=self.generator,
-                                      thread=self.ahead, max_staleness=self.training.max_staleness, score=score)
+                                      thread=self._ahead, max_staleness=self.training.max_staleness, score=score)
         elif state.in_flight:  # an async run's checkpoint resumed synchronously: train on its batches first
             head = settled(state.in_flight[:1])[0]
             batch = self.examples_from(head.batch)
             batch = batch._replace(metrics={"rollout/staleness_version_lag": float(state.step - head.version),
                                             **batch.metrics})
             self._state = self._state._replace(in_flight=state.in_flight[1:])
-        elif type(self).collect is CollectHalves.collect:  # produce_examples only
-            prompts, supply = self.supply().draw(n)
-            self._state = self._state._replace(data_position=supply.position)
-            batch = self.produce_examples(prompts)
         else:
             prompts, supply = self.supply().draw(n)
-            collected, supply = self.collect_supplied(prompts, supply)
+            collected, supply = self._collect_supplied(prompts, supply)
             self._take_supply(supply)
             batch = self.examples_from(collected)
         fault_point("step", self.step + 1)
         if batch.example.batch_size != self.batch_size:
-            if self.ahead is not None:
-                self.ahead.abandon()
+            if self._ahead is not None:
+                self._ahead.abandon()
                 self.generator.unpin()
             raise ValueError(
-                f"produce_examples returned {batch.example.batch_size} completions, expected {self.batch_size}"
+                f"examples_from returned {batch.example.batch_size} completions, expected {self.batch_size}"
             )
         if self.meter is not None:
             self.meter.trained(batch.example, self.num_iterations)
@@ -475,9 +477,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         metrics = dict(batch.metrics)
         # steps between the weights that sampled the batch and the update's (async: batch_ahead's count)
         metrics.setdefault("rollout/staleness_version_lag", metrics.get("async/staleness", 0.0))
-        if self.ahead is not None:
+        if self._ahead is not None:
             (results, apart), in_flight, supply, waits = update_beside(
-                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self.ahead,
+                self.run_updates, batch.example, rest=rest, generator=self.generator, thread=self._ahead,
                 publish=self._publish_update if self.rollout.partial_rollouts != "off" else None)
             self._state = self._state._replace(in_flight=in_flight)
             if supply is not None:
@@ -496,6 +498,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
         self._state = self._state._replace(step=self._state.step + 1)
+        if self.reward_audit is not None:  # what the audit carries to the next step, in the state
+            self._state = self._state._replace(audit=self.reward_audit.state_json())
         every = self.eval_every_steps
         if self.eval_fn is not None and every and self.step % every == 0:
             metrics.update(self.eval_fn(self))
@@ -503,10 +507,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             self.recorder.metrics(self.step, metrics)
         self.recorder.samples(self.step, batch.samples)
         return metrics
-
-    def update(self, example: TrainExample) -> list[dict[str, Any]]:
-        """The policy's statistics of `update_models(example)`, one dict per update in order."""
-        return self.update_models(example).get(POLICY, [])
 
     def update_models(self, example: TrainExample) -> dict[str, list[dict[str, Any]]]:
         """`num_iterations` passes of one optimizer step per mini-batch over `example`, for each
@@ -549,7 +549,9 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         out: dict[str, float] = {}
         for name, stats in results.items():
             if stats:  # a model left out of this step (e.g. the policy in PPO's critic warm-up) has none
-                self.guard.check(self.step + 1, "updates" if name == POLICY else f"{name} updates", stats)
+                counts = guard_updates(self._state.updates, self.training, self.step + 1,
+                                       "updates" if name == POLICY else f"{name} updates", stats)
+                self._state = self._state._replace(updates=counts)
                 out.update(summarize(stats, "train/" if name == POLICY else f"{name}/"))
         return out
 
@@ -563,8 +565,6 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
         self._state = self._state._replace(in_flight=settled(self._state.in_flight))
         meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
-        if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
-            meta["reward_audit"] = self.reward_audit.state_json()
         self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
@@ -577,15 +577,15 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         if restored is not None:
             self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,
                                      batch_from_json=self.batch_from_json)
-            if self.reward_audit is not None:
-                self.reward_audit.restore_json(restored[1].get("reward_audit", {}))
+            if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
+                self.reward_audit.restore_json(self._state.audit or {})
         return restored is not None
 
     def _own_config(self) -> dict[str, Any]:
         return {"algorithm": self.config.to_dict(), "training": self.training.to_dict(), "rollout": self.rollout.to_dict()}
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
+        if self._ahead is not None:
+            self._ahead.close()
         self.recorder.close()
 

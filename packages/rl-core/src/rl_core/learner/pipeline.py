@@ -36,7 +36,7 @@ Async rollouts (training.async_rollout = "one_step") sample with weights one ste
 (up to training.max_staleness = k steps) older than the update's. The update then follows decoupled PPO (AReaL): every row's
 `old_logp` is the proximal policy's, the current weights' at training time (none is
 recorded at collection, when the update may be changing the weights), the clipped
-ratio is taken against it, and the rollout correction (rl_core.learner.rollout_correction:
+ratio is taken against it, and the rollout correction (rl_core.correction_config:
 the config's, or by default the truncated importance weight min(pi_prox / pi_sampler, 2))
 corrects for the stale sampler.
 """
@@ -44,8 +44,6 @@ corrects for the stale sampler.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,10 +59,11 @@ from rl_core.train.frozen_model import teacher_model
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
 from rl_core.learner.groups import TOTAL, Groups, version_lag_metrics
-from rl_core.learner.base import RLLearner, StepBatch
+from rl_core.learner.base import KeyStream, RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
-from rl_core.learner.pipeline_config import PolicyGradientConfig
-from rl_core.learner.rollout_correction import resolve_correction
+from rl_core.pipeline_config import PolicyGradientConfig
+from rl_core.config import RolloutConfig
+from rl_core.correction_config import resolve_correction
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.train.trainable import LossFn
 from rl_core.types import TrainExample
@@ -82,6 +81,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """`teacher`: the frozen model to distill from (an NNX module with the policy's vocabulary),
         needed exactly when config.distill_coef != 0; the other arguments are RLLearner's."""
         super().__init__(config, **kwargs)
+        # which log-prob passes a step runs, decided once from the config and the batch layout
+        self.passes = LogprobPasses.of(config, num_mini_batches=self.num_mini_batches,
+                                       async_rollout=self.training.async_rollout)
         if self.reward_manager is None:
             raise ValueError(f"{type(self).__name__} needs a reward_manager to score completions")
         extra = config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
@@ -110,29 +112,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
         # the distillation teacher: frozen, its log-prob pass the reference's over its own weights
         self.teacher = teacher_model(teacher, kwargs["policy"], distill_coef=config.distill_coef, layout=self.layout)
-        self.teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
-
-    @property
-    def _timings(self) -> dict[str, float]:
-        """The seconds pipeline steps spent on the batch this thread works on, and what its
-        collection counted (tokens generated, reward failures); also valid when a step is called
-        on its own. Per thread, none of it the learner's state: with async rollouts the rollout
-        thread collects the next batch while the calling thread turns this one into examples."""
-        local = self.__dict__.setdefault("_timings_of_thread", threading.local())
-        if not hasattr(local, "timings"):
-            local.timings = {"time/rollout": 0.0, "time/reward": 0.0}
-        return local.timings
-
-    @_timings.setter
-    def _timings(self, value: dict[str, float]) -> None:
-        self.__dict__.setdefault("_timings_of_thread", threading.local()).timings = value
-
-    @functools.cached_property
-    def passes(self) -> LogprobPasses:
-        """Which log-prob passes a step runs: decided once, on first use (the base learner's
-        constructor asks for the loss, once the batch layout is known)."""
-        return LogprobPasses.of(self.config, num_mini_batches=self.num_mini_batches,
-                                async_rollout=self.training.async_rollout)
+        self._teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
 
     # -- base-learner hooks ---------------------------------------------------------------
 
@@ -148,18 +128,12 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         step = self.step + 1  # the step being produced: samples.jsonl records it after the counter advances
         return [f"step{step}/prompt{i}/sample{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
-    def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        """The examples of `prompts` drawing on the current supply (`train_step` runs the halves
-        and keeps the supply they return; this keeps none)."""
-        return self.examples_from(self.collect(prompts, self.supply())[0])
-
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
-        and the supply past them."""
-        self._timings = _collection_tally()
-        groups, supply = self.sample_groups(prompts, supply)
-        info = dict(self._timings)
-        return dataclasses.replace(groups, info={**groups.info, **info}), supply
+        and the supply past them (its key past the samples' keys)."""
+        draw = Draw(KeyStream(supply.rng), _collection_tally())
+        groups, supply = self.sample_groups(prompts, supply, draw)
+        return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
     def scores_apart(self) -> bool:
         """True unless a variant changes the collection (DAPO's dynamic sampling draws more prompts
@@ -171,29 +145,31 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """`collect`'s generation half: the groups unscored (`score_collected` scores them), with
         what their generation cost in `info`, and the supply past them."""
-        self._timings = _collection_tally()
-        groups = self.rollout_groups(prompts)
-        return dataclasses.replace(groups, info={**groups.info, **self._timings}), supply
+        draw = Draw(KeyStream(supply.rng), _collection_tally())
+        groups = self.rollout_groups(prompts, draw)
+        return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
     def score_collected(self, groups: Groups) -> Groups:
         """`collect`'s scoring half, on any thread: `collect_unscored`'s groups scored, its tally
         in `info` continued (the same numbers `collect` returns)."""
-        self._timings = dict(groups.info)
-        scored = self.score(groups)
-        return dataclasses.replace(scored, info=dict(self._timings))
+        draw = Draw(tally=dict(groups.info))
+        scored = self.score(groups, draw)
+        return dataclasses.replace(scored, info=draw.tally)
 
-    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Draw | None = None
+                      ) -> tuple[Groups, Supply]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
-        them (default: one group per prompt, the supply unchanged)."""
-        return self.collect_groups(prompts), supply
+        them (default: one group per prompt, the supply unchanged), drawing keys from and counting
+        into `draw` (the collection's)."""
+        return self.collect_groups(prompts, draw), supply
 
     def examples_from(self, groups: Groups) -> StepBatch:
-        self._timings = {"time/rollout": 0.0, "time/reward": 0.0}
+        tally = {"time/rollout": 0.0, "time/reward": 0.0}
         # and what reward functions reported about their calls (e.g. a judge model's time/judge)
-        self._timings |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
-        example = self.example_from_groups(groups)  # adds time/logprob
+        tally |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
+        example = self.example_from_groups(groups, tally)  # adds time/logprob
         adv = example.advantages
-        metrics = {**self.group_metrics(groups, adv), **self._timings}
+        metrics = {**self.group_metrics(groups, adv), **tally}
         if groups.token_version is not None:  # per token: partial rollouts mix versions within a row
             metrics.update(version_lag_metrics(groups.token_version, groups.completion_mask, self.step))
         # generated: what the backend decoded (padding rows and a turn's tokens past where its episode
@@ -217,28 +193,60 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return Groups.from_json(data)
 
     def loss_function(self) -> LossFn:
-        """`policy_objective` with this run's settings bound: the registered functions the
-        config names, the clip widths, the KL term (`passes.loss_beta`) and the sampler's temperature."""
-        return policy_loss_function(self.config, self.rollout, beta=self.passes.loss_beta,
-                                    async_rollout=self.training.async_rollout)
+        """This run's `loss_of`: what the policy's update differentiates."""
+        return self.loss_of(self.config, self.rollout, self.passes)
+
+    @classmethod
+    def loss_of(cls, config: PolicyGradientConfig, rollout: RolloutConfig, passes: LogprobPasses) -> LossFn:
+        """The policy's loss of one micro-batch for a run of these settings, a pure function of them:
+        `policy_objective` with the registered functions the config names, the clip widths, the KL
+        term (`passes.loss_beta`) and the sampler's temperature bound. A variant that changes the
+        loss overrides this (SAPO's gate), so `trainer plan` compiles, without a learner, the loss
+        the learner trains."""
+        return policy_loss_function(config, rollout, beta=passes.loss_beta, proximal=passes.proximal)
+
+    @classmethod
+    def example_spec(cls, config: PolicyGradientConfig, passes: LogprobPasses, *, rows: int, prompt_tokens: int,
+                     completion_tokens: int) -> TrainExample:
+        """The TrainExample a step of these settings trains on (`examples_from`'s), as
+        ShapeDtypeStructs of `rows` rows at the widest shapes: the fields it fills (behaviour
+        log-probs when `passes.behaviour`, the reference's and the teacher's when they run, the
+        sampler's always; per-token advantages for a token estimator) and no other; the batch
+        layout adds the packed rows and shared prompts for the update (rl_core.train.layout).
+        A variant that adds fields extends it (PPO's returns and values)."""
+        def per_token(present: bool = True, dtype: Any = np.float32) -> jax.ShapeDtypeStruct | None:
+            return jax.ShapeDtypeStruct((rows, completion_tokens), dtype) if present else None
+
+        prompt = lambda dtype: jax.ShapeDtypeStruct((rows, prompt_tokens), dtype)  # noqa: E731
+        per_token_advantages = config.estimator_category == "token_advantage_estimator"
+        return TrainExample(
+            prompt_tokens=prompt(np.int32), prompt_mask=prompt(np.float32),
+            completion_tokens=per_token(dtype=np.int32), completion_mask=per_token(),
+            advantages=per_token() if per_token_advantages else jax.ShapeDtypeStruct((rows,), np.float32),
+            old_logp=per_token(passes.behaviour), ref_logp=per_token(passes.reference), sampler_logp=per_token(),
+            teacher_logp=per_token(passes.teacher),
+        )
 
     # -- pipeline steps -------------------------------------------------------------------
 
-    def collect_groups(self, prompts: Sequence[Prompt]) -> Groups:
+    def collect_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None) -> Groups:
         """Generate and score one group per prompt."""
-        return self.score(self.rollout_groups(prompts))
+        draw = draw or Draw()
+        return self.score(self.rollout_groups(prompts, draw), draw)
 
-    def rollout_groups(self, prompts: Sequence[Prompt], *, key: jax.Array | None = None) -> Groups:
+    def rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
+                       key: jax.Array | None = None) -> Groups:
         """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
-        rewards not yet filled in. `key`: sample with it instead of the training key stream
-        (e.g. for an evaluation)."""
+        rewards not yet filled in. Keys from `draw.keys` (a collection's; without one the state's
+        training stream) unless `key` is given (e.g. for an evaluation); costs counted into `draw.tally`."""
+        draw = draw or Draw()
         start = time.perf_counter()
         g = self.group_size
         # one prefill per group; every process gets every row (a multi-process run gathers them)
-        rolled = self.rollout_prompts(prompts, g, key=key)
+        rolled = self._rollout_prompts(prompts, g, key=key, keys=draw.keys)
         out = rolled.completions
-        self._timings["time/rollout"] += time.perf_counter() - start
-        tally = self._timings
+        tally = draw.tally
+        tally["time/rollout"] += time.perf_counter() - start
         kept = float(int(out.lengths.sum()))
         decoded = kept if rolled.decoded_tokens is None else float(rolled.decoded_tokens)
         tally["perf/generated_tokens"] = tally.get("perf/generated_tokens", 0.0) + decoded
@@ -261,10 +269,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             texts=rolled.texts,
             rewards=np.zeros(len(out.lengths), np.float32),
             row_fields=rolled.row_fields(),
-            versions=np.full(len(out.lengths), self.sampling_version(), np.int32),
+            versions=np.full(len(out.lengths), self._sampling_version(), np.int32),
         )
 
-    def score(self, groups: Groups) -> Groups:
+    def score(self, groups: Groups, draw: Draw | None = None) -> Groups:
         """Fill in rewards with the reward manager (task fields passed by name).
 
         In a multi-process run each process scores its own block of whole groups (reward
@@ -283,12 +291,13 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         fields.update({k: list(v) for k, v in mine.row_fields.items()})  # e.g. each row's `episode`
         fields["completion_ids"] = [row[:n].tolist() for row, n in zip(mine.completion_tokens, mine.lengths)]  # TRL's
         result = self.reward_manager.score([p.text for p in prompts], list(mine.texts), fields, step=self.step + 1)
-        self._timings["time/reward"] += time.perf_counter() - start
+        tally = (draw or Draw()).tally
+        tally["time/reward"] += time.perf_counter() - start
         gather = lambda x: multihost.gather_rows(np.asarray(x, np.float32), counts)  # noqa: E731
         failed = int(multihost.gather_rows(np.asarray([result.num_failed]), [1] * len(counts)).sum())
-        self._timings["rewards/failed"] = self._timings.get("rewards/failed", 0.0) + float(failed)
+        tally["rewards/failed"] = tally.get("rewards/failed", 0.0) + float(failed)
         for name, value in result.function_metrics.items():  # this process's, summed over the step's rounds
-            self._timings[name] = self._timings.get(name, 0.0) + value
+            tally[name] = tally.get(name, 0.0) + value
         return dataclasses.replace(
             groups,
             rewards=gather(result.total),
@@ -311,12 +320,14 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         )
         return dataclasses.replace(groups, old_logp=old)
 
-    def example_from_groups(self, groups: Groups) -> TrainExample:
-        """What one update needs from scored groups: advantages, arrays and log-probs."""
+    def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
+        """What one update needs from scored groups: advantages, arrays and log-probs (their
+        seconds in `tally`, as time/logprob)."""
         example = self.to_example(groups, self.compute_advantages(groups))
         start = time.perf_counter()
         example = self.add_logprobs(example)
-        self._timings["time/logprob"] = time.perf_counter() - start
+        if tally is not None:
+            tally["time/logprob"] = time.perf_counter() - start
         return example
 
     def advantage_program(self) -> Callable[..., Any]:
@@ -372,17 +383,17 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         if self.passes.reference:
             example = example._replace(ref_logp=self.reference_logprobs(example))
         if self.passes.teacher:
-            example = example._replace(teacher_logp=self.teacher_logprobs(example))
+            example = example._replace(teacher_logp=self._teacher_logprobs(example))
         return example
 
     def reference_logprobs(self, example: TrainExample) -> jax.Array:
         return self.compute_logprobs(self.ref_params, example)[0]
 
-    def teacher_logprobs(self, example: TrainExample) -> jax.Array:
+    def _teacher_logprobs(self, example: TrainExample) -> jax.Array:
         """[B, T] log-probs of the example's completions under the distillation teacher."""
         if self.meter is not None:
             self.meter.scored("teacher", example)
-        return self.teacher_pass(self.teacher.params, example)[0]
+        return self._teacher_pass(self.teacher.params, example)[0]
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -442,6 +453,16 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             record = EpisodeRecord.from_json(episode)
             sample.update(completion=record.transcript(), turns=episode["turns"], turn_rewards=list(record.rewards))
         return out
+
+
+@dataclasses.dataclass
+class Draw:
+    """What one collection draws on and counts, passed down its steps as a value (no thread holds
+    it): its sampling keys (`keys`, a KeyStream split from the supply's key; None: the learner
+    state's training stream) and its tally (seconds, tokens generated, reward failures)."""
+
+    keys: KeyStream | None = None
+    tally: dict[str, float] = dataclasses.field(default_factory=lambda: {"time/rollout": 0.0, "time/reward": 0.0})
 
 
 def _collection_tally() -> dict[str, float]:

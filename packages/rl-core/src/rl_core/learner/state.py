@@ -1,14 +1,15 @@
 """The learner's state, one value, and what a checkpoint holds of it.
 
 `LearnerState` is everything a step changes: each trained model's TrainState by name, the
-PRNG key, the step count, the prompt stream's position, the batch in flight (async rollouts)
-and the algorithm's carry (DAPO's carried groups). The learner holds one and replaces it;
+PRNG key, the step count, the prompt stream's position, the batch in flight (async rollouts),
+the algorithm's carry (DAPO's carried groups), the non-finite guard's counts and the reward
+audit's streaks. The learner holds one and replaces it;
 nothing else writes it.
 
 Arrays (Orbax): the policy's trained parameters and optimizer state and the PRNG key
 at the top (the layout of every earlier checkpoint), each other model's (PPO's
 critic) under its name; never the frozen base. JSON: the step, the data stream's
-position, the algorithm's carry (`extra`, e.g. DAPO's carried groups) and,
+position, the guard's counts, the reward audit's streaks, the algorithm's carry (`extra`, e.g. DAPO's carried groups) and,
 with async rollouts, the batches in flight (collected, not trained on yet, oldest first)
 each with the version of the weights that sampled it: a list; a checkpoint written
 before rollouts could run more than one step ahead holds one, as a dict.
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 from rl_core.rollout.async_rollout import InFlight
 from rl_core.train.trainable import TrainState
+from rl_core.train.update_stats import UpdateCounts
 
 POLICY = "policy"
 
@@ -40,6 +42,11 @@ class LearnerState(NamedTuple):
     first (at most training.max_staleness)."""
     carry: Any = None
     """The algorithm's own state between steps (DAPO: the surplus groups), None by default."""
+    updates: UpdateCounts = UpdateCounts()
+    """The non-finite guard's counts (skipped, skipped in a row, empty updates)."""
+    audit: Mapping[str, Any] | None = None
+    """The reward audit's streaks after the last step (its `state_json`; rl_core.learner.reward_audit),
+    None without an audit or before its first step."""
 
     def with_model(self, name: str, state: TrainState) -> LearnerState:
         return self._replace(models={**self.models, name: state})
@@ -54,7 +61,10 @@ def state_arrays(state: LearnerState) -> dict[str, Any]:
 
 def state_meta(state: LearnerState, *, carry_to_json: Callable[[Any], Mapping[str, Any]],
                batch_to_json: Callable[[Any], Any]) -> dict[str, Any]:
-    meta = {"step": state.step, "data_position": state.data_position, "extra": dict(carry_to_json(state.carry))}
+    meta = {"step": state.step, "data_position": state.data_position, "extra": dict(carry_to_json(state.carry)),
+            "updates": state.updates._asdict()}
+    if state.audit is not None:  # a resumed run audits as if it had not stopped
+        meta["reward_audit"] = dict(state.audit)
     if state.in_flight:  # sampled, not trained on yet: the resumed run trains on them
         meta["in_flight"] = [{"version": f.version, "batch": batch_to_json(f.batch)} for f in state.in_flight]
     return meta
@@ -72,4 +82,6 @@ def load_state(arrays: Mapping[str, Any], meta: Mapping[str, Any], *, models: It
         models=trained, rng=arrays["rng"], step=int(meta["step"]), data_position=int(meta["data_position"]),
         in_flight=tuple(InFlight(batch_from_json(f["batch"]), int(f["version"])) for f in flight),
         carry=carry_from_json(meta.get("extra", {})),
+        updates=UpdateCounts(**meta.get("updates", {})),  # a checkpoint written before they were kept: none
+        audit=meta.get("reward_audit"),
     )

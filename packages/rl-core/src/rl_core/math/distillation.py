@@ -16,7 +16,7 @@ pi_old is the policy that sampled y (`old_logp`; on a provably on-policy step st
 equal in value, rl_core.train.behaviour), so the term is a fixed per-token reward, never
 differentiated. Tinker subtracts the sampler's log-probs; this takes the trainer's own pass of the
 same policy, which the teacher's log-probs come from too, so that a student equal to its teacher
-gets exactly 0 (the two differ only by the sampler/trainer mismatch, rl_core.learner.rollout_correction).
+gets exactly 0 (the two differ only by the sampler/trainer mismatch, rl_core.correction_config).
 With the policy-gradient loss -A_t * r_t, r_t = pi / pi_old, its gradient at r = 1 is
 coef * (log pi(y_t) - log pi_T(y_t)) * grad log pi(y_t): in expectation over y_t ~ pi, coef times
 the gradient of the token's reverse KL(pi || pi_T) (the score-function estimator; E[grad log pi] = 0).

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.runtime import mesh as mesh_lib
-from rl_core.train.packing import Packed, unpack
+from rl_core.packed import Packed, unpack
 from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache
 from rl_core.types import SharedPrompts
 

@@ -65,21 +65,11 @@ from rl_core.types import StepBatch, TrainExample
 
 
 class CollectHalves:
-    """What a learner implements for async rollouts (RLLearner inherits these defaults):
-    `produce_examples` in two halves, and the JSON form of the half-way batch for the
-    checkpoint of the batch in flight. A learner without them runs synchronously only.
-    Optionally the rollout half cut once more, generation apart from scoring (`scores_apart`)."""
-
-    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
-        """The rollout half: sample (through `generate`, which uses the pinned weights) and score;
-        returns the batch and `supply` as the collection leaves it (more prompts drawn, the
-        algorithm's carry). It runs beside the update: it must not read the trained parameters
-        nor write what `examples_from` reads."""
-        raise NotImplementedError
-
-    def examples_from(self, batch: Any) -> StepBatch:
-        """The training half: what `collect` returned, as train examples under the current weights."""
-        raise NotImplementedError
+    """What async rollouts need of a learner beyond its step's two halves (`collect` and
+    `examples_from`, rl_core.learner.base.RLLearner; a synchronous step runs them in line, an
+    async one apart): the JSON form of the half-way batch for the checkpoint of the batch in
+    flight (a learner without it runs synchronously only) and, optionally, the rollout half cut
+    once more, generation apart from scoring (`scores_apart`)."""
 
     def batch_to_json(self, batch: Any) -> Any:
         raise NotImplementedError

@@ -3,8 +3,8 @@
 Every example carries `old_logp`, the log-probs of the policy that generated its
 tokens, from the learner's own forward pass (`PolicyLogprobs.behaviour`) at collection
 time, whenever the update can be off-policy: more than one pass over the batch, more
-than one mini-batch (the policy moves between optimizer steps; the learner's
-`update_is_off_policy` states these two), or rows carried over from an earlier step
+than one mini-batch (the policy moves between optimizer steps; `LogprobPasses.off_policy`
+states these two), or rows carried over from an earlier step
 (they keep the log-probs recorded when they were collected, checkpoints included; the
 algorithm that carries them records them). Only on a provably on-policy step may
 `old_logp` be None: the loss then uses stop_gradient(logp), which is exactly equal in
@@ -88,7 +88,7 @@ class LogprobPasses:
     """
 
     off_policy: bool
-    """Several passes over the batch or several mini-batches (RLLearner.update_is_off_policy)."""
+    """Several passes over the batch or several mini-batches: an update can run on a policy other than the one that sampled."""
     proximal: bool
     """Async rollouts (training.async_rollout != "off")."""
     beta: float

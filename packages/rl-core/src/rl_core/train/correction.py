@@ -45,7 +45,7 @@ def correct_policy_terms(
     sampler_logp: jax.Array | None,  # [B, T] the engine's
     mask: jax.Array,  # [B, T]
     *,
-    correction: Any,  # rl_core.learner.rollout_correction.RolloutCorrection (static)
+    correction: Any,  # rl_core.correction_config.RolloutCorrection (static)
     proximal: bool = False,  # async rollouts: old_logp is the proximal policy's (static)
 ) -> tuple[jax.Array, jax.Array, dict[str, tuple[jax.Array, jax.Array]], dict[str, jax.Array]]:
     """(corrected pg [B, T], the mask the loss aggregates with [B, T], means, maxima)."""

@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.config import TrainingConfig
+from rl_core.packed import Packed
 from rl_core.train.packing import pack_micro_batches
 from rl_core.train.trim import trimmed_width
 from rl_core.types import SharedPrompts, TrainExample
@@ -78,6 +79,28 @@ class BatchLayout:
             minis = [mini._replace(packed=self.pack(mini.prompt_tokens, mini.prompt_mask, mini.completion_tokens,
                                                     mini.completion_mask)) for mini in minis]
         return multihost.program_inputs(minis, self.rows(axis=1))
+
+    def abstract_mini_batch(self, example: TrainExample, n: int) -> TrainExample:
+        """`n` stacked micro-batches of `example` (ShapeDtypeStructs of one micro-batch's rows), as
+        `mini_batches` lays them out for the update, on abstract arrays: [n, mb, ...] split over the
+        rows, each group's prompt once where the update shares them, and with `packing` the packed rows
+        at their most (one sequence per row; the count a step compiles for depends on its lengths)."""
+        rows = self.rows(axis=1)
+
+        def stacked(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=rows)
+
+        out = jax.tree.map(lambda x: stacked(x.shape, x.dtype), example)
+        micro, p_len = example.prompt_tokens.shape
+        t_len = example.completion_tokens.shape[1]
+        if self.packing:
+            row = stacked((micro, p_len + t_len), jnp.int32)
+            out = out._replace(packed=Packed(row, row, row, stacked((micro, t_len), jnp.int32)))
+        elif self.prompt_group > 1:  # each device's rows are whole groups of one prompt
+            groups = micro // self.prompt_group
+            out = out._replace(shared_prompts=SharedPrompts(stacked((groups, p_len), jnp.int32),
+                                                            stacked((groups, p_len), jnp.float32)))
+        return out
 
     def shared_prompts(self, prompt_tokens: Any, prompt_mask: Any) -> SharedPrompts | None:
         """Each group's prompt once ([B / G, P], on the host) when the update can share them: every

@@ -3,8 +3,9 @@
 `policy_objective(model, example, ...)` is what the policy's jitted update differentiates
 for every variant: the policy's log-probs of the example's completions, then
 `policy_gradient_loss` on them. `policy_loss_function(config, rollout, beta=...)` binds a run's
-settings, a pure function of the configs: rl_core.learner.pipeline.PolicyGradientLearner.loss_function
-returns it, and `trainer plan` compiles the update on it without building a learner.
+settings, a pure function of the configs: rl_core.learner.pipeline.PolicyGradientLearner.loss_of
+returns it (a variant that changes the loss overrides `loss_of`), and `trainer plan` compiles the
+update on what `loss_of` returns without building a learner.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from rl_core.math.distillation import distill_advantages, sampled_reverse_kl
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.protocols import Policy
 from rl_core.train.trainable import LossFn, LossOutput
-from rl_core.learner.rollout_correction import RolloutCorrection, resolve_correction
+from rl_core.correction_config import RolloutCorrection, resolve_correction
 from rl_core.train.correction import correct_policy_terms
 from rl_core.types import TrainExample
 
 if TYPE_CHECKING:
     from rl_core.config import RolloutConfig
-    from rl_core.learner.pipeline_config import PolicyGradientConfig
+    from rl_core.pipeline_config import PolicyGradientConfig
 
 
 def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -37,11 +38,11 @@ def masked_sum(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *, beta: float,
-                         async_rollout: str = "off") -> LossFn:
+                         proximal: bool = False) -> LossFn:
     """`policy_objective` with a run's settings bound: the registered functions `config` names, its
     clip widths, the KL term's coefficient `beta` (0: no KL term; rl_core.train.behaviour.LogprobPasses.
-    loss_beta), the sampler's temperature and the run's rollout correction (rl_core.learner.
-    rollout_correction.resolve_correction); with `async_rollout` != "off" old_logp is the proximal
+    loss_beta), the sampler's temperature and the run's rollout correction (rl_core.
+    correction_config.resolve_correction); `proximal` (async rollouts): old_logp is the proximal
     policy's."""
     return functools.partial(
         policy_objective,
@@ -56,7 +57,7 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         dual_clip=config.dual_clip,
         max_len=rollout.max_new_tokens,
         rollout_correction=resolve_correction(config),
-        proximal=async_rollout != "off",
+        proximal=proximal,
         entropy_top_fraction=config.entropy_top_fraction,
         distill_coef=config.distill_coef,
     )

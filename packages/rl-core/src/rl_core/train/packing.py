@@ -16,7 +16,7 @@ change, nor do their gradients.
 On a mesh the B rows are split over S devices (data x fsdp) in S blocks, and each
 block is packed into its own R rows: packed rows [S * R, W] split the same way, so
 every device packs, runs and unpacks its own sequences. The index a completion
-token reads its hidden state from is local to its block (`unpack` gathers within
+token reads its hidden state from is local to its block (rl_core.packed.unpack gathers within
 each block), so no device ever needs another's activations.
 
 The packing is planned on the host, where the lengths are known (first-fit
@@ -28,36 +28,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-
-class Packed(NamedTuple):
-    """Sequences packed into rows (see the module docstring)."""
-
-    tokens: jax.Array  # [S * R, W] int32 (0 where no segment)
-    positions: jax.Array  # [S * R, W] int32, restarting at 0 in each segment
-    segments: jax.Array  # [S * R, W] int32: 0 = padding, k >= 1 = the row's k-th sequence
-    index: jax.Array  # [B, T] int32: flat index r * W + w, within its block's R rows, of the
-    # token that predicts completion token t
-
-    def attention_mask(self) -> jax.Array:
-        """[S * R, W, W]: causal within each segment; padding attends to nothing."""
-        seg = self.segments
-        w = seg.shape[-1]
-        causal = jnp.tril(jnp.ones((w, w), bool))
-        return causal & (seg[..., :, None] == seg[..., None, :]) & (seg[..., None, :] > 0)
-
-
-def unpack(hidden: jax.Array, index: jax.Array, shards: int = 1) -> jax.Array:
-    """[B, T, D] hidden states at `index` [B, T] from packed rows [S * R, W, D] of `shards`
-    blocks: a gather batched over the blocks, so a block split over devices stays local."""
-    d = hidden.shape[-1]
-    b, t = index.shape
-    blocks = hidden.reshape(shards, -1, d)  # [S, R * W, D]
-    local = jax.vmap(lambda h, i: h[i])(blocks, index.reshape(shards, b // shards, t))
-    return local.reshape(b, t, d)
+from rl_core.packed import Packed
 
 
 def _first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, int]:

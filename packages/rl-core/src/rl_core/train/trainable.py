@@ -10,7 +10,8 @@ first one (`init_state`) and turns one into the next (`update`). The part owns:
 
   - the frozen base (`frozen`, empty without adapters; see rl_core.policy.frozen), placed
     once and passed to every program, never copied or donated;
-  - `update_step`, one jitted program `(state, frozen, batch) -> (state, stats)` with
+  - `update_step`, one jitted program `(state, frozen, batch) -> (state, stats)` (made where first
+    needed, with the loss `loss()` builds then) with
     the state donated: exact gradient accumulation of (sum, denominator) pairs over
     the micro-batches stacked on axis 0 of the batch, one optimizer step, and a guard
     that leaves the state untouched on a non-finite or empty update;
@@ -23,13 +24,15 @@ Its shardings (`model_shardings`), its update (`update_program`) and its passes
 (`abstract_model`) without allocating a weight.
 
 The update is a pure function of its arguments: it closes over the graph definition, the
-optimizer (pure functions), the loss function and the shardings, all fixed when the part
-is made, and over nothing a learner changes later. The loss, `loss_fn(model, example) ->
-LossOutput`, must be pure too (see the algorithm packages: built once from the configs).
+optimizer (pure functions), the loss function and the shardings, all fixed once made, and
+over nothing a learner changes later. The loss, `loss_fn(model, example) -> LossOutput`, must be
+pure too (see the algorithm packages: built once from the configs, when the first update or a
+reader needs it).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -138,9 +141,10 @@ class TrainableModel:
         *,
         name: str,
         optimizer: optax.GradientTransformation,
-        loss_fn: LossFn,
+        loss: Callable[[], LossFn],
         layout: BatchLayout,
     ) -> None:
+        """`loss`: builds the loss of one micro-batch, called once, where it is first needed."""
         self.name, self.layout = name, layout
         mesh = layout.mesh
         self.graphdef, params, frozen, rest = frozen_lib.split_policy(module)
@@ -158,8 +162,18 @@ class TrainableModel:
         self.frozen = jax.device_put(nnx.to_pure_dict(frozen), self.frozen_shardings)
         self.shardings = self.model_shardings.whole
         self.tx = optimizer
-        # traced under the mesh's activation layout: rows split, weights gathered (rl_core.runtime.mesh)
-        self.update_step = update_program(self.graphdef, optimizer, loss_fn, self.model_shardings, mesh)
+        self._loss = loss
+
+    @functools.cached_property
+    def loss_fn(self) -> LossFn:
+        """The loss `update_step` differentiates (trainer plan compiles the same; tests hold them equal)."""
+        return self._loss()
+
+    @functools.cached_property
+    def update_step(self) -> Callable[..., Any]:
+        """The jitted update of `loss_fn`, traced under the mesh's activation layout: rows split,
+        weights gathered (rl_core.runtime.mesh)."""
+        return update_program(self.graphdef, self.tx, self.loss_fn, self.model_shardings, self.layout.mesh)
 
     def init_state(self, module: nnx.Module) -> TrainState:
         """The state training starts from: float32 master weights of `module`'s trained parameters

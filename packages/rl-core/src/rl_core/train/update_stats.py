@@ -2,14 +2,14 @@
 
 Each model's jitted update reports (loss, grad_norm, finite, empty, and its loss's
 metric sums, maxima and minima); a non-finite one has already left the model as it
-was (rl_core.train.trainable). The guard counts them, and stops the run when the config
+was (rl_core.train.trainable). The guard (`guard_updates`) counts them in the learner's state, and stops the run when the config
 says so (`on_nonfinite='stop'`) or when `max_skipped_in_a_row` come in a row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,33 +43,38 @@ def summarize(results: list[Mapping[str, Any]], prefix: str) -> dict[str, float]
     return out
 
 
-class UpdateGuard:
-    """Counts skipped (non-finite) and empty updates over a run; raises when the run must stop."""
+class UpdateCounts(NamedTuple):
+    """A run's counts of the updates the guard watches: part of the learner's state
+    (rl_core.learner.state.LearnerState), so a resumed run counts on as if it had not stopped."""
 
-    def __init__(self, training: TrainingConfig) -> None:
-        self.training = training
-        self.skipped_updates = 0  # non-finite loss or gradient
-        self.skipped_in_a_row = 0  # against training.max_skipped_in_a_row; restarts on resume
-        self.empty_updates = 0  # mini-batches with no token in the loss
+    skipped: int = 0
+    """Updates with a non-finite loss or gradient (left out of the parameters)."""
+    skipped_in_a_row: int = 0
+    """The last updates' non-finite run, against training.max_skipped_in_a_row."""
+    empty: int = 0
+    """Mini-batches with no token in the loss."""
 
-    def check(self, step: int, which: str, results: list[Mapping[str, Any]]) -> None:
-        """Count `results`, the updates named `which` (e.g. "updates", "critic updates") of `step`."""
-        empty = sum(int(r["empty"]) for r in results)
-        skipped = sum(int(not r["finite"]) for r in results)
-        self.skipped_updates += skipped
-        self.empty_updates += empty
-        if skipped and self.training.on_nonfinite == "stop":
-            raise NonFiniteUpdateError(
-                f"step {step}: {skipped} of {len(results)} {which} had a non-finite loss or gradient "
-                f"(loss values {[float(r['loss']) for r in results]}); parameters were left unchanged. "
-                "Lower the learning rate, check rewards and inputs, or set on_nonfinite='skip'."
-            )
-        for r in results:
-            self.skipped_in_a_row = 0 if r["finite"] else self.skipped_in_a_row + 1
-        limit = self.training.max_skipped_in_a_row
-        if limit and self.skipped_in_a_row >= limit:
-            raise NonFiniteUpdateError(
-                f"step {step}: the last {self.skipped_in_a_row} {which} in a row had a non-finite loss or "
-                "gradient and were skipped (training.max_skipped_in_a_row = "
-                f"{limit}); check the model's weights, the rewards and the inputs, or lower the learning rate"
-            )
+
+def guard_updates(counts: UpdateCounts, training: TrainingConfig, step: int, which: str,
+                  results: list[Mapping[str, Any]]) -> UpdateCounts:
+    """`counts` with `results`, the updates named `which` (e.g. "updates", "critic updates") of `step`,
+    counted; raises NonFiniteUpdateError when the run must stop."""
+    skipped = sum(int(not r["finite"]) for r in results)
+    in_a_row = counts.skipped_in_a_row
+    for r in results:
+        in_a_row = 0 if r["finite"] else in_a_row + 1
+    counts = UpdateCounts(counts.skipped + skipped, in_a_row, counts.empty + sum(int(r["empty"]) for r in results))
+    if skipped and training.on_nonfinite == "stop":
+        raise NonFiniteUpdateError(
+            f"step {step}: {skipped} of {len(results)} {which} had a non-finite loss or gradient "
+            f"(loss values {[float(r['loss']) for r in results]}); parameters were left unchanged. "
+            "Lower the learning rate, check rewards and inputs, or set on_nonfinite='skip'."
+        )
+    limit = training.max_skipped_in_a_row
+    if limit and in_a_row >= limit:
+        raise NonFiniteUpdateError(
+            f"step {step}: the last {in_a_row} {which} in a row had a non-finite loss or "
+            "gradient and were skipped (training.max_skipped_in_a_row = "
+            f"{limit}); check the model's weights, the rewards and the inputs, or lower the learning rate"
+        )
+    return counts

@@ -11,7 +11,7 @@ import dataclasses
 from typing import ClassVar
 
 from rl_core.config import AlgorithmConfig, check, check_registered
-from rl_core.learner.rollout_correction import RolloutCorrection, fold_alias
+from rl_core.correction_config import RolloutCorrection, fold_alias
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import dataclasses
 from rewards.verdicts import VERDICT_RULES, make_verdict_rule
 from rl_core.config import ROLLOUT_ENGINES, Config, ConfigError, check
 
-from trainer.judge.template import DEFAULT_TEMPLATE, JudgeTemplate
+from trainer.settings.judge_template import DEFAULT_TEMPLATE, JudgeTemplate
 
 YES_PROBABILITY = "yes_probability"
 """The verdict read from the judge's next-token distribution: P(yes) / (P(yes) + P(no))."""

@@ -15,8 +15,9 @@ from rl_core.config import ConfigError
 from trainer import build
 from trainer.evaluate.benchmark import benchmark
 from trainer.evaluate.heldout import evaluate
-from trainer.run import load_run_policy, readable_run, settings_of_run
-from trainer.run.train import load_task
+from trainer.run.folder import settings_of_run
+from trainer.run.policy import load_run_policy
+from trainer.run.train import load_task, readable_run
 from trainer.settings import build_settings
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set
 
