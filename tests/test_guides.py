@@ -1,0 +1,182 @@
+"""The guides work as written: their shell commands run, the plans they show are the plans printed,
+and every setting they name exists.
+
+Which guides: README.md and every docs/*.md (a new guide is picked up by being there). Which
+commands: the lines of each fenced block tagged `bash`, `sh`, `shell` or `console`, or untagged,
+that start with `uv ` (a trailing backslash continues a line; `#` starts a comment; lines after
+a line `...` are the command's output as the guide shows it).
+
+A block is not run when the guide says why in an HTML comment on the line before its fence:
+
+    <!-- not run by tests/test_guides.py: needs an NVIDIA GPU -->
+
+Commands are run in order, per guide, in a clean copy of the repository (its tracked files, so
+every file a guide uses is made by an earlier command of that guide or shipped), with this
+environment's `trainer` and `python` for `uv run` (a guide's own venv would install for
+minutes). Each is shortened by one rule, appended as overrides that win over the guide's own:
+
+- `trainer train`: SHORT_TRAIN (two steps, a two-step warm start, a small held-out set);
+- `trainer compare`: the same, and `--seeds 1`;
+- `trainer eval`: a small held-out set; `trainer bench`: two steps;
+- other commands (plan, config, algos, tasks, export, convert, python scripts) as written.
+
+A block showing output under `...` is checked too: each shown line is in what the command
+prints (whitespace aside), so the plans in scaling.md, real-models.md and lora.md stay true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
+SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
+SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "eval.heldout_size=4", "eval.samples_per_prompt=2",
+               "eval.every_steps=0")
+SHORTER = {
+    "train": SHORT_TRAIN,
+    "compare": SHORT_TRAIN,
+    "eval": ("eval.heldout_size=4", "eval.samples_per_prompt=2"),
+}
+
+
+@dataclasses.dataclass
+class Block:
+    guide: Path
+    line: int
+    commands: list[str]
+    shown: list[str]
+    skip: str | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.guide.relative_to(ROOT)}:{self.line}"
+
+
+def guides() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks(guide: Path) -> list[Block]:
+    """The guide's fenced shell blocks that hold at least one `uv` command."""
+    lines = guide.read_text().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        fence = re.match(r"^\s*```\s*([\w-]*)", lines[i])
+        if not fence:
+            i += 1
+            continue
+        tag, start = fence.group(1).lower(), i
+        body = []
+        i += 1
+        while i < len(lines) and not re.match(r"^\s*```", lines[i]):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if tag not in SHELL_TAGS:
+            continue
+        commands, shown, pending, output = [], [], "", False
+        for raw in body:
+            text = raw.strip()
+            if output:
+                shown.append(text)
+                continue
+            if text == "...":
+                output = True
+                continue
+            if pending:
+                pending += " " + text
+            elif text.startswith("uv "):
+                pending = text
+            else:
+                continue
+            if pending.endswith("\\"):
+                pending = pending[:-1].rstrip()
+                continue
+            commands.append(pending)
+            pending = ""
+        if not commands:
+            continue
+        before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.search(before)
+        out.append(Block(guide, start + 1, commands, [s for s in shown if s], skip.group(1) if skip else None))
+    return out
+
+
+def argv(command: str) -> list[str]:
+    """The command's words without its comment, `uv run` replaced by this environment's program."""
+    words = shlex.split(command, comments=True)
+    if words[:2] == ["uv", "run"]:
+        words = words[2:]
+        if words and words[0] == "python":
+            words[0] = sys.executable
+        elif words:
+            words[0] = str(Path(sys.executable).parent / words[0])
+    return words
+
+
+def shortened(words: list[str]) -> list[str]:
+    """`words` with the rule for its command appended (the module's docstring)."""
+    if len(words) < 2 or Path(words[0]).name != "trainer":
+        return words
+    command = words[1]
+    extra = list(SHORTER.get(command, ()))
+    if command == "compare" and "--seeds" not in words:
+        extra += ["--seeds", "1"]
+    if command == "bench" and "--steps" not in words:
+        extra += ["--steps", "2"]
+    return words + extra
+
+
+def clean_copy(dest: Path) -> Path:
+    """The repository's tracked files (and untracked ones git does not ignore) copied into `dest`."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    return dest
+
+
+def normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- the plans the guides show -------------------------------------------------------------------
+
+
+def plan_blocks() -> list[Block]:
+    return [b for g in guides() for b in blocks(g)
+            if b.shown and b.skip is None and argv(b.commands[0])[1:2] == ["plan"]]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("block", plan_blocks(), ids=lambda b: b.where)
+def test_a_plan_a_guide_shows_is_the_plan_printed(block, trainer_xla_flags):
+    """Each line a guide shows under a `trainer plan` command is in what that command prints now."""
+    (command,) = block.commands
+    env = {**os.environ, "XLA_FLAGS": trainer_xla_flags}  # as a user's trainer compiles, not the suite's flags
+    out = subprocess.run(argv(command), cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = {normalized(line) for line in out.stdout.splitlines()}
+    missing = [line for line in block.shown if normalized(line) not in printed]
+    assert not missing, f"{block.where}: the plan now prints\n{out.stdout}\nnot {missing}"
+
+
+def test_the_guides_show_the_plans_of_the_issue():
+    """The DAPO 1.5B plan (scaling.md, real-models.md) and the LoRA 7B plan (lora.md) are checked."""
+    shown = {b.guide.name for b in plan_blocks()}
+    assert {"scaling.md", "real-models.md", "lora.md"} <= shown
