@@ -55,7 +55,7 @@ from trainer.bench.flops import (
 )
 from trainer.bench.memory_check import check_memory
 from trainer.bench.presets import PRESETS, BenchPreset
-from trainer.run import plural
+from trainer.run import devices, plural
 from trainer.settings import build_settings
 
 
@@ -195,6 +195,7 @@ def run_bench(
         raise ConfigError(f"--preset {preset} needs --model DIR, the model's Hugging Face folder (for SmolLM2: "
                           "uv run trainer convert --gguf FILE --out DIR; docs/real-models.md)")
     settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
+    log(f"bench {preset}: {devices.describe()}")
     check_memory(settings, preset, memory_gb=memory_gb, log=log)  # before anything is allocated
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
