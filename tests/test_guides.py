@@ -41,13 +41,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
-SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "eval.heldout_size=4", "eval.samples_per_prompt=2",
-               "eval.every_steps=0")
-SHORTER = {
-    "train": SHORT_TRAIN,
-    "compare": SHORT_TRAIN,
-    "eval": ("eval.heldout_size=4", "eval.samples_per_prompt=2"),
-}
+SHORT_EVAL = ("eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
+SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "eval.every_steps=0", *SHORT_EVAL)
+SHORTER = {"train": SHORT_TRAIN, "compare": SHORT_TRAIN, "eval": SHORT_EVAL}
+COMMAND_SECONDS = 600
 
 
 @dataclasses.dataclass
@@ -86,15 +83,21 @@ def blocks(guide: Path) -> list[Block]:
         if tag not in SHELL_TAGS:
             continue
         commands, shown, pending, output = [], [], "", False
+        console = any(line.strip().startswith("$ ") for line in body)  # `$ command` lines, the rest output
         for raw in body:
             text = raw.strip()
-            if output:
+            if console and not pending:
+                if not text.startswith("$ "):
+                    continue
+                text = text[2:]
+                pending = text
+            elif output:
                 shown.append(text)
                 continue
-            if text == "...":
+            elif text == "...":
                 output = True
                 continue
-            if pending:
+            elif pending:
                 pending += " " + text
             elif text.startswith("uv "):
                 pending = text
@@ -180,3 +183,62 @@ def test_the_guides_show_the_plans_of_the_issue():
     """The DAPO 1.5B plan (scaling.md, real-models.md) and the LoRA 7B plan (lora.md) are checked."""
     shown = {b.guide.name for b in plan_blocks()}
     assert {"scaling.md", "real-models.md", "lora.md"} <= shown
+
+
+# -- every guide's commands, run as written ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tally(request):
+    """Counts over the guides, printed at the end of the module: commands run, passed, not run."""
+    counts = {"run": 0, "passed": 0, "not run": 0}
+    yield counts
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and counts["run"] + counts["not run"]:
+        reporter.write_line(f"guides: {counts['run']} commands run, {counts['passed']} passed, "
+                            f"{counts['not run']} not run (each with its guide's reason)")
+
+
+def environment(copy: Path) -> dict[str, str]:
+    """This environment's programs first on PATH; the copy as the working directory's project."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("guide", guides(), ids=lambda g: g.relative_to(ROOT).as_posix())
+def test_a_guides_commands_run_as_written(guide, tmp_path, tally, request):
+    copy = clean_copy(tmp_path / "repo")
+    env = environment(copy)
+    lines, failures = [], []
+    for block in blocks(guide):
+        for command in block.commands:
+            if block.skip:
+                tally["not run"] += 1
+                lines.append(f"not run  {block.where}: {command[:80]}  ({block.skip})")
+                continue
+            words = shortened(argv(command))
+            start = time.perf_counter()
+            try:
+                out = subprocess.run(words, cwd=copy, env=env, capture_output=True, text=True, timeout=COMMAND_SECONDS)
+                ok, why = out.returncode == 0, (out.stderr or out.stdout)[-1500:]
+            except subprocess.TimeoutExpired:
+                ok, why = False, f"still running after {COMMAND_SECONDS} s"
+            tally["run"] += 1
+            tally["passed"] += ok
+            lines.append(f"{'passed' if ok else 'FAILED'}   {block.where}: {command[:80]} "
+                         f"({time.perf_counter() - start:.0f} s)")
+            if not ok:
+                failures.append(f"{block.where}: {shlex.join(words)}\n{why}")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in lines:
+            reporter.write_line(line)
+    assert not failures, "\n\n".join(failures)
+
+
+def test_every_block_not_run_says_why():
+    """A skip comment with no reason is no reason."""
+    for guide in guides():
+        for block in blocks(guide):
+            assert block.skip is None or len(block.skip) > 10, block.where

@@ -65,7 +65,7 @@ def earlier_comparison(out):
 def test_an_earlier_comparison_is_refused_then_replaced_entirely_with_overwrite(tmp_path):
     out = tmp_path / "cmp"
     earlier_comparison(out)
-    with pytest.raises(FileExistsError, match="already holds a comparison .*--overwrite"):
+    with pytest.raises(FileExistsError, match="already holds a comparison .*--overwrite to replace it, or choose another --output"):
         compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)
     assert (out / "report.md").read_text() == "# old\n"
     compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=True)
