@@ -15,10 +15,10 @@ every file a guide uses is made by an earlier command of that guide or shipped),
 environment's `trainer` and `python` for `uv run` (a guide's own venv would install for
 minutes). Each is shortened by one rule, appended as overrides that win over the guide's own:
 
-- `trainer train`: SHORT_TRAIN (two steps, a two-step warm start, a small held-out set);
-- `trainer compare`: the same, and `--seeds 1`;
-- `trainer eval`: a small held-out set; `trainer bench`: two steps;
-- other commands (plan, config, algos, tasks, export, convert, python scripts) as written.
+- `trainer train`: SHORT_TRAIN (two steps of 2 prompts x 2, a two-step warm start, a 4-problem held-out
+  set; `trainer eval` and a resume then read these settings from the run);
+- `trainer compare`: the same, and `--seeds 1`; `trainer bench`: `--steps 2`;
+- other commands (plan, config, algos, tasks, eval, export, convert, python scripts) as written.
 
 A block showing output under `...` is checked too: each shown line is in what the command
 prints (whitespace aside), so the plans in scaling.md, real-models.md and lora.md stay true.
@@ -41,9 +41,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
-SHORT_EVAL = ("eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
-SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "eval.every_steps=0", *SHORT_EVAL)
-SHORTER = {"train": SHORT_TRAIN, "compare": SHORT_TRAIN, "eval": SHORT_EVAL}
+SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
+               "eval.every_steps=0", "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
+SHORTER = {"train": SHORT_TRAIN, "compare": SHORT_TRAIN}
+PLANS_CHECKED: dict[str, bool] = {}
+"""Plan blocks with shown output that test_a_plan_a_guide_shows_is_the_plan_printed ran: where -> passed."""
 COMMAND_SECONDS = 600
 
 
@@ -176,6 +178,7 @@ def test_a_plan_a_guide_shows_is_the_plan_printed(block, trainer_xla_flags):
     assert out.returncode == 0, out.stderr[-2000:]
     printed = {normalized(line) for line in out.stdout.splitlines()}
     missing = [line for line in block.shown if normalized(line) not in printed]
+    PLANS_CHECKED[block.where] = not missing
     assert not missing, f"{block.where}: the plan now prints\n{out.stdout}\nnot {missing}"
 
 
@@ -216,6 +219,14 @@ def test_a_guides_commands_run_as_written(guide, tmp_path, tally, request):
             if block.skip:
                 tally["not run"] += 1
                 lines.append(f"not run  {block.where}: {command[:80]}  ({block.skip})")
+                continue
+            if block.where in PLANS_CHECKED:  # run above, its shown lines compared
+                tally["run"] += 1
+                tally["passed"] += PLANS_CHECKED[block.where]
+                lines.append(f"{'passed' if PLANS_CHECKED[block.where] else 'FAILED'}   {block.where}: {command[:80]} "
+                             "(test_a_plan_a_guide_shows_is_the_plan_printed)")
+                if not PLANS_CHECKED[block.where]:
+                    failures.append(f"{block.where}: the plan it shows is not the plan printed")
                 continue
             words = shortened(argv(command))
             start = time.perf_counter()
