@@ -253,3 +253,70 @@ def test_every_block_not_run_says_why():
     for guide in guides():
         for block in blocks(guide):
             assert block.skip is None or len(block.skip) > 10, block.where
+
+
+# -- every setting a guide names exists ----------------------------------------------------------
+
+SECTIONS = ("algo", "variant", "task", "model", "warm_start", "training", "rollout", "algorithm", "eval", "reward_audit",
+            "judge", "rewards")
+SETTING = re.compile(rf"(?<![\w./-])((?:{'|'.join(SECTIONS)})(?:\.[a-z_][a-z0-9_]*)+)")
+FILE_ENDINGS = (".md", ".py", ".yaml", ".yml", ".json", ".jsonl", ".txt", ".png", ".parquet", ".safetensors", ".gguf")
+
+
+def named_settings(guide: Path) -> set[str]:
+    """Dotted setting names in the guide's inline code and shell commands (`training.share_prompts`,
+    `algorithm.rollout_correction.mode=off`), file names aside."""
+    text = guide.read_text()
+    spans = re.findall(r"`([^`\n]+)`", text)
+    spans += [c for b in blocks(guide) for c in b.commands]
+    names = set()
+    for span in spans:
+        for match in SETTING.finditer(span):
+            name = match.group(1)
+            if not name.endswith(FILE_ENDINGS) and "." in name:
+                names.add(name)
+    return names
+
+
+def setting_exists(name: str) -> bool:
+    """Whether `name` is a field path of RunSettings (algorithm.* of any installed algorithm's config);
+    below a free-form mapping (task.options, rewards, rollout.environment_options) any key is allowed."""
+    import typing
+
+    from rl_core import registry
+    from rl_core.config import Config
+    from trainer.settings import RunSettings
+
+    def walk(cls: type, parts: list[str]) -> bool:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not parts:
+            return True
+        if parts[0] not in fields:
+            return False
+        if cls is RunSettings and parts[0] == "algorithm":
+            return len(parts) == 1 or any(walk(registry.get_algorithm(a).config, parts[1:])
+                                          for a in registry.registry.names("algorithm"))
+        hint = typing.get_type_hints(cls)[parts[0]]
+        members = typing.get_args(hint) or (hint,)
+        rest = parts[1:]
+        if not rest:
+            return True
+        configs = [m for m in members if isinstance(m, type) and issubclass(m, Config)]
+        if configs:
+            return any(walk(c, rest) for c in configs)
+        return any(m is dict or typing.get_origin(m) is dict for m in members)  # a free-form mapping
+
+    return walk(RunSettings, name.split("."))
+
+
+def test_every_setting_a_guide_names_exists():
+    unknown = {g.relative_to(ROOT).as_posix(): sorted(n for n in named_settings(g) if not setting_exists(n))
+               for g in guides()}
+    assert not {g: names for g, names in unknown.items() if names}
+
+
+def test_the_setting_check_tells_a_setting_from_a_typo():
+    assert setting_exists("training.share_prompts") and setting_exists("algorithm.rollout_correction.mode")
+    assert setting_exists("task.options.heldout_data") and setting_exists("model.lora.rank")
+    assert not setting_exists("training.share_prompt") and not setting_exists("algorithm.rollout_correction.mod")
+    assert named_settings(ROOT / "docs" / "scaling.md") >= {"training.share_prompts", "training.mesh.fsdp"}
