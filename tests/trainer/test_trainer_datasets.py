@@ -27,6 +27,23 @@ def test_gsm8k_jsonl_split_and_fields(tmp_path):
     assert [p.text for p in again.heldout] == [p.text for p in task.heldout]
 
 
+def test_a_held_out_file_of_its_own(tmp_path):
+    """task.options.heldout_data: every data row trains; the held-out rows are the other file's
+    (at most heldout_size of them, drawn by the seed)."""
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    test = write_jsonl(tmp_path / "test.jsonl", [{"question": f"What is {a}+2?", "answer": f"#### {a + 2}"}
+                                                for a in range(5)])
+    task = gsm8k(data=str(train), heldout_data=str(test))
+    assert (len(task.train), len(task.heldout)) == (10, 5)
+    assert {p.fields["answer"] for p in task.heldout} == {f"#### {a + 2}" for a in range(5)}
+    assert all("+1?" in p.text for p in task.train)
+    fewer = gsm8k(data=str(train), heldout_data=str(test), heldout_size=2)
+    assert (len(fewer.train), len(fewer.heldout)) == (10, 2)
+    # without one, a held-out set as large as the data is refused and the option is named
+    with pytest.raises(DataError, match=r"leaves no training rows\); or give a held-out file \(task.options.heldout_data\)"):
+        gsm8k(data=str(train), heldout_size=10)
+
+
 def test_parquet_matches_jsonl(tmp_path):
     pq.write_table(pa.Table.from_pylist(GOOD), tmp_path / "d.parquet")
     write_jsonl(tmp_path / "d.jsonl", GOOD)
