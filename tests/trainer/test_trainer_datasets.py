@@ -185,3 +185,18 @@ def test_jsonl_text_with_line_separator_characters_is_read_whole(tmp_path):
     read = list(read_rows(path))
     assert [(where, number) for where, number, _ in read] == [(f"{path}:{n}", n) for n in (1, 2, 3, 4)]
     assert read[0][2]["question"] == "a\u2028b\u0085c\u2029d What is 1+1?"
+
+
+def test_trainer_tasks_lists_each_tasks_options_with_their_defaults(capsys):
+    from trainer.cli import main
+
+    assert main(["tasks", "--options"]) == 0
+    out = capsys.readouterr().out
+    gsm8k_part = out[out.index("gsm8k "):out.index("math ")]
+    for line in ("task.options.data = required", "task.options.question_field = 'question'",
+                 "task.options.answer_field = 'answer'", "task.options.heldout_data = None",
+                 "task.options.heldout_size = 200", "task.options.max_new_tokens = 512"):
+        assert f"    {line}\n" in gsm8k_part
+    math_part = out[out.index("math "):out.index("number_words ")]
+    assert "    task.options.question_field = 'problem'\n" in math_part
+    assert "    task.options.digits = 2\n" in out[:out.index("countdown ")]
