@@ -3,8 +3,9 @@ and every setting they name exists.
 
 Which guides: README.md and every docs/*.md (a new guide is picked up by being there). Which
 commands: the lines of each fenced block tagged `bash`, `sh`, `shell` or `console`, or untagged,
-that start with `uv ` (a trailing backslash continues a line; `#` starts a comment; lines after
-a line `...` are the command's output as the guide shows it).
+that start with a program of COMMAND_STARTS (`uv`, `hf`, `python`, ...), or the `$ ` lines of a
+console block (a trailing backslash continues a line; `#` starts a comment; lines after a line
+`...` are the command's output as the guide shows it).
 
 A block is not run when the guide says why in an HTML comment on the line before its fence:
 
@@ -40,6 +41,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
+COMMAND_STARTS = ("uv ", "hf ", "python ", "python3 ", "trainer ", "pip ", "git ")
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
 SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
                "eval.every_steps=0", "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
@@ -101,7 +103,7 @@ def blocks(guide: Path) -> list[Block]:
                 continue
             elif pending:
                 pending += " " + text
-            elif text.startswith("uv "):
+            elif text.startswith(COMMAND_STARTS):
                 pending = text
             else:
                 continue
@@ -123,10 +125,10 @@ def argv(command: str) -> list[str]:
     words = shlex.split(command, comments=True)
     if words[:2] == ["uv", "run"]:
         words = words[2:]
-        if words and words[0] == "python":
-            words[0] = sys.executable
-        elif words:
-            words[0] = str(Path(sys.executable).parent / words[0])
+    if words and words[0] in ("python", "python3"):
+        words[0] = sys.executable
+    elif words and (Path(sys.executable).parent / words[0]).exists():  # trainer, pytest, ...
+        words[0] = str(Path(sys.executable).parent / words[0])
     return words
 
 

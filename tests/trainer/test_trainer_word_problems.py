@@ -40,3 +40,10 @@ def test_written_file_loads_as_gsm8k_task(tmp_path, capsys):
     assert [json.loads(line) for line in out.read_text().splitlines()] == easy_word_problems(40, seed=1)
     task = gsm8k(data=str(out), heldout_size=8)  # every reference is scorable by the gsm8k reward
     assert (len(task.train), len(task.heldout)) == (32, 8)
+
+
+def test_the_file_goes_into_a_folder_not_made_yet(tmp_path):
+    """`data/easy.jsonl` in a fresh clone, as docs/models-and-data.md writes it."""
+    out = tmp_path / "data" / "easy.jsonl"
+    assert main([str(out), "--count", "3"]) == 0
+    assert len(out.read_text().splitlines()) == 3
