@@ -16,8 +16,9 @@ every file a guide uses is made by an earlier command of that guide or shipped),
 environment's `trainer` and `python` for `uv run` (a guide's own venv would install for
 minutes). Each is shortened by one rule, appended as overrides that win over the guide's own:
 
-- `trainer train`: SHORT_TRAIN (two steps of 2 prompts x 2, a two-step warm start, a 4-problem held-out
-  set; `trainer eval` and a resume then read these settings from the run);
+- `trainer train`: SHORT_TRAIN (two steps of 2 prompts x 2, a 4-problem held-out set) and, where the
+  run warm-starts (a preset model, or a guide's own warm_start.steps), a two-step warm start; with
+  `--resume`, `training.num_steps=2` alone (a resumed run keeps its saved settings);
 - `trainer compare`: the same, and `--seeds 1`; `trainer bench`: `--steps 2`;
 - other commands (plan, config, algos, tasks, eval, export, convert, python scripts) as written.
 
@@ -43,8 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
 COMMAND_STARTS = ("uv ", "hf ", "python ", "python3 ", "trainer ", "pip ", "git ")
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
-SHORT_TRAIN = ("training.num_steps=2", "warm_start.steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
+SHORT_TRAIN = ("training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
                "eval.every_steps=0", "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
+SHORT_WARM_START = "warm_start.steps=2"
+"""For a preset model (800 warm-start steps by default); a loaded model has none unless the guide says."""
 SHORTER = {"train": SHORT_TRAIN, "compare": SHORT_TRAIN}
 PLANS_CHECKED: dict[str, bool] = {}
 """Plan blocks with shown output that test_a_plan_a_guide_shows_is_the_plan_printed ran: where -> passed."""
@@ -137,7 +140,11 @@ def shortened(words: list[str]) -> list[str]:
     if len(words) < 2 or Path(words[0]).name != "trainer":
         return words
     command = words[1]
+    if "--resume" in words:  # a resumed run keeps its saved settings: only its length may change
+        return words + ["training.num_steps=2"]
     extra = list(SHORTER.get(command, ()))
+    if command in SHORTER and ("--model" not in words or any(w.startswith("warm_start.steps=") for w in words)):
+        extra.append(SHORT_WARM_START)
     if command == "compare" and "--seeds" not in words:
         extra += ["--seeds", "1"]
     if command == "bench" and "--steps" not in words:
@@ -198,10 +205,17 @@ def tally(request):
     """Counts over the guides, printed at the end of the module: commands run, passed, not run."""
     counts = {"run": 0, "passed": 0, "not run": 0}
     yield counts
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and counts["run"] + counts["not run"]:
-        reporter.write_line(f"guides: {counts['run']} commands run, {counts['passed']} passed, "
-                            f"{counts['not run']} not run (each with its guide's reason)")
+    if counts["run"] + counts["not run"]:
+        shown(request, f"guides: {counts['run']} commands run, {counts['passed']} passed, "
+                       f"{counts['not run']} not run (each with its guide's reason)")
+
+
+def shown(request, *lines: str) -> None:
+    """Print past pytest's capture, so that a passing run lists what it did too."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        for line in lines:
+            print(line, flush=True)
 
 
 def environment(copy: Path) -> dict[str, str]:
@@ -243,10 +257,7 @@ def test_a_guides_commands_run_as_written(guide, tmp_path, tally, request):
                          f"({time.perf_counter() - start:.0f} s)")
             if not ok:
                 failures.append(f"{block.where}: {shlex.join(words)}\n{why}")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        for line in lines:
-            reporter.write_line(line)
+    shown(request, "", *lines)
     assert not failures, "\n\n".join(failures)
 
 
