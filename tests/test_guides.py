@@ -18,7 +18,8 @@ minutes). Each is shortened by one rule, appended as overrides that win over the
 
 - `trainer train`: SHORT_TRAIN (two steps of 2 prompts x 2, a 4-problem held-out set) and, where the
   run warm-starts (a preset model, or a guide's own warm_start.steps), a two-step warm start; with
-  `--resume`, `training.num_steps=2` alone (a resumed run keeps its saved settings);
+  `--resume`, only the length (a resumed run keeps its saved settings): 2 steps, or 4 where the
+  guide extends the run;
 - `trainer compare`: the same, and `--seeds 1`; `trainer bench`: `--steps 2`;
 - other commands (plan, config, algos, tasks, eval, export, convert, python scripts) as written.
 
@@ -141,7 +142,9 @@ def shortened(words: list[str]) -> list[str]:
         return words
     command = words[1]
     if "--resume" in words:  # a resumed run keeps its saved settings: only its length may change
-        return words + ["training.num_steps=2"]
+        extends = any(w.startswith("training.num_steps=") for w in words)
+        return [w for w in words if not w.startswith("training.num_steps=")] + [
+            f"training.num_steps={4 if extends else 2}"]
     extra = list(SHORTER.get(command, ()))
     if command in SHORTER and ("--model" not in words or any(w.startswith("warm_start.steps=") for w in words)):
         extra.append(SHORT_WARM_START)
