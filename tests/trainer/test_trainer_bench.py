@@ -275,3 +275,21 @@ def test_update_ablation_times_every_part_against_the_default():
     assert rows[0][2] == "1.000"
     bad = subprocess.run([*run, "softmax"], capture_output=True, check=False, text=True, timeout=600)
     assert bad.returncode == 2 and "unknown parts ['softmax']" in bad.stderr
+
+
+@pytest.mark.e2e  # compiles the long-generation programs (about 12 s of CPU)
+def test_a_preset_that_does_not_fit_says_what_it_needs_before_allocating(capsys, tmp_path):
+    """long-generation's update holds 16 x 8 rows of 1034 tokens: tens of GiB on CPU (24.11 with the
+    trainer's XLA flags), refused in one line instead of an out-of-memory traceback mid-run."""
+    output = tmp_path / "bench.json"
+    assert main(["bench", "--preset", "long-generation", "--memory-gb", "1", "--output", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert re.search(r"^memory: needs \d+\.\d\d GiB per device .*; 1\.00 GiB free \(--memory-gb\)$", captured.out, re.M)
+    (line,) = captured.err.strip().splitlines()
+    need = float(re.search(r"needs (\d+\.\d+) GiB per device and 1\.00 GiB are free", line).group(1))
+    assert 10 < need < 60 and not output.exists()
+
+
+def test_the_memory_a_bench_may_use_must_be_positive(capsys):
+    assert main(["bench", "--preset", "tiny", "--memory-gb", "0"]) == 2
+    assert "--memory-gb = 0.0: must be > 0" in capsys.readouterr().err

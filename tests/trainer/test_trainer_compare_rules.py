@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,7 +65,7 @@ def earlier_comparison(out):
 def test_an_earlier_comparison_is_refused_then_replaced_entirely_with_overwrite(tmp_path):
     out = tmp_path / "cmp"
     earlier_comparison(out)
-    with pytest.raises(FileExistsError, match="already holds a comparison .*--overwrite"):
+    with pytest.raises(FileExistsError, match="already holds a comparison .*--overwrite to replace it, or choose another --output"):
         compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=False)
     assert (out / "report.md").read_text() == "# old\n"
     compare_folder.claim(out, ["grpo"], PLOT_NAMES, overwrite=True)
@@ -219,3 +220,19 @@ def test_choosing_a_variant_the_config_does_not_name_is_an_error(tmp_path, capsy
     config.write_text("variants:\n  grpo: {}\n")
     assert main(["compare", "dapo", "--config", str(config), "--output", str(tmp_path / "c")]) == 2
     assert "variant(s) ['dapo'] not in the config's variants: ['grpo']" in capsys.readouterr().err
+
+
+def test_a_distilling_variant_is_compared_with_grpo_at_the_same_budget(tmp_path, monkeypatch):
+    """OPD's teacher is no GRPO setting: the reference's budget (32 prompts x 8) is counted without it."""
+    config = Path("configs/distill-vs-grpo.yaml").resolve()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "teacher").mkdir(parents=True)  # the folder the guide's first command trains
+    user = user_settings(config)
+    grpo, opd, distill = named_variants(user.pop("variants"), user, [])
+    assert [s.algo for s in (grpo, opd, distill)] == ["grpo", "opd", "grpo"]
+    assert opd.algorithm_config().teacher == "runs/teacher" and opd.algorithm_config().distill_coef == 1.0
+    assert distill.algorithm_config().distill_coef == 0.5
+    assert [s.training.prompts_per_step for s in (grpo, opd, distill)] == [32, 32, 32]
+    # named on the command line, the teacher reaches OPD alone
+    (opd,) = variant_settings(["opd"], user_settings(None, ["algorithm.teacher=runs/teacher"]))
+    assert opd.algorithm_config().teacher == "runs/teacher" and opd.training.prompts_per_step == 32

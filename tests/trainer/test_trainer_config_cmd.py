@@ -75,3 +75,34 @@ def test_version_and_help_point_to_the_settings(capsys):
         assert "trainer config [--algo NAME]" in printed
         if command == "compare":
             assert f"seeds per variant (default {DEFAULT_SEEDS})" in " ".join(printed.split())
+
+
+def test_opd_is_listed_with_its_defaults_and_resolved_with_overrides(capsys, tmp_path):
+    """OPD's defaults need a teacher to run: the listing shows them and says so; overrides resolve it."""
+    assert main(["config", "--algo", "opd"]) == 0
+    printed = capsys.readouterr().out
+    rows = {key: rest for key, *rest in (re.split(r"\s{2,}", line, maxsplit=3) for line in printed.splitlines()[4:])}
+    assert rows["algorithm.distill_coef"][:2] == ["float", "1.0"]
+    assert rows["algorithm.advantage_estimator"][:2] == ["str", "zero"]
+    assert rows["algo"][:2] == ["str", "opd"]
+    assert printed.rstrip().endswith("to distill from") and "To run, opd needs more than its defaults" in printed
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    assert main(["config", "--algo", "opd", f"algorithm.teacher={teacher}", "algorithm.distill_coef=0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "To run" not in printed
+    assert re.search(r"^algorithm.distill_coef\s+float\s+0.5\s", printed, re.M)
+    assert re.search(rf"^algorithm.teacher\s+str \| None\s+{teacher}", printed, re.M)
+    # an override of the user's own that cannot run is refused in one line, not listed
+    assert main(["config", "--algo", "opd", "algorithm.distill_coef=-1"]) == 2
+    assert "distill_coef = -1" in capsys.readouterr().err
+
+
+def test_algos_describes_each_algorithm_with_its_own_text(capsys):
+    from trainer.cli import main as cli
+
+    assert cli(["algos"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "On-policy distillation" in lines["opd"] and "Group Relative" not in lines["opd"]
+    assert "Group Relative Policy Optimization" in lines["grpo"]
+    assert len({line.split(maxsplit=2)[2] for line in lines.values()}) == len(lines)  # no two share a text

@@ -27,6 +27,23 @@ def test_gsm8k_jsonl_split_and_fields(tmp_path):
     assert [p.text for p in again.heldout] == [p.text for p in task.heldout]
 
 
+def test_a_held_out_file_of_its_own(tmp_path):
+    """task.options.heldout_data: every data row trains; the held-out rows are the other file's
+    (at most heldout_size of them, drawn by the seed)."""
+    train = write_jsonl(tmp_path / "train.jsonl", GOOD)
+    test = write_jsonl(tmp_path / "test.jsonl", [{"question": f"What is {a}+2?", "answer": f"#### {a + 2}"}
+                                                for a in range(5)])
+    task = gsm8k(data=str(train), heldout_data=str(test))
+    assert (len(task.train), len(task.heldout)) == (10, 5)
+    assert {p.fields["answer"] for p in task.heldout} == {f"#### {a + 2}" for a in range(5)}
+    assert all("+1?" in p.text for p in task.train)
+    fewer = gsm8k(data=str(train), heldout_data=str(test), heldout_size=2)
+    assert (len(fewer.train), len(fewer.heldout)) == (10, 2)
+    # without one, a held-out set as large as the data is refused and the option is named
+    with pytest.raises(DataError, match=r"leaves no training rows\); or give a held-out file \(task.options.heldout_data\)"):
+        gsm8k(data=str(train), heldout_size=10)
+
+
 def test_parquet_matches_jsonl(tmp_path):
     pq.write_table(pa.Table.from_pylist(GOOD), tmp_path / "d.parquet")
     write_jsonl(tmp_path / "d.jsonl", GOOD)
@@ -168,3 +185,18 @@ def test_jsonl_text_with_line_separator_characters_is_read_whole(tmp_path):
     read = list(read_rows(path))
     assert [(where, number) for where, number, _ in read] == [(f"{path}:{n}", n) for n in (1, 2, 3, 4)]
     assert read[0][2]["question"] == "a\u2028b\u0085c\u2029d What is 1+1?"
+
+
+def test_trainer_tasks_lists_each_tasks_options_with_their_defaults(capsys):
+    from trainer.cli import main
+
+    assert main(["tasks", "--options"]) == 0
+    out = capsys.readouterr().out
+    gsm8k_part = out[out.index("gsm8k "):out.index("math ")]
+    for line in ("task.options.data = required", "task.options.question_field = 'question'",
+                 "task.options.answer_field = 'answer'", "task.options.heldout_data = None",
+                 "task.options.heldout_size = 200", "task.options.max_new_tokens = 512"):
+        assert f"    {line}\n" in gsm8k_part
+    math_part = out[out.index("math "):out.index("number_words ")]
+    assert "    task.options.question_field = 'problem'\n" in math_part
+    assert "    task.options.digits = 2\n" in out[:out.index("countdown ")]

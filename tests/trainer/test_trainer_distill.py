@@ -33,6 +33,26 @@ def test_a_distilling_run_needs_an_existing_teacher(tmp_path):
     assert grpo.algorithm_config().distill_coef == 0.5
 
 
+def test_a_per_sequence_policy_loss_with_per_token_advantages_is_refused_before_anything_loads(tmp_path, capsys):
+    """GSPO's loss takes one advantage per completion: distillation's per-token term (or a critic's
+    per-token advantages) is refused with the settings, not by a shape error in the first update."""
+    from trainer.cli import main
+
+    argv = ["train", "--algo", "gspo", "algorithm.distill_coef=0.5", f"algorithm.teacher={tmp_path}",
+            "--output", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("trainer train: error: GSPOConfig.policy_loss = 'gspo': takes one advantage per completion, but "
+                   "distill_coef > 0 gives each token an advantage of its own; use a per-token policy loss "
+                   "(GSPO's per-token form: algorithm.policy_loss=gspo_token)")
+    assert not (tmp_path / "run").exists()
+    token = build_settings(algo="gspo", overrides=["algorithm.distill_coef=0.5", f"algorithm.teacher={tmp_path}",
+                                                   "algorithm.policy_loss=gspo_token"])
+    assert token.algorithm_config().policy_loss == "gspo_token"
+    with pytest.raises(ConfigError, match=r"PPOConfig.policy_loss = 'gspo': .* gae gives per-token advantages"):
+        build_settings(algo="ppo", overrides=["algorithm.policy_loss=gspo"])
+
+
 def test_the_teacher_must_share_the_students_tokenizer():
     qwen = load_hf_tokenizer(HF / "qwen2")
     check_same_tokenizer(load_hf_tokenizer(HF / "qwen2"), qwen, "same")  # the same tokenizer passes

@@ -3,6 +3,7 @@ the run's log, the same for `trainer compare`'s built-in default as before auto,
 
 import json
 
+import jax
 import pytest
 
 from rl_core.config import ConfigError
@@ -69,6 +70,8 @@ def test_the_run_logs_the_engine_and_its_evaluation_time(tmp_path, capsys):
     ]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "rollout engine static (auto: 5 new tokens < 512)" in out
+    # the run's first line says what it runs on (a CPU-only install on a GPU machine shows here)
+    assert out.splitlines()[0] == f"grpo: JAX {jax.__version__} on cpu: 1 device (1 x cpu)"
     assert json.loads((run / "settings_at_start.json").read_text())["picked"] == {"rollout.engine": "static"}
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval/accuracy" in record and record["time/eval"] > 0.0

@@ -20,6 +20,7 @@ from rl_models import Transformer
 from rl_models.hf import load_hf_config
 from trainer.plan import GIB, memory_budget
 from trainer.plan import Plan
+from trainer.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
@@ -350,3 +351,15 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
     with safe_open(folder / "model.safetensors", framework="np") as f:
         text = sum(prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.startswith("model.visual"))
     assert result.parameters == text
+
+
+@pytest.mark.e2e
+def test_plan_takes_a_file_tasks_data_as_train_does(tmp_path, capsys):
+    """`trainer plan --task gsm8k --data FILE`, the flag the file task's error names."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "What is 2 + 3?", "answer": "#### 5"}\n{"question": "What is 4 + 4?", "answer": "#### 8"}\n')
+    base = ["plan", "--task", "gsm8k", "--model", "tests/fixtures/hf/qwen2", "--platform", "cpu", "--no-search"]
+    assert main(base) == 2
+    assert "pass --data FILE" in capsys.readouterr().err
+    assert main([*base, "--data", str(data), "task.options.heldout_size=1"]) == 0
+    assert "fits: peak" in capsys.readouterr().out

@@ -40,3 +40,29 @@ def test_written_file_loads_as_gsm8k_task(tmp_path, capsys):
     assert [json.loads(line) for line in out.read_text().splitlines()] == easy_word_problems(40, seed=1)
     task = gsm8k(data=str(out), heldout_size=8)  # every reference is scorable by the gsm8k reward
     assert (len(task.train), len(task.heldout)) == (32, 8)
+
+
+def test_the_file_goes_into_a_folder_not_made_yet(tmp_path):
+    """`data/easy.jsonl` in a fresh clone, as docs/models-and-data.md writes it."""
+    out = tmp_path / "data" / "easy.jsonl"
+    assert main([str(out), "--count", "3"]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_a_reference_longer_than_the_completion_budget_stops_the_warm_start_in_one_line(tmp_path):
+    """A warm start on rows whose reference solution does not fit task.options.max_new_tokens names
+    the setting and the way out (it was a ValueError traceback)."""
+    import numpy as np
+
+    from rl_core.config import ConfigError
+    from rl_models.hf import load_hf_tokenizer
+    from trainer.warmstart import sft_arrays
+
+    out = tmp_path / "easy.jsonl"
+    assert main([str(out), "--count", "4"]) == 0
+    task = gsm8k(data=str(out), heldout_size=1, max_new_tokens=16)
+    tokenizer = load_hf_tokenizer("tests/fixtures/hf/qwen2")
+    with pytest.raises(ConfigError, match=r"warm start: the task's reference completion for '.*' has \d+ tokens, more "
+                       r"than the 16 new tokens a completion may have \(task.options.max_new_tokens\); raise that, or "
+                       r"skip the warm start with warm_start.steps=0"):
+        sft_arrays(task, tokenizer, task.train, np.random.default_rng(0))

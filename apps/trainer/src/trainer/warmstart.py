@@ -18,6 +18,7 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 from rl_core.run.checkpoint import remove_unfinished_saves
+from rl_core.config import ConfigError
 from rl_core.data import Prompt
 from rl_core.registry import environment_factory
 from rl_core.episodes.scripted import scripted_episode
@@ -54,7 +55,11 @@ def sft_arrays(
         else:
             text, seq, mask = scripted_episode(tokenizer, make_env(), p, task.teacher(p, rng))
         if len(seq) > width:
-            raise ValueError(f"reference completion of prompt {p.text!r} has {len(seq)} tokens > {width}")
+            question = p.text if len(p.text) <= 80 else "..." + p.text[-77:]
+            raise ConfigError(
+                f"warm start: the task's reference completion for {question!r} has {len(seq)} tokens, more than "
+                f"the {width} new tokens a completion may have (task.options.max_new_tokens); raise that, or skip the "
+                "warm start with warm_start.steps=0")
         texts.append(text)
         targets[i, : len(seq)] = seq
         target_mask[i, : len(seq)] = mask

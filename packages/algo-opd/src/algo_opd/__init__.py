@@ -26,7 +26,9 @@ from rl_core.registry import Algorithm
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OPDConfig(GRPOConfig):
-    """GRPOConfig with on-policy distillation's changes as defaults."""
+    """On-policy distillation (arXiv:2306.13649): GRPO's learner, each token's advantage the teacher's reverse KL.
+
+    GRPOConfig with on-policy distillation's changes as defaults."""
 
     advantage_estimator: str = "zero"
     distill_coef: float = 1.0

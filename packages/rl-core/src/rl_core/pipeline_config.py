@@ -8,8 +8,14 @@ config (DAPO's, PPO's, ...) overrides the ones it changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import ClassVar
 
+import jax
+import jax.numpy as jnp
+
+from rl_core import registry
 from rl_core.config import AlgorithmConfig, check, check_registered
 from rl_core.correction_config import RolloutCorrection, fold_alias
 
@@ -95,3 +101,22 @@ class PolicyGradientConfig(AlgorithmConfig):
         check_registered(self, "kl_estimator", "kl_estimator")
         check_registered(self, "advantage_estimator", self.estimator_category)
         check_registered(self, "policy_loss", "policy_loss")
+        if self.distill_coef > 0 or self.estimator_category == "token_advantage_estimator":
+            why = ("distill_coef > 0 gives each token an advantage of its own" if self.distill_coef > 0
+                   else f"{self.advantage_estimator} gives per-token advantages")
+            check(_takes_token_advantages(registry.get("policy_loss", self.policy_loss)), self, "policy_loss",
+                  f"takes one advantage per completion, but {why}; use a per-token policy loss "
+                  "(GSPO's per-token form: algorithm.policy_loss=gspo_token)")
+
+
+@functools.cache
+def _takes_token_advantages(policy_loss: Callable) -> bool:
+    """Whether a registered policy loss takes advantages [B, T] (traced on abstract [2, 3] arrays,
+    nothing computed): a per-sequence loss (GSPO's) refuses them, which would otherwise surface
+    as a shape error inside the first update."""
+    tokens = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+    try:
+        jax.eval_shape(functools.partial(policy_loss, eps_low=0.2, eps_high=0.2), tokens, tokens, tokens, tokens)
+    except (ValueError, TypeError):
+        return False
+    return True

@@ -491,9 +491,19 @@ class Transformer(nnx.Module):
             return layer
 
         layer = make_layer(0)
+        own_slice = cache is not None and self.config.remat != "none"
 
         def body(carry, xs):
-            x, cache = layer(*carry, *xs)
+            if not own_slice:
+                x, cache = layer(*carry, *xs)
+                return (x, cache), None
+            # a rematerialised layer saves its inputs for the backward pass: given the whole stacked
+            # cache, every layer would save all of it (layers^2 cache slices; the shared-prompt scoring
+            # pass of a 28-layer model, 27 GiB). It gets its own slice; the slice goes back outside.
+            (x, cache), (state, i) = carry, xs
+            own = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, i, 1, axis=0), cache)
+            x, own = layer(x, own, state, jnp.int32(0))
+            cache = jax.tree.map(lambda c, o: jax.lax.dynamic_update_slice_in_dim(c, o, i, axis=0), cache, own)
             return (x, cache), None
 
         if cache is not None and isinstance(cache[0], tuple):  # one buffer per layer: unrolled

@@ -53,8 +53,9 @@ from trainer.bench.flops import (
     timed,
     training_flops,
 )
+from trainer.bench.memory_check import check_memory
 from trainer.bench.presets import PRESETS, BenchPreset
-from trainer.run import plural
+from trainer.run import devices, plural
 from trainer.settings import build_settings
 
 
@@ -172,6 +173,7 @@ def run_bench(
     algo: str = "grpo",
     model: str | None = None,
     overrides: Sequence[str] = (),
+    memory_gb: float | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark; print a table, write JSON to `output` (if given) and return the results.
@@ -193,6 +195,8 @@ def run_bench(
         raise ConfigError(f"--preset {preset} needs --model DIR, the model's Hugging Face folder (for SmolLM2: "
                           "uv run trainer convert --gguf FILE --out DIR; docs/real-models.md)")
     settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
+    log(f"bench {preset}: {devices.describe()}")
+    check_memory(settings, preset, memory_gb=memory_gb, log=log)  # before anything is allocated
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)

@@ -17,8 +17,17 @@ def run(args: argparse.Namespace) -> int:
     width = max(map(len, names), default=0), max(map(len, providers.values()), default=0)
     for name in names:
         algo = registry.get_algorithm(name)
-        doc = next(iter((algo.learner.__doc__ or algo.config.__doc__ or "").strip().splitlines()), "")
+        doc = next(iter(_description(algo).strip().splitlines()), "")
         print(f"{name:{width[0]}s} {providers[name]:{width[1]}s} {doc}")
     for why in registry.registry.load_failures.values():
         print(f"(failed to load: {why})")
     return 0
+
+
+def _description(algo) -> str:
+    """The learner's docstring when the algorithm's own package defines its learner; else its config's
+    (OPD runs GRPO's learner unchanged: GRPO's text would describe GRPO)."""
+    own = algo.config.__module__.split(".")[0]
+    if algo.learner.__module__.split(".")[0] == own and algo.learner.__doc__:
+        return algo.learner.__doc__
+    return algo.config.__doc__ or ""

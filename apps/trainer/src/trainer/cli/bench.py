@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--model", metavar="DIR", help="a local Hugging Face folder instead of the preset's model")
     b.add_argument("--baseline", type=Path, metavar="FILE",
                    help="a saved bench JSON: print each phase's ratio to it; exit 1 when one is >10%% slower")
+    b.add_argument("--memory-gb", type=float, metavar="N",
+                   help="GiB per device the benchmark may use (default: what the device or host has free)")
     b.add_argument("overrides", nargs="*", metavar="key=value",
                    help="model settings, e.g. model.lora.rank=8 model.quantize=int8 (a LoRA run)")
 
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     baseline = load_baseline(args.baseline) if args.baseline else None  # a bad file fails before the run
     results = run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,
-                        overrides=args.overrides)
+                        overrides=args.overrides, memory_gb=args.memory_gb)
     if baseline is None:
         return 0
     rows = compare(results, baseline)

@@ -18,6 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--model", metavar="DIR", help="a Hugging Face folder (only config.json is read)")
     pl.add_argument("--preset", help="an rl_models preset instead (same as model.preset=NAME)")
     pl.add_argument("--algo", default="grpo", help="algorithm (default grpo)")
+    pl.add_argument("--task", help="task name (same as task.name=NAME)")
+    pl.add_argument("--data", metavar="FILE", help="data of a file task, as `trainer train` takes it "
+                    "(same as task.options.data=FILE)")
     pl.add_argument("--config", help="YAML settings file")
     pl.add_argument("--devices", type=int, default=1, help="devices to plan for (simulated; default 1)")
     pl.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "cpu"),
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from trainer.plan.search import search
     from trainer.settings import build_settings
 
-    shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset)) if v is not None]
+    shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset),
+                                          ("task.name", args.task), ("task.options.data", args.data)) if v is not None]
 
     def settings_with(extra):
         return build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides, *extra])

@@ -141,7 +141,10 @@ def same_completions(settings: RunSettings, user: Mapping[str, Any]) -> RunSetti
     trains on proportionally more prompts, so every variant spends the same rollout budget.
     Left as they are when the reference's completions do not split into the variant's groups."""
     g = completions_per_prompt(settings.algorithm_config())
-    reference = registry.get_algorithm(REFERENCE_ALGO).config.from_dict(_own_fields(REFERENCE_ALGO, user))
+    # only the group size sets the reference's budget: the rest of the shared settings may be ones the
+    # reference alone refuses (a distilling variant's teacher without GRPO's distill_coef)
+    sizes = {k: v for k, v in _own_fields(REFERENCE_ALGO, user).items() if k == "group_size"}
+    reference = registry.get_algorithm(REFERENCE_ALGO).config.from_dict(sizes)
     total = settings.training.prompts_per_step * completions_per_prompt(reference)
     if total % g or total // g == settings.training.prompts_per_step:
         return settings

@@ -40,6 +40,7 @@ from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMM
 
 from trainer import build
 from trainer.evaluate import evaluate
+from trainer.run import devices
 from trainer.run import folder as run_folder
 from trainer.run import reward_audit
 from trainer.run.prompt_lengths import fit_prompts
@@ -162,6 +163,7 @@ def train_run(
     else:
         run_folder.claim(run_dir, overwrite)
 
+    log(f"{settings.name}: {devices.describe()}")
     # everything that reads user files, before the run folder exists
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)

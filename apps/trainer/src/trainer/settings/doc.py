@@ -15,11 +15,13 @@ import inspect
 import textwrap
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any
 
-from rl_core.config import Config
+from rl_core import registry
+from rl_core.config import Config, ConfigError
 
-from trainer.settings.run_settings import RunSettings, build_settings
+from trainer.settings.run_settings import RunSettings, settings_from_user, user_settings
 
 
 @functools.cache
@@ -79,12 +81,25 @@ def _show(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def describe(algo: str = "grpo") -> str:
-    """The listing printed by `trainer config --algo ALGO`."""
-    settings = build_settings(algo=algo)
-    values = settings.resolved()
+def describe(algo: str = "grpo", overrides: Sequence[str] = ()) -> str:
+    """The listing printed by `trainer config --algo ALGO [key=value ...]`: the settings as a run with
+    these overrides would resolve them."""
+    user = user_settings(None, overrides)
+    try:
+        algorithm_cls = registry.get_algorithm(algo).config
+    except registry.RegistryError as e:
+        raise ConfigError(f"--algo {algo!r}: {e}") from None
+    note = []
+    try:
+        values = settings_from_user(user, algo).resolved()
+    except ConfigError as e:
+        if user.get("algorithm"):  # the user's own algorithm settings are wrong: say so
+            raise
+        # the algorithm's defaults need one setting more to run (opd: algorithm.teacher); list them as
+        # they are, the rest resolved as for the reference algorithm (their defaults do not depend on it)
+        values = {**settings_from_user(user, "grpo").resolved(), "algo": algo, "algorithm": _defaults(algorithm_cls)}
+        note = ["", f"To run, {algo} needs more than its defaults: {e}"]
     table = rows(RunSettings, {k: v for k, v in values.items() if k != "algorithm"}, "")
-    algorithm_cls = type(settings.algorithm_config())
     table = [r for r in table if r[0] != "algorithm"]
     table += rows(algorithm_cls, values["algorithm"], "algorithm.")
     key_w = max(len(r[0]) for r in table)
@@ -97,4 +112,13 @@ def describe(algo: str = "grpo") -> str:
         f"{'key':{key_w}}  {'type':{type_w}}  {'default':{default_w}}  description",
     ]
     lines += [f"{k:{key_w}}  {t:{type_w}}  {d:{default_w}}  {doc}" for k, t, d, doc in table]
-    return "\n".join(lines)
+    return "\n".join(lines + note)
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """A config class's field defaults as `to_dict` writes them, without validating them together."""
+    out = {}
+    for field in dataclasses.fields(cls):
+        value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        out[field.name] = value.to_dict() if isinstance(value, Config) else value
+    return out

@@ -29,6 +29,7 @@ from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 
 from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
+from trainer.settings.override_values import override_value
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
@@ -346,7 +347,8 @@ def completions_per_prompt(config: AlgorithmConfig) -> int:
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """`a.b=1` items into a nested dict; values are parsed as YAML scalars."""
+    """`a.b=1` items into a nested dict; values are YAML scalars, or the text as written where the
+    setting takes text and YAML's reading is not one it takes (`override_values`)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -358,7 +360,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is set both as a value and as a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
+        node[parts[-1]] = override_value(item, parts, raw, RunSettings)
     return out
 
 

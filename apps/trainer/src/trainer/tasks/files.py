@@ -65,12 +65,19 @@ def _load(
     return prompts
 
 
-def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_size: int, seed: int,
-               lengths: tuple[int, int], template_options: dict) -> Task:
-    if not 1 <= heldout_size < len(prompts):
-        rule = "must be >= 1" if heldout_size < 1 else f"must be less than the {len(prompts)} rows of the data (it leaves no training rows)"
-        raise DataError(f"task.options.heldout_size = {heldout_size!r}: {rule}")
-    train, heldout = split_heldout(prompts, heldout_size, seed)
+def _file_task(name: str, prompts: list[Prompt], reward: RewardSpec, heldout_size: int, seed: int, lengths: tuple[int, int],
+               template_options: dict, heldout_prompts: list[Prompt] | None = None) -> Task:
+    if heldout_size < 1:
+        raise DataError(f"task.options.heldout_size = {heldout_size!r}: must be >= 1")
+    if heldout_prompts is not None:  # a file of its own: every data row trains; at most heldout_size of its rows
+        train = prompts
+        heldout = heldout_prompts if len(heldout_prompts) <= heldout_size else (
+            split_heldout(heldout_prompts, heldout_size, seed)[1])
+    elif heldout_size >= len(prompts):
+        raise DataError(f"task.options.heldout_size = {heldout_size!r}: must be less than the {len(prompts)} rows of "
+                        "the data (it leaves no training rows); or give a held-out file (task.options.heldout_data)")
+    else:
+        train, heldout = split_heldout(prompts, heldout_size, seed)
     return Task(
         name=name,
         description=f"{len(prompts)} problems from a local file",
@@ -111,6 +118,7 @@ def file_task(
     question_field: str | None = None,
     answer_field: str | None = None,
     split: str | None = None,
+    heldout_data: str | None = None,
     heldout_size: int = 200,
     seed: int = 0,
     max_prompt_tokens: int | None = None,
@@ -121,23 +129,25 @@ def file_task(
     """A task of kind `name` ("gsm8k": '#### n' answers; "math": the last \\boxed{}) from `data`.
 
     `data` is a JSONL, JSON-array or Parquet file, a folder of Parquet shards or a
-    `datasets.save_to_disk` folder; `split` picks a split of a folder (e.g. "test").
+    `datasets.save_to_disk` folder; `split` picks a split of a folder (e.g. "test"). `heldout_data`
+    (any of those) is a held-out set of its own: then every row of `data` trains, and at most
+    `heldout_size` rows of it (drawn by `seed`) are held out; without it, `heldout_size` rows of
+    `data` are.
     Fields and lengths default to the kind's (GSM8K: question/answer, 256/512 tokens;
     MATH: problem/solution, 384/1024 tokens). `system_prompt`: a system message before each problem;
     `template_options`: variables for the chat template (e.g. {enable_thinking: false}).
     """
     kind = FILE_TASKS[name]
-    prompts = _load(
-        data,
-        question_field=question_field or kind.question_field,
-        answer_field=answer_field or kind.answer_field,
-        instruction=kind.instruction,
-        reward=kind.reward,
-        split=split,
-        system_prompt=system_prompt,
-    )
+
+    def rows(path: str, split: str | None) -> list[Prompt]:
+        return _load(path, question_field=question_field or kind.question_field,
+                     answer_field=answer_field or kind.answer_field, instruction=kind.instruction, reward=kind.reward,
+                     split=split, system_prompt=system_prompt)
+
+    prompts = rows(data, split)
+    heldout = rows(heldout_data, None) if heldout_data is not None else None
     lengths = (max_prompt_tokens or kind.max_prompt_tokens, max_new_tokens or kind.max_new_tokens)
-    return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths, dict(template_options or {}))
+    return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths, dict(template_options or {}), heldout)
 
 
 def gsm8k(**options: Any) -> Task:

@@ -90,6 +90,7 @@ def write_word_problems(path: str | Path, count: int, **options) -> Path:
     """Write `easy_word_problems(count, **options)` as JSONL to `path`."""
     path = Path(path)
     rows = easy_word_problems(count, **options)
+    path.parent.mkdir(parents=True, exist_ok=True)  # `data/easy.jsonl` in a fresh clone
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

@@ -1,0 +1,64 @@
+"""What `trainer bench` will need per device, said and checked before anything is allocated.
+
+The need is `trainer plan`'s peak (trainer.plan: the learner's own programs compiled on abstract
+arrays, as this backend runs them); what there is, the device's free memory (an accelerator's
+allocator limit less what is in use) or, on CPU, the host's available memory (MemAvailable), unless
+`--memory-gb` says. A preset that would not fit (`long-generation`'s 16 x 8 completions of 1024
+tokens on a small host) stops with one line instead of an out-of-memory traceback mid-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+from rl_core.config import ConfigError
+
+from trainer.plan import GIB, MemoryBudget
+
+
+def available(memory_gb: float | None = None) -> tuple[int, str]:
+    """(bytes one device may use, where that figure comes from)."""
+    if memory_gb is not None:
+        if not memory_gb > 0:
+            raise ConfigError(f"--memory-gb = {memory_gb}: must be > 0 (GiB the benchmark may use per device)")
+        return int(memory_gb * GIB), "--memory-gb"
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0), f"{device.platform} device, free of its allocator limit"
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024, "host memory available (MemAvailable)"
+    raise ConfigError("cannot tell the memory this machine has free; give it with --memory-gb N")
+
+
+def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
+                 log: Callable[[str], None] = print) -> int:
+    """Plan `settings` on this backend, log the need against what is free, and stop when it does not fit.
+    Returns the planned peak in bytes."""
+    from trainer.plan import plan
+
+    free, source = available(memory_gb)
+    platform = jax.default_backend()
+    platform = platform if platform in ("cpu", "tpu") else "gpu"
+    # the programs as this backend runs them: layers looped on accelerators, unrolled on CPU
+    model = dataclasses.replace(settings.model, scan_layers=platform != "cpu" if settings.model.scan_layers is None
+                                else settings.model.scan_layers)
+    budget = MemoryBudget(platform, free, 1.0, source, headroom=0.0)
+    planned = plan(dataclasses.replace(settings, model=model), budget)
+    need = planned.peak_bytes
+    log(f"memory: needs {_size(need)} per device (trainer plan's peak of these programs); {_size(free)} free ({source})")
+    if need > free:
+        raise ConfigError(
+            f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
+            f"({source}); run it on a machine with more memory, choose a smaller preset, or give the memory it may "
+            "use with --memory-gb")
+    return need
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 100 else f"{n / 2**20:.1f} MiB"
