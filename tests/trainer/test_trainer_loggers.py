@@ -128,8 +128,10 @@ def test_wandb_offline_holds_scalars_config_and_a_samples_table(run):
     (files,) = (run / "wandb").glob("offline-run-*/files")
     for step in (1, 2):
         table = json.loads((files / by_step[step]["samples/path"]).read_text())
-        assert table["columns"] == ["step", "id", "prompt", "completion", "reward", "advantage"]
-        expected = [[s["step"], s["id"], s["prompt"], s["completion"], s["reward"], s["advantage"]] for s in samples if s["step"] == step]
+        assert table["columns"] == ["step", "id", "prompt", "completion", "length", "reward", "advantage",
+                                    "reward/numeric_answer"]  # one column per reward function
+        expected = [[s["step"], s["id"], s["prompt"], s["completion"], s["length"], s["reward"], s["advantage"],
+                     s["rewards"]["numeric_answer"]] for s in samples if s["step"] == step]  # fmt: skip
         assert table["data"] == expected
 
 

@@ -295,7 +295,8 @@ class MeshConfig(Config):
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 ON_NONFINITE = ("skip", "stop")
-LOGGERS = ("tensorboard", "wandb")
+LOGGERS = ("tensorboard", "wandb", "mlflow", "trackio")
+CONSOLE_SAMPLES = ("auto", "always", "never")
 ASYNC_ROLLOUT = ("off", "one_step")
 
 
@@ -338,10 +339,16 @@ class TrainingConfig(Config):
     spike is skipped, but weights, data or settings that make every update non-finite stop it
     with a message (0 = never stop). The count restarts on resume."""
     samples_per_step: int = 4
-    """Completions written to samples.jsonl each step."""
+    """Completions written to samples.jsonl each step: the first two of each group in turn (a few
+    prompts, each with completions to contrast)."""
     loggers: tuple[str, ...] = ("tensorboard",)
-    """Where metrics go besides metrics.jsonl: tensorboard (scalars, the config and samples as text) and/or
-    wandb (Weights & Biases: scalars, the config, a samples table; needs the wandb extra)."""
+    """Where metrics go besides metrics.jsonl: tensorboard (scalars, the config and samples as text), wandb
+    (Weights & Biases), mlflow or trackio (scalars, the config, a samples table; each needs its extra)."""
+    console_samples: str = "auto"
+    """A table of the step's samples (prompt, completion, each reward, advantage, length) on the console:
+    auto (with the progress bar on a terminal), always (also in logs and with --no-progress), never."""
+    console_samples_every_steps: int = 10
+    """Print the console samples table every this many steps (and at the first)."""
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     """How the devices are arranged: data, fsdp and tensor parallelism."""
     async_rollout: str = "off"
@@ -399,6 +406,8 @@ class TrainingConfig(Config):
         for name in ("checkpoint_every_steps", "samples_per_step"):
             check(getattr(self, name) >= 0, self, name, "must be >= 0")
         check(self.log_every_steps >= 1, self, "log_every_steps", "must be >= 1")
+        check(self.console_samples in CONSOLE_SAMPLES, self, "console_samples", f"must be one of {CONSOLE_SAMPLES}")
+        check(self.console_samples_every_steps >= 1, self, "console_samples_every_steps", "must be >= 1")
         check(self.max_checkpoints_to_keep >= 1, self, "max_checkpoints_to_keep", "must be >= 1")
         check(self.on_nonfinite in ON_NONFINITE, self, "on_nonfinite", f"must be one of {ON_NONFINITE}")
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32) (numpy's seeds)")

@@ -1,4 +1,5 @@
-"""The `trainer` command line: train, compare, eval, export, convert, bench, explain, config, algos, tasks."""
+"""The `trainer` command line: train, show, samples, compare, eval, export, convert, bench, explain, config,
+algos, tasks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rl_core.run.files import RunFileError
 from rl_core.run.storage import StorageError
 from rl_models.hf import HFFolderError
 
-from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, tasks, train
+from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, samples, show, tasks, train
 from trainer.cli import eval as evaluate
 from trainer.cli.common import SETTINGS_HINT
 from trainer.signals import RunInterrupted
@@ -27,7 +28,7 @@ from trainer.tasks import DataError
 
 # each command: its module's add_parser (its arguments) and run (its handler), in --help's order
 COMMAND_MODULES = {
-    "train": train, "compare": compare, "eval": evaluate, "export": export, "convert": convert, "bench": bench,
+    "train": train, "show": show, "samples": samples, "compare": compare, "eval": evaluate, "export": export, "convert": convert, "bench": bench,
     "plan": plan, "explain": explain, "config": config, "algos": algos, "tasks": tasks,
 }
 

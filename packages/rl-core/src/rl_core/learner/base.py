@@ -178,7 +178,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
 
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else self._own_config()
-        self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=self.writes)
+        self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=self.writes,
+                                    progress=self.progress)
         self.output_dir = self.recorder.output_dir
 
     def add_model(self, name: str, module: nnx.Module, *, learning_rate: float, loss_fn: LossFn) -> TrainableModel:

@@ -426,6 +426,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                 "completion": groups.texts[i],
                 "reward": float(groups.rewards[i]),
                 "advantage": float(advantages[i]),
+                "length": int(groups.lengths[i]),  # tokens, with EOS
+                # each reward function's own (unweighted) score: what the console table and trackers show
+                "rewards": {name: float(scores[i]) for name, scores in groups.reward_scores.items()},
             }
             for i in range(len(groups.texts))
         ]

@@ -2,8 +2,8 @@
 
 A run folder holds the user's settings (`CONFIG`), what its checkpoints mean
 (`SETTINGS_AT_START`), the checkpoints and those that failed to restore, the metrics,
-samples and TensorBoard events the recorder writes, and the trainer's held-out
-evaluation before training and summary after it.
+samples and TensorBoard events the recorder writes, the trainer's held-out
+evaluation before training and summary after it, and `trainer show`'s plots.
 """
 
 CONFIG = "config.yaml"
@@ -19,6 +19,12 @@ METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
 EVAL_BEFORE = "eval_before.json"
 SUMMARY = "summary.json"
+PLOTS = "plots"
+"""`trainer show`'s PNG curves of the run."""
 
-RUN_FILES = (CHECKPOINTS, SETTINGS_AT_START, CORRUPT_CHECKPOINTS, TENSORBOARD, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY)
+RUN_FILES = (CHECKPOINTS, SETTINGS_AT_START, CORRUPT_CHECKPOINTS, TENSORBOARD, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY,
+             PLOTS)
 """Everything a run writes into its folder besides `CONFIG`: what a new run must not find there."""
+
+RECORDS = (CONFIG, SETTINGS_AT_START, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY)
+"""The files that tell what a run did (no checkpoints): what `rl_core.run.records` reads."""

@@ -1,7 +1,8 @@
 """The run recorder: where a run's records go, and where a resumed run finds them.
 
 It writes each logged step's metrics (metrics.jsonl, TensorBoard scalars, Weights &
-Biases), a few completions per step (samples.jsonl and the sinks' text tables), the
+Biases, MLflow, trackio), a few completions per step (samples.jsonl, the sinks' tables and,
+every few steps, a table on the console: rl_core.run.console_samples), the
 run's resolved settings as a text summary, and Orbax checkpoints of whatever arrays
 and JSON record the learner hands it. On resume it restores the newest checkpoint
 that restores and cuts every record file back to that step, so each step appears
@@ -28,7 +29,8 @@ from rl_core.config import TrainingConfig
 from rl_core.run.files import append_text, keep_records_through
 from rl_core.run.metrics import MetricsLogger
 from rl_core.run.layout import CHECKPOINTS, SAMPLES
-from rl_core.run.sinks import MetricsSink, WandbSink, samples_markdown
+from rl_core.run.console_samples import ConsoleSamples
+from rl_core.run.sinks import MetricsSink, open_sinks, samples_markdown
 from rl_core.run.storage import StagedFolder, is_url, open_staged
 
 
@@ -36,9 +38,10 @@ class RunRecorder:
     """Metrics, samples, settings summary and checkpoints of one run folder (or none)."""
 
     def __init__(self, output_dir: str | Path | StagedFolder | None, *, training: TrainingConfig,
-                 run_config: Mapping[str, Any], writes: bool) -> None:
+                 run_config: Mapping[str, Any], writes: bool, progress: bool = False) -> None:
         """`output_dir`: a local folder, a URL (pulled into a local copy here, removed at `close`),
-        a StagedFolder its caller pulled and will close, or None (no files, no checkpoints)."""
+        a StagedFolder its caller pulled and will close, or None (no files, no checkpoints).
+        `progress`: the run shows a progress bar (`training.console_samples='auto'` shows samples then)."""
         self.mirror = output_dir if isinstance(output_dir, StagedFolder) else None
         self._owns_mirror = is_url(output_dir)
         if self._owns_mirror:
@@ -51,9 +54,12 @@ class RunRecorder:
         self.logger = MetricsLogger(out if writes else None, tensorboard="tensorboard" in training.loggers)
         self.logger.write_text("config", "```\n" + json.dumps(dict(run_config), indent=2) + "\n```", 0)
         self.sinks: list[MetricsSink] = []
-        if "wandb" in training.loggers and out is not None and writes:  # a learner without a run folder logs nowhere
-            name = "/".join(out.absolute().parts[-2:])
-            self.sinks.append(WandbSink(out, config=dict(run_config), name=name))
+        if out is not None and writes:  # a learner without a run folder logs nowhere
+            where = self.mirror.url.rstrip("/").split("/") if self.mirror else out.absolute().parts
+            name = "/".join(where[-2:])  # the run folder and its parent, e.g. runs/grpo-20261204
+            self.sinks = open_sinks(training.loggers, out, config=dict(run_config), name=name)
+        if writes and ConsoleSamples.wanted(training.console_samples, progress=progress):
+            self.sinks.append(ConsoleSamples(every_steps=training.console_samples_every_steps))
         self.checkpointer = (
             Checkpointer(out / CHECKPOINTS, max_to_keep=training.max_checkpoints_to_keep) if out else None
         )
@@ -70,8 +76,8 @@ class RunRecorder:
             sink.write(step, metrics)
 
     def samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        """The first `training.samples_per_step` completions of the step."""
-        shown = list(samples[: self.samples_per_step])
+        """`training.samples_per_step` completions of the step (`spread` over its groups)."""
+        shown = spread(samples, self.samples_per_step)
         if not shown or not self.writes:
             return
         if self.output_dir is not None:
@@ -150,3 +156,17 @@ class RunRecorder:
             if self._owns_mirror:
                 self.mirror.close()
             self.mirror = None
+
+
+def spread(samples: Sequence[Mapping[str, Any]], count: int) -> list[Mapping[str, Any]]:
+    """`count` of a step's samples (rows group-contiguous): the first two of each group in turn
+    (more when there are fewer groups than count / 2), so that a few prompts are seen, each with
+    completions to contrast. Groups of two, or a count of every row, keep the rows as they are."""
+    groups: list[list[Mapping[str, Any]]] = []
+    for sample in samples:  # a group: consecutive rows of one prompt
+        if groups and groups[-1][0].get("prompt") == sample.get("prompt"):
+            groups[-1].append(sample)
+        else:
+            groups.append([sample])
+    each = max(2, -(-count // max(len(groups), 1)))
+    return [sample for group in groups for sample in group[:each]][:count]
