@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 from rl_models import attention as attention_lib
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
+from rl_models.moe import MoE, Routing
 from rl_models.rope import layer_tables, rope_tables, rotate
 from rl_models.sharding import constrain, shards
 
@@ -309,22 +310,28 @@ class Block(nnx.Module):
         self.attn_norm = norm(config)
         self.attn = Attention(config, rngs=rngs)
         self.mlp_norm = norm(config)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = MoE(config, rngs=rngs) if config.num_experts else MLP(config, rngs=rngs)
         self.attn_post_norm = norm(config) if config.sandwich_norms else None
         self.mlp_post_norm = norm(config) if config.sandwich_norms else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
-                 queries_from: int = 0, window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-        """The block's output at positions `queries_from`.. (see `Attention`)."""
+                 queries_from: int = 0, window: int | jax.Array | None = None, replay: jax.Array | None = None
+                 ) -> tuple[jax.Array, KVCache | None, Routing | None]:
+        """The block's output at positions `queries_from`.. (see `Attention`), and with experts
+        their routing there (None for a dense MLP); `replay` [B, L - queries_from, k] forces it."""
         h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from, window)
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x[:, queries_from:] + h, ROWS)
-        h = self.mlp(self.mlp_norm(x))
+        routing = None
+        if isinstance(self.mlp, MoE):
+            h, routing = self.mlp.routed(self.mlp_norm(x), replay)
+        else:
+            h = self.mlp(self.mlp_norm(x))
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
-        return constrain(x + h, ROWS), kv
+        return constrain(x + h, ROWS), kv, routing
 
 
 def stack_layers(blocks: list[Block]) -> Block:
@@ -440,6 +447,16 @@ class Transformer(nnx.Module):
         final norm) and the updated cache. With the layers unrolled, the last block
         computes its query side (attention output and MLP) only for those positions:
         no later block reads the others."""
+        hidden, cache, _ = self.routed(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from)
+        return hidden, cache
+
+    def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+               cache: KVCache | None = None, cache_index: jax.Array | int = 0, *, outputs_from: int = 0,
+               replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None, Routing | None]:
+        """`__call__`, and the routing of a mixture-of-experts model (rl_models.moe.Routing, each
+        field [layers, B, L - outputs_from, ...]; None for a dense model). `replay` [layers, B, L, k]
+        int32 (every position of the call) makes each layer use those experts instead of its
+        router's choice (routing replay); a dense model refuses it."""
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
@@ -456,17 +473,24 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache has {layers} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        if replay is not None:
+            want = (self.config.num_layers, b, l, self.config.experts_per_token)
+            if not self.config.num_experts or replay.shape != want:
+                raise ValueError(f"replay of shape {replay.shape}: the model needs {want} chosen experts"
+                                 if self.config.num_experts else "replay: the model has no experts to replay")
         x = constrain(embed_tokens(self, tokens), ROWS)
-        x, cache = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache, cache_index,
-                                    outputs_from)
-        return self.final_norm(x), cache
+        x, cache, routing = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache,
+                                             cache_index, outputs_from, replay)
+        return self.final_norm(x), cache, routing
 
     def _run_layers(self, x: jax.Array, ropes: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array,
-                    cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int
-                    ) -> tuple[jax.Array, KVCache | None]:
+                    cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int,
+                    replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None, Routing | None]:
         """Every block, as one `lax.scan` over the stacked layer parameters; the
         cache rides in the carry so each layer updates its slice in place. Each layer reads its
         rotary table and window (`LayerSettings`): static when the layer index is, else by index.
+        Each layer's routing (experts only) is stacked on a leading layer axis, at the output
+        positions; `replay` [layers, B, L, k] feeds each layer its own slice.
 
         Unrolled, the last block runs after the scan, its queries from `outputs_from` on.
         Scanned, every block keeps the same shape and the output is sliced: taking the last
@@ -478,9 +502,11 @@ class Transformer(nnx.Module):
         settings = LayerSettings(self.config, ropes)
 
         def make_layer(queries_from: int, static: int | None = None):
-            def layer(x, cache, state, i):
+            def layer(x, cache, state, i, replay):
                 rope, window = settings.at(i if static is None else static)
-                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from, window)
+                if replay is not None:
+                    replay = replay[:, queries_from:]
+                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from, window, replay)
 
             if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
                 layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
@@ -489,28 +515,36 @@ class Transformer(nnx.Module):
         layer = make_layer(0)
 
         def body(carry, xs):
-            x, cache = layer(*carry, *xs)
-            return (x, cache), None
+            x, cache, routing = layer(*carry, *xs)
+            return (x, cache), routing
+
+        def at_outputs(routing: Routing | None) -> Routing | None:  # [layers, B, L, ...] -> positions outputs_from..
+            return jax.tree.map(lambda a: a[:, :, outputs_from:], routing)
 
         if cache is not None and isinstance(cache[0], tuple):  # one buffer per layer: unrolled
-            ks, vs = [], []
+            ks, vs, routings = [], [], []
             for i in range(n):
                 state = jax.tree.map(lambda a, i=i: a[i], stacked)
                 kv = (cache[0][i][None], cache[1][i][None])  # a leading layer axis of 1: a bitcast
                 queries_from = outputs_from if i == n - 1 else 0
-                x, kv = make_layer(queries_from, static=i)(x, kv, state, jnp.int32(0))
+                replay_i = None if replay is None else replay[i]
+                x, kv, routing = make_layer(queries_from, static=i)(x, kv, state, jnp.int32(0), replay_i)
                 ks.append(kv[0][0])
                 vs.append(kv[1][0])
-            return x, (tuple(ks), tuple(vs))
+                routings.append(jax.tree.map(lambda a, q=queries_from: a[:, outputs_from - q:], routing))
+            return x, (tuple(ks), tuple(vs)), jax.tree.map(lambda *a: jnp.stack(a), *routings)
         layers = jnp.arange(n, dtype=jnp.int32)
         if scanned or outputs_from == 0:
             # unrolled: the same body once per layer, each reading its own slice of the stacks
-            (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=1 if scanned else n)
-            return x[:, outputs_from:], cache
-        head = jax.tree.map(lambda a: a[:-1], (stacked, layers))
-        (x, cache), _ = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
-        last = jax.tree.map(lambda a: a[-1], (stacked, layers))
-        return make_layer(outputs_from)(x, cache, *last)
+            (x, cache), routing = jax.lax.scan(body, (x, cache), (stacked, layers, replay),
+                                               unroll=1 if scanned else n)
+            return x[:, outputs_from:], cache, at_outputs(routing)
+        head = jax.tree.map(lambda a: a[:-1], (stacked, layers, replay))
+        (x, cache), routing = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
+        last = jax.tree.map(lambda a: a[-1], (stacked, layers, replay))
+        x, cache, last_routing = make_layer(outputs_from)(x, cache, *last)
+        routing = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), at_outputs(routing), last_routing)
+        return x, cache, routing
 
     def loop_view(self) -> Callable[[], Transformer]:
         """For a loop that runs the model at every iteration (a decode loop; see

@@ -61,6 +61,11 @@ class Slot(NamedTuple):
     path: Path_  # the param's path in the model's state
     layer: int | None  # index on the stacked layer axis, or None for unstacked params
     transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
+    expert: int | None = None  # index on the expert axis (after the layer's) of an expert weight
+
+    def index(self) -> tuple[int, ...]:
+        """The leading indices of the param that the tensor fills."""
+        return tuple(i for i in (self.layer, self.expert) if i is not None)
 
 
 def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight") -> dict[str, Slot]:
@@ -88,6 +93,12 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
+        if config.num_experts:  # as Qwen3-MoE ships them: a router and one tensor per expert and projection
+            names[f"{hf}.mlp.gate.weight"] = at("mlp", "router", "kernel", transposed=True)
+            for e in range(config.num_experts):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    names[f"{hf}.mlp.experts.{e}.{proj}.weight"] = Slot(("layers", "mlp", proj), i, True, e)
+            continue
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
     names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
@@ -180,15 +191,16 @@ def load_params(folder: Path, config: TransformerConfig,
             p: v.get_value() if isinstance(v, nnx.Variable) else v for p, v in nnx.to_flat_state(shardings(state))
         }
     dtype = param_dtype(config)
-    # every HF key feeding each param: one for unstacked params, one per layer for stacked ones
-    sources: dict[Path_, dict[int | None, str]] = defaultdict(dict)
+    # every HF key feeding each param, by its leading indices: none for unstacked params, the layer
+    # for stacked ones, the layer and the expert for expert weights
+    sources: dict[Path_, dict[tuple[int, ...], str]] = defaultdict(dict)
     for key, slot in expected.items():
-        sources[slot.path][slot.layer] = key
+        sources[slot.path][slot.index()] = key
 
     with ExitStack() as stack:
         handles = {path: stack.enter_context(_open(path)) for path in set(files.values())}
         for key, slot in expected.items():  # check every tensor before reading any
-            want = tuple(slots[slot.path].shape)[0 if slot.layer is None else 1:]
+            want = tuple(slots[slot.path].shape)[len(slot.index()):]
             want_hf = want[::-1] if slot.transposed else want
             view = handles[files[key]].get_slice(key)
             got, kind = tuple(view.get_shape()), view.get_dtype()
@@ -214,13 +226,18 @@ def load_params(folder: Path, config: TransformerConfig,
             shape = tuple(slots[path].shape)
             keys = sources[path]
 
+            lead = len(next(iter(keys)))
+
             def shard(index: tuple[slice, ...]) -> np.ndarray:
                 index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape, strict=True))
-                if None in keys:
-                    transposed = expected[keys[None]].transposed
-                    return read(keys[None], transposed, index)
-                layers = range(*index[0].indices(shape[0]))
-                return np.stack([read(keys[i], expected[keys[i]].transposed, index[1:]) for i in layers])
+
+                def block(at: tuple[int, ...]) -> np.ndarray:  # the tensors under leading indices `at`
+                    if len(at) == lead:
+                        return read(keys[at], expected[keys[at]].transposed, index[lead:])
+                    j = len(at)
+                    return np.stack([block((*at, i)) for i in range(*index[j].indices(shape[j]))])
+
+                return block(())
 
             return jax.make_array_from_callback(shape, placement[path], shard)
 
@@ -235,7 +252,7 @@ def save_params(model: Transformer, path: Path) -> None:
     arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
     for key, slot in parameter_map(model.config).items():
-        array = arrays[slot.path] if slot.layer is None else arrays[slot.path][slot.layer]
+        array = arrays[slot.path][slot.index()]
         tensors[key] = np.ascontiguousarray(array.T if slot.transposed else array)
     save_safetensors(tensors, path)
 
