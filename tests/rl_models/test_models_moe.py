@@ -211,3 +211,52 @@ def test_qwen3_moe_layouts_not_implemented_name_the_field(change, message, hf_co
     (folder / "config.json").write_text(json.dumps(config | change))
     with pytest.raises(HFFolderError, match=r"config\.json: unsupported " + message):
         load_hf_model(folder)
+
+
+def _reference_logits(model, arrays):
+    ids = jnp.asarray(arrays["input_ids"])
+    valid = np.asarray(arrays["attention_mask"], bool)
+    mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
+    hidden, _, routing = jax.jit(lambda m: m.routed(ids, jnp.asarray(arrays["position_ids"]), mask))(model)
+    return np.asarray(model.logits(hidden)), np.asarray(routing.experts), valid
+
+
+@pytest.mark.parametrize("folder", ["gpt_oss", "gpt_oss_mxfp4"])
+def test_gpt_oss_logits_and_routing_match_transformers(folder, hf_fixtures, hf_reference):
+    """Sinks, alternating windows (4 here, shorter than the prompts), YaRN, biases, the clamped
+    SwiGLU and the router's bias: float32 logits within 1e-4 and every layer's experts, from the
+    float folder and from the MXFP4 one (dequantised at load; the same weights)."""
+    arrays, _ = hf_reference("gpt_oss")
+    model = load_hf_model(hf_fixtures / folder)
+    c = model.config
+    assert (c.router, c.attention_sinks, c.expert_bias, c.swiglu_limit, c.sliding_window) == (
+        "topk_softmax", True, True, 7.0, 4)
+    assert c.windowed() == (True, False, True, False)
+    logits, experts, valid = _reference_logits(model, arrays)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(experts[:, valid], arrays["router_experts"][:, valid])
+
+
+def test_gpt_oss_greedy_generation_matches_transformers(hf_fixtures, hf_reference, greedy_generate):
+    arrays, meta = hf_reference("gpt_oss")
+    model = load_hf_model(hf_fixtures / "gpt_oss")
+    want = arrays["greedy_ids"]
+    got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], want.shape[1],
+                          tuple(meta["eos_ids"]), meta["pad_id"])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("without", [dict(), dict(swiglu_limit=None), dict(sliding_window=None, layer_types=None)],
+                         ids=["sinks", "clamped-swiglu", "window"])
+def test_each_gpt_oss_setting_is_exercised(without, hf_fixtures, hf_reference):
+    """Without the setting the logits move by far more than the parity tolerance (sinks: each at
+    -1e9, so they take no probability: the softmax without them)."""
+    arrays, _ = hf_reference("gpt_oss")
+    loaded = load_hf_model(hf_fixtures / "gpt_oss")
+    changed = Transformer(dataclasses.replace(loaded.config, **without), rngs=nnx.Rngs(0))
+    nnx.update(changed, nnx.state(loaded))
+    if not without:
+        sinks = changed.layers.attn.sinks
+        sinks[...] = jnp.full(sinks.shape, -1e9)
+    logits, _, valid = _reference_logits(changed, arrays)
+    assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2

@@ -134,6 +134,20 @@ class TransformerConfig:
     norm_topk_prob: bool = True
     """With "softmax_topk", renormalise the k chosen probabilities to sum to 1 (Qwen3-MoE's
     norm_topk_prob)."""
+    router_bias: bool = False
+    """A bias on the router's logits (gpt-oss)."""
+    expert_bias: bool = False
+    """Biases on each expert's gate, up and down projections (gpt-oss)."""
+    swiglu_limit: float | None = None
+    """The experts' clamped SwiGLU (gpt-oss): gate clamped above at the limit, up to [-limit,
+    limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: silu(gate) * up."""
+    swiglu_alpha: float = 1.702
+    """The sigmoid's slope in the clamped SwiGLU (gpt-oss's swiglu_alpha)."""
+    attention_out_bias: bool = False
+    """A bias on o_proj (gpt-oss; Qwen2's `attention_bias` is q/k/v only)."""
+    attention_sinks: bool = False
+    """A learned per-head logit in every query's softmax that takes probability but no value
+    (gpt-oss's attention sinks)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -249,6 +263,14 @@ class TransformerConfig:
                      "must be a positive int when num_experts > 0")
         _require(self.router in ROUTERS, name, "router", self.router, f"must be one of {ROUTERS}")
         _require(isinstance(self.norm_topk_prob, bool), name, "norm_topk_prob", self.norm_topk_prob, "must be a bool")
+        _require(self.swiglu_limit is None or self.swiglu_limit > 0, name, "swiglu_limit", self.swiglu_limit,
+                 "must be None or > 0")
+        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks"):
+            _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
+        if e == 0:
+            for field in ("router_bias", "expert_bias"):
+                _require(not getattr(self, field), name, field, True, "needs experts (num_experts > 0)")
+            _require(self.swiglu_limit is None, name, "swiglu_limit", self.swiglu_limit, "needs experts")
 
     def windowed(self) -> tuple[bool, ...]:
         """Per layer, whether its attention is windowed (see `layer_types`)."""

@@ -95,20 +95,28 @@ def grouped_experts(x: jax.Array, experts: jax.Array, num_experts: int,
 
 
 class MoE(nnx.Module):
-    """The block's MLP as E gated experts (SwiGLU) behind a router (see the module docstring).
+    """The block's MLP as E gated experts (SwiGLU, or gpt-oss's clamped form) behind a router
+    (see the module docstring).
 
-    Parameters: router [D, E] (a Linear); gate_proj / up_proj [E, D, F] and down_proj [E, F, D],
+    Parameters: router [D, E] (a Linear, with gpt-oss's bias); gate_proj / up_proj [E, D, F] and
+    down_proj [E, F, D], with gpt-oss's biases gate_bias / up_bias [E, F] and down_bias [E, D];
     logical axes ("experts", ...), so a mesh rule can place the experts on their own axis."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         dtype, pdt = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         d, e, f = config.hidden_size, config.num_experts, config.moe_hidden_size
         assert f is not None
-        self.router = Linear(d, e, axes=("embed", None), use_bias=False, dtype=dtype, param_dtype=pdt, rngs=rngs)
+        self.router = Linear(d, e, axes=("embed", None), use_bias=config.router_bias, dtype=dtype, param_dtype=pdt,
+                             rngs=rngs)
         init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
         self.gate_proj = param(init(rngs.params(), (e, d, f), pdt), ("experts", "embed", "mlp"))
         self.up_proj = param(init(rngs.params(), (e, d, f), pdt), ("experts", "embed", "mlp"))
         self.down_proj = param(init(rngs.params(), (e, f, d), pdt), ("experts", "mlp", "embed"))
+        biases = config.expert_bias
+        self.gate_bias = param(jnp.zeros((e, f), pdt), ("experts", "mlp")) if biases else None
+        self.up_bias = param(jnp.zeros((e, f), pdt), ("experts", "mlp")) if biases else None
+        self.down_bias = param(jnp.zeros((e, d), pdt), ("experts", "embed")) if biases else None
+        self.limit, self.alpha = config.swiglu_limit, config.swiglu_alpha
         self.dtype = dtype
         self.num_experts, self.k = e, config.experts_per_token
         self.router_kind, self.norm_topk_prob = config.router, config.norm_topk_prob
@@ -130,9 +138,18 @@ class MoE(nnx.Module):
                                         None if replay is None else replay.reshape(-1, self.k))
         gate, up, down = (self.weight(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
 
+        def biased(y: jax.Array, bias: nnx.Param | None, row_experts: jax.Array) -> jax.Array:
+            return y if bias is None else y + jnp.take(bias[...].astype(y.dtype), row_experts, axis=0)
+
         def matmuls(rows: jax.Array, sizes: jax.Array, row_experts: jax.Array) -> jax.Array:
-            h = jax.nn.silu(jax.lax.ragged_dot(rows, gate, sizes)) * jax.lax.ragged_dot(rows, up, sizes)
-            return jax.lax.ragged_dot(h, down, sizes)
+            g = biased(jax.lax.ragged_dot(rows, gate, sizes), self.gate_bias, row_experts)
+            u = biased(jax.lax.ragged_dot(rows, up, sizes), self.up_bias, row_experts)
+            if self.limit is None:
+                h = jax.nn.silu(g) * u
+            else:  # gpt-oss's clamped SwiGLU
+                g, u = jnp.minimum(g, self.limit), jnp.clip(u, -self.limit, self.limit)
+                h = (u + 1) * (g * jax.nn.sigmoid(g * self.alpha))
+            return biased(jax.lax.ragged_dot(h, down, sizes), self.down_bias, row_experts)
 
         outs = grouped_experts(x2, experts, self.num_experts, matmuls)  # [N, k, D]
         y = jnp.einsum("nkd,nk->nd", outs, weights.astype(outs.dtype))

@@ -100,7 +100,8 @@ def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Arra
     return mask & near[None]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
+           sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention over head-major keys and values (the cache's layout).
 
     q [B, L, H, Dh], k/v [B, K, S, Dh] (the cache's layout), mask [B, L, S]
@@ -109,15 +110,21 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     block, so XLA runs plain batched matmuls instead of transposing the cache.
     Scores and softmax run in float32; masked scores are the most negative
     float32, so a fully masked row gets a finite uniform distribution, not NaN.
-    On CPU the gradient is `_attention_core_cpu`'s (the same values).
+    On CPU the gradient is `_attention_core_cpu`'s (the same values). `sinks` [H] (gpt-oss): each
+    head's extra logit in every query's softmax, which takes probability but adds no value.
     """
     b, l, h, dh = q.shape
     kv_heads = k.shape[1]
     g = h // kv_heads
     q = q.reshape(b, l, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * l, dh)
     mask = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g, l, mask.shape[-1])).reshape(b, kv_heads, g * l, -1)
-    core = _attention_core_cpu if attention_lib.target_platform() == "cpu" else _attention_core
-    out = core(q, k, v, mask, 1.0 / math.sqrt(dh) if scale is None else scale)
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    if sinks is not None:  # head kv * G + i's sink, for its L query rows
+        rows = jnp.repeat(sinks.astype(jnp.float32).reshape(kv_heads, g), l, axis=1)  # [K, G * L]
+        out = _attention_with_sinks(q, k, v, mask, scale, rows)
+    else:
+        core = _attention_core_cpu if attention_lib.target_platform() == "cpu" else _attention_core
+        out = core(q, k, v, mask, scale)
     out = out.reshape(b, kv_heads, g, l, dh).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
@@ -127,6 +134,18 @@ def _attention_probs(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) 
     where mask [B, K, Q, S] holds."""
     scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
     return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+
+
+def _attention_with_sinks(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                          sinks: jax.Array) -> jax.Array:
+    """float32 [B, K, Q, Dh] attention whose softmax over each row also holds the row's sink
+    logit `sinks` [K, Q] (then dropped): p_s = exp(x_s - m) / (sum_s' exp(x_s' - m) + exp(sink - m))."""
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    top = jnp.maximum(jnp.max(scores, axis=-1), sinks[None])  # [B, K, Q]
+    e = jnp.exp(scores - top[..., None])
+    probs = e / (jnp.sum(e, axis=-1) + jnp.exp(sinks[None] - top))[..., None]
+    return jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
 def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
@@ -174,7 +193,7 @@ _attention_core_cpu.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                     implementation: str, offset: int = 0, scale: float | None = None,
-                    windowed: bool = False) -> jax.Array:
+                    windowed: bool = False, sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention over whole sequences (training, prefill): q [B, L, H, Dh] at key
     slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
@@ -184,8 +203,10 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     `jax.nn.dot_product_attention`'s XLA path, whose grouped-query reshapes become strided
     copies); "cudnn" and "splash": the fused kernels. `scale` multiplies the scores (None:
     1 / sqrt(Dh)). Splash builds its mask from causal blocks and segments, which cannot say a
-    sliding window: a `windowed` layer's attention runs as xla there.
+    sliding window: a `windowed` layer's attention runs as xla there, as does any with `sinks`.
     """
+    if sinks is not None:  # the fused kernels have no sink logit
+        return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, sinks)
     kind = attention_lib.traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
     if scale is not None and kind in ("cudnn", "splash"):  # the kernels scale by 1 / sqrt(Dh): the queries carry the rest
         q = (q.astype(jnp.float32) * (scale * math.sqrt(q.shape[-1]))).astype(q.dtype)
@@ -211,7 +232,9 @@ class Attention(nnx.Module):
         self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), **heads)
         self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
         self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
-        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, units=(dh, 1), **dtypes, rngs=rngs)
+        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=config.attention_out_bias, units=(dh, 1),
+                             **dtypes, rngs=rngs)
+        self.sinks = param(jnp.zeros((h,), param_dtype(config)), ("heads",)) if config.attention_sinks else None
         eps, pdt = config.rms_norm_eps, param_dtype(config)
         norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim", "plus_one": config.norm_plus_one}
         self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
@@ -248,8 +271,10 @@ class Attention(nnx.Module):
         if window is not None:
             mask = within_window(mask, window, cache_index + queries_from)
         scale, windowed = cfg.query_scale, window is not None
+        sinks = None if self.sinks is None else self.sinks[...]
         if kv is None:
-            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed)
+            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed,
+                                  sinks=sinks)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
@@ -260,8 +285,8 @@ class Attention(nnx.Module):
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
-        if kind == "xla" or (kind == "splash" and (windowed or not isinstance(cache_index, int))):  # the cache's layout
-            out = attend(q, k_all, v_all, mask, scale)
+        if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
+            out = attend(q, k_all, v_all, mask, scale, sinks)  # the cache's layout
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
