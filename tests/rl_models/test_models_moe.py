@@ -13,6 +13,7 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.hf import HFFolderError, load_hf_model
+from rl_models.lora import add_adapters, targeted
 from rl_models.moe import MoE, load_balancing_loss, route
 
 E_2_1_0_M1 = [[2.0, 1.0, 0.0, -1.0]]
@@ -260,3 +261,23 @@ def test_each_gpt_oss_setting_is_exercised(without, hf_fixtures, hf_reference):
         sinks[...] = jnp.full(sinks.shape, -1e9)
     logits, _, valid = _reference_logits(changed, arrays)
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
+
+
+def test_lora_adapts_attention_only_in_a_mixture_of_experts(hf_fixtures, hf_reference):
+    """The default targets give the four attention projections adapters (no expert kernel, no
+    router); fresh adapters change nothing; a non-zero B changes the logits; targets naming only
+    expert projections are refused."""
+    arrays, _ = hf_reference("qwen3_moe")
+    model = load_hf_model(hf_fixtures / "qwen3_moe")
+    before, _, _ = _reference_logits(model, arrays)
+    assert sorted(targeted(model, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))) == [
+        "layers/attn/k_proj", "layers/attn/o_proj", "layers/attn/q_proj", "layers/attn/v_proj"]
+    add_adapters(model, rank=4, alpha=8.0)
+    fresh, _, _ = _reference_logits(model, arrays)
+    np.testing.assert_array_equal(fresh, before)
+    b = model.layers.attn.q_proj.lora_b
+    b[...] = jnp.full(b.shape, 0.05)
+    moved, _, valid = _reference_logits(model, arrays)
+    assert np.abs(moved[valid] - before[valid]).max() > 1e-2
+    with pytest.raises(ValueError, match="name only expert projections"):
+        targeted(load_hf_model(hf_fixtures / "qwen3_moe"), ("gate_proj", "mlp/down_proj"))
