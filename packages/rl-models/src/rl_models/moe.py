@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_models.attention import target_platform
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, param
 from rl_models.sharding import gathered
@@ -94,6 +95,40 @@ def grouped_experts(x: jax.Array, experts: jax.Array, num_experts: int,
     return jnp.take(out, inverse, axis=0).reshape(n, k, -1)
 
 
+TILE_ROWS = 32
+"""Rows per tile of `tiled_grouped_matmul` (each expert's group padded to whole tiles)."""
+
+
+def tiled_grouped_matmul(rows: jax.Array, w: jax.Array, sizes: jax.Array, tile: int = TILE_ROWS) -> jax.Array:
+    """`jax.lax.ragged_dot(rows, w, sizes)` as XLA:CPU runs it well: rows [M, in] sorted by group
+    (sizes [E], summing to M), w [E, in, out] -> [M, out]. Each group is padded to whole tiles of
+    `tile` rows, and each tile is multiplied by its own group's weight (one batched matmul over
+    at most M / tile + E tiles), so the work is the routed rows plus at most a tile per expert.
+    JAX lowers ragged_dot on CPU to a product of every row with every group's weight (masked),
+    whose time grows with E (docs/results/2026-12-04-moe-speed.md)."""
+    m, n_in = rows.shape
+    e = w.shape[0]
+    tiles = -(-m // tile) + e  # a static bound: each group wastes less than one tile
+    padded = -(-sizes // tile) * tile
+    starts = jnp.cumsum(sizes) - sizes
+    padded_ends = jnp.cumsum(padded)
+    group = jnp.repeat(jnp.arange(e), sizes, total_repeat_length=m)
+    dest = (padded_ends - padded)[group] + jnp.arange(m) - starts[group]  # each row's place among the tiles
+    buf = jnp.zeros((tiles * tile, n_in), rows.dtype).at[dest].set(rows)
+    tile_group = jnp.minimum(jnp.searchsorted(padded_ends, jnp.arange(tiles) * tile, side="right"), e - 1)
+    out = jnp.einsum("tbi,tio->tbo", buf.reshape(tiles, tile, n_in), jnp.take(w, tile_group, axis=0),
+                     preferred_element_type=rows.dtype)
+    return jnp.take(out.reshape(tiles * tile, -1), dest, axis=0)
+
+
+def grouped_matmul(rows: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array:
+    """The grouped matmul of rows sorted by group: `jax.lax.ragged_dot` (a grouped kernel on
+    accelerators), `tiled_grouped_matmul` on CPU."""
+    if target_platform() == "cpu":
+        return tiled_grouped_matmul(rows, w, sizes)
+    return jax.lax.ragged_dot(rows, w, sizes)
+
+
 class MoE(nnx.Module):
     """The block's MLP as E gated experts (SwiGLU, or gpt-oss's clamped form) behind a router
     (see the module docstring).
@@ -142,14 +177,14 @@ class MoE(nnx.Module):
             return y if bias is None else y + jnp.take(bias[...].astype(y.dtype), row_experts, axis=0)
 
         def matmuls(rows: jax.Array, sizes: jax.Array, row_experts: jax.Array) -> jax.Array:
-            g = biased(jax.lax.ragged_dot(rows, gate, sizes), self.gate_bias, row_experts)
-            u = biased(jax.lax.ragged_dot(rows, up, sizes), self.up_bias, row_experts)
+            g = biased(grouped_matmul(rows, gate, sizes), self.gate_bias, row_experts)
+            u = biased(grouped_matmul(rows, up, sizes), self.up_bias, row_experts)
             if self.limit is None:
                 h = jax.nn.silu(g) * u
             else:  # gpt-oss's clamped SwiGLU
                 g, u = jnp.minimum(g, self.limit), jnp.clip(u, -self.limit, self.limit)
                 h = (u + 1) * (g * jax.nn.sigmoid(g * self.alpha))
-            return biased(jax.lax.ragged_dot(h, down, sizes), self.down_bias, row_experts)
+            return biased(grouped_matmul(h, down, sizes), self.down_bias, row_experts)
 
         outs = grouped_experts(x2, experts, self.num_experts, matmuls)  # [N, k, D]
         y = jnp.einsum("nkd,nk->nd", outs, weights.astype(outs.dtype))
