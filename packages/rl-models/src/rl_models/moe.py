@@ -4,7 +4,7 @@ the router, are summed.
 Shapes: N tokens (B * L flattened), D hidden, E experts, k experts per token, F each expert's
 inner width.
 
-The experts run as grouped matmuls (`jax.lax.ragged_dot`): the N * k (token, expert) pairs are
+The experts run as grouped matmuls (`jax.lax.ragged_dot`; tiled on CPU): the N * k (token, expert) pairs are
 sorted by expert, so each expert multiplies only the rows routed to it, one contiguous group per
 expert. No all-experts product is formed, so the work follows the active parameters (k * F per
 token), not the total (E * F). Routing is returned beside the output (`Routing`): the chosen
