@@ -3,6 +3,7 @@ load-balancing loss; Qwen3-MoE's routing decisions against transformers'."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.extend
@@ -13,7 +14,7 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.attention import traced_for
-from rl_models.hf import HFFolderError, load_hf_model
+from rl_models.hf import HFFolderError, load_hf_config, load_hf_model
 from rl_models.lora import add_adapters, targeted
 from rl_models.moe import MoE, load_balancing_loss, route, tiled_grouped_matmul
 
@@ -299,3 +300,16 @@ def test_lora_adapts_attention_only_in_a_mixture_of_experts(hf_fixtures, hf_refe
     assert np.abs(moved[valid] - before[valid]).max() > 1e-2
     with pytest.raises(ValueError, match="name only expert projections"):
         targeted(load_hf_model(hf_fixtures / "qwen3_moe"), ("gate_proj", "mlp/down_proj"))
+
+
+def test_the_published_qwen3_30b_a3b_config_reads_as_its_published_size():
+    """tests/fixtures/hf_configs/qwen3-30b-a3b (read without weights): 30.5B parameters, 3.3B
+    active per token (every non-expert weight and 8 of the 128 experts of each layer)."""
+    config = load_hf_config(Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs" / "qwen3-30b-a3b")
+    assert (config.num_experts, config.experts_per_token, config.moe_hidden_size, config.norm_topk_prob) == (
+        128, 8, 768, True)
+    state = nnx.state(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    total = sum(x.size for x in jax.tree.leaves(state))
+    experts = sum(x.size for path, x in nnx.to_flat_state(state) if path[-1] in ("gate_proj", "up_proj", "down_proj"))
+    assert total == 30_532_122_624
+    assert total - experts + experts * 8 // 128 == 3_353_032_704
