@@ -13,6 +13,7 @@ import pytest
 
 import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
+from algo_gspo import GSPOConfig, GSPOLearner
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_models.hf import load_hf_model, load_hf_tokenizer
@@ -27,11 +28,22 @@ def distinct_characters(prompts, completions, **_):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "qwen3_yarn", "gemma3"])
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "qwen3_yarn", "gemma3", "qwen3_moe", "gpt_oss"])
 def test_a_grpo_step_trains_each_family(name):
+    _step_moves_the_parameters(GRPOLearner, GRPOConfig(group_size=2, beta=0.04), name)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
+def test_a_gspo_step_trains_each_mixture_of_experts(name):
+    """GSPO (sequence-level ratios, introduced for mixtures of experts) on both MoE families."""
+    _step_moves_the_parameters(GSPOLearner, GSPOConfig(group_size=2, beta=0.04), name)
+
+
+def _step_moves_the_parameters(learner_class, config, name):
     policy = load_hf_model(HF / name)
-    learner = GRPOLearner(
-        GRPOConfig(group_size=2, beta=0.04),
+    learner = learner_class(
+        config,
         policy=policy,
         tokenizer=load_hf_tokenizer(HF / name),
         train_data=PROMPTS,

@@ -377,7 +377,7 @@ def test_stacked_layer_i_is_block_i_of_an_unrolled_model():
     rope = rope_cos_sin(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, None))
     for i in range(cfg.num_layers):
         block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
-        x, _ = block(x, rope, mask, None, 0, i)
+        x, _, _ = block(x, rope, mask, None, 0, i)
     np.testing.assert_allclose(model.final_norm(x)[valid], hidden[valid], atol=1e-5, rtol=1e-5)
 
 

@@ -17,6 +17,7 @@ ATTENTION = ("auto", "xla", "cudnn", "splash")
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 ACTIVATIONS = ("silu", "gelu_tanh")
+ROUTERS = ("softmax_topk", "topk_softmax")
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 """TransformerConfig fields that say how a model runs (precision, memory, kernels, loops), not
 what it is: a Hugging Face config.json does not hold them; loaders take them as overrides."""
@@ -156,6 +157,32 @@ class TransformerConfig:
     """Attention output times sigmoid(a per-head gate that q_proj also produces) (Qwen3.5)."""
     linear_attention: LinearAttention | None = None
     """The linear-attention layers' shape; required exactly when layer_types has any."""
+    num_experts: int = 0
+    """Experts E of each block's mixture-of-experts MLP (rl_models.moe); 0: a dense MLP."""
+    experts_per_token: int = 0
+    """Experts k each token is routed to (0 with no experts)."""
+    moe_hidden_size: int | None = None
+    """Inner width of each expert's gated MLP (None with no experts)."""
+    router: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    """"softmax_topk": softmax over every expert, then the top k (Qwen3-MoE); "topk_softmax":
+    the top k logits, then a softmax over those k (gpt-oss)."""
+    norm_topk_prob: bool = True
+    """With "softmax_topk", renormalise the k chosen probabilities to sum to 1 (Qwen3-MoE's
+    norm_topk_prob)."""
+    router_bias: bool = False
+    """A bias on the router's logits (gpt-oss)."""
+    expert_bias: bool = False
+    """Biases on each expert's gate, up and down projections (gpt-oss)."""
+    swiglu_limit: float | None = None
+    """The experts' clamped SwiGLU (gpt-oss): gate clamped above at the limit, up to [-limit,
+    limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: silu(gate) * up."""
+    swiglu_alpha: float = 1.702
+    """The sigmoid's slope in the clamped SwiGLU (gpt-oss's swiglu_alpha)."""
+    attention_out_bias: bool = False
+    """A bias on o_proj (gpt-oss; Qwen2's `attention_bias` is q/k/v only)."""
+    attention_sinks: bool = False
+    """A learned per-head logit in every query's softmax that takes probability but no value
+    (gpt-oss's attention sinks)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -275,6 +302,31 @@ class TransformerConfig:
         _require(self.hidden_act in ACTIVATIONS, name, "hidden_act", self.hidden_act, f"must be one of {ACTIVATIONS}")
         _require(self.query_scale is None or self.query_scale > 0, name, "query_scale", self.query_scale,
                  "must be None or > 0")
+        self._check_experts(name)
+
+    def _check_experts(self, name: str) -> None:
+        """The mixture-of-experts settings: all unset (dense), or E >= k >= 1 with a width."""
+        e, k, f = self.num_experts, self.experts_per_token, self.moe_hidden_size
+        for field, value in (("num_experts", e), ("experts_per_token", k)):
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, field, value,
+                     "must be an int >= 0")
+        if e == 0:
+            _require(k == 0 and f is None, name, "num_experts", e,
+                     "is 0 (a dense MLP): experts_per_token must be 0 and moe_hidden_size None")
+        else:
+            _require(1 <= k <= e, name, "experts_per_token", k, f"must be between 1 and num_experts ({e})")
+            _require(isinstance(f, int) and not isinstance(f, bool) and f > 0, name, "moe_hidden_size", f,
+                     "must be a positive int when num_experts > 0")
+        _require(self.router in ROUTERS, name, "router", self.router, f"must be one of {ROUTERS}")
+        _require(isinstance(self.norm_topk_prob, bool), name, "norm_topk_prob", self.norm_topk_prob, "must be a bool")
+        _require(self.swiglu_limit is None or self.swiglu_limit > 0, name, "swiglu_limit", self.swiglu_limit,
+                 "must be None or > 0")
+        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks"):
+            _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
+        if e == 0:
+            for field in ("router_bias", "expert_bias"):
+                _require(not getattr(self, field), name, field, True, "needs experts (num_experts > 0)")
+            _require(self.swiglu_limit is None, name, "swiglu_limit", self.swiglu_limit, "needs experts")
 
     def windowed(self) -> tuple[bool, ...]:
         """Per layer, whether its attention is windowed (see `layer_types`)."""

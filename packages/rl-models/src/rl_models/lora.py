@@ -39,16 +39,31 @@ def linears(model: nnx.Module) -> dict[str, Linear]:
     return {"/".join(map(str, path)): m for path, m in nnx.iter_modules(model) if isinstance(m, Linear)}
 
 
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+"""A mixture of experts' per-expert kernels ([E, in, out] arrays, not Linears): no adapters."""
+
+
 def targeted(model: Transformer, targets: Sequence[str]) -> dict[str, Linear]:
     """The Linears whose module path ends in one of `targets` (regular expressions over
-    whole path components: "q_proj", "attn/.*", "mlp/(up|down)_proj")."""
+    whole path components: "q_proj", "attn/.*", "mlp/(up|down)_proj").
+
+    In a mixture of experts only attention takes adapters: the experts' projections and the
+    router do not, so a target naming only expert projections is passed over there (the default
+    targets adapt q/k/v/o), and one that matches nothing at all is refused."""
     found = linears(model)
     chosen = {}
+    experts = getattr(model.config, "num_experts", 0)
     for target in targets:
         hits = {p: m for p, m in found.items() if re.fullmatch(f"(?:.*/)?(?:{target})", p)}
+        if not hits and experts and any(re.fullmatch(f"(?:.*/)?(?:{target})", f"mlp/{name}")
+                                        for name in EXPERT_PROJECTIONS):
+            continue
         if not hits:
             raise ValueError(f"LoRA target {target!r} matches no projection; the model has {sorted(found)}")
         chosen.update(hits)
+    if not chosen:
+        raise ValueError(f"LoRA targets {list(targets)} name only expert projections, which take no adapters "
+                         f"in a mixture of experts; target attention: {sorted(p for p in found if '/attn/' in p)}")
     return dict(sorted(chosen.items()))
 
 

@@ -68,6 +68,8 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
     pool, and the pool with their keys/values written; page_rows [N, M] int32."""
     cfg = model.config
+    if cfg.attention_sinks:
+        raise NotImplementedError("the paged engine's attention has no sink logits (gpt-oss): use the static engine")
     if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
     x = tf.embed_tokens(model, tokens)[:, None]  # [N, 1, D]

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 from rl_models import attention as attention_lib
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
+from rl_models.moe import MoE, Routing
 from rl_models.rope import layer_tables, rope_tables, rotate
 from rl_models.sharding import constrain, shards
 
@@ -99,7 +100,8 @@ def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Arra
     return mask & near[None]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
+           sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention over head-major keys and values (the cache's layout).
 
     q [B, L, H, Dh], k/v [B, K, S, Dh] (the cache's layout), mask [B, L, S]
@@ -108,15 +110,21 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     block, so XLA runs plain batched matmuls instead of transposing the cache.
     Scores and softmax run in float32; masked scores are the most negative
     float32, so a fully masked row gets a finite uniform distribution, not NaN.
-    On CPU the gradient is `_attention_core_cpu`'s (the same values).
+    On CPU the gradient is `_attention_core_cpu`'s (the same values). `sinks` [H] (gpt-oss): each
+    head's extra logit in every query's softmax, which takes probability but adds no value.
     """
     b, l, h, dh = q.shape
     kv_heads = k.shape[1]
     g = h // kv_heads
     q = q.reshape(b, l, kv_heads, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * l, dh)
     mask = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g, l, mask.shape[-1])).reshape(b, kv_heads, g * l, -1)
-    core = _attention_core_cpu if attention_lib.target_platform() == "cpu" else _attention_core
-    out = core(q, k, v, mask, 1.0 / math.sqrt(dh) if scale is None else scale)
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    if sinks is not None:  # head kv * G + i's sink, for its L query rows
+        rows = jnp.repeat(sinks.astype(jnp.float32).reshape(kv_heads, g), l, axis=1)  # [K, G * L]
+        out = _attention_with_sinks(q, k, v, mask, scale, rows)
+    else:
+        core = _attention_core_cpu if attention_lib.target_platform() == "cpu" else _attention_core
+        out = core(q, k, v, mask, scale)
     out = out.reshape(b, kv_heads, g, l, dh).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
@@ -126,6 +134,18 @@ def _attention_probs(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) 
     where mask [B, K, Q, S] holds."""
     scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
     return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+
+
+def _attention_with_sinks(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                          sinks: jax.Array) -> jax.Array:
+    """float32 [B, K, Q, Dh] attention whose softmax over each row also holds the row's sink
+    logit `sinks` [K, Q] (then dropped): p_s = exp(x_s - m) / (sum_s' exp(x_s' - m) + exp(sink - m))."""
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    top = jnp.maximum(jnp.max(scores, axis=-1), sinks[None])  # [B, K, Q]
+    e = jnp.exp(scores - top[..., None])
+    probs = e / (jnp.sum(e, axis=-1) + jnp.exp(sinks[None] - top))[..., None]
+    return jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
 def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
@@ -173,7 +193,7 @@ _attention_core_cpu.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                     implementation: str, offset: int = 0, scale: float | None = None,
-                    windowed: bool = False) -> jax.Array:
+                    windowed: bool = False, sinks: jax.Array | None = None) -> jax.Array:
     """Grouped-query attention over whole sequences (training, prefill): q [B, L, H, Dh] at key
     slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
@@ -183,8 +203,10 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     `jax.nn.dot_product_attention`'s XLA path, whose grouped-query reshapes become strided
     copies); "cudnn" and "splash": the fused kernels. `scale` multiplies the scores (None:
     1 / sqrt(Dh)). Splash builds its mask from causal blocks and segments, which cannot say a
-    sliding window: a `windowed` layer's attention runs as xla there.
+    sliding window: a `windowed` layer's attention runs as xla there, as does any with `sinks`.
     """
+    if sinks is not None:  # the fused kernels have no sink logit
+        return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, sinks)
     kind = attention_lib.traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
     if scale is not None and kind in ("cudnn", "splash"):  # the kernels scale by 1 / sqrt(Dh): the queries carry the rest
         q = (q.astype(jnp.float32) * (scale * math.sqrt(q.shape[-1]))).astype(q.dtype)
@@ -210,7 +232,9 @@ class Attention(nnx.Module):
         self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), **heads)
         self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
         self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
-        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=False, units=(dh, 1), **dtypes, rngs=rngs)
+        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=config.attention_out_bias, units=(dh, 1),
+                             **dtypes, rngs=rngs)
+        self.sinks = param(jnp.zeros((h,), param_dtype(config)), ("heads",)) if config.attention_sinks else None
         eps, pdt = config.rms_norm_eps, param_dtype(config)
         norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim", "plus_one": config.norm_plus_one}
         self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
@@ -247,8 +271,10 @@ class Attention(nnx.Module):
         if window is not None:
             mask = within_window(mask, window, cache_index + queries_from)
         scale, windowed = cfg.query_scale, window is not None
+        sinks = None if self.sinks is None else self.sinks[...]
         if kv is None:
-            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed)
+            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed,
+                                  sinks=sinks)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         zero = jnp.zeros((), jnp.int32)
         start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
@@ -259,8 +285,8 @@ class Attention(nnx.Module):
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
-        if kind == "xla" or (kind == "splash" and (windowed or not isinstance(cache_index, int))):  # the cache's layout
-            out = attend(q, k_all, v_all, mask, scale)
+        if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
+            out = attend(q, k_all, v_all, mask, scale, sinks)  # the cache's layout
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
@@ -309,22 +335,28 @@ class Block(nnx.Module):
         self.attn_norm = norm(config)
         self.attn = Attention(config, rngs=rngs)
         self.mlp_norm = norm(config)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = MoE(config, rngs=rngs) if config.num_experts else MLP(config, rngs=rngs)
         self.attn_post_norm = norm(config) if config.sandwich_norms else None
         self.mlp_post_norm = norm(config) if config.sandwich_norms else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
-                 queries_from: int = 0, window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-        """The block's output at positions `queries_from`.. (see `Attention`)."""
+                 queries_from: int = 0, window: int | jax.Array | None = None, replay: jax.Array | None = None
+                 ) -> tuple[jax.Array, KVCache | None, Routing | None]:
+        """The block's output at positions `queries_from`.. (see `Attention`), and with experts
+        their routing there (None for a dense MLP); `replay` [B, L - queries_from, k] forces it."""
         h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from, window)
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = constrain(x[:, queries_from:] + h, ROWS)
-        h = self.mlp(self.mlp_norm(x))
+        routing = None
+        if isinstance(self.mlp, MoE):
+            h, routing = self.mlp.routed(self.mlp_norm(x), replay)
+        else:
+            h = self.mlp(self.mlp_norm(x))
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
-        return constrain(x + h, ROWS), kv
+        return constrain(x + h, ROWS), kv, routing
 
 
 def stack_layers(blocks: list[Block]) -> Block:
@@ -444,6 +476,16 @@ class Transformer(nnx.Module):
         final norm) and the updated cache. With the layers unrolled, the last block
         computes its query side (attention output and MLP) only for those positions:
         no later block reads the others."""
+        hidden, cache, _ = self.routed(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from)
+        return hidden, cache
+
+    def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+               cache: KVCache | None = None, cache_index: jax.Array | int = 0, *, outputs_from: int = 0,
+               replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None, Routing | None]:
+        """`__call__`, and the routing of a mixture-of-experts model (rl_models.moe.Routing, each
+        field [layers, B, L - outputs_from, ...]; None for a dense model). `replay` [layers, B, L, k]
+        int32 (every position of the call) makes each layer use those experts instead of its
+        router's choice (routing replay); a dense model refuses it."""
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
@@ -460,17 +502,24 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache has {layers} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        if replay is not None:
+            want = (self.config.num_layers, b, l, self.config.experts_per_token)
+            if not self.config.num_experts or replay.shape != want:
+                raise ValueError(f"replay of shape {replay.shape}: the model needs {want} chosen experts"
+                                 if self.config.num_experts else "replay: the model has no experts to replay")
         x = constrain(embed_tokens(self, tokens), ROWS)
-        x, cache = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache, cache_index,
-                                    outputs_from)
-        return self.final_norm(x), cache
+        x, cache, routing = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache,
+                                             cache_index, outputs_from, replay)
+        return self.final_norm(x), cache, routing
 
     def _run_layers(self, x: jax.Array, ropes: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array,
-                    cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int
-                    ) -> tuple[jax.Array, KVCache | None]:
+                    cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int,
+                    replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None, Routing | None]:
         """Every block, as one `lax.scan` over the stacked layer parameters; the
         cache rides in the carry so each layer updates its slice in place. Each layer reads its
         rotary table and window (`LayerSettings`): static when the layer index is, else by index.
+        Each layer's routing (experts only) is stacked on a leading layer axis, at the output
+        positions; `replay` [layers, B, L, k] feeds each layer its own slice.
 
         Unrolled, the last block runs after the scan, its queries from `outputs_from` on.
         Scanned, every block keeps the same shape and the output is sliced: taking the last
@@ -482,9 +531,13 @@ class Transformer(nnx.Module):
         settings = LayerSettings(self.config, ropes)
 
         def make_layer(queries_from: int, static: int | None = None):
-            def layer(x, cache, state, i):
+            def layer(x, cache, state, i, replay, slot=None):
+                # i: the layer (its settings, unless static); slot: its row in `cache` (default i)
                 rope, window = settings.at(i if static is None else static)
-                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i, queries_from, window)
+                if replay is not None:
+                    replay = replay[:, queries_from:]
+                return nnx.merge(graphdef, state)(x, rope, mask, cache, cache_index, i if slot is None else slot,
+                                                  queries_from, window, replay)
 
             if self.config.remat != "none":  # keep what the policy saves; recompute the rest in the backward pass
                 layer = jax.checkpoint(layer, prevent_cse=False, policy=remat_policy(self.config.remat))
@@ -495,36 +548,44 @@ class Transformer(nnx.Module):
 
         def body(carry, xs):
             if not own_slice:
-                x, cache = layer(*carry, *xs)
-                return (x, cache), None
+                x, cache, routing = layer(*carry, *xs)
+                return (x, cache), routing
             # a rematerialised layer saves its inputs for the backward pass: given the whole stacked
             # cache, every layer would save all of it (layers^2 cache slices; the shared-prompt scoring
             # pass of a 28-layer model, 27 GiB). It gets its own slice; the slice goes back outside.
-            (x, cache), (state, i) = carry, xs
+            (x, cache), (state, i, replay) = carry, xs
             own = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, i, 1, axis=0), cache)
-            x, own = layer(x, own, state, jnp.int32(0))
+            x, own, routing = layer(x, own, state, i, replay, jnp.int32(0))
             cache = jax.tree.map(lambda c, o: jax.lax.dynamic_update_slice_in_dim(c, o, i, axis=0), cache, own)
-            return (x, cache), None
+            return (x, cache), routing
+
+        def at_outputs(routing: Routing | None) -> Routing | None:  # [layers, B, L, ...] -> positions outputs_from..
+            return jax.tree.map(lambda a: a[:, :, outputs_from:], routing)
 
         if cache is not None and isinstance(cache[0], tuple):  # one buffer per layer: unrolled
-            ks, vs = [], []
+            ks, vs, routings = [], [], []
             for i in range(n):
                 state = jax.tree.map(lambda a, i=i: a[i], stacked)
                 kv = (cache[0][i][None], cache[1][i][None])  # a leading layer axis of 1: a bitcast
                 queries_from = outputs_from if i == n - 1 else 0
-                x, kv = make_layer(queries_from, static=i)(x, kv, state, jnp.int32(0))
+                replay_i = None if replay is None else replay[i]
+                x, kv, routing = make_layer(queries_from, static=i)(x, kv, state, jnp.int32(0), replay_i)
                 ks.append(kv[0][0])
                 vs.append(kv[1][0])
-            return x, (tuple(ks), tuple(vs))
+                routings.append(jax.tree.map(lambda a, q=queries_from: a[:, outputs_from - q:], routing))
+            return x, (tuple(ks), tuple(vs)), jax.tree.map(lambda *a: jnp.stack(a), *routings)
         layers = jnp.arange(n, dtype=jnp.int32)
         if scanned or outputs_from == 0:
             # unrolled: the same body once per layer, each reading its own slice of the stacks
-            (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, layers), unroll=1 if scanned else n)
-            return x[:, outputs_from:], cache
-        head = jax.tree.map(lambda a: a[:-1], (stacked, layers))
-        (x, cache), _ = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
-        last = jax.tree.map(lambda a: a[-1], (stacked, layers))
-        return make_layer(outputs_from)(x, cache, *last)
+            (x, cache), routing = jax.lax.scan(body, (x, cache), (stacked, layers, replay),
+                                               unroll=1 if scanned else n)
+            return x[:, outputs_from:], cache, at_outputs(routing)
+        head = jax.tree.map(lambda a: a[:-1], (stacked, layers, replay))
+        (x, cache), routing = jax.lax.scan(body, (x, cache), head, unroll=max(n - 1, 1))
+        last = jax.tree.map(lambda a: a[-1], (stacked, layers, replay))
+        x, cache, last_routing = make_layer(outputs_from)(x, cache, *last)
+        routing = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), at_outputs(routing), last_routing)
+        return x, cache, routing
 
     def loop_view(self) -> Callable[[], Transformer]:
         """For a loop that runs the model at every iteration (a decode loop; see

@@ -48,6 +48,7 @@ RULES: dict[str, MeshAxes] = {
     "norm": None,
     "layers": None,
     "cache_slots": None,
+    "experts": None,  # a mixture's expert axis (rl_models.moe): its weights split on embed / mlp like the MLP's
     # activations (rl_models.sharding): rows split like the batch, features like their weights'
     # tensor-parallel axis, never over fsdp (FSDP gathers weights, not activations)
     "act_batch": BATCH,

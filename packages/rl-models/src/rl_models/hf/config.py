@@ -140,7 +140,7 @@ def transformer_config_from_hf(
         raise _unsupported(source, family.activation_key, activation, f"only {want}")
     if hf.get("mlp_bias", False):
         raise _unsupported(source, "mlp_bias", True, "the MLP has no biases here")
-    if model_type != "qwen2" and hf.get("attention_bias", False):
+    if model_type not in ("qwen2", "gpt_oss") and hf.get("attention_bias", False):
         raise _unsupported(source, "attention_bias", True,
                            f"{model_type} puts a bias on o_proj too, which is not implemented")
     for key in family.refused:

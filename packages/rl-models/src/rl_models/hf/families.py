@@ -139,6 +139,56 @@ def _write_gemma3(config: TransformerConfig) -> dict[str, Any]:
     }
 
 
+def _read_qwen3_moe(hf: dict[str, Any]) -> dict[str, Any]:
+    """Experts in every layer (decoder_sparse_step 1, no mlp_only_layers, as every published
+    Qwen3-MoE): softmax over the experts, the top k, renormalised with norm_topk_prob."""
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
+        raise FamilyFieldError("num_experts", experts, "must be a positive int")
+    n, step, dense = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1), hf.get("mlp_only_layers") or []
+    if not isinstance(step, int) or step < 1:
+        raise FamilyFieldError("decoder_sparse_step", step, "must be a positive int")
+    mixed = [i for i in range(n) if i in dense or (i + 1) % step]
+    if mixed:
+        field, value = ("mlp_only_layers", dense) if dense else ("decoder_sparse_step", step)
+        raise FamilyFieldError(field, value, f"layers {mixed} would have a dense MLP; only experts in every "
+                               "layer are implemented (every published Qwen3-MoE has them)")
+    for key in ("num_experts_per_tok", "moe_intermediate_size"):
+        if key not in hf:
+            raise FamilyFieldError(key, None, "is required with experts")
+    return {"qk_norm": True, "num_experts": experts, "experts_per_token": hf["num_experts_per_tok"],
+            "moe_hidden_size": hf["moe_intermediate_size"], "router": "softmax_topk",
+            "norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
+
+
+def _write_qwen3_moe(config: TransformerConfig) -> dict[str, Any]:
+    return {"num_experts": config.num_experts, "num_experts_per_tok": config.experts_per_token,
+            "moe_intermediate_size": config.moe_hidden_size, "norm_topk_prob": config.norm_topk_prob,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None}
+
+
+def _read_gpt_oss(hf: dict[str, Any]) -> dict[str, Any]:
+    """Attention sinks, q/k/v/o biases, windowed and full layers alternating (layer_types; the
+    windowed first when a folder leaves them out), experts with biases and the clamped SwiGLU, a
+    router with a bias that takes the top k logits, then a softmax over them."""
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types") is None and hf.get("sliding_window") is not None:
+        hf = hf | {"layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]}
+    quant = hf.get("quantization_config") or {}
+    if quant and quant.get("quant_method") != "mxfp4":
+        raise FamilyFieldError("quantization_config.quant_method", quant.get("quant_method"),
+                               "only MXFP4 (dequantised at load) is read")
+    experts = hf.get("num_local_experts")
+    k = hf.get("num_experts_per_tok", hf.get("experts_per_token"))
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
+        raise FamilyFieldError("num_local_experts", experts, "must be a positive int")
+    return _windows(hf, "sliding_attention") | {
+        "attention_bias": True, "attention_out_bias": True, "attention_sinks": True, "num_experts": experts,
+        "experts_per_token": k, "moe_hidden_size": hf["intermediate_size"], "router": "topk_softmax",
+        "norm_topk_prob": False, "router_bias": True, "expert_bias": True,
+        "swiglu_limit": float(hf.get("swiglu_limit", 7.0)), "swiglu_alpha": float(hf.get("swiglu_alpha", 1.702))}
+
+
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
@@ -151,6 +201,8 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",)),
     "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",)),
     "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",)),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",)),
+    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, windows=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True}),
@@ -168,6 +220,15 @@ ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 def infer_family(config: TransformerConfig) -> str:
     """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama); ValueError when none does."""
+    if config.attention_sinks or config.expert_bias:
+        raise ValueError("gpt-oss folders are read, not written")
+    if config.num_experts:
+        if config.router != "softmax_topk" or not config.qk_norm or config.attention_bias or config.sliding_window \
+                or config.nope_layers or config.sandwich_norms or config.norm_plus_one or config.embed_scale \
+                or config.hidden_act != "silu" or config.query_scale is not None:
+            raise ValueError("with experts only Qwen3-MoE is written: a softmax-then-top-k router, q/k norm, "
+                             "full attention, no biases, Llama's norms and SwiGLU")
+        return "qwen3_moe"
     if config.sandwich_norms or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu":
         gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale and config.qk_norm
         if not gemma or config.hidden_act != "gelu_tanh" or config.attention_bias or config.nope_layers:

@@ -26,6 +26,7 @@ from safetensors.numpy import save_file
 from rl_models.config import TransformerConfig
 from rl_models.hf.config import HFFolderError, read_json
 from rl_models.hybrid import model_class
+from rl_models.hf.mxfp4 import dequantize_mxfp4
 from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -46,6 +47,45 @@ model's as transformers 5 saves it and as older folders (Gemma 3 on the Hub) hol
 
 Path_ = tuple[str | int, ...]
 
+_TAKE = re.compile(r"(.+)\[(\d+)::(\d+)\]")
+"""A key naming every step-th column of a tensor from start on, `<key>[start::step]` (gpt-oss
+interleaves each expert's gate and up columns in one gate_up_proj)."""
+
+
+def split_key(key: str) -> tuple[str, int, int]:
+    """(the tensor's key, first column, column step) of a parameter_map key."""
+    m = _TAKE.fullmatch(key)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else (key, 0, 1)
+
+
+class _Tensors:
+    """The folder's tensors by key; an MXFP4 pair `<key>_blocks` / `<key>_scales` (gpt-oss's
+    published experts) reads as `<key>`, dequantised, in transformers' layout [E, in, out]."""
+
+    def __init__(self, files: dict[str, Path], handles: dict[Path, Any]):
+        self.files, self.handles = files, handles
+        self.packed = {k[: -len("_blocks")]: (k, k[: -len("_blocks")] + "_scales") for k in files
+                       if k.endswith("_blocks") and k[: -len("_blocks")] + "_scales" in files}
+        pairs = {k for pair in self.packed.values() for k in pair}
+        self.names = {k for k in files if k not in pairs} | set(self.packed)
+
+    def file(self, key: str) -> Path:
+        return self.files[self.packed[key][0] if key in self.packed else key]
+
+    def shape_dtype(self, key: str) -> tuple[tuple[int, ...], str]:
+        if key in self.packed:
+            blocks = self.handles[self.file(key)].get_slice(self.packed[key][0]).get_shape()
+            e, rows, groups, _ = blocks
+            return (e, groups * 32, rows), "F32"
+        view = self.handles[self.file(key)].get_slice(key)
+        return tuple(view.get_shape()), view.get_dtype()
+
+    def read(self, key: str, index: tuple[slice, ...]) -> np.ndarray:
+        if key in self.packed:
+            blocks, scales = (np.asarray(self.handles[self.file(key)].get_slice(k)[:]) for k in self.packed[key])
+            return dequantize_mxfp4(blocks, scales).transpose(0, 2, 1)[index]
+        return np.asarray(self.handles[self.file(key)].get_slice(key)[index])
+
 
 @contextlib.contextmanager
 def _open(path: Path) -> Iterator[Any]:
@@ -65,6 +105,11 @@ class Slot(NamedTuple):
     layer: int | None  # index on the stacked layer axis, or None for unstacked params
     transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
     offset: float = 0.0  # added on reading, taken off on writing: Qwen3.5's (1 + w) norms hold 1 + w here
+    expert: int | None = None  # index on the expert axis (after the layer's) of an expert weight
+
+    def index(self) -> tuple[int, ...]:
+        """The leading indices of the param that the tensor fills."""
+        return tuple(i for i in (self.layer, self.expert) if i is not None)
 
 
 def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight") -> dict[str, Slot]:
@@ -94,6 +139,25 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
+        if config.attention_out_bias:
+            names[f"{hf}.self_attn.o_proj.bias"] = at("attn", "o_proj", "bias")
+        if config.attention_sinks:
+            names[f"{hf}.self_attn.sinks"] = at("attn", "sinks")
+        if config.num_experts and config.expert_bias:  # as gpt-oss ships them: every expert in one tensor
+            names[f"{hf}.mlp.router.weight"] = at("mlp", "router", "kernel", transposed=True)
+            names[f"{hf}.mlp.router.bias"] = at("mlp", "router", "bias")
+            experts = f"{hf}.mlp.experts"
+            for ours, key in (("gate_proj", "gate_up_proj[0::2]"), ("up_proj", "gate_up_proj[1::2]"),
+                              ("gate_bias", "gate_up_proj_bias[0::2]"), ("up_bias", "gate_up_proj_bias[1::2]"),
+                              ("down_proj", "down_proj"), ("down_bias", "down_proj_bias")):
+                names[f"{experts}.{key}"] = at("mlp", ours)
+            continue
+        if config.num_experts:  # as Qwen3-MoE ships them: a router and one tensor per expert and projection
+            names[f"{hf}.mlp.gate.weight"] = at("mlp", "router", "kernel", transposed=True)
+            for e in range(config.num_experts):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    names[f"{hf}.mlp.experts.{e}.{proj}.weight"] = Slot(("layers", "mlp", proj), i, True, expert=e)
+            continue
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
     names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
@@ -192,20 +256,23 @@ def load_params(folder: Path, config: TransformerConfig,
     prefix, head = text_layout(files)
     expected = parameter_map(config, prefix, head)
     multimodal = prefix != TEXT_LAYOUTS[0][0]
+    with ExitStack() as stack:
+        names = _Tensors(files, {path: stack.enter_context(_open(path)) for path in set(files.values())}).names
+    read_keys = {split_key(k)[0] for k in expected}
     unknown = sorted(
-        k for k in files
-        if k not in expected and not _IGNORED.fullmatch(k)
+        k for k in names
+        if k not in read_keys and not _IGNORED.fullmatch(k)
         and not (config.tie_embeddings and k == head)
         and not (multimodal and _OTHER_TOWERS.fullmatch(k))
         and not (config.hybrid and _IGNORED_HYBRID.fullmatch(k))
     )
     if unknown:
-        shown = ", ".join(f"{k!r} in {files[k]}" for k in unknown[:10])
+        shown = ", ".join(f"{k!r} in {files.get(k, files.get(k + '_blocks'))}" for k in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         raise HFFolderError(
             f"unknown key(s) for a model with {folder / 'config.json'}: {shown}{more}"
         )
-    missing = sorted(k for k in expected if k not in files)
+    missing = sorted({split_key(k)[0] for k in expected} - names)
     if missing:
         where = INDEX_FILE if (folder / INDEX_FILE).is_file() else SINGLE_FILE
         raise HFFolderError(
@@ -224,34 +291,41 @@ def load_params(folder: Path, config: TransformerConfig,
             p: v.get_value() if isinstance(v, nnx.Variable) else v for p, v in nnx.to_flat_state(shardings(state))
         }
     dtype = param_dtype(config)
-    # every HF key feeding each param: one for unstacked params, one per layer for stacked ones
-    sources: dict[Path_, dict[int | None, str]] = defaultdict(dict)
+    # every HF key feeding each param, by its leading indices: none for unstacked params, the layer
+    # for stacked ones, the layer and the expert for expert weights
+    sources: dict[Path_, dict[tuple[int, ...], str]] = defaultdict(dict)
     for key, slot in expected.items():
-        sources[slot.path][slot.layer] = key
+        sources[slot.path][slot.index()] = key
 
     with ExitStack() as stack:
-        handles = {path: stack.enter_context(_open(path)) for path in set(files.values())}
+        tensors = _Tensors(files, {path: stack.enter_context(_open(path)) for path in set(files.values())})
         for key, slot in expected.items():  # check every tensor before reading any
-            want = tuple(slots[slot.path].shape)[0 if slot.layer is None else 1:]
+            want = tuple(slots[slot.path].shape)[len(slot.index()):]
             want_hf = want[::-1] if slot.transposed else want
-            view = handles[files[key]].get_slice(key)
-            got, kind = tuple(view.get_shape()), view.get_dtype()
+            base, _, step = split_key(key)
+            want_hf = (*want_hf[:-1], want_hf[-1] * step)
+            got, kind = tensors.shape_dtype(base)
             if got != want_hf:
                 raise HFFolderError(
-                    f"{files[key]}: key {key!r} has shape {list(got)}, but config.json "
+                    f"{tensors.file(base)}: key {base!r} has shape {list(got)}, but config.json "
                     f"needs {list(want_hf)}"
                 )
             if kind not in FLOAT_DTYPES:
                 raise HFFolderError(
-                    f"{files[key]}: key {key!r} has dtype {kind}; only {sorted(FLOAT_DTYPES)} "
-                    "are read (quantized checkpoints are not supported)"
+                    f"{tensors.file(base)}: key {base!r} has dtype {kind}; only {sorted(FLOAT_DTYPES)} "
+                    "and MXFP4 block/scale pairs are read"
                 )
 
         def read(key: str, transposed: bool, index: tuple[slice, ...]) -> np.ndarray:
             """One tensor's block `index` (in our [in, out] orientation)."""
-            view = handles[files[key]].get_slice(key)
+            base, start, step = split_key(key)
             hf_index = index[::-1] if transposed else index
-            block = np.asarray(view[hf_index])
+            if step > 1:  # the block's columns, every step-th from start (read whole, then strided)
+                first, stop, _ = hf_index[-1].indices(10**12)
+                cols = slice(start + step * first, start + step * (stop - 1) + 1)
+                block = tensors.read(base, (*hf_index[:-1], cols))[..., ::step]
+            else:
+                block = tensors.read(base, hf_index)
             block = block.T if transposed else block
             offset = expected[key].offset
             return (block.astype(np.float32) + np.float32(offset)).astype(dtype) if offset else block.astype(dtype)
@@ -260,13 +334,18 @@ def load_params(folder: Path, config: TransformerConfig,
             shape = tuple(slots[path].shape)
             keys = sources[path]
 
+            lead = len(next(iter(keys)))
+
             def shard(index: tuple[slice, ...]) -> np.ndarray:
                 index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape, strict=True))
-                if None in keys:
-                    transposed = expected[keys[None]].transposed
-                    return read(keys[None], transposed, index)
-                layers = range(*index[0].indices(shape[0]))
-                return np.stack([read(keys[i], expected[keys[i]].transposed, index[1:]) for i in layers])
+
+                def block(at: tuple[int, ...]) -> np.ndarray:  # the tensors under leading indices `at`
+                    if len(at) == lead:
+                        return read(keys[at], expected[keys[at]].transposed, index[lead:])
+                    j = len(at)
+                    return np.stack([block((*at, i)) for i in range(*index[j].indices(shape[j]))])
+
+                return block(())
 
             return jax.make_array_from_callback(shape, placement[path], shard)
 
@@ -281,7 +360,9 @@ def save_params(model: Transformer, path: Path) -> None:
     arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
     for key, slot in parameter_map(model.config).items():
-        array = arrays[slot.path] if slot.layer is None else arrays[slot.path][slot.layer]
+        if split_key(key)[2] != 1:
+            raise ValueError("gpt-oss folders are read, not written (its gate and up columns interleave in one tensor)")
+        array = arrays[slot.path][slot.index()]
         array = array.T if slot.transposed else array
         if slot.offset:
             array = (array.astype(np.float32) - np.float32(slot.offset)).astype(array.dtype)
