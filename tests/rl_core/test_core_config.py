@@ -19,7 +19,7 @@ RULES = [
     (RolloutConfig, {}, "top_p", 1.5, "must be in (0, 1]"),
     (RolloutConfig, {}, "logprob_chunk_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
-    (RolloutConfig, {}, "engine", "vllm", "must be one of ('auto', 'static', 'paged')"),
+    (RolloutConfig, {}, "engine", "vllm", "unknown engine 'vllm'. Known: paged, static"),
     (RolloutConfig, {}, "attention", "flash", "must be one of ('auto', 'reference', 'pallas')"),
     (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {"engine": "paged"}, "partial_rollouts", "always",

@@ -153,6 +153,7 @@ class AlgorithmConfig(Config):
 
 
 ROLLOUT_ENGINES = ("auto", "static", "paged")
+"""rl_core's own engine choices; `rollout.engine` takes any registered engine (rl_core.rollout.engines)."""
 ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
 PARTIAL_ROLLOUTS = ("off", "continue", "recompute")
@@ -181,6 +182,7 @@ class RolloutConfig(Config):
     engine: str = "auto"
     """Rollout backend: "static" (one program, KV cache preallocated to the longest completion),
     "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout) or
+    another engine a package registers (entry-point group rl_core.engines), or
     "auto" (the default): paged from 512 new tokens, where it wins, static below, where it is as fast or
     faster (benchmarks/rollout_engines.py; docs/rollout-engines.md). See rl_core.rollout.factory.resolve_engine."""
     attention: str = "auto"
@@ -233,7 +235,8 @@ class RolloutConfig(Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.engine in ROLLOUT_ENGINES, self, "engine", f"must be one of {ROLLOUT_ENGINES}")
+        if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
+            check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
               f"must be one of {PARTIAL_ROLLOUTS}")
         check(self.partial_rollouts == "off" or self.engine == "paged", self, "partial_rollouts",

@@ -365,8 +365,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         `key`: sample with it instead of the training key stream."""
         backend = self.rollout_backend
         return collect_rollout(self.generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
-                               row_limits=getattr(backend, "row_limits", False),
-                               sessions=backend if getattr(backend, "retains", False) else None)
+                               row_limits=backend.capabilities.row_limits,
+                               sessions=backend if backend.capabilities.retains else None)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
