@@ -36,14 +36,36 @@ def model():
     return load_hf_model(HF / "qwen2")
 
 
-def rollout(engine: str) -> RolloutConfig:
+@pytest.fixture(scope="module")
+def servers():
+    """Two engine servers of the same model (the `trainer serve` app on threads), for engines that
+    generate on servers (`remote`); started only when such an engine is registered."""
+    from trainer.serve import EngineOptions, serve_in_thread, served_folder
+
+    options = EngineOptions(max_prompt_tokens=8, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,
+                            prefill_chunk=8, top_logprobs=0)
+    served = [served_folder(HF / "qwen2", options) for _ in range(2)]
+    running = [serve_in_thread(s) for s in served]
+    yield tuple(r.url for r in running)
+    for r, s in zip(running, served, strict=True):
+        r.stop()
+        s.loop.close()
+
+
+def rollout(engine: str, servers: tuple[str, ...] = ()) -> RolloutConfig:
     return RolloutConfig(engine=engine, max_prompt_tokens=8, max_new_tokens=T, temperature=0.0, page_size_tokens=4,
-                         decode_slots=4, prefill_chunk_tokens=8, steps_per_sync=2)
+                         decode_slots=4, prefill_chunk_tokens=8, steps_per_sync=2, servers=servers)
 
 
-def build(name: str, model) -> RolloutBackend:
-    graphdef, state = nnx.split(model)
-    backend = make_backend(rollout(name), graphdef, eos_ids=EOS, pad_id=0, batch_size=4, paging=PAGED_TRANSFORMER)
+def make(name: str, model, request) -> RolloutBackend:
+    urls = request.getfixturevalue("servers") if name == "remote" else ()
+    return make_backend(rollout(name, urls), nnx.graphdef(model), eos_ids=EOS, pad_id=0, batch_size=4,
+                        paging=PAGED_TRANSFORMER)
+
+
+def build(name: str, model, request) -> RolloutBackend:
+    _, state = nnx.split(model)
+    backend = make(name, model, request)
     backend.update_weights(state, 3)
     return backend
 
@@ -54,20 +76,20 @@ def requests(**kw) -> Requests:
 
 
 @pytest.fixture(scope="module")
-def static_greedy(model):
-    return build("static", model).generate(requests(), GREEDY, jax.random.key(0))
+def static_greedy(model, request):
+    return build("static", model, request).generate(requests(), GREEDY, jax.random.key(0))
 
 
-def test_rl_cores_engines_are_registered_under_their_names():
-    assert {"static", "paged"} <= set(ENGINES)
+def test_the_workspaces_engines_are_registered_under_their_names():
+    assert {"static", "paged", "remote"} <= set(ENGINES)  # remote: the trainer's entry point
     for name in ENGINES:
         engine = registry.get_engine(name)
         assert isinstance(engine, Engine) and engine.name == name
 
 
 @pytest.mark.parametrize("name", ENGINES)
-def test_engine_meets_the_contract(name, model, static_greedy):
-    backend = build(name, model)
+def test_engine_meets_the_contract(name, model, static_greedy, request):
+    backend = build(name, model, request)
     assert isinstance(backend, RolloutBackend)  # every protocol member, capabilities included
     caps = backend.capabilities
     assert isinstance(caps, Capabilities) and backend.version == 3
@@ -109,8 +131,8 @@ def test_engine_meets_the_contract(name, model, static_greedy):
 
 
 @pytest.mark.parametrize("name", ENGINES)
-def test_generate_before_weights_says_so(name, model):
-    backend = make_backend(rollout(name), nnx.graphdef(model), eos_ids=EOS, pad_id=0, paging=PAGED_TRANSFORMER)
+def test_generate_before_weights_says_so(name, model, request):
+    backend = make(name, model, request)
     assert backend.version == -1
     with pytest.raises(RuntimeError, match="before update_weights"):
         backend.generate(requests(), GREEDY, jax.random.key(0))

@@ -232,9 +232,22 @@ class RolloutConfig(Config):
     weights computed and decode on under the new ones (PipelineRL); "recompute": their keys and
     values are recomputed under the new weights first. Either way each token keeps the version
     that sampled it and its log-prob under that version (the rollout correction weighs it)."""
+    servers: tuple[str, ...] = ()
+    """rollout.engine=remote: base URLs of engine servers (`trainer serve`, e.g. http://10.0.0.2:8000/v1)
+    that generate the rollouts (docs/remote-engines.md)."""
+    local_servers: int = 0
+    """rollout.engine=remote: engine servers the run starts on this host beside `servers` (and stops)."""
+    weights_url: str = ""
+    """rollout.engine=remote: where each weight version's snapshot is written for the servers to read
+    (an fsspec URL or folder every server sees); empty: the run folder's weights/ (a local run)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.local_servers >= 0, self, "local_servers", "must be >= 0")
+        check(all(u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
+              "must be base URLs (http://host:port/v1)")
+        for field in ("servers", "local_servers", "weights_url"):  # what the remote engine reads
+            check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
         if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
             check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from trainer.remote import routes as remote_routes
 from trainer.serve import tool_calls
 from trainer.serve.requests import (
     ChatRequest,
@@ -59,6 +60,8 @@ class Served:
     tool_format: str = "hermes"
     top_logprobs: int = 0
     """The most alternatives per token the engine computes (`EngineSettings.top_logprobs`)."""
+    params: Any = None
+    """The served weights' tree (nnx.State) that a published snapshot fills (trainer.remote.routes)."""
     episodes: Any = None
     """An `Episodes` recorder (trainer.serve.episodes), or None: requests under an episode key are refused."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -378,6 +381,7 @@ def make_app(served: Served) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/episodes/{episode}/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        *remote_routes.ROUTES,  # the token-level engine routes (the `remote` rollout engine's)
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.served = served
