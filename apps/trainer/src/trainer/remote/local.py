@@ -4,9 +4,9 @@ processes of the run's model, started before the learner and stopped when the ru
 from __future__ import annotations
 
 import atexit
-import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 
 _STARTED: list[subprocess.Popen] = []
+LAUNCHED: list[subprocess.Popen] = []
+"""Every server process started, in order (what a test kills)."""
 
 
 def start(rollout: Any) -> list[str]:
@@ -28,25 +30,46 @@ def start(rollout: Any) -> list[str]:
 _URLS: list[str] = []
 
 
+def launch_for(settings: Any, log: Any = print) -> list[str]:
+    """The run's `rollout.local_servers` servers of its model folder, with its rollout's shapes."""
+    from rl_core.rollout.factory import engine_settings
+
+    rollout = settings.rollout
+    if not settings.model.path:
+        raise ValueError("rollout.local_servers needs model.path (a model folder the servers load)")
+    shapes = engine_settings(rollout)
+    urls = launch(settings.model.path, rollout.local_servers, max_prompt_tokens=shapes.max_prompt_tokens,
+                  max_new_tokens=shapes.max_new_tokens, slots=shapes.slots, page_size=shapes.page_size,
+                  steps_per_sync=shapes.steps_per_sync, prefill_chunk=shapes.prefill_chunk)
+    log(f"rollout.local_servers: {len(urls)} engine servers at {', '.join(urls)}")
+    return urls
+
+
 def launch(model: str | Path, n: int, *, max_prompt_tokens: int, max_new_tokens: int, slots: int,
-           page_size: int, steps_per_sync: int, prefill_chunk: int, wait_s: float = 300.0) -> list[str]:
-    """Start `n` `trainer serve` processes of the model folder `model` on free ports; their base URLs
-    once each answers /health (a process that exits first is one clear line)."""
+           page_size: int, steps_per_sync: int, prefill_chunk: int, ports: list[int] | None = None,
+           wait_s: float = 300.0) -> list[str]:
+    """Start `n` `trainer serve` processes of the model folder `model` on `ports` (default free ones);
+    their base URLs once each answers /health (a process that exits first is one clear line)."""
     procs = []
-    for _ in range(n):
-        cmd = [sys.executable, "-m", "trainer", "serve", "--model", str(model), "--port", "0",
+    for i in range(n):
+        port = 0 if ports is None else ports[i]
+        cmd = [sys.executable, "-c", "import sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))",
+               "serve", "--model", str(model), "--port", str(port),
                "--max-prompt-tokens", str(max_prompt_tokens), "--max-new-tokens", str(max_new_tokens),
                "--slots", str(slots), "--page-size", str(page_size), "--steps-per-sync", str(steps_per_sync),
                "--prefill-chunk", str(prefill_chunk), "--print-url"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=os.environ | {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}))
+        err = tempfile.NamedTemporaryFile("w+", prefix="engine-server-", suffix=".log", delete=False)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True))
+        procs[-1].log = err.name  # type: ignore[attr-defined]
+        err.close()  # the child writes to its own copy
     _STARTED.extend(procs)
+    LAUNCHED.extend(procs)
     urls = []
     for proc in procs:
         line = proc.stdout.readline().strip() if proc.stdout else ""
         if not line.startswith("http"):
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"a local engine server did not start: {err.strip().splitlines()[-1:] or line}")
+            last = Path(proc.log).read_text().strip().splitlines()[-1:]  # type: ignore[attr-defined]
+            raise RuntimeError(f"a local engine server did not start: {last[0] if last else line}")
         urls.append(line)
     deadline = time.monotonic() + wait_s
     for url in urls:
@@ -72,6 +95,9 @@ def stop() -> None:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     _STARTED.clear()
     _URLS.clear()
 
