@@ -34,7 +34,7 @@ from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
-from rl_models.hf import load_hf_model
+from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer.remote import local
 from trainer.remote.engine import RemoteBackend
 
@@ -52,7 +52,7 @@ def main() -> None:
     params = nnx.state(model, nnx.Param)
     nnx.update(model, jax.tree.map(lambda x: x * 1.01, params))
     graphdef, state = nnx.split(model)
-    eos = (int(model.config.vocab_size) + 7,)  # no EOS: every sample decodes --new-tokens (equal work)
+    eos = load_hf_tokenizer(args.model).eos_ids  # the servers' own (they load the folder's tokenizer)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 200, int(n)).tolist() for n in rng.integers(4, 24, args.prompts)]
     tokens, mask = left_pad(prompts, pad_id=0, max_tokens=32)
@@ -85,10 +85,10 @@ def main() -> None:
         same = np.array_equal(np.asarray(rows["in-process"][2].tokens), rows["remote, 2 servers"][2].tokens)
         print(f"model {args.model.name}: {args.prompts} prompts x {args.samples} samples x {args.new_tokens} new "
               f"tokens; same tokens: {same}")
-        print("| engine | step (s, median) | tokens/s |")
-        print("| --- | --- | --- |")
+        print("| engine | step (s, median) | generated tokens | tokens/s |")
+        print("| --- | --- | --- | --- |")
         for name, (wall, n, _) in rows.items():
-            print(f"| {name} | {wall:.3f} | {n / wall:.0f} |")
+            print(f"| {name} | {wall:.3f} | {n} | {n / wall:.0f} |")
         print(f"publish per version (median of {args.repeats}): snapshot {statistics.median(remote.publish_seconds[1:]):.3f} s "
               f"({remote.snapshot_bytes / 2**20:.1f} MiB), until both servers loaded it "
               f"{statistics.median(remote.load_seconds[1:]):.3f} s; in-process weight copy "

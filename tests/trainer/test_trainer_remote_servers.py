@@ -56,7 +56,7 @@ def test_a_killed_server_s_prompts_go_to_the_other_and_it_rejoins(tmp_path):
         got = {}
         step = threading.Thread(target=lambda: got.setdefault("out", remote.generate(requests(), sampling, key)))
         step.start()
-        local.LAUNCHED[-1].kill()
+        local.FLEET[-1][0].kill()
         step.join()
         assert urls[1] in remote.down
         np.testing.assert_array_equal(got["out"].tokens, want.tokens)
@@ -76,19 +76,20 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_on_two_local_servers_trains_as_in_process(tmp_path):
+def test_grpo_on_two_local_servers_trains_and_resumes_as_in_process(tmp_path):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(8)))
     common = [
         "train", "--model", str(HF), "--task", "gsm8k", "--data", str(data), "--algo", "grpo", "--no-progress",
-        "training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.seed=3",
+        "training.num_steps=1", "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.seed=3",
         "task.options.heldout_size=2", "task.options.max_new_tokens=8", "eval.every_steps=0",
         "eval.samples_per_prompt=1", "eval.pass_k=1",
     ]  # fmt: skip
-    try:
-        assert main([*common, "--output", str(tmp_path / "paged"), "rollout.engine=paged"]) == 0
-        assert main([*common, "--output", str(tmp_path / "remote"), "rollout.engine=remote",
-                     "rollout.local_servers=2"]) == 0
+    try:  # each: one step, then the trainer again (--resume) for a second (remote: with its fleet)
+        for name, engine in (("paged", ["rollout.engine=paged"]),
+                             ("remote", ["rollout.engine=remote", "rollout.local_servers=2"])):
+            assert main([*common, *engine, "--output", str(tmp_path / name)]) == 0
+            assert main(["train", "--resume", str(tmp_path / name), "--no-progress", "training.num_steps=2"]) == 0
     finally:
         local.stop()
     paged, remote = metrics(tmp_path / "paged"), metrics(tmp_path / "remote")

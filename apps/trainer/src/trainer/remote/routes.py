@@ -7,7 +7,9 @@
   the version the server holds. The same request and weights give the same numbers as the
   trainer's own paged engine (completions are keyed by prompt id and sample index, not by batch).
 - `POST /v1/engine/weights`: `{"url", "version"}`: load the safetensors snapshot at `url`
-  (trainer.remote.weights, through fsspec) and serve it as `version` from the next rollout on.
+  (trainer.remote.weights, through fsspec) and serve it as `version` from the next rollout on
+  (any snapshot but the one it holds: a restarted trainer, or one sampling a pinned older
+  version, gets what it asks for).
 - `GET /v1/engine/version`: the version served (-1 before any).
 
 Both run on the engine's own thread between rollouts (`EngineLoop.call`), so a version switch
@@ -79,7 +81,7 @@ async def load_weights(request: Request) -> Response:
     except (KeyError, TypeError, ValueError) as e:
         return _bad(f"engine/weights needs url and version: {e}")
     engine = served.loop.engine
-    if version <= engine.version:
+    if getattr(request.app.state, "weights", None) == (url, version):
         return JSONResponse({"version": engine.version})  # already there (a repeated publish)
     flat = await asyncio.to_thread(weights_lib.read, url)
 
@@ -87,6 +89,7 @@ async def load_weights(request: Request) -> Response:
         engine.update_weights(weights_lib.fill(served.params, flat), version)
 
     await asyncio.to_thread(served.loop.call, take)
+    request.app.state.weights = (url, version)  # any other snapshot is loaded, an older version too
     return JSONResponse({"version": engine.version})
 
 
