@@ -9,8 +9,9 @@ same requests, sampled at temperature 1 with the same key, and generate the same
 - step: one rollout of --prompts prompts x --samples samples (median of --repeats, after one untimed
   run that compiles): in-process `PagedBackend.generate`; remote: `RemoteBackend.generate`, the
   prompts dealt over two `trainer serve` processes on this host;
-- publish: the remote engine's `update_weights` per version: writing the safetensors snapshot,
-  and until both servers loaded it (the in-process engine's own weight copy beside it);
+- publish: the remote engine's `update_weights` per version: writing the safetensors snapshot to a
+  folder, and until both servers loaded it; the same streamed (`weights_url=stream`: the bytes sent
+  to each server); the in-process engine's own weight copy beside them;
 - tokens/s: generated tokens over the step's wall time.
 
 On a host with fewer cores than servers the servers share them: what this measures there is the
@@ -65,6 +66,7 @@ def main() -> None:
     urls = local.launch(args.model, 2, max_prompt_tokens=32, max_new_tokens=args.new_tokens, slots=32, page_size=16,
                         steps_per_sync=8, prefill_chunk=64)
     try:
+        streamed = RemoteBackend(urls, max_new_tokens=args.new_tokens, pad_id=0, weights_url="stream")
         remote = RemoteBackend(urls, max_new_tokens=args.new_tokens, pad_id=0, weights_url=tempfile.mkdtemp())
         copy = []
         for version in range(1, args.repeats + 2):  # the first: compiles
@@ -72,7 +74,8 @@ def main() -> None:
             engine.update_weights(state, version)
             jax.block_until_ready(engine.weights)
             copy.append(time.perf_counter() - start)
-            remote.update_weights(state, version)
+            streamed.update_weights(state, 2 * version)
+            remote.update_weights(state, 2 * version + 1)
         rows = {}
         for name, backend in (("in-process", engine), ("remote, 2 servers", remote)):
             backend.generate(requests, sampling, key)  # compiles
@@ -92,7 +95,9 @@ def main() -> None:
         print(f"publish per version (median of {args.repeats}): snapshot {statistics.median(remote.publish_seconds[1:]):.3f} s "
               f"({remote.snapshot_bytes / 2**20:.1f} MiB), until both servers loaded it "
               f"{statistics.median(remote.load_seconds[1:]):.3f} s; in-process weight copy "
-              f"{statistics.median(copy[1:]):.3f} s")
+              f"{statistics.median(copy[1:]):.3f} s; streamed: serialising "
+              f"{statistics.median(streamed.publish_seconds[1:]):.3f} s, until both servers loaded it "
+              f"{statistics.median(streamed.load_seconds[1:]):.3f} s")
     finally:
         local.stop()
 

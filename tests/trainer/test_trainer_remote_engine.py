@@ -75,6 +75,15 @@ def test_two_servers_give_the_in_process_numbers(servers, tmp_path):
     assert (got.version == 1).all() and (got.token_version == 1).all()
     assert sorted(remote.sent.values()) == [2, 2]  # least-loaded: two prompts each
 
+    # the same weights streamed to the servers as version 2 (no shared storage): the same numbers
+    streamed = RemoteBackend([r.url for r in servers], max_new_tokens=T, pad_id=0, weights_url="stream")
+    streamed.update_weights(nnx.split(model)[1], 2)
+    assert streamed.served == {r.url: 2 for r in servers} and streamed.snapshot_bytes == remote.snapshot_bytes
+    out = streamed.generate(requests(), SAMPLED, jax.random.key(3))
+    np.testing.assert_array_equal(out.tokens, got.tokens)
+    assert (out.token_version == 2).all()
+    remote.update_weights(nnx.split(model)[1], 1)  # the file again: servers switch back to it
+
     # one server gone before the step: its prompts go to the other, the numbers stay
     servers[1].stop()
     again = remote.generate(requests(), SAMPLED, jax.random.key(3))

@@ -5,7 +5,8 @@ run starts: trainer.remote.local). Per step:
 
 - weights: `update_weights` writes the whole tree once as a safetensors snapshot
   (`rollout.weights_url`, trainer.remote.weights) and every server loads it as that version
-  between its rollouts; a server that cannot is left out until a later version reaches it;
+  between its rollouts (`rollout.weights_url=stream`: the snapshot's bytes are sent to each
+  server instead); a server that cannot is left out until a later version reaches it;
 - requests: each prompt (with all its samples) goes to the server with the least work assigned
   so far (new tokens to decode), with its prompt id, so its completions use the keys the
   in-process paged engine would give it: the same numbers, whichever server decodes it;
@@ -50,6 +51,7 @@ class RemoteBackend:
             raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
         self.servers = [s.rstrip("/") for s in servers]
         self.max_new_tokens, self.pad_id = max_new_tokens, pad_id
+        self.stream = weights_url == "stream"  # the snapshot sent to each server, not written to storage
         self.weights_url = (weights_url or tempfile.mkdtemp(prefix="rl-weights-")).rstrip("/")
         self.client = httpx.Client(timeout=timeout_s)
         weakref.finalize(self, self.client.close)  # its connections close with it, however it goes
@@ -65,10 +67,14 @@ class RemoteBackend:
 
     def update_weights(self, params: Any, version: int) -> None:
         start = time.perf_counter()
-        url = f"{self.weights_url}/v{version}.safetensors"
-        self.snapshot_bytes = weights_lib.write(params, url)
+        if self.stream:  # the bytes go to each server over its connection
+            self._snapshot = weights_lib.snapshot(params)
+            self.snapshot_bytes = len(self._snapshot)
+        else:
+            self._snapshot = f"{self.weights_url}/v{version}.safetensors"
+            self.snapshot_bytes = weights_lib.write(params, self._snapshot)
         self.publish_seconds.append(time.perf_counter() - start)
-        self.version, self._snapshot = version, url
+        self.version = version
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
             list(pool.map(self._load, [s for s in self.servers if s not in self.down]))
@@ -76,7 +82,11 @@ class RemoteBackend:
 
     def _load(self, server: str) -> None:
         try:
-            r = self.client.post(f"{server}/engine/weights", json={"url": self._snapshot, "version": self.version})
+            if self.stream:
+                r = self.client.post(f"{server}/engine/weights", params={"version": self.version},
+                                     content=self._snapshot, headers={"content-type": "application/octet-stream"})
+            else:
+                r = self.client.post(f"{server}/engine/weights", json={"url": self._snapshot, "version": self.version})
             r.raise_for_status()
             self.served[server] = int(r.json()["version"])
         except (httpx.HTTPError, KeyError, ValueError) as e:

@@ -9,7 +9,8 @@
 - `POST /v1/engine/weights`: `{"url", "version"}`: load the safetensors snapshot at `url`
   (trainer.remote.weights, through fsspec) and serve it as `version` from the next rollout on
   (any snapshot but the one it holds: a restarted trainer, or one sampling a pinned older
-  version, gets what it asks for).
+  version, gets what it asks for). Or streamed: the snapshot's bytes as the body
+  (`application/octet-stream`, `?version=N`), for servers that share no storage with the trainer.
 - `GET /v1/engine/version`: the version served (-1 before any).
 
 Both run on the engine's own thread between rollouts (`EngineLoop.call`), so a version switch
@@ -75,15 +76,23 @@ async def generate(request: Request) -> Response:
 
 async def load_weights(request: Request) -> Response:
     served = request.app.state.served
-    body = await request.json()
-    try:
-        url, version = str(body["url"]), int(body["version"])
-    except (KeyError, TypeError, ValueError) as e:
-        return _bad(f"engine/weights needs url and version: {e}")
     engine = served.loop.engine
-    if getattr(request.app.state, "weights", None) == (url, version):
-        return JSONResponse({"version": engine.version})  # already there (a repeated publish)
-    flat = await asyncio.to_thread(weights_lib.read, url)
+    if request.headers.get("content-type") == "application/octet-stream":  # streamed: the snapshot itself
+        try:
+            url, version = "stream", int(request.query_params["version"])
+        except (KeyError, ValueError) as e:
+            return _bad(f"engine/weights streamed needs ?version=N: {e}")
+        data = await request.body()
+        flat = await asyncio.to_thread(weights_lib.parse, data)
+    else:
+        body = await request.json()
+        try:
+            url, version = str(body["url"]), int(body["version"])
+        except (KeyError, TypeError, ValueError) as e:
+            return _bad(f"engine/weights needs url and version: {e}")
+        if getattr(request.app.state, "weights", None) == (url, version):
+            return JSONResponse({"version": engine.version})  # already there (a repeated publish)
+        flat = await asyncio.to_thread(weights_lib.read, url)
 
     def take() -> None:
         engine.update_weights(weights_lib.fill(served.params, flat), version)

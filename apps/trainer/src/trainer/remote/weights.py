@@ -33,12 +33,22 @@ def flat(tree: Any) -> dict[str, np.ndarray]:
     return {_name(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
 
 
+def snapshot(tree: Any) -> bytes:
+    """`tree` as the bytes of one safetensors file."""
+    return save_bytes(flat(tree))
+
+
 def write(tree: Any, url: str) -> int:
     """Write `tree` to `url` as one safetensors file; its size in bytes."""
-    data = save_bytes(flat(tree))
+    data = snapshot(tree)
     with fsspec.open(url, "wb") as f:
         f.write(data)
     return len(data)
+
+
+def parse(data: bytes) -> dict[str, np.ndarray]:
+    """A snapshot's bytes (streamed to a server) as leaves by path."""
+    return load_bytes(data)
 
 
 def read(url: str) -> dict[str, np.ndarray]:
