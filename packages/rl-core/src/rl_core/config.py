@@ -237,15 +237,18 @@ class RolloutConfig(Config):
     that generate the rollouts (docs/remote-engines.md)."""
     local_servers: int = 0
     """rollout.engine=remote: engine servers the run starts on this host beside `servers` (and stops)."""
-    weights_url: str = ""
+    weights_url: str | None = None
     """rollout.engine=remote: where each weight version's snapshot is written for the servers to read
-    (an fsspec URL or folder every server sees); empty: the run folder's weights/ (a local run)."""
+    (an fsspec URL or folder every server sees); "stream": sent to each server over its connection
+    instead; None: a temporary folder on this host (servers on this host)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.local_servers >= 0, self, "local_servers", "must be >= 0")
-        check(all(u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
+        check(isinstance(self.servers, (list, tuple)) and all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
               "must be base URLs (http://host:port/v1)")
+        object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
         for field in ("servers", "local_servers", "weights_url"):  # what the remote engine reads
             check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
         if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)

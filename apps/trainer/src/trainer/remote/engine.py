@@ -45,7 +45,7 @@ class RemoteBackend:
 
     capabilities = Capabilities(row_limits=True)
 
-    def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str = "",
+    def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
                  timeout_s: float = 600.0) -> None:
         if not servers:
             raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
