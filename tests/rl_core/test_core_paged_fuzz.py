@@ -77,7 +77,7 @@ def rollout(engine, pages, reqs, sampling, key, held=False):
     if not held or engine.pools[0].num_pages != pages:
         engine.release()
         engine.pools = [PagePool(pages)]
-    engine.preemptions = 0
+    before = engine.counters().preemptions
     prompts, samples = len(reqs.prompt_tokens), len(reqs.prompt_tokens) * reqs.num_samples
     # the oldest running sample advances k tokens every call (it is never preempted, so each
     # sample is the oldest for at most ceil(t / k) calls); the other calls prefill. Generous: a
@@ -92,7 +92,7 @@ def rollout(engine, pages, reqs, sampling, key, held=False):
     held_pages = {p for x in engine.retained.held.values() for p in x.pages}
     assert engine.pools[0].in_use == len(held_pages)
     assert all(engine.pools[0].refcount(p) == 0 for p in range(pages) if p not in held_pages)
-    return out, calls[0], engine.preemptions
+    return out, calls[0], engine.counters().preemptions - before
 
 
 def assert_same(got, want):

@@ -153,6 +153,7 @@ class AlgorithmConfig(Config):
 
 
 ROLLOUT_ENGINES = ("auto", "static", "paged")
+"""rl_core's own engine choices; `rollout.engine` takes any registered engine (rl_core.rollout.engines)."""
 ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
 PARTIAL_ROLLOUTS = ("off", "continue", "recompute")
@@ -181,6 +182,7 @@ class RolloutConfig(Config):
     engine: str = "auto"
     """Rollout backend: "static" (one program, KV cache preallocated to the longest completion),
     "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout) or
+    another engine a package registers (entry-point group rl_core.engines), or
     "auto" (the default): paged from 512 new tokens, where it wins, static below, where it is as fast or
     faster (benchmarks/rollout_engines.py; docs/rollout-engines.md). See rl_core.rollout.factory.resolve_engine."""
     attention: str = "auto"
@@ -230,10 +232,27 @@ class RolloutConfig(Config):
     weights computed and decode on under the new ones (PipelineRL); "recompute": their keys and
     values are recomputed under the new weights first. Either way each token keeps the version
     that sampled it and its log-prob under that version (the rollout correction weighs it)."""
+    servers: tuple[str, ...] = ()
+    """rollout.engine=remote: base URLs of engine servers (`trainer serve`, e.g. http://10.0.0.2:8000/v1)
+    that generate the rollouts (docs/remote-engines.md)."""
+    local_servers: int = 0
+    """rollout.engine=remote: engine servers the run starts on this host beside `servers` (and stops)."""
+    weights_url: str | None = None
+    """rollout.engine=remote: where each weight version's snapshot is written for the servers to read
+    (an fsspec URL or folder every server sees); "stream": sent to each server over its connection
+    instead; None: a temporary folder on this host (servers on this host)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.engine in ROLLOUT_ENGINES, self, "engine", f"must be one of {ROLLOUT_ENGINES}")
+        check(self.local_servers >= 0, self, "local_servers", "must be >= 0")
+        check(isinstance(self.servers, (list, tuple)) and all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
+              "must be base URLs (http://host:port/v1)")
+        object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
+        for field in ("servers", "local_servers", "weights_url"):  # what the remote engine reads
+            check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
+        if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
+            check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
               f"must be one of {PARTIAL_ROLLOUTS}")
         check(self.partial_rollouts == "off" or self.engine == "paged", self, "partial_rollouts",

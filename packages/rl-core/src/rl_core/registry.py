@@ -1,4 +1,4 @@
-"""Named functions, algorithms and environments, with discovery through entry points.
+"""Named functions, algorithms, environments and rollout engines, with discovery through entry points.
 
 Configs name their choices (`advantage_estimator="grpo"`, `rollout.environment="calculator"`);
 this registry turns names into objects. rl_core's own math registers itself when the registry
@@ -10,6 +10,9 @@ environment's options as keywords and returning a fresh `rl_core.episodes.Enviro
 
     [project.entry-points."rl_core.environments"]
     calculator = "trainer.environments:calculator"
+
+Rollout engines (`rollout.engine`) one in `rl_core.engines` that points at an
+`rl_core.rollout.engines.Engine` (rl_core's own `static` and `paged` are declared so too).
 
 The registry loads entry points on a lookup miss, so installing a package is all
 it takes. Direct construction without discovery always works too.
@@ -34,7 +37,9 @@ FUNCTION_CATEGORIES = (
 ALGORITHM = "algorithm"
 ENVIRONMENT = "environment"
 ENVIRONMENT_GROUP = "rl_core.environments"
-CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM, ENVIRONMENT)
+ENGINE = "engine"
+ENGINE_GROUP = "rl_core.engines"
+CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM, ENVIRONMENT, ENGINE)
 
 # rl_core modules whose decorators register the shared math.
 _BUILTIN_MODULES = (
@@ -94,10 +99,12 @@ class Registry:
         *,
         group: str = ENTRY_POINT_GROUP,
         environment_group: str = ENVIRONMENT_GROUP,
+        engine_group: str = ENGINE_GROUP,
         builtin_modules: Iterable[str] = _BUILTIN_MODULES,
     ) -> None:
         self._group = group
         self._environment_group = environment_group
+        self._engine_group = engine_group
         self._builtin_modules = tuple(builtin_modules)
         self._entries: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in CATEGORIES}
         self._builtins_loaded = False
@@ -117,6 +124,8 @@ class Registry:
             raise RegistryError(f"unknown category {category!r}; categories are {', '.join(CATEGORIES)}")
         if category == ENVIRONMENT and not callable(obj):
             raise TypeError(f"environment {name!r}: the factory {obj!r} is not callable")
+        if category == ENGINE and not callable(getattr(obj, "build", None)):
+            raise TypeError(f"engine {name!r}: {obj!r} is not an rl_core.rollout.engines.Engine (no build)")
         check_signature(category, name, obj)
         provider = provider or _distribution_of(obj)
         known = self._entries[category].get(name)
@@ -186,7 +195,7 @@ class Registry:
         return dict(self._load_failures)
 
     def load_entry_points(self) -> None:
-        """Load every algorithm and environment entry point once; failures are kept, not hidden."""
+        """Load every algorithm, environment and engine entry point once; failures are kept, not hidden."""
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
@@ -214,14 +223,15 @@ class Registry:
             except RegistryError as e:
                 # keep loading the others; the clashing name stays an error on every lookup
                 self._conflicts[value.name] = str(e)
-        for ep in metadata.entry_points(group=self._environment_group):
-            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
-            try:
-                self.register(ENVIRONMENT, ep.name, ep.load(), provider=dist)
-            except Exception as e:  # noqa: BLE001 - one broken plugin must not hide the others
-                self._load_failures[ep.name] = (
-                    f"entry point {ep.name!r} of {dist!r} failed to load: {type(e).__name__}: {e}"
-                )
+        for category, group in ((ENVIRONMENT, self._environment_group), (ENGINE, self._engine_group)):
+            for ep in metadata.entry_points(group=group):
+                dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+                try:
+                    self.register(category, ep.name, ep.load(), provider=dist)
+                except Exception as e:  # noqa: BLE001 - one broken plugin must not hide the others
+                    self._load_failures[ep.name] = (
+                        f"entry point {ep.name!r} of {dist!r} failed to load: {type(e).__name__}: {e}"
+                    )
 
     def _load_builtins(self) -> None:
         if self._builtins_loaded:
@@ -251,6 +261,8 @@ class Registry:
             )
         elif category == ENVIRONMENT:
             lines.append(f"Install a package that declares it in the entry-point group {self._environment_group!r}.")
+        elif category == ENGINE:
+            lines.append(f"Install a package that declares it in the entry-point group {self._engine_group!r}.")
         other_failures = [why for ep, why in self._load_failures.items() if ep != name]
         if other_failures:
             lines.append("Entry points that failed to load: " + " | ".join(other_failures))
@@ -291,6 +303,16 @@ def get_environment(name: str) -> Callable[..., Any]:
 def environment_names() -> list[str]:
     """Every registered environment name (entry points loaded)."""
     return registry.names(ENVIRONMENT)
+
+
+def get_engine(name: str) -> Any:
+    """The rollout engine registered as `name` (an rl_core.rollout.engines.Engine)."""
+    return registry.get(ENGINE, name)
+
+
+def engine_names() -> list[str]:
+    """Every registered rollout engine name (entry points loaded)."""
+    return registry.names(ENGINE)
 
 
 def environment_factory(name: str, options: dict) -> Callable[[], Any]:

@@ -24,6 +24,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt (default: %(default)s)")
     s.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens a sample (default: %(default)s)")
     s.add_argument("--slots", type=int, default=32, help="samples decoded at once (default: %(default)s)")
+    s.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
+    s.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per device call (default: %(default)s)")
+    s.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per call (default: %(default)s)")
+    s.add_argument("--print-url", action="store_true",
+                   help="print the base URL alone on stdout once it listens (for a process that started it)")
     s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder"),
                    help="how the model writes tool calls (default: from its chat template)")
     s.add_argument("--seed", type=int, default=0, help="the engine's random key (default: %(default)s)")
@@ -36,13 +41,16 @@ def run(args: argparse.Namespace) -> int:
     from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 
     options = EngineOptions(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                            slots=args.slots, tool_format=args.tool_format, seed=args.seed,
+                            slots=args.slots, page_size=args.page_size, steps_per_sync=args.steps_per_sync,
+                            prefill_chunk=args.prefill_chunk, tool_format=args.tool_format, seed=args.seed,
                             top_logprobs=args.top_logprobs)
     if args.model is not None:
         served = served_folder(args.model, options, name=args.served_model_name)
     else:
         served = served_run(args.run, options, step=args.step, name=args.served_model_name)
     running = serve_in_thread(served, args.host, args.port)
+    if args.print_url:
+        print(running.url, flush=True)
     print(f"trainer serve: {served.name} at {running.url} (tool calls: {served.tool_format}); Ctrl-C stops",
           file=sys.stderr, flush=True)
     try:

@@ -183,6 +183,10 @@ def train_run(
             settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
         )
         policy = build.adapted(settings, policy)
+        if settings.rollout.local_servers:  # rollout.engine=remote: this host's servers, stopped at exit
+            from trainer.remote import local
+
+            local.launch_for(settings, log)
         learner = build.learner(settings, task, tokenizer, policy, output_dir=mirror or run_dir, progress=progress,
                                 rewards=extra, reward_audit=reward_audit.auditor(settings, task, log),
                                 teacher=teacher_model)

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from trainer.remote import routes as remote_routes
 from trainer.serve.requests import (
     ChatRequest,
     RequestError,
@@ -211,6 +212,7 @@ def make_app(served: Served) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/episodes/{episode}/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        *remote_routes.ROUTES,  # the token-level engine routes (the `remote` rollout engine's)
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.served = served

@@ -57,7 +57,8 @@ def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOpt
     template = getattr(tokenizer, "chat_template", None)
     fmt = tool_calls.choose(template) if options.tool_format == "auto" else tool_calls.check_parser(options.tool_format)
     return Served(name=name, loop=loop, tokenizer=tokenizer, max_prompt_tokens=options.max_prompt_tokens,
-                  max_new_tokens=options.max_new_tokens, tool_format=fmt, top_logprobs=options.top_logprobs)
+                  max_new_tokens=options.max_new_tokens, tool_format=fmt, top_logprobs=options.top_logprobs,
+                  params=state)
 
 
 def served_folder(folder: str | Path, options: EngineOptions, *, name: str | None = None) -> Served:

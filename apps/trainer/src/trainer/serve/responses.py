@@ -27,6 +27,8 @@ class Served:
     tool_format: str = "hermes"
     top_logprobs: int = 0
     """The most alternatives per token the engine computes (`EngineSettings.top_logprobs`)."""
+    params: Any = None
+    """The served weights' tree (nnx.State) that a published snapshot fills (trainer.remote.routes)."""
     episodes: Any = None
     """An `Episodes` recorder (trainer.serve.episodes), or None: requests under an episode key are refused."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from rewards.verdicts import VERDICT_RULES, make_verdict_rule
-from rl_core.config import ROLLOUT_ENGINES, Config, ConfigError, check
+from rl_core import registry
+from rl_core.config import Config, ConfigError, check, check_registered
 
 from trainer.settings.judge_template import DEFAULT_TEMPLATE, JudgeTemplate
 
@@ -69,7 +70,8 @@ class JudgeSettings(Config):
         check(bool(self.name) and self.name.isidentifier(), self, "name", "must be a word (letters, digits, _)")
         check(self.max_prompt_tokens >= 1, self, "max_prompt_tokens", "must be >= 1")
         check(self.max_new_tokens >= 1, self, "max_new_tokens", "must be >= 1")
-        check(self.engine in ROLLOUT_ENGINES, self, "engine", f"must be one of {ROLLOUT_ENGINES}")
+        if self.engine != "auto":  # a registered engine (rl_core.rollout.engines)
+            check_registered(self, "engine", registry.ENGINE)
         check(bool(self.reference_field), self, "reference_field", "must name a task field")
         check(0.0 <= self.unparsed_score <= 1.0, self, "unparsed_score", "must be in [0, 1], like every verdict")
         try:

@@ -40,8 +40,8 @@ def collect_rollout(
     `max_new_tokens` and `stop_strings` (the paged engine's `row_limits`): each episode turn asks for
     only what the episode can keep, with exactly the live rows (`run_episodes`). `sessions`: the
     backend keeps each episode's sequence between its turns (the paged engine, which `retains`):
-    a turn prefills only what follows what it holds. A backend that counts them (`prefill_tokens`,
-    `reused_tokens`) has the rollout's prompt tokens prefilled and reused in the Rollout.
+    a turn prefills only what follows what it holds. A backend that counts them
+    (`capabilities.counts_prefill`) has the rollout's prompt tokens prefilled and reused in the Rollout.
     """
     counts = _counts(sessions)
     rolled = _collect(generate, tokenizer, rollout, prompts, num_samples, key, row_limits, sessions)
@@ -54,9 +54,10 @@ def collect_rollout(
 
 def _counts(backend: Any) -> tuple[int, int] | None:
     """(prompt tokens prefilled, reused) so far by `backend`, if it counts them."""
-    if not hasattr(backend, "prefill_tokens"):
+    if backend is None or not backend.capabilities.counts_prefill:
         return None
-    return int(backend.prefill_tokens), int(backend.reused_tokens)
+    counted = backend.counters()
+    return counted.prefill_tokens, counted.reused_tokens
 
 
 def _collect(generate: Callable[..., Completions], tokenizer: Tokenizer, rollout: RolloutConfig,

@@ -377,8 +377,8 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         backend = self.rollout_backend
         generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
         return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
-                               row_limits=getattr(backend, "row_limits", False),
-                               sessions=backend if getattr(backend, "retains", False) else None)
+                               row_limits=backend.capabilities.row_limits,
+                               sessions=backend if backend.capabilities.retains else None)
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined

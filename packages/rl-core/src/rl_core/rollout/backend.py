@@ -7,13 +7,21 @@ parameters once per step, and every completion it returns records the
 version that produced it (what asynchronous rollouts and importance weights
 key on).
 
-Backends: `static` (rl_core.rollout.static: the one-program sampler, for tests
-and tiny runs) and `paged` (rl_core.rollout.paged: paged KV cache and
-continuous batching, for real lengths).
+Everything a caller may use is here: the protocol's methods and the `Capabilities`
+the backend declares (what it does with per-row limits, retained sequences, weights
+offered mid-rollout, the weights it was given). Callers branch on `capabilities`,
+never on a backend's type, name or other attributes; counters are read through
+`counters()`, never written from outside.
+
+Backends are found by name through the entry-point group `rl_core.engines`
+(rl_core.rollout.engines): `static` (rl_core.rollout.static: the one-program
+sampler, for tests and tiny runs) and `paged` (rl_core.rollout.paged: paged KV
+cache and continuous batching, for real lengths).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -108,12 +116,57 @@ def stop_index(tokens: list[int], stops: Sequence[str], decode: Callable[[list[i
     return len(tokens) if any(s in before for s in stops) else len(tokens) + 1
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend does beyond the protocol's minimum; callers branch on these only."""
+
+    row_limits: bool = False
+    """It stops each sample at its prompt's `Requests.max_new_tokens` and `stop_strings`, and any
+    number of rows runs the same program (a caller need not pad them). False: it decodes every row
+    to its own length and the caller cuts what it keeps."""
+    retains: bool = False
+    """It keeps the sequences of rows with `Requests.sessions` handles for a next request to continue
+    (`new_sessions`, `release`). False: `new_sessions` gives -1 handles (nothing held)."""
+    keeps_reference: bool = False
+    """It samples from the very arrays `update_weights` was given (a caller that goes on updating
+    them in place, donating their buffers, hands it a copy)."""
+    takes_published: bool = False
+    """`publish` reaches a running rollout: its following device calls decode with the newer weights
+    (the paged engine with rollout.partial_rollouts on)."""
+    counts_prefill: bool = False
+    """`counters()` counts the prompt tokens it prefilled and reused."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCounters:
+    """What a backend did since it was built (all zero for one that does not count)."""
+
+    prefill_tokens: int = 0
+    """Prompt tokens prefilled (again, after a preemption or an eviction)."""
+    reused_tokens: int = 0
+    """Prompt tokens continued from a retained sequence instead of prefilled."""
+    preemptions: int = 0
+    """Samples and prefixes whose pages were taken back while they ran (they restart)."""
+    evictions: int = 0
+    """Retained sequences and reused prefixes given back to a dry pool."""
+    peak_pages: int = 0
+    """Most KV pages one replica held at once."""
+
+    def __add__(self, other: EngineCounters) -> EngineCounters:
+        return EngineCounters(self.prefill_tokens + other.prefill_tokens, self.reused_tokens + other.reused_tokens,
+                              self.preemptions + other.preemptions, self.evictions + other.evictions,
+                              max(self.peak_pages, other.peak_pages))
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """Generates completions with the weights of the last `update_weights`."""
 
     version: int
     """The weight version the next completions are generated with (-1 before any update)."""
+
+    capabilities: Capabilities
+    """What it does beyond the minimum (see `Capabilities`)."""
 
     def update_weights(self, params: Any, version: int) -> None:
         """Take the policy's parameters (the whole tree `nnx.merge` takes; master weights
@@ -122,6 +175,23 @@ class RolloutBackend(Protocol):
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         """Completions [U * G, T] with `version` (one entry per row) and `token_version` filled in."""
+        ...
+
+    def publish(self, params: Any, version: int) -> bool:
+        """Offer `params` as weight `version` to the rollout running now (from another thread);
+        False (and nothing kept) unless `capabilities.takes_published`."""
+        ...
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        """`n` handles for `Requests.sessions` it never gave out (-1 each unless `capabilities.retains`)."""
+        ...
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        """Free the sequences held under `handles` (None: all); nothing to do unless it `retains`."""
+        ...
+
+    def counters(self) -> EngineCounters:
+        """What it did so far (a snapshot; see `EngineCounters`)."""
         ...
 
 

@@ -8,12 +8,12 @@ from typing import Any
 from flax import nnx
 from jax.sharding import Mesh
 
-from rl_core.runtime import mesh as mesh_lib
+from rl_core import registry
 from rl_core.config import RolloutConfig
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import RolloutBackend
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.static import StaticBackend
+from rl_core.rollout.engines import EngineBuild
+from rl_core.rollout.paged import EngineSettings
 from rl_core.rollout.sampler import Sampler
 
 
@@ -65,23 +65,12 @@ def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Seq
                  mesh: Mesh | None = None, param_shardings: Any = None, batch_size: int | None = None,
                  sampler: Sampler | None = None, policy: Any = None,
                  paging: PagedModel | None = None) -> RolloutBackend:
-    """`resolve_engine`'s backend; `static` wraps `sampler` when given (so its programs are shared).
+    """`resolve_engine`'s backend, built by the engine registered under its name
+    (rl_core.rollout.engines); `static` wraps `sampler` when given (so its programs are shared).
 
     `paged` runs the model through `paging` (see `rl_core.policy.protocols.PagedModel`), which it requires;
     `policy` (optional) only names the model in the error when it is missing."""
-    if resolve_engine(rollout, pageable=paging is not None) == "paged":
-        if paging is None:
-            what = f" ({type(policy).__name__})" if policy is not None else ""
-            raise TypeError(
-                f"RolloutConfig.engine = 'paged' needs the policy's paged adapter{what}: pass paging= next to "
-                f"policy= (an rl_core.policy.protocols.PagedModel; rl_models.PAGED_TRANSFORMER for rl_models' "
-                f"transformers) or set rollout.engine='static'"
-            )
-        replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
-        settings = engine_settings(rollout, batch_size=batch_size, replicas=replicas)
-        return PagedBackend(graphdef, settings, paging=paging, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh,
-                            param_shardings=param_shardings, partial_rollouts=rollout.partial_rollouts)
-    if sampler is None:
-        sampler = Sampler(graphdef, max_new_tokens=rollout.max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-                          mesh=mesh, param_shardings=param_shardings)
-    return StaticBackend(sampler)
+    engine = registry.get_engine(resolve_engine(rollout, pageable=paging is not None))
+    return engine.build(EngineBuild(rollout=rollout, graphdef=graphdef, eos_ids=eos_ids, pad_id=pad_id, mesh=mesh,
+                                    param_shardings=param_shardings, batch_size=batch_size, sampler=sampler,
+                                    policy=policy, paging=paging))

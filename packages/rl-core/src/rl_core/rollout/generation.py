@@ -109,7 +109,7 @@ class PolicyGenerator:
         """Sample with trained `params` as weight `version` until `unpin`, while updates go on:
         a backend that keeps a reference to the weights gets a copy, as the next update donates
         the parameters' buffers."""
-        if getattr(self.backend, "keeps_reference", False) and not self.apart:  # apart: a transfer copies
+        if self.backend.capabilities.keeps_reference and not self.apart:  # apart: a transfer copies
             params = _copy(params)
         self.backend.update_weights(self._whole(params), version)
         self._weights_of, self.pinned = None, version  # unpin refreshes to the policy's weights
@@ -122,11 +122,9 @@ class PolicyGenerator:
         a backend with a feed (the paged engine with rollout.partial_rollouts on) decodes its
         following device calls with them (rl_core.rollout.feed). False when it has none. The
         caller keeps `params` undonated until that rollout ends."""
-        feed = getattr(self.backend, "feed", None)
-        if feed is None:
+        if not self.backend.capabilities.takes_published:
             return False
-        feed.publish(version, self._whole(params))
-        return True
+        return self.backend.publish(self._whole(params), version)
 
     def _whole(self, params: Any) -> Any:
         """Trained `params` joined with the frozen base, on the rollout devices, in

@@ -62,7 +62,7 @@ from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler
-from rl_core.rollout.backend import Requests
+from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
 from rl_core.rollout.feed import WeightFeed
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.retained import Retained
@@ -127,13 +127,6 @@ class PagedBackend:
     published to `feed` while it runs (see the module docstring); off: it has no feed.
     """
 
-    row_limits = True
-    """It stops each sample at its prompt's `Requests.max_new_tokens` and `stop_strings`, and any
-    number of rows runs the same program (a caller need not pad them)."""
-
-    retains = True
-    """It keeps the sequences of rows with `Requests.sessions` handles for a next request to continue
-    (`new_sessions`, `release`)."""
 
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
                  eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None,
@@ -162,14 +155,14 @@ class PagedBackend:
         self.replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
         self.pools = [PagePool(settings.pool_pages) for _ in range(self.replicas)]
         self.pages: Any = None
-        self.peak_pages = 0
-        self.preemptions = 0
         self.retained = Retained()
-        self.evictions = 0  # retained sequences and reused prefixes given back to a dry pool
-        self.prefill_tokens = 0  # prompt tokens prefilled (again, after a preemption or an eviction)
-        self.reused_tokens = 0  # prompt tokens continued from a retained sequence instead
+        self._counters = EngineCounters()  # what the host loops tallied (`count`)
         self.partial_rollouts = partial_rollouts
         self.feed: WeightFeed | None = None if partial_rollouts == "off" else WeightFeed()
+        # it stops each sample at its own limits and stop strings with one program for any number of
+        # rows; it retains sequences by handle; with a feed, published weights reach a running rollout
+        self.capabilities = Capabilities(row_limits=True, retains=True, takes_published=self.feed is not None,
+                                         counts_prefill=True)
         self.switches = 0  # weight versions taken from the feed mid-rollout
 
     # -- weights ---------------------------------------------------------------------------
@@ -222,6 +215,42 @@ class PagedBackend:
         if self.feed is not None:
             self.feed.forget_through(version)
 
+    def publish(self, params: Any, version: int) -> bool:
+        """Offer `params` (version `version`) to the running rollout through the feed (False without one)."""
+        if self.feed is None:
+            return False
+        self.feed.publish(version, params)
+        return True
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def counters(self) -> EngineCounters:
+        return self._counters
+
+    def count(self, tally: EngineCounters) -> None:
+        """Add what one host loop (rl_core.rollout.scheduler, rl_core.rollout.serving) tallied."""
+        self._counters = self._counters + tally
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self._counters.prefill_tokens
+
+    @property
+    def reused_tokens(self) -> int:
+        return self._counters.reused_tokens
+
+    @property
+    def preemptions(self) -> int:
+        return self._counters.preemptions
+
+    @property
+    def evictions(self) -> int:
+        return self._counters.evictions
+
+    @property
+    def peak_pages(self) -> int:
+        return self._counters.peak_pages
+
     # -- retained sequences ------------------------------------------------------------------
 
     def new_sessions(self, n: int) -> np.ndarray:
@@ -256,7 +285,7 @@ class PagedBackend:
 
     # -- the device program ----------------------------------------------------------------
 
-    def _step_fn(self, sampling: SamplingParams) -> Any:
+    def step_program(self, sampling: SamplingParams) -> Any:
         if sampling not in self._steps:
             s = self.settings
 
@@ -322,23 +351,34 @@ class PagedBackend:
         prefill = Prefill(zeros(c), zeros(c), zeros(c, m))
         slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2))
         pages = jax.eval_shape(self._init_pages)
-        return self._step_fn(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
+        return self.step_program(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
 
     # -- the host loop -----------------------------------------------------------------------
+
+    def reset_after_failure(self) -> None:
+        """After a host loop failed: nothing retained, every page free, and a pool that a failed call
+        took (donated) and left deleted dropped, so the next rollout starts a fresh one (no page's
+        content outlives a rollout)."""
+        self.retained.forget()
+        for pool in self.pools:
+            pool.reset()
+        if self.pages is not None and any(x.is_deleted() for x in jax.tree.leaves(self.pages)):
+            self.pages = None
+
+    def ensure_pages(self) -> None:
+        """Allocate the KV pool on the device unless it holds one (a failed call may have deleted it)."""
+        if self.pages is None:
+            kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
+            self.pages = jax.jit(self._init_pages, **kwargs)()
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         if self.weights is None:
             raise RuntimeError("PagedBackend.generate before update_weights: no weights to decode with")
-        if self.pages is None:
-            kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
-            self.pages = jax.jit(self._init_pages, **kwargs)()
+        self.ensure_pages()
         try:
             out = scheduler.run(self, requests, key, sampling)  # the host loop (frees every page on any exit)
         except BaseException:
-            # a call that failed after taking the donated pool leaves it deleted: the next rollout
-            # starts a fresh one (no page's content outlives a rollout)
-            if any(x.is_deleted() for x in jax.tree.leaves(self.pages)):
-                self.pages = None
+            self.reset_after_failure()
             raise
         return out  # each row and token stamped with the version that sampled it
 

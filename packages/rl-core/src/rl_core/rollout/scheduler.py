@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rl_core.rollout.backend import Requests, stop_index
+from rl_core.rollout.backend import EngineCounters, Requests, stop_index
 from rl_core.rollout.step import Prefill, Slots
 from rl_core.rollout.sampler import Completions, SamplingParams
 
@@ -140,6 +140,8 @@ class _Replica:
         self.running: list[_Sample | None] = [None] * self.slots
         self.calls = 0
         self.starts = 0
+        # what this replica did, added to the engine's counters when the loop ends (`tally`)
+        self.prefill_tokens = self.reused_tokens = self.preemptions = self.evictions = self.peak_pages = 0
         self.before = np.zeros(self.slots, np.int32)
         self.host = {
             "token": np.zeros(self.slots, np.int32), "position": np.zeros(self.slots, np.int32),
@@ -147,6 +149,10 @@ class _Replica:
             "active": np.zeros(self.slots, bool), "page_rows": np.zeros((self.slots, self.m), np.int32),
             "ids": np.zeros((self.slots, 2), np.int32),
         }
+
+    def tally(self) -> EngineCounters:
+        return EngineCounters(self.prefill_tokens, self.reused_tokens, self.preemptions, self.evictions,
+                              self.peak_pages)
 
     def admit(self, prompts: list[_Prompt]) -> None:
         """Prompts joining this replica between calls (the serving loop's requests,
@@ -203,7 +209,7 @@ class _Replica:
         self.running[slot] = None
         self.host["active"][slot] = False
         self.ready.appendleft(sample)
-        self.engine.preemptions += 1
+        self.preemptions += 1
 
     def _unprefill(self, prompt: _Prompt, *, preempted: bool = True) -> None:
         """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
@@ -216,7 +222,7 @@ class _Replica:
             self.prefilled.remove(prompt)
             self.ready = collections.deque(x for x in self.ready if x.prompt is not prompt)
         self.to_prefill.appendleft(prompt)
-        self.engine.preemptions += preempted
+        self.preemptions += preempted
 
     def _give_back(self, keep: _Prompt | None = None, *, waiting: bool = True) -> bool:
         """Free pages no call reads: the oldest idle retained sequence, else (`waiting`) the reused
@@ -232,7 +238,7 @@ class _Replica:
                 return False
             self.pool.release(held[-1].pages)
             held[-1].pages, held[-1].scheduled, held[-1].reused = [], 0, 0
-        self.engine.evictions += 1
+        self.evictions += 1
         return True
 
     # -- pages of running samples --------------------------------------------------------
@@ -312,9 +318,9 @@ class _Replica:
             positions.extend(span)
             rows.extend([self._row(prompt.pages)] * take)
             prompt.scheduled += take
-            self.engine.prefill_tokens += take
+            self.prefill_tokens += take
             if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
-                self.engine.reused_tokens += prompt.reused
+                self.reused_tokens += prompt.reused
                 # all but the finished and those resumed on a prompt of their own
                 self.ready.extend(x for x in prompt.samples if not x.done and x.prompt is prompt)
                 self.prefilled.append(prompt)
@@ -423,7 +429,7 @@ class _Replica:
         self._room_to_start()
         prefill, prefilling = self._plan_prefill()
         src, dst = self._start_waiting()
-        self.engine.peak_pages = max(self.engine.peak_pages, self.pool.in_use)
+        self.peak_pages = max(self.peak_pages, self.pool.in_use)
         if self.remaining and not self.host["active"].any() and not prefilling:  # cannot happen (see above)
             raise RuntimeError(f"scheduler bug: a call with nothing to do ({self.pool.free} of "
                                f"{self.pool.num_pages - 1} pages free, {len(self.ready)} samples waiting)")
@@ -506,10 +512,11 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
     interrupt), every page is free and nothing is retained."""
     prompts = _prompts(engine.settings, requests)
     r = len(engine.pools)
+    replicas: list[_Replica] = []
     try:
         shares = _deal(engine, prompts, r)
         replicas = [_Replica(engine, i, share, requests.decode) for i, share in enumerate(shares)]
-        step = engine._step_fn(sampling)
+        step = engine.step_program(sampling)
         while any(x.remaining for x in replicas):
             if engine.follow_feed() and engine.partial_rollouts == "recompute":  # newer weights from here on
                 for replica in replicas:
@@ -527,4 +534,6 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
         for pool in engine.pools:
             pool.reset()
         raise
+    finally:
+        engine.count(sum((x.tally() for x in replicas), EngineCounters()))
     return _completions(engine, [x for p in prompts for x in p.samples], engine.settings.max_new_tokens)

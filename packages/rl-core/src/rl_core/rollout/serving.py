@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from rl_core.rollout import scheduler
+from rl_core.rollout.backend import EngineCounters
 from rl_core.rollout.sampler import SamplingParams
 
 SEED_IDS = 1 << 30
@@ -197,11 +198,9 @@ class EngineLoop:
     def _rollout(self, sampling: SamplingParams) -> None:
         """One busy period: device calls while any job with `sampling` waits or runs, admitting new ones."""
         engine = self.engine
-        if engine.pages is None:
-            kwargs = {} if engine.mesh is None else {"out_shardings": engine.pool_sharding()}
-            engine.pages = jax.jit(engine._init_pages, **kwargs)()
+        engine.ensure_pages()
         replicas = [scheduler._Replica(engine, i, [], self.decode) for i in range(len(engine.pools))]
-        step = engine._step_fn(sampling)
+        step = engine.step_program(sampling)
         running: list[Job] = []
         self.rollouts += 1
         try:
@@ -219,15 +218,13 @@ class EngineLoop:
                                    (top[0][i], top[1][i]))
                 running[:] = [job for job in running if not self._progress(job)]
         except BaseException as e:
-            engine.retained.forget()
-            for pool in engine.pools:
-                pool.reset()
-            if any(x.is_deleted() for x in jax.tree.leaves(engine.pages)):
-                engine.pages = None
+            engine.reset_after_failure()
             for job in running:
                 job.future.set_exception(e)
             if not isinstance(e, Exception):
                 raise
+        finally:
+            engine.count(sum((x.tally() for x in replicas), EngineCounters()))
 
     def _admit(self, replicas: list[Any], running: list[Job], sampling: SamplingParams) -> None:
         """Start every waiting job with `sampling`, each on the replica holding its session or the least busy."""

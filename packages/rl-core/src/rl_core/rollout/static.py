@@ -8,11 +8,13 @@ tests and short completions; `paged` is the backend for real lengths.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
-from rl_core.rollout.backend import Requests, with_version
+from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, with_version
 from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 
 
@@ -24,12 +26,10 @@ class StaticBackend:
         self.version = -1
         self._params: Any = None
 
-    row_limits = False
+    capabilities = Capabilities(keeps_reference=True)
     """It decodes every row to max_new_tokens (or until every row ended), ignoring `Requests.max_new_tokens`
-    and `stop_strings`; a program per row count, so callers pad rows to a few counts."""
-
-    keeps_reference = True
-    """It samples from the very arrays `update_weights` was given (a pinned caller copies them)."""
+    and `stop_strings`, with a program per row count (callers pad rows to a few counts); it samples from
+    the very arrays `update_weights` was given (a pinned caller copies them); it holds nothing between calls."""
 
     @property
     def compiles(self) -> int:
@@ -48,3 +48,15 @@ class StaticBackend:
             self._params, requests.prompt_tokens, requests.prompt_mask, key, sampling, requests.num_samples
         )
         return with_version(out, self.version)
+
+    def publish(self, params: Any, version: int) -> bool:
+        return False  # one program per call: nothing to switch mid-rollout
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        return np.full(n, -1, np.int64)
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        return None
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters()

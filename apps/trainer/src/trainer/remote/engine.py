@@ -1,0 +1,214 @@
+"""The `remote` rollout engine: a step's requests sent to engine servers (`trainer serve`).
+
+`rollout.engine=remote` with `rollout.servers=[urls]` (and/or `rollout.local_servers=N`, which the
+run starts: trainer.remote.local). Per step:
+
+- weights: `update_weights` writes the whole tree once as a safetensors snapshot
+  (`rollout.weights_url`, trainer.remote.weights) and every server loads it as that version
+  between its rollouts (`rollout.weights_url=stream`: the snapshot's bytes are sent to each
+  server instead); a server that cannot is left out until a later version reaches it;
+- requests: each prompt (with all its samples) goes to the server with the least work assigned
+  so far (new tokens to decode), with its prompt id, so its completions use the keys the
+  in-process paged engine would give it: the same numbers, whichever server decodes it;
+- faults: a server that fails a request is left out and its prompts go to the others in the same
+  step; when none is left the step stops with one line naming them. A left-out server is asked
+  for its version before each step and rejoins (given the current weights) once it answers.
+
+Every row and token carries the version the server sampled it with.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import jax
+import numpy as np
+from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
+from rl_core.rollout.engines import Engine, EngineBuild
+from rl_core.rollout.sampler import Completions, SamplingParams
+
+from trainer.remote import weights as weights_lib
+
+
+class NoServerLeft(RuntimeError):
+    """Every engine server failed."""
+
+
+class RemoteBackend:
+    """`RolloutBackend` over engine servers; see the module docstring."""
+
+    capabilities = Capabilities(row_limits=True)
+
+    def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
+                 timeout_s: float = 600.0) -> None:
+        if not servers:
+            raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
+        self.servers = [s.rstrip("/") for s in servers]
+        self.max_new_tokens, self.pad_id = max_new_tokens, pad_id
+        self.stream = weights_url == "stream"  # the snapshot sent to each server, not written to storage
+        self.weights_url = (weights_url or tempfile.mkdtemp(prefix="rl-weights-")).rstrip("/")
+        self.client = httpx.Client(timeout=timeout_s)
+        weakref.finalize(self, self.client.close)  # its connections close with it, however it goes
+        self.version = -1
+        self.down: dict[str, str] = {}  # server -> why it is left out
+        self.served: dict[str, int] = {s: -1 for s in self.servers}  # the version each one holds
+        self.publish_seconds: list[float] = []  # writing each version's snapshot
+        self.load_seconds: list[float] = []  # until every server took it
+        self.snapshot_bytes = 0
+        self.sent: dict[str, int] = {s: 0 for s in self.servers}  # prompts each server decoded
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def update_weights(self, params: Any, version: int) -> None:
+        start = time.perf_counter()
+        if self.stream:  # the bytes go to each server over its connection
+            self._snapshot = weights_lib.snapshot(params)
+            self.snapshot_bytes = len(self._snapshot)
+        else:
+            self._snapshot = f"{self.weights_url}/v{version}.safetensors"
+            self.snapshot_bytes = weights_lib.write(params, self._snapshot)
+        self.publish_seconds.append(time.perf_counter() - start)
+        self.version = version
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(self._load, [s for s in self.servers if s not in self.down]))
+        self.load_seconds.append(time.perf_counter() - start)
+
+    def _load(self, server: str) -> None:
+        try:
+            if self.stream:
+                r = self.client.post(f"{server}/engine/weights", params={"version": self.version},
+                                     content=self._snapshot, headers={"content-type": "application/octet-stream"})
+            else:
+                r = self.client.post(f"{server}/engine/weights", json={"url": self._snapshot, "version": self.version})
+            r.raise_for_status()
+            self.served[server] = int(r.json()["version"])
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            self.down[server] = _why(e)
+
+    def _rejoin(self) -> None:
+        """Ask each left-out server for its version; one that answers gets the current weights."""
+        for server in list(self.down):
+            try:
+                self.client.get(f"{server}/engine/version", timeout=5.0).raise_for_status()
+            except httpx.HTTPError:
+                continue
+            del self.down[server]
+            if self.version >= 0:
+                self._load(server)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
+        if self.version < 0:
+            raise RuntimeError("RemoteBackend.generate before update_weights: no weights to decode with")
+        self._rejoin()
+        mask = np.asarray(requests.prompt_mask) > 0
+        prompts = [np.asarray(requests.prompt_tokens)[i][mask[i]].tolist() for i in range(len(mask))]
+        ids, limits, stops = requests.ids(), requests.limits(self.max_new_tokens), requests.stops()
+        g = requests.num_samples
+        body = {"num_samples": g, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                               "top_p": sampling.top_p},
+                "key": np.asarray(jax.random.key_data(key)).tolist()}
+        rows: dict[int, dict[str, Any]] = {}  # prompt index -> its G rows
+        todo = list(range(len(prompts)))
+        while todo:
+            shares = self._deal(todo, limits, g)
+            todo = []
+            with concurrent.futures.ThreadPoolExecutor(max(len(shares), 1)) as pool:
+                futures = {pool.submit(self._send, server, share, prompts, ids, limits, stops, body): (server, share)
+                           for server, share in shares.items()}
+                for future, (server, share) in futures.items():
+                    try:
+                        rows.update(future.result())
+                    except (httpx.HTTPError, KeyError, ValueError) as e:
+                        self.down[server] = _why(e)
+                        todo += share  # to the others, in this same step
+        return self._completions([rows[i] for i in range(len(prompts))], g)
+
+    def _live(self) -> list[str]:
+        live = [s for s in self.servers if s not in self.down and self.served[s] == self.version]
+        if not live:
+            why = "; ".join(f"{s}: {w}" for s, w in self.down.items()) or "none holds the current weights"
+            raise NoServerLeft(f"rollout.engine=remote: no engine server left ({why})")
+        return live
+
+    def _deal(self, todo: list[int], limits: np.ndarray, g: int) -> dict[str, list[int]]:
+        """Each prompt to the live server with the least new tokens assigned so far (longest first)."""
+        load = {s: 0 for s in self._live()}
+        shares: dict[str, list[int]] = {}
+        for i in sorted(todo, key=lambda i: -int(limits[i])):
+            server = min(load, key=lambda s: (load[s], self.servers.index(s)))
+            load[server] += int(limits[i]) * g
+            shares.setdefault(server, []).append(i)
+        return shares
+
+    def _send(self, server: str, share: list[int], prompts: list[list[int]], ids: np.ndarray, limits: np.ndarray,
+              stops: list[tuple[str, ...]], body: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        share = sorted(share)
+        payload = body | {"prompts": [prompts[i] for i in share], "prompt_ids": [int(ids[i]) for i in share],
+                          "max_new_tokens": [int(limits[i]) for i in share]}
+        if any(stops[i] for i in share):
+            payload["stop_strings"] = [list(stops[i]) for i in share]
+        r = self.client.post(f"{server}/engine/generate", json=payload)
+        r.raise_for_status()
+        out = r.json()
+        self.sent[server] += len(share)
+        g = body["num_samples"]
+        return {i: {k: out[k][j * g:(j + 1) * g] for k in ("tokens", "logp", "token_version", "truncated")}
+                for j, i in enumerate(share)}
+
+    def _completions(self, per_prompt: list[dict[str, Any]], g: int) -> Completions:
+        b, t = len(per_prompt) * g, self.max_new_tokens
+        tokens = np.full((b, t), self.pad_id, np.int32)
+        logp = np.zeros((b, t), np.float32)
+        versions = np.full((b, t), self.version, np.int32)
+        lengths = np.zeros(b, np.int32)
+        truncated = np.zeros(b, bool)
+        for i, got in enumerate(per_prompt):
+            for j in range(g):
+                row, n = i * g + j, len(got["tokens"][j])
+                tokens[row, :n], logp[row, :n], lengths[row] = got["tokens"][j], got["logp"][j], n
+                truncated[row] = got["truncated"][j]
+                if n:
+                    versions[row, :n], versions[row, n:] = got["token_version"][j], got["token_version"][j][-1]
+        mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
+        return Completions(tokens, logp, mask, lengths, truncated, versions.min(axis=1), versions)
+
+    # -- the rest of the contract ----------------------------------------------------------------
+
+    def publish(self, params: Any, version: int) -> bool:
+        return False  # servers switch between rollouts only
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        return np.full(n, -1, np.int64)
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        return None
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _why(e: Exception) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
+def _build(b: EngineBuild) -> RemoteBackend:
+    from trainer.remote import local
+
+    servers = list(b.rollout.servers) + local.start(b.rollout)
+    return RemoteBackend(servers, max_new_tokens=b.rollout.max_new_tokens, pad_id=b.pad_id,
+                         weights_url=b.rollout.weights_url)
+
+
+ENGINE = Engine(name="remote", build=_build)

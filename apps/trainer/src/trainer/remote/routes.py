@@ -1,0 +1,113 @@
+"""The token-level routes of an engine server (`trainer serve`), what the `remote` engine calls.
+
+- `POST /v1/engine/generate`: a rollout's share, as `RolloutBackend.generate` takes it: prompts
+  as token ids with their prompt ids (what each completion's random key folds in), samples per
+  prompt, per-prompt limits and stop strings, the sampling settings and the rollout's key data.
+  Answer: each row's new token ids, their log-probs and the weight version of each token, and
+  the version the server holds. The same request and weights give the same numbers as the
+  trainer's own paged engine (completions are keyed by prompt id and sample index, not by batch).
+- `POST /v1/engine/weights`: `{"url", "version"}`: load the safetensors snapshot at `url`
+  (trainer.remote.weights, through fsspec) and serve it as `version` from the next rollout on
+  (any snapshot but the one it holds: a restarted trainer, or one sampling a pinned older
+  version, gets what it asks for). Or streamed: the snapshot's bytes as the body
+  (`application/octet-stream`, `?version=N`), for servers that share no storage with the trainer.
+- `GET /v1/engine/version`: the version served (-1 before any).
+
+Both run on the engine's own thread between rollouts (`EngineLoop.call`), so a version switch
+never lands inside a rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import jax
+import numpy as np
+from rl_core.policy.tokens import left_pad
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.sampler import SamplingParams
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from trainer.remote import weights as weights_lib
+
+
+def _bad(message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=400)
+
+
+def _requests(served: Any, body: dict[str, Any]) -> Requests:
+    prompts = body["prompts"]
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+    longest = max(map(len, prompts))
+    if longest > served.max_prompt_tokens:
+        raise ValueError(f"a prompt has {longest} tokens; this server takes {served.max_prompt_tokens}")
+    tokens, mask = left_pad(prompts, pad_id=served.tokenizer.pad_id, max_tokens=longest)
+    stops = body.get("stop_strings")
+    return Requests(tokens, mask, num_samples=int(body.get("num_samples", 1)),
+                    prompt_ids=np.asarray(body["prompt_ids"], np.int64),
+                    max_new_tokens=np.asarray(body["max_new_tokens"], np.int64),
+                    stop_strings=stops, decode=served.tokenizer.decode if stops else None)
+
+
+async def generate(request: Request) -> Response:
+    served = request.app.state.served
+    body = await request.json()
+    try:
+        requests = _requests(served, body)
+        sampling = SamplingParams(**body.get("sampling", {}))
+        key = jax.random.wrap_key_data(np.asarray(body["key"], np.uint32))
+    except (KeyError, TypeError, ValueError) as e:
+        return _bad(f"engine/generate: {type(e).__name__}: {e}")
+    engine = served.loop.engine
+    out = await asyncio.to_thread(served.loop.call, lambda: engine.generate(requests, sampling, key))
+    lengths = np.asarray(out.lengths).tolist()
+    return JSONResponse({
+        "tokens": [np.asarray(out.tokens)[i, :n].tolist() for i, n in enumerate(lengths)],
+        "logp": [np.asarray(out.logp)[i, :n].tolist() for i, n in enumerate(lengths)],
+        "token_version": [np.asarray(out.token_version)[i, :n].tolist() for i, n in enumerate(lengths)],
+        "truncated": np.asarray(out.truncated).tolist(),
+        "version": engine.version,
+    })
+
+
+async def load_weights(request: Request) -> Response:
+    served = request.app.state.served
+    engine = served.loop.engine
+    if request.headers.get("content-type") == "application/octet-stream":  # streamed: the snapshot itself
+        try:
+            url, version = "stream", int(request.query_params["version"])
+        except (KeyError, ValueError) as e:
+            return _bad(f"engine/weights streamed needs ?version=N: {e}")
+        data = await request.body()
+        flat = await asyncio.to_thread(weights_lib.parse, data)
+    else:
+        body = await request.json()
+        try:
+            url, version = str(body["url"]), int(body["version"])
+        except (KeyError, TypeError, ValueError) as e:
+            return _bad(f"engine/weights needs url and version: {e}")
+        if getattr(request.app.state, "weights", None) == (url, version):
+            return JSONResponse({"version": engine.version})  # already there (a repeated publish)
+        flat = await asyncio.to_thread(weights_lib.read, url)
+
+    def take() -> None:
+        engine.update_weights(weights_lib.fill(served.params, flat), version)
+
+    await asyncio.to_thread(served.loop.call, take)
+    request.app.state.weights = (url, version)  # any other snapshot is loaded, an older version too
+    return JSONResponse({"version": engine.version})
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": request.app.state.served.loop.engine.version})
+
+
+ROUTES = [
+    Route("/v1/engine/generate", generate, methods=["POST"]),
+    Route("/v1/engine/weights", load_weights, methods=["POST"]),
+    Route("/v1/engine/version", version, methods=["GET"]),
+]

@@ -1,0 +1,156 @@
+"""The engine contract (rl_core.rollout.backend) over every registered engine (rl_core.rollout.engines).
+
+Each engine named in the entry-point group `rl_core.engines` is built the way a run builds it
+(`make_backend`) and checked on what callers rely on: the protocol's members, versions stamped
+on every row and token, its declared `Capabilities` holding (row limits, sessions, published
+weights, counters), and greedy tokens equal to the static sampler's on the same weights. A new
+engine that passes here works with the learner, the episodes and the planner's callers.
+"""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core import registry
+from rl_core.config import ConfigError, RolloutConfig
+from rl_core.policy.tokens import left_pad
+from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, RolloutBackend
+from rl_core.rollout.engines import STATIC, Engine, EngineBuild
+from rl_core.rollout.factory import make_backend
+from rl_core.rollout.sampler import GREEDY
+from rl_models import PAGED_TRANSFORMER
+from rl_models.hf import load_hf_model
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+T = 5
+EOS = (302,)
+PROMPTS = ([5, 17, 40], [9, 200, 31, 7, 3, 88])  # 3 and 6 tokens: a page border (4) inside the second
+ENGINES = registry.engine_names()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_hf_model(HF / "qwen2")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two engine servers of the same model (the `trainer serve` app on threads), for engines that
+    generate on servers (`remote`); started only when such an engine is registered."""
+    from trainer.serve import EngineOptions, serve_in_thread, served_folder
+
+    options = EngineOptions(max_prompt_tokens=8, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,
+                            prefill_chunk=8, top_logprobs=0)
+    served = [served_folder(HF / "qwen2", options) for _ in range(2)]
+    running = [serve_in_thread(s) for s in served]
+    yield tuple(r.url for r in running)
+    for r, s in zip(running, served, strict=True):
+        r.stop()
+        s.loop.close()
+
+
+def rollout(engine: str, servers: tuple[str, ...] = ()) -> RolloutConfig:
+    return RolloutConfig(engine=engine, max_prompt_tokens=8, max_new_tokens=T, temperature=0.0, page_size_tokens=4,
+                         decode_slots=4, prefill_chunk_tokens=8, steps_per_sync=2, servers=servers)
+
+
+def make(name: str, model, request) -> RolloutBackend:
+    urls = request.getfixturevalue("servers") if name == "remote" else ()
+    return make_backend(rollout(name, urls), nnx.graphdef(model), eos_ids=EOS, pad_id=0, batch_size=4,
+                        paging=PAGED_TRANSFORMER)
+
+
+def build(name: str, model, request) -> RolloutBackend:
+    _, state = nnx.split(model)
+    backend = make(name, model, request)
+    backend.update_weights(state, 3)
+    return backend
+
+
+def requests(**kw) -> Requests:
+    tokens, mask = left_pad([list(p) for p in PROMPTS], pad_id=0, max_tokens=8)
+    return Requests(tokens, mask, num_samples=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def static_greedy(model, request):
+    return build("static", model, request).generate(requests(), GREEDY, jax.random.key(0))
+
+
+def test_the_workspaces_engines_are_registered_under_their_names():
+    assert {"static", "paged", "remote"} <= set(ENGINES)  # remote: the trainer's entry point
+    for name in ENGINES:
+        engine = registry.get_engine(name)
+        assert isinstance(engine, Engine) and engine.name == name
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_meets_the_contract(name, model, static_greedy, request):
+    backend = build(name, model, request)
+    assert isinstance(backend, RolloutBackend)  # every protocol member, capabilities included
+    caps = backend.capabilities
+    assert isinstance(caps, Capabilities) and backend.version == 3
+    before = backend.counters()
+    assert isinstance(before, EngineCounters)
+
+    out = backend.generate(requests(), GREEDY, jax.random.key(0))
+    assert out.tokens.shape == (4, T) and out.lengths.shape == (4,)
+    assert (out.version == 3).all() and (np.asarray(out.token_version) == 3).all()
+    np.testing.assert_array_equal(out.mask, np.arange(T)[None, :] < out.lengths[:, None])
+    # greedy: the static sampler's tokens on the same weights, sample 2 of a prompt = sample 1
+    kept = np.asarray(out.mask, bool)
+    np.testing.assert_array_equal(np.where(kept, out.tokens, -1), np.where(kept, static_greedy.tokens, -1))
+    np.testing.assert_array_equal(out.lengths, static_greedy.lengths)
+
+    counted = backend.counters()
+    if caps.counts_prefill:  # each prompt prefilled once for its two samples, all but its last token
+        # (the first decode step reads that one): 2 + 5
+        assert counted.prefill_tokens - before.prefill_tokens == 7
+    else:
+        assert counted == EngineCounters()
+
+    limited = backend.generate(requests(max_new_tokens=np.array([2, 1])), GREEDY, jax.random.key(0))
+    if caps.row_limits:  # each row stops at its prompt's own limit: its first 2 (1) greedy tokens
+        np.testing.assert_array_equal(limited.lengths, np.minimum(static_greedy.lengths, [2, 2, 1, 1]))
+    else:
+        np.testing.assert_array_equal(limited.lengths, static_greedy.lengths)
+
+    handles = backend.new_sessions(3)
+    if caps.retains:
+        assert len(set(handles.tolist())) == 3 and (handles >= 0).all()
+    else:
+        assert handles.tolist() == [-1, -1, -1]
+    backend.release(handles)
+    backend.release()
+
+    assert backend.publish(nnx.split(model)[1], 4) is caps.takes_published
+    assert backend.version == 3  # published weights reach a running rollout only, never the next call
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_generate_before_weights_says_so(name, model, request):
+    backend = make(name, model, request)
+    assert backend.version == -1
+    with pytest.raises(RuntimeError, match="before update_weights"):
+        backend.generate(requests(), GREEDY, jax.random.key(0))
+
+
+def test_a_package_adds_an_engine_by_registering_it(monkeypatch, model):
+    """What an entry point in `rl_core.engines` gives: `rollout.engine` takes the new name and
+    `make_backend` builds it, with no change to rl_core (a fresh registry stands in for discovery)."""
+    built = []
+
+    def mine(b: EngineBuild):
+        built.append(b.rollout.engine)
+        return STATIC.build(b)
+
+    fresh = registry.Registry(engine_group="rl_core.engines.none")
+    monkeypatch.setattr(registry, "registry", fresh)
+    with pytest.raises(ConfigError, match="unknown engine 'mine'"):
+        rollout("mine")
+    fresh.register(registry.ENGINE, "mine", Engine(name="mine", build=mine))
+    backend = make_backend(rollout("mine"), nnx.graphdef(model), eos_ids=EOS, pad_id=0)
+    assert built == ["mine"] and isinstance(backend, RolloutBackend)

@@ -1,0 +1,94 @@
+"""The `remote` engine (trainer.remote.engine) against the in-process paged engine, on two engine
+servers (the `trainer serve` app on threads of this process; tests/e2e kills real processes).
+
+Same weights, same key: every completion has the tokens and log-probs the in-process engine
+gives it, whichever server decoded it, and carries the version the servers were given.
+"""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from rl_core.policy.tokens import left_pad
+from rl_core.rollout.backend import Requests, RolloutBackend
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.sampler import SamplingParams
+from rl_models import PAGED_TRANSFORMER
+from rl_models.hf import load_hf_model
+
+from trainer.remote.engine import NoServerLeft, RemoteBackend
+from trainer.serve import EngineOptions, serve_in_thread, served_folder
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
+T = 6
+OPTIONS = EngineOptions(max_prompt_tokens=16, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,
+                        prefill_chunk=8, top_logprobs=0)
+PROMPTS = ([5, 17, 40], [9, 200, 31, 7, 3, 88], [11, 12], [250, 3, 4, 5])
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    served = [served_folder(HF, OPTIONS) for _ in range(2)]
+    running = [serve_in_thread(s) for s in served]
+    yield running
+    for r, s in zip(running, served, strict=True):
+        r.stop()
+        s.loop.close()
+
+
+def trained():
+    """Weights other than the folder's (what a learner publishes after an update)."""
+    model = load_hf_model(HF)
+    state = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda x: x * 1.1, state))
+    return model
+
+
+def requests():
+    tokens, mask = left_pad([list(p) for p in PROMPTS], pad_id=0, max_tokens=8)
+    return Requests(tokens, mask, num_samples=2, prompt_ids=np.array([40, 41, 42, 43]))
+
+
+def in_process(model):
+    graphdef, state = nnx.split(model)
+    settings = EngineSettings(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=4, prefill_chunk=8,
+                              steps_per_sync=2)
+    engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(302,), pad_id=0)
+    engine.update_weights(state, 1)
+    return engine.generate(requests(), SAMPLED, jax.random.key(3))
+
+
+def test_two_servers_give_the_in_process_numbers(servers, tmp_path):
+    model = trained()
+    remote = RemoteBackend([r.url for r in servers], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path))
+    assert isinstance(remote, RolloutBackend)
+    remote.update_weights(nnx.split(model)[1], 1)
+    assert (tmp_path / "v1.safetensors").exists() and remote.served == {r.url: 1 for r in servers}
+    got = remote.generate(requests(), SAMPLED, jax.random.key(3))
+    want = in_process(model)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_array_equal(got.tokens * got.mask, np.asarray(want.tokens) * np.asarray(want.mask))
+    np.testing.assert_allclose(got.logp, np.asarray(want.logp) * np.asarray(want.mask), atol=1e-5)
+    assert (got.version == 1).all() and (got.token_version == 1).all()
+    assert sorted(remote.sent.values()) == [2, 2]  # least-loaded: two prompts each
+
+    # the same weights streamed to the servers as version 2 (no shared storage): the same numbers
+    streamed = RemoteBackend([r.url for r in servers], max_new_tokens=T, pad_id=0, weights_url="stream")
+    streamed.update_weights(nnx.split(model)[1], 2)
+    assert streamed.served == {r.url: 2 for r in servers} and streamed.snapshot_bytes == remote.snapshot_bytes
+    out = streamed.generate(requests(), SAMPLED, jax.random.key(3))
+    np.testing.assert_array_equal(out.tokens, got.tokens)
+    assert (out.token_version == 2).all()
+    remote.update_weights(nnx.split(model)[1], 1)  # the file again: servers switch back to it
+
+    # one server gone before the step: its prompts go to the other, the numbers stay
+    servers[1].stop()
+    again = remote.generate(requests(), SAMPLED, jax.random.key(3))
+    np.testing.assert_array_equal(again.tokens, got.tokens)
+    assert list(remote.down) == [servers[1].url]
+    servers[0].stop()
+    with pytest.raises(NoServerLeft, match=r"^rollout.engine=remote: no engine server left \(http"):
+        remote.generate(requests(), SAMPLED, jax.random.key(3))
