@@ -289,6 +289,8 @@ def named_settings(guide: Path) -> set[str]:
     for span in spans:
         for match in SETTING.finditer(span):
             name = match.group(1)
+            if span[match.end(1):match.end(1) + 1] == ".":  # a weight key's pattern (model.layers.<i>.mlp), no setting
+                continue
             if not name.endswith(FILE_ENDINGS) and "." in name:
                 names.add(name)
     return names
@@ -336,3 +338,5 @@ def test_the_setting_check_tells_a_setting_from_a_typo():
     assert setting_exists("task.options.heldout_data") and setting_exists("model.lora.rank")
     assert not setting_exists("training.share_prompt") and not setting_exists("algorithm.rollout_correction.mod")
     assert named_settings(ROOT / "docs" / "scaling.md") >= {"training.share_prompts", "training.mesh.fsdp"}
+    mixture = named_settings(ROOT / "docs" / "mixture-of-experts.md")
+    assert "model.layers" not in mixture and not any(n.startswith("model.layers.") for n in mixture)

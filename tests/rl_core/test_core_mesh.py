@@ -35,8 +35,8 @@ def test_a_mesh_axis_is_used_once_per_array_and_size_1_axes_are_dropped():
 
 
 def test_unknown_names_and_wrong_ranks_are_errors():
-    with pytest.raises(ValueError, match="no sharding rule for logical axis 'experts'"):
-        logical_spec(("experts", "embed"), (8, 64), MESH)
+    with pytest.raises(ValueError, match="no sharding rule for logical axis 'widgets'"):
+        logical_spec(("widgets", "embed"), (8, 64), MESH)
     with pytest.raises(ValueError, match=r"logical axes \('embed',\) do not match shape \(8, 64\)"):
         logical_spec(("embed",), (8, 64), MESH)
 
