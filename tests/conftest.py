@@ -62,6 +62,7 @@ def pytest_configure(config):
 # of them would keep a single core busy after the other has finished. Seconds measured in a
 # run of the whole suite on 2 cores (2026-12-02, AMD EPYC: 21 min 55 s), both cores busy.
 LONGEST_FIRST = [
+    "test_guides.py",  # 355-605 (2026-12-04, loaded): every guide's commands in clean copies, one file
     "test_trainer_learning.py",  # 150: its first run makes the shared base policy of the learning tests
     "test_algo_conformance.py",  # 205: every algorithm, a few learners each
     "test_algo_loss_invariance_mesh.py",  # 226 (2026-12-04, load 5-7): 13 configs x 6 layouts, one process
