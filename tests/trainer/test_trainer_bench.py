@@ -155,8 +155,10 @@ def test_bench_with_a_real_architecture_folder(tmp_path):
     # the folder's architecture is printed, not the preset's ("the unit-test model (hidden 64, 2 layers)")
     config = json.loads((folder / "config.json").read_text())
     shape = f"hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, {config['num_attention_heads']} heads"
-    assert logged[0].startswith(f"bench tiny (grpo): {folder}: {shape}")
-    assert "unit-test model" not in logged[0] and results["description"] == logged[0].split(": ", 1)[1]
+    assert logged[0].startswith("bench tiny: JAX ") and " on cpu: " in logged[0]  # the backend and its devices first
+    model_line = next(line for line in logged if line.startswith("bench tiny (grpo): "))  # after backend and memory
+    assert model_line.startswith(f"bench tiny (grpo): {folder}: {shape}")
+    assert "unit-test model" not in model_line and results["description"] == model_line.split(": ", 1)[1]
     assert results["model"]["path"] == str(folder) and results["model"]["preset"] is None
     assert results["model"]["vocab"] > 99  # the folder's vocabulary, not the character one
     assert results["compile_count"]["timed_delta"] == 0
