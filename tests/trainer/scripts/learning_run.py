@@ -34,8 +34,8 @@ def shuffle_training_rewards(seed: int) -> None:
     rng = np.random.default_rng(seed)
     score = PolicyGradientLearner.score
 
-    def shuffled(self, groups):
-        groups = score(self, groups)
+    def shuffled(self, groups, draw=None):
+        groups = score(self, groups, draw)
         order = rng.permutation(len(groups.rewards))
         return dataclasses.replace(groups, rewards=groups.rewards[order],
                                    reward_scores={k: v[order] for k, v in groups.reward_scores.items()})
