@@ -138,8 +138,8 @@ def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
         return
     record = json.loads(path.read_text())
     record.pop(PICKED, None)  # not settings (see PICKED)
-    started, now = _flat(record), _flat(_comparable(settings))
-    written = _flat(load_yaml(run_dir / CONFIG)) if (run_dir / CONFIG).exists() else {}
+    started, now = flat(record), flat(_comparable(settings))
+    written = flat(load_yaml(run_dir / CONFIG)) if (run_dir / CONFIG).exists() else {}
     added_since = {key for key in now if key not in started and key not in written}  # the run never had them
     changed = [
         f"{key}: {started.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}"
@@ -155,12 +155,12 @@ def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
         )
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1} (settings as dotted keys; trainer show reads them too)"""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            out |= _flat(value, f"{prefix}{key}.")
+            out |= flat(value, f"{prefix}{key}.")
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -230,6 +230,6 @@ def settings_of_run(run_dir: Path | str, overrides: Sequence[str] = ()) -> RunSe
     path = storage.child(run_dir, CONFIG)
     if not (storage.exists(path) if storage.is_url(path) else path.exists()):
         raise FileNotFoundError(f"{run_dir} is not a run folder: config.yaml is missing")
-    written = _flat(load_yaml(path))
+    written = flat(load_yaml(path))
     legacy = [f"{key}={json.dumps(value)}" for key, value in SETTINGS_ADDED.items() if key not in written]
     return build_settings(config_file=path, overrides=[*legacy, *overrides])

@@ -12,19 +12,9 @@ from rewards.auditor import trips
 from rich.table import Table
 from rl_core.config import ConfigError
 
+from trainer.run.folder import flat
 from trainer.settings import RunSettings, build_settings
 from trainer.show.curves import PANELS, curves
-
-
-def flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping) and value:
-            out |= flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def changed_settings(settings: RunSettings) -> list[tuple[str, Any, Any]]:
