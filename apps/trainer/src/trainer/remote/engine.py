@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import jax
 import numpy as np
-from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
+from rl_core.rollout.backend import Capabilities, Requests, WithoutSessions
 from rl_core.rollout.engines import Engine, EngineBuild
 from rl_core.rollout.sampler import Completions, SamplingParams
 
@@ -40,7 +40,7 @@ class NoServerLeft(RuntimeError):
     """Every engine server failed."""
 
 
-class RemoteBackend:
+class RemoteBackend(WithoutSessions):
     """`RolloutBackend` over engine servers; see the module docstring."""
 
     capabilities = Capabilities(row_limits=True)
@@ -183,17 +183,6 @@ class RemoteBackend:
 
     # -- the rest of the contract ----------------------------------------------------------------
 
-    def publish(self, params: Any, version: int) -> bool:
-        return False  # servers switch between rollouts only
-
-    def new_sessions(self, n: int) -> np.ndarray:
-        return np.full(n, -1, np.int64)
-
-    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
-        return None
-
-    def counters(self) -> EngineCounters:
-        return EngineCounters()
 
     def close(self) -> None:
         self.client.close()

@@ -158,6 +158,24 @@ class EngineCounters:
                               max(self.peak_pages, other.peak_pages))
 
 
+class WithoutSessions:
+    """The protocol's session, feed and counter members for an engine that keeps nothing between
+    calls (no retained sequences, no weights switched mid-rollout, no pages): subclass it and
+    write only `update_weights` and `generate` (rl_core.rollout.static, the trainer's remote engine)."""
+
+    def publish(self, params: Any, version: int) -> bool:
+        return False  # nothing runs between calls, so nothing switches mid-rollout
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        return np.full(n, -1, np.int64)
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        return None
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters()
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """Generates completions with the weights of the last `update_weights`."""

@@ -8,17 +8,15 @@ tests and short completions; `paged` is the backend for real lengths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
-from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, with_version
+from rl_core.rollout.backend import Capabilities, Requests, WithoutSessions, with_version
 from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 
 
-class StaticBackend:
+class StaticBackend(WithoutSessions):
     """`RolloutBackend` over a `rl_core.rollout.sampler.Sampler`."""
 
     def __init__(self, sampler: Sampler) -> None:
@@ -49,14 +47,3 @@ class StaticBackend:
         )
         return with_version(out, self.version)
 
-    def publish(self, params: Any, version: int) -> bool:
-        return False  # one program per call: nothing to switch mid-rollout
-
-    def new_sessions(self, n: int) -> np.ndarray:
-        return np.full(n, -1, np.int64)
-
-    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
-        return None
-
-    def counters(self) -> EngineCounters:
-        return EngineCounters()
