@@ -115,17 +115,19 @@ def test_static_sampler_generates_what_the_full_forward_predicts_with_experts(mo
     np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(moe_model, tokens, mask, out.tokens))
 
 
-@pytest.mark.e2e
-def test_paged_engine_generates_what_the_full_forward_predicts_with_experts():
-    model = load_hf_model(HF / "qwen3_moe")
+def test_paged_engine_generates_what_the_full_forward_predicts_with_experts(moe_model):
+    """Qwen3-MoE, and gpt-oss with its sink logits in the paged attention."""
     tokens, mask = prompts()
-    out = paged(model).generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
-    np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(model, tokens, mask, out.tokens))
+    out = paged(moe_model).generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(moe_model, tokens, mask, out.tokens))
 
 
-def test_paged_engine_refuses_attention_sinks():
-    """gpt-oss's sink logits are not in the paged engine's attention: it says so, naming the static engine."""
+def test_paged_engine_logprobs_equal_the_learner_pass_with_sinks():
+    """gpt-oss on the paged engine: sinks (and windows, biases, experts) as the learner computes them."""
     model = load_hf_model(HF / "gpt_oss")
+    assert model.config.attention_sinks
     tokens, mask = prompts()
-    with pytest.raises(NotImplementedError, match="no sink logits .* use the static engine"):
-        paged(model).generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
+    out = paged(model).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
+    logp, _ = jax.jit(lambda p, m, c: completion_logprobs(model, p, m, c, temperature=0.7))(
+        np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0), jnp.asarray(out.tokens))
+    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)

@@ -201,3 +201,25 @@ def test_windowed_reference_does_not_read_blocks_before_every_window(kv_head_maj
     got = _windowed((q[rows], k_bad, v_bad, page_rows[rows], lengths[rows]), 3, kv_head_major)
     np.testing.assert_array_equal(got, want)
     assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("kv_head_major", [False, True])
+def test_sink_logits_take_mass_and_add_no_value(kv_head_major):
+    """With sinks s [H]: out = sum_j exp(x_j) v_j / (sum_j exp(x_j) + exp(s)), the dense softmax
+    over the slots plus one value-less logit; a sink of -inf changes nothing."""
+    q, k_pages, v_pages, page_rows, lengths = problem(3)
+    sinks = np.array([0.5, -1.0, 2.0, 30.0], np.float32)  # 30: larger than every score (the max moves)
+    k = k_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    v = v_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    scores = np.einsum("nkgd,knsd->nkgs", q.reshape(N, K, H // K, DH), k) / math.sqrt(DH)
+    scores = np.where((np.arange(M * PS)[None, :] < lengths[:, None])[:, None, None], scores, -np.inf)
+    e = np.exp(scores.astype(np.float64))
+    denominator = e.sum(-1) + np.exp(sinks.astype(np.float64)).reshape(1, K, H // K)
+    expected = (np.einsum("nkgs,knsd->nkgd", e, v) / denominator[..., None]).reshape(N, H, DH)
+    pools = (k_pages, v_pages) if kv_head_major else (k_pages.transpose(1, 2, 0, 3), v_pages.transpose(1, 2, 0, 3))
+    out = attention_lib.reference_paged_attention(q, pools[0][None], pools[1][None], page_rows, lengths, layer=0,
+                                                  sinks=sinks, pages_per_block=2, kv_head_major=kv_head_major)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    none = attention_lib.reference_paged_attention(q, *page_major(q, k_pages, v_pages, page_rows, lengths)[1:3],
+                                                   page_rows, lengths, sinks=np.full(H, -np.inf, np.float32))
+    np.testing.assert_allclose(none, dense(q, k_pages, v_pages, page_rows, lengths), atol=1e-5)

@@ -67,7 +67,26 @@ def test_export_refuses_a_source_config_that_describes_another_model(hf_fixtures
         export_hf(model, tmp_path / "out", source_dir=hf_fixtures / "qwen3")
 
 
-@pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3"])
+@pytest.mark.parametrize("name", ["gpt_oss", "gpt_oss_mxfp4"])
+def test_gpt_oss_exports_with_its_experts_interleaved_and_loads_back_exactly(name, hf_fixtures, tmp_path):
+    """gpt-oss (also from MXFP4 experts, written as floats without the quantization_config): the
+    gate and up columns interleave again in one gate_up_proj, and the folder loads back exactly."""
+    from safetensors.numpy import load_file
+
+    model = load_hf_model(hf_fixtures / name)
+    out = export_hf(model, tmp_path / name, source_dir=hf_fixtures / name)
+    written = json.loads((out / "config.json").read_text())
+    assert written["model_type"] == "gpt_oss" and "quantization_config" not in written
+    tensors = load_file(str(out / "model.safetensors"))
+    gate_up = tensors["model.layers.0.mlp.experts.gate_up_proj"]  # [E, D, 2F]: gate, up, gate, up, ...
+    np.testing.assert_array_equal(gate_up[..., 0::2], np.asarray(model.layers.mlp.gate_proj[...][0]))
+    np.testing.assert_array_equal(gate_up[..., 1::2], np.asarray(model.layers.mlp.up_proj[...][0]))
+    again = load_hf_model(out)
+    assert again.config == model.config
+    _assert_same_params(model, again)
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "gpt_oss"])
 def test_export_without_the_source_folder_writes_a_config_of_the_same_model(name, hf_fixtures, hf_reference,
                                                                           tmp_path):
     """The config.json written from the model's own config (no source folder to copy) describes

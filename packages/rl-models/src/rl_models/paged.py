@@ -54,6 +54,8 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rotate(q, *rope), rotate(k, *rope)
     extra = {} if window is None else {"window": window}
+    if attn.sinks is not None:  # gpt-oss: each head's sink logit joins its softmax
+        extra["sinks"] = attn.sinks[...]
     if cfg.query_scale is not None:  # the pool's attention scales by 1 / sqrt(Dh): the queries carry the rest
         q = (q.astype(jnp.float32) * (cfg.query_scale * dh ** 0.5)).astype(q.dtype)
     out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions, **extra)
@@ -68,8 +70,6 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
     pool, and the pool with their keys/values written; page_rows [N, M] int32."""
     cfg = model.config
-    if cfg.attention_sinks:
-        raise NotImplementedError("the paged engine's attention has no sink logits (gpt-oss): use the static engine")
     if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
     x = tf.embed_tokens(model, tokens)[:, None]  # [N, 1, D]

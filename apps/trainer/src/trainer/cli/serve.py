@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per call (default: %(default)s)")
     s.add_argument("--print-url", action="store_true",
                    help="print the base URL alone on stdout once it listens (for a process that started it)")
-    s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder"),
+    s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder", "harmony"),
                    help="how the model writes tool calls (default: from its chat template)")
     s.add_argument("--seed", type=int, default=0, help="the engine's random key (default: %(default)s)")
     s.add_argument("--top-logprobs", type=int, default=20,

@@ -73,12 +73,30 @@ def message_of(served: Served, sample: Sample, request: ChatRequest) -> tuple[di
     text = visible_text(served, sample.tokens, request.sampling.stop, final=True)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     finish = sample.finish
+    if served.tool_format in tool_calls.RAW:
+        return _harmony_message(served, sample, request, finish)
     if request.tools:
         content, calls = tool_calls.parse(text, served.tool_format, request.tools)
         if calls:
             message = {"role": "assistant", "content": content or None,
                        "tool_calls": [c.to_openai() for c in calls]}
             finish = "tool_calls" if finish == "stop" else finish
+    return message, finish
+
+
+def _harmony_message(served: Served, sample: Sample, request: ChatRequest, finish: str) -> tuple[dict[str, Any], str]:
+    """A harmony (gpt-oss) answer: the final channel as content, the analysis channel as
+    `reasoning_content` (vLLM's field), calls addressed to functions as tool calls."""
+    raw = served.tokenizer.decode(list(sample.tokens), skip_special=False)
+    cuts = [raw.find(s) for s in request.sampling.stop if s in raw]
+    read = tool_calls.read_harmony(raw[: min(cuts)] if cuts else raw)
+    message: dict[str, Any] = {"role": "assistant", "content": read.final + read.unread}
+    if read.analysis:
+        message["reasoning_content"] = read.analysis
+    if request.tools and read.calls:
+        message["tool_calls"] = [c.to_openai() for c in read.calls]
+        message["content"] = message["content"] or None
+        finish = "tool_calls" if finish == "stop" else finish
     return message, finish
 
 

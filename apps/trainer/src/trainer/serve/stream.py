@@ -11,6 +11,7 @@ from typing import Any
 
 from rl_core.rollout.serving import Job
 
+from trainer.serve import tool_calls
 from trainer.serve.requests import ChatRequest, Sampling
 from trainer.serve.responses import Served, chat_logprobs, message_of, usage, visible_text
 
@@ -48,7 +49,7 @@ async def stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncItera
                                          "finish_reason": None, "logprobs": None}], **extra})
     while (item := await queue.get()) is not None:
         j, tokens = item
-        if chat.tools:  # a call is parsed whole: content comes at the end
+        if chat.tools or served.tool_format in tool_calls.RAW:  # parsed whole: content comes at the end
             continue
         text = visible_text(served, tokens, s.stop, final=False)
         if len(text) > len(sent[j]):
@@ -65,6 +66,8 @@ async def stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncItera
         delta: dict[str, Any] = {}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        if message.get("reasoning_content"):
+            delta["reasoning_content"] = message["reasoning_content"]
         if message["content"] and len(message["content"]) > len(sent[i]):
             delta["content"] = message["content"][len(sent[i]):]
         extra: dict[str, Any] = {"token_ids": list(sample.tokens)} if s.return_token_ids else {}

@@ -4,7 +4,10 @@
   the project's `rl_core.episodes.tools.JsonToolCalls`), one JSON object per tag;
 - `qwen3_coder`: `<tool_call><function=name><parameter=key>value</parameter>...</function></tool_call>`
   (Qwen3-Coder), each parameter's value text, read as JSON when it is JSON (numbers, objects)
-  and as a string otherwise, or per the tool's JSON schema when it says "string".
+  and as a string otherwise, or per the tool's JSON schema when it says "string";
+- `harmony`: gpt-oss's messages, read from the text with its special tokens kept:
+  `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>` is a call,
+  the `final` channel is the content and the `analysis` channel the reasoning.
 
 `parse(text, names)` returns the text outside the calls (the message's content) and the calls;
 a call that cannot be read stays in the content, as text, so nothing the model wrote is lost.
@@ -95,11 +98,66 @@ def _value(text: str, schema: Any) -> Any:
         return text
 
 
-PARSERS = {"hermes": parse_hermes, "qwen3_coder": parse_qwen3_coder}
+_HARMONY_END = re.compile(r"<\|(?:end|call|return)\|>")
+_HARMONY_CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
+_HARMONY_RECIPIENT = re.compile(r"\bto=functions\.([^\s<]{1,200})")
+
+
+class Harmony(NamedTuple):
+    final: str
+    analysis: str
+    calls: list[ToolCall]
+    unread: str
+    """Messages that were neither a readable call nor a final or analysis message, as written."""
+
+
+def read_harmony(text: str) -> Harmony:
+    """gpt-oss's harmony messages in `text` (special tokens kept). A message is a header (the role
+    after `<|start|>`, `<|channel|>NAME`, a recipient `to=functions.NAME` before or after the channel,
+    `<|constrain|>json`) then `<|message|>` and its body up to `<|end|>`, `<|call|>` or `<|return|>`."""
+    final, analysis, calls, unread = [], [], [], []
+    for part in text.split("<|start|>"):
+        header, sep, rest = part.partition("<|message|>")
+        if not sep:
+            if part.strip():
+                unread.append(part)
+            continue
+        body = _HARMONY_END.split(rest, maxsplit=1)[0]
+        channel = _HARMONY_CHANNEL.search(header)
+        recipient = _HARMONY_RECIPIENT.search(header)
+        if recipient:
+            try:
+                arguments = json.loads(body)
+            except (ValueError, RecursionError):
+                arguments = None
+            if isinstance(arguments, dict) and len(body) <= MAX_CALL_CHARS:
+                calls.append(ToolCall(recipient.group(1), json.dumps(arguments, ensure_ascii=False)))
+            else:
+                unread.append(part)
+        elif channel and channel.group(1) == "analysis":
+            analysis.append(body)
+        elif channel is None or channel.group(1) in ("final", "commentary"):
+            final.append(body)
+        else:
+            unread.append(part)
+    return Harmony("".join(final), "".join(analysis), calls, "".join(unread))
+
+
+def parse_harmony(text: str, schemas: Mapping[str, Any] | None = None) -> tuple[str, list[ToolCall]]:
+    read = read_harmony(text)
+    return read.final + read.unread, read.calls
+
+
+PARSERS = {"hermes": parse_hermes, "qwen3_coder": parse_qwen3_coder, "harmony": parse_harmony}
+RAW = {"harmony"}
+"""Formats read from the text with special tokens kept (their structure is made of them)."""
 
 
 def choose(template: str | None) -> str:
-    """The format a chat template writes tool calls in: qwen3_coder when it shows `<function=`, else hermes."""
+    """The format a chat template writes tool calls in: harmony when it shows `<|channel|>`,
+    qwen3_coder when it shows `<function=`, else hermes."""
+    if template and "<|channel|>" in template:
+        return "harmony"
     return "qwen3_coder" if template and "<function=" in template else "hermes"
 
 

@@ -41,12 +41,12 @@ ATTENTION_CHOICES = ("auto", "reference", "pallas")
 def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_rows: jax.Array,
                               lengths: jax.Array, *, layer: jax.Array | int | None = None,
                               pages_per_block: int = 8, window: jax.Array | int | None = None,
-                              kv_head_major: bool = False) -> jax.Array:
+                              sinks: jax.Array | None = None, kv_head_major: bool = False) -> jax.Array:
     """Attention of q [N, H, Dh] over page-major pages [P, ps, K, Dh] (or the whole pool
     [L, P, ps, K, Dh] and a `layer`: only the pages read are gathered; slicing the layer
     out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1, or
-    with a `window` only the last `window` of them (the blocks before are not read).
-    `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's)."""
+    with a `window` only the last `window` of them (the blocks before are not read);
+    `sinks` [H]: each head's sink logit joins its softmax's denominator. `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's)."""
     q, k_pages, v_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, v_pages, page_rows, lengths))
     if layer is None:
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
@@ -93,7 +93,13 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
         jnp.zeros((n, kv_heads, g, dh), jnp.float32),
     )
     first = jnp.min(starts) // width  # blocks wholly before every query's window are not read
-    _, total, acc = jax.lax.fori_loop(first, jnp.minimum(needed, blocks), block, init)
+    top, total, acc = jax.lax.fori_loop(first, jnp.minimum(needed, blocks), block, init)
+    if sinks is not None:  # one more logit per head, with no value: exp(sink - max) joins the denominator
+        sink = jnp.asarray(sinks, jnp.float32).reshape(1, kv_heads, g)
+        new_top = jnp.maximum(top, sink)
+        correction = jnp.exp(top - new_top)
+        total = total * correction + jnp.exp(sink - new_top)
+        acc = acc * correction[..., None]
     return (acc / total[..., None]).reshape(n, h, dh).astype(q.dtype)
 
 
@@ -142,23 +148,24 @@ class PagedKV:
         """Pool with pages `src` [S] copied onto pages `dst` [S] in every layer (0 -> 0: nothing)."""
         return tuple(p.at[self._pages(dst)].set(p[self._pages(src)]) for p in pages)
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None) -> jax.Array:
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None) -> jax.Array:
         raise NotImplementedError
 
     def init(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, num_pages: int) -> tuple[jax.Array, jax.Array]:
         shape = self.pool_shape(layers, kv_heads, head_dim, num_pages)
         return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
-    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None
+    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """q [N, H, Dh], k / v [N, K, Dh] of tokens at `positions` [N] -> (out [N, H, Dh], pages);
-        `window` (int or traced int; None: none) keeps each token to its last `window` slots."""
+        `window` (int or traced int; None: none) keeps each token to its last `window` slots;
+        `sinks` [H] (None: none) are the heads' sink logits."""
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
         slot = self._slot(layer, page, positions % self.page_size)
         # a scatter into the loop-carried pool: in place, nothing else is copied
         k_pool = pages[0].at[slot].set(k.astype(pages[0].dtype))
         v_pool = pages[1].at[slot].set(v.astype(pages[1].dtype))
-        return self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window), (k_pool, v_pool)
+        return self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks), (k_pool, v_pool)
 
 
 class ReferenceKV(PagedKV):
@@ -175,9 +182,9 @@ class ReferenceKV(PagedKV):
     def _pages(self, page):
         return slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None):
         return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
-                                         pages_per_block=self.pages_per_block, window=window)
+                                         pages_per_block=self.pages_per_block, window=window, sinks=sinks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +205,10 @@ class PallasKV(PagedKV):
     def _pages(self, page):
         return slice(None), slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None):
-        if window is not None:  # the kernels take no window: the reference attention over this layout
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None):
+        if window is not None or sinks is not None:  # the kernels take neither: the reference over this layout
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
-                                             pages_per_block=self.pages_per_block, kv_head_major=True)
+                                             sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
             return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block)

@@ -63,7 +63,9 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
         if hf.get("model_type") == "qwen3_5":  # the text model alone, as Qwen3_5ForCausalLM reads it
             hf = hf["text_config"] | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
                                       "tie_word_embeddings": config.tie_embeddings}
-        hf = {k: v for k, v in hf.items() if k != "dtype"} | {"torch_dtype": config.param_dtype}
+        # weights are written as floats: a quantised source's quantization_config no longer holds
+        hf = {k: v for k, v in hf.items() if k not in ("dtype", "quantization_config")} | {
+            "torch_dtype": config.param_dtype}
         for name in COPIED_FILES:
             if (source / name).is_file():
                 shutil.copy(source / name, out / name)

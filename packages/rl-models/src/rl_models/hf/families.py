@@ -189,6 +189,15 @@ def _read_gpt_oss(hf: dict[str, Any]) -> dict[str, Any]:
         "swiglu_limit": float(hf.get("swiglu_limit", 7.0)), "swiglu_alpha": float(hf.get("swiglu_alpha", 1.702))}
 
 
+def _write_gpt_oss(config: TransformerConfig) -> dict[str, Any]:
+    """The expert and window fields; the experts' weights are written unquantised (float)."""
+    return _write_windows(config) | {
+        "attention_bias": True, "num_local_experts": config.num_experts,
+        "num_experts_per_tok": config.experts_per_token, "experts_per_token": config.experts_per_token,
+        "intermediate_size": config.moe_hidden_size, "swiglu_limit": config.swiglu_limit,
+        "swiglu_alpha": config.swiglu_alpha, "router_aux_loss_coef": 0.0, "output_router_logits": False}
+
+
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
@@ -202,7 +211,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",)),
     "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",)),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",)),
-    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, windows=True),
+    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True}),
@@ -221,7 +230,13 @@ def infer_family(config: TransformerConfig) -> str:
     """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama); ValueError when none does."""
     if config.attention_sinks or config.expert_bias:
-        raise ValueError("gpt-oss folders are read, not written")
+        gpt_oss = (config.attention_sinks and config.expert_bias and config.router_bias and config.attention_bias
+                   and config.attention_out_bias and config.router == "topk_softmax" and not config.qk_norm
+                   and config.hidden_act == "silu" and not (config.sandwich_norms or config.nope_layers))
+        if not gpt_oss:
+            raise ValueError("attention sinks and expert biases are gpt-oss's, and it has both with q/k/v/o and "
+                             "router biases, a top-k-then-softmax router and no q/k norm")
+        return "gpt_oss"
     if config.num_experts:
         if config.router != "softmax_topk" or not config.qk_norm or config.attention_bias or config.sliding_window \
                 or config.nope_layers or config.sandwich_norms or config.norm_plus_one or config.embed_scale \

@@ -360,12 +360,15 @@ def save_params(model: Transformer, path: Path) -> None:
     arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
     for key, slot in parameter_map(model.config).items():
-        if split_key(key)[2] != 1:
-            raise ValueError("gpt-oss folders are read, not written (its gate and up columns interleave in one tensor)")
         array = arrays[slot.path][slot.index()]
         array = array.T if slot.transposed else array
         if slot.offset:
             array = (array.astype(np.float32) - np.float32(slot.offset)).astype(array.dtype)
+        base, start, step = split_key(key)
+        if step > 1:  # every step-th column of one tensor (gpt-oss's interleaved gate and up)
+            whole = tensors.setdefault(base, np.empty((*array.shape[:-1], array.shape[-1] * step), array.dtype))
+            whole[..., start::step] = array
+            continue
         tensors[key] = np.ascontiguousarray(array)
     save_safetensors(tensors, path)
 
