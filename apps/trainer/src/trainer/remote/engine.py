@@ -44,6 +44,8 @@ class RemoteBackend(WithoutSessions):
     """`RolloutBackend` over engine servers; see the module docstring."""
 
     capabilities = Capabilities(row_limits=True)
+    version_route = "/engine/version"
+    """What a left-out server answers when it is back (a subclass's servers may answer another)."""
 
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
                  timeout_s: float = 600.0) -> None:
@@ -96,7 +98,7 @@ class RemoteBackend(WithoutSessions):
         """Ask each left-out server for its version; one that answers gets the current weights."""
         for server in list(self.down):
             try:
-                self.client.get(f"{server}/engine/version", timeout=5.0).raise_for_status()
+                self.client.get(f"{server}{self.version_route}", timeout=5.0).raise_for_status()
             except httpx.HTTPError:
                 continue
             del self.down[server]
