@@ -19,9 +19,10 @@ RULES = [
     (RolloutConfig, {}, "top_p", 1.5, "must be in (0, 1]"),
     (RolloutConfig, {}, "logprob_chunk_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
-    (RolloutConfig, {}, "engine", "vllm", "unknown engine 'vllm'. Known: paged, static (from rl-core)"),
+    (RolloutConfig, {}, "engine", "sglang", "unknown engine 'sglang'. Known: paged, static (from rl-core)"),
     (RolloutConfig, {}, "local_servers", -1, "must be >= 0"),
     (RolloutConfig, {}, "local_servers", 2, "needs rollout.engine='remote'"),
+    (RolloutConfig, {"engine": "vllm"}, "local_servers", 2, "needs rollout.engine='remote'"),  # vLLM: the user's
     (RolloutConfig, {"engine": "remote"}, "servers", ("10.0.0.2:8000",), "must be base URLs"),
     (RolloutConfig, {}, "servers", ("http://10.0.0.2:8000/v1",), "needs rollout.engine='remote'"),
     (RolloutConfig, {}, "weights_url", "s3://bucket/weights", "needs rollout.engine='remote'"),
