@@ -10,12 +10,15 @@ time: the module's fixture holds it for every test here and stops it after.
 - log-probs: vLLM's per-token log-probs (sampled at temperature 1) against the trainer's own
   log-prob pass on the same tokens (rl_core.policy.logprobs.completion_logprobs);
 - weights: a new version reloaded through vLLM's weight route changes its greedy tokens to what
-  the paged engine gives with those weights, and vLLM reports that version.
+  the paged engine gives with those weights, and vLLM reports that version;
+- a run: two GRPO steps of `trainer train ... rollout.engine=vllm`, vLLM serving the last version.
 """
 
+import json
 import os
 from typing import NamedTuple
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,3 +167,29 @@ def test_top_k_is_refused_with_the_reason(server, model, tokenizer, requests, tm
     vllm.update_weights(nnx.state(model), 1)
     with pytest.raises(ValueError, match="top_k=5, top_p=1.0 are not supported"):
         vllm.generate(requests, SamplingParams(temperature=1.0, top_k=5), jax.random.key(0))
+
+
+def test_a_grpo_run_takes_its_rollouts_from_vllm(server, folder, tmp_path):
+    """`trainer train ... rollout.engine=vllm`: two GRPO steps of SmolLM2 whose rollouts vLLM
+    generates, each step's weights published to it as a new version first."""
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+             "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in [(2, 3), (4, 1), (5, 2), (3, 3), (1, 6)]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run, weights = tmp_path / "run", tmp_path / "weights"
+    argv = [
+        "train", "--model", str(folder), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
+        "--output", str(run), "--no-progress",
+        "training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
+        "task.options.heldout_size=2", "task.options.max_new_tokens=16", "eval.every_steps=0",
+        "rollout.engine=vllm", f"rollout.servers=[{server.url}]", f"rollout.weights_url={weights}",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads((run / "summary.json").read_text())["skipped_updates"] == 0
+    losses = [json.loads(line)["train/loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if '"train/loss"' in line]
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    versions = sorted(int(p.name[1:]) for p in weights.iterdir())
+    assert len(versions) == 2 and versions == list(range(versions[0], versions[0] + 2))  # the two newest kept
+    reported = httpx.get(f"{server.url.removesuffix('/v1')}/weight_info").json()["weight_version"]
+    assert int(reported) == versions[-1]  # vLLM serves the last version the run published

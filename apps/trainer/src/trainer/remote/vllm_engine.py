@@ -53,6 +53,7 @@ class VLLMBackend(RemoteBackend):
 
     capabilities = Capabilities(row_limits=True)
     version_route = "/weight_info"
+    engine_name = "vllm"
 
     def __init__(self, servers: list[str], *, graphdef: Any, max_new_tokens: int, eos_ids: tuple[int, ...],
                  pad_id: int, weights_url: str | None = None, timeout_s: float = 600.0,

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def free_port() -> int:
 
 class Server:
     """One vLLM server process of `folder` (a Hugging Face folder), with its weight routes on
-    (VLLM_SERVER_DEV_MODE=1); `url` is its OpenAI base URL. Use it as a context manager."""
+    (VLLM_SERVER_DEV_MODE=1); `url` is its OpenAI base URL, its output goes to `log` (default a
+    file in the temporary folder). Use it as a context manager."""
 
     def __init__(self, folder: str | Path, *, venv: str | Path | None = None, kv_cache_gib: int = 2,
                  start_timeout_s: float = 900.0, log: str | Path | None = None) -> None:
@@ -52,7 +54,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         env = os.environ | {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
-        self.log = Path(log) if log else Path(os.devnull)
+        self.log = Path(log) if log else Path(tempfile.gettempdir()) / f"vllm-server-{self.port}.log"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(command(python, folder, self.port), env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
