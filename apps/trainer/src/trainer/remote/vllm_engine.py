@@ -26,6 +26,7 @@ of the truncated distribution, where the learner's convention is the whole tempe
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import shutil
 import time
 from pathlib import Path
@@ -80,9 +81,10 @@ class VLLMBackend(RemoteBackend):
         export_hf(merge_adapters(model) if has_adapters(model) else model, folder)
         self._snapshot = str(folder.absolute())
         self.snapshot_bytes = (folder / "model.safetensors").stat().st_size
-        for old in sorted(Path(self.weights_url).glob("v*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit()
-                          else -1)[:-self.keep_versions]:
-            shutil.rmtree(old, ignore_errors=True)  # versions no server loads any more
+        versions = sorted((int(p.name[1:]), p) for p in Path(self.weights_url).iterdir()
+                          if p.is_dir() and re.fullmatch(r"v\d+", p.name))
+        for _, old in versions[:-self.keep_versions]:
+            shutil.rmtree(old, ignore_errors=True)  # versions no server loads any more (nothing else is touched)
         self.publish_seconds.append(time.perf_counter() - start)
         self.version = version
         start = time.perf_counter()
