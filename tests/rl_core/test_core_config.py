@@ -24,8 +24,8 @@ RULES = [
     (RolloutConfig, {}, "local_servers", 2, "needs rollout.engine='remote'"),
     (RolloutConfig, {"engine": "vllm"}, "local_servers", 2, "needs rollout.engine='remote'"),  # vLLM: the user's
     (RolloutConfig, {"engine": "remote"}, "servers", ("10.0.0.2:8000",), "must be base URLs"),
-    (RolloutConfig, {}, "servers", ("http://10.0.0.2:8000/v1",), "needs rollout.engine='remote'"),
-    (RolloutConfig, {}, "weights_url", "s3://bucket/weights", "needs rollout.engine='remote'"),
+    (RolloutConfig, {}, "servers", ("http://10.0.0.2:8000/v1",), "needs an engine on servers"),
+    (RolloutConfig, {}, "weights_url", "s3://bucket/weights", "needs an engine on servers"),
     (RolloutConfig, {}, "attention", "flash", "must be one of ('auto', 'reference', 'pallas')"),
     (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {"engine": "paged"}, "partial_rollouts", "always",

@@ -251,9 +251,9 @@ class RolloutConfig(Config):
               "must be base URLs (http://host:port/v1)")
         object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
         check(not self.local_servers or self.engine == "remote", self, "local_servers", "needs rollout.engine='remote'")
-        for field in ("servers", "weights_url"):  # what the remote and vllm engines read
-            check(not getattr(self, field) or self.engine in ("remote", "vllm"), self, field,
-                  "needs rollout.engine='remote' (or 'vllm')")
+        for field in ("servers", "weights_url"):  # read by engines on servers (remote, vllm, a package's)
+            check(not getattr(self, field) or self.engine not in ROLLOUT_ENGINES, self, field,
+                  "needs an engine on servers (rollout.engine='remote', 'vllm' or a package's)")
         if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
             check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
