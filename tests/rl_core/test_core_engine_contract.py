@@ -7,6 +7,8 @@ weights, counters), and greedy tokens equal to the static sampler's on the same 
 engine that passes here works with the learner, the episodes and the planner's callers.
 """
 
+import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -21,14 +23,16 @@ from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, Roll
 from rl_core.rollout.engines import STATIC, Engine, EngineBuild
 from rl_core.rollout.factory import make_backend
 from rl_core.rollout.sampler import GREEDY
-from rl_models import PAGED_TRANSFORMER
-from rl_models.hf import load_hf_model
+from rl_models import PAGED_TRANSFORMER, Transformer
+from rl_models.hf import export_hf, load_hf_model, transformer_config_from_hf
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 5
 EOS = (302,)
 PROMPTS = ([5, 17, 40], [9, 200, 31, 7, 3, 88])  # 3 and 6 tokens: a page border (4) inside the second
 ENGINES = registry.engine_names()
+# the vllm engine needs a real vLLM server: its cases run in the `vllm` tier (docs/vllm.md)
+CASES = [pytest.param(n, marks=pytest.mark.vllm) if n == "vllm" else n for n in ENGINES]
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +56,45 @@ def servers():
         s.loop.close()
 
 
+@pytest.fixture(scope="module")
+def wide_folder(tmp_path_factory):
+    """The fixture's Qwen2 with heads of 32 dimensions (4 x 32 = 128 wide), random weights: vLLM's
+    CPU attention has no kernel for the fixture's 16 (its smallest is 32)."""
+    hf = json.loads((HF / "qwen2" / "config.json").read_text())
+    hf |= {"hidden_size": 128, "intermediate_size": 256}
+    out = tmp_path_factory.mktemp("qwen2-wide")
+    export_hf(Transformer(transformer_config_from_hf(hf), rngs=nnx.Rngs(0)), out, model_type="qwen2")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(HF / "qwen2" / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_server(wide_folder):
+    """A vLLM server of the wide model (trainer.remote.vllm_server), for the `vllm` engine; skipped,
+    saying why, where vLLM's environment ($VLLM_VENV) is missing or its server does not start."""
+    from trainer.remote.vllm_server import Server, VLLMUnavailable
+
+    try:
+        with Server(wide_folder, kv_cache_gib=1) as running:
+            yield (running.url,)
+    except VLLMUnavailable as e:
+        pytest.skip(f"no vLLM server: {e}")
+
+
+def case_model(name, model, request):
+    """The model an engine's case runs: the fixture's, or for vLLM the wide one its server loads."""
+    return load_hf_model(request.getfixturevalue("wide_folder")) if name == "vllm" else model
+
+
 def rollout(engine: str, servers: tuple[str, ...] = ()) -> RolloutConfig:
     return RolloutConfig(engine=engine, max_prompt_tokens=8, max_new_tokens=T, temperature=0.0, page_size_tokens=4,
                          decode_slots=4, prefill_chunk_tokens=8, steps_per_sync=2, servers=servers)
 
 
 def make(name: str, model, request) -> RolloutBackend:
-    urls = request.getfixturevalue("servers") if name == "remote" else ()
+    urls = {"remote": "servers", "vllm": "vllm_server"}.get(name)
+    urls = request.getfixturevalue(urls) if urls else ()
     return make_backend(rollout(name, urls), nnx.graphdef(model), eos_ids=EOS, pad_id=0, batch_size=4,
                         paging=PAGED_TRANSFORMER)
 
@@ -81,14 +117,17 @@ def static_greedy(model, request):
 
 
 def test_the_workspaces_engines_are_registered_under_their_names():
-    assert {"static", "paged", "remote"} <= set(ENGINES)  # remote: the trainer's entry point
+    assert {"static", "paged", "remote", "vllm"} <= set(ENGINES)  # remote, vllm: the trainer's entry points
     for name in ENGINES:
         engine = registry.get_engine(name)
         assert isinstance(engine, Engine) and engine.name == name
 
 
-@pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("name", CASES)
 def test_engine_meets_the_contract(name, model, static_greedy, request):
+    model = case_model(name, model, request)
+    if name == "vllm":
+        static_greedy = build("static", model, request).generate(requests(), GREEDY, jax.random.key(0))
     backend = build(name, model, request)
     assert isinstance(backend, RolloutBackend)  # every protocol member, capabilities included
     caps = backend.capabilities
@@ -130,9 +169,9 @@ def test_engine_meets_the_contract(name, model, static_greedy, request):
     assert backend.version == 3  # published weights reach a running rollout only, never the next call
 
 
-@pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("name", CASES)
 def test_generate_before_weights_says_so(name, model, request):
-    backend = make(name, model, request)
+    backend = make(name, case_model(name, model, request), request)
     assert backend.version == -1
     with pytest.raises(RuntimeError, match="before update_weights"):
         backend.generate(requests(), GREEDY, jax.random.key(0))

@@ -69,7 +69,7 @@ def test_judge_settings_are_off_until_a_model_is_named():
     ({"verdict": "yes_probability", "no_word": "yes"}, "two different"),
     ({"template": "{prompt}"}, r"no \{completion\}"),
     ({"unparsed_score": 2.0}, r"must be in \[0, 1\]"),
-    ({"engine": "vllm"}, "unknown engine 'vllm'"),
+    ({"engine": "sglang"}, "unknown engine 'sglang'"),
     ({"name": "my judge"}, "must be a word"),
 ])  # fmt: skip
 def test_bad_judge_settings_name_the_field(fields, problem):

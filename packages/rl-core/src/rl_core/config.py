@@ -234,13 +234,14 @@ class RolloutConfig(Config):
     that sampled it and its log-prob under that version (the rollout correction weighs it)."""
     servers: tuple[str, ...] = ()
     """rollout.engine=remote: base URLs of engine servers (`trainer serve`, e.g. http://10.0.0.2:8000/v1)
-    that generate the rollouts (docs/remote-engines.md)."""
+    that generate the rollouts (docs/remote-engines.md); rollout.engine=vllm: of vLLM servers (docs/vllm.md)."""
     local_servers: int = 0
     """rollout.engine=remote: engine servers the run starts on this host beside `servers` (and stops)."""
     weights_url: str | None = None
     """rollout.engine=remote: where each weight version's snapshot is written for the servers to read
     (an fsspec URL or folder every server sees); "stream": sent to each server over its connection
-    instead; None: a temporary folder on this host (servers on this host)."""
+    instead; None: a temporary folder on this host (servers on this host). rollout.engine=vllm: a folder
+    every vLLM server reads, each version a Hugging Face folder in it (docs/vllm.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -249,8 +250,10 @@ class RolloutConfig(Config):
             isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
               "must be base URLs (http://host:port/v1)")
         object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
-        for field in ("servers", "local_servers", "weights_url"):  # what the remote engine reads
-            check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
+        check(not self.local_servers or self.engine == "remote", self, "local_servers", "needs rollout.engine='remote'")
+        for field in ("servers", "weights_url"):  # read by engines on servers (remote, vllm, a package's)
+            check(not getattr(self, field) or self.engine not in ROLLOUT_ENGINES, self, field,
+                  "needs an engine on servers (rollout.engine='remote', 'vllm' or a package's)")
         if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
             check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",

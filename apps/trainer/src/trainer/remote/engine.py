@@ -44,6 +44,10 @@ class RemoteBackend(WithoutSessions):
     """`RolloutBackend` over engine servers; see the module docstring."""
 
     capabilities = Capabilities(row_limits=True)
+    version_route = "/engine/version"
+    """What a left-out server answers when it is back (a subclass's servers may answer another)."""
+    engine_name = "remote"
+    """Its `rollout.engine` name, for its errors."""
 
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
                  timeout_s: float = 600.0) -> None:
@@ -96,7 +100,7 @@ class RemoteBackend(WithoutSessions):
         """Ask each left-out server for its version; one that answers gets the current weights."""
         for server in list(self.down):
             try:
-                self.client.get(f"{server}/engine/version", timeout=5.0).raise_for_status()
+                self.client.get(f"{server}{self.version_route}", timeout=5.0).raise_for_status()
             except httpx.HTTPError:
                 continue
             del self.down[server]
@@ -107,7 +111,7 @@ class RemoteBackend(WithoutSessions):
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         if self.version < 0:
-            raise RuntimeError("RemoteBackend.generate before update_weights: no weights to decode with")
+            raise RuntimeError(f"{type(self).__name__}.generate before update_weights: no weights to decode with")
         self._rejoin()
         mask = np.asarray(requests.prompt_mask) > 0
         prompts = [np.asarray(requests.prompt_tokens)[i][mask[i]].tolist() for i in range(len(mask))]
@@ -136,7 +140,7 @@ class RemoteBackend(WithoutSessions):
         live = [s for s in self.servers if s not in self.down and self.served[s] == self.version]
         if not live:
             why = "; ".join(f"{s}: {w}" for s, w in self.down.items()) or "none holds the current weights"
-            raise NoServerLeft(f"rollout.engine=remote: no engine server left ({why})")
+            raise NoServerLeft(f"rollout.engine={self.engine_name}: no engine server left ({why})")
         return live
 
     def _deal(self, todo: list[int], limits: np.ndarray, g: int) -> dict[str, list[int]]:
