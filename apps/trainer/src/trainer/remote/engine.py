@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from rl_core.rollout.backend import Capabilities, Requests, WithoutSessions
 from rl_core.rollout.engines import Engine, EngineBuild
+from rl_core.rollout.memory import nothing_here
 from rl_core.rollout.sampler import Completions, SamplingParams
 
 from trainer.remote import weights as weights_lib
@@ -200,4 +201,5 @@ def _build(b: EngineBuild) -> RemoteBackend:
                          weights_url=b.rollout.weights_url)
 
 
-ENGINE = Engine(name="remote", build=_build)
+ENGINE = Engine(name="remote", build=_build, memory=nothing_here)
+"""Its servers hold the cache and the weights; on the trainer's devices it holds nothing (`trainer plan`)."""
