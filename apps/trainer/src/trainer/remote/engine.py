@@ -10,6 +10,12 @@ run starts: trainer.remote.local). Per step:
 - requests: each prompt (with all its samples) goes to the server with the least work assigned
   so far (new tokens to decode), with its prompt id, so its completions use the keys the
   in-process paged engine would give it: the same numbers, whichever server decodes it;
+- sessions (an episode's turns): `new_sessions` hands out keys; a prompt whose rows name keys goes
+  to the server that decoded their last turn (it holds their sequences: the turn's prefill starts
+  where the held tokens and the new prompt part); its first turn goes where the load is least. A
+  prompt whose server is left out goes to another, which prefills its whole history (the same
+  tokens and log-probs: a retained sequence only saves work). `release` reaches the servers that
+  hold the keys;
 - faults: a server that fails a request is left out and its prompts go to the others in the same
   step; when none is left the step stops with one line naming them. A left-out server is asked
   for its version before each step and rejoins (given the current weights) once it answers.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import tempfile
 import time
+import uuid
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +36,7 @@ from typing import Any
 import httpx
 import jax
 import numpy as np
-from rl_core.rollout.backend import Capabilities, Requests, WithoutSessions
+from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
 from rl_core.rollout.engines import Engine, EngineBuild
 from rl_core.rollout.memory import nothing_here
 from rl_core.rollout.sampler import Completions, SamplingParams
@@ -41,10 +48,13 @@ class NoServerLeft(RuntimeError):
     """Every engine server failed."""
 
 
-class RemoteBackend(WithoutSessions):
+class RemoteBackend:
     """`RolloutBackend` over engine servers; see the module docstring."""
 
-    capabilities = Capabilities(row_limits=True)
+    capabilities = Capabilities(row_limits=True, retains=True)
+    """Each row stops at its own limit; sessions are kept on the server that holds them (`trainer
+    serve`'s paged engine retains sequences; one that did not would prefill each turn whole, with
+    the same numbers)."""
 
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
                  timeout_s: float = 600.0) -> None:
@@ -63,6 +73,9 @@ class RemoteBackend(WithoutSessions):
         self.load_seconds: list[float] = []  # until every server took it
         self.snapshot_bytes = 0
         self.sent: dict[str, int] = {s: 0 for s in self.servers}  # prompts each server decoded
+        self.client_id = uuid.uuid4().hex  # names this trainer's session keys on the servers
+        self.home: dict[int, str] = {}  # session key -> the server that holds its sequence
+        self._next_session = 0
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -117,14 +130,15 @@ class RemoteBackend(WithoutSessions):
         body = {"num_samples": g, "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
                                                "top_p": sampling.top_p},
                 "key": np.asarray(jax.random.key_data(key)).tolist()}
+        keys = requests.handles().reshape(len(prompts), g)  # [U, G] each row's session key (-1: none)
         rows: dict[int, dict[str, Any]] = {}  # prompt index -> its G rows
         todo = list(range(len(prompts)))
         while todo:
-            shares = self._deal(todo, limits, g)
+            shares = self._deal(todo, limits, g, keys)
             todo = []
             with concurrent.futures.ThreadPoolExecutor(max(len(shares), 1)) as pool:
-                futures = {pool.submit(self._send, server, share, prompts, ids, limits, stops, body): (server, share)
-                           for server, share in shares.items()}
+                futures = {pool.submit(self._send, server, share, prompts, ids, limits, stops, keys, body):
+                           (server, share) for server, share in shares.items()}
                 for future, (server, share) in futures.items():
                     try:
                         rows.update(future.result())
@@ -140,27 +154,33 @@ class RemoteBackend(WithoutSessions):
             raise NoServerLeft(f"rollout.engine=remote: no engine server left ({why})")
         return live
 
-    def _deal(self, todo: list[int], limits: np.ndarray, g: int) -> dict[str, list[int]]:
-        """Each prompt to the live server with the least new tokens assigned so far (longest first)."""
+    def _deal(self, todo: list[int], limits: np.ndarray, g: int, keys: np.ndarray) -> dict[str, list[int]]:
+        """Each prompt to the live server that holds its sessions, else to the one with the least new
+        tokens assigned so far (longest first)."""
         load = {s: 0 for s in self._live()}
+        homes = {i: next((self.home[k] for k in keys[i].tolist() if self.home.get(k) in load), None) for i in todo}
         shares: dict[str, list[int]] = {}
-        for i in sorted(todo, key=lambda i: -int(limits[i])):
-            server = min(load, key=lambda s: (load[s], self.servers.index(s)))
+        for i in sorted(todo, key=lambda i: (homes[i] is None, -int(limits[i]))):  # kept turns first
+            server = homes[i] or min(load, key=lambda s: (load[s], self.servers.index(s)))
             load[server] += int(limits[i]) * g
             shares.setdefault(server, []).append(i)
         return shares
 
     def _send(self, server: str, share: list[int], prompts: list[list[int]], ids: np.ndarray, limits: np.ndarray,
-              stops: list[tuple[str, ...]], body: dict[str, Any]) -> dict[int, dict[str, Any]]:
+              stops: list[tuple[str, ...]], keys: np.ndarray, body: dict[str, Any]) -> dict[int, dict[str, Any]]:
         share = sorted(share)
         payload = body | {"prompts": [prompts[i] for i in share], "prompt_ids": [int(ids[i]) for i in share],
                           "max_new_tokens": [int(limits[i]) for i in share]}
         if any(stops[i] for i in share):
             payload["stop_strings"] = [list(stops[i]) for i in share]
+        mine = keys[share].reshape(-1)
+        if (mine >= 0).any():
+            payload |= {"client": self.client_id, "sessions": mine.tolist()}
         r = self.client.post(f"{server}/engine/generate", json=payload)
         r.raise_for_status()
         out = r.json()
         self.sent[server] += len(share)
+        self.home.update((k, server) for k in mine.tolist() if k >= 0)  # it holds their sequences now
         g = body["num_samples"]
         return {i: {k: out[k][j * g:(j + 1) * g] for k in ("tokens", "logp", "token_version", "truncated")}
                 for j, i in enumerate(share)}
@@ -182,7 +202,36 @@ class RemoteBackend(WithoutSessions):
         mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
         return Completions(tokens, logp, mask, lengths, truncated, versions.min(axis=1), versions)
 
-    # -- the rest of the contract ----------------------------------------------------------------
+    # -- sessions and the rest of the contract ---------------------------------------------------
+
+    def new_sessions(self, n: int) -> np.ndarray:
+        handles = np.arange(self._next_session, self._next_session + n, dtype=np.int64)
+        self._next_session += n
+        return handles
+
+    def release(self, handles: Sequence[int] | np.ndarray | None = None) -> None:
+        """Free the sequences held under `handles` (None: all) on the servers that hold them; a server
+        that does not answer lost them anyway."""
+        if handles is None:
+            by_server: dict[str, list[int] | None] = {s: None for s in self.servers if s not in self.down}
+            self.home.clear()
+        else:
+            by_server = {}
+            for k in np.asarray(handles, np.int64).reshape(-1).tolist():
+                if k in self.home:
+                    by_server.setdefault(self.home.pop(k), []).append(k)
+        for server, keys in by_server.items():
+            try:
+                self.client.post(f"{server}/engine/release", json={"client": self.client_id, "sessions": keys},
+                                 timeout=30.0).raise_for_status()
+            except httpx.HTTPError:
+                pass
+
+    def publish(self, params: Any, version: int) -> bool:
+        return False  # a server takes new weights between its rollouts only
+
+    def counters(self) -> EngineCounters:
+        return EngineCounters()  # counted on the servers
 
 
     def close(self) -> None:
