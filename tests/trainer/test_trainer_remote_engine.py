@@ -5,8 +5,12 @@ Same weights, same key: every completion has the tokens and log-probs the in-pro
 gives it, whichever server decoded it, and carries the version the servers were given.
 """
 
+import concurrent.futures
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import jax
 import numpy as np
 import pytest
@@ -153,3 +157,77 @@ def test_an_episodes_turns_stay_on_the_server_that_holds_its_sequence(session_se
     assert len(served[0].loop.engine.retained.held) == 4
     remote.release(keys)
     assert remote.home == {} and len(served[0].loop.engine.retained.held) == 0
+
+
+@pytest.fixture
+def lag_servers():
+    served = [served_folder(HF, OPTIONS) for _ in range(2)]
+    running = [serve_in_thread(s) for s in served]
+    yield running, served
+    for hold in HOLDS:  # a failed test leaves no engine thread held
+        hold.set()
+    for r, s in zip(running, served, strict=True):
+        r.stop()
+        s.loop.close()
+
+
+HOLDS: list[threading.Event] = []
+
+
+def until(done, polls: int = 6000) -> None:
+    """Wait for `done()` (the first server's background load), polling every 10 ms, a minute at most."""
+    for _ in range(polls):
+        if done():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the first server never took the new version")
+
+
+def busy(served) -> threading.Event:
+    """Hold a server's engine thread (as a long rollout or a slow load would) until the event is set."""
+    hold = threading.Event()
+    HOLDS.append(hold)
+    threading.Thread(target=served.loop.call, args=(hold.wait,), daemon=True).start()
+    return hold
+
+
+@pytest.mark.e2e  # about 5 s: five versions on two servers
+def test_a_server_lagging_within_the_allowance_is_used_and_one_further_behind_is_not(lag_servers, tmp_path):
+    """rollout.server_max_lag=1: each completion carries the version that sampled it; a server two
+    versions behind gets no requests until it has caught up; one version behind still does."""
+    (a, b), (served_a, served_b) = lag_servers
+    state = nnx.split(trained())[1]
+    remote = RemoteBackend([a.url, b.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path), max_lag=1)
+    for version in (1, 2):
+        remote.update_weights(state, version)
+    remote.loaded()
+    assert remote.served == {a.url: 2, b.url: 2}
+    # the second server holds version 1 again (what a server whose load of 2 has not ended serves)
+    httpx.post(f"{b.url}/engine/weights", json={"url": f"{tmp_path}/v1.safetensors", "version": 1}).raise_for_status()
+    out = remote.generate(requests(), SAMPLED, jax.random.key(3))
+    versions = sorted(set(np.asarray(out.version).tolist()))
+    assert versions == [1, 2] and (np.asarray(out.token_version).min(axis=1) == out.version).all()
+
+    # versions 3 and 4 while the second server is busy: two behind, it gets nothing
+    hold = busy(served_b)
+    remote.update_weights(state, 3)
+    remote.update_weights(state, 4)
+    until(lambda: remote.served[a.url] == 4)
+    sent_b = remote.sent[b.url]
+    out = remote.generate(requests(), SAMPLED, jax.random.key(3))
+    assert remote.sent[b.url] == sent_b and (out.version == 4).all() and remote.served[b.url] == 2
+    hold.set()  # it takes 4 (the newest; 3 was never sent): used again
+    remote.loaded()
+    assert remote.served == {a.url: 4, b.url: 4}
+
+    # version 5 while it is busy again: one behind, it still gets its share (decoded once it is free,
+    # with the weights it holds then)
+    hold = busy(served_b)
+    remote.update_weights(state, 5)
+    until(lambda: remote.served[a.url] == 5)
+    assert remote.served[b.url] == 4
+    done = concurrent.futures.ThreadPoolExecutor(1).submit(remote.generate, requests(), SAMPLED, jax.random.key(3))
+    hold.set()
+    out = done.result()
+    assert remote.sent[b.url] == sent_b + 2 and (out.version == 5).all()
+    remote.close()

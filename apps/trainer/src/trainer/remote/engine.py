@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -57,7 +58,7 @@ class RemoteBackend:
     the same numbers)."""
 
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, max_lag: int = 0) -> None:
         if not servers:
             raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
         self.servers = [s.rstrip("/") for s in servers]
@@ -76,46 +77,84 @@ class RemoteBackend:
         self.client_id = uuid.uuid4().hex  # names this trainer's session keys on the servers
         self.home: dict[int, str] = {}  # session key -> the server that holds its sequence
         self._next_session = 0
+        self.max_lag = max_lag
+        self._lock = threading.Lock()  # the published version and who is loading it
+        # (publish count, version, its snapshot: a URL, or bytes when streamed); each server loads
+        # every publish it has not taken (the newest only, when it fell behind): the same version again
+        # too, which another trainer may have replaced on it
+        self._published: tuple[int, int, Any] = (0, -1, None)
+        self._took: dict[str, int] = {s: 0 for s in self.servers}  # the last publish each server loaded
+        self._loading: dict[str, concurrent.futures.Future] = {}  # server -> its background load
+        self._loader = concurrent.futures.ThreadPoolExecutor(len(self.servers), thread_name_prefix="remote-weights")
+        weakref.finalize(self, self._loader.shutdown, wait=False)
 
     # -- weights ---------------------------------------------------------------------------------
 
     def update_weights(self, params: Any, version: int) -> None:
         start = time.perf_counter()
         if self.stream:  # the bytes go to each server over its connection
-            self._snapshot = weights_lib.snapshot(params)
-            self.snapshot_bytes = len(self._snapshot)
+            snapshot: Any = weights_lib.snapshot(params)
+            self.snapshot_bytes = len(snapshot)
         else:
-            self._snapshot = f"{self.weights_url}/v{version}.safetensors"
-            self.snapshot_bytes = weights_lib.write(params, self._snapshot)
+            snapshot = f"{self.weights_url}/v{version}.safetensors"
+            self.snapshot_bytes = weights_lib.write(params, snapshot)
         self.publish_seconds.append(time.perf_counter() - start)
-        self.version = version
         start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
-            list(pool.map(self._load, [s for s in self.servers if s not in self.down]))
-        self.load_seconds.append(time.perf_counter() - start)
+        with self._lock:
+            self._published = (self._published[0] + 1, version, snapshot)
+            self.version = version
+        loading = [self._catch_up(s) for s in self.servers if s not in self.down]
+        if not self.max_lag:  # every server takes it before the next rollout
+            concurrent.futures.wait(loading)
+            self.load_seconds.append(time.perf_counter() - start)
 
-    def _load(self, server: str) -> None:
-        try:
-            if self.stream:
-                r = self.client.post(f"{server}/engine/weights", params={"version": self.version},
-                                     content=self._snapshot, headers={"content-type": "application/octet-stream"})
-            else:
-                r = self.client.post(f"{server}/engine/weights", json={"url": self._snapshot, "version": self.version})
-            r.raise_for_status()
-            self.served[server] = int(r.json()["version"])
-        except (httpx.HTTPError, KeyError, ValueError) as e:
-            self.down[server] = _why(e)
+    def loaded(self) -> None:
+        """Wait until every server up took the published weights (or failed to)."""
+        concurrent.futures.wait(list(self._loading.values()))
+
+    def _catch_up(self, server: str) -> concurrent.futures.Future:
+        """Have `server` load the published version in the background, one load at a time, the newest
+        each time (a load that ends behind a newer publish is followed by that one)."""
+        with self._lock:
+            if server not in self._loading:
+                self._loading[server] = self._loader.submit(self._load_until_current, server)
+            return self._loading[server]
+
+    def _load_until_current(self, server: str) -> None:
+        while True:
+            with self._lock:
+                if server in self.down or self._took[server] == self._published[0]:
+                    del self._loading[server]
+                    return
+                publish, version, snapshot = self._published
+            try:
+                if self.stream:
+                    r = self.client.post(f"{server}/engine/weights", params={"version": version},
+                                         content=snapshot, headers={"content-type": "application/octet-stream"})
+                else:
+                    r = self.client.post(f"{server}/engine/weights", json={"url": snapshot, "version": version})
+                r.raise_for_status()
+                self.served[server], self._took[server] = int(r.json()["version"]), publish
+            except (httpx.HTTPError, KeyError, ValueError) as e:
+                self.down[server] = _why(e)
 
     def _rejoin(self) -> None:
-        """Ask each left-out server for its version; one that answers gets the current weights."""
+        """Ask each left-out server for its version; one that answers rejoins at it and is given the
+        current weights (waited for unless servers may lag)."""
+        loading = []
         for server in list(self.down):
             try:
-                self.client.get(f"{server}/engine/version", timeout=5.0).raise_for_status()
-            except httpx.HTTPError:
+                r = self.client.get(f"{server}/engine/version", timeout=5.0)
+                r.raise_for_status()
+                self.served[server] = int(r.json()["version"])
+            except (httpx.HTTPError, KeyError, ValueError):
                 continue
             del self.down[server]
+            self._took[server] = 0  # whatever it held, it gets the current weights again
             if self.version >= 0:
-                self._load(server)
+                loading.append(self._catch_up(server))
+        if not self.max_lag:
+            concurrent.futures.wait(loading)
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -148,9 +187,17 @@ class RemoteBackend:
         return self._completions([rows[i] for i in range(len(prompts))], g)
 
     def _live(self) -> list[str]:
-        live = [s for s in self.servers if s not in self.down and self.served[s] == self.version]
+        """The servers up and at most `max_lag` versions behind; while none is, waits for a load."""
+        while True:
+            live = [s for s in self.servers if s not in self.down and self.served[s] >= 0
+                    and 0 <= self.version - self.served[s] <= self.max_lag]
+            pending = [f for f in self._loading.values() if not f.done()]
+            if live or not pending:
+                break
+            concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
         if not live:
-            why = "; ".join(f"{s}: {w}" for s, w in self.down.items()) or "none holds the current weights"
+            why = "; ".join(f"{s}: {w}" for s, w in self.down.items()) or (
+                f"none holds version {self.version} or one at most {self.max_lag} behind it")
             raise NoServerLeft(f"rollout.engine=remote: no engine server left ({why})")
         return live
 
@@ -235,6 +282,7 @@ class RemoteBackend:
 
 
     def close(self) -> None:
+        self._loader.shutdown(wait=True)
         self.client.close()
 
 
@@ -247,7 +295,7 @@ def _build(b: EngineBuild) -> RemoteBackend:
 
     servers = list(b.rollout.servers) + local.start(b.rollout)
     return RemoteBackend(servers, max_new_tokens=b.rollout.max_new_tokens, pad_id=b.pad_id,
-                         weights_url=b.rollout.weights_url)
+                         weights_url=b.rollout.weights_url, max_lag=b.rollout.server_max_lag)
 
 
 ENGINE = Engine(name="remote", build=_build, memory=nothing_here)
