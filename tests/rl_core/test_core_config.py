@@ -26,6 +26,8 @@ RULES = [
     (RolloutConfig, {"engine": "remote"}, "servers", ("10.0.0.2:8000",), "must be base URLs"),
     (RolloutConfig, {}, "servers", ("http://10.0.0.2:8000/v1",), "needs an engine on servers"),
     (RolloutConfig, {}, "weights_url", "s3://bucket/weights", "needs an engine on servers"),
+    (RolloutConfig, {"engine": "remote"}, "server_max_lag", -1, "must be an integer >= 0"),
+    (RolloutConfig, {}, "server_max_lag", 1, "needs rollout.engine='remote'"),
     (RolloutConfig, {}, "attention", "flash", "must be one of ('auto', 'reference', 'pallas')"),
     (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {"engine": "paged"}, "partial_rollouts", "always",

@@ -21,7 +21,8 @@ from rl_core.config import ConfigError, RolloutConfig
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, RolloutBackend
 from rl_core.rollout.engines import STATIC, Engine, EngineBuild
-from rl_core.rollout.factory import make_backend
+from rl_core.rollout.factory import engine_settings, make_backend
+from rl_core.rollout.memory import EngineMemory, MemoryQuery, per_device
 from rl_core.rollout.sampler import GREEDY
 from rl_models import PAGED_TRANSFORMER, Transformer
 from rl_models.hf import export_hf, load_hf_model, transformer_config_from_hf
@@ -190,6 +191,40 @@ def test_a_package_adds_an_engine_by_registering_it(monkeypatch, model):
     monkeypatch.setattr(registry, "registry", fresh)
     with pytest.raises(ConfigError, match="unknown engine 'mine'"):
         rollout("mine")
-    fresh.register(registry.ENGINE, "mine", Engine(name="mine", build=mine))
+    fresh.register(registry.ENGINE, "mine", Engine(name="mine", build=mine, memory=STATIC.memory))
     backend = make_backend(rollout("mine"), nnx.graphdef(model), eos_ids=EOS, pad_id=0)
     assert built == ["mine"] and isinstance(backend, RolloutBackend)
+
+
+def compiled_bytes(jitted, *args) -> tuple[int, int, int]:
+    stats = jitted.lower(*args).compile().memory_analysis()
+    return stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_says_what_it_holds_for_the_planner(name, model):
+    """`Engine.memory`: what `trainer plan` counts for the engine, asked with the model's shapes and
+    the run's rollout settings (one device here); its table lines name entries it gives."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: model))
+    weights = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state))
+    c = model.config
+    token_kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # float32
+    urls = ("http://127.0.0.1:9",) if name == "remote" else ()
+    q = MemoryQuery(rollout=rollout(name, urls), graphdef=graphdef, weights=weights, variables=state, prompts=2,
+                    samples=2, batch_size=4, prompt_tokens=8, new_tokens=T, mean_new_tokens=T,
+                    num_kv_heads=c.num_kv_heads, kv_token_bytes=token_kv, compute_bytes=4,
+                    dense_cache_bytes=4 * (8 + T) * token_kv, compiled=compiled_bytes)
+    held = registry.get_engine(name).memory(q)
+    assert isinstance(held, EngineMemory)
+    assert min(held.held_bytes, held.cache_bytes, held.weight_bytes) >= 0
+    for label, ck, ak in held.rows:
+        assert label and (ck is None or ck in held.compiled) and (ak is None or ak in {*held.analytic, "kv_cache"})
+    if name == "static":  # its program holds the cache of 4 rows at full length; it samples the trained weights
+        assert held.held_bytes >= held.cache_bytes == q.dense_cache_bytes and held.weight_bytes == 0
+        assert held.compiled_weight_bytes == per_device(weights) + 8  # and the key (two uint32)
+    elif name == "paged":  # its page pool and a float32 weight copy
+        pool = engine_settings(q.rollout, batch_size=4).pool_pages * 4 * token_kv
+        assert held.cache_bytes == pool and held.weight_bytes == per_device(weights)
+        assert held.held_bytes == pool + per_device(weights)
+    elif name == "remote":  # on its servers
+        assert held.held_bytes == 0

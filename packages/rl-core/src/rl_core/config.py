@@ -242,15 +242,24 @@ class RolloutConfig(Config):
     (an fsspec URL or folder every server sees); "stream": sent to each server over its connection
     instead; None: a temporary folder on this host (servers on this host). rollout.engine=vllm: a folder
     every vLLM server reads, each version a Hugging Face folder in it (docs/vllm.md)."""
+    server_max_lag: int = 0
+    """rollout.engine=remote: how many weight versions a server may lag behind the trainer's and
+    still get requests. 0: every update waits until each server took it, and only servers at the
+    current version generate. N > 0: servers load each version in the background, one still
+    loading generates with what it holds (each token carries the version that sampled it), and one
+    more than N behind gets no requests until it catches up."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.local_servers >= 0, self, "local_servers", "must be >= 0")
+        check(isinstance(self.server_max_lag, int) and self.server_max_lag >= 0, self, "server_max_lag",
+              "must be an integer >= 0")
         check(isinstance(self.servers, (list, tuple)) and all(
             isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
               "must be base URLs (http://host:port/v1)")
         object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
-        check(not self.local_servers or self.engine == "remote", self, "local_servers", "needs rollout.engine='remote'")
+        for field in ("local_servers", "server_max_lag"):  # what the remote engine alone reads
+            check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
         for field in ("servers", "weights_url"):  # read by engines on servers (remote, vllm, a package's)
             check(not getattr(self, field) or self.engine not in ROLLOUT_ENGINES, self, field,
                   "needs an engine on servers (rollout.engine='remote', 'vllm' or a package's)")

@@ -6,9 +6,10 @@ the program that scores a step's completions, compiled for all of them at once (
 per completion, judge.max_prompt_tokens long):
 
   - yes_probability: the judge's forward pass (trainer.judge.model.first_logprobs_program);
-  - a text verdict on the static engine: the sampler's program (greedy, judge.max_new_tokens);
-  - a text verdict on the paged engine: its KV page pool and its weight copy (compute dtype),
-    counted as the policy's engine is (trainer.plan.planner).
+  - a text verdict: what its engine (judge.engine) holds, by the engine's own answer
+    (`Engine.memory`, rl_core.rollout.memory), asked as the policy's engine is (trainer.plan.planner):
+    the static sampler's program (greedy, judge.max_new_tokens), the paged engine's KV page pool
+    and weight copy (compute dtype).
 
 The judge's model is read from config.json (judge.path), from a run folder's settings (judge.run)
 or is judge.preset (judge.train_steps). The entries join the plan's tables with a "judge" prefix.
@@ -45,9 +46,10 @@ def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Cal
     import jax
     import jax.numpy as jnp
     from flax import nnx
+    from rl_core import registry
     from rl_core.config import RolloutConfig
-    from rl_core.rollout.factory import engine_settings, resolve_engine
-    from rl_core.rollout.sampler import GREEDY, Sampler
+    from rl_core.rollout.factory import resolve_engine
+    from rl_core.rollout.memory import MemoryQuery
     from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program
@@ -65,21 +67,21 @@ def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Cal
                             engine=j.engine)
     cbytes = jnp.dtype(config.dtype).itemsize
     token_kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes
-    engine = engine_settings(rollout)  # as trainer.judge.model builds it: rollout.decode_slots slots
     analytic = {"judge": per_device(stored), "judge_kv_cache": 0, "judge_engine": 0}
     if j.verdict == YES_PROBABILITY:
         ids = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one)
         args, out, temp = sizes(first_logprobs_program(graphdef), stored, tokens, mask, ids)
         weights = args - per_device((tokens, mask, ids))
-    elif resolve_engine(rollout) == "static":
-        sampler = Sampler(graphdef, max_new_tokens=j.max_new_tokens, eos_ids=(0,), pad_id=0)
-        args, out, temp = sizes(sampler._jit(False, False), stored, tokens, mask, jax.random.key(0), GREEDY, 1)
-        weights = args - per_device((tokens, mask))
-        analytic["judge_kv_cache"] = batch * (j.max_prompt_tokens + j.max_new_tokens) * token_kv
-    else:  # the paged engine: its pool and a weight copy in the compute dtype
-        out = 0
-        analytic["judge_kv_cache"] = engine.pool_pages * engine.page_size * token_kv
-        analytic["judge_engine"] = sum(int(x.size) for x in jax.tree.leaves(stored)) * cbytes
-        temp = analytic["judge_kv_cache"] + analytic["judge_engine"]
-    compiled = {"judge": weights, "judge_temporaries": temp + out}
+        temp += out
+    else:  # its engine's own count, one device, built as trainer.judge.model builds it (rollout.decode_slots slots)
+        held = registry.get_engine(resolve_engine(rollout)).memory(MemoryQuery(
+            rollout=rollout, graphdef=graphdef, weights=stored, variables=params, prompts=batch, samples=1,
+            batch_size=None, prompt_tokens=j.max_prompt_tokens, new_tokens=j.max_new_tokens,
+            mean_new_tokens=j.max_new_tokens, num_kv_heads=config.num_kv_heads, kv_token_bytes=token_kv,
+            compute_bytes=cbytes, dense_cache_bytes=batch * (j.max_prompt_tokens + j.max_new_tokens) * token_kv,
+            compiled=sizes))
+        weights = weights if held.compiled_weight_bytes is None else held.compiled_weight_bytes
+        analytic["judge_kv_cache"], analytic["judge_engine"] = held.cache_bytes, held.weight_bytes
+        temp = held.held_bytes
+    compiled = {"judge": weights, "judge_temporaries": temp}
     return sum(int(x.size) for x in jax.tree.leaves(stored)), compiled, analytic

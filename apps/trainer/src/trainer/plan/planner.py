@@ -15,8 +15,11 @@ parameter, optimizer and cache arrays not at all.
 
 Programs are traced as for the platform planned for (`--platform`, rl_models.attention.traced_for):
 `model.attention=auto` resolves for it, and a fused attention kernel that XLA:CPU cannot compile
-(cuDNN, Splash) is compiled as a stand-in holding what the kernel holds. The static sampler is
-compiled only for a run that uses it, the reference pass only when beta != 0.
+(cuDNN, Splash) is compiled as a stand-in holding what the kernel holds. The reference pass is
+compiled only when beta != 0. What the rollout engine holds (its cache, its weight copy, its
+program's temporaries) is the engine's own answer (`Engine.memory`, rl_core.rollout.memory: the
+static sampler compiles its program, the paged engine counts its pool, a remote one holds nothing
+here); the planner never branches on the engine's name.
 
 The peak is measured against a `trainer.plan.device_memory.MemoryBudget`: the runtime's share of the
 device (JAX preallocates 75% of a GPU) less a headroom. The weights as loaded (the model the
@@ -70,8 +73,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     """The per-device memory of a run with `settings` (a RunSettings) on the current devices,
     for `budget`'s platform and against its limit.
 
-    `mean_new_tokens` (default max_new_tokens) is the mean completion length at which the
-    paged engine's KV in use is counted: prompts once per group, each completion its own
+    `mean_new_tokens` (default max_new_tokens) is the mean completion length at which an
+    engine's KV in use is counted (the paged engine's: prompts once per group, each completion its own
     tokens rounded up to whole pages. `compiled_programs`, when given, keeps each compiled
     program's sizes by its lowered text, so plans that share a program compile it once."""
     # imported here, not at the top: `trainer plan` imports this module before simulate_devices
@@ -81,8 +84,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     import numpy as np
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
-    from rl_core.rollout.sampler import Sampler, SamplingParams
-    from rl_core.rollout.generation import cast_weights
+    from rl_core import registry
+    from rl_core.rollout.memory import MemoryQuery
     from rl_models import CharTokenizer, model_class, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
@@ -173,27 +176,6 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         ref_temp += ref_out
 
     ways = mesh_lib.batch_devices(mesh)
-    rollout_temp = None
-    # rollout.weights_dtype: the static engine samples with a cast copy of the whole model, held
-    # beside the trained weights (the generator's own cast_weights, traced on shapes; a leaf it
-    # casts is a new buffer, the others pass through)
-    whole_weights = sampled_weights = frozen_lib.join(master, frozen)
-    if rollout.weights_dtype is not None:
-        cast = jax.eval_shape(lambda w: cast_weights(w, rollout.weights_dtype), whole_weights)
-        sampled_weights = jax.tree.map(
-            lambda s, c: s if c.dtype == s.dtype else jax.ShapeDtypeStruct(s.shape, c.dtype, sharding=s.sharding),
-            whole_weights, cast)
-    if engine_name == "static":  # the paged engine's memory is its pool and weight copy (counted below)
-        sampler = Sampler(graphdef, max_new_tokens=t_len, eos_ids=(0,), pad_id=0, mesh=mesh,
-                          param_shardings=shardings.whole)
-        u = training.prompts_per_step
-        prompts = jax.ShapeDtypeStruct((u, p_len), jnp.int32)
-        _, rollout_out, rollout_temp = sizes(
-            sampler._jit(u % ways == 0, batch % ways == 0), sampled_weights, prompts,
-            jax.ShapeDtypeStruct((u, p_len), jnp.float32), jax.random.key(0), SamplingParams.from_rollout(rollout),
-            group,
-        )
-        rollout_temp += rollout_out
 
     def per_device(tree) -> int:
         total = 0
@@ -224,28 +206,15 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     kv_b = 2 * kv_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
     # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
     recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
-    # the paged engine (rl_core.rollout): one replica per data/fsdp device, each with its own page
-    # pool split over tensor on kv heads, and weights in the compute dtype split over tensor only
-    from rl_core.rollout.factory import engine_settings
-    from rl_core.rollout.paged import DECODE_RULES
-
-    replicas = mesh_lib.batch_devices(mesh)
-    engine = engine_settings(rollout, batch_size=batch, replicas=replicas)
-    tensor_split = mesh.shape["tensor"] if config.num_kv_heads % mesh.shape["tensor"] == 0 else 1
-    token_kv_b = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes // tensor_split
-    pool_b = engine.pool_pages * engine.page_size * token_kv_b
+    # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
     mean = t_len if mean_new_tokens is None else mean_new_tokens
-    pages = lambda n: -(-n // engine.page_size)  # noqa: E731
-    # a replica holds its share of the prompts (dealt round-robin) and their completions
-    prompts_here = -(-training.prompts_per_step // replicas)
-    in_use_b = (prompts_here * pages(p_len) + prompts_here * group * (pages(mean) + 1)) * engine.page_size * token_kv_b
-    whole_state = nnx.state(whole_model, nnx.Param)
-    engine_weights_b = sum(
-        math.prod(jax.sharding.NamedSharding(mesh, mesh_lib.logical_spec(
-            v.get_metadata("out_sharding", None) or (None,) * len(v.shape), v.shape, mesh, DECODE_RULES)
-        ).shard_shape(v.shape)) * cbytes
-        for v in jax.tree.leaves(whole_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    )
+    held = registry.get_engine(engine_name).memory(MemoryQuery(
+        rollout=rollout, graphdef=graphdef, weights=frozen_lib.join(master, frozen),
+        variables=nnx.state(whole_model, nnx.Param), mesh=mesh, param_shardings=shardings.whole,
+        prompts=training.prompts_per_step, samples=group, batch_size=batch, prompt_tokens=p_len, new_tokens=t_len,
+        mean_new_tokens=mean, num_kv_heads=config.num_kv_heads,
+        kv_token_bytes=2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes, compute_bytes=cbytes,
+        dense_cache_bytes=kv_b + recurrent_b, compiled=sizes))
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
 
@@ -269,9 +238,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "frozen_base": frozen_b,  # an argument of every program, counted once
         "reference": ref_args - ref_batch_b - frozen_b if ref_args is not None else 0,
         "update_temporaries": update_temp,
-        "rollout_temporaries": rollout_temp,
+        "rollout_temporaries": None,  # the engine's compiled program, where it measures one
         "reference_temporaries": ref_temp,
-    }
+    } | held.compiled
     analytic = {
         "parameters": params_b,
         "optimizer_state": opt_b,
@@ -282,15 +251,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "kv_cache": kv_b + recurrent_b,
         "recurrent_state": recurrent_b,
         "activations": activation_bytes(config),
-        "engine_kv_pool": pool_b,
-        "engine_kv_in_use": in_use_b,
-        "engine_weights": engine_weights_b,
-        # the static engine's cast copy (rollout.weights_dtype); without one it samples the policy's own buffers
-        "rollout_weight_copy": per_device([new for old, new in zip(jax.tree.leaves(whole_weights),
-                                                                  jax.tree.leaves(sampled_weights), strict=True)
-                                           if new is not old]) if engine_name == "static" else 0,
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
-    }
+    } | held.analytic
     critic_trainable = 0
     if has_critic(settings):  # PPO: a second trained model, resident beside the policy, with its own programs
         layout = PolicyLayout(mesh=mesh, runtime=runtime, micro=micro, n_micro=n_micro, batch=batch, p_len=p_len,
@@ -316,6 +278,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     name = m.path or m.preset
     loaded = "frozen_base" if lora.rank else "reference" if beta else "freed"
     return Plan(str(name), dict(mesh.shape), count, trainable, compiled, analytic, budget, engine=engine_name,
-                mean_new_tokens=mean, attention=kernel, auto_attention=auto, loaded_model=loaded,
+                mean_new_tokens=mean, rollout_bytes=held.held_bytes, engine_rows=held.rows, attention=kernel,
+                auto_attention=auto, loaded_model=loaded,
                 critic_trainable=critic_trainable, teacher_parameters=teacher_parameters,
                 judge_parameters=judge_parameters)

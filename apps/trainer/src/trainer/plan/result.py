@@ -33,7 +33,11 @@ class Plan:
     engine: str = "static"
     """The rollout engine (rollout.engine, "auto" resolved: rl_core.rollout.factory.resolve_engine)."""
     mean_new_tokens: int = 0
-    """The mean completion length the paged engine's in-use KV is counted at."""
+    """The mean completion length an engine's in-use KV is counted at."""
+    rollout_bytes: int = 0
+    """What the engine holds on each device while it generates (its `EngineMemory.held_bytes`)."""
+    engine_rows: tuple[tuple[str, str | None, str | None], ...] = ()
+    """The engine's lines in the table: (label, key of `compiled`, key of `analytic`) (`EngineMemory.rows`)."""
     attention: str = "xla"
     """The attention kernel model.attention resolves to on the budget's platform."""
     auto_attention: str = "xla"
@@ -67,11 +71,9 @@ class Plan:
     @property
     def program_bytes(self) -> dict[str, int]:
         """The temporaries of each program the run uses (they run one at a time)."""
-        c, a = self.compiled, self.analytic
-        # the paged engine holds its pool and its weight copy while it generates
-        rollout = (c["rollout_temporaries"] + a.get("rollout_weight_copy", 0) if self.engine == "static"
-                   else a["engine_kv_pool"] + a["engine_weights"])
-        programs = {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
+        c = self.compiled
+        programs = {"update": c["update_temporaries"], "rollout": self.rollout_bytes,
+                    "reference": c["reference_temporaries"] or 0}
         if self.critic_trainable:  # its update and its values pass at collection time
             programs |= {"critic_update": c["critic_update_temporaries"],
                          "critic_values": c["critic_values_temporaries"]}
@@ -100,7 +102,6 @@ class Plan:
             return f"{n / GIB:9.2f}"
 
         a, c = self.analytic, self.compiled
-        paged = self.engine == "paged"
         rows = [
             ("parameters (float32) + optimizer state", c["parameters_and_optimizer_state"],
              a["parameters"] + a["optimizer_state"]),
@@ -110,16 +111,10 @@ class Plan:
             ("gradients + update activations", c["update_temporaries"], a["gradients"] + a["activations"]),
             ("  of which gradients (analytic)", None, a["gradients"]),
             ("  of which activations, one micro-batch", None, a["activations"]),
-            (None if paged else "rollout: KV cache + sampler temporaries", c["rollout_temporaries"], a["kv_cache"]),
+            # the engine's own lines (rl_core.rollout.memory.EngineMemory.rows)
+            *((label, c.get(ck) if ck else None, a.get(ak) if ak else None) for label, ck, ak in self.engine_rows),
             ("  of which linear-attention state (any length)" if a.get("recurrent_state") else None, None,
              a.get("recurrent_state")),
-            ("rollout: weight copy in rollout.weights_dtype" if a.get("rollout_weight_copy") else None, None,
-             a.get("rollout_weight_copy")),
-            ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),
-            (f"  in use at a mean of {self.mean_new_tokens} new tokens" if paged else None, None,
-             a["engine_kv_in_use"]),
-            ("  the static sampler's KV cache would be" if paged else None, None, a["kv_cache"]),
-            ("rollout engine: inference weight copy" if paged else None, None, a["engine_weights"]),
             ("reference log-prob pass temporaries" if c["reference_temporaries"] is not None else None,
              c["reference_temporaries"], None),
         ]

@@ -12,8 +12,14 @@
   version, gets what it asks for). Or streamed: the snapshot's bytes as the body
   (`application/octet-stream`, `?version=N`), for servers that share no storage with the trainer.
 - `GET /v1/engine/version`: the version served (-1 before any).
+- Sessions: a generate request may name each row's session (`"sessions"`: one key per row, -1
+  none, under the caller's `"client"` id): the row continues the sequence the engine holds under
+  that key, if any, and leaves its own there (the engine's retained sequences,
+  rl_core.rollout.retained; keys map to the engine's own handles here). `POST /v1/engine/release`
+  (`{"client", "sessions"}`, sessions null: all of the client's) frees them. New weights free them
+  all (their keys and values are the old weights').
 
-Both run on the engine's own thread between rollouts (`EngineLoop.call`), so a version switch
+All run on the engine's own thread between rollouts (`EngineLoop.call`), so a version switch
 never lands inside a rollout.
 """
 
@@ -63,7 +69,18 @@ async def generate(request: Request) -> Response:
     except (KeyError, TypeError, ValueError) as e:
         return _bad(f"engine/generate: {type(e).__name__}: {e}")
     engine = served.loop.engine
-    out = await asyncio.to_thread(served.loop.call, lambda: engine.generate(requests, sampling, key))
+    keys, client = body.get("sessions"), str(body.get("client", ""))
+    table = _sessions(request)
+
+    def run() -> Any:
+        handles = None
+        if keys is not None:  # the caller's keys to the engine's own handles, new ones made here
+            fresh = [k for k in keys if k >= 0 and (client, k) not in table]
+            table.update(zip(((client, k) for k in fresh), engine.new_sessions(len(fresh)).tolist(), strict=True))
+            handles = np.asarray([table[client, k] if k >= 0 else -1 for k in keys], np.int64)
+        return engine.generate(requests._replace(sessions=handles), sampling, key)
+
+    out = await asyncio.to_thread(served.loop.call, run)
     lengths = np.asarray(out.lengths).tolist()
     return JSONResponse({
         "tokens": [np.asarray(out.tokens)[i, :n].tolist() for i, n in enumerate(lengths)],
@@ -96,10 +113,33 @@ async def load_weights(request: Request) -> Response:
 
     def take() -> None:
         engine.update_weights(weights_lib.fill(served.params, flat), version)
+        _sessions(request).clear()  # the engine let every held sequence go with its old weights
 
     await asyncio.to_thread(served.loop.call, take)
     request.app.state.weights = (url, version)  # any other snapshot is loaded, an older version too
     return JSONResponse({"version": engine.version})
+
+
+def _sessions(request: Request) -> dict[tuple[str, int], int]:
+    """(client, key) -> the engine's session handle; read and written on the engine's thread only."""
+    if not hasattr(request.app.state, "engine_sessions"):
+        request.app.state.engine_sessions = {}
+    return request.app.state.engine_sessions
+
+
+async def release(request: Request) -> Response:
+    served = request.app.state.served
+    body = await request.json()
+    client, keys = str(body.get("client", "")), body.get("sessions")
+    keys = None if keys is None else set(keys)
+    table = _sessions(request)
+
+    def drop() -> int:
+        mine = [k for k in table if k[0] == client and (keys is None or k[1] in keys)]
+        served.loop.engine.release([table.pop(k) for k in mine])
+        return len(mine)
+
+    return JSONResponse({"released": await asyncio.to_thread(served.loop.call, drop)})
 
 
 async def version(request: Request) -> Response:
@@ -110,4 +150,5 @@ ROUTES = [
     Route("/v1/engine/generate", generate, methods=["POST"]),
     Route("/v1/engine/weights", load_weights, methods=["POST"]),
     Route("/v1/engine/version", version, methods=["GET"]),
+    Route("/v1/engine/release", release, methods=["POST"]),
 ]

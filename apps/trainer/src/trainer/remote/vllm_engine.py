@@ -28,7 +28,6 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,10 @@ import numpy as np
 from flax import nnx
 from rl_core.rollout.backend import Capabilities, Requests
 from rl_core.rollout.engines import Engine, EngineBuild
+from rl_core.rollout.memory import nothing_here
 from rl_core.rollout.sampler import Completions, SamplingParams
 
-from trainer.remote.engine import RemoteBackend, _why
+from trainer.remote.engine import RemoteBackend
 
 
 def root(server: str) -> str:
@@ -53,7 +53,7 @@ class VLLMBackend(RemoteBackend):
     """`RolloutBackend` over vLLM servers; see the module docstring."""
 
     capabilities = Capabilities(row_limits=True)
-    version_route = "/weight_info"
+    """Each row stops at its own limit; no sequence is kept between turns (each turn prefills whole)."""
     engine_name = "vllm"
 
     def __init__(self, servers: list[str], *, graphdef: Any, max_new_tokens: int, eos_ids: tuple[int, ...],
@@ -71,36 +71,27 @@ class VLLMBackend(RemoteBackend):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def update_weights(self, params: Any, version: int) -> None:
+    def write_snapshot(self, params: Any, version: int) -> str:
+        """The policy as a Hugging Face folder `<weights_url>/v<version>/` (LoRA adapters merged); the
+        folders of versions older than the newest `keep_versions` are removed."""
         from rl_models.hf import export_hf
         from rl_models.lora import has_adapters, merge_adapters
 
-        start = time.perf_counter()
         model = nnx.merge(self.graphdef, params)
         folder = Path(self.weights_url) / f"v{version}"
         export_hf(merge_adapters(model) if has_adapters(model) else model, folder)
-        self._snapshot = str(folder.absolute())
         self.snapshot_bytes = (folder / "model.safetensors").stat().st_size
         versions = sorted((int(p.name[1:]), p) for p in Path(self.weights_url).iterdir()
                           if p.is_dir() and re.fullmatch(r"v\d+", p.name))
         for _, old in versions[:-self.keep_versions]:
             shutil.rmtree(old, ignore_errors=True)  # versions no server loads any more (nothing else is touched)
-        self.publish_seconds.append(time.perf_counter() - start)
-        self.version = version
-        start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
-            list(pool.map(self._load, [s for s in self.servers if s not in self.down]))
-        self.load_seconds.append(time.perf_counter() - start)
+        return str(folder.absolute())
 
-    def _load(self, server: str) -> None:
-        try:
-            self._post(f"{server}/collective_rpc", {"method": "reload_weights",
-                                                    "kwargs": {"weights_path": self._snapshot}})
-            self._post(f"{server}/reset_prefix_cache", None)  # its cached prefixes hold the old weights' keys
-            self._post(f"{server}/update_weight_version", {"new_version": str(self.version)})
-            self.served[server] = self.served_version(server)
-        except (httpx.HTTPError, KeyError, ValueError) as e:
-            self.down[server] = _why(e)
+    def load_snapshot(self, server: str, snapshot: Any, version: int) -> int:
+        self._post(f"{server}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": snapshot}})
+        self._post(f"{server}/reset_prefix_cache", None)  # its cached prefixes hold the old weights' keys
+        self._post(f"{server}/update_weight_version", {"new_version": str(version)})
+        return self.served_version(server)
 
     def _post(self, url: str, body: dict[str, Any] | None) -> httpx.Response:
         r = self.client.post(url, json=body) if body is not None else self.client.post(url)
@@ -133,7 +124,7 @@ class VLLMBackend(RemoteBackend):
         return super().generate(requests, sampling, key)
 
     def _send(self, server: str, share: list[int], prompts: list[list[int]], ids: np.ndarray, limits: np.ndarray,
-              stops: list[tuple[str, ...]], body: dict[str, Any]) -> dict[int, dict[str, Any]]:
+              stops: list[tuple[str, ...]], keys: np.ndarray, body: dict[str, Any]) -> dict[int, dict[str, Any]]:
         g, sampling = body["num_samples"], body["sampling"]
         key = jax.random.wrap_key_data(np.asarray(body["key"], np.uint32))
         model, greedy = self._model(server), sampling["temperature"] == 0.0
@@ -173,4 +164,4 @@ def _build(b: EngineBuild) -> VLLMBackend:
                        eos_ids=tuple(b.eos_ids), pad_id=b.pad_id, weights_url=b.rollout.weights_url)
 
 
-ENGINE = Engine(name="vllm", build=_build)
+ENGINE = Engine(name="vllm", build=_build, memory=nothing_here)

@@ -1,7 +1,8 @@
 """Rollout engines by name: what `rollout.engine` selects, found through entry points.
 
-An engine is an `Engine` value: its name and a `build` that turns an `EngineBuild` (the
-run's rollout settings and the policy's parts) into a `rl_core.rollout.backend.RolloutBackend`.
+An engine is an `Engine` value: its name, a `build` that turns an `EngineBuild` (the run's
+rollout settings and the policy's parts) into a `rl_core.rollout.backend.RolloutBackend`, and
+a `memory` that tells `trainer plan` what it holds on each device (rl_core.rollout.memory).
 A package adds one in a single module plus one entry point, with no change here:
 
     [project.entry-points."rl_core.engines"]
@@ -50,6 +51,10 @@ class Engine:
     name: str
     build: Callable[[EngineBuild], Any]
     """`EngineBuild` -> a `RolloutBackend`."""
+    memory: Callable[[Any], Any]
+    """`rl_core.rollout.memory.MemoryQuery` -> `EngineMemory`: the bytes it holds on each of the run's
+    devices while it generates (its cache, its weight copy, its temporaries), what `trainer plan`
+    counts for it (`rl_core.rollout.memory.nothing_here` for an engine in another process)."""
 
 
 def _static(b: EngineBuild) -> Any:
@@ -81,7 +86,19 @@ def _paged(b: EngineBuild) -> Any:
                         param_shardings=b.param_shardings, partial_rollouts=b.rollout.partial_rollouts)
 
 
-STATIC = Engine(name="static", build=_static)
+def _static_memory(q: Any) -> Any:
+    from rl_core.rollout.memory import static_memory
+
+    return static_memory(q)
+
+
+def _paged_memory(q: Any) -> Any:
+    from rl_core.rollout.memory import paged_memory
+
+    return paged_memory(q)
+
+
+STATIC = Engine(name="static", build=_static, memory=_static_memory)
 """The one-program sampler (rl_core.rollout.static)."""
-PAGED = Engine(name="paged", build=_paged)
+PAGED = Engine(name="paged", build=_paged, memory=_paged_memory)
 """Paged KV cache and continuous batching (rl_core.rollout.paged)."""
