@@ -31,7 +31,7 @@ from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.override_values import override_value
 from trainer.settings.reward_functions import reward_specs
-from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
+from trainer.tasks import DataError, FileTask, Task, TaskError, task_factory
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
 
@@ -41,7 +41,8 @@ LONG_PROMPTS = ("drop", "error")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskSettings(Config):
     name: str = "arithmetic"
-    """A built-in task (`trainer tasks` lists them)."""
+    """A registered task (`trainer tasks` lists them: the built-in ones and every installed package's entry
+    point of the group `trainer.tasks`), or your own factory as `module:function` / `path/to/file.py:function`."""
     options: dict = dataclasses.field(default_factory=dict)
     """Keyword arguments of the task's constructor, e.g. {digits: 3}."""
     long_prompts: str = "drop"
@@ -50,14 +51,17 @@ class TaskSettings(Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.name in TASKS, self, "name", f"must be one of {sorted(TASKS)}")
+        try:
+            task_factory(self.name)
+        except TaskError as e:
+            raise ConfigError(f"task.name: {e}") from None
         check(self.long_prompts in LONG_PROMPTS, self, "long_prompts", f"must be one of {LONG_PROMPTS}")
         for key, value in self.options.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"TaskSettings.options.{key} = {value!r}: must be a finite number")
 
     def build(self) -> Task:
-        make = TASKS[self.name]
+        make = task_factory(self.name)
         known = task_options(self.name)
         for key in self.options if known is not None else ():
             if key not in known:
@@ -81,10 +85,8 @@ class TaskSettings(Config):
 
 
 def task_options(name: str) -> list[str] | None:
-    """The keyword options of task `name`'s constructor (a file task's: those of `file_task`);
-    None when it takes any (`**options`)."""
-    make = file_task if name in FILE_TASKS else TASKS[name]
-    parameters = inspect.signature(make).parameters.values()
+    """The keyword options of task `name`'s constructor; None when it takes any (`**options`)."""
+    parameters = inspect.signature(task_factory(name)).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
@@ -466,7 +468,10 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         task = task_settings.build()
     except (ConfigError, DataError) as e:
         problems.append(str(e))
-    if task_settings.name in FILE_TASKS and not (user.get("model") or {}).get("path"):
+    # a task read through the chat template (GSM8K, MATH rows) needs a tokenizer that has one; told beside a
+    # data error, so a file task's factory says so before its rows are read
+    templated = task.chat is True if not problems else isinstance(task_factory(task_settings.name), FileTask)
+    if templated and not (user.get("model") or {}).get("path"):
         problems.append(
             f"task.name = {task_settings.name!r} needs a model folder whose tokenizer has a chat template: "
             "pass --model DIR (model.path=DIR)"
