@@ -13,7 +13,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.run.layout import METRICS, SAMPLES
 
 from trainer.cli import main
-from trainer.judge.reward import JudgeReward, judge_model
+from trainer.judge.reward import JudgeReward, judge_model, judge_rewards
 from trainer.settings import build_settings
 
 pytestmark = pytest.mark.e2e
@@ -118,3 +118,28 @@ def test_number_words_trains_on_a_judge_it_warm_starts_itself(tmp_path, capsys):
     # a second run finds the trained judge in its cache folder (the run folder) instead of training it
     assert main([*argv, "--overwrite"]) == 0
     assert "trained judge cached at" in capsys.readouterr().out
+
+
+def test_a_judge_entry_of_rewards_scores_as_the_judge_section_does(trained_run):
+    """A `rewards:` entry of kind judge is the judge: section's judge under the entry's name: the same
+    model gives the same yes-probabilities, and the entry's data_sources route rows like any reward's."""
+    judge = [f"run={trained_run}", "max_prompt_tokens=32", "engine=static", "verdict=yes_probability",
+             "template='{completion}?'"]
+    section = build_settings(algo="grpo", overrides=[f"judge.{o}" for o in judge])
+    entry = build_settings(algo="grpo", overrides=[*(f"rewards.helpful.options.{o}" for o in judge),
+                                                   "rewards.helpful.kind=judge", "rewards.helpful.weight=0.5",
+                                                   "rewards.helpful.data_sources=[sums]"])
+    [by_section] = judge_rewards(section, log=lambda _: None)
+    [by_entry] = judge_rewards(entry, log=lambda _: None)
+    assert (by_section.name, by_section.weight) == ("judge", 1.0)
+    assert (by_entry.name, by_entry.weight, by_entry.data_sources) == ("helpful", 0.5, ("sums",))
+    completions = ["12", "7", "40"]
+    fields = {"data_source": ["sums", "other", "sums"]}
+    judged = RewardManager([by_section]).score(["1+1="] * 3, completions, fields)
+    routed = RewardManager([by_entry]).score(["1+1="] * 3, completions, fields)
+    scores = judged.per_function["judge"]
+    assert all(0.0 < x < 1.0 for x in scores)
+    # the row of source "other" is not the entry's: unscored (0 in its list), out of its mean and the total
+    assert routed.per_function["helpful"] == pytest.approx((scores[0], 0.0, scores[2]), abs=1e-6)
+    assert routed.scored["helpful"] == (True, False, True)
+    assert routed.total == pytest.approx((0.5 * scores[0], 0.0, 0.5 * scores[2]), abs=1e-6)

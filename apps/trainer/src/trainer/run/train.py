@@ -97,8 +97,8 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
 def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
     """The task's prompts, chat-templated and cut to those that fit rollout.max_prompt_tokens."""
     task = build.chat_prompts(settings.task.build(), tokenizer)
-    if not task.rewards and settings.rewards:  # a data task scored by the run's rewards: alone; the first entry says what is correct
-        specs = reward_specs(settings.rewards)
+    specs = reward_specs(settings.rewards) if not task.rewards else ()  # less the judge models, loaded apart
+    if specs:  # a data task scored by the run's rewards: alone; the first entry says what is correct
         task = dataclasses.replace(task, rewards=specs, correct=specs[0].name)
     return fit_prompts(
         task,

@@ -30,7 +30,7 @@ from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.override_values import override_value
-from trainer.settings.reward_functions import reward_specs
+from trainer.settings.reward_functions import model_judges, reward_specs
 from trainer.tasks import DataError, FileTask, Task, TaskError, task_factory
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
@@ -278,10 +278,11 @@ class RunSettings(Config):
     reward_audit: RewardAuditSettings = dataclasses.field(default_factory=RewardAuditSettings)
     """Audits of each step's rewards that catch reward hacking (docs/reward-audits.md)."""
     judge: JudgeSettings = dataclasses.field(default_factory=JudgeSettings)
-    """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one)."""
+    """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one): the
+    same as a `rewards:` entry of kind judge named judge.name (docs/judge-rewards.md)."""
     rewards: dict = dataclasses.field(default_factory=dict)
-    """Registered reward functions added to the task's, by name: {name: {function, weight, options}},
-    e.g. a remote scorer or judge (docs/remote-rewards.md)."""
+    """Rewards added to the task's, by name: {name: {kind, function, weight, options, ...}}: a function
+    (registered or your code), a remote scorer or a judge model (trainer.settings.reward_functions)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -510,8 +511,8 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
             raise ConfigError(f"eval.sets.{name}: {e}") from None
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
-    judge = [settings.judge.name] if settings.judge.on else []
-    names = [*(spec.name for spec in task.rewards), *judge, *(spec.name for spec in reward_specs(settings.rewards))]
+    judges = [j.name for j in model_judges(settings.rewards, settings.judge)]
+    names = [*(spec.name for spec in task.rewards), *judges, *(spec.name for spec in reward_specs(settings.rewards))]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(f"rewards: {twice} named twice (the task's rewards are {[s.name for s in task.rewards]}); "
