@@ -204,13 +204,28 @@ class WarmStartSettings(Config):
     """Supervised fine-tuning rows (any shape of docs/bring-your-own-task.md with a reference, e.g.
     conversations whose final assistant turn is the target): the warm start trains on them instead of
     the task's references, the loss on the reference's tokens only; None: the task's."""
+    packing: bool | None = None
+    """Pack each step's sequences into as few rows as fit (positions and attention restart at each
+    sequence: the same loss on fewer rows, less padding computed); None: on with `data`, off for the task's
+    references (which are alike in length)."""
+    row_tokens: int | None = None
+    """Width of a packed row in tokens; None: the longest sequence a row may hold (the prompts' width plus
+    rollout.max_new_tokens), never less. Wider rows hold more short sequences each (fewer rows a step)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.packing is None or isinstance(self.packing, bool), self, "packing", "must be true, false or null")
+        check(self.row_tokens is None or (isinstance(self.row_tokens, int) and self.row_tokens >= 1), self,
+              "row_tokens", "must be an int >= 1 or null")
         check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
         check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
+
+    @property
+    def packs(self) -> bool:
+        """Whether the warm start packs its rows (`packing`, resolved)."""
+        return self.data is not None if self.packing is None else self.packing
 
 
 EVAL_SET_KEYS = ("data", "reward", "split", "size")
