@@ -70,7 +70,8 @@ def test_one_task_name_from_two_distributions_is_an_error_naming_both(tmp_path):
     done = run(tmp_path, "-m", "trainer.cli", "train", "--algo", "grpo", "--task", "gsm8k")
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()  # the two in the order the path lists them
-    assert line.startswith("trainer train: error: task.name: task 'gsm8k' is registered by two distributions, ")
+    assert line.startswith("trainer train: error: TaskSettings.name = 'gsm8k': task 'gsm8k' is registered by two "
+                           "distributions, ")
     assert "'trainer'" in line and "'digit-tasks'" in line and line.endswith("; uninstall one or rename its entry point")
 
 
@@ -83,7 +84,8 @@ def test_a_task_in_a_users_file_is_named_file_py_function(tmp_path):
     with pytest.raises(ConfigError, match=r"task.options.digits: not an option of the .*one_digit task \(its options: "
                                           r"heldout_size, seed\)"):
         build_settings(algo="grpo", overrides=[f"task.name={user}:one_digit", "task.options.digits=3"])
-    with pytest.raises(ConfigError, match=f"task.name: task '{user}:two_digit': {user} defines no 'two_digit' "
+    with pytest.raises(ConfigError, match=f"TaskSettings.name = '{user}:two_digit': task '{user}:two_digit': {user} "
+                                          "defines no 'two_digit' "
                                           r"\(its callables: arithmetic, one_digit\)"):
         build_settings(algo="grpo", overrides=[f"task.name={user}:two_digit"])
 
@@ -92,8 +94,8 @@ def test_an_unknown_task_is_one_line_listing_the_known_ones(capsys, tmp_path):
     code = main(["train", "--algo", "grpo", "--task", "gsm8kk", "--output", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
-        "trainer train: error: task.name: unknown task 'gsm8kk'; known: arithmetic, countdown, data, gsm8k, math, "
-        "multiply, number_words, reasoning_gym. Did you mean 'gsm8k'? Your own: 'module:function' or "
+        "trainer train: error: TaskSettings.name = 'gsm8kk': unknown task 'gsm8kk'; known: arithmetic, countdown, data, "
+        "gsm8k, math, multiply, number_words, reasoning_gym. Did you mean 'gsm8k'? Your own: 'module:function' or "
         "'path/to/file.py:function' returning a Task, or an entry point of the group 'trainer.tasks'"
     ]
     assert not (tmp_path / "run").exists()

@@ -54,7 +54,7 @@ class TaskSettings(Config):
         try:
             task_factory(self.name)
         except TaskError as e:
-            raise ConfigError(f"task.name: {e}") from None
+            raise ConfigError(f"TaskSettings.name = {self.name!r}: {e}") from None
         check(self.long_prompts in LONG_PROMPTS, self, "long_prompts", f"must be one of {LONG_PROMPTS}")
         for key, value in self.options.items():
             if isinstance(value, float) and not math.isfinite(value):
