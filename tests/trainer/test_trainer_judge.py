@@ -63,6 +63,23 @@ def test_a_judge_reward_trains_end_to_end(trained_run, tmp_path, verdict, engine
             assert round(scored) + m["rewards/judge/unparsed"] <= n
 
 
+def test_a_judge_entry_of_rewards_trains_end_to_end(trained_run, tmp_path):
+    """The judge as a `rewards:` entry of kind judge: its scores, named by the entry, enter the total."""
+    run = tmp_path / "run"
+    judge = [f"run={trained_run}", f"template='{TEMPLATE}'", "verdict=yes_probability", "max_prompt_tokens=48"]
+    argv = ["train", "--algo", "grpo", "--output", str(run), *RUN, "rewards.helpful.kind=judge",
+            "rewards.helpful.weight=0.5", *(f"rewards.helpful.options.{o}" for o in judge)]
+    assert main(argv) == 0
+    steps = records(run)
+    assert len(steps) == 2
+    for m in steps:
+        assert m["rewards/total/mean"] == pytest.approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/helpful/mean"],
+                                                        abs=1e-6)
+        assert 0.0 < m["rewards/helpful/mean"] < 1.0  # probabilities, never exactly 0 or 1
+        assert 0.0 < m["time/helpful"] <= m["time/reward"]
+        assert "rewards/judge/mean" not in m  # no judge: section, no second judge
+
+
 def test_the_judge_scores_by_the_learners_own_logprobs(trained_run):
     """yes_probability reads the same log-probs the learner's scoring pass gives the first reply
     token, and the greedy reply starts with the most likely token."""
