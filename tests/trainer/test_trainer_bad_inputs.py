@@ -5,7 +5,6 @@ come before the run folder exists (or remove the folder it made), and nothing
 the user wrote may be replaced.
 """
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +13,6 @@ import pytest
 from rl_core.run.checkpoint import saved_steps
 from rl_models import CharTokenizer
 
-from rewards import RewardSpec
 from trainer import build, tasks
 from trainer.cli import main
 from trainer.run.prompt_lengths import fit_prompts
@@ -197,33 +195,40 @@ SMALL = ["task.options.digits=1", "task.options.heldout_size=5", "warm_start.ste
          "eval.samples_per_prompt=1", "eval.pass_k=1", "eval.every_steps=0"]
 
 
+EXITS_ON_STEP_3 = """
+import dataclasses
+from rewards import RewardSpec
+from trainer.tasks import arithmetic
+
+calls = []
+
+
+def numeric_answer(prompts, completions, **fields):
+    if len(completions) == 4:  # a training batch (2 prompts x 2), not the held-out evaluation's 5
+        calls.append(len(completions))
+        if len(calls) == 3:  # once: the resumed run goes on
+            raise SystemExit(3)
+    return [0.0] * len(completions)
+
+
+def task(**options):
+    return dataclasses.replace(arithmetic(**options), rewards=(RewardSpec(numeric_answer),))
+"""
+
+
 @pytest.mark.e2e
-def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(capsys, tmp_path, monkeypatch):
-    real = tasks.TASKS["arithmetic"]
-    calls = []
-
-    def exits_on_step_3(prompts, completions, **fields):
-        if len(completions) == 4:  # a training batch (2 prompts x 2), not the held-out evaluation's 5
-            calls.append(len(completions))
-            if len(calls) == 3:
-                raise SystemExit(3)
-        return [0.0] * len(completions)
-
-    exits_on_step_3.__name__ = "numeric_answer"
-
-    def task(**options):
-        return dataclasses.replace(real(**options), rewards=(RewardSpec(exits_on_step_3),))
-
-    monkeypatch.setitem(tasks.TASKS, "arithmetic", task)
+def test_a_reward_that_raises_system_exit_is_named_and_the_last_checkpoint_kept(capsys, tmp_path):
+    user = tmp_path / "exits.py"
+    user.write_text(EXITS_ON_STEP_3)  # a task of the user's own file: arithmetic whose reward exits on step 3
     run = tmp_path / "run"
-    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(run), "--no-progress", *SMALL)
+    code, _, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(run), "--no-progress",
+                           "--task", f"{user}:task", *SMALL)
     assert code == 2
     assert err.strip().splitlines() == [
         "trainer train: error: reward function 'numeric_answer' raised SystemExit: 3 (on a batch of 4 completions)"
     ]
     assert saved_steps(run / "checkpoints") == [1, 2]  # the last checkpoints are kept
 
-    monkeypatch.setitem(tasks.TASKS, "arithmetic", real)
     code, out, err = run_cli(capsys, "train", "--resume", str(run), "--no-progress")
     assert code == 0, err
     assert f"resumed {run} at step 2" in out

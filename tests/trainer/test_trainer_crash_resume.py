@@ -135,11 +135,13 @@ def test_killed_at_every_named_point_the_run_resumes_to_the_uninterrupted_result
     assert code == KILLED, err[-3000:]
     assert [p.name for p in run.glob("base-policy-*")] == [next(run.glob("base-policy-*")).name]
     assert next(run.glob("base-policy-*")).name.endswith(".partial")
+    assert steps_of(run / "sft_metrics.jsonl") == [1, 2, 3, 4]  # written with the warm start's checkpoint 4
 
     # 2. killed inside the first checkpoint save: the temporary folder is not a checkpoint
     code, out, err = trainer(*resume, faults="kill@checkpoint:1")
     assert code == KILLED, err[-3000:]
     assert "warm start: continuing from step 4 of 8" in out
+    assert steps_of(run / "sft_metrics.jsonl") == list(range(1, 9))  # steps 5 and 6 once, not twice
     assert saved_steps(run / "checkpoints") == []
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["1.orbax-checkpoint-tmp"]
     assert steps_of(run / "metrics.jsonl") == [1]
@@ -210,6 +212,8 @@ def test_killed_at_every_named_point_the_run_resumes_to_the_uninterrupted_result
     sa.pop("train_seconds"), sb.pop("train_seconds")
     assert sa == sb and sa["steps"] == 4 and "interrupted" not in sb
     assert (straight / "eval_before.json").read_text() == (run / "eval_before.json").read_text()
+    sft_a, sft_b = read_jsonl(straight / "sft_metrics.jsonl"), read_jsonl(run / "sft_metrics.jsonl")
+    assert [without_timings(r) for r in sft_a] == [without_timings(r) for r in sft_b] and len(sft_a) == 8
     points = scalar_points(run)
     assert points.keys() == scalar_points(straight).keys()
     assert {step for _, step in points} == {1, 2, 3, 4}

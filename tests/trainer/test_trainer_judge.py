@@ -13,7 +13,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.run.layout import METRICS, SAMPLES
 
 from trainer.cli import main
-from trainer.judge.reward import JudgeReward, judge_model
+from trainer.judge.reward import JudgeReward, judge_model, judge_rewards
 from trainer.settings import build_settings
 
 pytestmark = pytest.mark.e2e
@@ -61,6 +61,23 @@ def test_a_judge_reward_trains_end_to_end(trained_run, tmp_path, verdict, engine
             scored = m["rewards/judge/mean"] * n
             assert abs(scored - round(scored)) < 1e-4  # a count of yes replies
             assert round(scored) + m["rewards/judge/unparsed"] <= n
+
+
+def test_a_judge_entry_of_rewards_trains_end_to_end(trained_run, tmp_path):
+    """The judge as a `rewards:` entry of kind judge: its scores, named by the entry, enter the total."""
+    run = tmp_path / "run"
+    judge = [f"run={trained_run}", f"template='{TEMPLATE}'", "verdict=yes_probability", "max_prompt_tokens=48"]
+    argv = ["train", "--algo", "grpo", "--output", str(run), *RUN, "rewards.helpful.kind=judge",
+            "rewards.helpful.weight=0.5", *(f"rewards.helpful.options.{o}" for o in judge)]
+    assert main(argv) == 0
+    steps = records(run)
+    assert len(steps) == 2
+    for m in steps:
+        assert m["rewards/total/mean"] == pytest.approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/helpful/mean"],
+                                                        abs=1e-6)
+        assert 0.0 < m["rewards/helpful/mean"] < 1.0  # probabilities, never exactly 0 or 1
+        assert 0.0 < m["time/helpful"] <= m["time/reward"]
+        assert "rewards/judge/mean" not in m  # no judge: section, no second judge
 
 
 def test_the_judge_scores_by_the_learners_own_logprobs(trained_run):
@@ -118,3 +135,28 @@ def test_number_words_trains_on_a_judge_it_warm_starts_itself(tmp_path, capsys):
     # a second run finds the trained judge in its cache folder (the run folder) instead of training it
     assert main([*argv, "--overwrite"]) == 0
     assert "trained judge cached at" in capsys.readouterr().out
+
+
+def test_a_judge_entry_of_rewards_scores_as_the_judge_section_does(trained_run):
+    """A `rewards:` entry of kind judge is the judge: section's judge under the entry's name: the same
+    model gives the same yes-probabilities, and the entry's data_sources route rows like any reward's."""
+    judge = [f"run={trained_run}", "max_prompt_tokens=32", "engine=static", "verdict=yes_probability",
+             "template='{completion}?'"]
+    section = build_settings(algo="grpo", overrides=[f"judge.{o}" for o in judge])
+    entry = build_settings(algo="grpo", overrides=[*(f"rewards.helpful.options.{o}" for o in judge),
+                                                   "rewards.helpful.kind=judge", "rewards.helpful.weight=0.5",
+                                                   "rewards.helpful.data_sources=[sums]"])
+    [by_section] = judge_rewards(section, log=lambda _: None)
+    [by_entry] = judge_rewards(entry, log=lambda _: None)
+    assert (by_section.name, by_section.weight) == ("judge", 1.0)
+    assert (by_entry.name, by_entry.weight, by_entry.data_sources) == ("helpful", 0.5, ("sums",))
+    completions = ["12", "7", "40"]
+    fields = {"data_source": ["sums", "other", "sums"]}
+    judged = RewardManager([by_section]).score(["1+1="] * 3, completions, fields)
+    routed = RewardManager([by_entry]).score(["1+1="] * 3, completions, fields)
+    scores = judged.per_function["judge"]
+    assert all(0.0 < x < 1.0 for x in scores)
+    # the row of source "other" is not the entry's: unscored (0 in its list), out of its mean and the total
+    assert routed.per_function["helpful"] == pytest.approx((scores[0], 0.0, scores[2]), abs=1e-6)
+    assert routed.scored["helpful"] == (True, False, True)
+    assert routed.total == pytest.approx((0.5 * scores[0], 0.0, 0.5 * scores[2]), abs=1e-6)

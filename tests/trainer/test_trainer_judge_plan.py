@@ -37,3 +37,12 @@ def test_plan_counts_a_paged_judges_pool_and_weight_copy():
     assert a["judge_kv_cache"] == (1 + 64 * 4 + 64 * 3) * 16 * 512
     assert a["judge_engine"] == 4 * TINY_PARAMETERS  # the compute dtype is float32 here
     assert result.program_bytes["judge"] == a["judge_kv_cache"] + a["judge_engine"]
+
+
+def test_plan_counts_each_judge_entry_of_rewards():
+    """Two `rewards:` entries of kind judge are two resident judge models (and a judge: section would be a third)."""
+    judge = ["options.train_steps=1", "options.max_prompt_tokens=32", "options.verdict=yes_probability"]
+    overrides = [*COMMON, *(f"rewards.{name}.{o}" for name in ("first", "second") for o in ("kind=judge", *judge))]
+    result = plan(build_settings(algo="grpo", overrides=overrides), memory_budget("gpu"))
+    assert result.judge_parameters == 2 * TINY_PARAMETERS
+    assert result.analytic["judge"] == result.compiled["judge"] == 2 * 4 * TINY_PARAMETERS

@@ -6,7 +6,10 @@ import json
 import pytest
 from rl_core.config import ConfigError
 
-from trainer.settings.reward_functions import reward_specs
+from rewards import RewardManager
+
+from trainer.settings import build_settings
+from trainer.settings.reward_functions import model_judges, reward_specs
 
 from reward_server import RewardServer
 
@@ -31,11 +34,58 @@ def test_reward_specs_by_name_weight_and_options():
         ({"x": {"function": "gsm8k", "options": [1]}}, r"rewards.x.options"),
         ({"a b": {"function": "gsm8k"}}, r"rewards.a b: a reward's name"),
         ({"x": 3}, r"rewards.x = 3: must be a mapping"),
+        ({"x": {"kind": "remot"}}, r"rewards.x.kind = 'remot': must be one of function, remote, judge"),
+        ({"x": {"kind": "remote", "function": "remote_score"}}, r"rewards.x.function: a reward of kind remote names no"),
+        ({"x": {"kind": "remote", "options": {"url": "ftp://h"}}}, r"rewards.x \(kind remote\): .*url must be an http"),
+        ({"x": {"kind": "judge"}}, r"rewards.x \(kind judge\): name its model: options.path"),
+        ({"x": {"kind": "judge", "options": {"pth": "m"}}}, r"rewards.x \(kind judge\): .*no field 'pth'; did you mean 'path'"),
+        ({"x": {"kind": "judge", "options": {"run": "r", "weight": 2}}}, r"rewards.x.options.weight: a judge entry's weight"),
+        ({"x": {"kind": "judge", "timeout_s": 0, "options": {"run": "r"}}}, r"rewards.x.timeout_s = 0: must be a number"),
     ],
 )
 def test_bad_entries_name_what_is_wrong(section, match):
     with pytest.raises(ConfigError, match=match):
         reward_specs(section)
+
+
+def test_remote_and_served_judge_kinds_score_as_their_functions_do():
+    """`kind: remote` is remote_score and `kind: judge` with a url is remote_judge, through the same manager:
+    the loopback server's scores, hand-checked (/score without an answer: length / 100; the judge: the count of
+    "good" in its message out of 10)."""
+    completions = ["good", "good good good", "bad"]
+    with RewardServer() as server:
+        score_options = {"url": server.url("/score"), "fields": []}
+        judge_options = {"url": server.url("/v1/chat/completions"), "model": "tiny-judge", "template": "{completion}"}
+        kinds = reward_specs({"api": {"kind": "remote", "weight": 0.5, "options": score_options},
+                              "helpful": {"kind": "judge", "weight": 2.0, "options": judge_options}})
+        functions = reward_specs({"api": {"function": "remote_score", "weight": 0.5, "options": score_options},
+                                  "helpful": {"function": "remote_judge", "weight": 2.0, "options": judge_options}})
+        by_kind = RewardManager(kinds).score(["p"] * 3, completions, {})
+        by_function = RewardManager(functions).score(["p"] * 3, completions, {})
+    assert by_kind.per_function == by_function.per_function == {
+        "api": (0.04, 0.14, 0.03),  # 4, 14 and 3 characters
+        "helpful": (0.1, 0.3, 0.0),  # "Score: 1", "Score: 3", "Score: 0" on 0..10
+    }
+    assert by_kind.total == pytest.approx((0.5 * 0.04 + 2 * 0.1, 0.5 * 0.14 + 2 * 0.3, 0.5 * 0.03))
+    assert model_judges({"api": {"kind": "remote", "options": score_options}}, build_settings().judge) == ()
+
+
+def test_a_judge_model_entry_and_the_judge_section_are_one_kind():
+    """`rewards: {helpful: {kind: judge, options: {...}}}` holds the judge: section's settings under the entry's
+    name and weight, with the keys every kind takes; it is loaded with the run's model, not built here."""
+    entry = build_settings(algo="grpo", overrides=[
+        "rewards.helpful.kind=judge", "rewards.helpful.weight=0.5", "rewards.helpful.options.train_steps=3",
+        "rewards.helpful.options.verdict=yes_probability", "rewards.helpful.data_sources=[carry]"])
+    section = build_settings(algo="grpo", overrides=["judge.name=helpful", "judge.weight=0.5", "judge.train_steps=3",
+                                                     "judge.verdict=yes_probability"])
+    [by_entry] = model_judges(entry.rewards, entry.judge)
+    [by_section] = model_judges(section.rewards, section.judge)
+    assert by_entry.settings == by_section.settings == section.judge
+    assert (by_entry.name, by_entry.weight, by_entry.data_sources) == ("helpful", 0.5, ("carry",))
+    assert reward_specs(entry.rewards) == ()  # not a function: the trainer loads the model
+    with pytest.raises(ConfigError, match=r"rewards: \['helpful'\] named twice"):
+        build_settings(algo="grpo", overrides=["rewards.helpful.kind=judge", "rewards.helpful.options.train_steps=3",
+                                               "judge.name=helpful", "judge.train_steps=3"])
 
 
 @pytest.mark.e2e

@@ -11,7 +11,7 @@ from rewards import RewardSpec
 
 from trainer.run import train_run
 from trainer.settings import build_settings
-from trainer.tasks import TASKS, arithmetic
+from trainer.tasks import arithmetic
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +41,9 @@ def run(tmp_path, overrides):
     return lines, records, summary
 
 
-def test_a_reward_that_pays_cut_off_completions_trips_the_audits(tmp_path, monkeypatch):
-    monkeypatch.setitem(TASKS, "paid_cut_off", paid_cut_off)
+def test_a_reward_that_pays_cut_off_completions_trips_the_audits(tmp_path):
     # random weights (no warm start) rarely end with EOS: nearly every completion is cut off, and paid
-    lines, records, summary = run(tmp_path, ["task.name=paid_cut_off", "warm_start.steps=0",
+    lines, records, summary = run(tmp_path, [f"task.name={__file__}:paid_cut_off", "warm_start.steps=0",
                                              "reward_audit.constant_steps=2"])
     probe = [line for line in lines if line.startswith("reward audit probe:")]
     # the repetition stands at the length limit on all 8 probe prompts (an echoed "a+b=" does when it is

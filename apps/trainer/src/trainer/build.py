@@ -64,6 +64,10 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     if warm.get("data") is None:
         warm.pop("data", None)  # the keys of runs without SFT data stay what they were
+    warm.pop("packing")  # resolved: packed steps round differently (the same loss up to float sums)
+    row_tokens = warm.pop("row_tokens")
+    if settings.warm_start.packs:  # the keys of runs that do not pack stay what they were
+        warm["packed"] = row_tokens or True
     model = settings.model.to_dict()
     # applied after the warm start: LoRA and full runs share one base; the critic is not the base
     for key in ("lora", "quantize", "critic_path", "critic_confidence"):
@@ -239,8 +243,12 @@ def base_policy(
     log: Callable[[str], None],
     progress: bool = False,
     reuse_from: Sequence[Path] = (),
+    metrics_path: Path | None = None,
 ) -> Transformer:
     """`model` warm-started, loaded from `cache_dir` when it was made before.
+
+    The warm start that runs writes its per-step metrics to `metrics_path` (a run's sft_metrics.jsonl);
+    a base policy loaded from a cache has none to write.
 
     A base policy with the same key (the same settings and device layout) cached in
     one of `reuse_from` (e.g. a comparison's folder) is copied into `cache_dir` and
@@ -284,6 +292,7 @@ def base_policy(
         checkpoint_every_steps=settings.warm_start.checkpoint_every_steps,
         log=log,
         progress=progress,
+        metrics_path=metrics_path,
     )
     checkpointer.save(path, nnx.state(model))  # written aside and renamed: complete or absent
     checkpointer.wait_until_finished()
@@ -366,7 +375,8 @@ def _copy_cached(path: Path, folders: Sequence[Path], log: Callable[[str], None]
 
 def _warm_kwargs(settings: RunSettings) -> dict[str, Any]:
     w = settings.warm_start
-    return {"steps": settings.warm_start_steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate, "seed": settings.model.seed}
+    return {"steps": settings.warm_start_steps, "batch_size": w.batch_size, "learning_rate": w.learning_rate,
+            "seed": settings.model.seed, "packing": w.packs, "row_tokens": w.row_tokens}
 
 
 def reward_manager(task: Task, rewards: Sequence[RewardSpec] = ()) -> RewardManager:

@@ -3,10 +3,18 @@
 RL needs a base policy that is right sometimes but not always; a short run of
 next-token cross-entropy on (prompt, reference + EOS) pairs gives one, from
 the same seed every time.
+
+With `packing`, each step's sequences (their real prompt tokens, then their targets up to the last
+trained token) are packed into as few rows as fit (rl_core.train.packing, as the RL update packs):
+positions restart and attention stops at each sequence's boundary, so every token gets the
+log-prob it gets unpacked and the loss (the mean over the trained tokens) is the same, computed
+on fewer rows. `metrics_path` receives one JSON line per step (`SFT_METRIC_KEYS`).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +34,17 @@ from rl_core.run.faults import fault_point
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.run.progress import ProgressBar
 from rl_core.policy.tokens import Tokenizer, encode_prompts
+from rl_core.train.packing import pack
 
 from trainer.tasks import Task
+
+SFT_METRIC_KEYS = ("step", "loss", "tokens", "rows", "row_tokens", "padding_frac", "time/step")
+"""step; loss (mean cross-entropy over the trained tokens); tokens (trained tokens in the step); rows and
+row_tokens (rows the step computed and their width: packed rows, or one row per sequence); padding_frac
+(the share of the rows' positions that hold no token); time/step (seconds, averaged over the steps between
+two reads of the loss)."""
+LOG_EVERY = 20
+"""Steps between reads of the loss (each read waits for the step): progress and the metrics file."""
 
 
 def sft_arrays(
@@ -67,6 +84,13 @@ def sft_arrays(
     return prompt_tokens, prompt_mask, targets, target_mask
 
 
+def sft_loss(model: nnx.Module, batch: tuple[jax.Array, ...], packed: Any = None) -> jax.Array:
+    """The mean cross-entropy over the trained target tokens of `batch` (`sft_arrays`' four arrays), on the
+    sequences `packed` into rows (rl_core.train.packing.pack of the same arrays) or one row each."""
+    logp, _ = completion_logprobs(model, batch[0], batch[1], batch[2], packed=packed)
+    return -jnp.sum(logp * batch[3]) / jnp.sum(batch[3])
+
+
 def warm_start(
     model: nnx.Module,
     task: Task,
@@ -80,8 +104,15 @@ def warm_start(
     checkpoint_every_steps: int = 100,
     log: Callable[[str], None] = print,
     progress: bool = False,
+    packing: bool = False,
+    row_tokens: int | None = None,
+    metrics_path: Path | None = None,
 ) -> nnx.Module:
     """Train `model` in place by cross-entropy on reference completions; returns it.
+
+    `packing` packs each step's sequences into fewer rows of `row_tokens` (at least the prompt width plus
+    max_new_tokens, the default) (the same loss; see the module docstring);
+    `metrics_path` gets one JSON line per step (`SFT_METRIC_KEYS`), written every `LOG_EVERY` steps.
 
     With `progress`, a bar (or plain lines when the output is not a terminal) shows the steps and the loss.
     With `checkpoint_dir`, the state (params, Adam state, step, sampling RNG) is
@@ -104,14 +135,12 @@ def warm_start(
             params, opt_state = state["params"], state["opt_state"]
             rng.bit_generator.state = rng_state
             log(f"warm start: continuing from step {done} of {steps}")
+    metrics = _Metrics(metrics_path, done)
+    width = max(row_tokens or 0, arrays[1].shape[1] + arrays[3].shape[1])  # one row always holds a sequence
 
     @jax.jit
-    def step(params, opt_state, batch):
-        def loss_fn(p):
-            logp, _ = completion_logprobs(nnx.merge(graphdef, p), batch[0], batch[1], batch[2])
-            return -jnp.sum(logp * batch[3]) / jnp.sum(batch[3])
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+    def step(params, opt_state, batch, packed):
+        loss, grads = jax.value_and_grad(lambda p: sft_loss(nnx.merge(graphdef, p), batch, packed))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -119,16 +148,60 @@ def warm_start(
         bar.update(done, {})
         for done in range(done + 1, steps + 1):
             rows = rng.integers(0, len(task.train), batch_size)
-            params, opt_state, loss = step(params, opt_state, tuple(jnp.asarray(a[rows]) for a in arrays))
-            if progress and (done % 20 == 0 or done == steps):  # reading the loss waits for the step
-                bar.update(done, {"loss": float(loss)})
+            batch = tuple(a[rows] for a in arrays)
+            packed = pack(*batch, width=width) if packing else None
+            params, opt_state, loss = step(params, opt_state, tuple(jnp.asarray(a) for a in batch), packed)
+            metrics.add(done, loss, batch, packed)
+            if done % LOG_EVERY == 0 or done == steps:  # reading the loss waits for the step
+                last = metrics.flush()
+                if progress:
+                    bar.update(done, {"loss": last})
             if saves is not None and done % saves.every == 0 and done < steps:
+                metrics.flush()  # the file holds every step the checkpoint holds
                 saves.save(done, {"params": params, "opt_state": opt_state}, rng.bit_generator.state)
             fault_point("warm_start", done)
+    metrics.flush()
     if saves is not None:
         saves.close()
     nnx.update(model, params)
     return model
+
+
+class _Metrics:
+    """The warm start's per-step records, read from the device every LOG_EVERY steps and appended to its
+    file; a continued warm start first drops the records past the step it continues from."""
+
+    def __init__(self, path: Path | None, done: int) -> None:
+        self.path = path
+        self.pending: list[tuple[int, Any, dict[str, float]]] = []
+        self.since = time.perf_counter()
+        if path is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= done]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def add(self, step: int, loss: Any, batch: tuple[np.ndarray, ...], packed: Any) -> None:
+        prompt_mask, target_mask = batch[1], batch[3]
+        if packed is None:  # one row per sequence, its prompt bucket and target width
+            rows, width = prompt_mask.shape[0], prompt_mask.shape[1] + target_mask.shape[1]
+            filled = float(prompt_mask.sum() + (target_mask.shape[1] - np.argmax(target_mask[:, ::-1] > 0, axis=1)).sum())
+        else:
+            rows, width = packed.segments.shape
+            filled = float((np.asarray(packed.segments) > 0).sum())
+        self.pending.append((step, loss, {"tokens": float(target_mask.sum()), "rows": float(rows),
+                                          "row_tokens": float(width), "padding_frac": 1.0 - filled / (rows * width)}))
+
+    def flush(self) -> float | None:
+        """Write the pending records (waiting for their steps); the last loss."""
+        if not self.pending:
+            return None
+        losses = [float(loss) for _, loss, _ in self.pending]
+        seconds = (time.perf_counter() - self.since) / len(self.pending)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                for (step, _, stats), loss in zip(self.pending, losses, strict=True):
+                    f.write(json.dumps({"step": step, "loss": loss, **stats, "time/step": seconds}) + "\n")
+        self.pending, self.since = [], time.perf_counter()
+        return losses[-1]
 
 
 class _Saves:

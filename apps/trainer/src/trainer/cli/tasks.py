@@ -1,29 +1,26 @@
-"""`trainer tasks`: the built-in tasks; `--options` adds each task's `task.options.*` with its default."""
+"""`trainer tasks`: the registered tasks (the built-in ones and every installed package's entry point of the
+group `trainer.tasks`); `--options` adds each task's `task.options.*` with its default."""
 
 from __future__ import annotations
 
 import argparse
 import inspect
 
-from trainer.tasks import FILE_TASKS, TASKS, file_task
+from trainer.tasks import TASKS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    t = sub.add_parser("tasks", help="built-in tasks")
+    t = sub.add_parser("tasks", help="registered tasks (built-in and installed packages')")
     t.add_argument("--options", action="store_true", help="each task's options (task.options.NAME=VALUE) and defaults")
 
 
 def options(name: str) -> list[tuple[str, str]]:
-    """(option, default) of task `name`: its factory's keyword arguments (a file task's are file_task's)."""
-    make = file_task if name in FILE_TASKS else TASKS[name]
-    # a file task's None defaults are its kind's fields and lengths (GSM8K: question, answer, 256, 512)
-    kind = {f: getattr(FILE_TASKS[name], f) for f in ("question_field", "answer_field", "max_prompt_tokens",
-                                                        "max_new_tokens")} if name in FILE_TASKS else {}
+    """(option, default) of task `name`: its factory's keyword arguments."""
     out = []
-    for param in inspect.signature(make).parameters.values():
+    for param in inspect.signature(TASKS[name]).parameters.values():
         if param.kind is not param.KEYWORD_ONLY:
             continue
-        default = "required" if param.default is param.empty else repr(kind.get(param.name, param.default))
+        default = "required" if param.default is param.empty else repr(param.default)
         out.append((param.name, default))
     return out
 

@@ -1,4 +1,5 @@
-"""The judge's reward function, and how a run builds it from its `judge:` settings.
+"""The judge's reward function, and how a run builds it from its judge entries (`rewards:` entries of kind judge
+and the `judge:` section, trainer.settings.reward_functions.model_judges).
 
 The reward manager calls it like any reward, `fn(prompts, completions, **fields)`; it renders
 one judge prompt per completion, sends them all through the judge in one call (greedy replies
@@ -28,6 +29,7 @@ from trainer.settings.judge_template import JudgeTemplate, verdict_scores
 from trainer.judge.trained import heldout_examples, trained_judge
 from trainer.run import load_run_policy
 from trainer.settings import RunSettings
+from trainer.settings.reward_functions import model_judges
 from trainer.tasks import Task
 
 
@@ -74,11 +76,11 @@ class JudgeReward:
 
 
 def judge_model(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,
-                log: Callable[[str], None] = print) -> JudgeModel:
-    """The judge `settings.judge` names: a Hugging Face folder, a run's policy, or (train_steps) a fresh
-    preset warm-started on `task`'s judge examples (trainer.judge.trained), whose agreement with the
-    task's answers on held-out examples is logged."""
-    j = settings.judge
+                log: Callable[[str], None] = print, judge: JudgeSettings | None = None) -> JudgeModel:
+    """The judge `judge` (default: `settings.judge`) names: a Hugging Face folder, a run's policy, or
+    (train_steps) a fresh preset warm-started on `task`'s judge examples (trainer.judge.trained), whose
+    agreement with the task's answers on held-out examples is logged."""
+    j = settings.judge if judge is None else judge
     if j.path:
         folder = build.model_folder(j.path)
         try:
@@ -115,8 +117,10 @@ def agreement(reward: JudgeReward, examples: Task) -> float:
 
 def judge_rewards(settings: RunSettings, task: Task | None = None, *, cache_dir: Path | None = None,
                   log: Callable[[str], None] = print) -> tuple[RewardSpec, ...]:
-    """The run's judge reward (weighted), or none when `judge:` names no model."""
-    if not settings.judge.on:
-        return ()
-    judge = judge_model(settings, task, cache_dir=cache_dir, log=log)
-    return (RewardSpec(JudgeReward(judge, settings.judge), weight=settings.judge.weight, name=settings.judge.name),)
+    """The run's judge models' rewards (weighted; one judge model each), none when no entry names one."""
+    specs = []
+    for entry in model_judges(settings.rewards, settings.judge):
+        judge = judge_model(settings, task, cache_dir=cache_dir, log=log, judge=entry.settings)
+        specs.append(RewardSpec(JudgeReward(judge, entry.settings), weight=entry.weight, name=entry.name,
+                                data_sources=entry.data_sources, timeout_s=entry.timeout_s, on_failure=entry.on_failure))
+    return tuple(specs)

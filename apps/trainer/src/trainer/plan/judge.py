@@ -1,4 +1,4 @@
-"""`trainer plan` for a run with a judge model (`judge:` names one): the judge's bytes.
+"""`trainer plan` for a run with judge models (`rewards:` entries of kind judge, or `judge:`): their bytes.
 
 The judge (trainer.judge) is built on abstract arrays as the run loads it: its Params in their
 storage dtype, whole on one device (the judge is not sharded), resident for the whole run, and
@@ -12,7 +12,8 @@ per completion, judge.max_prompt_tokens long):
     and weight copy (compute dtype).
 
 The judge's model is read from config.json (judge.path), from a run folder's settings (judge.run)
-or is judge.preset (judge.train_steps). The entries join the plan's tables with a "judge" prefix.
+or is judge.preset (judge.train_steps). The entries join the plan's tables with a "judge" prefix; several
+judges' entries add up (each is resident, each scores a step's completions).
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 
-def judge_config(settings: Any, runtime: dict[str, Any]) -> Any:
-    """The TransformerConfig of the run's judge, without loading a weight."""
+def judge_config(j: Any, runtime: dict[str, Any]) -> Any:
+    """The TransformerConfig of judge `j` (trainer.settings.judge.JudgeSettings), without loading a weight."""
     from rl_models import CharTokenizer, preset
 
     from trainer.build import model_config
     from trainer.run.folder import settings_of_run
 
-    j = settings.judge
     if j.path:
         return model_config(j.path, **runtime)
     if j.run:
@@ -39,9 +39,24 @@ def judge_config(settings: Any, runtime: dict[str, Any]) -> Any:
     return preset(j.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
 
 
-def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[..., tuple[int, int, int]],
+def judges_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[..., tuple[int, int, int]],
+                per_device: Callable[[Any], int]) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(the judges' parameter count, their compiled entries, their analytic entries), summed over the run's
+    judge models; (0, {}, {}) for a run without one."""
+    from trainer.settings.reward_functions import model_judges
+
+    total, compiled, analytic = 0, {}, {}
+    for entry in model_judges(settings.rewards, settings.judge):
+        count, c, a = judge_plan(entry.settings, batch=batch, runtime=runtime, sizes=sizes, per_device=per_device)
+        total += count
+        compiled = {k: compiled.get(k, 0) + v for k, v in c.items()}
+        analytic = {k: analytic.get(k, 0) + v for k, v in a.items()}
+    return total, compiled, analytic
+
+
+def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[..., tuple[int, int, int]],
                per_device: Callable[[Any], int]) -> tuple[int, dict[str, int], dict[str, int]]:
-    """(the judge's parameter count, its compiled entries, its analytic entries) for `batch`
+    """(judge `j`'s parameter count, its compiled entries, its analytic entries) for `batch`
     completions a step; bytes of the device the judge lives on."""
     import jax
     import jax.numpy as jnp
@@ -55,8 +70,7 @@ def judge_plan(settings: Any, *, batch: int, runtime: dict[str, Any], sizes: Cal
     from trainer.judge.model import first_logprobs_program
     from trainer.settings.judge import YES_PROBABILITY
 
-    j = settings.judge
-    config = judge_config(settings, runtime)
+    config = judge_config(j, runtime)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0))))
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     stored = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), nnx.to_pure_dict(params))

@@ -36,8 +36,8 @@ the table states how much that saves.
 An algorithm that trains a critic beside the policy (PPO) adds the critic's resident weights
 and optimizer state and its two programs, the update and the values pass (trainer.plan.critic).
 A run that distills (algorithm.distill_coef > 0) adds its teacher's resident weights and its
-log-prob pass (trainer.plan.teacher); a judge model (`judge:`) its resident weights and the
-program that scores a step's completions (trainer.plan.judge).
+log-prob pass (trainer.plan.teacher); each judge model (`judge:`, `rewards:` entries of kind judge)
+its resident weights and the program that scores a step's completions (trainer.plan.judge).
 The result, its peak and its table are `trainer.plan.result.Plan`.
 """
 
@@ -94,7 +94,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.programs import policy_programs
-    from trainer.plan.judge import judge_plan
+    from trainer.plan.judge import judges_plan
     from trainer.plan.teacher import teacher_plan
 
     m = settings.model
@@ -267,12 +267,11 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
             settings, mesh=mesh, runtime=runtime, layout=layout, inputs=ref_inputs, sizes=sizes, per_device=per_device)
         compiled |= teacher_compiled
         analytic |= teacher_analytic
-    judge_parameters = 0
-    if settings.judge.on:  # a judge model: its weights, resident, and its scoring program (trainer.plan.judge)
-        judge_parameters, judge_compiled, judge_analytic = judge_plan(settings, batch=batch, runtime=runtime,
-                                                                      sizes=sizes, per_device=per_device)
-        compiled |= judge_compiled
-        analytic |= judge_analytic
+    # judge models: their weights, resident, and their scoring programs (trainer.plan.judge)
+    judge_parameters, judge_compiled, judge_analytic = judges_plan(settings, batch=batch, runtime=runtime,
+                                                                   sizes=sizes, per_device=per_device)
+    compiled |= judge_compiled
+    analytic |= judge_analytic
     trainable = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(master))
     count = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(full_stored)) + (trainable if lora.rank else 0)
     name = m.path or m.preset

@@ -34,9 +34,10 @@ def write_text(path: Path, text: str) -> None:
         atomic_write_text(path, text)
 
 
-def claim(run_dir: Path, overwrite: bool) -> None:
-    """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`."""
-    existing = [name for name in (*RUN_FILES, CONFIG) if (run_dir / name).exists()]
+def claim(run_dir: Path, overwrite: bool, keep: Sequence[str] = ()) -> None:
+    """Make room for a new run in `run_dir`: refuse a run or a config.yaml there unless `overwrite`;
+    the files named in `keep` stay."""
+    existing = [name for name in (*RUN_FILES, CONFIG) if (run_dir / name).exists() and name not in keep]
     if not existing:
         return
     refuse_unless_overwrite(run_dir, existing, overwrite)

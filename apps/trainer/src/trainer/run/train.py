@@ -36,7 +36,7 @@ from rl_core.rollout.factory import explain_engine
 from rl_core.run import storage
 from rl_core.run.checkpoint import saved_steps
 from rl_core.run.faults import fault_point
-from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SUMMARY
+from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SFT_METRICS, SUMMARY
 
 from trainer import build
 from trainer.evaluate import evaluate
@@ -97,8 +97,8 @@ def base_evaluation(learner, task, settings: RunSettings, cache_dir: Path) -> di
 def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> Task:
     """The task's prompts, chat-templated and cut to those that fit rollout.max_prompt_tokens."""
     task = build.chat_prompts(settings.task.build(), tokenizer)
-    if not task.rewards and settings.rewards:  # a data task scored by the run's rewards: alone; the first entry says what is correct
-        specs = reward_specs(settings.rewards)
+    specs = reward_specs(settings.rewards) if not task.rewards else ()  # less the judge models, loaded apart
+    if specs:  # a data task scored by the run's rewards: alone; the first entry says what is correct
         task = dataclasses.replace(task, rewards=specs, correct=specs[0].name)
     return fit_prompts(
         task,
@@ -158,8 +158,9 @@ def train_run(
             )
             return finished
         if not run_folder.check_resumable(run_dir, settings):
-            # killed before its first checkpoint: records past it never count
-            run_folder.claim(run_dir, overwrite=True)
+            # killed before its first checkpoint: records past it never count; the warm start's own records
+            # continue with its own checkpoint (trainer.warmstart drops those past it)
+            run_folder.claim(run_dir, overwrite=True, keep=(SFT_METRICS,))
     else:
         run_folder.claim(run_dir, overwrite)
 
@@ -180,7 +181,8 @@ def train_run(
     try:
         run_folder.write_config(run_dir, settings)
         policy = build.base_policy(
-            settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from
+            settings, task, tokenizer, model, base_cache or run_dir, log, progress=progress, reuse_from=reuse_base_from,
+            metrics_path=run_dir / SFT_METRICS,
         )
         policy = build.adapted(settings, policy)
         if settings.rollout.local_servers:  # rollout.engine=remote: this host's servers, stopped at exit

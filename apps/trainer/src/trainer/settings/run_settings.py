@@ -30,8 +30,8 @@ from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.override_values import override_value
-from trainer.settings.reward_functions import reward_specs
-from trainer.tasks import FILE_TASKS, TASKS, DataError, Task, file_task
+from trainer.settings.reward_functions import model_judges, reward_specs
+from trainer.tasks import DataError, FileTask, Task, TaskError, task_factory
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
 
@@ -41,7 +41,8 @@ LONG_PROMPTS = ("drop", "error")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskSettings(Config):
     name: str = "arithmetic"
-    """A built-in task (`trainer tasks` lists them)."""
+    """A registered task (`trainer tasks` lists them: the built-in ones and every installed package's entry
+    point of the group `trainer.tasks`), or your own factory as `module:function` / `path/to/file.py:function`."""
     options: dict = dataclasses.field(default_factory=dict)
     """Keyword arguments of the task's constructor, e.g. {digits: 3}."""
     long_prompts: str = "drop"
@@ -50,14 +51,17 @@ class TaskSettings(Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.name in TASKS, self, "name", f"must be one of {sorted(TASKS)}")
+        try:
+            task_factory(self.name)
+        except TaskError as e:
+            raise ConfigError(f"TaskSettings.name = {self.name!r}: {e}") from None
         check(self.long_prompts in LONG_PROMPTS, self, "long_prompts", f"must be one of {LONG_PROMPTS}")
         for key, value in self.options.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"TaskSettings.options.{key} = {value!r}: must be a finite number")
 
     def build(self) -> Task:
-        make = TASKS[self.name]
+        make = task_factory(self.name)
         known = task_options(self.name)
         for key in self.options if known is not None else ():
             if key not in known:
@@ -81,10 +85,8 @@ class TaskSettings(Config):
 
 
 def task_options(name: str) -> list[str] | None:
-    """The keyword options of task `name`'s constructor (a file task's: those of `file_task`);
-    None when it takes any (`**options`)."""
-    make = file_task if name in FILE_TASKS else TASKS[name]
-    parameters = inspect.signature(make).parameters.values()
+    """The keyword options of task `name`'s constructor; None when it takes any (`**options`)."""
+    parameters = inspect.signature(task_factory(name)).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
@@ -202,13 +204,28 @@ class WarmStartSettings(Config):
     """Supervised fine-tuning rows (any shape of docs/bring-your-own-task.md with a reference, e.g.
     conversations whose final assistant turn is the target): the warm start trains on them instead of
     the task's references, the loss on the reference's tokens only; None: the task's."""
+    packing: bool | None = None
+    """Pack each step's sequences into as few rows as fit (positions and attention restart at each
+    sequence: the same loss on fewer rows, less padding computed); None: on with `data`, off for the task's
+    references (which are alike in length)."""
+    row_tokens: int | None = None
+    """Width of a packed row in tokens; None: the longest sequence a row may hold (the prompts' width plus
+    rollout.max_new_tokens), never less. Wider rows hold more short sequences each (fewer rows a step)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.packing is None or isinstance(self.packing, bool), self, "packing", "must be true, false or null")
+        check(self.row_tokens is None or (isinstance(self.row_tokens, int) and self.row_tokens >= 1), self,
+              "row_tokens", "must be an int >= 1 or null")
         check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
         check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
+
+    @property
+    def packs(self) -> bool:
+        """Whether the warm start packs its rows (`packing`, resolved)."""
+        return self.data is not None if self.packing is None else self.packing
 
 
 EVAL_SET_KEYS = ("data", "reward", "split", "size")
@@ -276,10 +293,11 @@ class RunSettings(Config):
     reward_audit: RewardAuditSettings = dataclasses.field(default_factory=RewardAuditSettings)
     """Audits of each step's rewards that catch reward hacking (docs/reward-audits.md)."""
     judge: JudgeSettings = dataclasses.field(default_factory=JudgeSettings)
-    """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one)."""
+    """A judge model as one more reward (off until judge.path, judge.run or judge.train_steps names one): the
+    same as a `rewards:` entry of kind judge named judge.name (docs/judge-rewards.md)."""
     rewards: dict = dataclasses.field(default_factory=dict)
-    """Registered reward functions added to the task's, by name: {name: {function, weight, options}},
-    e.g. a remote scorer or judge (docs/remote-rewards.md)."""
+    """Rewards added to the task's, by name: {name: {kind, function, weight, options, ...}}: a function
+    (registered or your code), a remote scorer or a judge model (trainer.settings.reward_functions)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -466,7 +484,10 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         task = task_settings.build()
     except (ConfigError, DataError) as e:
         problems.append(str(e))
-    if task_settings.name in FILE_TASKS and not (user.get("model") or {}).get("path"):
+    # a task read through the chat template (GSM8K, MATH rows) needs a tokenizer that has one; told beside a
+    # data error, so a file task's factory says so before its rows are read
+    templated = task.chat is True if not problems else isinstance(task_factory(task_settings.name), FileTask)
+    if templated and not (user.get("model") or {}).get("path"):
         problems.append(
             f"task.name = {task_settings.name!r} needs a model folder whose tokenizer has a chat template: "
             "pass --model DIR (model.path=DIR)"
@@ -505,8 +526,8 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
             raise ConfigError(f"eval.sets.{name}: {e}") from None
     config = settings.algorithm_config()
     own = config.reward_functions(max_new_tokens=settings.rollout.max_new_tokens)
-    judge = [settings.judge.name] if settings.judge.on else []
-    names = [*(spec.name for spec in task.rewards), *judge, *(spec.name for spec in reward_specs(settings.rewards))]
+    judges = [j.name for j in model_judges(settings.rewards, settings.judge)]
+    names = [*(spec.name for spec in task.rewards), *judges, *(spec.name for spec in reward_specs(settings.rewards))]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(f"rewards: {twice} named twice (the task's rewards are {[s.name for s in task.rewards]}); "

@@ -14,7 +14,8 @@ from typing import Any
 from rich.console import Console
 from rl_core.run import storage
 from rl_core.run.console_samples import samples_table
-from rl_core.run.layout import PLOTS
+from rl_core.run.files import read_jsonl
+from rl_core.run.layout import PLOTS, SFT_METRICS
 from rl_core.run.records import RunRecords, open_records
 
 from trainer.run import settings_of_run
@@ -41,6 +42,9 @@ def show_run(location: str | Path, *, steps: tuple[tuple[int, int], ...] = (), c
         if before and "eval/accuracy" in before:
             shown = f"{after['eval/accuracy']:.3f}" if after else "(at the end)"
             console.print(f"held-out accuracy: before RL {before['eval/accuracy']:.3f}, after {shown}")
+        sft = read_jsonl(records.folder / SFT_METRICS)[0] if (records.folder / SFT_METRICS).exists() else []
+        if sft:  # the run performed its warm start (a base policy taken from a cache has no records)
+            console.print(report.sft_line(sft), highlight=False)
         if settings is None:
             console.print(f"settings: cannot be read here ({why})", highlight=False)
         else:

@@ -108,3 +108,12 @@ def settings_or_reason(load: Any) -> tuple[RunSettings | None, str | None]:
         return load(), None
     except (ConfigError, OSError) as e:
         return None, str(e)
+
+
+def sft_line(records: Sequence[Mapping[str, Any]]) -> str:
+    """One line on the run's supervised warm start (its sft_metrics.jsonl): steps, loss, rows a step, padding."""
+    first, last = records[0], records[-1]
+    rows = sum(r["rows"] for r in records) / len(records)
+    padding = sum(r["padding_frac"] for r in records) / len(records)
+    return (f"supervised warm start: {last['step']} steps, loss {first['loss']:.3f} -> {last['loss']:.3f}, "
+            f"{rows:.1f} rows of {last['row_tokens']:.0f} tokens a step ({padding:.0%} padding)")

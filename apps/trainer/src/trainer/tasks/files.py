@@ -8,6 +8,7 @@ with its file and line (row) number. Nothing is downloaded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text
 from trainer.tasks.task import Task, split_heldout
 
-__all__ = ["FILE_TASKS", "file_task", "gsm8k", "math"]
+__all__ = ["FILE_TASKS", "FileTask", "FileTaskKind", "file_task", "gsm8k", "math"]
 
 GSM8K_INSTRUCTION = "Solve the problem step by step. End with a line '#### <answer>' giving the final number.\n\n"
 MATH_INSTRUCTION = "Solve the problem step by step. Put the final answer in \\boxed{}.\n\n"
@@ -150,11 +151,26 @@ def file_task(
     return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths, dict(template_options or {}), heldout)
 
 
-def gsm8k(**options: Any) -> Task:
-    """GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated."""
-    return file_task("gsm8k", **options)
+class FileTask:
+    """A file-backed task of one kind, as an entry point of ``trainer.tasks`` points at: called with the
+    task's options (``data`` required), it reads the rows. Its signature is `file_task`'s with the kind's
+    fields and lengths as defaults (what ``trainer tasks --options`` shows)."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
+        kind = FILE_TASKS[name]
+        defaults = {f: getattr(kind, f) for f in ("question_field", "answer_field", "max_prompt_tokens", "max_new_tokens")}
+        parameters = [p.replace(default=defaults.get(p.name, p.default))
+                      for p in inspect.signature(file_task).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        self.__signature__ = inspect.Signature(parameters, return_annotation=Task)
+
+    def __call__(self, **options: Any) -> Task:
+        return file_task(self.name, **options)
+
+    def __repr__(self) -> str:
+        return f"FileTask({self.name!r})"
 
 
-def math(**options: Any) -> Task:
-    """MATH-style JSONL/Parquet rows (problem, solution with \\boxed{}), chat-templated."""
-    return file_task("math", **options)
+gsm8k = FileTask("gsm8k", "GSM8K-style JSONL/Parquet rows (question, answer with '#### n'), chat-templated.")
+math = FileTask("math", "MATH-style JSONL/Parquet rows (problem, solution with \\boxed{}), chat-templated.")

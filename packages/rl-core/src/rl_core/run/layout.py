@@ -21,9 +21,11 @@ EVAL_BEFORE = "eval_before.json"
 SUMMARY = "summary.json"
 PLOTS = "plots"
 """`trainer show`'s PNG curves of the run."""
+SFT_METRICS = "sft_metrics.jsonl"
+"""The supervised warm start's metrics (one line per step), when the run performed one."""
 
 RUN_FILES = (CHECKPOINTS, SETTINGS_AT_START, CORRUPT_CHECKPOINTS, TENSORBOARD, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY,
-             PLOTS)
+             PLOTS, SFT_METRICS)
 """Everything a run writes into its folder besides `CONFIG`: what a new run must not find there."""
 
 RECORDS = (CONFIG, SETTINGS_AT_START, METRICS, SAMPLES, EVAL_BEFORE, SUMMARY)
