@@ -126,7 +126,7 @@ def micro_batches(settings: Any) -> list[int]:
 
 
 def _rows(settings: Any) -> tuple[int, int]:
-    """(completions per step, the data x fsdp devices they are split over)."""
+    """(completions per step, the data x fsdp x expert devices they are split over)."""
     training = settings.training
-    data, fsdp, _ = training.mesh.shape(jax.device_count() - training.rollout_devices)
-    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), data * fsdp
+    rows = training.mesh.row_devices(jax.device_count() - training.rollout_devices)
+    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), rows
