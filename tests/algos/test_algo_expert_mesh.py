@@ -41,6 +41,13 @@ def test_two_grpo_steps_match_one_device(result, mesh):
     assert run["same_greedy_tokens"]
 
 
+@pytest.mark.parametrize("mesh", MESHES)
+def test_gpt_oss_form_with_biases_matches_one_device(result, mesh):
+    """Random expert biases (the down bias added once, after the sum over tensor), the clamped
+    SwiGLU, 15 tokens over 8 row shards (padded in the dispatch)."""
+    assert result["meshes"][mesh]["gpt_oss_form_logit_gap"] < 1e-5
+
+
 def test_expert_weights_split_over_the_expert_axis(result):
     # [layers, E, D, F]: expert=8 gives each device one expert of each layer, whole otherwise
     assert result["meshes"]["expert8"]["gate_shape"] == [2, 8, 64, 48]

@@ -3,7 +3,8 @@
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before jax is imported). Prints
 one JSON line: per mesh (expert=8; fsdp=2 x expert=2 x tensor=2), the largest parameter and
 metric differences from one device after two GRPO steps (SGD, so rounding stays rounding), the
-greedy tokens against one device's, each expert weight's shard, and the collectives of the
+greedy tokens against one device's, the logit gap of gpt-oss's form of the experts (biases, the
+clamped SwiGLU) on a token count the devices do not divide, each expert weight's shard, and the collectives of the
 compiled update and of the static sampler's program (prefill and the decode loop), with the
 shapes of every all-gather, so the test can say which weights moved.
 """
@@ -90,6 +91,32 @@ def programs(learner) -> dict:
     return {"update": update, "decode": decode}
 
 
+def gpt_oss_form_gap(mesh) -> float:
+    """The largest logit gap, sharded forward against one device, of gpt-oss's form of the
+    experts (router and expert biases, random, so the down bias added once after the sum over
+    tensor shows; the clamped SwiGLU; top-k then softmax) on 3 rows of 5 tokens: 15 tokens, which
+    the 8 row shards do not divide (padded inside the dispatch)."""
+    config = TransformerConfig.tiny(TOK.vocab_size, num_experts=8, experts_per_token=2, moe_hidden_size=48,
+                                    expert_bias=True, router_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702,
+                                    router="topk_softmax")
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    for i, name in enumerate(("gate_bias", "up_bias", "down_bias")):
+        bias = getattr(model.layers.mlp, name)
+        bias[...] = jax.random.normal(jax.random.key(i), bias.shape)
+    ids = jax.random.randint(jax.random.key(7), (3, 5), 0, TOK.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(5), (3, 5))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (3, 5, 5))
+
+    def forward(model, ids, positions, mask):
+        return model.logits(model(ids, positions, mask)[0])
+
+    one = np.asarray(jax.jit(forward)(model, ids, positions, mask))
+    graphdef, state = nnx.split(model)
+    sharded = nnx.merge(graphdef, jax.device_put(state, mesh_lib.param_shardings(state, mesh)))
+    on_mesh = np.asarray(jax.jit(mesh_lib.with_activation_layout(mesh, forward))(sharded, ids, positions, mask))
+    return float(np.abs(on_mesh - one).max())
+
+
 def describe(text: str) -> dict:
     ops = hlo.collectives(text)
     return {"kinds": hlo.count(text), "all_gathers": [list(dims) for c in ops if c.kind == "all-gather"
@@ -100,7 +127,8 @@ def measure(devices) -> dict:
     _, one_params, one_tokens, one_metrics = run(mesh_lib.make_mesh(devices=devices[:1]))
     result = {"device_count": len(devices), "meshes": {}}
     for name, shape in MESHES.items():
-        learner, params, tokens, metrics = run(mesh_lib.make_mesh(devices=devices, **shape))
+        mesh = mesh_lib.make_mesh(devices=devices, **shape)
+        learner, params, tokens, metrics = run(mesh)
         gate = learner.params["layers"]["mlp"]["gate_proj"]
         texts = programs(learner)
         result["meshes"][name] = {
@@ -108,6 +136,7 @@ def measure(devices) -> dict:
             "metrics_max_abs_diff": max(abs(a[k] - b[k]) for a, b in zip(metrics, one_metrics, strict=True)
                                         for k in a if k.startswith(KEYS)),
             "same_greedy_tokens": tokens == one_tokens,
+            "gpt_oss_form_logit_gap": gpt_oss_form_gap(mesh),
             "gate_shape": list(gate.shape),
             "gate_shard": list(gate.sharding.shard_shape(gate.shape)),
             **{program: describe(text) for program, text in texts.items()},
