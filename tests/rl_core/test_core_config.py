@@ -79,6 +79,7 @@ RULES = [
     (MeshConfig, {}, "data", 0, "must be >= 1 or -1 (all remaining devices)"),
     (MeshConfig, {}, "tensor", -2, "must be >= 1 or -1 (all remaining devices)"),
     (MeshConfig, {}, "fsdp", 0, "must be >= 1 or -1 (all remaining devices)"),
+    (MeshConfig, {}, "expert", 0, "must be >= 1 or -1 (all remaining devices)"),
     (MeshConfig, {}, "data", -1, "at most one axis may be -1, got ['data', 'fsdp']"),
 ]
 
@@ -107,11 +108,13 @@ def test_every_validated_field_has_a_rule_in_the_table():
 
 
 def test_mesh_shape_fills_in_the_remaining_devices_and_must_use_them_all():
-    assert MeshConfig().shape(8) == (1, 8, 1)  # the default: everything FSDP
-    assert MeshConfig(tensor=2).shape(8) == (1, 4, 2)
-    assert MeshConfig(data=-1, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
-    assert MeshConfig(data=2, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
-    assert TrainingConfig.from_dict({"mesh": {"fsdp": 4, "tensor": 2}}).mesh.shape(8) == (1, 4, 2)
+    assert MeshConfig().shape(8) == (1, 8, 1, 1)  # the default: everything FSDP; (data, fsdp, expert, tensor)
+    assert MeshConfig(tensor=2).shape(8) == (1, 4, 1, 2)
+    assert MeshConfig(data=-1, fsdp=2, tensor=2).shape(8) == (2, 2, 1, 2)
+    assert MeshConfig(data=2, fsdp=2, tensor=2).shape(8) == (2, 2, 1, 2)
+    assert MeshConfig(expert=4, tensor=2).shape(8) == (1, 1, 4, 2)
+    assert MeshConfig(expert=4, tensor=2).row_devices(8) == 4  # rows split over data x fsdp x expert
+    assert TrainingConfig.from_dict({"mesh": {"fsdp": 4, "tensor": 2}}).mesh.shape(8) == (1, 4, 1, 2)
     with pytest.raises(ConfigError, match="needs a multiple of 3 devices, but 8 are available"):
         MeshConfig(tensor=3).shape(8)
     with pytest.raises(ConfigError, match="needs 4 devices, but 8 are available"):

@@ -6,7 +6,7 @@ from jax.sharding import PartitionSpec as P
 
 from rl_core.runtime.mesh import MESH_AXES, logical_spec
 
-MESH = AbstractMesh((2, 4, 2), MESH_AXES)  # data 2, fsdp 4, tensor 2 (no devices needed)
+MESH = AbstractMesh((2, 4, 1, 2), MESH_AXES)  # data 2, fsdp 4, expert 1, tensor 2 (no devices needed)
 
 
 def test_parameters_split_embed_over_fsdp_and_heads_mlp_vocab_over_tensor():
@@ -30,7 +30,7 @@ def test_a_dimension_the_devices_do_not_divide_stays_whole_or_partly_split():
 def test_a_mesh_axis_is_used_once_per_array_and_size_1_axes_are_dropped():
     # a toy cache laid out (batch, slots, embed): fsdp already splits the rows
     assert logical_spec(("batch", "cache_slots", "embed"), (8, 16, 64), MESH) == P(("data", "fsdp"), None, None)
-    single = AbstractMesh((1, 8, 1), MESH_AXES)
+    single = AbstractMesh((1, 8, 1, 1), MESH_AXES)
     assert logical_spec(("batch", "heads"), (16, 64), single) == P("fsdp", None)
 
 
@@ -43,8 +43,8 @@ def test_unknown_names_and_wrong_ranks_are_errors():
 
 def test_fused_head_axes_split_only_in_whole_heads():
     """Qwen2.5-7B: 28 query heads and 4 KV heads of 128, fused [3584] and [512] axes."""
-    tensor8 = AbstractMesh((1, 1, 8), MESH_AXES)
-    tensor4 = AbstractMesh((1, 1, 4), MESH_AXES)
+    tensor8 = AbstractMesh((1, 1, 1, 8), MESH_AXES)
+    tensor4 = AbstractMesh((1, 1, 1, 4), MESH_AXES)
     # 3584 columns divide by 8, but 28 heads do not: whole heads only, so the axis stays whole
     assert logical_spec(("embed", "heads"), (3584, 3584), tensor8) == P(None, "tensor")
     assert logical_spec(("embed", "heads"), (3584, 3584), tensor8, units=(1, 128)) == P(None, None)
@@ -91,3 +91,18 @@ def test_tensor_parallel_problems_name_the_heads_and_what_fits():
     assert wide.tensor_parallel_problem(6) == (
         "the model's 4 KV heads neither split evenly over 6 devices nor replicate evenly on them "
         "(use a divisor or a multiple of 4)")
+
+
+def test_the_expert_axis_splits_experts_rows_and_the_other_weights_embed():
+    """Qwen3-30B-A3B's shapes on fsdp 2 x expert 4 x tensor 2: an expert kernel [layers, 128, 2048,
+    768] takes `expert` on its experts (32 each), fsdp on embed and tensor on its width; a dense
+    weight's embed is split over fsdp and expert both (expert is one more fsdp axis outside the
+    experts), and rows over data, fsdp and expert."""
+    mesh = AbstractMesh((1, 2, 4, 2), MESH_AXES)
+    assert logical_spec(("layers", "experts", "embed", "mlp"), (48, 128, 2048, 768), mesh) == P(
+        None, "expert", "fsdp", "tensor")
+    assert logical_spec(("layers", "embed", "heads"), (48, 2048, 4096), mesh) == P(None, ("fsdp", "expert"), "tensor")
+    assert logical_spec(("batch",), (64,), mesh) == P(("fsdp", "expert"))
+    # 6 experts do not divide over 4 devices: whole, and the embed axis takes expert instead
+    assert logical_spec(("layers", "experts", "embed", "mlp"), (48, 6, 2048, 768), mesh) == P(
+        None, None, ("fsdp", "expert"), "tensor")

@@ -64,7 +64,7 @@ def test_the_sharding_rules_place_every_gemma3_weight():
 
     from rl_core.runtime.mesh import MESH_AXES, logical_spec
 
-    mesh = AbstractMesh((1, 4, 2), MESH_AXES)
+    mesh = AbstractMesh((1, 4, 1, 2), MESH_AXES)
     config = load_hf_config(CONFIGS / "gemma-3-1b-it")
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     specs = {"/".join(map(str, path)): logical_spec(v.get_metadata("out_sharding"), v.shape, mesh,

@@ -57,7 +57,7 @@ def test_plan_on_8_devices_agrees_with_the_count_and_says_whether_it_fits():
               "rollout.engine=paged"]
     result = plan_json(*common, "--device-memory-gb", "80")
     compiled, analytic = result["compiled"], result["analytic"]
-    assert result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert result["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
     # float32 parameters and two AdamW moments per device, exactly as the shards add up
     assert compiled["parameters_and_optimizer_state"] == analytic["parameters"] + analytic["optimizer_state"]
     # two float32 moments per parameter, plus AdamW's step counters (int32 scalars, replicated)

@@ -55,6 +55,13 @@ from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 from trainer.warmstart import warm_start
 
 
+def _mesh_key(shape: tuple[int, int, int, int]) -> tuple[int, ...]:
+    """(data, fsdp, tensor) without an expert axis, as keys were made before the mesh had one
+    (so cached bases stay found); the whole (data, fsdp, expert, tensor) with one."""
+    data, fsdp, expert, tensor = shape
+    return (data, fsdp, tensor) if expert == 1 else shape
+
+
 def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str:
     """A short hash of what determines the base policy: its settings and the device layout it
     is trained on (`devices`, default all of JAX's): the warm start's sums are split over the
@@ -81,7 +88,8 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
         "max_prompt_tokens": settings.rollout.max_prompt_tokens,  # which prompts it sees, and their padding
         "layout": {
             "platform": jax.default_backend(),
-            "mesh": settings.training.mesh.shape((jax.device_count() if devices is None else devices) - settings.training.rollout_devices),
+            "mesh": _mesh_key(settings.training.mesh.shape(
+                (jax.device_count() if devices is None else devices) - settings.training.rollout_devices)),
         },
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]

@@ -302,7 +302,7 @@ class RolloutConfig(Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig(Config):
-    """The device mesh (see `rl_core.runtime.mesh`): sizes of its three axes; one may be -1,
+    """The device mesh (see `rl_core.runtime.mesh`): sizes of its four axes; one may be -1,
     meaning all remaining devices. Their product must be the device count."""
 
     data: int = 1
@@ -311,18 +311,23 @@ class MeshConfig(Config):
     """Fully sharded data parallelism: rows split, parameters and optimizer state sharded."""
     tensor: int = 1
     """Tensor parallelism: attention heads and the MLP's inner width split."""
+    expert: int = 1
+    """Expert parallelism: a mixture of experts' experts split (tokens sent to their experts'
+    devices and back); rows split, and the other weights sharded like fsdp's."""
+
+    AXES = ("data", "fsdp", "expert", "tensor")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("data", "fsdp", "tensor"):
+        for name in self.AXES:
             check(getattr(self, name) == -1 or getattr(self, name) >= 1, self, name, "must be >= 1 or -1 (all remaining devices)")
-        free = [n for n in ("data", "fsdp", "tensor") if getattr(self, n) == -1]
+        free = [n for n in self.AXES if getattr(self, n) == -1]
         check(len(free) <= 1, self, free[0] if free else "data", f"at most one axis may be -1, got {free}")
 
-    def shape(self, device_count: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) for `device_count` devices, the -1 filled in;
+    def shape(self, device_count: int) -> tuple[int, int, int, int]:
+        """(data, fsdp, expert, tensor) for `device_count` devices, the -1 filled in;
         ConfigError when they do not fit."""
-        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        sizes = {name: getattr(self, name) for name in self.AXES}
         fixed = math.prod(v for v in sizes.values() if v != -1)
         free = [k for k, v in sizes.items() if v == -1]
         if free and device_count % fixed == 0:
@@ -332,7 +337,12 @@ class MeshConfig(Config):
                 f"{type(self).__name__} {self.to_dict()}: needs {fixed if not free else f'a multiple of {fixed}'} "
                 f"devices, but {device_count} are available"
             )
-        return sizes["data"], sizes["fsdp"], sizes["tensor"]
+        return sizes["data"], sizes["fsdp"], sizes["expert"], sizes["tensor"]
+
+    def row_devices(self, device_count: int) -> int:
+        """How many ways a batch's rows are split: data x fsdp x expert (`shape` checks the fit)."""
+        data, fsdp, expert, _ = self.shape(device_count)
+        return data * fsdp * expert
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd")

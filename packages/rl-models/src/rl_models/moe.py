@@ -11,6 +11,11 @@ token), not the total (E * F). Routing is returned beside the output (`Routing`)
 experts, for routing replay (a training forward that takes the rollout's choices instead of its
 own), and the router's probabilities, for the load-balancing loss (`load_balancing_loss`).
 
+On a mesh with an expert axis (`training.mesh.expert`; the logical name act_experts maps to it)
+each device holds E / ep of the experts, and `dispatched_experts` sends each (token, expert) pair
+to the device holding its expert and the result back, with two all-to-alls per layer; the
+numbers are those of one device (tests/algos/test_algo_expert_mesh.py).
+
 Routers (`TransformerConfig.router`): "softmax_topk" (Qwen3-MoE) takes a float32 softmax over all
 E logits, then the top k, renormalised to sum to 1 with `norm_topk_prob`; "topk_softmax"
 (gpt-oss) takes the top k logits, then a softmax over those k.
@@ -27,7 +32,7 @@ from flax import nnx
 from rl_models.attention import target_platform
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, param
-from rl_models.sharding import gathered
+from rl_models.sharding import gathered, mesh_axes
 
 
 class Routing(NamedTuple):
@@ -95,6 +100,94 @@ def grouped_experts(x: jax.Array, experts: jax.Array, num_experts: int,
     return jnp.take(out, inverse, axis=0).reshape(n, k, -1)
 
 
+class ExpertWeights(NamedTuple):
+    """One block's expert weights in the compute dtype: kernels [E, in, out], biases [E, out] (None
+    without gpt-oss's biases)."""
+
+    gate: jax.Array
+    up: jax.Array
+    down: jax.Array
+    gate_bias: jax.Array | None
+    up_bias: jax.Array | None
+    down_bias: jax.Array | None
+
+
+def dispatch_axes(num_experts: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(expert axes, row axes, tensor axes) of the mesh being traced, by the logical names
+    act_experts, act_batch and act_mlp; no expert axes outside a mesh, or where they do not divide
+    the E experts (the weights then stay whole over them, and no tokens move)."""
+    experts = mesh_axes("act_experts")
+    size = 1
+    for a in experts:
+        size *= jax.sharding.get_abstract_mesh().shape[a]
+    if not experts or num_experts % size:
+        return (), (), ()
+    return experts, mesh_axes("act_batch"), tuple(a for a in mesh_axes("act_mlp") if a not in experts)
+
+
+def dispatched_experts(x: jax.Array, experts: jax.Array, w: ExpertWeights, expert_mlp) -> jax.Array:
+    """`grouped_experts` with the experts split over the mesh's expert axis (expert parallelism):
+    each device routes its own rows' (token, expert) pairs, sends each pair to the device holding
+    its expert (an all-to-all), runs its E / ep experts over what it received as grouped matmuls,
+    and sends the results back (a second all-to-all). x [N, D], experts [N, k] -> [N, k, D].
+
+    Inside a shard_map over the whole mesh: rows split over the row axes (data, fsdp, expert),
+    expert weights split over `expert` on E and over `tensor` on their inner width (the down
+    projection's partial sums added over `tensor`). A device may send every one of its n * k
+    pairs to one device, so each of its ep send slots holds n * k rows (no pair is ever dropped)."""
+    ep_axes, row_axes, tp_axes = dispatch_axes(w.gate.shape[0])
+    mesh = jax.sharding.get_abstract_mesh()
+    ep = 1
+    for a in ep_axes:
+        ep *= mesh.shape[a]
+    shards = 1
+    for a in row_axes:
+        shards *= mesh.shape[a]
+    n, k = experts.shape
+    pad = -n % shards  # rows the row axes do not divide: padded, routed to expert 0, dropped after
+    if pad:
+        x = jnp.pad(x, ((0, pad), (0, 0)))
+        experts = jnp.pad(experts, ((0, pad), (0, 0)))
+    num_experts = w.gate.shape[0]
+    local = num_experts // ep
+    P = jax.sharding.PartitionSpec
+    rows, ep_spec = P(row_axes or None), ep_axes if len(ep_axes) > 1 else ep_axes[0]
+    tp = (tp_axes if len(tp_axes) > 1 else tp_axes[0]) if tp_axes else None
+    specs = ExpertWeights(P(ep_spec, None, tp), P(ep_spec, None, tp), P(ep_spec, tp, None),
+                          None if w.gate_bias is None else P(ep_spec, tp),
+                          None if w.up_bias is None else P(ep_spec, tp),
+                          None if w.down_bias is None else P(ep_spec, None))
+
+    def body(x: jax.Array, experts: jax.Array, w: ExpertWeights) -> jax.Array:
+        m, d = x.shape[0] * k, x.shape[1]
+        cap = m  # every pair of this device could be for one device
+        flat = experts.reshape(-1)
+        order = jnp.argsort(flat, stable=True)  # pairs by expert, so by destination device
+        sorted_experts = jnp.take(flat, order)
+        dest = sorted_experts // local
+        slot = jnp.arange(m) - jnp.searchsorted(dest, dest, side="left")  # place among the pairs for dest
+        send_at = dest * cap + slot
+        send = jnp.zeros((ep * cap, d), x.dtype).at[send_at].set(jnp.take(x, order // k, axis=0))
+        # each received row's expert among the device's own; `local` marks an empty slot
+        send_expert = jnp.full((ep * cap,), local, jnp.int32).at[send_at].set(sorted_experts % local)
+        recv = jax.lax.all_to_all(send, ep_axes, 0, 0, tiled=True)  # [ep * cap, D]: block s from device s
+        recv_expert = jax.lax.all_to_all(send_expert, ep_axes, 0, 0, tiled=True)
+        # the device's experts, and a zero expert for the empty slots (its rows come out 0)
+        padded = jax.tree.map(lambda a: jnp.concatenate([a, jnp.zeros((1, *a.shape[1:]), a.dtype)]), w)
+        out = grouped_experts(recv, recv_expert[:, None], local + 1,
+                              lambda r, sizes, e: expert_mlp(r, sizes, e, padded, down_bias=False))[:, 0]
+        if tp_axes:  # the down projection over this device's share of the inner width
+            out = jax.lax.psum(out, tp_axes)
+        if w.down_bias is not None:
+            out = out + jnp.take(padded.down_bias.astype(out.dtype), recv_expert, axis=0)
+        back = jax.lax.all_to_all(out, ep_axes, 0, 0, tiled=True)  # each row to the device it came from
+        pairs = jnp.zeros((m, d), out.dtype).at[order].set(jnp.take(back, send_at, axis=0))
+        return pairs.reshape(-1, k, d)
+
+    out = jax.shard_map(body, mesh=mesh, in_specs=(rows, rows, specs), out_specs=rows, check_vma=False)(x, experts, w)
+    return out[:n] if pad else out
+
+
 TILE_ROWS = 32
 """Rows per tile of `tiled_grouped_matmul` (each expert's group padded to whole tiles)."""
 
@@ -156,6 +249,24 @@ class MoE(nnx.Module):
         self.num_experts, self.k = e, config.experts_per_token
         self.router_kind, self.norm_topk_prob = config.router, config.norm_topk_prob
 
+    def expert_mlp(self, rows: jax.Array, sizes: jax.Array, row_experts: jax.Array, w: ExpertWeights,
+                   down_bias: bool = True) -> jax.Array:
+        """The gated MLP of each row's expert: rows [M, D] sorted by expert (sizes [E]; row_experts
+        [M]) -> [M, D]; `down_bias=False` leaves the down projection's bias to the caller."""
+
+        def biased(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+            return y if bias is None else y + jnp.take(bias.astype(y.dtype), row_experts, axis=0)
+
+        g = biased(grouped_matmul(rows, w.gate, sizes), w.gate_bias)
+        u = biased(grouped_matmul(rows, w.up, sizes), w.up_bias)
+        if self.limit is None:
+            h = jax.nn.silu(g) * u
+        else:  # gpt-oss's clamped SwiGLU
+            g, u = jnp.minimum(g, self.limit), jnp.clip(u, -self.limit, self.limit)
+            h = (u + 1) * (g * jax.nn.sigmoid(g * self.alpha))
+        y = grouped_matmul(h, w.down, sizes)
+        return biased(y, w.down_bias) if down_bias else y
+
     def weight(self, w: nnx.Param) -> jax.Array:
         """An expert weight [E, in, out] in the compute dtype, laid out for its matmuls."""
         names = w.get_metadata("out_sharding", None) or (None, None, None)
@@ -171,22 +282,15 @@ class MoE(nnx.Module):
         x2 = x.reshape(-1, d)
         experts, weights, probs = route(self.router(x2), self.k, self.router_kind, self.norm_topk_prob,
                                         None if replay is None else replay.reshape(-1, self.k))
-        gate, up, down = (self.weight(w) for w in (self.gate_proj, self.up_proj, self.down_proj))
-
-        def biased(y: jax.Array, bias: nnx.Param | None, row_experts: jax.Array) -> jax.Array:
-            return y if bias is None else y + jnp.take(bias[...].astype(y.dtype), row_experts, axis=0)
-
-        def matmuls(rows: jax.Array, sizes: jax.Array, row_experts: jax.Array) -> jax.Array:
-            g = biased(grouped_matmul(rows, gate, sizes), self.gate_bias, row_experts)
-            u = biased(grouped_matmul(rows, up, sizes), self.up_bias, row_experts)
-            if self.limit is None:
-                h = jax.nn.silu(g) * u
-            else:  # gpt-oss's clamped SwiGLU
-                g, u = jnp.minimum(g, self.limit), jnp.clip(u, -self.limit, self.limit)
-                h = (u + 1) * (g * jax.nn.sigmoid(g * self.alpha))
-            return biased(grouped_matmul(h, down, sizes), self.down_bias, row_experts)
-
-        outs = grouped_experts(x2, experts, self.num_experts, matmuls)  # [N, k, D]
+        weights_in = ExpertWeights(*(self.weight(w) for w in (self.gate_proj, self.up_proj, self.down_proj)),
+                                   *(None if b is None else b[...].astype(self.dtype)
+                                     for b in (self.gate_bias, self.up_bias, self.down_bias)))
+        if dispatch_axes(self.num_experts)[0]:  # an expert mesh axis: tokens go to their experts' devices
+            outs = dispatched_experts(x2, experts, weights_in, self.expert_mlp)
+        else:
+            outs = grouped_experts(x2, experts, self.num_experts,
+                                   lambda rows, sizes, row_experts: self.expert_mlp(rows, sizes, row_experts,
+                                                                                    weights_in))  # [N, k, D]
         y = jnp.einsum("nkd,nk->nd", outs, weights.astype(outs.dtype))
         routing = Routing(experts.reshape(b, l, self.k), probs.reshape(b, l, self.num_experts))
         return y.reshape(b, l, d).astype(x.dtype), routing

@@ -75,3 +75,15 @@ def shards(name: str) -> int:
     target = rules.get(name)
     axes = [target] if isinstance(target, str) else list(target or ())
     return math.prod(mesh.shape[a] for a in axes if a not in mesh.manual_axes)
+
+
+def mesh_axes(name: str) -> tuple[str, ...]:
+    """The mesh axes (larger than 1, not manual) that the caller's mesh and rules split logical
+    axis `name` over; () outside them."""
+    rules = dict(spmd.get_logical_axis_rules())
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return ()
+    target = rules.get(name)
+    axes = [target] if isinstance(target, str) else list(target or ())
+    return tuple(a for a in axes if a in mesh.shape and mesh.shape[a] > 1 and a not in mesh.manual_axes)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         fit = search(result, settings, settings_with, plan_of, log=log)
         if not args.json:
             print(f"fits with: {' '.join(fit.overrides)}" if fit else
-                  "nothing searched fits (attention, remat, micro-batch size, rollout engine and slots)")
+                  "nothing searched fits (attention, remat, micro-batch size, an expert axis, rollout engine and slots)")
     if args.json:
         out = result.to_dict() | {"fit": None if fit is None else {"overrides": list(fit.overrides),
                                                                      "plan": fit.plan.to_dict()}}

@@ -93,6 +93,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models.transformer import compute_dtype
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
+    from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs
     from trainer.plan.judge import judges_plan
     from trainer.plan.teacher import teacher_plan
@@ -253,6 +254,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "activations": activation_bytes(config),
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
     } | held.analytic
+    # a mixture of experts: its expert weights and state, dispatch buffers and gathered experts (trainer.plan.experts)
+    analytic |= expert_rows(config, mesh, abstract, master, programs.state.opt_state, rows_per_device * seq, per_device)
     critic_trainable = 0
     if has_critic(settings):  # PPO: a second trained model, resident beside the policy, with its own programs
         layout = PolicyLayout(mesh=mesh, runtime=runtime, micro=micro, n_micro=n_micro, batch=batch, p_len=p_len,
@@ -280,4 +283,4 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
                 mean_new_tokens=mean, rollout_bytes=held.held_bytes, engine_rows=held.rows, attention=kernel,
                 auto_attention=auto, loaded_model=loaded,
                 critic_trainable=critic_trainable, teacher_parameters=teacher_parameters,
-                judge_parameters=judge_parameters)
+                judge_parameters=judge_parameters, experts=config.num_experts)

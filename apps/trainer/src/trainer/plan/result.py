@@ -50,6 +50,8 @@ class Plan:
     """Parameters of the distillation teacher (0: the run does not distill); see trainer.plan.teacher."""
     judge_parameters: int = 0
     """Parameters of the judge model (0: no judge); see trainer.plan.judge."""
+    experts: int = 0
+    """Experts E of each mixture-of-experts layer (0: a dense model); see trainer.plan.experts."""
 
     @property
     def resident_bytes(self) -> int:
@@ -118,6 +120,14 @@ class Plan:
             ("reference log-prob pass temporaries" if c["reference_temporaries"] is not None else None,
              c["reference_temporaries"], None),
         ]
+        if self.experts:  # trainer.plan.experts
+            ep = self.mesh.get("expert", 1)
+            rows += [
+                (f"  of which the {self.experts} experts' weights + state", None,
+                 a["expert_parameters"] + a["expert_optimizer_state"]),
+                (f"MoE dispatch buffers, one layer (expert={ep})", None, a["dispatch_buffers"]),
+                ("expert weights gathered, one layer", None, a["gathered_expert_weights"]),
+            ]
         if self.critic_trainable:
             rows += [
                 ("critic: parameters + optimizer state", c["critic_parameters_and_optimizer_state"],

@@ -8,6 +8,9 @@ the limit, and the two changes are then planned together:
   training  (the update, the reference pass, and a critic's update and values pass when it has one)
             1. a fused attention kernel (model.attention=auto) where the platform has one: faster
                and without the [L, S] probabilities, so it comes first;
+               for a mixture of experts, at every step below, meshes with an expert axis (its
+               fsdp devices split into expert x fsdp: tokens move to the experts instead of
+               every layer's experts being gathered; trainer.plan.experts.expert_layouts);
             2. a remat policy that keeps less, from the least recomputation to the most:
                dots_saveable, dots_with_no_batch_dims_saveable, full (offload is not tried:
                XLA:CPU keeps offloaded arrays on the device, so a plan cannot see what it saves);
@@ -32,6 +35,7 @@ from rl_core.config import ConfigError
 from rl_core.rollout.factory import resolve_engine
 
 from trainer.plan.device_memory import GIB
+from trainer.plan.experts import expert_layouts
 from trainer.plan.result import Plan
 from trainer.settings import completions_per_prompt
 
@@ -94,10 +98,14 @@ def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
     current = "dots_with_no_batch_dims_saveable" if model.remat == "offload" else model.remat
     remats = REMAT_ORDER[REMAT_ORDER.index(current):]
     micros = micro_batches(settings)
+    training = settings.training
+    # a mixture of experts: meshes with an expert axis, each tried before more recomputation
+    layouts = [(), *expert_layouts(base.experts, training.mesh.shape(jax.device_count() - training.rollout_devices))]
     for micro in micros:
         for remat in remats:
-            yield (*attention, *((f"model.remat={remat}",) if remat != model.remat else ()),
-                   *((f"training.micro_batch_size={micro}",) if micro != micros[0] else ()))
+            for layout in layouts:
+                yield (*attention, *layout, *((f"model.remat={remat}",) if remat != model.remat else ()),
+                       *((f"training.micro_batch_size={micro}",) if micro != micros[0] else ()))
 
 
 def rollout_candidates(settings: Any) -> Iterator[tuple[str, ...]]:
@@ -126,7 +134,7 @@ def micro_batches(settings: Any) -> list[int]:
 
 
 def _rows(settings: Any) -> tuple[int, int]:
-    """(completions per step, the data x fsdp devices they are split over)."""
+    """(completions per step, the data x fsdp x expert devices they are split over)."""
     training = settings.training
-    data, fsdp, _ = training.mesh.shape(jax.device_count() - training.rollout_devices)
-    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), data * fsdp
+    rows = training.mesh.row_devices(jax.device_count() - training.rollout_devices)
+    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), rows

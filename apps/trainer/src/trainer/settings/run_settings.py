@@ -326,8 +326,8 @@ class RunSettings(Config):
                 "unset it, or train one that does (--algo ppo)"
             )
         completions = self.training.prompts_per_step * completions_per_prompt(config)
-        data, fsdp, _ = self.training.mesh.shape(jax.device_count() - self.training.rollout_devices)  # the mesh must fit the devices
-        self.training.batch_layout(completions, devices=data * fsdp)  # rows split over (data, fsdp)
+        rows = self.training.mesh.row_devices(jax.device_count() - self.training.rollout_devices)  # the mesh must fit the devices
+        self.training.batch_layout(completions, devices=rows)  # rows split over (data, fsdp, expert)
         try:
             config.reward_functions(max_new_tokens=self.rollout.max_new_tokens)
         except ValueError as e:

@@ -70,8 +70,9 @@ from rl_core.rollout.step import Prefill, Slots, engine_step
 from rl_core.rollout.unstacked import restack, unstack, unstack_shardings
 from rl_core.rollout.sampler import Completions, SamplingParams
 
-DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None}
-"""Inference weights: split over `tensor` only, whole on every data/fsdp device."""
+DECODE_RULES = {**mesh_lib.RULES, "embed": None, "batch": None, "experts": None}
+"""Inference weights: split over `tensor` only, whole on every data/fsdp/expert device (each
+device's replica decodes alone, so a mixture's experts are all there too)."""
 
 REPLICAS = mesh_lib.BATCH
 """The mesh axes the engine's replicas are laid over (the leading axis of its pools, slots and chunks)."""

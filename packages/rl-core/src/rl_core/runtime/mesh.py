@@ -1,8 +1,11 @@
 """The device mesh and the one table that places every array on it.
 
-The mesh has three named axes:
+The mesh has four named axes:
   data    pure data parallelism: rows split, parameters replicated;
   fsdp    rows split and parameters (and optimizer state) sharded on their embed axis;
+  expert  a mixture of experts' experts split (rl_models.moe sends each token to its experts'
+          devices and back with all-to-alls); outside the experts it is one more fsdp axis: rows
+          split and the other weights sharded on their embed axis;
   tensor  attention heads and the MLP's inner width split (Megatron-style).
 
 A model names the axes of its parameters logically (`nnx.Param(...,
@@ -31,8 +34,8 @@ from jax.sharding import PartitionSpec as P
 
 from rl_core.config import ConfigError, MeshConfig, TrainingConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH = ("data", "fsdp", "expert")
 """Mesh axes the rows of a batch are split over."""
 
 MeshAxes = str | tuple[str, ...] | None
@@ -40,7 +43,7 @@ MeshAxes = str | tuple[str, ...] | None
 RULES: dict[str, MeshAxes] = {
     "batch": BATCH,
     "vocab": "tensor",
-    "embed": "fsdp",
+    "embed": ("fsdp", "expert"),  # an expert weight takes `expert` on its experts axis first
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
@@ -48,7 +51,7 @@ RULES: dict[str, MeshAxes] = {
     "norm": None,
     "layers": None,
     "cache_slots": None,
-    "experts": None,  # a mixture's expert axis (rl_models.moe): its weights split on embed / mlp like the MLP's
+    "experts": "expert",  # a mixture's experts (rl_models.moe), each device holding E / expert of them
     # activations (rl_models.sharding): rows split like the batch, features like their weights'
     # tensor-parallel axis, never over fsdp (FSDP gathers weights, not activations)
     "act_batch": BATCH,
@@ -58,19 +61,21 @@ RULES: dict[str, MeshAxes] = {
     "act_kv_heads": "tensor",
     "act_mlp": "tensor",
     "act_vocab": "tensor",
+    "act_experts": "expert",  # expert weights stay split over experts where they are used
 }
 """Logical axis name -> mesh axes (None: never split)."""
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: every device of every process);
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None, *,
+              expert: int = 1) -> Mesh:
+    """A (data, fsdp, expert, tensor) mesh over `devices` (default: every device of every process);
     one size may be -1 (the remaining devices).
 
     `jax.make_mesh` orders devices so that the innermost axis (tensor) gets the
     best-connected ones on accelerators.
     """
     devices = list(devices if devices is not None else jax.devices())
-    shape = MeshConfig(data=data, fsdp=fsdp, tensor=tensor).shape(len(devices))
+    shape = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, expert=expert).shape(len(devices))
     # Auto axes: XLA's partitioner propagates layouts from the stated ones (no sharding in types)
     auto = (AxisType.Auto,) * len(MESH_AXES)
     if len(devices) == jax.device_count():
@@ -159,7 +164,7 @@ def param_shardings(params: nnx.State, mesh: Mesh) -> nnx.State:
 
 
 def rows(mesh: Mesh, axis: int = 0) -> NamedSharding:
-    """Axis `axis` (the rows) split over (data, fsdp); every other axis whole."""
+    """Axis `axis` (the rows) split over (data, fsdp, expert); every other axis whole."""
     return NamedSharding(mesh, P(*([None] * axis), BATCH))
 
 
