@@ -67,20 +67,20 @@ class Policy(Protocol):
 
 
 def routed_call(policy: Any, *args: Any, replay: jax.Array | None = None, **kwargs: Any
-                ) -> tuple[jax.Array, Cache | None, jax.Array | None]:
-    """`policy(*args, **kwargs)` and the experts a mixture of experts' routers chose, [layers, B,
-    L - outputs_from, k] int32 (None for a dense policy), through the policy's optional
-    `routed(..., replay=)` (rl_models' transformers: `__call__` plus its `Routing`, whose `experts`
-    this takes). `replay` [layers, B, L, k] (every position of the call; -1 = route freely) makes
-    the routers take those experts (routing replay); a policy without `routed` refuses one."""
+                ) -> tuple[jax.Array, Cache | None, Any]:
+    """`policy(*args, **kwargs)` and a mixture of experts' routing (None for a dense policy), through
+    the policy's optional `routed(..., replay=)` (rl_models' transformers: `__call__` plus a `Routing`
+    whose `experts` [layers, B, L - outputs_from, k] int32 are the routers' choices and `probs`
+    [layers, B, L - outputs_from, E] their softmax). `replay` [layers, B, L, k] (every position of the
+    call; -1 = route freely) makes the routers take those experts (routing replay); a policy without
+    `routed` refuses one."""
     routed = getattr(policy, "routed", None)
     if not callable(routed):
         if replay is not None:
             raise ValueError(f"routing replay: {type(policy).__name__} has no routed(), so it takes no experts to replay")
         hidden, cache = policy(*args, **kwargs)
         return hidden, cache, None
-    hidden, cache, routing = routed(*args, replay=replay, **kwargs)
-    return hidden, cache, None if routing is None else routing.experts
+    return routed(*args, replay=replay, **kwargs)
 
 
 def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:

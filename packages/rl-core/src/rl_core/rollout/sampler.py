@@ -153,11 +153,11 @@ def generate(
     slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
     cache = shard_cache(model.init_cache(u, slots))
-    hidden, cache, experts = routed_call(model, prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache,
-                                         0, outputs_from=p - 1)
+    hidden, cache, routed = routed_call(model, prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache,
+                                        0, outputs_from=p - 1)
     first_logits = model.logits(hidden[:, -1])
     # a mixture of experts' routing of the step that sampled each token (-1 where none ran): [B, T, layers, k]
-    first_routing = None if experts is None else jnp.swapaxes(experts[:, :, -1], 0, 1)  # [U, layers, k]
+    first_routing = None if routed is None else jnp.swapaxes(routed.experts[:, :, -1], 0, 1)  # [U, layers, k]
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
         cache = shard_cache(repeat_cache(model, cache, num_samples))
         first_logits, slot_valid, prompt_len, first_routing = jax.tree.map(
@@ -183,7 +183,7 @@ def generate(
         slot = p + t
         mask = (jnp.arange(slots) <= slot)[None, None, :] & slot_valid[:, None, :]
         step_model = in_loop()
-        hidden, cache, experts = routed_call(step_model, last, (prompt_len + t)[:, None], mask, cache, slot)
+        hidden, cache, routed = routed_call(step_model, last, (prompt_len + t)[:, None], mask, cache, slot)
         key, sub = jax.random.split(key)
         token, logp = sample_token(sub, step_model.logits(hidden[:, 0]), params)
         token = jnp.where(done, pad_id, token)
@@ -191,7 +191,7 @@ def generate(
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1)
         logps = jax.lax.dynamic_update_index_in_dim(logps, logp, t + 1, axis=1)
         if routing is not None:
-            chosen = jnp.where(done[:, None, None], -1, jnp.swapaxes(experts[:, :, 0], 0, 1))  # [B, layers, k]
+            chosen = jnp.where(done[:, None, None], -1, jnp.swapaxes(routed.experts[:, :, 0], 0, 1))  # [B, layers, k]
             routing = jax.lax.dynamic_update_index_in_dim(routing, chosen, t + 1, axis=1)
         return t + 1, cache, tokens, logps, done | jnp.isin(token, eos), key, routing
 
