@@ -106,6 +106,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                 "log-probs the sampler reports, so the importance weight pi_old / pi_sampler is meaningless; "
                 "sample (temperature > 0) or set algorithm.rollout_correction.mode=off (and tis_cap unset)"
             )
+        if self.training.packing and (config.routing_replay != "off" or config.router_aux_loss_coef):
+            raise ValueError(f"{type(config).__name__}: routing_replay = {config.routing_replay!r}, router_aux_loss_coef"
+                             f" = {config.router_aux_loss_coef} with training.packing = true: packed rows neither replay "
+                             "a routing nor report one; set training.packing=false")
         self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
