@@ -98,8 +98,8 @@ def test_a_dense_model_records_no_routing():
 
 # -- the learner's side: the passes replay, the loss balances ----------------------------------------
 
-def tiny_moe(**overrides):
-    config = TransformerConfig.tiny(40, **(dict(num_experts=4, experts_per_token=2, moe_hidden_size=24) | overrides))
+def tiny_moe(vocab_size=40, **overrides):
+    config = TransformerConfig.tiny(vocab_size, **(dict(num_experts=4, experts_per_token=2, moe_hidden_size=24) | overrides))
     return Transformer(config, rngs=nnx.Rngs(0))
 
 
@@ -273,3 +273,17 @@ def test_with_bfloat16_rollout_weights_replay_narrows_the_gap():
     replayed, own = gaps(learner, groups, groups.routing), gaps(learner, groups, None)
     assert replayed[0] < 0.75 * own[0] and replayed[1] < 0.5 * own[1], (replayed, own)
     assert replayed[2] <= own[2]
+
+
+def test_packing_with_replay_or_the_aux_loss_is_refused_before_any_compile():
+    import rewards
+    from algo_grpo import GRPOLearner
+    from rl_core.config import TrainingConfig
+    from rl_models import CharTokenizer
+
+    tok = CharTokenizer()
+    for setting in ({"routing_replay": "rollout"}, {"router_aux_loss_coef": 0.001}):
+        with pytest.raises(ValueError, match="training.packing = true: packed rows"):
+            GRPOLearner(GRPOConfig(group_size=2, beta=0.0, **setting), policy=tiny_moe(vocab_size=tok.vocab_size),
+                        tokenizer=tok, train_data=[Prompt("1+1=")], reward_manager=rewards.RewardManager([distinct_characters]),
+                        training=TrainingConfig(prompts_per_step=2, packing=True), rollout=RolloutConfig())
