@@ -74,13 +74,17 @@ def full_forward_routing(model, tokens, mask, completions):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ["static", "paged"])
+@pytest.mark.parametrize("engine", ["static", "paged", "paged, preempting"])
 def test_engines_record_the_routing_of_the_step_that_sampled_each_token(qwen3_moe, engine):
     """Every real token's record is what the full forward pass routes at that position (both layers,
-    both choices, in the router's order); -1 past each completion's end."""
+    both choices, in the router's order); -1 past each completion's end. A pool too small for every
+    sequence preempts some: their kept tokens keep the routing that sampled them."""
     tokens, mask = prompts()
-    backend = static(qwen3_moe) if engine == "static" else paged(qwen3_moe)
+    backend = {"static": lambda: static(qwen3_moe), "paged": lambda: paged(qwen3_moe),
+               "paged, preempting": lambda: paged(qwen3_moe, slots=3, num_pages=7)}[engine]()
     out = backend.generate(Requests(tokens, mask, 2), SAMPLING, jax.random.key(3))
+    if engine == "paged, preempting":
+        assert backend.preemptions > 0
     routing = np.asarray(out.routing)
     assert routing.shape == (6, T, 2, 2) and routing.dtype == np.int32
     real = np.asarray(out.mask) > 0
