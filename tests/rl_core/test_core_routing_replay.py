@@ -227,14 +227,15 @@ def distinct_characters(prompts, completions, **_):
     return [len(set(text)) / 10 for text in completions]
 
 
-def moe_learner(engine: str, weights_dtype: str | None, replay: str = "rollout"):
+def moe_learner(engine: str, weights_dtype: str | None, replay: str = "rollout", **config):
     import rewards  # the learner's reward manager
     from algo_grpo import GRPOLearner
     from rl_core.config import TrainingConfig
     from rl_models.hf import load_hf_tokenizer
 
     return GRPOLearner(
-        GRPOConfig(group_size=4, beta=0.0, routing_replay=replay), policy=load_hf_model(HF / "qwen3_moe"),
+        GRPOConfig(**({"group_size": 4, "beta": 0.0, "routing_replay": replay} | config)),
+        policy=load_hf_model(HF / "qwen3_moe"),
         tokenizer=load_hf_tokenizer(HF / "qwen3_moe"), train_data=PROMPTS, paging=PAGED_TRANSFORMER,
         training=TrainingConfig(prompts_per_step=4, optimizer="adamw", learning_rate=1e-3),
         rollout=RolloutConfig(max_new_tokens=16, max_prompt_tokens=16, temperature=1.0, engine=engine,
@@ -291,3 +292,15 @@ def test_packing_with_replay_or_the_aux_loss_is_refused_before_any_compile():
             GRPOLearner(GRPOConfig(group_size=2, beta=0.0, **setting), policy=tiny_moe(vocab_size=tok.vocab_size),
                         tokenizer=tok, train_data=[Prompt("1+1=")], reward_manager=rewards.RewardManager([distinct_characters]),
                         training=TrainingConfig(prompts_per_step=2, packing=True), rollout=RolloutConfig())
+
+
+@pytest.mark.e2e
+def test_a_grpo_step_replays_in_every_pass_and_adds_the_routers_loss():
+    """Behaviour (num_iterations = 2), reference (beta = 0.04) and update passes with the engine's
+    routing, and the load-balancing loss, in one step: the behaviour pass gives the float32 engine's
+    log-probs (the drift metric), the routers' loss lies between k = 2 (uniform) and E = 8 (collapsed)."""
+    learner = moe_learner("static", None, num_iterations=2, beta=0.04, router_aux_loss_coef=0.001)
+    metrics = learner.train_step()
+    assert metrics["drift/logp_abs_max"] < 1e-4
+    assert 2.0 <= metrics["train/router_aux_loss"] <= 8.0
+    assert np.isfinite(metrics["train/loss"]) and np.isfinite(metrics["train/kl"])
