@@ -50,6 +50,16 @@ def test_top_k_then_softmax_equals_renormalised_softmax_and_replay_takes_the_giv
         np.testing.assert_allclose(weights, [[0.2689414, 0.7310586]], rtol=1e-6)
 
 
+def test_a_replay_row_of_minus_one_keeps_the_routers_own_choice():
+    """Rows: logits [2, 1, 0, -1] replayed as [3, 2] (forced) and as [-1, -1] (nothing recorded: the
+    router's own experts 0, 1 with weights [e^2, e] / (e^2 + e) = [0.7310586, 0.2689414])."""
+    logits = jnp.asarray(E_2_1_0_M1 * 2)
+    for router in ("softmax_topk", "topk_softmax"):
+        experts, weights, _ = route(logits, 2, router, True, replay=jnp.asarray([[3, 2], [-1, -1]]))
+        np.testing.assert_array_equal(experts, [[3, 2], [0, 1]])
+        np.testing.assert_allclose(weights, [[0.2689414, 0.7310586], [0.7310586, 0.2689414]], rtol=1e-6)
+
+
 def test_load_balancing_loss_by_hand():
     """E * sum_e f_e P_e. Two tokens both on expert 0 with P = [0.75, 0.25]: 2 * (1 * 0.75) = 1.5;
     a masked third token changes nothing; one token per expert with uniform P: 2 * 0.5 = 1 = k."""

@@ -80,8 +80,24 @@ class PolicyGradientConfig(AlgorithmConfig):
     Hugging Face model folder or a trainer run folder, sharing the student's tokenizer); the learner
     itself takes the module (`teacher=`). Only with distill_coef > 0."""
 
+    routing_replay: str = "off"
+    """A mixture of experts' routing in the learner's passes (docs/mixture-of-experts.md): "off", each
+    pass's routers choose; "rollout", the behaviour, reference and update passes take the experts the
+    rollout engine's routers chose at the position that sampled each completion token (routing replay,
+    R3), so that a routing flip between engine and trainer does not show up as an importance ratio.
+    Prompt positions before the last route freely. Needs a model with experts, an engine that records
+    its routing (static or paged) and training.packing off."""
+    router_aux_loss_coef: float = 0.0
+    """The router's load-balancing loss (Switch Transformer's E * sum_e f_e P_e, as transformers
+    computes it for Qwen3-MoE and gpt-oss: rl_core.math.routing) times this, added to the policy's
+    loss over the positions that predict real completion tokens, every layer pooled; logged as
+    train/router_aux_loss. 0 = off (Qwen3-MoE's published configs say 0.001)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.routing_replay in ("off", "rollout"), self, "routing_replay",
+              "must be 'off' (each pass routes) or 'rollout' (the passes replay the rollout's experts)")
+        check(self.router_aux_loss_coef >= 0.0, self, "router_aux_loss_coef", "must be >= 0 (0 = off)")
         if self.estimator_category == "advantage_estimator":
             check(self.group_size >= 2, self, "group_size", "must be >= 2")
         check(self.group_size >= 1, self, "group_size", "must be >= 1")

@@ -41,6 +41,9 @@ class TrainExample(NamedTuple):
     packed: Packed | None = None  # the rows packed (training.packing; set by rl_core.train.layout for the update)
     shared_prompts: SharedPrompts | None = None  # each group's prompt once (set by rl_core.train.layout for the update)
     teacher_logp: jax.Array | None = None  # [B, T] a distillation teacher's log-probs (distill_coef != 0)
+    # [B, T, layers, k] int32: a mixture of experts' rollout routing, replayed by the policy's passes
+    # (algorithm.routing_replay = rollout; rl_core.rollout.sampler.Completions.routing)
+    routing: jax.Array | None = None
 
     @property
     def batch_size(self) -> int:

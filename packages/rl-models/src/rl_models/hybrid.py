@@ -167,6 +167,15 @@ class HybridTransformer(Transformer):
         x, cache = self._run_hybrid(x, rope, attention_mask, valid, reset, cache, cache_index)
         return self.final_norm(x[:, outputs_from:]), cache
 
+    def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+               cache: HybridCache | None = None, cache_index: jax.Array | int = 0, *, outputs_from: int = 0,
+               replay: jax.Array | None = None) -> tuple[jax.Array, HybridCache | None, None]:
+        """`__call__` and no routing (Transformer.routed's contract): these layers have no experts."""
+        if replay is not None:
+            raise ValueError("replay: the model has no experts to replay")
+        hidden, cache = self(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from)
+        return hidden, cache, None
+
     def _run_hybrid(self, x, rope, mask, valid, reset, cache, cache_index):
         """Every block in model order, each reading its slice of its stack."""
         linear_def, linear_stack = nnx.split(self.linear_layers)

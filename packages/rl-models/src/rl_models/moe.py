@@ -48,9 +48,13 @@ def route(logits: jax.Array, k: int, router: str, norm_topk_prob: bool,
           replay: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(experts [N, k] int32, their weights [N, k] float32, probs [N, E] float32) of router
     logits [N, E]. With `replay` [N, k] the experts are those, not the top k (routing replay); their
-    weights are computed from these logits as the chosen ones would be."""
+    weights are computed from these logits as the chosen ones would be. A replay row whose first
+    entry is negative (-1: nothing recorded there) keeps the router's own choice."""
     logits = logits.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
+    if replay is not None:  # the rows with nothing recorded take the router's own top k
+        own = jax.lax.top_k(probs if router == "softmax_topk" else logits, k)[1]
+        replay = jnp.where(replay[:, :1] >= 0, replay, own)
     if router == "softmax_topk":
         if replay is None:
             weights, experts = jax.lax.top_k(probs, k)

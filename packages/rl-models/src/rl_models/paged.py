@@ -26,6 +26,7 @@ from flax import nnx
 from rl_models import lora
 from rl_models import transformer as tf
 from rl_models.layers import fused_linear
+from rl_models.moe import MoE
 from rl_models.rope import rope_tables, rotate
 
 
@@ -40,9 +41,10 @@ def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
 
 def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: Any,
            layer: jax.Array, page_rows: jax.Array, positions: jax.Array, kv: Any,
-           window: int | jax.Array | None) -> tuple[jax.Array, Any]:
+           window: int | jax.Array | None) -> tuple[jax.Array, Any, jax.Array | None]:
     """One block for N single-token queries: x [N, 1, D] (the decode shapes of `Block`); a
-    windowed layer's tokens attend to their last `window` positions only."""
+    windowed layer's tokens attend to their last `window` positions only. Also the experts its
+    router chose [N, k] (None for a dense MLP)."""
     cfg = block.attn.config
     n = x.shape[0]
     h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -61,14 +63,27 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions, **extra)
     h = attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
     x = x + (h if block.attn_post_norm is None else block.attn_post_norm(h))
-    h = block.mlp(block.mlp_norm(x))
-    return x + (h if block.mlp_post_norm is None else block.mlp_post_norm(h)), pages
+    experts = None
+    if isinstance(block.mlp, MoE):
+        h, routing = block.mlp.routed(block.mlp_norm(x))
+        experts = routing.experts[:, 0]
+    else:
+        h = block.mlp(block.mlp_norm(x))
+    return x + (h if block.mlp_post_norm is None else block.mlp_post_norm(h)), pages, experts
 
 
 def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
                   page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
     pool, and the pool with their keys/values written; page_rows [N, M] int32."""
+    hidden, pages, _ = paged_forward_routed(model, tokens, positions, pages, page_rows, kv)
+    return hidden, pages
+
+
+def paged_forward_routed(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
+                         page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any, jax.Array | None]:
+    """`paged_forward`, and the experts each layer's router chose for each token, [N, layers, k]
+    int32 (None for a dense model): what the engine records for routing replay."""
     cfg = model.config
     if not isinstance(model.layers, tf.Block):  # the blocks' parameters stacked on a leading layer axis
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
@@ -80,15 +95,19 @@ def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array
         x, pages = carry
         state, i = xs
         rope, window = settings.at(i if static is None else static)
-        return _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv, window), None
+        x, pages, experts = _layer(nnx.merge(graphdef, state), x, rope, pages, i, page_rows, positions, kv, window)
+        return (x, pages), experts
 
     layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     if tf.scans_layers(cfg):
-        (x, pages), _ = jax.lax.scan(body, (x, pages), (stacked, layers))
+        (x, pages), experts = jax.lax.scan(body, (x, pages), (stacked, layers))
     else:  # unrolled (CPU), as Transformer runs its layers: each reads its own slice (see Transformer.loop_view)
+        chosen = []
         for i in range(cfg.num_layers):
-            (x, pages), _ = body((x, pages), (jax.tree.map(lambda a, i=i: a[i], stacked), layers[i]), static=i)
-    return model.final_norm(x)[:, 0], pages
+            (x, pages), e = body((x, pages), (jax.tree.map(lambda a, i=i: a[i], stacked), layers[i]), static=i)
+            chosen.append(e)
+        experts = None if chosen[0] is None else jnp.stack(chosen)
+    return model.final_norm(x)[:, 0], pages, None if experts is None else jnp.swapaxes(experts, 0, 1)
 
 
 def inference_copy(model: tf.Transformer) -> tf.Transformer:
@@ -127,6 +146,10 @@ class TransformerPaging:
     def forward(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
                 page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
         return paged_forward(model, tokens, positions, pages, page_rows, kv)
+
+    def forward_routed(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
+                       page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any, jax.Array | None]:
+        return paged_forward_routed(model, tokens, positions, pages, page_rows, kv)
 
     def inference_copy(self, model: tf.Transformer) -> tf.Transformer:
         return inference_copy(model)

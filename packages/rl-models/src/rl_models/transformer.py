@@ -471,12 +471,13 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                  cache: KVCache | None = None, cache_index: jax.Array | int = 0, *,
-                 outputs_from: int = 0) -> tuple[jax.Array, KVCache | None]:
+                 outputs_from: int = 0, replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """Hidden states [B, L - outputs_from, D] of positions `outputs_from`.. (after the
         final norm) and the updated cache. With the layers unrolled, the last block
         computes its query side (attention output and MLP) only for those positions:
-        no later block reads the others."""
-        hidden, cache, _ = self.routed(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from)
+        no later block reads the others. `replay`: see `routed`."""
+        hidden, cache, _ = self.routed(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from,
+                                       replay=replay)
         return hidden, cache
 
     def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
@@ -485,7 +486,8 @@ class Transformer(nnx.Module):
         """`__call__`, and the routing of a mixture-of-experts model (rl_models.moe.Routing, each
         field [layers, B, L - outputs_from, ...]; None for a dense model). `replay` [layers, B, L, k]
         int32 (every position of the call) makes each layer use those experts instead of its
-        router's choice (routing replay); a dense model refuses it."""
+        router's choice (routing replay); a position whose entry is -1 routes freely (a prompt's
+        positions, which the engines do not record); a dense model refuses it."""
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")

@@ -397,11 +397,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
         return self._logprob_pass(params, example)
 
     def behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
-                           recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
+                           recorded: np.ndarray | None = None, completion_mask: Any = None,
+                           routing: Any = None) -> np.ndarray:
         """[B, T] float32 log-probs of completions under the current parameters, on the host
-        (`PolicyLogprobs.behaviour`). Call it at collection time, before any update on these rows."""
+        (`PolicyLogprobs.behaviour`; `routing`: a mixture of experts' rollout routing, replayed).
+        Call it at collection time, before any update on these rows."""
         return self._logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
-                                           recorded=recorded, completion_mask=completion_mask)
+                                           recorded=recorded, completion_mask=completion_mask, routing=routing)
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Completion texts (tokens under the mask, EOS dropped)."""

@@ -46,6 +46,9 @@ class Groups:
     """[N, T] int32: the weight version (step count) that sampled each completion token, as the
     rollout backend reported it (mixed within a row with partial rollouts); None = not reported
     (multi-turn episodes)."""
+    routing: np.ndarray | None = None
+    """[N, T, layers, k] int32: a mixture of experts' rollout routing (rl_core.rollout.sampler.
+    Completions.routing), kept when algorithm.routing_replay = rollout; None otherwise."""
     row_fields: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     """Per-row JSON values passed to reward functions by name, e.g. `episode` (each episode's
     record, rl_core.episodes.EpisodeRecord.to_json) for multi-turn rollouts."""
@@ -98,6 +101,7 @@ class Groups:
             old_logp=None if self.old_logp is None else self.old_logp[rows],
             versions=None if self.versions is None else self.versions[rows],
             token_version=None if self.token_version is None else self.token_version[rows],
+            routing=None if self.routing is None else self.routing[rows],
             row_fields={k: tuple(v[i] for i in rows) for k, v in self.row_fields.items()},
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
@@ -111,6 +115,7 @@ class Groups:
         out["reward_scores"] = {k: v.tolist() for k, v in self.reward_scores.items()}
         out["old_logp"] = None if self.old_logp is None else self.old_logp.tolist()
         out["token_version"] = None if self.token_version is None else self.token_version.tolist()
+        out["routing"] = None if self.routing is None else self.routing.tolist()
         out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
         out["versions"] = None if self.versions is None else self.versions.tolist()
         out["info"] = dict(self.info)
@@ -128,6 +133,7 @@ class Groups:
             reward_scores={k: np.asarray(v, np.float32) for k, v in data["reward_scores"].items()},
             old_logp=None if old is None else np.asarray(old, np.float32),
             token_version=None if token_versions is None else np.asarray(token_versions, np.int32),
+            routing=None if data.get("routing") is None else np.asarray(data["routing"], np.int32),
             row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
             versions=None if versions is None else np.asarray(versions, np.int32),
             info=dict(data.get("info", {})),
@@ -189,6 +195,9 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         versions = np.concatenate([p.versions if p.versions is not None else np.full(len(p.rewards), -1, np.int32)
                                    for p in parts])
     token_versions = [p.token_version for p in parts]
+    routings = [p.routing for p in parts]
+    if any(r is not None for r in routings) and any(r is None for r in routings):
+        raise ValueError("cannot concatenate groups with and without a recorded routing (routing replay)")
     return Groups(
         group_size=parts[0].group_size,
         prompts=tuple(q for p in parts for q in p.prompts),
@@ -200,6 +209,7 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         versions=versions,
         # versions of every part, or none (a part without them: the rows' versions are unknown)
         token_version=None if any(v is None for v in token_versions) else np.concatenate(token_versions),
+        routing=None if routings[0] is None else np.concatenate(routings),
         row_fields={k: tuple(x for p in parts for x in p.row_fields[k]) for k in parts[0].row_fields},
         **arrays,
     )

@@ -106,13 +106,18 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                 "log-probs the sampler reports, so the importance weight pi_old / pi_sampler is meaningless; "
                 "sample (temperature > 0) or set algorithm.rollout_correction.mode=off (and tis_cap unset)"
             )
+        if self.training.packing and (config.routing_replay != "off" or config.router_aux_loss_coef):
+            raise ValueError(f"{type(config).__name__}: routing_replay = {config.routing_replay!r}, router_aux_loss_coef"
+                             f" = {config.router_aux_loss_coef} with training.packing = true: packed rows neither replay "
+                             "a routing nor report one; set training.packing=false")
         self._advantages = self.advantage_program()
         # The reference policy is the initial one, kept only when the KL term is on: the
         # caller's module itself, or with adapters the base with adapters off (no copy either way).
         self.ref_params = self.reference_params(kwargs["policy"]) if self.passes.reference else None
         # the distillation teacher: frozen, its log-prob pass the reference's over its own weights
         self.teacher = teacher_model(teacher, kwargs["policy"], distill_coef=config.distill_coef, layout=self.layout)
-        self._teacher_pass = PolicyLogprobs(self.teacher, self.rollout) if self.teacher is not None else None
+        self._teacher_pass = (PolicyLogprobs(self.teacher, self.rollout, replays=False)
+                              if self.teacher is not None else None)
 
     # -- base-learner hooks ---------------------------------------------------------------
 
@@ -264,6 +269,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             completion_mask=np.asarray(out.mask),
             sampler_logp=np.asarray(out.logp),
             token_version=None if out.token_version is None else np.asarray(out.token_version, np.int32),
+            routing=self._replayed_routing(out.routing),
             lengths=np.asarray(out.lengths),
             truncated=np.asarray(out.truncated),
             texts=rolled.texts,
@@ -271,6 +277,17 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             row_fields=rolled.row_fields(),
             versions=np.full(len(out.lengths), self._sampling_version(), np.int32),
         )
+
+    def _replayed_routing(self, routing: Any) -> np.ndarray | None:
+        """The rollout's routing to keep with the rows: with algorithm.routing_replay = rollout, the
+        engine's record (refused when it has none), else None."""
+        if self.config.routing_replay == "off":
+            return None
+        if routing is None:
+            raise ValueError("algorithm.routing_replay=rollout: the rollout engine recorded no routing (a dense "
+                             "model, or an engine or episode runner that does not record it; the static and paged "
+                             "engines record a mixture of experts'); set algorithm.routing_replay=off")
+        return np.asarray(routing, np.int32)
 
     def score(self, groups: Groups, draw: Draw | None = None) -> Groups:
         """Fill in rewards with the reward manager (task fields passed by name).
@@ -316,7 +333,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             return groups
         old = self.behaviour_logprobs(
             groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
-            completion_mask=groups.completion_mask,
+            completion_mask=groups.completion_mask, routing=groups.routing,
         )
         return dataclasses.replace(groups, old_logp=old)
 
@@ -363,6 +380,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             advantages=np.asarray(advantages, np.float32),
             sampler_logp=groups.sampler_logp,
             old_logp=groups.old_logp,
+            routing=groups.routing,
         )
 
     def add_logprobs(self, example: TrainExample) -> TrainExample:
@@ -377,7 +395,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         if run:
             old = self.behaviour_logprobs(
                 example.prompt_tokens, example.prompt_mask, example.completion_tokens, recorded=recorded,
-                completion_mask=example.completion_mask,
+                completion_mask=example.completion_mask, routing=example.routing,
             )
             example = example._replace(old_logp=old)
         if self.passes.reference:

@@ -13,12 +13,14 @@ gradient is the sum of its rows' (GRPO with G = 8: the prompt positions cost 1/8
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.packed import Packed, unpack
-from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache
+from rl_core.policy.protocols import Policy, chunk_unembedding, repeat_cache, routed_call
 from rl_core.types import SharedPrompts
 
 
@@ -61,6 +63,7 @@ def completion_logprobs(
     prompt_tokens: jax.Array,  # [B, P]
     prompt_mask: jax.Array,  # [B, P]
     completion_tokens: jax.Array,  # [B, T]
+    routing: jax.Array | None = None,  # [B, T, layers, k] int32: experts to replay (Completions.routing)
     *,
     temperature: float = 1.0,
     chunk_tokens: int = 64,
@@ -75,25 +78,69 @@ def completion_logprobs(
     (`packed_logprobs`: equal on the tokens of the packing's completion masks).
     With the prompts `shared` by consecutive groups of rows, each runs once
     (`shared_prompt_hidden`: the same log-probs and gradients).
+    With `routing` (a mixture of experts' rollout routing), the routers take the recorded experts
+    at the position that sampled each completion token (`routing_replay`).
     """
+    logp, entropy, _ = routed_completion_logprobs(model, prompt_tokens, prompt_mask, completion_tokens, routing,
+                                                  temperature=temperature, chunk_tokens=chunk_tokens, packed=packed,
+                                                  shared=shared)
+    return logp, entropy
+
+
+def routed_completion_logprobs(
+    model: Policy,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    completion_tokens: jax.Array,
+    routing: jax.Array | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 64,
+    packed: Packed | None = None,
+    shared: SharedPrompts | None = None,
+) -> tuple[jax.Array, jax.Array, Any]:
+    """`completion_logprobs`, and a mixture of experts' routing at the positions that predict the
+    completion tokens (the model's `Routing`, fields [layers, B, T, ...]; None for a dense model or
+    packed rows): what the router's load-balancing loss reads."""
     if packed is not None:
-        return packed_logprobs(model, packed, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
+        if routing is not None:
+            raise ValueError("routing replay does not run on packed rows: set training.packing=false")
+        logp, entropy = packed_logprobs(model, packed, completion_tokens, temperature=temperature,
+                                        chunk_tokens=chunk_tokens)
+        return logp, entropy, None
     if shared is not None:
-        hidden = shared_prompt_hidden(model, shared, prompt_mask, completion_tokens)
+        hidden, routed = shared_prompt_hidden(model, shared, prompt_mask, completion_tokens, routing)
     else:
         tokens, positions, mask, outputs_from = scoring_inputs(prompt_tokens, prompt_mask, completion_tokens)
-        hidden, _ = model(tokens, positions, mask, outputs_from=outputs_from)  # [B, T, D]
-    return chunked_logprobs(model, hidden, completion_tokens, temperature=temperature, chunk_tokens=chunk_tokens)
+        hidden, _, routed = routed_call(model, tokens, positions, mask, outputs_from=outputs_from,
+                                        replay=replay_of(routing, outputs_from))  # [B, T, D]
+    logp, entropy = chunked_logprobs(model, hidden, completion_tokens, temperature=temperature,
+                                     chunk_tokens=chunk_tokens)
+    return logp, entropy, routed
+
+
+def replay_of(routing: jax.Array | None, before: int) -> jax.Array | None:
+    """The `replay` [layers, B, before + T', k] of a call whose first `before` positions route freely
+    (-1) and whose next T' take the recorded routing [B, T', layers, k] (routing replay: the
+    position that sampled completion token t is replayed with the experts recorded for t)."""
+    if routing is None:
+        return None
+    r = jnp.moveaxis(jnp.asarray(routing, jnp.int32), 2, 0)  # [layers, B, T', k]
+    free = jnp.full((r.shape[0], r.shape[1], before, r.shape[3]), -1, jnp.int32)
+    return jnp.concatenate([free, r], axis=2)
 
 
 def shared_prompt_hidden(model: Policy, shared: SharedPrompts, prompt_mask: jax.Array,
-                         completion_tokens: jax.Array) -> jax.Array:
+                         completion_tokens: jax.Array, routing: jax.Array | None = None) -> tuple[jax.Array, Any]:
     """The scoring pass's hidden states [B, T, D] (as `scoring_inputs`' pass gives them) with each
-    group's prompt run once: rows i * G .. i * G + G - 1 share prompt i of `shared` (G = B / U).
+    group's prompt run once: rows i * G .. i * G + G - 1 share prompt i of `shared` (G = B / U),
+    and its routing (`routed_completion_logprobs`).
 
     The prompts [U, P] fill a KV cache and give the state before each group's first completion
     token; the cache is copied to the group's rows, which run their completions but the last
-    token on it. `prompt_mask` [B, P] is the rows' (the group's, repeated)."""
+    token on it. `prompt_mask` [B, P] is the rows' (the group's, repeated). `routing` [B, T, layers,
+    k]: replayed (the prompt's last position takes the group's first row's record: the same prompt,
+    routed once by the engine)."""
     u, p = shared.tokens.shape
     b, t = completion_tokens.shape
     if b % u:
@@ -106,14 +153,20 @@ def shared_prompt_hidden(model: Policy, shared: SharedPrompts, prompt_mask: jax.
 
     positions, mask = sequence_inputs(shared.mask, t - 1)
     cache = laid_out(model.init_cache(u, slots))
-    first, cache = model(shared.tokens, positions[:, :p], mask[:, :p], cache, 0, outputs_from=p - 1)  # [U, 1, D]
-    first = jnp.repeat(first, g, axis=0)  # each group's state to its g rows
+    first_replay = None if routing is None else replay_of(routing[::g, :1], p - 1)
+    first, cache, first_routed = routed_call(model, shared.tokens, positions[:, :p], mask[:, :p], cache, 0,
+                                             outputs_from=p - 1, replay=first_replay)  # [U, 1, D]
+    repeat = lambda x, axis: jnp.repeat(x, g, axis=axis)  # noqa: E731  each group's to its g rows
+    first = repeat(first, 0)
+    first_routed = jax.tree.map(lambda x: repeat(x, 1), first_routed)
     if t == 1:
-        return first
+        return first, first_routed
     cache = laid_out(repeat_cache(model, cache, g))
     positions, mask = sequence_inputs(prompt_mask, t - 1)
-    rest, _ = model(completion_tokens[:, :-1], positions[:, p:], mask[:, p:], cache, p)  # [B, T - 1, D]
-    return jnp.concatenate([first, rest], axis=1)
+    rest, _, rest_routed = routed_call(model, completion_tokens[:, :-1], positions[:, p:], mask[:, p:], cache, p,
+                                       replay=replay_of(None if routing is None else routing[:, 1:], 0))
+    routed = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=2), first_routed, rest_routed)
+    return jnp.concatenate([first, rest], axis=1), routed  # [B, T - 1, D] after the first
 
 
 def packed_logprobs(

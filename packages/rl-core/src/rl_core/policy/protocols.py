@@ -66,6 +66,23 @@ class Policy(Protocol):
         ...
 
 
+def routed_call(policy: Any, *args: Any, replay: jax.Array | None = None, **kwargs: Any
+                ) -> tuple[jax.Array, Cache | None, Any]:
+    """`policy(*args, **kwargs)` and a mixture of experts' routing (None for a dense policy), through
+    the policy's optional `routed(..., replay=)` (rl_models' transformers: `__call__` plus a `Routing`
+    whose `experts` [layers, B, L - outputs_from, k] int32 are the routers' choices and `probs`
+    [layers, B, L - outputs_from, E] their softmax). `replay` [layers, B, L, k] (every position of the
+    call; -1 = route freely) makes the routers take those experts (routing replay); a policy without
+    `routed` refuses one."""
+    routed = getattr(policy, "routed", None)
+    if not callable(routed):
+        if replay is not None:
+            raise ValueError(f"routing replay: {type(policy).__name__} has no routed(), so it takes no experts to replay")
+        hidden, cache = policy(*args, **kwargs)
+        return hidden, cache, None
+    return routed(*args, replay=replay, **kwargs)
+
+
 def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:
     """What unembeds many chunks of one pass: the policy's optional `unembedding()` (a
     `logits` whose weight is made ready once, e.g. gathered from its FSDP shards),

@@ -315,7 +315,7 @@ class PagedBackend:
                 pool = self.pool_sharding()
                 kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
                                             mesh_lib.replicated(self.mesh)),
-                              out_shardings=(pool, rows, rows, rows, (rows, rows)))
+                              out_shardings=(pool, rows, rows, rows, (rows, rows), rows))
             self._steps[sampling] = jax.jit(step, **kwargs)
         return self._steps[sampling]
 
@@ -326,14 +326,15 @@ class PagedBackend:
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
 
     def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
-             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray]]:
+             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray], np.ndarray | None]:
         """One device call on every replica's inputs (leading axis R): (tokens [R, S, k],
-        log-probs [R, S, k], slots after, top (ids, log-probs) [R, S, k, K]), on the host of every process."""
+        log-probs [R, S, k], slots after, top (ids, log-probs) [R, S, k, K], a mixture of experts'
+        routing [R, S, k, layers, E_k] or None), on the host of every process."""
         inputs = (prefill, copy_src, copy_dst, slots)
         if self.mesh is not None:
             inputs = multihost.program_inputs(inputs, NamedSharding(self.mesh, P(REPLICAS)))
-        self.pages, tokens, logp, after, top = step(self.weights, self.pages, *inputs, key)
-        return multihost.to_host((tokens, logp, after, top))
+        self.pages, tokens, logp, after, top, routing = step(self.weights, self.pages, *inputs, key)
+        return multihost.to_host((tokens, logp, after, top, routing))
 
     def _spec(self) -> tuple[int, int, int, Any]:
         assert self._cache_spec is not None, "update_weights sets it"

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
-from rl_core.policy.protocols import loop_policy, repeat_cache
+from rl_core.policy.protocols import loop_policy, repeat_cache, routed_call
 
 
 class Completions(NamedTuple):
@@ -33,6 +33,10 @@ class Completions(NamedTuple):
     # [B, T] int32; the weight version that sampled each token, the row's last past its end (set with `version`;
     # one per row unless a partial rollout switched weights mid-row: rl_core.rollout.feed)
     token_version: jax.Array | None = None
+    # [B, T, layers, k] int32; a mixture of experts' routing: for each token, the experts every layer's router
+    # chose at the position that sampled it (the prompt's last for token 0, token t - 1's after), -1 past
+    # the end; None for a dense model (routing replay: rl_core.policy.logprobs replays them)
+    routing: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,13 +153,18 @@ def generate(
     slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
     cache = shard_cache(model.init_cache(u, slots))
-    hidden, cache = model(prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache, 0, outputs_from=p - 1)
+    hidden, cache, routed = routed_call(model, prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache,
+                                        0, outputs_from=p - 1)
     first_logits = model.logits(hidden[:, -1])
+    # a mixture of experts' routing of the step that sampled each token (-1 where none ran): [B, T, layers, k]
+    first_routing = None if routed is None else jnp.swapaxes(routed.experts[:, :, -1], 0, 1)  # [U, layers, k]
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
         cache = shard_cache(repeat_cache(model, cache, num_samples))
-        first_logits, slot_valid, prompt_len = jax.tree.map(
-            lambda x: jnp.repeat(x, num_samples, axis=0), (first_logits, slot_valid, prompt_len)
+        first_logits, slot_valid, prompt_len, first_routing = jax.tree.map(
+            lambda x: jnp.repeat(x, num_samples, axis=0), (first_logits, slot_valid, prompt_len, first_routing)
         )
+    routing = None if first_routing is None else (
+        jnp.full((b, t_max, *first_routing.shape[1:]), -1, jnp.int32).at[:, 0].set(first_routing))
     key, sub = jax.random.split(key)
     first, first_logp = sample_token(sub, first_logits, params)
 
@@ -165,33 +174,38 @@ def generate(
     in_loop = loop_policy(model)  # the weights made ready once, not at every token
 
     def cond(state):
-        t, _, _, _, done, _ = state
+        t, _, _, _, done, _, _ = state
         return (t < t_max - 1) & ~jnp.all(done)
 
     def body(state):
-        t, cache, tokens, logps, done, key = state
+        t, cache, tokens, logps, done, key, routing = state
         last = jax.lax.dynamic_index_in_dim(tokens, t, axis=1, keepdims=True)  # [B, 1]
         slot = p + t
         mask = (jnp.arange(slots) <= slot)[None, None, :] & slot_valid[:, None, :]
         step_model = in_loop()
-        hidden, cache = step_model(last, (prompt_len + t)[:, None], mask, cache, slot)
+        hidden, cache, routed = routed_call(step_model, last, (prompt_len + t)[:, None], mask, cache, slot)
         key, sub = jax.random.split(key)
         token, logp = sample_token(sub, step_model.logits(hidden[:, 0]), params)
         token = jnp.where(done, pad_id, token)
         logp = jnp.where(done, 0.0, logp)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, t + 1, axis=1)
         logps = jax.lax.dynamic_update_index_in_dim(logps, logp, t + 1, axis=1)
-        return t + 1, cache, tokens, logps, done | jnp.isin(token, eos), key
+        if routing is not None:
+            chosen = jnp.where(done[:, None, None], -1, jnp.swapaxes(routed.experts[:, :, 0], 0, 1))  # [B, layers, k]
+            routing = jax.lax.dynamic_update_index_in_dim(routing, chosen, t + 1, axis=1)
+        return t + 1, cache, tokens, logps, done | jnp.isin(token, eos), key, routing
 
-    state = (jnp.int32(0), cache, tokens, logps, done, key)
-    _, _, tokens, logps, done, _ = jax.lax.while_loop(cond, body, state)
+    state = (jnp.int32(0), cache, tokens, logps, done, key, routing)
+    _, _, tokens, logps, done, _, routing = jax.lax.while_loop(cond, body, state)
 
     is_eos = jnp.isin(tokens, eos)
     # a token is real up to and including the first EOS
     eos_before = jnp.cumsum(is_eos, axis=1) - is_eos
     mask = (eos_before == 0).astype(jnp.float32)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
-    return Completions(tokens, logps * mask, mask, lengths, ~jnp.any(is_eos, axis=1))
+    if routing is not None:
+        routing = jnp.where(mask[:, :, None, None] > 0, routing, -1)
+    return Completions(tokens, logps * mask, mask, lengths, ~jnp.any(is_eos, axis=1), routing=routing)
 
 
 class Sampler:

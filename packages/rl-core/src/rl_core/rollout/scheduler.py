@@ -70,6 +70,7 @@ class _Sample:
     logp: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # the weight version of each token
     top: list[tuple[list[int], list[float]]] = dataclasses.field(default_factory=list)  # per token (EngineSettings.top_logprobs)
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)  # per token, [layers, k] (a mixture of experts)
     started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
     done: bool = False
     session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
@@ -205,7 +206,7 @@ class _Replica:
         self.pool.release(sample.own + self._shared(sample))
         keep = sample.prompt.resumed
         sample.own = []
-        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:]
+        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:], sample.routing[keep:]
         self.running[slot] = None
         self.host["active"][slot] = False
         self.ready.appendleft(sample)
@@ -437,9 +438,10 @@ class _Replica:
         return prefill, src, dst, Slots(**self.host)
 
     def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots, version: int,
-               top: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+               top: tuple[np.ndarray, np.ndarray] | None = None, routing: np.ndarray | None = None) -> None:
         """Record the call's tokens [S, k], sampled by weight `version` (with their top alternatives
-        [S, k, K] when K > 0), and retire the samples that ended."""
+        [S, k, K] when K > 0, and a mixture of experts' routing [S, k, layers, E_k]), and retire the
+        samples that ended."""
         self.calls += 1
         for name in ("token", "position", "count", "active"):
             self.host[name] = np.array(getattr(after, name))
@@ -450,6 +452,8 @@ class _Replica:
             sample.tokens.extend(tokens[slot, :n].tolist())
             sample.logp.extend(logp[slot, :n].tolist())
             sample.versions.extend([version] * n)
+            if routing is not None:
+                sample.routing.extend(routing[slot, :n])
             if top is not None and top[0].shape[-1]:
                 sample.top.extend((top[0][slot, t].tolist(), top[1][slot, t].tolist()) for t in range(n))
             if self.host["active"][slot] and n and sample.prompt.stops:
@@ -479,7 +483,21 @@ def _completions(engine: Any, samples: list[_Sample], t: int) -> Completions:
             versions[sample.row, :n], versions[sample.row, n:] = sample.versions, sample.versions[-1]
     mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
     ended = np.isin(tokens[np.arange(b), np.maximum(lengths - 1, 0)], engine.eos_ids)
-    return Completions(tokens, logp, mask, lengths, ~ended, versions.min(axis=1), versions)
+    return Completions(tokens, logp, mask, lengths, ~ended, versions.min(axis=1), versions,
+                       routing=_routing(samples, b, t))
+
+
+def _routing(samples: list[_Sample], b: int, t: int) -> np.ndarray | None:
+    """[B, T, layers, k] int32: each sample's recorded routing, -1 past its end; None when no token
+    recorded one (a dense model). A token kept through a preemption keeps the routing that sampled it."""
+    shape = next((s.routing[0].shape for s in samples if s.routing), None)
+    if shape is None:
+        return None
+    out = np.full((b, t, *shape), -1, np.int32)
+    for sample in samples:
+        if sample.routing:
+            out[sample.row, :len(sample.routing)] = np.stack(sample.routing)
+    return out
 
 
 def _stack(trees: list[Any]) -> Any:
@@ -522,9 +540,10 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
                 for replica in replicas:
                     replica.recompute()
             prefill, src, dst, slots = _stack([x.plan() for x in replicas])
-            tokens, logp, after, _ = engine.call(step, prefill, src, dst, slots, key)
+            tokens, logp, after, _, routing = engine.call(step, prefill, src, dst, slots, key)
             for i, replica in enumerate(replicas):
-                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version)  # noqa: B023
+                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023
+                               routing=None if routing is None else routing[i])
         # a finished rollout released everything it does not retain: anything else is a bookkeeping bug
         leaked = [pool.in_use - engine.retained.pages_on(i) for i, pool in enumerate(engine.pools)]
         if any(leaked):

@@ -211,7 +211,7 @@ class EngineLoop:
                 if not running:
                     break
                 prefill, src, dst, slots = scheduler._stack([x.plan() for x in replicas])
-                tokens, logp, after, top = engine.call(step, prefill, src, dst, slots, self.key)
+                tokens, logp, after, top, _ = engine.call(step, prefill, src, dst, slots, self.key)
                 self.calls += 1
                 for i, replica in enumerate(replicas):
                     replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023

@@ -71,9 +71,12 @@ def engine_step(
     pad_id: int,
     run_prefill: jax.Array | None = None,
     top_logprobs: int = 0,
-) -> tuple[Any, jax.Array, jax.Array, Slots, tuple[jax.Array, jax.Array]]:
-    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps, top); `model()` (an inference
-    copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
+) -> tuple[Any, jax.Array, jax.Array, Slots, tuple[jax.Array, jax.Array], jax.Array | None]:
+    """(pages, tokens [S, k], log-probs [S, k], slots after the k steps, top, routing); `model()` (an
+    inference copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
+    `routing` [S, k, layers, E_k] int32: with a paging whose optional `forward_routed` reports a mixture
+    of experts' choices, the experts of the step that sampled each token (-1 where none was sampled;
+    None otherwise).
     `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
     the whole tempered softmax (the sampled token's distribution; K = 0: empty, nothing computed).
 
@@ -95,12 +98,22 @@ def engine_step(
     s = slots.token.shape[0]
     row_keys = completion_keys(key, slots.ids)
 
+    routed = getattr(paging, "forward_routed", None)
+
+    def forward(step_model, tokens, positions, pages, rows):
+        if routed is None:
+            return (*paging.forward(step_model, tokens, positions, pages, rows, kv), None)
+        return routed(step_model, tokens, positions, pages, rows, kv)
+
     def body(i, carry):
-        pages, st, out_tokens, out_logp, (top_ids, top_logp) = carry
+        pages, st, out_tokens, out_logp, (top_ids, top_logp), out_routing = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
         step_model = model()
-        hidden, pages = paging.forward(step_model, st.token, position, pages, rows, kv)
+        hidden, pages, experts = forward(step_model, st.token, position, pages, rows)
+        if out_routing is not None:
+            chosen = jnp.where(st.active[:, None, None], experts, -1)
+            out_routing = jax.lax.dynamic_update_index_in_dim(out_routing, chosen, i, axis=1)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         logits = step_model.logits(hidden)
         token, logp = sample_rows(keys, logits, sampling)
@@ -117,9 +130,11 @@ def engine_step(
         ended = jnp.isin(token, eos) | (count >= st.limit)
         st = st._replace(token=jnp.where(st.active, token, st.token), position=st.position + step, count=count,
                          active=st.active & ~ended)
-        return pages, st, out_tokens, out_logp, (top_ids, top_logp)
+        return pages, st, out_tokens, out_logp, (top_ids, top_logp), out_routing
 
     top = (jnp.zeros((s, steps, top_logprobs), jnp.int32), jnp.zeros((s, steps, top_logprobs), jnp.float32))
-    init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32), top)
-    pages, slots, tokens, logp, top = jax.lax.fori_loop(0, steps, body, init)
-    return pages, tokens, logp, slots, top
+    experts = jax.eval_shape(lambda p: forward(model(), slots.token, slots.position, p, slots.page_rows)[2], pages)
+    routing = None if experts is None else jnp.full((s, steps, *experts.shape[1:]), -1, jnp.int32)
+    init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32), top, routing)
+    pages, slots, tokens, logp, top, routing = jax.lax.fori_loop(0, steps, body, init)
+    return pages, tokens, logp, slots, top, routing

@@ -47,21 +47,31 @@ class PolicyLogprobs:
     """(logp, entropy) [B, T] of completions under given trained parameters of the policy (or of a
     frozen model's parameters: a FrozenModel makes the same pass)."""
 
-    def __init__(self, policy: TrainableModel | FrozenModel, rollout: RolloutConfig) -> None:
+    def __init__(self, policy: TrainableModel | FrozenModel, rollout: RolloutConfig, *, replays: bool = True) -> None:
+        """`replays`: the pass takes the example's recorded routing (routing replay: the policy's own
+        passes; not another model's, e.g. a distillation teacher's)."""
+        self.replays = replays
         self.program = policy.forward(logprob_fn(rollout), chunk_tokens=rollout.logprob_chunk_tokens,
                                       packs=policy.layout.packing, shares=True)
 
     def __call__(self, params: Any, example: TrainExample) -> tuple[jax.Array, jax.Array]:
         """Of the example's completions (0 past the trimmed width, see rl_core.train.trim)."""
-        return self.program(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
-                            mask=example.completion_mask)
+        return self.behaviour_pass(params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+                                   example.routing, mask=example.completion_mask)
+
+    def behaviour_pass(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any,
+                       routing: Any = None, *, mask: Any = None) -> tuple[jax.Array, jax.Array]:
+        """The program on these rows, replaying `routing` [B, T, layers, k] when given and `replays`."""
+        replayed = () if routing is None or not self.replays else (routing,)
+        return self.program(params, prompt_tokens, prompt_mask, completion_tokens, *replayed, mask=mask)
 
     def behaviour(self, params: Any, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
-                  recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
+                  recorded: np.ndarray | None = None, completion_mask: Any = None, routing: Any = None) -> np.ndarray:
         """[B, T] float32 log-probs on the host; rows of `recorded` without NaN were recorded
         earlier (carried rows) and are kept as they are. With `completion_mask`, the pass runs
-        at the trimmed width (0 beyond it)."""
-        logp, _ = self.program(params, prompt_tokens, prompt_mask, completion_tokens, mask=completion_mask)
+        at the trimmed width (0 beyond it); `routing`: replayed (see `behaviour_pass`)."""
+        logp, _ = self.behaviour_pass(params, prompt_tokens, prompt_mask, completion_tokens, routing,
+                                      mask=completion_mask)
         fresh = np.asarray(multihost.to_host(logp), np.float32)
         if recorded is None:
             return fresh

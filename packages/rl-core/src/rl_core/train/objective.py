@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from rl_core import registry
 from rl_core.math.aggregation import per_token
 from rl_core.math.distillation import distill_advantages, sampled_reverse_kl
-from rl_core.policy.logprobs import completion_logprobs
+from rl_core.math.routing import load_balancing_loss
+from rl_core.policy.logprobs import routed_completion_logprobs
 from rl_core.policy.protocols import Policy
 from rl_core.train.trainable import LossFn, LossOutput
 from rl_core.correction_config import RolloutCorrection, resolve_correction
@@ -60,6 +61,7 @@ def policy_loss_function(config: PolicyGradientConfig, rollout: RolloutConfig, *
         proximal=proximal,
         entropy_top_fraction=config.entropy_top_fraction,
         distill_coef=config.distill_coef,
+        router_aux_coef=config.router_aux_loss_coef,
     )
 
 
@@ -89,16 +91,33 @@ def high_entropy_mask(entropy: jax.Array, mask: jax.Array, fraction: float) -> j
 
 
 def policy_objective(model: Policy, example: TrainExample, *, temperature: float, chunk_tokens: int,
-                   **settings) -> LossOutput:
+                     router_aux_coef: float = 0.0, **settings) -> LossOutput:
     """`policy_gradient_loss` of the example under `model`: its log-probs and entropy at
-    `temperature` (the sampler's), unembedded `chunk_tokens` at a time; `settings` are
-    policy_gradient_loss's."""
-    logp, entropy = completion_logprobs(
-        model, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
+    `temperature` (the sampler's), unembedded `chunk_tokens` at a time, replaying the example's
+    recorded routing when it carries one (algorithm.routing_replay); `settings` are
+    policy_gradient_loss's. `router_aux_coef` != 0 adds a mixture of experts' load-balancing loss
+    (`router_aux_term`)."""
+    logp, entropy, routed = routed_completion_logprobs(
+        model, example.prompt_tokens, example.prompt_mask, example.completion_tokens, example.routing,
         temperature=temperature, chunk_tokens=chunk_tokens, packed=example.packed,
         shared=example.shared_prompts,
     )
-    return policy_gradient_loss(logp, entropy, example, **settings)
+    out = policy_gradient_loss(logp, entropy, example, **settings)
+    return router_aux_term(out, routed, example.completion_mask, router_aux_coef) if router_aux_coef else out
+
+
+def router_aux_term(out: LossOutput, routed: Any, mask: jax.Array, coef: float) -> LossOutput:
+    """`out` plus coef * the router's load-balancing loss (rl_core.math.routing) of the micro-batch,
+    over the positions that predict its real completion tokens (`mask` [B, T]), every layer pooled:
+    the term is scaled by the micro-batch's denominator, so the step's loss (total / denominator)
+    gains coef times the micro-batches' denominator-weighted mean. Logged as train/router_aux_loss
+    (the mean over micro-batches)."""
+    if routed is None:
+        raise ValueError(f"router_aux_loss_coef = {coef}: the policy reports no routing (a dense model, "
+                         "or training.packing on); set algorithm.router_aux_loss_coef=0")
+    aux = load_balancing_loss(routed.probs, routed.experts, mask)
+    means = {**out.means, "train/router_aux_loss": (aux, jnp.ones((), jnp.float32))}
+    return out._replace(total=out.total + coef * aux * out.denom, means=means)
 
 
 def policy_gradient_loss(

@@ -29,7 +29,7 @@ def trimmed_width(mask, chunk_tokens: int) -> int:
 
 
 def trim_example(example: TrainExample, width: int) -> TrainExample:
-    """Every [B, T] field cut to [B, width] (prompt fields and per-completion advantages as they are)."""
+    """Every [B, T, ...] field cut to [B, width, ...] (prompt fields and per-completion advantages as they are)."""
     cut = lambda x: None if x is None else x[:, :width]  # noqa: E731
     advantages = example.advantages
     return example._replace(
@@ -37,4 +37,5 @@ def trim_example(example: TrainExample, width: int) -> TrainExample:
         old_logp=cut(example.old_logp), ref_logp=cut(example.ref_logp), sampler_logp=cut(example.sampler_logp),
         advantages=cut(advantages) if advantages.ndim == 2 else advantages,
         returns=cut(example.returns), values=cut(example.values), teacher_logp=cut(example.teacher_logp),
+        routing=cut(example.routing),
     )
