@@ -25,6 +25,7 @@ class Prefill(NamedTuple):
     tokens: jax.Array  # [C] int32
     positions: jax.Array  # [C] int32
     page_rows: jax.Array  # [C, M] int32
+    state_rows: jax.Array  # [C] int32, the state row of each token's sequence (a model with one; 0: padding)
 
 
 class Slots(NamedTuple):
@@ -37,6 +38,8 @@ class Slots(NamedTuple):
     active: jax.Array  # [S] bool
     page_rows: jax.Array  # [S, M] int32
     ids: jax.Array  # [S, 2] int32, (prompt id, sample index): the completion's key (see `completion_keys`)
+    state_row: jax.Array  # [S] int32, the slot's state row (a model with a recurrent state; else 0)
+    state_from: jax.Array  # [S] int32, the row copied into it before decoding (its prompt's; 0: none)
 
 
 def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
@@ -74,6 +77,9 @@ def engine_step(
 ) -> tuple[Any, jax.Array, jax.Array, Slots, tuple[jax.Array, jax.Array]]:
     """(pages, tokens [S, k], log-probs [S, k], slots after the k steps, top); `model()` (an inference
     copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
+    `pages` is (the KV pool, the state pool): a model with a recurrent state (`paging.state_spec`)
+    keeps one row of it per sequence, read and written by `paging.forward` (each prefill chunk is
+    one prompt's tokens); the state pool of a model without one is empty.
     `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
     the whole tempered softmax (the sampled token's distribution; K = 0: empty, nothing computed).
 
@@ -83,14 +89,27 @@ def engine_step(
     `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
 
+    stateful = bool(jax.tree.leaves(pages[1]))
+
+    def forward(m, tokens, positions, pages, page_rows, state_rows, sequence):
+        if not stateful:
+            hidden, pool = paging.forward(m, tokens, positions, pages[0], page_rows, kv)
+            return hidden, (pool, pages[1])
+        return paging.forward(m, tokens, positions, pages[0], page_rows, kv, states=pages[1], state_rows=state_rows,
+                              sequence=sequence)
+
     def prefill_chunk(pages):
-        return paging.forward(model(), prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+        return forward(model(), prefill.tokens, prefill.positions, pages, prefill.page_rows, prefill.state_rows,
+                       True)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
     if run_prefill is None:
         run_prefill = jnp.any(prefill.page_rows > 0)
     pages = jax.lax.cond(run_prefill, prefill_chunk, lambda pages: pages, pages)
-    pages = kv.copy_pages(pages, copy_src, copy_dst)
+    pages = (kv.copy_pages(pages[0], copy_src, copy_dst),
+             # each new sample's state: a copy of its prompt's (the rows of other slots copy scratch onto scratch)
+             jax.tree.map(lambda x: x.at[:, jnp.where(slots.state_from > 0, slots.state_row, 0)].set(
+                 x[:, slots.state_from]), pages[1]))
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
     s = slots.token.shape[0]
     row_keys = completion_keys(key, slots.ids)
@@ -100,7 +119,8 @@ def engine_step(
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
         step_model = model()
-        hidden, pages = paging.forward(step_model, st.token, position, pages, rows, kv)
+        hidden, pages = forward(step_model, st.token, position, pages, rows, jnp.where(st.active, st.state_row, 0),
+                                False)
         keys = jax.vmap(jax.random.fold_in)(row_keys, st.count)
         logits = step_model.logits(hidden)
         token, logp = sample_rows(keys, logits, sampling)
