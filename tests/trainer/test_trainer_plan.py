@@ -335,6 +335,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
 
     from safetensors import safe_open
 
+    from rl_core.rollout.factory import engine_settings
     from trainer.plan import plan
     from trainer.settings import build_settings
 
@@ -343,7 +344,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
                                                       "algorithm.group_size=4"])
     result = plan(settings, memory_budget("gpu"))
     a = result.analytic
-    assert result.engine == "static"  # "auto": a hybrid model has no paged adapter
+    assert result.engine == "static"  # "auto" below 512 new tokens
     assert a["recurrent_state"] == 8 * 16_896
     kv = a["kv_cache"] - a["recurrent_state"]
     assert kv > 0 and kv % (8 * 512) == 0  # 8 rows of whole tokens of the one attention layer
@@ -351,6 +352,16 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
     with safe_open(folder / "model.safetensors", framework="np") as f:
         text = sum(prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.startswith("model.visual"))
     assert result.parameters == text
+    # the paged engine: a KV pool of the attention layer only, and a state row per sequence it may hold
+    settings = build_settings(algo="grpo", overrides=[f"model.path={folder}", "training.prompts_per_step=2",
+                                                      "algorithm.group_size=4", "rollout.engine=paged"])
+    result = plan(settings, memory_budget("gpu"))
+    a = result.analytic
+    engine = engine_settings(settings.rollout, batch_size=8)
+    assert engine.state_pool_rows == 2 * 8 + 2  # a scratch row, 8 slots' and as many more (prompts, sessions)
+    assert a["engine_state_pool"] == engine.state_pool_rows * 16_896
+    assert a["engine_kv_pool"] == engine.pool_pages * engine.page_size * 512
+    assert "linear-attention state rows" in result.table()
 
 
 @pytest.mark.e2e

@@ -121,8 +121,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     training, rollout = settings.training, settings.rollout
     from rl_core.rollout.factory import resolve_engine
 
-    # "auto" as the trainer's learner resolves it (it has a paged adapter, but for a hybrid model)
-    engine_name = resolve_engine(rollout, pageable=not config.hybrid)
+    # "auto" as the trainer's learner resolves it (it has a paged adapter for every model)
+    engine_name = resolve_engine(rollout)
     # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan.programs)
     programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
     algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
@@ -232,8 +232,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     replicas = mesh_lib.batch_devices(mesh)
     engine = engine_settings(rollout, batch_size=batch, replicas=replicas)
     tensor_split = mesh.shape["tensor"] if config.num_kv_heads % mesh.shape["tensor"] == 0 else 1
-    token_kv_b = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes // tensor_split
+    token_kv_b = 2 * kv_layers * config.num_kv_heads * config.head_dim * cbytes // tensor_split
     pool_b = engine.pool_pages * engine.page_size * token_kv_b
+    # a hybrid's state pool: one sequence's linear-attention state per row, whole on each replica's device
+    state_pool_b = whole_model.recurrent_state_bytes(engine.state_pool_rows) if config.hybrid else 0
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
     # a replica holds its share of the prompts (dealt round-robin) and their completions
@@ -284,6 +286,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "activations": activation_bytes(config),
         "engine_kv_pool": pool_b,
         "engine_kv_in_use": in_use_b,
+        "engine_state_pool": state_pool_b,
         "engine_weights": engine_weights_b,
         # the static engine's cast copy (rollout.weights_dtype); without one it samples the policy's own buffers
         "rollout_weight_copy": per_device([new for old, new in zip(jax.tree.leaves(whole_weights),

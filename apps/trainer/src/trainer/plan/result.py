@@ -70,7 +70,7 @@ class Plan:
         c, a = self.compiled, self.analytic
         # the paged engine holds its pool and its weight copy while it generates
         rollout = (c["rollout_temporaries"] + a.get("rollout_weight_copy", 0) if self.engine == "static"
-                   else a["engine_kv_pool"] + a["engine_weights"])
+                   else a["engine_kv_pool"] + a.get("engine_state_pool", 0) + a["engine_weights"])
         programs = {"update": c["update_temporaries"], "rollout": rollout, "reference": c["reference_temporaries"] or 0}
         if self.critic_trainable:  # its update and its values pass at collection time
             programs |= {"critic_update": c["critic_update_temporaries"],
@@ -118,6 +118,8 @@ class Plan:
             ("rollout engine (paged): KV page pool" if paged else None, None, a["engine_kv_pool"]),
             (f"  in use at a mean of {self.mean_new_tokens} new tokens" if paged else None, None,
              a["engine_kv_in_use"]),
+            ("rollout engine (paged): linear-attention state rows" if paged and a.get("engine_state_pool") else None,
+             None, a.get("engine_state_pool")),
             ("  the static sampler's KV cache would be" if paged else None, None, a["kv_cache"]),
             ("rollout engine: inference weight copy" if paged else None, None, a["engine_weights"]),
             ("reference log-prob pass temporaries" if c["reference_temporaries"] is not None else None,
