@@ -30,6 +30,10 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   are the first pages a dry pool takes back (the prompt is then prefilled whole:
   the same tokens); `release(handles)` frees them, new weights and any exception
   free them all (rl_core.rollout.retained).
+- A model with a recurrent state (the adapter's optional `state_spec`: Qwen3.5's linear-attention
+  layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
+  one row per prompt prefix, running sample and retained sequence, taken and given back with their
+  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens.
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
