@@ -5,8 +5,11 @@ log-probs, through preemption, a retained two-turn session and weights that chan
 
 Prompts of 1 to 14 tokens against 8-token prefill chunks: a prompt's prefix runs in one to two
 chunks (its state carried between calls in its row), a 1-token prompt starts from a zero state.
+The engine's tests are e2e (each compiles the engine's programs: 15-25 s on CPU); the fast tier
+checks the linear-attention layer's `hold`, which they rest on.
 """
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -14,8 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-pytestmark = pytest.mark.e2e  # each test compiles the engine's programs (15-25 s on CPU)
 
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
@@ -69,6 +70,35 @@ def learner_logprobs(model, tokens, mask, completions, temperature=1.0):
     return np.asarray(logp)
 
 
+def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwen35):
+    """`GatedDeltaNet(..., hold=True)`, as the engine runs it: a row's tokens past its valid ones
+    (a prefill chunk's padding) leave the state that its valid tokens reached, through the chunked
+    rule, and an invalid single token (an inactive slot) leaves the state it read."""
+    layer = nnx.merge(*nnx.split(qwen35.linear_layers))
+    block = nnx.merge(nnx.graphdef(layer), jax.tree.map(lambda a: a[0], nnx.state(layer))).linear_attn
+    block.shape = dataclasses.replace(block.shape, chunk_tokens=8)  # one small chunk (the rule's values do not change)
+    x = jax.random.normal(jax.random.key(0), (1, 6, 64))
+    start = block.init_state(1)
+    state = (jax.random.normal(jax.random.key(1), start[0].shape), jax.random.normal(jax.random.key(2), start[1].shape))
+    first4 = jnp.arange(6)[None] < 4
+
+    @jax.jit
+    def run(state):
+        _, want = block(x[:, :4], jnp.ones((1, 4), bool), jnp.zeros((1, 4), bool), state)  # 4 tokens continuing it
+        _, got = block(x, first4, jnp.zeros((1, 6), bool), state, hold=True)
+        _, loose = block(x, first4, jnp.zeros((1, 6), bool), state)  # without hold the padding decays it
+        _, idle = block(x[:, :1], jnp.zeros((1, 1), bool), jnp.ones((1, 1), bool), state, hold=True)
+        return want, got, loose, idle
+
+    want, got, loose, idle = run(state)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(np.asarray(loose[1]) - np.asarray(want[1])).max() > 1e-3
+    for a, b in zip(idle, state, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.e2e
 def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(qwen35):
     tokens, mask = prompts()
     engine = paged(qwen35)
@@ -85,6 +115,7 @@ def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(
     assert engine.pages[0].shape[1] == 1  # the KV pool holds the one attention layer only
 
 
+@pytest.mark.e2e
 def test_sampled_logprobs_equal_the_learner_pass(qwen35):
     """Two samples a prompt, each copying its prompt's state, at temperature 0.7."""
     tokens, mask = prompts()
@@ -94,6 +125,7 @@ def test_sampled_logprobs_equal_the_learner_pass(qwen35):
     np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-4)
 
 
+@pytest.mark.e2e
 def test_preempted_sequences_restart_from_their_prompts_state(qwen35):
     """A pool of 12 pages for two slots: samples are preempted (their rows freed) and restarted;
     and a state pool of 3 rows (a prompt's and one sample's): one sample runs at a time."""
@@ -110,6 +142,7 @@ def test_preempted_sequences_restart_from_their_prompts_state(qwen35):
     np.testing.assert_allclose(out.logp, want, atol=1e-4)
 
 
+@pytest.mark.e2e
 def test_a_retained_session_continues_from_its_held_state(qwen35):
     """Turn 2 sends turn 1's prompt, its completion and an observation under the same handles: the
     engine prefills only the observation (from the held pages and state row) and generates what
@@ -147,6 +180,7 @@ def perturbed(model, scale=0.05, seed=1):
     return nnx.merge(graphdef, jax.tree.unflatten(tree, noisy))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["continue", "recompute"])
 def test_partial_rollouts_switch_weights_mid_rollout(qwen35, mode):
     """New weights published after call 2: the tokens before are the old weights' alone; with

@@ -32,7 +32,7 @@ from rl_models.rope import rope_tables, rotate
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
     """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
     cfg = model.config
-    layers = cfg.kinds().count("full_attention")  # a hybrid's linear-attention layers keep states instead
+    layers = cfg.num_layers - cfg.kinds().count("linear_attention")  # a hybrid's linear-attention layers keep states
     return layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
 
 

@@ -216,7 +216,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     cbytes = jnp.dtype(config.dtype).itemsize
     seq = p_len + t_len
-    kv_layers = config.kinds().count("full_attention")  # a hybrid's linear-attention layers keep a fixed state
+    # every attention layer, windowed ones too (the engines hold their whole length); a hybrid's
+    # linear-attention layers keep a fixed state instead
+    kv_layers = config.num_layers - config.kinds().count("linear_attention")
     kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
                                     (kv_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
