@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simulated_devices import run_on_simulated_devices
 
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
@@ -258,3 +259,13 @@ def test_any_page_and_state_pool_that_fits_one_completion_gives_the_roomy_comple
     np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
 
+
+
+@pytest.mark.multidevice
+def test_replicas_on_a_data_mesh_keep_their_own_state_rows():
+    """2 simulated devices, one replica each (its page pool and its state rows): the one-device
+    engine's completions and log-probs."""
+    result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "qwen35_paged_mesh.py", devices=2)
+    assert result["replicas"] == 2 and result["state_pool_shape"][:3] == [2, 3, 8]  # [R, linear layers, rows]
+    assert result["tokens_equal"] and result["logp_max_diff"] < 1e-5
+    assert result["rows_in_use"] == [0, 0]
