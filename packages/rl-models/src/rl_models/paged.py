@@ -127,6 +127,14 @@ class TransformerPaging:
         None for a model without one."""
         return paged_hybrid.state_spec(model) if model.config.hybrid else None
 
+    def kv_window(self, model: tf.Transformer) -> int | None:
+        """The most key slots any layer still reads behind a query when every attention layer is
+        windowed (Mistral v0.1); None when some layer reads the whole sequence."""
+        windows = tf.layer_windows(model.config)
+        if model.config.hybrid or not windows or tf.FULL_WINDOW in windows:
+            return None
+        return max(windows)
+
     def forward(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
                 page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any]:
         """`paged_forward`; with `state` (states, state_rows, sequence: a model with a `state_spec`)

@@ -87,7 +87,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
-    from rl_models.transformer import compute_dtype
+    from rl_models.transformer import FULL_WINDOW, compute_dtype, layer_windows
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.programs import policy_programs
@@ -242,7 +242,11 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
     # a replica holds its share of the prompts (dealt round-robin) and their completions
     prompts_here = -(-training.prompts_per_step // replicas)
-    in_use_b = (prompts_here * pages(p_len) + prompts_here * group * (pages(mean) + 1)) * engine.page_size * token_kv_b
+    own = pages(mean) + 1
+    windows = layer_windows(config)
+    if not config.hybrid and FULL_WINDOW not in windows:  # every layer windowed: a sample gives back the pages behind
+        own = min(own, (max(windows) - 1) // engine.page_size + 2)
+    in_use_b = (prompts_here * pages(p_len) + prompts_here * group * own) * engine.page_size * token_kv_b
     whole_state = nnx.state(whole_model, nnx.Param)
     engine_weights_b = sum(
         math.prod(jax.sharding.NamedSharding(mesh, mesh_lib.logical_spec(

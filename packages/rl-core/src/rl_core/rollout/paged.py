@@ -34,6 +34,9 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
   one row per prompt prefix, running sample and retained sequence, taken and given back with their
   pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens.
+- A model whose every layer is windowed (the adapter's optional `kv_window`: Mistral v0.1) gives
+  back, as each sample decodes, the pages wholly behind the window of its next query (a sample
+  with a session keeps its whole sequence).
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
@@ -162,6 +165,7 @@ class PagedBackend:
         self._stacks: tuple[str, ...] = ()  # the weights' entries kept as one array per layer
         self._cache_spec: tuple[int, int, int, Any] | None = None
         self._state_spec: Any = None  # one sequence's recurrent state (`paging.state_spec`), None without one
+        self.kv_window: int | None = None  # every layer's window (`paging.kv_window`): pages behind it are freed
         self.state_pools: list[PagePool] | None = None  # each replica's state rows (a model with a state)
         self.states: Any = ()
         self._refresh: Any = None
@@ -201,6 +205,8 @@ class PagedBackend:
         self._infer_graphdef = graphdef
         model = nnx.merge(graphdef, abstract)  # shapes only: what the adapter reads the config from
         self._cache_spec = self.paging.cache_spec(model)
+        kv_window = getattr(self.paging, "kv_window", None)
+        self.kv_window = kv_window(model) if callable(kv_window) else None
         state_spec = getattr(self.paging, "state_spec", None)
         self._state_spec = state_spec(model) if callable(state_spec) else None
         if self._state_spec is not None:

@@ -83,6 +83,7 @@ class _Sample:
     done: bool = False
     session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
     state: int = 0  # its state row while it runs (a model with a recurrent state; 0: none)
+    dropped: int = 0  # leading entries of its page row given back, wholly behind every layer's window
 
 
 def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
@@ -189,6 +190,23 @@ class _Replica:
             self.rows.release([holder.state])
         holder.state = 0
 
+    def _held(self, sample: _Sample) -> list[int]:
+        """The pages `sample` still holds: its page row but the entries it dropped (`_drop_behind`)."""
+        return (self._shared(sample) + sample.own)[sample.dropped:]
+
+    def _drop_behind(self, sample: _Sample, position: int) -> None:
+        """When every layer is windowed (`engine.kv_window` W), give back the pages wholly behind
+        the window of the query at `position` (no later query reads them; the reference attention
+        reads only blocks holding a window's slots, and their page-row entries point at scratch);
+        a sample with a session keeps its whole sequence for the next turn."""
+        w = self.engine.kv_window
+        if w is None or sample.session >= 0:
+            return
+        behind = max(0, (position - w + 1) // self.ps)
+        if behind > sample.dropped:
+            self.pool.release((self._shared(sample) + sample.own)[sample.dropped:behind])
+            sample.dropped = behind
+
     def _row(self, pages: list[int]) -> np.ndarray:
         return np.pad(np.asarray(pages, np.int32), (0, self.m - len(pages)))
 
@@ -223,10 +241,10 @@ class _Replica:
         """Free a running sample's pages and requeue it first; it restarts from its prompt (a
         resumed sample keeps the tokens its own prompt holds)."""
         slot = self.running.index(sample)
-        self.pool.release(sample.own + self._shared(sample))
+        self.pool.release(self._held(sample))
         self._free_row(sample)
         keep = sample.prompt.resumed
-        sample.own = []
+        sample.own, sample.dropped = [], 0
         del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:]
         self.running[slot] = None
         self.host["active"][slot] = False
@@ -294,7 +312,10 @@ class _Replica:
                     break
             if self.running[slot] is sample:
                 sample.own += self.pool.allocate(max(need, 0))
-                self.host["page_rows"][slot] = self._row(self._shared(sample) + sample.own)
+                self._drop_behind(sample, int(self.host["position"][slot]))
+                row = self._row(self._shared(sample) + sample.own)
+                row[: sample.dropped] = 0  # scratch: never read
+                self.host["page_rows"][slot] = row
             oldest = False
 
     def _room_to_start(self) -> None:
@@ -409,9 +430,9 @@ class _Replica:
                                       sample.state)
             sample.state = 0  # the retained sequence's now
         else:
-            self.pool.release(pages)
+            self.pool.release(pages[sample.dropped:])
             self._free_row(sample)
-        sample.own, sample.done = [], True
+        sample.own, sample.done, sample.dropped = [], True, 0
         self.running[slot] = None
         prompt = sample.prompt
         prompt.unfinished -= 1
@@ -433,9 +454,9 @@ class _Replica:
         limits = {id(x): int(self.host["limit"][self.running.index(x)]) for x in running}  # stop strings lower them
         for sample in running:
             slot = self.running.index(sample)
-            self.pool.release(sample.own + self._shared(sample))
+            self.pool.release(self._held(sample))
             self._free_row(sample)
-            sample.own, self.running[slot] = [], None
+            sample.own, sample.dropped, self.running[slot] = [], 0, None
             self.host["active"][slot] = False
         for prompt in self._idle_prompts():  # every held prefix now, youngest first
             self._unprefill(prompt, preempted=False)
