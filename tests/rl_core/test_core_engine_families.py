@@ -22,6 +22,7 @@ from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.scheduler import pages_for_one
 from rl_core.rollout.static import StaticBackend
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
@@ -85,12 +86,38 @@ def test_paged_engine_generates_what_the_full_forward_predicts(model):
 
 @pytest.mark.e2e
 def test_paged_engine_rebuilds_windows_of_preempted_sequences(model):
-    """A pool so small that sequences are preempted and prefilled again: the same tokens."""
+    """A pool so small that sequences are preempted and prefilled again: the same tokens. (Mistral's
+    layers are all windowed, so its samples give back the pages behind their window: a pool of 12
+    pages never runs dry for it, one of 9, as small as one completion allows, does.)"""
     tokens, mask = prompts()
-    engine = paged(model, slots=2, num_pages=12)
+    engine = paged(model, slots=2, num_pages=9 if all(model.config.windowed()) else 12)
     out = engine.generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
     assert engine.preemptions > 0
     np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(model, tokens, mask, out.tokens))
+
+
+@pytest.mark.e2e
+def test_a_model_whose_every_layer_is_windowed_gives_back_the_pages_behind_its_windows():
+    """Mistral (every layer a 5-slot window, 4-token pages): a sample decoding at position p holds
+    no page wholly before p - 4, so two samples run side by side in a pool of 12 pages that two
+    full-length sequences overflow (the same engine keeping every page preempts); the tokens
+    are the full forward's either way."""
+    model = load_hf_model(HF / "mistral")
+    tokens, mask = prompts()
+    rows = np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0)
+    engine = paged(model, slots=2, num_pages=12)
+    assert engine.kv_window == 5
+    assert pages_for_one(4, 14, T) + pages_for_one(4, 9, T) > 11  # two full sequences: more than the pool
+    out = engine.generate(Requests(tokens, mask, 2), GREEDY, jax.random.key(0))
+    assert engine.preemptions == 0 and engine.pools[0].in_use == 0
+    np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(model, *rows, out.tokens))
+    engine.kv_window = None  # every page kept, as for a model with a global layer
+    kept = engine.generate(Requests(tokens, mask, 2), GREEDY, jax.random.key(0))
+    assert engine.preemptions > 0
+    np.testing.assert_array_equal(kept.tokens, out.tokens)
+    retained = paged(model, slots=2)  # a sample with a session keeps its whole sequence for the next turn
+    retained.generate(Requests(tokens, mask, sessions=retained.new_sessions(4)), GREEDY, jax.random.key(0))
+    assert retained.pools[0].in_use == sum(-(-(int(n) + T - 1) // 4) for n in mask.sum(1))
 
 
 def test_paged_engine_logprobs_equal_the_learner_pass(model):

@@ -246,7 +246,7 @@ def test_retained_take_keeps_the_common_prefix_and_frees_the_pages_past_it():
     assert pool.in_use == 3 and store.pages_on(0) == 3
     # the new prompt parts from the held tokens at position 5: pages 0-1 kept, page 2 freed
     prompt = np.concatenate([tokens[:5], [99, 98, 97]])
-    got, reused = store.take(5, 0, prompt, len(prompt) - 1, pool, 4)
+    got, reused, _ = store.take(5, 0, prompt, len(prompt) - 1, pool, 4)
     assert (got, reused) == (pages[:2], 5) and pool.in_use == 2 and not store.held
     pool.release(got)
     # a shared page at the parting (another sequence of the prompt holds it): never written, the
@@ -254,13 +254,29 @@ def test_retained_take_keeps_the_common_prefix_and_frees_the_pages_past_it():
     pages = pool.allocate(3)
     pool.retain(pages[:2])
     store.keep(6, 0, tokens[:9], pages, pool, 4)
-    got, reused = store.take(6, 0, prompt, len(prompt) - 1, pool, 4)
+    got, reused, _ = store.take(6, 0, prompt, len(prompt) - 1, pool, 4)
     assert (got, reused) == (pages[:1], 4)
     # a prompt that is the held sequence and more: every held position reused, at most its prefix
     store.keep(7, 0, tokens[:6], [*got, *pool.allocate(1)], pool, 4)
-    got, reused = store.take(7, 0, tokens, 9, pool, 4)
+    got, reused, _ = store.take(7, 0, tokens, 9, pool, 4)
     assert reused == 6 and len(got) == 2
-    assert store.take(7, 0, tokens, 9, pool, 4) == ([], 0)  # taken: nothing held any more
+    assert store.take(7, 0, tokens, 9, pool, 4) == ([], 0, 0)  # taken: nothing held any more
+
+
+def test_retained_state_rows_are_reused_only_by_a_prompt_continuing_the_whole_sequence():
+    """A recurrent state cannot rewind: the held row (and with it the pages) serves a prompt that
+    continues all the held tokens; one parting earlier gets nothing, the row and pages freed."""
+    pool, rows, store = PagePool(9), PagePool(4), Retained()
+    tokens = np.arange(10, 20, dtype=np.int32)
+    pages, row = pool.allocate(2), rows.allocate(1)[0]
+    store.keep(1, 0, tokens[:6], pages, pool, 4, rows, row)
+    assert store.rows_on(0) == 1
+    assert store.take(1, 0, tokens, 9, pool, 4, rows) == (pages, 6, row)  # all 6 held tokens continue
+    assert rows.in_use == 1 and pool.in_use == 2  # now the prompt's
+    store.keep(2, 0, tokens[:6], pages, pool, 4, rows, row)
+    parted = np.concatenate([tokens[:5], [99, 98, 97]])  # parts at position 5, inside the held tokens
+    assert store.take(2, 0, parted, 7, pool, 4, rows) == ([], 0, 0)
+    assert rows.in_use == 0 and pool.in_use == 0
 
 
 def test_a_continued_turn_prefills_only_past_what_it_shares_and_samples_as_a_full_prefill(engine):

@@ -286,3 +286,33 @@ def test_a_weight_switch_at_any_call_keeps_the_old_tokens_and_frees_every_page(s
         np.testing.assert_array_equal(got.tokens[row, :old_tokens], want.tokens[row, :old_tokens])
         assert got.truncated[row] == (got.tokens[row, n - 1] not in EOS)
     assert (calls[0] > switch) == (engine.version == v0 + 2)
+
+
+@pytest.fixture(scope="module")
+def windowed_engine():
+    """Every layer a 3-slot window (Mistral v0.1's layout, small): samples give back the pages
+    behind their windows as they decode (`EngineSettings` of the second shape)."""
+    model = Transformer(TransformerConfig.tiny(V, sliding_window=3), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    engine = PagedBackend(graphdef, EngineSettings(max_prompt_tokens=MAX_PROMPT, **SHAPES[1]),
+                          paging=PAGED_TRANSFORMER, eos_ids=EOS, pad_id=0)
+    engine.update_weights(state, 0)
+    assert engine.kv_window == 3
+    return engine
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_windowed_models_small_pools_finish_with_the_roomy_completions(windowed_engine, data):
+    """Pages given back behind the windows, under pools that fit one completion: the roomy
+    pool's completions, every page free afterwards (`rollout` checks)."""
+    engine, s = windowed_engine, windowed_engine.settings
+    lengths = data.draw(st.lists(st.integers(1, MAX_PROMPT), min_size=1, max_size=4), label="prompt lengths")
+    samples = data.draw(st.integers(1, 3), label="samples per prompt")
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths)
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    reqs = requests(lengths, samples, data.draw(st.integers(0, 2**16), label="prompt seed"))
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    want, _, _ = rollout(engine, s.pool_pages, reqs, SAMPLED, key)
+    got, _, _ = rollout(engine, pages, reqs, SAMPLED, key)
+    assert_same(got, want)

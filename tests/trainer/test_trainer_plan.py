@@ -335,6 +335,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
 
     from safetensors import safe_open
 
+    from rl_core.rollout.factory import engine_settings
     from trainer.plan import plan
     from trainer.settings import build_settings
 
@@ -343,7 +344,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
                                                       "algorithm.group_size=4"])
     result = plan(settings, memory_budget("gpu"))
     a = result.analytic
-    assert result.engine == "static"  # "auto": a hybrid model has no paged adapter
+    assert result.engine == "static"  # "auto" below 512 new tokens
     assert a["recurrent_state"] == 8 * 16_896
     kv = a["kv_cache"] - a["recurrent_state"]
     assert kv > 0 and kv % (8 * 512) == 0  # 8 rows of whole tokens of the one attention layer
@@ -351,6 +352,16 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
     with safe_open(folder / "model.safetensors", framework="np") as f:
         text = sum(prod(f.get_slice(k).get_shape()) for k in f.keys() if not k.startswith("model.visual"))
     assert result.parameters == text
+    # the paged engine: a KV pool of the attention layer only, and a state row per sequence it may hold
+    settings = build_settings(algo="grpo", overrides=[f"model.path={folder}", "training.prompts_per_step=2",
+                                                      "algorithm.group_size=4", "rollout.engine=paged"])
+    result = plan(settings, memory_budget("gpu"))
+    a = result.analytic
+    engine = engine_settings(settings.rollout, batch_size=8)
+    assert engine.state_pool_rows == 2 * 8 + 2  # a scratch row, 8 slots' and as many more (prompts, sessions)
+    assert a["engine_state_pool"] == engine.state_pool_rows * 16_896
+    assert a["engine_kv_pool"] == engine.pool_pages * engine.page_size * 512
+    assert "linear-attention state rows" in result.table()
 
 
 @pytest.mark.e2e
@@ -363,3 +374,28 @@ def test_plan_takes_a_file_tasks_data_as_train_does(tmp_path, capsys):
     assert "pass --data FILE" in capsys.readouterr().err
     assert main([*base, "--data", str(data), "task.options.heldout_size=1"]) == 0
     assert "fits: peak" in capsys.readouterr().out
+
+
+@pytest.mark.e2e  # compiles the update twice
+def test_plan_of_a_model_whose_every_layer_is_windowed_counts_a_windows_pages_in_use():
+    """The tiny Mistral (every layer a 5-slot window) on the paged engine with 4-token pages: a
+    decoding sample holds at most (5 - 1) // 4 + 2 = 3 pages of its own, so the pool's use at the
+    mean does not grow with the completion's length past the window; the pool (sized for full
+    sequences) and the static sampler's KV do."""
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "mistral"
+
+    def analytic(new_tokens):
+        settings = build_settings(algo="grpo", overrides=[
+            f"model.path={folder}", "training.prompts_per_step=1", "algorithm.group_size=2", "rollout.engine=paged",
+            "rollout.page_size_tokens=4", f"rollout.max_new_tokens={new_tokens}"])
+        return plan(settings, memory_budget("gpu")).analytic
+
+    short, long = analytic(32), analytic(64)
+    assert short["engine_kv_in_use"] == long["engine_kv_in_use"]
+    assert long["engine_kv_pool"] > short["engine_kv_pool"] and long["kv_cache"] > short["kv_cache"]
+    token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
+    prompt = short["engine_kv_in_use"] - 2 * 3 * 4 * token  # 2 samples, 3 pages of 4 tokens each
+    assert prompt > 0 and prompt % (4 * token) == 0  # the prompt's whole pages

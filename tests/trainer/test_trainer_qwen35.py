@@ -1,7 +1,7 @@
 """A GRPO step on the committed tiny Qwen3.5 folder (the multimodal layout it ships in) through
 `trainer train`: full fine-tuning, and LoRA on the linear-attention and attention projections with
-an int8 base; a paged engine is refused with its reason before anything compiles; `trainer bench`'s
-FLOP count of the hybrid by hand."""
+an int8 base, each on the static sampler and on the paged engine (a state row per sequence beside
+its paged KV); `trainer bench`'s FLOP count of the hybrid by hand."""
 
 import json
 from math import prod
@@ -30,19 +30,14 @@ def _argv(tmp_path: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("engine", ["static", "paged"])
 @pytest.mark.parametrize("extra", [(), ("model.lora.rank=4", "model.quantize=int8",
                                         "model.lora.targets=[q_proj, o_proj, in_proj_qkv, in_proj_z, out_proj]")],
                          ids=["full", "qlora"])
-def test_a_grpo_step_on_qwen3_5(tmp_path, extra):
-    assert main(_argv(tmp_path, *extra)) == 0
+def test_a_grpo_step_on_qwen3_5(tmp_path, extra, engine):
+    assert main(_argv(tmp_path, *extra, f"rollout.engine={engine}")) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["skipped_updates"] == 0
-
-
-def test_the_paged_engine_is_refused_for_qwen3_5_before_the_model_loads(tmp_path, capsys):
-    assert main(_argv(tmp_path, "rollout.engine=paged")) == 2
-    err = capsys.readouterr().err
-    assert "rollout.engine = 'paged': the paged engine keeps no recurrent state" in err and len(err.splitlines()) == 1
 
 
 def test_forward_flops_of_the_tiny_qwen3_5_by_hand():

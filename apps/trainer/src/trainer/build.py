@@ -132,9 +132,6 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
         m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     check_tensor_parallel(config, device_mesh.shape["tensor"])
     check_attention(config)
-    if config.hybrid and settings.rollout.engine == "paged":
-        raise ConfigError("rollout.engine = 'paged': the paged engine keeps no recurrent state for linear-attention "
-                          "layers (Qwen3.5) yet; use rollout.engine=static (or auto, which picks it)")
     if folder:
         return load_hf_model(folder, shardings=shardings, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
@@ -467,9 +464,9 @@ def learner(
     return algorithm.learner(
         settings.algorithm_config(),
         policy=policy,
-        # how the paged engine (rollout.engine=paged) runs the policy; it holds no linear-attention
-        # state yet, so a hybrid model (Qwen3.5) has none and "auto" picks the static sampler
-        paging=None if policy.config.hybrid else PAGED_TRANSFORMER,
+        # how the paged engine (rollout.engine=paged) runs the policy (a hybrid's linear-attention
+        # layers with a state row per sequence beside the paged KV: rl_models.paged_hybrid)
+        paging=PAGED_TRANSFORMER,
         **{name: make(settings, policy) for name, make in models.items()},
         **({"teacher": teacher} if teacher is not None else {}),
         tokenizer=tokenizer,

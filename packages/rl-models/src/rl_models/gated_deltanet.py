@@ -40,13 +40,15 @@ def segment_ids(reset: jax.Array) -> jax.Array:
     return jnp.cumsum(reset.astype(jnp.int32), axis=1)
 
 
-def causal_conv(x: jax.Array, weight: jax.Array, conv_state: jax.Array, reset: jax.Array
-                ) -> tuple[jax.Array, jax.Array]:
+def causal_conv(x: jax.Array, weight: jax.Array, conv_state: jax.Array, reset: jax.Array,
+                lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(silu(causal depthwise convolution) [B, L, C], the new conv state [B, K - 1, C]).
 
     x [B, L, C]; weight [K, C] (tap j multiplies the input K - 1 - j tokens back); conv_state
     [B, K - 1, C], the inputs before this call. A tap reaching across a reset (or into the
-    state, once a reset happened) reads zero, as a sequence starting there would.
+    state, once a reset happened) reads zero, as a sequence starting there would. `lengths` [B]:
+    only each row's first `lengths` tokens continue its sequence (the rest is padding), so the
+    new state holds the K - 1 inputs before its token `lengths` (a row of length 0 keeps its state).
     """
     taps = weight.shape[0]
     b, length, _ = x.shape
@@ -58,11 +60,17 @@ def causal_conv(x: jax.Array, weight: jax.Array, conv_state: jax.Array, reset: j
         src = jax.lax.dynamic_slice_in_dim(ext, j, length, axis=1)
         same = jax.lax.dynamic_slice_in_dim(ext_seg, j, length, axis=1) == seg
         out = out + jnp.where(same[..., None], src.astype(jnp.float32) * weight[j].astype(jnp.float32), 0.0)
-    last = seg[:, -1:]
-    keep = (ext_seg[:, -(taps - 1):] == last)[..., None] if taps > 1 else None
-    new_state = ext[:, ext.shape[1] - (taps - 1):]
-    if keep is not None:
-        new_state = jnp.where(keep, new_state, 0)
+    if lengths is None:
+        last = seg[:, -1:]
+        new_state, new_seg = ext[:, ext.shape[1] - (taps - 1):], ext_seg[:, ext_seg.shape[1] - (taps - 1):]
+    else:  # the window ending before each row's token `lengths` (ext index j is input j - (K - 1))
+        window = lengths[:, None] + jnp.arange(taps - 1)[None, :]  # [B, K - 1]
+        new_state = jnp.take_along_axis(ext, window[..., None], axis=1)
+        new_seg = jnp.take_along_axis(ext_seg, window, axis=1)
+        # the segment of its last valid token (of the state's last input when it has none)
+        last = jnp.take_along_axis(ext_seg, jnp.maximum(lengths + taps - 2, 0)[:, None], axis=1)
+    if taps > 1:
+        new_state = jnp.where((new_seg == last)[..., None], new_state, 0)
     return jax.nn.silu(out).astype(x.dtype), new_state.astype(conv_state.dtype)
 
 
@@ -204,21 +212,30 @@ class GatedDeltaNet(nnx.Module):
         return (jnp.zeros((batch_size, la.conv_kernel_size - 1, 2 * self.key_dim + self.value_dim), self.dtype),
                 jnp.zeros((batch_size, la.num_value_heads, la.key_head_dim, la.value_head_dim), jnp.float32))
 
-    def __call__(self, x: jax.Array, valid: jax.Array, reset: jax.Array, state: State | None
-                 ) -> tuple[jax.Array, State]:
+    def __call__(self, x: jax.Array, valid: jax.Array, reset: jax.Array, state: State | None, *,
+                 hold: bool = False) -> tuple[jax.Array, State]:
         """(out [B, L, D], the state after the last token). x [B, L, D] (normed); valid and
-        reset [B, L]; `state` None starts every row afresh."""
+        reset [B, L]; `state` None starts every row afresh. `hold` (the paged engine's rows, whose
+        valid tokens come first): invalid tokens leave the state as it was (no decay, no write),
+        so the state is the one after each row's last valid token."""
         la = self.shape
         b, length, _ = x.shape
         conv_state, rec = self.init_state(b) if state is None else state
         x = jnp.where(valid[..., None], x, 0).astype(x.dtype)
-        qkv, conv_state = causal_conv(self.in_proj_qkv(x), self.conv_weight[...][:, 0].T, conv_state, reset)
+        lengths = None
+        if hold:
+            reset = reset & valid
+            lengths = jnp.sum(valid, axis=1, dtype=jnp.int32)
+        qkv, conv_state = causal_conv(self.in_proj_qkv(x), self.conv_weight[...][:, 0].T, conv_state, reset,
+                                      lengths)
         q = qkv[..., : self.key_dim].reshape(b, length, la.num_key_heads, la.key_head_dim)
         k = qkv[..., self.key_dim : 2 * self.key_dim].reshape(b, length, la.num_key_heads, la.key_head_dim)
         v = qkv[..., 2 * self.key_dim :].reshape(b, length, la.num_value_heads, la.value_head_dim)
         beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
         a = self.in_proj_a(x).astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a + self.dt_bias[...].astype(jnp.float32))
+        if hold:  # a decay of 1 and no write: the state passes an invalid token unchanged
+            g, beta = jnp.where(valid[..., None], g, 0.0), jnp.where(valid[..., None], beta, 0.0)
         if length == 1:
             o, rec = recurrent_delta_rule(q, k, v, g, beta, rec, reset)
         else:

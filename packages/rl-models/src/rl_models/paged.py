@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rl_models import lora
+from rl_models import lora, paged_hybrid
 from rl_models import transformer as tf
 from rl_models.layers import fused_linear
 from rl_models.moe import MoE
@@ -33,10 +33,8 @@ from rl_models.rope import rope_tables, rotate
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
     """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
     cfg = model.config
-    if cfg.hybrid:
-        raise ValueError("the paged engine keeps no recurrent state for linear-attention layers (Qwen3.5) yet: "
-                         "run this model on the static engine (rollout.engine=static)")
-    return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
+    layers = cfg.num_layers - cfg.kinds().count("linear_attention")  # a hybrid's linear-attention layers keep states
+    return layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
 
 
 def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pages: Any,
@@ -143,8 +141,25 @@ class TransformerPaging:
     def cache_spec(self, model: tf.Transformer) -> tuple[int, int, int, Any]:
         return paged_cache_spec(model)
 
+    def state_spec(self, model: tf.Transformer) -> Any:
+        """One sequence's recurrent state (a hybrid's linear-attention layers: rl_models.paged_hybrid);
+        None for a model without one."""
+        return paged_hybrid.state_spec(model) if model.config.hybrid else None
+
+    def kv_window(self, model: tf.Transformer) -> int | None:
+        """The most key slots any layer still reads behind a query when every attention layer is
+        windowed (Mistral v0.1); None when some layer reads the whole sequence."""
+        windows = tf.layer_windows(model.config)
+        if model.config.hybrid or not windows or tf.FULL_WINDOW in windows:
+            return None
+        return max(windows)
+
     def forward(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
-                page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
+                page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any]:
+        """`paged_forward`; with `state` (states, state_rows, sequence: a model with a `state_spec`)
+        `rl_models.paged_hybrid.paged_hybrid_forward`, whose second output is (pool, states)."""
+        if model.config.hybrid:
+            return paged_hybrid.paged_hybrid_forward(model, tokens, positions, pages, page_rows, kv, **state)
         return paged_forward(model, tokens, positions, pages, page_rows, kv)
 
     def forward_routed(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
@@ -157,6 +172,8 @@ class TransformerPaging:
     def loop_stacks(self, model: tf.Transformer) -> tuple[str, ...]:
         """The parameters the engine keeps as one array per layer (rl_core.rollout.unstacked):
         the stacked blocks when they run unrolled (CPU), none when scanned (the scan reads its slices)."""
+        if model.config.hybrid:  # its paged forward runs unrolled on every platform
+            return ("layers", "linear_layers")
         return () if tf.scans_layers(model.config) else ("layers",)
 
 

@@ -90,7 +90,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
-    from rl_models.transformer import compute_dtype
+    from rl_models.transformer import FULL_WINDOW, compute_dtype, layer_windows
     from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
@@ -125,8 +125,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     training, rollout = settings.training, settings.rollout
     from rl_core.rollout.factory import resolve_engine
 
-    # "auto" as the trainer's learner resolves it (it has a paged adapter, but for a hybrid model)
-    engine_name = resolve_engine(rollout, pageable=not config.hybrid)
+    # "auto" as the trainer's learner resolves it (it has a paged adapter for every model)
+    engine_name = resolve_engine(rollout)
     # the learner's own programs, shardings and batch layout, on abstract arrays (trainer.plan.programs)
     programs = policy_programs(settings, mesh, graphdef, abstract, frozen_abstract)
     algo, passes, layout, tx = programs.algo, programs.passes, programs.layout, programs.tx
@@ -199,7 +199,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     cbytes = jnp.dtype(config.dtype).itemsize
     seq = p_len + t_len
-    kv_layers = config.kinds().count("full_attention")  # a hybrid's linear-attention layers keep a fixed state
+    # every attention layer, windowed ones too (the engines hold their whole length); a hybrid's
+    # linear-attention layers keep a fixed state instead
+    kv_layers = config.num_layers - config.kinds().count("linear_attention")
     kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
                                     (kv_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
@@ -207,6 +209,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     kv_b = 2 * kv_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
     # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
     recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
+    windows = layer_windows(config)
     # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     held = registry.get_engine(engine_name).memory(MemoryQuery(
@@ -214,8 +217,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         variables=nnx.state(whole_model, nnx.Param), mesh=mesh, param_shardings=shardings.whole,
         prompts=training.prompts_per_step, samples=group, batch_size=batch, prompt_tokens=p_len, new_tokens=t_len,
         mean_new_tokens=mean, num_kv_heads=config.num_kv_heads,
-        kv_token_bytes=2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes, compute_bytes=cbytes,
-        dense_cache_bytes=kv_b + recurrent_b, compiled=sizes))
+        kv_token_bytes=2 * kv_layers * config.num_kv_heads * config.head_dim * cbytes, compute_bytes=cbytes,
+        dense_cache_bytes=kv_b + recurrent_b, compiled=sizes,
+        state_bytes=whole_model.recurrent_state_bytes if config.hybrid else None,
+        window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None))
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
 

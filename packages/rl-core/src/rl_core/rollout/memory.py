@@ -7,7 +7,8 @@ rollout settings and asks the engine the run uses (`rl_core.rollout.engines.Engi
   - `static_memory`: the one-program sampler, compiled on abstract arrays (its KV cache and
     temporaries, as XLA assigns them), plus the cast copy `rollout.weights_dtype` makes;
   - `paged_memory`: counted from the shapes: one page pool per replica (split over `tensor` on KV
-    heads) and a weight copy in the compute dtype laid out for decoding (`DECODE_RULES`).
+    heads), a recurrent model's state rows, and a weight copy in the compute dtype laid out for
+    decoding (`DECODE_RULES`).
 
 An engine in another process (the trainer's `remote`) holds nothing on the trainer's devices.
 """
@@ -68,6 +69,11 @@ class MemoryQuery:
     as a one-program sampler holds it."""
     compiled: Callable[..., tuple[int, int, int]]
     """`(jitted, *args)` -> per-device (argument, output, temporary) bytes of the compiled program."""
+    state_bytes: Callable[[int], int] | None = None
+    """A model with a recurrent state (Qwen3.5's linear attention): `rows` -> bytes of that many
+    sequences' state, whole on one device (None: none)."""
+    window: int | None = None
+    """The largest attention window when every layer is windowed (None: some layer sees everything)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,8 +148,12 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     pool = engine.pool_pages * engine.page_size * token_kv
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
     prompts_here = -(-q.prompts // replicas)
-    in_use = (prompts_here * pages(q.prompt_tokens) + prompts_here * q.samples * (pages(q.mean_new_tokens) + 1)
-              ) * engine.page_size * token_kv
+    own = pages(q.mean_new_tokens) + 1
+    if q.window is not None:  # every layer windowed: a sample gives back the pages behind its window
+        own = min(own, (q.window - 1) // engine.page_size + 2)
+    in_use = (prompts_here * pages(q.prompt_tokens) + prompts_here * q.samples * own) * engine.page_size * token_kv
+    # a recurrent model's state pool: one sequence's state per row, whole on each replica's device
+    states = q.state_bytes(engine.state_pool_rows) if q.state_bytes is not None else 0
 
     def decode_shard(v: Any) -> int:
         if q.mesh is None:
@@ -154,11 +164,14 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
 
     weights = sum(decode_shard(v) * q.compute_bytes
                   for v in jax.tree.leaves(q.variables, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    state_row = (("rollout engine (paged): linear-attention state rows", None, "engine_state_pool"),) if states else ()
     return EngineMemory(
-        held_bytes=pool + weights, cache_bytes=pool, weight_bytes=weights,
-        analytic={"engine_kv_pool": pool, "engine_kv_in_use": in_use, "engine_weights": weights},
+        held_bytes=pool + states + weights, cache_bytes=pool + states, weight_bytes=weights,
+        analytic={"engine_kv_pool": pool, "engine_kv_in_use": in_use, "engine_state_pool": states,
+                  "engine_weights": weights},
         rows=(("rollout engine (paged): KV page pool", None, "engine_kv_pool"),
               (f"  in use at a mean of {q.mean_new_tokens} new tokens", None, "engine_kv_in_use"),
+              *state_row,
               ("  the static sampler's KV cache would be", None, "kv_cache"),
               ("rollout engine: inference weight copy", None, "engine_weights")))
 

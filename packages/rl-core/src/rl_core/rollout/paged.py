@@ -30,6 +30,13 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   are the first pages a dry pool takes back (the prompt is then prefilled whole:
   the same tokens); `release(handles)` frees them, new weights and any exception
   free them all (rl_core.rollout.retained).
+- A model with a recurrent state (the adapter's optional `state_spec`: Qwen3.5's linear-attention
+  layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
+  one row per prompt prefix, running sample and retained sequence, taken and given back with their
+  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens.
+- A model whose every layer is windowed (the adapter's optional `kv_window`: Mistral v0.1) gives
+  back, as each sample decodes, the pages wholly behind the window of its next query (a sample
+  with a session keeps its whole sequence).
 Weights: `update_weights` makes the engine's copy once per step in one jitted
 program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
@@ -91,10 +98,17 @@ class EngineSettings:
     num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
     attention: str = "auto"
     top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
+    state_rows: int = 0  # rows of each replica's state pool (a model with a recurrent state); 0: 2 * slots + 2
 
     @property
     def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
         return -(-(self.max_prompt_tokens + self.max_new_tokens) // self.page_size)
+
+    @property
+    def state_pool_rows(self) -> int:
+        """Rows of a replica's state pool: a scratch row, one per running sample, the rest for the
+        prompts their samples copy from and for retained sequences (rl_core.rollout.scheduler)."""
+        return self.state_rows or 2 * self.slots + 2
 
     @property
     def pool_pages(self) -> int:
@@ -151,6 +165,10 @@ class PagedBackend:
         self._infer_graphdef: nnx.GraphDef | None = None
         self._stacks: tuple[str, ...] = ()  # the weights' entries kept as one array per layer
         self._cache_spec: tuple[int, int, int, Any] | None = None
+        self._state_spec: Any = None  # one sequence's recurrent state (`paging.state_spec`), None without one
+        self.kv_window: int | None = None  # every layer's window (`paging.kv_window`): pages behind it are freed
+        self.state_pools: list[PagePool] | None = None  # each replica's state rows (a model with a state)
+        self.states: Any = ()
         self._refresh: Any = None
         self._steps: dict[SamplingParams, Any] = {}
         self.replicas = mesh_lib.batch_devices(mesh) if mesh is not None else 1
@@ -188,6 +206,15 @@ class PagedBackend:
         self._infer_graphdef = graphdef
         model = nnx.merge(graphdef, abstract)  # shapes only: what the adapter reads the config from
         self._cache_spec = self.paging.cache_spec(model)
+        kv_window = getattr(self.paging, "kv_window", None)
+        self.kv_window = kv_window(model) if callable(kv_window) else None
+        state_spec = getattr(self.paging, "state_spec", None)
+        self._state_spec = state_spec(model) if callable(state_spec) else None
+        if self._state_spec is not None:
+            if self.settings.state_pool_rows < 3:
+                raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "
+                                 f"(a scratch row, a prompt's and its sample's)")
+            self.state_pools = [PagePool(self.settings.state_pool_rows) for _ in range(self.replicas)]
         loop_stacks = getattr(self.paging, "loop_stacks", None)
         self._stacks = tuple(loop_stacks(model)) if callable(loop_stacks) else ()
         out = self.decode_shardings(abstract)
@@ -262,13 +289,17 @@ class PagedBackend:
         """Free the sequences held under `handles` (those it no longer holds are skipped); None: all."""
         if handles is None:
             self.retained.forget()
-            for pool in self.pools:
-                pool.reset()  # between rollouts only retained sequences hold pages
+            for pool in self.pools + (self.state_pools or []):
+                pool.reset()  # between rollouts only retained sequences hold pages (and state rows)
             return
         for handle in np.asarray(handles, np.int64).reshape(-1).tolist():
             where = self.retained.replica_of(handle)
             if where is not None:
-                self.retained.drop(handle, self.pools[where])
+                self.retained.drop(handle, self.pools[where], self.rows_of(where))
+
+    def rows_of(self, replica: int) -> PagePool | None:
+        """`replica`'s state rows (None for a model without a recurrent state)."""
+        return None if self.state_pools is None else self.state_pools[replica]
 
     def follow_feed(self) -> bool:
         """Between device calls: take the feed's weights when they are newer than the engine's
@@ -312,7 +343,7 @@ class PagedBackend:
             kwargs: dict[str, Any] = {"donate_argnums": (1,)}
             if self.mesh is not None:
                 rows = NamedSharding(self.mesh, P(REPLICAS))
-                pool = self.pool_sharding()
+                pool = (self.pool_sharding(), jax.tree.map(lambda _: rows, jax.eval_shape(self._init_states)))
                 kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
                                             mesh_lib.replicated(self.mesh)),
                               out_shardings=(pool, rows, rows, rows, (rows, rows), rows))
@@ -333,7 +364,8 @@ class PagedBackend:
         inputs = (prefill, copy_src, copy_dst, slots)
         if self.mesh is not None:
             inputs = multihost.program_inputs(inputs, NamedSharding(self.mesh, P(REPLICAS)))
-        self.pages, tokens, logp, after, top, routing = step(self.weights, self.pages, *inputs, key)
+        (self.pages, self.states), tokens, logp, after, top, routing = step(
+            self.weights, (self.pages, self.states), *inputs, key)
         return multihost.to_host((tokens, logp, after, top, routing))
 
     def _spec(self) -> tuple[int, int, int, Any]:
@@ -345,14 +377,22 @@ class PagedBackend:
         pools = self.kv.init(layers, kv_heads, head_dim, dtype, self.settings.pool_pages)
         return tuple(jnp.broadcast_to(x, (self.replicas, *x.shape)) for x in pools)
 
+    def _init_states(self) -> Any:
+        """Each replica's state pool: per leaf of `state_spec` [R, layers, Q, ...] zeros (() without one)."""
+        if self._state_spec is None:
+            return ()
+        q = self.settings.state_pool_rows
+        return tuple(jnp.zeros((self.replicas, x.shape[0], q, *x.shape[1:]), x.dtype) for x in self._state_spec)
+
     def lower_step(self, sampling: SamplingParams, key: jax.Array) -> Any:
         """The device step lowered for these weights (`.compile().as_text()` gives its HLO)."""
         s = self.settings
         m, c, n, r = s.pages_per_sequence, s.prefill_chunk, s.slots, self.replicas
         zeros = lambda *shape: np.zeros((r, *shape), np.int32)  # noqa: E731
-        prefill = Prefill(zeros(c), zeros(c), zeros(c, m))
-        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2))
-        pages = jax.eval_shape(self._init_pages)
+        prefill = Prefill(zeros(c), zeros(c), zeros(c, m), zeros(c))
+        slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2),
+                      zeros(n), zeros(n))
+        pages = (jax.eval_shape(self._init_pages), jax.eval_shape(self._init_states))
         return self.step_program(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
 
     # -- the host loop -----------------------------------------------------------------------
@@ -362,9 +402,9 @@ class PagedBackend:
         took (donated) and left deleted dropped, so the next rollout starts a fresh one (no page's
         content outlives a rollout)."""
         self.retained.forget()
-        for pool in self.pools:
+        for pool in self.pools + (self.state_pools or []):
             pool.reset()
-        if self.pages is not None and any(x.is_deleted() for x in jax.tree.leaves(self.pages)):
+        if self.pages is not None and any(x.is_deleted() for x in jax.tree.leaves((self.pages, self.states))):
             self.pages = None
 
     def ensure_pages(self) -> None:
@@ -372,6 +412,8 @@ class PagedBackend:
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
+            rows = {} if self.mesh is None else {"out_shardings": NamedSharding(self.mesh, P(REPLICAS))}
+            self.states = jax.jit(self._init_states, **rows)() if self._state_spec is not None else ()
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         if self.weights is None:

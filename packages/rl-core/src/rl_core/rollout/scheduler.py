@@ -18,6 +18,14 @@ their pages, or keeping them as a retained sequence when their row has a
 session handle. A prompt continuing a retained sequence starts with its pages
 and prefills only past the part of it that it shares.
 
+A model with a recurrent state (Qwen3.5's linear-attention layers) also takes state rows from
+its replica's state pool (`PagedBackend.state_pools`): a prompt holds one from its prefill's
+start (the state after its prefix; each prefill chunk then holds one prompt's tokens), each
+running sample one (its prompt's, copied when it starts), each retained sequence its sample's.
+Rows are freed with the pages of whoever holds them, so preemption and eviction give them back
+the same way; a new prefix leaves a row free for the first waiting sample, and with nothing
+running, rows are taken back like pages until it starts.
+
 Why it always finishes: nothing ever takes pages from the oldest running
 sample, and once everything else is freed its prompt and its completion fit
 (checked before the first call: one completion must fit the pool), so every
@@ -54,6 +62,7 @@ class _Prompt:
     stops: tuple[str, ...] = ()  # its samples end soon after their text holds one (`stop_index`)
     reused: int = 0  # leading prefix tokens its pages hold from a retained sequence (not prefilled)
     resumed: int = 0  # a resumed sample's own prompt: its last `resumed` tokens are that sample's first ones
+    state: int = 0  # its state row, the state after its prefix (a model with a recurrent state; 0: none)
 
     @property
     def prefix(self) -> int:
@@ -74,6 +83,8 @@ class _Sample:
     started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
     done: bool = False
     session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
+    state: int = 0  # its state row while it runs (a model with a recurrent state; 0: none)
+    dropped: int = 0  # leading entries of its page row given back, wholly behind every layer's window
 
 
 def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
@@ -124,6 +135,7 @@ class _Replica:
                  decode: Callable[[list[int]], str] | None = None) -> None:
         s = engine.settings
         self.engine, self.index, self.pool, self.decode = engine, index, engine.pools[index], decode
+        self.rows = engine.rows_of(index)  # its state rows (None: the model keeps no recurrent state)
         self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
         self.chunk = s.prefill_chunk
         self.prompts = prompts
@@ -149,6 +161,7 @@ class _Replica:
             "count": np.zeros(self.slots, np.int32), "limit": np.full(self.slots, self.t, np.int32),
             "active": np.zeros(self.slots, bool), "page_rows": np.zeros((self.slots, self.m), np.int32),
             "ids": np.zeros((self.slots, 2), np.int32),
+            "state_row": np.zeros(self.slots, np.int32), "state_from": np.zeros(self.slots, np.int32),
         }
 
     def tally(self) -> EngineCounters:
@@ -168,6 +181,32 @@ class _Replica:
     def _pages_to(self, position: int) -> int:
         """Pages a sequence needs to hold positions 0..position."""
         return position // self.ps + 1
+
+    def _rows_short(self, need: int) -> bool:
+        """Whether fewer than `need` state rows are free (never without a recurrent state)."""
+        return self.rows is not None and self.rows.free < need
+
+    def _free_row(self, holder: _Prompt | _Sample) -> None:
+        if self.rows is not None and holder.state:
+            self.rows.release([holder.state])
+        holder.state = 0
+
+    def _held(self, sample: _Sample) -> list[int]:
+        """The pages `sample` still holds: its page row but the entries it dropped (`_drop_behind`)."""
+        return (self._shared(sample) + sample.own)[sample.dropped:]
+
+    def _drop_behind(self, sample: _Sample, position: int) -> None:
+        """When every layer is windowed (`engine.kv_window` W), give back the pages wholly behind
+        the window of the query at `position` (no later query reads them; the reference attention
+        reads only blocks holding a window's slots, and their page-row entries point at scratch);
+        a sample with a session keeps its whole sequence for the next turn."""
+        w = self.engine.kv_window
+        if w is None or sample.session >= 0:
+            return
+        behind = max(0, (position - w + 1) // self.ps)
+        if behind > sample.dropped:
+            self.pool.release((self._shared(sample) + sample.own)[sample.dropped:behind])
+            sample.dropped = behind
 
     def _row(self, pages: list[int]) -> np.ndarray:
         return np.pad(np.asarray(pages, np.int32), (0, self.m - len(pages)))
@@ -195,7 +234,7 @@ class _Replica:
         """Prompts holding prefix pages that no running sample reads (but `keep`), youngest first."""
         busy = {x.prompt for x in self._running()}
         held = ([self.prefilling] if self.prefilling is not None else []) + self.prefilled[::-1]
-        return [p for p in held if p.pages and p not in busy and p is not keep]
+        return [p for p in held if (p.pages or p.state) and p not in busy and p is not keep]
 
     # -- freeing pages ---------------------------------------------------------------------
 
@@ -203,9 +242,10 @@ class _Replica:
         """Free a running sample's pages and requeue it first; it restarts from its prompt (a
         resumed sample keeps the tokens its own prompt holds)."""
         slot = self.running.index(sample)
-        self.pool.release(sample.own + self._shared(sample))
+        self.pool.release(self._held(sample))
+        self._free_row(sample)
         keep = sample.prompt.resumed
-        sample.own = []
+        sample.own, sample.dropped = [], 0
         del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:], sample.routing[keep:]
         self.running[slot] = None
         self.host["active"][slot] = False
@@ -216,6 +256,7 @@ class _Replica:
         """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
         ahead of the prompts never prefilled (freeing youngest first keeps their order)."""
         self.pool.release(prompt.pages)
+        self._free_row(prompt)
         prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
         if prompt is self.prefilling:
             self.prefilling = None
@@ -232,12 +273,13 @@ class _Replica:
         retained = self.engine.retained
         handle = retained.oldest(self.index)
         if handle is not None:
-            retained.drop(handle, self.pool)
+            retained.drop(handle, self.pool, self.rows)
         else:
-            held = [p for p in self.to_prefill if p.pages and p is not keep] if waiting else []
+            held = [p for p in self.to_prefill if (p.pages or p.state) and p is not keep] if waiting else []
             if not held:
                 return False
             self.pool.release(held[-1].pages)
+            self._free_row(held[-1])
             held[-1].pages, held[-1].scheduled, held[-1].reused = [], 0, 0
         self.evictions += 1
         return True
@@ -271,7 +313,10 @@ class _Replica:
                     break
             if self.running[slot] is sample:
                 sample.own += self.pool.allocate(max(need, 0))
-                self.host["page_rows"][slot] = self._row(self._shared(sample) + sample.own)
+                self._drop_behind(sample, int(self.host["position"][slot]))
+                row = self._row(self._shared(sample) + sample.own)
+                row[: sample.dropped] = 0  # scratch: never read
+                self.host["page_rows"][slot] = row
             oldest = False
 
     def _room_to_start(self) -> None:
@@ -280,7 +325,7 @@ class _Replica:
         if not self.ready or self._running():
             return
         first = self.ready[0]
-        while self._start_need(first) > self.pool.free:
+        while self._start_need(first) > self.pool.free or self._rows_short(1):
             if self._give_back():
                 continue
             idle = self._idle_prompts(keep=first.prompt)
@@ -292,24 +337,30 @@ class _Replica:
     # -- the prefill chunk -----------------------------------------------------------------
 
     def _plan_prefill(self) -> tuple[Prefill, int]:
-        tokens, positions, rows = [], [], []
+        tokens, positions, rows, states = [], [], [], []
         while len(tokens) < self.chunk:
             if self.prefilling is None:
                 if not self.to_prefill or len(self.ready) >= self.slots:
+                    break
+                if self.rows is not None and tokens:  # a recurrent state: one prompt's tokens per chunk
                     break
                 prompt = self.to_prefill[0]
                 # a new prefix never takes what running samples or the next start need (no thrashing);
                 # it takes idle retained sequences' pages, and other waiting prompts' reused ones only
                 # when nothing else could run
                 reserve = self._still_needed() + (self._start_need(self.ready[0]) if self.ready else 0)
+                # a state row for it, and one left for the first waiting sample
+                new_rows = int(self.rows is not None and not prompt.state) + bool(self.ready)
                 stuck = not self.ready and not self._running()
-                while (self.pool.free - (-(-prompt.prefix // self.ps) - len(prompt.pages)) < reserve
-                       and self._give_back(keep=prompt, waiting=stuck)):
+                while ((self.pool.free - (-(-prompt.prefix // self.ps) - len(prompt.pages)) < reserve
+                        or self._rows_short(new_rows)) and self._give_back(keep=prompt, waiting=stuck)):
                     pass
                 n = -(-prompt.prefix // self.ps) - len(prompt.pages)  # beyond the pages it reuses
-                if self.pool.free - n < reserve:
+                if self.pool.free - n < reserve or self._rows_short(new_rows):
                     break
                 prompt.pages += self.pool.allocate(n)
+                if self.rows is not None and not prompt.state:
+                    prompt.state = self.rows.allocate(1)[0]
                 self.to_prefill.popleft()
                 self.prefilling = prompt
             prompt = self.prefilling
@@ -318,6 +369,7 @@ class _Replica:
             tokens.extend(prompt.tokens[span])
             positions.extend(span)
             rows.extend([self._row(prompt.pages)] * take)
+            states.extend([prompt.state] * take)
             prompt.scheduled += take
             self.prefill_tokens += take
             if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
@@ -331,6 +383,7 @@ class _Replica:
             np.asarray(tokens + [0] * pad, np.int32),
             np.asarray(positions + [0] * pad, np.int32),
             np.asarray(rows + [np.zeros(self.m, np.int32)] * pad, np.int32).reshape(self.chunk, self.m),
+            np.asarray(states + [0] * pad, np.int32),
         )
         return prefill, len(tokens)
 
@@ -346,13 +399,16 @@ class _Replica:
             shared = self._shared(sample)
             need = self._start_need(sample)
             # nothing runs and a fully reused prompt left no prefill for this call: room, or it has nothing to do
-            while need > self.pool.free and not self._running() and self._give_back():
+            while (need > self.pool.free or self._rows_short(1)) and not self._running() and self._give_back():
                 pass
-            if need > self.pool.free:
+            if need > self.pool.free or self._rows_short(1):
                 break
             self.ready.popleft()
             sample.own = self.pool.allocate(need)
             self.pool.retain(shared)
+            if self.rows is not None:  # its own state row, its prompt's copied in before decoding
+                sample.state = self.rows.allocate(1)[0]
+                self.host["state_row"][slot], self.host["state_from"][slot] = sample.state, prompt.state
             if prompt.prefix % self.ps:  # its own copy of the partly filled prefix page
                 src[slot], dst[slot] = prompt.pages[len(shared)], sample.own[0]
             sample.started, self.starts = self.starts, self.starts + 1
@@ -371,15 +427,19 @@ class _Replica:
         if sample.session >= 0:  # kept for a next turn: every token but the last was run
             base = sample.prompt.tokens[: len(sample.prompt.tokens) - sample.prompt.resumed]  # a resumed one's own
             tokens = np.concatenate([base, np.asarray(sample.tokens[:-1], np.int32)])
-            self.engine.retained.keep(sample.session, self.index, tokens, pages, self.pool, self.ps)
+            self.engine.retained.keep(sample.session, self.index, tokens, pages, self.pool, self.ps, self.rows,
+                                      sample.state)
+            sample.state = 0  # the retained sequence's now
         else:
-            self.pool.release(pages)
-        sample.own, sample.done = [], True
+            self.pool.release(pages[sample.dropped:])
+            self._free_row(sample)
+        sample.own, sample.done, sample.dropped = [], True, 0
         self.running[slot] = None
         prompt = sample.prompt
         prompt.unfinished -= 1
         if prompt.unfinished == 0:
             self.pool.release(prompt.pages)
+            self._free_row(prompt)
             prompt.pages = []
             self.prefilled.remove(prompt)
 
@@ -395,17 +455,19 @@ class _Replica:
         limits = {id(x): int(self.host["limit"][self.running.index(x)]) for x in running}  # stop strings lower them
         for sample in running:
             slot = self.running.index(sample)
-            self.pool.release(sample.own + self._shared(sample))
-            sample.own, self.running[slot] = [], None
+            self.pool.release(self._held(sample))
+            self._free_row(sample)
+            sample.own, sample.dropped, self.running[slot] = [], 0, None
             self.host["active"][slot] = False
         for prompt in self._idle_prompts():  # every held prefix now, youngest first
             self._unprefill(prompt, preempted=False)
         for prompt in self.to_prefill:  # waiting prompts holding a retained sequence's pages
             self.pool.release(prompt.pages)
+            self._free_row(prompt)
             prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
         retained = self.engine.retained
         while (handle := retained.oldest(self.index)) is not None:
-            retained.drop(handle, self.pool)
+            retained.drop(handle, self.pool, self.rows)
         for sample in reversed(running):
             self.to_prefill.appendleft(self._resumed(sample, limits[id(sample)]))
 
@@ -429,6 +491,7 @@ class _Replica:
         self._grow_running()
         self._room_to_start()
         prefill, prefilling = self._plan_prefill()
+        self.host["state_from"][:] = 0  # copied once, when a sample starts
         src, dst = self._start_waiting()
         self.peak_pages = max(self.peak_pages, self.pool.in_use)
         if self.remaining and not self.host["active"].any() and not prefilling:  # cannot happen (see above)
@@ -517,8 +580,9 @@ def _deal(engine: Any, prompts: list[_Prompt], r: int) -> list[list[_Prompt]]:
         if where is None:
             shares[i % r].append(prompt)
             continue
-        prompt.pages, prompt.reused = engine.retained.take(handle, where, prompt.tokens, prompt.prefix,
-                                                           engine.pools[where], engine.settings.page_size)
+        prompt.pages, prompt.reused, prompt.state = engine.retained.take(
+            handle, where, prompt.tokens, prompt.prefix, engine.pools[where], engine.settings.page_size,
+            engine.rows_of(where))
         prompt.scheduled = prompt.reused
         shares[where].append(prompt)
     return shares
@@ -548,9 +612,12 @@ def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParam
         leaked = [pool.in_use - engine.retained.pages_on(i) for i, pool in enumerate(engine.pools)]
         if any(leaked):
             raise RuntimeError(f"scheduler bug: pages still held after the rollout ({leaked} per replica)")
+        rows = [pool.in_use - engine.retained.rows_on(i) for i, pool in enumerate(engine.state_pools or [])]
+        if any(rows):
+            raise RuntimeError(f"scheduler bug: state rows still held after the rollout ({rows} per replica)")
     except BaseException:
         engine.retained.forget()
-        for pool in engine.pools:
+        for pool in engine.pools + (engine.state_pools or []):
             pool.reset()
         raise
     finally:

@@ -271,8 +271,8 @@ class EngineLoop:
         if where is None:
             where = min(range(len(replicas)), key=lambda i: replicas[i].remaining)
         else:
-            prompt.pages, prompt.reused = engine.retained.take(session, where, prompt.tokens, prompt.prefix,
-                                                               engine.pools[where], s.page_size)
+            prompt.pages, prompt.reused, prompt.state = engine.retained.take(
+                session, where, prompt.tokens, prompt.prefix, engine.pools[where], s.page_size, engine.rows_of(where))
             prompt.scheduled = prompt.reused
         return prompt, where
 

@@ -25,6 +25,7 @@ class Prefill(NamedTuple):
     tokens: jax.Array  # [C] int32
     positions: jax.Array  # [C] int32
     page_rows: jax.Array  # [C, M] int32
+    state_rows: jax.Array  # [C] int32, the state row of each token's sequence (a model with one; 0: padding)
 
 
 class Slots(NamedTuple):
@@ -37,6 +38,8 @@ class Slots(NamedTuple):
     active: jax.Array  # [S] bool
     page_rows: jax.Array  # [S, M] int32
     ids: jax.Array  # [S, 2] int32, (prompt id, sample index): the completion's key (see `completion_keys`)
+    state_row: jax.Array  # [S] int32, the slot's state row (a model with a recurrent state; else 0)
+    state_from: jax.Array  # [S] int32, the row copied into it before decoding (its prompt's; 0: none)
 
 
 def completion_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
@@ -74,6 +77,9 @@ def engine_step(
 ) -> tuple[Any, jax.Array, jax.Array, Slots, tuple[jax.Array, jax.Array], jax.Array | None]:
     """(pages, tokens [S, k], log-probs [S, k], slots after the k steps, top, routing); `model()` (an
     inference copy, made where it runs: see `rl_core.rollout.unstacked`) runs through `paging.forward`.
+    `pages` is (the KV pool, the state pool): a model with a recurrent state (`paging.state_spec`)
+    keeps one row of it per sequence, read and written by `paging.forward` (each prefill chunk is
+    one prompt's tokens); the state pool of a model without one is empty.
     `routing` [S, k, layers, E_k] int32: with a paging whose optional `forward_routed` reports a mixture
     of experts' choices, the experts of the step that sampled each token (-1 where none was sampled;
     None otherwise).
@@ -86,31 +92,44 @@ def engine_step(
     `run_prefill` (default: whether the chunk holds a token) says whether to run the chunk.
     """
 
+    stateful = bool(jax.tree.leaves(pages[1]))
+    routed = getattr(paging, "forward_routed", None)
+
+    def forward(m, tokens, positions, pages, page_rows, state_rows, sequence):
+        """(hidden, (the KV pool, the state pool), the experts each layer chose or None)."""
+        if stateful:
+            hidden, pages = paging.forward(m, tokens, positions, pages[0], page_rows, kv, states=pages[1],
+                                           state_rows=state_rows, sequence=sequence)
+            return hidden, pages, None
+        if routed is not None:
+            hidden, pool, experts = routed(m, tokens, positions, pages[0], page_rows, kv)
+            return hidden, (pool, pages[1]), experts
+        hidden, pool = paging.forward(m, tokens, positions, pages[0], page_rows, kv)
+        return hidden, (pool, pages[1]), None
+
     def prefill_chunk(pages):
-        return paging.forward(model(), prefill.tokens, prefill.positions, pages, prefill.page_rows, kv)[1]
+        return forward(model(), prefill.tokens, prefill.positions, pages, prefill.page_rows, prefill.state_rows,
+                       True)[1]
 
     # most calls have no prompt to prefill (padding is all-zero page rows): skip the chunk's forward
     if run_prefill is None:
         run_prefill = jnp.any(prefill.page_rows > 0)
     pages = jax.lax.cond(run_prefill, prefill_chunk, lambda pages: pages, pages)
-    pages = kv.copy_pages(pages, copy_src, copy_dst)
+    pages = (kv.copy_pages(pages[0], copy_src, copy_dst),
+             # each new sample's state: a copy of its prompt's (the rows of other slots copy scratch onto scratch)
+             jax.tree.map(lambda x: x.at[:, jnp.where(slots.state_from > 0, slots.state_row, 0)].set(
+                 x[:, slots.state_from]), pages[1]))
     eos = jnp.asarray(tuple(eos_ids), jnp.int32)
     s = slots.token.shape[0]
     row_keys = completion_keys(key, slots.ids)
-
-    routed = getattr(paging, "forward_routed", None)
-
-    def forward(step_model, tokens, positions, pages, rows):
-        if routed is None:
-            return (*paging.forward(step_model, tokens, positions, pages, rows, kv), None)
-        return routed(step_model, tokens, positions, pages, rows, kv)
 
     def body(i, carry):
         pages, st, out_tokens, out_logp, (top_ids, top_logp), out_routing = carry
         rows = jnp.where(st.active[:, None], st.page_rows, 0)
         position = jnp.where(st.active, st.position, 0)
         step_model = model()
-        hidden, pages, experts = forward(step_model, st.token, position, pages, rows)
+        hidden, pages, experts = forward(step_model, st.token, position, pages, rows,
+                                         jnp.where(st.active, st.state_row, 0), False)
         if out_routing is not None:
             chosen = jnp.where(st.active[:, None, None], experts, -1)
             out_routing = jax.lax.dynamic_update_index_in_dim(out_routing, chosen, i, axis=1)
@@ -133,7 +152,8 @@ def engine_step(
         return pages, st, out_tokens, out_logp, (top_ids, top_logp), out_routing
 
     top = (jnp.zeros((s, steps, top_logprobs), jnp.int32), jnp.zeros((s, steps, top_logprobs), jnp.float32))
-    experts = jax.eval_shape(lambda p: forward(model(), slots.token, slots.position, p, slots.page_rows)[2], pages)
+    experts = jax.eval_shape(lambda p: forward(model(), slots.token, slots.position, p, slots.page_rows,
+                                                slots.state_row, False)[2], pages)
     routing = None if experts is None else jnp.full((s, steps, *experts.shape[1:]), -1, jnp.int32)
     init = (pages, slots, jnp.full((s, steps), pad_id, jnp.int32), jnp.zeros((s, steps), jnp.float32), top, routing)
     pages, slots, tokens, logp, top, routing = jax.lax.fori_loop(0, steps, body, init)

@@ -1,0 +1,271 @@
+"""Qwen3.5 on the paged engine: its linear-attention layers keep a state row per sequence beside
+the paged KV of its attention layer (rl_models.paged_hybrid, rl_core.rollout.scheduler), and the
+engine generates token for token what the full forward pass predicts, with the learner's
+log-probs, through preemption, a retained two-turn session, weights that change mid-rollout and
+random small pools of pages and state rows.
+
+Prompts of 1 to 14 tokens against 8-token prefill chunks: a prompt's prefix runs in one to two
+chunks (its state carried between calls in its row), a 1-token prompt starts from a zero state.
+The engine's tests are e2e (each compiles the engine's programs: 15-25 s on CPU); the fast tier
+checks the linear-attention layer's `hold`, which they rest on.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simulated_devices import run_on_simulated_devices
+
+from rl_core.policy.logprobs import completion_logprobs
+from rl_core.policy.tokens import left_pad
+from rl_core.rollout.backend import Requests
+from rl_core.rollout.pages import PagePool
+from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.scheduler import pages_for_one
+from rl_core.rollout.static import StaticBackend
+from rl_models import PAGED_TRANSFORMER
+from rl_models.hf import load_hf_model
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+T = 12
+SMALL = dict(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
+NO_EOS = (10_000,)  # outside the vocabulary: every completion runs T tokens
+
+
+@pytest.fixture(scope="module")
+def qwen35():
+    return load_hf_model(HF / "qwen35")
+
+
+def prompts(lengths=(3, 14, 9, 1), seed=0):
+    rng = np.random.default_rng(seed)
+    return left_pad([rng.integers(3, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16)
+
+
+def paged(model, partial="off", **overrides) -> PagedBackend:
+    graphdef, state = nnx.split(model)
+    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), paging=PAGED_TRANSFORMER,
+                          eos_ids=NO_EOS, pad_id=0, partial_rollouts=partial)
+    engine.update_weights(state, 1)
+    return engine
+
+
+def full_forward_greedy(model, tokens, mask, completions):
+    """Each completion token the full forward pass over prompt + completion predicts (argmax of
+    the logits one position earlier): what greedy decoding must have generated."""
+    seq = jnp.concatenate([jnp.asarray(tokens), jnp.asarray(completions)], axis=1)
+    valid = jnp.concatenate([jnp.asarray(mask, bool), jnp.ones(completions.shape, bool)], axis=1)
+    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+    length = seq.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))[None] & valid[:, None, :]
+    hidden, _ = jax.jit(lambda m: m(seq, positions, causal))(model)
+    p = tokens.shape[1]
+    return np.asarray(jnp.argmax(model.logits(hidden[:, p - 1 : -1]), axis=-1))
+
+
+def learner_logprobs(model, tokens, mask, completions, temperature=1.0):
+    logp, _ = jax.jit(lambda m: completion_logprobs(m, jnp.asarray(tokens), jnp.asarray(mask),
+                                                    jnp.asarray(completions), temperature=temperature))(model)
+    return np.asarray(logp)
+
+
+def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwen35):
+    """`GatedDeltaNet(..., hold=True)`, as the engine runs it: a row's tokens past its valid ones
+    (a prefill chunk's padding) leave the state that its valid tokens reached, through the chunked
+    rule, and an invalid single token (an inactive slot) leaves the state it read."""
+    layer = nnx.merge(*nnx.split(qwen35.linear_layers))
+    block = nnx.merge(nnx.graphdef(layer), jax.tree.map(lambda a: a[0], nnx.state(layer))).linear_attn
+    block.shape = dataclasses.replace(block.shape, chunk_tokens=8)  # one small chunk (the rule's values do not change)
+    x = jax.random.normal(jax.random.key(0), (1, 6, 64))
+    start = block.init_state(1)
+    state = (jax.random.normal(jax.random.key(1), start[0].shape), jax.random.normal(jax.random.key(2), start[1].shape))
+    first4 = jnp.arange(6)[None] < 4
+
+    @jax.jit
+    def run(state):
+        _, want = block(x[:, :4], jnp.ones((1, 4), bool), jnp.zeros((1, 4), bool), state)  # 4 tokens continuing it
+        _, got = block(x, first4, jnp.zeros((1, 6), bool), state, hold=True)
+        _, loose = block(x, first4, jnp.zeros((1, 6), bool), state)  # without hold the padding decays it
+        _, idle = block(x[:, :1], jnp.zeros((1, 1), bool), jnp.ones((1, 1), bool), state, hold=True)
+        return want, got, loose, idle
+
+    want, got, loose, idle = run(state)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(np.asarray(loose[1]) - np.asarray(want[1])).max() > 1e-3
+    for a, b in zip(idle, state, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.e2e
+def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(qwen35):
+    tokens, mask = prompts()
+    engine = paged(qwen35)
+    out = engine.generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
+    np.testing.assert_array_equal(out.tokens, full_forward_greedy(qwen35, tokens, mask, out.tokens))
+    graphdef, state = nnx.split(qwen35)
+    static = StaticBackend(Sampler(graphdef, max_new_tokens=T, eos_ids=NO_EOS, pad_id=0))
+    static.update_weights(state, 1)
+    np.testing.assert_array_equal(out.tokens, static.generate(Requests(tokens, mask), GREEDY, jax.random.key(0)).tokens)
+    np.testing.assert_allclose(out.logp, learner_logprobs(qwen35, tokens, mask, out.tokens), atol=1e-4)
+    # every state row is back in the pool: 4 prompts and their samples took and returned them
+    assert engine.state_pools is not None and engine.state_pools[0].in_use == 0
+    assert engine.states[1].shape == (1, 3, 2 * SMALL["slots"] + 2, 4, 16, 16)  # [R, linear layers, rows, Hv, Dk, Dv]
+    assert engine.pages[0].shape[1] == 1  # the KV pool holds the one attention layer only
+
+
+@pytest.mark.e2e
+def test_sampled_logprobs_equal_the_learner_pass(qwen35):
+    """Two samples a prompt, each copying its prompt's state, at temperature 0.7."""
+    tokens, mask = prompts()
+    out = paged(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
+    assert len({tuple(r) for r in out.tokens}) == 8
+    want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens, temperature=0.7)
+    np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-4)
+
+
+@pytest.mark.e2e
+def test_preempted_sequences_restart_from_their_prompts_state(qwen35):
+    """A pool of 12 pages for two slots: samples are preempted (their rows freed) and restarted;
+    and a state pool of 3 rows (a prompt's and one sample's): one sample runs at a time."""
+    tokens, mask = prompts()
+    engine = paged(qwen35, slots=2, num_pages=12)
+    out = engine.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
+    assert engine.preemptions > 0
+    roomy = paged(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
+    np.testing.assert_array_equal(out.tokens, roomy.tokens)  # each token keyed by its completion: the same draws
+    scarce = paged(qwen35, slots=2, state_rows=3)
+    np.testing.assert_array_equal(
+        scarce.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2)).tokens, roomy.tokens)
+    want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens)
+    np.testing.assert_allclose(out.logp, want, atol=1e-4)
+
+
+@pytest.mark.e2e
+def test_a_retained_session_continues_from_its_held_state(qwen35):
+    """Turn 2 sends turn 1's prompt, its completion and an observation under the same handles: the
+    engine prefills only the observation (from the held pages and state row) and generates what
+    the full forward predicts; a prompt that departs from the held tokens is prefilled whole."""
+    tokens, mask = prompts((5, 9))
+    engine = paged(qwen35, max_prompt_tokens=32)
+    handles = engine.new_sessions(2)
+    first = engine.generate(Requests(tokens, mask, sessions=handles), GREEDY, jax.random.key(0))
+    assert engine.retained.rows_on(0) == 2
+    rng = np.random.default_rng(1)
+    turns = [np.concatenate([tokens[i][mask[i] > 0], first.tokens[i], rng.integers(3, 300, 3)]).tolist()
+             for i in range(2)]
+    tokens2, mask2 = left_pad(turns, pad_id=0, max_tokens=32)
+    before = engine.prefill_tokens
+    second = engine.generate(Requests(tokens2, mask2, sessions=handles), GREEDY, jax.random.key(0))
+    # held: each prompt and its completion but the last token; prefilled: that token and the observation's first 2
+    assert engine.prefill_tokens - before == 2 * 3
+    np.testing.assert_array_equal(second.tokens, full_forward_greedy(qwen35, tokens2, mask2, second.tokens))
+    np.testing.assert_allclose(second.logp, learner_logprobs(qwen35, tokens2, mask2, second.tokens), atol=1e-4)
+    # a third turn that rewrites the last completion's end: the state cannot rewind, so nothing is reused
+    turns[0][-4] = turns[0][-4] % 290 + 5
+    tokens3, mask3 = left_pad(turns, pad_id=0, max_tokens=32)
+    third = engine.generate(Requests(tokens3, mask3, sessions=handles), GREEDY, jax.random.key(0))
+    np.testing.assert_array_equal(third.tokens, full_forward_greedy(qwen35, tokens3, mask3, third.tokens))
+    engine.release()
+    assert engine.state_pools[0].in_use == 0 and engine.pools[0].in_use == 0
+
+
+def perturbed(model, scale=0.05, seed=1):
+    """`model`'s weights plus noise: the second weight version of a partial rollout."""
+    graphdef, state = nnx.split(model)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]
+    return nnx.merge(graphdef, jax.tree.unflatten(tree, noisy))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["continue", "recompute"])
+def test_partial_rollouts_switch_weights_mid_rollout(qwen35, mode):
+    """New weights published after call 2: the tokens before are the old weights' alone; with
+    `recompute` the tokens after are the new weights' own forward (every state and key recomputed
+    from the tokens), with `continue` they differ from it (the old weights' states continue)."""
+    tokens, mask = prompts()
+    new = perturbed(qwen35)
+    engine = paged(qwen35, partial=mode)
+    engine.update_weights(nnx.split(qwen35)[1], 0)
+    alone = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(4))
+    call, calls = type(engine).call.__get__(engine), [0]
+
+    def publishing(*args):
+        out = call(*args)
+        calls[0] += 1
+        if calls[0] == 2:
+            engine.feed.publish(1, nnx.split(new)[1])
+        return out
+
+    engine.call = publishing
+    got = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(4))
+    assert engine.switches == 1
+    old = got.token_version == 0
+    assert old.any() and (~old).any()
+    np.testing.assert_array_equal(got.tokens[old], alone.tokens[old])
+    np.testing.assert_allclose(got.logp[old], learner_logprobs(qwen35, tokens, mask, got.tokens)[old], atol=1e-4)
+    new_logp = learner_logprobs(new, tokens, mask, got.tokens)
+    if mode == "recompute":
+        np.testing.assert_allclose(got.logp[~old], new_logp[~old], atol=1e-4)
+    else:  # the rows running at the switch continue from states the old weights wrote
+        assert np.abs(got.logp[~old] - new_logp[~old]).max() > 1e-3
+    assert engine.state_pools[0].in_use == 0
+
+
+@pytest.fixture(scope="module")
+def fuzzed(qwen35):
+    """One engine (its programs compiled once) for every example: 2 slots, 8 new tokens; EOS is
+    14 of the 320 ids, so completions end at mixed lengths."""
+    graphdef, state = nnx.split(qwen35)
+    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | dict(max_new_tokens=8, slots=2))),
+                          paging=PAGED_TRANSFORMER, eos_ids=tuple(range(6, 20)), pad_id=0)
+    engine.update_weights(state, 1)
+    return engine
+
+
+@pytest.mark.e2e
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_any_page_and_state_pool_that_fits_one_completion_gives_the_roomy_completions(fuzzed, data):
+    """The scheduler under random small host pools of pages and of state rows (the device pools
+    stay roomy; the host ones limit what it hands out), prompts of 1 to 10 tokens, 1 to 3 samples
+    each and EOS-driven lengths: the completions of a roomy engine, and every page and row free."""
+    engine = fuzzed
+    s = engine.settings
+    lengths = data.draw(st.lists(st.integers(1, 10), min_size=1, max_size=4), label="prompt lengths")
+    samples = data.draw(st.integers(1, 3), label="samples per prompt")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="prompt seed"))
+    reqs = Requests(*left_pad([rng.integers(6, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16),
+                    num_samples=samples)
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths)
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    rows = data.draw(st.integers(3, s.state_pool_rows), label="state rows")
+    engine.pools, engine.state_pools = [PagePool(s.pool_pages)], [PagePool(s.state_pool_rows)]
+    want = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    engine.pools, engine.state_pools = [PagePool(pages)], [PagePool(rows)]
+    got = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
+    assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
+
+
+
+@pytest.mark.multidevice
+def test_replicas_on_a_data_mesh_keep_their_own_state_rows():
+    """2 simulated devices, one replica each (its page pool and its state rows): the one-device
+    engine's completions and log-probs."""
+    result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "qwen35_paged_mesh.py", devices=2)
+    assert result["replicas"] == 2 and result["state_pool_shape"][:3] == [2, 3, 8]  # [R, linear layers, rows]
+    assert result["tokens_equal"] and result["logp_max_diff"] < 1e-5
+    assert result["rows_in_use"] == [0, 0]
