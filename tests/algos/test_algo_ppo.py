@@ -59,7 +59,7 @@ def numpy_tree(tree):
 
 def states(learner):
     """Both models' parameters and optimizer states and the key, as NumPy."""
-    return numpy_tree({name: state._asdict() for name, state in learner.state.models.items()} | {"rng": learner.rng})
+    return numpy_tree({name: state._asdict() for name, state in learner.state.models.items()} | {"rng": learner.state.rng})
 
 
 def same(a, b) -> bool:
@@ -167,10 +167,10 @@ def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
 
 def test_held_out_metrics_leave_the_training_key_stream_alone(run):
     learner = run["learner"]
-    rng = np.array(learner.rng)
+    rng = np.array(learner.state.rng)
     metrics = learner.heldout_metrics(PROMPTS[:8])
     assert set(metrics) == {"eval/critic_explained_variance"} and np.isfinite(metrics["eval/critic_explained_variance"])
-    np.testing.assert_array_equal(np.array(learner.rng), rng)
+    np.testing.assert_array_equal(np.array(learner.state.rng), rng)
 
 
 # -- checkpoints -------------------------------------------------------------------------------

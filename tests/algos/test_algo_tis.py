@@ -142,8 +142,8 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     """The loss's stop_gradient(logp) is the behaviour policy's log-probs in value: the weights
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
-    assert not plain.passes.off_policy and not tis.passes.off_policy
-    assert not plain.passes.behaviour and not tis.passes.behaviour and resolve_correction(tis.config).on
+    assert not plain._passes.off_policy and not tis._passes.off_policy
+    assert not plain._passes.behaviour and not tis._passes.behaviour and resolve_correction(tis.config).on
     prompts = plain.data.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)

@@ -49,7 +49,7 @@ def learner():
 
 
 def example(learner, lengths, t=32):
-    b = learner.batch_size
+    b = learner.layout.batch_size
     rng = np.random.default_rng(0)
     tokens, mask = learner.encode_prompts(learner.data.next(2))
     return TrainExample(
@@ -74,7 +74,7 @@ def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
     monkeypatch.setattr(learner._logprobs, "program", spy_logprobs)
     monkeypatch.setattr(policy, "update_step", spy_update)
     ex = example(learner, [5, 3, 1, 2, 6, 4, 1, 1])  # longest 6: two chunks of 4 -> 8
-    logp, entropy = learner.compute_logprobs(learner.params, ex)
+    logp, entropy = learner._logprob_pass(learner.params, ex)
     full, _ = learner._logprobs(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)  # no mask
     learner.update_models(ex)
     assert widths == {"logprobs": [8, 32], "update": [8]}  # 32: the untrimmed pass, for comparison
