@@ -1,7 +1,6 @@
 """The base RL learner: one step, a short function over parts with one job each.
 
-  models     the trained models by name (rl_core.train.trainable.TrainableModel: frozen base,
-             shardings, optimizer, one pure jitted update): "policy" always, PPO adds "critic"
+  models     the trained models by name (rl_core.train.trainable): "policy", PPO's "critic"
   generator  the policy's sampler and rollout backend (rl_core.rollout.generation)
   collector  where a batch is collected: now, or k steps ahead on a thread (rl_core.rollout.async_rollout)
   recorder   metrics, samples, checkpoints (rl_core.run.recorder)
@@ -13,23 +12,14 @@ trains) through the algorithm's `collection()`; `examples_from` turns it into tr
 under the current weights; `run_updates` (rl_core.learner.updates) trains each model on it;
 the collector hands back the queue in flight and the supply past it; the records are written.
 Everything a step changes is one value, `state` (rl_core.learner.state.LearnerState), which only
-the learner replaces, from what its parts return; no part takes the learner.
-
-An algorithm fills the hooks: `collect(prompts, supply)` (rollout and scoring; returns the batch
-and the supply past it), `examples_from(batch)`, the policy's `loss_function()`, `num_iterations`
-and `group_size`; for async rollouts the JSON form of a collected batch (`batch_to_json`,
-`batch_from_json`). rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline
-every algorithm package runs.
-
-Adapters. A policy holding `nnx.LoRAParam`s (rl_core.policy.frozen) trains only them: `params`,
-the optimizer state and checkpoints hold the adapters; the base is `frozen`, placed once.
+the learner replaces, from what its parts return; no part takes the learner. The algorithm's
+hooks are in rl_core.learner.hooks; rl_core.learner.pipeline.PolicyGradientLearner fills them.
+With adapters (rl_core.policy.frozen) `params` are the adapters and the base is `frozen`.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,16 +32,15 @@ from jax.sharding import Mesh
 
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
-from rl_core.episodes.rollout import collect_rollout
-from rl_core.episodes.runner import Rollout
 from rl_core.learner.draw import split_key
+from rl_core.learner.hooks import AlgorithmHooks
 from rl_core.learner.meter import Meter
 from rl_core.learner.reward_audit import RewardAudit
 from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays, state_meta
 from rl_core.learner.updates import run_updates, update_metrics
 from rl_core.policy.protocols import PagedModel
 from rl_core.policy.tokens import Tokenizer
-from rl_core.rollout.async_rollout import Collection, Collector, settled
+from rl_core.rollout.async_rollout import Collector, settled
 from rl_core.rollout.generation import PolicyGenerator
 from rl_core.rollout.sampler import Completions, SamplingParams
 from rl_core.run.faults import fault_point
@@ -60,7 +49,6 @@ from rl_core.run.recorder import RunRecorder
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.runtime.mesh import data_mesh
-from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.train.layout import BatchLayout
 from rl_core.train.optim import make_optimizer
 from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
@@ -72,12 +60,7 @@ __all__ = ["LossOutput", "NonFiniteUpdateError", "RLLearner", "StepBatch", "data
 ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
 
 
-def _policy_attribute(name: str, doc: str | None = None) -> property:
-    """The policy part's attribute `name`, read through the learner."""
-    return property(lambda self: getattr(self.models[POLICY], name), doc=doc)
-
-
-class RLLearner(abc.ABC, Generic[ConfigT]):
+class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     """Base learner; subclasses fill `collect`, `examples_from`, `loss_function`,
     `num_iterations` and `group_size` (and, for async rollouts, `batch_to_json` / `batch_from_json`)."""
 
@@ -105,9 +88,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         reward_audit: RewardAudit | None = None,
     ) -> None:
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
-        self.reward_manager = reward_manager
-        self.meter = meter  # told the rows each phase processes (rl_core.learner.meter), for a benchmark
-        self.reward_audit = reward_audit  # told each step's rewards (rl_core.learner.reward_audit)
+        # told each step's rows, for a benchmark (rl_core.learner.meter), and rewards (rl_core.learner.reward_audit)
+        self.reward_manager, self.meter, self.reward_audit = reward_manager, meter, reward_audit
         self._eval_fn, self._eval_every = eval_fn, eval_every_steps  # 0: never on a schedule
         self.mesh = mesh or mesh_lib.training_mesh(training)
         writes = multihost.is_primary()  # in a multi-process run, process 0 alone writes files and shows progress
@@ -119,26 +101,18 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(self.mesh)))
         self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
-        self.data = PromptStream(train_data, seed=training.seed)
-        self._stop_requested = False
-        if training.async_rollout != "off" and type(self).batch_to_json is RLLearner.batch_to_json:
-            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {type(self).__name__} has no "
-                             "JSON form of a collected batch (batch_to_json / batch_from_json), which the "
-                             "checkpoint of the batches in flight holds")
-        if rollout.partial_rollouts != "off" and training.async_rollout == "off":
-            raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
-                             "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
+        self.data, self._stop_requested = PromptStream(train_data, seed=training.seed), False
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self._generator = PolicyGenerator(rollout, tokenizer, self.models[POLICY], batch_size=self.layout.batch_size,
                                           module=policy, mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
-        self._collector = Collector.for_training(training, self._generator)
-        self._logprob_pass = PolicyLogprobs(self.models[POLICY], rollout)
+        self._collector = Collector.for_training(training, rollout, self._generator, learner=type(self).__name__,
+                                                 saves_batches=type(self).batch_to_json is not RLLearner.batch_to_json)
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else {
             "algorithm": config.to_dict(), "training": training.to_dict(), "rollout": rollout.to_dict()}
-        self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=writes,
-                                    progress=progress and writes)
         self._progress = progress and writes
+        self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=writes,
+                                    progress=self._progress)
 
     def add_model(self, name: str, module: nnx.Module, *, learning_rate: float,
                   loss: Callable[[], LossFn]) -> TrainableModel:
@@ -150,63 +124,6 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                                                   loss=loss, layout=self.layout)
         self._state = self._state.with_model(name, part.init_state(module))
         return part
-
-    # -- hooks an algorithm fills -------------------------------------------------------
-
-    @abc.abstractmethod
-    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
-        """The rollout half of a step: sample (through `generate`) and score; returns the batch and
-        `supply` as the collection leaves it (more prompts drawn, the carry, the key past its
-        samples'). With async rollouts it runs beside the update, on the rollout thread: it must
-        not read the trained parameters nor write what `examples_from` reads."""
-
-    @abc.abstractmethod
-    def examples_from(self, batch: Any) -> StepBatch:
-        """The training half: what `collect` returned, as train examples under the current weights."""
-
-    def collection(self) -> Collection:
-        """How the collector runs `collect` (a variant may cut it in two, scoring apart:
-        rl_core.rollout.async_rollout.Collection)."""
-        return Collection(self.collect)
-
-    @abc.abstractmethod
-    def loss_function(self) -> LossFn:
-        """The policy's loss of one micro-batch, `fn(model, example) -> LossOutput`, pure (the
-        jitted update closes over it); called once, where the policy's first update needs it."""
-
-    @property
-    @abc.abstractmethod
-    def num_iterations(self) -> int:
-        """How many times each batch is trained on."""
-
-    @property
-    @abc.abstractmethod
-    def group_size(self) -> int:
-        """Completions per prompt (G)."""
-
-    def models_to_update(self) -> Sequence[str]:
-        """The models this step's update trains, in order (PPO's critic warm-up: the critic alone)."""
-        return list(self.models)
-
-    def carry_to_json(self, carry: Any) -> dict[str, Any]:
-        """The algorithm's carry (LearnerState.carry) as the JSON a checkpoint holds (its `extra`)."""
-        return {}
-
-    def carry_from_json(self, data: Mapping[str, Any]) -> Any:
-        """The carry `carry_to_json` wrote (None by default)."""
-        return None
-
-    def batch_to_json(self, batch: Any) -> Any:
-        """A collected batch as JSON (the checkpoint of the batches in flight); needed for async rollouts."""
-        raise NotImplementedError
-
-    def batch_from_json(self, data: Any) -> Any:
-        raise NotImplementedError
-
-    def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
-        """Algorithm-specific metrics on held-out prompts, added to each evaluation (PPO: the
-        critic's explained variance). Must not draw from the training key stream."""
-        return {}
 
     # -- the state: one value, read here, replaced only by the learner ----------------------
 
@@ -233,8 +150,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
 
     # -- the policy, as the sampler and evaluation see it -------------------------------------
 
-    graphdef, frozen = (_policy_attribute(name) for name in ("graphdef", "frozen"))
-    policy_shardings = _policy_attribute("shardings", "the whole policy's shardings (trained and frozen)")
+    graphdef = property(lambda self: self.models[POLICY].graphdef)
+    frozen = property(lambda self: self.models[POLICY].frozen, doc="the frozen base (with adapters), else None")
+    policy_shardings = property(lambda self: self.models[POLICY].shardings, doc="the whole policy's shardings")
     sampler = property(lambda self: self._generator.sampler)  # the one-program sampler (evaluation uses it)
     rollout_backend = property(lambda self: self._generator.backend)
 
@@ -256,10 +174,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
                  *, num_samples: int = 1, key: jax.Array | None = None, keys: Callable[[], jax.Array] | None = None,
                  max_new_tokens: np.ndarray | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
                  sessions: np.ndarray | None = None) -> Completions:
-        """`num_samples` completions per prompt row (row i * num_samples + j is sample j of prompt
-        i) with the current (or pinned) weights, with `key`, else the next of `keys` (a collection's
-        `KeyStream`), else of the state's training stream. `max_new_tokens` / `stop_strings` (per
-        row, a backend with `row_limits`), `sessions` (sequences kept between calls)."""
+        """`num_samples` completions per prompt row (row i * num_samples + j: sample j of prompt i), with
+        `key`, else the next of `keys` (a collection's `KeyStream`), else of the state's stream.
+        Per row: `max_new_tokens` / `stop_strings` (`row_limits`), `sessions` (kept between calls)."""
         if key is None and keys is None:
             rng, key = split_key(self._state.rng)
             self._state = self._state._replace(rng=rng)
@@ -270,33 +187,6 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         if self.meter is not None:
             self.meter.generated(prompt_mask, out.lengths, num_samples)
         return out
-
-    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None,
-                         keys: Callable[[], jax.Array] | None = None) -> Rollout:
-        """`num_samples` completions (or with `rollout.environment` episodes) of each prompt, prompt-major."""
-        backend = self._generator.backend
-        generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
-        return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
-                               row_limits=backend.capabilities.row_limits,
-                               sessions=backend if backend.capabilities.retains else None)
-
-    def _sampling_version(self) -> int:
-        """The step count of the weights `generate` samples with: the pinned ones' (a collection ahead), else the step's."""
-        pinned = self._generator.pinned
-        return self.step if pinned is None else pinned
-
-    def _logprobs(self, params: Any, example: TrainExample, name: str = POLICY) -> jax.Array:
-        """[B, T] log-probs of the example's completions under the policy's `params`."""
-        if self.meter is not None:
-            self.meter.scored(name, example)
-        return self._logprob_pass(params, example)[0]
-
-    def _behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
-                            recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
-        """[B, T] float32 log-probs of completions under the current parameters, on the host
-        (`PolicyLogprobs.behaviour`); call at collection time, before any update on these rows."""
-        return self._logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
-                                            recorded=recorded, completion_mask=completion_mask)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -364,8 +254,7 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return metrics
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
-        """The examples of `prompts`, collected and made in line from the current supply (of which
-        only the key its samples drew is kept): a step's batch without its update."""
+        """A step's batch of `prompts` without its update (of the supply, only the key drawn is kept)."""
         batch, supply = self.collection().whole(prompts, self.supply())
         self._state = self._state._replace(rng=supply.rng)
         return self.examples_from(batch)
@@ -376,9 +265,9 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         return self._update(example)[0]
 
     def _update(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
-        models, results, apart = run_updates(self.models, self._state.models, example, names=list(self.models_to_update()),
-                                             iterations=self.num_iterations, layout=self.layout,
-                                             chunk_tokens=self.rollout.logprob_chunk_tokens, meter=self.meter)
+        models, results, apart = run_updates(
+            self.models, self._state.models, example, names=list(self.models_to_update()), meter=self.meter,
+            iterations=self.num_iterations, layout=self.layout, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._state = self._state._replace(models=models)
         return results, apart
 
@@ -395,11 +284,8 @@ class RLLearner(abc.ABC, Generic[ConfigT]):
         self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
-        """Restore the newest checkpoint in the run folder that restores; True when one did.
-
-        A damaged newer checkpoint is moved aside with one line in `log`; records the killed
-        run wrote past the restored step are dropped (see rl_core.run.recorder).
-        """
+        """Restore the newest checkpoint in the run folder that restores; True when one did. A damaged
+        newer one is moved aside with a line in `log`; records written past it are dropped."""
         restored = self.recorder.restore(like=state_arrays(self._state), log=log)
         if restored is not None:
             self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,

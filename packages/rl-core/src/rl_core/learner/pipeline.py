@@ -1,49 +1,34 @@
 """PolicyGradientLearner: rl-core's concrete learner, the pipeline every variant runs, as small
 overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
-produce_examples(prompts)
-  = collect(prompts, supply)         the rollout half (async rollouts run it beside the update)
-    = sample_groups(prompts, supply) the step's groups and the supply past them (DAPO's
-                                     dynamic sampling overrides this: more prompts, a carry)
-      = collect_groups(prompts)      rollout + score
-  -> examples_from(groups)           the training half, under the current weights
-    = example_from_groups(groups)    what the update needs (PPO overrides this):
-       compute_advantages(groups)    the configured estimator
-       -> to_example(groups, adv)    arrays for the update, with the masks
-       -> add_logprobs(example)      behaviour log-probs (when the update can be off-policy),
-                                     reference log-probs (beta != 0), the distillation
-                                     teacher's (distill_coef != 0)
+collect(prompts, supply)             the rollout half (rl_core.learner.base runs it now, or k steps
+                                     ahead; `collection()` cuts it in two, scoring apart)
+  = sample_groups(prompts, supply)   the step's groups and the supply past them (DAPO's dynamic
+                                     sampling overrides this: more prompts, a carry)
+    = collect_groups(prompts)        rollout_groups (rl_core.learner.collection.groups_of_rollout)
+                                     -> score (score_groups)
+examples_from(groups)                the training half, under the current weights
+  = example_from_groups(groups)      what the update needs (PPO overrides this):
+     compute_advantages(groups)      the configured estimator
+     -> to_example(groups, adv)      arrays for the update, with the masks
+     -> add_logprobs(example)        behaviour (when the update can be off-policy), reference
+                                     (beta != 0) and teacher (distill_coef != 0) log-probs
+  + group_metrics, samples           the records (rl_core.learner.records)
 
-The update then differentiates `loss_function()`: rl_core.train.objective.policy_objective
-with this run's settings bound (see rl_core.learner.base for the path from the learner).
-GRPO (package algo-grpo) is this pipeline with PolicyGradientConfig's defaults; a variant overrides
-the config's defaults and the one step it changes. G = 1 is allowed where the config's
-estimator category takes a critic's values (PPO).
-
-Behaviour log-probs follow rl_core.learner.base's contract: recorded by the
-learner's own forward pass at collection time whenever the update can be
-off-policy (several iterations or mini-batches, or rows carried from an
-earlier step, which keep the log-probs recorded when they were collected);
-skipped only on a provably on-policy step, where stop_gradient(logp) is equal.
-Which passes a step runs (behaviour, proximal, reference) is decided in one place,
-`passes` (rl_core.train.behaviour.LogprobPasses), from the config and the batch layout.
-
-The algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's
-overlong shaping) are added to the reward manager here, so a learner built
-directly from the library applies them too.
-
-Async rollouts (training.async_rollout = "one_step") sample with weights one step
-(up to training.max_staleness = k steps) older than the update's. The update then follows decoupled PPO (AReaL): every row's
-`old_logp` is the proximal policy's, the current weights' at training time (none is
-recorded at collection, when the update may be changing the weights), the clipped
-ratio is taken against it, and the rollout correction (rl_core.correction_config:
-the config's, or by default the truncated importance weight min(pi_prox / pi_sampler, 2))
+The update differentiates `loss_function()`, the classmethod `loss_of` of the settings (which
+`trainer plan` compiles too; SAPO overrides it). Which log-prob passes a step runs is decided
+once, `LogprobPasses` (rl_core.train.behaviour), from the config and the batch layout. The
+algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's overlong shaping) join
+the reward manager here. With async rollouts (weights up to training.max_staleness steps older
+than the update's) every row's `old_logp` is the proximal policy's, the current weights' at
+training time (decoupled PPO, AReaL), and the rollout correction (rl_core.correction_config)
 corrects for the stale sampler.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,8 +40,11 @@ from rl_core import registry
 from rl_core.config import RolloutConfig
 from rl_core.correction_config import resolve_correction
 from rl_core.data import Prompt, Supply
+from rl_core.episodes.rollout import collect_rollout
+from rl_core.episodes.runner import Rollout
 from rl_core.learner import records
 from rl_core.learner.base import RLLearner, StepBatch
+from rl_core.learner.state import POLICY
 from rl_core.learner.collection import groups_of_rollout, score_groups
 from rl_core.learner.draw import Draw, KeyStream, collection_tally
 from rl_core.learner.groups import Groups
@@ -108,9 +96,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                 "sample (temperature > 0) or set algorithm.rollout_correction.mode=off (and tis_cap unset)"
             )
         self._advantages = self.advantage_program()
+        self._logprob_pass = PolicyLogprobs(self.models[POLICY], self.rollout)  # (logp, entropy) [B, T]
         # The reference policy is the initial one, kept only when the KL term is on: the caller's
         # module itself, or with adapters the base with adapters off (no copy either way).
-        policy = self.models["policy"]
+        policy = self.models[POLICY]
         self._ref_params = policy.initial_params(kwargs["policy"], self.params) if self._passes.reference else None
         # the distillation teacher: frozen, its log-prob pass the reference's over its own weights
         self._teacher = teacher_model(teacher, kwargs["policy"], distill_coef=config.distill_coef, layout=self.layout)
@@ -223,6 +212,35 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         old = self._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                        recorded=groups.old_logp, completion_mask=groups.completion_mask)
         return dataclasses.replace(groups, old_logp=old)
+
+    # -- the policy's passes, as the collection and the training half run them --------------------
+
+    def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None,
+                         keys: Callable[[], jax.Array] | None = None) -> Rollout:
+        """`num_samples` completions (or with `rollout.environment` episodes) of each prompt, prompt-major."""
+        backend = self.rollout_backend
+        generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
+        return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
+                               row_limits=backend.capabilities.row_limits,
+                               sessions=backend if backend.capabilities.retains else None)
+
+    def _sampling_version(self) -> int:
+        """The step count of the weights `generate` samples with: the pinned ones' (a collection ahead), else the step's."""
+        pinned = self._generator.pinned
+        return self.step if pinned is None else pinned
+
+    def _logprobs(self, params: Any, example: TrainExample, name: str = POLICY) -> jax.Array:
+        """[B, T] log-probs of the example's completions under the policy's `params`."""
+        if self.meter is not None:
+            self.meter.scored(name, example)
+        return self._logprob_pass(params, example)[0]
+
+    def _behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
+                            recorded: np.ndarray | None = None, completion_mask: Any = None) -> np.ndarray:
+        """[B, T] float32 log-probs of completions under the current parameters, on the host
+        (`PolicyLogprobs.behaviour`); call at collection time, before any update on these rows."""
+        return self._logprob_pass.behaviour(self.params, prompt_tokens, prompt_mask, completion_tokens,
+                                            recorded=recorded, completion_mask=completion_mask)
 
     # -- the training half: examples under the current weights ------------------------------------
 

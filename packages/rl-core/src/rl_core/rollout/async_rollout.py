@@ -15,8 +15,8 @@ version of the weights that sampled it (`InFlight`; every row of a batch also re
   4. waits for batch n+k's generation and appends it to the queue: sampled by W(n-1), trained
      at step n+k by W(n+k-1), k steps stale. Every checkpoint saves the queue with its versions.
 
-Where the collection can be cut (`CollectHalves.scores_apart`: GRPO and every variant that
-keeps the pipeline's collection), step 4 does not wait for the scoring: the rollout thread hands
+Where the collection is cut (a `Collection` with `score`: GRPO and every variant that keeps
+the pipeline's collection), step 4 does not wait for the scoring: the rollout thread hands
 it to a pool of k scoring threads and is free, and the batch stays in the queue as a `Future`
 until step n+k needs it (step 2) or a checkpoint saves it (the learner waits for every scoring
 first, so a checkpoint holds scored batches). So up to k batches are scored at once while later
@@ -44,10 +44,11 @@ processes must issue their collective programs in one order, which two threads p
 process cannot promise, so there the collection (scoring included) runs on the calling
 thread after the update is dispatched (same results, less overlap).
 
-`batch_ahead` and `update_beside` are functions of what they are given (the collect, score and
-examples functions, the queue in flight, the `Supply` of prompts, carry and key, the
-weights to pin, the rollout thread) and return new values: the queue in flight and the
-supply past it. The learner keeps them in its state; nothing here writes the learner.
+A synchronous run uses the same `Collector` with `ahead` = 0: it collects the step's batch in
+line (or trains first on batches an async run's checkpoint left in flight). `Collector.take` and
+`Collector.finish` are given values (the `Collection`'s functions, the queue in flight, the
+`Supply` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
+and the supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ import jax
 
 from rl_core.data import Prompt, Supply
 from rl_core.run.faults import fault_point
-from rl_core.types import StepBatch, TrainExample
 
 
 class Collection(NamedTuple):
@@ -177,9 +177,17 @@ class Collector:
         self.ahead, self.prompts_per_step, self.generator, self.thread = ahead, prompts_per_step, generator, thread
 
     @classmethod
-    def for_training(cls, training: Any, generator: Pinning) -> Collector:
+    def for_training(cls, training: Any, rollout: Any, generator: Pinning, *, learner: str, saves_batches: bool
+                     ) -> Collector:
         """The collector of `training.async_rollout` and `max_staleness` (the rollout thread in line
-        in a multi-process run)."""
+        in a multi-process run), for a learner that `saves_batches` in checkpoints (or not)."""
+        if training.async_rollout != "off" and not saves_batches:
+            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {learner} has no JSON form of "
+                             "a collected batch (batch_to_json / batch_from_json), which the checkpoint of the "
+                             "batches in flight holds")
+        if rollout.partial_rollouts != "off" and training.async_rollout == "off":
+            raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
+                             "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
         if training.async_rollout == "off":
             return cls(ahead=0, prompts_per_step=training.prompts_per_step, generator=generator)
         thread = RolloutThread(threaded=jax.process_count() == 1, scorers=training.max_staleness)
