@@ -180,7 +180,7 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
     resumed = make(script=[[U, I]], first_id=4)
     # the parameters after step 1's update, and the carry as a checkpoint holds it
     resumed.replace_state(params=learner.params, carry=resumed.carry_from_json({"carry": carry}))
-    example = resumed.produce_examples(resumed.data.next(2)).example
+    example = resumed.produce_examples(resumed.supply().stream.next(2)).example
     assert group_ids(resumed.batches[-1]) == [3, 5]
     np.testing.assert_array_equal(np.asarray(example.old_logp)[:G], recorded)  # kept, not recomputed
     new, _ = resumed._logprob_pass(resumed.params, example)
@@ -201,7 +201,7 @@ def test_carry_over_survives_a_json_checkpoint():
 
     resumed = make(script=[[U, I]], first_id=100)
     resumed.replace_state(carry=resumed.carry_from_json(state))
-    batch = resumed.produce_examples(resumed.data.next(2))
+    batch = resumed.produce_examples(resumed.supply().stream.next(2))
     # group 3 from the first learner, then group 101 (100 was uniform)
     assert group_ids(batch) == [3, 101]
     assert batch.metrics["dapo/groups_carried_in"] == 1.0 and batch.metrics["dapo/gen_rounds"] == 1.0
@@ -279,7 +279,7 @@ def test_raise_at_the_cap():
 
 def test_without_dynamic_sampling_uniform_groups_stay():
     learner = make(script=[[U, I]], dynamic_sampling=False)
-    batch = learner.produce_examples(learner.data.next(2))
+    batch = learner.produce_examples(learner.supply().stream.next(2))
     assert group_ids(batch) == [0, 1] and len(learner.rounds) == 1
     np.testing.assert_array_equal(np.asarray(batch.example.advantages)[:2], [0.0, 0.0])
     assert batch.metrics["groups/uniform_frac"] == 0.5

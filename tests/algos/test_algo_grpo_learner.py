@@ -69,7 +69,7 @@ def test_beta_zero_never_runs_the_reference_and_one_pass_no_old_policy():
     metrics = [learner.train_step() for _ in range(2)]
     assert learner.reference_calls == 0
     assert all("train/kl" not in m for m in metrics)
-    example = learner.produce_examples(learner.data.next(2)).example
+    example = learner.produce_examples(learner.supply().stream.next(2)).example
     assert example.old_logp is None and example.ref_logp is None
     assert learner.reference_calls == 0
 
@@ -81,7 +81,7 @@ def test_beta_positive_runs_the_reference_once_per_step_and_two_passes_compute_o
     # once per step, not once per pass
     assert learner.reference_calls == 1
     assert m["train/updates"] == 2.0 and np.isfinite(m["train/kl"])
-    example = learner.produce_examples(learner.data.next(2)).example
+    example = learner.produce_examples(learner.supply().stream.next(2)).example
     assert learner.reference_calls == 2
     assert example.old_logp is not None and example.old_logp.shape == example.completion_tokens.shape
     # the old policy is the current one (nothing trained since): its own log-probs
@@ -234,7 +234,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
             rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
             reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
         )
-        example = learner.produce_examples(learner.data.next(2)).example
+        example = learner.produce_examples(learner.supply().stream.next(2)).example
         shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
         assert (shared is not None) == share
         before = jax.tree.map(np.array, learner.params)

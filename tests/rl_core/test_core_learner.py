@@ -258,7 +258,7 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
 
     def steps(data, seed, n):
         """n steps on `data`; returns the longest prompt of each step (+1 for BOS)."""
-        learner.data = PromptStream(data, seed=seed)  # a new prompt stream, from its start
+        learner._data = PromptStream(data, seed=seed)  # a new prompt stream, from its start
         learner.replace_state(data_position=0)
         replay = PromptStream(data, seed=seed)
         lengths = [max(len(p.text) for p in replay.next(2)) + 1 for _ in range(n)]

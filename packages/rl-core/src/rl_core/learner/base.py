@@ -101,7 +101,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(self.mesh)))
         self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
-        self.data, self._stop_requested = PromptStream(train_data, seed=training.seed), False
+        self._data, self._stop_requested = PromptStream(train_data, seed=training.seed), False
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         self._generator = PolicyGenerator(rollout, tokenizer, self.models[POLICY], batch_size=self.layout.batch_size,
                                           module=policy, mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
@@ -146,7 +146,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     def supply(self) -> Supply:
         """What the next collection draws on: the prompt stream at the state's position, the carry and the key."""
-        return Supply(self.data, self._state.data_position, self._state.carry, self._state.rng)
+        return Supply(self._data, self._state.data_position, self._state.carry, self._state.rng)
 
     # -- the policy, as the sampler and evaluation see it -------------------------------------
 
