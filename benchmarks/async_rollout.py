@@ -33,6 +33,7 @@ import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.rollout.async_rollout import Collection
 from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
 from rl_core.runtime.host_memory import keep_freed_memory
 from rl_models import CharTokenizer, Transformer, TransformerConfig
@@ -53,8 +54,8 @@ class WholeCollection(GRPOLearner):
     """GRPO with its collection never cut: scored on the rollout thread and waited for within
     the step that started it, at any k (how every collection ran before the cut)."""
 
-    def scores_apart(self) -> bool:
-        return False
+    def collection(self) -> Collection:
+        return Collection(self.collect)
 
 
 def run(mode: int | str, args: argparse.Namespace) -> dict[str, float]:

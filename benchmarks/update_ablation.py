@@ -99,7 +99,7 @@ def main() -> None:
     example = default.produce_examples(prompts).example  # the third step's batch (nothing patched)
     width = trimmed_width(example.completion_mask, default.rollout.logprob_chunk_tokens)
     batch = default.layout.mini_batches(trim_example(example, width))[0]
-    part = default.policy_part
+    part = default.models["policy"]
     state = default.model_state("policy")
     programs = {"default": (part.update_step.lower(state, part.frozen, batch).compile(), state)}
     for name in args.parts or [*PARTS, *OPTIMIZER_PARTS]:
@@ -108,7 +108,7 @@ def main() -> None:
         else:
             with PARTS[name]():
                 made = learner()
-        other = made.policy_part
+        other = made.models["policy"]
         state = jax.tree.map(jnp.copy, made.model_state("policy"))
         programs[name] = (other.update_step.lower(state, part.frozen, batch).compile(), state)
 

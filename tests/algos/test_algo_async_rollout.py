@@ -53,15 +53,15 @@ def lagged(cls, k=1):
             super().__init__(*args, **kwargs)
             self.weights = [copy_tree(self.params)]  # weights[k]: after k steps
             # as in async mode: old log-probs of the current weights, for every row
-            self.passes = dataclasses.replace(self.passes, proximal=True)
+            self._passes = dataclasses.replace(self._passes, proximal=True)
 
         def train_step(self):
             version = max(self.step - k, 0)  # step n = self.step + 1 samples with W(n-1-k)
-            self.generator.pin(version, self.weights[version])
+            self._generator.pin(version, self.weights[version])
             try:
                 metrics = super().train_step()
             finally:
-                self.generator.unpin()
+                self._generator.unpin()
             self.weights.append(copy_tree(self.params))
             return metrics
 
@@ -128,7 +128,7 @@ def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls,
         assert m["rollout/version_max"] <= m["async/sampled_version"]
         assert cls is DAPOLearner or m["rollout/version_min"] == m["async/sampled_version"]
     # the batches in flight were sampled by the weights of steps STEPS-k .. STEPS-1, oldest first
-    assert [f.version for f in run.in_flight] == list(range(STEPS - k, STEPS))
+    assert [f.version for f in run.state.in_flight] == list(range(STEPS - k, STEPS))
 
 
 def test_each_row_keeps_its_version_through_select_concat_and_a_checkpoint():
@@ -170,8 +170,8 @@ def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_pat
         as_written_before_k(tmp_path / "run", 4)
     resumed = make(cls, config, output_dir=tmp_path / "run", max_staleness=k)
     assert resumed.resume(log=lambda _: None) and resumed.step == 4
-    assert [f.version for f in resumed.in_flight] == list(range(4 - k, 4))
-    assert resumed.carry is not None or k > 1  # DAPO, k = 1: the group carried out of batch 5
+    assert [f.version for f in resumed.state.in_flight] == list(range(4 - k, 4))
+    assert resumed.state.carry is not None or k > 1  # DAPO, k = 1: the group carried out of batch 5
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
@@ -183,10 +183,10 @@ def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_fl
     run.train()
     run.close()
     sync = make(GRPOLearner, GRPO, async_rollout="off", output_dir=tmp_path / "run", num_steps=2 + k)
-    assert sync.resume(log=lambda _: None) and len(sync.in_flight) == k
-    position = sync.data_position
+    assert sync.resume(log=lambda _: None) and len(sync.state.in_flight) == k
+    position = sync.state.data_position
     lags = [sync.train_step()["rollout/staleness_version_lag"] for _ in range(k)]
-    assert sync.in_flight == () and sync.data_position == position  # no prompt drawn, none lost
+    assert sync.state.in_flight == () and sync.state.data_position == position  # no prompt drawn, none lost
     assert lags == [k] * k  # batches 3 and 4 sampled by W(0), W(1): the weights of k steps before
 
 
@@ -196,11 +196,11 @@ def test_more_batches_in_flight_than_k_are_trained_off_before_collecting_again(t
     run.close()
     fewer = make(GRPOLearner, GRPO, output_dir=tmp_path / "run", num_steps=4, max_staleness=1)
     assert fewer.resume(log=lambda _: None)
-    position = fewer.data_position
+    position = fewer.state.data_position
     first = fewer.train_step()  # batch 3 trained, batch 4 left: nothing collected
-    assert len(fewer.in_flight) == 1 and fewer.data_position == position and first["async/queue"] == 1
+    assert len(fewer.state.in_flight) == 1 and fewer.state.data_position == position and first["async/queue"] == 1
     fewer.train_step()  # batch 4 trained, batch 5 collected with W(3)
-    assert [f.version for f in fewer.in_flight] == [3] and fewer.data_position > position
+    assert [f.version for f in fewer.state.in_flight] == [3] and fewer.state.data_position > position
 
 
 def test_scoring_of_the_next_batch_runs_during_the_update():
@@ -218,10 +218,10 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
 
         # the update held for 1 s: the rollout thread's sampling of batch 3 (milliseconds when the
         # machine is quiet) must not outlast the update on a busy one, or the overlap is not tested
-        def run_updates(self, example):
+        def _update(self, example):
             if not self.tracing:
-                return super().run_updates(example)
-            return traced("update", super().run_updates, example, pause=1.0)
+                return super()._update(example)
+            return traced("update", super()._update, example, pause=1.0)
 
         def score(self, groups, draw=None):
             if self.tracing:
@@ -283,7 +283,7 @@ def test_at_k_2_two_scorings_run_at_once_and_the_numbers_stay_those_of_the_delay
         assert got["rollout/version_min"] == got["rollout/version_max"] == max(step - 1 - k, 0)
     assert held.peak == 2 and not held.timed_out
     assert tree_max_abs_diff(run.params, ref.params) == 0.0
-    assert [f.version for f in run.in_flight] == [2, 3]
+    assert [f.version for f in run.state.in_flight] == [2, 3]
     run.close()
 
 
@@ -294,7 +294,7 @@ def test_async_without_a_correction_uses_token_tis_at_two():
     default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None, rollout_correction=RolloutCorrection()),
                    num_steps=2)
     explicit = make(GRPOLearner, GRPO, num_steps=2)
-    assert resolve_correction(default.config) == RolloutCorrection.token_tis(2.0) and default.passes.proximal
+    assert resolve_correction(default.config) == RolloutCorrection.token_tis(2.0) and default._passes.proximal
     for _ in range(2):
         got, want = default.train_step(), explicit.train_step()
         for name in ("train/loss", "drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/offpolicy_logp_abs_mean"):
@@ -317,7 +317,7 @@ def test_a_failing_collection_stops_the_step_with_its_error():
     run.train_step()
     with pytest.raises(RuntimeError, match="sandbox is down"):
         run.train_step()
-    assert run.generator.pinned is None  # unpinned: evaluation samples with the current weights
+    assert run._generator.pinned is None  # unpinned: evaluation samples with the current weights
     np.testing.assert_equal(run.step, 1)
 
 

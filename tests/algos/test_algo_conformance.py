@@ -224,7 +224,7 @@ def toy_losses():
             graphdef, params = nnx.split(rl_models.Transformer(MODEL, rngs=nnx.Rngs(0)))
             base, rows, left = toy_example(), toy_example(extra_rows=2), toy_example(left_pad=3)
             # an engine that agrees with the trainer (the default correction's weights are then 1)
-            own = learner.behaviour_logprobs(base.prompt_tokens, base.prompt_mask, base.completion_tokens)
+            own = learner._behaviour_logprobs(base.prompt_tokens, base.prompt_mask, base.completion_tokens)
             own = jnp.asarray(own) * base.completion_mask
             base, left = base._replace(sampler_logp=own), left._replace(sampler_logp=own)
             rows = rows._replace(sampler_logp=jnp.concatenate([own, rows.sampler_logp[len(own):]]))
@@ -306,7 +306,7 @@ def planned_and_trained(name):
     from trainer.plan.programs import policy_loss
 
     _, config, learner = fresh(name, OWN_SETTINGS.get(name))
-    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+    passes = LogprobPasses.of(config, num_mini_batches=learner.layout.num_mini_batches,
                               async_rollout=learner.training.async_rollout)
     return learner, passes, policy_loss(name, config, learner.rollout, passes), learner.models["policy"].loss_fn
 
@@ -343,10 +343,10 @@ def test_the_planned_batch_holds_the_fields_the_learner_fills(name):
     """The batch `trainer plan` lays out (the learner's `example_spec`) has the fields a real step's
     example has, each per row or per token as there, in its dtype."""
     _, config, learner = fresh(name)
-    passes = LogprobPasses.of(config, num_mini_batches=learner.num_mini_batches,
+    passes = LogprobPasses.of(config, num_mini_batches=learner.layout.num_mini_batches,
                               async_rollout=learner.training.async_rollout)
     real = learner.produce_examples(PROMPTS[:2]).example
-    spec = type(learner).example_spec(config, passes, rows=learner.batch_size, prompt_tokens=9, completion_tokens=T)
+    spec = type(learner).example_spec(config, passes, rows=learner.layout.batch_size, prompt_tokens=9, completion_tokens=T)
     for field, want, got in zip(TrainExample._fields, spec, real, strict=True):
         assert (want is None) == (got is None), (field, want, got)
         if want is not None:
@@ -440,7 +440,7 @@ def test_trains_with_async_rollouts_as_it_is(name):
     assert [m["rollout/staleness_version_lag"] for m in history] == [0.0, 1.0]
     assert all("drift/tis_weight_mean" in m for m in history)  # the async default: token_tis
     assert all(math.isfinite(m["train/loss"]) for m in history)
-    assert [f.version for f in learner.in_flight] == [1]
+    assert [f.version for f in learner.state.in_flight] == [1]
     assert tree_max_abs_diff(before, jax.tree.map(np.array, learner.params)) > 0
 
 
@@ -473,7 +473,7 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
 def test_mini_batches_after_the_first_see_the_moved_policy(name):
     _, _, learner = build(name, prompts_per_step=4, mini_batch_size=G, learning_rate=0.01)
-    assert learner.num_mini_batches == 4 and learner.passes.off_policy
+    assert learner.layout.num_mini_batches == 4 and learner._passes.off_policy
     example = identical_groups(learner, 4)
     assert example.old_logp is not None  # recorded before any update
     stats = learner.update_models(example)["policy"]
@@ -496,11 +496,11 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     rows = 2 * G
     collected = identical_groups(learner, 2)  # on-policy: nothing recorded yet ...
     assert collected.old_logp is None
-    recorded = learner.behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
+    recorded = learner._behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
     learner.update_models(collected)  # ... the policy moves, then the rows come back as if carried
     carried = learner.add_logprobs(collected._replace(old_logp=recorded))
     np.testing.assert_array_equal(np.asarray(carried.old_logp), recorded)
-    new, _ = learner.compute_logprobs(learner.params, carried)
+    new, _ = learner._logprob_pass(learner.params, carried)
     mask = np.asarray(carried.completion_mask) > 0
     ratio = np.exp(np.asarray(new) - recorded)[mask]
     assert np.abs(ratio - 1).min() > 1e-3 and ratio.size == rows * 3
@@ -529,11 +529,11 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
     XLA may round differently in the last bit (it does with XLA:CPU's older emitters). So the
     ratios agree to float32 rounding, and the updates to a few ulps, not bit for bit."""
     learner = fresh(name)[2]
-    assert not learner.passes.off_policy
+    assert not learner._passes.off_policy
     example = identical_groups(learner, 2)
     assert example.old_logp is None  # no behaviour forward on a provably on-policy step
     recomputed = example._replace(
-        old_logp=learner.behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
+        old_logp=learner._behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
     (a,) = learner.update_models(example)["policy"]
     fast = jax.device_get((learner.params, learner.opt_state))

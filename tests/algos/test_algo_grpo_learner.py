@@ -58,34 +58,34 @@ class CountingGRPO(GRPOLearner):
         super().__init__(*args, **kwargs)
         self.reference_calls = 0
 
-    def reference_logprobs(self, example):
+    def _reference_logprobs(self, example):
         self.reference_calls += 1
-        return super().reference_logprobs(example)
+        return super()._reference_logprobs(example)
 
 
 def test_beta_zero_never_runs_the_reference_and_one_pass_no_old_policy():
     learner = _learner(CountingGRPO, GRPOConfig(group_size=2, beta=0.0, num_iterations=1))
-    assert learner.ref_params is None  # no reference copy of the parameters in memory
+    assert learner._ref_params is None  # no reference copy of the parameters in memory
     metrics = [learner.train_step() for _ in range(2)]
     assert learner.reference_calls == 0
     assert all("train/kl" not in m for m in metrics)
-    example = learner.produce_examples(learner.data.next(2)).example
+    example = learner.produce_examples(learner.supply().stream.next(2)).example
     assert example.old_logp is None and example.ref_logp is None
     assert learner.reference_calls == 0
 
 
 def test_beta_positive_runs_the_reference_once_per_step_and_two_passes_compute_old_logp():
     learner = _learner(fixed_batch(CountingGRPO), GRPOConfig(group_size=2, beta=0.04, num_iterations=2))
-    assert learner.ref_params is not None
+    assert learner._ref_params is not None
     m = learner.train_step()
     # once per step, not once per pass
     assert learner.reference_calls == 1
     assert m["train/updates"] == 2.0 and np.isfinite(m["train/kl"])
-    example = learner.produce_examples(learner.data.next(2)).example
+    example = learner.produce_examples(learner.supply().stream.next(2)).example
     assert learner.reference_calls == 2
     assert example.old_logp is not None and example.old_logp.shape == example.completion_tokens.shape
     # the old policy is the current one (nothing trained since): its own log-probs
-    current, _ = learner.compute_logprobs(learner.params, example)
+    current, _ = learner._logprob_pass(learner.params, example)
     np.testing.assert_allclose(example.old_logp, current, rtol=1e-6, atol=1e-6)
     # the reference is the initial policy, which one step of SGD moved away from
     assert example.ref_logp is not None and not np.allclose(example.ref_logp, current, atol=1e-6)
@@ -135,7 +135,7 @@ class OneStepUpdates(dict):
         cls, config = MODES[mode]
         assert config.loss_agg_mode == mode
         learner = _learner(fixed_batch(cls), config, micro_batch_size=micro)
-        assert learner.num_micro_batches == {1: 4, 2: 2, None: 1}[micro]
+        assert learner.layout.num_micro_batches == {1: 4, 2: 2, None: 1}[micro]
         before = jax.tree.map(np.array, learner.params)
         metrics = learner.train_step()
         after = jax.tree.map(np.array, learner.params)
@@ -206,14 +206,14 @@ def test_with_beta_0_the_learner_keeps_nothing_of_the_loaded_weights():
     del policy
     gc.collect()
     assert [r() for r in weights] == [None] * len(weights)
-    assert learner.ref_params is None
+    assert learner._ref_params is None
 
 
 def test_with_beta_the_reference_is_the_loaded_weights_not_a_copy():
     policy = BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0))
     learner = _grpo(policy, beta=0.04)
     pointers = lambda tree: [x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)]  # noqa: E731
-    assert pointers(learner.ref_params) == pointers(nnx.state(policy, nnx.Param))
+    assert pointers(learner._ref_params) == pointers(nnx.state(policy, nnx.Param))
 
 
 # -- prompt sharing: each group's prompt run once changes no number ----------------------
@@ -234,7 +234,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
             rollout=RolloutConfig(max_new_tokens=4, max_prompt_tokens=8),
             reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
         )
-        example = learner.produce_examples(learner.data.next(2)).example
+        example = learner.produce_examples(learner.supply().stream.next(2)).example
         shared = learner.layout.shared_prompts(example.prompt_tokens, example.prompt_mask)
         assert (shared is not None) == share
         before = jax.tree.map(np.array, learner.params)

@@ -54,11 +54,11 @@ class RecordingGRPO(GRPOLearner):
         self._base_params = self.base.init_state(base).params
         self.records: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def reference_logprobs(self, example):
-        ref = super().reference_logprobs(example)
+    def _reference_logprobs(self, example):
+        ref = super()._reference_logprobs(example)
         base, _ = self._base_logprobs(self._base_params, example.prompt_tokens, example.prompt_mask, example.completion_tokens,
                                       mask=example.completion_mask)
-        policy, _ = self.compute_logprobs(self.params, example)
+        policy, _ = self._logprob_pass(self.params, example)
         self.records.append(tuple(np.asarray(x) for x in (ref, base, policy)))
         return ref
 
@@ -126,8 +126,8 @@ def test_reference_is_the_base_at_every_step_and_fresh_adapters_give_the_base(ru
     records = learner.records
     assert len(records) == 3  # one reference pass per step
     # the reference is all-zero adapters over the shared base: no copy of the base weights
-    assert sum(x.size for x in jax.tree.leaves(learner.ref_params)) == RANK4_COUNT
-    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(learner.ref_params))
+    assert sum(x.size for x in jax.tree.leaves(learner._ref_params)) == RANK4_COUNT
+    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(learner._ref_params))
     for step, (ref, base, policy) in enumerate(records):
         np.testing.assert_array_equal(ref, base, err_msg=f"step {step + 1}")
     np.testing.assert_array_equal(records[0][2], records[0][1])  # B = 0 at step 1: the policy is the base

@@ -97,7 +97,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
         assert m["rollout/staleness_token_lag_max"] == 1.0
         assert 0.0 < m["rollout/staleness_current_frac"] < 1.0
         assert m["rollout/staleness_token_lag_mean"] == pytest.approx(1.0 - m["rollout/staleness_current_frac"])
-    [flight] = settled(straight.in_flight)  # batch 5, collected beside update 4: versions 3 then 4
+    [flight] = settled(straight.state.in_flight)  # batch 5, collected beside update 4: versions 3 then 4
     groups = flight.batch
     assert flight.version == 3
     lengths = groups.lengths
@@ -115,7 +115,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
     stopped.close()
     resumed = make(output_dir=tmp_path / "run")
     assert resumed.resume(log=lambda _: None) and resumed.step == 2
-    [flight] = settled(resumed.in_flight)
+    [flight] = settled(resumed.state.in_flight)
     assert set(flight.batch.token_version[flight.batch.completion_mask > 0].tolist()) == {1, 2}
     resumed.train()
     resumed.close()

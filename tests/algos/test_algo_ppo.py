@@ -59,7 +59,7 @@ def numpy_tree(tree):
 
 def states(learner):
     """Both models' parameters and optimizer states and the key, as NumPy."""
-    return numpy_tree({name: state._asdict() for name, state in learner.state.models.items()} | {"rng": learner.rng})
+    return numpy_tree({name: state._asdict() for name, state in learner.state.models.items()} | {"rng": learner.state.rng})
 
 
 def same(a, b) -> bool:
@@ -130,7 +130,7 @@ def test_warm_up_trains_the_critic_alone_then_both(run):
 
 def test_an_update_of_one_model_leaves_the_other_untouched(run):
     learner = make_learner(PPOConfig())
-    example = learner.produce_examples(learner.data.next(4)).example
+    example = learner.produce_examples(learner.supply().stream.next(4)).example
     (mini, _) = learner.layout.mini_batches(example)
     # both start from the policy's weights, in buffers of their own (an update donates them)
     policy, critic = learner.models["policy"], learner.models["critic"]
@@ -152,7 +152,7 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
 
 def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
     learner = run["learner"]
-    groups = learner.collect_groups(learner.data.next(4))
+    groups = learner.collect_groups(learner.supply().stream.next(4))
     example = learner.example_from_groups(groups)
     assert example.old_logp is not None and example.ref_logp is not None  # the KL penalty reads both
     mask = example.completion_mask
@@ -167,10 +167,10 @@ def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
 
 def test_held_out_metrics_leave_the_training_key_stream_alone(run):
     learner = run["learner"]
-    rng = np.array(learner.rng)
+    rng = np.array(learner.state.rng)
     metrics = learner.heldout_metrics(PROMPTS[:8])
     assert set(metrics) == {"eval/critic_explained_variance"} and np.isfinite(metrics["eval/critic_explained_variance"])
-    np.testing.assert_array_equal(np.array(learner.rng), rng)
+    np.testing.assert_array_equal(np.array(learner.state.rng), rng)
 
 
 # -- checkpoints -------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
 def test_environment_turn_rewards_go_on_each_turns_last_token(run):
     """Episodes: the environment's per-turn rewards join the task's reward as token rewards."""
     learner = run["learner"]
-    groups = learner.collect_groups(learner.data.next(2))
+    groups = learner.collect_groups(learner.supply().stream.next(2))
     t = groups.completion_mask.shape[1]
     episodes = tuple({"rewards": [0.5, -0.25], "turn_ends": [1, 3]} for _ in range(len(groups.rewards)))
     with_turns = dataclasses.replace(groups, row_fields={"episode": episodes})

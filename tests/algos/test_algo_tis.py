@@ -142,9 +142,9 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     """The loss's stop_gradient(logp) is the behaviour policy's log-probs in value: the weights
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
-    assert not plain.passes.off_policy and not tis.passes.off_policy
-    assert not plain.passes.behaviour and not tis.passes.behaviour and resolve_correction(tis.config).on
-    prompts = plain.data.next(2)
+    assert not plain._passes.off_policy and not tis._passes.off_policy
+    assert not plain._passes.behaviour and not tis._passes.behaviour and resolve_correction(tis.config).on
+    prompts = plain.supply().stream.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)
     assert batch.example.old_logp is None and batch.example.sampler_logp is not None
@@ -179,7 +179,7 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     is another compiled program, rounded differently in the last bit)."""
     learner = MismatchedSampler.on_doubling(GRPOConfig(group_size=2, beta=0.0, tis_cap=CAP), **DOUBLING)
     initial = learner.state._replace(models=jax.tree.map(lambda x: x.copy(), learner.state.models))
-    example = learner.produce_examples(learner.data.next(2)).example
+    example = learner.produce_examples(learner.supply().stream.next(2)).example
     assert example.old_logp is None
     (fast,) = learner.update_models(example)["policy"]
     fast_params = jax.tree.map(np.asarray, learner.params)

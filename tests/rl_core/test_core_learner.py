@@ -112,7 +112,7 @@ def test_micro_batch_size_does_not_change_the_update(mode):
             optimizer="sgd", learning_rate=LR, max_grad_norm=None, prompts_per_step=2, micro_batch_size=micro
         )
         learner = fixed_learner(training, ToyConfig(group_size=2, loss_agg_mode=mode))
-        assert learner.num_micro_batches == 4 // (micro or 4)
+        assert learner.layout.num_micro_batches == 4 // (micro or 4)
         metrics = learner.train_step()
         assert metrics["train/updates"] == 1.0 and metrics["train/skipped_updates"] == 0.0
         results[micro] = (leaves(learner.params), metrics["train/loss"])
@@ -258,7 +258,8 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
 
     def steps(data, seed, n):
         """n steps on `data`; returns the longest prompt of each step (+1 for BOS)."""
-        learner.use_prompts(data, seed=seed)
+        learner._data = PromptStream(data, seed=seed)  # a new prompt stream, from its start
+        learner.replace_state(data_position=0)
         replay = PromptStream(data, seed=seed)
         lengths = [max(len(p.text) for p in replay.next(2)) + 1 for _ in range(n)]
         for _ in range(n):

@@ -41,7 +41,7 @@ def make(dtype: str, param_dtype: str = "float32") -> tuple[ToyLearner, Transfor
 def three_steps(dtype: str, param_dtype: str = "float32") -> tuple[np.ndarray, ToyLearner, Transformer, object]:
     """(flat parameter change, learner, policy, batch) of 3 AdamW steps at lr 1e-6 on one batch."""
     learner, policy = make(dtype, param_dtype)
-    batch = learner.produce_examples(learner.data.next(4)).example
+    batch = learner.produce_examples(learner.supply().stream.next(4)).example
     batch = batch._replace(advantages=jnp.asarray(np.tile([1.0, -1.0], 8), jnp.float32))
     if dtype != "float32":  # the same completions as the float32 run, so the updates compare
         batch = three_steps("float32")[3]

@@ -245,7 +245,7 @@ def moe_learner(engine: str, weights_dtype: str | None, replay: str = "rollout",
 
 def gaps(learner, groups, routing):
     """(mean, max |trainer - engine| log-prob, share of tokens whose ratio leaves [0.8, 1.2]) over real tokens."""
-    logp = learner.behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
+    logp = learner._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                       completion_mask=groups.completion_mask, routing=routing)
     real = groups.completion_mask > 0
     d = (logp - groups.sampler_logp)[real]
@@ -261,7 +261,7 @@ def test_with_the_same_weights_the_replayed_trainer_gives_the_engines_log_probs(
     learner = moe_learner(engine, None)
     groups = learner.rollout_groups(PROMPTS[:4])
     assert groups.routing.shape == (16, 16, 2, 2)
-    logp = learner.behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
+    logp = learner._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                       completion_mask=groups.completion_mask, routing=groups.routing)
     np.testing.assert_allclose(logp * groups.completion_mask, groups.sampler_logp, atol=1e-5, rtol=1e-5)
 

@@ -90,11 +90,11 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
 
     resumed = toy_run.make_learner(training=toy_run.RESUME_TRAINING, output_dir=str(crashed), toy=toy_run.RESUME_TOY,
                                    mesh=one_device())
-    assert resumed.resume() and resumed.step == 4 and resumed.data_position == learner.data_position
+    assert resumed.resume() and resumed.step == 4 and resumed.state.data_position == learner.state.data_position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
     for a, b in zip(jax.tree.leaves(resumed.opt_state), straight_opt, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
-    np.testing.assert_array_equal(jax.random.key_data(resumed.rng), jax.random.key_data(learner.rng))
+    np.testing.assert_array_equal(jax.random.key_data(resumed.state.rng), jax.random.key_data(learner.state.rng))
     resumed.close()
 
     straight_metrics, resumed_metrics = read_metrics(straight), read_metrics(crashed)

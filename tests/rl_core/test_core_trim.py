@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rl_core.config import RolloutConfig, TrainingConfig
+from rl_core.train.behaviour import PolicyLogprobs
 from rl_core.train.trim import trim_example, trimmed_width
 from rl_core.types import TrainExample
 
@@ -49,9 +50,9 @@ def learner():
 
 
 def example(learner, lengths, t=32):
-    b = learner.batch_size
+    b = learner.layout.batch_size
     rng = np.random.default_rng(0)
-    tokens, mask = learner.encode_prompts(learner.data.next(2))
+    tokens, mask = learner.encode_prompts(learner.supply().stream.next(2))
     return TrainExample(
         np.repeat(tokens, 4, axis=0), np.repeat(mask, 4, axis=0), rng.integers(3, 20, (b, t)).astype(np.int32),
         mask_with_lengths(lengths, t), np.linspace(-1, 1, b).astype(np.float32),
@@ -61,7 +62,8 @@ def example(learner, lengths, t=32):
 def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
     widths = {"logprobs": [], "update": []}
     policy = learner.models["policy"]
-    logprobs, update = learner._logprobs.program, policy.update_step
+    passes = PolicyLogprobs(policy, learner.rollout)  # the log-prob pass the pipeline's learner runs
+    logprobs, update = passes.program.program, policy.update_step
 
     def spy_logprobs(params, frozen, inputs):
         widths["logprobs"].append(inputs[2].shape[-1])  # (prompt_tokens, prompt_mask, completion_tokens)
@@ -71,11 +73,11 @@ def test_learner_passes_run_at_the_trimmed_width(learner, monkeypatch):
         widths["update"].append(batch.completion_tokens.shape[-1])
         return update(state, frozen, batch)
 
-    monkeypatch.setattr(learner._logprobs, "program", spy_logprobs)
+    monkeypatch.setattr(passes.program, "program", spy_logprobs)
     monkeypatch.setattr(policy, "update_step", spy_update)
     ex = example(learner, [5, 3, 1, 2, 6, 4, 1, 1])  # longest 6: two chunks of 4 -> 8
-    logp, entropy = learner.compute_logprobs(learner.params, ex)
-    full, _ = learner._logprobs(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)  # no mask
+    logp, entropy = passes(learner.params, ex)
+    full, _ = passes.program(learner.params, ex.prompt_tokens, ex.prompt_mask, ex.completion_tokens)  # no mask
     learner.update_models(ex)
     assert widths == {"logprobs": [8, 32], "update": [8]}  # 32: the untrimmed pass, for comparison
     assert logp.shape == entropy.shape == (8, 32)  # padded back to the completions' width

@@ -62,7 +62,7 @@ def with_known_adapters(run_dir: Path, step: int) -> tuple[int, dict]:
     initial 0: an export that dropped the adapters would look right. Returns (the new step,
     the adapters written, as NumPy arrays: lora_a as trained, lora_b the pattern)."""
     policy = load_run_policy(run_dir, step)  # only for the tree's structure; the values come from Orbax
-    like = {"params": policy.params, "opt_state": policy.learner.opt_state, "rng": policy.learner.rng}
+    like = {"params": policy.params, "opt_state": policy.learner.opt_state, "rng": policy.learner.state.rng}
     checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=100)
     try:
         arrays, meta = checkpointer.restore(step, like=like)

@@ -47,7 +47,7 @@ def run(mesh) -> tuple[np.ndarray, list[np.ndarray], float, float]:
     example = learner.produce_examples(PROMPTS[:4]).example
     teacher_logp = np.where(np.asarray(example.completion_mask) > 0, np.asarray(example.teacher_logp), 0.0)
     kl = [learner.train_step()["train/distill_reverse_kl"] for _ in range(STEPS)]
-    shard = max(x.addressable_shards[0].data.size / x.size for x in jax.tree.leaves(learner.teacher.params)
+    shard = max(x.addressable_shards[0].data.size / x.size for x in jax.tree.leaves(learner._teacher.params)
                 if x.size >= 1024)
     return teacher_logp, [np.asarray(x) for x in jax.tree.leaves(learner.params)], kl[-1], shard
 

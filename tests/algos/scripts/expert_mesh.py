@@ -71,7 +71,7 @@ def programs(learner) -> dict:
     """The compiled HLO text of the learner's update program (rl_core.train.trainable.update_program,
     with its shardings and optimizer) of GRPO's default loss on two micro-batches of 8 rows, and of
     the learner's static sampler program (prefill + decode loop) on 8 prompts."""
-    part = learner.policy_part
+    part = learner.models["policy"]
     grpo = registry.get_algorithm("grpo").config()
     rollout = RolloutConfig(max_prompt_tokens=8, max_new_tokens=6)
     program = update_program(part.graphdef, part.tx, policy_loss_function(grpo, rollout, beta=grpo.beta),

@@ -171,7 +171,7 @@ def rollouts_apart(devices, engine: str) -> dict:
         metrics = [learner.train_step() for _ in range(STEPS)]
         runs[apart] = (learner, params_numpy(learner), metrics)
     learner, params, metrics = runs[4]
-    backend = learner.generator.backend
+    backend = learner._generator.backend
     weights = backend._params if engine == "static" else backend.weights  # the pinned copy / the engine's own
     return {
         "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, runs[0][1], strict=True)),

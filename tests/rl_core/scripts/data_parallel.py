@@ -19,7 +19,7 @@ def run(devices):
     initial = params_numpy(learner)
     metrics = [learner.train_step() for _ in range(2)]
     # the layout the update sees: each micro-batch's rows split over the data axis
-    b, t = learner.batch_size, learner.rollout.max_new_tokens
+    b, t = learner.layout.batch_size, learner.rollout.max_new_tokens
     shapes = {"prompt_tokens": ((b, 8), np.int32), "prompt_mask": ((b, 8), np.float32),
               "completion_tokens": ((b, t), np.int32), "completion_mask": ((b, t), np.float32),
               "advantages": ((b,), np.float32)}

@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig, check
 from rl_core.data import Prompt, Supply
-from rl_core.learner.base import KeyStream, RLLearner, StepBatch
+from rl_core.learner.base import RLLearner, StepBatch
+from rl_core.learner.draw import KeyStream
 from rl_core.learner.groups import Groups
 from rl_core.learner.pipeline import PolicyGradientLearner
 from rl_core.policy.logprobs import completion_logprobs
@@ -59,9 +60,6 @@ class ToyLearner(RLLearner[ToyConfig]):
     @property
     def group_size(self) -> int:
         return self.config.group_size
-
-    def trajectory_ids(self, prompts: Sequence[Prompt]) -> list[str]:
-        return [f"{self.step}/{i}/{j}" for i in range(len(prompts)) for j in range(self.group_size)]
 
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
         """Samples, rewards and advantages at once: the batch is the step's examples."""
@@ -243,7 +241,7 @@ class MismatchedSampler(PolicyGradientLearner):
 
     def add_logprobs(self, example):
         self.last_example = example = super().add_logprobs(example)
-        self.last_old_logp = np.asarray(example.old_logp) if example.old_logp is not None else self.behaviour_logprobs(
+        self.last_old_logp = np.asarray(example.old_logp) if example.old_logp is not None else self._behaviour_logprobs(
             example.prompt_tokens, example.prompt_mask, example.completion_tokens)
         return example
 

@@ -15,8 +15,8 @@ version of the weights that sampled it (`InFlight`; every row of a batch also re
   4. waits for batch n+k's generation and appends it to the queue: sampled by W(n-1), trained
      at step n+k by W(n+k-1), k steps stale. Every checkpoint saves the queue with its versions.
 
-Where the collection can be cut (`CollectHalves.scores_apart`: GRPO and every variant that
-keeps the pipeline's collection), step 4 does not wait for the scoring: the rollout thread hands
+Where the collection is cut (a `Collection` with `score`: GRPO and every variant that keeps
+the pipeline's collection), step 4 does not wait for the scoring: the rollout thread hands
 it to a pool of k scoring threads and is free, and the batch stays in the queue as a `Future`
 until step n+k needs it (step 2) or a checkpoint saves it (the learner waits for every scoring
 first, so a checkpoint holds scored batches). So up to k batches are scored at once while later
@@ -44,10 +44,11 @@ processes must issue their collective programs in one order, which two threads p
 process cannot promise, so there the collection (scoring included) runs on the calling
 thread after the update is dispatched (same results, less overlap).
 
-`batch_ahead` and `update_beside` are functions of what they are given (the collect, score and
-examples functions, the queue in flight, the `Supply` of prompts, carry and key, the
-weights to pin, the rollout thread) and return new values: the queue in flight and the
-supply past it. The learner keeps them in its state; nothing here writes the learner.
+A synchronous run uses the same `Collector` with `ahead` = 0: it collects the step's batch in
+line (or trains first on batches an async run's checkpoint left in flight). `Collector.take` and
+`Collector.finish` are given values (the `Collection`'s functions, the queue in flight, the
+`Supply` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
+and the supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
 from __future__ import annotations
@@ -61,35 +62,22 @@ import jax
 
 from rl_core.data import Prompt, Supply
 from rl_core.run.faults import fault_point
-from rl_core.types import StepBatch, TrainExample
 
 
-class CollectHalves:
-    """What async rollouts need of a learner beyond its step's two halves (`collect` and
-    `examples_from`, rl_core.learner.base.RLLearner; a synchronous step runs them in line, an
-    async one apart): the JSON form of the half-way batch for the checkpoint of the batch in
-    flight (a learner without it runs synchronously only) and, optionally, the rollout half cut
-    once more, generation apart from scoring (`scores_apart`)."""
+class Collection(NamedTuple):
+    """How a learner collects a batch, as the functions a `Collector` calls (rl_core.learner.base
+    builds it each step): `collect(prompts, supply)` returns the batch and the supply past it
+    (prompts drawn, carry, key). With `score`, `collect` returns the batch unscored and
+    `score(batch)` scores it, on any thread, several at once: nothing the collection draws depends
+    on the scores (GRPO's; not DAPO's, which draws more prompts as the scores come in)."""
 
-    def batch_to_json(self, batch: Any) -> Any:
-        raise NotImplementedError
+    collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]]
+    score: Callable[[Any], Any] | None = None
 
-    def batch_from_json(self, data: Any) -> Any:
-        raise NotImplementedError
-
-    def scores_apart(self) -> bool:
-        """True when `collect(prompts, supply)` is `score_collected` of `collect_unscored`'s batch:
-        nothing the collection draws depends on the scores, so scoring may run later, on a
-        scoring thread. False by default (and for a collection that reads its scores, DAPO's)."""
-        return False
-
-    def collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
-        """`collect` without the scoring: the unscored batch and the supply past it."""
-        raise NotImplementedError
-
-    def score_collected(self, batch: Any) -> Any:
-        """`collect_unscored`'s batch scored, as `collect` returns it; on any thread, several at once."""
-        raise NotImplementedError
+    def whole(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """The batch scored, in line, and the supply past it."""
+        batch, supply = self.collect(prompts, supply)
+        return (batch if self.score is None else self.score(batch)), supply
 
 
 class InFlight(NamedTuple):
@@ -177,76 +165,97 @@ class Pinning(Protocol):
     def unpin(self) -> None: ...
 
 
-def batch_ahead(*, collect: Callable[..., tuple[Any, Supply]],
-                examples_from: Callable[[Any], StepBatch], in_flight: tuple[InFlight, ...], supply: Supply,
-                prompts_per_step: int, version: int, params: Any, generator: Pinning, thread: RolloutThread,
-                max_staleness: int = 1, score: Callable[[Any], Any] | None = None
-                ) -> tuple[StepBatch, tuple[InFlight, ...]]:
-    """This step's batch as examples under the current weights `params` (step count `version`),
-    and the queue left behind it. The batch is the oldest of `in_flight`, the queue collected
-    during earlier steps; a queue shorter than `max_staleness` (the first step, a resume from a
-    synchronous run's checkpoint) is filled first from `supply`, in line. Meanwhile the next
-    batch is collected on `thread` with these weights pinned in `generator`, unless the queue
-    left holds `max_staleness` batches already (a resume with a smaller k); `update_beside`
-    then runs the update and returns the queue with it and the supply past it.
+class Collector:
+    """Where a step's batch is collected: now, in line (`ahead` = 0, synchronous rollouts), or up
+    to `ahead` = k steps earlier, beside the updates, on `thread` with the weights pinned in
+    `generator` (async rollouts). A step calls `take` (its batch; the next one started), then
+    `finish` after its update (the queue and the supply past what was collected), or `abandon` on
+    an error. It takes and returns values: the learner keeps the queue and the supply in its state."""
 
-    `score`: the collection's scoring half (`CollectHalves.score_collected`), when it can run
-    apart; then `collect(prompts, supply, unscored=True)` generates and `thread` scores."""
-    queue = tuple(in_flight)
-    while len(queue) < max_staleness:
-        prompts, supply = supply.draw(prompts_per_step)
-        collected, supply = collect(prompts, supply)
-        queue += (InFlight(collected, version),)
-    head, rest = queue[0], queue[1:]
-    if len(rest) < max_staleness:
-        prompts, supply = supply.draw(prompts_per_step)
-        generator.pin(version, params)
+    def __init__(self, *, ahead: int, prompts_per_step: int, generator: Pinning,
+                 thread: RolloutThread | None = None) -> None:
+        self.ahead, self.prompts_per_step, self.generator, self.thread = ahead, prompts_per_step, generator, thread
 
-        def collect_next() -> tuple[InFlight, Supply]:
-            if score is None:
-                collected, after = collect(prompts, supply)
-            else:  # generated here; scored on a scoring thread while the next batches generate
-                unscored, after = collect(prompts, supply, unscored=True)
-                collected = thread.score(lambda: score(unscored))
-            fault_point("in_flight", version + 1)  # batch n+k generated, the update maybe not done
-            return InFlight(collected, version), after
+    @classmethod
+    def for_training(cls, training: Any, rollout: Any, generator: Pinning, *, learner: str, saves_batches: bool
+                     ) -> Collector:
+        """The collector of `training.async_rollout` and `max_staleness` (the rollout thread in line
+        in a multi-process run), for a learner that `saves_batches` in checkpoints (or not)."""
+        if training.async_rollout != "off" and not saves_batches:
+            raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {learner} has no JSON form of "
+                             "a collected batch (batch_to_json / batch_from_json), which the checkpoint of the "
+                             "batches in flight holds")
+        if rollout.partial_rollouts != "off" and training.async_rollout == "off":
+            raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "
+                             "training.async_rollout='one_step' (a synchronous rollout never sees newer weights)")
+        if training.async_rollout == "off":
+            return cls(ahead=0, prompts_per_step=training.prompts_per_step, generator=generator)
+        thread = RolloutThread(threaded=jax.process_count() == 1, scorers=training.max_staleness)
+        return cls(ahead=training.max_staleness, prompts_per_step=training.prompts_per_step, generator=generator,
+                   thread=thread)
 
-        thread.start(collect_next)
-    try:
+    def take(self, collection: Collection, queue: Sequence[InFlight], supply: Supply, *, version: int, params: Any
+             ) -> tuple[InFlight, tuple[InFlight, ...], Supply, dict[str, float]]:
+        """This step's batch (scored), the queue behind it, the supply past what was drawn and the
+        metrics of where the batch came from. The batch is the oldest of `queue` (collected by
+        earlier steps); a queue shorter than `ahead` (at least one) is filled first, in line, with
+        the current weights (step count `version`). With `ahead`, the next batch then starts on the
+        rollout thread with `params` pinned, unless the queue left holds `ahead` batches already
+        (a resume with a smaller k)."""
+        queue = tuple(queue)
+        while len(queue) < max(self.ahead, 1):
+            prompts, supply = supply.draw(self.prompts_per_step)
+            collected, supply = collection.whole(prompts, supply)
+            queue += (InFlight(collected, version),)
+        head, rest = queue[0], queue[1:]
+        if self.thread is not None and len(rest) < self.ahead:
+            prompts, supply = supply.draw(self.prompts_per_step)
+            self.generator.pin(version, params)
+            self.thread.start(lambda: self._collect_next(collection, prompts, supply, version))
         waited = time.perf_counter()
         [head] = settled([head])  # its scoring, started k steps ago, may still run
-        waited = time.perf_counter() - waited
-        batch = examples_from(head.batch)  # the proximal log-prob pass runs beside the collection
-    except BaseException:
-        thread.abandon()
-        generator.unpin()
-        raise
-    metrics = {**batch.metrics, "async/staleness": float(version - head.version),
-               "async/sampled_version": float(head.version), "async/queue": float(len(rest)),
-               "time/wait_scoring": waited}
-    return batch._replace(metrics=metrics), rest
+        metrics = {"rollout/staleness_version_lag": float(version - head.version)}
+        if self.thread is not None:
+            metrics |= {"async/staleness": float(version - head.version), "async/sampled_version": float(head.version),
+                        "async/queue": float(len(rest)), "time/wait_scoring": time.perf_counter() - waited}
+        return head, rest, supply, metrics
 
+    def _collect_next(self, collection: Collection, prompts: Sequence[Prompt], supply: Supply, version: int
+                      ) -> tuple[InFlight, Supply]:
+        if collection.score is None:
+            collected, after = collection.collect(prompts, supply)
+        else:  # generated here; scored on a scoring thread while the next batches generate
+            unscored, after = collection.collect(prompts, supply)
+            collected = self.thread.score(lambda: collection.score(unscored))
+        fault_point("in_flight", version + 1)  # batch n+k generated, the update maybe not done
+        return InFlight(collected, version), after
 
-def update_beside(update: Callable[[TrainExample], Any], example: TrainExample, *, rest: tuple[InFlight, ...],
-                  generator: Pinning, thread: RolloutThread, publish: Callable[[], Any] | None = None
-                  ) -> tuple[Any, tuple[InFlight, ...], Supply | None, dict[str, float]]:
-    """`update(example)` while the collection `batch_ahead` started goes on: what the update
-    returned, the queue in flight (`rest`, what `batch_ahead` left, with the batch collected
-    appended), the supply past it (None when no collection ran) and the waits. The rollouts
-    follow the policy's weights again. `publish` (partial rollouts): called once the update
-    returns, before the wait, to hand the new weights to the collection still decoding; not
-    when the collection runs in line (a multi-process run), where it has not started yet."""
-    try:
-        results = update(example)
-        if publish is not None and thread.threaded:
-            publish()
-        collected, waits = thread.finish()
-    except BaseException:
-        thread.abandon()
-        raise
-    finally:
-        generator.unpin()  # the collection is over: evaluation and export use the current weights
-    if collected is None:
-        return results, rest, None, waits
-    in_flight, supply = collected
-    return results, (*rest, in_flight), supply, waits
+    def finish(self, rest: tuple[InFlight, ...], supply: Supply, *, publish: tuple[int, Any] | None = None
+               ) -> tuple[tuple[InFlight, ...], Supply, dict[str, float]]:
+        """After the update: the queue in flight (`rest` with the batch collected beside the update
+        appended), the supply past it and the waits. `publish` (partial rollouts): the new weights
+        (version, params), handed to the collection still decoding before the wait; not when the
+        collection runs in line, where it has not started yet. The rollouts then follow the
+        policy's weights again."""
+        if self.thread is None:
+            return rest, supply, {}
+        try:
+            if publish is not None and self.thread.threaded:
+                self.generator.publish(*publish)
+            collected, waits = self.thread.finish()
+        finally:
+            self.generator.unpin()  # the collection is over: evaluation and export use the current weights
+        if collected is None:
+            return rest, supply, waits
+        in_flight, supply = collected
+        return (*rest, in_flight), supply, waits
+
+    def abandon(self) -> None:
+        """Wait for a collection the failed step started (none outlives it) and unpin its weights."""
+        if self.thread is not None:
+            self.thread.abandon()
+            self.generator.unpin()
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.close()
