@@ -269,6 +269,8 @@ class RemoteBackend:
     # -- sessions and the rest of the contract ---------------------------------------------------
 
     def new_sessions(self, n: int) -> np.ndarray:
+        if not self.capabilities.retains:  # servers that keep no sequence (a subclass's: vLLM's)
+            return np.full(n, -1, np.int64)
         handles = np.arange(self._next_session, self._next_session + n, dtype=np.int64)
         self._next_session += n
         return handles
