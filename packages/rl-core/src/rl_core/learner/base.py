@@ -464,12 +464,13 @@ class RLLearner(CollectHalves, abc.ABC, Generic[ConfigT]):
             self._take_supply(supply)
             batch = self.examples_from(collected)
         fault_point("step", self.step + 1)
-        if batch.example.batch_size != self.batch_size:
+        if self.layout.rows_for(batch.example.batch_size) != batch.example.batch_size:  # B, or whole micro-batches more
             if self._ahead is not None:
                 self._ahead.abandon()
                 self.generator.unpin()
             raise ValueError(
-                f"examples_from returned {batch.example.batch_size} completions, expected {self.batch_size}"
+                f"examples_from returned {batch.example.batch_size} completions, expected {self.batch_size} (or more "
+                f"in whole micro-batches: layout.rows_for)"
             )
         if self.meter is not None:
             self.meter.trained(batch.example, self.num_iterations)

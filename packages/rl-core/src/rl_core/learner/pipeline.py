@@ -58,6 +58,7 @@ from rl_core.train.behaviour import LogprobPasses, PolicyLogprobs
 from rl_core.train.frozen_model import teacher_model
 from rl_core.data import Prompt, Supply
 from rl_core.episodes import EpisodeRecord, episode_metrics
+from rl_core.episodes.segments import expand
 from rl_core.learner.groups import TOTAL, Groups, version_lag_metrics
 from rl_core.learner.base import KeyStream, RLLearner, StepBatch
 from rl_core.train.objective import policy_loss_function
@@ -168,7 +169,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # and what reward functions reported about their calls (e.g. a judge model's time/judge)
         tally |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
         example = self.example_from_groups(groups, tally)  # adds time/logprob
-        adv = example.advantages
+        adv = example.advantages[: len(groups.rewards)]  # the episodes' (segment rows repeat them)
         metrics = {**self.group_metrics(groups, adv), **tally}
         if groups.token_version is not None:  # per token: partial rollouts mix versions within a row
             metrics.update(version_lag_metrics(groups.token_version, groups.completion_mask, self.step))
@@ -181,6 +182,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         metrics["perf/decoded_per_kept"] = tokens / kept if kept else 1.0
         # prompt tokens the engine prefilled, and those it continued from an episode's retained sequence
         metrics |= {k: v for k, v in groups.info.items() if k in ("perf/prefill_tokens", "perf/reused_prefix_tokens")}
+        if groups.segments is not None:  # rows beyond the episodes': rewritten histories' earlier segments
+            metrics["episodes/earlier_segments"] = float(len(groups.segments))
         if groups.versions is not None:  # the weights that sampled the rows (carried groups: older ones)
             metrics["rollout/version_min"] = float(groups.versions.min())
             metrics["rollout/version_max"] = float(groups.versions.max())
@@ -270,6 +273,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             rewards=np.zeros(len(out.lengths), np.float32),
             row_fields=rolled.row_fields(),
             versions=np.full(len(out.lengths), self._sampling_version(), np.int32),
+            segments=rolled.segments,
         )
 
     def score(self, groups: Groups, draw: Draw | None = None) -> Groups:
@@ -324,6 +328,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """What one update needs from scored groups: advantages, arrays and log-probs (their
         seconds in `tally`, as time/logprob)."""
         example = self.to_example(groups, self.compute_advantages(groups))
+        if groups.segments is not None:  # rewritten agent histories: their earlier segments, with their episode's advantage
+            rows = self.layout.rows_for(len(groups.rewards) + len(groups.segments))
+            example = expand(example, groups.segments, rows, pad_id=self.tokenizer.pad_id)
         start = time.perf_counter()
         example = self.add_logprobs(example)
         if tally is not None:
