@@ -121,6 +121,16 @@ def test_each_rewritten_segment_is_a_sequence_of_its_own_token_for_token(engine,
     assert engine.retained.held == {}
 
 
+def test_a_streamed_request_under_an_episode_key_is_recorded_like_any(engine, tokenizer):
+    out = rollout(engine, tokenizer, settings("streams"), [Prompt("4*4=", {})])
+    for row, record in enumerate(out.episodes):
+        assert record.errors == () and record.state["requests"] == 2 and record.state["segments"] == 1
+        mask = out.completions.mask[row]
+        runs = np.flatnonzero(np.diff(np.concatenate([[0.0], mask, [0.0]])) == 1)  # where a run of 1s starts
+        assert len(runs) == 2 and out.texts[row] == record.final_text  # two replies in the loss, the glue out
+    assert out.segments is None and engine.retained.held == {}
+
+
 def test_untrusted_agents_end_their_own_episodes_with_one_counted_line(engine, tokenizer):
     kinds = ["fine", "raises", "hangs", "malformed", "too_long", "never_calls"]
     prompts = [Prompt(f"{i}*2=", {"answer": str(2 * i), "kind": kind}) for i, kind in enumerate(kinds)]
