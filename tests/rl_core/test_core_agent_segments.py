@@ -128,3 +128,21 @@ def test_a_rewritten_segment_alone_moves_the_weights(learner):
     learner.update_models(example)
     assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(learner.params), strict=True)) > 0
+
+
+def test_segments_carried_to_a_later_step_keep_the_log_probs_of_the_policy_that_sampled_them(learner):
+    """DAPO records a carried round's behaviour log-probs at collection: the segments' rows too, and
+    the update keeps them (a pass at training time would take the later weights' instead)."""
+    groups = learner.record_behaviour_logprobs(groups_with_segments())
+    seg = groups.segments
+    assert seg.old_logp.shape == (4, T) and np.isfinite(seg.old_logp).all()
+    np.testing.assert_array_equal(Groups.from_json(groups.to_json()).segments.old_logp, seg.old_logp)
+    example = learner.to_example(groups, learner.compute_advantages(groups))
+    expanded = expand(example, seg, 12, pad_id=0)
+    np.testing.assert_array_equal(expanded.old_logp[8:12], seg.old_logp)  # kept, not NaN: no pass reruns them
+    direct = learner.behaviour_logprobs(expanded.prompt_tokens[8:12], expanded.prompt_mask[8:12],
+                                        expanded.completion_tokens[8:12],
+                                        completion_mask=expanded.completion_mask[8:12])
+    np.testing.assert_allclose(seg.old_logp * seg.completion_mask, np.asarray(direct) * seg.completion_mask,
+                               atol=1e-5)
+    assert (seg.old_logp[seg.completion_mask > 0] < 0).all()

@@ -33,9 +33,14 @@ class Segments:
     completion_mask: np.ndarray  # [S, T] float32: 1 exactly on the model's tokens
     sampler_logp: np.ndarray  # [S, T] float32: the sampler's log-probs on the model's tokens, 0 elsewhere
     token_version: np.ndarray  # [S, T] int32: the weight version that sampled each token
+    old_logp: np.ndarray | None = None
+    """[S, T] float32 behaviour log-probs recorded at collection time (carried rows, as `Groups.old_logp`)."""
 
     def __len__(self) -> int:
         return len(self.episode)
+
+    def missing_old_logp(self) -> bool:
+        return self.old_logp is None or bool(np.isnan(self.old_logp).any())
 
     def select(self, rows: np.ndarray | Sequence[int]) -> Segments:
         """The segments of the episodes at `rows` (old row indices, in their new order), renumbered."""
@@ -45,16 +50,20 @@ class Segments:
         keep = keep[np.argsort([new[int(self.episode[i])] for i in keep], kind="stable")] if len(keep) else keep
         return dataclasses.replace(
             self, episode=np.asarray([new[int(self.episode[i])] for i in keep], np.int64),
+            old_logp=None if self.old_logp is None else self.old_logp[keep],
             **{name: getattr(self, name)[keep] for name in _ARRAYS})
 
     def to_json(self) -> dict[str, Any]:
-        return {"episode": self.episode.tolist(), **{name: getattr(self, name).tolist() for name in _ARRAYS}}
+        return {"episode": self.episode.tolist(), **{name: getattr(self, name).tolist() for name in _ARRAYS},
+                "old_logp": None if self.old_logp is None else self.old_logp.tolist()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Segments:
+        s = len(data["episode"])
+        old = data.get("old_logp")
         return cls(episode=np.asarray(data["episode"], np.int64),
-                   **{name: np.asarray(data[name], dtype).reshape(len(data["episode"]), -1)
-                      for name, dtype in _ARRAYS.items()})
+                   old_logp=None if old is None else np.asarray(old, np.float32).reshape(s, -1),
+                   **{name: np.asarray(data[name], dtype).reshape(s, -1) for name, dtype in _ARRAYS.items()})
 
 
 _ARRAYS = {"prompt_tokens": np.int32, "prompt_mask": np.float32, "completion_tokens": np.int32,
@@ -73,8 +82,12 @@ def concat_segments(parts: Sequence[Segments | None], rows: Sequence[int], *, pa
     def widen(x: np.ndarray, fill: float) -> np.ndarray:
         return np.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=fill)
 
+    old_logp = None
+    if any(p.old_logp is not None for p, _ in kept):  # a part without them: NaN rows (still to record)
+        old_logp = np.concatenate([p.old_logp if p.old_logp is not None
+                                   else np.full(p.completion_mask.shape, np.nan, np.float32) for p, _ in kept])
     return Segments(
-        episode=np.concatenate([p.episode + o for p, o in kept]),
+        episode=np.concatenate([p.episode + o for p, o in kept]), old_logp=old_logp,
         prompt_tokens=np.concatenate([widen(p.prompt_tokens, pad_id) for p, _ in kept]),
         prompt_mask=np.concatenate([widen(p.prompt_mask, 0.0) for p, _ in kept]),
         **{name: np.concatenate([getattr(p, name) for p, _ in kept]) for name in _ARRAYS if "prompt" not in name})
@@ -116,8 +129,10 @@ def expand(example: TrainExample, segments: Segments | None, rows: int, *, pad_i
         sampler = np.asarray(example.sampler_logp, np.float32)
         sampler = stack(sampler, segments.sampler_logp, sampler, zero=True)
     old = None
-    if example.old_logp is not None:  # recorded for the episodes' rows: the segments' still to record (NaN)
-        old = np.concatenate([np.asarray(example.old_logp, np.float32), np.full((s, t), np.nan, np.float32),
+    if example.old_logp is not None or segments.old_logp is not None:  # NaN rows: still to record
+        nan = lambda rows: np.full((rows, t), np.nan, np.float32)  # noqa: E731
+        old = np.concatenate([nan(n) if example.old_logp is None else np.asarray(example.old_logp, np.float32),
+                              nan(s) if segments.old_logp is None else segments.old_logp,
                               np.zeros((pad, t), np.float32)])
     return example._replace(
         prompt_tokens=stack(prompt_tokens, prompts(segments.prompt_tokens, pad_id), prompt_tokens, zero=False),

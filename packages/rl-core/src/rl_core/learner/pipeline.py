@@ -316,13 +316,21 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         may be changing the weights; every row gets the proximal log-probs at training time):
         `passes.at_collection` decides.
         """
-        if not self.passes.at_collection(groups.missing_old_logp()):
+        segments = groups.segments  # a rewritten history's earlier segments: theirs too
+        missing = groups.missing_old_logp()
+        if segments is not None and segments.missing_old_logp():
+            missing = np.concatenate([missing, [True]])
+        if not self.passes.at_collection(missing):
             return groups
         old = self.behaviour_logprobs(
             groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens, recorded=groups.old_logp,
             completion_mask=groups.completion_mask,
         )
-        return dataclasses.replace(groups, old_logp=old)
+        if segments is not None and segments.missing_old_logp():
+            segments = dataclasses.replace(segments, old_logp=np.asarray(self.behaviour_logprobs(
+                segments.prompt_tokens, segments.prompt_mask, segments.completion_tokens, recorded=segments.old_logp,
+                completion_mask=segments.completion_mask), np.float32))
+        return dataclasses.replace(groups, old_logp=old, segments=segments)
 
     def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """What one update needs from scored groups: advantages, arrays and log-probs (their
