@@ -64,7 +64,8 @@ def scored(output: Path) -> tuple[float, dict[str, Any]]:
     if not episode.get("ok") or not traces or not traces[0].get("ok"):
         errors = episode.get("errors") or (traces[0].get("errors") if traces else None) or ["no trace"]
         first = errors[0] if errors else "no trace"
-        raise AgentError(f"the verifiers rollout failed: {first.get('message', first) if isinstance(first, dict) else first}")
+        said = first.get("message", first) if isinstance(first, dict) else first
+        raise AgentError(f"the verifiers rollout failed: {said}")
     rewards = traces[0].get("rewards") or {}
     return float(sum(r["score"] * r["weight"] for r in rewards.values())), rewards
 

@@ -336,7 +336,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """What one update needs from scored groups: advantages, arrays and log-probs (their
         seconds in `tally`, as time/logprob)."""
         example = self.to_example(groups, self.compute_advantages(groups))
-        if groups.segments is not None:  # rewritten agent histories: their earlier segments, with their episode's advantage
+        if groups.segments is not None:  # rewritten histories' earlier segments, with their episode's advantage
             rows = self.layout.rows_for(len(groups.rewards) + len(groups.segments))
             example = expand(example, groups.segments, rows, pad_id=self.tokenizer.pad_id)
         start = time.perf_counter()
