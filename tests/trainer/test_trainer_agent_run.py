@@ -3,6 +3,7 @@ examples/agents/multiply_agent.py (an agent with a calculator tool that imports 
 trainer hands it an `openai.AsyncOpenAI`), on a tiny Qwen3 folder with a tool-aware chat template."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -72,3 +73,30 @@ def test_agent_rollouts_run_ahead_with_partial_rollouts(tmp_path):
     assert [m["episodes/env_errors"] for m in steps] == [0.0, 0.0, 0.0]
     assert steps[0]["rollout/staleness_token_lag_max"] == 0.0  # the first collection: the first weights
     assert all(m["rollout/staleness_token_lag_max"] in (0.0, 1.0) for m in steps[1:])
+
+
+@pytest.mark.e2e
+def test_a_run_trains_every_segment_of_a_rewritten_history(tmp_path):
+    """An agent that summarises its history: each episode is two sequences, and the step trains
+    both, the earlier one as an extra row of the update (whole micro-batches more)."""
+    model = tmp_path / "tiny-qwen3"
+    shutil.copytree(HF, model)
+    shutil.copy(TEMPLATE, model / "chat_template.jinja")
+    config = tmp_path / "summarises.yaml"
+    config.write_text("rewards:\n  agent:\n    function: episode_reward\n")
+    run = tmp_path / "run"
+    agents = Path(__file__).resolve().parent / "fixtures" / "agents.py"
+    argv = [
+        "train", "--algo", "grpo", "--config", str(config), "--output", str(run), "--no-progress",
+        f"model.path={model}", "task.name=multiply", f"rollout.agent={agents}:summarises", "rollout.environment=null",
+        "rollout.engine=paged", "rollout.max_prompt_tokens=64", "rollout.max_new_tokens=32", "rollout.max_turns=2",
+        "training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2", "warm_start.steps=0",
+        "eval.every_steps=0", "eval.heldout_size=2", "eval.samples_per_prompt=1", "eval.pass_k=1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for metrics in steps:
+        assert metrics["episodes/env_errors"] == 0.0
+        assert metrics["episodes/earlier_segments"] == 4.0  # 2 prompts x 2 episodes, one earlier segment each
+        assert math.isfinite(metrics["train/loss"])
+        assert metrics["advantages/mean"] == pytest.approx(0.0, abs=1e-6)  # the episodes': zero-mean per group

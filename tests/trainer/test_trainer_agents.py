@@ -90,6 +90,47 @@ def test_a_rewritten_history_starts_a_new_segment_sharing_the_reward(engine, tok
         assert record.turns[0][0] == "model" and len(record.turns) == 1  # the row: the last segment alone
 
 
+def test_each_rewritten_segment_is_a_sequence_of_its_own_token_for_token(engine, tokenizer):
+    """Requests 1-2 append (one segment: both replies in the loss, the user turn between them out), request 3
+    rewrites (a summary), request 4 rewrites again: the row holds segment 3, `segments` the first two."""
+    prompts = [Prompt("3*9=", {"reward": 1.0}), Prompt("8*2=", {"reward": 0.25})]
+    out = rollout(engine, tokenizer, settings("rewrites_twice"), prompts, g=1)
+    captured = load_agent(f"{AGENTS}:rewrites_twice").__globals__["CAPTURED"]
+    assert [r.state["segments"] for r in out.episodes] == [3, 3] and [r.reward for r in out.episodes] == [1.0, 0.25]
+    segments = out.segments
+    assert segments.episode.tolist() == [0, 0, 1, 1]  # each episode's two earlier segments, in order
+    assert segments.prompt_tokens.shape[1] == out.prompt_tokens.shape[1]  # one prompt width for rows and segments
+    for row, prompt in enumerate(prompts):
+        (p1, t1), (p2, t2), (p3, t3), (p4, t4) = captured[prompt.text][-4:]
+        first, second = 2 * row, 2 * row + 1
+        assert segments.prompt_tokens[first][segments.prompt_mask[first] > 0].tolist() == p1
+        glue = p2[len(p1) + len(t1):]
+        assert p2[: len(p1) + len(t1)] == p1 + t1 and glue  # request 2 continued the segment
+        n = len(t1) + len(glue) + len(t2)
+        assert segments.completion_tokens[first, :n].tolist() == t1 + glue + t2
+        assert segments.completion_mask[first].tolist() == [1.0] * len(t1) + [0.0] * len(glue) + [1.0] * len(t2) + [
+            0.0] * (segments.completion_mask.shape[1] - n)
+        model = segments.completion_mask[first] > 0
+        assert (segments.sampler_logp[first][model] < 0).all() and (segments.sampler_logp[first][~model] == 0).all()
+        assert (segments.token_version[first][model] == VERSION).all()
+        assert segments.prompt_tokens[second][segments.prompt_mask[second] > 0].tolist() == p3
+        assert segments.completion_tokens[second, : len(t3)].tolist() == t3
+        assert segments.completion_mask[second].sum() == len(t3)
+        assert out.prompt_tokens[row][out.prompt_mask[row] > 0].tolist() == p4  # the row: the last segment
+        assert out.completions.tokens[row, : len(t4)].tolist() == t4 and out.completions.mask[row].sum() == len(t4)
+    assert engine.retained.held == {}
+
+
+def test_a_streamed_request_under_an_episode_key_is_recorded_like_any(engine, tokenizer):
+    out = rollout(engine, tokenizer, settings("streams"), [Prompt("4*4=", {})])
+    for row, record in enumerate(out.episodes):
+        assert record.errors == () and record.state["requests"] == 2 and record.state["segments"] == 1
+        mask = out.completions.mask[row]
+        runs = np.flatnonzero(np.diff(np.concatenate([[0.0], mask, [0.0]])) == 1)  # where a run of 1s starts
+        assert len(runs) == 2 and out.texts[row] == record.final_text  # two replies in the loss, the glue out
+    assert out.segments is None and engine.retained.held == {}
+
+
 def test_untrusted_agents_end_their_own_episodes_with_one_counted_line(engine, tokenizer):
     kinds = ["fine", "raises", "hangs", "malformed", "too_long", "never_calls"]
     prompts = [Prompt(f"{i}*2=", {"answer": str(2 * i), "kind": kind}) for i, kind in enumerate(kinds)]

@@ -113,9 +113,12 @@ async def chat_completions(request: Request) -> Response:
         else:
             turn, job = None, _job(served, render(served, chat), chat.sampling)
         if chat.sampling.stream:
-            if turn is not None:
-                raise RequestError("streaming is not available under an episode key", param="stream")
-            return StreamingResponse(stream_chat(served, chat, job), media_type="text/event-stream")
+            recorded = {}
+            if turn is not None:  # the episode's request recorded as its stream ends
+                episodes = served.episodes
+                recorded = {"record": lambda samples, replies: episodes.record(key, turn, chat, samples, replies),
+                            "fail": lambda line: episodes.fail(key, line)}
+            return StreamingResponse(stream_chat(served, chat, job, **recorded), media_type="text/event-stream")
         samples = await _run(served, job)
     except RequestError as e:
         if key is not None and served.episodes is not None:

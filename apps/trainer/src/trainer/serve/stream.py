@@ -6,10 +6,10 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from rl_core.rollout.serving import Job
+from rl_core.rollout.serving import Job, Sample
 
 from trainer.serve import tool_calls
 from trainer.serve.requests import ChatRequest, Sampling
@@ -28,9 +28,13 @@ def _streamed(job: Job) -> asyncio.Queue:
     return queue
 
 
-async def stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncIterator[bytes]:
+async def stream_chat(served: Served, chat: ChatRequest, job: Job, *,
+                      record: Callable[[list[Sample], list[dict[str, Any]]], None] | None = None,
+                      fail: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
     """SSE chunks: each choice's role, its content as it is decoded (tool calls and the rest at the end:
-    a call is parsed whole), its finish_reason; usage when asked; [DONE]."""
+    a call is parsed whole), its finish_reason; usage when asked; [DONE]. Under an episode key,
+    `record(samples, replies)` records the request before its last chunks go out (the agent's next
+    request follows them), and `fail(line)` ends the episode when the engine fails it."""
     s = chat.sampling
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": served.name}
@@ -58,11 +62,15 @@ async def stream_chat(served: Served, chat: ChatRequest, job: Job) -> AsyncItera
     try:
         samples = future.result()
     except Exception as e:  # noqa: BLE001 - the stream has started: the error goes in it
+        if fail is not None:
+            fail(f"request 500: {' '.join(str(e).split())}")
         yield _sse({"error": {"message": " ".join(str(e).split()), "type": "server_error", "param": None,
                               "code": None}})
         return
-    for i, sample in enumerate(samples):
-        message, finish = message_of(served, sample, chat)
+    answers = [message_of(served, sample, chat) for sample in samples]
+    if record is not None:
+        record(samples, [message for message, _ in answers])
+    for i, (sample, (message, finish)) in enumerate(zip(samples, answers, strict=True)):
         delta: dict[str, Any] = {}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]

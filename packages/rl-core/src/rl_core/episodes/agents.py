@@ -15,8 +15,10 @@ Every chat request it makes carries its episode's key (the endpoint's path `/epi
 - Any other request (the agent rewrote, summarised or cut its history) starts a new segment,
   from the chat template's rendering of its messages.
 
-`rollout` makes the training rows: one per episode, its last segment (an agent that never rewrote
-its history has one), with the episode's reward; the number of segments is in the record.
+`rollout` makes the training rows: one per episode, holding its last segment (an agent that never
+rewrote its history has one), with the episode's reward; every earlier segment of a rewritten history
+is a sequence of its own beside the rows (`Rollout.segments`, rl_core.episodes.segments), which the
+learner trains with its episode's advantage. The number of segments is in the record.
 
 Untrusted agents: an agent that raises, outlives `rollout.agent_timeout_s`, sends a request the
 endpoint refuses (malformed, over the episode's token budget: "exceeds the context"), or never
@@ -42,6 +44,7 @@ import numpy as np
 
 from rl_core.data import Prompt
 from rl_core.episodes.runner import ENVIRONMENT, MODEL, EpisodeRecord, Rollout, _one_line
+from rl_core.episodes.segments import Segments
 from rl_core.policy.tokens import Tokenizer, left_pad
 from rl_core.rollout.sampler import Completions
 
@@ -267,6 +270,7 @@ class EpisodeLog:
         seen = [v for e in self.episodes.values() for v in e.versions]
         versions = np.full((n, t), max(seen, default=0), np.int32)  # tokens out of the loss: any version
         prompt_rows, records, texts = [], [], []
+        earlier: list[tuple[int, Segment]] = []  # (row, segment): every segment of a rewritten history but the last
         for i, key in enumerate(keys):
             episode = self.episodes[key]
             result = results[i]
@@ -284,6 +288,7 @@ class EpisodeLog:
                 tokens[i, :k], mask[i, :k], logp[i, :k] = segment.tokens, segment.mask, segment.logp
                 model = np.asarray(segment.mask) > 0
                 versions[i, :k][model] = np.asarray(segment.versions)[model]  # each reply's request's version
+                earlier += [(i, e) for e in episode.segments[:-1]]
             reward = float(result) if isinstance(result, (int, float)) and not episode.errors else 0.0
             final = next((text for role, text in reversed(segment.turns) if role == MODEL), "")
             text = result if isinstance(result, str) and not episode.errors else ("" if episode.errors else final)
@@ -297,10 +302,35 @@ class EpisodeLog:
                 state={"requests": episode.requests, "segments": len(episode.segments),
                        "versions": sorted(set(episode.versions))},
                 errors=tuple(episode.errors)))
-        prompt_tokens, prompt_mask = left_pad(prompt_rows, pad_id=pad_id, max_tokens=prompt_width, what="agent prompt")
+        # the rows' prompts and the earlier segments' padded together: one width for both
+        every_prompt = prompt_rows + [segment.prompt[-prompt_width:] for _, segment in earlier]
+        prompt_tokens, prompt_mask = left_pad(every_prompt, pad_id=pad_id, max_tokens=prompt_width,
+                                              what="agent prompt")
         completions = Completions(tokens=tokens, logp=logp * mask, mask=mask, lengths=mask.sum(1).astype(np.int32),
                                   truncated=np.zeros(n, bool), version=versions.min(axis=1), token_version=versions)
-        return Rollout(prompt_tokens, prompt_mask, completions, tuple(texts), tuple(records))
+        segments = None
+        if earlier:
+            segments = _segments(earlier, prompt_tokens[n:], prompt_mask[n:], t, pad_id=pad_id,
+                                 version=int(versions.max()))
+        return Rollout(prompt_tokens[:n], prompt_mask[:n], completions, tuple(texts), tuple(records),
+                       segments=segments)
+
+
+def _segments(earlier: Sequence[tuple[int, Segment]], prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
+              width: int, *, pad_id: int, version: int) -> Segments:
+    """The earlier segments as `Segments` rows (their prompts already padded), completions `width` wide."""
+    s = len(earlier)
+    tokens = np.full((s, width), pad_id, np.int32)
+    mask, logp = np.zeros((s, width), np.float32), np.zeros((s, width), np.float32)
+    versions = np.full((s, width), version, np.int32)  # tokens out of the loss: any version
+    for j, (_, segment) in enumerate(earlier):
+        k = len(segment.tokens)
+        tokens[j, :k], mask[j, :k], logp[j, :k] = segment.tokens, segment.mask, segment.logp
+        model = np.asarray(segment.mask) > 0
+        versions[j, :k][model] = np.asarray(segment.versions)[model]
+    return Segments(episode=np.asarray([row for row, _ in earlier], np.int64), prompt_tokens=prompt_tokens,
+                    prompt_mask=prompt_mask, completion_tokens=tokens, completion_mask=mask, sampler_logp=logp * mask,
+                    token_version=versions)
 
 
 def agent_runtime(name: str = "openai") -> Callable[..., Rollout]:

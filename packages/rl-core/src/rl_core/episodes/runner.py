@@ -49,6 +49,7 @@ import numpy as np
 
 from rl_core.runtime import multihost
 from rl_core.data import Prompt
+from rl_core.episodes.segments import Segments
 from rl_core.episodes.env import JSON, ContractError, Environment, StepResult, checked_result, checked_state
 from rl_core.rollout.sampler import Completions
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts, left_pad
@@ -165,6 +166,7 @@ class Rollout(NamedTuple):
     decoded_tokens: int | None = None  # tokens the backend returned, every row of every call; None: the kept ones
     prefill_tokens: int | None = None  # prompt tokens the backend prefilled; None: it does not count them
     reused_tokens: int | None = None  # prompt tokens it continued from a retained sequence instead
+    segments: Segments | None = None  # rewritten agent histories' earlier segments (rl_core.episodes.segments)
 
     def row_fields(self) -> dict[str, tuple[Any, ...]]:
         """Per-row fields for reward functions: `episode` (each record's JSON) for episodes."""

@@ -221,9 +221,9 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
                                                          version=state.step, params=self.params)
             batch = self.examples_from(head.batch)
             fault_point("step", state.step + 1)
-            if batch.example.batch_size != self.layout.batch_size:
-                raise ValueError(f"examples_from returned {batch.example.batch_size} completions, "
-                                 f"expected {self.layout.batch_size}")
+            if self.layout.rows_for(batch.example.batch_size) != batch.example.batch_size:  # B, or whole micro-batches more
+                raise ValueError(f"examples_from returned {batch.example.batch_size} completions, expected "
+                                 f"{self.layout.batch_size} (or more in whole micro-batches: layout.rows_for)")
             if self.meter is not None:
                 self.meter.trained(batch.example, self.num_iterations)
             update_start = time.perf_counter()

@@ -45,6 +45,7 @@ def groups_of_rollout(prompts: Sequence[Prompt], rolled: Rollout, *, group_size:
         rewards=np.zeros(len(out.lengths), np.float32),
         row_fields=rolled.row_fields(),
         versions=np.full(len(out.lengths), version, np.int32),
+        segments=rolled.segments,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rl_core.data import Prompt
+from rl_core.episodes.segments import Segments, concat_segments
 
 TOTAL = "total"
 """The name under which `Groups.scores` gives the weighted total reward."""
@@ -57,6 +58,9 @@ class Groups:
     rows of one batch differ when DAPO carries groups over or rollouts run ahead. None: not
     recorded (groups built by hand, a checkpoint written before rows carried it). With partial
     rollouts, the weights its collection started with; later tokens may be newer (`token_version`)."""
+    segments: Segments | None = None
+    """The earlier segments of the rows' episodes whose agent rewrote its history, each trained as a
+    row of its own with its episode's advantage (rl_core.episodes.segments); None: none."""
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """JSON facts about the batch as a whole, recorded while collecting it, read when it is
     trained on (possibly a step later, or after a resume): timings, token counts, DAPO's
@@ -103,6 +107,7 @@ class Groups:
             token_version=None if self.token_version is None else self.token_version[rows],
             routing=None if self.routing is None else self.routing[rows],
             row_fields={k: tuple(v[i] for i in rows) for k, v in self.row_fields.items()},
+            segments=None if self.segments is None else self.segments.select(rows),
             **{name: getattr(self, name)[rows] for name in _ROW_ARRAYS},
         )
 
@@ -118,6 +123,7 @@ class Groups:
         out["routing"] = None if self.routing is None else self.routing.tolist()
         out["row_fields"] = {k: list(v) for k, v in self.row_fields.items()}
         out["versions"] = None if self.versions is None else self.versions.tolist()
+        out["segments"] = None if self.segments is None else self.segments.to_json()
         out["info"] = dict(self.info)
         return out
 
@@ -136,6 +142,7 @@ class Groups:
             routing=None if data.get("routing") is None else np.asarray(data["routing"], np.int32),
             row_fields={k: tuple(v) for k, v in data.get("row_fields", {}).items()},
             versions=None if versions is None else np.asarray(versions, np.int32),
+            segments=None if data.get("segments") is None else Segments.from_json(data["segments"]),
             info=dict(data.get("info", {})),
             **arrays,
         )
@@ -211,5 +218,6 @@ def concat(parts: Sequence[Groups], *, pad_id: int) -> Groups:
         token_version=None if any(v is None for v in token_versions) else np.concatenate(token_versions),
         routing=None if routings[0] is None else np.concatenate(routings),
         row_fields={k: tuple(x for p in parts for x in p.row_fields[k]) for k in parts[0].row_fields},
+        segments=concat_segments([p.segments for p in parts], [len(p.rewards) for p in parts], pad_id=pad_id),
         **arrays,
     )

@@ -42,6 +42,7 @@ from rl_core.correction_config import resolve_correction
 from rl_core.data import Prompt, Supply
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.episodes.runner import Rollout
+from rl_core.episodes.segments import expand
 from rl_core.learner import records
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.learner.state import POLICY
@@ -221,15 +222,24 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or Draw()).tally)
 
     def record_behaviour_logprobs(self, groups: Groups) -> Groups:
-        """`groups` with the current policy's log-probs filled in for rows that lack them: call at
-        collection time, before any update (these are the log-probs of the policy that sampled the
-        rows). With async rollouts it records nothing: `passes.at_collection` decides."""
-        if not self._passes.at_collection(groups.missing_old_logp()):
+        """`groups` with the current policy's log-probs filled in for rows that lack them (a rewritten
+        history's earlier segments too): call at collection time, before any update (these are the
+        log-probs of the policy that sampled the rows). With async rollouts it records nothing:
+        `passes.at_collection` decides."""
+        segments = groups.segments  # a rewritten history's earlier segments: theirs too
+        missing = groups.missing_old_logp()
+        if segments is not None and segments.missing_old_logp():
+            missing = np.concatenate([missing, [True]])
+        if not self._passes.at_collection(missing):
             return groups
         old = self._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                        recorded=groups.old_logp, completion_mask=groups.completion_mask,
                                        routing=groups.routing)
-        return dataclasses.replace(groups, old_logp=old)
+        if segments is not None and segments.missing_old_logp():
+            segments = dataclasses.replace(segments, old_logp=np.asarray(self._behaviour_logprobs(
+                segments.prompt_tokens, segments.prompt_mask, segments.completion_tokens, recorded=segments.old_logp,
+                completion_mask=segments.completion_mask), np.float32))
+        return dataclasses.replace(groups, old_logp=old, segments=segments)
 
     # -- the policy's passes, as the collection and the training half run them --------------------
 
@@ -269,7 +279,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         # and what reward functions reported about their calls (e.g. a judge model's time/judge)
         tally |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
         example = self.example_from_groups(groups, tally)  # adds time/logprob
-        adv = example.advantages
+        adv = example.advantages[: len(groups.rewards)]  # the episodes' (segment rows repeat them)
         metrics = {**self.group_metrics(groups, adv), **tally, **records.collection_metrics(groups, step=self.step)}
         tokens = int(groups.info.get("perf/generated_tokens", 0.0))
         return StepBatch(example, metrics, self.samples(groups, adv), tokens)
@@ -284,6 +294,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """What one update needs from scored groups: advantages, arrays and log-probs (their
         seconds in `tally`, as time/logprob)."""
         example = self.to_example(groups, self.compute_advantages(groups))
+        if groups.segments is not None:  # rewritten histories' earlier segments, with their episode's advantage
+            rows = self.layout.rows_for(len(groups.rewards) + len(groups.segments))
+            example = expand(example, groups.segments, rows, pad_id=self.tokenizer.pad_id)
         start = time.perf_counter()
         example = self.add_logprobs(example)
         if tally is not None:

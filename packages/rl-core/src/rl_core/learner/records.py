@@ -53,6 +53,8 @@ def collection_metrics(groups: Groups, *, step: int) -> dict[str, float]:
     metrics["perf/decoded_per_kept"] = tokens / kept if kept else 1.0
     # prompt tokens the engine prefilled, and those it continued from an episode's retained sequence
     metrics |= {k: v for k, v in groups.info.items() if k in ("perf/prefill_tokens", "perf/reused_prefix_tokens")}
+    if groups.segments is not None:  # rows beyond the episodes': rewritten histories' earlier segments
+        metrics["episodes/earlier_segments"] = float(len(groups.segments))
     if groups.versions is not None:  # the weights that sampled the rows (carried groups: older ones)
         metrics["rollout/version_min"] = float(groups.versions.min())
         metrics["rollout/version_max"] = float(groups.versions.max())

@@ -61,14 +61,24 @@ class BatchLayout:
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
         return mesh_lib.rows(self.mesh, axis)
 
+    def rows_for(self, rows: int) -> int:
+        """The fewest rows, at least `rows`, that `mini_batches` cuts: B, or more in whole micro-batches
+        of every mini-batch (an agent's rewritten histories add rows: rl_core.episodes.segments)."""
+        whole = self.num_mini_batches * self.micro_size
+        return max(self.batch_size, -(-rows // whole) * whole)
+
     def mini_batches(self, example: TrainExample) -> list[TrainExample]:
         """Split [B, ...] into mini-batches of stacked micro-batches [M, mb, ...], sharded on mb.
+        More rows than B (`rows_for`) make more micro-batches of the same size, with no shared prompts.
 
         Host (numpy) fields are reshaped on the host and sent in one transfer per
         mini-batch; only fields already on the device take device ops.
         """
         n_mini, n_micro = self.num_mini_batches, self.num_micro_batches
         example = example._replace(shared_prompts=self.shared_prompts(example.prompt_tokens, example.prompt_mask))
+        if example.batch_size != self.batch_size:
+            n_micro = example.batch_size // (n_mini * self.micro_size)
+            example = example._replace(shared_prompts=None)
 
         def split(x):  # rows, or shared prompts (one per group of rows)
             return x.reshape(n_mini, n_micro, -1, *x.shape[1:])
