@@ -140,9 +140,9 @@ def test_segments_carried_to_a_later_step_keep_the_log_probs_of_the_policy_that_
     example = learner.to_example(groups, learner.compute_advantages(groups))
     expanded = expand(example, seg, 12, pad_id=0)
     np.testing.assert_array_equal(expanded.old_logp[8:12], seg.old_logp)  # kept, not NaN: no pass reruns them
-    direct = learner.behaviour_logprobs(expanded.prompt_tokens[8:12], expanded.prompt_mask[8:12],
-                                        expanded.completion_tokens[8:12],
-                                        completion_mask=expanded.completion_mask[8:12])
+    direct = learner._behaviour_logprobs(expanded.prompt_tokens[8:12], expanded.prompt_mask[8:12],
+                                         expanded.completion_tokens[8:12],
+                                         completion_mask=expanded.completion_mask[8:12])
     np.testing.assert_allclose(seg.old_logp * seg.completion_mask, np.asarray(direct) * seg.completion_mask,
                                atol=1e-5)
     assert (seg.old_logp[seg.completion_mask > 0] < 0).all()
