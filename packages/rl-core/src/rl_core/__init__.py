@@ -29,8 +29,10 @@ def _export(module: str, *names: str) -> None:
         _EXPORTS[name] = f"rl_core.{module}"
 
 
-_export("config", "AlgorithmConfig", "Config", "ConfigError", "MeshConfig", "RolloutConfig", "TrainingConfig")
+_export("config", "AlgorithmConfig", "Config", "ConfigError", "MeshConfig", "RolloutConfig", "TrainingConfig", "check",
+        "check_registered")
 _export("data", "Prompt", "PromptDataset", "PromptStream", "Supply")
+_export("packed", "Packed")
 _export("types", "SharedPrompts", "StepBatch", "TrainExample")
 _export("registry", "Algorithm", "Registry", "RegistryError", "environment_factory", "environment_names", "get",
         "get_algorithm", "get_environment", "register", "register_environment")

@@ -1,0 +1,29 @@
+"""Lazy public faces: a package lists the names it offers and the modules that define them.
+
+A name's module is imported on first use (PEP 562 `__getattr__`), so importing a face stays
+light (settings load without JAX programs or engines) and a face cannot close an import circle.
+"""
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+def lazy_face(package: str, modules: Mapping[str, Sequence[str]]
+              ) -> tuple[Callable[[str], Any], Callable[[], list[str]], dict[str, str]]:
+    """`__getattr__` and `__dir__` for `package`, and its map of public name -> defining module."""
+    where = {name: module for module, names in modules.items() for name in names}
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name]), name)
+        namespace[name] = value  # later look-ups skip __getattr__
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *where})
+
+    return __getattr__, __dir__, where
