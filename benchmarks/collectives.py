@@ -46,16 +46,18 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from rl_core.policy import frozen as frozen_lib  # noqa: E402
-from rl_core import registry  # noqa: E402
-from rl_core.runtime import hlo
-from rl_core.runtime import mesh as mesh_lib  # noqa: E402
-from rl_core.config import RolloutConfig, TrainingConfig  # noqa: E402
-from rl_core.train.objective import policy_loss_function  # noqa: E402
-from rl_core.train.optim import make_optimizer  # noqa: E402
-from rl_core.packed import Packed  # noqa: E402
-from rl_core.train.trainable import abstract_model, make_update, model_shardings, update_program  # noqa: E402
-from rl_core.types import TrainExample  # noqa: E402
+from rl_core.policy import frozen as frozen_lib
+from rl_core import (
+    make_optimizer,
+    Packed,
+    policy_loss_function,
+    registry,
+    RolloutConfig,
+    TrainExample,
+    TrainingConfig,
+)
+from rl_core.runtime import hlo, mesh as mesh_lib
+from rl_core.train import abstract_model, make_update, model_shardings, update_program
 from rl_models import Transformer, TransformerConfig  # noqa: E402
 
 GIB = 2**30

@@ -28,9 +28,8 @@ import numpy as np
 import optax
 from algo_ppo.learner import HELDOUT_SEED
 from ppo_critic import RUN
-from rl_core.policy.logprobs import sequence_inputs
-from rl_core.math.returns import explained_variance
-from rl_core.policy.values import written_logp
+from rl_core.policy import sequence_inputs, written_logp
+from rl_core import explained_variance
 from rl_models.value import prefix_confidence
 from trainer import build
 from trainer.run import load_task

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rl_core.run.layout import SUMMARY
+from rl_core.run import SUMMARY
 from trainer.cli import main
 
 

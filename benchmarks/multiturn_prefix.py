@@ -25,11 +25,9 @@ import numpy as np
 from flax import nnx
 
 import rl_models
-from rl_core.data import Prompt
-from rl_core.episodes import EpisodeLimits, StepResult, run_episodes
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.sampler import SamplingParams
+from rl_core import Prompt, SamplingParams
+from rl_core.episodes import EpisodeLimits, run_episodes, StepResult
+from rl_core.rollout import EngineSettings, PagedBackend, Requests
 
 TOK = rl_models.CharTokenizer()
 SAMPLING = SamplingParams(temperature=1.0)

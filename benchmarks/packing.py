@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from rl_core.policy.logprobs import completion_logprobs
-from rl_core.train.packing import pack_micro_batches, padded_positions
+from rl_core import completion_logprobs
+from rl_core.train import pack_micro_batches, padded_positions
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 

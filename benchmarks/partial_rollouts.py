@@ -29,9 +29,8 @@ import numpy as np
 import rewards
 from algo_grpo import GRPOConfig, GRPOLearner
 from flax import nnx
-from rl_core.config import RolloutConfig, TrainingConfig
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
+from rl_core import RolloutConfig, TrainingConfig
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
 from rl_models import PAGED_TRANSFORMER, CharTokenizer, Transformer, TransformerConfig
 from trainer.tasks import arithmetic
 

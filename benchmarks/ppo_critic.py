@@ -35,7 +35,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from algo_ppo.learner import HELDOUT_SEED
-from rl_core.math.returns import explained_variance
+from rl_core import explained_variance
 from trainer import build
 from trainer.run import load_task, policy_evaluation
 from trainer.settings import build_settings

@@ -47,11 +47,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.factory import make_backend
-from rl_core.rollout.sampler import SamplingParams
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
+from rl_core.rollout import make_backend, Requests
+from rl_core import SamplingParams
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
 from rl_models import PAGED_TRANSFORMER, TransformerConfig
 
 from trainer import build

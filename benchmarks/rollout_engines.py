@@ -36,13 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_core.runtime.compiles import compile_count
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.static import StaticBackend
-from rl_core.rollout.sampler import Sampler, SamplingParams
+from rl_core.runtime import compile_count, keep_freed_memory, unroll_threefry_on_cpu
+from rl_core.rollout import EngineSettings, PagedBackend, Requests, StaticBackend
+from rl_core import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
 from rl_models.hf import load_hf_config, load_hf_model
 

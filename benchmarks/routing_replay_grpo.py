@@ -28,10 +28,7 @@ from flax import nnx
 import rewards
 import rl_models
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.config import RolloutConfig, TrainingConfig
-from rl_core.data import Prompt
-from rl_core.learner.groups import Groups
-from rl_core.types import StepBatch
+from rl_core import Groups, Prompt, RolloutConfig, StepBatch, TrainingConfig
 
 TOK = rl_models.CharTokenizer()
 MODEL = rl_models.TransformerConfig.tiny(TOK.vocab_size, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,

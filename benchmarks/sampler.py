@@ -23,11 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_core.runtime.compiles import compile_count
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
-from rl_core.rollout.sampler import Sampler, SamplingParams
-from rl_core.policy.tokens import left_pad
+from rl_core.runtime import compile_count, keep_freed_memory, unroll_threefry_on_cpu
+from rl_core import Sampler, SamplingParams
+from rl_core.policy import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 
 

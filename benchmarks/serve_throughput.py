@@ -31,13 +31,10 @@ import numpy as np
 import openai
 from flax import nnx
 
-from rl_core.policy.tokens import left_pad
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.sampler import GREEDY
-from rl_core.rollout.serving import EngineLoop
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
+from rl_core.policy import left_pad
+from rl_core.rollout import EngineLoop, EngineSettings, PagedBackend, Requests
+from rl_core import GREEDY
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer.serve import Served, serve_in_thread

@@ -31,9 +31,8 @@ import numpy as np
 import rl_core.policy.logprobs as logprobs_lib
 import rl_models.layers as layers_lib
 import rl_models.transformer as transformer_lib
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
-from rl_core.train.trim import trim_example, trimmed_width
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
+from rl_core.train import trim_example, trimmed_width
 from trainer import build
 from trainer.bench import measure as bench
 from trainer.bench.presets import PRESETS

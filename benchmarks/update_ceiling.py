@@ -41,9 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.profiler import ProfileData
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
-from rl_core.train.trim import trim_example, trimmed_width
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
+from rl_core.train import trim_example, trimmed_width
 from trainer import build
 from trainer.bench import measure as bench
 from trainer.bench.flops import block_matmul_weights, matmul_peak, query_side_weights, scored_tokens, training_flops

@@ -31,11 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_core.policy.logprobs import completion_logprobs
-from rl_core.policy.tokens import left_pad
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.sampler import GREEDY, SamplingParams
+from rl_core import completion_logprobs, GREEDY, SamplingParams
+from rl_core.policy import left_pad
+from rl_core.rollout import EngineSettings, PagedBackend, Requests
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer.remote.vllm_engine import VLLMBackend

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_core.rollout.attention import reference_paged_attention
+from rl_core.rollout import reference_paged_attention
 
 
 def median_seconds(fn, repeats: int) -> float:

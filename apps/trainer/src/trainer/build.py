@@ -24,15 +24,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager, RewardSpec
 from jax.sharding import Mesh
-from rl_core.runtime import mesh as mesh_lib
-from rl_core.runtime import multihost
-from rl_core import registry
+from rl_core.runtime import mesh as mesh_lib, multihost
+from rl_core import ConfigError, Meter, registry, RLLearner, Tokenizer
 from rl_core.run import storage
-from rl_core.learner.base import RLLearner
-from rl_core.learner.meter import Meter
-from rl_core.learner.reward_audit import RewardAudit
-from rl_core.config import ConfigError
-from rl_core.policy.tokens import Tokenizer
+from rl_core.learner import RewardAudit
 from rl_models import (
     PAGED_TRANSFORMER,
     CharTokenizer,

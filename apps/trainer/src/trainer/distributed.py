@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 
 import jax
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rewards.tools import calculator as calculate
-from rl_core.episodes.tools import MAX_RESULT_CHARS, TagCalls, Tool, ToolEnvironment
+from rl_core.episodes import MAX_RESULT_CHARS, TagCalls, Tool, ToolEnvironment
 
 
 def calculator(*, tag: str = "calc", result_template: str = "[{result}]",

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from rl_core import registry
-from rl_core.math.aggregation import per_token
+from rl_core import per_token, registry
 
 # Fields an algorithm config needs for a group-relative explanation (GRPO and its variants).
 _NEEDED_FIELDS = ("advantage_estimator", "policy_loss", "loss_agg_mode", "epsilon_low", "epsilon_high", "beta")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.run import storage
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 from rl_models.hf import export_hf, export_peft, write_char_tokenizer
 from rl_models.lora import has_adapters, merge_adapters
 

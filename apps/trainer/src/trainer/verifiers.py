@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rl_core.episodes.agents import AgentError
+from rl_core.episodes import AgentError
 
 ENVS = Path(__file__).resolve().parents[2] / "verifiers_envs"
 """The tasksets written for the verifiers venv (on its PYTHONPATH)."""

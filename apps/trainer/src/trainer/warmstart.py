@@ -25,16 +25,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from rl_core.run.checkpoint import remove_unfinished_saves
-from rl_core.config import ConfigError
-from rl_core.data import Prompt
-from rl_core.registry import environment_factory
-from rl_core.episodes.scripted import scripted_episode
-from rl_core.run.faults import fault_point
-from rl_core.policy.logprobs import completion_logprobs
-from rl_core.run.progress import ProgressBar
-from rl_core.policy.tokens import Tokenizer, encode_prompts
-from rl_core.train.packing import pack
+from rl_core.run import fault_point, ProgressBar, remove_unfinished_saves
+from rl_core import completion_logprobs, ConfigError, encode_prompts, environment_factory, Prompt, Tokenizer
+from rl_core.episodes import scripted_episode
+from rl_core.train import pack
 
 from trainer.tasks import Task
 

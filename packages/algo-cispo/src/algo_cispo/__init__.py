@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.config import check
-from rl_core.math.policy_losses import PolicyLossAux, log_ratio, token_advantages
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, check, log_ratio, token_advantages
+from rl_core.math import PolicyLossAux
 
 
 def cispo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None):

@@ -16,7 +16,7 @@ Changes from GRPO:
 from algo_dapo.config import DAPOConfig, OverlongConfig
 from algo_dapo.learner import DAPOLearner, DynamicSamplingError
 from algo_dapo.overlong import overlong_penalty, overlong_shaping
-from rl_core.registry import Algorithm
+from rl_core import Algorithm
 
 ALGORITHM = Algorithm(name="dapo", config=DAPOConfig, learner=DAPOLearner)
 

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from algo_grpo import GRPOConfig
-from rl_core.config import Config, check
-from rl_core.learner.groups import TOTAL
+from rl_core import check, Config
+from rl_core.learner import TOTAL
 
 from algo_dapo.overlong import overlong_penalty
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 from algo_grpo import GRPOLearner
-from rl_core.data import Prompt, Supply
-from rl_core.learner.groups import Groups, concat
+from rl_core import Groups, Prompt, Supply
+from rl_core.learner import concat
 
 from algo_dapo.config import DAPOConfig
 

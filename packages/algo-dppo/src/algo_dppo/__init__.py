@@ -38,8 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.math.policy_losses import PolicyLossAux, log_ratio, token_advantages
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, log_ratio, token_advantages
 
 
 def binary_tv_valid(logp, old_logp, a, eps_low, eps_high):

@@ -12,8 +12,7 @@ Changes from GRPO:
 import dataclasses
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.math.advantages import group_centered
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, group_centered
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

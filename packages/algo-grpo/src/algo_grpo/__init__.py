@@ -11,9 +11,7 @@ CISPO, REINFORCE++) derive from, and the `ALGORITHM` value that the entry point
 
 import dataclasses
 
-from rl_core.learner.pipeline import PolicyGradientLearner
-from rl_core.pipeline_config import PolicyGradientConfig
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, PolicyGradientConfig, PolicyGradientLearner
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

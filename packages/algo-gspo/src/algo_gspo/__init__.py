@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.math.policy_losses import clipped_surrogate, log_ratio
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, clipped_surrogate, log_ratio
 
 
 def sequence_log_ratio(logp, old_logp, mask):

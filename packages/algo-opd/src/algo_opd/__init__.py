@@ -21,7 +21,7 @@ Any RL algorithm plus distillation is a setting, not a package: e.g. GRPO with
 import dataclasses
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.registry import Algorithm
+from rl_core import Algorithm
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ The policy loss is GRPO's clipped surrogate (PPO's own), now with one advantage 
 
 from algo_ppo.config import PPOConfig
 from algo_ppo.learner import PPOLearner
-from rl_core.registry import Algorithm
+from rl_core import Algorithm
 
 ALGORITHM = Algorithm(name="ppo", config=PPOConfig, learner=PPOLearner)
 

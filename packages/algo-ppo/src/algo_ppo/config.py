@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from rl_core.config import check
-from rl_core.pipeline_config import PolicyGradientConfig
+from rl_core import check, PolicyGradientConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

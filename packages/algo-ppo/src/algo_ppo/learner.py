@@ -21,17 +21,25 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rl_core import aggregate, clipped_value_loss, explained_variance, gae, registry, token_rewards
+from rl_core import (
+    aggregate,
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    Groups,
+    LossFn,
+    LossOutput,
+    PolicyGradientLearner,
+    Prompt,
+    registry,
+    token_rewards,
+    TrainExample,
+    ValueFunction,
+)
 from rl_core.runtime import multihost
-from rl_core.data import Prompt
-from rl_core.episodes.runner import turn_reward_tokens
-from rl_core.learner.groups import Groups
-from rl_core.learner.base import StepBatch
-from rl_core.learner.pipeline import PolicyGradientLearner
-from rl_core.policy.protocols import ValueFunction
-from rl_core.train.trainable import LossFn, LossOutput
-from rl_core.types import TrainExample
-from rl_core.policy.values import completion_values, written_logp
+from rl_core.episodes import turn_reward_tokens
+from rl_core.learner import StepBatch
+from rl_core.policy import completion_values, written_logp
 
 from algo_ppo.config import PPOConfig
 

@@ -19,8 +19,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.math.advantages import GRPO_STD_EPS, group_centered
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, group_centered, GRPO_STD_EPS
 
 
 def reinforce_pp_advantages(rewards, group_size):

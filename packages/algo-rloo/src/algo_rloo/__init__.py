@@ -24,7 +24,7 @@ is what GSPO is for (`algo-gspo`, the geometric mean of the token ratios).
 import dataclasses
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.registry import Algorithm
+from rl_core import Algorithm
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

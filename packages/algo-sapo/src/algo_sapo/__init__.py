@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
-from rl_core.config import check
-from rl_core.math.policy_losses import PolicyLossAux, log_ratio, token_advantages
-from rl_core.registry import Algorithm
+from rl_core import Algorithm, check, log_ratio, token_advantages
+from rl_core.math import PolicyLossAux
 
 def sapo_loss(logp, old_logp, adv, mask, *, eps_low, eps_high, dual_clip=None, tau_pos=1.0, tau_neg=1.05):
     """-(4 / tau) * sigmoid(tau * (r_t - 1)) * A per token [B, T], tau by the sign of A; eps_* unused."""

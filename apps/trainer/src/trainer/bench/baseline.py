@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 TOLERANCE = 0.10
 """A phase more than this much slower than the baseline is flagged."""

@@ -32,11 +32,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from rl_core.runtime import mesh as mesh_lib
-from rl_core.runtime.compiles import compile_count
-from rl_core.config import ConfigError
-from rl_core.rollout.factory import resolve_engine
-from rl_core.rollout.sampler import Sampler, SamplingParams
+from rl_core.runtime import compile_count, mesh as mesh_lib
+from rl_core import ConfigError, Sampler, SamplingParams
+from rl_core.rollout import resolve_engine
 from rl_models import TransformerConfig
 
 from trainer import build

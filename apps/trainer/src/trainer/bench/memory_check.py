@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 from trainer.plan import GIB, MemoryBudget
 

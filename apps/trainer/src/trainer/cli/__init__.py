@@ -10,14 +10,9 @@ import sys
 from pathlib import Path
 
 from rewards import RewardError
-from rl_core.runtime.compiles import use_persistent_cache
-from rl_core.config import ConfigError
-from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
-from rl_core.runtime.host_memory import keep_freed_memory
-from rl_core.learner.base import NonFiniteUpdateError
-from rl_core.registry import RegistryError
-from rl_core.run.files import RunFileError
-from rl_core.run.storage import StorageError
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu, use_persistent_cache
+from rl_core import ConfigError, NonFiniteUpdateError, RegistryError
+from rl_core.run import RunFileError, StorageError
 from rl_models.hf import HFFolderError
 
 from trainer.cli import algos, bench, compare, config, convert, explain, export, plan, samples, serve, show, tasks, train

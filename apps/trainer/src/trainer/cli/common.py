@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rl_core.run.storage import is_url
+from rl_core.run import is_url
 
 DEFAULT_COMPARE_DIR = Path("runs/compare")
 def location(text: str) -> Path | str:

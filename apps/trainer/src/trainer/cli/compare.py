@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rl_core.config import ConfigError
-from rl_core.run.storage import is_url
+from rl_core import ConfigError
+from rl_core.run import is_url
 
 from trainer.cli.common import DEFAULT_COMPARE_DIR, SETTINGS_HINT, location
 

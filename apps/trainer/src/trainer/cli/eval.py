@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
     from pathlib import Path
 
-    from rl_core.config import ConfigError
+    from rl_core import ConfigError
 
     from trainer.run.saved_run import evaluate_data, evaluate_run, results_path
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 # The command's own modules are imported inside `run`, not at the top: the CLI imports every
 # command module before parsing, and `trainer train` must join a multi-process run before

@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl_core.config import ConfigError
+    from rl_core import ConfigError
 
     from trainer.show import parse_steps, show_run
 

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 from trainer.cli.common import DEFAULT_COMPARE_DIR, SETTINGS_HINT, location
 

@@ -30,9 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core import registry
-from rl_core.config import ConfigError
-from rl_core.run.layout import EVAL_BEFORE, METRICS
+from rl_core import ConfigError, registry
+from rl_core.run import EVAL_BEFORE, METRICS
 
 from trainer.compare import folder as compare_folder
 from trainer.compare.report import PLOTS, write_report

@@ -19,8 +19,7 @@ import jax
 import numpy as np
 from rewards.latex import last_boxed, normalize_answer
 from rewards.numbers import first_number, last_number
-from rl_core.data import Prompt
-from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
+from rl_core import GREEDY, Prompt, Sampler, SamplingParams
 
 from trainer.evaluate.heldout import correctness, generate_texts, pass_at_k
 from trainer.tasks import Task

@@ -10,13 +10,18 @@ import jax
 import numpy as np
 from rewards import RewardManager
 from rl_core.runtime import multihost
-from rl_core.config import RolloutConfig
-from rl_core.data import Prompt
-from rl_core.episodes import EpisodeLimits, EpisodeRecord, episode_metrics, run_episodes
-from rl_core.episodes.agents import agent_runtime
-from rl_core.registry import environment_factory
-from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
-from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
+from rl_core import (
+    decode_completions,
+    encode_prompts,
+    environment_factory,
+    GREEDY,
+    Prompt,
+    RolloutConfig,
+    Sampler,
+    SamplingParams,
+    Tokenizer,
+)
+from rl_core.episodes import agent_runtime, episode_metrics, EpisodeLimits, EpisodeRecord, run_episodes
 
 from trainer.tasks import Task
 

@@ -19,13 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from rl_core.config import RolloutConfig
-from rl_core.policy.logprobs import sequence_inputs
-from rl_core.policy.protocols import PagedModel
-from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.factory import make_backend
-from rl_core.rollout.sampler import GREEDY
+from rl_core import decode_completions, encode_prompts, GREEDY, PagedModel, RolloutConfig, Tokenizer
+from rl_core.policy import sequence_inputs
+from rl_core.rollout import make_backend, Requests
 from rl_core.runtime import multihost
 
 

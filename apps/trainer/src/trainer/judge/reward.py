@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from rewards import RewardSpec, Scores
 from rewards.verdicts import yes_probability
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 

@@ -18,8 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
-from rl_core.config import ConfigError
-from rl_core.data import Prompt
+from rl_core import ConfigError, Prompt
 from rl_models import CharTokenizer, Transformer, preset
 
 from trainer.settings.judge import JudgeSettings

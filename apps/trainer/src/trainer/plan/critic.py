@@ -68,8 +68,8 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     from flax import nnx
     from rl_core.policy import frozen as frozen_lib
     from rl_core import registry
-    from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
-    from rl_core.policy.values import completion_values
+    from rl_core.train import abstract_model, forward_program, model_shardings, update_program
+    from rl_core.policy import completion_values
     from rl_models import ValueModel, model_class, value_model_from_policy
     from rl_models.hf import load_hf_config
 

@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 GIB = 1024**3
 PLATFORMS = ("gpu", "tpu", "cpu")

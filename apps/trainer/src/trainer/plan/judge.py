@@ -62,9 +62,9 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
     import jax.numpy as jnp
     from flax import nnx
     from rl_core import registry
-    from rl_core.config import RolloutConfig
-    from rl_core.rollout.factory import resolve_engine
-    from rl_core.rollout.memory import MemoryQuery
+    from rl_core import RolloutConfig
+    from rl_core.rollout import resolve_engine
+    from rl_core.rollout import MemoryQuery
     from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program

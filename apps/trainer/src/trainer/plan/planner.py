@@ -85,7 +85,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
-    from rl_core.rollout.memory import MemoryQuery
+    from rl_core.rollout import MemoryQuery
     from rl_models import CharTokenizer, model_class, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
@@ -123,7 +123,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         check_critic(settings, policy_abstract)  # model.critic_path: the policy's vocabulary, whole heads
     graphdef, abstract, frozen_abstract, _ = frozen_lib.split_policy(policy_abstract)
     training, rollout = settings.training, settings.rollout
-    from rl_core.rollout.factory import resolve_engine
+    from rl_core.rollout import resolve_engine
 
     # "auto" as the trainer's learner resolves it (it has a paged adapter for every model)
     engine_name = resolve_engine(rollout)

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ def policy_loss(algo_name: str, algo: Any, rollout: Any, passes: Any) -> Any:
     """The policy's loss a run of algorithm `algo_name` (config `algo`) trains: its learner's own
     `loss_of` (rl_core.learner.pipeline.PolicyGradientLearner.loss_of), which a variant may override."""
     from rl_core import registry
-    from rl_core.learner.pipeline import PolicyGradientLearner
+    from rl_core import PolicyGradientLearner
 
     learner = registry.get_algorithm(algo_name).learner
     if not issubclass(learner, PolicyGradientLearner):
@@ -67,10 +67,10 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     """The policy's programs of a run with `settings` (a RunSettings) on `mesh`, for a module split
     (rl_core.policy.frozen.split_policy of its `nnx.eval_shape`) into `graphdef`, trained `params` and `frozen` base."""
     from rl_core import registry
-    from rl_core.train.behaviour import LogprobPasses, logprob_fn
-    from rl_core.train.layout import BatchLayout
-    from rl_core.train.optim import make_optimizer
-    from rl_core.train.trainable import abstract_model, forward_program, model_shardings, update_program
+    from rl_core.train import LogprobPasses, logprob_fn
+    from rl_core import BatchLayout
+    from rl_core import make_optimizer
+    from rl_core.train import abstract_model, forward_program, model_shardings, update_program
 
     algo = settings.algorithm_config()
     training, rollout = settings.training, settings.rollout

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from rl_core.config import ConfigError
-from rl_core.rollout.factory import resolve_engine
+from rl_core import ConfigError
+from rl_core.rollout import resolve_engine
 
 from trainer.plan.device_memory import GIB
 from trainer.plan.experts import expert_layouts

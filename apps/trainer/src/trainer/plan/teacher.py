@@ -44,8 +44,8 @@ def teacher_plan(settings: Any, *, mesh: Any, runtime: dict[str, Any], layout: A
     import jax
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
-    from rl_core.train.behaviour import logprob_fn
-    from rl_core.train.trainable import ModelShardings, forward_program
+    from rl_core.train import logprob_fn
+    from rl_core.train import ModelShardings, forward_program
     from rl_models import model_class
 
     config = teacher_config(settings, runtime)

@@ -37,10 +37,8 @@ from typing import Any
 import httpx
 import jax
 import numpy as np
-from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
-from rl_core.rollout.engines import Engine, EngineBuild
-from rl_core.rollout.memory import nothing_here
-from rl_core.rollout.sampler import Completions, SamplingParams
+from rl_core.rollout import Capabilities, Engine, EngineBuild, EngineCounters, nothing_here, Requests
+from rl_core import Completions, SamplingParams
 
 from trainer.remote import weights as weights_lib
 

@@ -35,7 +35,7 @@ def start(rollout: Any) -> list[str]:
 
 def launch_for(settings: Any, log: Any = print) -> list[str]:
     """The run's `rollout.local_servers` servers of its model folder, with its rollout's shapes."""
-    from rl_core.rollout.factory import engine_settings
+    from rl_core.rollout import engine_settings
 
     rollout = settings.rollout
     alive = _alive()

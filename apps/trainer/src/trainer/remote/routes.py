@@ -30,9 +30,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from rl_core.policy.tokens import left_pad
-from rl_core.rollout.backend import Requests
-from rl_core.rollout.sampler import SamplingParams
+from rl_core.policy import left_pad
+from rl_core.rollout import Requests
+from rl_core import SamplingParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route

@@ -35,10 +35,8 @@ import httpx
 import jax
 import numpy as np
 from flax import nnx
-from rl_core.rollout.backend import Capabilities, Requests
-from rl_core.rollout.engines import Engine, EngineBuild
-from rl_core.rollout.memory import nothing_here
-from rl_core.rollout.sampler import Completions, SamplingParams
+from rl_core.rollout import Capabilities, Engine, EngineBuild, nothing_here, Requests
+from rl_core import Completions, SamplingParams
 
 from trainer.remote.engine import RemoteBackend
 

@@ -18,12 +18,21 @@ from typing import Any
 
 import yaml
 from rl_core.runtime import multihost
-from rl_core.run import storage
-from rl_core.run.checkpoint import saved_steps
-from rl_core.config import ConfigError
-from rl_core.run.files import atomic_write_text, read_jsonl
-from rl_core.rollout.factory import resolve_engine
-from rl_core.run.layout import CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, RUN_FILES, SETTINGS_AT_START, SUMMARY
+from rl_core.run import (
+    atomic_write_text,
+    CHECKPOINTS,
+    CONFIG,
+    CORRUPT_CHECKPOINTS,
+    METRICS,
+    read_jsonl,
+    RUN_FILES,
+    saved_steps,
+    SETTINGS_AT_START,
+    storage,
+    SUMMARY,
+)
+from rl_core import ConfigError
+from rl_core.rollout import resolve_engine
 
 from trainer.settings import RunSettings, build_settings, load_yaml
 

@@ -16,11 +16,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flax import nnx
-from rl_core.run import storage
-from rl_core.run.checkpoint import Checkpointer
-from rl_core.learner.base import RLLearner
-from rl_core.run.layout import CHECKPOINTS
-from rl_core.policy.tokens import Tokenizer
+from rl_core.run import CHECKPOINTS, storage
+from rl_core import Checkpointer, RLLearner, Tokenizer
 
 from trainer import build
 from trainer.run.folder import refuse_changed_settings, settings_of_run

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from rl_core.data import Prompt
-from rl_core.policy.tokens import Tokenizer
+from rl_core import Prompt, Tokenizer
 
 from trainer.tasks import DataError, Task
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.run import storage
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 from trainer import build
 from trainer.evaluate.benchmark import benchmark

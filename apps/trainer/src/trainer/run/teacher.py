@@ -13,10 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import ConfigError
-from rl_core.policy.tokens import Tokenizer
-from rl_core.run import storage
-from rl_core.run.layout import CONFIG
+from rl_core import ConfigError, Tokenizer
+from rl_core.run import CONFIG, storage
 from rl_core.runtime import mesh as mesh_lib
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 

@@ -32,11 +32,18 @@ from typing import Any
 from rewards import RewardSpec
 from rl_core.runtime import multihost
 
-from rl_core.rollout.factory import explain_engine
-from rl_core.run import storage
-from rl_core.run.checkpoint import saved_steps
-from rl_core.run.faults import fault_point
-from rl_core.run.layout import CHECKPOINTS, CONFIG, EVAL_BEFORE, RUN_FILES, SFT_METRICS, SUMMARY
+from rl_core.rollout import explain_engine
+from rl_core.run import (
+    CHECKPOINTS,
+    CONFIG,
+    EVAL_BEFORE,
+    fault_point,
+    RUN_FILES,
+    saved_steps,
+    SFT_METRICS,
+    storage,
+    SUMMARY,
+)
 
 from trainer import build
 from trainer.evaluate import evaluate

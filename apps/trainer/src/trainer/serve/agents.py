@@ -28,12 +28,10 @@ from typing import Any
 
 import numpy as np
 import openai
-from rl_core.config import RolloutConfig
-from rl_core.data import Prompt
-from rl_core.episodes.agents import AgentError, EpisodeLog, Turn, agent_row, load_agent
-from rl_core.episodes.runner import Rollout
-from rl_core.policy.tokens import Tokenizer, left_pad
-from rl_core.rollout.serving import Job, Sample, kept
+from rl_core import Prompt, RolloutConfig, Tokenizer
+from rl_core.episodes import agent_row, AgentError, EpisodeLog, load_agent, Rollout, Turn
+from rl_core.policy import left_pad
+from rl_core.rollout import Job, kept, Sample
 
 from trainer.serve import tool_calls
 from trainer.serve.app import Running, Served, make_app

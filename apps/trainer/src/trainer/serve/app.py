@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
-from rl_core.rollout.sampler import SamplingParams
-from rl_core.rollout.serving import Job, Sample
+from rl_core import SamplingParams
+from rl_core.rollout import Job, Sample
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request

@@ -8,8 +8,7 @@ from typing import Any
 
 import jax
 from flax import nnx
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.serving import EngineLoop
+from rl_core.rollout import EngineLoop, EngineSettings, PagedBackend
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 

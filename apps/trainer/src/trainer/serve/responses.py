@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.rollout.serving import Sample
+from rl_core.rollout import Sample
 
 from trainer.serve import tool_calls
 from trainer.serve.requests import ChatRequest

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from rl_core.rollout.serving import Job, Sample
+from rl_core.rollout import Job, Sample
 
 from trainer.serve import tool_calls
 from trainer.serve.requests import ChatRequest, Sampling

@@ -18,8 +18,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core import registry
-from rl_core.config import Config, ConfigError
+from rl_core import Config, ConfigError, registry
 
 from trainer.settings.run_settings import RunSettings, settings_from_user, user_settings
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from rewards.verdicts import VERDICT_RULES, make_verdict_rule
-from rl_core import registry
-from rl_core.config import Config, ConfigError, check, check_registered
+from rl_core import check, check_registered, Config, ConfigError, registry
 
 from trainer.settings.judge_template import DEFAULT_TEMPLATE, JudgeTemplate
 

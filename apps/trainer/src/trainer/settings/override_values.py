@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
-from rl_core import registry
-from rl_core.config import Config, ConfigError
+from rl_core import Config, ConfigError, registry
 
 
 def override_value(item: str, parts: Sequence[str], raw: str, root: type) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rewards.auditor import AuditLimits
-from rl_core.config import Config, ConfigError, check
+from rl_core import check, Config, ConfigError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -41,7 +41,7 @@ from typing import Any
 
 from rewards import ON_ERROR_CHOICES, REWARD_FUNCTIONS, RewardSpec, make_reward
 from rewards.code import CodeError, is_code_reference
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 from trainer.settings.judge import JudgeSettings
 

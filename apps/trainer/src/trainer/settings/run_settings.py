@@ -21,9 +21,8 @@ from typing import Any
 
 import jax
 import yaml
-from rl_core import registry
+from rl_core import AlgorithmConfig, check, Config, ConfigError, registry, RolloutConfig, TrainingConfig
 from rl_core.run import storage
-from rl_core.config import AlgorithmConfig, Config, ConfigError, RolloutConfig, TrainingConfig, check
 from rl_models import PRESETS
 from rl_models.config import ATTENTION, REMAT, RUNTIME_FIELDS
 

@@ -12,11 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rl_core.run import storage
-from rl_core.run.console_samples import samples_table
-from rl_core.run.files import read_jsonl
-from rl_core.run.layout import PLOTS, SFT_METRICS
-from rl_core.run.records import RunRecords, open_records
+from rl_core.run import open_records, PLOTS, read_jsonl, RunRecords, samples_table, SFT_METRICS, storage
 
 from trainer.run import settings_of_run
 from trainer.show import report

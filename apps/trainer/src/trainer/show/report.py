@@ -10,7 +10,7 @@ from typing import Any
 
 from rewards.auditor import trips
 from rich.table import Table
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 from trainer.run.folder import flat
 from trainer.settings import RunSettings, build_settings

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rl_core.config import ConfigError
+from rl_core import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ import numpy as np
 from rewards import RewardSpec, make_reward
 from rewards.code import CodeError, is_code_reference, load_object
 from rewards.numbers import reference_number
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, Row, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text, prompts_of

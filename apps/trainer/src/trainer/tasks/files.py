@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rewards import RewardSpec, boxed_reward, gsm8k_reward
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text

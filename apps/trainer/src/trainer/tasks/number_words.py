@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from rewards import RewardSpec
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 from trainer.tasks.task import Task, check_heldout, split_heldout
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from rewards import RewardSpec
 from rewards.formatting import tag_content
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 from trainer.tasks.rows import RowPrompt
 from trainer.tasks.task import Task, check_heldout, split_heldout

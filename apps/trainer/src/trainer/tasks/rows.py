@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rewards.manager import ROW_FIELD
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, Row
 

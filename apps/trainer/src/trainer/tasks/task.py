@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 from rewards import RewardSpec
-from rl_core.data import Prompt
+from rl_core import Prompt
 
 
 @dataclasses.dataclass(frozen=True)

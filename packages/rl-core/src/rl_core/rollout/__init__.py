@@ -1,2 +1,18 @@
 """Rollout backends: the protocol (`backend`), the static sampler (`static`) and the
 paged continuous-batching engine (`paged`)."""
+
+# The names the apps and algorithm packages import from this wing (loaded on first use, so importing the wing stays light).
+from rl_core._faces import lazy_face  # noqa: E402
+
+__getattr__, __dir__, _LAZY = lazy_face(__name__, {
+    "rl_core.rollout.async_rollout": ("Collection",),
+    "rl_core.rollout.attention": ("reference_paged_attention",),
+    "rl_core.rollout.backend": ("Capabilities", "EngineCounters", "Requests"),
+    "rl_core.rollout.engines": ("Engine", "EngineBuild"),
+    "rl_core.rollout.factory": ("engine_settings", "explain_engine", "make_backend", "resolve_engine"),
+    "rl_core.rollout.memory": ("MemoryQuery", "nothing_here"),
+    "rl_core.rollout.paged": ("EngineSettings", "PagedBackend"),
+    "rl_core.rollout.serving": ("EngineLoop", "Job", "Sample", "kept"),
+    "rl_core.rollout.static": ("StaticBackend",),
+})
+__all__ = sorted(_LAZY)
