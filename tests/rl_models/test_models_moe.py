@@ -16,7 +16,7 @@ from rl_models import Transformer, TransformerConfig
 from rl_models.attention import traced_for
 from rl_models.hf import HFFolderError, load_hf_config, load_hf_model
 from rl_models.lora import add_adapters, targeted
-from rl_models.moe import MoE, load_balancing_loss, route, tiled_grouped_matmul
+from rl_models.moe import MoE, route, tiled_grouped_matmul
 
 E_2_1_0_M1 = [[2.0, 1.0, 0.0, -1.0]]
 
@@ -58,20 +58,6 @@ def test_a_replay_row_of_minus_one_keeps_the_routers_own_choice():
         experts, weights, _ = route(logits, 2, router, True, replay=jnp.asarray([[3, 2], [-1, -1]]))
         np.testing.assert_array_equal(experts, [[3, 2], [0, 1]])
         np.testing.assert_allclose(weights, [[0.2689414, 0.7310586], [0.7310586, 0.2689414]], rtol=1e-6)
-
-
-def test_load_balancing_loss_by_hand():
-    """E * sum_e f_e P_e. Two tokens both on expert 0 with P = [0.75, 0.25]: 2 * (1 * 0.75) = 1.5;
-    a masked third token changes nothing; one token per expert with uniform P: 2 * 0.5 = 1 = k."""
-    probs = jnp.asarray([[0.75, 0.25], [0.75, 0.25], [0.0, 1.0]])
-    experts = jnp.asarray([[0], [0], [1]])
-    np.testing.assert_allclose(load_balancing_loss(probs[:2], experts[:2]), 1.5, rtol=1e-6)
-    np.testing.assert_allclose(load_balancing_loss(probs, experts, jnp.asarray([1, 1, 0])), 1.5, rtol=1e-6)
-    np.testing.assert_allclose(load_balancing_loss(jnp.full((2, 2), 0.5), jnp.asarray([[0], [1]])), 1.0, rtol=1e-6)
-    # under vmap over a layer axis, each layer's own value
-    both = jax.vmap(load_balancing_loss)(jnp.stack([probs[:2], jnp.full((2, 2), 0.5)]),
-                                         jnp.stack([experts[:2], jnp.asarray([[0], [1]])]))
-    np.testing.assert_allclose(both, [1.5, 1.0], rtol=1e-6)
 
 
 def test_grouped_matmuls_equal_each_token_through_its_own_experts():

@@ -9,7 +9,7 @@ sorted by expert, so each expert multiplies only the rows routed to it, one cont
 expert. No all-experts product is formed, so the work follows the active parameters (k * F per
 token), not the total (E * F). Routing is returned beside the output (`Routing`): the chosen
 experts, for routing replay (a training forward that takes the rollout's choices instead of its
-own), and the router's probabilities, for the load-balancing loss (`load_balancing_loss`).
+own), and the router's probabilities, for the load-balancing loss (`rl_core.math.routing`).
 
 On a mesh with an expert axis (`training.mesh.expert`; the logical name act_experts maps to it)
 each device holds E / ep of the experts, and `dispatched_experts` sends each (token, expert) pair
@@ -70,23 +70,6 @@ def route(logits: jax.Array, k: int, router: str, norm_topk_prob: bool,
         experts = replay
         top = jnp.take_along_axis(logits, experts, axis=-1)
     return experts.astype(jnp.int32), jax.nn.softmax(top, axis=-1), probs
-
-
-def load_balancing_loss(probs: jax.Array, experts: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-    """Switch Transformer's auxiliary loss, E * sum_e f_e * P_e, as transformers computes it for
-    Qwen3-MoE and gpt-oss (every layer's tokens pooled): f_e is the share of tokens that chose
-    expert e (summed over the k choices, so sum_e f_e = k) and P_e the mean router probability of e.
-    probs [..., E], experts [..., k], mask [...] (1 = a real token; None: every token). Uniform
-    routing gives k; every token sent to the same k experts with certainty gives E."""
-    e = probs.shape[-1]
-    probs = probs.reshape(-1, e)
-    chosen = jax.nn.one_hot(experts.reshape(-1, experts.shape[-1]), e, dtype=jnp.float32).sum(axis=1)  # [N, E]
-    m = jnp.ones(probs.shape[:1], jnp.float32) if mask is None else jnp.broadcast_to(
-        jnp.asarray(mask, jnp.float32), experts.shape[:-1]).reshape(-1)
-    count = jnp.maximum(jnp.sum(m), 1.0)
-    f = jnp.sum(chosen * m[:, None], axis=0) / count
-    p = jnp.sum(probs * m[:, None], axis=0) / count
-    return e * jnp.sum(f * p)
 
 
 def grouped_experts(x: jax.Array, experts: jax.Array, num_experts: int,
