@@ -48,13 +48,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from rl_core.policy import frozen as frozen_lib
 from rl_core import (
-    make_optimizer,
-    Packed,
-    policy_loss_function,
-    registry,
-    RolloutConfig,
-    TrainExample,
-    TrainingConfig,
+    make_optimizer, Packed, policy_loss_function, registry, RolloutConfig, TrainExample, TrainingConfig,
 )
 from rl_core.runtime import hlo, mesh as mesh_lib
 from rl_core.train import abstract_model, make_update, model_shardings, update_program

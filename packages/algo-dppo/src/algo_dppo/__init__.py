@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from algo_grpo import GRPOConfig, GRPOLearner
+from rl_core.math import PolicyLossAux
 from rl_core import Algorithm, log_ratio, token_advantages
 
 

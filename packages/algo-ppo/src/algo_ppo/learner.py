@@ -22,19 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rl_core import (
-    aggregate,
-    clipped_value_loss,
-    explained_variance,
-    gae,
-    Groups,
-    LossFn,
-    LossOutput,
-    PolicyGradientLearner,
-    Prompt,
-    registry,
-    token_rewards,
-    TrainExample,
-    ValueFunction,
+    aggregate, clipped_value_loss, explained_variance, gae, Groups, LossFn, LossOutput, PolicyGradientLearner,
+    Prompt, registry, token_rewards, TrainExample, ValueFunction,
 )
 from rl_core.runtime import multihost
 from rl_core.episodes import turn_reward_tokens

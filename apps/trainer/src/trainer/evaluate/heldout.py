@@ -11,14 +11,7 @@ import numpy as np
 from rewards import RewardManager
 from rl_core.runtime import multihost
 from rl_core import (
-    decode_completions,
-    encode_prompts,
-    environment_factory,
-    GREEDY,
-    Prompt,
-    RolloutConfig,
-    Sampler,
-    SamplingParams,
+    decode_completions, encode_prompts, environment_factory, GREEDY, Prompt, RolloutConfig, Sampler, SamplingParams,
     Tokenizer,
 )
 from rl_core.episodes import agent_runtime, episode_metrics, EpisodeLimits, EpisodeRecord, run_episodes

@@ -19,17 +19,8 @@ from typing import Any
 import yaml
 from rl_core.runtime import multihost
 from rl_core.run import (
-    atomic_write_text,
-    CHECKPOINTS,
-    CONFIG,
-    CORRUPT_CHECKPOINTS,
-    METRICS,
-    read_jsonl,
-    RUN_FILES,
-    saved_steps,
-    SETTINGS_AT_START,
-    storage,
-    SUMMARY,
+    atomic_write_text, CHECKPOINTS, CONFIG, CORRUPT_CHECKPOINTS, METRICS, read_jsonl, RUN_FILES, saved_steps,
+    SETTINGS_AT_START, storage, SUMMARY,
 )
 from rl_core import ConfigError
 from rl_core.rollout import resolve_engine

@@ -34,15 +34,7 @@ from rl_core.runtime import multihost
 
 from rl_core.rollout import explain_engine
 from rl_core.run import (
-    CHECKPOINTS,
-    CONFIG,
-    EVAL_BEFORE,
-    fault_point,
-    RUN_FILES,
-    saved_steps,
-    SFT_METRICS,
-    storage,
-    SUMMARY,
+    CHECKPOINTS, CONFIG, EVAL_BEFORE, fault_point, RUN_FILES, saved_steps, SFT_METRICS, storage, SUMMARY,
 )
 
 from trainer import build
