@@ -50,10 +50,11 @@ class NoServerLeft(RuntimeError):
 class RemoteBackend:
     """`RolloutBackend` over engine servers; see the module docstring."""
 
-    capabilities = Capabilities(row_limits=True, retains=True)
+    capabilities = Capabilities(row_limits=True, retains=True, takes_published=True)
     """Each row stops at its own limit; sessions are kept on the server that holds them (`trainer
     serve`'s paged engine retains sequences; one that did not would prefill each turn whole, with
-    the same numbers)."""
+    the same numbers); `publish` reaches the generations running on the servers (partial rollouts:
+    servers started with `--partial-rollouts`, as `rollout.local_servers` are)."""
     engine_name = "remote"
     """Its `rollout.engine` name, for its errors."""
 
@@ -292,7 +293,28 @@ class RemoteBackend:
                 pass
 
     def publish(self, params: Any, version: int) -> bool:
-        return False  # a server takes new weights between its rollouts only
+        """Write `params` as `version` once and offer it to the generation each server up is running
+        (`/v1/engine/weights` with into_running): each switches at its next device call, as the
+        in-process paged engine does. True when a server took it; one that did not (down, or
+        started without --partial-rollouts) finishes its rollout with the weights it has."""
+        snapshot = self.write_snapshot(params, version)
+        up = [s for s in self.servers if s not in self.down]
+        with concurrent.futures.ThreadPoolExecutor(max(len(up), 1), thread_name_prefix="remote-publish") as pool:
+            took = list(pool.map(lambda s: self._offer(s, snapshot, version), up))
+        return any(took)
+
+    def _offer(self, server: str, snapshot: Any, version: int) -> bool:
+        try:
+            if self.stream:
+                r = self.client.post(f"{server}/engine/weights", params={"version": version, "into_running": 1},
+                                     content=snapshot, headers={"content-type": "application/octet-stream"})
+            else:
+                r = self.client.post(f"{server}/engine/weights",
+                                     json={"url": snapshot, "version": version, "into_running": True})
+            r.raise_for_status()
+        except httpx.HTTPError:
+            return False  # its rollout keeps the weights it has; the next update reaches it as usual
+        return True
 
     def counters(self) -> EngineCounters:
         return EngineCounters()  # counted on the servers
