@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from rl_core.config import RolloutConfig
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
@@ -24,8 +25,6 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 
 from trainer.remote.engine import RemoteBackend
 from trainer.serve import EngineOptions, serve_in_thread, served_folder
-
-pytestmark = pytest.mark.e2e  # a server on a thread and the in-process engine, each decoding twice
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 T = 10
@@ -68,6 +67,7 @@ def v1_v2():
     return weights(1.1), weights(0.9)
 
 
+@pytest.mark.e2e  # a server on a thread and the in-process engine, each decoding
 @pytest.mark.parametrize("mode", ["continue", "recompute"])
 def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, tmp_path):
     v1, v2 = v1_v2
@@ -128,6 +128,7 @@ def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, tmp_p
     np.testing.assert_array_equal(got.version, np.where((versions == 1).any(axis=1), 1, 2))  # its oldest token's
 
 
+@pytest.mark.e2e  # a server on a thread
 def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_generation(v1_v2, tmp_path):
     served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0))
     running = serve_in_thread(served)
@@ -143,3 +144,9 @@ def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_ge
     finally:
         running.stop()
         served.loop.close()
+
+
+def test_partial_rollouts_take_the_paged_engine_in_process_or_on_servers():
+    assert RolloutConfig(engine="remote", local_servers=2, partial_rollouts="recompute").partial_rollouts == "recompute"
+    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs rollout.engine='paged' or 'remote'"):
+        RolloutConfig(engine="vllm", servers=("http://127.0.0.1:1/v1",), partial_rollouts="continue")
