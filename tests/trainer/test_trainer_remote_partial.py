@@ -8,7 +8,9 @@ call 2 has returned, its engine thread waits until the publish (sent over HTTP f
 is in its feed, so call 3 is the first under the new weights, on the server and in process alike.
 """
 
+import json
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -23,6 +25,7 @@ from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 
+from trainer.cli import main
 from trainer.remote.engine import RemoteBackend
 from trainer.serve import EngineOptions, serve_in_thread, served_folder
 
@@ -150,3 +153,68 @@ def test_partial_rollouts_take_the_paged_engine_in_process_or_on_servers():
     assert RolloutConfig(engine="remote", local_servers=2, partial_rollouts="recompute").partial_rollouts == "recompute"
     with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs rollout.engine='paged' or 'remote'"):
         RolloutConfig(engine="vllm", servers=("http://127.0.0.1:1/v1",), partial_rollouts="continue")
+
+
+def gate(engine, *, beside_from: int, at: int):
+    """Place the switch in a run as tests/algos/test_algo_partial_rollouts.py does, on the server's
+    engine: from its `beside_from`-th rollout on (the collections beside an update; the ones before
+    evaluate or fill the queue in line, with nothing published), it takes no new weights before its
+    call `at` and waits there for them (the update beside it publishes them), so calls 1..at sample
+    with the pinned version and the calls after with the next, however long the update takes."""
+    generate, call, follow = engine.generate, engine.call, engine.follow_feed
+    rollouts, calls = [0], [0]
+
+    def counted_generate(*args):
+        rollouts[0], calls[0] = rollouts[0] + 1, 0
+        return generate(*args)
+
+    def counted_call(*args):
+        calls[0] += 1
+        return call(*args)
+
+    def gated_follow():
+        if rollouts[0] < beside_from or calls[0] < at:
+            return False
+        if calls[0] == at:
+            deadline = time.monotonic() + 120
+            while engine.feed.newer_than(engine.version) is None:
+                assert time.monotonic() < deadline, "no weights published beside the collection"
+                time.sleep(0.005)
+        return follow()
+
+    engine.generate, engine.call, engine.follow_feed = counted_generate, counted_call, gated_follow
+
+
+@pytest.mark.e2e  # a GRPO run of 4 steps against a server on a thread
+def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
+    """training.max_staleness=2: batches 1-2 are sampled in line by W(0); batch n+2 is collected
+    beside update n with W(n-1) pinned, and W(n) published into it: trained at step n+2 (current
+    weights W(n+1)) its tokens lag 2 (calls 1-2) and 1 (after the switch), in the same rows."""
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(8)))
+    served = served_folder(HF, EngineOptions(max_prompt_tokens=256, max_new_tokens=16, slots=8, page_size=4,
+                                             steps_per_sync=2, prefill_chunk=64, top_logprobs=0,
+                                             partial_rollouts="continue"))
+    gate(served.loop.engine, beside_from=3, at=7)  # rollouts 1-2 fill the queue; 12 calls a rollout here
+    running = serve_in_thread(served)
+    try:
+        assert main([
+            "train", "--model", str(HF), "--task", "gsm8k", "--data", str(data), "--algo", "grpo", "--no-progress",
+            "--output", str(tmp_path / "run"), "training.num_steps=4", "training.prompts_per_step=2",
+            "algorithm.group_size=2", "rollout.seed=3", "task.options.heldout_size=2",
+            "task.options.max_new_tokens=16", "eval.every_steps=0", "eval.samples_per_prompt=1", "eval.pass_k=1",
+            "training.async_rollout=one_step", "training.max_staleness=2", "rollout.engine=remote",
+            f"rollout.servers=[{running.url}]", "rollout.partial_rollouts=continue", "rollout.temperature=1.0",
+        ]) == 0  # fmt: skip
+    finally:
+        running.stop()
+        served.loop.close()
+    engine = served.loop.engine
+    assert engine.switches == 4  # the collections beside updates 1-4 (batch 6 is collected, never trained)
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lag = {m["step"]: (m["rollout/staleness_token_lag_mean"], m["rollout/staleness_token_lag_max"])
+           for m in history if "rollout/staleness_token_lag_max" in m}
+    assert lag[1] == (0.0, 0.0) and lag[2] == (1.0, 1.0)  # W(0)'s batches, in line
+    for step in (3, 4):  # tokens of two versions: lag 2 before the switch, 1 after
+        mean, most = lag[step]
+        assert most == 2.0 and 1.0 < mean < 2.0, (step, lag[step])
