@@ -76,7 +76,8 @@ def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, tmp_p
     v1, v2 = v1_v2
     served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0, partial_rollouts=mode))
     running = serve_in_thread(served)
-    remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path))
+    remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path),
+                           partial_rollouts=mode)
     assert remote.capabilities.takes_published
     server_engine = served.loop.engine
     reached, took = threading.Event(), []
@@ -136,7 +137,11 @@ def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_ge
     served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0))
     running = serve_in_thread(served)
     try:
-        remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path))
+        off = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path))
+        assert not off.capabilities.takes_published and off.publish(v1_v2[1], 2) is False  # nothing written
+        assert not (tmp_path / "v2.safetensors").exists()
+        remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path),
+                               partial_rollouts="continue")
         remote.update_weights(v1_v2[0], 1)
         assert remote.publish(v1_v2[1], 2) is False  # nobody took it: the rollout keeps version 1
         r = remote.client.post(f"{running.url}/engine/weights",
