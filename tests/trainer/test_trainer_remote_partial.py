@@ -223,3 +223,22 @@ def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
     for step in (3, 4):  # tokens of two versions: lag 2 before the switch, 1 after
         mean, most = lag[step]
         assert most == 2.0 and 1.0 < mean < 2.0, (step, lag[step])
+
+
+@pytest.mark.e2e  # a `trainer serve` process
+def test_a_local_server_started_with_the_run_s_mode_takes_a_publish_into_its_generation(v1_v2, tmp_path):
+    """`rollout.local_servers` start `trainer serve --partial-rollouts <mode>` (trainer.remote.local):
+    such a process takes a publish into its generation, and reports the version it then holds
+    once its next generation has switched."""
+    from trainer.remote import local
+
+    try:
+        [url] = local.launch(HF, 1, **SHAPES, partial_rollouts="recompute")
+        remote = RemoteBackend([url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path),
+                               partial_rollouts="recompute")
+        remote.update_weights(v1_v2[0], 1)
+        assert remote.publish(v1_v2[1], 2) is True and remote.served_version(url) == 1  # offered, not yet taken
+        got = remote.generate(requests(), SAMPLED, jax.random.key(3))  # takes it before its first device call
+        assert (np.where(got.mask > 0, got.token_version, 2) == 2).all() and remote.served_version(url) == 2
+    finally:
+        local.stop()
