@@ -71,13 +71,14 @@ def v1_v2():
 
 
 @pytest.mark.e2e  # a server on a thread and the in-process engine, each decoding
-@pytest.mark.parametrize("mode", ["continue", "recompute"])
-def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, tmp_path):
+@pytest.mark.parametrize(("mode", "stream"), [("continue", False), ("recompute", True)])
+def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, stream, tmp_path):
+    """Each mode, the snapshot through a folder (continue) or streamed to the server (recompute)."""
     v1, v2 = v1_v2
     served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0, partial_rollouts=mode))
     running = serve_in_thread(served)
-    remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path),
-                           partial_rollouts=mode)
+    remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0,
+                           weights_url="stream" if stream else str(tmp_path), partial_rollouts=mode)
     assert remote.capabilities.takes_published
     server_engine = served.loop.engine
     reached, took = threading.Event(), []
@@ -106,7 +107,7 @@ def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, tmp_p
         running.stop()
         served.loop.close()
     assert took == [True] and server_engine.switches == 1 and server_engine.version == 2
-    assert (tmp_path / "v2.safetensors").exists()
+    assert (tmp_path / "v2.safetensors").exists() is not stream
 
     # the in-process paged engine, the same publish point: the same tokens, log-probs and versions
     tokenizer = load_hf_tokenizer(HF)
