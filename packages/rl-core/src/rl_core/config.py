@@ -267,8 +267,9 @@ class RolloutConfig(Config):
             check_registered(self, "engine", registry.ENGINE)
         check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
               f"must be one of {PARTIAL_ROLLOUTS}")
-        check(self.partial_rollouts == "off" or self.engine == "paged", self, "partial_rollouts",
-              "needs rollout.engine='paged': only the paged engine switches weights between device calls")
+        check(self.partial_rollouts == "off" or self.engine in ("paged", "remote"), self, "partial_rollouts",
+              "needs rollout.engine='paged' or 'remote': only the paged engine (in process or on servers) "
+              "switches weights between device calls")
         check(self.weights_dtype in ROLLOUT_WEIGHTS_DTYPES, self, "weights_dtype",
               f"must be one of {ROLLOUT_WEIGHTS_DTYPES}")
         check(self.attention in ROLLOUT_ATTENTION, self, "attention", f"must be one of {ROLLOUT_ATTENTION}")

@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0, help="the engine's random key (default: %(default)s)")
     s.add_argument("--top-logprobs", type=int, default=20,
                    help="the most top_logprobs a request may ask for (default: %(default)s; 0: none computed)")
+    s.add_argument("--partial-rollouts", default="off", choices=("off", "continue", "recompute"),
+                   help="what a running generation does with weights published into it (/v1/engine/weights "
+                        "with into_running; a trainer's rollout.partial_rollouts; default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     options = EngineOptions(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                             slots=args.slots, page_size=args.page_size, steps_per_sync=args.steps_per_sync,
                             prefill_chunk=args.prefill_chunk, tool_format=args.tool_format, seed=args.seed,
-                            top_logprobs=args.top_logprobs)
+                            top_logprobs=args.top_logprobs, partial_rollouts=args.partial_rollouts)
     if args.model is not None:
         served = served_folder(args.model, options, name=args.served_model_name)
     else:

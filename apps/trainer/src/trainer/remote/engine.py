@@ -26,6 +26,7 @@ Every row and token carries the version the server sampled it with.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import tempfile
 import threading
 import time
@@ -53,15 +54,19 @@ class RemoteBackend:
     capabilities = Capabilities(row_limits=True, retains=True)
     """Each row stops at its own limit; sessions are kept on the server that holds them (`trainer
     serve`'s paged engine retains sequences; one that did not would prefill each turn whole, with
-    the same numbers)."""
+    the same numbers). With `partial_rollouts` on, also `takes_published`: `publish` reaches the
+    generations running on the servers (started with `--partial-rollouts`, as `rollout.local_servers`
+    are), as the in-process paged engine's does with its own mode on."""
     engine_name = "remote"
     """Its `rollout.engine` name, for its errors."""
 
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
-                 timeout_s: float = 600.0, max_lag: int = 0) -> None:
+                 timeout_s: float = 600.0, max_lag: int = 0, partial_rollouts: str = "off") -> None:
         if not servers:
             raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
         self.servers = [s.rstrip("/") for s in servers]
+        if partial_rollouts != "off":  # the servers' engines switch mid-rollout (`publish`)
+            self.capabilities = dataclasses.replace(self.capabilities, takes_published=True)
         self.max_new_tokens, self.pad_id = max_new_tokens, pad_id
         self.stream = weights_url == "stream"  # the snapshot sent to each server, not written to storage
         self.weights_url = (weights_url or tempfile.mkdtemp(prefix="rl-weights-")).rstrip("/")
@@ -292,7 +297,31 @@ class RemoteBackend:
                 pass
 
     def publish(self, params: Any, version: int) -> bool:
-        return False  # a server takes new weights between its rollouts only
+        """Write `params` as `version` once and offer it to the generation each server up is running
+        (`/v1/engine/weights` with into_running): each switches at its next device call, as the
+        in-process paged engine does. True when a server took it; one that did not (down, or
+        started without --partial-rollouts) finishes its rollout with the weights it has. False
+        (nothing written) without partial rollouts."""
+        if not self.capabilities.takes_published:
+            return False
+        snapshot = self.write_snapshot(params, version)
+        up = [s for s in self.servers if s not in self.down]
+        with concurrent.futures.ThreadPoolExecutor(max(len(up), 1), thread_name_prefix="remote-publish") as pool:
+            took = list(pool.map(lambda s: self._offer(s, snapshot, version), up))
+        return any(took)
+
+    def _offer(self, server: str, snapshot: Any, version: int) -> bool:
+        try:
+            if self.stream:
+                r = self.client.post(f"{server}/engine/weights", params={"version": version, "into_running": 1},
+                                     content=snapshot, headers={"content-type": "application/octet-stream"})
+            else:
+                r = self.client.post(f"{server}/engine/weights",
+                                     json={"url": snapshot, "version": version, "into_running": True})
+            r.raise_for_status()
+        except httpx.HTTPError:
+            return False  # its rollout keeps the weights it has; the next update reaches it as usual
+        return True
 
     def counters(self) -> EngineCounters:
         return EngineCounters()  # counted on the servers
@@ -312,7 +341,8 @@ def _build(b: EngineBuild) -> RemoteBackend:
 
     servers = list(b.rollout.servers) + local.start(b.rollout)
     return RemoteBackend(servers, max_new_tokens=b.rollout.max_new_tokens, pad_id=b.pad_id,
-                         weights_url=b.rollout.weights_url, max_lag=b.rollout.server_max_lag)
+                         weights_url=b.rollout.weights_url, max_lag=b.rollout.server_max_lag,
+                         partial_rollouts=b.rollout.partial_rollouts)
 
 
 ENGINE = Engine(name="remote", build=_build, memory=nothing_here)

@@ -46,14 +46,15 @@ def launch_for(settings: Any, log: Any = print) -> list[str]:
     shapes = engine_settings(rollout)
     urls = launch(settings.model.path, rollout.local_servers - len(alive), max_prompt_tokens=shapes.max_prompt_tokens,
                   max_new_tokens=shapes.max_new_tokens, slots=shapes.slots, page_size=shapes.page_size,
-                  steps_per_sync=shapes.steps_per_sync, prefill_chunk=shapes.prefill_chunk)
+                  steps_per_sync=shapes.steps_per_sync, prefill_chunk=shapes.prefill_chunk,
+                  partial_rollouts=rollout.partial_rollouts)
     log(f"rollout.local_servers: engine servers at {', '.join(alive + urls)}")
     return alive + urls
 
 
 def launch(model: str | Path, n: int, *, max_prompt_tokens: int, max_new_tokens: int, slots: int,
            page_size: int, steps_per_sync: int, prefill_chunk: int, ports: list[int] | None = None,
-           wait_s: float = 300.0) -> list[str]:
+           wait_s: float = 300.0, partial_rollouts: str = "off") -> list[str]:
     """Start `n` `trainer serve` processes of the model folder `model` on `ports` (default free ones);
     their base URLs once each answers /health (one that fails to start is one clear line)."""
     started = []
@@ -63,7 +64,8 @@ def launch(model: str | Path, n: int, *, max_prompt_tokens: int, max_new_tokens:
                "serve", "--model", str(model), "--port", str(port),
                "--max-prompt-tokens", str(max_prompt_tokens), "--max-new-tokens", str(max_new_tokens),
                "--slots", str(slots), "--page-size", str(page_size), "--steps-per-sync", str(steps_per_sync),
-               "--prefill-chunk", str(prefill_chunk), "--top-logprobs", "0", "--print-url"]
+               "--prefill-chunk", str(prefill_chunk), "--top-logprobs", "0",
+               "--partial-rollouts", partial_rollouts, "--print-url"]
         err = tempfile.NamedTemporaryFile("w+", prefix="engine-server-", suffix=".log", delete=False)
         started.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err.name))
         err.close()  # the child writes to its own copy

@@ -11,6 +11,12 @@
   (any snapshot but the one it holds: a restarted trainer, or one sampling a pinned older
   version, gets what it asks for). Or streamed: the snapshot's bytes as the body
   (`application/octet-stream`, `?version=N`), for servers that share no storage with the trainer.
+  With `"into_running": true` (streamed: `&into_running=1`) the snapshot goes into the generation
+  running now instead (partial rollouts: the engine's `publish`; a server started with
+  `--partial-rollouts continue|recompute`): its following device calls decode with it and each
+  token records the version that sampled it; it does not wait for that generation (a publish
+  offered while none runs is taken by the next). A later plain load of any version still replaces
+  the weights as above.
 - `GET /v1/engine/version`: the version served (-1 before any).
 - Sessions: a generate request may name each row's session (`"sessions"`: one key per row, -1
   none, under the caller's `"client"` id): the row continues the sequence the engine holds under
@@ -99,6 +105,9 @@ async def load_weights(request: Request) -> Response:
             url, version = "stream", int(request.query_params["version"])
         except (KeyError, ValueError) as e:
             return _bad(f"engine/weights streamed needs ?version=N: {e}")
+        into_running = request.query_params.get("into_running", "") in ("1", "true")
+        if into_running and engine.feed is None:
+            return _not_following()
         data = await request.body()
         flat = await asyncio.to_thread(weights_lib.parse, data)
     else:
@@ -107,9 +116,19 @@ async def load_weights(request: Request) -> Response:
             url, version = str(body["url"]), int(body["version"])
         except (KeyError, TypeError, ValueError) as e:
             return _bad(f"engine/weights needs url and version: {e}")
-        if getattr(request.app.state, "weights", None) == (url, version):
+        into_running = bool(body.get("into_running", False))
+        if into_running and engine.feed is None:
+            return _not_following()
+        if not into_running and getattr(request.app.state, "weights", None) == (url, version):
             return JSONResponse({"version": engine.version})  # already there (a repeated publish)
         flat = await asyncio.to_thread(weights_lib.read, url)
+    if into_running:  # not through the engine's thread: the generation running there reads the feed
+        try:
+            # a tree of its own: the feed holds it until the engine switches, while later loads refill the template
+            engine.publish(weights_lib.fill(jax.tree.map(lambda x: x, served.params), flat), version)
+        except ValueError as e:  # weights that do not fit, or a version older than one published
+            return _bad(f"engine/weights into_running: {e}")
+        return JSONResponse({"version": engine.version, "published": version})
 
     def take() -> None:
         engine.update_weights(weights_lib.fill(served.params, flat), version)
@@ -118,6 +137,11 @@ async def load_weights(request: Request) -> Response:
     await asyncio.to_thread(served.loop.call, take)
     request.app.state.weights = (url, version)  # any other snapshot is loaded, an older version too
     return JSONResponse({"version": engine.version})
+
+
+def _not_following() -> JSONResponse:
+    return _bad("engine/weights into_running: this server's engine takes no weights mid-generation "
+                "(start it with --partial-rollouts continue or recompute)")
 
 
 def _sessions(request: Request) -> dict[tuple[str, int], int]:

@@ -98,6 +98,9 @@ class VLLMBackend(RemoteBackend):
         r.raise_for_status()
         return r
 
+    def publish(self, params: Any, version: int) -> bool:
+        return False  # vLLM reloads weights between requests only: no partial rollouts
+
     def served_version(self, server: str) -> int:
         """The weight version `server` reports (-1 before any update)."""
         r = self.client.get(f"{server}/weight_info", timeout=10.0)

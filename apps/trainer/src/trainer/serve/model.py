@@ -38,6 +38,9 @@ class EngineOptions:
     """The engine's key: requests with a seed give the same tokens for the same seed."""
     top_logprobs: int = 20
     """The most alternatives per token a request may ask for (`top_logprobs`); 0: none are computed."""
+    partial_rollouts: str = "off"
+    """What a running generation does with weights published into it (`PagedBackend`'s
+    `partial_rollouts`: off, continue, recompute); a trainer's `rollout.partial_rollouts`."""
 
     def settings(self) -> EngineSettings:
         return EngineSettings(max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
@@ -50,7 +53,7 @@ def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOpt
     """An engine loop decoding `model` (an rl_models transformer), as `name`."""
     graphdef, state = nnx.split(model)
     engine = PagedBackend(graphdef, options.settings(), paging=PAGED_TRANSFORMER, eos_ids=tokenizer.eos_ids,
-                          pad_id=tokenizer.pad_id)
+                          pad_id=tokenizer.pad_id, partial_rollouts=options.partial_rollouts)
     engine.update_weights(state, version)
     loop = EngineLoop(engine, tokenizer.decode, key=jax.random.key(options.seed))
     template = getattr(tokenizer, "chat_template", None)
