@@ -232,8 +232,11 @@ def test_the_serve_command_serves_until_interrupted(folder):
     process = subprocess.Popen([sys.executable, "-m", "trainer.cli", "serve", "--model", str(folder), "--port", "0",
                                 "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
                                stderr=subprocess.PIPE, text=True)
+    rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
+    reader = threading.Thread(target=lambda: rest.extend(process.stderr), daemon=True)
     try:
         line = process.stderr.readline()
+        reader.start()
         url = re.search(r"at (http://\S+/v1)", line).group(1)
         with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
             assert [m.id for m in client.models.list()] == [folder.name]
@@ -248,5 +251,7 @@ def test_the_serve_command_serves_until_interrupted(folder):
             process.wait()
             raise
         finally:
+            if reader.is_alive():
+                reader.join(timeout=10)
             process.stderr.close()
-        assert code == 130
+        assert code == 130, "".join(rest)

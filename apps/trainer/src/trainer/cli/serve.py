@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from trainer.cli.common import location
 
@@ -59,6 +63,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         running.thread.join()
     finally:
-        running.stop()
-        served.loop.close()
+        _stop_within(SHUTDOWN_S, running.stop, served.loop.close)
     return 0
+
+
+SHUTDOWN_S = 30.0
+"""How long Ctrl-C waits for the HTTP server and the engine loop to stop before the process exits anyway."""
+
+
+def _stop_within(seconds: float, *steps: Any) -> None:
+    """Run the shutdown `steps` in order; a server must stop on Ctrl-C, so when they take longer
+    than `seconds` (a request or an engine call that does not end) the process exits with 130."""
+    done = threading.Event()
+
+    def run() -> None:
+        for step in steps:
+            step()
+        done.set()
+
+    threading.Thread(target=run, name="serve-shutdown", daemon=True).start()
+    if not done.wait(seconds):
+        print(f"trainer serve: did not stop within {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
+        os._exit(128 + signal.SIGINT)
