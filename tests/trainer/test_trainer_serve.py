@@ -226,21 +226,20 @@ def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
     assert served.loop.engine.version == 2  # the checkpoint's step is the weight version
 
 
-def _default_sigint() -> None:
-    """In the child before exec: SIGINT as a terminal's Ctrl-C finds it, neither ignored nor blocked
-    (both are inherited from the test's process, where earlier tests may have left either; Python
-    then installs no KeyboardInterrupt handler and the server never sees Ctrl-C)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+# Ctrl-C as a terminal gives it: SIGINT handled and unblocked before `trainer serve` starts, since a
+# child inherits an ignored or blocked SIGINT from the test's process (where earlier tests may have
+# left either) and Python then installs no KeyboardInterrupt handler: the server never saw Ctrl-C
+SERVE_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                     "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                     "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.e2e
 def test_the_serve_command_serves_until_interrupted(folder):
     """`trainer serve --port 0` prints its URL, answers the client, and Ctrl-C stops it (exit 130)."""
-    process = subprocess.Popen([sys.executable, "-m", "trainer.cli", "serve", "--model", str(folder), "--port", "0",
+    process = subprocess.Popen([sys.executable, "-c", SERVE_WITH_CTRL_C, "serve", "--model", str(folder), "--port", "0",
                                 "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=_default_sigint)
+                               stderr=subprocess.PIPE, text=True)
     rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
     reader = threading.Thread(target=lambda: rest.extend(process.stderr), daemon=True)
     try:
