@@ -16,12 +16,12 @@ from flax import nnx
 from rl_core.runtime.compiles import compile_count
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.rollout.backend import Requests, RolloutBackend
-from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.static import StaticBackend
-from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.policy.tokens import left_pad
-from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
+from engines import paged_engine, static_engine
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -41,18 +41,11 @@ def prompts(lengths=PROMPT_LENGTHS, seed=0):
 
 
 def paged(model, eos_ids, **overrides) -> PagedBackend:
-    graphdef, state = nnx.split(model)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), paging=PAGED_TRANSFORMER, eos_ids=eos_ids,
-                          pad_id=0)
-    engine.update_weights(state, 7)
-    return engine
+    return paged_engine(model, SMALL | overrides, eos_ids=eos_ids, version=7)
 
 
 def static(model, eos_ids) -> StaticBackend:
-    graphdef, state = nnx.split(model)
-    backend = StaticBackend(Sampler(graphdef, max_new_tokens=T, eos_ids=eos_ids, pad_id=0))
-    backend.update_weights(state, 7)
-    return backend
+    return static_engine(model, max_new_tokens=T, eos_ids=eos_ids, version=7)
 
 
 def eos_at_mixed_steps(model) -> tuple[int]:

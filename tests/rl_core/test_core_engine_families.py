@@ -15,17 +15,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
+from rl_core.rollout.paged import PagedBackend
+from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
 from rl_core.rollout.static import StaticBackend
-from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
+from engines import full_forward_greedy, paged_engine, static_engine
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -45,31 +44,11 @@ def prompts(lengths=(3, 14, 9, 6), seed=0):
 
 
 def static(model) -> StaticBackend:
-    graphdef, state = nnx.split(model)
-    backend = StaticBackend(Sampler(graphdef, max_new_tokens=T, eos_ids=NO_EOS, pad_id=0))
-    backend.update_weights(state, 1)
-    return backend
+    return static_engine(model, max_new_tokens=T, eos_ids=NO_EOS)
 
 
 def paged(model, **overrides) -> PagedBackend:
-    graphdef, state = nnx.split(model)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), paging=PAGED_TRANSFORMER,
-                          eos_ids=NO_EOS, pad_id=0)
-    engine.update_weights(state, 1)
-    return engine
-
-
-def full_forward_greedy(model, tokens, mask, completions):
-    """Each completion token the full forward pass over prompt + completion predicts (argmax of
-    the logits one position earlier): what greedy decoding must have generated."""
-    seq = jnp.concatenate([jnp.asarray(tokens), jnp.asarray(completions)], axis=1)
-    valid = jnp.concatenate([jnp.asarray(mask, bool), jnp.ones(completions.shape, bool)], axis=1)
-    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-    length = seq.shape[1]
-    causal = jnp.tril(jnp.ones((length, length), bool))[None] & valid[:, None, :]
-    hidden, _ = jax.jit(lambda m: m(seq, positions, causal))(model)
-    p = tokens.shape[1]
-    return np.asarray(jnp.argmax(model.logits(hidden[:, p - 1 : -1]), axis=-1))
+    return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS)
 
 
 def test_static_sampler_generates_what_the_full_forward_predicts(model):

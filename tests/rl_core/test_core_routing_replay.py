@@ -26,11 +26,12 @@ from rl_core.types import SharedPrompts, TrainExample
 from rl_core.policy.logprobs import completion_logprobs, scoring_inputs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
-from rl_core.rollout.sampler import Sampler, SamplingParams
+from rl_core.rollout.paged import PagedBackend
+from rl_core.rollout.sampler import SamplingParams
 from rl_core.rollout.static import StaticBackend
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 from rl_models.hf import load_hf_model
+from engines import paged_engine, static_engine
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 8
@@ -49,19 +50,12 @@ def prompts(lengths=(3, 9, 6), seed=0):
 
 
 def static(model) -> StaticBackend:
-    graphdef, state = nnx.split(model)
-    backend = StaticBackend(Sampler(graphdef, max_new_tokens=T, eos_ids=EOS, pad_id=0))
-    backend.update_weights(state, 1)
-    return backend
+    return static_engine(model, max_new_tokens=T, eos_ids=EOS)
 
 
 def paged(model, **overrides) -> PagedBackend:
-    graphdef, state = nnx.split(model)
     settings = dict(max_prompt_tokens=10, max_new_tokens=T, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
-    engine = PagedBackend(graphdef, EngineSettings(**(settings | overrides)), paging=PAGED_TRANSFORMER,
-                          eos_ids=EOS, pad_id=0)
-    engine.update_weights(state, 1)
-    return engine
+    return paged_engine(model, settings | overrides, eos_ids=EOS)
 
 
 def full_forward_routing(model, tokens, mask, completions):

@@ -32,6 +32,7 @@ from rl_core.rollout.scheduler import pages_for_one
 from rl_core.rollout.static import StaticBackend
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
+from engines import full_forward_greedy, paged_engine
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -50,24 +51,7 @@ def prompts(lengths=(3, 14, 9, 1), seed=0):
 
 
 def paged(model, partial="off", **overrides) -> PagedBackend:
-    graphdef, state = nnx.split(model)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | overrides)), paging=PAGED_TRANSFORMER,
-                          eos_ids=NO_EOS, pad_id=0, partial_rollouts=partial)
-    engine.update_weights(state, 1)
-    return engine
-
-
-def full_forward_greedy(model, tokens, mask, completions):
-    """Each completion token the full forward pass over prompt + completion predicts (argmax of
-    the logits one position earlier): what greedy decoding must have generated."""
-    seq = jnp.concatenate([jnp.asarray(tokens), jnp.asarray(completions)], axis=1)
-    valid = jnp.concatenate([jnp.asarray(mask, bool), jnp.ones(completions.shape, bool)], axis=1)
-    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-    length = seq.shape[1]
-    causal = jnp.tril(jnp.ones((length, length), bool))[None] & valid[:, None, :]
-    hidden, _ = jax.jit(lambda m: m(seq, positions, causal))(model)
-    p = tokens.shape[1]
-    return np.asarray(jnp.argmax(model.logits(hidden[:, p - 1 : -1]), axis=-1))
+    return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS, partial_rollouts=partial)
 
 
 def learner_logprobs(model, tokens, mask, completions, temperature=1.0):
