@@ -2,11 +2,9 @@
 `rewards.functions`, as the built-ins do, and the name then works like theirs; a name registered by two
 distributions is an error naming both. Each case runs in a fresh process with a fake site folder."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
+import distributions
 import pytest
 
 pytestmark = pytest.mark.e2e  # fresh Python processes
@@ -21,18 +19,11 @@ PACKAGE = textwrap.dedent('''
 
 
 def install(site, name, entry_points):
-    """Lay out `name` the way an installer would: the module and its dist-info."""
-    (site / f"{name}.py").write_text(PACKAGE)
-    info = site / f"{name}-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[rewards.functions]\n" + entry_points)
+    distributions.install(site, name, PACKAGE, "rewards.functions", entry_points)
 
 
 def run(site, code):
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path},
-                          capture_output=True, text=True, timeout=120)
+    return distributions.run_with(site, "-c", code, timeout=120)
 
 
 def test_a_third_party_reward_registers_like_the_built_ins(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import distributions
 import pytest
 from rl_core import registry
 from trainer.plan import memory_budget, plan
@@ -34,11 +35,7 @@ ENGINE = Engine(name="fake", build=STATIC.build, memory=memory)
 def fake_engine_installed(tmp_path, monkeypatch):
     """A distribution `fake-engine` on sys.path whose entry point declares the engine `fake`, and a
     fresh process registry that discovers it as a run's would."""
-    (tmp_path / "fake_engine_mod.py").write_text(FAKE_ENGINE)
-    info = tmp_path / "fake_engine-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-engine\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text('[rl_core.engines]\nfake = fake_engine_mod:ENGINE\n')
+    distributions.install(tmp_path, "fake_engine_mod", FAKE_ENGINE, "rl_core.engines", "fake = fake_engine_mod:ENGINE\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     # a registry that knows what the process's knows but has not read the entry points yet: the
     # first unknown name (`fake`) makes it read them all, the new distribution's included

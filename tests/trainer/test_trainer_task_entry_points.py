@@ -3,11 +3,9 @@ through the entry-point group `trainer.tasks`, as the built-in tasks are (no clo
 works like theirs; one name from two distributions is an error naming both. User code that is not a package
 names its task factory as `path/to/file.py:function`; an unknown name is one line listing the known ones."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
+import distributions
 import pytest
 from rl_core.config import ConfigError
 
@@ -28,18 +26,11 @@ PACKAGE = textwrap.dedent('''
 
 
 def install(site, name, entry_points):
-    """Lay out `name` the way an installer would: the module and its dist-info."""
-    (site / f"{name}.py").write_text(PACKAGE)
-    info = site / f"{name}-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[trainer.tasks]\n" + entry_points)
+    distributions.install(site, name, PACKAGE, "trainer.tasks", entry_points)
 
 
 def run(site, *args):
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, *args], env={**os.environ, "PYTHONPATH": path},
-                          capture_output=True, text=True, timeout=300)
+    return distributions.run_with(site, *args)
 
 
 def test_the_built_in_tasks_are_entry_points_of_the_group():
