@@ -17,16 +17,14 @@ Importing rl_core is light: names load on first use (PEP 562 `__getattr__`), so 
 can import `rl_core.config` and `rl_core.registry` before JAX's multi-process join.
 """
 
-import importlib
-from typing import Any
+from rl_core._faces import lazy_face
 
-# public name -> the module that defines it
-_EXPORTS: dict[str, str] = {}
+# the module that defines each public name
+_MODULES: dict[str, list[str]] = {}
 
 
 def _export(module: str, *names: str) -> None:
-    for name in names:
-        _EXPORTS[name] = f"rl_core.{module}"
+    _MODULES.setdefault(f"rl_core.{module}", []).extend(names)
 
 
 _export("config", "AlgorithmConfig", "Config", "ConfigError", "MeshConfig", "RolloutConfig", "TrainingConfig", "check",
@@ -66,18 +64,5 @@ _export("run.recorder", "RunRecorder")
 
 _SUBPACKAGES = ("episodes", "learner", "math", "policy", "rollout", "run", "runtime", "train")
 
+__getattr__, __dir__, _EXPORTS = lazy_face(__name__, _MODULES, _SUBPACKAGES)
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later look-ups skip __getattr__
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"rl_core.{name}")
-    raise AttributeError(f"module 'rl_core' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
