@@ -85,7 +85,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
-    from rl_core.rollout import MemoryQuery
+    from rl_core.rollout import MemoryQuery, per_device
     from rl_models import CharTokenizer, model_class, preset
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
@@ -177,13 +177,6 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         ref_temp += ref_out
 
     ways = mesh_lib.batch_devices(mesh)
-
-    def per_device(tree) -> int:
-        total = 0
-        for s in jax.tree.leaves(tree):
-            shard = s.sharding.shard_shape(s.shape)
-            total += math.prod(shard) * jnp.dtype(s.dtype).itemsize
-        return total
 
     params_b = per_device(master)
     opt_b = per_device(programs.state.opt_state)
