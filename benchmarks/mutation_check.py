@@ -130,21 +130,22 @@ MUTATIONS = [
       "tests/rl_models/test_models_lora.py"),
     m("export-zeroed-adapters", "apps/trainer/src/trainer/export.py",
       "    model = run.model",
-      "    model = __import__('flax').nnx.merge(run.learner.graphdef, "
-      "__import__('jax').tree.map(__import__('numpy').zeros_like, run.params), run.learner.frozen)",
+      "    model = __import__('flax').nnx.merge(run.learner.policy.graphdef, "
+      "__import__('jax').tree.map(__import__('numpy').zeros_like, run.params), run.learner.policy.frozen)",
       "tests/trainer/test_trainer_lora.py", "-k", "merged"),
     m("export-zeroed-adapters-qlora", "apps/trainer/src/trainer/export.py",
       "    model = run.model",
-      "    model = __import__('flax').nnx.merge(run.learner.graphdef, "
-      "__import__('jax').tree.map(__import__('numpy').zeros_like, run.params), run.learner.frozen)",
+      "    model = __import__('flax').nnx.merge(run.learner.policy.graphdef, "
+      "__import__('jax').tree.map(__import__('numpy').zeros_like, run.params), run.learner.policy.frozen)",
       "tests/trainer/test_trainer_lora.py", "-k", "qlora"),
     m("peft-zero-b", f"{MODELS}/hf/peft.py",
       '        tensors[f"{stem}.lora_B.weight"] = np.ascontiguousarray(b.T)',
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
     m("checkpoint-holds-the-base", f"{CORE}/learner/base.py",
-      "        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)",
-      '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.frozen}, meta=meta)',
+      "        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))",
+      '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.policy.frozen}, '
+      "meta=state_meta(self._state))",
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------
     m("tensorboard-rewards-only", f"{CORE}/run/metrics.py",

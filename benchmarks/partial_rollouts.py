@@ -64,9 +64,9 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
     )
     for _ in range(2):
         learner.train_step()
-    before = getattr(learner.rollout_backend, "switches", 0)
+    before = getattr(learner.generator.backend, "switches", 0)
     rows = [learner.train_step() for _ in range(args.steps)]
-    switches = getattr(learner.rollout_backend, "switches", 0) - before
+    switches = getattr(learner.generator.backend, "switches", 0) - before
     learner.close()
     keys = ["time/step", "time/rollout", "time/reward", "time/logprob", "time/update", "time/wait_rollout",
             "rollout/staleness_current_frac", "rollout/staleness_token_lag_mean"]

@@ -141,7 +141,7 @@ def time_rollout(learner, engine: str, new_tokens: int, tokens, mask, repeats: i
     cfg = learner.model.config
     rollout = dataclasses.replace(learner.rollout, engine=engine, max_new_tokens=new_tokens)
     # an EOS id no sample can take: every completion runs to new_tokens
-    backend = make_backend(rollout, learner.graphdef, eos_ids=(cfg.vocab_size,), pad_id=learner.tokenizer.pad_id,
+    backend = make_backend(rollout, learner.policy.graphdef, eos_ids=(cfg.vocab_size,), pad_id=learner.tokenizer.pad_id,
                            batch_size=PROMPTS * GROUP, paging=PAGED_TRANSFORMER)
     backend.update_weights(learner.policy_params(), 0)
     requests = Requests(tokens, mask, GROUP)
@@ -174,7 +174,7 @@ def main() -> None:
     weight_bytes = 4.0 * params
     kv = kv_bytes_per_token(cfg)
     prompts, _ = learner.supply().draw(PROMPTS)
-    tokens, mask = learner.encode_prompts(prompts)
+    tokens, mask = learner.generator.encode(prompts)
     prompt_len = mask.sum(axis=1)
 
     bw = read_bandwidth()

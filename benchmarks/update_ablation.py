@@ -99,7 +99,7 @@ def main() -> None:
     width = trimmed_width(example.completion_mask, default.rollout.logprob_chunk_tokens)
     batch = default.layout.mini_batches(trim_example(example, width))[0]
     part = default.models["policy"]
-    state = default.model_state("policy")
+    state = default.state.models["policy"]
     programs = {"default": (part.update_step.lower(state, part.frozen, batch).compile(), state)}
     for name in args.parts or [*PARTS, *OPTIMIZER_PARTS]:
         if name in OPTIMIZER_PARTS:
@@ -108,7 +108,7 @@ def main() -> None:
             with PARTS[name]():
                 made = learner()
         other = made.models["policy"]
-        state = jax.tree.map(jnp.copy, made.model_state("policy"))
+        state = jax.tree.map(jnp.copy, made.state.models["policy"])
         programs[name] = (other.update_step.lower(state, part.frozen, batch).compile(), state)
 
     times: dict[str, list[float]] = {name: [] for name in programs}

@@ -57,11 +57,11 @@ def lagged(cls, k=1):
 
         def train_step(self):
             version = max(self.step - k, 0)  # step n = self.step + 1 samples with W(n-1-k)
-            self._generator.pin(version, self.weights[version])
+            self.generator.pin(version, self.weights[version])
             try:
                 metrics = super().train_step()
             finally:
-                self._generator.unpin()
+                self.generator.unpin()
             self.weights.append(copy_tree(self.params))
             return metrics
 
@@ -317,7 +317,7 @@ def test_a_failing_collection_stops_the_step_with_its_error():
     run.train_step()
     with pytest.raises(RuntimeError, match="sandbox is down"):
         run.train_step()
-    assert run._generator.pinned is None  # unpinned: evaluation samples with the current weights
+    assert run.generator.pinned is None  # unpinned: evaluation samples with the current weights
     np.testing.assert_equal(run.step, 1)
 
 

@@ -536,9 +536,9 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
         old_logp=learner._behaviour_logprobs(example.prompt_tokens, example.prompt_mask, example.completion_tokens)
     )
     (a,) = learner.update_models(example)["policy"]
-    fast = jax.device_get((learner.params, learner.opt_state))
+    fast = jax.device_get((learner.params, learner.state.policy.opt_state))
     (b,) = fresh(name)[2].update_models(recomputed)["policy"]  # the same learner, from the same initial state
-    slow = jax.device_get((learner.params, learner.opt_state))
+    slow = jax.device_get((learner.params, learner.state.policy.opt_state))
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0
     for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(slow), strict=True):

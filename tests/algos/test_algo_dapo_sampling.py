@@ -21,6 +21,8 @@ import rl_models
 from algo_dapo import DAPOConfig, DAPOLearner, DynamicSamplingError
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core import Groups
+from rl_core.learner import carry_from_json, carry_to_json
 from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
 from rl_core.testing import BagPolicy, make_groups
@@ -125,7 +127,7 @@ def test_rounds_kept_groups_and_surplus_carried_to_the_next_step():
     assert [s["prompt"] for s in batch.samples[::G]] == [learner.rounds[0][0], learner.rounds[1][0]]
     np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
     assert math.isfinite(m1["train/loss"])
-    carry = json.loads(json.dumps(learner.carry_to_json(learner.state.carry)))["carry"]
+    carry = json.loads(json.dumps(carry_to_json(learner.state.carry)))["carry"]
     assert carry["texts"] == ["3:1", "3:0"] and carry["rewards"] == [1.0, 0.0]
 
     # Step 2. The carried group 3 comes first; round 1 [U(4), I(5)] keeps 5: done in one round.
@@ -140,7 +142,7 @@ def test_rounds_kept_groups_and_surplus_carried_to_the_next_step():
         "dapo/surplus_carried": 0.0,
         "groups/uniform_frac": 0.5,
     }
-    assert learner.carry_to_json(learner.state.carry) == {"carry": None}
+    assert carry_to_json(learner.state.carry) == {"carry": None}
     assert learner.script == [] and len(learner.rounds) == 3
 
 
@@ -173,13 +175,13 @@ def test_unknown_filter_reward_is_rejected():
 def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_them():
     learner = make(script=[[I, U], [I, I], [U, I]])
     learner.train_step()  # group 3 carried over, sampled by the step-1 policy
-    carry = json.loads(json.dumps(learner.carry_to_json(learner.state.carry)))["carry"]
+    carry = json.loads(json.dumps(carry_to_json(learner.state.carry)))["carry"]
     recorded = np.asarray(carry["old_logp"], np.float32)
     assert recorded.shape == (G, T) and np.isfinite(recorded).all()
 
     resumed = make(script=[[U, I]], first_id=4)
     # the parameters after step 1's update, and the carry as a checkpoint holds it
-    resumed.replace_state(params=learner.params, carry=resumed.carry_from_json({"carry": carry}))
+    resumed.replace_state(params=learner.params, carry=carry_from_json({"carry": carry}, Groups))
     example = resumed.produce_examples(resumed.supply().stream.next(2)).example
     assert group_ids(resumed.batches[-1]) == [3, 5]
     np.testing.assert_array_equal(np.asarray(example.old_logp)[:G], recorded)  # kept, not recomputed
@@ -197,10 +199,10 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
 def test_carry_over_survives_a_json_checkpoint():
     first = make(script=[[I, U], [I, I]])
     first.train_step()
-    state = json.loads(json.dumps(first.carry_to_json(first.state.carry)))  # as written in a checkpoint's metadata
+    state = json.loads(json.dumps(carry_to_json(first.state.carry)))  # as written in a checkpoint's metadata
 
     resumed = make(script=[[U, I]], first_id=100)
-    resumed.replace_state(carry=resumed.carry_from_json(state))
+    resumed.replace_state(carry=carry_from_json(state, Groups))
     batch = resumed.produce_examples(resumed.supply().stream.next(2))
     # group 3 from the first learner, then group 101 (100 was uniform)
     assert group_ids(batch) == [3, 101]
@@ -211,8 +213,8 @@ def test_carry_over_survives_a_json_checkpoint():
     np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
     assert [s["completion"] for s in batch.samples[:2]] == ["3:1", "3:0"]
 
-    resumed.replace_state(carry=resumed.carry_from_json({"carry": None}))
-    assert resumed.carry_to_json(resumed.state.carry) == {"carry": None}
+    resumed.replace_state(carry=carry_from_json({"carry": None}, Groups))
+    assert carry_to_json(resumed.state.carry) == {"carry": None}
 
 
 def test_partial_at_the_cap_fills_the_batch_with_masked_rows():
@@ -237,7 +239,7 @@ def test_partial_at_the_cap_fills_the_batch_with_masked_rows():
     assert math.isfinite(m1["train/loss"]) and m1["train/skipped_updates"] == 0
     after_1 = jax.tree.map(np.array, learner.params)
     assert tree_max_abs_diff(before, after_1) > 0  # the informative group trained
-    assert learner.carry_to_json(learner.state.carry) == {"carry": None}
+    assert carry_to_json(learner.state.carry) == {"carry": None}
 
     m2 = learner.train_step()
     batch = learner.batches[-1]

@@ -20,6 +20,7 @@ from flax import nnx
 from rl_core import registry
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner import carry_to_json
 from rl_core.testing import tree_max_abs_diff
 
 TOK = rl_models.CharTokenizer()
@@ -82,12 +83,12 @@ def test_a_run_with_episodes_resumes_exactly(tmp_path):
         a.train_step()
     a.save_checkpoint()
     a.recorder.checkpointer.wait()
-    carried = a.carry_to_json(a.state.carry)
+    carried = carry_to_json(a.state.carry)
     assert carried["carry"]["row_fields"]["episode"]  # surplus episodes, records and all, in the checkpoint
     want = [a.train_step() for _ in range(2)]
     b = build("dapo", tmp_path / "run")
     assert b.resume(log=lambda line: None) and b.step == 3
-    assert b.carry_to_json(b.state.carry) == carried
+    assert carry_to_json(b.state.carry) == carried
     got = [b.train_step() for _ in range(2)]
     assert tree_max_abs_diff(a.params, b.params) == 0.0
     for m_a, m_b in zip(want, got, strict=True):

@@ -255,20 +255,22 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
 def test_the_reward_audits_streaks_are_in_the_state_and_survive_a_resume(tmp_path):
     """After each step the state holds the audit's streaks; a checkpoint keeps them, and a learner
     resumed from it with a fresh auditor audits its next step as the one that went on does."""
+    auditors = []
+
     def learner(folder):
-        return _learner(GRPOLearner, GRPOConfig(group_size=2, beta=0.0), output_dir=folder,
-                        reward_audit=rewards.RewardAuditor(log=lambda line: None))
+        auditors.append(rewards.RewardAuditor(log=lambda line: None))
+        return _learner(GRPOLearner, GRPOConfig(group_size=2, beta=0.0), output_dir=folder, reward_audit=auditors[-1])
 
     on = learner(tmp_path / "on")
     on.train_step()
     on.train_step()
     # numeric_answer pays nothing to the untrained policy: constant within every group, 2 steps running
-    assert on.state.audit == on.reward_audit.state_json() and on.state.audit["streaks"]["numeric_answer"] == 2
+    assert on.state.audit == auditors[0].state_json() and on.state.audit["streaks"]["numeric_answer"] == 2
     on.save_checkpoint()
     on.recorder.wait()  # checkpoints are written in the background
     resumed = learner(tmp_path / "on")
     assert resumed.resume(log=lambda line: None)
-    assert resumed.reward_audit.state_json() == on.state.audit == resumed.state.audit  # the streak of 2 included
+    assert auditors[1].state_json() == on.state.audit == resumed.state.audit  # the streak of 2 included
     went_on, after_resume = on.train_step(), resumed.train_step()
     audited = {k: v for k, v in went_on.items() if k.startswith("reward_audit/")}
     assert audited and audited == {k: v for k, v in after_resume.items() if k.startswith("reward_audit/")}

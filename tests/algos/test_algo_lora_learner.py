@@ -90,7 +90,7 @@ def run(tmp_path_factory):
     base_before = numpy_tree(nnx.to_pure_dict(nnx.state(policy, nnx.LoRAParam, nnx.Param)[1]))
     adapters_before = numpy_tree(nnx.to_pure_dict(nnx.state(policy, nnx.LoRAParam)))
     learner = make_learner(policy, cls=RecordingGRPO, base=base_model(), output_dir=folder)
-    opt_sizes = sum(x.size for x in jax.tree.leaves(learner.opt_state))
+    opt_sizes = sum(x.size for x in jax.tree.leaves(learner.state.policy.opt_state))
     learner.train(2)
     after_two = numpy_tree(learner.params)
     learner.train(3)
@@ -111,7 +111,7 @@ def test_only_the_adapters_train_and_have_optimizer_state(run):
 
 def test_every_base_weight_is_bit_identical_after_training_and_the_adapters_moved(run):
     learner = run["learner"]
-    frozen = numpy_tree(learner.frozen)
+    frozen = numpy_tree(learner.policy.frozen)
     flat_before = jax.tree_util.tree_leaves_with_path(run["base_before"])
     flat_after = dict(jax.tree_util.tree_leaves_with_path(frozen))
     assert len(flat_before) == len(flat_after) == 12  # embed, lm_head, final norm; stacked: 2 norms, 7 kernels
@@ -160,4 +160,4 @@ def test_qlora_trains_without_non_finite_updates(qtype):
     assert all(np.isfinite(h["train/loss"]) and np.isfinite(h["train/grad_norm"]) for h in history)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(learner.params)))
     assert float(np.abs(learner.params["layers"]["mlp"]["up_proj"]["lora_b"]).max()) > 0
-    np.testing.assert_array_equal(np.asarray(learner.frozen["layers"]["mlp"]["up_proj"]["kernel"]), codes)
+    np.testing.assert_array_equal(np.asarray(learner.policy.frozen["layers"]["mlp"]["up_proj"]["kernel"]), codes)

@@ -48,20 +48,20 @@ def learner(cls, config, engine, paging=BAG_PAGING):
 ], ids=["grpo", "dapo"])
 def test_learner_trains_with_the_paged_engine(cls, config):
     paged = learner(cls, config, "paged")
-    assert isinstance(paged.rollout_backend, PagedBackend)
+    assert isinstance(paged.generator.backend, PagedBackend)
     history = paged.train(num_steps=2)
     assert len(history) == 2 and all(np.isfinite(h["train/loss"]) for h in history)
-    assert all(pool.in_use == 0 for pool in paged.rollout_backend.pools)
+    assert all(pool.in_use == 0 for pool in paged.generator.backend.pools)
     # completions are stamped with the weights' version: the step whose parameters made them
-    tokens, mask = paged.encode_prompts(PROMPTS[:2])
+    tokens, mask = paged.generator.encode(PROMPTS[:2])
     assert set(np.asarray(paged.generate(tokens, mask, num_samples=2).version)) == {2}
 
 
 def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
     config = GRPOConfig(group_size=4)
     paged, static = learner(GRPOLearner, config, "paged"), learner(GRPOLearner, config, "static")
-    assert isinstance(static.rollout_backend, StaticBackend)
-    tokens, mask = paged.encode_prompts(PROMPTS[:4])
+    assert isinstance(static.generator.backend, StaticBackend)
+    tokens, mask = paged.generator.encode(PROMPTS[:4])
     a = paged.generate(tokens, mask, GREEDY, num_samples=2)
     b = static.generate(tokens, mask, GREEDY, num_samples=2)
     np.testing.assert_array_equal(a.tokens, np.asarray(b.tokens))
@@ -75,4 +75,4 @@ def test_the_paged_engine_without_its_adapter_is_a_clear_error():
         learner(GRPOLearner, config, "paged", paging=None)
     with pytest.raises(TypeError, match="BagPolicy lacks cache_spec, forward, inference_copy"):
         learner(GRPOLearner, config, "paged", paging=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)))
-    assert isinstance(learner(GRPOLearner, config, "static", paging=None).rollout_backend, StaticBackend)
+    assert isinstance(learner(GRPOLearner, config, "static", paging=None).generator.backend, StaticBackend)

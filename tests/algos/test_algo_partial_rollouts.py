@@ -49,7 +49,7 @@ def make(*, output_dir=None, num_steps=4, partial="continue"):
         reward_manager=rewards.RewardManager([even_start]),
         output_dir=output_dir,
     )
-    gate(learner.rollout_backend)
+    gate(learner.generator.backend)
     return learner
 
 
@@ -87,7 +87,7 @@ def gate(engine):
 def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp_path):
     straight = make()
     history = straight.train()
-    engine = straight.rollout_backend
+    engine = straight.generator.backend
     assert engine.switches >= 3  # every collection beside an update (steps 2, 3, 4: step 1 fills in line)
     assert all(pool.in_use == 0 for pool in engine.pools)
     # step 1 trains batch 1 (W(0), in line); step n >= 2 trains batch n, collected beside update n-1: its

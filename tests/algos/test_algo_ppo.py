@@ -16,6 +16,7 @@ from algo_ppo import PPOConfig, PPOLearner
 from flax import nnx
 from rl_core.config import ConfigError, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
+from rl_core.learner import state_arrays
 from rl_core.math.returns import gae, token_rewards, whiten
 from rl_models import (
     CharTokenizer,
@@ -135,10 +136,10 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
     # both start from the policy's weights, in buffers of their own (an update donates them)
     policy, critic = learner.models["policy"], learner.models["critic"]
     assert not {x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.params)} & {
-        x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.model_state("critic").params)}
+        x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.state.models["critic"].params)}
 
     def update(name):
-        state, _ = learner.models[name].update(learner.model_state(name), mini)
+        state, _ = learner.models[name].update(learner.state.models[name], mini)
         learner.replace_state(learner.state.with_model(name, state))
 
     before = states(learner)
@@ -152,7 +153,7 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
 
 def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
     learner = run["learner"]
-    groups = learner.collect_groups(learner.supply().stream.next(4))
+    groups = learner.score(learner.rollout_groups(learner.supply().stream.next(4)))
     example = learner.example_from_groups(groups)
     assert example.old_logp is not None and example.ref_logp is not None  # the KL penalty reads both
     mask = example.completion_mask
@@ -201,11 +202,11 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
     policy_part, critic = learner.models["policy"], learner.models["critic"]
     pointers = lambda tree: {x.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)}  # noqa: E731
     assert pointers(critic.frozen) <= pointers(policy_part.frozen)  # no second copy of the base
-    trained = jax.tree_util.tree_leaves_with_path(learner.model_state("critic").params)
+    trained = jax.tree_util.tree_leaves_with_path(learner.state.models["critic"].params)
     names = {jax.tree_util.keystr(path) for path, _ in trained}
     assert all("lora_" in n or "_head" in n for n in names)  # adapters, the value and confidence heads
     assert any("value_head" in n for n in names) and any("confidence_head" in n for n in names)
-    head_before = numpy_tree(learner.model_state("critic").params["value_head"])
+    head_before = numpy_tree(learner.state.models["critic"].params["value_head"])
     for _ in range(2):
         learner.train_step()
     # the base is bit-identical after training, in both models (the critic's under "backbone")
@@ -215,16 +216,16 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
             for key in path:
                 want = want[key.key]
             np.testing.assert_array_equal(value, want, err_msg=jax.tree_util.keystr(path))
-    critic_params = learner.model_state("critic").params
+    critic_params = learner.state.models["critic"].params
     assert not same(numpy_tree(critic_params["value_head"]), head_before)
     assert np.abs(np.asarray(critic_params["backbone"]["layers"]["mlp"]["up_proj"]["lora_b"])).max() > 0
-    assert learner.checkpoint_arrays()["critic"]["params"] is critic_params  # adapters and head: no base
+    assert state_arrays(learner.state)["critic"]["params"] is critic_params  # adapters and head: no base
 
 
 def test_environment_turn_rewards_go_on_each_turns_last_token(run):
     """Episodes: the environment's per-turn rewards join the task's reward as token rewards."""
     learner = run["learner"]
-    groups = learner.collect_groups(learner.supply().stream.next(2))
+    groups = learner.score(learner.rollout_groups(learner.supply().stream.next(2)))
     t = groups.completion_mask.shape[1]
     episodes = tuple({"rewards": [0.5, -0.25], "turn_ends": [1, 3]} for _ in range(len(groups.rewards)))
     with_turns = dataclasses.replace(groups, row_fields={"episode": episodes})

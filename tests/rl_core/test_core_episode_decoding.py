@@ -199,14 +199,14 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
         paging=rl_models.PAGED_TRANSFORMER,
     )
     returned = []
-    backend_generate = learner.rollout_backend.generate
+    backend_generate = learner.generator.backend.generate
 
     def counting(requests, sampling, key):
         out = backend_generate(requests, sampling, key)
         returned.append(int(np.asarray(out.lengths).sum()))
         return out
 
-    learner.rollout_backend.generate = counting
+    learner.generator.backend.generate = counting
     groups, _ = learner.collect(PROMPTS[:2], learner.supply())
     metrics = learner.examples_from(groups).metrics
     assert metrics["perf/generated_tokens"] == sum(returned)  # what the engine decoded
@@ -216,7 +216,7 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
     # later turns continued their episodes' cached sequences (the tests below),
     # released when the episodes ended
     assert metrics["perf/reused_prefix_tokens"] > metrics["perf/prefill_tokens"] > 0
-    assert learner.rollout_backend.pools[0].in_use == 0 and not learner.rollout_backend.retained.held
+    assert learner.generator.backend.pools[0].in_use == 0 and not learner.generator.backend.retained.held
 
 
 # -- a turn continues from its cached prefix ---------------------------------------------------

@@ -140,7 +140,7 @@ def test_the_two_modes_really_weigh_tokens_differently():
 def test_nan_loss_is_skipped_and_counted_and_never_reaches_the_parameters():
     training = TrainingConfig(prompts_per_step=2, micro_batch_size=2, learning_rate=1e-2)  # adamw
     learner = fixed_learner(training, ToyConfig(group_size=2, inject_nan=True))
-    params, opt_state = leaves(learner.params), leaves(learner.opt_state)
+    params, opt_state = leaves(learner.params), leaves(learner.state.policy.opt_state)
     for step in (1, 2):
         metrics = learner.train_step()
         assert metrics["train/skipped_updates"] == 1.0
@@ -148,7 +148,7 @@ def test_nan_loss_is_skipped_and_counted_and_never_reaches_the_parameters():
         assert learner.state.updates.skipped == step
         assert learner.step == step  # the run goes on
     assert max_diff(leaves(learner.params), params) == 0.0
-    assert max_diff(leaves(learner.opt_state), opt_state) == 0.0  # not even Adam's step count moved
+    assert max_diff(leaves(learner.state.policy.opt_state), opt_state) == 0.0  # not even Adam's step count moved
     assert all(np.isfinite(x).all() for x in leaves(learner.params))
 
 
@@ -220,11 +220,11 @@ def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_
     first, second = learner.update_models(empty_tail)["policy"]
     assert not first["empty"] and first["finite"]
     assert second["empty"] and second["loss"] == 0.0
-    after_first = leaves((learner.params, learner.opt_state))
+    after_first = leaves((learner.params, learner.state.policy.opt_state))
     learner.update_models(batch._replace(completion_mask=jnp.zeros_like(batch.completion_mask)))  # both empty
-    assert max_diff(leaves((learner.params, learner.opt_state)), after_first) == 0.0
+    assert max_diff(leaves((learner.params, learner.state.policy.opt_state)), after_first) == 0.0
     # the optimizer (and the schedule) counted one update, the first
-    counts = [x for x in jax.tree.leaves(learner.opt_state) if np.asarray(x).dtype == np.int32]
+    counts = [x for x in jax.tree.leaves(learner.state.policy.opt_state) if np.asarray(x).dtype == np.int32]
     assert counts and all(int(c) == 1 for c in counts)
 
 
@@ -279,6 +279,6 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
         steps(data, seed, 2)
     assert compile_count() == after_buckets
     if engine == "static":
-        assert learner.sampler.compiles == 2  # one sampler program per prompt bucket
+        assert learner.generator.sampler.compiles == 2  # one sampler program per prompt bucket
     else:  # one weight refresh and one step program, whatever the prompts' bucket
-        assert learner.sampler.compiles == 0 and learner.rollout_backend.compiles == 2
+        assert learner.generator.sampler.compiles == 0 and learner.generator.backend.compiles == 2

@@ -57,7 +57,7 @@ def three_steps(dtype: str, param_dtype: str = "float32") -> tuple[np.ndarray, T
 def test_master_weights_and_optimizer_state_are_float32(param_dtype):
     _, learner, policy, _ = three_steps("bfloat16", param_dtype)
     assert {x.dtype for x in jax.tree.leaves(learner.params)} == {jnp.dtype(jnp.float32)}
-    moments = [x for x in jax.tree.leaves(learner.opt_state) if x.ndim > 0]
+    moments = [x for x in jax.tree.leaves(learner.state.policy.opt_state) if x.ndim > 0]
     assert moments and {x.dtype for x in moments} == {jnp.dtype(jnp.float32)}
     # the caller's module keeps its storage dtype and its values (the learner trains a copy)
     assert {x.dtype for x in jax.tree.leaves(nnx.state(policy))} == {jnp.dtype(param_dtype)}

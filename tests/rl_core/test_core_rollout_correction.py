@@ -506,7 +506,7 @@ def test_bfloat16_rollout_weights_are_a_mismatch_the_metrics_and_the_correction_
             reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]),
         )  # fmt: skip
         metrics = learner.train_step()
-        held = {x.dtype for x in jax.tree.leaves(learner._generator.backend._params)}
+        held = {x.dtype for x in jax.tree.leaves(learner.generator.backend._params)}
         return metrics, held
 
     f32, f32_held = step(None)

@@ -70,7 +70,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     learner.train()  # 4 steps in one go, checkpoints at steps 2 and 4
     learner.close()
     assert learner.step == 4
-    straight_params, straight_opt = toy_run.params_numpy(learner), jax.tree.leaves(learner.opt_state)
+    straight_params, straight_opt = toy_run.params_numpy(learner), jax.tree.leaves(learner.state.policy.opt_state)
     assert toy_run.max_abs_diff(initial, straight_params) > 1e-3  # the run learned something
 
     # A copy of the run as a process killed during step 4 leaves it: checkpoint 2 and
@@ -92,7 +92,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
                                    mesh=one_device())
     assert resumed.resume() and resumed.step == 4 and resumed.state.data_position == learner.state.data_position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
-    for a, b in zip(jax.tree.leaves(resumed.opt_state), straight_opt, strict=True):
+    for a, b in zip(jax.tree.leaves(resumed.state.policy.opt_state), straight_opt, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
     np.testing.assert_array_equal(jax.random.key_data(resumed.state.rng), jax.random.key_data(learner.state.rng))
     resumed.close()

@@ -52,7 +52,7 @@ def learner():
 def example(learner, lengths, t=32):
     b = learner.layout.batch_size
     rng = np.random.default_rng(0)
-    tokens, mask = learner.encode_prompts(learner.supply().stream.next(2))
+    tokens, mask = learner.generator.encode(learner.supply().stream.next(2))
     return TrainExample(
         np.repeat(tokens, 4, axis=0), np.repeat(mask, 4, axis=0), rng.integers(3, 20, (b, t)).astype(np.int32),
         mask_with_lengths(lengths, t), np.linspace(-1, 1, b).astype(np.float32),

@@ -63,7 +63,7 @@ def test_training_prompts_have_one_bos():
         training=TrainingConfig(prompts_per_step=2),
         rollout=RolloutConfig(max_prompt_tokens=128),
     )
-    assert bos_counts(*learner.encode_prompts(TASK.train)) == [(1, True), (1, True)]
+    assert bos_counts(*learner.generator.encode(TASK.train)) == [(1, True), (1, True)]
 
 
 def test_warm_start_prompts_have_one_bos():

@@ -47,7 +47,7 @@ def test_export_reloads_with_identical_logits(trained_run, tmp_path, capsys):
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2]
 
     run = load_run_policy(trained_run)
-    trained = nnx.merge(run.learner.graphdef, run.params)
+    trained = nnx.merge(run.learner.policy.graphdef, run.params)
     reloaded = load_hf_model(out)
     tokenizer = load_hf_tokenizer(out)
     chars = CharTokenizer()
@@ -169,5 +169,5 @@ def test_export_of_a_loaded_model_keeps_its_tokenizer_files_and_chat_template(tm
     trained = load_run_policy(run)
     reloaded = load_hf_model(out)
     tokens = np.array([trained.tokenizer.encode("What is 2+2?")], np.int32)
-    np.testing.assert_array_equal(logits(reloaded, tokens), logits(nnx.merge(trained.learner.graphdef, trained.params), tokens))
+    np.testing.assert_array_equal(logits(reloaded, tokens), logits(nnx.merge(trained.learner.policy.graphdef, trained.params), tokens))
     assert load_hf_tokenizer(out).chat_template == trained.tokenizer.chat_template

@@ -102,7 +102,7 @@ def test_scheduled_evaluation_reports_its_time():
     model = Transformer(TransformerConfig.tiny(TOKENIZER.vocab_size), rngs=nnx.Rngs(3))
     graphdef, state = nnx.split(model)
     sampler = Recording()
-    learner = SimpleNamespace(sampler=sampler, policy_params=lambda: state, tokenizer=TOKENIZER,
+    learner = SimpleNamespace(generator=SimpleNamespace(sampler=sampler), policy_params=lambda: state, tokenizer=TOKENIZER,
                               heldout_metrics=lambda prompts: {"eval/extra": 1.0})
     metrics = build.eval_fn(task, settings)(learner)
     assert sampler.rows == [4]  # eval.heldout_size=4 decodes 4 rows, not a batch of 256

@@ -62,7 +62,7 @@ def with_known_adapters(run_dir: Path, step: int) -> tuple[int, dict]:
     initial 0: an export that dropped the adapters would look right. Returns (the new step,
     the adapters written, as NumPy arrays: lora_a as trained, lora_b the pattern)."""
     policy = load_run_policy(run_dir, step)  # only for the tree's structure; the values come from Orbax
-    like = {"params": policy.params, "opt_state": policy.learner.opt_state, "rng": policy.learner.state.rng}
+    like = {"params": policy.params, "opt_state": policy.learner.state.policy.opt_state, "rng": policy.learner.state.rng}
     checkpointer = Checkpointer(run_dir / "checkpoints", max_to_keep=100)
     try:
         arrays, meta = checkpointer.restore(step, like=like)
@@ -167,8 +167,8 @@ def test_merged_export_reloads_with_the_adapted_logits_and_the_adapter_export_is
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, run.params), adapters)
     tokens = np.array([[1, 12, 13, 5, 20, 21]], np.int32)
     # the policy rebuilt from the known adapters (not from the export's own restore) and the base alone
-    adapted = logits(nnx.merge(run.learner.graphdef, adapters, run.learner.frozen), tokens)
-    base = logits(nnx.merge(run.learner.graphdef, jax.tree.map(np.zeros_like, adapters), run.learner.frozen), tokens)
+    adapted = logits(nnx.merge(run.learner.policy.graphdef, adapters, run.learner.policy.frozen), tokens)
+    base = logits(nnx.merge(run.learner.policy.graphdef, jax.tree.map(np.zeros_like, adapters), run.learner.policy.frozen), tokens)
     # the adapters' effect is visible (measured max |difference| 0.91 on logits up to 3.1),
     # and the merged export carries it: its logits are the adapted ones, not the base's
     assert np.abs(adapted - base).max() > 0.1
@@ -215,7 +215,7 @@ def test_qlora_on_a_model_folder(tmp_path, capsys):
     # the int8 base with the known adapters, and without them; the merged export (W dequantized
     # + (alpha / r) A B) must give the former: measured max |difference| from the base 0.47
     # on logits up to 1.26
-    graphdef, frozen = policy.learner.graphdef, policy.learner.frozen
+    graphdef, frozen = policy.learner.policy.graphdef, policy.learner.policy.frozen
     adapted = logits(nnx.merge(graphdef, adapters, frozen), tokens)
     base = logits(nnx.merge(graphdef, jax.tree.map(np.zeros_like, adapters), frozen), tokens)
     assert np.abs(adapted - base).max() > 0.1

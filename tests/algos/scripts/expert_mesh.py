@@ -62,7 +62,7 @@ def make_learner(mesh) -> GRPOLearner:
 def run(mesh) -> tuple[GRPOLearner, list[np.ndarray], list[list[int]], list[dict]]:
     learner = make_learner(mesh)
     metrics = [learner.train_step() for _ in range(STEPS)]
-    tokens, mask = learner.encode_prompts(PROMPTS[:8])
+    tokens, mask = learner.generator.encode(PROMPTS[:8])
     greedy = np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
     return learner, [np.asarray(x) for x in jax.tree.leaves(learner.params)], greedy, metrics
 
@@ -82,11 +82,11 @@ def programs(learner) -> dict:
                       completion_tokens=batch(6, jnp.int32), completion_mask=batch(6, jnp.float32),
                       advantages=jax.ShapeDtypeStruct((2, 8), jnp.float32, sharding=rows),
                       ref_logp=batch(6, jnp.float32), sampler_logp=batch(6, jnp.float32))
-    state = TrainState(learner.params, learner.opt_state)
+    state = TrainState(learner.params, learner.state.policy.opt_state)
     update = program.lower(state, part.frozen, xs).compile().as_text()
-    tokens, mask = learner.encode_prompts(PROMPTS[:8])
+    tokens, mask = learner.generator.encode(PROMPTS[:8])
     weights = part.whole_params(learner.params)
-    decode = learner.sampler._jit(True, True).lower(weights, tokens, mask, jax.random.key(0), GREEDY,
+    decode = learner.generator.sampler._jit(True, True).lower(weights, tokens, mask, jax.random.key(0), GREEDY,
                                                     1).compile().as_text()
     return {"update": update, "decode": decode}
 

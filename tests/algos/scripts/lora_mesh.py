@@ -52,7 +52,7 @@ def leaves(tree) -> list[np.ndarray]:
 def measure(devices) -> dict:
     """LoRA on each mesh of `devices` (8) against one device."""
     one = make_learner(mesh_lib.make_mesh(devices=devices[:1]))
-    start, base = leaves(one.params), leaves(one.frozen)
+    start, base = leaves(one.params), leaves(one.policy.frozen)
     for _ in range(3):
         one.train_step()
     result = {"device_count": len(devices), "moved": max(float(np.abs(a - b).max()) for a, b in zip(leaves(one.params), start)),
@@ -63,10 +63,10 @@ def measure(devices) -> dict:
             learner.train_step()
         result["meshes"]["x".join(map(str, shape))] = {
             "adapters_max_abs_diff": max(float(np.abs(a - b).max()) for a, b in zip(leaves(learner.params), leaves(one.params))),
-            "base_unchanged": all(np.array_equal(a, b) for a, b in zip(leaves(learner.frozen), base)),
+            "base_unchanged": all(np.array_equal(a, b) for a, b in zip(leaves(learner.policy.frozen), base)),
         }
         if shape == (1, 4, 2):
-            q = learner.frozen["layers"]["attn"]["q_proj"]["kernel"]  # [layers, embed, heads]
+            q = learner.policy.frozen["layers"]["attn"]["q_proj"]["kernel"]  # [layers, embed, heads]
             result["q_kernel"] = {"shape": list(q.shape), "shard": list(q.addressable_shards[0].data.shape)}
     return result
 

@@ -65,7 +65,7 @@ def params_numpy(learner) -> list[np.ndarray]:
 
 
 def greedy_tokens(learner) -> list[list[int]]:
-    tokens, mask = learner.encode_prompts(PROMPTS[:8])
+    tokens, mask = learner.generator.encode(PROMPTS[:8])
     return np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
 
 
@@ -83,7 +83,7 @@ def shards(mesh) -> dict:
     """Shard shapes on device 0 of each parameter and Adam moment, by parameter path."""
     learner = make_learner(mesh, "adamw")
     paths = ["/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(learner.params)[0]]
-    adam = learner.opt_state[1][0]  # (clip, adamw chain) -> ScaleByAdamState
+    adam = learner.state.policy.opt_state[1][0]  # (clip, adamw chain) -> ScaleByAdamState
     out = {}
     for path, p, mu, nu in zip(paths, *(jax.tree.leaves(t) for t in (learner.params, adam.mu, adam.nu)), strict=True):
         out[path] = {
@@ -171,7 +171,7 @@ def rollouts_apart(devices, engine: str) -> dict:
         metrics = [learner.train_step() for _ in range(STEPS)]
         runs[apart] = (learner, params_numpy(learner), metrics)
     learner, params, metrics = runs[4]
-    backend = learner._generator.backend
+    backend = learner.generator.backend
     weights = backend._params if engine == "static" else backend.weights  # the pinned copy / the engine's own
     return {
         "params_max_abs_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(params, runs[0][1], strict=True)),

@@ -73,7 +73,7 @@ def measure(devices) -> dict:
     one_metrics = [one.train_step() for _ in range(STEPS)]
     learner = make_learner(mesh_lib.make_mesh(*MESH, devices=devices))
     metrics = [learner.train_step() for _ in range(STEPS)]
-    gate = learner.model_state("critic").params["backbone"]["layers"]["mlp"]["gate_proj"]["kernel"]
+    gate = learner.state.models["critic"].params["backbone"]["layers"]["mlp"]["gate_proj"]["kernel"]
     return {
         "device_count": len(devices),
         "moved": {name: max_diff(p, start[name]) for name, p in params(one).items()},

@@ -27,7 +27,7 @@ def run(devices):
     mini = learner.layout.mini_batches(zeros)[0]
     # the update program places the host arrays itself: its input layout is the one it sees
     policy = learner.models["policy"]
-    shardings = policy.update_step.lower(learner.model_state("policy"), policy.frozen, mini).compile().input_shardings[0][2]
+    shardings = policy.update_step.lower(learner.state.models["policy"], policy.frozen, mini).compile().input_shardings[0][2]
     tokens = jax.device_put(mini.completion_tokens, shardings.completion_tokens)  # [micro-batches, rows, T]
     return learner, initial, metrics, {
         "devices": len(tokens.sharding.device_set),

@@ -416,14 +416,14 @@ def eval_fn(task: Task, settings: RunSettings) -> Callable[[RLLearner], Mapping[
 
     def run(learner: RLLearner) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
+        metrics = evaluate(learner.generator.sampler, learner.policy_params(), learner.tokenizer, task, prompts, pass_k=0,
                            rollout=settings.rollout)
         metrics |= learner.heldout_metrics(prompts)  # e.g. PPO's critic on held-out rollouts
         for name, entry in settings.eval.sets.items():
             if name not in sets:
                 sets[name] = chat_prompts(evaluation_task(settings, entry), learner.tokenizer)
             rows = sets[name].heldout[: entry.get("size")]
-            scores = evaluate(learner.sampler, learner.policy_params(), learner.tokenizer, sets[name], rows, pass_k=0,
+            scores = evaluate(learner.generator.sampler, learner.policy_params(), learner.tokenizer, sets[name], rows, pass_k=0,
                               rollout=settings.rollout)
             metrics |= {f"eval/{name}/{key.removeprefix('eval/')}": value for key, value in scores.items()}
         return metrics | {"time/eval": time.perf_counter() - start}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ class DAPOLearner(GRPOLearner):
                 batch = prompts
             else:
                 batch, supply = supply.draw(want)
-            last = self.collect_groups(batch, draw)
+            last = self.score(self.rollout_groups(batch, draw), draw)
             rounds += 1
             is_uniform = last.uniform(self.filter_by)
             sampled += last.num_groups
@@ -117,10 +117,3 @@ class DAPOLearner(GRPOLearner):
         if not n or n >= groups.num_groups:
             return groups, advantages
         return groups.select(np.arange(n)), advantages[: n * self.group_size]
-
-    def carry_to_json(self, carry: Groups | None) -> dict[str, Any]:
-        return {"carry": None if carry is None else carry.to_json()}
-
-    def carry_from_json(self, data: Mapping[str, Any]) -> Groups | None:
-        carry = data.get("carry")
-        return None if carry is None else Groups.from_json(carry)

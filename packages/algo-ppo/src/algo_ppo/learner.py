@@ -53,6 +53,18 @@ def critic_loss(model: ValueFunction, example: TrainExample, *, clip: float | No
     return LossOutput(coef * total, denom, means=means)
 
 
+def advantage_program(c: PPOConfig) -> Callable[..., Any]:
+    """The configured token estimator (GAE) over the rewards placed on tokens (the KL penalty and
+    the turns' rewards included), jitted: (rewards, values, mask, kl, turn_rewards) -> (adv, returns)."""
+    estimator = registry.get("token_advantage_estimator", c.advantage_estimator)
+
+    def program(rewards, values, mask, kl, turn_rewards):
+        placed = token_rewards(rewards, mask, kl=kl, beta=c.beta) + turn_rewards
+        return estimator(placed, values, mask, gamma=c.gamma, lam=c.gae_lambda)
+
+    return jax.jit(program)
+
+
 class PPOLearner(PolicyGradientLearner):
     """PPO (arXiv:1707.06347): a policy and a critic, per-token advantages by GAE."""
 
@@ -65,6 +77,7 @@ class PPOLearner(PolicyGradientLearner):
                        loss=functools.partial(self.critic_loss_function, config))
         self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
+        self._advantages = advantage_program(config)
 
     @staticmethod
     def critic_loss_function(config: PPOConfig) -> LossFn:
@@ -82,16 +95,6 @@ class PPOLearner(PolicyGradientLearner):
 
     def models_to_update(self) -> Sequence[str]:
         return [CRITIC] if self.step < self.config.critic_warmup_steps else [*self.models]
-
-    def advantage_program(self) -> Callable[..., Any]:
-        c = self.config
-        estimator = registry.get("token_advantage_estimator", c.advantage_estimator)
-
-        def program(rewards, values, mask, kl, turn_rewards):
-            placed = token_rewards(rewards, mask, kl=kl, beta=c.beta) + turn_rewards
-            return estimator(placed, values, mask, gamma=c.gamma, lam=c.gae_lambda)
-
-        return jax.jit(program)
 
     def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """Log-probs (the KL penalty needs them), the critic's values, then GAE."""
@@ -116,9 +119,9 @@ class PPOLearner(PolicyGradientLearner):
 
     def critic_values(self, example: TrainExample) -> np.ndarray:
         """[B, T] float32 values of the example's completions under the current critic, on the host."""
-        if self.meter is not None:
-            self.meter.scored(CRITIC, example)
-        values = self._values(self.model_state(CRITIC).params, example.prompt_tokens, example.prompt_mask,
+        if self._meter is not None:
+            self._meter.scored(CRITIC, example)
+        values = self._values(self.state.models[CRITIC].params, example.prompt_tokens, example.prompt_mask,
                               example.completion_tokens,
                               written_logp(example), mask=example.completion_mask)
         return np.asarray(multihost.to_host(values), np.float32)

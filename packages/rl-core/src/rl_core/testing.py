@@ -64,7 +64,7 @@ class ToyLearner(RLLearner[ToyConfig]):
     def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
         """Samples, rewards and advantages at once: the batch is the step's examples."""
         keys = KeyStream(supply.rng)
-        tokens, mask = self.encode_prompts(prompts)
+        tokens, mask = self.generator.encode(prompts)
         out = self.generate(tokens, mask, num_samples=self.group_size, keys=keys)
         tokens, mask = np.repeat(tokens, self.group_size, axis=0), np.repeat(mask, self.group_size, axis=0)
         hits = np.asarray((out.tokens == self.config.target_token) * out.mask).sum(1)

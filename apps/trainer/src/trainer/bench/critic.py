@@ -43,7 +43,7 @@ def _forward_flops(config: Any, example: Any) -> tuple[float, float]:
 
 def critic_config(learner: Any) -> Any:
     """The critic's backbone config (a critic_path model may differ from the policy's)."""
-    return learner.models[CRITIC].module(learner.model_state(CRITIC).params).config
+    return learner.models[CRITIC].module(learner.state.models[CRITIC].params).config
 
 
 def critic_flops(config: Any, example: Any, passes: int) -> tuple[float, float]:
@@ -61,7 +61,7 @@ def split(record: dict[str, Any]) -> dict[str, Any]:
 
 def critic_memory(learner: Any) -> dict[str, int]:
     """The critic's trained parameter count and per-device bytes of its parameters and optimizer state."""
-    part = learner.model_state(CRITIC)
+    part = learner.state.models[CRITIC]
 
     def per_device(tree: Any) -> int:
         leaves = jax.tree.leaves(tree)

@@ -288,19 +288,19 @@ def run_bench(
 def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, float], dict[str, float]]:
     """Best times of the rollout program and of its prefill-only twin on one fixed batch."""
     prompts = task.train[: p.prompts]
-    tokens, mask = learner.encode_prompts(prompts)
+    tokens, mask = learner.generator.encode(prompts)
     prefill_sampler = Sampler(
-        learner.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id,
-        mesh=learner.mesh, param_shardings=learner.policy_shardings,
+        learner.policy.graphdef, max_new_tokens=1, eos_ids=learner.tokenizer.eos_ids, pad_id=learner.tokenizer.pad_id,
+        mesh=learner.layout.mesh, param_shardings=learner.policy.shardings,
     )
-    rows = mesh_lib.rows(learner.mesh)  # the input layout of the rollout
+    rows = mesh_lib.rows(learner.layout.mesh)  # the input layout of the rollout
     tokens_d, mask_d = jax.device_put(tokens, rows), jax.device_put(mask, rows)
     sampling = SamplingParams.from_rollout(learner.rollout)
     key = jax.random.PRNGKey(1)
     n = p.group_size
 
     def run_full():
-        return jax.block_until_ready(learner.sampler(learner.policy_params(), tokens_d, mask_d, key, sampling, n))
+        return jax.block_until_ready(learner.generator.sampler(learner.policy_params(), tokens_d, mask_d, key, sampling, n))
 
     def run_prefill():
         return jax.block_until_ready(prefill_sampler(learner.policy_params(), tokens_d, mask_d, key, sampling, n))
@@ -453,8 +453,8 @@ def resident_memory(learner: Any) -> dict[str, int]:
     return {
         "trainable_parameters": sum(int(x.size) for x in jax.tree.leaves(learner.params)),
         "trained_bytes": per_device(learner.params),
-        "optimizer_state_bytes": per_device(learner.opt_state),
-        "frozen_bytes": per_device(learner.frozen),
+        "optimizer_state_bytes": per_device(learner.state.policy.opt_state),
+        "frozen_bytes": per_device(learner.policy.frozen),
     }
 
 

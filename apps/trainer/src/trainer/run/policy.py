@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from flax import nnx
 from rl_core.run import CHECKPOINTS, storage
 from rl_core import Checkpointer, RLLearner, Tokenizer
+from rl_core.learner import state_arrays
 
 from trainer import build
 from trainer.run.folder import refuse_changed_settings, settings_of_run
@@ -43,7 +44,7 @@ class RunPolicy(NamedTuple):
     @property
     def model(self) -> Any:
         """The policy at the checkpoint as an NNX module."""
-        return nnx.merge(self.learner.graphdef, self.params, self.learner.frozen)
+        return nnx.merge(self.learner.policy.graphdef, self.params, self.learner.policy.frozen)
     step: int
 
 
@@ -83,7 +84,7 @@ def load_run_policy(run_dir: str | Path, step: int | None = None) -> RunPolicy:
                             progress=False)
     checkpointer = Checkpointer(run_dir / CHECKPOINTS, read_only=True)  # the run may still be saving
     try:
-        arrays, _ = checkpointer.restore(step, like=learner.checkpoint_arrays())
+        arrays, _ = checkpointer.restore(step, like=state_arrays(learner.state))
     finally:
         checkpointer.close()
     return RunPolicy(settings, tokenizer, task, learner, arrays["params"], step)

@@ -42,7 +42,7 @@ def evaluate_run(run_dir: str | Path, *, k: int | None = None, samples: int | No
     run = load_run_policy(run_dir)
     prompts = build.heldout(run.task, settings)
     metrics = evaluate(
-        run.learner.sampler,
+        run.learner.generator.sampler,
         run.policy_params,
         run.tokenizer,
         run.task,
@@ -84,7 +84,7 @@ def evaluate_data(
         raise ConfigError(f"--k = {k} and --samples = {samples}: need 1 <= k <= samples")
     if run_dir is not None:
         run = load_run_policy(run_dir)
-        settings, tokenizer, sampler, params, step = run.settings, run.tokenizer, run.learner.sampler, run.policy_params, run.step
+        settings, tokenizer, sampler, params, step = run.settings, run.tokenizer, run.learner.generator.sampler, run.policy_params, run.step
     else:
         settings = build_settings(algo="grpo", overrides=[f"model.path={model_dir}", f"task.options.data={data}",
                                                           "warm_start.steps=0", *([f"task.options.reward={reward}"] if reward else []),
@@ -92,7 +92,7 @@ def evaluate_data(
         tokenizer = build.tokenizer(settings)
         task = load_task(settings, tokenizer, log=lambda _: None)
         learner = build.learner(settings, task, tokenizer, build.new_model(settings, tokenizer), output_dir=None, progress=False)
-        sampler, params, step = learner.sampler, learner.policy_params(), 0
+        sampler, params, step = learner.generator.sampler, learner.policy_params(), 0
     inherited = {k_: v for k_, v in settings.task.options.items() if k_ in EVAL_TASK_OPTIONS} if settings.task.name == "data" else {}
     if reward is not None:
         inherited["reward"] = reward

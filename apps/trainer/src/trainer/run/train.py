@@ -57,7 +57,7 @@ def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dic
 def policy_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
     """Greedy accuracy, pass@k and lengths on the held-out set."""
     return evaluate(
-        learner.sampler,
+        learner.generator.sampler,
         learner.policy_params(),
         learner.tokenizer,
         task,

@@ -62,7 +62,8 @@ ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
 
 class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     """Base learner; subclasses fill `collect`, `examples_from`, `loss_function`,
-    `num_iterations` and `group_size` (and, for async rollouts, `batch_to_json` / `batch_from_json`)."""
+    `num_iterations` and `group_size` (and, for async rollouts and a carry, a `collection()` that
+    names its batch type)."""
 
     extra_models: tuple[str, ...] = ()
     """Trained models beyond the policy, each a keyword argument of the constructor (PPO: "critic")."""
@@ -89,24 +90,25 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     ) -> None:
         self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         # told each step's rows, for a benchmark (rl_core.learner.meter), and rewards (rl_core.learner.reward_audit)
-        self.reward_manager, self.meter, self.reward_audit = reward_manager, meter, reward_audit
+        self.reward_manager, self._meter, self._reward_audit = reward_manager, meter, reward_audit
         self._eval_fn, self._eval_every = eval_fn, eval_every_steps  # 0: never on a schedule
-        self.mesh = mesh or mesh_lib.training_mesh(training)
+        mesh = mesh or mesh_lib.training_mesh(training)
         writes = multihost.is_primary()  # in a multi-process run, process 0 alone writes files and shows progress
-        self.layout = BatchLayout(training, training.prompts_per_step * self.group_size, self.mesh, self.group_size)
+        self.layout = BatchLayout(training, training.prompts_per_step * self.group_size, mesh, self.group_size)
         if rollout.top_k > policy.vocab_size:
             raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
         self.models: dict[str, TrainableModel] = {}
         # everything a step changes, one value; on the mesh, replicated: every process splits the same key the same way
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
-                                                                      mesh_lib.replicated(self.mesh)))
+                                                                      mesh_lib.replicated(mesh)))
         self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
         self._data, self._stop_requested = PromptStream(train_data, seed=training.seed), False
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
-        self._generator = PolicyGenerator(rollout, tokenizer, self.models[POLICY], batch_size=self.layout.batch_size,
-                                          module=policy, mesh=mesh_lib.rollout_mesh(training, self.mesh), paging=paging)
-        self._collector = Collector.for_training(training, rollout, self._generator, learner=type(self).__name__,
-                                                 saves_batches=type(self).batch_to_json is not RLLearner.batch_to_json)
+        # the policy's sampler and rollout backend (`.sampler`, `.backend`, `.encode` for prompts)
+        self.generator = PolicyGenerator(rollout, tokenizer, self.models[POLICY], batch_size=self.layout.batch_size,
+                                          module=policy, mesh=mesh_lib.rollout_mesh(training, mesh), paging=paging)
+        self._collector = Collector.for_training(training, rollout, self.generator, learner=type(self).__name__,
+                                                 saves_batches=self.collection().batch is not None)
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else {
             "algorithm": config.to_dict(), "training": training.to_dict(), "rollout": rollout.to_dict()}
@@ -129,12 +131,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     state = property(lambda self: self._state, doc="everything a step changes (rl_core.learner.state.LearnerState)")
     step = property(lambda self: self._state.step, doc="the steps done")
-    params = property(lambda self: self._state.models[POLICY].params, doc="the policy's trained parameters (float32 masters)")
-    opt_state = property(lambda self: self._state.models[POLICY].opt_state, doc="the policy's optimizer state")
-
-    def model_state(self, name: str) -> TrainState:
-        """Trained model `name`'s (params, opt_state)."""
-        return self._state.models[name]
+    params = property(lambda self: self._state.policy.params, doc="the policy's trained parameters (float32 masters)")
 
     def replace_state(self, state: LearnerState | None = None, *, params: Any = None, **fields: Any) -> None:
         """Take `state` (default the current one) with `fields` of LearnerState and the policy's
@@ -150,25 +147,18 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     # -- the policy, as the sampler and evaluation see it -------------------------------------
 
-    graphdef = property(lambda self: self.models[POLICY].graphdef)
-    frozen = property(lambda self: self.models[POLICY].frozen, doc="the frozen base (with adapters), else None")
-    policy_shardings = property(lambda self: self.models[POLICY].shardings, doc="the whole policy's shardings")
-    sampler = property(lambda self: self._generator.sampler)  # the one-program sampler (evaluation uses it)
-    rollout_backend = property(lambda self: self._generator.backend)
+    policy = property(lambda self: self.models[POLICY],
+                      doc="the policy's part (rl_core.train.trainable.TrainableModel: graphdef, frozen base, shardings)")
 
     def policy_params(self, params: Any = None) -> dict[str, Any]:
         """The whole policy's parameters (trained `params`, default the current ones, joined
         with the frozen base) as one tree, as the sampler and `nnx.merge` take them."""
-        return self.models[POLICY].whole_params(self.params if params is None else params)
+        return self.policy.whole_params(self.params if params is None else params)
 
     @property
     def model(self) -> nnx.Module:
         """The current policy as an NNX module (a view for evaluation and export)."""
         return self.models[POLICY].module(self.params)
-
-    def encode_prompts(self, prompts: Sequence[Prompt]) -> tuple[np.ndarray, np.ndarray]:
-        """Left-padded prompt tokens and mask [len(prompts), P] (sample each with `generate(num_samples=...)`)."""
-        return self._generator.encode(prompts)
 
     def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
                  *, num_samples: int = 1, key: jax.Array | None = None, keys: Callable[[], jax.Array] | None = None,
@@ -181,11 +171,11 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
             rng, key = split_key(self._state.rng)
             self._state = self._state._replace(rng=rng)
         key = keys() if key is None else key
-        out = self._generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
+        out = self.generator.generate(prompt_tokens, prompt_mask, sampling, num_samples=num_samples, key=key,
                                        version=self.step, params=self.params, max_new_tokens=max_new_tokens,
                                        stop_strings=stop_strings, sessions=sessions)
-        if self.meter is not None:
-            self.meter.generated(prompt_mask, out.lengths, num_samples)
+        if self._meter is not None:
+            self._meter.generated(prompt_mask, out.lengths, num_samples)
         return out
 
     # -- the loop -----------------------------------------------------------------------
@@ -224,8 +214,8 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
             if self.layout.rows_for(batch.example.batch_size) != batch.example.batch_size:  # B, or whole micro-batches more
                 raise ValueError(f"examples_from returned {batch.example.batch_size} completions, expected "
                                  f"{self.layout.batch_size} (or more in whole micro-batches: layout.rows_for)")
-            if self.meter is not None:
-                self.meter.trained(batch.example, self.num_iterations)
+            if self._meter is not None:
+                self._meter.trained(batch.example, self.num_iterations)
             update_start = time.perf_counter()
             results, apart = self._update(batch.example)
             publish = (state.step + 1, self.params) if self.rollout.partial_rollouts != "off" else None
@@ -244,7 +234,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
                    "time/step": now - start}
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
-        audit = self.reward_audit.state_json() if self.reward_audit is not None else self._state.audit
+        audit = self._reward_audit.state_json() if self._reward_audit is not None else self._state.audit
         self._state = self._state._replace(step=state.step + 1, updates=counts, audit=audit)
         if self._eval_fn is not None and self._eval_every and self.step % self._eval_every == 0:
             metrics.update(self._eval_fn(self))
@@ -266,32 +256,26 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     def _update(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
         models, results, apart = run_updates(
-            self.models, self._state.models, example, names=list(self.models_to_update()), meter=self.meter,
+            self.models, self._state.models, example, names=list(self.models_to_update()), meter=self._meter,
             iterations=self.num_iterations, layout=self.layout, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._state = self._state._replace(models=models)
         return results, apart
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def checkpoint_arrays(self) -> dict[str, Any]:
-        """The arrays a checkpoint holds (see rl_core.learner.state)."""
-        return state_arrays(self._state)
-
     def save_checkpoint(self) -> None:
         # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
         self._state = self._state._replace(in_flight=settled(self._state.in_flight))
-        meta = state_meta(self._state, carry_to_json=self.carry_to_json, batch_to_json=self.batch_to_json)
-        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=meta)
+        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
         """Restore the newest checkpoint in the run folder that restores; True when one did. A damaged
         newer one is moved aside with a line in `log`; records written past it are dropped."""
         restored = self.recorder.restore(like=state_arrays(self._state), log=log)
         if restored is not None:
-            self._state = load_state(*restored, models=self.models, carry_from_json=self.carry_from_json,
-                                     batch_from_json=self.batch_from_json)
-            if self.reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
-                self.reward_audit.restore_json(self._state.audit or {})
+            self._state = load_state(*restored, models=self.models, batch=self.collection().batch)
+            if self._reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
+                self._reward_audit.restore_json(self._state.audit or {})
         return restored is not None
 
     def close(self) -> None:

@@ -59,21 +59,6 @@ class AlgorithmHooks(abc.ABC):
         """The models this step's update trains, in order (PPO's critic warm-up: the critic alone)."""
         return list(self.models)
 
-    def carry_to_json(self, carry: Any) -> dict[str, Any]:
-        """The algorithm's carry (LearnerState.carry) as the JSON a checkpoint holds (its `extra`)."""
-        return {}
-
-    def carry_from_json(self, data: Mapping[str, Any]) -> Any:
-        """The carry `carry_to_json` wrote (None by default)."""
-        return None
-
-    def batch_to_json(self, batch: Any) -> Any:
-        """A collected batch as JSON (the checkpoint of the batches in flight); needed for async rollouts."""
-        raise NotImplementedError
-
-    def batch_from_json(self, data: Any) -> Any:
-        raise NotImplementedError
-
     def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """Algorithm-specific metrics on held-out prompts, added to each evaluation (PPO: the
         critic's explained variance). Must not draw from the training key stream."""

@@ -4,8 +4,8 @@ overridable steps (sample G completions per prompt, score, advantages, log-probs
 collect(prompts, supply)             the rollout half (rl_core.learner.base runs it now, or k steps
                                      ahead; `collection()` cuts it in two, scoring apart)
   = sample_groups(prompts, supply)   the step's groups and the supply past them (DAPO's dynamic
-                                     sampling overrides this: more prompts, a carry)
-    = collect_groups(prompts)        rollout_groups (rl_core.learner.collection.groups_of_rollout)
+                                     sampling overrides this: more prompts, a carry):
+                                     rollout_groups (rl_core.learner.collection.groups_of_rollout)
                                      -> score (score_groups)
 examples_from(groups)                the training half, under the current weights
   = example_from_groups(groups)      what the update needs (PPO overrides this):
@@ -100,7 +100,10 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             raise ValueError(f"{type(config).__name__}: routing_replay = {config.routing_replay!r}, router_aux_loss_coef"
                              f" = {config.router_aux_loss_coef} with training.packing = true: packed rows neither replay "
                              "a routing nor report one; set training.packing=false")
-        self._advantages = self.advantage_program()
+        # the configured estimator of group rewards, jitted (one dispatch instead of a dozen eager ops a
+        # step); a token-level estimator's program is its learner's (PPO's reads the critic's values)
+        self._advantages = (jax.jit(registry.get("advantage_estimator", config.advantage_estimator), static_argnums=1)
+                            if config.estimator_category == "advantage_estimator" else None)
         self._logprob_pass = PolicyLogprobs(self.models[POLICY], self.rollout)  # (logp, entropy) [B, T]
         # The reference policy is the initial one, kept only when the KL term is on: the caller's
         # module itself, or with adapters the base with adapters off (no copy either way).
@@ -167,9 +170,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """The collection cut in two, generation then scoring (which async rollouts run on a scoring
         thread), unless a variant changes it (DAPO draws more prompts as the scores come in)."""
         own = PolicyGradientLearner
-        if any(getattr(type(self), n) is not getattr(own, n) for n in ("collect", "sample_groups", "collect_groups")):
-            return Collection(self.collect)
-        return Collection(self._generate, score=self._score)
+        if any(getattr(type(self), n) is not getattr(own, n) for n in ("collect", "sample_groups")):
+            return Collection(self.collect, batch=Groups)
+        return Collection(self._generate, score=self._score, batch=Groups)
 
     def _generate(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         draw = Draw(KeyStream(supply.rng), collection_tally())
@@ -185,12 +188,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
         them (default: one group per prompt, the supply unchanged), drawing keys from and counting
         into `draw` (the collection's)."""
-        return self.collect_groups(prompts, draw), supply
-
-    def collect_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None) -> Groups:
-        """Generate and score one group per prompt."""
         draw = draw or Draw()
-        return self.score(self.rollout_groups(prompts, draw), draw)
+        return self.score(self.rollout_groups(prompts, draw), draw), supply
 
     def rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
                        key: jax.Array | None = None) -> Groups:
@@ -246,7 +245,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def _rollout_prompts(self, prompts: Sequence[Prompt], num_samples: int, *, key: jax.Array | None = None,
                          keys: Callable[[], jax.Array] | None = None) -> Rollout:
         """`num_samples` completions (or with `rollout.environment` episodes) of each prompt, prompt-major."""
-        backend = self.rollout_backend
+        backend = self.generator.backend
         generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
         return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
                                row_limits=backend.capabilities.row_limits,
@@ -254,13 +253,13 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     def _sampling_version(self) -> int:
         """The step count of the weights `generate` samples with: the pinned ones' (a collection ahead), else the step's."""
-        pinned = self._generator.pinned
+        pinned = self.generator.pinned
         return self.step if pinned is None else pinned
 
     def _logprobs(self, params: Any, example: TrainExample, name: str = POLICY) -> jax.Array:
         """[B, T] log-probs of the example's completions under the policy's `params`."""
-        if self.meter is not None:
-            self.meter.scored(name, example)
+        if self._meter is not None:
+            self._meter.scored(name, example)
         return self._logprob_pass(params, example)[0]
 
     def _behaviour_logprobs(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, *,
@@ -284,12 +283,6 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         tokens = int(groups.info.get("perf/generated_tokens", 0.0))
         return StepBatch(example, metrics, self.samples(groups, adv), tokens)
 
-    def batch_to_json(self, batch: Groups) -> dict[str, Any]:
-        return batch.to_json()
-
-    def batch_from_json(self, data: Any) -> Groups:
-        return Groups.from_json(data)
-
     def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """What one update needs from scored groups: advantages, arrays and log-probs (their
         seconds in `tally`, as time/logprob)."""
@@ -302,10 +295,6 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         if tally is not None:
             tally["time/logprob"] = time.perf_counter() - start
         return example
-
-    def advantage_program(self) -> Callable[..., Any]:
-        """The configured estimator, jitted: one dispatch instead of a dozen eager ops per step."""
-        return jax.jit(registry.get("advantage_estimator", self.config.advantage_estimator), static_argnums=1)
 
     def compute_advantages(self, groups: Groups) -> np.ndarray:
         """The configured estimator on the groups' total rewards; one that reads each reward
@@ -357,8 +346,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         if self._passes.reference:
             example = example._replace(ref_logp=self._reference_logprobs(example))
         if self._passes.teacher:
-            if self.meter is not None:
-                self.meter.scored("teacher", example)
+            if self._meter is not None:
+                self._meter.scored("teacher", example)
             example = example._replace(teacher_logp=self._teacher_pass(self._teacher.params, example)[0])
         return example
 
@@ -370,8 +359,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
         """Metrics of the groups trained on (rl_core.learner.records), with the reward audit's."""
         metrics = records.group_metrics(groups, advantages)
-        if self.reward_audit is not None:  # signs of reward hacking (rl_core.learner.reward_audit)
-            metrics.update(self.reward_audit(step=self.step + 1, **records.audit_inputs(groups, self._reward_weights())))
+        if self._reward_audit is not None:  # signs of reward hacking (rl_core.learner.reward_audit)
+            metrics.update(self._reward_audit(step=self.step + 1, **records.audit_inputs(groups, self._reward_weights())))
         return metrics
 
     def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:

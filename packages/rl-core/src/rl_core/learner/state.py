@@ -17,7 +17,7 @@ before rollouts could run more than one step ahead holds one, as a dict.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from rl_core.rollout.async_rollout import InFlight
@@ -48,6 +48,11 @@ class LearnerState(NamedTuple):
     """The reward audit's streaks after the last step (its `state_json`; rl_core.learner.reward_audit),
     None without an audit or before its first step."""
 
+    @property
+    def policy(self) -> TrainState:
+        """The policy's (params, opt_state)."""
+        return self.models[POLICY]
+
     def with_model(self, name: str, state: TrainState) -> LearnerState:
         return self._replace(models={**self.models, name: state})
 
@@ -59,29 +64,40 @@ def state_arrays(state: LearnerState) -> dict[str, Any]:
     return arrays
 
 
-def state_meta(state: LearnerState, *, carry_to_json: Callable[[Any], Mapping[str, Any]],
-               batch_to_json: Callable[[Any], Any]) -> dict[str, Any]:
-    meta = {"step": state.step, "data_position": state.data_position, "extra": dict(carry_to_json(state.carry)),
+def carry_to_json(carry: Any) -> dict[str, Any]:
+    """The algorithm's carry as a checkpoint's `extra` holds it: {"carry": None} or the batch's JSON."""
+    return {"carry": None if carry is None else carry.to_json()}
+
+
+def carry_from_json(extra: Mapping[str, Any], batch: type | None) -> Any:
+    """The carry `carry_to_json` wrote, a `batch` (None when there is none; an older checkpoint: {})."""
+    data = extra.get("carry")
+    return None if data is None or batch is None else batch.from_json(data)
+
+
+def state_meta(state: LearnerState) -> dict[str, Any]:
+    """The JSON half of a checkpoint; batches (in flight, the carry) by their own `to_json`."""
+    meta = {"step": state.step, "data_position": state.data_position, "extra": carry_to_json(state.carry),
             "updates": state.updates._asdict()}
     if state.audit is not None:  # a resumed run audits as if it had not stopped
         meta["reward_audit"] = dict(state.audit)
     if state.in_flight:  # sampled, not trained on yet: the resumed run trains on them
-        meta["in_flight"] = [{"version": f.version, "batch": batch_to_json(f.batch)} for f in state.in_flight]
+        meta["in_flight"] = [{"version": f.version, "batch": f.batch.to_json()} for f in state.in_flight]
     return meta
 
 
 def load_state(arrays: Mapping[str, Any], meta: Mapping[str, Any], *, models: Iterable[str],
-               carry_from_json: Callable[[Mapping[str, Any]], Any],
-               batch_from_json: Callable[[Any], Any]) -> LearnerState:
-    """The state `state_arrays` and `state_meta` saved, for a learner training `models`."""
+               batch: type | None) -> LearnerState:
+    """The state `state_arrays` and `state_meta` saved, for a learner training `models` whose
+    collection's batches are of type `batch`."""
     trained = {name: TrainState(arrays["params"], arrays["opt_state"]) if name == POLICY
                else TrainState(arrays[name]["params"], arrays[name]["opt_state"]) for name in models}
     flight = meta.get("in_flight", [])
     flight = [flight] if isinstance(flight, Mapping) else flight  # an older checkpoint: one batch ahead
     return LearnerState(
         models=trained, rng=arrays["rng"], step=int(meta["step"]), data_position=int(meta["data_position"]),
-        in_flight=tuple(InFlight(batch_from_json(f["batch"]), int(f["version"])) for f in flight),
-        carry=carry_from_json(meta.get("extra", {})),
+        in_flight=tuple(InFlight(batch.from_json(f["batch"]), int(f["version"])) for f in flight),
+        carry=carry_from_json(meta.get("extra", {}), batch),
         updates=UpdateCounts(**meta.get("updates", {})),  # a checkpoint written before they were kept: none
         audit=meta.get("reward_audit"),
     )

@@ -69,10 +69,13 @@ class Collection(NamedTuple):
     builds it each step): `collect(prompts, supply)` returns the batch and the supply past it
     (prompts drawn, carry, key). With `score`, `collect` returns the batch unscored and
     `score(batch)` scores it, on any thread, several at once: nothing the collection draws depends
-    on the scores (GRPO's; not DAPO's, which draws more prompts as the scores come in)."""
+    on the scores (GRPO's; not DAPO's, which draws more prompts as the scores come in).
+    `batch`: the batch's type, with `to_json()` and a classmethod `from_json`, which a
+    checkpoint writes the batches in flight and the carry with (None: none; no async rollouts)."""
 
     collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]]
     score: Callable[[Any], Any] | None = None
+    batch: type | None = None
 
     def whole(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
         """The batch scored, in line, and the supply past it."""
@@ -183,7 +186,7 @@ class Collector:
         in a multi-process run), for a learner that `saves_batches` in checkpoints (or not)."""
         if training.async_rollout != "off" and not saves_batches:
             raise ValueError(f"training.async_rollout = {training.async_rollout!r}: {learner} has no JSON form of "
-                             "a collected batch (batch_to_json / batch_from_json), which the checkpoint of the "
+                             "a collected batch (its Collection's `batch` type), which the checkpoint of the "
                              "batches in flight holds")
         if rollout.partial_rollouts != "off" and training.async_rollout == "off":
             raise ValueError(f"rollout.partial_rollouts = {rollout.partial_rollouts!r}: needs "

@@ -2,7 +2,7 @@
 
 A checkpoint holds params, optimizer state and the PRNG key as arrays, and a
 JSON record of the step, the data position and whatever the algorithm adds
-(`RLLearner.carry_to_json` of the state's carry).
+(`rl_core.learner.state.state_meta`: the carry and the batches in flight as their own JSON).
 
 A save is written to a temporary folder (`<step>.orbax-checkpoint-tmp`) and
 renamed to `<step>` when complete, so a step folder on disk is a finished
