@@ -80,7 +80,6 @@ def test_unsupported_architecture(hf_copy):
         (dict(use_sliding_window=True), r"use_sliding_window=True"),
         (dict(hidden_act="gelu"), r"hidden_act='gelu'"),
         (dict(architectures=["LlamaForSequenceClassification"]), r"architectures=\['LlamaForSequenceClassification'\]"),
-        (dict(attention_bias=True), r"attention_bias=True: llama puts a bias on o_proj"),
     ],
 )
 def test_unsupported_features(hf_copy, changes, message):

@@ -124,7 +124,8 @@ class TransformerConfig:
     tie_embeddings: bool = False
     """Unembed with the (transposed) token embedding instead of a separate matrix."""
     attention_bias: bool = False
-    """Biases on the q/k/v projections (Qwen2)."""
+    """Biases on the q/k/v projections (Qwen2; with `attention_out_bias` too, Llama's, Qwen3's,
+    SmolLM3's and Gemma 3's `attention_bias`)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
     rope_scaling: RopeScaling | LinearRope | YarnRope | None = None
@@ -179,7 +180,9 @@ class TransformerConfig:
     swiglu_alpha: float = 1.702
     """The sigmoid's slope in the clamped SwiGLU (gpt-oss's swiglu_alpha)."""
     attention_out_bias: bool = False
-    """A bias on o_proj (gpt-oss; Qwen2's `attention_bias` is q/k/v only)."""
+    """A bias on o_proj (gpt-oss, and Llama-style `attention_bias`; Qwen2's is q/k/v only)."""
+    mlp_bias: bool = False
+    """Biases on the dense MLP's gate, up and down projections (Llama's and SmolLM3's `mlp_bias`)."""
     attention_sinks: bool = False
     """A learned per-head logit in every query's softmax that takes probability but no value
     (gpt-oss's attention sinks)."""
@@ -321,12 +324,14 @@ class TransformerConfig:
         _require(isinstance(self.norm_topk_prob, bool), name, "norm_topk_prob", self.norm_topk_prob, "must be a bool")
         _require(self.swiglu_limit is None or self.swiglu_limit > 0, name, "swiglu_limit", self.swiglu_limit,
                  "must be None or > 0")
-        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks"):
+        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks", "mlp_bias"):
             _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
         if e == 0:
             for field in ("router_bias", "expert_bias"):
                 _require(not getattr(self, field), name, field, True, "needs experts (num_experts > 0)")
             _require(self.swiglu_limit is None, name, "swiglu_limit", self.swiglu_limit, "needs experts")
+        else:
+            _require(not self.mlp_bias, name, "mlp_bias", True, "is the dense MLP's (experts have expert_bias)")
 
     def windowed(self) -> tuple[bool, ...]:
         """Per layer, whether its attention is windowed (see `layer_types`)."""

@@ -3,9 +3,9 @@
 Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
 Each family's own fields are read by rl_models.hf.families. Anything the model here
-does not implement (another architecture, an o_proj or MLP bias, a rope type whose
-frequencies change with the running length, logit soft-capping) is an error naming
-the file and the field, never silently ignored.
+does not implement (another architecture, a bias flag the family's transformers code
+lacks, a rope type whose frequencies change with the running length, logit soft-capping)
+is an error naming the file and the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -106,6 +106,29 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
     return float(theta), scaling, None if local is None else float(local)
 
 
+def _having(flag: str) -> str:
+    return ", ".join(sorted(name for name, family in FAMILIES.items() if flag in family.biases))
+
+
+def _biases(hf: dict[str, Any], model_type: str, flags: tuple[str, ...], source: str) -> dict[str, bool]:
+    """The TransformerConfig bias fields of a family's `attention_bias` / `mlp_bias` (the flags its
+    transformers config has): attention_bias puts a bias on q, k, v and o_proj, mlp_bias on gate,
+    up and down. Qwen2's q/k/v biases and gpt-oss's are the family's own (not these flags)."""
+    fields: dict[str, bool] = {}
+    if hf.get("attention_bias", False) and model_type not in ("qwen2", "gpt_oss"):
+        if "attention_bias" not in flags:
+            raise _unsupported(source, "attention_bias", hf["attention_bias"],
+                               f"{model_type}'s attention has no biases in transformers (families with "
+                               f"attention_bias: {_having('attention_bias')})")
+        fields |= {"attention_bias": True, "attention_out_bias": True}
+    if hf.get("mlp_bias", False):
+        if "mlp_bias" not in flags:
+            raise _unsupported(source, "mlp_bias", hf["mlp_bias"], f"{model_type}'s MLP has no biases in "
+                               f"transformers (families with mlp_bias: {_having('mlp_bias')})")
+        fields["mlp_bias"] = True
+    return fields
+
+
 def transformer_config_from_hf(
     hf: dict[str, Any], *, source: str = "config.json", **runtime: Any,
 ) -> TransformerConfig:
@@ -138,11 +161,7 @@ def transformer_config_from_hf(
     if activation not in ACTIVATION_NAMES or (family.activation_key == "hidden_act") != (activation == "silu"):
         want = "'silu' (SwiGLU)" if family.activation_key == "hidden_act" else "'gelu_pytorch_tanh' (GeGLU)"
         raise _unsupported(source, family.activation_key, activation, f"only {want}")
-    if hf.get("mlp_bias", False):
-        raise _unsupported(source, "mlp_bias", True, "the MLP has no biases here")
-    if model_type not in ("qwen2", "gpt_oss") and hf.get("attention_bias", False):
-        raise _unsupported(source, "attention_bias", True,
-                           f"{model_type} puts a bias on o_proj too, which is not implemented")
+    biases = _biases(hf, model_type, family.biases, source)
     for key in family.refused:
         if hf.get(key, False):
             raise _unsupported(source, key, hf[key], "only full attention")
@@ -160,6 +179,7 @@ def transformer_config_from_hf(
         if local is not None and extra.get("sliding_window") is not None:
             extra["rope_local_theta"] = local
         extra["hidden_act"] = ACTIVATION_NAMES[activation]
+        extra |= biases
         return _transformer_config(hf, model_type, theta, scaling, extra, runtime)
     except FamilyFieldError as e:
         raise _unsupported(source, e.field, e.value, e.why) from e
@@ -278,7 +298,9 @@ def hf_config_from_transformer_config(
         "torch_dtype": config.param_dtype,
     }
     if model_type != "qwen2":
-        hf["attention_bias"] = False
+        hf["attention_bias"] = config.attention_out_bias  # with q/k/v biases (infer_model_type checked)
+    if config.mlp_bias:
+        hf["mlp_bias"] = True
     s = config.rope_scaling
     if isinstance(s, RopeScaling):
         hf["rope_scaling"] = {
