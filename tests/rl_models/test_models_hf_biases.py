@@ -21,8 +21,9 @@ from safetensors.numpy import load_file
 
 from engines import full_forward_greedy, paged_engine, static_engine
 
-BIASED = ("llama_bias", "qwen3_bias", "smollm3_bias", "gemma3_text_bias")
-FAMILY = {"llama_bias": "llama", "qwen3_bias": "qwen3", "smollm3_bias": "smollm3", "gemma3_text_bias": "gemma3_text"}
+BIASED = ("llama_bias", "qwen3_bias", "smollm3_bias", "gemma3_text_bias", "qwen3_moe_bias")
+FAMILY = {"llama_bias": "llama", "qwen3_bias": "qwen3", "smollm3_bias": "smollm3", "gemma3_text_bias": "gemma3_text",
+          "qwen3_moe_bias": "qwen3_moe"}
 MLP_BIASED = ("llama_bias", "smollm3_bias")
 
 
@@ -54,7 +55,7 @@ def test_biases_load_where_transformers_puts_them(name, hf_fixtures):
         assert proj in projections
         ours = getattr(getattr(model.layers, "attn" if module == "self_attn" else "mlp"), proj).bias[...]
         np.testing.assert_array_equal(np.asarray(ours[int(layer)]), tensors[key].astype(np.float32), err_msg=key)
-    if not mlp:
+    if not mlp and not config.num_experts:
         assert model.layers.mlp.gate_proj.bias is None
 
 
@@ -177,3 +178,28 @@ def test_export_refuses_biases_no_family_has(overrides, message, tmp_path):
 def test_mlp_bias_is_the_dense_mlps():
     with pytest.raises(ValueError, match=r"TransformerConfig.mlp_bias=True: is the dense MLP's"):
         TransformerConfig.tiny(40, mlp_bias=True, num_experts=4, experts_per_token=2, moe_hidden_size=16)
+
+
+def test_each_bias_shards_like_its_projections_output():
+    """The rules table places each new bias as its kernel's output axis (data 2, fsdp 4, tensor 2):
+    q/k/v biases over whole heads on `tensor`, gate/up over `tensor`, o_proj and down_proj (outputs
+    of width D) over `fsdp`; every bias is a parameter `trainer plan` counts."""
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+    from rl_core.runtime.mesh import MESH_AXES, logical_spec
+
+    mesh = AbstractMesh((2, 4, 1, 2), MESH_AXES)
+    config = TransformerConfig.tiny(40, attention_bias=True, attention_out_bias=True, mlp_bias=True)
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    want = {("attn", "q_proj"): P(None, "tensor"), ("attn", "k_proj"): P(None, "tensor"),
+            ("attn", "v_proj"): P(None, "tensor"), ("attn", "o_proj"): P(None, "fsdp"),
+            ("mlp", "gate_proj"): P(None, "tensor"), ("mlp", "up_proj"): P(None, "tensor"),
+            ("mlp", "down_proj"): P(None, "fsdp")}
+    for (module, proj), spec in want.items():
+        bias = getattr(getattr(model.layers, module), proj).bias
+        names, units = bias.get_metadata("out_sharding"), bias.get_metadata("axis_units")
+        assert logical_spec(names, bias.shape, mesh, units=units) == spec, (module, proj)
+    plain = nnx.eval_shape(lambda: Transformer(TransformerConfig.tiny(40), rngs=nnx.Rngs(0)))
+    count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
+    # per layer: q 64 + k 32 + v 32 + o 64 + gate 128 + up 128 + down 64 = 512, over 2 layers
+    assert count(model) - count(plain) == 2 * 512
