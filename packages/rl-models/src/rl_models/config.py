@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from rl_models.rope_types import LinearRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
@@ -128,8 +128,9 @@ class TransformerConfig:
     SmolLM3's and Gemma 3's `attention_bias`)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
-    rope_scaling: RopeScaling | LinearRope | YarnRope | None = None
-    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, or None."""
+    rope_scaling: RopeScaling | LinearRope | YarnRope | DynamicNTKRope | None = None
+    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK (the
+    default rope within its max_position_embeddings), or None."""
     sliding_window: int | None = None
     """A windowed layer's query sees the W key slots up to and including its own (Mistral,
     Gemma 3); None: no layer is windowed."""
@@ -247,8 +248,10 @@ class TransformerConfig:
             "cuDNN attention needs dtype='bfloat16'",
         )
         _require(
-            self.rope_scaling is None or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope)),
-            name, "rope_scaling", self.rope_scaling, "must be None, a RopeScaling, LinearRope or YarnRope",
+            self.rope_scaling is None
+            or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope, DynamicNTKRope)),
+            name, "rope_scaling", self.rope_scaling,
+            "must be None, a RopeScaling, LinearRope, YarnRope or DynamicNTKRope",
         )
         _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
                  name, "partial_rotary_factor", self.partial_rotary_factor,
@@ -355,6 +358,13 @@ class TransformerConfig:
         if k % ways and ways % k:
             return (f"the model's {k} KV heads neither split evenly over {ways} devices nor replicate "
                     f"evenly on them (use a divisor or a multiple of {k})")
+        return None
+
+    def position_problem(self, positions: int) -> str | None:
+        """Why sequences of `positions` tokens would not be computed as the model's folder says
+        (dynamic NTK rope past its limit); None when they are."""
+        if isinstance(self.rope_scaling, DynamicNTKRope):
+            return self.rope_scaling.position_problem(positions)
         return None
 
     def runtime(self) -> dict[str, object]:

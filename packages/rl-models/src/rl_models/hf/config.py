@@ -16,7 +16,7 @@ from typing import Any
 
 from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
 from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, FamilyFieldError, infer_family
-from rl_models.rope_types import LinearRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -49,8 +49,10 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
     return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn")
-"""Rope types read; "dynamic" and "longrope" change their frequencies with the running length."""
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
+"""Rope types read ("dynamic": the default rope up to max_position_embeddings, rl_models.rope_types.DynamicNTKRope);
+"longrope" (Phi-3's) switches its frequencies with the running length and is refused."""
+Scaling = RopeScaling | LinearRope | YarnRope | DynamicNTKRope
 
 
 def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any], float, float | None]:
@@ -72,19 +74,25 @@ def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any]
 
 
 def _rope(hf: dict[str, Any], source: str, windows: bool
-          ) -> tuple[float, RopeScaling | LinearRope | YarnRope | None, float | None]:
+          ) -> tuple[float, Scaling | None, float | None]:
     field, params, theta, local = _rope_params(hf, windows)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type in (None, "default"):
         return float(theta), None, None if local is None else float(local)
     if rope_type not in ROPE_TYPES:
         raise _unsupported(source, f"{field}.rope_type", rope_type,
-                           f"supported rope types are {list(ROPE_TYPES)} (dynamic NTK and longrope change "
-                           "their frequencies with the running length)")
+                           f"supported rope types are {list(ROPE_TYPES)} (longrope switches its frequencies "
+                           "with the running length)")
     original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
     try:
         if rope_type == "linear":
-            scaling: RopeScaling | LinearRope | YarnRope = LinearRope(factor=float(params["factor"]))
+            scaling: Scaling = LinearRope(factor=float(params["factor"]))
+        elif rope_type == "dynamic":
+            if hf.get("max_position_embeddings") is None:
+                raise HFFolderError(f"{source}: {field} of rope_type 'dynamic' needs max_position_embeddings "
+                                    "(the length up to which it is the default rope)")
+            scaling = DynamicNTKRope(factor=float(params["factor"]),
+                                     max_position_embeddings=int(hf["max_position_embeddings"]))
         elif rope_type == "yarn":
             optional = {k: params[k] for k in ("beta_fast", "beta_slow", "attention_factor", "mscale",
                                                "mscale_all_dim") if params.get(k) is not None}
@@ -190,7 +198,7 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | LinearRope | YarnRope | None,
+    hf: dict[str, Any], model_type: str, theta: float, scaling: Scaling | None,
     extra: dict[str, Any], runtime: dict[str, Any],
 ) -> TransformerConfig:
     fields: dict[str, Any] = dict(
@@ -310,6 +318,9 @@ def hf_config_from_transformer_config(
         }
     elif isinstance(s, LinearRope):
         hf["rope_scaling"] = {"rope_type": "linear", "factor": s.factor}
+    elif isinstance(s, DynamicNTKRope):
+        hf["rope_scaling"] = {"rope_type": "dynamic", "factor": s.factor}
+        hf["max_position_embeddings"] = s.max_position_embeddings
     elif isinstance(s, YarnRope):
         hf["rope_scaling"] = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast,
                               "beta_slow": s.beta_slow, "truncate": s.truncate,
