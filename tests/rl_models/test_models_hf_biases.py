@@ -203,3 +203,16 @@ def test_each_bias_shards_like_its_projections_output():
     count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
     # per layer: q 64 + k 32 + v 32 + o 64 + gate 128 + up 128 + down 64 = 512, over 2 layers
     assert count(model) - count(plain) == 2 * 512
+
+
+def test_a_multimodal_gemma3_folder_reads_attention_bias_from_its_text_config(hf_copy):
+    """gemma3 folders hold the flag in text_config (as Gemma3TextConfig has it); then the folder's
+    weights must hold the biases, and a folder without them names the first missing key."""
+    folder = hf_copy("gemma3")
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["attention_bias"] = True
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = load_hf_config(folder)
+    assert (loaded.attention_bias, loaded.attention_out_bias, loaded.mlp_bias) == (True, True, False)
+    with pytest.raises(ValueError, match=r"missing key\(s\) \[.*layers\.0\.self_attn\.k_proj\.bias"):
+        load_hf_model(folder)
