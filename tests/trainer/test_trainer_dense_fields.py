@@ -1,5 +1,5 @@
-"""`trainer plan` and the run's settings on dense folders with the fields added for #58: Llama-style
-attention and MLP biases are parameters it counts; dynamic NTK rope runs only within the folder's
+"""`trainer plan`, `train` and `serve` on dense folders with bias flags or dynamic rope: Llama-style
+attention and MLP biases are parameters plan counts; dynamic NTK rope runs only within the folder's
 max_position_embeddings, and longer settings fail before anything compiles."""
 
 import json
@@ -14,6 +14,18 @@ from trainer.plan import memory_budget, plan
 from trainer.settings import build_settings
 
 FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama_bias"
+
+
+def dynamic_folder(tmp_path):
+    """llama_bias with dynamic NTK rope (factor 4) up to 64 positions."""
+    folder = tmp_path / "dynamic"
+    shutil.copytree(FOLDER, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config |= {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0},
+               "max_position_embeddings": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.mark.e2e  # compiles the learner's programs on abstract shapes (~7 s on CPU)
@@ -31,13 +43,7 @@ def test_plan_counts_the_bias_parameters():
 
 
 def test_plan_refuses_lengths_past_a_dynamic_ropes_limit_before_compiling(tmp_path, capsys):
-    folder = tmp_path / "dynamic"
-    shutil.copytree(FOLDER, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.pop("rope_parameters", None)
-    config |= {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0},
-               "max_position_embeddings": 64}
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = dynamic_folder(tmp_path)
     code = main(["plan", "--algo", "grpo", f"model.path={folder}", "rollout.max_prompt_tokens=40",
                  "rollout.max_new_tokens=32"])
     err = capsys.readouterr().err
@@ -58,3 +64,12 @@ def test_a_run_is_built_only_when_its_longest_sequence_fits_the_dynamic_ropes_li
     check_positions(config, RolloutConfig(max_prompt_tokens=31, max_new_tokens=32))  # 64 tokens: exact
     with pytest.raises(ConfigError, match=r"= 65: sequences of up to 65 tokens pass"):
         check_positions(config, RolloutConfig(max_prompt_tokens=32, max_new_tokens=32))
+
+
+def test_serve_refuses_lengths_past_a_dynamic_ropes_limit(tmp_path):
+    from rl_core import ConfigError
+    from trainer.serve import EngineOptions, served_folder
+
+    folder = dynamic_folder(tmp_path)
+    with pytest.raises(ConfigError, match=r"--max-prompt-tokens \+ --max-new-tokens = 3072: sequences of up to 3072"):
+        served_folder(folder, EngineOptions())  # 2048 + 1024 by default
