@@ -91,8 +91,8 @@ def test_each_bias_is_exercised(name, zeroed, hf_fixtures, hf_reference):
     arrays, _ = hf_reference(name)
     model = load_hf_model(hf_fixtures / name)
     for proj in zeroed:
-        lin = getattr(model.layers.attn if proj.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else model.layers.mlp,
-                      proj)
+        module = model.layers.attn if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else model.layers.mlp
+        lin = getattr(module, proj)
         lin.bias[...] = jnp.zeros_like(lin.bias[...])
     logits, valid = _padded_logits(model, arrays)
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
