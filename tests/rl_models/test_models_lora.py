@@ -234,11 +234,12 @@ def test_lora_finds_gemma3s_seven_projections_and_fresh_adapters_change_nothing(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3"])
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "llama_bias", "smollm3_bias"])
 def test_lora_and_qlora_target_each_familys_projections(hf_fixtures, tmp_path, name):
-    """The families' blocks have the same seven projections: the default targets find them all,
-    fresh adapters change nothing, adapted kernels merge and export to the adapted logits, and
-    a QLoRA model decodes with the cache as its full forward computes (windows included)."""
+    """The families' blocks (biased ones too) have the same seven projections: the default targets
+    find them all, fresh adapters change nothing, adapted kernels merge and export to the adapted
+    logits (biases kept beside the merged kernels), and a QLoRA model decodes with the cache as its
+    full forward computes (windows and biases included)."""
     base = load_hf_model(hf_fixtures / name)
     tokens = jnp.asarray([[5, 17, 42, 99, 130, 255, 8, 13, 21, 3]], jnp.int32)  # longer than the windows
     want = logits(base, tokens)

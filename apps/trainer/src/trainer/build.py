@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib, multihost
 from rl_core import ConfigError, Meter, registry, RLLearner, Tokenizer
 from rl_core.run import storage
+from rl_core.config import RolloutConfig
 from rl_core.learner import RewardAudit
 from rl_models import (
     PAGED_TRANSFORMER,
@@ -127,6 +128,7 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
         m.preset, vocab_size=tokenizer.vocab_size, **m.runtime())
     check_tensor_parallel(config, device_mesh.shape["tensor"])
     check_attention(config)
+    check_positions(config, settings.rollout)
     if folder:
         return load_hf_model(folder, shardings=shardings, **m.runtime())
     return sharded_init(config, m.seed, device_mesh)
@@ -137,6 +139,16 @@ def check_tensor_parallel(config: TransformerConfig, tensor: int) -> None:
     problem = config.tensor_parallel_problem(tensor)
     if problem:
         raise ConfigError(f"training.mesh.tensor = {tensor}: {problem}")
+
+
+def check_positions(config: TransformerConfig, rollout: RolloutConfig) -> None:
+    """A settings error when the run's longest sequence (a prompt of max_prompt_tokens, a BOS, and
+    max_new_tokens after it: every turn of an episode included) is one the model does not compute
+    exactly (dynamic NTK rope past its max_position_embeddings)."""
+    longest = rollout.max_prompt_tokens + 1 + rollout.max_new_tokens
+    problem = config.position_problem(longest)
+    if problem:
+        raise ConfigError(f"rollout.max_prompt_tokens + 1 + rollout.max_new_tokens = {longest}: {problem}")
 
 
 def check_attention(config: TransformerConfig, platform: str | None = None) -> None:

@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from rl_models.rope_types import LinearRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
@@ -124,11 +124,13 @@ class TransformerConfig:
     tie_embeddings: bool = False
     """Unembed with the (transposed) token embedding instead of a separate matrix."""
     attention_bias: bool = False
-    """Biases on the q/k/v projections (Qwen2)."""
+    """Biases on the q/k/v projections (Qwen2; with `attention_out_bias` too, Llama's, Qwen3's,
+    SmolLM3's and Gemma 3's `attention_bias`)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
-    rope_scaling: RopeScaling | LinearRope | YarnRope | None = None
-    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, or None."""
+    rope_scaling: RopeScaling | LinearRope | YarnRope | DynamicNTKRope | None = None
+    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK (the
+    default rope within its max_position_embeddings), or None."""
     sliding_window: int | None = None
     """A windowed layer's query sees the W key slots up to and including its own (Mistral,
     Gemma 3); None: no layer is windowed."""
@@ -179,7 +181,9 @@ class TransformerConfig:
     swiglu_alpha: float = 1.702
     """The sigmoid's slope in the clamped SwiGLU (gpt-oss's swiglu_alpha)."""
     attention_out_bias: bool = False
-    """A bias on o_proj (gpt-oss; Qwen2's `attention_bias` is q/k/v only)."""
+    """A bias on o_proj (gpt-oss, and Llama-style `attention_bias`; Qwen2's is q/k/v only)."""
+    mlp_bias: bool = False
+    """Biases on the dense MLP's gate, up and down projections (Llama's and SmolLM3's `mlp_bias`)."""
     attention_sinks: bool = False
     """A learned per-head logit in every query's softmax that takes probability but no value
     (gpt-oss's attention sinks)."""
@@ -244,8 +248,10 @@ class TransformerConfig:
             "cuDNN attention needs dtype='bfloat16'",
         )
         _require(
-            self.rope_scaling is None or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope)),
-            name, "rope_scaling", self.rope_scaling, "must be None, a RopeScaling, LinearRope or YarnRope",
+            self.rope_scaling is None
+            or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope, DynamicNTKRope)),
+            name, "rope_scaling", self.rope_scaling,
+            "must be None, a RopeScaling, LinearRope, YarnRope or DynamicNTKRope",
         )
         _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
                  name, "partial_rotary_factor", self.partial_rotary_factor,
@@ -321,12 +327,14 @@ class TransformerConfig:
         _require(isinstance(self.norm_topk_prob, bool), name, "norm_topk_prob", self.norm_topk_prob, "must be a bool")
         _require(self.swiglu_limit is None or self.swiglu_limit > 0, name, "swiglu_limit", self.swiglu_limit,
                  "must be None or > 0")
-        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks"):
+        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks", "mlp_bias"):
             _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
         if e == 0:
             for field in ("router_bias", "expert_bias"):
                 _require(not getattr(self, field), name, field, True, "needs experts (num_experts > 0)")
             _require(self.swiglu_limit is None, name, "swiglu_limit", self.swiglu_limit, "needs experts")
+        else:
+            _require(not self.mlp_bias, name, "mlp_bias", True, "is the dense MLP's (experts have expert_bias)")
 
     def windowed(self) -> tuple[bool, ...]:
         """Per layer, whether its attention is windowed (see `layer_types`)."""
@@ -350,6 +358,13 @@ class TransformerConfig:
         if k % ways and ways % k:
             return (f"the model's {k} KV heads neither split evenly over {ways} devices nor replicate "
                     f"evenly on them (use a divisor or a multiple of {k})")
+        return None
+
+    def position_problem(self, positions: int) -> str | None:
+        """Why sequences of `positions` tokens would not be computed as the model's folder says
+        (dynamic NTK rope past its limit); None when they are."""
+        if isinstance(self.rope_scaling, DynamicNTKRope):
+            return self.rope_scaling.position_problem(positions)
         return None
 
     def runtime(self) -> dict[str, object]:

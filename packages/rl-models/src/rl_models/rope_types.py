@@ -3,9 +3,10 @@ real Qwen3, Mistral and Gemma 3 folders set, as Hugging Face computes them.
 
 Each is a frozen dataclass with `inv_freq(head_dim, theta) -> (inverse frequencies [Dh/2] float32,
 attention factor)`: the factor multiplies cos and sin (so both queries and keys), as transformers
-applies it. Only rope types whose frequencies are fixed at load time are here: "dynamic" NTK and
-"longrope" change their frequencies with the length of the running sequence, and are refused
-(rl_models.hf.config).
+applies it. Only rope types whose frequencies are fixed at load time are here: "longrope" changes
+its frequencies with the length of the running sequence and is refused (rl_models.hf.config);
+"dynamic" NTK does too, but only past max_position_embeddings, and is read as `DynamicNTKRope`,
+the default rope up to there.
 """
 
 from __future__ import annotations
@@ -35,6 +36,46 @@ class LinearRope:
 
     def inv_freq(self, head_dim: int, theta: float) -> tuple[np.ndarray, float]:
         return (default_inv_freq(head_dim, theta) / np.float32(self.factor)).astype(np.float32), 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicNTKRope:
+    """Dynamic NTK scaling ("dynamic"), exact up to `max_position_embeddings` positions.
+
+    transformers (5.x, `dynamic_rope_update`) starts from the default frequencies and, once a call's
+    longest position reaches max_position_embeddings, recomputes them with the base theta *
+    (factor * L / max_position_embeddings - factor + 1) ^ (Dh / (Dh - 2)) for that call's length L,
+    for every position of the call. So past the limit a full forward rotates its early positions
+    otherwise than a decode step did when it cached their keys (on a 2-layer Llama limited to 8
+    positions, a 24-token full forward and token-by-token decoding differ by 1.6 in the logits of
+    positions 0-7): no training pass matches the engines there, nor transformers itself. Up to the
+    limit it is the default rope bit for bit; `position_problem` says when a run would go past it
+    (the trainer refuses such settings)."""
+
+    factor: float
+    """The NTK factor applied past the limit (never reached here)."""
+    max_position_embeddings: int
+    """Positions up to which the frequencies are the default ones (config.json's max_position_embeddings)."""
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise ValueError(f"DynamicNTKRope.factor={self.factor!r}: must be > 0")
+        if not (isinstance(self.max_position_embeddings, int) and self.max_position_embeddings > 0):
+            raise ValueError(f"DynamicNTKRope.max_position_embeddings={self.max_position_embeddings!r}: "
+                             "must be a positive int")
+
+    def inv_freq(self, head_dim: int, theta: float) -> tuple[np.ndarray, float]:
+        return default_inv_freq(head_dim, theta), 1.0
+
+    def position_problem(self, positions: int) -> str | None:
+        """Why sequences of `positions` tokens are not computed exactly (None: they are)."""
+        if positions <= self.max_position_embeddings:
+            return None
+        return (f"sequences of up to {positions} tokens pass the model's max_position_embeddings "
+                f"({self.max_position_embeddings}), past which dynamic NTK rope recomputes every position's "
+                "frequencies from the call's length (training and decoding would rotate keys differently); "
+                f"keep prompt + completion within {self.max_position_embeddings} tokens, or set the folder's "
+                "rope_scaling to a fixed type (\"yarn\" or \"linear\") for longer contexts")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -218,7 +218,7 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with rotary positions (optionally q/k biases
+    """Grouped-query self-attention with rotary positions (optionally q/k/v and o_proj biases
     and q/k RMSNorm)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -301,14 +301,16 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 class MLP(nnx.Module):
-    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh."""
+    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh; each
+    projection with a bias when `mlp_bias`."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         d, f = config.hidden_size, config.mlp_hidden_size
-        self.gate_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
-        self.up_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=False, **dtypes, rngs=rngs)
-        self.down_proj = Linear(f, d, axes=("mlp", "embed"), use_bias=False, **dtypes, rngs=rngs)
+        bias = config.mlp_bias
+        self.gate_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=bias, **dtypes, rngs=rngs)
+        self.up_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=bias, **dtypes, rngs=rngs)
+        self.down_proj = Linear(f, d, axes=("mlp", "embed"), use_bias=bias, **dtypes, rngs=rngs)
         self.act = config.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -91,7 +91,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import FULL_WINDOW, compute_dtype, layer_windows
-    from trainer.build import check_attention, check_critic, check_tensor_parallel, model_config
+    from trainer.build import check_attention, check_critic, check_positions, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs
@@ -108,6 +108,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     mesh = mesh_lib.training_mesh(settings.training)
     check_tensor_parallel(config, mesh.shape["tensor"])
     check_attention(config, budget.platform)
+    check_positions(config, settings.rollout)
     kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,
                                           platform=budget.platform) for a in (config.attention, "auto"))
     lora = m.lora

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 from flax import nnx
+from rl_core import ConfigError
 from rl_core.rollout import EngineLoop, EngineSettings, PagedBackend
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
@@ -50,7 +51,12 @@ class EngineOptions:
 
 
 def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOptions, *, version: int = 0) -> Served:
-    """An engine loop decoding `model` (an rl_models transformer), as `name`."""
+    """An engine loop decoding `model` (an rl_models transformer), as `name`; ConfigError when its
+    longest sample is one the model does not compute exactly (dynamic NTK rope past its limit)."""
+    longest = options.max_prompt_tokens + options.max_new_tokens
+    problem = model.config.position_problem(longest)
+    if problem:
+        raise ConfigError(f"--max-prompt-tokens + --max-new-tokens = {longest}: {problem}")
     graphdef, state = nnx.split(model)
     engine = PagedBackend(graphdef, options.settings(), paging=PAGED_TRANSFORMER, eos_ids=tokenizer.eos_ids,
                           pad_id=tokenizer.pad_id, partial_rollouts=options.partial_rollouts)

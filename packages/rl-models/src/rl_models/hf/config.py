@@ -3,9 +3,9 @@
 Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
 Each family's own fields are read by rl_models.hf.families. Anything the model here
-does not implement (another architecture, an o_proj or MLP bias, a rope type whose
-frequencies change with the running length, logit soft-capping) is an error naming
-the file and the field, never silently ignored.
+does not implement (another architecture, a bias flag the family's transformers code
+lacks, a rope type whose frequencies change with the running length, logit soft-capping)
+is an error naming the file and the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
 from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, FamilyFieldError, infer_family
-from rl_models.rope_types import LinearRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -49,8 +49,10 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
     return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn")
-"""Rope types read; "dynamic" and "longrope" change their frequencies with the running length."""
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
+"""Rope types read ("dynamic": the default rope up to max_position_embeddings, rl_models.rope_types.DynamicNTKRope);
+"longrope" (Phi-3's) switches its frequencies with the running length and is refused."""
+Scaling = RopeScaling | LinearRope | YarnRope | DynamicNTKRope
 
 
 def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any], float, float | None]:
@@ -72,19 +74,25 @@ def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any]
 
 
 def _rope(hf: dict[str, Any], source: str, windows: bool
-          ) -> tuple[float, RopeScaling | LinearRope | YarnRope | None, float | None]:
+          ) -> tuple[float, Scaling | None, float | None]:
     field, params, theta, local = _rope_params(hf, windows)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type in (None, "default"):
         return float(theta), None, None if local is None else float(local)
     if rope_type not in ROPE_TYPES:
         raise _unsupported(source, f"{field}.rope_type", rope_type,
-                           f"supported rope types are {list(ROPE_TYPES)} (dynamic NTK and longrope change "
-                           "their frequencies with the running length)")
+                           f"supported rope types are {list(ROPE_TYPES)} (longrope switches its frequencies "
+                           "with the running length)")
     original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
     try:
         if rope_type == "linear":
-            scaling: RopeScaling | LinearRope | YarnRope = LinearRope(factor=float(params["factor"]))
+            scaling: Scaling = LinearRope(factor=float(params["factor"]))
+        elif rope_type == "dynamic":
+            if hf.get("max_position_embeddings") is None:
+                raise HFFolderError(f"{source}: {field} of rope_type 'dynamic' needs max_position_embeddings "
+                                    "(the length up to which it is the default rope)")
+            scaling = DynamicNTKRope(factor=float(params["factor"]),
+                                     max_position_embeddings=int(hf["max_position_embeddings"]))
         elif rope_type == "yarn":
             optional = {k: params[k] for k in ("beta_fast", "beta_slow", "attention_factor", "mscale",
                                                "mscale_all_dim") if params.get(k) is not None}
@@ -104,6 +112,29 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
     except (TypeError, ValueError) as e:
         raise HFFolderError(f"{source}: {field} of rope_type {rope_type!r}: {e}") from e
     return float(theta), scaling, None if local is None else float(local)
+
+
+def _having(flag: str) -> str:
+    return ", ".join(sorted(name for name, family in FAMILIES.items() if flag in family.biases))
+
+
+def _biases(hf: dict[str, Any], model_type: str, flags: tuple[str, ...], source: str) -> dict[str, bool]:
+    """The TransformerConfig bias fields of a family's `attention_bias` / `mlp_bias` (the flags its
+    transformers config has): attention_bias puts a bias on q, k, v and o_proj, mlp_bias on gate,
+    up and down. Qwen2's q/k/v biases and gpt-oss's are the family's own (not these flags)."""
+    fields: dict[str, bool] = {}
+    if hf.get("attention_bias", False) and model_type not in ("qwen2", "gpt_oss"):
+        if "attention_bias" not in flags:
+            raise _unsupported(source, "attention_bias", hf["attention_bias"],
+                               f"{model_type}'s attention has no biases in transformers (families with "
+                               f"attention_bias: {_having('attention_bias')})")
+        fields |= {"attention_bias": True, "attention_out_bias": True}
+    if hf.get("mlp_bias", False):
+        if "mlp_bias" not in flags:
+            raise _unsupported(source, "mlp_bias", hf["mlp_bias"], f"{model_type}'s MLP has no biases in "
+                               f"transformers (families with mlp_bias: {_having('mlp_bias')})")
+        fields["mlp_bias"] = True
+    return fields
 
 
 def transformer_config_from_hf(
@@ -138,11 +169,7 @@ def transformer_config_from_hf(
     if activation not in ACTIVATION_NAMES or (family.activation_key == "hidden_act") != (activation == "silu"):
         want = "'silu' (SwiGLU)" if family.activation_key == "hidden_act" else "'gelu_pytorch_tanh' (GeGLU)"
         raise _unsupported(source, family.activation_key, activation, f"only {want}")
-    if hf.get("mlp_bias", False):
-        raise _unsupported(source, "mlp_bias", True, "the MLP has no biases here")
-    if model_type not in ("qwen2", "gpt_oss") and hf.get("attention_bias", False):
-        raise _unsupported(source, "attention_bias", True,
-                           f"{model_type} puts a bias on o_proj too, which is not implemented")
+    biases = _biases(hf, model_type, family.biases, source)
     for key in family.refused:
         if hf.get(key, False):
             raise _unsupported(source, key, hf[key], "only full attention")
@@ -160,6 +187,7 @@ def transformer_config_from_hf(
         if local is not None and extra.get("sliding_window") is not None:
             extra["rope_local_theta"] = local
         extra["hidden_act"] = ACTIVATION_NAMES[activation]
+        extra |= biases
         return _transformer_config(hf, model_type, theta, scaling, extra, runtime)
     except FamilyFieldError as e:
         raise _unsupported(source, e.field, e.value, e.why) from e
@@ -170,7 +198,7 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: RopeScaling | LinearRope | YarnRope | None,
+    hf: dict[str, Any], model_type: str, theta: float, scaling: Scaling | None,
     extra: dict[str, Any], runtime: dict[str, Any],
 ) -> TransformerConfig:
     fields: dict[str, Any] = dict(
@@ -278,7 +306,9 @@ def hf_config_from_transformer_config(
         "torch_dtype": config.param_dtype,
     }
     if model_type != "qwen2":
-        hf["attention_bias"] = False
+        hf["attention_bias"] = config.attention_out_bias  # with q/k/v biases (infer_model_type checked)
+    if config.mlp_bias:
+        hf["mlp_bias"] = True
     s = config.rope_scaling
     if isinstance(s, RopeScaling):
         hf["rope_scaling"] = {
@@ -288,6 +318,9 @@ def hf_config_from_transformer_config(
         }
     elif isinstance(s, LinearRope):
         hf["rope_scaling"] = {"rope_type": "linear", "factor": s.factor}
+    elif isinstance(s, DynamicNTKRope):
+        hf["rope_scaling"] = {"rope_type": "dynamic", "factor": s.factor}
+        hf["max_position_embeddings"] = s.max_position_embeddings
     elif isinstance(s, YarnRope):
         hf["rope_scaling"] = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast,
                               "beta_slow": s.beta_slow, "truncate": s.truncate,

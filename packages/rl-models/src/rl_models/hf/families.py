@@ -49,6 +49,9 @@ class Family:
     """A multimodal folder's key holding the text model's config (Gemma 3's "text_config")."""
     refused: tuple[str, ...] = field(default=())
     """config.json keys that must be absent or false (a setting not implemented)."""
+    biases: tuple[str, ...] = field(default=())
+    """The bias flags its transformers config class has: "attention_bias" (q, k, v and o_proj)
+    and "mlp_bias" (gate, up and down); a flag it lacks must be absent or false."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """What transformers' config class assumes for keys a folder leaves out (Gemma 3's
     text_config lists only what differs from them)."""
@@ -206,20 +209,25 @@ GEMMA3_DEFAULTS: dict[str, Any] = {
 }
 """transformers' Gemma3TextConfig defaults (5.x)."""
 
+ATTENTION_BIAS = ("attention_bias",)
+BOTH_BIASES = ("attention_bias", "mlp_bias")
+
 FAMILIES: dict[str, Family] = {
-    "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",)),
+    "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",), biases=BOTH_BIASES),
     "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",)),
-    "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",)),
-    "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",)),
+    "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",), biases=ATTENTION_BIAS),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",),
+                        biases=ATTENTION_BIAS),
     "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
-    "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True}),
+    "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
+                      biases=BOTH_BIASES),
     "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation",
-                          windows=True, defaults=GEMMA3_DEFAULTS),
+                          windows=True, defaults=GEMMA3_DEFAULTS, biases=ATTENTION_BIAS),
     "gemma3": Family("Gemma3ForConditionalGeneration", _read_gemma3, _write_gemma3,
                      activation_key="hidden_activation", windows=True, text_config="text_config",
-                     defaults=GEMMA3_DEFAULTS),
+                     defaults=GEMMA3_DEFAULTS, biases=ATTENTION_BIAS),
 }
 
 ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -228,7 +236,27 @@ ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 def infer_family(config: TransformerConfig) -> str:
     """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
-    Qwen3, Qwen2, Llama); ValueError when none does."""
+    Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
+    name = _family_of_block(config)
+    if name in ("gpt_oss", "qwen2"):  # their biases are fixed (checked by _family_of_block)
+        if config.mlp_bias:
+            raise ValueError(f"{name} has no MLP biases")
+        return name
+    biases = FAMILIES[name].biases
+    if config.attention_bias or config.attention_out_bias:
+        if "attention_bias" not in biases:
+            raise ValueError(f"{name} has no attention biases")
+        if not (config.attention_bias and config.attention_out_bias):
+            raise ValueError(f"{name}'s attention_bias puts biases on q, k, v and o_proj together; "
+                             f"this config has attention_bias={config.attention_bias}, "
+                             f"attention_out_bias={config.attention_out_bias}")
+    if config.mlp_bias and "mlp_bias" not in biases:
+        raise ValueError(f"{name} has no MLP biases (only llama's and smollm3's mlp_bias)")
+    return name
+
+
+def _family_of_block(config: TransformerConfig) -> str:
+    """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
     if config.attention_sinks or config.expert_bias:
         gpt_oss = (config.attention_sinks and config.expert_bias and config.router_bias and config.attention_bias
                    and config.attention_out_bias and config.router == "topk_softmax" and not config.qk_norm
@@ -238,30 +266,32 @@ def infer_family(config: TransformerConfig) -> str:
                              "router biases, a top-k-then-softmax router and no q/k norm")
         return "gpt_oss"
     if config.num_experts:
-        if config.router != "softmax_topk" or not config.qk_norm or config.attention_bias or config.sliding_window \
+        if config.router != "softmax_topk" or not config.qk_norm or config.attention_bias != config.attention_out_bias \
+                or config.sliding_window \
                 or config.nope_layers or config.sandwich_norms or config.norm_plus_one or config.embed_scale \
                 or config.hidden_act != "silu" or config.query_scale is not None:
             raise ValueError("with experts only Qwen3-MoE is written: a softmax-then-top-k router, q/k norm, "
-                             "full attention, no biases, Llama's norms and SwiGLU")
+                             "full attention, no biases but q/k/v/o ones, Llama's norms and SwiGLU")
         return "qwen3_moe"
     if config.sandwich_norms or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu":
         gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale and config.qk_norm
-        if not gemma or config.hidden_act != "gelu_tanh" or config.attention_bias or config.nope_layers:
+        if not gemma or config.hidden_act != "gelu_tanh" or config.nope_layers:
             raise ValueError("only Gemma 3 (gemma3_text) has (1 + w) norms, sandwich norms, scaled embeddings "
-                             "and GeGLU, and it has all of them with q/k norm and no biases")
+                             "and GeGLU, and it has all of them with q/k norm")
         return "gemma3_text"
     if config.rope_local_theta is not None or config.query_scale is not None:
         raise ValueError("a local rope theta or a query scale is Gemma 3's, which this config is not")
     if config.nope_layers:
-        if config.sliding_window is not None or config.qk_norm or config.attention_bias:
-            raise ValueError("SmolLM3 (NoPE layers) has no windows, q/k norm or biases here")
+        if config.sliding_window is not None or config.qk_norm:
+            raise ValueError("SmolLM3 (NoPE layers) has no windows or q/k norm here")
         return "smollm3"
     if config.sliding_window is not None:
-        if config.qk_norm or config.attention_bias:
-            raise ValueError("Mistral (windowed layers) has no q/k norm or biases")
+        if config.qk_norm:
+            raise ValueError("Mistral (windowed layers) has no q/k norm")
         return "mistral" if all(config.windowed()) else "ministral"
-    if config.qk_norm and config.attention_bias:
+    qkv_only = config.attention_bias and not config.attention_out_bias
+    if config.qk_norm and qkv_only:
         raise ValueError("no Hugging Face architecture has both qk_norm and q/k/v-only attention biases")
     if config.qk_norm:
         return "qwen3"
-    return "qwen2" if config.attention_bias else "llama"
+    return "qwen2" if qkv_only else "llama"

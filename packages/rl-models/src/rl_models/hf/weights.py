@@ -160,6 +160,8 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
             continue
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+            if config.mlp_bias:
+                names[f"{hf}.mlp.{proj}.bias"] = at("mlp", proj, "bias")
     names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
     if not config.tie_embeddings:
         names[head] = Slot(("lm_head", "kernel"), None, True)
