@@ -7,7 +7,7 @@ from rich.console import Console
 
 from rl_core.run.console_samples import ConsoleSamples, cut, samples_table
 from rl_core.run.recorder import spread
-from rl_core.run.sinks import sample_table, samples_markdown
+from rl_core.run.sink_values import sample_table, samples_markdown
 
 SAMPLES = [
     {"id": "step3/prompt0/sample0", "prompt": "What is 12+7?\nAnswer with a number.",

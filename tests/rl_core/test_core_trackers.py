@@ -20,7 +20,7 @@ import pytest
 from rl_core.config import ConfigError
 from rl_core.run.mlflow_sink import MlflowSink, flat_params, mlflow_key, samples_artifact
 from rl_core.run.records import RunRecords, replay
-from rl_core.run.sinks import sample_table
+from rl_core.run.sink_values import sample_table
 
 CONFIG = {"algo": "grpo", "training": {"num_steps": 2, "loggers": ["mlflow"]}, "eval": {"pass_k": 1}}
 METRICS = [

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from rl_core.run.mlflow_sink import mlflow_key, samples_artifact
-from rl_core.run.sinks import sample_table
+from rl_core.run.sink_values import sample_table
 from trainer.cli import main
 from trainer.show import show_run
 from trainer.show.curves import PANELS

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rl_core.run.sinks import reward_functions
+from rl_core.run.sink_values import reward_functions
 
 PROMPT_CHARS = 80
 """Longest prompt shown (its start and its end)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.config import ConfigError
-from rl_core.run.sinks import sample_table, scalars
+from rl_core.run.sink_values import sample_table, scalars
 
 EXPERIMENT = "rl-variants"
 STORE = "mlruns"

@@ -30,7 +30,8 @@ from rl_core.run.files import append_text, keep_records_through
 from rl_core.run.metrics import MetricsLogger
 from rl_core.run.layout import CHECKPOINTS, SAMPLES
 from rl_core.run.console_samples import ConsoleSamples
-from rl_core.run.sinks import MetricsSink, open_sinks, samples_markdown
+from rl_core.run.sink_values import samples_markdown
+from rl_core.run.sinks import MetricsSink, open_sinks
 from rl_core.run.storage import StagedFolder, is_url, open_staged
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rl_core.config import ConfigError
-from rl_core.run.sinks import sample_table, scalars
+from rl_core.run.sink_values import sample_table, scalars
 
 PROJECT = "rl-variants"
 
