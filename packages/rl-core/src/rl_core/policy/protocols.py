@@ -126,6 +126,10 @@ class PagedModel(Protocol):
     sequence=bool)`, which returns (hidden, (pages, states)): `sequence` True for a prefill chunk
     (one sequence's consecutive tokens, real ones first), False for decoding (one token each of N
     sequences); row 0 is scratch (padding), and a token at position 0 starts its state afresh.
+    (rl_models' states: Qwen3.5's linear-attention states, and the window-sized key/value rings of
+    the windowed layers of a model that also has global layers, Gemma 3's.)
+    Optional: `forward_routed(...)`, `forward` plus the experts a mixture's routers chose; with a
+    `state_spec`, it takes the same state arguments and returns (hidden, (pages, states), experts).
     """
 
     def cache_spec(self, model: Policy) -> tuple[int, int, int, Any]:
