@@ -423,4 +423,4 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
     assert a["engine_ring_pool"] == engine.state_pool_rows * 4 * 5 * token  # 4 slots of 5 windowed layers a row
     prompt_pages = -(-settings.rollout.max_prompt_tokens // 4)
     assert a["engine_kv_in_use"] == (prompt_pages + 2 * (32 // 4 + 1)) * 4 * token + (1 + 2) * 4 * 5 * token
-    assert "windowed layers' KV rings (4 slots a sequence)" in result.table()
+    assert "rollout engine (paged): 4-slot KV rings" in result.table()

@@ -176,8 +176,8 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     weights = sum(decode_shard(v) * q.compute_bytes
                   for v in jax.tree.leaves(q.variables, is_leaf=lambda x: isinstance(x, nnx.Variable)))
     state_row = (("rollout engine (paged): linear-attention state rows", None, "engine_state_pool"),) if states else ()
-    ring_row = ((f"rollout engine (paged): windowed layers' KV rings ({q.ring_window} slots a sequence)", None,
-                 "engine_ring_pool"),) if rings else ()
+    # the windowed layers' rings of W slots, one per state row
+    ring_row = ((f"rollout engine (paged): {q.ring_window}-slot KV rings", None, "engine_ring_pool"),) if rings else ()
     return EngineMemory(
         held_bytes=pool + states + rings + weights, cache_bytes=pool + states + rings, weight_bytes=weights,
         analytic={"engine_kv_pool": pool, "engine_kv_in_use": in_use, "engine_state_pool": states,

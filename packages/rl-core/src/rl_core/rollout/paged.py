@@ -33,7 +33,9 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
 - A model with a recurrent state (the adapter's optional `state_spec`: Qwen3.5's linear-attention
   layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
   one row per prompt prefix, running sample and retained sequence, taken and given back with their
-  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens.
+  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens. A model
+  mixing windowed and global layers (Gemma 3) keeps its windowed layers' keys and values in those
+  rows too, a ring of W slots per sequence (rl_models.paged_window), and its global layers in pages.
 - A model whose every layer is windowed (the adapter's optional `kv_window`: Mistral v0.1) gives
   back, as each sample decodes, the pages wholly behind the window of its next query (a sample
   with a session keeps its whole sequence).
@@ -98,7 +100,7 @@ class EngineSettings:
     num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
     attention: str = "auto"
     top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
-    state_rows: int = 0  # rows of each replica's state pool (a model with a recurrent state); 0: 2 * slots + 2
+    state_rows: int = 0  # rows of each replica's state pool (recurrent states, rings); 0: 2 * slots + 2
 
     @property
     def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
