@@ -18,12 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import PagedBackend
+from rl_core.rollout.pages import PagePool
+from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
 from rl_models import PAGED_TRANSFORMER
@@ -242,6 +245,46 @@ def test_partial_rollouts_switch_weights_mid_rollout(gemma3, mode):
         np.testing.assert_allclose(got.logp[~old], new_logp[~old], atol=1e-5)
     else:  # the rows running at the switch continue from keys and values the old weights wrote
         assert np.abs(got.logp[~old] - new_logp[~old]).max() > 1e-3
+    assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
+
+
+@pytest.fixture(scope="module")
+def fuzzed(gemma3):
+    """One engine (its programs compiled once) for every example: 2 slots, 8 new tokens; EOS is
+    14 of the 320 ids, so completions end at mixed lengths."""
+    graphdef, state = nnx.split(gemma3)
+    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | dict(max_new_tokens=8, slots=2))),
+                          paging=PAGED_TRANSFORMER, eos_ids=tuple(range(6, 20)), pad_id=0)
+    engine.update_weights(state, 1)
+    return engine
+
+
+@pytest.mark.e2e
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_any_page_and_ring_pool_that_fits_one_completion_gives_the_roomy_completions(fuzzed, data):
+    """The scheduler under random small host pools of pages and of ring rows (the device pools
+    stay roomy; the host ones limit what it hands out), prompts of 1 to 14 tokens (most longer
+    than the window), 1 to 3 samples each and EOS-driven lengths: the completions of a roomy
+    engine, and every page and row free."""
+    engine = fuzzed
+    s = engine.settings
+    lengths = data.draw(st.lists(st.integers(1, 14), min_size=1, max_size=4), label="prompt lengths")
+    samples = data.draw(st.integers(1, 3), label="samples per prompt")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="prompt seed"))
+    reqs = Requests(*left_pad([rng.integers(6, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16),
+                    num_samples=samples)
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths)
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    rows = data.draw(st.integers(3, s.state_pool_rows), label="ring rows")
+    engine.pools, engine.state_pools = [PagePool(s.pool_pages)], [PagePool(s.state_pool_rows)]
+    want = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    engine.pools, engine.state_pools = [PagePool(pages)], [PagePool(rows)]
+    got = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
 
 
