@@ -62,16 +62,16 @@ def learner_logprobs(model, tokens, mask, completions, temperature=1.0):
 
 # -- the ring (no engine) ---------------------------------------------------------------------
 
-W, H, K, DH, L = 4, 4, 2, 8, 15
+H, K, DH, L = 4, 2, 8, 15
 
 
-def dense_windowed(q, k, v, sinks=None):
-    """Position i's attention over positions max(0, i - W + 1)..i, written out (float64)."""
+def dense_windowed(q, k, v, window, sinks=None):
+    """Position i's attention over positions max(0, i - window + 1)..i, written out (float64)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     out = np.zeros_like(q)
     for i in range(L):
         for head in range(H):
-            j = np.arange(max(0, i - W + 1), i + 1)
+            j = np.arange(max(0, i - window + 1), i + 1)
             s = k[j, head // (H // K)] @ q[i, head] / np.sqrt(DH)
             top = s.max() if sinks is None else max(s.max(), sinks[head])
             p = np.exp(s - top)
@@ -81,15 +81,17 @@ def dense_windowed(q, k, v, sinks=None):
 
 
 @pytest.mark.parametrize("sinks", [None, np.array([0.5, -1.0, 2.0, 0.0], np.float32)], ids=["plain", "sinks"])
-def test_a_ring_of_w_slots_attends_as_a_dense_window_through_chunks_longer_than_it(sinks):
-    """One sequence of 15 tokens in row 2 of 3: chunks of 6 (longer than the 4-slot ring), 1 and 4
+@pytest.mark.parametrize("slots,window", [(4, 4), (16, 100)], ids=["ring-of-the-window", "ring-of-the-sequence"])
+def test_a_ring_attends_as_a_dense_window_through_chunks_longer_than_it(slots, window, sinks):
+    """One sequence of 15 tokens in row 2 of 3: chunks of 6 (longer than a 4-slot ring), 1 and 4
     tokens, each padded to 8 (padding: row 0, position 0), then 4 decoding steps beside an inactive
     slot (row 0): every real query's output is the dense window's, and the ring ends holding the
-    last 4 positions' keys in slots p mod 4."""
+    last positions' keys in slots p mod its size. A ring as long as the sequence (16 slots) serves
+    a window longer than both (100: the whole sequence)."""
     q, k, v = (jax.random.normal(jax.random.key(i), shape) for i, shape in
                enumerate([(L, H, DH), (L, K, DH), (L, K, DH)]))
-    want = dense_windowed(q, k, v, sinks)
-    rings = (jnp.full((1, 3, W, K, DH), 7.0), jnp.full((1, 3, W, K, DH), 7.0))  # stale rows: never read
+    want = dense_windowed(q, k, v, window, sinks)
+    rings = (jnp.full((1, 3, slots, K, DH), 7.0), jnp.full((1, 3, slots, K, DH), 7.0))  # stale rows: never read
     step = jax.jit(ring_attention, static_argnames=("layer", "window", "sequence"))
     got = np.zeros_like(want)
     for start, n in ((0, 6), (6, 1), (7, 4)):
@@ -98,18 +100,18 @@ def test_a_ring_of_w_slots_attends_as_a_dense_window_through_chunks_longer_than_
         idx = np.concatenate([span, np.zeros(pad, int)])
         rows = np.asarray([2] * n + [0] * pad, np.int32)
         positions = np.asarray(list(span) + [0] * pad, np.int32)
-        out, rings = step(q[idx], k[idx], v[idx], rings, layer=0, rows=rows, positions=positions, window=W,
+        out, rings = step(q[idx], k[idx], v[idx], rings, layer=0, rows=rows, positions=positions, window=window,
                           sequence=True, sinks=sinks)
         got[span] = np.asarray(out)[:n]
     for p in range(11, L):
         idx = np.asarray([p, 0])
         out, rings = step(q[idx], k[idx], v[idx], rings, layer=0, rows=np.asarray([2, 0], np.int32),
-                          positions=np.asarray([p, 0], np.int32), window=W, sequence=False, sinks=sinks)
+                          positions=np.asarray([p, 0], np.int32), window=window, sequence=False, sinks=sinks)
         got[p] = np.asarray(out)[0]
     np.testing.assert_allclose(got, want, atol=1e-5)
-    for p in range(L - W, L):
-        np.testing.assert_array_equal(rings[0][0, 2, p % W], k[p])
-        np.testing.assert_array_equal(rings[1][0, 2, p % W], v[p])
+    for p in range(max(0, L - slots), L):
+        np.testing.assert_array_equal(rings[0][0, 2, p % slots], k[p])
+        np.testing.assert_array_equal(rings[1][0, 2, p % slots], v[p])
 
 
 def test_only_a_model_mixing_windowed_and_global_layers_keeps_rings(gemma3):
@@ -118,6 +120,7 @@ def test_only_a_model_mixing_windowed_and_global_layers_keeps_rings(gemma3):
     assert windowed_layers(gemma3.config) == (True,) * 5 + (False,)
     keys, values = ring_spec(gemma3)
     assert keys.shape == values.shape == (5, 4, 2, 16)  # [windowed layers, W, kv heads, head dim]
+    assert ring_spec(gemma3, max_tokens=3)[0].shape[1] == 3  # no sequence longer than 3: a ring of 3
     assert PAGED_TRANSFORMER.cache_spec(gemma3)[0] == 1  # the pool: the global layer only
     assert ring_spec(load_hf_model(HF / "mistral")) is None and ring_spec(load_hf_model(HF / "qwen3")) is None
 

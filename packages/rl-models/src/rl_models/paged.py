@@ -186,11 +186,13 @@ class TransformerPaging:
     def cache_spec(self, model: tf.Transformer) -> tuple[int, int, int, Any]:
         return paged_cache_spec(model)
 
-    def state_spec(self, model: tf.Transformer) -> Any:
+    def state_spec(self, model: tf.Transformer, max_tokens: int | None = None) -> Any:
         """One sequence's fixed-size state: a hybrid's linear-attention states (rl_models.paged_hybrid),
-        a mixed windowed/global model's rings of its windowed layers (rl_models.paged_window); None
-        for a model with neither."""
-        return paged_hybrid.state_spec(model) if model.config.hybrid else paged_window.ring_spec(model)
+        a mixed windowed/global model's rings of its windowed layers (rl_models.paged_window; no
+        longer than `max_tokens`, the most positions a sequence holds); None for a model with neither."""
+        if model.config.hybrid:
+            return paged_hybrid.state_spec(model)
+        return paged_window.ring_spec(model, max_tokens)
 
     def kv_window(self, model: tf.Transformer) -> int | None:
         """The most key slots any layer still reads behind a query when every attention layer is

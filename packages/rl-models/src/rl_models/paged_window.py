@@ -5,7 +5,8 @@ ring of W slots per sequence in the engine's pool of per-sequence state rows (th
 linear-attention states live in: rl_models.paged_hybrid), so a sequence's windowed layers hold W
 slots whatever its length.
 
-Shapes: N tokens, Lw windowed layers, Q state rows, W ring slots (the largest window), K kv heads.
+Shapes: N tokens, Lw windowed layers, Q state rows, W ring slots (the largest window, or the
+longest sequence when that is shorter), K kv heads.
 
 The ring pool is (keys, values), each [Lw, Q, W, K, Dh] in the compute dtype; row 0 is scratch.
 Position p of a sequence lives in slot p mod W of its row; a query at position p reads the slots
@@ -40,14 +41,17 @@ def windowed_layers(config: tf.TransformerConfig) -> tuple[bool, ...] | None:
     return tuple(w != tf.FULL_WINDOW for w in windows)
 
 
-def ring_spec(model: tf.Transformer) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct] | None:
+def ring_spec(model: tf.Transformer, max_tokens: int | None = None
+              ) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct] | None:
     """(keys, values) of one sequence's rings, each [Lw, W, K, Dh] in the compute dtype; None unless
-    the model mixes windowed and global layers (`windowed_layers`)."""
+    the model mixes windowed and global layers (`windowed_layers`). W is the largest window, or
+    `max_tokens` when no sequence is longer (the ring then never wraps)."""
     cfg = model.config
     windowed = windowed_layers(cfg)
     if windowed is None:
         return None
     w = max(x for x in tf.layer_windows(cfg) if x != tf.FULL_WINDOW)
+    w = w if max_tokens is None else min(w, max_tokens)
     shape = jax.ShapeDtypeStruct((sum(windowed), w, cfg.num_kv_heads, cfg.head_dim), tf.compute_dtype(cfg))
     return shape, shape
 

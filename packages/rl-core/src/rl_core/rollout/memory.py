@@ -79,7 +79,7 @@ class MemoryQuery:
     layers' share, which the paged engine keeps in a ring of `ring_window` slots per sequence
     (rl_models.paged_window) rather than in its pages (0: no such layers)."""
     ring_window: int = 0
-    """The slots of those rings (the windowed layers' largest window)."""
+    """The windowed layers' largest window (a ring's slots, unless every sequence is shorter)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,7 +162,8 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     in_use = (prompts_here * pages(q.prompt_tokens) + prompts_here * q.samples * own) * engine.page_size * token_kv
     # a recurrent model's state pool: one sequence's state per row, whole on each replica's device
     states = q.state_bytes(engine.state_pool_rows) if q.state_bytes is not None else 0
-    ring = q.ring_window * q.ring_token_bytes  # one sequence's rings
+    ring_slots = min(q.ring_window, engine.pages_per_sequence * engine.page_size)  # no longer than a sequence
+    ring = ring_slots * q.ring_token_bytes  # one sequence's rings
     rings = engine.state_pool_rows * ring
     in_use += (prompts_here + prompts_here * q.samples) * ring
 
@@ -177,7 +178,7 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
                   for v in jax.tree.leaves(q.variables, is_leaf=lambda x: isinstance(x, nnx.Variable)))
     state_row = (("rollout engine (paged): linear-attention state rows", None, "engine_state_pool"),) if states else ()
     # the windowed layers' rings of W slots, one per state row
-    ring_row = ((f"rollout engine (paged): {q.ring_window}-slot KV rings", None, "engine_ring_pool"),) if rings else ()
+    ring_row = ((f"rollout engine (paged): {ring_slots}-slot KV rings", None, "engine_ring_pool"),) if rings else ()
     return EngineMemory(
         held_bytes=pool + states + rings + weights, cache_bytes=pool + states + rings, weight_bytes=weights,
         analytic={"engine_kv_pool": pool, "engine_kv_in_use": in_use, "engine_state_pool": states,

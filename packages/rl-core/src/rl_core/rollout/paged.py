@@ -211,7 +211,8 @@ class PagedBackend:
         kv_window = getattr(self.paging, "kv_window", None)
         self.kv_window = kv_window(model) if callable(kv_window) else None
         state_spec = getattr(self.paging, "state_spec", None)
-        self._state_spec = state_spec(model) if callable(state_spec) else None
+        max_tokens = self.settings.pages_per_sequence * self.settings.page_size  # no sequence holds more
+        self._state_spec = state_spec(model, max_tokens) if callable(state_spec) else None
         if self._state_spec is not None:
             if self.settings.state_pool_rows < 3:
                 raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "
