@@ -2,7 +2,8 @@
 the paged KV, its windowed layers a W-slot ring per sequence in the engine's state rows
 (rl_models.paged_window), and the engine generates token for token what the full forward pass
 predicts, with the learner's log-probs, through preemption, a retained two-turn session, weights
-that change mid-rollout and replicas on a mesh.
+that change mid-rollout and replicas on a mesh; gpt-oss (alternating windowed and full layers,
+a mixture of experts) records its routing beside its rings.
 
 The fixture (tests/fixtures/hf/gemma3_text): 6 layers, the first 5 windowed (4 slots), 2 kv heads
 of 16. Prompts of up to 14 tokens and 12 new tokens against 8-token prefill chunks: a prompt's
@@ -22,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
-from rl_core.policy.logprobs import completion_logprobs
+from rl_core.policy.logprobs import completion_logprobs, scoring_inputs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.pages import PagePool
@@ -248,6 +249,25 @@ def test_partial_rollouts_switch_weights_mid_rollout(gemma3, mode):
         np.testing.assert_allclose(got.logp[~old], new_logp[~old], atol=1e-5)
     else:  # the rows running at the switch continue from keys and values the old weights wrote
         assert np.abs(got.logp[~old] - new_logp[~old]).max() > 1e-3
+    assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
+
+
+@pytest.mark.e2e
+def test_a_mixed_mixture_of_experts_records_the_routing_that_sampled_each_token():
+    """gpt-oss (windowed and full layers alternating, sinks, 4 experts, top 2): its windowed layers'
+    rings run beside the routed forward, and each token's recorded experts are the ones the full
+    scoring pass's routers choose at the position before it."""
+    model = load_hf_model(HF / "gpt_oss")
+    assert windowed_layers(model.config) == (True, False, True, False)
+    tokens, mask = prompts()
+    engine = paged(model)
+    out = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(3))
+    routing = np.asarray(out.routing)
+    assert routing.shape == (4, T, 4, 2)  # [rows, tokens, layers, top k]
+    seq, positions, attn, outputs_from = scoring_inputs(jnp.asarray(tokens), jnp.asarray(mask, jnp.float32),
+                                                        jnp.asarray(out.tokens))
+    _, _, want = jax.jit(lambda m: m.routed(seq, positions, attn, outputs_from=outputs_from))(model)
+    np.testing.assert_array_equal(routing, np.moveaxis(np.asarray(want.experts), 0, 2))
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
 
 
