@@ -9,7 +9,8 @@ The fixture (tests/fixtures/hf/gemma3_text): 6 layers, the first 5 windowed (4 s
 of 16. Prompts of up to 14 tokens and 12 new tokens against 8-token prefill chunks: a prompt's
 prefix runs in one or two chunks, each longer than the window. The ring's own arithmetic is
 checked in the fast tier against a dense windowed attention; the engine's tests compile its
-programs (a few seconds each on CPU): one in the fast tier, the rest e2e.
+programs (3-20 s each on CPU) and run e2e (the fast tier's Gemma 3 engine tests are in
+tests/rl_core/test_core_engine_families.py).
 """
 
 from pathlib import Path
@@ -129,6 +130,7 @@ def test_only_a_model_mixing_windowed_and_global_layers_keeps_rings(gemma3):
 # -- the engine ----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_paged_engine_keeps_global_pages_and_window_sized_rings(gemma3):
     """Greedy tokens are the full forward's; every row of a prompt longer than the window. The
     pool holds one layer (the global one) at full length, the state pool 5 layers of 4 slots per
