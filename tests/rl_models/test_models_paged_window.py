@@ -318,8 +318,20 @@ def test_replicas_on_a_data_mesh_keep_their_own_rings():
     """2 simulated devices, one replica each (its page pool of the global layer and its rings):
     the one-device engine's completions and log-probs, nothing held afterwards."""
     result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "paged_states_mesh.py", devices=2,
-                                      args=("gemma3_text",))
+                                      args=("gemma3_text", "data"))
     assert result["replicas"] == 2 and result["pool_shape"][:2] == [2, 1]  # [R, global layers]
     assert result["state_pool_shapes"][0][:4] == [2, 5, 8, 4]  # [R, windowed layers, rows, W]
     assert result["tokens_equal"] and result["logp_max_diff"] < 1e-5
     assert result["rows_in_use"] == [0, 0] and result["pages_in_use"] == [0, 0]
+
+
+@pytest.mark.multidevice
+def test_rings_split_over_tensor_on_their_kv_heads():
+    """2 simulated devices on the tensor axis: one replica whose rings, like its page pool, are split
+    on their 2 kv heads ([R, layers, rows, W, kv heads, head dim]); the one-device engine's tokens."""
+    result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "paged_states_mesh.py", devices=2,
+                                      args=("gemma3_text", "tensor"))
+    assert result["replicas"] == 1
+    assert [spec[1:] for spec in result["state_specs"]] == [[None, None, None, "tensor", None]] * 2
+    assert result["tokens_equal"] and result["logp_max_diff"] < 1e-5
+    assert result["rows_in_use"] == [0] and result["pages_in_use"] == [0]

@@ -194,6 +194,13 @@ class TransformerPaging:
             return paged_hybrid.state_spec(model)
         return paged_window.ring_spec(model, max_tokens)
 
+    def state_axes(self, model: tf.Transformer) -> Any:
+        """Logical axes of each `state_spec` leaf ([layers, ...]): a ring's kv heads split over `tensor`
+        as the page pool's do; None (whole on each replica's devices) for a hybrid's states."""
+        if model.config.hybrid or paged_window.windowed_layers(model.config) is None:
+            return None
+        return (paged_window.RING_AXES,) * 2
+
     def kv_window(self, model: tf.Transformer) -> int | None:
         """The most key slots any layer still reads behind a query when every attention layer is
         windowed (Mistral v0.1); None when some layer reads the whole sequence."""

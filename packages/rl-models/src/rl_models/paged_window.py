@@ -32,6 +32,10 @@ import jax.numpy as jnp
 from rl_models import transformer as tf
 
 
+RING_AXES = ("layers", None, "kv_heads", "head_dim")
+"""Logical axes of a ring leaf [Lw, W, K, Dh] (its kv heads split over `tensor` on a mesh)."""
+
+
 def windowed_layers(config: tf.TransformerConfig) -> tuple[bool, ...] | None:
     """Which layers keep a ring when some layers are windowed and some global (not a hybrid); None
     otherwise (no window, or every layer windowed: the engine frees pages behind the window)."""

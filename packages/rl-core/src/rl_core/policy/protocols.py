@@ -129,6 +129,8 @@ class PagedModel(Protocol):
     sequences); row 0 is scratch (padding), and a token at position 0 starts its state afresh.
     (rl_models' states: Qwen3.5's linear-attention states, and the window-sized key/value rings of
     the windowed layers of a model that also has global layers, Gemma 3's.)
+    Optional: `state_axes(model)`, the logical axis names of each `state_spec` leaf (None: each
+    replica keeps its states whole on its devices).
     Optional: `forward_routed(...)`, `forward` plus the experts a mixture's routers chose; with a
     `state_spec`, it takes the same state arguments and returns (hidden, (pages, states), experts).
     """

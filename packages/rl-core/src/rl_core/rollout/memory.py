@@ -147,12 +147,13 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     and weights in the compute dtype split over tensor only; in use at `mean_new_tokens`: each
     replica's share of the prompts (dealt round-robin) once, and each completion's tokens rounded
     up to whole pages (plus one page of room). A mixed windowed/global model's windowed layers
-    are in rings instead of pages: a pool of state rows of `ring_window` slots each, whole on each
-    replica's devices, in use one per prompt and one per completion."""
+    are in rings instead of pages: a pool of state rows of `ring_window` slots each, split over
+    tensor on KV heads as the pages are, in use one per prompt and one per completion."""
     replicas = mesh_lib.batch_devices(q.mesh) if q.mesh is not None else 1
     engine = engine_settings(q.rollout, batch_size=q.batch_size, replicas=replicas)
     tensor = q.mesh.shape["tensor"] if q.mesh is not None else 1
-    token_kv = (q.kv_token_bytes - q.ring_token_bytes) // (tensor if q.num_kv_heads % tensor == 0 else 1)
+    split = tensor if q.num_kv_heads % tensor == 0 else 1
+    token_kv = (q.kv_token_bytes - q.ring_token_bytes) // split
     pool = engine.pool_pages * engine.page_size * token_kv
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
     prompts_here = -(-q.prompts // replicas)
@@ -163,7 +164,7 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     # a recurrent model's state pool: one sequence's state per row, whole on each replica's device
     states = q.state_bytes(engine.state_pool_rows) if q.state_bytes is not None else 0
     ring_slots = min(q.ring_window, engine.pages_per_sequence * engine.page_size)  # no longer than a sequence
-    ring = ring_slots * q.ring_token_bytes  # one sequence's rings
+    ring = ring_slots * q.ring_token_bytes // split  # one sequence's rings
     rings = engine.state_pool_rows * ring
     in_use += (prompts_here + prompts_here * q.samples) * ring
 

@@ -168,6 +168,7 @@ class PagedBackend:
         self._stacks: tuple[str, ...] = ()  # the weights' entries kept as one array per layer
         self._cache_spec: tuple[int, int, int, Any] | None = None
         self._state_spec: Any = None  # one sequence's recurrent state (`paging.state_spec`), None without one
+        self._state_axes: Any = None  # its leaves' logical axes (`paging.state_axes`; None: whole on each replica)
         self.kv_window: int | None = None  # every layer's window (`paging.kv_window`): pages behind it are freed
         self.state_pools: list[PagePool] | None = None  # each replica's state rows (a model with a state)
         self.states: Any = ()
@@ -213,6 +214,8 @@ class PagedBackend:
         state_spec = getattr(self.paging, "state_spec", None)
         max_tokens = self.settings.pages_per_sequence * self.settings.page_size  # no sequence holds more
         self._state_spec = state_spec(model, max_tokens) if callable(state_spec) else None
+        state_axes = getattr(self.paging, "state_axes", None)
+        self._state_axes = state_axes(model) if callable(state_axes) and self._state_spec is not None else None
         if self._state_spec is not None:
             if self.settings.state_pool_rows < 3:
                 raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "
@@ -346,7 +349,7 @@ class PagedBackend:
             kwargs: dict[str, Any] = {"donate_argnums": (1,)}
             if self.mesh is not None:
                 rows = NamedSharding(self.mesh, P(REPLICAS))
-                pool = (self.pool_sharding(), jax.tree.map(lambda _: rows, jax.eval_shape(self._init_states)))
+                pool = (self.pool_sharding(), self.state_sharding())
                 kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
                                             mesh_lib.replicated(self.mesh)),
                               out_shardings=(pool, rows, rows, rows, (rows, rows), rows))
@@ -358,6 +361,20 @@ class PagedBackend:
         shape = jax.eval_shape(self._init_pages)[0].shape[1:]
         spec = mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES)
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
+
+    def state_sharding(self) -> Any:
+        """The state pools [R, layers, Q, ...] split over the replicas, and over `tensor` where the
+        adapter names an axis of a state leaf that it splits (a ring's kv heads: `paging.state_axes`)."""
+        shapes = jax.eval_shape(self._init_states)
+        if self._state_axes is None:
+            return tuple(NamedSharding(self.mesh, P(REPLICAS)) for _ in shapes)
+
+        def one(shape, axes):  # axes name a leaf's [layers, ...]; its row axis (Q) stays whole
+            names = (axes[0], None, *axes[1:])
+            return NamedSharding(self.mesh, P(REPLICAS, *mesh_lib.logical_spec(names, shape.shape[1:], self.mesh,
+                                                                                 DECODE_RULES)))
+
+        return tuple(one(shape, axes) for shape, axes in zip(shapes, self._state_axes, strict=True))
 
     def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
              key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray], np.ndarray | None]:
@@ -415,7 +432,7 @@ class PagedBackend:
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
-            rows = {} if self.mesh is None else {"out_shardings": NamedSharding(self.mesh, P(REPLICAS))}
+            rows = {} if self.mesh is None else {"out_shardings": self.state_sharding()}
             self.states = jax.jit(self._init_states, **rows)() if self._state_spec is not None else ()
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
