@@ -24,7 +24,6 @@ The positions fix which slots count, so a row taken over from another sequence n
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
