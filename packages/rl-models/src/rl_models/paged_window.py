@@ -60,13 +60,15 @@ def ring_spec(model: tf.Transformer, max_tokens: int | None = None
 
 
 def _softmax_out(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, sinks: jax.Array | None) -> jax.Array:
-    """q [N, H, Dh] over per-query keys/values [N, S, K, Dh] where `valid` [N, S]: [N, H, Dh];
-    scores scaled by 1/sqrt(Dh) and a float32 softmax, as the paged attention computes them;
-    `sinks` [H]: each head's sink logit joins the denominator."""
+    """q [N, H, Dh] over keys/values [N, S, K, Dh] (each query its own) or [S, K, Dh] (shared: one
+    sequence's, never copied per query) where `valid` [N, S]: [N, H, Dh]; scores scaled by
+    1/sqrt(Dh) and a float32 softmax, as the paged attention computes them; `sinks` [H]: each
+    head's sink logit joins the denominator."""
     n, h, dh = q.shape
-    kvh = k.shape[2]
+    kvh = k.shape[-2]
+    keys = "skd" if k.ndim == 3 else "nskd"
     qg = q.reshape(n, kvh, h // kvh, dh)
-    s = jnp.einsum("nkgd,nskd->nkgs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
+    s = jnp.einsum(f"nkgd,{keys}->nkgs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
     s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
     top = jnp.max(s, axis=-1)
     if sinks is not None:
@@ -77,7 +79,7 @@ def _softmax_out(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, sin
     if sinks is not None:
         total = total + jnp.exp(jnp.asarray(sinks, jnp.float32).reshape(1, kvh, h // kvh) - top)
     total = jnp.where(total > 0, total, 1.0)  # a padding query may see nothing: 0, never 0/0 (NaN keys would spread)
-    out = jnp.einsum("nkgs,nskd->nkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = jnp.einsum(f"nkgs,{keys}->nkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return (out / total[..., None]).reshape(n, h, dh).astype(q.dtype)
 
 
@@ -101,8 +103,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
         key_ok = jnp.concatenate([held >= 0, jnp.arange(k.shape[0]) < real])
         low = positions[:, None] - window + 1
         valid = key_ok[None] & (key_pos[None] >= low) & (key_pos[None] <= positions[:, None])
-        out = _softmax_out(q, jnp.broadcast_to(keys, (q.shape[0], *keys.shape)),
-                           jnp.broadcast_to(values, (q.shape[0], *values.shape)), valid, sinks)
+        out = _softmax_out(q, keys, values, valid, sinks)
         # each slot takes the chunk's last real token that lands on it, else keeps what it held
         last = real - 1 - jnp.mod(real - 1 - (slots - first), w)  # [W]
         take = last >= 0
