@@ -82,7 +82,7 @@ def engine_step(
     one prompt's tokens); the state pool of a model without one is empty.
     `routing` [S, k, layers, E_k] int32: with a paging whose optional `forward_routed` reports a mixture
     of experts' choices, the experts of the step that sampled each token (-1 where none was sampled;
-    None otherwise); it takes the state pool as `forward` does).
+    None otherwise); with a state pool it takes it as `forward` does.
     `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
     the whole tempered softmax (the sampled token's distribution; K = 0: empty, nothing computed).
 
