@@ -7,7 +7,10 @@ The paged engine's attention for one decoding step of one layer (`reference_page
 the CPU engine's: 16-token pages, 4 query / 2 KV heads of 64, float32), one query per row at
 length C, over the pool's pages, with and without a window. A windowed layer reads only the
 blocks of pages its window reaches, so its time should stay flat in C while full attention's
-grows with it. Times are medians over `--repeats` calls after a warm-up.
+grows with it. Beside them, the attention a windowed layer of a model that also has global
+layers (Gemma 3) runs in the paged engine: a ring of `--window` slots per row
+(`rl_models.paged_window.ring_attention`, decoding: the token's key written, then its row read),
+whatever C. Times are medians over `--repeats` calls after a warm-up.
 
 (The static sampler and training mask the slots outside a window: the same work as full
 attention; see docs/real-models.md.)
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_core.rollout import reference_paged_attention
+from rl_models.paged_window import ring_attention
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -49,6 +53,19 @@ def paged_attention_seconds(window: int | None, context: int, batch: int, repeat
     return median_seconds(lambda: fn(q, *pool), repeats)
 
 
+def ring_attention_seconds(window: int, context: int, batch: int, repeats: int) -> float:
+    heads, kv_heads, dh = 4, 2, 64
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(batch, heads, dh)).astype(np.float32))
+    k, v = (jnp.asarray(rng.normal(size=(batch, kv_heads, dh)).astype(np.float32)) for _ in range(2))
+    rings = tuple(jnp.asarray(rng.normal(size=(1, batch + 1, window, kv_heads, dh)).astype(np.float32))
+                  for _ in range(2))
+    rows = jnp.arange(1, batch + 1, dtype=jnp.int32)
+    positions = jnp.full((batch,), context - 1, jnp.int32)  # the query at length C
+    fn = jax.jit(lambda q, k, v, rings: ring_attention(q, k, v, rings, 0, rows, positions, window, sequence=False)[0])
+    return median_seconds(lambda: fn(q, k, v, rings), repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -57,11 +74,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     print(f"backend {jax.default_backend()}, batch {args.batch}, window {args.window}; ms per layer and token")
-    print(f"{'context':>8} | {'full':>8} {'windowed':>9} {'ratio':>6}")
+    print(f"{'context':>8} | {'full':>8} {'windowed':>9} {'ratio':>6} | {'ring':>8}")
     for context in args.contexts:
         full = paged_attention_seconds(None, context, args.batch, args.repeats) * 1e3
         windowed = paged_attention_seconds(args.window, context, args.batch, args.repeats) * 1e3
-        print(f"{context:>8} | {full:>8.3f} {windowed:>9.3f} {full / windowed:>6.2f}")
+        ring = ring_attention_seconds(args.window, context, args.batch, args.repeats) * 1e3
+        print(f"{context:>8} | {full:>8.3f} {windowed:>9.3f} {full / windowed:>6.2f} | {ring:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -249,7 +249,8 @@ def test_any_page_and_state_pool_that_fits_one_completion_gives_the_roomy_comple
 def test_replicas_on_a_data_mesh_keep_their_own_state_rows():
     """2 simulated devices, one replica each (its page pool and its state rows): the one-device
     engine's completions and log-probs."""
-    result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "qwen35_paged_mesh.py", devices=2)
-    assert result["replicas"] == 2 and result["state_pool_shape"][:3] == [2, 3, 8]  # [R, linear layers, rows]
+    result = run_on_simulated_devices(Path(__file__).parent / "scripts" / "paged_states_mesh.py", devices=2,
+                                      args=("qwen35",))
+    assert result["replicas"] == 2 and result["state_pool_shapes"][1][:3] == [2, 3, 8]  # [R, linear layers, rows]
     assert result["tokens_equal"] and result["logp_max_diff"] < 1e-5
     assert result["rows_in_use"] == [0, 0]

@@ -399,3 +399,28 @@ def test_plan_of_a_model_whose_every_layer_is_windowed_counts_a_windows_pages_in
     token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
     prompt = short["engine_kv_in_use"] - 2 * 3 * 4 * token  # 2 samples, 3 pages of 4 tokens each
     assert prompt > 0 and prompt % (4 * token) == 0  # the prompt's whole pages
+
+
+@pytest.mark.e2e  # compiles the update
+def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_the_paged_engine():
+    """The tiny Gemma 3 (5 layers with a 4-slot window, 1 global; 2 kv heads of 16, float32) on the
+    paged engine: the page pool holds the global layer only, at full length; the windowed layers
+    take a ring of 4 slots per state row, whatever the length; in use, one ring per prompt and
+    per completion beside the global layer's pages."""
+    from rl_core.rollout.factory import engine_settings
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gemma3_text"
+    settings = build_settings(algo="grpo", overrides=[
+        f"model.path={folder}", "training.prompts_per_step=1", "algorithm.group_size=2", "rollout.engine=paged",
+        "rollout.page_size_tokens=4", "rollout.max_new_tokens=32"])
+    result = plan(settings, memory_budget("gpu"))
+    a = result.analytic
+    engine = engine_settings(settings.rollout, batch_size=2)
+    token = 2 * 2 * 16 * 4  # keys and values of one layer: 2 kv heads of 16, float32
+    assert a["engine_kv_pool"] == engine.pool_pages * 4 * token  # the global layer's pages only
+    assert a["engine_ring_pool"] == engine.state_pool_rows * 4 * 5 * token  # 4 slots of 5 windowed layers a row
+    prompt_pages = -(-settings.rollout.max_prompt_tokens // 4)
+    assert a["engine_kv_in_use"] == (prompt_pages + 2 * (32 // 4 + 1)) * 4 * token + (1 + 2) * 4 * 5 * token
+    assert "rollout engine (paged): 4-slot KV rings" in result.table()

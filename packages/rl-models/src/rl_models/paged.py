@@ -12,6 +12,10 @@ the key/value at the token's slot and returns the attention output (see
 sequence whose page table is `page_rows[n]` and attends to slots 0..pos of it.
 So a prefill chunk (many tokens of one sequence) and decode slots (one token
 of many sequences) are the same call, and causality is just each token's length.
+
+A model mixing windowed and global layers (Gemma 3, gpt-oss) keeps only its global layers in the
+pool; its windowed layers keep a ring of W slots per sequence in the engine's state rows
+(rl_models.paged_window), so their keys and values take window-sized room.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rl_models import lora, paged_hybrid
+from rl_models import lora, paged_hybrid, paged_window
 from rl_models import transformer as tf
 from rl_models.layers import fused_linear
 from rl_models.moe import MoE
@@ -31,9 +35,14 @@ from rl_models.rope import rope_tables, rotate
 
 
 def paged_cache_spec(model: tf.Transformer) -> tuple[int, int, int, Any]:
-    """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype."""
+    """(layers, kv heads, head dim, dtype) of the key/value pool, in the compute dtype: every
+    attention layer's but a hybrid's linear-attention layers and a mixed model's windowed layers,
+    which keep per-sequence states (rl_models.paged_hybrid, rl_models.paged_window)."""
     cfg = model.config
-    layers = cfg.num_layers - cfg.kinds().count("linear_attention")  # a hybrid's linear-attention layers keep states
+    layers = cfg.num_layers - cfg.kinds().count("linear_attention")
+    windowed = paged_window.windowed_layers(cfg)
+    if windowed is not None:
+        layers -= sum(windowed)
     return layers, cfg.num_kv_heads, cfg.head_dim, tf.compute_dtype(cfg)
 
 
@@ -71,15 +80,43 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
 
 
 def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
-                  page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any]:
+                  page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any]:
     """Hidden states [N, D] (after the final norm) of tokens [N] at positions [N] over the
-    pool, and the pool with their keys/values written; page_rows [N, M] int32."""
-    hidden, pages, _ = paged_forward_routed(model, tokens, positions, pages, page_rows, kv)
+    pool, and the pool with their keys/values written; page_rows [N, M] int32. A model mixing
+    windowed and global layers takes `state` (states, state_rows, sequence: its windowed layers'
+    rings, rl_models.paged_window) and returns (pool, rings) as its second output."""
+    hidden, pages, _ = paged_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
     return hidden, pages
 
 
+def _mixed_forward(model: tf.Transformer, x: jax.Array, settings: tf.LayerSettings, pages: Any, page_rows: jax.Array,
+                   positions: jax.Array, kv: Any, windowed: tuple[bool, ...], states: Any, state_rows: jax.Array,
+                   sequence: bool) -> tuple[jax.Array, Any, list[jax.Array | None]]:
+    """The layers unrolled, global ones over the pool (indexed among the global layers), windowed
+    ones over their rings (indexed among the windowed layers): (x, (pool, rings), experts per layer)."""
+    graphdef, stacked = nnx.split(model.layers)
+
+    def ring(q, k, v, rings, layer, page_rows, positions, window, sinks=None):
+        return paged_window.ring_attention(q, k, v, rings, layer, state_rows, positions, window, sequence=sequence,
+                                           sinks=sinks)
+
+    chosen, n_global, n_windowed = [], 0, 0
+    for i in range(model.config.num_layers):
+        block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+        rope, window = settings.at(i)
+        if windowed[i]:
+            x, states, e = _layer(block, x, rope, states, n_windowed, page_rows, positions, ring, window)
+            n_windowed += 1
+        else:
+            x, pages, e = _layer(block, x, rope, pages, jnp.int32(n_global), page_rows, positions, kv, window)
+            n_global += 1
+        chosen.append(e)
+    return x, (pages, states), chosen
+
+
 def paged_forward_routed(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
-                         page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any, jax.Array | None]:
+                         page_rows: jax.Array, kv: Any, *, states: Any = None, state_rows: jax.Array | None = None,
+                         sequence: bool = False) -> tuple[jax.Array, Any, jax.Array | None]:
     """`paged_forward`, and the experts each layer's router chose for each token, [N, layers, k]
     int32 (None for a dense model): what the engine records for routing replay."""
     cfg = model.config
@@ -87,6 +124,14 @@ def paged_forward_routed(model: tf.Transformer, tokens: jax.Array, positions: ja
         raise NotImplementedError(f"paged_forward runs stacked layers (one Block); got {type(model.layers).__name__}")
     x = tf.embed_tokens(model, tokens)[:, None]  # [N, 1, D]
     settings = tf.LayerSettings(cfg, rope_tables(cfg, positions[:, None]))
+    windowed = paged_window.windowed_layers(cfg)
+    if windowed is not None:
+        if states is None or state_rows is None:
+            raise ValueError("a model mixing windowed and global layers runs with its rings (states=, state_rows=)")
+        x, pages, chosen = _mixed_forward(model, x, settings, pages, page_rows, positions, kv, windowed, states,
+                                          state_rows, sequence)
+        experts = None if chosen[0] is None else jnp.swapaxes(jnp.stack(chosen), 0, 1)
+        return model.final_norm(x)[:, 0], pages, experts
     graphdef, stacked = nnx.split(model.layers)
 
     def body(carry, xs, static=None):
@@ -141,10 +186,20 @@ class TransformerPaging:
     def cache_spec(self, model: tf.Transformer) -> tuple[int, int, int, Any]:
         return paged_cache_spec(model)
 
-    def state_spec(self, model: tf.Transformer) -> Any:
-        """One sequence's recurrent state (a hybrid's linear-attention layers: rl_models.paged_hybrid);
-        None for a model without one."""
-        return paged_hybrid.state_spec(model) if model.config.hybrid else None
+    def state_spec(self, model: tf.Transformer, max_tokens: int | None = None) -> Any:
+        """One sequence's fixed-size state: a hybrid's linear-attention states (rl_models.paged_hybrid),
+        a mixed windowed/global model's rings of its windowed layers (rl_models.paged_window; no
+        longer than `max_tokens`, the most positions a sequence holds); None for a model with neither."""
+        if model.config.hybrid:
+            return paged_hybrid.state_spec(model)
+        return paged_window.ring_spec(model, max_tokens)
+
+    def state_axes(self, model: tf.Transformer) -> Any:
+        """Logical axes of each `state_spec` leaf ([layers, ...]): a ring's kv heads split over `tensor`
+        as the page pool's do; None (whole on each replica's devices) for a hybrid's states."""
+        if model.config.hybrid or paged_window.windowed_layers(model.config) is None:
+            return None
+        return (paged_window.RING_AXES,) * 2
 
     def kv_window(self, model: tf.Transformer) -> int | None:
         """The most key slots any layer still reads behind a query when every attention layer is
@@ -160,11 +215,13 @@ class TransformerPaging:
         `rl_models.paged_hybrid.paged_hybrid_forward`, whose second output is (pool, states)."""
         if model.config.hybrid:
             return paged_hybrid.paged_hybrid_forward(model, tokens, positions, pages, page_rows, kv, **state)
-        return paged_forward(model, tokens, positions, pages, page_rows, kv)
+        return paged_forward(model, tokens, positions, pages, page_rows, kv, **state)
 
     def forward_routed(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
-                       page_rows: jax.Array, kv: Any) -> tuple[jax.Array, Any, jax.Array | None]:
-        return paged_forward_routed(model, tokens, positions, pages, page_rows, kv)
+                       page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any, jax.Array | None]:
+        if model.config.hybrid:  # dense: no routing
+            return (*paged_hybrid.paged_hybrid_forward(model, tokens, positions, pages, page_rows, kv, **state), None)
+        return paged_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
 
     def inference_copy(self, model: tf.Transformer) -> tf.Transformer:
         return inference_copy(model)
@@ -174,6 +231,8 @@ class TransformerPaging:
         the stacked blocks when they run unrolled (CPU), none when scanned (the scan reads its slices)."""
         if model.config.hybrid:  # its paged forward runs unrolled on every platform
             return ("layers", "linear_layers")
+        if paged_window.windowed_layers(model.config) is not None:  # so does a mixed model's (rings or pool per layer)
+            return ("layers",)
         return () if tf.scans_layers(model.config) else ("layers",)
 
 

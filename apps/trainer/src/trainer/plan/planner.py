@@ -90,6 +90,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
+    from rl_models.paged_window import ring_spec
     from rl_models.transformer import FULL_WINDOW, compute_dtype, layer_windows
     from trainer.build import check_attention, check_critic, check_positions, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
@@ -204,6 +205,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
     recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
     windows = layer_windows(config)
+    rings = ring_spec(whole_model)
     # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     held = registry.get_engine(engine_name).memory(MemoryQuery(
@@ -214,7 +216,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         kv_token_bytes=2 * kv_layers * config.num_kv_heads * config.head_dim * cbytes, compute_bytes=cbytes,
         dense_cache_bytes=kv_b + recurrent_b, compiled=sizes,
         state_bytes=whole_model.recurrent_state_bytes if config.hybrid else None,
-        window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None))
+        window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None,
+        # a mixed windowed/global model's windowed layers: the paged engine's window-sized rings
+        ring_token_bytes=sum(per_device(x) for x in rings) // rings[0].shape[1] if rings else 0,
+        ring_window=rings[0].shape[1] if rings else 0))
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
 

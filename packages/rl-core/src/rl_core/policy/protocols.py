@@ -120,12 +120,19 @@ class PagedModel(Protocol):
     engine keeps them as one array per layer so that no call copies them (rl_core.rollout.unstacked).
     Optional: `kv_window(model) -> int | None`, the most key slots any layer reads behind a query
     when every layer is windowed (None otherwise): the engine then frees the pages behind it.
-    Optional: `state_spec(model)`, one sequence's fixed-size recurrent state (a tuple of
-    ShapeDtypeStruct, each [layers, ...]; None: the model has none). The engine then keeps a pool of
+    Optional: `state_spec(model, max_tokens)`, one sequence's fixed-size recurrent state (a tuple of
+    ShapeDtypeStruct, each [layers, ...]; None: the model has none), for sequences of at most
+    `max_tokens` positions. The engine then keeps a pool of
     such states ([layers, Q, ...] each) and calls `forward(..., states=pool, state_rows=[N] int32,
     sequence=bool)`, which returns (hidden, (pages, states)): `sequence` True for a prefill chunk
     (one sequence's consecutive tokens, real ones first), False for decoding (one token each of N
     sequences); row 0 is scratch (padding), and a token at position 0 starts its state afresh.
+    (rl_models' states: Qwen3.5's linear-attention states, and the window-sized key/value rings of
+    the windowed layers of a model that also has global layers, Gemma 3's.)
+    Optional: `state_axes(model)`, the logical axis names of each `state_spec` leaf (None: each
+    replica keeps its states whole on its devices).
+    Optional: `forward_routed(...)`, `forward` plus the experts a mixture's routers chose; with a
+    `state_spec`, it takes the same state arguments and returns (hidden, (pages, states), experts).
     """
 
     def cache_spec(self, model: Policy) -> tuple[int, int, int, Any]:

@@ -7,8 +7,8 @@ rollout settings and asks the engine the run uses (`rl_core.rollout.engines.Engi
   - `static_memory`: the one-program sampler, compiled on abstract arrays (its KV cache and
     temporaries, as XLA assigns them), plus the cast copy `rollout.weights_dtype` makes;
   - `paged_memory`: counted from the shapes: one page pool per replica (split over `tensor` on KV
-    heads), a recurrent model's state rows, and a weight copy in the compute dtype laid out for
-    decoding (`DECODE_RULES`).
+    heads), a recurrent model's state rows, a mixed windowed/global model's window-sized rings,
+    and a weight copy in the compute dtype laid out for decoding (`DECODE_RULES`).
 
 An engine in another process (the trainer's `remote`) holds nothing on the trainer's devices.
 """
@@ -74,6 +74,12 @@ class MemoryQuery:
     sequences' state, whole on one device (None: none)."""
     window: int | None = None
     """The largest attention window when every layer is windowed (None: some layer sees everything)."""
+    ring_token_bytes: int = 0
+    """A model mixing windowed and global layers (Gemma 3): of `kv_token_bytes`, its windowed
+    layers' share, which the paged engine keeps in a ring of `ring_window` slots per sequence
+    (rl_models.paged_window) rather than in its pages (0: no such layers)."""
+    ring_window: int = 0
+    """The windowed layers' largest window (a ring's slots, unless every sequence is shorter)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,11 +146,14 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     """One replica per data/fsdp device, each with its own page pool split over tensor on KV heads,
     and weights in the compute dtype split over tensor only; in use at `mean_new_tokens`: each
     replica's share of the prompts (dealt round-robin) once, and each completion's tokens rounded
-    up to whole pages (plus one page of room)."""
+    up to whole pages (plus one page of room). A mixed windowed/global model's windowed layers
+    are in rings instead of pages: a pool of state rows of `ring_window` slots each, split over
+    tensor on KV heads as the pages are, in use one per prompt and one per completion."""
     replicas = mesh_lib.batch_devices(q.mesh) if q.mesh is not None else 1
     engine = engine_settings(q.rollout, batch_size=q.batch_size, replicas=replicas)
     tensor = q.mesh.shape["tensor"] if q.mesh is not None else 1
-    token_kv = q.kv_token_bytes // (tensor if q.num_kv_heads % tensor == 0 else 1)
+    split = tensor if q.num_kv_heads % tensor == 0 else 1
+    token_kv = (q.kv_token_bytes - q.ring_token_bytes) // split
     pool = engine.pool_pages * engine.page_size * token_kv
     pages = lambda n: -(-n // engine.page_size)  # noqa: E731
     prompts_here = -(-q.prompts // replicas)
@@ -154,6 +163,10 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     in_use = (prompts_here * pages(q.prompt_tokens) + prompts_here * q.samples * own) * engine.page_size * token_kv
     # a recurrent model's state pool: one sequence's state per row, whole on each replica's device
     states = q.state_bytes(engine.state_pool_rows) if q.state_bytes is not None else 0
+    ring_slots = min(q.ring_window, engine.pages_per_sequence * engine.page_size)  # no longer than a sequence
+    ring = ring_slots * q.ring_token_bytes // split  # one sequence's rings
+    rings = engine.state_pool_rows * ring
+    in_use += (prompts_here + prompts_here * q.samples) * ring
 
     def decode_shard(v: Any) -> int:
         if q.mesh is None:
@@ -165,11 +178,14 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     weights = sum(decode_shard(v) * q.compute_bytes
                   for v in jax.tree.leaves(q.variables, is_leaf=lambda x: isinstance(x, nnx.Variable)))
     state_row = (("rollout engine (paged): linear-attention state rows", None, "engine_state_pool"),) if states else ()
+    # the windowed layers' rings of W slots, one per state row
+    ring_row = ((f"rollout engine (paged): {ring_slots}-slot KV rings", None, "engine_ring_pool"),) if rings else ()
     return EngineMemory(
-        held_bytes=pool + states + weights, cache_bytes=pool + states, weight_bytes=weights,
+        held_bytes=pool + states + rings + weights, cache_bytes=pool + states + rings, weight_bytes=weights,
         analytic={"engine_kv_pool": pool, "engine_kv_in_use": in_use, "engine_state_pool": states,
-                  "engine_weights": weights},
+                  "engine_ring_pool": rings, "engine_weights": weights},
         rows=(("rollout engine (paged): KV page pool", None, "engine_kv_pool"),
+              *ring_row,
               (f"  in use at a mean of {q.mean_new_tokens} new tokens", None, "engine_kv_in_use"),
               *state_row,
               ("  the static sampler's KV cache would be", None, "kv_cache"),

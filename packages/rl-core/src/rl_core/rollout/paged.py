@@ -33,7 +33,9 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
 - A model with a recurrent state (the adapter's optional `state_spec`: Qwen3.5's linear-attention
   layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
   one row per prompt prefix, running sample and retained sequence, taken and given back with their
-  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens.
+  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens. A model
+  mixing windowed and global layers (Gemma 3) keeps its windowed layers' keys and values in those
+  rows too, a ring of W slots per sequence (rl_models.paged_window), and its global layers in pages.
 - A model whose every layer is windowed (the adapter's optional `kv_window`: Mistral v0.1) gives
   back, as each sample decodes, the pages wholly behind the window of its next query (a sample
   with a session keeps its whole sequence).
@@ -98,7 +100,7 @@ class EngineSettings:
     num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
     attention: str = "auto"
     top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
-    state_rows: int = 0  # rows of each replica's state pool (a model with a recurrent state); 0: 2 * slots + 2
+    state_rows: int = 0  # rows of each replica's state pool (recurrent states, rings); 0: 2 * slots + 2
 
     @property
     def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
@@ -166,6 +168,7 @@ class PagedBackend:
         self._stacks: tuple[str, ...] = ()  # the weights' entries kept as one array per layer
         self._cache_spec: tuple[int, int, int, Any] | None = None
         self._state_spec: Any = None  # one sequence's recurrent state (`paging.state_spec`), None without one
+        self._state_axes: Any = None  # its leaves' logical axes (`paging.state_axes`; None: whole on each replica)
         self.kv_window: int | None = None  # every layer's window (`paging.kv_window`): pages behind it are freed
         self.state_pools: list[PagePool] | None = None  # each replica's state rows (a model with a state)
         self.states: Any = ()
@@ -209,7 +212,10 @@ class PagedBackend:
         kv_window = getattr(self.paging, "kv_window", None)
         self.kv_window = kv_window(model) if callable(kv_window) else None
         state_spec = getattr(self.paging, "state_spec", None)
-        self._state_spec = state_spec(model) if callable(state_spec) else None
+        max_tokens = self.settings.pages_per_sequence * self.settings.page_size  # no sequence holds more
+        self._state_spec = state_spec(model, max_tokens) if callable(state_spec) else None
+        state_axes = getattr(self.paging, "state_axes", None)
+        self._state_axes = state_axes(model) if callable(state_axes) and self._state_spec is not None else None
         if self._state_spec is not None:
             if self.settings.state_pool_rows < 3:
                 raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "
@@ -343,7 +349,7 @@ class PagedBackend:
             kwargs: dict[str, Any] = {"donate_argnums": (1,)}
             if self.mesh is not None:
                 rows = NamedSharding(self.mesh, P(REPLICAS))
-                pool = (self.pool_sharding(), jax.tree.map(lambda _: rows, jax.eval_shape(self._init_states)))
+                pool = (self.pool_sharding(), self.state_sharding())
                 kwargs.update(in_shardings=(self.weight_shardings, pool, rows, rows, rows, rows,
                                             mesh_lib.replicated(self.mesh)),
                               out_shardings=(pool, rows, rows, rows, (rows, rows), rows))
@@ -355,6 +361,20 @@ class PagedBackend:
         shape = jax.eval_shape(self._init_pages)[0].shape[1:]
         spec = mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES)
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
+
+    def state_sharding(self) -> Any:
+        """The state pools [R, layers, Q, ...] split over the replicas, and over `tensor` where the
+        adapter names an axis of a state leaf that it splits (a ring's kv heads: `paging.state_axes`)."""
+        shapes = jax.eval_shape(self._init_states)
+        if self._state_axes is None:
+            return tuple(NamedSharding(self.mesh, P(REPLICAS)) for _ in shapes)
+
+        def one(shape, axes):  # axes name a leaf's [layers, ...]; its row axis (Q) stays whole
+            names = (axes[0], None, *axes[1:])
+            return NamedSharding(self.mesh, P(REPLICAS, *mesh_lib.logical_spec(names, shape.shape[1:], self.mesh,
+                                                                                 DECODE_RULES)))
+
+        return tuple(one(shape, axes) for shape, axes in zip(shapes, self._state_axes, strict=True))
 
     def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
              key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray], np.ndarray | None]:
@@ -412,7 +432,7 @@ class PagedBackend:
         if self.pages is None:
             kwargs = {} if self.mesh is None else {"out_shardings": self.pool_sharding()}
             self.pages = jax.jit(self._init_pages, **kwargs)()
-            rows = {} if self.mesh is None else {"out_shardings": NamedSharding(self.mesh, P(REPLICAS))}
+            rows = {} if self.mesh is None else {"out_shardings": self.state_sharding()}
             self.states = jax.jit(self._init_states, **rows)() if self._state_spec is not None else ()
 
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:

@@ -18,7 +18,8 @@ their pages, or keeping them as a retained sequence when their row has a
 session handle. A prompt continuing a retained sequence starts with its pages
 and prefills only past the part of it that it shares.
 
-A model with a recurrent state (Qwen3.5's linear-attention layers) also takes state rows from
+A model with a recurrent state (Qwen3.5's linear-attention layers, or the window-sized key/value
+rings of a mixed windowed/global model's windowed layers: Gemma 3's) also takes state rows from
 its replica's state pool (`PagedBackend.state_pools`): a prompt holds one from its prefill's
 start (the state after its prefix; each prefill chunk then holds one prompt's tokens), each
 running sample one (its prompt's, copied when it starts), each retained sequence its sample's.

@@ -82,7 +82,7 @@ def engine_step(
     one prompt's tokens); the state pool of a model without one is empty.
     `routing` [S, k, layers, E_k] int32: with a paging whose optional `forward_routed` reports a mixture
     of experts' choices, the experts of the step that sampled each token (-1 where none was sampled;
-    None otherwise).
+    None otherwise); with a state pool it takes it as `forward` does.
     `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
     the whole tempered softmax (the sampled token's distribution; K = 0: empty, nothing computed).
 
@@ -98,8 +98,10 @@ def engine_step(
     def forward(m, tokens, positions, pages, page_rows, state_rows, sequence):
         """(hidden, (the KV pool, the state pool), the experts each layer chose or None)."""
         if stateful:
-            hidden, pages = paging.forward(m, tokens, positions, pages[0], page_rows, kv, states=pages[1],
-                                           state_rows=state_rows, sequence=sequence)
+            state = {"states": pages[1], "state_rows": state_rows, "sequence": sequence}
+            if routed is not None:
+                return routed(m, tokens, positions, pages[0], page_rows, kv, **state)
+            hidden, pages = paging.forward(m, tokens, positions, pages[0], page_rows, kv, **state)
             return hidden, pages, None
         if routed is not None:
             hidden, pool, experts = routed(m, tokens, positions, pages[0], page_rows, kv)
