@@ -134,7 +134,6 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
     example = learner.produce_examples(learner.supply().stream.next(4)).example
     (mini, _) = learner.layout.mini_batches(example)
     # both start from the policy's weights, in buffers of their own (an update donates them)
-    policy, critic = learner.models["policy"], learner.models["critic"]
     assert not {x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.params)} & {
         x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.state.models["critic"].params)}
 

@@ -21,7 +21,8 @@ from rl_core.config import ConfigError, RolloutConfig
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, RolloutBackend
 from rl_core.rollout.engines import STATIC, Engine, EngineBuild
-from rl_core.rollout.factory import engine_settings, make_backend
+from rl_core.rollout.factory import make_backend
+from rl_core.rollout.paged import EngineSettings
 from rl_core.rollout.memory import EngineMemory, MemoryQuery, per_device
 from rl_core.rollout.sampler import GREEDY
 from rl_models import PAGED_TRANSFORMER, Transformer
@@ -223,7 +224,7 @@ def test_engine_says_what_it_holds_for_the_planner(name, model):
         assert held.held_bytes >= held.cache_bytes == q.dense_cache_bytes and held.weight_bytes == 0
         assert held.compiled_weight_bytes == per_device(weights) + 8  # and the key (two uint32)
     elif name == "paged":  # its page pool and a float32 weight copy
-        pool = engine_settings(q.rollout, batch_size=4).pool_pages * 4 * token_kv
+        pool = EngineSettings.from_rollout(q.rollout, batch_size=4).pool_pages * 4 * token_kv
         assert held.cache_bytes == pool and held.weight_bytes == per_device(weights)
         assert held.held_bytes == pool + per_device(weights)
     elif name == "remote":  # on its servers

@@ -2,7 +2,6 @@
 verl's (verl/trainer/ppo/rollout_corr_helper.py) and TRL's (GRPOTrainer, vllm_importance_sampling_mode)
 formulas on random inputs."""
 
-import dataclasses
 import functools
 
 import jax
@@ -274,7 +273,6 @@ def test_against_verl_and_trl_transcriptions(mode, kwargs, reference):
 
 # -- the settings group and what a run uses --------------------------------------------------------------
 
-from types import SimpleNamespace
 
 from rl_core.config import ConfigError
 from rl_core.correction_config import PRESETS, RolloutCorrection, resolve_correction
@@ -520,7 +518,7 @@ def test_bfloat16_rollout_weights_are_a_mismatch_the_metrics_and_the_correction_
 
 def test_bfloat16_rollout_weights_leave_integer_and_narrow_leaves_alone():
     """A quantized base's integer codes and leaves already in bfloat16 reach the engine as they are."""
-    from rl_core.rollout.generation import cast_weights
+    from rl_core.rollout.weights import cast_weights
 
     tree = {"w": jnp.full((2, 2), 1.0 + 2.0**-10, jnp.float32), "codes": jnp.arange(4, dtype=jnp.int8),
             "scale": jnp.ones((2,), jnp.bfloat16)}

@@ -14,7 +14,7 @@ from rl_core.episodes import episode_metrics
 from rl_core.episodes.agents import EpisodeLog, load_agent
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.factory import engine_settings
+from rl_core.rollout.paged import EngineSettings
 from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
@@ -41,7 +41,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def engine():
     graphdef, state = nnx.split(load_hf_model(HF))
-    engine = PagedBackend(graphdef, engine_settings(settings("two_turns")), paging=PAGED_TRANSFORMER,
+    engine = PagedBackend(graphdef, EngineSettings.from_rollout(settings("two_turns")), paging=PAGED_TRANSFORMER,
                           eos_ids=(302,), pad_id=300)
     engine.update_weights(state, VERSION)
     return engine

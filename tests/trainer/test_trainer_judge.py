@@ -3,9 +3,7 @@ through the rollout engine, its scores enter the total reward and the advantages
 time is in the step's metrics (docs/judge-rewards.md)."""
 
 import json
-import math
 
-import jax
 import numpy as np
 import pytest
 from rewards import RewardManager

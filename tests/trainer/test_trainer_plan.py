@@ -335,7 +335,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
 
     from safetensors import safe_open
 
-    from rl_core.rollout.factory import engine_settings
+    from rl_core.rollout.paged import EngineSettings
     from trainer.plan import plan
     from trainer.settings import build_settings
 
@@ -357,7 +357,7 @@ def test_plan_of_qwen3_5_counts_the_attention_layers_kv_and_the_fixed_linear_sta
                                                       "algorithm.group_size=4", "rollout.engine=paged"])
     result = plan(settings, memory_budget("gpu"))
     a = result.analytic
-    engine = engine_settings(settings.rollout, batch_size=8)
+    engine = EngineSettings.from_rollout(settings.rollout, batch_size=8)
     assert engine.state_pool_rows == 2 * 8 + 2  # a scratch row, 8 slots' and as many more (prompts, sessions)
     assert a["engine_state_pool"] == engine.state_pool_rows * 16_896
     assert a["engine_kv_pool"] == engine.pool_pages * engine.page_size * 512
@@ -407,7 +407,7 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
     paged engine: the page pool holds the global layer only, at full length; the windowed layers
     take a ring of 4 slots per state row, whatever the length; in use, one ring per prompt and
     per completion beside the global layer's pages."""
-    from rl_core.rollout.factory import engine_settings
+    from rl_core.rollout.paged import EngineSettings
     from trainer.plan import plan
     from trainer.settings import build_settings
 
@@ -417,7 +417,7 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
         "rollout.page_size_tokens=4", "rollout.max_new_tokens=32"])
     result = plan(settings, memory_budget("gpu"))
     a = result.analytic
-    engine = engine_settings(settings.rollout, batch_size=2)
+    engine = EngineSettings.from_rollout(settings.rollout, batch_size=2)
     token = 2 * 2 * 16 * 4  # keys and values of one layer: 2 kv heads of 16, float32
     assert a["engine_kv_pool"] == engine.pool_pages * 4 * token  # the global layer's pages only
     assert a["engine_ring_pool"] == engine.state_pool_rows * 4 * 5 * token  # 4 slots of 5 windowed layers a row

@@ -25,9 +25,8 @@ from flax import nnx
 from rewards import RewardManager, RewardSpec
 from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib, multihost
-from rl_core import ConfigError, Meter, registry, RLLearner, Tokenizer
+from rl_core import ConfigError, Meter, registry, RLLearner, RolloutConfig, Tokenizer
 from rl_core.run import storage
-from rl_core.config import RolloutConfig
 from rl_core.learner import RewardAudit
 from rl_models import (
     PAGED_TRANSFORMER,

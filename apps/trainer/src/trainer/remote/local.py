@@ -35,7 +35,7 @@ def start(rollout: Any) -> list[str]:
 
 def launch_for(settings: Any, log: Any = print) -> list[str]:
     """The run's `rollout.local_servers` servers of its model folder, with its rollout's shapes."""
-    from rl_core.rollout import engine_settings
+    from rl_core.rollout import EngineSettings
 
     rollout = settings.rollout
     alive = _alive()
@@ -43,7 +43,7 @@ def launch_for(settings: Any, log: Any = print) -> list[str]:
         return alive[-rollout.local_servers:]
     if not settings.model.path:
         raise ValueError("rollout.local_servers needs model.path (a model folder the servers load)")
-    shapes = engine_settings(rollout)
+    shapes = EngineSettings.from_rollout(rollout)
     urls = launch(settings.model.path, rollout.local_servers - len(alive), max_prompt_tokens=shapes.max_prompt_tokens,
                   max_new_tokens=shapes.max_new_tokens, slots=shapes.slots, page_size=shapes.page_size,
                   steps_per_sync=shapes.steps_per_sync, prefill_chunk=shapes.prefill_chunk,

@@ -51,7 +51,7 @@ from rl_core.runtime import multihost
 from rl_core.runtime.mesh import data_mesh
 from rl_core.train.layout import BatchLayout
 from rl_core.train.optim import make_optimizer
-from rl_core.train.trainable import LossFn, LossOutput, TrainableModel, TrainState
+from rl_core.train.trainable import LossFn, LossOutput, TrainableModel
 from rl_core.train.update_stats import NonFiniteUpdateError
 from rl_core.types import StepBatch, TrainExample
 

@@ -69,8 +69,7 @@ def _static(b: EngineBuild) -> Any:
 
 
 def _paged(b: EngineBuild) -> Any:
-    from rl_core.rollout.factory import engine_settings
-    from rl_core.rollout.paged import PagedBackend
+    from rl_core.rollout.paged import EngineSettings, PagedBackend
     from rl_core.runtime import mesh as mesh_lib
 
     if b.paging is None:
@@ -81,7 +80,7 @@ def _paged(b: EngineBuild) -> Any:
             f"transformers) or set rollout.engine='static'"
         )
     replicas = mesh_lib.batch_devices(b.mesh) if b.mesh is not None else 1
-    settings = engine_settings(b.rollout, batch_size=b.batch_size, replicas=replicas)
+    settings = EngineSettings.from_rollout(b.rollout, batch_size=b.batch_size, replicas=replicas)
     return PagedBackend(b.graphdef, settings, paging=b.paging, eos_ids=b.eos_ids, pad_id=b.pad_id, mesh=b.mesh,
                         param_shardings=b.param_shardings, partial_rollouts=b.rollout.partial_rollouts)
 

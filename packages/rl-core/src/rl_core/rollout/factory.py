@@ -13,7 +13,6 @@ from rl_core.config import RolloutConfig
 from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import RolloutBackend
 from rl_core.rollout.engines import EngineBuild
-from rl_core.rollout.paged import EngineSettings
 from rl_core.rollout.sampler import Sampler
 
 
@@ -42,23 +41,6 @@ def explain_engine(rollout: RolloutConfig, *, pageable: bool = True) -> str:
         return f"{engine} (auto: the policy has no paged adapter)"
     sign = ">=" if engine == "paged" else "<"
     return f"{engine} (auto: {rollout.max_new_tokens} new tokens {sign} {PAGED_FROM_NEW_TOKENS})"
-
-
-def engine_settings(rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1) -> EngineSettings:
-    """The paged engine's shapes (per replica) from the rollout settings; `batch_size`
-    (completions per rollout, shared by `replicas` replicas) caps each replica's slots,
-    since more slots than completions would only idle.
-
-    Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds); with an
-    environment or an agent, a later turn's prompt is the episode so far, up to max_new_tokens longer."""
-    episodes = rollout.environment is not None or rollout.agent is not None
-    slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, -(-batch_size // replicas))
-    return EngineSettings(
-        max_prompt_tokens=rollout.max_prompt_tokens + 1 + (rollout.max_new_tokens if episodes else 0),
-        max_new_tokens=rollout.max_new_tokens,
-        page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
-        steps_per_sync=rollout.steps_per_sync, num_pages=rollout.kv_pages, attention=rollout.attention,
-    )
 
 
 def make_backend(rollout: RolloutConfig, graphdef: nnx.GraphDef, *, eos_ids: Sequence[int], pad_id: int,

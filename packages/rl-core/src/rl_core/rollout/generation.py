@@ -10,12 +10,10 @@ asynchronous rollouts of rl_core.rollout.async_rollout).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -28,27 +26,9 @@ from rl_core.policy.protocols import PagedModel
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.factory import make_backend
 from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
+from rl_core.rollout.weights import cast_weights, copy_tree
 from rl_core.policy.tokens import Tokenizer, decode_completions, encode_prompts
 from rl_core.train.trainable import TrainableModel
-
-
-@jax.jit
-def _copy(tree: Any) -> Any:
-    """New buffers with `tree`'s values (one program; a jitted identity would alias)."""
-    return jax.tree.map(lambda x: x.copy(), tree)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def cast_weights(tree: Any, dtype: str) -> Any:
-    """`tree` with its wider floating leaves in `dtype`, new buffers; integer leaves (a quantized
-    base's codes) and leaves already as narrow pass through uncopied (never donated)."""
-    target = jnp.dtype(dtype)
-
-    def cast(x: jax.Array) -> jax.Array:
-        wider = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > target.itemsize
-        return x.astype(target) if wider else x
-
-    return jax.tree.map(cast, tree)
 
 
 class PolicyGenerator:
@@ -110,7 +90,7 @@ class PolicyGenerator:
         a backend that keeps a reference to the weights gets a copy, as the next update donates
         the parameters' buffers."""
         if self.backend.capabilities.keeps_reference and not self.apart:  # apart: a transfer copies
-            params = _copy(params)
+            params = copy_tree(params)
         self.backend.update_weights(self._whole(params), version)
         self._weights_of, self.pinned = None, version  # unpin refreshes to the policy's weights
 

@@ -25,10 +25,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_core.config import RolloutConfig
-from rl_core.rollout.factory import engine_settings
-from rl_core.rollout.generation import cast_weights
-from rl_core.rollout.paged import DECODE_RULES
+from rl_core.rollout.paged import DECODE_RULES, EngineSettings
 from rl_core.rollout.sampler import Sampler, SamplingParams
+from rl_core.rollout.weights import cast_weights
 from rl_core.runtime import mesh as mesh_lib
 
 
@@ -150,7 +149,7 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
     are in rings instead of pages: a pool of state rows of `ring_window` slots each, split over
     tensor on KV heads as the pages are, in use one per prompt and one per completion."""
     replicas = mesh_lib.batch_devices(q.mesh) if q.mesh is not None else 1
-    engine = engine_settings(q.rollout, batch_size=q.batch_size, replicas=replicas)
+    engine = EngineSettings.from_rollout(q.rollout, batch_size=q.batch_size, replicas=replicas)
     tensor = q.mesh.shape["tensor"] if q.mesh is not None else 1
     split = tensor if q.num_kv_heads % tensor == 0 else 1
     token_kv = (q.kv_token_bytes - q.ring_token_bytes) // split

@@ -66,6 +66,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rl_core.config import RolloutConfig
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
@@ -101,6 +102,24 @@ class EngineSettings:
     attention: str = "auto"
     top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
     state_rows: int = 0  # rows of each replica's state pool (recurrent states, rings); 0: 2 * slots + 2
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1
+                     ) -> EngineSettings:
+        """The shapes (per replica) the rollout settings ask for; `batch_size` (completions per
+        rollout, shared by `replicas` replicas) caps each replica's slots, since more slots than
+        completions would only idle.
+
+        Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds); with an
+        environment or an agent, a later turn's prompt is the episode so far, up to max_new_tokens longer."""
+        episodes = rollout.environment is not None or rollout.agent is not None
+        slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, -(-batch_size // replicas))
+        return cls(
+            max_prompt_tokens=rollout.max_prompt_tokens + 1 + (rollout.max_new_tokens if episodes else 0),
+            max_new_tokens=rollout.max_new_tokens,
+            page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
+            steps_per_sync=rollout.steps_per_sync, num_pages=rollout.kv_pages, attention=rollout.attention,
+        )
 
     @property
     def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
