@@ -73,3 +73,23 @@ def test_static_sampler_over_rings_logprobs_equal_the_learner_pass(model):
     logp, _ = jax.jit(lambda s, p, m, c: completion_logprobs(nnx.merge(graphdef, s), p, m, c, temperature=0.7))(
         state, np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0), jnp.asarray(out.tokens))
     np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.e2e
+def test_static_sampler_over_rings_with_experts_and_sinks_scanned():
+    """gpt-oss (alternating windowed and global layers, sink logits, routed experts) with its layers
+    scanned: the full forward's tokens, and each token's recorded routing in model order."""
+    model = load_hf_model(HF / "gpt_oss", scan_layers=True)
+    cache, _ = decode_cache(model, 4, 16 + T)
+    assert isinstance(cache, RingKV) and cache.ring[0].shape[3] == model.config.sliding_window < 16 + T
+    tokens, mask = prompts()
+    out = static_engine(model, max_new_tokens=T, eos_ids=NO_EOS).generate(Requests(tokens, mask), GREEDY,
+                                                                           jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out.tokens), full_forward_greedy(model, tokens, mask, out.tokens))
+    routing = np.asarray(out.routing)
+    assert routing.shape == (4, T, model.config.num_layers, model.config.experts_per_token)
+    assert ((routing >= 0) & (routing < model.config.num_experts)).all()
+    # the same experts, layer by layer, as the unrolled model's (its per-layer rings) record
+    unrolled = static_engine(load_hf_model(HF / "gpt_oss"), max_new_tokens=T, eos_ids=NO_EOS).generate(
+        Requests(tokens, mask), GREEDY, jax.random.key(0))
+    np.testing.assert_array_equal(routing, np.asarray(unrolled.routing))

@@ -5,6 +5,7 @@ full-length cache, prefill, decoding past several wraps and calls of several tok
 Fixtures: tiny Gemma 3 (five 4-slot windowed layers to one global) and Mistral (two 5-slot
 windowed layers), unrolled (CPU's default) and scanned (accelerators')."""
 
+import dataclasses
 from pathlib import Path
 
 import chex
@@ -15,7 +16,8 @@ import pytest
 
 from flax import nnx
 
-from rl_models.hf import load_hf_model
+from rl_models import Transformer
+from rl_models.hf import load_hf_config, load_hf_model
 from rl_models.rings import RingKV, held_slots, key_mask, repeating_period, write_call
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -88,14 +90,23 @@ def _inputs(rng, lengths, p, s):
     return tokens, valid, positions
 
 
+def _gemma_of_8_layers():
+    """Gemma 3's pattern past a whole group (five windowed, one global, two windowed: the scan over
+    groups, then over the two left), randomly initialised."""
+    config = load_hf_config(HF / "gemma3_text", scan_layers=True)
+    config = dataclasses.replace(config, num_layers=8, layer_types=(*config.layer_types, *config.layer_types[:2]))
+    return Transformer(config, rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize("name,scan", [pytest.param("gemma3_text", False, marks=pytest.mark.e2e),
                                        pytest.param("gemma3_text", True, marks=pytest.mark.e2e),
-                                       ("mistral", False), ("mistral", True)])  # Gemma's six layers: seconds
+                                       pytest.param("gemma3-8-layers", True, marks=pytest.mark.e2e),
+                                       ("mistral", False), ("mistral", True)])  # Gemma's layers: seconds
 def test_a_model_over_its_rings_computes_what_it_computes_over_the_full_cache(name, scan):
     """Prompts of 11 and 6 tokens (windows 4 and 5) prefilled in two calls (8 slots, then 3 at slot 8:
     the ring's earlier slots and the call's own), then 14 decoding steps (3 wraps of a 4-slot ring):
     every call's hidden states equal the full cache's within float32 rounding (1e-4: six layers)."""
-    model = load_hf_model(HF / name, scan_layers=scan)
+    model = _gemma_of_8_layers() if name == "gemma3-8-layers" else load_hf_model(HF / name, scan_layers=scan)
     p, steps = 11, 14
     s = p + steps
     tokens, valid, positions = _inputs(np.random.default_rng(0), (11, 6), p, s)

@@ -79,15 +79,18 @@ def repeating_period(flags: tuple[bool, ...]) -> int:
 
 
 def scan_ring_layers(layer: Callable[..., tuple[jax.Array, Any, Any]], x: jax.Array, cache: RingKV,
-                     flags: tuple[bool, ...], replay: jax.Array | None
-                     ) -> tuple[jax.Array, RingKV, Any]:
-    """Every layer in order over a `RingKV`, as one `lax.scan` over the repeating group of layer
-    kinds (`repeating_period`; its members unrolled in the body, so each knows its kind statically)
-    and the layers past the last whole group after it.
+                     flags: tuple[bool, ...], replay: jax.Array | None, first: int = 0,
+                     rows_before: tuple[int, int] = (0, 0)) -> tuple[jax.Array, RingKV, Any]:
+    """Layers first..first + len(flags) - 1 (`flags`: each windowed or not) in order over a `RingKV`,
+    as one `lax.scan` over the repeating group of layer kinds (`repeating_period`; its members
+    unrolled in the body, so each knows its kind statically), then the layers past the last whole
+    group the same way (Gemma 3 1B's 26 layers: 4 groups of 6, then a scan over 2 windowed layers;
+    a loop, not layers at the program's top level, where XLA:CPU keeps more of them alive at once).
 
-    `layer(x, kv, i, j, row, replay_i)` runs layer i (traced), whose kind is that of group member j
-    (static), on the stack `kv` of its kind at `row`, and returns (x, kv, routing). Returns x, the
-    cache and the routing stacked over layers in model order (None without experts)."""
+    `layer(x, kv, i, windowed, row, replay_i)` runs layer i (traced), of the kind `windowed`
+    (static), on the stack `kv` of its kind at `row`, and returns (x, kv, routing). `rows_before`:
+    the (windowed, global) layers before `first`. Returns x, the cache and the routing stacked over
+    the layers in model order (None without experts)."""
     n = len(flags)
     p = repeating_period(flags)
     groups, rest = divmod(n, p)
@@ -97,11 +100,13 @@ def scan_ring_layers(layer: Callable[..., tuple[jax.Array, Any, Any]], x: jax.Ar
     def run(x, cache: RingKV, g, j):
         windowed = flags[j]
         kind = int(not windowed)
-        row = g * per_group[kind] + before[j][kind]
+        row = rows_before[kind] + g * per_group[kind] + before[j][kind]
         kv = cache.ring if windowed else cache.full
-        i = g * p + j
+        # layer i's weights are sliced out of their stacks after layer i - 1 has run (the barrier ties
+        # i to x), so one layer's slices are live at a time, not the whole group's
+        x, i = jax.lax.optimization_barrier((x, first + g * p + j))
         replay_i = None if replay is None else jax.lax.dynamic_index_in_dim(replay, i, 0, False)
-        x, kv, routing = layer(x, kv, i, j, row, replay_i)
+        x, kv, routing = layer(x, kv, i, windowed, row, replay_i)
         cache = cache._replace(ring=kv) if windowed else cache._replace(full=kv)
         return x, cache, routing
 
@@ -115,10 +120,8 @@ def scan_ring_layers(layer: Callable[..., tuple[jax.Array, Any, Any]], x: jax.Ar
 
     (x, cache), routing = jax.lax.scan(body, (x, cache), jnp.arange(groups, dtype=jnp.int32))
     routing = jax.tree.map(lambda a: a.reshape(groups * p, *a.shape[2:]), routing)
-    tail = []
-    for j in range(rest):
-        x, cache, r = run(x, cache, jnp.int32(groups), j)
-        tail.append(r)
-    if tail:
-        routing = jax.tree.map(lambda a, *t: jnp.concatenate([a, jnp.stack(t)]), routing, *tail)
+    if rest:
+        done = (rows_before[0] + groups * per_group[0], rows_before[1] + groups * per_group[1])
+        x, cache, tail = scan_ring_layers(layer, x, cache, flags[groups * p:], replay, first + groups * p, done)
+        routing = jax.tree.map(lambda a, t: jnp.concatenate([a, t]), routing, tail)
     return x, cache, routing

@@ -626,9 +626,9 @@ class Transformer(nnx.Module):
         if isinstance(cache, RingKV):  # scanned over the repeating group of layer kinds (rl_models.rings)
             windows = settings.windows
 
-            def ring_layer(x, kv, i, j, row, replay_i):
+            def ring_layer(x, kv, i, windowed, row, replay_i):
                 state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, False), stacked)
-                window = None if windows[j] == FULL_WINDOW else windows[j]
+                window = min(windows) if windowed else None  # every windowed layer's is sliding_window
                 return nnx.merge(graphdef, state)(x, settings.at(i)[0], mask, kv, cache_index, row, 0, window,
                                                   replay_i)
 
