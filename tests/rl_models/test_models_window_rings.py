@@ -141,3 +141,19 @@ def test_a_model_over_its_rings_computes_what_it_computes_over_the_full_cache(na
     real = [valid[:, :8], valid[:, 8:]] + [np.ones((B, 1), bool)] * steps
     for got, want, keep in zip(rings, full, real, strict=True):
         np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(want)[keep], atol=1e-4, rtol=1e-4)
+
+
+def test_a_cache_of_the_wrong_slots_is_refused_with_one_line():
+    model = load_hf_model(HF / "gemma3_text")  # windows of 4
+    tokens, positions = jnp.ones((B, 1), jnp.int32), jnp.zeros((B, 1), jnp.int32)
+    rings = model.init_decode_cache(B, 30)
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 1, 30\)"):  # the global layer's 30 slots
+        model(tokens, positions, jnp.ones((B, 1, 20), bool), rings, 5)
+    ks, vs = rings
+    wrong = (ks[:1] + (jnp.zeros((B, K, 3, DH)),) + ks[2:], vs)  # layer 1: 3 slots, under its window
+    with pytest.raises(ValueError, match="cache layer 1 holds 3 slots: .* min\\(window, 30\\) = 4"):
+        model(tokens, positions, jnp.ones((B, 1, 30), bool), wrong, 5)
+    scanned = load_hf_model(HF / "gemma3_text", scan_layers=True)
+    with pytest.raises(ValueError, match="cache has 0 global and 2 windowed layers, the model 1 and 5"):
+        scanned(tokens, positions, jnp.ones((B, 1, 30), bool), load_hf_model(HF / "mistral", scan_layers=True)
+                .init_decode_cache(B, 30), 5)

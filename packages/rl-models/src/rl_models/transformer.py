@@ -303,9 +303,8 @@ class Attention(nnx.Module):
         """A windowed layer over its ring `kv` (each [layers, B, K, R, Dh], R < S): the attention
         output [B, Lq, H * Dh] and the ring with the call's keys and values (rl_models.rings)."""
         r = kv[0].shape[3]
-        if not isinstance(window, int) or r < window:
-            raise ValueError(f"a {r}-slot ring holds a layer whose window is a static number of slots up to {r} "
-                             f"(got {window!r})")
+        if not isinstance(window, int) or r < window:  # Transformer._cache_slots lets no such cache through
+            raise ValueError(f"a {r}-slot ring cannot hold a window of {window} slots")
         cfg = self.config
         length = k.shape[1]
         c = jnp.asarray(cache_index, jnp.int32)
@@ -602,9 +601,15 @@ class Transformer(nnx.Module):
             raise ValueError(f"cache has {len(slots)} layers, the model {len(windows)}")
         full = [n for n, w in zip(slots, windows) if w == FULL_WINDOW]
         if full:
-            return max(full)
-        rings = all(n == ring_size(w, mask_slots) for n, w in zip(slots, windows))
-        return mask_slots if rings else max(slots)
+            s = max(full)
+        else:
+            s = mask_slots if all(n == ring_size(w, mask_slots) for n, w in zip(slots, windows)) else max(slots)
+        for i, (n, w) in enumerate(zip(slots, windows)):
+            if n != s and (w == FULL_WINDOW or n != ring_size(w, s)):
+                raise ValueError(f"cache layer {i} holds {n} slots: a layer's cache holds the sequence's {s}, or "
+                                 f"a windowed layer's its ring of min(window, {s}) = {ring_size(w, s)} "
+                                 "(Transformer.init_decode_cache)")
+        return s
 
     def _run_layers(self, x: jax.Array, ropes: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array,
                     cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int,
