@@ -24,20 +24,24 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 B, K, DH = 2, 2, 16  # rows; both fixtures' KV heads and head size
 
 
-def test_held_slots_name_the_latest_slot_of_each_entry():
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_held_slots_name_the_latest_slot_of_each_entry(jit):
+    held = jax.jit(held_slots, static_argnums=1) if jit else held_slots  # the slot traced, as the sampler's is
     # a 4-slot ring after slot 9: entries 0..3 hold 8, 9, 6, 7 (9 - (9 - j) mod 4)
-    np.testing.assert_array_equal(held_slots(9, 4), [8, 9, 6, 7])
+    np.testing.assert_array_equal(held(9, 4), [8, 9, 6, 7])
     # after slot 1: entries 2 and 3 were never written (negative)
-    np.testing.assert_array_equal(held_slots(1, 4), [0, 1, -2, -1])
+    np.testing.assert_array_equal(held(1, 4), [0, 1, -2, -1])
 
 
-def test_write_call_keeps_the_last_ring_slots_of_a_call():
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_write_call_keeps_the_last_ring_slots_of_a_call(jit):
+    write = jax.jit(write_call) if jit else write_call
     ring = jnp.full((1, 1, 4, 1), -1.0)
     new = jnp.arange(10.0).reshape(1, 1, 10, 1)  # slots 3..12 hold 0..9
     # slot s goes to entry s mod 4: 12 -> 0 (9), 9 -> 1 (6), 10 -> 2 (7), 11 -> 3 (8)
-    np.testing.assert_array_equal(write_call(ring, new, 3)[0, 0, :, 0], [9, 6, 7, 8])
+    np.testing.assert_array_equal(write(ring, new, 3)[0, 0, :, 0], [9, 6, 7, 8])
     # two slots (5, 6) written: entries 1 and 2 take them, 0 and 3 keep theirs
-    np.testing.assert_array_equal(write_call(ring, new[:, :, :2], 5)[0, 0, :, 0], [-1, 0, 1, -1])
+    np.testing.assert_array_equal(write(ring, new[:, :, :2], 5)[0, 0, :, 0], [-1, 0, 1, -1])
 
 
 def test_key_mask_reads_the_callers_mask_by_slot_within_the_window():
