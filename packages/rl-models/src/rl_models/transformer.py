@@ -10,7 +10,8 @@ blocks are one `Block` whose parameters are stacked on a leading layer axis and
 run under `lax.scan` (unrolled on CPU, see `scans_layers`), so a program's size
 need not grow with depth. The KV cache
 is a plain pair (k, v), each [layers, B, K, S, Dh] (head-major), that callers pass
-in and get back, so a jitted sampler can thread it through `lax.while_loop`.
+in and get back, so a jitted sampler can thread it through `lax.while_loop`; the sampler's
+(`init_decode_cache`) keeps only a ring of each windowed layer's window (rl_models.rings).
 The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]). `rl_models.lora`
 can give projections low-rank adapters (`nnx.LoRAParam`) and store their kernels
