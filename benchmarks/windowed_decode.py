@@ -1,19 +1,24 @@
 """Decode time per token against context length: a sliding-window layer's attention against full attention.
 
     uv run python benchmarks/windowed_decode.py [--contexts 512 1024 2048 4096 8192 16384] [--window 256]
-        [--batch 8] [--repeats 50]
+        [--batch 8] [--repeats 50] [--engine paged|static]
 
-The paged engine's attention for one decoding step of one layer (`reference_paged_attention`,
-the CPU engine's: 16-token pages, 4 query / 2 KV heads of 64, float32), one query per row at
-length C, over the pool's pages, with and without a window. A windowed layer reads only the
-blocks of pages its window reaches, so its time should stay flat in C while full attention's
-grows with it. Beside them, the attention a windowed layer of a model that also has global
-layers (Gemma 3) runs in the paged engine: a ring of `--window` slots per row
-(`rl_models.paged_window.ring_attention`, decoding: the token's key written, then its row read),
-whatever C. Times are medians over `--repeats` calls after a warm-up.
+paged (default): the paged engine's attention for one decoding step of one layer
+(`reference_paged_attention`, the CPU engine's: 16-token pages, 4 query / 2 KV heads of 64,
+float32), one query per row at length C, over the pool's pages, with and without a window. A
+windowed layer reads only the blocks of pages its window reaches, so its time should stay flat in
+C while full attention's grows with it. Beside them, the
+attention a windowed layer of a model that also has global layers (Gemma 3) runs in the paged
+engine: a ring of `--window` slots per row (`rl_models.paged_window.ring_attention`, decoding:
+the token's key written, then its row read), whatever C.
 
-(The static sampler and training mask the slots outside a window: the same work as full
-attention; see docs/real-models.md.)
+static: one decoding step of a one-layer model (D 256, 4 query / 2 KV heads of 64, float32) as the
+static sampler runs it (the model's cached call, its cache donated and written in place), each row
+at slot C - 1 of a C-slot cache: full attention; a windowed layer over the full-length cache (the
+window a mask, as before 2026-12-05); a windowed layer over its ring of W slots
+(`init_decode_cache`, rl_models.rings).
+
+Times are medians over `--repeats` calls after a warm-up.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from rl_core.rollout import reference_paged_attention
+from rl_models import Transformer, TransformerConfig
 from rl_models.paged_window import ring_attention
 
 
@@ -66,14 +74,41 @@ def ring_attention_seconds(window: int, context: int, batch: int, repeats: int) 
     return median_seconds(lambda: fn(q, k, v, rings), repeats)
 
 
+def static_step_seconds(window: int | None, ring: bool, context: int, batch: int, repeats: int) -> float:
+    config = TransformerConfig.tiny(256, hidden_size=256, num_layers=1, head_dim=64, sliding_window=window)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    cache = model.init_decode_cache(batch, context) if ring else model.init_cache(batch, context)
+    token = jnp.ones((batch, 1), jnp.int32)
+    position = jnp.full((batch, 1), context - 1, jnp.int32)
+    mask = jnp.ones((batch, 1, context), bool)
+    step = jax.jit(lambda state, cache: nnx.merge(graphdef, state)(token, position, mask, cache, context - 1),
+                   donate_argnums=1)
+    held = [cache]
+
+    def run():
+        hidden, held[0] = step(state, held[0])
+        return hidden
+
+    return median_seconds(run, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--engine", choices=("paged", "static"), default="paged")
     args = parser.parse_args()
     print(f"backend {jax.default_backend()}, batch {args.batch}, window {args.window}; ms per layer and token")
+    if args.engine == "static":
+        print(f"{'context':>8} | {'full':>8} {'masked':>8} {'ring':>8} {'full/ring':>9}")
+        for context in args.contexts:
+            full, masked, ring = (static_step_seconds(w, r, context, args.batch, args.repeats) * 1e3
+                                  for w, r in ((None, False), (args.window, False), (args.window, True)))
+            print(f"{context:>8} | {full:>8.3f} {masked:>8.3f} {ring:>8.3f} {full / ring:>9.2f}")
+        return
     print(f"{'context':>8} | {'full':>8} {'windowed':>9} {'ratio':>6} | {'ring':>8}")
     for context in args.contexts:
         full = paged_attention_seconds(None, context, args.batch, args.repeats) * 1e3

@@ -381,7 +381,7 @@ def test_plan_of_a_model_whose_every_layer_is_windowed_counts_a_windows_pages_in
     """The tiny Mistral (every layer a 5-slot window) on the paged engine with 4-token pages: a
     decoding sample holds at most (5 - 1) // 4 + 2 = 3 pages of its own, so the pool's use at the
     mean does not grow with the completion's length past the window; the pool (sized for full
-    sequences) and the static sampler's KV do."""
+    sequences) does, and the static sampler's KV (a ring of the window per layer) does not."""
     from trainer.plan import plan
     from trainer.settings import build_settings
 
@@ -395,7 +395,8 @@ def test_plan_of_a_model_whose_every_layer_is_windowed_counts_a_windows_pages_in
 
     short, long = analytic(32), analytic(64)
     assert short["engine_kv_in_use"] == long["engine_kv_in_use"]
-    assert long["engine_kv_pool"] > short["engine_kv_pool"] and long["kv_cache"] > short["kv_cache"]
+    assert long["engine_kv_pool"] > short["engine_kv_pool"]
+    assert long["kv_cache"] == short["kv_cache"]  # the static sampler: a 5-slot ring per layer (rl_models.rings)
     token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
     prompt = short["engine_kv_in_use"] - 2 * 3 * 4 * token  # 2 samples, 3 pages of 4 tokens each
     assert prompt > 0 and prompt % (4 * token) == 0  # the prompt's whole pages
@@ -424,3 +425,30 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
     prompt_pages = -(-settings.rollout.max_prompt_tokens // 4)
     assert a["engine_kv_in_use"] == (prompt_pages + 2 * (32 // 4 + 1)) * 4 * token + (1 + 2) * 4 * 5 * token
     assert "rollout engine (paged): 4-slot KV rings" in result.table()
+
+
+@pytest.mark.e2e  # compiles the update and the sampler twice
+def test_plan_counts_the_static_samplers_windowed_layers_at_their_window():
+    """The tiny Gemma 3 (five 4-slot windowed layers to one global; 2 KV heads of 16, float32) on the
+    static sampler, 2 rows of 65 + T tokens (a BOS before the 64-token prompt): the count holds
+    5 x 4 + 1 x (65 + T) slots per row (rl_models.rings); 192 more new tokens grow the sampler's
+    compiled program (cache included) by less than they would grow a full-length cache of every
+    layer (6 x 192 slots per row)."""
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gemma3_text"
+
+    def planned(new_tokens):
+        settings = build_settings(algo="grpo", overrides=[
+            f"model.path={folder}", "training.prompts_per_step=1", "algorithm.group_size=2", "rollout.engine=static",
+            "rollout.max_prompt_tokens=64", f"rollout.max_new_tokens={new_tokens}"])
+        return plan(settings, memory_budget("gpu"))
+
+    short, long = planned(64), planned(256)
+    slot = 2 * 2 * 16 * 4  # keys and values of 2 heads of 16, float32
+    assert short.analytic["kv_cache"] == 2 * (5 * 4 + 129) * slot
+    assert long.analytic["kv_cache"] - short.analytic["kv_cache"] == 2 * 192 * slot  # the global layer's only
+    grown = long.compiled["rollout_temporaries"] - short.compiled["rollout_temporaries"]
+    assert 0 < grown < 2 * 6 * 192 * slot
+

@@ -10,7 +10,8 @@ blocks are one `Block` whose parameters are stacked on a leading layer axis and
 run under `lax.scan` (unrolled on CPU, see `scans_layers`), so a program's size
 need not grow with depth. The KV cache
 is a plain pair (k, v), each [layers, B, K, S, Dh] (head-major), that callers pass
-in and get back, so a jitted sampler can thread it through `lax.while_loop`.
+in and get back, so a jitted sampler can thread it through `lax.while_loop`; the sampler's
+(`init_decode_cache`) keeps only a ring of each windowed layer's window (rl_models.rings).
 The model adds no implicit causal mask: the caller's `attention_mask` is the
 whole truth. Kernels are stored [in, out] (Hugging Face stores [out, in]). `rl_models.lora`
 can give projections low-rank adapters (`nnx.LoRAParam`) and store their kernels
@@ -34,6 +35,7 @@ from rl_models import attention as attention_lib
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
 from rl_models.moe import MoE, Routing
+from rl_models.rings import RingKV, held_slots, key_mask, ring_size, scan_ring_layers, write_call
 from rl_models.rope import layer_tables, rope_tables, rotate
 from rl_models.sharding import constrain, shards
 
@@ -267,6 +269,9 @@ class Attention(nnx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
+        if kv is not None and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
+            out, kv = self._ring_attention(q, k, v, mask, kv, cache_index, layer, queries_from, window)
+            return self.o_proj(out), kv
         mask = mask[:, queries_from:]
         if window is not None:
             mask = within_window(mask, window, cache_index + queries_from)
@@ -292,6 +297,42 @@ class Attention(nnx.Module):
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
                                   cfg.attention, offset=offset, scale=scale)
         return self.o_proj(out), kv
+
+    def _ring_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kv: KVCache,
+                        cache_index: jax.Array | int, layer: jax.Array, queries_from: int,
+                        window: int | jax.Array) -> tuple[jax.Array, KVCache]:
+        """A windowed layer over its ring `kv` (each [layers, B, K, R, Dh], R < S): the attention
+        output [B, Lq, H * Dh] and the ring with the call's keys and values (rl_models.rings)."""
+        r = kv[0].shape[3]
+        if not isinstance(window, int) or r < window:  # Transformer._cache_slots lets no such cache through
+            raise ValueError(f"a {r}-slot ring cannot hold a window of {window} slots")
+        cfg = self.config
+        length = k.shape[1]
+        c = jnp.asarray(cache_index, jnp.int32)
+        layer = jnp.asarray(layer, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+        sinks = None if self.sinks is None else self.sinks[...]
+        new = [x.transpose(0, 2, 1, 3).astype(kv[0].dtype) for x in (k, v)]  # [B, K, L, Dh]
+        if length == 1:  # decoding: written over the slot it replaces, then the whole ring read in place
+            start = (layer, zero, zero, jnp.mod(c, r), zero)
+            kv = (jax.lax.dynamic_update_slice(kv[0], new[0][None], start),
+                  jax.lax.dynamic_update_slice(kv[1], new[1][None], start))
+            k_all, v_all = (jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv)
+            return attend(q, k_all, v_all, key_mask(mask, held_slots(c, r), c[None], window), cfg.query_scale,
+                          sinks), kv
+        rings = [jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv]  # [B, K, R, Dh]
+        slots, keys, values = c + jnp.arange(length, dtype=jnp.int32), new[0], new[1]
+        if not (isinstance(cache_index, int) and cache_index == 0):  # the ring's slots before this call too
+            slots = jnp.concatenate([held_slots(c - 1, r), slots])
+            keys, values = (jnp.concatenate([ring, x], axis=2) for ring, x in zip(rings, new))
+        queries = c + queries_from + jnp.arange(length - queries_from, dtype=jnp.int32)
+        out = attend_sequence(q, keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3),
+                              key_mask(mask[:, queries_from:], slots, queries, window), cfg.attention,
+                              scale=cfg.query_scale, windowed=True, sinks=sinks)
+        start = (layer, zero, zero, zero, zero)
+        kv = tuple(jax.lax.dynamic_update_slice(x, write_call(ring, n, c)[None], start)
+                   for x, ring, n in zip(kv, rings, new))
+        return out, kv  # type: ignore[return-value]
 
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -471,6 +512,36 @@ class Transformer(nnx.Module):
         per_layer = (PartitionSpec("batch", "kv_heads", "cache_slots", "head_dim"),) * self.config.num_layers
         return per_layer, per_layer
 
+    def init_decode_cache(self, batch_size: int, max_len: int) -> KVCache | RingKV:
+        """`init_cache` for a caller that writes each slot once, in order from slot 0 (a decode
+        loop: the static sampler): each windowed layer keeps a ring of its window's slots, min(W,
+        max_len), instead of max_len (rl_models.rings). Unrolled, one buffer per layer as
+        `init_cache`'s; scanned, a `RingKV`. A model without windowed layers gets `init_cache`'s."""
+        cfg = self.config
+        windows = layer_windows(cfg)
+        if set(windows) == {FULL_WINDOW}:
+            return self.init_cache(batch_size, max_len)
+        dtype = compute_dtype(cfg)
+
+        def zeros(*lead: int, slots: int) -> jax.Array:
+            return jnp.zeros((*lead, batch_size, cfg.num_kv_heads, slots, cfg.head_dim), dtype)
+
+        sizes = [max_len if w == FULL_WINDOW else ring_size(w, max_len) for w in windows]
+        if not scans_layers(cfg):
+            return tuple(tuple(zeros(slots=n) for n in sizes) for _ in "kv")  # type: ignore[return-value]
+        windowed = sum(w != FULL_WINDOW for w in windows)
+        ring = ring_size(min(windows), max_len)
+        full = None if windowed == cfg.num_layers else tuple(zeros(cfg.num_layers - windowed, slots=max_len)
+                                                              for _ in "kv")
+        return RingKV(full, (zeros(windowed, slots=ring), zeros(windowed, slots=ring)))  # type: ignore[arg-type]
+
+    def decode_cache_axes(self) -> KVCacheAxes | RingKV:
+        """Logical axis names of `init_decode_cache`'s cache (any length), split like `cache_axes`'."""
+        if not scans_layers(self.config) or set(layer_windows(self.config)) == {FULL_WINDOW}:
+            return self.cache_axes()
+        names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")
+        return RingKV(None if all(self.config.windowed()) else (names, names), (names, names))
+
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                  cache: KVCache | None = None, cache_index: jax.Array | int = 0, *,
                  outputs_from: int = 0, replay: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
@@ -493,17 +564,13 @@ class Transformer(nnx.Module):
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
-        per_layer = cache is not None and isinstance(cache[0], tuple)
-        s = l if cache is None else (cache[0][0].shape[2] if per_layer else cache[0].shape[3])
+        s = l if cache is None else self._cache_slots(cache, attention_mask.shape[-1])
         if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
             raise ValueError(
                 f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
                 f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
                 f"{attention_mask.shape}); S is {'L' if cache is None else 'the cache length'}"
             )
-        layers = None if cache is None else (len(cache[0]) if per_layer else cache[0].shape[0])
-        if layers is not None and layers != self.config.num_layers:
-            raise ValueError(f"cache has {layers} layers, the model {self.config.num_layers}")
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         if replay is not None:
@@ -515,6 +582,37 @@ class Transformer(nnx.Module):
         x, cache, routing = self._run_layers(x, rope_tables(self.config, positions), attention_mask, cache,
                                              cache_index, outputs_from, replay)
         return self.final_norm(x), cache, routing
+
+    def _cache_slots(self, cache: KVCache | RingKV, mask_slots: int) -> int:
+        """The slots S a call's mask must cover: its global layers' cache length, or with every
+        layer windowed the mask's when each layer's cache is a ring of min(W, S) slots
+        (`init_decode_cache`); ValueError for a cache of the wrong layers."""
+        windows = layer_windows(self.config)
+        if isinstance(cache, RingKV):
+            rows = (0 if cache.full is None else cache.full[0].shape[0], cache.ring[0].shape[0])
+            want = (windows.count(FULL_WINDOW), len(windows) - windows.count(FULL_WINDOW))
+            if rows != want:
+                raise ValueError(f"cache has {rows[0]} global and {rows[1]} windowed layers, the model {want[0]} "
+                                 f"and {want[1]}")
+            slots = [cache.ring[0].shape[3] if w != FULL_WINDOW else cache.full[0].shape[3]  # type: ignore[index]
+                     for w in windows]
+        elif isinstance(cache[0], tuple):
+            slots = [c.shape[2] for c in cache[0]]
+        else:
+            slots = [cache[0].shape[3]] * cache[0].shape[0]
+        if len(slots) != len(windows):
+            raise ValueError(f"cache has {len(slots)} layers, the model {len(windows)}")
+        full = [n for n, w in zip(slots, windows) if w == FULL_WINDOW]
+        if full:
+            s = max(full)
+        else:
+            s = mask_slots if all(n == ring_size(w, mask_slots) for n, w in zip(slots, windows)) else max(slots)
+        for i, (n, w) in enumerate(zip(slots, windows)):
+            if n != s and (w == FULL_WINDOW or n != ring_size(w, s)):
+                raise ValueError(f"cache layer {i} holds {n} slots: a layer's cache holds the sequence's {s}, or "
+                                 f"a windowed layer's its ring of min(window, {s}) = {ring_size(w, s)} "
+                                 "(Transformer.init_decode_cache)")
+        return s
 
     def _run_layers(self, x: jax.Array, ropes: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array,
                     cache: KVCache | None, cache_index: jax.Array | int, outputs_from: int,
@@ -533,6 +631,18 @@ class Transformer(nnx.Module):
         n = self.config.num_layers
         scanned = scans_layers(self.config)
         settings = LayerSettings(self.config, ropes)
+        if isinstance(cache, RingKV):  # scanned over the repeating group of layer kinds (rl_models.rings)
+            windows = settings.windows
+
+            def ring_layer(x, kv, i, windowed, row, replay_i):
+                state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, False), stacked)
+                window = min(windows) if windowed else None  # every windowed layer's is sliding_window
+                return nnx.merge(graphdef, state)(x, settings.at(i)[0], mask, kv, cache_index, row, 0, window,
+                                                  replay_i)
+
+            x, cache, routing = scan_ring_layers(ring_layer, x, cache, tuple(w != FULL_WINDOW for w in windows),
+                                                 replay)
+            return x[:, outputs_from:], cache, jax.tree.map(lambda a: a[:, :, outputs_from:], routing)
 
         def make_layer(queries_from: int, static: int | None = None):
             def layer(x, cache, state, i, replay, slot=None):

@@ -201,7 +201,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
                                     (kv_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
     kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
                          for x in kv_spec if x is not None)
-    kv_b = 2 * kv_layers * batch * config.num_kv_heads * seq * config.head_dim * cbytes // kv_split
+    # the static sampler's slots: a windowed layer keeps a ring of min(W, P + T) (rl_models.rings)
+    kv_slots = sum(min(w, seq) for w, kind in zip(layer_windows(config), config.kinds(), strict=True)
+                   if kind != "linear_attention")
+    kv_b = 2 * kv_slots * batch * config.num_kv_heads * config.head_dim * cbytes // kv_split
     # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
     recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
     windows = layer_windows(config)

@@ -38,7 +38,9 @@ class Policy(Protocol):
     def cache_axes(self) -> Any:
         """The cache's tree with a `jax.sharding.PartitionSpec` of logical axis names
         per leaf: "batch" marks the rows (the sampler copies and splits them), the
-        other names go through the same rules as the parameters'."""
+        other names go through the same rules as the parameters'. Optional beside them:
+        `init_decode_cache(batch_size, max_len)` and `decode_cache_axes()`, a cache for callers
+        that write each slot once, in order (`decode_cache`)."""
         ...
 
     def __call__(
@@ -100,11 +102,22 @@ def loop_policy(policy: Any) -> Callable[[], Any]:
     return loop_view() if callable(loop_view) else (lambda: policy)
 
 
-def repeat_cache(policy: Policy, cache: Cache, n: int) -> Cache:
-    """`cache` with each row copied to n consecutive rows (its "batch" axis, `cache_axes`): a
-    prompt's cache for each of its n samples (the sampler) or group rows (the scoring pass)."""
+def repeat_cache(policy: Policy, cache: Cache, n: int, axes: Any = None) -> Cache:
+    """`cache` with each row copied to n consecutive rows (its "batch" axis, `axes`, by default
+    `cache_axes()`): a prompt's cache for each of its n samples (the sampler) or group rows (the
+    scoring pass)."""
     return jax.tree.map(lambda x, names: jnp.repeat(x, n, axis=list(names).index("batch")), cache,
-                        policy.cache_axes())
+                        policy.cache_axes() if axes is None else axes)
+
+
+def decode_cache(policy: Policy, batch_size: int, max_len: int) -> tuple[Cache, Any]:
+    """(a zeroed cache, its axes) for a loop that writes each slot once, in order from slot 0 (the
+    sampler): the policy's optional `init_decode_cache` and `decode_cache_axes` (rl_models' keep only
+    a ring of each windowed layer's window), else `init_cache` and `cache_axes`."""
+    init = getattr(policy, "init_decode_cache", None)
+    if callable(init):
+        return init(batch_size, max_len), policy.decode_cache_axes()  # type: ignore[attr-defined]
+    return policy.init_cache(batch_size, max_len), policy.cache_axes()
 
 
 @runtime_checkable

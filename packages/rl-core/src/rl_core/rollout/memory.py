@@ -64,8 +64,8 @@ class MemoryQuery:
     compute_bytes: int
     """Bytes of one value in the compute dtype."""
     dense_cache_bytes: int
-    """Per device: a KV cache of every row at full length (P + T), linear-attention state included,
-    as a one-program sampler holds it."""
+    """Per device: a KV cache of every row at full length (P + T), a windowed layer's at min(W, P + T)
+    (its ring), linear-attention state included, as a one-program sampler holds it."""
     compiled: Callable[..., tuple[int, int, int]]
     """`(jitted, *args)` -> per-device (argument, output, temporary) bytes of the compiled program."""
     state_bytes: Callable[[int], int] | None = None

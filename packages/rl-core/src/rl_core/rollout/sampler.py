@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.config import RolloutConfig
-from rl_core.policy.protocols import loop_policy, repeat_cache, routed_call
+from rl_core.policy.protocols import decode_cache, loop_policy, repeat_cache, routed_call
 
 
 class Completions(NamedTuple):
@@ -131,14 +131,15 @@ def generate(
     pad_id: int,
     params: SamplingParams,
     num_samples: int = 1,
-    shard_cache: Callable[[Any], Any] = lambda cache: cache,
+    shard_cache: Callable[[Any, Any], Any] = lambda cache, axes: cache,
 ) -> Completions:
     """Generate `num_samples` completions per prompt (trace inside jit; see `Sampler`).
 
     Row i * num_samples + j of the result is sample j of prompt i. Each prompt
     is prefilled once and its KV cache copied to its samples, so a GRPO group
-    of G completions pays for one prefill, not G. `shard_cache` lays out a
-    cache on the devices (the Sampler splits it over rows and KV heads).
+    of G completions pays for one prefill, not G. The cache is the model's decode cache
+    (`decode_cache`: a windowed layer keeps only its window's slots). `shard_cache(cache, axes)`
+    lays out a cache on the devices (the Sampler splits it over rows and KV heads).
     """
     u, p = prompt_tokens.shape
     b = u * num_samples
@@ -152,14 +153,15 @@ def generate(
     positions = jnp.maximum(jnp.cumsum(valid_prompt, axis=1) - 1, 0).astype(jnp.int32)
     slot_valid = jnp.concatenate([valid_prompt, jnp.ones((u, t_max), bool)], axis=1)  # [U, S]
     causal = jnp.arange(slots)[None, :] <= jnp.arange(p)[:, None]  # [P, S]
-    cache = shard_cache(model.init_cache(u, slots))
+    cache, axes = decode_cache(model, u, slots)
+    cache = shard_cache(cache, axes)
     hidden, cache, routed = routed_call(model, prompt_tokens, positions, causal[None] & slot_valid[:, None, :], cache,
                                         0, outputs_from=p - 1)
     first_logits = model.logits(hidden[:, -1])
     # a mixture of experts' routing of the step that sampled each token (-1 where none ran): [B, T, layers, k]
     first_routing = None if routed is None else jnp.swapaxes(routed.experts[:, :, -1], 0, 1)  # [U, layers, k]
     if num_samples > 1:  # every sample of a prompt continues from the prompt's cache
-        cache = shard_cache(repeat_cache(model, cache, num_samples))
+        cache = shard_cache(repeat_cache(model, cache, num_samples, axes), axes)
         first_logits, slot_valid, prompt_len, first_routing = jax.tree.map(
             lambda x: jnp.repeat(x, num_samples, axis=0), (first_logits, slot_valid, prompt_len, first_routing)
         )
@@ -262,11 +264,11 @@ class Sampler:
                 )
         return self._jitted[key]
 
-    def _shard_cache(self, model: nnx.Module, cache: Any) -> Any:
+    def _shard_cache(self, cache: Any, axes: Any) -> Any:
         if self.mesh is None:
             return cache
         shardings = jax.tree.map(
-            lambda x, names: mesh_lib.logical_sharding(tuple(names), x.shape, self.mesh), cache, model.cache_axes()
+            lambda x, names: mesh_lib.logical_sharding(tuple(names), x.shape, self.mesh), cache, axes
         )
         return jax.lax.with_sharding_constraint(cache, shardings)
 
@@ -285,7 +287,7 @@ class Sampler:
             pad_id=self.pad_id,
             params=params,
             num_samples=num_samples,
-            shard_cache=lambda cache: self._shard_cache(model, cache),
+            shard_cache=self._shard_cache,
         )
 
     def __call__(
