@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
-from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.pages import PagePool
@@ -33,6 +32,7 @@ from rl_core.rollout.static import StaticBackend
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 from engines import full_forward_greedy, paged_engine
+from state_rows import check_retained_session, check_weight_switch, learner_logprobs, prompts
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -45,19 +45,10 @@ def qwen35():
     return load_hf_model(HF / "qwen35")
 
 
-def prompts(lengths=(3, 14, 9, 1), seed=0):
-    rng = np.random.default_rng(seed)
-    return left_pad([rng.integers(3, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16)
-
 
 def paged(model, partial="off", **overrides) -> PagedBackend:
     return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS, partial_rollouts=partial)
 
-
-def learner_logprobs(model, tokens, mask, completions, temperature=1.0):
-    logp, _ = jax.jit(lambda m: completion_logprobs(m, jnp.asarray(tokens), jnp.asarray(mask),
-                                                    jnp.asarray(completions), temperature=temperature))(model)
-    return np.asarray(logp)
 
 
 def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwen35):
@@ -137,37 +128,8 @@ def test_a_retained_session_continues_from_its_held_state(qwen35):
     """Turn 2 sends turn 1's prompt, its completion and an observation under the same handles: the
     engine prefills only the observation (from the held pages and state row) and generates what
     the full forward predicts; a prompt that departs from the held tokens is prefilled whole."""
-    tokens, mask = prompts((5, 9))
-    engine = paged(qwen35, max_prompt_tokens=32)
-    handles = engine.new_sessions(2)
-    first = engine.generate(Requests(tokens, mask, sessions=handles), GREEDY, jax.random.key(0))
-    assert engine.retained.rows_on(0) == 2
-    rng = np.random.default_rng(1)
-    turns = [np.concatenate([tokens[i][mask[i] > 0], first.tokens[i], rng.integers(3, 300, 3)]).tolist()
-             for i in range(2)]
-    tokens2, mask2 = left_pad(turns, pad_id=0, max_tokens=32)
-    before = engine.prefill_tokens
-    second = engine.generate(Requests(tokens2, mask2, sessions=handles), GREEDY, jax.random.key(0))
-    # held: each prompt and its completion but the last token; prefilled: that token and the observation's first 2
-    assert engine.prefill_tokens - before == 2 * 3
-    np.testing.assert_array_equal(second.tokens, full_forward_greedy(qwen35, tokens2, mask2, second.tokens))
-    np.testing.assert_allclose(second.logp, learner_logprobs(qwen35, tokens2, mask2, second.tokens), atol=1e-4)
-    # a third turn that rewrites the last completion's end: the state cannot rewind, so nothing is reused
-    turns[0][-4] = turns[0][-4] % 290 + 5
-    tokens3, mask3 = left_pad(turns, pad_id=0, max_tokens=32)
-    third = engine.generate(Requests(tokens3, mask3, sessions=handles), GREEDY, jax.random.key(0))
-    np.testing.assert_array_equal(third.tokens, full_forward_greedy(qwen35, tokens3, mask3, third.tokens))
-    engine.release()
-    assert engine.state_pools[0].in_use == 0 and engine.pools[0].in_use == 0
+    check_retained_session(qwen35, paged(qwen35, max_prompt_tokens=32), atol=1e-4)
 
-
-def perturbed(model, scale=0.05, seed=1):
-    """`model`'s weights plus noise: the second weight version of a partial rollout."""
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]
-    return nnx.merge(graphdef, jax.tree.unflatten(tree, noisy))
 
 
 @pytest.mark.e2e
@@ -176,33 +138,7 @@ def test_partial_rollouts_switch_weights_mid_rollout(qwen35, mode):
     """New weights published after call 2: the tokens before are the old weights' alone; with
     `recompute` the tokens after are the new weights' own forward (every state and key recomputed
     from the tokens), with `continue` they differ from it (the old weights' states continue)."""
-    tokens, mask = prompts()
-    new = perturbed(qwen35)
-    engine = paged(qwen35, partial=mode)
-    engine.update_weights(nnx.split(qwen35)[1], 0)
-    alone = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(4))
-    call, calls = type(engine).call.__get__(engine), [0]
-
-    def publishing(*args):
-        out = call(*args)
-        calls[0] += 1
-        if calls[0] == 2:
-            engine.feed.publish(1, nnx.split(new)[1])
-        return out
-
-    engine.call = publishing
-    got = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(4))
-    assert engine.switches == 1
-    old = got.token_version == 0
-    assert old.any() and (~old).any()
-    np.testing.assert_array_equal(got.tokens[old], alone.tokens[old])
-    np.testing.assert_allclose(got.logp[old], learner_logprobs(qwen35, tokens, mask, got.tokens)[old], atol=1e-4)
-    new_logp = learner_logprobs(new, tokens, mask, got.tokens)
-    if mode == "recompute":
-        np.testing.assert_allclose(got.logp[~old], new_logp[~old], atol=1e-4)
-    else:  # the rows running at the switch continue from states the old weights wrote
-        assert np.abs(got.logp[~old] - new_logp[~old]).max() > 1e-3
-    assert engine.state_pools[0].in_use == 0
+    check_weight_switch(qwen35, lambda model, mode: paged(model, partial=mode), mode, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
