@@ -25,9 +25,7 @@ from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
 from rl_core.policy.logprobs import scoring_inputs
-from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.pages import PagePool
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
@@ -35,7 +33,7 @@ from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 from rl_models.paged_window import ring_attention, ring_spec, windowed_layers
 from engines import full_forward_greedy, paged_engine
-from state_rows import check_retained_session, check_weight_switch, learner_logprobs, prompts
+from state_rows import check_retained_session, check_small_pools, check_weight_switch, learner_logprobs, prompts
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -181,7 +179,6 @@ def test_a_retained_session_continues_from_its_held_rings(gemma3):
     check_retained_session(gemma3, paged(gemma3, max_prompt_tokens=32), atol=1e-5)
 
 
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["continue", "recompute"])
 def test_partial_rollouts_switch_weights_mid_rollout(gemma3, mode):
@@ -229,25 +226,7 @@ def test_any_page_and_ring_pool_that_fits_one_completion_gives_the_roomy_complet
     stay roomy; the host ones limit what it hands out), prompts of 1 to 14 tokens (most longer
     than the window), 1 to 3 samples each and EOS-driven lengths: the completions of a roomy
     engine, and every page and row free."""
-    engine = fuzzed
-    s = engine.settings
-    lengths = data.draw(st.lists(st.integers(1, 14), min_size=1, max_size=4), label="prompt lengths")
-    samples = data.draw(st.integers(1, 3), label="samples per prompt")
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="prompt seed"))
-    reqs = Requests(*left_pad([rng.integers(6, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16),
-                    num_samples=samples)
-    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
-    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths)
-    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
-    rows = data.draw(st.integers(3, s.state_pool_rows), label="ring rows")
-    engine.pools, engine.state_pools = [PagePool(s.pool_pages)], [PagePool(s.state_pool_rows)]
-    want = engine.generate(reqs, SamplingParams(temperature=1.0), key)
-    engine.pools, engine.state_pools = [PagePool(pages)], [PagePool(rows)]
-    got = engine.generate(reqs, SamplingParams(temperature=1.0), key)
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_array_equal(got.lengths, want.lengths)
-    np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
-    assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
+    check_small_pools(fuzzed, data, longest_prompt=14)
 
 
 @pytest.mark.multidevice

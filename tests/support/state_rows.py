@@ -99,3 +99,33 @@ def check_weight_switch(model: Any, make_engine: Callable[[Any, str], Any], mode
     else:
         assert np.abs(got.logp[~old] - new_logp[~old]).max() > 1e-3
     assert engine.state_pools[0].in_use == 0 and engine.pools[0].in_use == 0
+
+
+def check_small_pools(engine: Any, data: Any, *, longest_prompt: int) -> None:
+    """Under random small host pools of pages and of state rows drawn from hypothesis `data` (the
+    device pools stay roomy; the host ones limit what the scheduler hands out), prompts of 1 to
+    `longest_prompt` tokens, 1 to 3 samples each and EOS-driven lengths: the completions of a
+    roomy engine, and every page and row free."""
+    from hypothesis import strategies as st
+
+    from rl_core.rollout.pages import PagePool
+    from rl_core.rollout.scheduler import pages_for_one
+
+    s = engine.settings
+    lengths = data.draw(st.lists(st.integers(1, longest_prompt), min_size=1, max_size=4), label="prompt lengths")
+    samples = data.draw(st.integers(1, 3), label="samples per prompt")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="prompt seed"))
+    reqs = Requests(*left_pad([rng.integers(6, 300, n).tolist() for n in lengths], pad_id=0, max_tokens=16),
+                    num_samples=samples)
+    key = jax.random.key(data.draw(st.integers(0, 2**16), label="key"))
+    one = max(pages_for_one(s.page_size, n, s.max_new_tokens) for n in lengths)
+    pages = data.draw(st.integers(one + 1, one + 1 + 2 * s.slots), label="pool pages")
+    rows = data.draw(st.integers(3, s.state_pool_rows), label="state rows")
+    engine.pools, engine.state_pools = [PagePool(s.pool_pages)], [PagePool(s.state_pool_rows)]
+    want = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    engine.pools, engine.state_pools = [PagePool(pages)], [PagePool(rows)]
+    got = engine.generate(reqs, SamplingParams(temperature=1.0), key)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
+    assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
