@@ -19,21 +19,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
 from rl_core.policy.logprobs import scoring_inputs
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 from rl_models.paged_window import ring_attention, ring_spec, windowed_layers
 from engines import full_forward_greedy, paged_engine
-from state_rows import check_retained_session, check_small_pools, check_weight_switch, learner_logprobs, prompts
+from state_rows import check_retained_session, check_small_pools, fuzz_engine, check_weight_switch, learner_logprobs, prompts
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -209,13 +208,8 @@ def test_a_mixed_mixture_of_experts_records_the_routing_that_sampled_each_token(
 
 @pytest.fixture(scope="module")
 def fuzzed(gemma3):
-    """One engine (its programs compiled once) for every example: 2 slots, 8 new tokens; EOS is
-    14 of the 320 ids, so completions end at mixed lengths."""
-    graphdef, state = nnx.split(gemma3)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | dict(max_new_tokens=8, slots=2))),
-                          paging=PAGED_TRANSFORMER, eos_ids=tuple(range(6, 20)), pad_id=0)
-    engine.update_weights(state, 1)
-    return engine
+    """One engine for every example (state_rows.fuzz_engine)."""
+    return fuzz_engine(gemma3, SMALL)
 
 
 @pytest.mark.e2e

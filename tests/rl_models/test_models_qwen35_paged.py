@@ -23,13 +23,12 @@ from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.rollout.static import StaticBackend
-from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 from engines import full_forward_greedy, paged_engine
-from state_rows import check_retained_session, check_small_pools, check_weight_switch, learner_logprobs, prompts
+from state_rows import check_retained_session, check_small_pools, fuzz_engine, check_weight_switch, learner_logprobs, prompts
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -139,13 +138,8 @@ def test_partial_rollouts_switch_weights_mid_rollout(qwen35, mode):
 
 @pytest.fixture(scope="module")
 def fuzzed(qwen35):
-    """One engine (its programs compiled once) for every example: 2 slots, 8 new tokens; EOS is
-    14 of the 320 ids, so completions end at mixed lengths."""
-    graphdef, state = nnx.split(qwen35)
-    engine = PagedBackend(graphdef, EngineSettings(**(SMALL | dict(max_new_tokens=8, slots=2))),
-                          paging=PAGED_TRANSFORMER, eos_ids=tuple(range(6, 20)), pad_id=0)
-    engine.update_weights(state, 1)
-    return engine
+    """One engine for every example (state_rows.fuzz_engine)."""
+    return fuzz_engine(qwen35, SMALL)
 
 
 @pytest.mark.e2e

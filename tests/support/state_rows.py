@@ -15,7 +15,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.sampler import GREEDY, SamplingParams
-from engines import full_forward_greedy
+from engines import full_forward_greedy, paged_engine
 
 
 def prompts(lengths=(3, 14, 9, 1), seed=0) -> tuple[np.ndarray, np.ndarray]:
@@ -129,3 +129,9 @@ def check_small_pools(engine: Any, data: Any, *, longest_prompt: int) -> None:
     np.testing.assert_array_equal(got.lengths, want.lengths)
     np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
+
+
+def fuzz_engine(model: Any, settings: dict[str, Any]) -> Any:
+    """One engine for every example of `check_small_pools` (its programs compiled once): `settings`
+    with 2 slots and 8 new tokens; EOS is 14 of the ids (6..19), so completions end at mixed lengths."""
+    return paged_engine(model, settings | dict(max_new_tokens=8, slots=2), eos_ids=tuple(range(6, 20)))
