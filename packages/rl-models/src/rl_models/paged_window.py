@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_models import transformer as tf
+from rl_models.rings import held_slots
 
 
 RING_AXES = ("layers", None, "kv_heads", "head_dim")
@@ -95,8 +96,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
         row, first = rows[0], positions[0]
         real = jnp.sum(rows > 0)
         old_k, old_v = k_ring[layer, row], v_ring[layer, row]  # [W, K, Dh]
-        slots = jnp.arange(w)
-        held = first - 1 - jnp.mod(first - 1 - slots, w)  # the position each slot holds before the chunk
+        held = held_slots(first - 1, w)  # the position each slot holds before the chunk
         keys = jnp.concatenate([old_k.astype(k.dtype), k])  # [W + N, K, Dh]
         values = jnp.concatenate([old_v.astype(v.dtype), v])
         key_pos = jnp.concatenate([held, positions])
@@ -105,7 +105,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
         valid = key_ok[None] & (key_pos[None] >= low) & (key_pos[None] <= positions[:, None])
         out = _softmax_out(q, keys, values, valid, sinks)
         # each slot takes the chunk's last real token that lands on it, else keeps what it held
-        last = real - 1 - jnp.mod(real - 1 - (slots - first), w)  # [W]
+        last = held_slots(first + real - 1, w) - first  # [W]: its place in the chunk (negative: before it)
         take = last >= 0
         idx = jnp.clip(last, 0, k.shape[0] - 1)
         new_k = jnp.where(take[:, None, None], k[idx].astype(k_ring.dtype), old_k)
@@ -115,7 +115,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
     k_ring = k_ring.at[layer, rows, slot].set(k.astype(k_ring.dtype))
     v_ring = v_ring.at[layer, rows, slot].set(v.astype(v_ring.dtype))
     keys, values = k_ring[layer, rows], v_ring[layer, rows]  # [N, W, K, Dh]
-    held = positions[:, None] - jnp.mod(positions[:, None] - jnp.arange(w)[None], w)  # [N, W]
+    held = held_slots(positions[:, None], w)  # [N, W]
     valid = (held >= 0) & (held > positions[:, None] - window)
     return _softmax_out(q, keys, values, valid, sinks), (k_ring, v_ring)
 
