@@ -46,3 +46,23 @@ def test_plan_counts_each_judge_entry_of_rewards():
     result = plan(build_settings(algo="grpo", overrides=overrides), memory_budget("gpu"))
     assert result.judge_parameters == 2 * TINY_PARAMETERS
     assert result.analytic["judge"] == result.compiled["judge"] == 2 * 4 * TINY_PARAMETERS
+
+
+def test_a_windowed_judges_engine_holds_the_global_layers_pages_and_the_windowed_layers_rings():
+    """A tiny Gemma 3 judge (five 4-slot windowed layers to one global; 2 KV heads of 16, float32)
+    on the paged engine is counted as the policy's engine would be (trainer.plan.kv): pages for
+    the global layer only, a 4-slot ring of each windowed layer per state row."""
+    from pathlib import Path
+
+    from rl_core import RolloutConfig
+    from rl_core.rollout import EngineSettings
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gemma3_text"
+    judge = [f"judge.path={folder}", "judge.max_prompt_tokens=32", "judge.max_new_tokens=4", "judge.verdict=yes_no",
+             "judge.engine=paged"]
+    a = plan(build_settings(algo="grpo", overrides=[*COMMON, *judge]), memory_budget("gpu")).analytic
+    engine = EngineSettings.from_rollout(RolloutConfig(max_prompt_tokens=32, max_new_tokens=4, engine="paged"))
+    token = 2 * 2 * 16 * 4  # keys and values of one layer: 2 KV heads of 16, float32
+    pool = engine.pool_pages * engine.page_size * token  # the global layer's pages
+    rings = engine.state_pool_rows * 4 * 5 * token  # a 4-slot ring of each of the 5 windowed layers a row
+    assert a["judge_kv_cache"] == pool + rings

@@ -7,7 +7,8 @@ per completion, judge.max_prompt_tokens long):
 
   - yes_probability: the judge's forward pass (trainer.judge.model.first_logprobs_program);
   - a text verdict: what its engine (judge.engine) holds, by the engine's own answer
-    (`Engine.memory`, rl_core.rollout.memory), asked as the policy's engine is (trainer.plan.planner):
+    (`Engine.memory`, rl_core.rollout.memory), asked as the policy's engine is (trainer.plan.planner;
+    the KV counted by trainer.plan.kv: windowed layers in rings, a hybrid's recurrent state):
     the static sampler's program (greedy, judge.max_new_tokens), the paged engine's KV page pool
     and weight copy (compute dtype).
 
@@ -68,10 +69,12 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
     from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program
+    from trainer.plan.kv import kv_query_fields
     from trainer.settings.judge import YES_PROBABILITY
 
     config = judge_config(j, runtime)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0))))
+    model = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     stored = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), nnx.to_pure_dict(params))
     weights = per_device(stored)  # the compiled programs' arguments less their inputs, where one runs
@@ -79,8 +82,6 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
     mask = jax.ShapeDtypeStruct((batch, j.max_prompt_tokens), jnp.float32, sharding=one)
     rollout = RolloutConfig(max_prompt_tokens=j.max_prompt_tokens, max_new_tokens=j.max_new_tokens, temperature=0.0,
                             engine=j.engine)
-    cbytes = jnp.dtype(config.dtype).itemsize
-    token_kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * cbytes
     analytic = {"judge": per_device(stored), "judge_kv_cache": 0, "judge_engine": 0}
     if j.verdict == YES_PROBABILITY:
         ids = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one)
@@ -91,9 +92,8 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
         held = registry.get_engine(resolve_engine(rollout)).memory(MemoryQuery(
             rollout=rollout, graphdef=graphdef, weights=stored, variables=params, prompts=batch, samples=1,
             batch_size=None, prompt_tokens=j.max_prompt_tokens, new_tokens=j.max_new_tokens,
-            mean_new_tokens=j.max_new_tokens, num_kv_heads=config.num_kv_heads, kv_token_bytes=token_kv,
-            compute_bytes=cbytes, dense_cache_bytes=batch * (j.max_prompt_tokens + j.max_new_tokens) * token_kv,
-            compiled=sizes))
+            mean_new_tokens=j.max_new_tokens, compiled=sizes,
+            **kv_query_fields(config, model, rows=batch, seq=j.max_prompt_tokens + j.max_new_tokens)[0]))
         weights = weights if held.compiled_weight_bytes is None else held.compiled_weight_bytes
         analytic["judge_kv_cache"], analytic["judge_engine"] = held.cache_bytes, held.weight_bytes
         temp = held.held_bytes

@@ -90,13 +90,13 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
-    from rl_models.paged_window import ring_spec
-    from rl_models.transformer import FULL_WINDOW, compute_dtype, layer_windows
+    from rl_models.transformer import compute_dtype
     from trainer.build import check_attention, check_critic, check_positions, check_tensor_parallel, model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs
     from trainer.plan.judge import judges_plan
+    from trainer.plan.kv import kv_query_fields
     from trainer.plan.teacher import teacher_plan
 
     m = settings.model
@@ -192,37 +192,15 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         nnx.to_pure_dict(mesh_lib.param_shardings(nnx.state(whole_model, nnx.Param), mesh)),
     )
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
-    cbytes = jnp.dtype(config.dtype).itemsize
     seq = p_len + t_len
-    # every attention layer, windowed ones too (the engines hold their whole length); a hybrid's
-    # linear-attention layers keep a fixed state instead
-    kv_layers = config.num_layers - config.kinds().count("linear_attention")
-    kv_spec = mesh_lib.logical_spec(("layers", "batch", "kv_heads", "cache_slots", "head_dim"),
-                                    (kv_layers, batch, config.num_kv_heads, seq, config.head_dim), mesh)
-    kv_split = math.prod(math.prod(mesh.shape[a] for a in ((x,) if isinstance(x, str) else x))
-                         for x in kv_spec if x is not None)
-    # the static sampler's slots: a windowed layer keeps a ring of min(W, P + T) (rl_models.rings)
-    kv_slots = sum(min(w, seq) for w, kind in zip(layer_windows(config), config.kinds(), strict=True)
-                   if kind != "linear_attention")
-    kv_b = 2 * kv_slots * batch * config.num_kv_heads * config.head_dim * cbytes // kv_split
-    # the linear-attention layers' conv and recurrent state: the same bytes at any length, split over rows
-    recurrent_b = whole_model.recurrent_state_bytes(-(-batch // ways)) if config.hybrid else 0
-    windows = layer_windows(config)
-    rings = ring_spec(whole_model)
+    kv, recurrent_b = kv_query_fields(config, whole_model, rows=batch, seq=seq, mesh=mesh)  # trainer.plan.kv
     # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     held = registry.get_engine(engine_name).memory(MemoryQuery(
         rollout=rollout, graphdef=graphdef, weights=frozen_lib.join(master, frozen),
         variables=nnx.state(whole_model, nnx.Param), mesh=mesh, param_shardings=shardings.whole,
         prompts=training.prompts_per_step, samples=group, batch_size=batch, prompt_tokens=p_len, new_tokens=t_len,
-        mean_new_tokens=mean, num_kv_heads=config.num_kv_heads,
-        kv_token_bytes=2 * kv_layers * config.num_kv_heads * config.head_dim * cbytes, compute_bytes=cbytes,
-        dense_cache_bytes=kv_b + recurrent_b, compiled=sizes,
-        state_bytes=whole_model.recurrent_state_bytes if config.hybrid else None,
-        window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None,
-        # a mixed windowed/global model's windowed layers: the paged engine's window-sized rings
-        ring_token_bytes=sum(per_device(x) for x in rings) // rings[0].shape[1] if rings else 0,
-        ring_window=rings[0].shape[1] if rings else 0))
+        mean_new_tokens=mean, compiled=sizes, **kv))
     rows_per_device = max(micro // ways, 1)
     tensor = mesh.shape["tensor"]
 
@@ -256,7 +234,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         "reference": ref_b,
         "reference_saved": saved_b,
         "gradients": params_b,
-        "kv_cache": kv_b + recurrent_b,
+        "kv_cache": kv["dense_cache_bytes"],
         "recurrent_state": recurrent_b,
         "activations": activation_bytes(config),
         "loaded_model": per_device(full_stored),  # the whole model in its storage dtype, as it is loaded
