@@ -16,7 +16,7 @@ from rl_core.rollout.sampler import GREEDY, Sampler
 from rl_core.runtime import mesh as mesh_lib
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 
-HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
 def measure_on_mesh(name: str, devices: Any) -> tuple[Any, dict]:
