@@ -105,6 +105,35 @@ def test_a_ring_attends_as_a_dense_window_through_chunks_longer_than_it(slots, w
         np.testing.assert_array_equal(rings[1][0, 2, p % slots], v[p])
 
 
+def test_a_chunk_holds_a_continuing_sequence_then_fresh_ones_each_in_its_own_ring():
+    """Sequence A (row 1) prefilled 9 tokens, then a chunk of 16: A's last 6 tokens, sequence B's
+    5 (row 2, from position 0), sequence C's 3 (row 3), 2 of padding; a 4-slot ring. Each real
+    query's output is its own sequence's dense window (A's reading its ring for positions before
+    the chunk, B and C nothing of A's), and each ring ends holding its sequence's last 4 keys."""
+    window = 4
+    q, k, v = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+               enumerate([(3, L, H, DH), (3, L, K, DH), (3, L, K, DH)]))
+    want = [dense_windowed(q[s], k[s], v[s], window) for s in range(3)]
+    rings = (jnp.full((1, 4, window, K, DH), 7.0), jnp.full((1, 4, window, K, DH), 7.0))
+    step = jax.jit(ring_attention, static_argnames=("layer", "window", "sequence"))
+    first = np.arange(9)  # A alone, as a chunk of its own
+    _, rings = step(q[0][first], k[0][first], v[0][first], rings, layer=0, rows=np.full(9, 1, np.int32),
+                    positions=first.astype(np.int32), window=window, sequence=True)
+    parts = [(0, np.arange(9, 15)), (1, np.arange(5)), (2, np.arange(3))]  # (sequence, positions)
+    seq = np.concatenate([np.full(len(pos), s) for s, pos in parts] + [np.zeros(2, int)])
+    pos = np.concatenate([pos for _, pos in parts] + [np.zeros(2, int)])
+    rows = np.concatenate([np.full(len(p), s + 1) for s, p in parts] + [np.zeros(2, int)]).astype(np.int32)
+    out, rings = step(q[seq, pos], k[seq, pos], v[seq, pos], rings, layer=0, rows=rows,
+                      positions=pos.astype(np.int32), window=window, sequence=True)
+    out = np.asarray(out)
+    for i in range(14):
+        np.testing.assert_allclose(out[i], want[seq[i]][pos[i]], atol=1e-5)
+    for s, last in ((0, 15), (1, 5), (2, 3)):
+        for p in range(max(0, last - window), last):
+            np.testing.assert_array_equal(rings[0][0, s + 1, p % window], k[s, p])
+            np.testing.assert_array_equal(rings[1][0, s + 1, p % window], v[s, p])
+
+
 def test_only_a_model_mixing_windowed_and_global_layers_keeps_rings(gemma3):
     """Gemma 3's fixture: 5 windowed layers of 6 keep rings of 4 slots; a model with no window or
     a window on every layer (Mistral: its pages are freed behind the window instead) keeps none."""

@@ -127,7 +127,8 @@ def check_small_pools(engine: Any, data: Any, *, longest_prompt: int) -> None:
     got = engine.generate(reqs, SamplingParams(temperature=1.0), key)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.lengths, want.lengths)
-    np.testing.assert_allclose(got.logp, want.logp, atol=1e-6)
+    # chunks hold other prompts when the pool is scarce (rings share chunks): another summation order
+    np.testing.assert_allclose(got.logp, want.logp, rtol=1e-6, atol=1e-6)
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
 
 

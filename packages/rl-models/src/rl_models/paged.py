@@ -201,6 +201,11 @@ class TransformerPaging:
             return None
         return (paged_window.RING_AXES,) * 2
 
+    def fresh_states_share_chunks(self, model: tf.Transformer) -> bool:
+        """A mixed windowed/global model's prefill chunk may add prompts that start at position 0
+        (their rings hold nothing yet to read); a hybrid's linear-attention chunk is one sequence's."""
+        return not model.config.hybrid and paged_window.windowed_layers(model.config) is not None
+
     def kv_window(self, model: tf.Transformer) -> int | None:
         """The most key slots any layer still reads behind a query when every attention layer is
         windowed (Mistral v0.1); None when some layer reads the whole sequence."""

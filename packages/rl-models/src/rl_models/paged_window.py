@@ -12,9 +12,11 @@ The ring pool is (keys, values), each [Lw, Q, W, K, Dh] in the compute dtype; ro
 Position p of a sequence lives in slot p mod W of its row; a query at position p reads the slots
 whose last written position lies in p - window + 1 .. p (a slot's position follows from p: no
 position is stored). A call is one of the engine's two kinds (`rl_core.policy.protocols.PagedModel`):
-- `sequence=True`, a prefill chunk (one sequence's consecutive tokens, real ones first): the chunk's
-  queries read the row as it was (the positions before the chunk) and the chunk's own keys, then the
-  row keeps the last W of them; so a chunk longer than the window needs no larger ring;
+- `sequence=True`, a prefill chunk (sequences' consecutive tokens, real ones first: the first may
+  continue a sequence, those after it start at position 0, `fresh_states_share_chunks`): the first
+  sequence's queries read its row as it was (the positions before the chunk), every query the
+  chunk's own keys of its sequence; then each row keeps its sequence's last W keys; so a chunk
+  longer than the window needs no larger ring;
 - `sequence=False`, decoding (one token of each of N sequences): each token is written into its row,
   then read with the W slots before it.
 The positions fix which slots count, so a row taken over from another sequence needs no clearing
@@ -92,25 +94,29 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
     windowed layers; each query reads its last `window` positions (see the module docstring)."""
     k_ring, v_ring = rings
     w = k_ring.shape[2]
-    if sequence:  # one sequence's chunk: the row before it, then the chunk itself
-        row, first = rows[0], positions[0]
-        real = jnp.sum(rows > 0)
-        old_k, old_v = k_ring[layer, row], v_ring[layer, row]  # [W, K, Dh]
+    if sequence:  # a chunk: its first sequence's ring before it, then the chunk's own keys
+        first_row, first = rows[0], positions[0]
+        old_k, old_v = k_ring[layer, first_row], v_ring[layer, first_row]  # [W, K, Dh]
         held = held_slots(first - 1, w)  # the position each slot holds before the chunk
         keys = jnp.concatenate([old_k.astype(k.dtype), k])  # [W + N, K, Dh]
         values = jnp.concatenate([old_v.astype(v.dtype), v])
         key_pos = jnp.concatenate([held, positions])
-        key_ok = jnp.concatenate([held >= 0, jnp.arange(k.shape[0]) < real])
+        # the ring is the first sequence's; the chunk's other sequences start at position 0 (nothing
+        # to read: the scheduler adds only such prompts after the first), each keyed by its own row
+        mine = jnp.concatenate([jnp.broadcast_to(rows[0], (w,)), rows])  # [W + N]: whose each key is
+        key_ok = jnp.concatenate([held >= 0, rows > 0])
         low = positions[:, None] - window + 1
-        valid = key_ok[None] & (key_pos[None] >= low) & (key_pos[None] <= positions[:, None])
+        valid = (key_ok[None] & (mine[None] == rows[:, None]) & (key_pos[None] >= low)
+                 & (key_pos[None] <= positions[:, None]))
         out = _softmax_out(q, keys, values, valid, sinks)
-        # each slot takes the chunk's last real token that lands on it, else keeps what it held
-        last = held_slots(first + real - 1, w) - first  # [W]: its place in the chunk (negative: before it)
-        take = last >= 0
-        idx = jnp.clip(last, 0, k.shape[0] - 1)
-        new_k = jnp.where(take[:, None, None], k[idx].astype(k_ring.dtype), old_k)
-        new_v = jnp.where(take[:, None, None], v[idx].astype(v_ring.dtype), old_v)
-        return out, (k_ring.at[layer, row].set(new_k), v_ring.at[layer, row].set(new_v))
+        # each sequence's ring takes its last W tokens of the chunk (distinct slots) and keeps the rest
+        same = rows[:, None] == rows[None, :]
+        last = jnp.max(jnp.where(same, positions[None, :], -1), axis=1)  # [N]: its sequence's last position
+        kept = (rows > 0) & (positions > last - w)
+        at = jnp.where(kept, rows, 0)  # the others write scratch row 0
+        slot = jnp.mod(positions, w)
+        return out, (k_ring.at[layer, at, slot].set(k.astype(k_ring.dtype)),
+                     v_ring.at[layer, at, slot].set(v.astype(v_ring.dtype)))
     slot = jnp.mod(positions, w)
     k_ring = k_ring.at[layer, rows, slot].set(k.astype(k_ring.dtype))
     v_ring = v_ring.at[layer, rows, slot].set(v.astype(v_ring.dtype))

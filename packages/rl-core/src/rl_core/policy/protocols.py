@@ -144,6 +144,10 @@ class PagedModel(Protocol):
     the windowed layers of a model that also has global layers, Gemma 3's.)
     Optional: `state_axes(model)`, the logical axis names of each `state_spec` leaf (None: each
     replica keeps its states whole on its devices).
+    Optional: `fresh_states_share_chunks(model) -> bool`: True when a prefill chunk may hold, after
+    its first sequence, more sequences that start at position 0 (a `sequence` chunk then holds
+    several sequences' consecutive tokens, each by its own state row; rl_models' rings: yes; a
+    linear-attention state: no, one sequence a chunk).
     Optional: `forward_routed(...)`, `forward` plus the experts a mixture's routers chose; with a
     `state_spec`, it takes the same state arguments and returns (hidden, (pages, states), experts).
     """

@@ -35,7 +35,9 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
   one row per prompt prefix, running sample and retained sequence, taken and given back with their
   pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens. A model
   mixing windowed and global layers (Gemma 3) keeps its windowed layers' keys and values in those
-  rows too, a ring of W slots per sequence (rl_models.paged_window), and its global layers in pages.
+  rows too, a ring of W slots per sequence (rl_models.paged_window), and its global layers in pages;
+  its chunks may add prompts that start at position 0 after the first (the adapter's optional
+  `fresh_states_share_chunks`), so short prompts share a device call as without rings.
 - A model whose every layer is windowed (the adapter's optional `kv_window`: Mistral v0.1) gives
   back, as each sample decodes, the pages wholly behind the window of its next query (a sample
   with a session keeps its whole sequence).
@@ -189,6 +191,7 @@ class PagedBackend:
         self._state_spec: Any = None  # one sequence's recurrent state (`paging.state_spec`), None without one
         self._state_axes: Any = None  # its leaves' logical axes (`paging.state_axes`; None: whole on each replica)
         self.kv_window: int | None = None  # every layer's window (`paging.kv_window`): pages behind it are freed
+        self.fresh_share_chunks = False  # prompts starting fresh may join a state model's chunk (the adapter's)
         self.state_pools: list[PagePool] | None = None  # each replica's state rows (a model with a state)
         self.states: Any = ()
         self._refresh: Any = None
@@ -235,6 +238,9 @@ class PagedBackend:
         self._state_spec = state_spec(model, max_tokens) if callable(state_spec) else None
         state_axes = getattr(self.paging, "state_axes", None)
         self._state_axes = state_axes(model) if callable(state_axes) and self._state_spec is not None else None
+        shares = getattr(self.paging, "fresh_states_share_chunks", None)
+        # a prefill chunk may add prompts that start fresh (the adapter's; default: one sequence a chunk)
+        self.fresh_share_chunks = bool(shares(model)) if callable(shares) and self._state_spec is not None else False
         if self._state_spec is not None:
             if self.settings.state_pool_rows < 3:
                 raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "

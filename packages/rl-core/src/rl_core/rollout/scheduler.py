@@ -21,7 +21,8 @@ and prefills only past the part of it that it shares.
 A model with a recurrent state (Qwen3.5's linear-attention layers, or the window-sized key/value
 rings of a mixed windowed/global model's windowed layers: Gemma 3's) also takes state rows from
 its replica's state pool (`PagedBackend.state_pools`): a prompt holds one from its prefill's
-start (the state after its prefix; each prefill chunk then holds one prompt's tokens), each
+start (the state after its prefix; each prefill chunk then holds one prompt's tokens, or, where
+the adapter allows it (rings), after the first more prompts that start at position 0), each
 running sample one (its prompt's, copied when it starts), each retained sequence its sample's.
 Rows are freed with the pages of whoever holds them, so preemption and eviction give them back
 the same way; a new prefix leaves a row free for the first waiting sample, and with nothing
@@ -343,9 +344,12 @@ class _Replica:
             if self.prefilling is None:
                 if not self.to_prefill or len(self.ready) >= self.slots:
                     break
-                if self.rows is not None and tokens:  # a recurrent state: one prompt's tokens per chunk
-                    break
                 prompt = self.to_prefill[0]
+                # a recurrent state: one prompt's tokens per chunk, unless the adapter lets prompts that
+                # start at position 0 join it (rings with nothing to read yet)
+                if self.rows is not None and tokens and not (self.engine.fresh_share_chunks and not prompt.state
+                                                             and prompt.scheduled == 0):
+                    break
                 # a new prefix never takes what running samples or the next start need (no thrashing);
                 # it takes idle retained sequences' pages, and other waiting prompts' reused ones only
                 # when nothing else could run
