@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # the engine tests' builder
 
 from engines import paged_engine  # noqa: E402
-from rl_core.policy.tokens import left_pad  # noqa: E402
-from rl_core.rollout.backend import Requests  # noqa: E402
-from rl_core.rollout.sampler import GREEDY  # noqa: E402
+from rl_core import GREEDY  # noqa: E402
+from rl_core.policy import left_pad  # noqa: E402
+from rl_core.rollout import Requests  # noqa: E402
 from rl_models.hf import load_hf_model  # noqa: E402
 
 
