@@ -25,30 +25,21 @@ from simulated_devices import run_on_simulated_devices
 
 from rl_core.policy.logprobs import scoring_inputs
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
 from rl_models.paged_window import ring_attention, ring_spec, windowed_layers
-from engines import full_forward_greedy, paged_engine
-from state_rows import check_retained_session, check_small_pools, fuzz_engine, check_weight_switch, learner_logprobs, prompts
+from engines import full_forward_greedy
+from state_rows import (SMALL, T, check_retained_session, check_small_pools, check_weight_switch, fuzz_engine,
+                        learner_logprobs, prompts, small_engine)
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-T = 12
-SMALL = dict(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
-NO_EOS = (10_000,)  # outside the vocabulary: every completion runs T tokens
 
 
 @pytest.fixture(scope="module")
 def gemma3():
     return load_hf_model(HF / "gemma3_text")
-
-
-
-def paged(model, partial="off", **overrides) -> PagedBackend:
-    return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS, partial_rollouts=partial)
-
 
 
 # -- the ring (no engine) ---------------------------------------------------------------------
@@ -154,7 +145,7 @@ def test_paged_engine_keeps_global_pages_and_window_sized_rings(gemma3):
     pool holds one layer (the global one) at full length, the state pool 5 layers of 4 slots per
     sequence; retained sequences keep their global pages and one ring each; nothing leaks."""
     tokens, mask = prompts()
-    engine = paged(gemma3)
+    engine = small_engine(gemma3)
     handles = engine.new_sessions(4)
     out = engine.generate(Requests(tokens, mask, sessions=handles), GREEDY, jax.random.key(0))
     np.testing.assert_array_equal(out.tokens, full_forward_greedy(gemma3, tokens, mask, out.tokens))
@@ -171,7 +162,7 @@ def test_paged_engine_keeps_global_pages_and_window_sized_rings(gemma3):
 def test_sampled_logprobs_equal_the_learner_pass(gemma3):
     """Two samples a prompt, each copying its prompt's rings, at temperature 0.7."""
     tokens, mask = prompts()
-    out = paged(gemma3).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
+    out = small_engine(gemma3).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     assert len({tuple(r) for r in out.tokens}) == 8
     want = learner_logprobs(gemma3, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens, temperature=0.7)
     np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-5, rtol=1e-5)
@@ -184,12 +175,12 @@ def test_preempted_sequences_restart_from_their_prompts_rings(gemma3):
     runs at a time. The same draws as a roomy engine, the learner's log-probs, nothing leaked."""
     tokens, mask = prompts()
     assert pages_for_one(4, 14, T) <= 11 < 2 * pages_for_one(4, 14, T)
-    engine = paged(gemma3, slots=2, num_pages=12)
+    engine = small_engine(gemma3, slots=2, num_pages=12)
     out = engine.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     assert engine.preemptions > 0
-    roomy = paged(gemma3).generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
+    roomy = small_engine(gemma3).generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     np.testing.assert_array_equal(out.tokens, roomy.tokens)  # each token keyed by its completion: the same draws
-    scarce = paged(gemma3, slots=2, state_rows=3)
+    scarce = small_engine(gemma3, slots=2, state_rows=3)
     few_rows = scarce.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     np.testing.assert_array_equal(few_rows.tokens, roomy.tokens)
     want = learner_logprobs(gemma3, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens)
@@ -204,7 +195,7 @@ def test_a_retained_session_continues_from_its_held_rings(gemma3):
     engine prefills only the observation (its windowed layers reading the last 4 slots of the held
     rings) and generates what the full forward predicts; a prompt that departs from the held
     tokens is prefilled whole."""
-    check_retained_session(gemma3, paged(gemma3, max_prompt_tokens=32), atol=1e-5)
+    check_retained_session(gemma3, small_engine(gemma3, max_prompt_tokens=32), atol=1e-5)
 
 
 @pytest.mark.e2e
@@ -213,7 +204,7 @@ def test_partial_rollouts_switch_weights_mid_rollout(gemma3, mode):
     """New weights published after call 2: the tokens before are the old weights' alone; with
     `recompute` the tokens after are the new weights' own forward (every ring and page recomputed
     from the tokens), with `continue` they differ from it (the old weights' keys stay)."""
-    check_weight_switch(gemma3, lambda model, mode: paged(model, partial=mode), mode, atol=1e-5)
+    check_weight_switch(gemma3, lambda model, mode: small_engine(model, partial=mode), mode, atol=1e-5)
 
 
 @pytest.mark.e2e
@@ -224,7 +215,7 @@ def test_a_mixed_mixture_of_experts_records_the_routing_that_sampled_each_token(
     model = load_hf_model(HF / "gpt_oss")
     assert windowed_layers(model.config) == (True, False, True, False)
     tokens, mask = prompts()
-    engine = paged(model)
+    engine = small_engine(model)
     out = engine.generate(Requests(tokens, mask), SamplingParams(temperature=1.0), jax.random.key(3))
     routing = np.asarray(out.routing)
     assert routing.shape == (4, T, 4, 2)  # [rows, tokens, layers, top k]
@@ -238,7 +229,7 @@ def test_a_mixed_mixture_of_experts_records_the_routing_that_sampled_each_token(
 @pytest.fixture(scope="module")
 def fuzzed(gemma3):
     """One engine for every example (state_rows.fuzz_engine)."""
-    return fuzz_engine(gemma3, SMALL)
+    return fuzz_engine(gemma3)
 
 
 @pytest.mark.e2e

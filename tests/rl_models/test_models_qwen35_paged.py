@@ -23,28 +23,19 @@ from hypothesis import strategies as st
 from simulated_devices import run_on_simulated_devices
 
 from rl_core.rollout.backend import Requests
-from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.rollout.static import StaticBackend
 from rl_models.hf import load_hf_model
-from engines import full_forward_greedy, paged_engine
-from state_rows import check_retained_session, check_small_pools, fuzz_engine, check_weight_switch, learner_logprobs, prompts
+from engines import full_forward_greedy
+from state_rows import (NO_EOS, SMALL, T, check_retained_session, check_small_pools, check_weight_switch, fuzz_engine,
+                        learner_logprobs, prompts, small_engine)
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-T = 12
-SMALL = dict(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
-NO_EOS = (10_000,)  # outside the vocabulary: every completion runs T tokens
 
 
 @pytest.fixture(scope="module")
 def qwen35():
     return load_hf_model(HF / "qwen35")
-
-
-
-def paged(model, partial="off", **overrides) -> PagedBackend:
-    return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS, partial_rollouts=partial)
-
 
 
 def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwen35):
@@ -78,7 +69,7 @@ def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwe
 @pytest.mark.e2e
 def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(qwen35):
     tokens, mask = prompts()
-    engine = paged(qwen35)
+    engine = small_engine(qwen35)
     out = engine.generate(Requests(tokens, mask), GREEDY, jax.random.key(0))
     np.testing.assert_array_equal(out.tokens, full_forward_greedy(qwen35, tokens, mask, out.tokens))
     graphdef, state = nnx.split(qwen35)
@@ -96,7 +87,7 @@ def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(
 def test_sampled_logprobs_equal_the_learner_pass(qwen35):
     """Two samples a prompt, each copying its prompt's state, at temperature 0.7."""
     tokens, mask = prompts()
-    out = paged(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
+    out = small_engine(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     assert len({tuple(r) for r in out.tokens}) == 8
     want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens, temperature=0.7)
     np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-4)
@@ -107,12 +98,12 @@ def test_preempted_sequences_restart_from_their_prompts_state(qwen35):
     """A pool of 12 pages for two slots: samples are preempted (their rows freed) and restarted;
     and a state pool of 3 rows (a prompt's and one sample's): one sample runs at a time."""
     tokens, mask = prompts()
-    engine = paged(qwen35, slots=2, num_pages=12)
+    engine = small_engine(qwen35, slots=2, num_pages=12)
     out = engine.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     assert engine.preemptions > 0
-    roomy = paged(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
+    roomy = small_engine(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     np.testing.assert_array_equal(out.tokens, roomy.tokens)  # each token keyed by its completion: the same draws
-    scarce = paged(qwen35, slots=2, state_rows=3)
+    scarce = small_engine(qwen35, slots=2, state_rows=3)
     np.testing.assert_array_equal(
         scarce.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2)).tokens, roomy.tokens)
     want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens)
@@ -124,7 +115,7 @@ def test_a_retained_session_continues_from_its_held_state(qwen35):
     """Turn 2 sends turn 1's prompt, its completion and an observation under the same handles: the
     engine prefills only the observation (from the held pages and state row) and generates what
     the full forward predicts; a prompt that departs from the held tokens is prefilled whole."""
-    check_retained_session(qwen35, paged(qwen35, max_prompt_tokens=32), atol=1e-4)
+    check_retained_session(qwen35, small_engine(qwen35, max_prompt_tokens=32), atol=1e-4)
 
 
 @pytest.mark.e2e
@@ -133,13 +124,13 @@ def test_partial_rollouts_switch_weights_mid_rollout(qwen35, mode):
     """New weights published after call 2: the tokens before are the old weights' alone; with
     `recompute` the tokens after are the new weights' own forward (every state and key recomputed
     from the tokens), with `continue` they differ from it (the old weights' states continue)."""
-    check_weight_switch(qwen35, lambda model, mode: paged(model, partial=mode), mode, atol=1e-4)
+    check_weight_switch(qwen35, lambda model, mode: small_engine(model, partial=mode), mode, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
 def fuzzed(qwen35):
     """One engine for every example (state_rows.fuzz_engine)."""
-    return fuzz_engine(qwen35, SMALL)
+    return fuzz_engine(qwen35)
 
 
 @pytest.mark.e2e

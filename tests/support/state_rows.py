@@ -18,6 +18,18 @@ from rl_core.rollout.sampler import GREEDY, SamplingParams
 from engines import full_forward_greedy, paged_engine
 
 
+T = 12
+"""New tokens a completion takes."""
+SMALL = dict(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3)
+"""A small engine: 4-token pages, 3 slots, 8-token prefill chunks."""
+NO_EOS = (10_000,)  # outside the vocabulary: every completion runs T tokens
+
+
+def small_engine(model: Any, partial: str = "off", **overrides: Any) -> Any:
+    """A paged engine of SMALL (with `overrides`) holding `model`, no EOS, partial rollouts `partial`."""
+    return paged_engine(model, SMALL | overrides, eos_ids=NO_EOS, partial_rollouts=partial)
+
+
 def prompts(lengths=(3, 14, 9, 1), seed=0) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded random prompts (tokens 3..299) of `lengths`, 16 slots wide."""
     rng = np.random.default_rng(seed)
@@ -132,7 +144,7 @@ def check_small_pools(engine: Any, data: Any, *, longest_prompt: int) -> None:
     assert engine.pools[0].in_use == 0 and engine.state_pools[0].in_use == 0
 
 
-def fuzz_engine(model: Any, settings: dict[str, Any]) -> Any:
-    """One engine for every example of `check_small_pools` (its programs compiled once): `settings`
-    with 2 slots and 8 new tokens; EOS is 14 of the ids (6..19), so completions end at mixed lengths."""
-    return paged_engine(model, settings | dict(max_new_tokens=8, slots=2), eos_ids=tuple(range(6, 20)))
+def fuzz_engine(model: Any) -> Any:
+    """One engine for every example of `check_small_pools` (its programs compiled once): SMALL with
+    2 slots and 8 new tokens; EOS is 14 of the ids (6..19), so completions end at mixed lengths."""
+    return paged_engine(model, SMALL | dict(max_new_tokens=8, slots=2), eos_ids=tuple(range(6, 20)))
