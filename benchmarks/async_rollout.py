@@ -53,8 +53,8 @@ class WholeCollection(GRPOLearner):
     """GRPO with its collection never cut: scored on the rollout thread and waited for within
     the step that started it, at any k (how every collection ran before the cut)."""
 
-    def collection(self) -> Collection:
-        return Collection(self.collect)
+    def _collection(self) -> Collection:
+        return Collection(self._collect)
 
 
 def run(mode: int | str, args: argparse.Namespace) -> dict[str, float]:

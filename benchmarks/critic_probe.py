@@ -41,8 +41,7 @@ CHECKPOINTS = (50, 200, 1000)
 def rollouts(learner, base, prompts, rep: int) -> dict[str, np.ndarray]:
     """One held-out set: token mask, rewards, the critic's values and the probe's inputs [B, T, D + 3]."""
     key = jax.random.fold_in(jax.random.PRNGKey(HELDOUT_SEED + 1 + rep), learner.step)
-    groups = learner.score(learner.rollout_groups(prompts, key=key))
-    example = learner.to_example(groups, np.zeros(len(groups.rewards), np.float32))
+    groups, example = learner.heldout_rollouts(prompts, key)
     p, t = example.prompt_tokens.shape[1], example.completion_tokens.shape[1]
     positions, mask = sequence_inputs(jnp.asarray(example.prompt_mask), t)
     tokens = jnp.concatenate([jnp.asarray(example.prompt_tokens), jnp.asarray(example.completion_tokens)], axis=1)

@@ -143,8 +143,8 @@ MUTATIONS = [
       '        tensors[f"{stem}.lora_B.weight"] = np.zeros_like(b.T)',
       "tests/trainer/test_trainer_lora.py", "-k", "merged or qlora"),
     m("checkpoint-holds-the-base", f"{CORE}/learner/base.py",
-      "        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))",
-      '        self.recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.policy.frozen}, '
+      "        self._recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))",
+      '        self._recorder.save(self.step, arrays={**state_arrays(self._state), "frozen": self.policy.frozen}, '
       "meta=state_meta(self._state))",
       "tests/trainer/test_trainer_lora.py", "-k", "checkpoints"),
     # -- metric sinks -----------------------------------------------------------------------

@@ -66,12 +66,12 @@ def heldout(learner, prompts) -> dict[str, float]:
     """The critic's fit (the learner's own metric) and the ceiling on the same rollouts."""
     critic = learner.heldout_metrics(prompts)["eval/critic_explained_variance"]
     key = jax.random.fold_in(jax.random.PRNGKey(HELDOUT_SEED), learner.step)  # the rollouts it used
-    groups = learner.score(learner.rollout_groups(prompts, key=key))
+    groups, example = learner.heldout_rollouts(prompts, key)
     mask = groups.completion_mask
     returns = groups.rewards[:, None] * mask  # gamma = 1: the sequence reward at every token
     values = knowing_critic([p.text for p in groups.prompts], list(groups.texts), groups.rewards, mask)
     ceiling = float(explained_variance(values, returns, mask))
-    ours = learner.critic_values(learner.to_example(groups, np.zeros(len(groups.rewards), np.float32)))
+    ours = learner.critic_values(example)
     return {"critic_ev": round(float(critic), 3), "ceiling_ev": round(ceiling, 3),
             "sampled_accuracy": round(float(groups.rewards.mean()), 3),
             "left_critic": left_by_position(ours, returns, mask),

@@ -50,8 +50,8 @@ def digit_fraction(prompts, completions, **_):
 class MeasuredGRPO(GRPOLearner):
     """GRPO that also logs the share of real tokens whose trainer/engine ratio leaves the clip range."""
 
-    def examples_from(self, groups: Groups) -> StepBatch:
-        batch = super().examples_from(groups)
+    def _examples_from(self, groups: Groups) -> StepBatch:
+        batch = super()._examples_from(groups)
         ex = batch.example
         real = np.asarray(ex.completion_mask) > 0
         gap = (np.asarray(ex.old_logp) - np.asarray(ex.sampler_logp))[real]

@@ -120,11 +120,11 @@ def test_async_equals_a_synchronous_run_sampling_with_weights_k_steps_older(cls,
     assert tree_max_abs_diff(run.params, ref.params) == 0.0
     assert tree_max_abs_diff(run.params, ref.weights[0]) > 1e-3  # the runs learned something
     if cls is DAPOLearner:  # the reference carried groups and resampled: the path was exercised
-        assert any(m["dapo/groups_carried_in"] > 0 for m in ref.recorder.history)
-        assert any(m["dapo/gen_rounds"] > 2 for m in ref.recorder.history)
+        assert any(m["dapo/groups_carried_in"] > 0 for m in ref._recorder.history)
+        assert any(m["dapo/gen_rounds"] > 2 for m in ref._recorder.history)
         # rows carried out of an earlier collection keep its (older) version
-        assert any(m["rollout/version_min"] < m["rollout/version_max"] for m in run.recorder.history)
-    for m in run.recorder.history:  # no row newer than the weights pinned for the batch; GRPO's rows all theirs
+        assert any(m["rollout/version_min"] < m["rollout/version_max"] for m in run._recorder.history)
+    for m in run._recorder.history:  # no row newer than the weights pinned for the batch; GRPO's rows all theirs
         assert m["rollout/version_max"] <= m["async/sampled_version"]
         assert cls is DAPOLearner or m["rollout/version_min"] == m["async/sampled_version"]
     # the batches in flight were sampled by the weights of steps STEPS-k .. STEPS-1, oldest first
@@ -175,7 +175,7 @@ def test_a_run_stopped_with_batches_in_flight_resumes_to_the_same_result(tmp_pat
     resumed.train()
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
-    assert [untimed(m) for m in resumed.recorder.history] == [untimed(m) for m in straight.recorder.history]
+    assert [untimed(m) for m in resumed._recorder.history] == [untimed(m) for m in straight._recorder.history]
 
 
 def test_a_synchronous_resume_of_an_async_checkpoint_trains_on_the_batches_in_flight(tmp_path, k=2):
@@ -223,10 +223,10 @@ def test_scoring_of_the_next_batch_runs_during_the_update():
                 return super()._update(example)
             return traced("update", super()._update, example, pause=1.0)
 
-        def score(self, groups, draw=None):
+        def _score(self, groups, draw=None):
             if self.tracing:
-                return traced("score", super().score, groups, draw)
-            return super().score(groups, draw)
+                return traced("score", super()._score, groups, draw)
+            return super()._score(groups, draw)
 
     run = make(Traced, GRPO, reward_delay=0.2)
     run.train_step()  # step 1 collects its own batch first
@@ -294,7 +294,7 @@ def test_async_without_a_correction_uses_token_tis_at_two():
     default = make(GRPOLearner, dataclasses.replace(GRPO, tis_cap=None, rollout_correction=RolloutCorrection()),
                    num_steps=2)
     explicit = make(GRPOLearner, GRPO, num_steps=2)
-    assert resolve_correction(default.config) == RolloutCorrection.token_tis(2.0) and default._passes.proximal
+    assert resolve_correction(default._config) == RolloutCorrection.token_tis(2.0) and default._passes.proximal
     for _ in range(2):
         got, want = default.train_step(), explicit.train_step()
         for name in ("train/loss", "drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/offpolicy_logp_abs_mean"):
@@ -308,10 +308,10 @@ def test_async_without_a_correction_uses_token_tis_at_two():
 
 def test_a_failing_collection_stops_the_step_with_its_error():
     class Broken(GRPOLearner):
-        def collect(self, prompts, supply):  # collections after the first step's fail
+        def _collect(self, prompts, supply):  # collections after the first step's fail
             if self.step >= 1:
                 raise RuntimeError("the reward sandbox is down")
-            return super().collect(prompts, supply)
+            return super()._collect(prompts, supply)
 
     run = make(Broken, GRPO)
     run.train_step()

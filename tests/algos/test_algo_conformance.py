@@ -39,7 +39,7 @@ from rl_core.testing import tree_max_abs_diff
 from rl_core.train.behaviour import LogprobPasses
 from rl_core.train.objective import policy_loss_function
 from rl_core.types import TrainExample
-from rl_core.testing import make_groups, train_counting_compiles
+from rl_core.testing import make_groups, stage, train_counting_compiles
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
@@ -105,7 +105,7 @@ def fresh(name: str, config_overrides=None, **training):
         algorithm, config, learner = build(name, config_overrides, **training)
         _BUILT[key] = (algorithm, config, learner, _copy_state(learner.state))
     algorithm, config, learner, initial = _BUILT[key]
-    learner.replace_state(_copy_state(initial))  # the update donates its state's buffers
+    stage(learner, _copy_state(initial))  # the update donates its state's buffers
     return algorithm, config, learner
 
 
@@ -238,7 +238,7 @@ def toy_losses():
                 (loss, out), grads = jax.value_and_grad(loss_of, has_aux=True)(p, base)
                 return loss, grads, out, loss_of(p, rows)[0], loss_of(p, left)[0]
 
-            cache[name] = (learner.config, jax.device_get(check(params)))
+            cache[name] = (learner._config, jax.device_get(check(params)))
         return cache[name]
 
     return get
@@ -334,7 +334,7 @@ def test_the_plan_check_tells_sapos_gate_from_the_registered_function():
     trainer plan did) gives SAPO the gate at sapo_loss's default temperatures, another loss.
     At ratio 1 the gate's value is -2A / tau: tau_pos 2 halves the positive rows' terms."""
     learner, passes, _, trained = planned_and_trained("sapo")
-    registered = policy_loss_function(learner.config, learner.rollout, beta=passes.loss_beta)
+    registered = policy_loss_function(learner._config, learner.rollout, beta=passes.loss_beta)
     assert float(loss_on_toy(registered).total) != pytest.approx(float(loss_on_toy(trained).total), rel=1e-3)
 
 
@@ -369,9 +369,9 @@ def test_rewards_the_baseline_explains_give_zero_advantages(run):
         groups = make_groups(
             PROMPTS[:3], rewards_, group_size=G, completion_tokens=np.full((rows, T), 5), lengths=[2] * rows
         )
-        adv = np.asarray(learner.compute_advantages(groups))
+        adv = np.asarray(learner._compute_advantages(groups))
         assert adv.shape == (rows,) and np.array_equal(adv, np.zeros(rows, np.float32))
-        example = learner.to_example(groups, adv)
+        example = learner._to_example(groups, adv)
         assert np.array_equal(np.asarray(example.advantages), np.zeros(rows, np.float32))
         return
     # rewards 1, 0, 0.1 and 5 at the last token of rows of 2, 3, 1 and 0 tokens; with gamma = 1
@@ -467,7 +467,7 @@ def identical_groups(learner, num_groups: int) -> TrainExample:
     )
     prompt = np.asarray([[TOK.bos_id, *TOK.encode("1+2=")]] * rows, np.int32)
     # advantages, arrays and log-probs (and whatever else the algorithm's update needs)
-    return learner.example_from_groups(dataclasses.replace(groups, prompt_tokens=prompt))
+    return learner._example_from_groups(dataclasses.replace(groups, prompt_tokens=prompt))
 
 
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
@@ -498,7 +498,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     assert collected.old_logp is None
     recorded = learner._behaviour_logprobs(collected.prompt_tokens, collected.prompt_mask, collected.completion_tokens)
     learner.update_models(collected)  # ... the policy moves, then the rows come back as if carried
-    carried = learner.add_logprobs(collected._replace(old_logp=recorded))
+    carried = learner._add_logprobs(collected._replace(old_logp=recorded))
     np.testing.assert_array_equal(np.asarray(carried.old_logp), recorded)
     new, _ = learner._logprob_pass(learner.params, carried)
     mask = np.asarray(carried.completion_mask) > 0
@@ -506,7 +506,7 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     assert np.abs(ratio - 1).min() > 1e-3 and ratio.size == rows * 3
     # The update reports its policy loss's own ratio against the recorded log-probs: the token
     # ratio, or for a sequence-level loss (GSPO) each sequence's geometric mean of its token ratios.
-    config = learner.config
+    config = learner._config
     _, aux = registry.get("policy_loss", config.policy_loss)(
         new, recorded, carried.advantages, carried.completion_mask,
         eps_low=config.epsilon_low, eps_high=config.epsilon_high, dual_clip=None,

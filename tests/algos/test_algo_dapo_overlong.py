@@ -105,7 +105,7 @@ def test_learner_adds_overlong_shaping_to_a_plain_manager_and_scores_token_lengt
         lengths=[16, 18, 20, 5],
         texts=["", "", "", "x" * 50],  # characters would say otherwise
     )
-    scored = learner.score(groups)
+    scored = learner._score(groups)
     assert manager.names == ("never_correct",)  # the caller's manager is unchanged
     assert learner.reward_manager.names == ("never_correct", "overlong_penalty")
     np.testing.assert_array_equal(scored.rewards, np.asarray([0.0, -0.5, -1.0, 0.0], np.float32))

@@ -1,6 +1,6 @@
 """DAPO dynamic sampling against a scripted rollout.
 
-`ScriptedDAPO.rollout_groups` replays a script: one list of group kinds per
+`ScriptedDAPO._rollout_groups` replays a script: one list of group kinds per
 generation round, I = informative (rewards [1, 0]), U = all ones, Z = all
 zeros, L = all wrong with the second completion overlong (length L_max, so
 DAPO's own overlong penalty gives it -1: totals [0, -1]). Every group gets a serial id written into its completion tokens and
@@ -25,7 +25,7 @@ from rl_core import Groups
 from rl_core.learner import carry_from_json, carry_to_json
 from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
-from rl_core.testing import BagPolicy, make_groups
+from rl_core.testing import BagPolicy, make_groups, stage
 
 OFF = RolloutCorrection(mode="off")
 
@@ -52,7 +52,7 @@ class ScriptedDAPO(DAPOLearner):
         self.next_id = first_id
         self.batches = []
 
-    def rollout_groups(self, prompts, draw=None):
+    def _rollout_groups(self, prompts, draw=None):
         assert self.script, "more generation rounds than scripted"
         kinds = self.script.pop(0)
         assert len(kinds) == len(prompts)
@@ -68,8 +68,8 @@ class ScriptedDAPO(DAPOLearner):
             texts=[f"{gid}:{r:g}" for gid, kind in zip(ids, kinds, strict=True) for r in REWARDS[kind]],
         )
 
-    def examples_from(self, groups):
-        batch = super().examples_from(groups)
+    def _examples_from(self, groups):
+        batch = super()._examples_from(groups)
         self.batches.append(batch)
         return batch
 
@@ -181,7 +181,7 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
 
     resumed = make(script=[[U, I]], first_id=4)
     # the parameters after step 1's update, and the carry as a checkpoint holds it
-    resumed.replace_state(params=learner.params, carry=carry_from_json({"carry": carry}, Groups))
+    stage(resumed, params=learner.params, carry=carry_from_json({"carry": carry}, Groups))
     example = resumed.produce_examples(resumed.supply().stream.next(2)).example
     assert group_ids(resumed.batches[-1]) == [3, 5]
     np.testing.assert_array_equal(np.asarray(example.old_logp)[:G], recorded)  # kept, not recomputed
@@ -202,7 +202,7 @@ def test_carry_over_survives_a_json_checkpoint():
     state = json.loads(json.dumps(carry_to_json(first.state.carry)))  # as written in a checkpoint's metadata
 
     resumed = make(script=[[U, I]], first_id=100)
-    resumed.replace_state(carry=carry_from_json(state, Groups))
+    stage(resumed, carry=carry_from_json(state, Groups))
     batch = resumed.produce_examples(resumed.supply().stream.next(2))
     # group 3 from the first learner, then group 101 (100 was uniform)
     assert group_ids(batch) == [3, 101]
@@ -213,7 +213,7 @@ def test_carry_over_survives_a_json_checkpoint():
     np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
     assert [s["completion"] for s in batch.samples[:2]] == ["3:1", "3:0"]
 
-    resumed.replace_state(carry=carry_from_json({"carry": None}, Groups))
+    stage(resumed, carry=carry_from_json({"carry": None}, Groups))
     assert carry_to_json(resumed.state.carry) == {"carry": None}
 
 

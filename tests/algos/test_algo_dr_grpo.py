@@ -130,7 +130,7 @@ def test_nan_reward_inside_a_group_names_the_function():
         texts=["2", "3", "bad", "4"],  # the NaN is the first completion of the second group
     )
     with pytest.raises(rewards.RewardError, match="_nan_on_bad") as info:
-        learner.score(groups)
+        learner._score(groups)
     assert info.value.function == "_nan_on_bad"
     assert info.value.index == 2
     assert "bad" in str(info.value)

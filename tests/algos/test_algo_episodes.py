@@ -79,10 +79,7 @@ def test_an_algorithm_trains_on_episodes():
 def test_a_run_with_episodes_resumes_exactly(tmp_path):
     """DAPO carries surplus episode groups (with their records) through the checkpoint."""
     a = build("dapo", tmp_path / "run")
-    for _ in range(3):
-        a.train_step()
-    a.save_checkpoint()
-    a.recorder.checkpointer.wait()
+    a.train(3)  # three steps, then the checkpoint (on disk when train returns)
     carried = carry_to_json(a.state.carry)
     assert carried["carry"]["row_fields"]["episode"]  # surplus episodes, records and all, in the checkpoint
     want = [a.train_step() for _ in range(2)]

@@ -61,7 +61,7 @@ def test_the_learner_passes_every_functions_scores_and_weights():
     groups = make_groups([Prompt("1+1=", {}), Prompt("1+2=", {})], correct + 0.5 * length, group_size=G,
                          completion_tokens=np.full((8, 4), 5), lengths=[4] * 8)  # fmt: skip
     groups = dataclasses.replace(groups, reward_scores={"numeric_answer": correct, "digit_fraction": length})
-    got = learner.compute_advantages(groups)
+    got = learner._compute_advantages(groups)
     expected = gdpo_advantages(jnp.asarray(groups.rewards), G, scores=jnp.asarray(np.stack([correct, length])),
                                weights=jnp.asarray([1.0, 0.5]))  # fmt: skip
     np.testing.assert_allclose(got, np.asarray(expected), atol=1e-6)
@@ -69,7 +69,7 @@ def test_the_learner_passes_every_functions_scores_and_weights():
     assert not np.allclose(got, np.asarray(gdpo_advantages(jnp.asarray(groups.rewards), G)), atol=1e-3)
     # groups without per-function scores: the total is the one reward
     bare = dataclasses.replace(groups, reward_scores={})
-    np.testing.assert_allclose(learner.compute_advantages(bare), gdpo_advantages(jnp.asarray(groups.rewards), G),
+    np.testing.assert_allclose(learner._compute_advantages(bare), gdpo_advantages(jnp.asarray(groups.rewards), G),
                                atol=1e-6)  # fmt: skip
 
 

@@ -109,7 +109,7 @@ def fixed_batch(cls):
     """`cls` with group sampling replaced by the fixed groups above."""
 
     class Fixed(cls):
-        def sample_groups(self, prompts, supply, draw=None):
+        def _sample_groups(self, prompts, supply, draw=None):
             return FIXED, supply
 
     return Fixed
@@ -266,8 +266,7 @@ def test_the_reward_audits_streaks_are_in_the_state_and_survive_a_resume(tmp_pat
     on.train_step()
     # numeric_answer pays nothing to the untrained policy: constant within every group, 2 steps running
     assert on.state.audit == auditors[0].state_json() and on.state.audit["streaks"]["numeric_answer"] == 2
-    on.save_checkpoint()
-    on.recorder.wait()  # checkpoints are written in the background
+    on.train(on.step)  # no step left to run: the checkpoint, on disk when train returns
     resumed = learner(tmp_path / "on")
     assert resumed.resume(log=lambda line: None)
     assert auditors[1].state_json() == on.state.audit == resumed.state.audit  # the streak of 2 included

@@ -46,7 +46,7 @@ class RecordingGRPO(GRPOLearner):
         super().__init__(*args, **kwargs)
         # the plain base as a model of its own (never trained), so that its log-prob pass is
         # the learner's program on other parameters
-        self.base = TrainableModel(base, name="base", optimizer=optax.sgd(0.0), loss=self.loss_function,
+        self.base = TrainableModel(base, name="base", optimizer=optax.sgd(0.0), loss=self._loss_function,
                                    layout=self.layout)
         chunk = self.rollout.logprob_chunk_tokens
         fn = functools.partial(completion_logprobs, temperature=self.rollout.temperature, chunk_tokens=chunk)

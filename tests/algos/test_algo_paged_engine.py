@@ -54,7 +54,7 @@ def test_learner_trains_with_the_paged_engine(cls, config):
     assert all(pool.in_use == 0 for pool in paged.generator.backend.pools)
     # completions are stamped with the weights' version: the step whose parameters made them
     tokens, mask = paged.generator.encode(PROMPTS[:2])
-    assert set(np.asarray(paged.generate(tokens, mask, num_samples=2).version)) == {2}
+    assert set(np.asarray(paged._generate(tokens, mask, num_samples=2).version)) == {2}
 
 
 def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
@@ -62,8 +62,8 @@ def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
     paged, static = learner(GRPOLearner, config, "paged"), learner(GRPOLearner, config, "static")
     assert isinstance(static.generator.backend, StaticBackend)
     tokens, mask = paged.generator.encode(PROMPTS[:4])
-    a = paged.generate(tokens, mask, GREEDY, num_samples=2)
-    b = static.generate(tokens, mask, GREEDY, num_samples=2)
+    a = paged._generate(tokens, mask, GREEDY, num_samples=2)
+    b = static._generate(tokens, mask, GREEDY, num_samples=2)
     np.testing.assert_array_equal(a.tokens, np.asarray(b.tokens))
     np.testing.assert_allclose(a.logp, np.asarray(b.logp), atol=1e-5)
 

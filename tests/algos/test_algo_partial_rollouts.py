@@ -121,8 +121,8 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
     resumed.close()
     assert tree_max_abs_diff(resumed.params, straight.params) == 0.0
     untimed = lambda h: [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in h]  # noqa: E731
-    assert untimed(resumed.recorder.history[-2:]) == untimed(history[2:])
-    assert [m["step"] for m in resumed.recorder.history[-2:]] == [3, 4]
+    assert untimed(resumed._recorder.history[-2:]) == untimed(history[2:])
+    assert [m["step"] for m in resumed._recorder.history[-2:]] == [3, 4]
 
 
 def test_partial_rollouts_need_async_rollouts_and_the_paged_engine():

@@ -18,6 +18,7 @@ from rl_core.config import ConfigError, RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner import state_arrays
 from rl_core.math.returns import gae, token_rewards, whiten
+from rl_core.testing import stage
 from rl_models import (
     CharTokenizer,
     Transformer,
@@ -76,9 +77,9 @@ def run(tmp_path_factory):
     history = []
     for _ in range(3):
         history.append(learner.train_step())
-        learner.save_checkpoint()
+        learner.train(learner.step)  # no step left to run: the checkpoint
         snapshots.append(states(learner))
-    learner.recorder.wait()
+    learner._recorder.wait()
     return {"learner": learner, "folder": folder, "snapshots": snapshots, "history": history}
 
 
@@ -139,7 +140,7 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
 
     def update(name):
         state, _ = learner.models[name].update(learner.state.models[name], mini)
-        learner.replace_state(learner.state.with_model(name, state))
+        stage(learner, learner.state.with_model(name, state))
 
     before = states(learner)
     update("critic")  # the critic's gradient reaches only the critic ...
@@ -152,8 +153,8 @@ def test_an_update_of_one_model_leaves_the_other_untouched(run):
 
 def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
     learner = run["learner"]
-    groups = learner.score(learner.rollout_groups(learner.supply().stream.next(4)))
-    example = learner.example_from_groups(groups)
+    groups = learner._score(learner._rollout_groups(learner.supply().stream.next(4)))
+    example = learner._example_from_groups(groups)
     assert example.old_logp is not None and example.ref_logp is not None  # the KL penalty reads both
     mask = example.completion_mask
     np.testing.assert_allclose(example.values, learner.critic_values(example), atol=0)
@@ -224,16 +225,16 @@ def test_a_lora_critic_trains_adapters_and_head_over_the_policys_frozen_base():
 def test_environment_turn_rewards_go_on_each_turns_last_token(run):
     """Episodes: the environment's per-turn rewards join the task's reward as token rewards."""
     learner = run["learner"]
-    groups = learner.score(learner.rollout_groups(learner.supply().stream.next(2)))
+    groups = learner._score(learner._rollout_groups(learner.supply().stream.next(2)))
     t = groups.completion_mask.shape[1]
     episodes = tuple({"rewards": [0.5, -0.25], "turn_ends": [1, 3]} for _ in range(len(groups.rewards)))
     with_turns = dataclasses.replace(groups, row_fields={"episode": episodes})
-    turns = learner.turn_rewards(with_turns)
+    turns = learner._turn_rewards(with_turns)
     want = np.zeros((len(groups.rewards), t), np.float32)
     want[:, 1], want[:, 3] = 0.5, -0.25
     np.testing.assert_array_equal(turns, want)
-    np.testing.assert_array_equal(learner.turn_rewards(groups), 0.0)  # no episodes: nothing added
-    example = learner.example_from_groups(with_turns)
+    np.testing.assert_array_equal(learner._turn_rewards(groups), 0.0)  # no episodes: nothing added
+    example = learner._example_from_groups(with_turns)
     mask = example.completion_mask
     kl = np.asarray(example.old_logp) - np.asarray(example.ref_logp)
     rewards_ = token_rewards(groups.rewards, mask, kl=kl, beta=0.05) + want * (np.asarray(mask) > 0)

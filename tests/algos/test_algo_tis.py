@@ -19,7 +19,7 @@ from rl_core.data import Prompt
 from rl_core.correction_config import resolve_correction
 from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
-from rl_core.testing import BagPolicy, MismatchedSampler
+from rl_core.testing import BagPolicy, MismatchedSampler, stage
 
 # MismatchedSampler.on_doubling's tokenizer and reward (rl_core.testing needs neither package)
 DOUBLING = {"tokenizer": rl_models.CharTokenizer(),
@@ -143,7 +143,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     divide it by the sampler's, and no separate pass runs (rl_core.train.behaviour)."""
     plain, tis = _learner(), _learner(tis_cap=2.0)
     assert not plain._passes.off_policy and not tis._passes.off_policy
-    assert not plain._passes.behaviour and not tis._passes.behaviour and resolve_correction(tis.config).on
+    assert not plain._passes.behaviour and not tis._passes.behaviour and resolve_correction(tis._config).on
     prompts = plain.supply().stream.next(2)
     assert plain.produce_examples(prompts).example.old_logp is None
     batch = tis.produce_examples(prompts)
@@ -183,7 +183,7 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     assert example.old_logp is None
     (fast,) = learner.update_models(example)["policy"]
     fast_params = jax.tree.map(np.asarray, learner.params)
-    learner.replace_state(initial)
+    stage(learner, initial)
     (recomputed,) = learner.update_models(example._replace(old_logp=learner.last_old_logp))["policy"]
     for name in ("drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/mismatch_logp_abs_mean"):
         total, count = fast["means"][name]

@@ -94,7 +94,7 @@ def learner():
 
 def test_the_learner_trains_segments_with_their_episode_advantage_normalised_over_episodes(learner):
     groups = groups_with_segments()
-    example = learner.example_from_groups(groups)
+    example = learner._example_from_groups(groups)
     # GRPO over the episodes: group 0 rewards (1, 0, 0, 0): mean 0.25, std (ddof 1) sqrt(0.75 / 3) = 0.5,
     # A = (1.5, -0.5, -0.5, -0.5); group 1 (1, 1, 0, 1): mean 0.75, std 0.5, A = (0.5, 0.5, -1.5, 0.5).
     # Counting the segments as members (episode 0's reward thrice...) would give group 0 a mean of 3/7.
@@ -103,7 +103,7 @@ def test_the_learner_trains_segments_with_their_episode_advantage_normalised_ove
     assert example.batch_size == learner.layout.rows_for(12) == 12
     np.testing.assert_allclose(example.advantages, [*episodes, 1.5, 1.5, -0.5, 0.5], atol=1e-5)
     np.testing.assert_array_equal(example.completion_mask[8], [1, 1, 0, 0, 1, 0])
-    batch = learner.examples_from(groups)
+    batch = learner._examples_from(groups)
     assert batch.metrics["advantages/mean"] == pytest.approx(0.0, abs=1e-6)  # the episodes' advantages alone
     assert batch.metrics["advantages/std"] == pytest.approx(float(np.std(episodes)), abs=1e-5)
     assert batch.metrics["episodes/earlier_segments"] == 4.0
@@ -122,7 +122,7 @@ def test_a_rewritten_segment_alone_moves_the_weights(learner):
     groups = groups_with_segments()
     groups = dataclasses.replace(groups, completion_mask=np.zeros_like(groups.completion_mask),
                                  segments=groups.segments.select([0]))
-    example = learner.example_from_groups(groups)
+    example = learner._example_from_groups(groups)
     assert example.batch_size == 12 and example.advantages[8:10].tolist() == pytest.approx([1.5, 1.5], abs=1e-5)
     before = jax.tree.map(np.asarray, learner.params)  # the update donates the old buffers
     learner.update_models(example)
@@ -133,11 +133,11 @@ def test_a_rewritten_segment_alone_moves_the_weights(learner):
 def test_segments_carried_to_a_later_step_keep_the_log_probs_of_the_policy_that_sampled_them(learner):
     """DAPO records a carried round's behaviour log-probs at collection: the segments' rows too, and
     the update keeps them (a pass at training time would take the later weights' instead)."""
-    groups = learner.record_behaviour_logprobs(groups_with_segments())
+    groups = learner._record_behaviour_logprobs(groups_with_segments())
     seg = groups.segments
     assert seg.old_logp.shape == (4, T) and np.isfinite(seg.old_logp).all()
     np.testing.assert_array_equal(Groups.from_json(groups.to_json()).segments.old_logp, seg.old_logp)
-    example = learner.to_example(groups, learner.compute_advantages(groups))
+    example = learner._to_example(groups, learner._compute_advantages(groups))
     expanded = expand(example, seg, 12, pad_id=0)
     np.testing.assert_array_equal(expanded.old_logp[8:12], seg.old_logp)  # kept, not NaN: no pass reruns them
     direct = learner._behaviour_logprobs(expanded.prompt_tokens[8:12], expanded.prompt_mask[8:12],

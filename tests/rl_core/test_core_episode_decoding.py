@@ -207,8 +207,8 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
         return out
 
     learner.generator.backend.generate = counting
-    groups, _ = learner.collect(PROMPTS[:2], learner.supply())
-    metrics = learner.examples_from(groups).metrics
+    groups, _ = learner._collect(PROMPTS[:2], learner.supply())
+    metrics = learner._examples_from(groups).metrics
     assert metrics["perf/generated_tokens"] == sum(returned)  # what the engine decoded
     assert metrics["perf/kept_tokens"] == groups.lengths.sum()  # what the episodes kept
     assert metrics["perf/decoded_per_kept"] == pytest.approx(sum(returned) / groups.lengths.sum())

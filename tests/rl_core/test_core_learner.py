@@ -22,7 +22,7 @@ from rl_core.data import Prompt, PromptStream
 from rl_core.learner.base import NonFiniteUpdateError, StepBatch
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.registry import get
-from rl_core.testing import ToyConfig, ToyLearner
+from rl_core.testing import ToyConfig, ToyLearner, stage
 from rl_core.types import TrainExample
 
 _spec = importlib.util.spec_from_file_location("rl_core_test_toy_run", Path(__file__).parent / "scripts" / "toy_run.py")
@@ -57,7 +57,7 @@ def hand_made_batch() -> TrainExample:
 class FixedBatchLearner(ToyLearner):
     """ToyLearner that trains on `hand_made_batch()` instead of sampling."""
 
-    def collect(self, prompts, supply):
+    def _collect(self, prompts, supply):
         return StepBatch(hand_made_batch(), {"rewards/total/mean": 0.0}), supply
 
 
@@ -181,9 +181,7 @@ def test_updates_skipped_in_a_row_count_on_across_a_resume(tmp_path):
     first = FixedBatchLearner(ToyConfig(group_size=2, inject_nan=True), policy=toy_run.policy(),
                               tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA, training=training,
                               rollout=ROLLOUT, output_dir=tmp_path)
-    first.train_step()
-    first.train_step()
-    first.save_checkpoint()
+    first.train(2)  # two steps, then the checkpoint
     first.close()
     resumed = FixedBatchLearner(ToyConfig(group_size=2, inject_nan=True), policy=toy_run.policy(),
                                 tokenizer=toy_run.TOKENIZER, train_data=toy_run.DATA, training=training,
@@ -230,7 +228,7 @@ def test_an_empty_mini_batch_touches_neither_parameters_nor_optimizer_state_nor_
 
 def test_empty_updates_are_counted_in_the_metrics():
     class EmptyTail(FixedBatchLearner):
-        def collect(self, prompts, supply):
+        def _collect(self, prompts, supply):
             batch = hand_made_batch()
             return StepBatch(batch._replace(completion_mask=batch.completion_mask.at[2:].set(0.0)), {}), supply
 
@@ -259,7 +257,7 @@ def test_compile_count_stays_constant_after_each_bucket_is_seen(engine):
     def steps(data, seed, n):
         """n steps on `data`; returns the longest prompt of each step (+1 for BOS)."""
         learner._data = PromptStream(data, seed=seed)  # a new prompt stream, from its start
-        learner.replace_state(data_position=0)
+        stage(learner, data_position=0)
         replay = PromptStream(data, seed=seed)
         lengths = [max(len(p.text) for p in replay.next(2)) + 1 for _ in range(n)]
         for _ in range(n):

@@ -458,7 +458,7 @@ def test_a_learner_with_a_mismatched_sampler_applies_each_mode(settings):
     learner = MismatchedSampler.on_doubling(
         GRPOConfig(group_size=2, beta=0.0, rollout_correction=correction), tokenizer=rl_models.CharTokenizer(),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward()]))
-    assert resolve_correction(learner.config).on and not learner._passes.behaviour  # on-policy: sg(logp) is old_logp
+    assert resolve_correction(learner._config).on and not learner._passes.behaviour  # on-policy: sg(logp) is old_logp
     metrics = learner.train_step()
     example = learner.last_example
     mask = np.asarray(example.completion_mask)

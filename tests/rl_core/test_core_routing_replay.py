@@ -255,7 +255,7 @@ def test_with_the_same_weights_the_replayed_trainer_gives_the_engines_log_probs(
     gives the engine's log-probs within 1e-5 (and 1e-5 relative), the budget the dense engines meet
     (test_core_engine_families: test_paged_engine_logprobs_equal_the_learner_pass)."""
     learner = moe_learner(engine, None)
-    groups = learner.rollout_groups(PROMPTS[:4])
+    groups = learner._rollout_groups(PROMPTS[:4])
     assert groups.routing.shape == (16, 16, 2, 2)
     logp = learner._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                       completion_mask=groups.completion_mask, routing=groups.routing)
@@ -270,7 +270,7 @@ def test_with_bfloat16_rollout_weights_replay_narrows_the_gap():
     model-level gap at bfloat16 is 4.3e-3 mean (docs/results/2026-12-04-routing-replay.md): what
     remains after replay is bfloat16 rounding through large random expert weights, not routing."""
     learner = moe_learner("paged", "bfloat16")
-    groups = learner.rollout_groups(PROMPTS[:4])
+    groups = learner._rollout_groups(PROMPTS[:4])
     replayed, own = gaps(learner, groups, groups.routing), gaps(learner, groups, None)
     assert replayed[0] < 0.75 * own[0] and replayed[1] < 0.5 * own[1], (replayed, own)
     assert replayed[2] <= own[2]

@@ -200,7 +200,7 @@ def test_with_beta_0_the_trainer_frees_the_weights_as_loaded_once_the_learner_is
 
     def count_alive_then_stop(learner, *args, **kwargs):  # the first thing after `del model, policy`
         gc.collect()
-        alive[f"{learner.config.beta}-{resolve_engine(learner.rollout)}"] = sum(r() is not None for r in loaded)
+        alive[f"{learner._config.beta}-{resolve_engine(learner.rollout)}"] = sum(r() is not None for r in loaded)
         raise Built
 
     monkeypatch.setattr(build, "new_model", recording_new_model)

@@ -63,7 +63,7 @@ def run(mesh) -> tuple[GRPOLearner, list[np.ndarray], list[list[int]], list[dict
     learner = make_learner(mesh)
     metrics = [learner.train_step() for _ in range(STEPS)]
     tokens, mask = learner.generator.encode(PROMPTS[:8])
-    greedy = np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
+    greedy = np.asarray(learner._generate(tokens, mask, GREEDY).tokens).tolist()
     return learner, [np.asarray(x) for x in jax.tree.leaves(learner.params)], greedy, metrics
 
 

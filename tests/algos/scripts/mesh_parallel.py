@@ -66,7 +66,7 @@ def params_numpy(learner) -> list[np.ndarray]:
 
 def greedy_tokens(learner) -> list[list[int]]:
     tokens, mask = learner.generator.encode(PROMPTS[:8])
-    return np.asarray(learner.generate(tokens, mask, GREEDY).tokens).tolist()
+    return np.asarray(learner._generate(tokens, mask, GREEDY).tokens).tolist()
 
 
 def run(mesh, config: TransformerConfig | None = None,

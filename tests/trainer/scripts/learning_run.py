@@ -32,7 +32,7 @@ def shuffle_training_rewards(seed: int) -> None:
     """Every pipeline learner of this process (GRPO's family and PPO) scores, then permutes the
     scores of the batch."""
     rng = np.random.default_rng(seed)
-    score = PolicyGradientLearner.score
+    score = PolicyGradientLearner._score
 
     def shuffled(self, groups, draw=None):
         groups = score(self, groups, draw)
@@ -40,7 +40,7 @@ def shuffle_training_rewards(seed: int) -> None:
         return dataclasses.replace(groups, rewards=groups.rewards[order],
                                    reward_scores={k: v[order] for k, v in groups.reward_scores.items()})
 
-    PolicyGradientLearner.score = shuffled
+    PolicyGradientLearner._score = shuffled
 
 
 def main() -> None:

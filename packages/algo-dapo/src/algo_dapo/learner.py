@@ -1,4 +1,4 @@
-"""DAPOLearner: GRPO's pipeline with dynamic sampling in `sample_groups`."""
+"""DAPOLearner: GRPO's pipeline with dynamic sampling in `_sample_groups`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class DynamicSamplingError(RuntimeError):
 class DAPOLearner(GRPOLearner):
     """Decoupled Clip and Dynamic sAmpling Policy Optimization (arXiv:2503.14476).
 
-    Overrides only group sampling (`sample_groups`): generate, drop groups whose correctness
+    Overrides only group sampling (`_sample_groups`): generate, drop groups whose correctness
     scores are all equal (all right or all wrong; `filter_reward` chooses the
     scores), keep generating from new prompts (drawn from the supply) until B
     informative groups exist, and carry the surplus over to the next step (the
@@ -37,17 +37,17 @@ class DAPOLearner(GRPOLearner):
         self.filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
 
-    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
-        if not self.config.dynamic_sampling:
-            return super().sample_groups(prompts, supply, draw)
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
+        if not self._config.dynamic_sampling:
+            return super()._sample_groups(prompts, supply, draw)
         want, carry = len(prompts), supply.carry
         parts = [carry] if carry is not None else []
         carried_in = carry.num_groups if carry is not None else 0
         kept, rounds, sampled, uniform = carried_in, 0, 0, 0
         last: Groups | None = None
         while kept < want:
-            if rounds == self.config.max_gen_batches:
-                if self.config.on_max_gen_batches == "raise":
+            if rounds == self._config.max_gen_batches:
+                if self._config.on_max_gen_batches == "raise":
                     raise DynamicSamplingError(
                         f"step {self.step + 1}: only {kept} of {want} groups were informative after "
                         f"max_gen_batches={rounds} generation rounds ({uniform} of {sampled} sampled groups had "
@@ -59,7 +59,7 @@ class DAPOLearner(GRPOLearner):
                 batch = prompts
             else:
                 batch, supply = supply.draw(want)
-            last = self.score(self.rollout_groups(batch, draw), draw)
+            last = self._score(self._rollout_groups(batch, draw), draw)
             rounds += 1
             is_uniform = last.uniform(self.filter_by)
             sampled += last.num_groups
@@ -67,7 +67,7 @@ class DAPOLearner(GRPOLearner):
             if kept + int((~is_uniform).sum()) > want:
                 # a surplus is carried to the next step: record the log-probs of the policy that
                 # sampled it now, for the whole round (one fixed shape, no new compilation)
-                last = self.record_behaviour_logprobs(last)
+                last = self._record_behaviour_logprobs(last)
             informative = last.select(np.flatnonzero(~is_uniform))
             parts.append(informative)
             kept += informative.num_groups
@@ -103,11 +103,11 @@ class DAPOLearner(GRPOLearner):
         parts = [filler] if informative is last else [informative, filler]
         return concat(parts, pad_id=self.tokenizer.pad_id)
 
-    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
-        return {**super().group_metrics(*self._trained(groups, advantages)), **groups.info.get("dapo", {})}
+    def _group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        return {**super()._group_metrics(*self._trained(groups, advantages)), **groups.info.get("dapo", {})}
 
-    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
-        return super().samples(*self._trained(groups, advantages))
+    def _samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+        return super()._samples(*self._trained(groups, advantages))
 
     def _trained(self, groups: Groups, advantages: np.ndarray) -> tuple[Groups, np.ndarray]:
         """The groups in the loss, for metrics and samples: a partial batch's masked filler
@@ -116,4 +116,4 @@ class DAPOLearner(GRPOLearner):
         n = groups.info.get("live_groups")
         if not n or n >= groups.num_groups:
             return groups, advantages
-        return groups.select(np.arange(n)), advantages[: n * self.group_size]
+        return groups.select(np.arange(n)), advantages[: n * self._config.group_size]

@@ -1,7 +1,7 @@
 """PPOLearner: rl-core's policy-gradient pipeline (rl_core.learner.pipeline) with a critic trained beside the policy.
 
-example_from_groups(groups)        (the pipeline's step, overridden)
-  = to_example -> add_logprobs     behaviour log-probs when the update can be off-policy or
+_example_from_groups(groups)       (the pipeline's step, overridden)
+  = _to_example -> _add_logprobs   behaviour log-probs when the update can be off-policy or
                                    beta > 0, reference log-probs when beta > 0
   -> critic_values(example)        V(s_t) [B, T] at collection time
   -> advantages                    token rewards, GAE, whitening: one jitted program
@@ -73,7 +73,7 @@ class PPOLearner(PolicyGradientLearner):
 
     def __init__(self, config: PPOConfig, *, critic: ValueFunction, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
+        self._add_model(CRITIC, critic, learning_rate=config.critic_learning_rate or self.training.learning_rate,
                        loss=functools.partial(self.critic_loss_function, config))
         self._values = self.models[CRITIC].forward(completion_values, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._kl_reward = registry.get("kl_estimator", config.kl_estimator) if config.beta else None
@@ -93,29 +93,29 @@ class PPOLearner(PolicyGradientLearner):
 
     # -- what changes from GRPO ------------------------------------------------------------
 
-    def models_to_update(self) -> Sequence[str]:
-        return [CRITIC] if self.step < self.config.critic_warmup_steps else [*self.models]
+    def _models_to_update(self) -> Sequence[str]:
+        return [CRITIC] if self.step < self._config.critic_warmup_steps else [*self.models]
 
-    def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
+    def _example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """Log-probs (the KL penalty needs them), the critic's values, then GAE."""
-        example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))  # advantages: below
+        example = self._to_example(groups, np.zeros(len(groups.rewards), np.float32))  # advantages: below
         start = time.perf_counter()
-        example = self.add_logprobs(example)
+        example = self._add_logprobs(example)
         values = self.critic_values(example)
         if tally is not None:
             tally["time/logprob"] = time.perf_counter() - start
         kl = None if self._kl_reward is None else self._kl_reward(example.old_logp, example.ref_logp)
-        adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl, self.turn_rewards(groups))
+        adv, returns = self._advantages(groups.rewards, values, example.completion_mask, kl, self._turn_rewards(groups))
         return example._replace(advantages=np.asarray(adv), returns=np.asarray(returns), values=values)
 
-    def turn_rewards(self, groups: Groups) -> np.ndarray:
+    def _turn_rewards(self, groups: Groups) -> np.ndarray:
         """[B, T] the environment's per-turn rewards at their turns' last tokens (episodes only)."""
-        episodes = groups.row_fields.get("episode") if self.config.turn_rewards else None
+        episodes = groups.row_fields.get("episode") if self._config.turn_rewards else None
         return turn_reward_tokens(episodes, *groups.completion_mask.shape)
 
-    def compute_advantages(self, groups: Groups) -> np.ndarray:
+    def _compute_advantages(self, groups: Groups) -> np.ndarray:
         """Per-token advantages [B, T] of scored groups (they need the critic and the log-probs)."""
-        return self.example_from_groups(groups).advantages
+        return self._example_from_groups(groups).advantages
 
     def critic_values(self, example: TrainExample) -> np.ndarray:
         """[B, T] float32 values of the example's completions under the current critic, on the host."""
@@ -128,8 +128,8 @@ class PPOLearner(PolicyGradientLearner):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def examples_from(self, groups: Groups) -> StepBatch:
-        batch = super().examples_from(groups)
+    def _examples_from(self, groups: Groups) -> StepBatch:
+        batch = super()._examples_from(groups)
         ex = batch.example
         mask = ex.completion_mask
         fit = float(explained_variance(ex.values, ex.returns, mask))  # against the lambda-returns it learns
@@ -138,19 +138,24 @@ class PPOLearner(PolicyGradientLearner):
                    "critic/returns_mean": float((ex.returns * mask).sum() / count)}
         return batch._replace(metrics=metrics)
 
-    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
-        return super().group_metrics(groups, advantages[groups.completion_mask > 0])  # over real tokens
+    def _group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+        return super()._group_metrics(groups, advantages[groups.completion_mask > 0])  # over real tokens
 
-    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
-        return super().samples(groups, advantages[:, 0])  # the first token's: the whole completion's signal
+    def _samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+        return super()._samples(groups, advantages[:, 0])  # the first token's: the whole completion's signal
+
+    def heldout_rollouts(self, prompts: Sequence[Prompt], key: jax.Array) -> tuple[Groups, TrainExample]:
+        """G scored completions per prompt, sampled with `key` (not the training stream), and their
+        example without advantages: what `critic_values` reads and the held-out metrics score."""
+        groups = self._score(self._rollout_groups(prompts, key=key))
+        return groups, self._to_example(groups, np.zeros(len(groups.rewards), np.float32))
 
     def heldout_metrics(self, prompts: Sequence[Prompt]) -> dict[str, float]:
         """The critic's explained variance of the Monte Carlo return (lambda = 1, no KL) on G
         completions per held-out prompt, sampled with a key of their own."""
         key = jax.random.fold_in(jax.random.PRNGKey(HELDOUT_SEED), self.step)
-        groups = self.score(self.rollout_groups(prompts, key=key))
-        example = self.to_example(groups, np.zeros(len(groups.rewards), np.float32))
+        groups, example = self.heldout_rollouts(prompts, key)
         values, mask = self.critic_values(example), example.completion_mask
-        _, returns = gae(token_rewards(groups.rewards, mask), np.zeros_like(values), mask, gamma=self.config.gamma,
+        _, returns = gae(token_rewards(groups.rewards, mask), np.zeros_like(values), mask, gamma=self._config.gamma,
                          lam=1.0)
         return {"eval/critic_explained_variance": float(explained_variance(values, returns, mask))}

@@ -132,11 +132,18 @@ def _config_type(hint: Any) -> type[Config] | None:
 class AlgorithmConfig(Config):
     """Base of every algorithm's config: what the base learner needs to know."""
 
+    group_size: int = 8
+    """G: completions sampled per prompt (the policy-gradient pipeline asks >= 2, so that a group
+    has a baseline, unless its estimator reads a critic)."""
+    num_iterations: int = 1
+    """mu: optimizer passes over each batch; > 1 computes old-policy log-probs once."""
     loss_agg_mode: str = "token-mean"
     """How per-token losses become one number: a `loss_aggregation` registry name."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.group_size >= 1, self, "group_size", "must be >= 1")
+        check(self.num_iterations >= 1, self, "num_iterations", "must be >= 1")
         check_registered(self, "loss_agg_mode", "loss_aggregation")
 
     def reward_functions(self, *, max_new_tokens: int) -> tuple[Callable[..., list[float]], ...]:

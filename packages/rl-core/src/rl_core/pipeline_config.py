@@ -32,10 +32,6 @@ class PolicyGradientConfig(AlgorithmConfig):
     """True: the KL penalty (beta) goes into the rewards, which read the behaviour log-probs (PPO);
     False: it is a term of the loss (rl_core.train.behaviour.LogprobPasses)."""
 
-    group_size: int = 8
-    """G: completions sampled per prompt (>= 2, so that a group has a baseline)."""
-    num_iterations: int = 1
-    """mu: optimizer passes over each batch; > 1 computes old-policy log-probs once."""
     beta: float = 0.04
     """KL coefficient; 0 runs no reference model and keeps no reference parameters."""
     kl_estimator: str = "k3"
@@ -100,8 +96,6 @@ class PolicyGradientConfig(AlgorithmConfig):
         check(self.router_aux_loss_coef >= 0.0, self, "router_aux_loss_coef", "must be >= 0 (0 = off)")
         if self.estimator_category == "advantage_estimator":
             check(self.group_size >= 2, self, "group_size", "must be >= 2")
-        check(self.group_size >= 1, self, "group_size", "must be >= 1")
-        check(self.num_iterations >= 1, self, "num_iterations", "must be >= 1")
         check(self.beta >= 0.0, self, "beta", "must be >= 0")
         check(0.0 <= self.epsilon_low <= 1.0, self, "epsilon_low", "must be in [0, 1] (1 = no lower bound)")
         check(self.epsilon_high >= 0.0, self, "epsilon_high", "must be >= 0")

@@ -32,6 +32,7 @@ from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.learner.draw import KeyStream
 from rl_core.learner.groups import Groups
 from rl_core.learner.pipeline import PolicyGradientLearner
+from rl_core.learner.state import POLICY, LearnerState
 from rl_core.policy.logprobs import completion_logprobs
 from rl_core.runtime import compiles
 from rl_core.train.trainable import LossFn, LossOutput
@@ -53,41 +54,43 @@ class ToyConfig(AlgorithmConfig):
 
 
 class ToyLearner(RLLearner[ToyConfig]):
-    @property
-    def num_iterations(self) -> int:
-        return 1
-
-    @property
-    def group_size(self) -> int:
-        return self.config.group_size
-
-    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
         """Samples, rewards and advantages at once: the batch is the step's examples."""
         keys = KeyStream(supply.rng)
         tokens, mask = self.generator.encode(prompts)
-        out = self.generate(tokens, mask, num_samples=self.group_size, keys=keys)
-        tokens, mask = np.repeat(tokens, self.group_size, axis=0), np.repeat(mask, self.group_size, axis=0)
-        hits = np.asarray((out.tokens == self.config.target_token) * out.mask).sum(1)
+        out = self._generate(tokens, mask, num_samples=self._config.group_size, keys=keys)
+        tokens, mask = np.repeat(tokens, self._config.group_size, axis=0), np.repeat(mask, self._config.group_size, axis=0)
+        hits = np.asarray((out.tokens == self._config.target_token) * out.mask).sum(1)
         rewards = hits / np.maximum(np.asarray(out.mask).sum(1), 1)
-        grouped = rewards.reshape(-1, self.group_size)
+        grouped = rewards.reshape(-1, self._config.group_size)
         adv = (grouped - grouped.mean(1, keepdims=True)).reshape(-1).astype(np.float32)
         example = TrainExample(jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask, jnp.asarray(adv))
         metrics = {"rewards/total/mean": float(rewards.mean())}
         return StepBatch(example, metrics, generated_tokens=int(np.asarray(out.lengths).sum())), supply._replace(
             rng=keys.key)
 
-    def examples_from(self, batch: StepBatch) -> StepBatch:
+    def _examples_from(self, batch: StepBatch) -> StepBatch:
         return batch
 
-    def loss_function(self) -> LossFn:
+    def _loss_function(self) -> LossFn:
         return functools.partial(
             toy_loss,
             temperature=self.rollout.temperature,
             chunk_tokens=self.rollout.logprob_chunk_tokens,
-            aggregate=registry.get("loss_aggregation", self.config.loss_agg_mode),
+            aggregate=registry.get("loss_aggregation", self._config.loss_agg_mode),
             max_len=self.rollout.max_new_tokens,
-            inject_nan=self.config.inject_nan,
+            inject_nan=self._config.inject_nan,
         )
+
+
+def stage(learner: RLLearner, state: LearnerState | None = None, *, params: Any = None, **fields: Any) -> None:
+    """Put `learner` in the scenario a test needs: `state` (default its current one) with `fields`
+    of LearnerState and the policy's `params` replaced. Only tests do this: a run's state changes
+    by its steps and `resume` alone, so the learner has no public way to write it."""
+    state = (state or learner.state)._replace(**fields)
+    if params is not None:
+        state = state.with_model(POLICY, state.models[POLICY]._replace(params=params))
+    learner._state = state
 
 
 def toy_loss(model: nnx.Module, example: TrainExample, *, temperature: float, chunk_tokens: int,
@@ -218,13 +221,13 @@ class MismatchedSampler(PolicyGradientLearner):
     old_logp, or on an on-policy step, where the loss uses stop_gradient(logp) instead, a pass
     the test double makes before the update)."""
 
-    def rollout_groups(self, prompts, draw=None, **kwargs):
-        groups = super().rollout_groups(prompts, draw, **kwargs)
+    def _rollout_groups(self, prompts, draw=None, **kwargs):
+        groups = super()._rollout_groups(prompts, draw, **kwargs)
         factors = np.resize(np.asarray([0.5, 1.5, 3.0], np.float32), groups.sampler_logp.size)
         off = np.log(factors).reshape(groups.sampler_logp.shape)
         return dataclasses.replace(groups, sampler_logp=groups.sampler_logp - off)
 
-    def compute_advantages(self, groups):
+    def _compute_advantages(self, groups):
         return np.resize(np.asarray([1.0, -1.0], np.float32), len(groups.rewards))
 
     @classmethod
@@ -239,8 +242,8 @@ class MismatchedSampler(PolicyGradientLearner):
             reward_manager=reward_manager,
         )  # fmt: skip
 
-    def add_logprobs(self, example):
-        self.last_example = example = super().add_logprobs(example)
+    def _add_logprobs(self, example):
+        self.last_example = example = super()._add_logprobs(example)
         self.last_old_logp = np.asarray(example.old_logp) if example.old_logp is not None else self._behaviour_logprobs(
             example.prompt_tokens, example.prompt_mask, example.completion_tokens)
         return example

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.compare.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
-from trainer.settings import RunSettings, completions_per_prompt
+from trainer.settings import RunSettings
 from trainer.compare.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
 
 __all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
@@ -213,12 +213,12 @@ def settings_text(first: RunSettings, all_settings: Sequence[RunSettings], seeds
     t, e = first.training, first.eval
     shapes: dict[tuple[int, int], list[str]] = {}  # (prompts, completions per prompt) -> variants
     for s in all_settings:
-        shapes.setdefault((s.training.prompts_per_step, completions_per_prompt(s.algorithm_config())), []).append(s.name)
+        shapes.setdefault((s.training.prompts_per_step, s.algorithm_config().group_size), []).append(s.name)
     if len(shapes) == 1:
         ((prompts, g),) = shapes
         batch = f"{prompts} prompts x {g} completions per step"
     else:  # the same completions per step (trainer.compare.sweep.same_completions), other group sizes
-        batch = f"{t.prompts_per_step * completions_per_prompt(first.algorithm_config())} completions per step: " + (
+        batch = f"{t.prompts_per_step * first.algorithm_config().group_size} completions per step: " + (
             "; ".join(f"{p} prompts x {g} ({', '.join(algos)})" for (p, g), algos in shapes.items()))
     layout = f"mini-batch {t.mini_batch_size or 'whole step'}, micro-batch {t.micro_batch_size or 'whole mini-batch'}"
     return [

@@ -40,7 +40,6 @@ from trainer.run import plural, train_run
 from trainer.run.teacher import load_teacher
 from trainer.settings import (
     RunSettings,
-    completions_per_prompt,
     merge,
     parse_overrides,
     settings_from_user,
@@ -122,7 +121,7 @@ def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
     if (user.get("training") or {}).get("mini_batch_size") is not None:
         return settings
     training = settings.training
-    completions = training.prompts_per_step * completions_per_prompt(settings.algorithm_config())
+    completions = training.prompts_per_step * settings.algorithm_config().group_size
     mini = completions // MINI_BATCHES
     if completions % MINI_BATCHES or (training.micro_batch_size and mini % training.micro_batch_size):
         return settings
@@ -139,12 +138,12 @@ def same_completions(settings: RunSettings, user: Mapping[str, Any]) -> RunSetti
     settings (its prompts x G): a variant with smaller groups (PPO: one completion per prompt)
     trains on proportionally more prompts, so every variant spends the same rollout budget.
     Left as they are when the reference's completions do not split into the variant's groups."""
-    g = completions_per_prompt(settings.algorithm_config())
+    g = settings.algorithm_config().group_size
     # only the group size sets the reference's budget: the rest of the shared settings may be ones the
     # reference alone refuses (a distilling variant's teacher without GRPO's distill_coef)
     sizes = {k: v for k, v in _own_fields(REFERENCE_ALGO, user).items() if k == "group_size"}
     reference = registry.get_algorithm(REFERENCE_ALGO).config.from_dict(sizes)
-    total = settings.training.prompts_per_step * completions_per_prompt(reference)
+    total = settings.training.prompts_per_step * reference.group_size
     if total % g or total // g == settings.training.prompts_per_step:
         return settings
     return dataclasses.replace(settings, training=dataclasses.replace(settings.training, prompts_per_step=total // g))

@@ -74,7 +74,7 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
 
     algo = settings.algorithm_config()
     training, rollout = settings.training, settings.rollout
-    group = getattr(algo, "group_size", 1)
+    group = algo.group_size
     try:
         layout = BatchLayout(training, training.prompts_per_step * group, mesh, group)
     except ValueError as e:

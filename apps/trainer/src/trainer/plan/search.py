@@ -37,7 +37,6 @@ from rl_core.rollout import resolve_engine
 from trainer.plan.device_memory import GIB
 from trainer.plan.experts import expert_layouts
 from trainer.plan.result import Plan
-from trainer.settings import completions_per_prompt
 
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")
 """Remat policies from the least recomputation (and most memory) to the most."""
@@ -137,4 +136,4 @@ def _rows(settings: Any) -> tuple[int, int]:
     """(completions per step, the data x fsdp x expert devices they are split over)."""
     training = settings.training
     rows = training.mesh.row_devices(jax.device_count() - training.rollout_devices)
-    return training.prompts_per_step * completions_per_prompt(settings.algorithm_config()), rows
+    return training.prompts_per_step * settings.algorithm_config().group_size, rows

@@ -8,7 +8,7 @@
 2. runs every agent, `await agent(client, row)` with `client` an `openai.AsyncOpenAI` pointed there,
    all B * G concurrently on one asyncio thread, each within `rollout.agent_timeout_s`;
 3. on the calling thread (the learner's, which owns the rollout backend), answers their chat
-   requests with the learner's `generate`, many in one call: it takes the waiting requests as soon
+   requests with the learner's `_generate`, many in one call: it takes the waiting requests as soon
    as every running agent waits on the model, or when no new one came for `GATHER_S`. Each request
    continues its episode's retained sequence (a session handle per episode), samples with the run's
    sampling settings (a request's temperature is not the policy's: the learner's log-probs must be

@@ -6,7 +6,6 @@ from trainer.settings.run_settings import (
     DEFAULT_TRAINING,
     RunSettings,
     build_settings,
-    completions_per_prompt,
     load_yaml,
     merge,
     parse_overrides,
@@ -15,6 +14,6 @@ from trainer.settings.run_settings import (
 )
 
 __all__ = [
-    "DEFAULT_TRAINING", "RunSettings", "build_settings", "completions_per_prompt", "describe", "load_yaml", "merge",
+    "DEFAULT_TRAINING", "RunSettings", "build_settings", "describe", "load_yaml", "merge",
     "parse_overrides", "settings_from_user", "user_settings",
 ]

@@ -324,7 +324,7 @@ class RunSettings(Config):
                 f"ModelSettings.critic_path = {self.model.critic_path!r}: algorithm {self.algo!r} trains no critic; "
                 "unset it, or train one that does (--algo ppo)"
             )
-        completions = self.training.prompts_per_step * completions_per_prompt(config)
+        completions = self.training.prompts_per_step * config.group_size
         rows = self.training.mesh.row_devices(jax.device_count() - self.training.rollout_devices)  # the mesh must fit the devices
         self.training.batch_layout(completions, devices=rows)  # rows split over (data, fsdp, expert)
         try:
@@ -355,12 +355,6 @@ class RunSettings(Config):
         out = self.to_dict()
         out["algorithm"] = self.algorithm_config().to_dict()
         return out
-
-
-def completions_per_prompt(config: AlgorithmConfig) -> int:
-    """G of a group algorithm's config (its `group_size` field); 1 for one without groups."""
-    names = {f.name for f in dataclasses.fields(config)}
-    return config.group_size if "group_size" in names else 1
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def collect_rollout(
     """`num_samples` completions of each prompt (rows prompt-major, on the host).
 
     `generate(prompt_tokens, prompt_mask, num_samples=G, key=...)` samples with the
-    current weights (the learner's `generate`). Without `rollout.environment` each row
+    current weights (the learner's `_generate`). Without `rollout.environment` each row
     is one generation; with one, each row is a whole episode (rl_core.episodes.runner); with
     `rollout.agent`, each row is an agent's episode (rl_core.episodes.agents).
     `key`: the first generation samples with it and the n-th turn's with fold_in(key, n),

@@ -8,7 +8,7 @@
 
 `train_step`, top to bottom: the collector takes the step's batch (drawn from the `Supply`:
 prompts, carry, key; collected in line, or k steps ago with pinned weights while this step
-trains) through the algorithm's `collection()`; `examples_from` turns it into train examples
+trains) through the algorithm's `_collection()`; `_examples_from` turns it into train examples
 under the current weights; `run_updates` (rl_core.learner.updates) trains each model on it;
 the collector hands back the queue in flight and the supply past it; the records are written.
 Everything a step changes is one value, `state` (rl_core.learner.state.LearnerState), which only
@@ -61,9 +61,8 @@ ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig)
 
 
 class RLLearner(AlgorithmHooks, Generic[ConfigT]):
-    """Base learner; subclasses fill `collect`, `examples_from`, `loss_function`,
-    `num_iterations` and `group_size` (and, for async rollouts and a carry, a `collection()` that
-    names its batch type)."""
+    """Base learner; subclasses fill `_collect`, `_examples_from` and `_loss_function` (and, for
+    async rollouts and a carry, a `_collection()` that names its batch type)."""
 
     extra_models: tuple[str, ...] = ()
     """Trained models beyond the policy, each a keyword argument of the constructor (PPO: "critic")."""
@@ -88,40 +87,40 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         meter: Meter | None = None,
         reward_audit: RewardAudit | None = None,
     ) -> None:
-        self.config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
+        self._config, self.training, self.rollout, self.tokenizer = config, training, rollout, tokenizer
         # told each step's rows, for a benchmark (rl_core.learner.meter), and rewards (rl_core.learner.reward_audit)
         self.reward_manager, self._meter, self._reward_audit = reward_manager, meter, reward_audit
         self._eval_fn, self._eval_every = eval_fn, eval_every_steps  # 0: never on a schedule
         mesh = mesh or mesh_lib.training_mesh(training)
         writes = multihost.is_primary()  # in a multi-process run, process 0 alone writes files and shows progress
-        self.layout = BatchLayout(training, training.prompts_per_step * self.group_size, mesh, self.group_size)
+        self.layout = BatchLayout(training, training.prompts_per_step * self._config.group_size, mesh, self._config.group_size)
         if rollout.top_k > policy.vocab_size:
             raise ValueError(f"RolloutConfig.top_k = {rollout.top_k}: must be <= the policy's vocab_size ({policy.vocab_size})")
         self.models: dict[str, TrainableModel] = {}
         # everything a step changes, one value; on the mesh, replicated: every process splits the same key the same way
         self._state = LearnerState(models={}, rng=multihost.to_global(jax.random.PRNGKey(rollout.seed),
                                                                       mesh_lib.replicated(mesh)))
-        self.add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self.loss_function)
+        self._add_model(POLICY, policy, learning_rate=training.learning_rate, loss=self._loss_function)
         self._data, self._stop_requested = PromptStream(train_data, seed=training.seed), False
         # `paging`: how the paged engine runs the policy (rl_core.policy.protocols.PagedModel; rollout.engine='paged' needs it)
         # the policy's sampler and rollout backend (`.sampler`, `.backend`, `.encode` for prompts)
         self.generator = PolicyGenerator(rollout, tokenizer, self.models[POLICY], batch_size=self.layout.batch_size,
                                           module=policy, mesh=mesh_lib.rollout_mesh(training, mesh), paging=paging)
         self._collector = Collector.for_training(training, rollout, self.generator, learner=type(self).__name__,
-                                                 saves_batches=self.collection().batch is not None)
+                                                 saves_batches=self._collection().batch is not None)
         # the run's resolved settings (by default this learner's configs), recorded with the run
         run_config = dict(run_config) if run_config is not None else {
             "algorithm": config.to_dict(), "training": training.to_dict(), "rollout": rollout.to_dict()}
         self._progress = progress and writes
-        self.recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=writes,
+        self._recorder = RunRecorder(output_dir, training=training, run_config=run_config, writes=writes,
                                     progress=self._progress)
 
-    def add_model(self, name: str, module: nnx.Module, *, learning_rate: float,
+    def _add_model(self, name: str, module: nnx.Module, *, learning_rate: float,
                   loss: Callable[[], LossFn]) -> TrainableModel:
         """Train `module` as model `name`, with the run's optimizer at `learning_rate` and the loss
         `loss()` builds where it is first needed (the first update, or trainer plan's check)."""
         training = dataclasses.replace(self.training, learning_rate=learning_rate)
-        total_updates = self.training.num_steps * self.num_iterations * self.layout.num_mini_batches
+        total_updates = self.training.num_steps * self._config.num_iterations * self.layout.num_mini_batches
         self.models[name] = part = TrainableModel(module, name=name, optimizer=make_optimizer(training, total_updates),
                                                   loss=loss, layout=self.layout)
         self._state = self._state.with_model(name, part.init_state(module))
@@ -132,14 +131,6 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     state = property(lambda self: self._state, doc="everything a step changes (rl_core.learner.state.LearnerState)")
     step = property(lambda self: self._state.step, doc="the steps done")
     params = property(lambda self: self._state.policy.params, doc="the policy's trained parameters (float32 masters)")
-
-    def replace_state(self, state: LearnerState | None = None, *, params: Any = None, **fields: Any) -> None:
-        """Take `state` (default the current one) with `fields` of LearnerState and the policy's
-        `params` replaced: how a caller stages a scenario without writing the learner's attributes."""
-        state = (state or self._state)._replace(**fields)
-        if params is not None:
-            state = state.with_model(POLICY, state.models[POLICY]._replace(params=params))
-        self._state = state
 
     def supply(self) -> Supply:
         """What the next collection draws on: the prompt stream at the state's position, the carry and the key."""
@@ -160,7 +151,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         """The current policy as an NNX module (a view for evaluation and export)."""
         return self.models[POLICY].module(self.params)
 
-    def generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
+    def _generate(self, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, sampling: SamplingParams | None = None,
                  *, num_samples: int = 1, key: jax.Array | None = None, keys: Callable[[], jax.Array] | None = None,
                  max_new_tokens: np.ndarray | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
                  sessions: np.ndarray | None = None) -> Completions:
@@ -190,12 +181,12 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
                 fault_point("logged", self.step)
                 bar.update(self.step, metrics)
                 every = self.training.checkpoint_every_steps
-                if self.recorder.can_checkpoint and every and self.step % every == 0:
-                    self.save_checkpoint()
-        if self.recorder.can_checkpoint and self.recorder.latest_checkpoint() != self.step:
-            self.save_checkpoint()
-        self.recorder.wait()  # saves run in the background: on return, every checkpoint is on disk
-        return self.recorder.history
+                if self._recorder.can_checkpoint and every and self.step % every == 0:
+                    self._save_checkpoint()
+        if self._recorder.can_checkpoint and self._recorder.latest_checkpoint() != self.step:
+            self._save_checkpoint()
+        self._recorder.wait()  # saves run in the background: on return, every checkpoint is on disk
+        return self._recorder.history
 
     def request_stop(self) -> None:
         """Stop after the current step, with a checkpoint (e.g. on Ctrl-C)."""
@@ -203,19 +194,19 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     def train_step(self) -> dict[str, Any]:
         """One step: the batch (collected now, or k steps ago beside earlier updates), its
-        examples under the current weights, `num_iterations` passes of updates, the records."""
+        examples under the current weights, `config.num_iterations` passes of updates, the records."""
         start = time.perf_counter()
         state, collector = self._state, self._collector
         try:
-            head, rest, supply, metrics = collector.take(self.collection(), state.in_flight, self.supply(),
+            head, rest, supply, metrics = collector.take(self._collection(), state.in_flight, self.supply(),
                                                          version=state.step, params=self.params)
-            batch = self.examples_from(head.batch)
+            batch = self._examples_from(head.batch)
             fault_point("step", state.step + 1)
             if self.layout.rows_for(batch.example.batch_size) != batch.example.batch_size:  # B, or whole micro-batches more
-                raise ValueError(f"examples_from returned {batch.example.batch_size} completions, expected "
+                raise ValueError(f"_examples_from returned {batch.example.batch_size} completions, expected "
                                  f"{self.layout.batch_size} (or more in whole micro-batches: layout.rows_for)")
             if self._meter is not None:
-                self._meter.trained(batch.example, self.num_iterations)
+                self._meter.trained(batch.example, self._config.num_iterations)
             update_start = time.perf_counter()
             results, apart = self._update(batch.example)
             publish = (state.step + 1, self.params) if self.rollout.partial_rollouts != "off" else None
@@ -227,7 +218,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
                                            rng=supply.rng)
         # the previous step's checkpoint was written while this step ran; it is on disk
         # before this step's records are, so the files never run more than a step ahead
-        self.recorder.wait()
+        self._recorder.wait()
         now = time.perf_counter()
         counts, trained = update_metrics(results, self._state.updates, self.training, state.step + 1)
         metrics = {**batch.metrics, **metrics, **waits, **trained, **apart, "time/update": now - update_start,
@@ -239,45 +230,45 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         if self._eval_fn is not None and self._eval_every and self.step % self._eval_every == 0:
             metrics.update(self._eval_fn(self))
         if self.step % self.training.log_every_steps == 0:
-            self.recorder.metrics(self.step, metrics)
-        self.recorder.samples(self.step, batch.samples)
+            self._recorder.metrics(self.step, metrics)
+        self._recorder.samples(self.step, batch.samples)
         return metrics
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
         """A step's batch of `prompts` without its update (of the supply, only the key drawn is kept)."""
-        batch, supply = self.collection().whole(prompts, self.supply())
+        batch, supply = self._collection().whole(prompts, self.supply())
         self._state = self._state._replace(rng=supply.rng)
-        return self.examples_from(batch)
+        return self._examples_from(batch)
 
     def update_models(self, example: TrainExample) -> dict[str, list[dict[str, Any]]]:
-        """`num_iterations` passes of one optimizer step per mini-batch over `example`, for each model
-        of `models_to_update()` in turn; each model's update statistics on the host, in order."""
+        """`config.num_iterations` passes of one optimizer step per mini-batch over `example`, for each model
+        of `_models_to_update()` in turn; each model's update statistics on the host, in order."""
         return self._update(example)[0]
 
     def _update(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
         models, results, apart = run_updates(
-            self.models, self._state.models, example, names=list(self.models_to_update()), meter=self._meter,
-            iterations=self.num_iterations, layout=self.layout, chunk_tokens=self.rollout.logprob_chunk_tokens)
+            self.models, self._state.models, example, names=list(self._models_to_update()), meter=self._meter,
+            iterations=self._config.num_iterations, layout=self.layout, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._state = self._state._replace(models=models)
         return results, apart
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> None:
+    def _save_checkpoint(self) -> None:
         # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
         self._state = self._state._replace(in_flight=settled(self._state.in_flight))
-        self.recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))
+        self._recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))
 
     def resume(self, log: Callable[[str], None] = print) -> bool:
         """Restore the newest checkpoint in the run folder that restores; True when one did. A damaged
         newer one is moved aside with a line in `log`; records written past it are dropped."""
-        restored = self.recorder.restore(like=state_arrays(self._state), log=log)
+        restored = self._recorder.restore(like=state_arrays(self._state), log=log)
         if restored is not None:
-            self._state = load_state(*restored, models=self.models, batch=self.collection().batch)
+            self._state = load_state(*restored, models=self.models, batch=self._collection().batch)
             if self._reward_audit is not None:  # its streaks: a resumed run audits as if it had not stopped
                 self._reward_audit.restore_json(self._state.audit or {})
         return restored is not None
 
     def close(self) -> None:
         self._collector.close()
-        self.recorder.close()
+        self._recorder.close()

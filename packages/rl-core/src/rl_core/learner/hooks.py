@@ -1,9 +1,16 @@
 """The hooks an algorithm fills, in one place; rl_core.learner.base.RLLearner runs them in its
 step (and rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline).
 
-A step is defined one way: `collect(prompts, supply)` (rollout and scoring: the batch and the
-supply past it) and `examples_from(batch)` (train examples under the current weights); the
-rest has defaults but `loss_function`, `num_iterations` and `group_size`.
+A step is defined one way: `_collect(prompts, supply)` (rollout and scoring: the batch and the
+supply past it) and `_examples_from(batch)` (train examples under the current weights); the
+rest has defaults but `_loss_function`. How many completions per prompt and passes over a batch
+are the config's (`AlgorithmConfig.group_size`, `.num_iterations`).
+
+The hooks a subclass fills or calls are protected (one underscore): they are the learner's
+interface to its algorithm, not to its callers, whose names (a short list: the settings and
+parts, the state, the loop) docs/concepts/architecture.md gives. The names a caller reads of
+the algorithm are public: `heldout_metrics`, `extra_models`, and the pipeline's classmethods
+`loss_of` and `example_spec`, which `trainer plan` compiles without a learner.
 """
 
 from __future__ import annotations
@@ -25,37 +32,27 @@ class AlgorithmHooks(abc.ABC):
     """The trained models by name (the learner's)."""
 
     @abc.abstractmethod
-    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
-        """The rollout half of a step: sample (through `generate`) and score; returns the batch and
+    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+        """The rollout half of a step: sample (through `_generate`) and score; returns the batch and
         `supply` as the collection leaves it (more prompts drawn, the carry, the key past its
         samples'). With async rollouts it runs beside the update, on the rollout thread: it must
-        not read the trained parameters nor write what `examples_from` reads."""
+        not read the trained parameters nor write what `_examples_from` reads."""
 
     @abc.abstractmethod
-    def examples_from(self, batch: Any) -> StepBatch:
-        """The training half: what `collect` returned, as train examples under the current weights."""
+    def _examples_from(self, batch: Any) -> StepBatch:
+        """The training half: what `_collect` returned, as train examples under the current weights."""
 
-    def collection(self) -> Collection:
-        """How the collector runs `collect` (a variant may cut it in two, scoring apart:
+    def _collection(self) -> Collection:
+        """How the collector runs `_collect` (a variant may cut it in two, scoring apart:
         rl_core.rollout.async_rollout.Collection)."""
-        return Collection(self.collect)
+        return Collection(self._collect)
 
     @abc.abstractmethod
-    def loss_function(self) -> LossFn:
+    def _loss_function(self) -> LossFn:
         """The policy's loss of one micro-batch, `fn(model, example) -> LossOutput`, pure (the
         jitted update closes over it); called once, where the policy's first update needs it."""
 
-    @property
-    @abc.abstractmethod
-    def num_iterations(self) -> int:
-        """How many times each batch is trained on."""
-
-    @property
-    @abc.abstractmethod
-    def group_size(self) -> int:
-        """Completions per prompt (G)."""
-
-    def models_to_update(self) -> Sequence[str]:
+    def _models_to_update(self) -> Sequence[str]:
         """The models this step's update trains, in order (PPO's critic warm-up: the critic alone)."""
         return list(self.models)
 

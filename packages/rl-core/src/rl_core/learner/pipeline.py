@@ -1,21 +1,23 @@
 """PolicyGradientLearner: rl-core's concrete learner, the pipeline every variant runs, as small
 overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
-collect(prompts, supply)             the rollout half (rl_core.learner.base runs it now, or k steps
-                                     ahead; `collection()` cuts it in two, scoring apart)
-  = sample_groups(prompts, supply)   the step's groups and the supply past them (DAPO's dynamic
+_collect(prompts, supply)            the rollout half (rl_core.learner.base runs it now, or k steps
+                                     ahead; `_collection()` cuts it in two, scoring apart)
+  = _sample_groups(prompts, supply)  the step's groups and the supply past them (DAPO's dynamic
                                      sampling overrides this: more prompts, a carry):
-                                     rollout_groups (rl_core.learner.collection.groups_of_rollout)
-                                     -> score (score_groups)
-examples_from(groups)                the training half, under the current weights
-  = example_from_groups(groups)      what the update needs (PPO overrides this):
-     compute_advantages(groups)      the configured estimator
-     -> to_example(groups, adv)      arrays for the update, with the masks
-     -> add_logprobs(example)        behaviour (when the update can be off-policy), reference
+                                     _rollout_groups (rl_core.learner.collection.groups_of_rollout)
+                                     -> _score (score_groups)
+_examples_from(groups)               the training half, under the current weights
+  = _example_from_groups(groups)     what the update needs (PPO overrides this):
+     _compute_advantages(groups)     the configured estimator
+     -> _to_example(groups, adv)     arrays for the update, with the masks
+     -> _add_logprobs(example)       behaviour (when the update can be off-policy), reference
                                      (beta != 0) and teacher (distill_coef != 0) log-probs
-  + group_metrics, samples           the records (rl_core.learner.records)
+  + _group_metrics, _samples         the records (rl_core.learner.records)
 
-The update differentiates `loss_function()`, the classmethod `loss_of` of the settings (which
+The steps are protected (rl_core.learner.hooks says why): a variant overrides or calls them.
+
+The update differentiates `_loss_function()`, the classmethod `loss_of` of the settings (which
 `trainer plan` compiles too; SAPO overrides it). Which log-prob passes a step runs is decided
 once, `LogprobPasses` (rl_core.train.behaviour), from the config and the batch layout. The
 algorithm's own reward functions (`config.reward_functions`, e.g. DAPO's overlong shaping) join
@@ -114,19 +116,11 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         self._teacher_pass = (PolicyLogprobs(self._teacher, self.rollout, replays=False)
                               if self._teacher is not None else None)
 
-    @property
-    def num_iterations(self) -> int:
-        return self.config.num_iterations
-
-    @property
-    def group_size(self) -> int:
-        return self.config.group_size
-
     # -- the loss and the batch, as `trainer plan` builds them without a learner ---------------
 
-    def loss_function(self) -> LossFn:
+    def _loss_function(self) -> LossFn:
         """This run's `loss_of`: what the policy's update differentiates."""
-        return self.loss_of(self.config, self.rollout, self._passes)
+        return self.loss_of(self._config, self.rollout, self._passes)
 
     @classmethod
     def loss_of(cls, config: PolicyGradientConfig, rollout: RolloutConfig, passes: LogprobPasses) -> LossFn:
@@ -141,7 +135,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def example_spec(cls, config: PolicyGradientConfig, passes: LogprobPasses, *, rows: int, prompt_tokens: int,
                      completion_tokens: int) -> TrainExample:
         """The TrainExample a step of these settings trains on, as ShapeDtypeStructs of `rows` rows
-        at the widest shapes: the fields `examples_from` fills (behaviour, reference and teacher
+        at the widest shapes: the fields `_examples_from` fills (behaviour, reference and teacher
         log-probs when their passes run, the sampler's always; per-token advantages for a token
         estimator). A variant that adds fields extends it (PPO's returns and values)."""
         def per_token(present: bool = True, dtype: Any = np.float32) -> jax.ShapeDtypeStruct | None:
@@ -159,39 +153,39 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     # -- the collection: rollout and scoring ---------------------------------------------------
 
-    def collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them (its key past the samples' keys)."""
         draw = Draw(KeyStream(supply.rng), collection_tally())
-        groups, supply = self.sample_groups(prompts, supply, draw)
+        groups, supply = self._sample_groups(prompts, supply, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
-    def collection(self) -> Collection:
+    def _collection(self) -> Collection:
         """The collection cut in two, generation then scoring (which async rollouts run on a scoring
         thread), unless a variant changes it (DAPO draws more prompts as the scores come in)."""
         own = PolicyGradientLearner
-        if any(getattr(type(self), n) is not getattr(own, n) for n in ("collect", "sample_groups")):
-            return Collection(self.collect, batch=Groups)
-        return Collection(self._generate, score=self._score, batch=Groups)
+        if any(getattr(type(self), n) is not getattr(own, n) for n in ("_collect", "_sample_groups")):
+            return Collection(self._collect, batch=Groups)
+        return Collection(self._collect_unscored, score=self._score_collected, batch=Groups)
 
-    def _generate(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def _collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         draw = Draw(KeyStream(supply.rng), collection_tally())
-        groups = self.rollout_groups(prompts, draw)
+        groups = self._rollout_groups(prompts, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
-    def _score(self, groups: Groups) -> Groups:
+    def _score_collected(self, groups: Groups) -> Groups:
         draw = Draw(tally=dict(groups.info))
-        return dataclasses.replace(self.score(groups, draw), info=draw.tally)
+        return dataclasses.replace(self._score(groups, draw), info=draw.tally)
 
-    def sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Draw | None = None
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Draw | None = None
                       ) -> tuple[Groups, Supply]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
         them (default: one group per prompt, the supply unchanged), drawing keys from and counting
         into `draw` (the collection's)."""
         draw = draw or Draw()
-        return self.score(self.rollout_groups(prompts, draw), draw), supply
+        return self._score(self._rollout_groups(prompts, draw), draw), supply
 
-    def rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
+    def _rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
                        key: jax.Array | None = None) -> Groups:
         """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
         rewards not yet filled in. Keys from `draw.keys` (without one the state's training stream)
@@ -199,16 +193,16 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         draw = draw or Draw()
         start = time.perf_counter()
         # one prefill per group; every process gets every row (a multi-process run gathers them)
-        rolled = self._rollout_prompts(prompts, self.group_size, key=key, keys=draw.keys)
+        rolled = self._rollout_prompts(prompts, self._config.group_size, key=key, keys=draw.keys)
         draw.tally["time/rollout"] += time.perf_counter() - start
-        groups = groups_of_rollout(prompts, rolled, group_size=self.group_size, version=self._sampling_version(),
+        groups = groups_of_rollout(prompts, rolled, group_size=self._config.group_size, version=self._sampling_version(),
                                    tally=draw.tally)
         return dataclasses.replace(groups, routing=self._replayed_routing(rolled.completions.routing))
 
     def _replayed_routing(self, routing: Any) -> np.ndarray | None:
         """The rollout's routing to keep with the rows: with algorithm.routing_replay = rollout, the
         engine's record (refused when it has none), else None."""
-        if self.config.routing_replay == "off":
+        if self._config.routing_replay == "off":
             return None
         if routing is None:
             raise ValueError("algorithm.routing_replay=rollout: the rollout engine recorded no routing (a dense "
@@ -216,11 +210,11 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                              "engines record a mixture of experts'); set algorithm.routing_replay=off")
         return np.asarray(routing, np.int32)
 
-    def score(self, groups: Groups, draw: Draw | None = None) -> Groups:
+    def _score(self, groups: Groups, draw: Draw | None = None) -> Groups:
         """Fill in rewards with the reward manager (rl_core.learner.collection.score_groups)."""
         return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or Draw()).tally)
 
-    def record_behaviour_logprobs(self, groups: Groups) -> Groups:
+    def _record_behaviour_logprobs(self, groups: Groups) -> Groups:
         """`groups` with the current policy's log-probs filled in for rows that lack them (a rewritten
         history's earlier segments too): call at collection time, before any update (these are the
         log-probs of the policy that sampled the rows). With async rollouts it records nothing:
@@ -246,13 +240,13 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                          keys: Callable[[], jax.Array] | None = None) -> Rollout:
         """`num_samples` completions (or with `rollout.environment` episodes) of each prompt, prompt-major."""
         backend = self.generator.backend
-        generate = self.generate if keys is None else functools.partial(self.generate, keys=keys)
+        generate = self._generate if keys is None else functools.partial(self._generate, keys=keys)
         return collect_rollout(generate, self.tokenizer, self.rollout, prompts, num_samples, key=key,
                                row_limits=backend.capabilities.row_limits,
                                sessions=backend if backend.capabilities.retains else None)
 
     def _sampling_version(self) -> int:
-        """The step count of the weights `generate` samples with: the pinned ones' (a collection ahead), else the step's."""
+        """The step count of the weights `_generate` samples with: the pinned ones' (a collection ahead), else the step's."""
         pinned = self.generator.pinned
         return self.step if pinned is None else pinned
 
@@ -273,51 +267,51 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     # -- the training half: examples under the current weights ------------------------------------
 
-    def examples_from(self, groups: Groups) -> StepBatch:
+    def _examples_from(self, groups: Groups) -> StepBatch:
         tally = {"time/rollout": 0.0, "time/reward": 0.0}
         # and what reward functions reported about their calls (e.g. a judge model's time/judge)
         tally |= {k: v for k, v in groups.info.items() if k.startswith(("time/", "rewards/"))}
-        example = self.example_from_groups(groups, tally)  # adds time/logprob
+        example = self._example_from_groups(groups, tally)  # adds time/logprob
         adv = example.advantages[: len(groups.rewards)]  # the episodes' (segment rows repeat them)
-        metrics = {**self.group_metrics(groups, adv), **tally, **records.collection_metrics(groups, step=self.step)}
+        metrics = {**self._group_metrics(groups, adv), **tally, **records.collection_metrics(groups, step=self.step)}
         tokens = int(groups.info.get("perf/generated_tokens", 0.0))
-        return StepBatch(example, metrics, self.samples(groups, adv), tokens)
+        return StepBatch(example, metrics, self._samples(groups, adv), tokens)
 
-    def example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
+    def _example_from_groups(self, groups: Groups, tally: dict[str, float] | None = None) -> TrainExample:
         """What one update needs from scored groups: advantages, arrays and log-probs (their
         seconds in `tally`, as time/logprob)."""
-        example = self.to_example(groups, self.compute_advantages(groups))
+        example = self._to_example(groups, self._compute_advantages(groups))
         if groups.segments is not None:  # rewritten histories' earlier segments, with their episode's advantage
             rows = self.layout.rows_for(len(groups.rewards) + len(groups.segments))
             example = expand(example, groups.segments, rows, pad_id=self.tokenizer.pad_id)
         start = time.perf_counter()
-        example = self.add_logprobs(example)
+        example = self._add_logprobs(example)
         if tally is not None:
             tally["time/logprob"] = time.perf_counter() - start
         return example
 
-    def compute_advantages(self, groups: Groups) -> np.ndarray:
+    def _compute_advantages(self, groups: Groups) -> np.ndarray:
         """The configured estimator on the groups' total rewards; one that reads each reward
         function's scores (GDPO, `takes_reward_scores`) also gets them [K, B] and their weights [K]."""
-        estimator = registry.get(self.config.estimator_category, self.config.advantage_estimator)
+        estimator = registry.get(self._config.estimator_category, self._config.advantage_estimator)
         if takes_reward_scores(estimator) and groups.reward_scores:
             names = list(groups.reward_scores)
             weights = self._reward_weights()
             unweighted = [name for name in names if name not in weights]
             if unweighted:
-                raise ValueError(f"advantage_estimator {self.config.advantage_estimator!r} weighs each reward "
+                raise ValueError(f"advantage_estimator {self._config.advantage_estimator!r} weighs each reward "
                                  f"function's scores, but the reward manager has no weight for {unweighted}")
             scores = np.stack([np.asarray(groups.reward_scores[name], np.float32) for name in names])
             w = np.asarray([weights[name] for name in names], np.float32)
-            return np.asarray(self._advantages(groups.rewards, self.group_size, scores=scores, weights=w))
-        return np.asarray(self._advantages(groups.rewards, self.group_size))
+            return np.asarray(self._advantages(groups.rewards, self._config.group_size, scores=scores, weights=w))
+        return np.asarray(self._advantages(groups.rewards, self._config.group_size))
 
     def _reward_weights(self) -> dict[str, float]:
         return {spec.name: spec.weight for spec in getattr(self.reward_manager, "specs", ())}
 
-    def to_example(self, groups: Groups, advantages: np.ndarray) -> TrainExample:
+    def _to_example(self, groups: Groups, advantages: np.ndarray) -> TrainExample:
         mask = groups.completion_mask
-        if self.config.mask_truncated_completions:
+        if self._config.mask_truncated_completions:
             mask = mask * ~groups.truncated[:, None]
         # host arrays: the update's input transfer sends them all at once
         return TrainExample(
@@ -331,7 +325,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             routing=groups.routing,
         )
 
-    def add_logprobs(self, example: TrainExample) -> TrainExample:
+    def _add_logprobs(self, example: TrainExample) -> TrainExample:
         """Behaviour log-probs when the update can be off-policy, truncated importance sampling
         is on, a KL penalty in the rewards reads them, or some rows already carry theirs
         (carried rows); reference log-probs only when beta != 0; the teacher's when distilling
@@ -356,14 +350,14 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     # -- reporting ------------------------------------------------------------------------
 
-    def group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
+    def _group_metrics(self, groups: Groups, advantages: np.ndarray) -> dict[str, float]:
         """Metrics of the groups trained on (rl_core.learner.records), with the reward audit's."""
         metrics = records.group_metrics(groups, advantages)
         if self._reward_audit is not None:  # signs of reward hacking (rl_core.learner.reward_audit)
             metrics.update(self._reward_audit(step=self.step + 1, **records.audit_inputs(groups, self._reward_weights())))
         return metrics
 
-    def samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
+    def _samples(self, groups: Groups, advantages: np.ndarray) -> list[dict[str, Any]]:
         step = self.step + 1  # the step being produced: samples.jsonl records it after the counter advances
-        ids = [f"step{step}/prompt{i}/sample{j}" for i in range(groups.num_groups) for j in range(self.group_size)]
+        ids = [f"step{step}/prompt{i}/sample{j}" for i in range(groups.num_groups) for j in range(self._config.group_size)]
         return records.samples(groups, advantages, ids)
