@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,21 +26,13 @@ from rl_core.runtime import compile_count, keep_freed_memory, unroll_threefry_on
 from rl_core import Sampler, SamplingParams
 from rl_core.policy import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
+from timing import times
 
 
 def model_config(vocab_size: int) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=vocab_size, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, mlp_hidden_size=512
     )
-
-
-def median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -94,8 +85,9 @@ def main() -> None:
     warmup_compiles = compile_count() - before
 
     before = compile_count()
-    generate_s = median_seconds(lambda: sampler(state, prompt_tokens, prompt_mask, key, params), args.repeats)
-    prefill_s = median_seconds(lambda: prefill(state, prompt_tokens, prompt_mask), args.repeats)
+    generate_s = statistics.median(times(lambda: sampler(state, prompt_tokens, prompt_mask, key, params), args.repeats,
+                                         warm=False))
+    prefill_s = statistics.median(times(lambda: prefill(state, prompt_tokens, prompt_mask), args.repeats, warm=False))
     timed_compiles = compile_count() - before
 
     generated = int(np.asarray(out.lengths).sum())

@@ -47,6 +47,7 @@ from trainer import build
 from trainer.bench import measure as bench
 from trainer.bench.flops import block_matmul_weights, matmul_peak, query_side_weights, scored_tokens, training_flops
 from trainer.bench.presets import PRESETS
+from timing import times
 
 
 def dense_program(cfg, rows: int, last_rows: int):
@@ -76,13 +77,8 @@ def dense_program(cfg, rows: int, last_rows: int):
 
 def seconds(fn, repeats: int) -> tuple[float, float]:
     """(median, best) seconds of `fn` over `repeats` runs after one untimed run."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)), float(min(times))
+    runs = times(fn, repeats)
+    return float(np.median(runs)), float(min(runs))
 
 
 def thread_time_by_kind(fn, runs: int = 10) -> tuple[dict[str, tuple[float, float]], int, float]:

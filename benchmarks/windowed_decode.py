@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -36,16 +35,11 @@ from flax import nnx
 from rl_core.rollout import reference_paged_attention
 from rl_models import Transformer, TransformerConfig
 from rl_models.paged_window import ring_attention
+from timing import times
 
 
 def median_seconds(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times(fn, repeats))
 
 
 def paged_attention_seconds(window: int | None, context: int, batch: int, repeats: int) -> float:
