@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "expert_mesh.py"
 MESHES = ["expert8", "fsdp2_expert2_tensor2"]
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT)
+result = script_result(SCRIPT)
 
 
 def whole_expert_weight(dims: list[int]) -> bool:

@@ -6,16 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "lora_mesh.py"
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT)
+result = script_result(SCRIPT)
 
 
 @pytest.mark.parametrize("mesh", ["1x4x2", "2x2x2"])

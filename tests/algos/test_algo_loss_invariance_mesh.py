@@ -15,7 +15,7 @@ import pytest
 from rl_core import registry
 
 import invariance_contract as contract
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
@@ -23,10 +23,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "loss_invariance.py"
 CONFIGS = contract.configs()
 TOL = 1e-5  # float32; observed: loss 1.9e-7, gradient 5.4e-7, its norm 2.4e-6 (docs/results)
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT)
+result = script_result(SCRIPT)
 
 
 def test_every_registered_loss_and_aggregation_is_in_a_configuration():

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(Path(__file__).parent / "scripts" / "distill_mesh.py")
+result = script_result(Path(__file__).parent / "scripts" / "distill_mesh.py")
 
 
 @pytest.mark.parametrize("mesh", ["1x8x1", "2x2x2"])

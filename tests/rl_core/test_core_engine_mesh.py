@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 from rl_core.runtime import hlo
 
@@ -19,10 +19,7 @@ pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "engine_mesh.py"
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT)
+result = script_result(SCRIPT)
 
 
 def test_decode_step_has_no_weight_all_gather(result):

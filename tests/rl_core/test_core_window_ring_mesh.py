@@ -6,16 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "window_ring_mesh.py"
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT, devices=4)
+result = script_result(SCRIPT, devices=4)
 
 
 def test_rings_split_over_rows_and_kv_heads_never_over_slots(result):

@@ -6,16 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from simulated_devices import run_on_simulated_devices
+from simulated_devices import script_result
 
 pytestmark = pytest.mark.multidevice
 
 SCRIPT = Path(__file__).parent / "scripts" / "qwen35_mesh.py"
 
-
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run_on_simulated_devices(SCRIPT, devices=4)
+result = script_result(SCRIPT, devices=4)
 
 
 def test_linear_attention_weights_split_over_fsdp_whole_over_tensor(result):
