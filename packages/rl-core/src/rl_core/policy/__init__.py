@@ -5,6 +5,7 @@ from rl_core._faces import lazy_face  # noqa: E402
 
 __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.policy.logprobs": ("sequence_inputs",),
+    "rl_core.policy.protocols": ("decode_cache",),
     "rl_core.policy.tokens": ("left_pad",),
     "rl_core.policy.values": ("completion_values", "written_logp"),
 })
