@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
+from rl_models.rope_types import FREQUENCY_ROPES, DynamicNTKRope, FrequencyRope
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
@@ -128,7 +128,7 @@ class TransformerConfig:
     SmolLM3's and Gemma 3's `attention_bias`)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
-    rope_scaling: RopeScaling | LinearRope | YarnRope | DynamicNTKRope | None = None
+    rope_scaling: RopeScaling | FrequencyRope | None = None
     """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK (the
     default rope within its max_position_embeddings), or None."""
     sliding_window: int | None = None
@@ -249,7 +249,7 @@ class TransformerConfig:
         )
         _require(
             self.rope_scaling is None
-            or isinstance(self.rope_scaling, (RopeScaling, LinearRope, YarnRope, DynamicNTKRope)),
+            or isinstance(self.rope_scaling, (RopeScaling, *FREQUENCY_ROPES)),
             name, "rope_scaling", self.rope_scaling,
             "must be None, a RopeScaling, LinearRope, YarnRope or DynamicNTKRope",
         )

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_models.config import RopeScaling, TransformerConfig
-from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope, default_inv_freq
+from rl_models.rope_types import FREQUENCY_ROPES, FrequencyRope, default_inv_freq
 
 GLOBAL, LOCAL, NONE = "global", "local", "none"
 """The rotary tables a layer may read: the model's (scaled) rope, the windowed layers' own
@@ -44,10 +44,10 @@ def rope_tables(config: TransformerConfig, positions: jax.Array) -> dict[str, tu
     return tables
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | LinearRope | YarnRope | DynamicNTKRope | None
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | FrequencyRope | None
                      ) -> tuple[np.ndarray, float]:
     """(inverse frequencies [Dh/2] float32, attention factor on cos and sin) of a rope setting."""
-    if isinstance(scaling, (LinearRope, YarnRope, DynamicNTKRope)):
+    if isinstance(scaling, FREQUENCY_ROPES):
         return scaling.inv_freq(head_dim, theta)
     return rope_inv_freq(head_dim, theta, scaling), 1.0
 

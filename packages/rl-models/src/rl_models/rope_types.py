@@ -139,3 +139,9 @@ class YarnRope:
         keep = (1 - ramp).astype(np.float32)
         inv_freq = interpolation * (1 - keep) + extrapolation * keep
         return inv_freq.astype(np.float32), self.attention_scale()
+
+
+FREQUENCY_ROPES = (LinearRope, DynamicNTKRope, YarnRope)
+"""The rope settings that give their own frequencies (`inv_freq`); Llama 3's `RopeScaling` is
+rl_models.config's and `rope_inv_freq` applies it."""
+FrequencyRope = LinearRope | DynamicNTKRope | YarnRope

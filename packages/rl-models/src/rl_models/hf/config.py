@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
-from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, FamilyFieldError, infer_family
-from rl_models.rope_types import DynamicNTKRope, LinearRope, YarnRope
+from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, Family, FamilyFieldError, infer_family
+from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, YarnRope
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -52,7 +52,7 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
 ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
 """Rope types read ("dynamic": the default rope up to max_position_embeddings, rl_models.rope_types.DynamicNTKRope);
 "longrope" (Phi-3's) switches its frequencies with the running length and is refused."""
-Scaling = RopeScaling | LinearRope | YarnRope | DynamicNTKRope
+Scaling = RopeScaling | FrequencyRope
 
 
 def _rope_params(hf: dict[str, Any], windows: bool) -> tuple[str, dict[str, Any], float, float | None]:
@@ -118,12 +118,13 @@ def _having(flag: str) -> str:
     return ", ".join(sorted(name for name, family in FAMILIES.items() if flag in family.biases))
 
 
-def _biases(hf: dict[str, Any], model_type: str, flags: tuple[str, ...], source: str) -> dict[str, bool]:
+def _biases(hf: dict[str, Any], model_type: str, family: Family, source: str) -> dict[str, bool]:
     """The TransformerConfig bias fields of a family's `attention_bias` / `mlp_bias` (the flags its
-    transformers config has): attention_bias puts a bias on q, k, v and o_proj, mlp_bias on gate,
-    up and down. Qwen2's q/k/v biases and gpt-oss's are the family's own (not these flags)."""
+    transformers config has, `family.biases`): attention_bias puts a bias on q, k, v and o_proj,
+    mlp_bias on gate, up and down. A family with `fixed_biases` reads its own (not these flags)."""
     fields: dict[str, bool] = {}
-    if hf.get("attention_bias", False) and model_type not in ("qwen2", "gpt_oss"):
+    flags = family.biases
+    if hf.get("attention_bias", False) and not family.fixed_biases:
         if "attention_bias" not in flags:
             raise _unsupported(source, "attention_bias", hf["attention_bias"],
                                f"{model_type}'s attention has no biases in transformers (families with "
@@ -169,7 +170,7 @@ def transformer_config_from_hf(
     if activation not in ACTIVATION_NAMES or (family.activation_key == "hidden_act") != (activation == "silu"):
         want = "'silu' (SwiGLU)" if family.activation_key == "hidden_act" else "'gelu_pytorch_tanh' (GeGLU)"
         raise _unsupported(source, family.activation_key, activation, f"only {want}")
-    biases = _biases(hf, model_type, family.biases, source)
+    biases = _biases(hf, model_type, family, source)
     for key in family.refused:
         if hf.get(key, False):
             raise _unsupported(source, key, hf[key], "only full attention")

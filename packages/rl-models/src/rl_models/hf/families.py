@@ -52,6 +52,9 @@ class Family:
     biases: tuple[str, ...] = field(default=())
     """The bias flags its transformers config class has: "attention_bias" (q, k, v and o_proj)
     and "mlp_bias" (gate, up and down); a flag it lacks must be absent or false."""
+    fixed_biases: bool = False
+    """Its attention biases are the family's own, not a flag's (Qwen2's q/k/v, gpt-oss's q/k/v/o): an
+    `attention_bias` key in its folder says nothing, and it has no MLP biases."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """What transformers' config class assumes for keys a folder leaves out (Gemma 3's
     text_config lists only what differs from them)."""
@@ -214,11 +217,11 @@ BOTH_BIASES = ("attention_bias", "mlp_bias")
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",), biases=BOTH_BIASES),
-    "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",)),
+    "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",), fixed_biases=True),
     "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",), biases=ATTENTION_BIAS),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",),
                         biases=ATTENTION_BIAS),
-    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True),
+    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True, fixed_biases=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
@@ -238,7 +241,7 @@ def infer_family(config: TransformerConfig) -> str:
     """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
     name = _family_of_block(config)
-    if name in ("gpt_oss", "qwen2"):  # their biases are fixed (checked by _family_of_block)
+    if FAMILIES[name].fixed_biases:  # checked by _family_of_block
         if config.mlp_bias:
             raise ValueError(f"{name} has no MLP biases")
         return name
