@@ -223,3 +223,84 @@ def test_sink_logits_take_mass_and_add_no_value(kv_head_major):
     none = attention_lib.reference_paged_attention(q, *page_major(q, k_pages, v_pages, page_rows, lengths)[1:3],
                                                    page_rows, lengths, sinks=np.full(H, -np.inf, np.float32))
     np.testing.assert_allclose(none, dense(q, k_pages, v_pages, page_rows, lengths), atol=1e-5)
+
+
+@pytest.mark.parametrize(("kv_heads", "head_dim", "want"), [
+    (2, 64, (2, 128)), (3, 64, (2, 128)), (8, 64, (2, 128)), (1, 64, (1, 128)), (2, 16, (2, 128)),
+    (8, 16, (8, 128)), (4, 128, (1, 128)), (4, 256, (1, 256)), (32, 80, (1, 128)), (8, 96, (1, 128))])
+def test_tpu_lane_layout(kv_heads, head_dim, want):
+    """Heads of 64 pair up in 128 lanes (3 kv heads: a zero fourth pads the second pair); 80 and 96
+    are padded to 128 lanes; 128 and 256 are the kernel's own widths."""
+    assert attention_lib.lane_layout(kv_heads, head_dim) == want
+
+
+def packed_problem(heads, kv_heads, head_dim, seed=0):
+    """`problem`'s pages for any head count and dim, with the TPU pool of the same keys and values."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(N, heads, head_dim)).astype(np.float32)
+    k_pages, v_pages = (rng.normal(size=(kv_heads, PAGES, PS, head_dim)).astype(np.float32) for _ in range(2))
+    page_rows = np.stack([rng.permutation(np.arange(1, PAGES))[:M] for _ in range(N)]).astype(np.int32)
+    pack, lanes = attention_lib.lane_layout(kv_heads, head_dim)
+
+    def to_pool(x):  # [K, P, ps, Dh] -> [1, groups, P, ps, lanes] through the writer's own packing
+        slots = jnp.asarray(x).transpose(1, 2, 0, 3).reshape(PAGES * PS, kv_heads, head_dim)
+        return attention_lib.pack_heads(slots, pack, lanes).reshape(PAGES, PS, -1, lanes).transpose(2, 0, 1, 3)[None]
+
+    return q, k_pages, v_pages, page_rows, LENGTHS, to_pool(k_pages), to_pool(v_pages)
+
+
+def dense_heads(q, k_pages, v_pages, page_rows, lengths):
+    """`dense` for any head count and dim."""
+    n, heads, dh = q.shape
+    kv_heads = k_pages.shape[0]
+    k = k_pages[:, page_rows].reshape(kv_heads, n, M * PS, dh)
+    v = v_pages[:, page_rows].reshape(kv_heads, n, M * PS, dh)
+    scores = jnp.einsum("nkgd,knsd->nkgs", q.reshape(n, kv_heads, heads // kv_heads, dh), k) / math.sqrt(dh)
+    valid = np.arange(M * PS)[None, :] < lengths[:, None]
+    probs = jax.nn.softmax(jnp.where(valid[:, None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(n, heads, dh)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(14, 2, 64), (9, 3, 64), (4, 2, 16), (4, 2, 80)])
+def test_lane_packed_queries_give_each_heads_own_attention(heads, kv_heads, head_dim):
+    """What the TPU kernel computes over the packed pool (plain attention of the packed queries, G'
+    = pack x G of them a lane group, over lane groups as kv heads), read back through
+    `_unpacked_output`, is each head's own attention: the zero lanes of the other heads add nothing."""
+    q, k_pages, v_pages, page_rows, lengths, k_pool, v_pool = packed_problem(heads, kv_heads, head_dim)
+    pack, lanes = attention_lib.lane_layout(kv_heads, head_dim)
+    scaled = q / math.sqrt(head_dim) * math.sqrt(lanes)  # `dense_heads` scales by 1/sqrt(its dim): lanes
+    packed_q = attention_lib._packed_queries(jnp.asarray(scaled), kv_heads, pack, lanes)
+    as_kernel = dense_heads(packed_q, k_pool[0], v_pool[0], page_rows, lengths)
+    got = attention_lib._unpacked_output(as_kernel, kv_heads, heads, head_dim, pack)
+    np.testing.assert_allclose(got, dense_heads(q, k_pages, v_pages, page_rows, lengths), atol=1e-5)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(14, 2, 64), (4, 2, 80)])
+def test_tpu_pool_write_then_windowed_attend(heads, kv_heads, head_dim):
+    """The TPU pool's writer packs a token's heads where the reference attention over that layout
+    (windowed layers) unpacks them: a window longer than every sequence is plain attention."""
+    q, k_pages, v_pages, page_rows, lengths, k_pool, v_pool = packed_problem(heads, kv_heads, head_dim)
+    kv = attention_lib.PallasKV(PS, 2, platform="tpu")
+    rng = np.random.default_rng(5)
+    k_new, v_new = (rng.normal(size=(N, kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    positions = lengths - 1
+    out, _ = kv(jnp.asarray(q), k_new, v_new, (k_pool, v_pool), 0, page_rows, positions, window=1000)
+    k_want, v_want = (np.array(x) for x in (k_pages, v_pages))
+    for n in range(N):
+        page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
+        k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
+    np.testing.assert_allclose(out, dense_heads(q, k_want, v_want, page_rows, lengths), atol=1e-5)
+
+
+def test_tpu_kernel_in_the_interpreter_over_the_packed_pool():
+    """JAX's TPU paged-attention kernel, run by the TPU interpreter on this CPU over the lane-packed
+    pool (Qwen2.5-0.5B's grouping: 7 query heads on each of 2 kv heads of 64). The interpreter rounds
+    its products as the chip's default precision does (bfloat16 passes), hence 2e-2; the packing
+    itself is exact (the test above)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    q, k_pages, v_pages, page_rows, lengths, k_pool, v_pool = packed_problem(14, 2, 64)
+    kv = attention_lib.PallasKV(PS, 2, platform="tpu")
+    with pltpu.force_tpu_interpret_mode():
+        got = kv._attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2)
+    np.testing.assert_allclose(got, dense_heads(q, k_pages, v_pages, page_rows, lengths), atol=2e-2)

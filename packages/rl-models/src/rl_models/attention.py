@@ -25,7 +25,9 @@ Planning. Under `traced_for(platform)` a program is traced as it would be for `p
 (`auto` resolves for it), and a fused kernel that cannot run on this host (cuDNN or Splash on a
 CPU) is traced as a stand-in with the kernel's memory: the same inputs, output and saved
 residuals (output and log-sum-exp, float32 dq accumulator in the backward pass), none of its
-arithmetic. `trainer plan` compiles its programs so.
+arithmetic. `trainer plan` compiles its programs so. Under `traced_for(platform, kernels=True)` the
+real kernels are traced instead, for a program lowered for `platform` on this host
+(`.lower(lowering_platforms=(platform,))`: the tests that check every TPU program lowers).
 """
 
 from __future__ import annotations
@@ -54,16 +56,19 @@ KERNELS = {
 """Fused kernel -> (what it is, where it runs, the platforms that have it)."""
 
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("rl_models_attention_target", default=None)
+_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("rl_models_attention_kernels", default=False)
 
 
 @contextlib.contextmanager
-def traced_for(platform: str) -> Iterator[None]:
-    """Trace programs as for `platform` ("gpu", "tpu", "cpu") on this host (see the module doc)."""
-    token = _TARGET.set(platform)
+def traced_for(platform: str, *, kernels: bool = False) -> Iterator[None]:
+    """Trace programs as for `platform` ("gpu", "tpu", "cpu") on this host (see the module doc);
+    `kernels`: the platform's real kernels, not stand-ins (for lowering, not for running here)."""
+    tokens = _TARGET.set(platform), _KERNELS.set(kernels)
     try:
         yield
     finally:
-        _TARGET.reset(token)
+        _TARGET.reset(tokens[0])
+        _KERNELS.reset(tokens[1])
 
 
 def target_platform() -> str:
@@ -114,7 +119,7 @@ def _rocm(platform: str) -> bool:
 
 
 def _stand_in_needed() -> bool:
-    return target_platform() != jax.default_backend()
+    return target_platform() != jax.default_backend() and not _KERNELS.get()
 
 
 def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:

@@ -70,7 +70,7 @@ def scans_layers(config: TransformerConfig) -> bool:
     """
     if config.scan_layers is not None:
         return config.scan_layers
-    return jax.default_backend() != "cpu"
+    return attention_lib.target_platform() != "cpu"
 
 
 def remat_policy(remat: str) -> Callable[..., bool] | None:

@@ -13,7 +13,14 @@ best layout depends on who reads it:
   lengths, not M, in one program).
 - `PallasKV`: kv-head-major pools [L, K, P, ps, Dh], the layout of JAX's own
   paged-attention kernels, `jax.experimental.pallas.ops.tpu` on TPU and
-  `...ops.gpu` (Triton) on GPU. No CPU kernel exists.
+  `...ops.gpu` (Triton) on GPU. No CPU kernel exists. The TPU kernel's blocks must
+  be 128 lanes wide (Mosaic's vector tile), so on TPU a head dim under 128 packs
+  f = 128 // Dh kv heads side by side into one 128-lane "lane group" (pools
+  [L, ceil(K / f), P, ps, 128]): each query head is zero outside its own kv head's
+  lanes, so q . k over the group is exactly q . k of its own head, and its output
+  is read back from its own lanes. No memory is added when f divides K (Qwen2.5-0.5B,
+  Llama 3.2 1B); other head dims are zero-padded up to a multiple of 128 lanes
+  (`lane_layout` says which).
 `auto` picks pallas on TPU and GPU, reference on CPU.
 
 Called by the model once per layer as `kv(q, k, v, pages, layer, page_rows,
@@ -38,21 +45,73 @@ import jax.numpy as jnp
 ATTENTION_CHOICES = ("auto", "reference", "pallas")
 
 
+LANES = 128  # a TPU vector register's lane count: the minor dim of every Mosaic block
+
+
+def lane_layout(kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """(kv heads packed per lane group f, lanes per group) of the TPU kernel's pool: f = 128 // Dh
+    heads (at most K) share 128 lanes when Dh divides 128; otherwise one head per group, its Dh
+    rounded up to a multiple of 128 with zero lanes."""
+    if LANES % head_dim == 0:
+        return max(1, min(LANES // head_dim, kv_heads)), LANES
+    return 1, -(-head_dim // LANES) * LANES
+
+
+def pack_heads(x: jax.Array, pack: int, lanes: int) -> jax.Array:
+    """[N, K, Dh] -> [N, ceil(K / pack), lanes]: kv heads v*pack .. v*pack + pack - 1 side by side
+    in group v's lanes (zero heads and zero lanes pad the rest)."""
+    n, kv_heads, dh = x.shape
+    groups = -(-kv_heads // pack)
+    x = jnp.pad(x, ((0, 0), (0, groups * pack - kv_heads), (0, 0))).reshape(n, groups, pack * dh)
+    return jnp.pad(x, ((0, 0), (0, 0), (0, lanes - pack * dh)))
+
+
+def unpack_heads(x: jax.Array, kv_heads: int, head_dim: int, pack: int) -> jax.Array:
+    """Inverse of `pack_heads` on the last two axes: [..., groups, lanes] -> [..., K, Dh]."""
+    lead, groups = x.shape[:-2], x.shape[-2]
+    x = x[..., : pack * head_dim].reshape(*lead, groups * pack, head_dim)
+    return x[..., :kv_heads, :]
+
+
+def _packed_queries(q: jax.Array, kv_heads: int, pack: int, lanes: int) -> jax.Array:
+    """q [N, H, Dh] (heads kv-major, G per kv head) -> [N, groups * pack * G, lanes]: head (k, g)
+    sits at row (k // pack, k % pack, g) of its group, in lanes (k % pack) * Dh .. + Dh, zeros elsewhere."""
+    n, h, dh = q.shape
+    g, groups = h // kv_heads, -(-kv_heads // pack)
+    q = jnp.pad(q.reshape(n, kv_heads, g, dh), ((0, 0), (0, groups * pack - kv_heads), (0, 0), (0, 0)))
+    q = q.reshape(n, groups, pack, g, dh)
+    spread = jnp.einsum("nvigd,ij->nvigjd", q, jnp.eye(pack, dtype=q.dtype)).reshape(n, groups, pack * g, pack * dh)
+    return jnp.pad(spread, ((0, 0), (0, 0), (0, 0), (0, lanes - pack * dh))).reshape(n, groups * pack * g, lanes)
+
+
+def _unpacked_output(o: jax.Array, kv_heads: int, heads: int, head_dim: int, pack: int) -> jax.Array:
+    """The kernel's out [N, groups * pack * G, lanes] -> [N, H, Dh]: each head's own lanes."""
+    n, g = o.shape[0], heads // kv_heads
+    groups = -(-kv_heads // pack)
+    o = o[..., : pack * head_dim].reshape(n, groups, pack, g, pack, head_dim)
+    o = jnp.einsum("nvigjd,ij->nvigd", o, jnp.eye(pack, dtype=o.dtype)).reshape(n, groups * pack, g, head_dim)
+    return o[:, :kv_heads].reshape(n, heads, head_dim)
+
+
 def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_rows: jax.Array,
                               lengths: jax.Array, *, layer: jax.Array | int | None = None,
                               pages_per_block: int = 8, window: jax.Array | int | None = None,
-                              sinks: jax.Array | None = None, kv_head_major: bool = False) -> jax.Array:
+                              sinks: jax.Array | None = None, kv_head_major: bool = False,
+                              pack: int = 1, kv_heads: int | None = None) -> jax.Array:
     """Attention of q [N, H, Dh] over page-major pages [P, ps, K, Dh] (or the whole pool
     [L, P, ps, K, Dh] and a `layer`: only the pages read are gathered; slicing the layer
     out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1, or
     with a `window` only the last `window` of them (the blocks before are not read);
-    `sinks` [H]: each head's sink logit joins its softmax's denominator. `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's)."""
+    `sinks` [H]: each head's sink logit joins its softmax's denominator. `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's);
+    with `pack` > 1 (or lanes wider than Dh) it is TPU's lane-packed [L, groups, P, ps, lanes] of `kv_heads` heads."""
     q, k_pages, v_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, v_pages, page_rows, lengths))
     if layer is None:
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     n, h, dh = q.shape
+    packed = kv_head_major and (pack > 1 or k_pages.shape[-1] != dh)
     if kv_head_major:
-        _, kv_heads, _, page_size, _ = k_pages.shape
+        _, groups, _, page_size, _ = k_pages.shape
+        kv_heads = kv_heads if packed else groups
     else:
         _, _, page_size, kv_heads, _ = k_pages.shape
     starts = jnp.zeros_like(lengths) if window is None else jnp.maximum(lengths - window, 0)
@@ -68,7 +127,10 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
     def block(j, carry):
         top, total, acc = carry  # running max [N, K, G], denominator [N, K, G], numerator [N, K, G, Dh]
         ids = jax.lax.dynamic_slice_in_dim(page_rows, j * per_block, per_block, axis=1)  # [N, b]
-        if kv_head_major:  # [K, N, b, ps, Dh] -> [N, b * ps, K, Dh]
+        if packed:  # [groups, N, b, ps, lanes] -> [N, b * ps, K, Dh]
+            k, v = (unpack_heads(p[layer][:, ids].transpose(1, 2, 3, 0, 4), kv_heads, dh, pack).reshape(
+                n, width, kv_heads, dh) for p in (k_pages, v_pages))
+        elif kv_head_major:  # [K, N, b, ps, Dh] -> [N, b * ps, K, Dh]
             k, v = (p[layer][:, ids].transpose(1, 2, 3, 0, 4).reshape(n, width, kv_heads, dh) for p in (k_pages, v_pages))
         else:  # whole pages: a row gather
             k = k_pages[layer, ids].reshape(n, width, kv_heads, dh)
@@ -108,13 +170,17 @@ def _padded_rows(page_rows: jax.Array, multiple: int) -> jax.Array:
     return jnp.pad(page_rows, ((0, 0), (0, -page_rows.shape[1] % multiple)))
 
 
-def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int):
+def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int, kv_heads: int, pack: int):
+    """JAX's TPU kernel over the lane-packed pool [groups, P, ps, lanes] (see `lane_layout`)."""
     from jax.experimental.pallas.ops.tpu import paged_attention  # noqa: PLC0415 (TPU only)
 
-    scaled = (q.astype(jnp.float32) / math.sqrt(q.shape[-1])).astype(q.dtype)
+    n, heads, dh = q.shape
+    scaled = (q.astype(jnp.float32) / math.sqrt(dh)).astype(q.dtype)
     block = min(pages_per_block, page_rows.shape[1])
-    return paged_attention.paged_attention(scaled, k_pages, v_pages, lengths, _padded_rows(page_rows, block),
-                                           pages_per_compute_block=block)
+    out = paged_attention.paged_attention(_packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
+                                          v_pages, lengths, _padded_rows(page_rows, block),
+                                          pages_per_compute_block=block)
+    return _unpacked_output(out, kv_heads, heads, dh, pack)
 
 
 def _pallas_gpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int, interpret: bool = False):
@@ -189,29 +255,55 @@ class ReferenceKV(PagedKV):
 
 @dataclasses.dataclass(frozen=True)
 class PallasKV(PagedKV):
-    """KV-head-major pools [L, K, P, ps, Dh], JAX's Pallas paged-attention kernel for `platform`."""
+    """KV-head-major pools, JAX's Pallas paged-attention kernel for `platform`: [L, K, P, ps, Dh] on
+    GPU, lane-packed [L, groups, P, ps, lanes] on TPU (`lane_layout`)."""
 
     platform: str = "gpu"
     interpret: bool = False  # the Pallas interpreter (tests of the GPU kernel's call on CPU)
 
     axes = ("layers", "kv_heads", None, None, "head_dim")
 
+    def layout(self, kv_heads: int, head_dim: int) -> tuple[int, int]:
+        """(kv heads per lane group, lanes per group) of this platform's pool."""
+        return lane_layout(kv_heads, head_dim) if self.platform == "tpu" else (1, head_dim)
+
     def pool_shape(self, layers, kv_heads, head_dim, num_pages):
-        return (layers, kv_heads, num_pages, self.page_size, head_dim)
+        pack, lanes = self.layout(kv_heads, head_dim)
+        return (layers, -(-kv_heads // pack), num_pages, self.page_size, lanes)
 
     def _slot(self, layer, page, offset):
-        return layer, slice(None), page, offset  # -> [N, K, Dh] (the index arrays' axis first)
+        return layer, slice(None), page, offset  # -> [N, groups, lanes] (the index arrays' axis first)
 
     def _pages(self, page):
         return slice(None), slice(None), page
 
+    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None):
+        kv_heads, head_dim = k.shape[1], k.shape[2]
+        pack, lanes = self.layout(kv_heads, head_dim)
+        if (pack, lanes) != (1, head_dim):  # the pool holds each token's heads lane-packed
+            k, v = pack_heads(k, pack, lanes), pack_heads(v, pack, lanes)
+        page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
+        slot = self._slot(layer, page, positions % self.page_size)
+        k_pool = pages[0].at[slot].set(k.astype(pages[0].dtype))
+        v_pool = pages[1].at[slot].set(v.astype(pages[1].dtype))
+        out = self._attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks, kv_heads=kv_heads)
+        return out, (k_pool, v_pool)
+
     def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None):
+        if self.platform == "tpu":
+            raise TypeError("the TPU pool is lane-packed: its kv-head count is the caller's (use __call__)")
+        return self._attend(q, k_pool, v_pool, layer, page_rows, lengths, window, sinks, kv_heads=k_pool.shape[1])
+
+    def _attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window, sinks, *, kv_heads: int):
+        pack, _ = self.layout(kv_heads, q.shape[-1])
         if window is not None or sinks is not None:  # the kernels take neither: the reference over this layout
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
-                                             sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True)
+                                             sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True,
+                                             pack=pack, kv_heads=kv_heads)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
-            return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block)
+            return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block, kv_heads=kv_heads,
+                               pack=pack)
         return _pallas_gpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block,
                            interpret=self.interpret)
 

@@ -168,7 +168,7 @@ class PagedBackend:
 
     def __init__(self, graphdef: nnx.GraphDef, settings: EngineSettings, *, paging: PagedModel,
                  eos_ids: Sequence[int], pad_id: int, mesh: Mesh | None = None, param_shardings: Any = None,
-                 partial_rollouts: str = "off") -> None:
+                 partial_rollouts: str = "off", platform: str | None = None) -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
         if partial_rollouts not in ("off", "continue", "recompute"):
@@ -181,7 +181,8 @@ class PagedBackend:
         self.pad_id = int(pad_id)
         self.mesh = mesh
         self.param_shardings = param_shardings
-        self.kv = attention_lib.choose(settings.attention, settings.page_size)
+        # the platform its programs are for (default JAX's backend; tests lower TPU programs on a CPU host)
+        self.kv = attention_lib.choose(settings.attention, settings.page_size, platform)
         self.version = -1
         self.compiles = 0
         self.weights: Any = None
@@ -429,8 +430,9 @@ class PagedBackend:
         q = self.settings.state_pool_rows
         return tuple(jnp.zeros((self.replicas, x.shape[0], q, *x.shape[1:]), x.dtype) for x in self._state_spec)
 
-    def lower_step(self, sampling: SamplingParams, key: jax.Array) -> Any:
-        """The device step lowered for these weights (`.compile().as_text()` gives its HLO)."""
+    def lower_step(self, sampling: SamplingParams, key: jax.Array, platforms: tuple[str, ...] | None = None) -> Any:
+        """The device step lowered for these weights (`.compile().as_text()` gives its HLO), for
+        `platforms` (default this host's)."""
         s = self.settings
         m, c, n, r = s.pages_per_sequence, s.prefill_chunk, s.slots, self.replicas
         zeros = lambda *shape: np.zeros((r, *shape), np.int32)  # noqa: E731
@@ -438,7 +440,8 @@ class PagedBackend:
         slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2),
                       zeros(n), zeros(n))
         pages = (jax.eval_shape(self._init_pages), jax.eval_shape(self._init_states))
-        return self.step_program(sampling).lower(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
+        traced = self.step_program(sampling).trace(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
+        return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
     # -- the host loop -----------------------------------------------------------------------
 
