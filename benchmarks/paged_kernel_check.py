@@ -4,8 +4,8 @@ against the static engine's, for the head dims models use.
     python benchmarks/paged_kernel_check.py
 
 1. Attention: `PallasKV(platform="tpu")` over its lane-packed pool (rl_core.rollout.attention)
-   against a dense masked softmax of the same pages, float32 under `highest` matmul precision
-   (the chip's default runs float32 products as bfloat16 passes), for (query heads, kv heads,
+   against a dense masked softmax of the same pages (float64 here), in float32 under `highest`
+   matmul precision (XLA's attention over the packed pool) and in bfloat16 (the Pallas kernel), for (query heads, kv heads,
    head dim) of Qwen2.5-0.5B (14, 2, 64), SmolLM2 (9, 3, 64), Llama (8, 2, 128), Gemma (4, 2, 256),
    and 80 / 96 (zero-padded lanes). Prints the largest absolute difference of each.
 2. Engines: a random float32 model with 64-dim heads (7 query heads on each of 2 kv heads),
@@ -32,7 +32,7 @@ from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256), (8, 8, 80), (12, 4, 96)]
 
 
-def attention_error(heads: int, kv_heads: int, head_dim: int, seed: int = 0) -> float:
+def attention_error(heads: int, kv_heads: int, head_dim: int, dtype: str, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     n, pages, ps, m = 32, 160, 16, 8
     q = rng.normal(size=(n, heads, head_dim)).astype(np.float32)
@@ -43,7 +43,7 @@ def attention_error(heads: int, kv_heads: int, head_dim: int, seed: int = 0) -> 
 
     def pool(x):
         slots = jnp.asarray(x).transpose(1, 2, 0, 3).reshape(pages * ps, kv_heads, head_dim)
-        return pack_heads(slots, pack, lanes).reshape(pages, ps, -1, lanes).transpose(2, 0, 1, 3)[None]
+        return pack_heads(slots, pack, lanes).reshape(pages, ps, -1, lanes).transpose(2, 0, 1, 3)[None].astype(dtype)
 
     kv = PallasKV(ps, 4, platform="tpu")
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
@@ -51,7 +51,7 @@ def attention_error(heads: int, kv_heads: int, head_dim: int, seed: int = 0) -> 
     interpret = pltpu.force_tpu_interpret_mode() if jax.default_backend() != "tpu" else contextlib.nullcontext()
     with jax.default_matmul_precision("highest"), interpret:
         got = jax.jit(lambda *a: kv._attend(*a, None, None, kv_heads=kv_heads))(
-            jnp.asarray(q), pool(k), pool(v), 0, rows, lengths)
+            jnp.asarray(q, dtype), pool(k), pool(v), 0, rows, lengths)
     kk = k[:, rows].reshape(kv_heads, n, m * ps, head_dim)
     vv = v[:, rows].reshape(kv_heads, n, m * ps, head_dim)
     s = np.einsum("nkgd,knsd->nkgs", q.reshape(n, kv_heads, heads // kv_heads, head_dim).astype(np.float64), kk)
@@ -93,14 +93,17 @@ def engines_agree() -> tuple[int, int]:
 
 def main() -> int:
     print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind})")
-    worst = 0.0
+    worst = worst_low = 0.0
     for shape in SHAPES:
-        error = attention_error(*shape)
+        error = attention_error(*shape, "float32")
         worst = max(worst, error)
-        print(f"paged attention {shape} (query heads, kv heads, head dim): max |pallas - dense| = {error:.2e}")
+        low = attention_error(*shape, "bfloat16")  # the Pallas kernel (float32 pools take XLA's attention)
+        worst_low = max(worst_low, low)
+        print(f"paged attention {shape} (query heads, kv heads, head dim): max |paged - dense| = {error:.2e} "
+              f"(float32), {low:.2e} (bfloat16 pool and queries: the Pallas kernel)")
     same, rows = engines_agree()
     print(f"greedy tokens, paged engine vs static engine (float32, head dim 64): {same}/{rows} rows equal")
-    return 0 if worst < 1e-4 and same == rows else 1
+    return 0 if worst < 1e-4 and worst_low < 5e-2 and same == rows else 1
 
 
 if __name__ == "__main__":

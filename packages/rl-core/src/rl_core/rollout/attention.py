@@ -300,6 +300,13 @@ class PallasKV(PagedKV):
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
                                              sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True,
                                              pack=pack, kv_heads=kv_heads)
+        if self.platform == "tpu" and k_pool.dtype == jnp.float32:
+            # Mosaic does not compile the kernel's float32 products at `highest` precision, and at the
+            # default one they are bfloat16 passes: float32 pools (checks against the static engine,
+            # not real runs) take XLA's attention over this layout, exact at `highest`
+            return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
+                                             pages_per_block=self.pages_per_block, kv_head_major=True, pack=pack,
+                                             kv_heads=kv_heads)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
             return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block, kv_heads=kv_heads,
@@ -309,6 +316,8 @@ class PallasKV(PagedKV):
 
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+TPU_BLOCK_TOKENS = 1024
+"""Tokens of a TPU kernel block of pages (its k/v buffers: 1024 x 128 lanes x 2 bytes x 2 x 2 = 1 MiB of VMEM)."""
 
 
 def choose(attention: str, page_size: int, platform: str | None = None, *, pages_per_block: int = 8) -> PagedKV:
@@ -320,8 +329,13 @@ def choose(attention: str, page_size: int, platform: str | None = None, *, pages
         attention = "pallas" if platform in ("tpu", *GPU_PLATFORMS) else "reference"
     if attention == "reference":
         return ReferenceKV(page_size, pages_per_block)
-    if platform == "tpu" or platform in GPU_PLATFORMS:
-        return PallasKV(page_size, pages_per_block, platform="tpu" if platform == "tpu" else "gpu")
+    if platform == "tpu":
+        # one grid step of the kernel per (row, lane group, block of pages), each a few hundred ns of
+        # overhead: blocks of 1024 tokens (it loads only a row's live pages of a block) make a decode
+        # step of 256 rows at 1k tokens 6k grid steps where blocks of 8 pages made 49k
+        return PallasKV(page_size, max(pages_per_block, TPU_BLOCK_TOKENS // page_size), platform="tpu")
+    if platform in GPU_PLATFORMS:
+        return PallasKV(page_size, pages_per_block, platform="gpu")
     raise ValueError(
         f"rollout.attention = 'pallas': JAX has paged-attention kernels for TPU and GPU only, and this "
         f"run's platform is {platform!r}; use 'reference' (or 'auto')"
