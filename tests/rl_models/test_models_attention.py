@@ -14,6 +14,9 @@ from rl_models import Transformer, TransformerConfig
 from rl_models import attention
 from rl_models.transformer import attend
 
+from host import about_the_cpu
+from tolerances import close
+
 V = 37
 BF16, F32 = jnp.bfloat16, jnp.float32
 
@@ -34,6 +37,7 @@ def test_auto_picks_by_platform(platform, dtype, head_dim, expected):
     assert attention.resolve("auto", dtype=dtype, head_dim=head_dim, platform=platform) == expected
 
 
+@about_the_cpu("a program traced on this host is traced for the CPU unless told otherwise")
 def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_error():
     assert attention.resolve("xla", dtype=BF16, head_dim=128, platform="tpu") == "xla"
     assert attention.resolve("splash", dtype=F32, head_dim=16, platform="tpu") == "splash"
@@ -48,6 +52,7 @@ def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_er
     assert attention.target_platform() == "cpu"
 
 
+@about_the_cpu("Splash on a CPU run: on a TPU it runs")
 def test_splash_on_a_cpu_run_fails_at_the_first_forward_pass_naming_the_fix():
     model = Transformer(TransformerConfig.tiny(V, attention="splash"), rngs=nnx.Rngs(0))
     tokens = jnp.ones((1, 4), jnp.int32)
@@ -56,6 +61,7 @@ def test_splash_on_a_cpu_run_fails_at_the_first_forward_pass_naming_the_fix():
         model(tokens, positions, mask)
 
 
+@about_the_cpu("auto is the xla program on a CPU only (Splash on a TPU)")
 def test_the_default_is_auto_and_on_cpu_it_is_the_xla_program():
     """The same lowered forward and backward as attention=xla, so CPU numbers do not move."""
     assert TransformerConfig.tiny(V).attention == "auto"
@@ -116,11 +122,11 @@ def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layo
 
     splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=True)  # noqa: E731
     xla = lambda q, k, v: xla_attention(q, k, v, mask)  # noqa: E731
-    np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, **close(rtol=1e-5, atol=1e-5))
     got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
     want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_splash_segments_of_a_mask():
@@ -143,7 +149,7 @@ def test_splash_prefill_into_a_longer_cache_equals_xla(offset):
     q, k, v = qkv(2, l, s)
     real = jax.lax.dynamic_slice_in_dim(valid, offset, l, axis=1)[..., None]
     got = attention.splash(q, k, v, mask, offset=offset, interpret=True)
-    np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
@@ -160,7 +166,7 @@ def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
 
     real = mask.any(axis=-1)[..., None, None]  # a query with no key to see gets a made-up row either way
-    np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, **close(rtol=1e-6, atol=1e-6))
 
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
