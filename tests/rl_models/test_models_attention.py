@@ -1,6 +1,6 @@
 """model.attention: which kernel each platform gets, clear errors, and the fused kernels' handling
-of masks checked on CPU (Splash in the Pallas interpreter; cuDNN's even-length padding through
-the XLA path of the same call)."""
+of masks checked against the XLA path (Splash itself on a TPU, in the Pallas interpreter
+elsewhere; cuDNN's even-length padding through the XLA path of the same call)."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,7 @@ from rl_models import Transformer, TransformerConfig
 from rl_models import attention
 from rl_models.transformer import attend
 
-from host import about_the_cpu
+from host import about_the_cpu, backend
 from tolerances import close
 
 V = 37
@@ -86,6 +86,11 @@ def qkv(b, l, s, h=4, k=2, dh=16, dtype=F32):
             jax.random.normal(keys[2], (b, s, k, dh), dtype))
 
 
+def interpret() -> bool:
+    """Whether Splash runs in the Pallas interpreter: everywhere but on a TPU, where the kernel runs."""
+    return backend() != "tpu"
+
+
 def xla_attention(q, k, v, mask):
     return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
 
@@ -108,7 +113,7 @@ def packed_layout():
 
 
 @pytest.mark.parametrize("layout", [padded_layout, packed_layout], ids=["padded", "packed"])
-def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layout):
+def test_splash_equals_xla_on_real_tokens_with_gradients(layout):
     """16 slots, padded to one 128-slot block. Outputs and the gradients of q, k, v agree to 1e-5
     on every real query (a padding query's output is never read, so it is left out of the loss and
     the comparison)."""
@@ -120,7 +125,7 @@ def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layo
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
 
-    splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=True)  # noqa: E731
+    splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=interpret())  # noqa: E731
     xla = lambda q, k, v: xla_attention(q, k, v, mask)  # noqa: E731
     np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, **close(rtol=1e-5, atol=1e-5))
     got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
@@ -148,7 +153,7 @@ def test_splash_prefill_into_a_longer_cache_equals_xla(offset):
     mask = causal[None] & valid[:, None, :]
     q, k, v = qkv(2, l, s)
     real = jax.lax.dynamic_slice_in_dim(valid, offset, l, axis=1)[..., None]
-    got = attention.splash(q, k, v, mask, offset=offset, interpret=True)
+    got = attention.splash(q, k, v, mask, offset=offset, interpret=interpret())
     np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, **close(rtol=1e-5, atol=1e-5))
 
 
