@@ -5,9 +5,12 @@ from pathlib import Path
 
 import pytest
 
+import jax
+from host import backend, skip_unless_cpu
 from rl_core.runtime.compiles import use_persistent_cache
 from rl_core.runtime.cpu_random import unroll_threefry_on_cpu
 from rl_core.runtime.host_memory import keep_freed_memory
+from tolerances import SUITE_MATMUL_PRECISION
 
 # --- faster XLA compiles -------------------------------------------------------------------------
 # The test programs are tiny, so XLA:CPU's compile time dominates the suite. LLVM optimization
@@ -54,6 +57,24 @@ def pytest_configure(config):
         import jax
 
         jax.config.update("jax_num_cpu_devices", MULTIDEVICE_TIER_DEVICES)
+
+
+# --- on an accelerator (scripts/tpu-tests.sh): on CPU none of this changes anything ---------------
+def pytest_runtest_setup(item):
+    """Tests about XLA:CPU itself skip (tests/support/host.py)."""
+    skip_unless_cpu(item)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def on_an_accelerator():
+    """float32 products at full precision (tests/support/tolerances.py says why), and the
+    processes tests start run on the CPU: one process holds a chip, and this one has it (JAX read
+    JAX_PLATFORMS when it started, so the setting is its children's only)."""
+    if backend() == "cpu":
+        return
+    if precision := SUITE_MATMUL_PRECISION.get(backend()):
+        jax.config.update("jax_default_matmul_precision", precision)
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 # --- the longest files first ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from host import need_uv
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = {"cuda12": "jax-cuda12-plugin", "cuda13": "jax-cuda13-plugin", "tpu": "libtpu"}
@@ -42,6 +43,7 @@ def test_the_install_commands_are_in_the_readme_and_the_scaling_guide():
 @pytest.mark.parametrize("extra", ["cuda12", "cuda13", "tpu", "gcs", "wandb"])
 def test_uv_sync_with_each_extra_resolves_from_the_lock(extra):
     """`--dry-run`: resolved and checked against uv.lock, nothing installed."""
+    need_uv()
     out = subprocess.run(["uv", "sync", "--locked", "--extra", extra, "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr

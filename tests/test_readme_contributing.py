@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from host import need_uv
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +37,8 @@ def one(pattern: str, text: str) -> re.Match:
 def uv(workspace: Path, *args: str) -> subprocess.CompletedProcess:
     """`uv ARGS` in `workspace`, offline first (fast, from uv's cache); a cold cache (a fresh
     machine: "the network was disabled") is filled from the registry, as a contributor's would be."""
+    need_uv()
     executable = shutil.which("uv")
-    assert executable, "uv is on PATH wherever the suite runs (`uv run pytest`)"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "UV_OFFLINE")}
 
     def run(*extra: str) -> subprocess.CompletedProcess:

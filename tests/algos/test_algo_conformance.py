@@ -40,6 +40,7 @@ from rl_core.train.behaviour import LogprobPasses
 from rl_core.train.objective import policy_loss_function
 from rl_core.types import TrainExample
 from rl_core.testing import make_groups, stage, train_counting_compiles
+from tolerances import approx, close
 
 REPO = Path(__file__).resolve().parents[2]
 ALGORITHMS = registry.registry.names("algorithm")
@@ -256,7 +257,7 @@ def is_ratio_surrogate(config) -> bool:
     logp, mask = jnp.log(jnp.full((2, 3), 0.5)), jnp.ones((2, 3))
     loss, _ = fn(logp, logp, jnp.asarray([1.0, -2.0]), mask, eps_low=config.epsilon_low,
                  eps_high=config.epsilon_high, dual_clip=None)  # fmt: skip
-    return bool(np.allclose(per_token(loss, mask), [[-1.0] * 3, [2.0] * 3]))
+    return bool(np.allclose(per_token(loss, mask), [[-1.0] * 3, [2.0] * 3], **close(rtol=1e-5, atol=1e-8)))
 
 
 def test_the_ratio_surrogate_probe_tells_the_forms_apart():
@@ -282,16 +283,16 @@ def test_loss_and_gradients_are_finite_and_nonzero(toy_losses, name):
     checked = config.loss_agg_mode in POLICY_LOSS_AT_RATIO_ONE and surrogate and "train/policy_loss" in out.means
     if checked and not distills:
         total, denom = out.means["train/policy_loss"]
-        assert total / denom == pytest.approx(POLICY_LOSS_AT_RATIO_ONE[config.loss_agg_mode], abs=1e-5)
+        assert total / denom == approx(POLICY_LOSS_AT_RATIO_ONE[config.loss_agg_mode], abs=1e-5)
         if not config.beta:
-            assert loss == pytest.approx(total / denom, abs=1e-6)  # no KL term at all
+            assert loss == approx(total / denom, abs=1e-6)  # no KL term at all
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_padding_never_changes_the_loss(toy_losses, name):
     _, (loss, _, _, loss_with_rows, loss_with_left_pad) = toy_losses(name)
-    assert loss_with_rows == pytest.approx(loss, rel=1e-6, abs=1e-6)
-    assert loss_with_left_pad == pytest.approx(loss, abs=1e-5)
+    assert loss_with_rows == approx(loss, rel=1e-6, abs=1e-6)
+    assert loss_with_left_pad == approx(loss, abs=1e-5)
 
 
 # -- every tool compiles the program that runs ---------------------------------------------
@@ -420,8 +421,8 @@ def test_logs_the_documented_metrics(run):
         assert m["rollout/staleness_version_lag"] == 0.0 and m["rollout/masked_frac"] == 0.0
         if m.get("dapo/groups_carried_in", 0) == 0:
             # one pass, one mini-batch, no carried rows: on-policy, the ratio is 1 in value
-            assert m["train/ratio_min"] == pytest.approx(1.0, abs=1e-6)
-            assert m["train/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+            assert m["train/ratio_min"] == approx(1.0, abs=1e-6)
+            assert m["train/ratio_max"] == approx(1.0, abs=1e-6)
 
 
 def test_second_step_compiles_nothing_new(run):
@@ -481,7 +482,7 @@ def test_mini_batches_after_the_first_see_the_moved_policy(name):
     ratio_max = [s["maxima"]["train/ratio_max"] for s in stats]
     clipped = [s["means"]["train/clip_frac_low"][0] + s["means"]["train/clip_frac_high"][0] for s in stats]
     # mini-batch 1 runs on the policy that sampled it ...
-    assert ratio_min[0] == pytest.approx(1.0, abs=1e-5) and ratio_max[0] == pytest.approx(1.0, abs=1e-5)
+    assert ratio_min[0] == approx(1.0, abs=1e-5) and ratio_max[0] == approx(1.0, abs=1e-5)
     assert clipped[0] == 0
     # ... mini-batches 2..4 on a policy that already moved, so the ratio leaves 1 and clips
     print(f"{name}: ratio ranges", [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(ratio_min, ratio_max)])
@@ -513,13 +514,13 @@ def test_recorded_logprobs_are_kept_and_weigh_the_update(name):
     )  # fmt: skip
     reported = np.asarray(per_token(aux.ratio, carried.completion_mask))[mask]
     if np.ndim(aux.ratio) == 2:
-        np.testing.assert_allclose(reported, ratio, rtol=1e-5)
+        np.testing.assert_allclose(reported, ratio, **close(rtol=1e-5))
     else:
         per_row = np.exp(np.log(ratio).reshape(rows, 3).mean(axis=1))  # 3 real tokens per row
-        np.testing.assert_allclose(np.asarray(aux.ratio), per_row, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(aux.ratio), per_row, **close(rtol=1e-5))
     (stats,) = learner.update_models(carried)["policy"]
-    assert stats["minima"]["train/ratio_min"] == pytest.approx(reported.min(), rel=1e-5)
-    assert stats["maxima"]["train/ratio_max"] == pytest.approx(reported.max(), rel=1e-5)
+    assert stats["minima"]["train/ratio_min"] == approx(reported.min(), rel=1e-5)
+    assert stats["maxima"]["train/ratio_max"] == approx(reported.max(), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)
@@ -539,7 +540,7 @@ def test_on_policy_fast_path_equals_the_recomputed_path(name):
     fast = jax.device_get((learner.params, learner.state.policy.opt_state))
     (b,) = fresh(name)[2].update_models(recomputed)["policy"]  # the same learner, from the same initial state
     slow = jax.device_get((learner.params, learner.state.policy.opt_state))
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
-    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0
+    assert a["loss"] == approx(b["loss"], rel=1e-6, abs=1e-9)
+    assert a["grad_norm"] == approx(b["grad_norm"], rel=1e-6) and a["grad_norm"] > 0
     for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(slow), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-8)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **close(rtol=1e-5, atol=1e-8))

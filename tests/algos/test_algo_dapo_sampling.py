@@ -26,6 +26,7 @@ from rl_core.learner import carry_from_json, carry_to_json
 from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import tree_max_abs_diff
 from rl_core.testing import BagPolicy, make_groups, stage
+from tolerances import approx, close
 
 OFF = RolloutCorrection(mode="off")
 
@@ -125,7 +126,7 @@ def test_rounds_kept_groups_and_surplus_carried_to_the_next_step():
     assert len({*learner.rounds[0], *learner.rounds[1]}) == 4
     # kept groups keep their own prompts: group 0 is round 1's first, group 2 round 2's first
     assert [s["prompt"] for s in batch.samples[::G]] == [learner.rounds[0][0], learner.rounds[1][0]]
-    np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
+    np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], **close(atol=1e-6))
     assert math.isfinite(m1["train/loss"])
     carry = json.loads(json.dumps(carry_to_json(learner.state.carry)))["carry"]
     assert carry["texts"] == ["3:1", "3:0"] and carry["rewards"] == [1.0, 0.0]
@@ -164,7 +165,7 @@ def test_filter_judges_groups_by_correctness_not_by_shaped_totals():
     by_total = make(script=[[L, I]], filter_reward="total")
     m = by_total.train_step()
     assert group_ids(by_total.batches[-1]) == [0, 1]  # kept, and trained on length alone
-    np.testing.assert_allclose(by_total.batches[-1].example.advantages[:2], [A, -A], atol=1e-6)
+    np.testing.assert_allclose(by_total.batches[-1].example.advantages[:2], [A, -A], **close(atol=1e-6))
 
 
 def test_unknown_filter_reward_is_rejected():
@@ -190,10 +191,10 @@ def test_carried_rows_keep_the_behaviour_logprobs_of_the_policy_that_sampled_the
     ratio = np.exp(np.asarray(new) - np.asarray(example.old_logp))
     # the policy moved since the carried rows were sampled; fresh rows are on-policy
     assert np.abs(ratio[:G][mask[:G]] - 1).min() > 1e-4  # rounding alone gives ~1e-7
-    np.testing.assert_allclose(ratio[G:][mask[G:]], 1.0, atol=1e-5)
+    np.testing.assert_allclose(ratio[G:][mask[G:]], 1.0, **close(atol=1e-5))
     (stats,) = resumed.update_models(example)["policy"]
-    assert stats["minima"]["train/ratio_min"] == pytest.approx(ratio[mask].min(), rel=1e-5)
-    assert stats["maxima"]["train/ratio_max"] == pytest.approx(ratio[mask].max(), rel=1e-5)
+    assert stats["minima"]["train/ratio_min"] == approx(ratio[mask].min(), rel=1e-5)
+    assert stats["maxima"]["train/ratio_max"] == approx(ratio[mask].max(), rel=1e-5)
 
 
 def test_carry_over_survives_a_json_checkpoint():
@@ -210,7 +211,7 @@ def test_carry_over_survives_a_json_checkpoint():
     # the carried rows arrive intact: lengths [2, 3] -> masks, rewards [1, 0] -> advantages
     np.testing.assert_array_equal(np.asarray(batch.example.completion_mask)[:2], [[1, 1, 0, 0], [1, 1, 1, 0]])
     np.testing.assert_array_equal(np.asarray(batch.example.sampler_logp)[:2], [[-1, -1, 0, 0], [-1, -1, -1, 0]])
-    np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], atol=1e-6)
+    np.testing.assert_allclose(batch.example.advantages, [A, -A, A, -A], **close(atol=1e-6))
     assert [s["completion"] for s in batch.samples[:2]] == ["3:1", "3:0"]
 
     stage(resumed, carry=carry_from_json({"carry": None}, Groups))
@@ -261,9 +262,9 @@ def test_a_partial_batch_reports_and_samples_only_the_groups_trained_on():
     assert m["dapo/groups_kept"] == 1.0
     assert m["rewards/total/mean"] == m["rewards/scripted_reward/mean"] == 0.5
     assert m["rewards/scripted_reward/frac_positive"] == 0.5
-    assert m["advantages/std"] == pytest.approx(A, abs=1e-6)
+    assert m["advantages/std"] == approx(A, abs=1e-6)
     assert [(s["completion"], s["reward"]) for s in batch.samples] == [("5:1", 1.0), ("5:0", 0.0)]
-    assert [s["advantage"] for s in batch.samples] == pytest.approx([A, -A], abs=1e-6)
+    assert [s["advantage"] for s in batch.samples] == approx([A, -A], abs=1e-6)
 
 
 def test_raise_at_the_cap():

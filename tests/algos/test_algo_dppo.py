@@ -16,6 +16,7 @@ from algo_dppo import ALGORITHM, DPPOConfig, dppo_kl_loss, dppo_tv_loss
 from rl_core import registry
 from rl_core.math.aggregation import aggregate
 from rl_core.math.policy_losses import clipped_surrogate
+from tolerances import approx, close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 TV = dict(eps_low=0.15, eps_high=0.15)
@@ -50,8 +51,8 @@ HAND_GRAD = [[-1.2, 0.0, -5.0], [0.0, 1.5, 0.0], [0.0, 0.0, 0.0]]
 @LOSSES
 def test_loss_masks_and_flags_by_hand(variant, loss_fn, delta):
     loss, aux = variant(functools.partial(loss_fn, **delta, dual_clip=None))(LOGP, OLD, ADV, MASK)
-    np.testing.assert_allclose(loss, HAND_LOSS, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(aux.ratio)[:2, :2], [[1.2, 1.4], [0.6, 0.75]], rtol=1e-5)
+    np.testing.assert_allclose(loss, HAND_LOSS, **close(atol=1e-5))
+    np.testing.assert_allclose(np.asarray(aux.ratio)[:2, :2], [[1.2, 1.4], [0.6, 0.75]], **close(rtol=1e-5))
     np.testing.assert_array_equal(aux.clipped_high, [[0, 1, 0], [0, 0, 0], [0, 0, 0]])
     np.testing.assert_array_equal(aux.clipped_low, [[0, 0, 0], [1, 0, 0], [0, 0, 0]])
     np.testing.assert_array_equal(aux.dual_clipped, np.zeros((3, 3)))
@@ -61,7 +62,7 @@ def test_loss_masks_and_flags_by_hand(variant, loss_fn, delta):
 @LOSSES
 def test_gradients_by_hand(variant, loss_fn, delta):
     grad = variant(jax.grad(lambda lp: jnp.sum(loss_fn(lp, OLD, ADV, MASK, **delta)[0])))(LOGP)
-    np.testing.assert_allclose(grad, HAND_GRAD, atol=1e-5)
+    np.testing.assert_allclose(grad, HAND_GRAD, **close(atol=1e-5))
     assert np.all(np.isfinite(grad))
 
 
@@ -72,17 +73,17 @@ def test_token_mean_value_and_gradient():
 
     value, grad = jax.value_and_grad(mean_loss)(LOGP)
     # (0.612991 + 0 + 14.978661 + 0 - 1.805959) / 5 real tokens = 2.757139
-    assert float(value) == pytest.approx(13.785693 / 5, abs=1e-5)
-    np.testing.assert_allclose(grad, np.asarray(HAND_GRAD) / 5, atol=1e-6)
+    assert float(value) == approx(13.785693 / 5, abs=1e-5)
+    np.testing.assert_allclose(grad, np.asarray(HAND_GRAD) / 5, **close(atol=1e-6))
 
 
 def test_the_truncation_c_is_the_dual_clip_field():
     # C = 3: the rare token's weight min(5, 3) = 3: loss -3 ln .05 = 8.987197, grad -3, flagged
     loss, aux = dppo_tv_loss(LOGP, OLD, ADV, MASK, **TV, dual_clip=3.0)
-    assert float(loss[0, 2]) == pytest.approx(8.987197, abs=1e-5)
+    assert float(loss[0, 2]) == approx(8.987197, abs=1e-5)
     np.testing.assert_array_equal(aux.dual_clipped, [[0, 0, 1], [0, 0, 0], [0, 0, 0]])
     grad = jax.grad(lambda lp: jnp.sum(dppo_tv_loss(lp, OLD, ADV, MASK, **TV, dual_clip=3.0)[0]))(LOGP)
-    np.testing.assert_allclose(grad[0], [-1.2, 0.0, -3.0], atol=1e-5)
+    np.testing.assert_allclose(grad[0], [-1.2, 0.0, -3.0], **close(atol=1e-5))
 
 
 def test_a_rare_token_inside_the_divergence_region_keeps_the_gradient_the_ratio_clip_cuts():
@@ -91,7 +92,7 @@ def test_a_rare_token_inside_the_divergence_region_keeps_the_gradient_the_ratio_
         return float(jax.grad(lambda lp: fn(lp, OLD, ADV, MASK, **kw)[0][0, 2])(LOGP)[0, 2])
 
     assert token(clipped_surrogate, eps_low=0.2, eps_high=0.2, dual_clip=None) == 0.0
-    assert token(dppo_tv_loss, **TV) == pytest.approx(-5.0, abs=1e-5)
+    assert token(dppo_tv_loss, **TV) == approx(-5.0, abs=1e-5)
 
 
 def test_tv_and_kl_disagree_on_a_likely_token():
@@ -161,14 +162,14 @@ def test_matches_verl_on_random_inputs(kind, fn, delta, cap):
     loss_fn = functools.partial(fn, eps_low=delta[0], eps_high=delta[1], dual_clip=cap)
     args = jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask)
     loss, aux = jax.jit(loss_fn)(jnp.asarray(logp), *args)
-    np.testing.assert_allclose(np.asarray(loss)[real], ref_loss[real], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss)[real], ref_loss[real], **close(rtol=1e-6, atol=1e-6))
     grad = jax.grad(lambda lp: jnp.sum(loss_fn(lp, *args)[0] * mask))(jnp.asarray(logp))
-    np.testing.assert_allclose(np.asarray(grad), ref_grad * mask, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad * mask, **close(rtol=1e-6, atol=1e-6))
     flagged = np.asarray(aux.clipped_low + aux.clipped_high) > 0
     np.testing.assert_array_equal(flagged[real], masked_out[real])
     # the aggregated token-mean too (verl's default loss_agg_mode for DPPO)
     total, denom = aggregate("token-mean", loss, jnp.asarray(mask), max_len=t)
-    assert float(total / denom) == pytest.approx(np.sum(ref_loss * mask) / np.sum(mask), rel=1e-6, abs=1e-6)
+    assert float(total / denom) == approx(np.sum(ref_loss * mask) / np.sum(mask), rel=1e-6, abs=1e-6)
 
 
 # -- config and registration -------------------------------------------------------------------

@@ -23,6 +23,7 @@ from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.testing import BagPolicy, make_groups
 from code_lines import code_lines as _code_lines
+from tolerances import close
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "packages" / "algo-dr-grpo"
@@ -45,14 +46,14 @@ def test_dr_grpo_is_the_registered_estimator():
 @VARIANTS
 def test_one_group_of_four(variant):
     # [1, 0, 0, 1]: mean 0.5, so A = r - 0.5 = [0.5, -0.5, -0.5, 0.5] (no division by std).
-    np.testing.assert_allclose(_dr(variant, [1, 0, 0, 1], 4), [0.5, -0.5, -0.5, 0.5], atol=1e-6)
+    np.testing.assert_allclose(_dr(variant, [1, 0, 0, 1], 4), [0.5, -0.5, -0.5, 0.5], **close(atol=1e-6))
 
 
 @VARIANTS
 def test_groups_of_two_are_independent(variant):
     # G = 2. [3, 1]: mean 2 -> [1, -1]. [2, 2]: uniform -> [0, 0]. [0, 5]: mean 2.5 -> [-2.5, 2.5].
     adv = _dr(variant, [3, 1, 2, 2, 0, 5], 2)
-    np.testing.assert_allclose(adv, [1.0, -1.0, 0.0, 0.0, -2.5, 2.5], atol=1e-6)
+    np.testing.assert_allclose(adv, [1.0, -1.0, 0.0, 0.0, -2.5, 2.5], **close(atol=1e-6))
 
 
 @VARIANTS
@@ -68,14 +69,14 @@ def test_uniform_group_is_exactly_zero(variant, uniform):
 def test_integer_rewards_are_not_truncated(variant):
     # int32 [1, 0, 0]: mean 1/3 -> [2/3, -1/3, -1/3]; an integer mean would give [1, 0, 0].
     adv = np.asarray(variant(lambda r: dr_grpo_advantages(r, 3))(jnp.asarray([1, 0, 0], jnp.int32)))
-    np.testing.assert_allclose(adv, [2 / 3, -1 / 3, -1 / 3], atol=1e-6)
+    np.testing.assert_allclose(adv, [2 / 3, -1 / 3, -1 / 3], **close(atol=1e-6))
 
 
 def test_under_vmap():
     # Two independent reward vectors of one group each: [1, 0] -> [0.5, -0.5]; [4, 2] -> [1, -1].
     batch = jnp.asarray([[1.0, 0.0], [4.0, 2.0]])
     adv = jax.vmap(lambda r: dr_grpo_advantages(r, 2))(batch)
-    np.testing.assert_allclose(adv, [[0.5, -0.5], [1.0, -1.0]], atol=1e-6)
+    np.testing.assert_allclose(adv, [[0.5, -0.5], [1.0, -1.0]], **close(atol=1e-6))
 
 
 @VARIANTS
@@ -88,7 +89,7 @@ def test_relation_to_grpo(variant):
     std = np.repeat([math.sqrt(1 / 3), 1.0, math.sqrt(0.546875 / 3), 0.0], 4)
     dr = _dr(variant, r, 4)
     grpo = np.asarray(variant(lambda x: grpo_advantages(x, 4))(jnp.asarray(r)))
-    np.testing.assert_allclose(dr / (std + 1e-6), grpo, atol=1e-5)
+    np.testing.assert_allclose(dr / (std + 1e-6), grpo, **close(atol=1e-5))
     assert np.array_equal(dr[12:], np.zeros(4)) and np.array_equal(grpo[12:], np.zeros(4))
 
 

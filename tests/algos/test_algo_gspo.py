@@ -12,6 +12,7 @@ from algo_grpo import GRPOConfig
 from algo_gspo import GSPOConfig, gspo_loss, gspo_token_loss, sequence_log_ratio
 from rl_core import registry
 from rl_core.math.aggregation import aggregate, per_token
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 PAPER = dict(eps_low=3e-4, eps_high=4e-4)
@@ -34,15 +35,16 @@ EXPECTED_LOSS = [-(1 + 4e-4), -2 * S[1], -5.0, S[3], 1 - 3e-4]
 
 @VARIANTS
 def test_sequence_log_ratio_is_the_mean_over_real_tokens(variant):
-    np.testing.assert_allclose(variant(sequence_log_ratio)(LOGP, OLD, MASK), [0.1, -0.1, 0.0, 0.2, -0.3], atol=1e-6)
+    np.testing.assert_allclose(variant(sequence_log_ratio)(LOGP, OLD, MASK), [0.1, -0.1, 0.0, 0.2, -0.3],
+        **close(atol=1e-6))
 
 
 @VARIANTS
 def test_per_sequence_loss_and_clip_by_hand(variant):
     loss, aux = variant(functools.partial(gspo_loss, **PAPER, dual_clip=None))(LOGP, OLD, ADV, MASK)
     assert loss.shape == aux.ratio.shape == (5,)  # one term per sequence
-    np.testing.assert_allclose(loss, EXPECTED_LOSS, atol=1e-5)
-    np.testing.assert_allclose(aux.ratio, S, atol=1e-5)
+    np.testing.assert_allclose(loss, EXPECTED_LOSS, **close(atol=1e-5))
+    np.testing.assert_allclose(aux.ratio, S, **close(atol=1e-5))
     np.testing.assert_array_equal(aux.clipped_high, [1, 0, 0, 0, 0])
     np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 0, 1])
 
@@ -55,13 +57,13 @@ def test_averaged_over_sequences_and_gradient_by_hand(variant):
 
     value, grad = variant(jax.value_and_grad(mean_loss))(LOGP)
     # Four non-empty sequences (row 2 has no token): (-1.0004 - 1.8096748 + 1.2214028 + 0.9997) / 4
-    np.testing.assert_allclose(value, (EXPECTED_LOSS[0] + EXPECTED_LOSS[1] + S[3] + 0.9997) / 4, atol=1e-5)
+    np.testing.assert_allclose(value, (EXPECTED_LOSS[0] + EXPECTED_LOSS[1] + S[3] + 0.9997) / 4, **close(atol=1e-5))
     # d/dlogp_t of -s A for an unclipped sequence is -A s / |y| on each real token, then / 4 sequences.
     # Rows 0 and 4 are clipped (constant): no gradient. Row 2 and padding: none either.
     expected = np.zeros((5, 3))
     expected[1, :2] = -2 * S[1] / 2 / 4  # -0.2262094
     expected[3, 0] = 1 * S[3] / 1 / 4  # +0.3053507 (A = -1: pushing this token down lowers the loss)
-    np.testing.assert_allclose(grad, expected, atol=1e-6)
+    np.testing.assert_allclose(grad, expected, **close(atol=1e-6))
 
 
 @VARIANTS
@@ -74,7 +76,8 @@ def test_on_policy_ratio_is_exactly_one_and_the_gradient_is_reinforce(variant):
     np.testing.assert_array_equal(loss, -np.asarray(ADV))
     grad = variant(jax.grad(lambda lp: jnp.sum(loss_of(lp))))(LOGP)
     lengths = np.maximum(np.asarray(MASK).sum(1), 1)
-    np.testing.assert_allclose(grad, -np.asarray(ADV)[:, None] * np.asarray(MASK) / lengths[:, None], atol=1e-6)
+    np.testing.assert_allclose(grad, -np.asarray(ADV)[:, None] * np.asarray(MASK) / lengths[:, None],
+        **close(atol=1e-6))
 
 
 def test_a_tied_group_contributes_nothing():
@@ -91,10 +94,11 @@ def test_gspo_token_equals_gspo_in_value_in_every_mode(mode):
     seq, seq_aux = gspo_loss(LOGP, OLD, ADV, MASK, **PAPER)
     tok, tok_aux = gspo_token_loss(LOGP, OLD, ADV, MASK, **PAPER)
     assert tok.shape == (5, 3)
-    np.testing.assert_allclose(aggregate(mode, tok, MASK, max_len=3), aggregate(mode, seq, MASK, max_len=3), atol=1e-5)
+    np.testing.assert_allclose(aggregate(mode, tok, MASK, max_len=3), aggregate(mode, seq, MASK, max_len=3),
+        **close(atol=1e-5))
     real = np.asarray(MASK) > 0
     for a, b in zip(seq_aux, tok_aux):  # the same clip decisions, spread over the tokens
-        np.testing.assert_allclose(np.asarray(per_token(a, MASK))[real], np.asarray(b)[real], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(per_token(a, MASK))[real], np.asarray(b)[real], **close(atol=1e-5))
 
 
 @VARIANTS
@@ -102,14 +106,15 @@ def test_gspo_token_gradient_equals_gspo_under_the_sequence_mean(variant):
     def mean(fn):
         return lambda lp: jnp.divide(*aggregate("seq-mean-token-mean", fn(lp, OLD, ADV, MASK, **PAPER)[0], MASK, max_len=3))
 
-    np.testing.assert_allclose(variant(jax.grad(mean(gspo_token_loss)))(LOGP), jax.grad(mean(gspo_loss))(LOGP), atol=1e-6)
+    np.testing.assert_allclose(variant(jax.grad(mean(gspo_token_loss)))(LOGP), jax.grad(mean(gspo_loss))(LOGP),
+        **close(atol=1e-6))
 
 
 def test_gspo_token_takes_per_token_advantages():
     # Unclipped (eps large): token loss -s_i A_it with s_i detached, so d/dlogp_t = -s_i A_it on real tokens.
     adv = jnp.asarray([[1.0, -1.0, 2.0], [0.5, 3.0, 0.0], [1.0, 1.0, 1.0], [-2.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     grad = jax.grad(lambda lp: jnp.sum(gspo_token_loss(lp, OLD, adv, MASK, eps_low=0.9, eps_high=9.0)[0]))(LOGP)
-    np.testing.assert_allclose(grad, -S[:, None] * np.asarray(adv) * np.asarray(MASK), atol=1e-5)
+    np.testing.assert_allclose(grad, -S[:, None] * np.asarray(adv) * np.asarray(MASK), **close(atol=1e-5))
 
 
 def test_config_defaults_and_registration():
@@ -119,7 +124,7 @@ def test_config_defaults_and_registration():
     assert registry.get("policy_loss", "gspo") is gspo_loss
     assert registry.get("policy_loss", "gspo_token") is gspo_token_loss
     assert registry.registry.provider("policy_loss", "gspo") == "algo-gspo"
-    assert math.isclose(GSPOConfig(policy_loss="gspo_token").epsilon_high, 4e-4)
+    assert math.isclose(GSPOConfig(policy_loss="gspo_token").epsilon_high, 4e-4, **close(rtol=1e-5, atol=1e-8))
 
 
 @VARIANTS
@@ -138,5 +143,5 @@ def test_on_policy_it_is_grpos_update(variant):
 
     (v_gspo, g_gspo), (v_grpo, g_grpo) = mean(gspo_loss, **PAPER), mean(clip, eps_low=0.2, eps_high=0.2)
     # rows 0, 1, 3, 4 are non-empty: -(1 + 2 - 1 - 1) / 4 = -0.25
-    np.testing.assert_allclose([v_gspo, v_grpo], [-0.25, -0.25], atol=1e-6)
-    np.testing.assert_allclose(g_gspo, g_grpo, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose([v_gspo, v_grpo], [-0.25, -0.25], **close(atol=1e-6))
+    np.testing.assert_allclose(g_gspo, g_grpo, **close(rtol=1e-6, atol=1e-7))

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from host import need_uv
 
 pytestmark = pytest.mark.e2e
 
@@ -74,9 +75,8 @@ def _run(cmd: list[str], cwd: Path = REPO, **kwargs) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def isolated_python(tmp_path_factory) -> Path:
+    need_uv()
     uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip("uv is not on PATH: cannot build an isolated environment")
     root = tmp_path_factory.mktemp("isolated")
     venv = root / "venv"
     made = _run([uv, "venv", str(venv), "--python", f"{sys.version_info.major}.{sys.version_info.minor}", "-q"])

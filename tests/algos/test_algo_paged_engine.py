@@ -19,6 +19,7 @@ from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import GREEDY
 from rl_core.testing import BAG_PAGING, BagPolicy
+from tolerances import close
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -65,7 +66,7 @@ def test_greedy_rollouts_of_both_engines_agree_in_a_learner():
     a = paged._generate(tokens, mask, GREEDY, num_samples=2)
     b = static._generate(tokens, mask, GREEDY, num_samples=2)
     np.testing.assert_array_equal(a.tokens, np.asarray(b.tokens))
-    np.testing.assert_allclose(a.logp, np.asarray(b.logp), atol=1e-5)
+    np.testing.assert_allclose(a.logp, np.asarray(b.logp), **close(atol=1e-5))
 
 
 def test_the_paged_engine_without_its_adapter_is_a_clear_error():

@@ -23,6 +23,7 @@ from rl_core.learner.groups import Groups
 from rl_core.rollout.async_rollout import settled
 from rl_core.testing import tree_max_abs_diff
 from rl_core.testing import BAG_PAGING, BagPolicy
+from tolerances import approx
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 7) for b in range(1, 5)]
@@ -96,7 +97,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
     for m in history[1:]:
         assert m["rollout/staleness_token_lag_max"] == 1.0
         assert 0.0 < m["rollout/staleness_current_frac"] < 1.0
-        assert m["rollout/staleness_token_lag_mean"] == pytest.approx(1.0 - m["rollout/staleness_current_frac"])
+        assert m["rollout/staleness_token_lag_mean"] == approx(1.0 - m["rollout/staleness_current_frac"])
     [flight] = settled(straight.state.in_flight)  # batch 5, collected beside update 4: versions 3 then 4
     groups = flight.batch
     assert flight.version == 3

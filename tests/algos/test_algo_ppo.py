@@ -26,6 +26,7 @@ from rl_models import (
     value_model_from_policy,
 )
 from rl_models.lora import add_adapters
+from tolerances import close
 
 TOK = CharTokenizer()
 MODEL = TransformerConfig.tiny(TOK.vocab_size, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -157,12 +158,12 @@ def test_advantages_are_whitened_gae_over_rewards_with_the_kl_penalty(run):
     example = learner._example_from_groups(groups)
     assert example.old_logp is not None and example.ref_logp is not None  # the KL penalty reads both
     mask = example.completion_mask
-    np.testing.assert_allclose(example.values, learner.critic_values(example), atol=0)
+    np.testing.assert_allclose(example.values, learner.critic_values(example), **close())
     kl = np.asarray(example.old_logp) - np.asarray(example.ref_logp)  # k1
     rewards_ = token_rewards(groups.rewards, mask, kl=kl, beta=0.05)
     raw, returns = gae(rewards_, example.values, mask, gamma=1.0, lam=0.95)
-    np.testing.assert_allclose(example.advantages, whiten(raw, mask), atol=1e-5)
-    np.testing.assert_allclose(example.returns, returns, atol=1e-6)
+    np.testing.assert_allclose(example.advantages, whiten(raw, mask), **close(atol=1e-5))
+    np.testing.assert_allclose(example.returns, returns, **close(atol=1e-6))
     assert np.abs(kl * mask).max() > 0  # the penalty was not zero: the policy moved at step 3
 
 
@@ -239,4 +240,4 @@ def test_environment_turn_rewards_go_on_each_turns_last_token(run):
     kl = np.asarray(example.old_logp) - np.asarray(example.ref_logp)
     rewards_ = token_rewards(groups.rewards, mask, kl=kl, beta=0.05) + want * (np.asarray(mask) > 0)
     _, returns = gae(rewards_, example.values, mask, gamma=1.0, lam=0.95)
-    np.testing.assert_allclose(example.returns, returns, atol=1e-6)
+    np.testing.assert_allclose(example.returns, returns, **close(atol=1e-6))

@@ -10,6 +10,7 @@ from algo_reinforce_pp import ReinforcePPConfig, reinforce_pp_advantages
 from rl_core import registry
 from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 
@@ -24,7 +25,7 @@ def test_three_groups_of_two_by_hand(variant):
     # Batch mean 0; batch std (over all six) = sqrt((0.25 + 0.25 + 0 + 0 + 0.0625 + 0.0625) / 6)
     # = sqrt(0.625 / 6) = 0.32274861; A = centred / 0.32274861.
     adv = _adv(variant, [1, 0, 1, 1, 0.5, 0], 2)
-    np.testing.assert_allclose(adv, [1.5491933, -1.5491933, 0, 0, 0.7745967, -0.7745967], atol=1e-5)
+    np.testing.assert_allclose(adv, [1.5491933, -1.5491933, 0, 0, 0.7745967, -0.7745967], **close(atol=1e-5))
     assert adv[2] == 0.0 and adv[3] == 0.0  # the tied group is exactly 0, not a rounding step away
 
 
@@ -34,7 +35,7 @@ def test_the_scale_is_the_batch_not_the_group(variant):
     # larger spread keeps the larger advantages: [0, 4] -> [-2, 2], [0, 1] -> [-0.5, 0.5];
     # batch std = sqrt((4 + 4 + 0.25 + 0.25) / 4) = sqrt(2.125) = 1.4577380.
     adv = _adv(variant, [0, 4, 0, 1], 2)
-    np.testing.assert_allclose(adv, [-1.3719887, 1.3719887, -0.3429972, 0.3429972], atol=1e-5)
+    np.testing.assert_allclose(adv, [-1.3719887, 1.3719887, -0.3429972, 0.3429972], **close(atol=1e-5))
 
 
 @VARIANTS
@@ -42,7 +43,7 @@ def test_relation_to_dr_grpo(variant):
     # Dr. GRPO's group-centred advantage divided by its batch std (population, ddof 0).
     r = np.asarray([1, 0, 0, 1, 2, 0, 0, 0, 0.5, 0.25, 1, 0, 3, 3, 3, 3], np.float32)
     dr = np.asarray(dr_grpo_advantages(jnp.asarray(r), 4))
-    np.testing.assert_allclose(_adv(variant, r, 4), dr / (dr.std() + 1e-6), atol=1e-5)
+    np.testing.assert_allclose(_adv(variant, r, 4), dr / (dr.std() + 1e-6), **close(atol=1e-5))
 
 
 @VARIANTS
@@ -54,7 +55,7 @@ def test_all_tied_is_exactly_zero(variant, uniform):
 def test_under_vmap():
     # Two independent batches: [1, 0] -> [1, -1] (centred +-0.5, batch std 0.5); [4, 2] -> [1, -1].
     adv = jax.vmap(lambda r: reinforce_pp_advantages(r, 2))(jnp.asarray([[1.0, 0.0], [4.0, 2.0]]))
-    np.testing.assert_allclose(adv, [[1.0, -1.0], [1.0, -1.0]], atol=1e-5)
+    np.testing.assert_allclose(adv, [[1.0, -1.0], [1.0, -1.0]], **close(atol=1e-5))
 
 
 @VARIANTS
@@ -84,9 +85,9 @@ def test_k2_kl_loss_term_and_its_gradient_by_hand(variant):
         return out.total / out.denom
 
     value, grad = variant(jax.value_and_grad(loss_of))(logp)
-    np.testing.assert_allclose(value, -0.499125, atol=1e-6)
+    np.testing.assert_allclose(value, -0.499125, **close(atol=1e-6))
     expected = np.asarray([[-1 + 1e-3 * 0.5, -1 + 1e-3 * -1, 0], [0.5 + 1e-3 * 2, 0, 0], [0, 0, 0]]) / 3
-    np.testing.assert_allclose(grad, expected, atol=1e-6)
+    np.testing.assert_allclose(grad, expected, **close(atol=1e-6))
 
 
 def test_config_defaults_and_registration():

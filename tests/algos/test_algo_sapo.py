@@ -19,6 +19,7 @@ from rl_core.config import ConfigError, RolloutConfig
 from rl_core.math.aggregation import aggregate
 from rl_core.math.policy_losses import clipped_surrogate
 from rl_core.train.behaviour import LogprobPasses
+from tolerances import approx, close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 PAPER = dict(eps_low=0.2, eps_high=0.2, dual_clip=None)  # eps_* are not used by SAPO
@@ -45,18 +46,18 @@ HAND_GRAD = [[-2.0, -1.5 * (1 + LN3)], [1.0, 8 / 9 * R_LOW], [0.0, 0.0]]
 @VARIANTS
 def test_gate_values_and_diagnostics_by_hand(variant):
     loss, aux = variant(functools.partial(sapo_loss, **PAPER))(LOGP, OLD, ADV, MASK)
-    np.testing.assert_allclose(np.asarray(loss)[:2], HAND_LOSS, atol=1e-5)
-    np.testing.assert_allclose(aux.ratio[:2], [[1.0, 1 + LN3], [1.0, R_LOW]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss)[:2], HAND_LOSS, **close(atol=1e-5))
+    np.testing.assert_allclose(aux.ratio[:2], [[1.0, 1 + LN3], [1.0, R_LOW]], **close(rtol=1e-6))
     # the gradient share the gate removes, 1 - 4 s (1 - s): 1 - 3/4 = 1/4 (A > 0, r > 1), 1 - 8/9 = 1/9 (A < 0, r < 1)
-    np.testing.assert_allclose(aux.clipped_high, [[0, 0.25], [0, 0], [0, 0]], atol=1e-6)
-    np.testing.assert_allclose(aux.clipped_low, [[0, 0], [0, 1 / 9], [0, 0]], atol=1e-6)
+    np.testing.assert_allclose(aux.clipped_high, [[0, 0.25], [0, 0], [0, 0]], **close(atol=1e-6))
+    np.testing.assert_allclose(aux.clipped_low, [[0, 0], [0, 1 / 9], [0, 0]], **close(atol=1e-6))
     np.testing.assert_array_equal(aux.dual_clipped, np.zeros((3, 2)))
 
 
 @VARIANTS
 def test_gradients_by_hand(variant):
     grad = variant(jax.grad(lambda lp: jnp.sum(sapo_loss(lp, OLD, ADV, MASK, **PAPER)[0] * MASK)))(LOGP)
-    np.testing.assert_allclose(grad, HAND_GRAD, atol=1e-5)
+    np.testing.assert_allclose(grad, HAND_GRAD, **close(atol=1e-5))
 
 
 def test_seq_mean_token_mean_value_and_gradient():
@@ -66,9 +67,9 @@ def test_seq_mean_token_mean_value_and_gradient():
 
     value, grad = jax.value_and_grad(mean_loss)(LOGP)
     # rows 0 and 1 (row 2 has no tokens): ((-4 - 6) / 2 + (1.904762 + 1.269841) / 2) / 2 = (-5 + 1.587302) / 2
-    assert float(value) == pytest.approx((-5.0 + 1.5873016) / 2, abs=1e-5)
+    assert float(value) == approx((-5.0 + 1.5873016) / 2, abs=1e-5)
     # each token's gradient / (2 tokens) / (2 sequences)
-    np.testing.assert_allclose(grad, np.asarray(HAND_GRAD) / 4, atol=1e-5)
+    np.testing.assert_allclose(grad, np.asarray(HAND_GRAD) / 4, **close(atol=1e-5))
 
 
 def test_at_ratio_one_the_gradient_is_the_unclipped_policy_gradient():
@@ -78,9 +79,9 @@ def test_at_ratio_one_the_gradient_is_the_unclipped_policy_gradient():
     one = jnp.ones((1, 2))
     for taus in [(1.0, 1.05), (0.5, 3.0)]:
         g = jax.grad(lambda lp: jnp.sum(sapo_loss(lp, logp, adv, one, **PAPER, tau_pos=taus[0], tau_neg=taus[1])[0]))
-        np.testing.assert_allclose(g(logp), [[-0.7, -0.7]], atol=1e-6)
+        np.testing.assert_allclose(g(logp), [[-0.7, -0.7]], **close(atol=1e-6))
     g_clip = jax.grad(lambda lp: jnp.sum(clipped_surrogate(lp, logp, adv, one, **PAPER)[0]))(logp)
-    np.testing.assert_allclose(g_clip, [[-0.7, -0.7]], atol=1e-6)
+    np.testing.assert_allclose(g_clip, [[-0.7, -0.7]], **close(atol=1e-6))
 
 
 def test_far_off_policy_tokens_keep_a_small_gradient_where_the_clip_cuts_it():
@@ -91,7 +92,7 @@ def test_far_off_policy_tokens_keep_a_small_gradient_where_the_clip_cuts_it():
     one, adv = jnp.ones((1, 1)), jnp.asarray([1.0])
     s = 1 / (1 + math.exp(-0.5))
     g = jax.grad(lambda lp: sapo_loss(lp, old, adv, one, **PAPER)[0][0, 0])(logp)
-    assert float(g[0, 0]) == pytest.approx(-4 * s * (1 - s) * 1.5, abs=1e-6) == pytest.approx(-1.410022, abs=1e-6)
+    assert float(g[0, 0]) == approx(-4 * s * (1 - s) * 1.5, abs=1e-6) == approx(-1.410022, abs=1e-6)
     g_clip = jax.grad(lambda lp: clipped_surrogate(lp, old, adv, one, **PAPER)[0][0, 0])(logp)
     assert float(g_clip[0, 0]) == 0.0
 
@@ -135,12 +136,12 @@ def test_matches_verl_on_random_inputs(taus):
     fn = functools.partial(sapo_loss, **PAPER, tau_pos=taus[0], tau_neg=taus[1])
     loss, _ = jax.jit(fn)(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask))
     real = mask > 0
-    np.testing.assert_allclose(np.asarray(loss)[real], ref_tokens[real], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss)[real], ref_tokens[real], **close(rtol=1e-6, atol=1e-6))
     total, denom = aggregate("seq-mean-token-mean", loss, jnp.asarray(mask), max_len=t)
-    assert float(total / denom) == pytest.approx(ref_value, rel=1e-6, abs=1e-6)
+    assert float(total / denom) == approx(ref_value, rel=1e-6, abs=1e-6)
     # and per-token [B, T] advantages (verl's own input shape) give the same
     loss_bt, _ = fn(jnp.asarray(logp), jnp.asarray(old), jnp.broadcast_to(jnp.asarray(adv)[:, None], (b, t)), mask)
-    np.testing.assert_allclose(np.asarray(loss_bt)[real], ref_tokens[real], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(loss_bt)[real], ref_tokens[real], **close(rtol=1e-6, atol=1e-6))
     # the gradient torch's autograd takes through verl's formula: -A (4/tau) s (1 - s) tau r = -4 s (1 - s) r A
     ratio = np.exp(logp.astype(np.float64) - old)
     tau = np.where(adv[:, None] > 0, taus[0], taus[1])
@@ -149,7 +150,7 @@ def test_matches_verl_on_random_inputs(taus):
     grad = jax.grad(lambda lp: jnp.sum(fn(lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask))[0] * mask))(
         jnp.asarray(logp)
     )
-    np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, ref_grad, **close(rtol=1e-5, atol=1e-6))
 
 
 # -- config, learner, registration ------------------------------------------------------------

@@ -20,6 +20,7 @@ from rl_core.correction_config import resolve_correction
 from rl_core.train.objective import policy_gradient_loss
 from rl_core.types import TrainExample
 from rl_core.testing import BagPolicy, MismatchedSampler, stage
+from tolerances import approx, close
 
 # MismatchedSampler.on_doubling's tokenizer and reward (rl_core.testing needs neither package)
 DOUBLING = {"tokenizer": rl_models.CharTokenizer(),
@@ -56,23 +57,23 @@ def test_weighted_loss_gradient_and_metrics_by_hand(variant):
         return out.total / out.denom, out
 
     (value, out), grad = variant(jax.value_and_grad(mean, has_aux=True))(LOGP)
-    np.testing.assert_allclose(value, -(1.5 + 2.0 + 0.5) / 3, atol=1e-6)  # -4/3
-    np.testing.assert_allclose(grad, [[-1.5 / 3, -2.0 / 3, -0.5 / 3, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(value, -(1.5 + 2.0 + 0.5) / 3, **close(atol=1e-6))  # -4/3
+    np.testing.assert_allclose(grad, [[-1.5 / 3, -2.0 / 3, -0.5 / 3, 0.0]], **close(atol=1e-6))
 
     def metric(name):
         total, count = out.means[name]
         return float(total / count)
 
-    assert metric("drift/tis_weight_mean") == pytest.approx(4 / 3, abs=1e-6)
-    assert metric("drift/tis_capped_frac") == pytest.approx(1 / 3, abs=1e-6)  # the factor 3 hit C = 2
+    assert metric("drift/tis_weight_mean") == approx(4 / 3, abs=1e-6)
+    assert metric("drift/tis_capped_frac") == approx(1 / 3, abs=1e-6)  # the factor 3 hit C = 2
     # the mismatch itself, |log pi_old - log pi_sampler|: mean (log 1.5 + log 3 + log 2) / 3, max log 3
-    assert metric("drift/logp_abs_mean") == pytest.approx(np.log(9) / 3, abs=1e-6)
-    assert float(out.maxima["drift/logp_abs_max"]) == pytest.approx(np.log(3), abs=1e-6)
+    assert metric("drift/logp_abs_mean") == approx(np.log(9) / 3, abs=1e-6)
+    assert float(out.maxima["drift/logp_abs_max"]) == approx(np.log(3), abs=1e-6)
 
 
 def test_off_by_default_the_loss_is_unweighted():
     out = _loss(LOGP, None)
-    assert float(out.total / out.denom) == pytest.approx(-1.0, abs=1e-6)
+    assert float(out.total / out.denom) == approx(-1.0, abs=1e-6)
     assert "drift/tis_weight_mean" not in out.means and "drift/logp_abs_mean" in out.means
     assert GRPOConfig().tis_cap is None
 
@@ -120,8 +121,8 @@ def test_every_policy_loss_is_weighted_token_by_token(name):
 
     value, grad = jax.jit(jax.value_and_grad(tis_total))(CURRENT)
     want_value, want_grad = jax.jit(jax.value_and_grad(expected_total))(CURRENT)
-    np.testing.assert_allclose(value, want_value, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value, want_value, **close(rtol=1e-5, atol=1e-6))
+    np.testing.assert_allclose(grad, want_grad, **close(rtol=1e-5, atol=1e-6))
     unweighted = jnp.sum(per_token(fn(CURRENT, OLD, adv, TWO_MASK, **kwargs)[0], TWO_MASK) * TWO_MASK)
     assert abs(float(value - unweighted)) > 0.1  # the weights matter here
 
@@ -164,13 +165,13 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     real = mask > 0
     assert real.sum() >= 6 and {0.5, 1.5, 2.0} <= {round(float(w), 2) for w in weights[real]}
     assert metrics["drift/tis_weight_mean"] == pytest.approx(weights[real].mean(), rel=1e-4)
-    assert metrics["drift/tis_capped_frac"] == pytest.approx((weights[real] >= CAP).mean(), abs=1e-6)
+    assert metrics["drift/tis_capped_frac"] == approx((weights[real] >= CAP).mean(), abs=1e-6)
     # one iteration, one mini-batch: rho = 1, so GRPO's token term is -A * w; its default
     # aggregation (seq-mean-token-mean) averages tokens within each completion, then completions
     adv = np.asarray(example.advantages)[:, None]
     rows = real.any(axis=1)
     per_row = (-adv * weights * mask).sum(axis=1)[rows] / mask.sum(axis=1)[rows]
-    assert metrics["train/policy_loss"] == pytest.approx(per_row.mean(), rel=1e-4, abs=1e-6)
+    assert metrics["train/policy_loss"] == approx(per_row.mean(), rel=1e-4, abs=1e-6)
 
 
 def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
@@ -188,11 +189,11 @@ def test_the_correction_without_a_behaviour_pass_equals_it_with_one():
     for name in ("drift/tis_weight_mean", "drift/tis_capped_frac", "rollout/mismatch_logp_abs_mean"):
         total, count = fast["means"][name]
         want_total, want_count = recomputed["means"][name]
-        assert total / count == pytest.approx(want_total / want_count, rel=1e-5, abs=1e-7), name
+        assert total / count == approx(want_total / want_count, rel=1e-5, abs=1e-7), name
     assert fast["means"]["drift/tis_capped_frac"][0] > 0  # the factor 3 is capped: the weights matter
-    assert fast["loss"] == pytest.approx(recomputed["loss"], rel=1e-5, abs=1e-8)
+    assert fast["loss"] == approx(recomputed["loss"], rel=1e-5, abs=1e-8)
     for got, want in zip(jax.tree.leaves(fast_params), jax.tree.leaves(learner.params), strict=True):
-        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got, np.asarray(want), **close(rtol=1e-5, atol=1e-7))
 
 
 def test_greedy_sampling_with_tis_is_refused():

@@ -12,6 +12,7 @@ from rewards import RewardError, RewardManager, RewardSpec, make_reward
 from rewards.remote import RemoteRewardError, remote_judge, remote_score
 
 from reward_server import RewardServer
+from host import need_sockets
 
 FAST = {"timeout_s": 0.5, "backoff_s": 0.01, "step_timeout_s": 3.0}
 
@@ -107,6 +108,7 @@ def test_step_deadline_bounds_the_call_whatever_the_timeouts():
 
 
 def test_dead_server_fails_fast():
+    need_sockets()
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -17,6 +17,7 @@ from rl_core.episodes.segments import Segments, expand
 from rl_core.learner.groups import Groups, concat
 from rl_core.testing import BagPolicy, make_groups
 from rl_core.types import TrainExample
+from tolerances import approx, close
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -101,13 +102,13 @@ def test_the_learner_trains_segments_with_their_episode_advantage_normalised_ove
     episodes = [1.5, -0.5, -0.5, -0.5, 0.5, 0.5, -1.5, 0.5]
     # 8 episodes + 4 segments = 12 rows: three micro-batches of 4 (the step's 8 rows were two)
     assert example.batch_size == learner.layout.rows_for(12) == 12
-    np.testing.assert_allclose(example.advantages, [*episodes, 1.5, 1.5, -0.5, 0.5], atol=1e-5)
+    np.testing.assert_allclose(example.advantages, [*episodes, 1.5, 1.5, -0.5, 0.5], **close(atol=1e-5))
     np.testing.assert_array_equal(example.completion_mask[8], [1, 1, 0, 0, 1, 0])
     batch = learner._examples_from(groups)
-    assert batch.metrics["advantages/mean"] == pytest.approx(0.0, abs=1e-6)  # the episodes' advantages alone
-    assert batch.metrics["advantages/std"] == pytest.approx(float(np.std(episodes)), abs=1e-5)
+    assert batch.metrics["advantages/mean"] == approx(0.0, abs=1e-6)  # the episodes' advantages alone
+    assert batch.metrics["advantages/std"] == approx(float(np.std(episodes)), abs=1e-5)
     assert batch.metrics["episodes/earlier_segments"] == 4.0
-    assert [s["advantage"] for s in batch.samples] == pytest.approx(episodes, abs=1e-5)  # one sample per episode
+    assert [s["advantage"] for s in batch.samples] == approx(episodes, abs=1e-5)  # one sample per episode
     before = jax.tree.map(np.asarray, learner.params)  # the update donates the old buffers
     stats = learner.update_models(example)["policy"]  # the update takes the 12 rows as three micro-batches
     assert len(stats) == 1 and bool(stats[0]["finite"]) and np.isfinite(float(stats[0]["loss"]))
@@ -123,7 +124,7 @@ def test_a_rewritten_segment_alone_moves_the_weights(learner):
     groups = dataclasses.replace(groups, completion_mask=np.zeros_like(groups.completion_mask),
                                  segments=groups.segments.select([0]))
     example = learner._example_from_groups(groups)
-    assert example.batch_size == 12 and example.advantages[8:10].tolist() == pytest.approx([1.5, 1.5], abs=1e-5)
+    assert example.batch_size == 12 and example.advantages[8:10].tolist() == approx([1.5, 1.5], abs=1e-5)
     before = jax.tree.map(np.asarray, learner.params)  # the update donates the old buffers
     learner.update_models(example)
     assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
@@ -144,5 +145,5 @@ def test_segments_carried_to_a_later_step_keep_the_log_probs_of_the_policy_that_
                                          expanded.completion_tokens[8:12],
                                          completion_mask=expanded.completion_mask[8:12])
     np.testing.assert_allclose(seg.old_logp * seg.completion_mask, np.asarray(direct) * seg.completion_mask,
-                               atol=1e-5)
+                               **close(atol=1e-5))
     assert (seg.old_logp[seg.completion_mask > 0] < 0).all()

@@ -22,6 +22,8 @@ from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.policy.tokens import left_pad
 from rl_models.hf import load_hf_model
 from engines import paged_engine, static_engine
+from host import about_the_cpu
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -74,7 +76,7 @@ def test_greedy_paged_equals_static_token_for_token(model):
     np.testing.assert_array_equal(got.lengths, lengths)
     np.testing.assert_array_equal(got.mask, np.asarray(want.mask))
     np.testing.assert_array_equal(got.truncated, np.asarray(want.truncated))
-    np.testing.assert_allclose(got.logp, np.asarray(want.logp), atol=1e-5)
+    np.testing.assert_allclose(got.logp, np.asarray(want.logp), **close(atol=1e-5))
     np.testing.assert_array_equal(got.version, [7] * len(lengths))
     np.testing.assert_array_equal(want.version, [7] * len(lengths))
 
@@ -105,7 +107,7 @@ def test_sampled_completions_do_not_depend_on_the_batch(model):
     again = cramped.generate(Requests(tokens, mask, 3, np.arange(5)), SAMPLED, key)
     assert cramped.preemptions > 0
     np.testing.assert_array_equal(again.tokens, alone.tokens)
-    np.testing.assert_allclose(again.logp, alone.logp, rtol=1e-6, atol=1e-6)  # 2 slots: another program
+    np.testing.assert_allclose(again.logp, alone.logp, **close(rtol=1e-6, atol=1e-6))  # 2 slots: another program
 
 
 def test_engine_logprobs_equal_the_learner_pass(model):
@@ -118,7 +120,7 @@ def test_engine_logprobs_equal_the_learner_pass(model):
     )
     # float32 through two different programs (one token at a time over pages vs the whole
     # sequence at once): a few ulps of logits of magnitude ~10, hence rtol as well as atol
-    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, **close(rtol=1e-5, atol=1e-5))
     assert out.mask.sum() > 2 * len(tokens)  # real tokens were compared
 
 
@@ -162,6 +164,7 @@ def test_one_program_per_configuration_and_none_on_a_second_rollout(model):
 HLO_TYPES = {"float32": "f32", "bfloat16": "bf16"}
 
 
+@about_the_cpu("the unrolled layers (one array per layer) are XLA:CPU's layout; accelerators scan a stack")
 def test_the_step_reads_each_layers_weights_in_place():
     """Unrolled (CPU), the engine keeps one array per layer, made once per weight version, so its
     step program (called every steps_per_sync tokens) copies no layer's weights out of a stack."""

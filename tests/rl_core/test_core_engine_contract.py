@@ -27,6 +27,7 @@ from rl_core.rollout.memory import EngineMemory, MemoryQuery, per_device
 from rl_core.rollout.sampler import GREEDY
 from rl_models import PAGED_TRANSFORMER, Transformer
 from rl_models.hf import export_hf, load_hf_model, transformer_config_from_hf
+from host import need_sockets
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 5
@@ -46,6 +47,7 @@ def model():
 def servers():
     """Two engine servers of the same model (the `trainer serve` app on threads), for engines that
     generate on servers (`remote`); started only when such an engine is registered."""
+    need_sockets()
     from trainer.serve import EngineOptions, serve_in_thread, served_folder
 
     options = EngineOptions(max_prompt_tokens=8, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,

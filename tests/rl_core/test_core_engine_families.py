@@ -25,6 +25,7 @@ from rl_core.rollout.scheduler import pages_for_one
 from rl_core.rollout.static import StaticBackend
 from rl_models.hf import load_hf_model
 from engines import full_forward_greedy, paged_engine, static_engine
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 12
@@ -104,7 +105,7 @@ def test_paged_engine_logprobs_equal_the_learner_pass(model):
     out = paged(model).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     logp, _ = jax.jit(lambda p, m, c: completion_logprobs(model, p, m, c, temperature=0.7))(
         np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0), jnp.asarray(out.tokens))
-    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, **close(rtol=1e-5, atol=1e-5))
     assert out.mask.sum() == 2 * len(tokens) * T
 
 
@@ -136,4 +137,4 @@ def test_paged_engine_logprobs_equal_the_learner_pass_with_sinks():
     out = paged(model).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     logp, _ = jax.jit(lambda p, m, c: completion_logprobs(model, p, m, c, temperature=0.7))(
         np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0), jnp.asarray(out.tokens))
-    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, **close(rtol=1e-5, atol=1e-5))

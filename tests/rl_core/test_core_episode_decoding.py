@@ -32,6 +32,7 @@ from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.retained import Retained
 from rl_core.rollout.sampler import SamplingParams
 from rl_core.policy.tokens import left_pad
+from tolerances import approx, close
 
 TOK = rl_models.CharTokenizer()
 T = 32  # the episode budget, the engine's max_new_tokens
@@ -132,7 +133,7 @@ def test_the_engine_stops_each_row_at_its_limit_and_stop_strings_and_decodes_the
         n, whole = int(cut.lengths[row]), int(full.lengths[row])
         # the same tokens and log-probs as without limits, up to where it stopped
         np.testing.assert_array_equal(cut.tokens[row, :n], full.tokens[row, :n])
-        np.testing.assert_allclose(cut.logp[row, :n], full.logp[row, :n], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(cut.logp[row, :n], full.logp[row, :n], **close(rtol=1e-6, atol=1e-6))
         assert (cut.tokens[row, n:] == TOK.pad_id).all() and (cut.mask[row, n:] == 0).all()
         stop = first_stop(full.tokens[row, :whole].tolist(), row_stops)
         if stop is not None and stop < min(limit, whole):
@@ -158,7 +159,7 @@ def test_episodes_keep_what_they_kept_and_decode_only_that(engine):
     # the kept tokens, log-probs, masks and records are those of the old path
     np.testing.assert_array_equal(new.completions.tokens, old.completions.tokens)
     np.testing.assert_array_equal(new.completions.mask, old.completions.mask)
-    np.testing.assert_allclose(new.completions.logp, old.completions.logp, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(new.completions.logp, old.completions.logp, **close(rtol=1e-6, atol=1e-6))
     np.testing.assert_array_equal(new.completions.truncated, old.completions.truncated)
     assert new.episodes == old.episodes and new.texts == old.texts
     turns = [t for e in new.episodes for role, t in e.turns if role == "model"]
@@ -211,7 +212,7 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
     metrics = learner._examples_from(groups).metrics
     assert metrics["perf/generated_tokens"] == sum(returned)  # what the engine decoded
     assert metrics["perf/kept_tokens"] == groups.lengths.sum()  # what the episodes kept
-    assert metrics["perf/decoded_per_kept"] == pytest.approx(sum(returned) / groups.lengths.sum())
+    assert metrics["perf/decoded_per_kept"] == approx(sum(returned) / groups.lengths.sum())
     assert 1.0 <= metrics["perf/decoded_per_kept"] < 1.5
     # later turns continued their episodes' cached sequences (the tests below),
     # released when the episodes ended
@@ -306,7 +307,7 @@ def test_a_continued_turn_prefills_only_past_what_it_shares_and_samples_as_a_ful
     assert reused == 0 and prefilled == sum(len(h) - 1 for h in history)
     np.testing.assert_array_equal(continued.tokens, again.tokens)
     np.testing.assert_array_equal(continued.lengths, again.lengths)
-    np.testing.assert_allclose(continued.logp, again.logp, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(continued.logp, again.logp, **close(rtol=1e-6, atol=1e-6))
     assert empty(engine)
 
 
@@ -317,7 +318,7 @@ def episodes(engine, sessions, seed=0):
 def assert_same_episodes(got, want):
     np.testing.assert_array_equal(got.completions.tokens, want.completions.tokens)
     np.testing.assert_array_equal(got.completions.mask, want.completions.mask)
-    np.testing.assert_allclose(got.completions.logp, want.completions.logp, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got.completions.logp, want.completions.logp, **close(rtol=1e-6, atol=1e-6))
     assert got.episodes == want.episodes and got.texts == want.texts
 
 

@@ -24,6 +24,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.registry import get
 from rl_core.testing import ToyConfig, ToyLearner, stage
 from rl_core.types import TrainExample
+from tolerances import approx, close
 
 _spec = importlib.util.spec_from_file_location("rl_core_test_toy_run", Path(__file__).parent / "scripts" / "toy_run.py")
 toy_run = importlib.util.module_from_spec(_spec)
@@ -121,8 +122,8 @@ def test_micro_batch_size_does_not_change_the_update(mode):
     for micro in (1, 2):
         params, loss = results[micro]
         for got, want in zip(params, full_batch, strict=True):  # chunked: another program, float32 noise
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"micro_batch_size={micro}")
-        assert loss == pytest.approx(full_loss, rel=1e-6, abs=1e-6)
+            np.testing.assert_allclose(got, want, **close(rtol=1e-6, atol=1e-6), err_msg=f"micro_batch_size={micro}")
+        assert loss == approx(full_loss, rel=1e-6, abs=1e-6)
     # and the full-batch update is plain SGD on the aggregated loss (a composite: 1e-5)
     expected = plain_sgd_step(mode)
     assert max_diff(expected, initial) > 1e-2  # the step really moves the parameters

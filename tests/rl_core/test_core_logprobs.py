@@ -11,6 +11,7 @@ from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs, sequence_inputs, token_logprobs
 from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig
+from tolerances import close
 
 V = CharTokenizer().vocab_size
 T = 10  # not a multiple of the chunk size 3: the last chunk is padded
@@ -63,10 +64,10 @@ def test_chunked_equals_unchunked_and_direct(model, batch):
     logp_ref, ent_ref = direct(state, *batch, **kw)
     assert logp_3.shape == ent_3.shape == (3, T)
     # different programs (chunk widths, the plain log-softmax): float32 resolution at |logp| ~ 7
-    np.testing.assert_allclose(logp_3, logp_all, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(ent_3, ent_all, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(logp_all, logp_ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ent_all, ent_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logp_3, logp_all, **close(rtol=1e-6, atol=1e-6))
+    np.testing.assert_allclose(ent_3, ent_all, **close(rtol=1e-6, atol=1e-6))
+    np.testing.assert_allclose(logp_all, logp_ref, **close(rtol=1e-5, atol=1e-5))
+    np.testing.assert_allclose(ent_all, ent_ref, **close(rtol=1e-5, atol=1e-5))
     assert np.all(np.asarray(logp_3) < 0)
     assert np.all((np.asarray(ent_3) > 0) & (np.asarray(ent_3) <= np.log(V) + 1e-5))
 
@@ -87,7 +88,7 @@ def test_chunked_gradients_equal_unchunked(model, batch):
 
     g3, g_all = grad(state, 3), grad(state, T)
     for a, b in zip(jax.tree.leaves(g3), jax.tree.leaves(g_all), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(a, b, **close(rtol=1e-5, atol=1e-5))
     assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g3)) > 1e-3
 
 
@@ -100,7 +101,7 @@ def test_what_lies_under_the_prompt_padding_does_not_matter(model, batch):
     kw = dict(graphdef=graphdef, chunk_tokens=3, temperature=0.7)
     clean, _ = chunked(state, prompt_tokens, prompt_mask, completion, **kw)
     dirty, _ = chunked(state, garbage, prompt_mask, completion, **kw)
-    np.testing.assert_allclose(dirty, clean, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(dirty, clean, **close(rtol=0, atol=1e-6))
 
 
 def test_sequence_inputs_positions_skip_left_padding():
@@ -115,11 +116,11 @@ def test_token_logprobs_known_values():
     # logits log([0.5, 0.25, 0.25]): logp(0) = log 0.5 = -0.693147; entropy = 1.5 log 2 = 1.039721
     logits = jnp.log(jnp.array([[0.5, 0.25, 0.25]]))
     logp, entropy = token_logprobs(logits, jnp.array([0]), 1.0)
-    np.testing.assert_allclose(logp, [-0.693147], atol=1e-5)
-    np.testing.assert_allclose(entropy, [1.039721], atol=1e-5)
+    np.testing.assert_allclose(logp, [-0.693147], **close(atol=1e-5))
+    np.testing.assert_allclose(entropy, [1.039721], **close(atol=1e-5))
     # temperature 0.5 squares and renormalizes: [0.25, 0.0625, 0.0625] / 0.375 -> p(0) = 2/3
     logp, _ = token_logprobs(logits, jnp.array([0]), 0.5)
-    np.testing.assert_allclose(logp, [np.log(2 / 3)], atol=1e-5)
+    np.testing.assert_allclose(logp, [np.log(2 / 3)], **close(atol=1e-5))
 
 
 # the unrolled layout compiles two more programs per length: it runs in the e2e tier
@@ -151,8 +152,8 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(batch, scan_layers,
 
     (g_shared, (logp_shared, ent_shared)), (g_rows, (logp_rows, ent_rows)) = scored(state, True), scored(state, False)
     assert logp_shared.shape == (3 * g, t)
-    np.testing.assert_allclose(logp_shared, logp_rows, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ent_shared, ent_rows, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logp_shared, logp_rows, **close(rtol=1e-5, atol=1e-5))
+    np.testing.assert_allclose(ent_shared, ent_rows, **close(rtol=1e-5, atol=1e-5))
     for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_rows), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
     assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g_shared)) > 1e-3

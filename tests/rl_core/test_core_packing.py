@@ -9,6 +9,7 @@ from rl_core.policy.logprobs import completion_logprobs, packed_logprobs
 from rl_core.packed import unpack
 from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions
 from rl_models import CharTokenizer, Transformer, TransformerConfig
+from tolerances import close
 
 V = CharTokenizer().vocab_size
 P, T = 8, 12
@@ -75,12 +76,12 @@ def test_packed_logprobs_and_gradients_equal_the_padded_pass(batch, split):
 
     (l_pad, (logp_pad, ent_pad)), g_pad = jax.jit(jax.value_and_grad(loss, has_aux=True))(state, None)
     (l_pack, (logp_pack, ent_pack)), g_pack = jax.jit(jax.value_and_grad(loss, has_aux=True))(state, packed)
-    np.testing.assert_allclose(np.asarray(logp_pack) * mask, np.asarray(logp_pad) * mask, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(ent_pack) * mask, np.asarray(ent_pad) * mask, atol=1e-5)
-    np.testing.assert_allclose(l_pack, l_pad, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(logp_pack) * mask, np.asarray(logp_pad) * mask, **close(atol=1e-5))
+    np.testing.assert_allclose(np.asarray(ent_pack) * mask, np.asarray(ent_pad) * mask, **close(atol=1e-5))
+    np.testing.assert_allclose(l_pack, l_pad, **close(rtol=1e-5, atol=1e-5))
     assert abs(float(l_pad)) > 1.0  # a real loss was compared
     for a, b in zip(jax.tree.leaves(g_pack), jax.tree.leaves(g_pad), strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(a, b, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_pack_refuses_what_cannot_fit(batch):
@@ -142,4 +143,4 @@ def test_a_mask_with_holes_packs_through_them(batch, split):
     model = nnx.merge(graphdef, state)
     padded, _ = completion_logprobs(model, prompt, prompt_mask, completion, temperature=1.0, chunk_tokens=4)
     packed_logp, _ = packed_logprobs(model, packed, completion, temperature=1.0, chunk_tokens=4)
-    np.testing.assert_allclose(np.asarray(packed_logp) * holes, np.asarray(padded) * holes, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(packed_logp) * holes, np.asarray(padded) * holes, **close(atol=1e-5))

@@ -10,6 +10,8 @@ import pytest
 
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.pages import PagePool, PoolExhausted
+from host import about_the_cpu
+from tolerances import close
 
 N, H, K, DH, PAGES, PS, M = 5, 4, 2, 8, 24, 4, 6
 LENGTHS = np.array([1, 4, 5, 13, 24], np.int32)  # one slot, a full page, a page + 1, mid-page, all M pages
@@ -47,14 +49,14 @@ def test_reference_equals_dense_attention(pages_per_block, jit):
     fn = functools.partial(attention_lib.reference_paged_attention, pages_per_block=pages_per_block)
     fn = jax.jit(fn) if jit else fn
     args = problem()
-    np.testing.assert_allclose(fn(*page_major(*args)), dense(*args), atol=1e-5)
+    np.testing.assert_allclose(fn(*page_major(*args)), dense(*args), **close(atol=1e-5))
 
 
 def test_reference_under_vmap_and_blind_to_pages_past_the_length():
     args = [np.stack([a, b]) for a, b in zip(problem(0), problem(1), strict=True)]
     out = jax.vmap(lambda *a: attention_lib.reference_paged_attention(*page_major(*a)))(*args)
     for i in range(2):
-        np.testing.assert_allclose(out[i], dense(*[a[i] for a in args]), atol=1e-5)
+        np.testing.assert_allclose(out[i], dense(*[a[i] for a in args]), **close(atol=1e-5))
     q, k_pages, v_pages, page_rows, lengths = problem()
     # garbage on every page slot past each query's length changes nothing (pages hold stale but
     # finite keys/values of earlier sequences)
@@ -70,7 +72,7 @@ def test_reference_under_vmap_and_blind_to_pages_past_the_length():
     got = attention_lib.reference_paged_attention(*page_major(q, *poisoned, page_rows, lengths))
     assert keep.sum() >= 2
     np.testing.assert_allclose(np.asarray(got)[keep], np.asarray(dense(q, k_pages, v_pages, page_rows, lengths))[keep],
-                               atol=1e-5)
+                               **close(atol=1e-5))
 
 
 def test_choice_by_platform():
@@ -103,7 +105,7 @@ def test_write_then_attend_in_either_layout(kv):
     for n in range(N):
         page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
         k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
-    np.testing.assert_allclose(out, dense(q, k_want, v_want, page_rows, lengths), atol=1e-5)
+    np.testing.assert_allclose(out, dense(q, k_want, v_want, page_rows, lengths), **close(atol=1e-5))
     assert not np.asarray(pages[0][0]).any()  # layer 0 untouched
 
 
@@ -131,7 +133,7 @@ def test_gpu_pallas_kernel_in_interpret_mode_equals_dense():
     engine calls it (query scaling, padded page rows, split partitions), not the GPU itself."""
     args = problem()
     out = attention_lib._pallas_gpu(*map(jnp.asarray, args), pages_per_block=2, interpret=True)
-    np.testing.assert_allclose(out, dense(*args), atol=1e-5)
+    np.testing.assert_allclose(out, dense(*args), **close(atol=1e-5))
 
 
 def windowed_dense(q, k_pages, v_pages, page_rows, lengths, window):
@@ -187,7 +189,7 @@ def test_windowed_reference_equals_the_dense_windowed_softmax(window, kv_head_ma
     starts = [max(int(n) - window, 0) for n in lengths]
     k_bad, v_bad = _spoil(k_pages, v_pages, page_rows, range(N), starts, 1e6)
     np.testing.assert_allclose(_windowed((q, k_bad, v_bad, page_rows, lengths), window, kv_head_major), want,
-                               atol=1e-5)
+                               **close(atol=1e-5))
 
 
 @pytest.mark.parametrize("kv_head_major", [False, True], ids=["page-major", "kv-head-major"])
@@ -220,10 +222,10 @@ def test_sink_logits_take_mass_and_add_no_value(kv_head_major):
     pools = (k_pages, v_pages) if kv_head_major else (k_pages.transpose(1, 2, 0, 3), v_pages.transpose(1, 2, 0, 3))
     out = attention_lib.reference_paged_attention(q, pools[0][None], pools[1][None], page_rows, lengths, layer=0,
                                                   sinks=sinks, pages_per_block=2, kv_head_major=kv_head_major)
-    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_allclose(out, expected, **close(atol=1e-5))
     none = attention_lib.reference_paged_attention(q, *page_major(q, k_pages, v_pages, page_rows, lengths)[1:3],
                                                    page_rows, lengths, sinks=np.full(H, -np.inf, np.float32))
-    np.testing.assert_allclose(none, dense(q, k_pages, v_pages, page_rows, lengths), atol=1e-5)
+    np.testing.assert_allclose(none, dense(q, k_pages, v_pages, page_rows, lengths), **close(atol=1e-5))
 
 
 @pytest.mark.parametrize(("kv_heads", "head_dim", "want"), [
@@ -273,7 +275,7 @@ def test_lane_packed_queries_give_each_heads_own_attention(heads, kv_heads, head
     packed_q = attention_lib._packed_queries(jnp.asarray(scaled), kv_heads, pack, lanes)
     as_kernel = dense_heads(packed_q, k_pool[0], v_pool[0], page_rows, lengths)
     got = attention_lib._unpacked_output(as_kernel, kv_heads, heads, head_dim, pack)
-    np.testing.assert_allclose(got, dense_heads(q, k_pages, v_pages, page_rows, lengths), atol=1e-5)
+    np.testing.assert_allclose(got, dense_heads(q, k_pages, v_pages, page_rows, lengths), **close(atol=1e-5))
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(14, 2, 64), (4, 2, 80)])
@@ -290,9 +292,10 @@ def test_tpu_pool_write_then_windowed_attend(heads, kv_heads, head_dim):
     for n in range(N):
         page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
         k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
-    np.testing.assert_allclose(out, dense_heads(q, k_want, v_want, page_rows, lengths), atol=1e-5)
+    np.testing.assert_allclose(out, dense_heads(q, k_want, v_want, page_rows, lengths), **close(atol=1e-5))
 
 
+@about_the_cpu("the TPU kernel in the Pallas interpreter; on a chip benchmarks/paged_kernel_check.py runs it")
 def test_tpu_kernel_in_the_interpreter_over_the_packed_pool():
     """JAX's TPU paged-attention kernel, run by the TPU interpreter on this CPU over the lane-packed
     pool (Qwen2.5-0.5B's grouping: 7 query heads on each of 2 kv heads of 64), in bfloat16 as real

@@ -25,6 +25,7 @@ from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_core.rollout.scheduler import pages_for_one
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
+from tolerances import close
 
 V = 64
 EOS = (3, 4, 5)  # ~5% of sampled tokens: completions end at mixed lengths
@@ -99,7 +100,7 @@ def assert_same(got, want):
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.lengths, want.lengths)
     np.testing.assert_array_equal(got.truncated, want.truncated)
-    np.testing.assert_allclose(got.logp, want.logp, rtol=1e-6, atol=1e-6)  # other slots, same program
+    np.testing.assert_allclose(got.logp, want.logp, **close(rtol=1e-6, atol=1e-6))  # other slots, same program
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

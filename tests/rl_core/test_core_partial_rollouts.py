@@ -22,6 +22,7 @@ from rl_core.rollout.feed import WeightFeed
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
+from tolerances import close
 
 V = 64
 T = 10
@@ -147,18 +148,18 @@ def test_tokens_after_a_switch_carry_the_new_version_and_its_logprobs(engines, m
     assert not np.array_equal(got.tokens[:, first_new:], alone.tokens[:, first_new:])  # the new weights sampled
     tokens, mask = prompt_rows()
     old_logp = teacher_forced(models[0], tokens, mask, got.tokens)
-    np.testing.assert_allclose(got.logp[:4, :first_new], old_logp[:4, :first_new], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got.logp[:4, :first_new], old_logp[:4, :first_new], **close(rtol=1e-5, atol=1e-5))
     new_logp = teacher_forced(models[1], tokens, mask, got.tokens)
     new = versions == 1
     if mode == "recompute":  # every key and value recomputed (prompt prefixes too): the new weights' forward
-        np.testing.assert_allclose(got.logp[new], new_logp[new], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(got.logp[new], new_logp[new], **close(rtol=1e-5, atol=1e-5))
         return
     # continue: the new weights over the keys and values the old ones wrote before the switch
     # (for the last 2 rows, their prompt's prefix, prefilled in call 2)
     for row in range(ROWS):
         start = int(np.argmax(new[row]))
         want = mixed_kv_logprobs(engine, models, tokens[row][mask[row] > 0], got.tokens[row], start)
-        np.testing.assert_allclose(got.logp[row, start:], want, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(got.logp[row, start:], want, **close(rtol=1e-5, atol=1e-5))
         # which is not the new weights' own forward (the mixing is what the test sees)
         assert np.abs(got.logp[row, start:] - new_logp[row, start:]).max() > 1e-3
 

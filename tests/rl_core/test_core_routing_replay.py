@@ -32,6 +32,7 @@ from rl_core.rollout.static import StaticBackend
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 from rl_models.hf import load_hf_model
 from engines import paged_engine, static_engine
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 8
@@ -138,7 +139,7 @@ def test_the_pass_replays_the_recorded_experts_and_the_shared_prompt_pass_replay
     unshared = jax.jit(lambda m: completion_logprobs(m, *group, completion, other)[0])(model)
     shared = SharedPrompts(prompt[::2], mask[::2])
     got = jax.jit(lambda m: completion_logprobs(m, *group, completion, other, shared=shared)[0])(model)
-    np.testing.assert_allclose(got, unshared, atol=1e-5)
+    np.testing.assert_allclose(got, unshared, **close(atol=1e-5))
 
 
 def test_the_load_balancing_loss_by_hand():
@@ -146,13 +147,14 @@ def test_the_load_balancing_loss_by_hand():
     masked third token changes nothing; one token per expert with uniform P: 2 * 0.5 = 1 = k."""
     probs = jnp.asarray([[0.75, 0.25], [0.75, 0.25], [0.0, 1.0]])
     experts = jnp.asarray([[0], [0], [1]])
-    np.testing.assert_allclose(load_balancing_loss(probs[:2], experts[:2]), 1.5, rtol=1e-6)
-    np.testing.assert_allclose(load_balancing_loss(probs, experts, jnp.asarray([1, 1, 0])), 1.5, rtol=1e-6)
-    np.testing.assert_allclose(load_balancing_loss(jnp.full((2, 2), 0.5), jnp.asarray([[0], [1]])), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(load_balancing_loss(probs[:2], experts[:2]), 1.5, **close(rtol=1e-6))
+    np.testing.assert_allclose(load_balancing_loss(probs, experts, jnp.asarray([1, 1, 0])), 1.5, **close(rtol=1e-6))
+    np.testing.assert_allclose(load_balancing_loss(jnp.full((2, 2), 0.5), jnp.asarray([[0], [1]])), 1.0,
+        **close(rtol=1e-6))
     # under vmap over a layer axis, each layer's own value
     both = jax.vmap(load_balancing_loss)(jnp.stack([probs[:2], jnp.full((2, 2), 0.5)]),
                                          jnp.stack([experts[:2], jnp.asarray([[0], [1]])]))
-    np.testing.assert_allclose(both, [1.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(both, [1.5, 1.0], **close(rtol=1e-6))
 
 
 @pytest.mark.e2e
@@ -177,8 +179,8 @@ def test_the_router_aux_loss_joins_the_policy_loss_and_its_metric():
     p = np.asarray(routing.probs)[real].mean(axis=0)
     aux = 4 * float(np.sum(f * p))
     assert 2.0 <= aux <= 4.0  # between uniform (k = 2) and collapsed (E = 4)
-    np.testing.assert_allclose(out.means["train/router_aux_loss"][0], aux, rtol=1e-5)
-    np.testing.assert_allclose(out.total, base.total + 0.01 * aux * base.denom, rtol=1e-5)
+    np.testing.assert_allclose(out.means["train/router_aux_loss"][0], aux, **close(rtol=1e-5))
+    np.testing.assert_allclose(out.total, base.total + 0.01 * aux * base.denom, **close(rtol=1e-5))
     assert "train/router_aux_loss" not in base.means
     grads = jax.grad(lambda m: loss(m).total)(model)  # the router learns from it
     assert float(jnp.abs(grads.layers.mlp.router.kernel[...]).max()) > 0
@@ -259,7 +261,7 @@ def test_with_the_same_weights_the_replayed_trainer_gives_the_engines_log_probs(
     assert groups.routing.shape == (16, 16, 2, 2)
     logp = learner._behaviour_logprobs(groups.prompt_tokens, groups.prompt_mask, groups.completion_tokens,
                                       completion_mask=groups.completion_mask, routing=groups.routing)
-    np.testing.assert_allclose(logp * groups.completion_mask, groups.sampler_logp, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(logp * groups.completion_mask, groups.sampler_logp, **close(rtol=1e-5, atol=1e-5))
 
 
 @pytest.mark.e2e

@@ -15,6 +15,7 @@ from rl_core.rollout.serving import EngineLoop, Job
 from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
+from tolerances import approx
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 SMALL = dict(max_prompt_tokens=16, max_new_tokens=10, page_size=4, slots=3, prefill_chunk=8, steps_per_sync=3,
@@ -91,7 +92,7 @@ def test_a_stop_string_cuts_the_sample_after_its_token(loop):
     first = next(i for i in range(1, len(free.tokens) + 1) if stop in decode(free.tokens[:i]))
     cut = loop.generate(Job(PROMPTS[1], GREEDY, stops=(stop,)))[0]
     assert cut.tokens == free.tokens[:first] and cut.finish == "stop"
-    assert cut.logp == pytest.approx(free.logp[:first], abs=1e-5)
+    assert cut.logp == approx(free.logp[:first], abs=1e-5)
 
 
 def test_a_bad_job_fails_alone(loop):
@@ -109,12 +110,12 @@ def test_top_logprobs_hold_the_likeliest_tokens_under_the_tempered_softmax(loop)
     assert len(greedy.top) == len(greedy.tokens)
     for token, logp, (ids, logps) in zip(greedy.tokens, greedy.logp, greedy.top, strict=True):
         assert len(ids) == 4 and logps == sorted(logps, reverse=True)
-        assert ids[0] == token and logps[0] == pytest.approx(logp, abs=1e-6)  # greedy takes the likeliest
+        assert ids[0] == token and logps[0] == approx(logp, abs=1e-6)  # greedy takes the likeliest
     hot = loop.generate(Job(PROMPTS[1], SamplingParams(temperature=2.0), seed=3))[0]
     for token, logp, (ids, logps) in zip(hot.tokens, hot.logp, hot.top, strict=True):
         assert logps[0] >= logp  # under the same tempered softmax the sampled token's log-prob is reported
         if token in ids:
-            assert logps[ids.index(token)] == pytest.approx(logp, abs=1e-6)
+            assert logps[ids.index(token)] == approx(logp, abs=1e-6)
 
 
 def test_a_burst_at_an_idle_engine_starts_as_one_rollout(engine):

@@ -22,6 +22,7 @@ from rl_core.rollout.sampler import GREEDY, SamplingParams
 from rl_models.hf import load_hf_model
 from rl_models.rings import RingKV
 from engines import full_forward_greedy, static_engine
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 T = 16
@@ -72,7 +73,7 @@ def test_static_sampler_over_rings_logprobs_equal_the_learner_pass(model):
     graphdef, state = nnx.split(model)
     logp, _ = jax.jit(lambda s, p, m, c: completion_logprobs(nnx.merge(graphdef, s), p, m, c, temperature=0.7))(
         state, np.repeat(tokens, 2, axis=0), np.repeat(mask, 2, axis=0), jnp.asarray(out.tokens))
-    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, np.asarray(logp) * out.mask, **close(rtol=1e-5, atol=1e-5))
 
 
 @pytest.mark.e2e

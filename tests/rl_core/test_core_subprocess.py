@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from rl_core.runtime.mesh import data_mesh
+from tolerances import approx, close
 
 pytestmark = pytest.mark.multidevice
 
@@ -93,7 +94,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     assert resumed.resume() and resumed.step == 4 and resumed.state.data_position == learner.state.data_position
     assert toy_run.max_abs_diff(toy_run.params_numpy(resumed), straight_params) <= 1e-6
     for a, b in zip(jax.tree.leaves(resumed.state.policy.opt_state), straight_opt, strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **close(rtol=0, atol=1e-6))
     np.testing.assert_array_equal(jax.random.key_data(resumed.state.rng), jax.random.key_data(learner.state.rng))
     resumed.close()
 
@@ -101,7 +102,7 @@ def test_exact_resume_in_a_fresh_process(tmp_path):
     assert [r["step"] for r in resumed_metrics] == [1, 2, 3, 4]
     assert any(r["train/grad_norm"] > 0 for r in straight_metrics[2:])  # the resumed half had gradients
     for a, b in zip(straight_metrics, resumed_metrics, strict=True):
-        assert without_timing(b) == pytest.approx(without_timing(a), rel=1e-6, abs=1e-7), f"step {a['step']}"
+        assert without_timing(b) == approx(without_timing(a), rel=1e-6, abs=1e-7), f"step {a['step']}"
 
 
 def test_data_parallel_on_4_devices_equals_1_device(data_parallel_run):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax.extend.random import threefry_2x32
 from rl_core.runtime.cpu_random import threefry2x32, unroll_threefry_on_cpu
+from host import about_the_cpu
 
 U32_MAX = np.iinfo(np.uint32).max
 # Threefry-2x32-20 known answers from the reference implementation (Random123):
@@ -39,6 +40,7 @@ def test_draws_equal_jax_loop_lowering():
     np.testing.assert_array_equal(jax.random.categorical(key, jnp.zeros((4, 10))), [1, 9, 0, 0])
 
 
+@about_the_cpu("the unrolled threefry is XLA:CPU's lowering (rl_core.runtime.cpu_random)")
 def test_a_draw_compiles_without_a_loop():
     unroll_threefry_on_cpu()
     key = jax.random.PRNGKey(0)

@@ -15,6 +15,7 @@ from rl_core.math.aggregation import (
     seq_mean_token_sum_norm,
     token_mean,
 )
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -38,8 +39,8 @@ def test_each_mode_by_hand(variant, mode):
     total, denom = fn(X, MASK)
     assert total.dtype == denom.dtype == jnp.float32
     assert total.shape == denom.shape == ()
-    np.testing.assert_allclose([total, denom], EXPECTED[mode], atol=1e-5)
-    np.testing.assert_allclose(total / denom, MEANS[mode], atol=1e-5)
+    np.testing.assert_allclose([total, denom], EXPECTED[mode], **close(atol=1e-5))
+    np.testing.assert_allclose(total / denom, MEANS[mode], **close(atol=1e-5))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -48,7 +49,7 @@ def test_padding_row_changes_no_mean(mode):
     x = jnp.concatenate([X, jnp.array([[jnp.inf, jnp.nan, 9.0, -9.0]])])
     mask = jnp.concatenate([MASK, jnp.zeros((1, 4))])
     total, denom = aggregate(mode, x, mask, max_len=4)
-    np.testing.assert_allclose([total, denom], EXPECTED[mode], atol=1e-5)
+    np.testing.assert_allclose([total, denom], EXPECTED[mode], **close(atol=1e-5))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -58,7 +59,7 @@ def test_micro_batches_are_exact(mode):
     parts = [aggregate(mode, X[i : i + 1], MASK[i : i + 1], max_len=4) for i in range(2)]
     total = sum(p[0] for p in parts)
     denom = sum(p[1] for p in parts)
-    np.testing.assert_allclose(total / denom, MEANS[mode], atol=1e-5)
+    np.testing.assert_allclose(total / denom, MEANS[mode], **close(atol=1e-5))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -73,10 +74,11 @@ def test_gradient_weights_by_mode():
     # d total / d x_bt: token-mean m; seq-mean-token-mean m / n_b (1/3, 1/2);
     # seq-mean-token-sum m; -norm m / L_max (1/4).
     grads = {mode: jax.grad(lambda x, mode=mode: aggregate(mode, x, MASK, max_len=4)[0])(X) for mode in MODES}
-    np.testing.assert_allclose(grads["token-mean"], MASK, atol=1e-6)
-    np.testing.assert_allclose(grads["seq-mean-token-mean"], [[1 / 3] * 3 + [0], [0.5] * 2 + [0, 0]], atol=1e-6)
-    np.testing.assert_allclose(grads["seq-mean-token-sum"], MASK, atol=1e-6)
-    np.testing.assert_allclose(grads["seq-mean-token-sum-norm"], MASK / 4, atol=1e-6)
+    np.testing.assert_allclose(grads["token-mean"], MASK, **close(atol=1e-6))
+    np.testing.assert_allclose(grads["seq-mean-token-mean"], [[1 / 3] * 3 + [0], [0.5] * 2 + [0, 0]],
+        **close(atol=1e-6))
+    np.testing.assert_allclose(grads["seq-mean-token-sum"], MASK, **close(atol=1e-6))
+    np.testing.assert_allclose(grads["seq-mean-token-sum-norm"], MASK / 4, **close(atol=1e-6))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -85,8 +87,8 @@ def test_vmap(mode):
     fn = jax.vmap(functools.partial(aggregate, mode, max_len=4))
     total, denom = fn(jnp.stack([X, 2 * X]), jnp.stack([MASK, MASK]))
     t, d = EXPECTED[mode]
-    np.testing.assert_allclose(total, [t, 2 * t], atol=1e-5)
-    np.testing.assert_allclose(denom, [d, d], atol=1e-5)
+    np.testing.assert_allclose(total, [t, 2 * t], **close(atol=1e-5))
+    np.testing.assert_allclose(denom, [d, d], **close(atol=1e-5))
 
 
 def test_bad_inputs_raise():
@@ -148,10 +150,10 @@ SEQ_MEANS = {
 @pytest.mark.parametrize("mode", MODES)
 def test_per_sequence_terms_by_hand(variant, mode):
     total, denom = variant(functools.partial(aggregate, mode, max_len=4))(SEQ, SEQ_MASK)
-    np.testing.assert_allclose(total / denom, SEQ_MEANS[mode], atol=1e-6)
+    np.testing.assert_allclose(total / denom, SEQ_MEANS[mode], **close(atol=1e-6))
     # ... exactly what the same value written on every token of its row gives
     spread = jnp.broadcast_to(SEQ[:, None], SEQ_MASK.shape)
-    np.testing.assert_allclose([total, denom], aggregate(mode, spread, SEQ_MASK, max_len=4), atol=1e-6)
+    np.testing.assert_allclose([total, denom], aggregate(mode, spread, SEQ_MASK, max_len=4), **close(atol=1e-6))
 
 
 @pytest.mark.parametrize(
@@ -165,7 +167,7 @@ def test_per_sequence_terms_by_hand(variant, mode):
 )
 def test_per_sequence_gradient_weights_by_hand(mode, weights):
     grad = jax.grad(lambda x: jnp.divide(*aggregate(mode, x, SEQ_MASK, max_len=4)))(SEQ)
-    np.testing.assert_allclose(grad, weights, atol=1e-6)
+    np.testing.assert_allclose(grad, weights, **close(atol=1e-6))
 
 
 def test_per_token_spreads_only_one_value_per_row():

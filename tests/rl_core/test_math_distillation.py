@@ -21,6 +21,7 @@ from rl_core.policy.logprobs import completion_logprobs
 from rl_core.train.behaviour import LogprobPasses
 from rl_core.train.objective import policy_gradient_loss, policy_objective
 from rl_core.types import TrainExample
+from tolerances import approx, close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 
@@ -35,20 +36,21 @@ A_T = [[-0.25, 0.0, 0.5, 0.0], [0.25, -0.25, 0.0, 0.0]]
 @VARIANTS
 def test_per_token_advantage_by_hand(variant):
     zero = jnp.zeros(2)
-    np.testing.assert_allclose(variant(lambda a: distill_advantages(a, LOGP, TEACHER, MASK, coef=0.5))(zero), A_T)
+    np.testing.assert_allclose(variant(lambda a: distill_advantages(a, LOGP, TEACHER, MASK, coef=0.5))(zero), A_T,
+        **close())
     # beside an RL advantage per completion [1, -2]: each real token's A plus the same term
     adv = variant(lambda a: distill_advantages(a, LOGP, TEACHER, MASK, coef=0.5))(jnp.asarray([1.0, -2.0]))
-    np.testing.assert_allclose(adv, [[0.75, 1.0, 1.5, 0.0], [-1.75, -2.25, 0.0, 0.0]])
+    np.testing.assert_allclose(adv, [[0.75, 1.0, 1.5, 0.0], [-1.75, -2.25, 0.0, 0.0]], **close())
     # per-token advantages [B, T] (PPO's) take it the same way
     np.testing.assert_allclose(distill_advantages(jnp.ones((2, 4)), LOGP, TEACHER, MASK, coef=0.5),
-                               np.asarray(A_T) + np.asarray(MASK))
+                               np.asarray(A_T) + np.asarray(MASK), **close())
     # the one-sample reverse KL log pi - log pi_T
-    np.testing.assert_allclose(sampled_reverse_kl(LOGP, TEACHER)[0, :3], [0.5, 0.0, -1.0])
+    np.testing.assert_allclose(sampled_reverse_kl(LOGP, TEACHER)[0, :3], [0.5, 0.0, -1.0], **close())
 
 
 def test_per_token_advantage_under_vmap():
     one = jax.vmap(lambda a, lp, t, m: distill_advantages(a[None], lp[None], t[None], m[None], coef=0.5)[0])
-    np.testing.assert_allclose(one(jnp.zeros(2), LOGP, TEACHER, MASK), A_T)
+    np.testing.assert_allclose(one(jnp.zeros(2), LOGP, TEACHER, MASK), A_T, **close())
 
 
 def tinker_incorporate_kl_penalty(advantages, sampled_logprobs, teacher_logprobs, mask, kl_penalty_coef):
@@ -67,7 +69,7 @@ def test_equals_the_tinker_cookbooks_formula_on_random_inputs():
     ours = distill_advantages(jnp.asarray(adv, jnp.float32), jnp.asarray(logp, jnp.float32),
                               jnp.asarray(teacher, jnp.float32), jnp.asarray(mask), coef=0.7)
     theirs = tinker_incorporate_kl_penalty(adv[:, None] * mask, logp, teacher, mask, 0.7)  # A on the action tokens
-    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ours), theirs, **close(atol=1e-5))
 
 
 def test_the_term_carries_no_gradient():
@@ -99,20 +101,20 @@ def test_loss_and_gradient_by_hand(variant):
     # On-policy (old_logp = stop_gradient(logp), ratio 1): l_t = -A_t, token-mean over 5 tokens:
     # -(-0.25 + 0 + 0.5 + 0.25 - 0.25) / 5 = -0.05; d loss / d logp_t = -A_t / 5.
     (value, out), grad = variant(jax.value_and_grad(loss, has_aux=True))(LOGP)
-    assert float(value) == pytest.approx(-0.05, abs=1e-6)
-    np.testing.assert_allclose(grad, -np.asarray(A_T) / 5, atol=1e-7)
+    assert float(value) == approx(-0.05, abs=1e-6)
+    np.testing.assert_allclose(grad, -np.asarray(A_T) / 5, **close(atol=1e-7))
     # train/distill_reverse_kl: mean of logp - teacher = (0.5 + 0 - 1.0 - 0.5 + 0.5) / 5 = -0.1
     total, count = out.means["train/distill_reverse_kl"]
-    assert float(total / count) == pytest.approx(-0.1, abs=1e-6)
+    assert float(total / count) == approx(-0.1, abs=1e-6)
     # beside GRPO advantages [1, -2]: -(0.75 + 1 + 1.5 - 1.75 - 2.25) / 5 = 0.15
-    assert float(variant(lambda lp: loss(lp, adv=(1.0, -2.0))[0])(LOGP)) == pytest.approx(0.15, abs=1e-6)
+    assert float(variant(lambda lp: loss(lp, adv=(1.0, -2.0))[0])(LOGP)) == approx(0.15, abs=1e-6)
 
 
 def test_off_policy_the_term_reads_the_behaviour_logprobs():
     # old_logp = logp - 0.1: ratio e^0.1 = 1.10517 (inside the clip) and A_t = 0.5 (teacher - old_logp),
     # on the real tokens: 0.5 * [[-0.4, 0.1, 1.1], [0.6, -0.4]], sum 0.5; loss = -1.10517 * 0.5 / 5
     value, _ = loss(LOGP, old_logp=LOGP - 0.1)
-    assert float(value) == pytest.approx(-math.exp(0.1) * 0.5 / 5, abs=1e-6)
+    assert float(value) == approx(-math.exp(0.1) * 0.5 / 5, abs=1e-6)
 
 
 @VARIANTS

@@ -8,6 +8,7 @@ import pytest
 
 from rl_core import registry
 from rl_core.math.advantages import GRPO_STD_EPS, gdpo_advantages, grpo_advantages, takes_reward_scores
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, lambda f: jax.jit(f, static_argnums=1)],
                                    ids=["eager", "jit"])
@@ -66,7 +67,7 @@ def test_one_reward_with_the_batch_step_is_grpo_normalised_over_the_batch(varian
     expected = (grpo - grpo.mean()) / (grpo.std(ddof=1) + GRPO_STD_EPS)
     expected[4:8] = 0.0  # the tied group
     got = np.asarray(variant(gdpo_advantages)(rewards, 4))
-    np.testing.assert_allclose(got, expected, atol=1e-6)
+    np.testing.assert_allclose(got, expected, **close(atol=1e-6))
     assert np.all(got[4:8] == 0.0)
 
 
@@ -82,8 +83,8 @@ def test_two_rewards_of_different_scales_by_hand(variant):
     a2 = 5.0 / (np.sqrt(100 / 3) + 1e-6)  # both ~0.866: the scale is gone
     pre = np.asarray([a1 - a2, a1 + a2, -a1 - a2, -a1 + a2])  # sums to 0: batch mean 0
     expected = pre / (np.sqrt(np.sum(pre**2) / 3) + 1e-6)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got, [0.0, np.sqrt(1.5), -np.sqrt(1.5), 0.0], atol=1e-4)
+    np.testing.assert_allclose(got, expected, **close(rtol=1e-5, atol=1e-6))
+    np.testing.assert_allclose(got, [0.0, np.sqrt(1.5), -np.sqrt(1.5), 0.0], **close(atol=1e-4))
     # GRPO on the total [1, 11, 0, 10] lets the length score decide: the short correct answer
     # gets a negative advantage and the long wrong one a positive one.
     grpo = np.asarray(grpo_advantages(scores.sum(0), 4))
@@ -96,7 +97,7 @@ def test_weights_scale_each_function_before_the_sum():
     weights = jnp.asarray([2.0, 0.5])
     got = gdpo_advantages(scores.sum(0), 4, scores=scores, weights=weights, batch_normalize=False)
     expected = 2.0 * np.asarray(grpo_advantages(scores[0], 4)) + 0.5 * np.asarray(grpo_advantages(scores[1], 4))
-    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got), expected, **close(rtol=1e-6))
 
 
 @VARIANTS
@@ -113,7 +114,7 @@ def test_against_the_reference_code_on_random_scores(variant, seed):
     scores = jnp.asarray(per_func.T, jnp.float32)
     total = jnp.asarray(per_func @ weights, jnp.float32)
     got = np.asarray(variant(gdpo_advantages)(total, g, scores=scores, weights=jnp.asarray(weights, jnp.float32)))
-    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(got, expected, **close(rtol=1e-6, atol=1e-6))
 
 
 def test_a_group_with_no_signal_in_any_function_gets_exactly_zero():

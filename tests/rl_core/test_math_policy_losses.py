@@ -10,6 +10,7 @@ import pytest
 
 from rl_core import registry
 from rl_core.math.policy_losses import PolicyLossAux, clipped_surrogate
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 SYM = dict(eps_low=0.2, eps_high=0.2)
@@ -41,8 +42,8 @@ def test_symmetric_clipping(variant):
         1.0,  # rho=1 inside: -A
         -2.2,  # A=2, rho=1.1 inside: -(1.1 * 2)
     ]
-    np.testing.assert_allclose(loss, expected, atol=1e-5)
-    np.testing.assert_allclose(aux.ratio, CASES_RHO, atol=1e-6)
+    np.testing.assert_allclose(loss, expected, **close(atol=1e-5))
+    np.testing.assert_allclose(aux.ratio, CASES_RHO, **close(atol=1e-6))
     np.testing.assert_array_equal(aux.clipped_high, [1, 0, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1, 0, 0, 0])
     np.testing.assert_array_equal(aux.dual_clipped, [0] * 7)
@@ -52,13 +53,13 @@ def test_symmetric_clipping(variant):
 def test_asymmetric_clipping(variant):
     loss, aux = _run(variant, CASES_RHO, CASES_A, **ASYM)
     # Only the upper bound moved (1.2 -> 1.28): row 0 is now min(1.5, 1.28) = 1.28.
-    np.testing.assert_allclose(loss, [-1.28, -0.5, -1.0, 0.8, 1.5, 1.0, -2.2], atol=1e-5)
+    np.testing.assert_allclose(loss, [-1.28, -0.5, -1.0, 0.8, 1.5, 1.0, -2.2], **close(atol=1e-5))
     np.testing.assert_array_equal(aux.clipped_high, [1, 0, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1, 0, 0, 0])
     # rho = 1.25 is clipped by 0.2/0.2 (-1.2) but inside 0.2/0.28 (-1.25).
     loss_sym, aux_sym = _run(variant, [1.25], [1.0], **SYM)
     loss_asym, aux_asym = _run(variant, [1.25], [1.0], **ASYM)
-    np.testing.assert_allclose([loss_sym[0], loss_asym[0]], [-1.2, -1.25], atol=1e-5)
+    np.testing.assert_allclose([loss_sym[0], loss_asym[0]], [-1.2, -1.25], **close(atol=1e-5))
     assert (aux_sym.clipped_high[0], aux_asym.clipped_high[0]) == (1.0, 0.0)
 
 
@@ -69,7 +70,7 @@ def test_dual_clip(variant):
     # A=+1, rho=5: dual clip applies only to A < 0 -> -1.2, clipped high.
     # A=-1, rho=0.5: clipped low as without dual clip -> 0.8.
     loss, aux = _run(variant, [5.0, 2.0, 5.0, 0.5], [-1.0, -1.0, 1.0, -1.0], dual_clip=3.0, **SYM)
-    np.testing.assert_allclose(loss, [3.0, 2.0, -1.2, 0.8], atol=1e-5)
+    np.testing.assert_allclose(loss, [3.0, 2.0, -1.2, 0.8], **close(atol=1e-5))
     np.testing.assert_array_equal(aux.dual_clipped, [1, 0, 0, 0])
     np.testing.assert_array_equal(aux.clipped_high, [0, 0, 1, 0])
     np.testing.assert_array_equal(aux.clipped_low, [0, 0, 0, 1])
@@ -90,7 +91,7 @@ def test_gradient_zero_where_clipped(kw):
 
     for variant in (lambda f: f, jax.jit):
         grad = variant(jax.grad(total))(jnp.log(rho)[:, None])
-        np.testing.assert_allclose(grad[:, 0], expected, atol=1e-5)
+        np.testing.assert_allclose(grad[:, 0], expected, **close(atol=1e-5))
 
 
 def test_ratio_from_stop_gradient_old_logp():
@@ -102,8 +103,8 @@ def test_ratio_from_stop_gradient_old_logp():
         return clipped_surrogate(lp, jax.lax.stop_gradient(lp), adv, jnp.ones_like(lp), **SYM)[0].sum()
 
     loss, _ = clipped_surrogate(logp, logp, adv, jnp.ones_like(logp), **SYM)
-    np.testing.assert_allclose(loss, [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
-    np.testing.assert_allclose(jax.grad(total)(logp), [[-0.5, -0.5], [2.0, 2.0]], atol=1e-6)
+    np.testing.assert_allclose(loss, [[-0.5, -0.5], [2.0, 2.0]], **close(atol=1e-6))
+    np.testing.assert_allclose(jax.grad(total)(logp), [[-0.5, -0.5], [2.0, 2.0]], **close(atol=1e-6))
 
 
 def test_vmap_and_shapes():
@@ -114,9 +115,9 @@ def test_vmap_and_shapes():
     loss, aux = fn(logp, jnp.zeros_like(logp), adv, jnp.ones_like(logp))
     assert isinstance(aux, PolicyLossAux)
     assert loss.shape == aux.clipped_high.shape == (2, 2, 3)
-    np.testing.assert_allclose(loss[0, 0], [-1.2] * 3, atol=1e-5)
-    np.testing.assert_allclose(loss[0, 1], [1.5] * 3, atol=1e-5)
-    np.testing.assert_allclose(loss[1, 0], [1.5] * 3, atol=1e-5)
+    np.testing.assert_allclose(loss[0, 0], [-1.2] * 3, **close(atol=1e-5))
+    np.testing.assert_allclose(loss[0, 1], [1.5] * 3, **close(atol=1e-5))
+    np.testing.assert_allclose(loss[1, 0], [1.5] * 3, **close(atol=1e-5))
     np.testing.assert_array_equal(aux.clipped_high[1], [[0] * 3, [1] * 3])
 
 
@@ -156,12 +157,12 @@ def test_garbage_at_padded_positions_leaves_loss_and_gradient_as_in_the_clean_ca
     clean_value, clean_grad = jax.value_and_grad(total)(logp, old_clean)
     value, grad = jax.value_and_grad(total)(logp, old_dirty)
     # ratios 1.25 (A=+1, clipped at 1.2), 1.0 and 0.9 (A=-1, inside): -(1.2 + 1.0 - 0.9) / 3
-    np.testing.assert_allclose(clean_value, -(1.2 + 1.0 - 0.9) / 3, atol=1e-6)
+    np.testing.assert_allclose(clean_value, -(1.2 + 1.0 - 0.9) / 3, **close(atol=1e-6))
     assert np.isfinite(np.asarray(grad)).all()
     np.testing.assert_array_equal(np.asarray(value), np.asarray(clean_value))
     np.testing.assert_array_equal(np.asarray(grad), np.asarray(clean_grad))
     # d/dlogp: 0 (clipped), -1 * 1.0 / 3, +1 * 0.9 / 3; padded positions exactly 0
-    np.testing.assert_allclose(grad, [[0.0, -1 / 3, 0.0], [0.9 / 3, 0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(grad, [[0.0, -1 / 3, 0.0], [0.9 / 3, 0.0, 0.0]], **close(atol=1e-6))
 
 
 def test_log_ratio_is_bounded():
@@ -169,7 +170,7 @@ def test_log_ratio_is_bounded():
 
     mask = jnp.ones((1, 3))
     d = log_ratio(jnp.array([[0.0, -100.0, 3.0]]), jnp.array([[-100.0, 0.0, 1.0]]), mask)
-    np.testing.assert_allclose(d, [[LOG_RATIO_BOUND, -LOG_RATIO_BOUND, 2.0]])
+    np.testing.assert_allclose(d, [[LOG_RATIO_BOUND, -LOG_RATIO_BOUND, 2.0]], **close())
 
 
 def test_registry_finds_both_names():
@@ -187,7 +188,7 @@ def test_per_token_advantages_by_hand(variant):
     #   token 1: min(0.9 * -1, 0.9 * -1) = -0.9 -> loss 0.9 (inside the range)
     logp = jnp.log(jnp.asarray([[1.5, 0.9]]))
     loss, aux = variant(functools.partial(clipped_surrogate, **SYM))(logp, jnp.zeros((1, 2)), jnp.asarray([[1.0, -1.0]]), jnp.ones((1, 2)))
-    np.testing.assert_allclose(loss, [[-1.2, 0.9]], atol=1e-6)
+    np.testing.assert_allclose(loss, [[-1.2, 0.9]], **close(atol=1e-6))
     np.testing.assert_array_equal(aux.clipped_high, [[1, 0]])
 
 
@@ -201,7 +202,7 @@ def test_truncated_is_weights_by_hand(variant):
     old = sampler + jnp.log(jnp.asarray([[1.5, 3.0, 0.5, 1.0]]))
     mask = jnp.asarray([[1.0, 1.0, 1.0, 0.0]])
     w = variant(functools.partial(truncated_is_weights, cap=2.0))(old, sampler, mask)
-    np.testing.assert_allclose(w, [[1.5, 2.0, 0.5, 1.0]], atol=1e-6)
+    np.testing.assert_allclose(w, [[1.5, 2.0, 0.5, 1.0]], **close(atol=1e-6))
     # constants for the loss: no gradient flows to either log-prob
     grad = jax.grad(lambda o: jnp.sum(truncated_is_weights(o, sampler, mask, cap=2.0)))(old)
     assert np.array_equal(np.asarray(grad), np.zeros((1, 4)))

@@ -16,6 +16,7 @@ import pytest
 from rl_core import registry
 from rl_core.protocols import check_signature
 from rl_core.math.returns import explained_variance, gae, gae_advantages, token_rewards, whiten
+from tolerances import approx, close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 
@@ -55,8 +56,8 @@ def test_gae_equals_the_loop_on_random_masked_batches(variant, gamma, lam, seed)
     rewards, values, mask, lengths = random_batch(seed)
     adv, returns = variant(functools.partial(gae, gamma=gamma, lam=lam))(rewards, values, mask)
     want_adv, want_returns = gae_loop(rewards, np.where(mask > 0, values, 0.0), lengths, gamma, lam)
-    np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(returns, want_returns, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(adv, want_adv, **close(rtol=1e-5, atol=1e-5))
+    np.testing.assert_allclose(returns, want_returns, **close(rtol=1e-5, atol=1e-5))
     assert not np.asarray(adv)[mask == 0].any() and not np.asarray(returns)[mask == 0].any()
 
 
@@ -87,8 +88,8 @@ def test_gae_by_hand():
     #   returns = A + V = [0.75, 0.9, 1.0]
     adv, returns = gae(jnp.asarray([[0.0, 0.0, 1.0, 0.0]]), jnp.asarray([[0.5, 0.6, 0.8, 9.0]]),
                        jnp.asarray([[1.0, 1.0, 1.0, 0.0]]), gamma=1.0, lam=0.5)
-    np.testing.assert_allclose(adv, [[0.25, 0.3, 0.2, 0.0]], atol=1e-6)
-    np.testing.assert_allclose(returns, [[0.75, 0.9, 1.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(adv, [[0.25, 0.3, 0.2, 0.0]], **close(atol=1e-6))
+    np.testing.assert_allclose(returns, [[0.75, 0.9, 1.0, 0.0]], **close(atol=1e-6))
 
 
 def test_a_masked_position_inside_a_row_is_skipped():
@@ -97,7 +98,7 @@ def test_a_masked_position_inside_a_row_is_skipped():
     #   A_2 = 1 - 0.8 = 0.2; A_0 = 0 + V_2 - V_0 + A_2 = 0.8 - 0.5 + 0.2 = 0.5 (= 1 - 0.5)
     adv, _ = gae(jnp.asarray([[0.0, 5.0, 1.0]]), jnp.asarray([[0.5, 7.0, 0.8]]), jnp.asarray([[1.0, 0.0, 1.0]]),
                  gamma=1.0, lam=1.0)
-    np.testing.assert_allclose(adv, [[0.5, 0.0, 0.2]], atol=1e-6)
+    np.testing.assert_allclose(adv, [[0.5, 0.0, 0.2]], **close(atol=1e-6))
 
 
 def test_gae_under_vmap_equals_one_call_per_batch():
@@ -106,8 +107,8 @@ def test_gae_under_vmap_equals_one_call_per_batch():
     adv, returns = jax.vmap(functools.partial(gae, gamma=0.95, lam=0.9))(*stacked)
     for k, (r, v, m, _) in enumerate(batches):
         one_adv, one_returns = gae(r, v, m, gamma=0.95, lam=0.9)
-        np.testing.assert_allclose(adv[k], one_adv, atol=1e-6)
-        np.testing.assert_allclose(returns[k], one_returns, atol=1e-6)
+        np.testing.assert_allclose(adv[k], one_adv, **close(atol=1e-6))
+        np.testing.assert_allclose(returns[k], one_returns, **close(atol=1e-6))
 
 
 @VARIANTS
@@ -118,7 +119,7 @@ def test_token_rewards_put_the_reward_on_the_last_real_token_and_the_kl_on_every
     np.testing.assert_array_equal(plain, [[0, 0, 2, 0], [-1, 0, 0, 0], [0, 0, 0, 0]])  # an empty row gets nothing
     # beta = 0.5: r_t = R [t = last] - 0.5 kl_t on real tokens: [-0.05, 0.1, 2 - 0.15, 0], [-1 - 0.25, 0, 0, 0]
     penalised = variant(functools.partial(token_rewards, beta=0.5))(np.asarray([2.0, -1.0, 3.0]), mask, kl=kl)
-    np.testing.assert_allclose(penalised, [[-0.05, 0.1, 1.85, 0], [-1.25, 0, 0, 0], [0, 0, 0, 0]], atol=1e-6)
+    np.testing.assert_allclose(penalised, [[-0.05, 0.1, 1.85, 0], [-1.25, 0, 0, 0], [0, 0, 0, 0]], **close(atol=1e-6))
 
 
 def test_whiten_by_hand_and_zeros_stay_zero():
@@ -126,7 +127,7 @@ def test_whiten_by_hand_and_zeros_stay_zero():
     x = jnp.asarray([[1.0, 2.0, 99.0], [3.0, 6.0, 99.0]])
     mask = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     std = np.sqrt(14 / 3 + 1e-8)
-    np.testing.assert_allclose(whiten(x, mask), [[-2 / std, -1 / std, 0.0], [0.0, 3 / std, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(whiten(x, mask), [[-2 / std, -1 / std, 0.0], [0.0, 3 / std, 0.0]], **close(atol=1e-6))
     assert not np.asarray(whiten(jnp.zeros((2, 3)), mask)).any()  # no 0/0: the estimator's zeros stay zeros
     assert not np.asarray(whiten(jnp.ones((1, 2)), jnp.asarray([[1.0, 0.0]]))).any()  # one real token
 
@@ -135,7 +136,7 @@ def test_the_gae_estimator_whitens_advantages_not_returns():
     rewards, values, mask, _ = random_batch(7)
     adv, returns = gae_advantages(rewards, values, mask, gamma=1.0, lam=0.95)
     raw, raw_returns = gae(rewards, values, mask, gamma=1.0, lam=0.95)
-    np.testing.assert_allclose(adv, whiten(raw, mask), atol=1e-6)
+    np.testing.assert_allclose(adv, whiten(raw, mask), **close(atol=1e-6))
     np.testing.assert_array_equal(returns, raw_returns)
     real = np.asarray(adv)[mask > 0]
     assert abs(real.mean()) < 1e-5 and real.std(ddof=1) == pytest.approx(1.0, abs=1e-4)
@@ -146,8 +147,8 @@ def test_the_gae_estimator_whitens_advantages_not_returns():
 def test_explained_variance_by_hand():
     mask = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     returns = jnp.asarray([[1.0, 1.0, 5.0], [0.0, 0.0, 5.0]])  # variance 0.25 over real tokens
-    assert float(explained_variance(returns, returns, mask)) == pytest.approx(1.0)  # a perfect critic
-    assert float(explained_variance(jnp.full((2, 3), 0.5), returns, mask)) == pytest.approx(0.0, abs=1e-6)  # the mean
+    assert float(explained_variance(returns, returns, mask)) == approx(1.0)  # a perfect critic
+    assert float(explained_variance(jnp.full((2, 3), 0.5), returns, mask)) == approx(0.0, abs=1e-6)  # the mean
     # values [0.75, 0.75, 0.25, 0.25]: residuals [0.25, 0.25, -0.25, -0.25], variance 0.0625: 1 - 0.0625 / 0.25
     values = jnp.asarray([[0.75, 0.75, 9.0], [0.25, 0.25, 9.0]])
-    assert float(explained_variance(values, returns, mask)) == pytest.approx(0.75, abs=1e-5)
+    assert float(explained_variance(values, returns, mask)) == approx(0.75, abs=1e-5)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rl_core.math.value_losses import clipped_value_loss
+from tolerances import close
 
 VARIANTS = pytest.mark.parametrize("variant", [lambda f: f, jax.jit], ids=["eager", "jit"])
 
@@ -30,7 +31,7 @@ def loss_of(values, clip=0.2):
 @VARIANTS
 def test_hand_computed_cases(variant):
     loss, clipped = variant(lambda v: loss_of(v))(VALUES)
-    np.testing.assert_allclose(loss, [[0.405, 0.32, 0.32, 0.125, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(loss, [[0.405, 0.32, 0.32, 0.125, 0.0]], **close(atol=1e-6))
     np.testing.assert_array_equal(clipped, [[0.0, 1.0, 1.0, 0.0, 0.0]])
 
 
@@ -38,7 +39,7 @@ def test_hand_computed_cases(variant):
 def test_without_clip_it_is_half_the_squared_error(variant):
     # (V - G)^2 / 2: [0.405, 0.125, 0.125, 0.125, masked 0]
     loss, clipped = variant(lambda v: loss_of(v, clip=None))(VALUES)
-    np.testing.assert_allclose(loss, [[0.405, 0.125, 0.125, 0.125, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(loss, [[0.405, 0.125, 0.125, 0.125, 0.0]], **close(atol=1e-6))
     assert not np.asarray(clipped).any()
 
 
@@ -46,14 +47,14 @@ def test_gradient_is_zero_where_the_bound_binds():
     # d/dV of 0.5 (V - G)^2 = V - G where the unclipped term is the max: a: -0.9, d: 0.5;
     # b and c take the clipped term, constant in V beyond the band: 0. The masked token: 0.
     grad = jax.grad(lambda v: jnp.sum(loss_of(v)[0]))(jnp.asarray(VALUES))
-    np.testing.assert_allclose(grad, [-0.9, 0.0, 0.0, 0.5, 0.0], atol=1e-6)
+    np.testing.assert_allclose(grad, [-0.9, 0.0, 0.0, 0.5, 0.0], **close(atol=1e-6))
 
 
 def test_under_vmap_rows_are_independent():
     values = jnp.asarray([VALUES, VALUES[::-1]])
     batched = jax.vmap(lambda v: loss_of(v)[0][0])(values)
-    np.testing.assert_allclose(batched[0], loss_of(VALUES)[0][0], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(batched[1], loss_of(VALUES[::-1])[0][0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(batched[0], loss_of(VALUES)[0][0], **close(rtol=1e-6, atol=1e-7))
+    np.testing.assert_allclose(batched[1], loss_of(VALUES[::-1])[0][0], **close(rtol=1e-6, atol=1e-7))
 
 
 @pytest.mark.parametrize("clip", [0.0, -0.1])

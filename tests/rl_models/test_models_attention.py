@@ -1,6 +1,6 @@
 """model.attention: which kernel each platform gets, clear errors, and the fused kernels' handling
-of masks checked on CPU (Splash in the Pallas interpreter; cuDNN's even-length padding through
-the XLA path of the same call)."""
+of masks checked against the XLA path (Splash itself on a TPU, in the Pallas interpreter
+elsewhere; cuDNN's even-length padding through the XLA path of the same call)."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,9 @@ from rl_core.train.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
 from rl_models.transformer import attend
+
+from host import about_the_cpu, backend
+from tolerances import close
 
 V = 37
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -34,6 +37,7 @@ def test_auto_picks_by_platform(platform, dtype, head_dim, expected):
     assert attention.resolve("auto", dtype=dtype, head_dim=head_dim, platform=platform) == expected
 
 
+@about_the_cpu("a program traced on this host is traced for the CPU unless told otherwise")
 def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_error():
     assert attention.resolve("xla", dtype=BF16, head_dim=128, platform="tpu") == "xla"
     assert attention.resolve("splash", dtype=F32, head_dim=16, platform="tpu") == "splash"
@@ -48,6 +52,7 @@ def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_er
     assert attention.target_platform() == "cpu"
 
 
+@about_the_cpu("Splash on a CPU run: on a TPU it runs")
 def test_splash_on_a_cpu_run_fails_at_the_first_forward_pass_naming_the_fix():
     model = Transformer(TransformerConfig.tiny(V, attention="splash"), rngs=nnx.Rngs(0))
     tokens = jnp.ones((1, 4), jnp.int32)
@@ -56,6 +61,7 @@ def test_splash_on_a_cpu_run_fails_at_the_first_forward_pass_naming_the_fix():
         model(tokens, positions, mask)
 
 
+@about_the_cpu("auto is the xla program on a CPU only (Splash on a TPU)")
 def test_the_default_is_auto_and_on_cpu_it_is_the_xla_program():
     """The same lowered forward and backward as attention=xla, so CPU numbers do not move."""
     assert TransformerConfig.tiny(V).attention == "auto"
@@ -80,6 +86,11 @@ def qkv(b, l, s, h=4, k=2, dh=16, dtype=F32):
             jax.random.normal(keys[2], (b, s, k, dh), dtype))
 
 
+def interpret() -> bool:
+    """Whether Splash runs in the Pallas interpreter: everywhere but on a TPU, where the kernel runs."""
+    return backend() != "tpu"
+
+
 def xla_attention(q, k, v, mask):
     return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
 
@@ -102,7 +113,7 @@ def packed_layout():
 
 
 @pytest.mark.parametrize("layout", [padded_layout, packed_layout], ids=["padded", "packed"])
-def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layout):
+def test_splash_equals_xla_on_real_tokens_with_gradients(layout):
     """16 slots, padded to one 128-slot block. Outputs and the gradients of q, k, v agree to 1e-5
     on every real query (a padding query's output is never read, so it is left out of the loss and
     the comparison)."""
@@ -114,13 +125,13 @@ def test_splash_in_the_interpreter_equals_xla_on_real_tokens_with_gradients(layo
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
 
-    splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=True)  # noqa: E731
+    splash = lambda q, k, v: attention.splash(q, k, v, mask, interpret=interpret())  # noqa: E731
     xla = lambda q, k, v: xla_attention(q, k, v, mask)  # noqa: E731
-    np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(splash(q, k, v) * real, xla(q, k, v) * real, **close(rtol=1e-5, atol=1e-5))
     got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
     want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_splash_segments_of_a_mask():
@@ -142,8 +153,8 @@ def test_splash_prefill_into_a_longer_cache_equals_xla(offset):
     mask = causal[None] & valid[:, None, :]
     q, k, v = qkv(2, l, s)
     real = jax.lax.dynamic_slice_in_dim(valid, offset, l, axis=1)[..., None]
-    got = attention.splash(q, k, v, mask, offset=offset, interpret=True)
-    np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, atol=1e-5, rtol=1e-5)
+    got = attention.splash(q, k, v, mask, offset=offset, interpret=interpret())
+    np.testing.assert_allclose(got * real, xla_attention(q, k, v, mask) * real, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
@@ -160,7 +171,7 @@ def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
 
     real = mask.any(axis=-1)[..., None, None]  # a query with no key to see gets a made-up row either way
-    np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, **close(rtol=1e-6, atol=1e-6))
 
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])

@@ -22,6 +22,7 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config
 from rl_models.rope_types import LinearRope, YarnRope
+from tolerances import approx
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
@@ -53,7 +54,7 @@ def test_mistral_windows_every_layer_smollm3_drops_rope_on_every_fourth_qwen3_re
     assert smol.nope_layers == tuple(range(3, 36, 4)) and not any(smol.windowed())
     qwen = load_hf_config(CONFIGS / "qwen3-8b-yarn")
     assert qwen.rope_scaling == YarnRope(factor=4.0, original_max_position_embeddings=32768)
-    assert qwen.rope_scaling.attention_scale() == pytest.approx(0.1 * math.log(4.0) + 1)  # 1.1386
+    assert qwen.rope_scaling.attention_scale() == approx(0.1 * math.log(4.0) + 1)  # 1.1386
 
 
 def test_the_sharding_rules_place_every_gemma3_weight():

@@ -18,6 +18,7 @@ from rl_models.hf import export_hf, export_peft, load_hf_model
 from rl_models import quant
 from rl_models.lora import (DEFAULT_TARGETS, adapter_count, add_adapters, linears, merge_adapters, merged_kernel,
                             quantize_base, targeted)
+from tolerances import close
 
 V = 32
 TOKENS = jnp.array([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6]], jnp.int32)
@@ -85,7 +86,7 @@ def test_decoding_with_the_cache_applies_adapters_like_the_full_forward():
         mask = jnp.broadcast_to(jnp.arange(n)[None, None, :] <= t, (b, 1, n))
         hidden, cache = model(TOKENS[:, t : t + 1], jnp.full((b, 1), t), mask, cache, t)
         steps.append(np.asarray(model.logits(hidden))[:, 0])
-    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, **close(atol=1e-5))
 
 
 def test_merged_model_exports_and_reloads_with_the_adapted_logits(tmp_path):
@@ -93,7 +94,7 @@ def test_merged_model_exports_and_reloads_with_the_adapted_logits(tmp_path):
     merged = merge_adapters(model)
     assert not jax.tree.leaves(nnx.state(merged, nnx.LoRAParam))
     reloaded = load_hf_model(export_hf(merged, tmp_path / "hf"))
-    np.testing.assert_allclose(logits(reloaded), logits(model), atol=1e-5)
+    np.testing.assert_allclose(logits(reloaded), logits(model), **close(atol=1e-5))
 
 
 def test_peft_adapter_has_peft_names_shapes_and_scale(tmp_path):
@@ -115,7 +116,7 @@ def test_peft_adapter_has_peft_names_shapes_and_scale(tmp_path):
     stem = "base_model.model.model.layers.1.mlp.down_proj"
     peft_delta = 2.0 * tensors[f"{stem}.lora_B.weight"] @ tensors[f"{stem}.lora_A.weight"]
     ours = 2.0 * np.asarray(lin.lora_a[...][1]) @ np.asarray(lin.lora_b[...][1])
-    np.testing.assert_allclose(peft_delta, ours.T, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(peft_delta, ours.T, **close(rtol=1e-6, atol=1e-7))
 
 
 # Max |logit difference| from full precision on TOKENS (logits up to about 2.5 in size):
@@ -164,7 +165,7 @@ def reference_quantize(kernel: np.ndarray, qtype: str) -> tuple[np.ndarray, np.n
         qmax = {"int8": 127, "int4": 7}[qtype]
         scale = absmax / np.float32(qmax + 0.5)
         codes = np.clip(np.round(blocks / scale), -qmax - 1, qmax)
-        ties = np.isclose(np.abs(blocks / scale), qmax + 0.5, rtol=1e-5, atol=0)
+        ties = np.isclose(np.abs(blocks / scale), qmax + 0.5, **close(rtol=1e-5))
     scale = np.broadcast_to(scale, blocks.shape).reshape(kernel.shape)
     return codes.reshape(kernel.shape).astype(np.int32), ties.reshape(kernel.shape), scale
 
@@ -177,7 +178,7 @@ def assert_quantized_as_the_reference(codes, values, kernel: np.ndarray, qtype: 
     np.testing.assert_array_equal(np.where(ties, want, got), want, err_msg=msg)
     assert np.all(np.abs(got - want)[ties] <= 1), msg
     levels = NF4[got] if qtype == "nf4" else got.astype(np.float32)
-    np.testing.assert_allclose(np.asarray(values), levels * scale, rtol=1e-6, atol=0, err_msg=msg)
+    np.testing.assert_allclose(np.asarray(values), levels * scale, **close(rtol=1e-6), err_msg=msg)
 
 
 @pytest.mark.parametrize("qtype", ["int4", "int8", "nf4"])
@@ -211,7 +212,7 @@ def test_qlora_adapters_on_a_quantized_base_merge_into_a_plain_model(tmp_path):
     model = nudged(add_adapters(quantize_base(tiny(), "int8"), rank=4, alpha=8.0))
     merged = merge_adapters(model)  # dequantized W + (alpha / r) A B, float32
     assert merged.layers.attn.q_proj.kernel[...].dtype == jnp.float32
-    np.testing.assert_allclose(logits(merged), logits(model), atol=1e-5)
+    np.testing.assert_allclose(logits(merged), logits(model), **close(atol=1e-5))
 
 
 def test_lora_finds_gemma3s_seven_projections_and_fresh_adapters_change_nothing(hf_fixtures):

@@ -17,6 +17,7 @@ from rl_models.attention import traced_for
 from rl_models.hf import HFFolderError, load_hf_config, load_hf_model
 from rl_models.lora import add_adapters, targeted
 from rl_models.moe import MoE, route, tiled_grouped_matmul
+from tolerances import close
 
 E_2_1_0_M1 = [[2.0, 1.0, 0.0, -1.0]]
 
@@ -32,10 +33,10 @@ def test_softmax_then_top_k_renormalised(jit):
     fn = jax.jit(route, static_argnums=(1, 2, 3)) if jit else route
     experts, weights, probs = fn(jnp.asarray(E_2_1_0_M1), 2, "softmax_topk", True)
     np.testing.assert_array_equal(experts, [[0, 1]])
-    np.testing.assert_allclose(weights, [[0.7310586, 0.2689414]], rtol=1e-6)
-    np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(weights, [[0.7310586, 0.2689414]], **close(rtol=1e-6))
+    np.testing.assert_allclose(probs.sum(), 1.0, **close(rtol=1e-6))
     _, weights, _ = fn(jnp.asarray(E_2_1_0_M1), 2, "softmax_topk", False)
-    np.testing.assert_allclose(weights, [[0.6439142, 0.2368828]], rtol=1e-6)
+    np.testing.assert_allclose(weights, [[0.6439142, 0.2368828]], **close(rtol=1e-6))
 
 
 def test_top_k_then_softmax_equals_renormalised_softmax_and_replay_takes_the_given_experts():
@@ -43,11 +44,11 @@ def test_top_k_then_softmax_equals_renormalised_softmax_and_replay_takes_the_giv
     renormalise; replaying experts 3, 2 weighs them [e^-1, e^0] / (e^-1 + 1) = [0.2689414, 0.7310586]."""
     experts, weights, _ = route(jnp.asarray(E_2_1_0_M1), 2, "topk_softmax", False)
     np.testing.assert_array_equal(experts, [[0, 1]])
-    np.testing.assert_allclose(weights, [[0.7310586, 0.2689414]], rtol=1e-6)
+    np.testing.assert_allclose(weights, [[0.7310586, 0.2689414]], **close(rtol=1e-6))
     for router in ("softmax_topk", "topk_softmax"):
         experts, weights, _ = route(jnp.asarray(E_2_1_0_M1), 2, router, True, replay=jnp.asarray([[3, 2]]))
         np.testing.assert_array_equal(experts, [[3, 2]])
-        np.testing.assert_allclose(weights, [[0.2689414, 0.7310586]], rtol=1e-6)
+        np.testing.assert_allclose(weights, [[0.2689414, 0.7310586]], **close(rtol=1e-6))
 
 
 def test_a_replay_row_of_minus_one_keeps_the_routers_own_choice():
@@ -57,7 +58,7 @@ def test_a_replay_row_of_minus_one_keeps_the_routers_own_choice():
     for router in ("softmax_topk", "topk_softmax"):
         experts, weights, _ = route(logits, 2, router, True, replay=jnp.asarray([[3, 2], [-1, -1]]))
         np.testing.assert_array_equal(experts, [[3, 2], [0, 1]])
-        np.testing.assert_allclose(weights, [[0.2689414, 0.7310586], [0.7310586, 0.2689414]], rtol=1e-6)
+        np.testing.assert_allclose(weights, [[0.2689414, 0.7310586], [0.7310586, 0.2689414]], **close(rtol=1e-6))
 
 
 def test_grouped_matmuls_equal_each_token_through_its_own_experts():
@@ -77,7 +78,7 @@ def test_grouped_matmuls_equal_each_token_through_its_own_experts():
             e = experts[n, j]
             h = np.asarray(jax.nn.silu(x2[n] @ g[e])) * (x2[n] @ u[e])
             want[n] += float(weights[n, j]) * (h @ d[e])
-    np.testing.assert_allclose(np.asarray(y).reshape(-1, 64), want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(y).reshape(-1, 64), want, **close(rtol=1e-5, atol=1e-5))
     # every expert is used by some token here, so the test covers more than one group
     assert len(set(experts.ravel().tolist())) == 4
 
@@ -114,7 +115,7 @@ def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
     w = jax.random.normal(jax.random.key(5), (4, 16, 8))
     sizes = jnp.asarray(sizes, jnp.int32)
     np.testing.assert_allclose(jax.jit(tiled_grouped_matmul)(rows, w, sizes), jax.lax.ragged_dot(rows, w, sizes),
-                               atol=1e-5, rtol=1e-5)
+                               **close(rtol=1e-5, atol=1e-5))
     grads = [jax.grad(lambda r, w, f=f: jnp.sum(jnp.sin(f(r, w, sizes))), argnums=(0, 1))(rows, w)
              for f in (tiled_grouped_matmul, jax.lax.ragged_dot)]
     for got, want in zip(*grads, strict=True):

@@ -16,6 +16,7 @@ from rl_core.rollout.static import StaticBackend
 from rl_core.rollout.sampler import GREEDY, Sampler
 from rl_core.policy.tokens import left_pad
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig, lora
+from tolerances import close
 
 V = 64
 
@@ -49,7 +50,8 @@ def test_inference_copy_merges_adapters_and_computes_the_same(quantize):
     assert not jax.tree.leaves(nnx.state(copy, nnx.LoRAParam))  # merged, not carried
     want = logits(model, TOKENS)
     assert float(jnp.max(jnp.abs(want - logits(base, TOKENS)))) > 1e-2  # the adapters matter
-    np.testing.assert_allclose(logits(copy, TOKENS), want, atol=1e-4)  # W + s A B vs (x A) B s: a regrouped sum
+    np.testing.assert_allclose(logits(copy, TOKENS), want,
+        **close(atol=1e-4))  # W + s A B vs (x A) B s: a regrouped sum
 
 
 def test_inference_copy_is_in_the_compute_dtype():
@@ -73,7 +75,7 @@ def test_paged_forward_of_a_whole_sequence_equals_the_plain_forward():
         tokens, positions, pages, page_rows)
     positions_full, mask = sequence_inputs(jnp.ones_like(TOKENS), 0)
     want = model(TOKENS, positions_full, mask)[0].reshape(2 * n, -1)
-    np.testing.assert_allclose(hidden, want, atol=1e-5)
+    np.testing.assert_allclose(hidden, want, **close(atol=1e-5))
     assert not np.asarray(pages[0][:, 4]).any() and np.asarray(pages[0][:, 3, :3]).any()
 
 
@@ -101,4 +103,4 @@ def test_an_adapted_quantized_model_decodes_in_the_paged_engine_as_in_the_static
         backend.update_weights(state, 0)
     got, want = (b.generate(requests, GREEDY, jax.random.key(0)) for b in (engine, static))
     np.testing.assert_array_equal(got.tokens, np.asarray(want.tokens))
-    np.testing.assert_allclose(got.logp, np.asarray(want.logp), atol=1e-4)
+    np.testing.assert_allclose(got.logp, np.asarray(want.logp), **close(atol=1e-4))

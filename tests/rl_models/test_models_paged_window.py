@@ -33,6 +33,7 @@ from rl_models.paged_window import ring_attention, ring_spec, windowed_layers
 from engines import full_forward_greedy
 from state_rows import (SMALL, T, check_retained_session, check_small_pools, check_weight_switch, fuzz_engine,
                         learner_logprobs, prompts, small_engine)
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -90,7 +91,7 @@ def test_a_ring_attends_as_a_dense_window_through_chunks_longer_than_it(slots, w
         out, rings = step(q[idx], k[idx], v[idx], rings, layer=0, rows=np.asarray([2, 0], np.int32),
                           positions=np.asarray([p, 0], np.int32), window=window, sequence=False, sinks=sinks)
         got[p] = np.asarray(out)[0]
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(got, want, **close(atol=1e-5))
     for p in range(max(0, L - slots), L):
         np.testing.assert_array_equal(rings[0][0, 2, p % slots], k[p])
         np.testing.assert_array_equal(rings[1][0, 2, p % slots], v[p])
@@ -118,7 +119,7 @@ def test_a_chunk_holds_a_continuing_sequence_then_fresh_ones_each_in_its_own_rin
                       positions=pos.astype(np.int32), window=window, sequence=True)
     out = np.asarray(out)
     for i in range(14):
-        np.testing.assert_allclose(out[i], want[seq[i]][pos[i]], atol=1e-5)
+        np.testing.assert_allclose(out[i], want[seq[i]][pos[i]], **close(atol=1e-5))
     for s, last in ((0, 15), (1, 5), (2, 3)):
         for p in range(max(0, last - window), last):
             np.testing.assert_array_equal(rings[0][0, s + 1, p % window], k[s, p])
@@ -165,7 +166,7 @@ def test_sampled_logprobs_equal_the_learner_pass(gemma3):
     out = small_engine(gemma3).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     assert len({tuple(r) for r in out.tokens}) == 8
     want = learner_logprobs(gemma3, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens, temperature=0.7)
-    np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, want * out.mask, **close(rtol=1e-5, atol=1e-5))
 
 
 @pytest.mark.e2e
@@ -184,7 +185,7 @@ def test_preempted_sequences_restart_from_their_prompts_rings(gemma3):
     few_rows = scarce.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2))
     np.testing.assert_array_equal(few_rows.tokens, roomy.tokens)
     want = learner_logprobs(gemma3, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens)
-    np.testing.assert_allclose(out.logp, want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.logp, want, **close(rtol=1e-5, atol=1e-5))
     for e in (engine, scarce):
         assert e.pools[0].in_use == 0 and e.state_pools[0].in_use == 0
 

@@ -16,6 +16,7 @@ import pytest
 from rl_models import HybridTransformer
 from rl_models.gated_deltanet import causal_conv, chunked_delta_rule, recurrent_delta_rule
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
+from tolerances import close
 
 NAMES = ("qwen35", "qwen35_text")
 FOLDERS = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -126,11 +127,11 @@ def test_chunked_rule_equals_the_recurrence_across_chunks_and_resets(jit):
     chunked = jax.jit(chunked_delta_rule, static_argnums=7) if jit else chunked_delta_rule
     out_c, state_c = chunked(q, k, v, g, beta, state, reset, 4)
     out_r, state_r = recurrent_delta_rule(q, k, v, g, beta, state, reset)
-    np.testing.assert_allclose(out_c, out_r, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(state_c, state_r, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out_c, out_r, **close(rtol=1e-5, atol=1e-5))
+    np.testing.assert_allclose(state_c, state_r, **close(rtol=1e-5, atol=1e-5))
     # a reset really cuts: row 0's tokens from 3 on do not depend on the initial state
     out_z, _ = chunked(q, k, v, g, beta, jnp.zeros_like(state), reset, 4)
-    np.testing.assert_allclose(out_z[0, 3:], out_c[0, 3:], atol=1e-6)
+    np.testing.assert_allclose(out_z[0, 3:], out_c[0, 3:], **close(atol=1e-6))
     assert np.abs(out_z[0, :3] - out_c[0, :3]).max() > 1e-2
 
 
@@ -143,10 +144,10 @@ def test_causal_conv_taps_and_reset():
     reset = jnp.zeros((1, 5), bool).at[0, 3].set(True)
     out, new_state = causal_conv(x, weight, state, reset)
     pre = np.array([100 + 80 + 7, 200 + 10 + 8, 300 + 20 + 1, 400, 500 + 40])
-    np.testing.assert_allclose(out[0, :, 0], pre / (1 + np.exp(-pre)), rtol=1e-6)
-    np.testing.assert_allclose(new_state[0, :, 0], [4.0, 5.0])  # the last sequence's inputs
+    np.testing.assert_allclose(out[0, :, 0], pre / (1 + np.exp(-pre)), **close(rtol=1e-6))
+    np.testing.assert_allclose(new_state[0, :, 0], [4.0, 5.0], **close())  # the last sequence's inputs
     _, cut = causal_conv(x[:, :4], weight, state, reset[:, :4])
-    np.testing.assert_allclose(cut[0, :, 0], [0.0, 4.0])  # nothing from before the reset
+    np.testing.assert_allclose(cut[0, :, 0], [0.0, 4.0], **close())  # nothing from before the reset
 
 
 def test_bfloat16_compute_is_close_to_float32(name, hf_fixtures, hf_reference):

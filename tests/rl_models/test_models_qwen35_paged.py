@@ -29,6 +29,7 @@ from rl_models.hf import load_hf_model
 from engines import full_forward_greedy
 from state_rows import (NO_EOS, SMALL, T, check_retained_session, check_small_pools, check_weight_switch, fuzz_engine,
                         learner_logprobs, prompts, small_engine)
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -60,7 +61,7 @@ def test_a_linear_attention_layer_holding_its_state_passes_padding_unchanged(qwe
 
     want, got, loose, idle = run(state)
     for a, b in zip(got, want, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(a, b, **close(atol=1e-5))
     assert np.abs(np.asarray(loose[1]) - np.asarray(want[1])).max() > 1e-3
     for a, b in zip(idle, state, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -76,7 +77,7 @@ def test_paged_engine_generates_what_the_full_forward_and_the_static_sampler_do(
     static = StaticBackend(Sampler(graphdef, max_new_tokens=T, eos_ids=NO_EOS, pad_id=0))
     static.update_weights(state, 1)
     np.testing.assert_array_equal(out.tokens, static.generate(Requests(tokens, mask), GREEDY, jax.random.key(0)).tokens)
-    np.testing.assert_allclose(out.logp, learner_logprobs(qwen35, tokens, mask, out.tokens), atol=1e-4)
+    np.testing.assert_allclose(out.logp, learner_logprobs(qwen35, tokens, mask, out.tokens), **close(atol=1e-4))
     # every state row is back in the pool: 4 prompts and their samples took and returned them
     assert engine.state_pools is not None and engine.state_pools[0].in_use == 0
     assert engine.states[1].shape == (1, 3, 2 * SMALL["slots"] + 2, 4, 16, 16)  # [R, linear layers, rows, Hv, Dk, Dv]
@@ -90,7 +91,7 @@ def test_sampled_logprobs_equal_the_learner_pass(qwen35):
     out = small_engine(qwen35).generate(Requests(tokens, mask, 2), SamplingParams(temperature=0.7), jax.random.key(5))
     assert len({tuple(r) for r in out.tokens}) == 8
     want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens, temperature=0.7)
-    np.testing.assert_allclose(out.logp, want * out.mask, atol=1e-4)
+    np.testing.assert_allclose(out.logp, want * out.mask, **close(atol=1e-4))
 
 
 @pytest.mark.e2e
@@ -107,7 +108,7 @@ def test_preempted_sequences_restart_from_their_prompts_state(qwen35):
     np.testing.assert_array_equal(
         scarce.generate(Requests(tokens, mask, 2), SamplingParams(temperature=1.0), jax.random.key(2)).tokens, roomy.tokens)
     want = learner_logprobs(qwen35, np.repeat(tokens, 2, 0), np.repeat(mask, 2, 0), out.tokens)
-    np.testing.assert_allclose(out.logp, want, atol=1e-4)
+    np.testing.assert_allclose(out.logp, want, **close(atol=1e-4))
 
 
 @pytest.mark.e2e

@@ -16,6 +16,7 @@ from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams
 from rl_core.train.packing import pack
 from rl_core.types import SharedPrompts
 from rl_models.hf import load_hf_model, load_hf_tokenizer
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -58,9 +59,9 @@ def test_sampler_logprobs_are_the_full_forwards_and_scoring_shares_and_packs_ali
                                                      **kwargs)[0])(qwen35)
 
     plain = np.asarray(score())
-    np.testing.assert_allclose(plain * mask, np.asarray(out.logp), atol=1e-4)
+    np.testing.assert_allclose(plain * mask, np.asarray(out.logp), **close(atol=1e-4))
     shared = np.asarray(score(shared=SharedPrompts(jnp.asarray(prompt_ids), jnp.asarray(prompt_mask))))
-    np.testing.assert_allclose(shared * mask, plain * mask, atol=1e-5)
+    np.testing.assert_allclose(shared * mask, plain * mask, **close(atol=1e-5))
     packed = pack(rows_ids, rows_mask, np.asarray(out.tokens), mask, width=2 * (width + 12))
     assert int((np.asarray(packed.segments).max(axis=1) > 1).sum()) >= 1  # some row holds two sequences
-    np.testing.assert_allclose(np.asarray(score(packed=packed)) * mask, plain * mask, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(score(packed=packed)) * mask, plain * mask, **close(atol=1e-5))

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from rl_core.policy.logprobs import completion_logprobs
 from rl_models import HybridTransformer, lora
 from rl_models.hf import export_hf, load_hf_model
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 TOKENS = np.array([[5, 17, 42, 99, 130, 255, 256, 270, 5, 8], [8, 13, 21, 34, 55, 89, 144, 1, 2, 3]], np.int32)
@@ -60,7 +61,7 @@ def test_lora_on_linear_attention_projections_merges_to_the_adapted_logits():
     assert np.abs(adapted - base).max() > 0.05
     merged = lora.merge_adapters(model)
     assert isinstance(merged, HybridTransformer) and not lora.has_adapters(merged)
-    np.testing.assert_allclose(logits(merged), adapted, atol=1e-4)
+    np.testing.assert_allclose(logits(merged), adapted, **close(atol=1e-4))
 
 
 def test_qlora_quantizes_the_linear_attention_projections_too():
@@ -88,8 +89,8 @@ def test_export_of_the_multimodal_folder_is_its_text_model_and_reloads_to_the_sa
         np.testing.assert_array_equal(a_log, f.get_tensor("model.language_model.layers.0.linear_attn.A_log"))
         # written back as transformers' (1 + w) norms hold it: w, not 1 + w
         np.testing.assert_allclose(norm, f.get_tensor("model.language_model.layers.3.self_attn.q_norm.weight"),
-                                   atol=1e-6)
-    np.testing.assert_allclose(logits(load_hf_model(out)), logits(model), atol=1e-6)
+                                   **close(atol=1e-6))
+    np.testing.assert_allclose(logits(load_hf_model(out)), logits(model), **close(atol=1e-6))
 
 
 def test_export_without_a_source_folder_writes_a_qwen3_5_text_config_that_describes_the_model(tmp_path):

@@ -11,6 +11,8 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.transformer import scans_layers
+from tolerances import close
+from host import about_the_cpu
 
 V = 37
 
@@ -93,10 +95,10 @@ def test_incremental_decoding_with_cache_matches_full_forward(overrides):
     chex.assert_shape(cache[0], (cfg.num_layers, 2, cfg.num_kv_heads, slots, cfg.head_dim))  # head-major
     assert bool(jnp.all(jnp.isfinite(hidden)))
     sel = np.asarray(valid)  # pad query rows attend to nothing: excluded
-    np.testing.assert_allclose(np.asarray(hidden)[sel], np.asarray(full_hidden)[sel], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(hidden)[sel], np.asarray(full_hidden)[sel], **close(rtol=1e-5, atol=1e-5))
     np.testing.assert_allclose(
         np.asarray(model.logits(hidden))[sel], np.asarray(model.logits(full_hidden))[sel],
-        atol=1e-5, rtol=1e-5,
+        **close(rtol=1e-5, atol=1e-5),
     )
     # The spare slots were never written.
     assert not bool(jnp.any(cache[0][:, :, :, 10:]))
@@ -109,7 +111,7 @@ def test_left_padding_does_not_change_a_rows_outputs():
     hidden, _ = model(tokens, positions, mask)
     alone = tokens[1:, 2:]
     alone_hidden, _ = model(alone, jnp.arange(8)[None], jnp.tril(jnp.ones((1, 8, 8), bool)))
-    np.testing.assert_allclose(hidden[1, 2:], alone_hidden[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(hidden[1, 2:], alone_hidden[0], **close(rtol=1e-5, atol=1e-5))
 
 
 def test_grouped_query_attention_equals_multi_head_with_repeated_kv_heads():
@@ -139,23 +141,28 @@ def test_grouped_query_attention_equals_multi_head_with_repeated_kv_heads():
     tokens, positions, mask, valid = left_padded_batch()
     h_gqa, _ = gqa(tokens, positions, mask)
     h_mha, _ = mha(tokens, positions, mask)
-    np.testing.assert_allclose(h_gqa, h_mha, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(h_gqa, h_mha, **close(rtol=1e-5, atol=1e-5))
 
 
-def test_masked_cache_slots_do_not_leak_and_fully_masked_rows_are_finite():
-    model = make()
+@pytest.mark.parametrize("scan_layers", [False, True])  # the cache's layouts: CPU's, and an accelerator's
+def test_masked_cache_slots_do_not_leak_and_fully_masked_rows_are_finite(scan_layers):
+    model = make(scan_layers=scan_layers)
     tokens, positions, mask, valid = left_padded_batch()
     cache = model.init_cache(2, 10)
     hidden, _ = model(tokens, positions, mask, cache, 0)
     # Overwrite the pad slots of row 1 (slots 0 and 1) with huge garbage after
     # prefill of the first 6 tokens, then decode token 6 for both rows.
     _, cache = model(tokens[:, :6], positions[:, :6], mask[:, :6], model.init_cache(2, 10), 0)
-    k, v = cache  # per layer (unrolled on CPU): [B, K, S, Dh] each
-    garbage = (tuple(x.at[1, :, :2].set(1e4) for x in k), tuple(x.at[1, :, :2].set(-1e4) for x in v))
+    # in the cache's own layout (unrolled on CPU: one [B, K, S, Dh] per layer; scanned elsewhere:
+    # [layers, B, K, S, Dh]): another layout would run another program, equal only to rounding
+    k, v = cache
+    garbage = (jax.tree.map(lambda x: x.at[..., 1, :, :2, :].set(1e4), k),
+               jax.tree.map(lambda x: x.at[..., 1, :, :2, :].set(-1e4), v))
+    assert jax.tree.structure(garbage) == jax.tree.structure(cache)
     h_clean, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], cache, 6)
     h_dirty, _ = model(tokens[:, 6:7], positions[:, 6:7], mask[:, 6:7], garbage, 6)
     np.testing.assert_array_equal(h_clean, h_dirty)
-    np.testing.assert_allclose(h_clean[:, 0], hidden[:, 6], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(h_clean[:, 0], hidden[:, 6], **close(rtol=1e-5, atol=1e-5))
     # Row 1's first query (a pad) may attend to nothing: still finite.
     assert not bool(jnp.any(mask[1, 0]))
     assert bool(jnp.all(jnp.isfinite(hidden)))
@@ -180,7 +187,7 @@ def test_tied_and_untied_unembedding():
         chex.assert_shape(logits, (2, 10, V))
         assert logits.dtype == jnp.float32
     hidden, _ = tied(tokens, positions, mask)
-    np.testing.assert_allclose(tied.logits(hidden), hidden @ tied.embed[...].T, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(tied.logits(hidden), hidden @ tied.embed[...].T, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_only_params_are_state_and_split_merge_round_trips():
@@ -206,8 +213,8 @@ def test_each_remat_policy_gives_the_same_loss_and_gradients(remat, scan_layers)
 
     plain, rematted = make(scan_layers=scan_layers), make(remat=remat, scan_layers=scan_layers)
     (l1, g1), (l2, g2) = loss_and_grads(plain), loss_and_grads(rematted)
-    np.testing.assert_allclose(l1, l2, rtol=1e-6)
-    chex.assert_trees_all_close(g1, g2, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(l1, l2, **close(rtol=1e-6))
+    chex.assert_trees_all_close(g1, g2, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_remat_policies_keep_less_for_the_backward_pass():
@@ -296,7 +303,7 @@ def test_rotate_is_hugging_faces_rotate_half_form():
     sin = np.concatenate([np.sin(freqs)] * 2, -1)[None, :, None]
     x1, x2 = np.split(np.asarray(x), 2, axis=-1)
     expected = np.asarray(x) * cos + np.concatenate([-x2, x1], -1) * sin
-    np.testing.assert_allclose(rotate(x, *rope_cos_sin(positions, inv)), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(rotate(x, *rope_cos_sin(positions, inv)), expected, **close(rtol=1e-6, atol=1e-6))
     out = rotate(x.astype(jnp.bfloat16), *rope_cos_sin(positions, inv))
     assert out.dtype == jnp.bfloat16 and out.shape == x.shape
 
@@ -319,9 +326,10 @@ def test_cpu_attention_gradient_is_autodiffs():
 
     expected = jax.grad(lambda *a: loss(_attention_core, *a), argnums=(0, 1, 2))(q, kk, v)
     got = jax.grad(lambda *a: loss(_attention_core_cpu, *a), argnums=(0, 1, 2))(q, kk, v)
-    np.testing.assert_allclose(_attention_core_cpu(q, kk, v, mask, 0.35), _attention_core(q, kk, v, mask, 0.35))
+    np.testing.assert_allclose(_attention_core_cpu(q, kk, v, mask, 0.35), _attention_core(q, kk, v, mask, 0.35),
+        **close())
     for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g, e, **close(rtol=1e-5, atol=1e-6))
     assert float(jnp.abs(got[1]).sum()) > 0
     half = jax.grad(lambda *a: loss(_attention_core_cpu, *a), argnums=(0, 1, 2))(
         *(x.astype(jnp.bfloat16) for x in (q, kk, v)))
@@ -337,9 +345,9 @@ def test_cpu_matmul_gradient_is_autodiffs():
     weights = jax.random.normal(jax.random.key(2), (12, 3))
     expected = jax.grad(lambda x, w: jnp.sum((x @ w) * weights), argnums=(0, 1))(x, w)
     got = jax.grad(lambda x, w: jnp.sum(_matmul_cpu(x, w) * weights), argnums=(0, 1))(x, w)
-    np.testing.assert_allclose(_matmul_cpu(x, w), x @ w)
+    np.testing.assert_allclose(_matmul_cpu(x, w), x @ w, **close())
     for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g, e, **close(rtol=1e-5, atol=1e-6))
 
 
 LOGICAL_AXES = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "norm", "layers"}
@@ -378,7 +386,7 @@ def test_stacked_layer_i_is_block_i_of_an_unrolled_model():
     for i in range(cfg.num_layers):
         block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
         x, _, _ = block(x, rope, mask, None, 0, i)
-    np.testing.assert_allclose(model.final_norm(x)[valid], hidden[valid], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(model.final_norm(x)[valid], hidden[valid], **close(rtol=1e-5, atol=1e-5))
 
 
 def _lowered_train_step_size(layers: int, scan_layers: bool) -> int:
@@ -411,9 +419,9 @@ def test_program_size_does_not_grow_with_depth_when_scanned():
 
 def test_scanned_and_unrolled_layers_compute_the_same_loss_gradients_and_cache():
     """The loop is how the layers run, not what they compute: same stacked parameters, same
-    loss, gradients and KV cache (None picks unrolled on this CPU)."""
+    loss, gradients and KV cache."""
     tokens, positions, mask, valid = left_padded_batch()
-    assert not scans_layers(TransformerConfig.tiny(V)) and jax.default_backend() == "cpu"
+    assert scans_layers(TransformerConfig.tiny(V)) == (jax.default_backend() != "cpu")  # None: unrolled on CPU only
 
     def run(scan_layers):
         model = make(scan_layers=scan_layers)
@@ -429,10 +437,10 @@ def test_scanned_and_unrolled_layers_compute_the_same_loss_gradients_and_cache()
 
     (l1, g1), c1 = run(True)
     (l2, g2), c2 = run(False)
-    np.testing.assert_allclose(l1, l2, rtol=1e-6)
-    chex.assert_trees_all_close(g1, g2, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(l1, l2, **close(rtol=1e-6))
+    chex.assert_trees_all_close(g1, g2, **close(atol=1e-5, rtol=1e-5))
     assert not isinstance(c1[0], tuple) and len(c2[0]) == 2  # scanned: stacked; unrolled: per layer
-    chex.assert_trees_all_close(c1, stacked(c2), atol=1e-6, rtol=1e-6)
+    chex.assert_trees_all_close(c1, stacked(c2), **close(atol=1e-6, rtol=1e-6))
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -449,14 +457,14 @@ def test_outputs_from_returns_the_later_positions_with_the_same_gradients_and_ca
 
     (l_full, g_full), (l_part, g_part) = (nnx.jit(nnx.value_and_grad(loss), static_argnums=1)(model, of)
                                           for of in (0, k))
-    np.testing.assert_allclose(l_part, l_full, rtol=1e-6)
-    chex.assert_trees_all_close(g_part, g_full, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(l_part, l_full, **close(rtol=1e-6))
+    chex.assert_trees_all_close(g_part, g_full, **close(rtol=1e-5, atol=1e-5))
     cache = model.init_cache(2, 12)
     slots = jnp.pad(mask, ((0, 0), (0, 0), (0, 2)))
     (h_full, c_full), (h_part, c_part) = (model(tokens, positions, slots, cache, 0, outputs_from=of)
                                           for of in (0, 9))
     chex.assert_shape(h_part, (2, 1, model.config.hidden_size))
-    chex.assert_trees_all_close((h_part, c_part), (h_full[:, 9:], c_full), atol=1e-6, rtol=1e-6)
+    chex.assert_trees_all_close((h_part, c_part), (h_full[:, 9:], c_full), **close(rtol=1e-6, atol=1e-6))
     with pytest.raises(ValueError, match="outputs_from=10: the call has 10 positions"):
         model(tokens, positions, mask, outputs_from=10)
 
@@ -513,6 +521,7 @@ def test_attention_implementation_is_validated():
         TransformerConfig.tiny(V, attention="cudnn")
 
 
+@about_the_cpu("the unrolled layers loop_view serves are XLA:CPU's layout; accelerators scan a stack")
 @pytest.mark.parametrize("fuse_max", [None, 0])
 def test_a_decode_loop_through_loop_view_copies_no_weights_and_decodes_the_same(monkeypatch, fuse_max):
     """rl_core.policy.protocols.loop_policy (Transformer.loop_view): the compiled decode loop of an
@@ -555,4 +564,4 @@ def test_a_decode_loop_through_loop_view_copies_no_weights_and_decodes_the_same(
     assert weight_copies_in_loop(False) > 0
     viewed = nnx.jit(decode, static_argnums=2)(model, model.init_cache(b, s), True)
     plain = nnx.jit(decode, static_argnums=2)(model, model.init_cache(b, s), False)
-    np.testing.assert_allclose(viewed, plain, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(viewed, plain, **close(rtol=1e-5, atol=1e-5))

@@ -17,6 +17,7 @@ from rl_models import Transformer, TransformerConfig, ValueModel, value_model_fr
 from rl_models.hf import load_hf_model, load_hf_value_model
 from rl_models.lora import add_adapters, linears
 from rl_models.value import prefix_confidence
+from tolerances import close
 
 V = 32
 TOKENS = jnp.array([[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6]], jnp.int32)
@@ -50,7 +51,7 @@ def test_a_fresh_critic_predicts_zero_and_its_head_reads_the_policys_hidden_stat
     critic.value_head.kernel[...] = w
     critic.value_head.bias[...] = jnp.asarray(0.25)
     hidden, _ = policy(*inputs()[:3])
-    np.testing.assert_allclose(critic(*inputs()), hidden @ w + 0.25, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(critic(*inputs()), hidden @ w + 0.25, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_the_critic_shares_the_policys_arrays_and_drops_the_unembedding():
@@ -91,16 +92,17 @@ def test_a_critic_from_a_hugging_face_folder_has_its_backbone():
     hidden, _ = model(*inputs(tokens)[:3])
     w = jnp.ones((model.config.hidden_size,)) / model.config.hidden_size
     critic.value_head.kernel[...] = w
-    np.testing.assert_allclose(critic(*inputs(tokens)), hidden @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(critic(*inputs(tokens)), hidden @ w, **close(rtol=1e-5, atol=1e-5))
 
 
 def test_prefix_confidence_by_hand():
     # the prompt (0: certain), three sampled tokens, an environment's token (0), one more sampled
     logp = jnp.log(jnp.asarray([[1.0, 1.0, 0.5, 0.5, 1.0, 0.8]]))
     features = np.asarray(prefix_confidence(logp))[0]
-    np.testing.assert_allclose(features[:, 0], [1, 1, 0.5, 0.25, 0.25, 0.2], rtol=1e-6)  # the prefix's probability
-    np.testing.assert_allclose(features[:, 1], [1, 1, 0.5, 0.5, 0.5, 0.5], rtol=1e-6)  # its least likely token
-    np.testing.assert_allclose(features[:, 2], [1, 1, 0.5, 0.5, 1.0, 0.8], rtol=1e-6)  # the last token
+    np.testing.assert_allclose(features[:, 0], [1, 1, 0.5, 0.25, 0.25, 0.2],
+        **close(rtol=1e-6))  # the prefix's probability
+    np.testing.assert_allclose(features[:, 1], [1, 1, 0.5, 0.5, 0.5, 0.5], **close(rtol=1e-6))  # its least likely token
+    np.testing.assert_allclose(features[:, 2], [1, 1, 0.5, 0.5, 1.0, 0.8], **close(rtol=1e-6))  # the last token
 
 
 def test_the_confidence_head_reads_the_log_probs_of_tokens_up_to_each_position_only():
@@ -113,10 +115,11 @@ def test_the_confidence_head_reads_the_log_probs_of_tokens_up_to_each_position_o
     values = np.asarray(critic(*inputs(TOKENS, logp)))
     features = prefix_confidence(logp)
     np.testing.assert_allclose(values, jax.nn.gelu(features @ head.kernel[...] + head.bias[...]) @ head.out[...],
-                               rtol=1e-5, atol=1e-6)  # the scalar head is still 0
+                               **close(rtol=1e-5, atol=1e-6))  # the scalar head is still 0
     later = logp.at[:, 4:].set(jnp.log(0.01))  # other log-probs from position 4 on
     np.testing.assert_array_equal(np.asarray(critic(*inputs(TOKENS, later)))[:, :4], values[:, :4])
-    assert not np.allclose(np.asarray(critic(*inputs(TOKENS, later)))[:, 4:], values[:, 4:])
+    assert not np.allclose(np.asarray(critic(*inputs(TOKENS, later)))[:, 4:], values[:, 4:],
+        **close(rtol=1e-5, atol=1e-8))
 
 
 def test_a_critic_without_the_confidence_head_ignores_log_probs_and_one_with_it_needs_them():

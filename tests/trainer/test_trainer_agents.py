@@ -21,6 +21,7 @@ from rl_models import PAGED_TRANSFORMER
 from rl_core.rollout.serving import Sample
 from rl_models.hf import HFTokenizer, load_hf_model, load_hf_tokenizer
 from trainer.serve.agents import chat_renderer
+from host import need_sockets
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 AGENTS = Path(__file__).resolve().parent / "fixtures" / "agents.py"
@@ -48,6 +49,7 @@ def engine():
 
 
 def rollout(engine, tokenizer, rollout_settings, prompts, g=2):
+    need_sockets()  # the agents reach the engine through an OpenAI endpoint on loopback
     calls = iter(range(1000))
 
     def generate(tokens, mask, num_samples=1, **limits):  # the learner's generate, on the engine

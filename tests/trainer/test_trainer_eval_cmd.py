@@ -16,6 +16,7 @@ from trainer.cli import main
 from trainer.evaluate import evaluate, pass_at_k
 from trainer.run.saved_run import evaluate_run
 from trainer.run import settings_of_run
+from tolerances import approx, close
 
 
 @pytest.mark.parametrize(
@@ -31,7 +32,7 @@ from trainer.run import settings_of_run
     ],
 )
 def test_pass_at_k_hand_values(n, c, k, expected):
-    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    assert pass_at_k(n, c, k) == approx(expected, abs=1e-12)
 
 
 def test_pass_at_k_matches_the_definition():
@@ -40,7 +41,7 @@ def test_pass_at_k_matches_the_definition():
             for k in range(1, n + 1):
                 # probability that a random k-subset of the n samples holds at least one correct one
                 expected = 1.0 - comb(n - c, k) / comb(n, k)
-                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+                assert pass_at_k(n, c, k) == approx(expected, abs=1e-12)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(5, 6, 1), (5, -1, 1), (5, 2, 0), (5, 2, 6)])
@@ -81,7 +82,7 @@ def test_eval_of_a_run_matches_its_final_summary(trained_run, decay_per_step, ca
     factor = decay_per_step**2
     (params,) = evaluated
     for p0, p2 in zip(jax.tree.leaves(initial), jax.tree.leaves(params), strict=True):
-        np.testing.assert_allclose(np.asarray(p2), factor * np.asarray(p0), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(p2), factor * np.asarray(p0), **close(rtol=1e-5, atol=1e-7))
 
 
 def test_eval_rejects_bad_k_and_missing_runs(trained_run, tmp_path, capsys):

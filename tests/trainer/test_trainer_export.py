@@ -16,6 +16,7 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer import build
 from trainer.cli import main
 from trainer.run import load_run_policy, settings_of_run
+from tolerances import close
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +68,7 @@ def test_export_of_an_earlier_step_holds_that_checkpoint(trained_run, decay_per_
     initial = nnx.state(build.new_model(settings, CharTokenizer()), nnx.Param)
     exported = nnx.state(load_hf_model(tmp_path / "s1"), nnx.Param)
     for p0, p1 in zip(jax.tree.leaves(initial), jax.tree.leaves(exported), strict=True):
-        np.testing.assert_allclose(np.asarray(p1), decay_per_step * np.asarray(p0), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(p1), decay_per_step * np.asarray(p0), **close(rtol=1e-5, atol=1e-7))
 
 
 def test_export_rejects_a_missing_step(trained_run, tmp_path, capsys):

@@ -13,6 +13,7 @@ from rl_core.run.layout import METRICS, SAMPLES
 from trainer.cli import main
 from trainer.judge.reward import JudgeReward, judge_model, judge_rewards
 from trainer.settings import build_settings
+from tolerances import approx, close
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,7 @@ def test_a_judge_reward_trains_end_to_end(trained_run, tmp_path, verdict, engine
     assert len(steps) == 2
     for m in steps:
         # the total is the task's reward plus 0.5 x the judge's, per completion and so in the mean
-        assert m["rewards/total/mean"] == pytest.approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/judge/mean"],
+        assert m["rewards/total/mean"] == approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/judge/mean"],
                                                         abs=1e-6)
         assert 0.0 <= m["rewards/judge/mean"] <= 1.0
         assert 0.0 < m["time/judge"] <= m["time/reward"]  # the judge's share of scoring
@@ -71,7 +72,7 @@ def test_a_judge_entry_of_rewards_trains_end_to_end(trained_run, tmp_path):
     steps = records(run)
     assert len(steps) == 2
     for m in steps:
-        assert m["rewards/total/mean"] == pytest.approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/helpful/mean"],
+        assert m["rewards/total/mean"] == approx(m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/helpful/mean"],
                                                         abs=1e-6)
         assert 0.0 < m["rewards/helpful/mean"] < 1.0  # probabilities, never exactly 0 or 1
         assert 0.0 < m["time/helpful"] <= m["time/reward"]
@@ -91,7 +92,7 @@ def test_the_judge_scores_by_the_learners_own_logprobs(trained_run):
     for column, word in enumerate(("y", "n")):
         target = np.full((len(prompts), 1), judge.first_token(word), np.int32)
         logp, _ = completion_logprobs(model, tokens, mask, target)
-        np.testing.assert_allclose(pair[:, column], np.asarray(logp)[:, 0], atol=1e-5)
+        np.testing.assert_allclose(pair[:, column], np.asarray(logp)[:, 0], **close(atol=1e-5))
     # the greedy reply's first character is the argmax of the first position's distribution
     first = judge.first_logprobs(prompts)
     replies = judge.replies(prompts)
@@ -127,7 +128,7 @@ def test_number_words_trains_on_a_judge_it_warm_starts_itself(tmp_path, capsys):
     assert agreed >= 90.0
     for m in records(run):
         # spelled_answer weighs 0: the total is the judge's probability alone
-        assert m["rewards/total/mean"] == pytest.approx(m["rewards/judge/mean"], abs=1e-6)
+        assert m["rewards/total/mean"] == approx(m["rewards/judge/mean"], abs=1e-6)
         assert 0.0 < m["time/judge"] <= m["time/reward"]
         assert 0.0 <= m["rewards/spelled_answer/mean"] <= 1.0
     # a second run finds the trained judge in its cache folder (the run folder) instead of training it
@@ -155,6 +156,6 @@ def test_a_judge_entry_of_rewards_scores_as_the_judge_section_does(trained_run):
     scores = judged.per_function["judge"]
     assert all(0.0 < x < 1.0 for x in scores)
     # the row of source "other" is not the entry's: unscored (0 in its list), out of its mean and the total
-    assert routed.per_function["helpful"] == pytest.approx((scores[0], 0.0, scores[2]), abs=1e-6)
+    assert routed.per_function["helpful"] == approx((scores[0], 0.0, scores[2]), abs=1e-6)
     assert routed.scored["helpful"] == (True, False, True)
-    assert routed.total == pytest.approx((0.5 * scores[0], 0.0, 0.5 * scores[2]), abs=1e-6)
+    assert routed.total == approx((0.5 * scores[0], 0.0, 0.5 * scores[2]), abs=1e-6)

@@ -21,6 +21,7 @@ from rl_models.hf import load_hf_model
 from trainer.cli import main
 from trainer.run import load_run_policy
 from trainer.settings import build_settings
+from tolerances import close
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 TINY_RANK8 = 16_384  # see tests/rl_models/test_models_lora.py for the count per projection
@@ -172,7 +173,7 @@ def test_merged_export_reloads_with_the_adapted_logits_and_the_adapter_export_is
     # the adapters' effect is visible (measured max |difference| 0.91 on logits up to 3.1),
     # and the merged export carries it: its logits are the adapted ones, not the base's
     assert np.abs(adapted - base).max() > 0.1
-    np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, atol=1e-5)
+    np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, **close(atol=1e-5))
 
     capsys.readouterr()
     assert main(["export", "--run", str(run_dir), "--out", str(tmp_path / "adapter"), "--adapter"]) == 0
@@ -219,7 +220,7 @@ def test_qlora_on_a_model_folder(tmp_path, capsys):
     adapted = logits(nnx.merge(graphdef, adapters, frozen), tokens)
     base = logits(nnx.merge(graphdef, jax.tree.map(np.zeros_like, adapters), frozen), tokens)
     assert np.abs(adapted - base).max() > 0.1
-    np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, atol=1e-5)
+    np.testing.assert_allclose(logits(load_hf_model(tmp_path / "hf"), tokens), adapted, **close(atol=1e-5))
 
 
 @pytest.mark.e2e

@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rl_core.run.faults import ENV
+from tolerances import approx, close
 
 pytestmark = pytest.mark.multidevice
 
@@ -168,10 +169,10 @@ def test_two_processes_killed_and_resumed_end_as_one_process(tmp_path):
     for want, got in zip(records, resumed, strict=True):
         assert want.keys() == got.keys()
         for key, value in want.items():
-            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (want["step"], key)
+            assert got[key] == approx(value, rel=1e-5, abs=1e-5), (want["step"], key)
     assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
     for want, got in zip(params(one, 3), params(two, 3), strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(got, want, **close(rtol=0, atol=1e-5))
     summary = json.loads((two / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["after"] == json.loads((one / "summary.json").read_text())["after"]
     # one writer: a single TensorBoard event file per process that wrote, i.e. process 0's two launches

@@ -24,6 +24,8 @@ from rl_models.hf import load_hf_model
 
 from trainer.remote.engine import NoServerLeft, RemoteBackend
 from trainer.serve import EngineOptions, serve_in_thread, served_folder
+from tolerances import close
+from host import need_sockets
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 T = 6
@@ -35,6 +37,7 @@ SAMPLED = SamplingParams(temperature=1.0)
 
 @pytest.fixture(scope="module")
 def servers():
+    need_sockets()
     served = [served_folder(HF, OPTIONS) for _ in range(2)]
     running = [serve_in_thread(s) for s in served]
     yield running
@@ -75,7 +78,7 @@ def test_two_servers_give_the_in_process_numbers(servers, tmp_path):
     want = in_process(model)
     np.testing.assert_array_equal(got.lengths, want.lengths)
     np.testing.assert_array_equal(got.tokens * got.mask, np.asarray(want.tokens) * np.asarray(want.mask))
-    np.testing.assert_allclose(got.logp, np.asarray(want.logp) * np.asarray(want.mask), atol=1e-5)
+    np.testing.assert_allclose(got.logp, np.asarray(want.logp) * np.asarray(want.mask), **close(atol=1e-5))
     assert (got.version == 1).all() and (got.token_version == 1).all()
     assert sorted(remote.sent.values()) == [2, 2]  # least-loaded: two prompts each
 
@@ -142,7 +145,7 @@ def test_an_episodes_turns_stay_on_the_server_that_holds_its_sequence(session_se
         got = remote.generate(turn(histories, ids, keys), SAMPLED, jax.random.key(step))
         want = local.generate(turn(histories, ids, here), SAMPLED, jax.random.key(step))
         np.testing.assert_array_equal(got.tokens * got.mask, np.asarray(want.tokens) * np.asarray(want.mask))
-        np.testing.assert_allclose(got.logp, np.asarray(want.logp) * np.asarray(want.mask), atol=1e-5)
+        np.testing.assert_allclose(got.logp, np.asarray(want.logp) * np.asarray(want.mask), **close(atol=1e-5))
         homes.append([remote.home[k] for k in keys.tolist()])
         reused.append([s.loop.engine.counters().reused_tokens - b for s, b in zip(served, before, strict=False)])
         local_reused.append(local.counters().reused_tokens - before[-1])

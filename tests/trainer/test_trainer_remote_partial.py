@@ -28,6 +28,7 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 from trainer.cli import main
 from trainer.remote.engine import RemoteBackend
 from trainer.serve import EngineOptions, serve_in_thread, served_folder
+from tolerances import close
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 T = 10
@@ -120,7 +121,7 @@ def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, strea
     mask = np.asarray(want.mask) > 0
     np.testing.assert_array_equal(got.lengths, want.lengths)
     np.testing.assert_array_equal(np.where(mask, got.tokens, 0), np.where(mask, want.tokens, 0))
-    np.testing.assert_allclose(np.where(mask, got.logp, 0), np.where(mask, want.logp, 0), atol=1e-5)
+    np.testing.assert_allclose(np.where(mask, got.logp, 0), np.where(mask, want.logp, 0), **close(atol=1e-5))
     np.testing.assert_array_equal(np.where(mask, got.token_version, 0), np.where(mask, want.token_version, 0))
 
     # the first 4 rows started under version 1 and switched after 4 tokens; the last 2 started after

@@ -12,6 +12,7 @@ from trainer.settings import build_settings
 from trainer.settings.reward_functions import model_judges, reward_specs
 
 from reward_server import RewardServer
+from tolerances import approx
 
 
 def test_reward_specs_by_name_weight_and_options():
@@ -66,7 +67,7 @@ def test_remote_and_served_judge_kinds_score_as_their_functions_do():
         "api": (0.04, 0.14, 0.03),  # 4, 14 and 3 characters
         "helpful": (0.1, 0.3, 0.0),  # "Score: 1", "Score: 3", "Score: 0" on 0..10
     }
-    assert by_kind.total == pytest.approx((0.5 * 0.04 + 2 * 0.1, 0.5 * 0.14 + 2 * 0.3, 0.5 * 0.03))
+    assert by_kind.total == approx((0.5 * 0.04 + 2 * 0.1, 0.5 * 0.14 + 2 * 0.3, 0.5 * 0.03))
     assert model_judges({"api": {"kind": "remote", "options": score_options}}, build_settings().judge) == ()
 
 
@@ -135,7 +136,7 @@ def test_a_run_trains_with_a_reward_served_over_http(tmp_path):
         # the server's scores, weighted into the total: 1 x task + 0.5 x served + 2 x judged
         assert m["rewards/served/mean"] > 0
         expected = m["rewards/numeric_answer/mean"] + 0.5 * m["rewards/served/mean"] + 2.0 * m["rewards/judged/mean"]
-        assert m["rewards/total/mean"] == pytest.approx(expected, abs=1e-6)
+        assert m["rewards/total/mean"] == approx(expected, abs=1e-6)
     assert served == sum(m["rewards/served/requests"] for m in steps)
     assert judged == sum(m["rewards/judged/requests"] for m in steps)
     assert judge_body["model"] == "tiny-judge"

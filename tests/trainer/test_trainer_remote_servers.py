@@ -18,6 +18,7 @@ from rl_models.hf import load_hf_model
 from trainer.cli import main
 from trainer.remote import local
 from trainer.remote.engine import RemoteBackend
+from tolerances import approx
 
 pytestmark = pytest.mark.e2e
 
@@ -98,4 +99,4 @@ def test_grpo_on_two_local_servers_trains_and_resumes_as_in_process(tmp_path):
         names = [k for k in a if k.startswith(("train/", "rewards/total/")) and isinstance(a[k], float)]
         assert "rewards/total/mean" in names and any(k.startswith("train/") for k in names)
         for name in names:
-            assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
+            assert b[name] == approx(a[name], rel=1e-4, abs=1e-6), name

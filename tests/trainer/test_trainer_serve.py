@@ -19,6 +19,8 @@ from rl_models.hf import load_hf_tokenizer
 from trainer.cli import main
 from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 from trainer.serve.tool_calls import choose, parse
+from tolerances import approx
+from host import need_sockets
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 # the Hermes tool section of Qwen's templates, shortened: tools listed in the system turn, calls as
@@ -41,6 +43,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(folder):
+    need_sockets()
     served = served_folder(folder, OPTIONS)
     running = serve_in_thread(served)
     yield served, running
@@ -81,7 +84,7 @@ def test_top_logprobs_are_the_likeliest_tokens_best_first(client):
         assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
         assert sum(math.exp(x) for x in alternatives) <= 1 + 1e-6
         # greedy: the sampled token is the likeliest, with the same log-prob
-        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == approx(entry.logprob)
     legacy = client.completions.create(model="tiny-qwen3", prompt="abc", max_tokens=3, temperature=0, logprobs=2)
     assert all(len(top) == 2 for top in legacy.choices[0].logprobs.top_logprobs)
 
@@ -207,6 +210,7 @@ def test_the_command_refuses_a_missing_folder(tmp_path, capsys):
 
 
 def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
+    need_sockets()
     """The built-in model (character tokenizer, no chat template): completions work, chat says why not."""
     served = served_run(trained_run, OPTIONS)
     running = serve_in_thread(served)
@@ -237,6 +241,7 @@ SERVE_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.de
 @pytest.mark.e2e
 def test_the_serve_command_serves_until_interrupted(folder):
     """`trainer serve --port 0` prints its URL, answers the client, and Ctrl-C stops it (exit 130)."""
+    need_sockets()
     process = subprocess.Popen([sys.executable, "-c", SERVE_WITH_CTRL_C, "serve", "--model", str(folder), "--port", "0",
                                 "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
                                stderr=subprocess.PIPE, text=True)

@@ -16,6 +16,7 @@ from trainer.settings import build_settings
 from trainer.tasks import DataError
 from trainer.tasks.data_task import sft_set
 from trainer.warmstart import sft_arrays
+from tolerances import approx, close
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
@@ -103,7 +104,7 @@ def test_sft_on_conversations_then_rl_starts_from_it(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 31))
     assert all(tuple(r) == SFT_METRIC_KEYS and r["rows"] == 4.0 and r["row_tokens"] == 64.0
-               and r["tokens"] == 64.0 and r["padding_frac"] == pytest.approx(1 - 32 * 7 / (4 * 64)) for r in records)
+               and r["tokens"] == 64.0 and r["padding_frac"] == approx(1 - 32 * 7 / (4 * 64)) for r in records)
     assert records[-1]["loss"] < records[0]["loss"]
     assert not (tmp_path / "none" / "sft_metrics.jsonl").exists()  # no warm start, no file
     from rich.console import Console
@@ -161,12 +162,12 @@ def test_packed_sft_gives_the_unpacked_loss_on_fewer_rows(tmp_path):
     assert [tuple(r) for r in packed] == [SFT_METRIC_KEYS] * 3
     assert [r["step"] for r in packed] == [r["step"] for r in unpacked] == [1, 2, 3]
     for u, p in zip(unpacked, packed, strict=True):
-        assert p["loss"] == pytest.approx(u["loss"], abs=1e-5)
+        assert p["loss"] == approx(u["loss"], abs=1e-5)
         assert p["tokens"] == u["tokens"]  # the trained tokens: the same rows were drawn
         assert (u["rows"], u["row_tokens"]) == (8.0, 32.0)
         assert p["rows"] <= 4.0 and p["row_tokens"] == 32.0
         # the same tokens on half the positions or fewer: 1 - padding doubles at least
-        assert 1 - p["padding_frac"] == pytest.approx((1 - u["padding_frac"]) * 8 / p["rows"])
+        assert 1 - p["padding_frac"] == approx((1 - u["padding_frac"]) * 8 / p["rows"])
     # a sequence is BOS + "a+0=" (5 prompt tokens), then "a" + EOS or "\n\na\n\n+1=x" + EOS (2 or 10 tokens):
     # 7 or 15 of a row's 32 unpacked; trained: the replies' characters and EOS (2 or 3 a sequence)
     assert all(16.0 <= u["tokens"] <= 24.0 and 1 - 15 / 32 <= u["padding_frac"] <= 1 - 7 / 32 for u in unpacked)
@@ -199,9 +200,9 @@ def test_the_packed_loss_and_its_gradients_are_the_unpacked_ones(tmp_path):
         return jax.value_and_grad(lambda q: sft_loss(nnx.merge(graphdef, q), batch, p))(params)
 
     (loss, grads), (packed_loss, packed_grads) = loss_and_grads(None), loss_and_grads(packed)
-    assert float(packed_loss) == pytest.approx(float(loss), abs=1e-5)
+    assert float(packed_loss) == approx(float(loss), abs=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(packed_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **close(atol=1e-5))
     crossing = packed._replace(segments=np.where(packed.segments > 0, 1, 0).astype(np.int32))  # one segment a row
     assert abs(float(sft_loss(model, batch, crossing)) - float(loss)) > 1e-3
 

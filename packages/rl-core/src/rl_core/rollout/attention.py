@@ -177,9 +177,12 @@ def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int
     n, heads, dh = q.shape
     scaled = (q.astype(jnp.float32) / math.sqrt(dh)).astype(q.dtype)
     block = min(pages_per_block, page_rows.shape[1])
-    out = paged_attention.paged_attention(_packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
-                                          v_pages, lengths, _padded_rows(page_rows, block),
-                                          pages_per_compute_block=block)
+    # the kernel multiplies float32 queries by the pool's bfloat16 keys, which Mosaic compiles only at
+    # the default precision (not under a caller's `highest`)
+    with jax.default_matmul_precision("default"):
+        out = paged_attention.paged_attention(_packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
+                                              v_pages, lengths, _padded_rows(page_rows, block),
+                                              pages_per_compute_block=block)
     return _unpacked_output(out, kv_heads, heads, dh, pack)
 
 

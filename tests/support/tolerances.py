@@ -1,0 +1,72 @@
+"""How closely two computations of the same value agree, per backend and dtype: the one place a
+test's tolerance follows the hardware.
+
+A test states the bounds that hold on CPU, where the suite is developed and CI runs, and they
+stay exactly as tight there (they are what catches a real bug). On another backend a bound is
+raised to that backend's floor for the dtype, the agreement its arithmetic can deliver:
+
+- TPU float32: matrix products run as bfloat16 passes by default (about 3 digits); the suite
+  runs them at `highest` on an accelerator (`SUITE_MATMUL_PRECISION`, applied by
+  tests/conftest.py), which gives about 7 digits, and then exp and log, which TPU computes by
+  its own approximations, agree with a CPU's to 5-6 digits: a composite (a log-softmax over the
+  vocabulary, a ratio exp(a - b) and a loss of it) to about 2e-5.
+- bfloat16 anywhere: 8 bits of mantissa, 2^-8 = 4e-3 a rounding, a few roundings deep.
+
+    np.testing.assert_allclose(got, want, **close(rtol=1e-6, atol=1e-6))
+    assert loss == approx(0.25, abs=1e-6)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+
+from host import backend
+
+SUITE_MATMUL_PRECISION = {"cpu": None, "tpu": "highest", "gpu": "highest"}
+"""`jax_default_matmul_precision` for the suite, per backend: on CPU float32 products are float32
+already (None: JAX's default); on an accelerator the fast tier checks the math, so float32 products
+run at full float32 precision (the faster default passes are a speed setting, which
+`trainer bench` measures)."""
+
+FLOORS: dict[tuple[str, str], float] = {
+    ("cpu", "float32"): 0.0,
+    ("cpu", "bfloat16"): 0.0,
+    ("tpu", "float32"): 2e-5,
+    ("tpu", "bfloat16"): 2e-2,
+}
+"""(backend, dtype) -> the least rtol and atol a comparison gets there. CPU: none (the test's own
+bounds). A backend or dtype not listed gets the loosest floor listed for the dtype (GPU float32 is
+not measured: at `highest` it is IEEE float32, within the TPU's)."""
+
+
+def floor(dtype: Any = jnp.float32, on: str | None = None) -> float:
+    """The floor for `dtype` on backend `on` (default: this process's backend)."""
+    name = jnp.dtype(dtype).name
+    where = on or backend()
+    if (where, name) in FLOORS:
+        return FLOORS[(where, name)]
+    return max((v for (_, d), v in FLOORS.items() if d == name), default=0.0)
+
+
+def close(rtol: float = 1e-7, atol: float = 0.0, dtype: Any = jnp.float32) -> dict[str, float]:
+    """`rtol` and `atol` for `np.testing.assert_allclose` (whose defaults these are; also
+    `np.allclose`, chex): the test's own where they hold (CPU), at least this backend's floor for
+    `dtype` elsewhere. An atol of 0 stays 0: a purely relative bound is about values of any size,
+    down to the smallest, which an absolute floor would make vacuous."""
+    least = floor(dtype)
+    return {"rtol": max(rtol, least), "atol": max(atol, least) if atol > 0 else 0.0}
+
+
+def approx(expected: Any, rel: float | None = None, abs: float | None = None,  # noqa: A002 (pytest's names)
+           dtype: Any = jnp.float32) -> Any:
+    """`pytest.approx(expected, rel=, abs=)` with the floors of `close` (neither given:
+    pytest.approx's default, rel=1e-6)."""
+    least = floor(dtype)
+    if rel is None and abs is None:
+        rel = 1e-6
+    return pytest.approx(expected, rel=None if rel is None else max(rel, least),
+                         abs=None if abs is None else max(abs, least))
+
