@@ -22,6 +22,10 @@ from trainer.plan import GIB, MemoryBudget
 from trainer.plan.refusal import ProgramRefused
 
 
+class DoesNotFit(ConfigError):
+    """The preset's programs do not fit the memory free: the plan's verdict, or the TPU compiler's refusal."""
+
+
 def available(memory_gb: float | None = None) -> tuple[int, str]:
     """(bytes one device may use, where that figure comes from)."""
     if memory_gb is not None:
@@ -54,12 +58,12 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
     try:
         planned = plan(dataclasses.replace(settings, model=model), budget)
     except ProgramRefused as e:  # XLA:TPU refuses at compile time what XLA:CPU would size
-        raise ConfigError(f"trainer bench --preset {preset} {e.verdict()}; run it on a machine with more memory, "
+        raise DoesNotFit(f"trainer bench --preset {preset} {e.verdict()}; run it on a machine with more memory, "
                           "choose a smaller preset, or keep less for the backward pass (model.remat=full)") from None
     need = planned.peak_bytes
     log(f"memory: needs {_size(need)} per device (trainer plan's peak of these programs); {_size(free)} free ({source})")
     if need > free:
-        raise ConfigError(
+        raise DoesNotFit(
             f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
             f"({source}); run it on a machine with more memory, choose a smaller preset, or give the memory it may "
             "use with --memory-gb")
