@@ -3,69 +3,80 @@
 #
 #   benchmarks/accelerator_check.sh [OUT_DIR]      (default runs/accelerator-check)
 #
-# For each shape (0.5B, then 1.5B if it fits): `trainer bench` (step time, rollout
-# tokens/s, MFU against the measured matmul peak and against the device's nominal
-# bfloat16 peak, peak device memory), the sampler benchmark, and `trainer plan`
-# for the same batch to compare its prediction with the measured peak memory.
-# Nothing is downloaded. Prints one summary line per shape; JSON files in OUT_DIR.
-set -euo pipefail
+# Steps, each with its own time limit and its output in OUT_DIR/<step>.txt:
+#   device         the devices (stops here on a host without an accelerator)
+#   sampler        the sampler benchmark (small model, 64 rows, 128 + 256 tokens)
+#   engines        both rollout engines on the 0.5B shape: 32 prompts x 8 = 256 rows of up to 1024 new
+#                  tokens (trimmed from 4096 so that the whole check stays under ~8 minutes on one v5e)
+#   bench-*        `trainer bench` (benchmarks/accelerator_check.py bench): qwen2.5-0.5b-shape with
+#                  model.remat=full, then as preset (on a v5e its update does not fit: the TPU compiler's
+#                  one-line verdict), then qwen2.5-1.5b-shape; step time, rollout tokens/s, MFU against
+#                  the measured and the nominal bfloat16 peak, peak device memory
+#   plan           `trainer plan`'s prediction for the 0.5B bench with remat full (compiled for CPU devices)
+# OUT_DIR/summary.md gets the commit, the device, each step's status and seconds and its result lines.
+# A step that fails or runs out of time is recorded and the next one runs; the whole check keeps to
+# BUDGET_S seconds (default 480), skipping the steps that no longer fit in it. Nothing is downloaded.
+#
+# Runs with `uv run python` where uv is installed, else with `python3` (a host without a registry,
+# the workspace installed as wheels onto PYTHONPATH).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-runs/accelerator-check}"
+BUDGET_S="${BUDGET_S:-480}"
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1  # a step killed at its time limit keeps what it printed
+if command -v uv >/dev/null 2>&1; then PY=(uv run python); else PY=(python3); fi
+SUMMARY="$OUT/summary.md"
+START=$(date +%s)
+COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+{
+  echo "# accelerator check, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "commit $COMMIT; \`benchmarks/accelerator_check.sh $OUT\` with ${PY[*]}"
+  echo
+} > "$SUMMARY"
+failed=0
 
-uv run python - <<'PY'
-import jax
-print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} ({jax.default_backend()})")
-if jax.default_backend() == "cpu":
-    raise SystemExit("no accelerator here: this check is for GPU or TPU hosts")
-PY
+# step NAME LIMIT_S PATTERN COMMAND...: run COMMAND for at most LIMIT_S seconds (less if the budget
+# is nearly spent), tee its output to OUT/NAME.txt, add its status and the lines matching PATTERN to the summary
+step() {
+  local name=$1 limit=$2 pattern=$3 begin left rc
+  shift 3
+  begin=$(date +%s)
+  left=$((BUDGET_S - (begin - START)))
+  if ((left < 30)); then
+    echo "- $name: skipped (the ${BUDGET_S} s budget is spent)" >> "$SUMMARY"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  echo "== $name (at most ${limit} s)"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  rc=${PIPESTATUS[0]}
+  local status="ok"
+  if ((rc == 124)); then status="out of time (${limit} s)"; failed=1
+  elif ((rc != 0)); then status="failed (exit $rc)"; failed=1; fi
+  echo "- $name: $status, $(($(date +%s) - begin)) s" >> "$SUMMARY"
+  grep -E "$pattern" "$OUT/$name.txt" | sed 's/^SUMMARY: //; s/^/    /' >> "$SUMMARY"
+  return "$rc"
+}
 
-uv run python benchmarks/sampler.py --batch 64 --prompt-tokens 128 --new-tokens 256 | tee "$OUT/sampler.txt"
-# long generation: 256 sequences of up to 4k tokens through both rollout engines (paged: Pallas attention)
-uv run python benchmarks/rollout_engines.py --model-preset qwen2_0_5b_shape --dtype bfloat16 --prompts 32 \
-  --samples 8 --new-tokens 4096 --slots 256 --steps-per-sync 16 | tee "$OUT/rollout_engines.txt"
+step device 60 '^devices:' "${PY[@]}" benchmarks/accelerator_check.py device || {
+  echo "no accelerator: stopped after the device step" >> "$SUMMARY"; cat "$SUMMARY"; exit 1; }
+step sampler 75 '^(generated tokens/s|decode ms|compiled programs)' \
+  "${PY[@]}" benchmarks/sampler.py --batch 64 --prompt-tokens 128 --new-tokens 256
+step engines 120 '^ +[0-9]+ ' \
+  "${PY[@]}" benchmarks/rollout_engines.py --model-preset qwen2_0_5b_shape --dtype bfloat16 --prompts 32 \
+  --samples 8 --new-tokens 1024 --slots 256 --steps-per-sync 16
+step bench-0.5b-remat-full 150 '^SUMMARY: ' \
+  "${PY[@]}" benchmarks/accelerator_check.py bench --out "$OUT" qwen2.5-0.5b-shape model.remat=full
+step bench-0.5b 75 '^SUMMARY: ' "${PY[@]}" benchmarks/accelerator_check.py bench --out "$OUT" qwen2.5-0.5b-shape
+step bench-1.5b 75 '^SUMMARY: ' "${PY[@]}" benchmarks/accelerator_check.py bench --out "$OUT" qwen2.5-1.5b-shape
+# the bench's batch as `trainer plan` sees it, against the chip's allocator limit with no headroom
+step plan 75 '^(peak|startup|fits|does NOT fit)' \
+  "${PY[@]}" -m trainer.cli plan --preset qwen2_0_5b_shape --platform tpu --device-memory-gb 15.75 \
+  --memory-fraction 1 --headroom 0 --no-search model.dtype=bfloat16 model.remat=full training.optimizer=adamw \
+  task.options.digits=2 training.prompts_per_step=16 algorithm.group_size=8 rollout.max_new_tokens=256 algorithm.beta=0.0
 
-for shape in 0.5b 1.5b; do
-  preset="qwen2.5-${shape}-shape"
-  OUT="$OUT" PRESET="$preset" uv run python - <<'PY' || echo "$preset: failed (out of memory?)"
-import json, os
-from pathlib import Path
-
-import jax
-
-from trainer.bench import PRESETS, run_bench
-
-# nominal dense bfloat16 peaks (FLOP/s) of common accelerators, by jax device_kind prefix
-NOMINAL = {"NVIDIA H200": 989e12, "NVIDIA H100": 989e12, "NVIDIA A100": 312e12, "NVIDIA L4": 121e12,
-           "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}
-out, preset = Path(os.environ["OUT"]), os.environ["PRESET"]
-result = run_bench(preset=preset, steps=5, output=out / f"bench-{preset}.json", log=lambda s: None)
-kind = jax.devices()[0].device_kind
-nominal = next((v for k, v in NOMINAL.items() if kind.startswith(k)), None)
-step = result["phases"]["step"]
-stats = jax.devices()[0].memory_stats() or {}
-peak_gib = stats.get("peak_bytes_in_use", 0) / 2**30
-p = PRESETS[preset]
-print(json.dumps({
-    "preset": preset,
-    "device": kind,
-    "step_seconds": step["mean_seconds"],
-    "rollout_tokens_per_sec": result["rollout"]["tokens_per_sec"],
-    "mfu_vs_measured_peak": result["mfu_step"],
-    "mfu_vs_nominal_bf16_peak": (step["model_flops"] / step["mean_seconds"] / nominal) if nominal else None,
-    "peak_memory_gib": peak_gib,
-    "plan_command": f"trainer plan --platform {'tpu' if jax.default_backend() == 'tpu' else 'gpu'} "
-                    f"--device-memory-gb {stats.get('bytes_limit', 0) / 2**30:.2f} --memory-fraction 1 "
-                    f"--preset {p.model} model.dtype=bfloat16 "
-                    f"training.prompts_per_step={p.prompts} algorithm.group_size={p.group_size} "
-                    f"rollout.max_new_tokens={p.max_new_tokens} algorithm.beta=0.0",
-}))
-PY
-done
-
-# trainer plan's prediction for the same batches (compiled for CPU devices in a fresh process)
-for preset in qwen2_0_5b_shape qwen2_1_5b_shape; do
-  uv run trainer plan --preset "$preset" --device-memory-gb 80 model.dtype=bfloat16 \
-      training.prompts_per_step=16 algorithm.group_size=8 rollout.max_new_tokens=256 algorithm.beta=0.0 \
-      | tee "$OUT/plan-$preset.txt"
-done
+echo "total: $(($(date +%s) - START)) s" >> "$SUMMARY"
+cat "$SUMMARY"
+exit "$failed"

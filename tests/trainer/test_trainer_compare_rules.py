@@ -125,6 +125,15 @@ def test_smoothing_keeps_a_constant_and_lags_a_step():
     assert smooth(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
 
 
+def test_short_runs_are_not_smoothed_and_their_curves_stay_finite():
+    """A 10-step run once got weight 1 - 20/10 = -1, whose normaliser is 0 at the second point."""
+    from trainer.compare.plots import smoothing_weight
+
+    assert [smoothing_weight(n) for n in (1, 9, 10, 15, 20)] == [0.0] * 5
+    assert smoothing_weight(40) == 0.5 and smoothing_weight(1000) == 0.95
+    assert smooth(np.arange(10.0), smoothing_weight(10)).tolist() == list(np.arange(10.0))
+
+
 def test_results_json_is_strict_json(tmp_path):
     """One seed's interval is NaN; results.json writes it as null."""
     from trainer.compare.report import _finite

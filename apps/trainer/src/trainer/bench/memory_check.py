@@ -4,7 +4,8 @@ The need is `trainer plan`'s peak (trainer.plan: the learner's own programs comp
 arrays, as this backend runs them); what there is, the device's free memory (an accelerator's
 allocator limit less what is in use) or, on CPU, the host's available memory (MemAvailable), unless
 `--memory-gb` says. A preset that would not fit (`long-generation`'s 16 x 8 completions of 1024
-tokens on a small host) stops with one line instead of an out-of-memory traceback mid-run.
+tokens on a small host) stops with one line instead of an out-of-memory traceback mid-run, and so
+does one whose program the TPU compiler refuses while the plan compiles it (trainer.plan.refusal).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import jax
 from rl_core import ConfigError
 
 from trainer.plan import GIB, MemoryBudget
+from trainer.plan.refusal import ProgramRefused
+
+
+class DoesNotFit(ConfigError):
+    """The preset's programs do not fit the memory free: the plan's verdict, or the TPU compiler's refusal."""
 
 
 def available(memory_gb: float | None = None) -> tuple[int, str]:
@@ -49,11 +55,15 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
     model = dataclasses.replace(settings.model, scan_layers=platform != "cpu" if settings.model.scan_layers is None
                                 else settings.model.scan_layers)
     budget = MemoryBudget(platform, free, 1.0, source, headroom=0.0)
-    planned = plan(dataclasses.replace(settings, model=model), budget)
+    try:
+        planned = plan(dataclasses.replace(settings, model=model), budget)
+    except ProgramRefused as e:  # XLA:TPU refuses at compile time what XLA:CPU would size
+        raise DoesNotFit(f"trainer bench --preset {preset} {e.verdict()}; run it on a machine with more memory, "
+                          "choose a smaller preset, or keep less for the backward pass (model.remat=full)") from None
     need = planned.peak_bytes
     log(f"memory: needs {_size(need)} per device (trainer plan's peak of these programs); {_size(free)} free ({source})")
     if need > free:
-        raise ConfigError(
+        raise DoesNotFit(
             f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
             f"({source}); run it on a machine with more memory, choose a smaller preset, or give the memory it may "
             "use with --memory-gb")

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
                            headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX
+    from trainer.plan.refusal import ProgramRefused
     from trainer.plan.search import search
     from trainer.settings import build_settings
 
@@ -66,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
         return plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs)
 
     settings = settings_with(())
-    result = plan_of(settings)
+    try:
+        result = plan_of(settings)
+    except ProgramRefused as e:  # compiled for a TPU, whose compiler refuses what does not fit
+        print(json.dumps(e.to_dict(), indent=2) if args.json else e.verdict(), flush=True)
+        return 1
     if not args.json:
         print(result.table(), flush=True)
     fit = None

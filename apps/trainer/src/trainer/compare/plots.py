@@ -68,8 +68,9 @@ def smooth(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def smoothing_weight(points: int) -> float:
-    """No smoothing for a handful of points; about a 1/20 of the run's window for long runs."""
-    return 0.0 if points < 10 else min(0.95, 1.0 - 20.0 / points)
+    """No smoothing up to 20 points; about a 1/20 of the run's window for long runs (never below 0: a
+    negative weight makes the debiasing normaliser 0 at 10 points, and the curve infinite)."""
+    return min(0.95, max(0.0, 1.0 - 20.0 / points))
 
 
 def aligned(histories: Sequence[Sequence[Mapping[str, Any]]], key: str, x_kind: str) -> tuple[np.ndarray, np.ndarray]:

@@ -38,7 +38,9 @@ and optimizer state and its two programs, the update and the values pass (traine
 A run that distills (algorithm.distill_coef > 0) adds its teacher's resident weights and its
 log-prob pass (trainer.plan.teacher); each judge model (`judge:`, `rewards:` entries of kind judge)
 its resident weights and the program that scores a step's completions (trainer.plan.judge).
-The result, its peak and its table are `trainer.plan.result.Plan`.
+The result, its peak and its table are `trainer.plan.result.Plan`. Compiled on a TPU (`trainer bench`
+plans on its own backend), a program over the chip's memory is refused by the compiler: that
+refusal is raised as `trainer.plan.refusal.ProgramRefused`, whose verdict is one line.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs
+    from trainer.plan.refusal import refusals_as_verdicts
     from trainer.plan.judge import judges_plan
     from trainer.plan.kv import kv_query_fields
     from trainer.plan.teacher import teacher_plan
@@ -149,7 +152,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
             lowered = jitted.lower(*args)
         key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
         if key not in memo:
-            stats = lowered.compile().memory_analysis()
+            # XLA:TPU refuses a program over the chip's memory where XLA:CPU reports its size
+            with refusals_as_verdicts(budget.platform):
+                stats = lowered.compile().memory_analysis()
             memo[key] = (stats.argument_size_in_bytes + unread_bytes(lowered, args), stats.output_size_in_bytes,
                          stats.temp_size_in_bytes)
         return memo[key]

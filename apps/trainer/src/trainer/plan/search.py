@@ -19,6 +19,7 @@ the limit, and the two changes are then planned together:
   rollout   the paged engine (its pool holds the pages in use, the static sampler a cache for the
             longest completion), then fewer decode slots per replica (halved down to 1).
 
+A candidate whose program the target's compiler refuses (XLA:TPU: trainer.plan.refusal) is too much.
 Each candidate is a full plan; compiled programs are shared by their lowered text, so a candidate
 that changes only the rollout recompiles nothing and one that changes the remat policy compiles
 the update alone.
@@ -36,6 +37,7 @@ from rl_core.rollout import resolve_engine
 
 from trainer.plan.device_memory import GIB
 from trainer.plan.experts import expert_layouts
+from trainer.plan.refusal import ProgramRefused
 from trainer.plan.result import Plan
 
 REMAT_ORDER = ("none", "dots_saveable", "dots_with_no_batch_dims_saveable", "full")
@@ -70,6 +72,9 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
             except ConfigError as e:  # e.g. a micro-batch the devices do not divide
                 log(f"  {' '.join(overrides)}: not a valid setting ({e})")
                 continue
+            except ProgramRefused as e:  # the target's compiler (XLA:TPU) refused one of its programs
+                log(f"  {' '.join(overrides)}: too much ({e.verdict()})")
+                continue
             worst = max(programs, key=lambda p: plan.program_bytes[p])
             ok = fits(plan, programs)
             log(f"  {' '.join(overrides) or '(as given)'}: {worst} {plan.program_bytes[worst] / GIB:.2f} GiB "
@@ -85,7 +90,11 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
     if training is None or rollout is None:
         return None
     overrides = (*training, *rollout)
-    plan = plan_of(settings_with(overrides))
+    try:
+        plan = plan_of(settings_with(overrides))
+    except ProgramRefused as e:
+        log(f"  together, {' '.join(overrides)}: {e.verdict()}")
+        return None
     log(f"  together, {' '.join(overrides)}: {plan.verdict()}")
     return Fit(overrides, plan) if plan.fits else None
 
