@@ -24,7 +24,7 @@ from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, Row, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text, prompts_of
-from trainer.tasks.task import Task, split_heldout
+from trainer.tasks.task import Task, heldout_file, split_heldout
 
 __all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of", "sft_set"]
 
@@ -139,19 +139,6 @@ def sft_set(
                 max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
 
 
-def _heldout_rows(heldout_data: str, data: str, system_prompt: str | None) -> list[RowPrompt]:
-    """The rows of a held-out file, its errors naming the option."""
-    if Path(heldout_data).resolve() == Path(data).resolve():  # every held-out row would also train
-        raise ValueError(f"heldout_data = {heldout_data!r}: is the training data itself; name a file of other rows")
-    try:
-        prompts = prompts_of(rows_of(heldout_data), system_prompt)
-    except DataError as e:
-        raise ValueError(f"heldout_data = {heldout_data!r}: {e}") from None
-    if not prompts:
-        raise ValueError(f"heldout_data = {heldout_data!r}: holds no rows")
-    return prompts
-
-
 def _from_first_reply(prompt: RowPrompt) -> RowPrompt:
     """`prompt` cut before its first assistant turn, the turns from there (the reference last) in `turns`."""
     first = next((i for i, m in enumerate(prompt.messages) if m["role"] == "assistant"), None)
@@ -201,7 +188,7 @@ def data(
         raise ValueError(f"system_prompt = {system_prompt!r}: must be text")
     prompts = prompts_of(rows_of(data, split), system_prompt)
     if heldout_data is not None:
-        own = _heldout_rows(heldout_data, data, system_prompt)
+        own = heldout_file(heldout_data, data, lambda path: prompts_of(rows_of(path), system_prompt))
         size = min(200, len(own)) if heldout_size is None else heldout_size
         if size < 1:
             raise ValueError(f"heldout_size = {size!r}: must be >= 1")
