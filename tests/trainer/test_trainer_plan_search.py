@@ -45,15 +45,16 @@ def test_the_search_compiles_no_candidate_that_its_per_row_bytes_rule_out():
                         ("full", 8)]
     skipped = [line for line in lines if "not compiled" in line]
     assert len(skipped) == 7  # none, the two dots and full at 16; none and the two dots at 8
-    assert skipped[3] == ("  model.remat=full training.micro_batch_size=16: update at least 13.20 GiB + resident "
-                          "10.00 -> too much (not compiled: 16 rows x the 1.03 GiB per row measured at 32, less 20%)")
+    assert skipped[3] == ("  model.remat=full training.micro_batch_size=16: update + resident at least 23.20 GiB -> "
+                          "too much (not compiled: 16 rows x the 1.03 GiB per row measured at 32, less 20%, + resident "
+                          "10.00)")
 
 
 def test_the_floor_uses_the_smallest_micro_batch_measured_with_the_same_other_settings():
     floor = UpdateFloor(32)
-    floor.measured((), 64 * GIB)  # the run as given: 32 rows, 2 GiB a row
-    floor.measured(("training.micro_batch_size=16",), 40 * GIB)  # 2.5 GiB a row: the tighter bound
-    assert floor.least(("training.micro_batch_size=8",)) == pytest.approx(0.8 * 8 * 2.5 * GIB)
+    floor.measured((), 64 * GIB, 3 * GIB)  # the run as given: 32 rows, 2 GiB a row; 3 GiB resident
+    floor.measured(("training.micro_batch_size=16",), 40 * GIB, 3 * GIB)  # 2.5 GiB a row: the tighter bound
+    assert floor.least(("training.micro_batch_size=8",)) == pytest.approx((3 + 0.8 * 8 * 2.5) * GIB)
     assert floor.least(()) == 0  # nothing was measured at more than the run's 32 rows
     assert floor.least(("model.remat=full", "training.micro_batch_size=8")) == 0  # another policy: no bound
 
@@ -63,6 +64,6 @@ def test_the_floor_leaves_room_for_an_update_a_little_under_proportional():
     (5.50 a row, 1.4% under 4 x 5.58 = 22.32): the floor at 4 rows, 0.8 x 22.32 = 17.86, is under the real
     update, so a limit between the two would not rule the fitting candidate out."""
     floor = UpdateFloor(256)
-    floor.measured(("model.remat=full", "training.micro_batch_size=8"), int(44.64 * GIB))
+    floor.measured(("model.remat=full", "training.micro_batch_size=8"), int(44.64 * GIB), int(19.53 * GIB))
     least = floor.least(("model.remat=full", "training.micro_batch_size=4"))
-    assert least == pytest.approx(0.8 * 4 * 44.64 / 8 * GIB, rel=1e-6) and least < 22.00 * GIB
+    assert least == pytest.approx((19.53 + 0.8 * 4 * 44.64 / 8) * GIB, rel=1e-6) and least < (19.53 + 22.00) * GIB

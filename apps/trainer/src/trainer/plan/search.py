@@ -69,9 +69,9 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
 
     def first(candidates: Iterator[tuple[str, ...]], programs: Sequence[str]) -> tuple[str, ...] | None:
         for overrides in candidates:
-            if "update" in programs and base.resident_bytes + floor.least(overrides) > limit:
-                log(f"  {' '.join(overrides)}: update at least {floor.least(overrides) / GIB:.2f} GiB "
-                    f"+ resident {base.resident_bytes / GIB:.2f} -> too much (not compiled: {floor.why(overrides)})")
+            if "update" in programs and floor.least(overrides) > limit:
+                log(f"  {' '.join(overrides)}: update + resident at least {floor.least(overrides) / GIB:.2f} GiB "
+                    f"-> too much (not compiled: {floor.why(overrides)})")
                 continue
             try:
                 plan = base if not overrides else plan_of(settings_with(overrides))
@@ -79,7 +79,7 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
                 log(f"  {' '.join(overrides)}: not a valid setting ({e})")
                 continue
             if "update" in programs:
-                floor.measured(overrides, plan.program_bytes["update"])
+                floor.measured(overrides, plan.program_bytes["update"], plan.resident_bytes)
             worst = max(programs, key=lambda p: plan.program_bytes[p])
             ok = fits(plan, programs)
             log(f"  {' '.join(overrides) or '(as given)'}: {worst} {plan.program_bytes[worst] / GIB:.2f} GiB "
@@ -101,7 +101,7 @@ def search(base: Plan, settings: Any, settings_with: Callable[[Sequence[str]], A
 
 
 class UpdateFloor:
-    """A lower bound on the update's bytes at a training candidate, from the candidates measured so far.
+    """A lower bound on a training candidate's update plus resident bytes, from the candidates measured so far.
 
     The update's temporaries are a part that does not depend on the micro-batch (gradients, the
     step's buffers) plus activations proportional to its rows, so at m rows they are at least
@@ -117,28 +117,31 @@ class UpdateFloor:
     def __init__(self, micro: int) -> None:
         self.micro = micro
         """The run's own micro-batch size (a candidate without the override has it)."""
-        self.per_row: dict[tuple[str, ...], tuple[int, float]] = {}
-        """Other settings -> (rows, bytes per row) of the smallest micro-batch measured with them."""
+        self.per_row: dict[tuple[str, ...], tuple[int, float, int]] = {}
+        """Other settings -> (rows, update bytes per row, resident bytes) of the smallest micro-batch measured
+        with them (the resident state does not depend on the micro-batch)."""
 
     def _split(self, overrides: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
         micro = next((int(o.removeprefix(self.MICRO)) for o in overrides if o.startswith(self.MICRO)), self.micro)
         return tuple(o for o in overrides if not o.startswith(self.MICRO)), micro
 
-    def measured(self, overrides: tuple[str, ...], update_bytes: int) -> None:
+    def measured(self, overrides: tuple[str, ...], update_bytes: int, resident_bytes: int) -> None:
         others, micro = self._split(overrides)
         if others not in self.per_row or micro < self.per_row[others][0]:
-            self.per_row[others] = (micro, update_bytes / micro)
+            self.per_row[others] = (micro, update_bytes / micro, resident_bytes)
 
     def least(self, overrides: tuple[str, ...]) -> float:
-        """At least this many bytes (0 when nothing at a larger micro-batch with the same settings was measured)."""
+        """At least this many bytes of update and resident state (0 when nothing at a larger micro-batch with
+        the same other settings was measured)."""
         others, micro = self._split(overrides)
-        rows, per_row = self.per_row.get(others, (0, 0.0))
-        return (1 - self.SLACK) * micro * per_row if rows > micro else 0.0
+        rows, per_row, resident = self.per_row.get(others, (0, 0.0, 0))
+        return resident + (1 - self.SLACK) * micro * per_row if rows > micro else 0.0
 
     def why(self, overrides: tuple[str, ...]) -> str:
         others, micro = self._split(overrides)
-        rows, per_row = self.per_row[others]
-        return f"{micro} rows x the {per_row / GIB:.2f} GiB per row measured at {rows}, less {self.SLACK:.0%}"
+        rows, per_row, resident = self.per_row[others]
+        return (f"{micro} rows x the {per_row / GIB:.2f} GiB per row measured at {rows}, less {self.SLACK:.0%}, "
+                f"+ resident {resident / GIB:.2f}")
 
 
 def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
