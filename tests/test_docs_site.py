@@ -1,5 +1,6 @@
 """The documentation site builds from docs/ with mkdocs in strict mode (mkdocs.yml): every page in
-the navigation exists, and every link between pages and every anchor resolves."""
+the navigation exists, and every link and anchor resolves, the links to repository files outside
+docs/ included (scripts/mkdocs_repo_files.py adds those files to the site)."""
 
 import shutil
 import subprocess
@@ -37,3 +38,14 @@ def test_the_site_builds_strictly(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "concepts" / "architecture" / "index.html").exists()
+    # links to files outside docs/ resolve in the site too (mkdocs.yml's hook adds them under repo/;
+    # strict mode fails on a link it cannot resolve): a package README, a folder, a source file
+    site = tmp_path / "site"
+    assert 'href="../repo/packages/algo-dppo/"' in (site / "algorithms" / "index.html").read_text()
+    assert (site / "repo" / "packages" / "algo-dppo" / "index.html").exists()
+    assert 'href="../../../algorithms/"' in (site / "repo" / "packages" / "algo-dr-grpo" / "index.html").read_text()
+    assert 'href="sums.jsonl"' in (site / "repo" / "examples" / "bring-your-own-task" / "index.html").read_text()
+    assert (site / "repo" / "examples" / "agents" / "multiply_agent.py").read_text() == \
+        (REPO / "examples" / "agents" / "multiply_agent.py").read_text()
+    assert "not found among documentation files" not in out.stderr
+    assert "unrecognized relative link" not in out.stderr

@@ -6,6 +6,7 @@ Everything here fails (or lists) before any model is built, so the tests call
 
 import dataclasses
 import json
+import re
 
 import pytest
 import yaml
@@ -343,3 +344,19 @@ def test_only_process_0_prints_the_summary(capsys, tmp_path, monkeypatch, primar
     code, out, err = run_cli(capsys, "train", "--algo", "grpo", "--output", str(tmp_path / "run"), "warm_start.steps=0")
     assert code == 0, err
     assert (out.strip() and json.loads(out) == summary) if primary else out == ""
+
+
+def test_a_run_says_which_folder_it_writes(capsys, tmp_path, monkeypatch):
+    """Without --output the trainer names the run folder itself (runs/<algo>-<date>-<time>); the run's
+    second line says which (stopped here right after, where the task would load)."""
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stopped after the first lines")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("trainer.run.train.load_task", stop)
+    with pytest.raises(RuntimeError, match="stopped after the first lines"):
+        main(["train", "--algo", "grpo", "model.preset=tiny"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("grpo: JAX ")
+    assert re.fullmatch(r"grpo: run folder runs/grpo-\d{8}-\d{6}", lines[1]), lines

@@ -188,3 +188,40 @@ def test_gsm8k_rows_take_a_system_prompt_and_template_options(tmp_path):
     before, after = plain.heldout[0].text, told.heldout[0].text
     assert "<|im_start|>system\nBe brief.<|im_end|>\n" in after and "system" not in before
     assert after.endswith("<think>\n\n</think>\n\n") and not before.endswith("</think>\n\n")
+
+
+def test_a_held_out_file_of_its_own_is_what_the_evaluation_scores(tmp_path):
+    """task.options.heldout_data: every row of --data trains; the held-out set is the other file's rows
+    (at most heldout_size, drawn by the seed), and the run's held-out evaluation takes its prompts from it."""
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+1=", "solution": str(a + 1)} for a in range(6)])
+    test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": f"{a}+2=", "solution": str(a + 2)} for a in range(4)])
+    task = data(data=train, heldout_data=test)
+    assert (len(task.train), len(task.heldout)) == (6, 4)  # without the file: 5 train, 1 held out of the 6
+    assert {p.text for p in task.heldout} == {f"{a}+2=" for a in range(4)}
+    assert task.correct == "numeric_answer"  # chosen from both files' references, all numbers
+    assert task.rewards[0].fn(["3+2="], ["5"], answer=["5"]) == [1.0]
+    fewer = data(data=train, heldout_data=test, heldout_size=2, seed=1)
+    assert len(fewer.heldout) == 2 and {p.text for p in fewer.heldout} < {p.text for p in task.heldout}
+    settings = build_settings(algo="grpo", overrides=[f"task.options.data={train}",
+                                                      f"task.options.heldout_data={test}", "eval.heldout_size=3"])
+    assert [p.text for p in build.heldout(settings.task.build(), settings)] == [p.text for p in task.heldout[:3]]
+
+
+@pytest.mark.parametrize(
+    ("heldout", "message"),
+    [
+        ("missing.jsonl", r"task.options.heldout_data = '.*missing.jsonl': data path '.*missing.jsonl' does not exist"),
+        ("train.jsonl", r"task.options.heldout_data = '.*train.jsonl': is the training data itself"),
+        ("bare.jsonl", r"task.options.heldout_data = '.*bare.jsonl': .*bare.jsonl:1 has no reference answer"),
+        ("empty.jsonl", r"task.options.heldout_data = '.*empty.jsonl': holds no rows"),
+        ("bad.jsonl", r"task.options.heldout_data = '.*bad.jsonl': .*bad.jsonl:1: not valid JSON"),
+    ],
+)
+def test_a_bad_held_out_file_is_named(tmp_path, heldout, message):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+1=", "solution": str(a + 1)} for a in range(4)])
+    write_jsonl(tmp_path / "bare.jsonl", [{"prompt": "9+1="}])
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(ConfigError, match=message):
+        build_settings(algo="grpo", overrides=[f"task.options.data={train}",
+                                               f"task.options.heldout_data={tmp_path / heldout}"])

@@ -42,6 +42,11 @@ def test_a_held_out_file_of_its_own(tmp_path):
     # without one, a held-out set as large as the data is refused and the option is named
     with pytest.raises(DataError, match=r"leaves no training rows\); or give a held-out file \(task.options.heldout_data\)"):
         gsm8k(data=str(train), heldout_size=10)
+    # a bad held-out file is named by its option, as the settings report it (task.options.heldout_data = ...)
+    with pytest.raises(ValueError, match=r"^heldout_data = '.*nope.jsonl': data path '.*nope.jsonl' does not exist$"):
+        gsm8k(data=str(train), heldout_data=str(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match=r"^heldout_data = '.*train.jsonl': is the training data itself"):
+        gsm8k(data=str(train), heldout_data=str(train))
 
 
 def test_parquet_matches_jsonl(tmp_path):

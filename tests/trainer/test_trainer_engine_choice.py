@@ -72,6 +72,7 @@ def test_the_run_logs_the_engine_and_its_evaluation_time(tmp_path, capsys):
     assert "rollout engine static (auto: 5 new tokens < 512)" in out
     # the run's first line says what it runs on (a CPU-only install on a GPU machine shows here)
     assert out.splitlines()[0] == f"grpo: JAX {jax.__version__} on cpu: 1 device (1 x cpu)"
+    assert out.splitlines()[1] == f"grpo: run folder {run}"  # the folder's name, chosen by the trainer without --output
     assert json.loads((run / "settings_at_start.json").read_text())["picked"] == {"rollout.engine": "static"}
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval/accuracy" in record and record["time/eval"] > 0.0

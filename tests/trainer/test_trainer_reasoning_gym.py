@@ -1,6 +1,10 @@
 """reasoning-gym as a task source: a dataset by name, its rows (question, answer, metadata, data_source),
 scored by the dataset's own verifier through the reward manager; bad names say what exists."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from rewards import RewardManager
 from rl_core.config import ConfigError
@@ -34,3 +38,19 @@ def test_the_same_seed_gives_the_same_questions_and_bad_names_are_told():
         reasoning_gym(dataset="basic_arithmetik", size=10, heldout_size=2)
     with pytest.raises(ConfigError, match=r"basic_arithmetik"):
         build_settings(algo="grpo", overrides=["task.name=reasoning_gym", "task.options.dataset=basic_arithmetik"])
+
+
+def test_importing_the_library_prints_no_syntax_warnings(tmp_path):
+    """cellpylib (a dependency) compares with `is "recursive"`, which Python warns about whenever it compiles
+    the file (no cached bytecode: after an install, or always under PYTHONDONTWRITEBYTECODE): `trainer tasks
+    --options` printed four SyntaxWarnings. A bytecode cache in an empty folder makes each import compile it."""
+
+    def stderr_of(code: str) -> str:
+        script = (f"import sys; from trainer.tasks.reasoning_gym import _library; "
+                  f"sys.pycache_prefix = {str(tmp_path)!r}; {code}")
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True,
+                              check=True, env=env).stderr
+
+    assert stderr_of("import cellpylib").count("SyntaxWarning") == 4  # the plain import warns
+    assert "SyntaxWarning" not in stderr_of("_library()")

@@ -164,6 +164,7 @@ def train_run(
         run_folder.claim(run_dir, overwrite)
 
     log(f"{settings.name}: {devices.describe()}")
+    log(f"{settings.name}: run folder {run_dir}")  # without --output its name is made here: say where it went
     # everything that reads user files, before the run folder exists
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)

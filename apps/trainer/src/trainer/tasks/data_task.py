@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 from rewards import RewardSpec, make_reward
 from rewards.code import CodeError, is_code_reference, load_object
+from rewards.manager import ROW_FIELD
 from rewards.numbers import reference_number
 from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, Row, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text, prompts_of
-from trainer.tasks.task import Task, split_heldout
+from trainer.tasks.task import Task, heldout_file, split_heldout
 
 __all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of", "sft_set"]
 
@@ -160,6 +161,7 @@ def data(
     *,
     data: str,
     split: str | None = None,
+    heldout_data: str | None = None,
     reward: str | None = None,
     system_prompt: str | None = None,
     chat: bool | None = None,
@@ -176,21 +178,38 @@ def data(
     the system message of rows without one. `chat`: render prompts with the tokenizer's chat template
     (true), as plain text (false), or the template when the tokenizer has one (null). `template_options`:
     variables for the chat template, e.g. {enable_thinking: false}. `heldout_size`: rows kept out of
-    training for evaluation (default a tenth, at most 200).
+    training for evaluation (default a tenth, at most 200). `heldout_data`: a held-out file of its own
+    (any kind `data` may be): then every row of `data` trains, and at most `heldout_size` (default 200)
+    of its rows, drawn by `seed`, are the held-out set.
     """
     if template_options is not None and not isinstance(template_options, Mapping):
         raise ValueError(f"template_options = {template_options!r}: must be a mapping, e.g. {{enable_thinking: false}}")
     if system_prompt is not None and not isinstance(system_prompt, str):
         raise ValueError(f"system_prompt = {system_prompt!r}: must be text")
     prompts = prompts_of(rows_of(data, split), system_prompt)
-    if len(prompts) < 2:
-        raise DataError(f"data {data!r} holds {len(prompts)} rows: at least 2 are needed (training and held-out)")
-    size = max(1, min(200, len(prompts) // 10)) if heldout_size is None else heldout_size
-    if not 1 <= size < len(prompts):
-        rule = "must be >= 1" if size < 1 else f"must be less than the {len(prompts)} rows (it leaves no training rows)"
-        raise ValueError(f"heldout_size = {size!r}: {rule}")
-    specs, chosen = _rewards(prompts, reward)
-    train, heldout = split_heldout(prompts, size, seed)
+    if heldout_data is not None:
+        own = heldout_file(heldout_data, data, lambda path: prompts_of(rows_of(path), system_prompt))
+        size = min(200, len(own)) if heldout_size is None else heldout_size
+        if size < 1:
+            raise ValueError(f"heldout_size = {size!r}: must be >= 1")
+        train, heldout = prompts, own if len(own) <= size else split_heldout(own, size, seed)[1]
+        if not train:
+            raise DataError(f"data {data!r} holds no rows")
+        if reward is None and all(p.fields.get("answer") is not None for p in train):
+            bare = next((p for p in heldout if p.fields.get("answer") is None), None)
+            if bare is not None:  # the automatic reward, chosen from the references, could not score it
+                raise ValueError(f"heldout_data = {heldout_data!r}: {bare.fields[ROW_FIELD]} has no reference answer, "
+                                 "as every training row has; add one, or name the reward (task.options.reward)")
+        specs, chosen = _rewards(train + heldout, reward)
+    else:
+        if len(prompts) < 2:
+            raise DataError(f"data {data!r} holds {len(prompts)} rows: at least 2 are needed (training and held-out)")
+        size = max(1, min(200, len(prompts) // 10)) if heldout_size is None else heldout_size
+        if not 1 <= size < len(prompts):
+            rule = "must be >= 1" if size < 1 else f"must be less than the {len(prompts)} rows (it leaves no training rows)"
+            raise ValueError(f"heldout_size = {size!r}: {rule}")
+        specs, chosen = _rewards(prompts, reward)
+        train, heldout = split_heldout(prompts, size, seed)
 
     def teacher(prompt: Prompt, rng: np.random.Generator) -> str:
         if prompt.fields.get("answer") is None:

@@ -17,7 +17,7 @@ from rl_core import Prompt
 
 from trainer.tasks.data_files import DataError, read_rows
 from trainer.tasks.rows import RowPrompt, plain_text
-from trainer.tasks.task import Task, split_heldout
+from trainer.tasks.task import Task, heldout_file, split_heldout
 
 __all__ = ["FILE_TASKS", "FileTask", "FileTaskKind", "file_task", "gsm8k", "math"]
 
@@ -146,7 +146,7 @@ def file_task(
                      split=split, system_prompt=system_prompt)
 
     prompts = rows(data, split)
-    heldout = rows(heldout_data, None) if heldout_data is not None else None
+    heldout = heldout_file(heldout_data, data, lambda path: rows(path, None)) if heldout_data is not None else None
     lengths = (max_prompt_tokens or kind.max_prompt_tokens, max_new_tokens or kind.max_new_tokens)
     return _file_task(name, prompts, kind.reward, heldout_size, seed, lengths, dict(template_options or {}), heldout)
 

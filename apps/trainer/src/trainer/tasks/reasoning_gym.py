@@ -13,6 +13,7 @@ the whole completion without a tag) to the verifier of the row's dataset. Instal
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,11 @@ __all__ = ["reasoning_gym", "reasoning_gym_reward"]
 def _library() -> Any:
     if importlib.util.find_spec("reasoning_gym") is None:
         raise ValueError("task reasoning_gym needs the reasoning-gym package: uv pip install 'trainer[reasoning-gym]'")
-    import reasoning_gym as library  # optional: imported where it is used
+    # its dependency cellpylib compares with `is "recursive"`: Python warns when it compiles those
+    # files (the first import after an install), which a user of the task cannot act on
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message='"is" with a literal', category=SyntaxWarning)
+        import reasoning_gym as library  # optional: imported where it is used
 
     return library
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from rewards import RewardSpec
@@ -56,3 +57,17 @@ def check_heldout(heldout_size: int, problems: int) -> None:
     if not 1 <= heldout_size < problems:
         rule = "must be >= 1" if heldout_size < 1 else f"must be less than the task's {problems} problems"
         raise ValueError(f"heldout_size = {heldout_size!r}: {rule}")
+
+
+def heldout_file(heldout_data: str, data: str, read: Callable[[str], list]) -> list:
+    """`read(heldout_data)`: the rows of a held-out file of its own (`task.options.heldout_data`), every
+    error naming the option (a ValueError the settings report as `task.options.heldout_data = ...`)."""
+    if Path(heldout_data).resolve() == Path(data).resolve():  # every held-out row would also train
+        raise ValueError(f"heldout_data = {heldout_data!r}: is the training data itself; name a file of other rows")
+    try:
+        rows = read(heldout_data)
+    except ValueError as e:  # DataError: the file, the line and what is wrong
+        raise ValueError(f"heldout_data = {heldout_data!r}: {e}") from None
+    if not rows:
+        raise ValueError(f"heldout_data = {heldout_data!r}: holds no rows")
+    return rows
