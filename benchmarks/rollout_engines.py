@@ -38,6 +38,7 @@ from flax import nnx
 
 from rl_core.runtime import compile_count, keep_freed_memory, unroll_threefry_on_cpu
 from rl_core.rollout import EngineSettings, PagedBackend, Requests, StaticBackend
+from rl_core.rollout import attention as attention_lib
 from rl_core import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
 from rl_models.hf import load_hf_config, load_hf_model
@@ -109,7 +110,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--steps-per-sync", type=int, default=8)
-    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--page-size", type=int, nargs="+", default=[16],
+                        help="paged engine: tokens a page (several: one paged run each)")
+    parser.add_argument("--tpu-block-tokens", type=int, nargs="+", default=[attention_lib.TPU_BLOCK_TOKENS],
+                        help="paged engine on TPU: tokens a Pallas kernel block of pages (several: one run each)")
     parser.add_argument("--engines", nargs="+", default=["static", "paged"])
     parser.add_argument("--model-preset", default=None,
                         help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
@@ -148,20 +152,26 @@ def main() -> None:
         hazard = lognormal_hazard(t, args.mean_fraction)
         slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
-        for name in args.engines:
+        runs = [("static", 0, 0)] if "static" in args.engines else []
+        if "paged" in args.engines:
+            runs += [("paged", ps, bt) for ps in args.page_size for bt in args.tpu_block_tokens]
+        for name, page_size, block_tokens in runs:
             before = compile_count()
             if name == "static":
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
-                settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=args.page_size,
+                attention_lib.TPU_BLOCK_TOKENS = block_tokens  # read when the engine picks its kernel
+                settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=page_size,
                                           slots=slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
                 backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
+                if len(runs) > 2:
+                    name = f"p{page_size}/b{block_tokens}"
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling)
             rates[name] = lengths.sum() / cpu
             print(f"{t:>8} {name:>7} {lengths.mean():>8.1f} {lengths.max():>7} {lengths.sum():>8} {seconds:>8.2f} "
                   f"{cpu:>8.2f} {lengths.sum() / seconds:>9.0f} {rates[name]:>9.0f} {compile_count() - before:>8}",
                   flush=True)
-        if len(rates) == 2:
+        if len(rates) == 2 and "paged" in rates:
             print(f"{t:>8}   paged / static tokens per cpu-second: {rates['paged'] / rates['static']:.2f}x", flush=True)
 
 
