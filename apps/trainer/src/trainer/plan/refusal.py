@@ -33,7 +33,8 @@ class ProgramRefused(Exception):
     """The compiler refused a program that does not fit the device's memory."""
 
     def __init__(self, platform: str, needed_bytes: int, available_bytes: int, what: str) -> None:
-        self.platform, self.needed_bytes, self.available_bytes, self.what = platform, needed_bytes, available_bytes, what
+        self.platform, self.what = platform, what
+        self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
         super().__init__(self.verdict())
 
     def to_dict(self) -> dict[str, object]:
