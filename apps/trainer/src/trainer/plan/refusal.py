@@ -25,7 +25,7 @@ from trainer.plan.device_memory import GIB
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = r"([\d.]+)\s*([KMGT]?)i?B?"
-_TEMPORARIES = re.compile(rf"required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
+_REQUIRED = re.compile(rf"required for ([\w ]+?) \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
 _USED = re.compile(rf"memory space hbm\. Used {_SIZE} of {_SIZE} hbm")
 
 
@@ -53,10 +53,11 @@ def refusal(error: BaseException, platform: str) -> ProgramRefused | None:
     if not isinstance(error, JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(error):
         return None
     message = str(error)
-    for pattern, what in ((_TEMPORARIES, "of temporaries"), (_USED, "in all")):
-        if match := pattern.search(message):
-            need, have = _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
-            return ProgramRefused(platform, need, have, what)
+    if match := _REQUIRED.search(message):  # "HLO temporaries", as XLA:TPU says it today
+        what = "of " + match.group(1).removeprefix("HLO ")
+        return ProgramRefused(platform, _bytes(*match.group(2, 3)), _bytes(*match.group(4, 5)), what)
+    if match := _USED.search(message):
+        return ProgramRefused(platform, _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4)), "in all")
     return None
 
 
