@@ -9,7 +9,8 @@ RESOURCE_EXHAUSTED and the sizes in its message:
   RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm.
   Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.     (older libtpu releases)
 
-Only those are turned into `ProgramRefused`: any other error, a RESOURCE_EXHAUSTED of a kernel's
+The first names what its total is for (HLO temporaries, as above), and the verdict says so. Only
+those are turned into `ProgramRefused`: any other error, a RESOURCE_EXHAUSTED of a kernel's
 scratch memory (vmem) included, is a fault to see in full, not a verdict.
 """
 
