@@ -24,7 +24,7 @@ import jax
 from trainer.bench.measure import run_bench
 from trainer.bench.memory_check import DoesNotFit
 from trainer.bench.presets import PRESETS
-from trainer.cli import use_compilation_cache
+from trainer.user_cache import use_compilation_cache
 
 NOMINAL_BF16_FLOPS = {"NVIDIA H200": 989e12, "NVIDIA H100": 989e12, "NVIDIA A100": 312e12, "NVIDIA L4": 121e12,
                       "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
@@ -81,11 +81,14 @@ def bench(preset: str, out: Path, steps: int, overrides: list[str]) -> int:
 
 def words(n: dict[str, Any]) -> str:
     """The summary's numbers on one line, for a person."""
-    nominal = f" ({n['mfu_vs_nominal_bf16_peak']:.1%} of the nominal bfloat16 peak)" if n["mfu_vs_nominal_bf16_peak"] else ""
+    nominal = n["mfu_vs_nominal_bf16_peak"]
     return (f"step {n['step_seconds']:.3f} s (rollout {n['rollout_seconds']:.3f}, update {n['update_seconds']:.3f}); "
-            f"rollout {n['rollout_tokens_per_sec']:,.0f} tokens/s, decode {n['decode_ms_per_iteration']:.2f} ms/iteration; "
-            f"MFU {n['mfu_vs_measured_peak']:.1%} of the measured {n['measured_peak_flops'] / 1e12:.1f} TFLOP/s{nominal}; "
-            f"peak memory {n['peak_memory_gib']:.2f} GiB; {n['compiles_after_first_step']} compiles after the first step")
+            f"rollout {n['rollout_tokens_per_sec']:,.0f} tokens/s, "
+            f"decode {n['decode_ms_per_iteration']:.2f} ms/iteration; MFU {n['mfu_vs_measured_peak']:.1%} of the "
+            f"measured {n['measured_peak_flops'] / 1e12:.1f} TFLOP/s"
+            + (f" ({nominal:.1%} of the nominal bfloat16 peak)" if nominal else "")
+            + f"; peak memory {n['peak_memory_gib']:.2f} GiB; "
+            f"{n['compiles_after_first_step']} compiles after the first step")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -37,7 +37,8 @@ def steps() -> dict[str, list[str]]:
 
 
 def test_the_script_runs_every_step_it_describes():
-    assert list(steps()) == ["device", "sampler", "engines", "bench-0.5b-remat-full", "bench-0.5b", "bench-1.5b", "plan"]
+    assert list(steps()) == ["device", "sampler", "engines", "bench-0.5b-remat-full", "bench-0.5b", "bench-1.5b",
+                             "plan"]
     text = SCRIPT.read_text()
     assert 'PY=(python3)' in text and "summary.md" in text
 

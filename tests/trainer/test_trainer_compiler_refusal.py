@@ -32,6 +32,10 @@ def test_the_refusals_sizes_are_read_from_the_message():
     old = refusal(JaxRuntimeError(OLDER_LIBTPU), "tpu")
     assert (old.needed_bytes, old.available_bytes) == (int(21.95 * GIB), int(15.48 * GIB))
     assert old.verdict() == "does NOT fit: the TPU compiler needs 21.95 GiB in all, the device has 15.48 GiB"
+    # what the total is for is the compiler's word; sizes in any of its units
+    other = refusal(JaxRuntimeError(TEMPORARIES.replace("HLO temporaries (70.66G)", "program arguments (512.00M)")),
+                    "tpu")
+    assert (other.what, other.needed_bytes) == ("of program arguments", 512 * 2**20)
 
 
 def test_only_the_compilers_refusal_of_device_memory_is_a_verdict():

@@ -47,6 +47,7 @@ from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
+from trainer.user_cache import user_cache_dir
 from trainer.warmstart import warm_start
 
 
@@ -95,8 +96,7 @@ def model_folder(path: str, *, only: Sequence[str] | None = None) -> str:
     `only`), fetched once into the user's cache and again when they change there."""
     if not storage.is_url(path):
         return path
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rl-variants" / "models"
-    return str(storage.cached_copy(path, cache, only=only))
+    return str(storage.cached_copy(path, user_cache_dir("models"), only=only))
 
 
 def model_config(path: str, **runtime: Any) -> TransformerConfig:

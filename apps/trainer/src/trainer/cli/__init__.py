@@ -4,13 +4,11 @@ algos, tasks, serve."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-from pathlib import Path
 
 from rewards import RewardError
-from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu, use_persistent_cache
+from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
 from rl_core import ConfigError, NonFiniteUpdateError, RegistryError
 from rl_core.run import RunFileError, StorageError
 from rl_models.hf import HFFolderError
@@ -19,6 +17,7 @@ from trainer.cli import algos, bench, compare, config, convert, explain, export,
 from trainer.cli import eval as evaluate
 from trainer.cli.common import SETTINGS_HINT
 from trainer.signals import RunInterrupted
+from trainer.user_cache import use_compilation_cache
 from trainer.tasks import DataError
 
 # each command: its module's add_parser (its arguments) and run (its handler), in --help's order
@@ -37,18 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     for module in COMMAND_MODULES.values():
         module.add_parser(sub)
     return p
-
-
-def use_compilation_cache() -> None:
-    """Keep compiled programs in rl-variants/jax in the user's cache folder.
-
-    A JAX_COMPILATION_CACHE_DIR in the environment is the user's own JAX setup
-    (JAX reads it, with its other JAX_* settings), and is left as it is;
-    JAX_ENABLE_COMPILATION_CACHE=false turns either off.
-    """
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        use_persistent_cache(Path(base) / "rl-variants" / "jax")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ RESOURCE_EXHAUSTED and the sizes in its message:
   RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm.
   Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.     (older libtpu releases)
 
-Only those are turned into `ProgramRefused`: any other error, a RESOURCE_EXHAUSTED of a kernel's
+The first names what its total is for (HLO temporaries, as above), and the verdict says so. Only
+those are turned into `ProgramRefused`: any other error, a RESOURCE_EXHAUSTED of a kernel's
 scratch memory (vmem) included, is a fault to see in full, not a verdict.
 """
 
@@ -25,7 +26,7 @@ from trainer.plan.device_memory import GIB
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = r"([\d.]+)\s*([KMGT]?)i?B?"
-_TEMPORARIES = re.compile(rf"required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
+_REQUIRED = re.compile(rf"required for ([\w ]+?) \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
 _USED = re.compile(rf"memory space hbm\. Used {_SIZE} of {_SIZE} hbm")
 
 
@@ -33,7 +34,8 @@ class ProgramRefused(Exception):
     """The compiler refused a program that does not fit the device's memory."""
 
     def __init__(self, platform: str, needed_bytes: int, available_bytes: int, what: str) -> None:
-        self.platform, self.needed_bytes, self.available_bytes, self.what = platform, needed_bytes, available_bytes, what
+        self.platform, self.what = platform, what
+        self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
         super().__init__(self.verdict())
 
     def to_dict(self) -> dict[str, object]:
@@ -52,10 +54,11 @@ def refusal(error: BaseException, platform: str) -> ProgramRefused | None:
     if not isinstance(error, JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(error):
         return None
     message = str(error)
-    for pattern, what in ((_TEMPORARIES, "of temporaries"), (_USED, "in all")):
-        if match := pattern.search(message):
-            need, have = _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4))
-            return ProgramRefused(platform, need, have, what)
+    if match := _REQUIRED.search(message):  # "HLO temporaries", as XLA:TPU says it today
+        what = "of " + match.group(1).removeprefix("HLO ")
+        return ProgramRefused(platform, _bytes(*match.group(2, 3)), _bytes(*match.group(4, 5)), what)
+    if match := _USED.search(message):
+        return ProgramRefused(platform, _bytes(*match.group(1, 2)), _bytes(*match.group(3, 4)), "in all")
     return None
 
 
