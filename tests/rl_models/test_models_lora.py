@@ -165,7 +165,7 @@ def reference_quantize(kernel: np.ndarray, qtype: str) -> tuple[np.ndarray, np.n
         qmax = {"int8": 127, "int4": 7}[qtype]
         scale = absmax / np.float32(qmax + 0.5)
         codes = np.clip(np.round(blocks / scale), -qmax - 1, qmax)
-        ties = np.isclose(np.abs(blocks / scale), qmax + 0.5, **close(rtol=1e-5))
+        ties = np.isclose(np.abs(blocks / scale), qmax + 0.5, rtol=1e-5, atol=0)
     scale = np.broadcast_to(scale, blocks.shape).reshape(kernel.shape)
     return codes.reshape(kernel.shape).astype(np.int32), ties.reshape(kernel.shape), scale
 

@@ -62,11 +62,11 @@ def close(rtol: float = 1e-7, atol: float = 0.0, dtype: Any = jnp.float32) -> di
 
 def approx(expected: Any, rel: float | None = None, abs: float | None = None,  # noqa: A002 (pytest's names)
            dtype: Any = jnp.float32) -> Any:
-    """`pytest.approx(expected, rel=, abs=)` with the floors of `close` (neither given:
-    pytest.approx's default, rel=1e-6)."""
+    """`pytest.approx(expected, rel=, abs=)` with the floors of `close`, an abs of 0 staying 0
+    (neither given: pytest.approx's default, rel=1e-6)."""
     least = floor(dtype)
     if rel is None and abs is None:
         rel = 1e-6
     return pytest.approx(expected, rel=None if rel is None else max(rel, least),
-                         abs=None if abs is None else max(abs, least))
+                         abs=None if abs is None else max(abs, least) if abs > 0 else 0.0)
 

@@ -24,7 +24,6 @@ from trainer.bench.flops import (
     training_flops,
 )
 from trainer.cli import main
-from tolerances import approx
 
 
 def test_block_matmul_weights_of_tiny_qwen2():
@@ -123,7 +122,7 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
         assert r["phases"][phase]["model_flops"] > 0 and r["phases"][phase]["mfu"] > 0, phase
     # beta = 0 and one pass per batch: no log-prob forward at all
     assert r["phases"]["logprob"]["model_flops"] == 0
-    assert r["phases"]["step"]["model_flops"] == approx(
+    assert r["phases"]["step"]["model_flops"] == pytest.approx(
         r["phases"]["rollout"]["model_flops"] + r["phases"]["update"]["model_flops"]
     )
     for part in ("prefill", "decode"):
@@ -133,7 +132,7 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     # the completions' last tokens and the shared prompts skipped), the step their sum
     for phase in ("rollout", "update"):
         assert 0 < r["phases"][phase]["needed_flops"] < r["phases"][phase]["model_flops"], phase
-    assert r["phases"]["step"]["needed_flops"] == approx(
+    assert r["phases"]["step"]["needed_flops"] == pytest.approx(
         r["phases"]["rollout"]["needed_flops"] + r["phases"]["update"]["needed_flops"])
     assert 0 < r["phases"]["step"]["needed_of_peak"] < r["mfu_step"]
 
@@ -183,15 +182,15 @@ def test_baseline_ratios_and_flags_by_hand():
     current["decode"] = {"seconds": 0.0231, "mfu": 0.2}  # 1.155x slower, MFU 0.8x
     rows = {r.phase: r for r in compare(current, baseline)}
     assert set(rows) == {"step", "update", "rollout", "reward", "prefill", "decode"}
-    assert rows["update"].time_ratio == approx(1.10625) and rows["update"].flagged
-    assert rows["update"].mfu_ratio == approx(1 / 1.10625)  # same FLOPs in more time
-    assert rows["rollout"].time_ratio == approx(1.1) and not rows["rollout"].flagged
-    assert rows["reward"].time_ratio == approx(2.0) and not rows["reward"].flagged
+    assert rows["update"].time_ratio == pytest.approx(1.10625) and rows["update"].flagged
+    assert rows["update"].mfu_ratio == pytest.approx(1 / 1.10625)  # same FLOPs in more time
+    assert rows["rollout"].time_ratio == pytest.approx(1.1) and not rows["rollout"].flagged
+    assert rows["reward"].time_ratio == pytest.approx(2.0) and not rows["reward"].flagged
     assert np.isnan(rows["reward"].mfu_ratio)
-    assert rows["step"].time_ratio == approx(1.09) and not rows["step"].flagged
-    assert rows["decode"].time_ratio == approx(1.155) and rows["decode"].flagged
-    assert rows["decode"].mfu_ratio == approx(0.8)
-    assert not rows["prefill"].flagged and rows["prefill"].time_ratio == approx(1.0)
+    assert rows["step"].time_ratio == pytest.approx(1.09) and not rows["step"].flagged
+    assert rows["decode"].time_ratio == pytest.approx(1.155) and rows["decode"].flagged
+    assert rows["decode"].mfu_ratio == pytest.approx(0.8)
+    assert not rows["prefill"].flagged and rows["prefill"].time_ratio == pytest.approx(1.0)
     # a faster run flags nothing
     assert not any(r.flagged for r in compare(baseline, current))
 
@@ -211,8 +210,8 @@ def test_bench_of_ppo_times_the_critics_update_as_its_own_phase(ppo_bench):
     r, _ = ppo_bench
     phases = r["phases"]
     assert r["algo"] == "ppo" and phases["critic_update"]["seconds"] > 0 and phases["update"]["seconds"] > 0
-    assert phases["critic_update"]["model_flops"] == approx(3 * phases["logprob"]["model_flops"])
-    assert phases["step"]["model_flops"] == approx(
+    assert phases["critic_update"]["model_flops"] == pytest.approx(3 * phases["logprob"]["model_flops"])
+    assert phases["step"]["model_flops"] == pytest.approx(
         sum(phases[name]["model_flops"] for name in ("rollout", "logprob", "update", "critic_update")))
     assert phases["update"]["model_flops"] > 0  # the policy's own update, the critic's taken out
     # the tiny policy's backbone (86,720 - 99 x 64 unembedding), a value head of 64 + 1 and a

@@ -16,7 +16,6 @@ from trainer.compare.plots import smooth
 from trainer.compare.report import config_diff, settings_text
 from trainer.settings import merge, parse_overrides, user_settings
 from trainer.compare.stats import holm_adjust, mean_ci, significant, welch_p_value
-from tolerances import approx, close
 
 PLOT_NAMES = ["reward.png"]
 
@@ -106,7 +105,7 @@ def test_mean_ci_uses_students_t():
 )
 def test_welch_p_value_matches_scipy(a, b):
     expected = scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
-    assert welch_p_value(a, b) == approx(expected, rel=1e-9)
+    assert welch_p_value(a, b) == pytest.approx(expected, rel=1e-9)
     # a = 1,2,3 vs 4,5,6: t = -3 / sqrt(2/3) = -3.674 with 4 degrees of freedom: p = 0.0213
     if a == [1.0, 2.0, 3.0]:
         assert welch_p_value(a, b) == pytest.approx(0.0213, abs=1e-4) and significant(welch_p_value(a, b))
@@ -119,9 +118,9 @@ def test_welch_without_variance_or_seeds():
 
 
 def test_smoothing_keeps_a_constant_and_lags_a_step():
-    np.testing.assert_allclose(smooth(np.full(5, 0.3), 0.9), np.full(5, 0.3), **close())
+    np.testing.assert_allclose(smooth(np.full(5, 0.3), 0.9), np.full(5, 0.3))
     # debiased EMA, weight 0.5, of 0, 0, 1: sums 0, 0, 0.5 over normalisers 0.5, 0.75, 0.875
-    np.testing.assert_allclose(smooth(np.array([0.0, 0.0, 1.0]), 0.5), [0.0, 0.0, 0.5 / 0.875], **close(atol=1e-12))
+    np.testing.assert_allclose(smooth(np.array([0.0, 0.0, 1.0]), 0.5), [0.0, 0.0, 0.5 / 0.875], atol=1e-12)
     assert smooth(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
 
 
@@ -155,13 +154,13 @@ def test_an_earlier_one_seed_comparison_is_replaced_with_overwrite(tmp_path):
 
 def test_holm_adjustment_by_hand():
     # sorted 0.01, 0.03, 0.04 of m = 3: 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; 1 x 0.04 = 0.04 -> 0.06 (monotone)
-    assert holm_adjust([0.01, 0.04, 0.03]) == approx([0.03, 0.06, 0.06])
+    assert holm_adjust([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     # nan (a pair without two seeds each) is kept and not counted in m; 0.8 x 2 is capped at 1
     adjusted = holm_adjust([0.6, math.nan, 0.02])
-    assert holm_adjust([0.8, 0.9]) == approx([1.0, 1.0]) and holm_adjust([0.2, 0.7]) == approx([0.4, 0.7])
-    assert adjusted[0] == approx(0.6) and math.isnan(adjusted[1]) and adjusted[2] == approx(0.04)
+    assert holm_adjust([0.8, 0.9]) == pytest.approx([1.0, 1.0]) and holm_adjust([0.2, 0.7]) == pytest.approx([0.4, 0.7])
+    assert adjusted[0] == pytest.approx(0.6) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.04)
     # 21 pairs: the smallest p of the default compare's measured run (0.003) is 0.063 adjusted
-    assert holm_adjust([0.003] + [0.5] * 20)[0] == approx(0.063) and not significant(0.063)
+    assert holm_adjust([0.003] + [0.5] * 20)[0] == pytest.approx(0.063) and not significant(0.063)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from trainer.cli import main
 from trainer.evaluate import evaluate, pass_at_k
 from trainer.run.saved_run import evaluate_run
 from trainer.run import settings_of_run
-from tolerances import approx, close
+from tolerances import close
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ from tolerances import approx, close
     ],
 )
 def test_pass_at_k_hand_values(n, c, k, expected):
-    assert pass_at_k(n, c, k) == approx(expected, abs=1e-12)
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
 def test_pass_at_k_matches_the_definition():
@@ -41,7 +41,7 @@ def test_pass_at_k_matches_the_definition():
             for k in range(1, n + 1):
                 # probability that a random k-subset of the n samples holds at least one correct one
                 expected = 1.0 - comb(n - c, k) / comb(n, k)
-                assert pass_at_k(n, c, k) == approx(expected, abs=1e-12)
+                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(5, 6, 1), (5, -1, 1), (5, 2, 0), (5, 2, 6)])

@@ -7,7 +7,6 @@ from rewards.verdicts import NumberVerdict, YesNoVerdict, yes_probability
 from rl_core.config import ConfigError
 
 from trainer.judge import DEFAULT_TEMPLATE, JudgeSettings, JudgeTemplate, verdict_scores
-from tolerances import approx
 
 
 def test_the_template_fills_each_place_and_leaves_model_text_alone():
@@ -48,12 +47,12 @@ def test_verdict_scores_count_replies_without_a_verdict():
     assert (scores, unparsed) == ([1.0, 0.0, 0.25], 1)
     # 7 on [0, 10] -> 0.7; 12 is out of range (rejected) -> the unparsed score 0
     scores, unparsed = verdict_scores(["Score: 7", "12"], NumberVerdict(low=0, high=10), 0.0)
-    assert scores == approx([0.7, 0.0]) and unparsed == 1
+    assert scores == pytest.approx([0.7, 0.0]) and unparsed == 1
 
 
 def test_yes_probability_of_two_logprobs():
     # p(yes) = 0.3, p(no) = 0.1 -> 0.75; the remaining 0.6 of the mass does not count
-    assert yes_probability(math.log(0.3), math.log(0.1)) == approx(0.75)
+    assert yes_probability(math.log(0.3), math.log(0.1)) == pytest.approx(0.75)
 
 
 def test_judge_settings_are_off_until_a_model_is_named():

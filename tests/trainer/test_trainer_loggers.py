@@ -17,7 +17,6 @@ from tensorboardX.proto import event_pb2
 from rl_core.config import ConfigError
 from rl_core.run.sinks import WandbSink
 from trainer.cli import main
-from tolerances import approx
 
 pytestmark = pytest.mark.e2e
 
@@ -98,7 +97,7 @@ def test_tensorboard_holds_scalars_config_and_samples(run):
                if v.WhichOneof("value") == "simple_value"]  # fmt: skip
     assert len(written) == len(dict(written))  # each scalar once
     # the same keys, each with metrics.jsonl's value (TensorBoard stores float32)
-    assert dict(written) == approx(expected, rel=1e-6, abs=1e-30)
+    assert dict(written) == pytest.approx(expected, rel=1e-6, abs=1e-30)
     texts = {}
     for e in events:
         for v in e.summary.value:
@@ -124,7 +123,7 @@ def test_wandb_offline_holds_scalars_config_and_a_samples_table(run):
     # "_step", "_runtime" and "_timestamp" aside, and the samples table (its "samples/..." fields)
     logged = {(step, k): v for step, h in by_step.items() for k, v in h.items()
               if not k.startswith(("_", "samples/"))}  # fmt: skip
-    assert logged == approx(finite_scalars(run), rel=1e-12, abs=0)
+    assert logged == pytest.approx(finite_scalars(run), rel=1e-12, abs=0)
     samples = read_jsonl(run / "samples.jsonl")
     (files,) = (run / "wandb").glob("offline-run-*/files")
     for step in (1, 2):

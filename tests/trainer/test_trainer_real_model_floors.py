@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from rl_models import TransformerConfig, preset
 from trainer.bench.flops import prefill_flops, sampling_flops
-from tolerances import approx
 
 _spec = importlib.util.spec_from_file_location(
     "real_model_floors", Path(__file__).resolve().parents[2] / "benchmarks" / "real_model_floors.py")
@@ -32,7 +31,7 @@ def test_rollout_floor_by_hand():
     f = floors.rollout_floor(weight_bytes=100, kv_bytes=10, context=np.array([1, 2]), step_flops=np.array([50, 1500]),
                              prefill_flops=30, bandwidth=10, peak=100)
     # step bytes 110, 120 -> 11 s, 12 s; compute 0.5 s, 15 s; roofline 11 + 15; prefill max(100 / 10, 0.3)
-    assert f == approx({"memory": 23.0, "compute": 15.5, "roofline": 26.0, "prefill": 10.0, "total": 36.0,
+    assert f == pytest.approx({"memory": 23.0, "compute": 15.5, "roofline": 26.0, "prefill": 10.0, "total": 36.0,
                                "steps": 2.0})
 
 
@@ -42,7 +41,7 @@ def test_decode_step_flops_sum_to_the_bench_count_of_the_decode():
     steps = floors.decode_step_flops(cfg, prompt, group, new)
     assert len(steps) == new - 1 and np.all(np.diff(steps) > 0)  # each step attends over one more position
     decode = sampling_flops(cfg, prompt, np.full(len(prompt) * group, new), group) - prefill_flops(cfg, prompt)
-    assert steps.sum() == approx(decode)
+    assert steps.sum() == pytest.approx(decode)
 
 
 def test_the_smollm2_bench_preset_needs_the_model_folder():

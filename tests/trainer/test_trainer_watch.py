@@ -21,7 +21,6 @@ from rl_core.run.sink_values import sample_table
 from trainer.cli import main
 from trainer.show import show_run
 from trainer.show.curves import PANELS
-from tolerances import approx
 
 pytestmark = pytest.mark.e2e
 
@@ -116,7 +115,7 @@ def test_mlflow_file_store_holds_the_runs_metrics_and_samples(trained, monkeypat
     metrics = {(m.step, key): m.value for key in stored.data.metrics
                for m in client.get_metric_history(stored.info.run_id, key)}  # fmt: skip
     expected = {(step, mlflow_key(key)): value for (step, key), value in finite_scalars(run).items()}
-    assert metrics == approx(expected, rel=1e-12, abs=0)
+    assert metrics == pytest.approx(expected, rel=1e-12, abs=0)
     local = Path(client.download_artifacts(stored.info.run_id, "samples", str(base / "mlflow-read")))
     for step, samples in samples_by_step(run).items():
         columns, rows = sample_table(step, samples)
@@ -143,7 +142,7 @@ def test_trackio_database_holds_the_runs_metrics_and_samples(trained):
     assert stored["config"]["algo"] == "grpo" and stored["config"]["training"]["num_steps"] == 4
     logs = stored["logs"]
     scalars = {(log["step"], k): v for log in logs for k, v in log.items() if k not in ("step", "timestamp", "samples")}
-    assert scalars == approx(finite_scalars(run), rel=1e-12, abs=0)
+    assert scalars == pytest.approx(finite_scalars(run), rel=1e-12, abs=0)
     tables = {log["step"]: log["samples"]["_value"] for log in logs if "samples" in log}
     for step, samples in samples_by_step(run).items():
         columns, rows = sample_table(step, samples)

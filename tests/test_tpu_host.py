@@ -1,0 +1,69 @@
+"""Running the suite on a TPU host: scripts/tpu-tests.sh's arguments and summary
+(scripts/tpu_tests.py), and the skips of tests/support/host.py, checked on any host."""
+
+import importlib.util
+import socket
+import tomllib
+from pathlib import Path
+
+import host
+import pytest
+from host import about_the_cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("tpu_tests", ROOT / "scripts" / "tpu_tests.py")
+tpu_tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tpu_tests)
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="6">
+<testcase classname="tests.a" name="test_one"/>
+<testcase classname="tests.a" name="test_two"/>
+<testcase classname="tests.b" name="test_server"><skipped type="pytest.skip" message="needs sockets: no"/></testcase>
+<testcase classname="tests.b" name="test_client"><skipped type="pytest.skip" message="needs sockets: no"/></testcase>
+<testcase classname="tests.c" name="test_hlo"><skipped type="pytest.skip" message="about XLA:CPU: its HLO"/></testcase>
+<testcase classname="tests.c" name="test_loss"><failure message="AssertionError: 1e-3 apart&#10;more">...</failure></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_the_arguments_are_pyprojects_without_xdist_and_with_the_host_warnings():
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    args = tpu_tests.pytest_args()
+    assert "--numprocesses=auto" in addopts and not [a for a in args if a.startswith(("--numprocesses", "--dist"))]
+    marker = addopts[addopts.index("-m") + 1]
+    assert args[args.index("-m") + 1] == marker == "not e2e and not multidevice and not learning and not vllm"
+    assert ["-p", "no:xdist"] == args[args.index("-p"):args.index("-p") + 2]
+    assert "-Wignore:Transparent hugepages are not enabled:UserWarning" in args
+
+
+def test_the_summary_counts_groups_skips_by_reason_and_lists_failures(tmp_path):
+    (tmp_path / "junit.xml").write_text(JUNIT)
+    text = tpu_tests.summary(tmp_path / "junit.xml")
+    assert text.splitlines()[0] == "passed 2, skipped 3, failed 1"
+    assert "- 2: needs sockets: no (e.g. `tests.b::test_server`)" in text  # most first
+    assert text.index("needs sockets") < text.index("about XLA:CPU: its HLO")
+    assert "- `tests.c::test_loss` (failure): AssertionError: 1e-3 apart" in text.splitlines()
+
+
+@about_the_cpu("the marker's own test: on CPU it runs, and pretends to be elsewhere")
+def test_a_test_about_the_cpu_skips_elsewhere_saying_why(request, monkeypatch):
+    host.skip_unless_cpu(request.node)  # on CPU: runs
+    monkeypatch.setattr(host, "backend", lambda: "tpu")
+    with pytest.raises(pytest.skip.Exception, match="about XLA:CPU, and this backend is tpu: the marker's own test"):
+        host.skip_unless_cpu(request.node)
+
+
+def test_a_host_without_sockets_skips_what_needs_them(monkeypatch):
+    def refuse(self, address):
+        raise PermissionError(1, "Operation not permitted")
+
+    host.sockets_missing.cache_clear()
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    try:
+        # here the refused bind; on a host without sockets, socket() itself already
+        assert host.sockets_missing().startswith("PermissionError: [Errno ")
+        with pytest.raises(pytest.skip.Exception, match="needs sockets"):
+            host.need_sockets()
+    finally:
+        host.sockets_missing.cache_clear()  # probed again, on the real socket, by the next caller
