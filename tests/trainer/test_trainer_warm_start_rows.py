@@ -28,6 +28,15 @@ def test_the_lengths_come_from_the_rows_without_a_model_folder(tmp_path):
     assert (set_one.rollout.max_prompt_tokens, set_one.rollout.max_new_tokens) == (6, 9)
 
 
+def test_the_lengths_hold_the_warm_starts_own_rows_too(tmp_path):
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "Spell 19+7 in words:"}, {"role": "assistant", "content": "twenty-six"}]}) + "\n")
+    settings = build_settings(algo="grpo", overrides=[f"task.options.data={sums(tmp_path / 's.jsonl')}",
+                                                      f"warm_start.data={tmp_path / 'sft.jsonl'}"])
+    # its prompt: 20 characters + BOS; its reply: 10 + EOS + 2, beyond the sums' 6 and 5
+    assert (settings.rollout.max_prompt_tokens, settings.rollout.max_new_tokens) == (21, 13)
+
+
 def test_a_model_folders_tokenizer_keeps_the_default_lengths(tmp_path):
     task = data(data=sums(tmp_path / "s.jsonl"), heldout_size=2)
     assert task.row_lengths == (6, 5) and (task.max_prompt_tokens, task.max_new_tokens) == (256, 256)

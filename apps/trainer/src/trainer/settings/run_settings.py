@@ -503,9 +503,18 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
     if problems:
         raise ConfigError("; and ".join(problems))
     lengths = {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens}
+    sized = sized_lengths(task, (user.get("model") or {}).get("path"))
+    warm_data = (user.get("warm_start") or {}).get("data")
+    if sized and isinstance(warm_data, str):  # the warm start's own rows must fit the lengths too
+        try:
+            sft = sft_set(warm_data, **{k: v for k, v in task_settings.options.items()
+                                        if k in EVAL_TASK_OPTIONS and k != "reward"})
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"warm_start.data: {e}") from None
+        sized = {key: max(n, sized_lengths(sft, None)[key]) for key, n in sized.items()}
     defaults = {
         "training": dict(DEFAULT_TRAINING),
-        "rollout": lengths | sized_lengths(task, (user.get("model") or {}).get("path")),
+        "rollout": lengths | sized,
     }
     if task.environment is not None:  # a multi-turn task brings its environment and turn limits
         defaults["rollout"].update(environment=task.environment, environment_options=dict(task.environment_options),

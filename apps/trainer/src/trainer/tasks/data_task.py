@@ -136,7 +136,11 @@ def sft_set(
     if not prompts:
         raise DataError(f"data {data!r} holds no rows")
     prompts = [_from_first_reply(p) for p in prompts]
+    # plain text: each later turn after a blank line (trainer.build.turn_segments), the final reply as it is
+    targets = [sum(len(t["content"]) + 2 for t in p.fields.get("turns", ())) or len(str(p.fields["answer"]))
+               for p in prompts]
     return Task(name="sft", description=f"{len(prompts)} supervised rows from {data}", train=tuple(prompts),
+                row_lengths=(max(len(p.text) for p in prompts) + 1, _with_slack(max(targets))),
                 heldout=(), rewards=(), correct="", teacher=_reference, max_prompt_tokens=max_prompt_tokens,
                 max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
 
@@ -226,6 +230,10 @@ def completion_tokens(prompts: list[RowPrompt], reward: str | None) -> int | Non
     references = [p.fields.get("answer") for p in prompts]
     if any(r is None for r in references):
         return None
-    longest = max(len(_teacher_text(reward, r)) for r in references)
-    return longest + 1 + max(2, longest // 4)
+    return _with_slack(max(len(_teacher_text(reward, r)) for r in references))
+
+
+def _with_slack(characters: int) -> int:
+    """Tokens for a completion of `characters` characters: its EOS, and a quarter more (at least 2)."""
+    return characters + 1 + max(2, characters // 4)
 
