@@ -2,12 +2,14 @@
 
     uv run python examples/bring-your-own-task/make_files.py
 
-- `sums.parquet`: 200 rows in verl's schema (`data_source`, `prompt` as messages, `ability`,
+- `sums.parquet`: 2000 rows in verl's schema (`data_source`, `prompt` as messages, `ability`,
   `reward_model.ground_truth`, `extra_info`);
-- `sums.jsonl`: 200 rows in TRL's conversational shape (`prompt` as messages, `solution`).
+- `sums.jsonl`: 2000 rows in TRL's conversational shape (`prompt` as messages, `solution`).
 
-The problems are sums a+b= with a, b below 50, small enough for the built-in tiny model;
-`data_source` says whether a sum carries ("carry") or not ("no_carry").
+The problems are sums a+b= with a, b below 50, small enough for the built-in tiny model, each pair once
+in a file; `data_source` says whether a sum carries ("carry") or not ("no_carry"). 2000 rows, not 200:
+the tiny model starts from random weights, and a warm start on a hundred sums learns them by heart
+without learning to add, so RL then has nothing to build on (docs/bring-your-own-task.md).
 """
 
 import json
@@ -20,9 +22,9 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).parent
 
 
-def sums(seed: int, count: int = 200) -> list[tuple[int, int]]:
-    rng = random.Random(seed)
-    return [(rng.randrange(50), rng.randrange(50)) for _ in range(count)]
+def sums(seed: int, count: int = 2000) -> list[tuple[int, int]]:
+    """`count` distinct pairs (a, b), so no held-out row repeats a training row."""
+    return random.Random(seed).sample([(a, b) for a in range(50) for b in range(50)], count)
 
 
 def source(a: int, b: int) -> str:

@@ -67,6 +67,9 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     warm.pop("checkpoint_every_steps")  # when it saves along the way does not change the result
     if warm.get("data") is None:
         warm.pop("data", None)  # the keys of runs without SFT data stay what they were
+    if warm.get("share") is None and settings.task.name != "data":
+        warm.pop("share", None)  # a generated task's warm start takes every row, as before: its keys stay; a data
+        # task's change, so no base policy cached when its warm start took every row is taken for one now
     warm.pop("packing")  # resolved: packed steps round differently (the same loss up to float sums)
     row_tokens = warm.pop("row_tokens")
     if settings.warm_start.packs:  # the keys of runs that do not pack stay what they were
@@ -315,7 +318,7 @@ def warm_start_task(settings: RunSettings, task: Task, tokenizer: Tokenizer) -> 
     """What the warm start imitates: the rows of `warm_start.data` (rendered like the run's data task:
     its system prompt and chat options), or the task's own references."""
     if settings.warm_start.data is None:
-        return task
+        return dataclasses.replace(task, train=task.warm_start_rows) if task.warm_start_rows else task
     inherited = {k: v for k, v in settings.task.options.items() if k in EVAL_TASK_OPTIONS and k != "reward"} \
         if settings.task.name == "data" else {}
     examples = chat_prompts(sft_set(settings.warm_start.data, max_prompt_tokens=settings.rollout.max_prompt_tokens,
@@ -330,6 +333,14 @@ def warm_start_task(settings: RunSettings, task: Task, tokenizer: Tokenizer) -> 
         return dataclasses.replace(p, fields={**p.fields, "segments": turn_segments(p, render)})
 
     return dataclasses.replace(examples, train=tuple(with_segments(p) for p in examples.train))
+
+
+def warm_start_share(settings: RunSettings, task: Task) -> float:
+    """The share of the task's training rows the warm start imitates, kept apart from RL's prompts:
+    `warm_start.share`, else the task's; 1 when no warm start imitates the task's rows."""
+    if settings.warm_start_steps == 0 or settings.warm_start.data is not None:
+        return 1.0
+    return task.warm_start_share if settings.warm_start.share is None else settings.warm_start.share
 
 
 def turn_segments(prompt: Any, render: Callable[[list, bool], str] | None) -> tuple[tuple[str, bool], ...]:

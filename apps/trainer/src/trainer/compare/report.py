@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer.compare.plots import MIN_CURVE_POINTS, PLOTS, plot_runs
 from trainer.settings import RunSettings
-from trainer.compare.stats import LEVEL, holm_adjust, mean_ci, significant, welch_p_value
+from trainer.compare.stats import LEVEL, holm_adjust, mean_ci, one_sample_p_value, significant, welch_p_value
 
 __all__ = ["COLUMNS", "PLOTS", "markdown_table", "seed_values", "write_report"]
 
@@ -117,6 +117,36 @@ def comparisons(variants: Sequence[Mapping[str, Any]], key: str = "acc_after") -
         pair["p_holm"] = adjusted
         pair["significant"] = significant(adjusted)
     return out
+
+
+def gains(variants: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each variant's held-out gain under RL: acc after - acc before per seed, its mean and 95% half-width,
+    the one-sample t-test's p-value that it is 0 and its Holm adjustment over the variants."""
+    out = []
+    for v in variants:
+        gain = [s["acc_after"] - s["acc_before"] for s in v["per_seed"]]
+        est = mean_ci(gain)
+        out.append({"variant": v["algo"], "gain": est.mean, "ci95": est.half_width, "p_value": one_sample_p_value(gain)})
+    for row, adjusted in zip(out, holm_adjust([row["p_value"] for row in out]), strict=True):
+        row["p_holm"] = adjusted
+        row["significant"] = significant(adjusted)
+    return out
+
+
+def gain_text(rows: Sequence[Mapping[str, Any]], seeds: int) -> str:
+    if seeds < 2:
+        return ""
+    lines = [f"Held-out accuracy gain under RL (after - before), one-sample t-test over {seeds} seeds; p-values "
+             f"Holm-adjusted over {len(rows)} variant{'' if len(rows) == 1 else 's'}:"]
+    for row in rows:
+        if math.isnan(row["p_value"]):
+            lines.append(f"- {row['variant']}: {row['gain']:+.3f}, not tested: every seed gave the same gain")
+            continue
+        verdict = ("a significant gain" if row["gain"] > 0 else "a significant loss") if row["significant"] \
+            else "not significant"
+        lines.append(f"- {row['variant']}: {row['gain']:+.3f} ± {row['ci95']:.3f} (p = {row['p_value']:.3f}, "
+                     f"adjusted {row['p_holm']:.3f}), {verdict}")
+    return "\n".join(lines) + "\n"
 
 
 def significance_text(pairs: Sequence[Mapping[str, Any]], seeds: int) -> str:
@@ -277,7 +307,8 @@ def write_report(
         )
     pairs = comparisons(variants)
     table = markdown_table(variants)
-    significance = significance_text(pairs, seeds)
+    gained = gains(variants)
+    significance = significance_text(pairs, seeds) + gain_text(gained, seeds)
     results = {
         # shared by every variant; each variant's algorithm fields are in its run folders' config.yaml
         "settings": {k: v for k, v in all_settings[0].resolved().items() if k not in ("algo", "algorithm")},
@@ -285,6 +316,7 @@ def write_report(
         "wall_seconds": wall_seconds,
         "variants": variants,
         "comparisons": pairs,
+        "gains": gained,
     }
     (out / "results.json").write_text(json.dumps(_finite(results), indent=2))
     plots = plot_runs({algo: [r["history"] for r in seed_runs] for algo, seed_runs in runs.items()}, out)

@@ -60,6 +60,18 @@ def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float:
     return float(2.0 * scipy_stats.t.sf(abs(t), df))
 
 
+def one_sample_p_value(values: Sequence[float]) -> float:
+    """Two-sided p-value of the one-sample t-test that `values` have mean 0 (nan below 2 values, or when all
+    are equal: a few seeds agreeing on an accuracy counted on a few rows is no evidence of no spread)."""
+    if len(values) < 2:
+        return math.nan
+    mean = math.fsum(values) / len(values)
+    var = math.fsum((x - mean) ** 2 for x in values) / (len(values) - 1) / len(values)
+    if var == 0.0:
+        return math.nan
+    return float(2.0 * scipy_stats.t.sf(abs(mean / math.sqrt(var)), len(values) - 1))
+
+
 def significant(p_value: float) -> bool:
     return not math.isnan(p_value) and p_value < 1.0 - LEVEL
 

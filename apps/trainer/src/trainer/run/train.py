@@ -46,7 +46,7 @@ from trainer.run.prompt_lengths import fit_prompts
 from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.signals import RunInterrupted, StopOnSignal
-from trainer.tasks import Task
+from trainer.tasks import sized_lengths, split_for_warm_start, Task
 
 
 def final_evaluation(learner, task, settings: RunSettings, seed: int = 0) -> dict[str, float]:
@@ -99,13 +99,26 @@ def load_task(settings: RunSettings, tokenizer, log: Callable[[str], None]) -> T
     specs = reward_specs(settings.rewards) if not task.rewards else ()  # less the judge models, loaded apart
     if specs:  # a data task scored by the run's rewards: alone; the first entry says what is correct
         task = dataclasses.replace(task, rewards=specs, correct=specs[0].name)
-    return fit_prompts(
+    sized = sized_lengths(task, settings.model.path)
+    if sized:
+        log(f"task {task.name}: lengths from the rows (the character tokenizer's tokens are their characters): "
+            + ", ".join(f"{key} {value} (rollout.{key}={getattr(settings.rollout, key)})" for key, value in sized.items())
+            + "; task.options.<length>=N sets one")
+    if "max_new_tokens" in sized:  # the warm start's targets are as wide as the run's completions
+        task = dataclasses.replace(task, max_new_tokens=settings.rollout.max_new_tokens)
+    task = fit_prompts(
         task,
         tokenizer,
         max_prompt_tokens=settings.rollout.max_prompt_tokens,
         on_long=settings.task.long_prompts,
         log=log,
     )
+    share = build.warm_start_share(settings, task)
+    task = split_for_warm_start(task, share)
+    if task.warm_start_rows:
+        log(f"task {task.name}: the warm start imitates {len(task.warm_start_rows)} training rows, kept apart from "
+            f"RL's {len(task.train)} prompts (warm_start.share={share:g}; 1 gives both every row)")
+    return task
 
 
 def train_run(

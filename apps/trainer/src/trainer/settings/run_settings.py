@@ -30,7 +30,7 @@ from trainer.settings.judge import JudgeSettings
 from trainer.settings.reward_audit import RewardAuditSettings
 from trainer.settings.override_values import override_value
 from trainer.settings.reward_functions import model_judges, reward_specs
-from trainer.tasks import DataError, FileTask, Task, TaskError, task_factory
+from trainer.tasks import DataError, FileTask, sized_lengths, Task, TaskError, task_factory
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
 
 
@@ -207,6 +207,10 @@ class WarmStartSettings(Config):
     """Pack each step's sequences into as few rows as fit (positions and attention restart at each
     sequence: the same loss on fewer rows, less padding computed); None: on with `data`, off for the task's
     references (which are alike in length)."""
+    share: float | None = None
+    """Share of the task's training rows the warm start imitates, kept apart from the RL prompts (the rest), so
+    that RL does not start on rows whose answers the base policy has memorised; None: the task's choice
+    (half for rows of your own, `--data`; all for the generated tasks, too many to memorise). 1.0: all, as RL's."""
     row_tokens: int | None = None
     """Width of a packed row in tokens; None: the longest sequence a row may hold (the prompts' width plus
     rollout.max_new_tokens), never less. Wider rows hold more short sequences each (fewer rows a step)."""
@@ -217,6 +221,10 @@ class WarmStartSettings(Config):
         check(self.row_tokens is None or (isinstance(self.row_tokens, int) and self.row_tokens >= 1), self,
               "row_tokens", "must be an int >= 1 or null")
         check(self.steps is None or self.steps >= 0, self, "steps", "must be >= 0 or None")
+        check(self.share is None or (isinstance(self.share, (int, float)) and 0 < self.share <= 1), self, "share",
+              "must be in (0, 1] or null")
+        check(self.share is None or self.data is None, self, "share",
+              "splits the task's own rows; with warm_start.data the warm start reads that file's rows: unset one")
         check(self.checkpoint_every_steps >= 1, self, "checkpoint_every_steps", "must be >= 1")
         check(self.batch_size >= 1, self, "batch_size", "must be >= 1")
         check(self.learning_rate > 0, self, "learning_rate", "must be > 0")
@@ -494,9 +502,19 @@ def settings_from_user(user: Mapping[str, Any], algo: str | None = None) -> RunS
         )
     if problems:
         raise ConfigError("; and ".join(problems))
+    lengths = {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens}
+    sized = sized_lengths(task, (user.get("model") or {}).get("path"))
+    warm_data = (user.get("warm_start") or {}).get("data")
+    if sized and isinstance(warm_data, str):  # the warm start's own rows must fit the lengths too
+        try:
+            sft = sft_set(warm_data, **{k: v for k, v in task_settings.options.items()
+                                        if k in EVAL_TASK_OPTIONS and k != "reward"})
+        except (DataError, ValueError) as e:
+            raise ConfigError(f"warm_start.data: {e}") from None
+        sized = {key: max(n, sized_lengths(sft, None)[key]) for key, n in sized.items()}
     defaults = {
         "training": dict(DEFAULT_TRAINING),
-        "rollout": {"max_prompt_tokens": task.max_prompt_tokens, "max_new_tokens": task.max_new_tokens},
+        "rollout": lengths | sized,
     }
     if task.environment is not None:  # a multi-turn task brings its environment and turn limits
         defaults["rollout"].update(environment=task.environment, environment_options=dict(task.environment_options),

@@ -9,10 +9,10 @@ from trainer.tasks.generated import arithmetic, carryless_sum, countdown, multip
 from trainer.tasks.number_words import number_words
 from trainer.tasks.reasoning_gym import reasoning_gym
 from trainer.tasks.registry import ENTRY_POINT_GROUP, TASKS, TaskError, task_factory
-from trainer.tasks.task import Task, split_heldout
+from trainer.tasks.task import Task, sized_lengths, split_for_warm_start, split_heldout
 
 __all__ = [
     "DataError", "ENTRY_POINT_GROUP", "FILE_TASKS", "FileTask", "TASKS", "Task", "TaskError", "arithmetic", "data",
     "carryless_sum", "countdown", "file_task", "gsm8k", "math", "multiply", "number_words", "read_rows",
-    "reasoning_gym", "split_heldout", "task_factory",
+    "reasoning_gym", "sized_lengths", "split_for_warm_start", "split_heldout", "task_factory",
 ]

@@ -28,6 +28,9 @@ from trainer.tasks.task import Task, heldout_file, split_heldout
 
 __all__ = ["EVAL_TASK_OPTIONS", "data", "evaluation_set", "rows_of", "sft_set"]
 
+DEFAULT_TOKENS = 256
+"""The lengths of a run with a model folder (whose tokenizer counts the rows' tokens) when the options set none."""
+
 EVAL_TASK_OPTIONS = ("system_prompt", "chat", "template_options", "reward")
 """A data task's options an evaluation file inherits from the run (the rows' rendering and reward)."""
 
@@ -134,7 +137,11 @@ def sft_set(
     if not prompts:
         raise DataError(f"data {data!r} holds no rows")
     prompts = [_from_first_reply(p) for p in prompts]
+    # plain text: each later turn after a blank line (trainer.build.turn_segments), the final reply as it is
+    targets = [sum(len(t["content"]) + 2 for t in p.fields.get("turns", ())) or len(str(p.fields["answer"]))
+               for p in prompts]
     return Task(name="sft", description=f"{len(prompts)} supervised rows from {data}", train=tuple(prompts),
+                row_lengths=(max(len(p.text) for p in prompts) + 1, _with_slack(max(targets))),
                 heldout=(), rewards=(), correct="", teacher=_reference, max_prompt_tokens=max_prompt_tokens,
                 max_new_tokens=max_new_tokens, chat=chat, template_options=dict(template_options or {}))
 
@@ -168,8 +175,8 @@ def data(
     template_options: dict | None = None,
     heldout_size: int | None = None,
     seed: int = 0,
-    max_prompt_tokens: int = 256,
-    max_new_tokens: int = 256,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> Task:
     """Rows of `data` (a JSONL, JSON, Parquet file, a folder, or `module:function` / `file.py:function`
     returning rows) in any shape of `trainer.tasks.rows`.
@@ -180,7 +187,8 @@ def data(
     variables for the chat template, e.g. {enable_thinking: false}. `heldout_size`: rows kept out of
     training for evaluation (default a tenth, at most 200). `heldout_data`: a held-out file of its own
     (any kind `data` may be): then every row of `data` trains, and at most `heldout_size` (default 200)
-    of its rows, drawn by `seed`, are the held-out set.
+    of its rows, drawn by `seed`, are the held-out set. `max_prompt_tokens`, `max_new_tokens`: the
+    lengths; None: from the rows when the run has no model folder (`row_lengths`), else DEFAULT_TOKENS.
     """
     if template_options is not None and not isinstance(template_options, Mapping):
         raise ValueError(f"template_options = {template_options!r}: must be a mapping, e.g. {{enable_thinking: false}}")
@@ -225,9 +233,27 @@ def data(
         rewards=specs,
         correct=specs[0].name if specs else "",
         teacher=teacher,
-        max_prompt_tokens=max_prompt_tokens,
-        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=DEFAULT_TOKENS if max_prompt_tokens is None else max_prompt_tokens,
+        max_new_tokens=DEFAULT_TOKENS if max_new_tokens is None else max_new_tokens,
         chat=chat,
         template_options=dict(template_options or {}),
+        warm_start_share=0.5,
+        # held-out rows count too: a held-out file's prompts may be longer than the training rows'
+        row_lengths=(None if max_prompt_tokens is not None else max(len(p.text) for p in [*train, *heldout]) + 1,
+                     None if max_new_tokens is not None else completion_tokens([*train, *heldout], chosen)),
     )
+
+
+def completion_tokens(prompts: list[RowPrompt], reward: str | None) -> int | None:
+    """Completion tokens the rows need under the character tokenizer: the longest completion the warm start
+    imitates, its EOS, and a quarter more (at least 2) for the policy's own variations; None without references."""
+    references = [p.fields.get("answer") for p in prompts]
+    if any(r is None for r in references):
+        return None
+    return _with_slack(max(len(_teacher_text(reward, r)) for r in references))
+
+
+def _with_slack(characters: int) -> int:
+    """Tokens for a completion of `characters` characters: its EOS, and a quarter more (at least 2)."""
+    return characters + 1 + max(2, characters // 4)
 

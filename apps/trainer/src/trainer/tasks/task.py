@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from rewards import RewardSpec
-from rl_core import Prompt
+from rl_core import ConfigError, Prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,24 @@ class Task:
     judge_examples: Callable[[np.random.Generator, int], list[tuple[str, str, str, bool]]] | None = None
     """`(rng, count)` -> (prompt, completion, reference, correct) examples a judge is warm-started on
     (judge.train_steps); None: the task brings none."""
+    warm_start_share: float = 1.0
+    """Share of `train` the warm start imitates by default (warm_start.share), the rest kept for RL: below 1 for
+    rows few enough to memorise, whose memorised answers leave RL every group uniform."""
+    warm_start_rows: tuple[Prompt, ...] = ()
+    """The rows the warm start imitates, kept apart from `train` (`split_for_warm_start`); empty: `train`'s."""
+    row_lengths: tuple[int | None, int | None] = (None, None)
+    """(prompt, completion) tokens the rows need under the character tokenizer, whose tokens are their
+    characters (BOS, EOS and slack included), for the lengths the task's options leave unset: the run's
+    rollout lengths when it has no model folder (`sized_lengths`); None: fixed by the task."""
+
+
+def sized_lengths(task: Task, model_path: str | None) -> dict[str, int]:
+    """The rollout lengths (`max_prompt_tokens`, `max_new_tokens`) a run takes from its rows: those of
+    `task.row_lengths` that are set, when the run has no model folder (a folder's tokenizer counts otherwise)."""
+    if model_path:
+        return {}
+    names = ("max_prompt_tokens", "max_new_tokens")
+    return {name: n for name, n in zip(names, task.row_lengths, strict=True) if n is not None}
 
 
 def split_heldout(problems: list, heldout_size: int, seed: int) -> tuple[list, list]:
@@ -71,3 +89,15 @@ def heldout_file(heldout_data: str, data: str, read: Callable[[str], list]) -> l
     if not rows:
         raise ValueError(f"heldout_data = {heldout_data!r}: holds no rows")
     return rows
+
+
+def split_for_warm_start(task: Task, share: float) -> Task:
+    """`task` with the first `share` of its training rows (at least one, and one left) set apart for the warm
+    start (`warm_start_rows`) and the rest as `train`, RL's prompts; `task` itself for share 1."""
+    if share >= 1 or task.warm_start_rows:
+        return task
+    count = min(len(task.train) - 1, max(1, round(share * len(task.train))))
+    if count < 1:
+        raise ConfigError(f"warm_start.share = {share}: task {task.name!r} has {len(task.train)} training row, too few "
+                         "to set some apart for the warm start; set warm_start.share=1")
+    return dataclasses.replace(task, warm_start_rows=task.train[:count], train=task.train[count:])
