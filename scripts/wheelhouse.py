@@ -18,8 +18,8 @@ the host first: a package left to the host (`--host-has`) must be importable the
 version, or it refuses in one line naming the package and both versions (a JAX that differs from
 the lock is not silently mixed with wheels built against it). `--from-index URL` names a wheel
 index the host has (a `file://` one) for packages left out with `--index-has` (large wheels the
-host's own index holds, to keep the wheelhouse small). Standard library only: it runs where
-nothing else is installed.
+host's own index holds, to keep the wheelhouse small). Standard library and pip only: run it with a
+Python that has pip (a uv venv has none: `python3 scripts/wheelhouse.py ...`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def applies(marker: str, environment: dict[str, str]) -> bool:
     """Whether a requirement line's marker holds on the target (pip's own marker parser)."""
     if not marker.strip():
         return True
-    from pip._vendor.packaging.markers import Marker  # noqa: PLC0415 (pip is what installs the wheels)
+    try:
+        from packaging.markers import Marker  # noqa: PLC0415
+    except ImportError:  # a bare Python: pip's own copy (pip is what fetches and installs the wheels)
+        from pip._vendor.packaging.markers import Marker  # noqa: PLC0415
 
     return Marker(marker).evaluate(environment)
 
