@@ -452,3 +452,19 @@ def test_plan_counts_the_static_samplers_windowed_layers_at_their_window():
     grown = long.compiled["rollout_temporaries"] - short.compiled["rollout_temporaries"]
     assert 0 < grown < 2 * 6 * 192 * slot
 
+
+
+def test_plan_for_tpu_counts_the_lane_packed_pool():
+    """On a TPU the paged pool keeps a token's kv heads in 128-lane groups (rl_core.rollout.attention):
+    the tiny preset's 2 kv heads of 16 share one group of 128 lanes, 2 layers x (k, v) x 128 x 4
+    bytes = 2048 bytes a token where the CPU's pool holds 512."""
+    from trainer.plan import plan
+    from trainer.settings import build_settings
+
+    settings = build_settings(algo="grpo", overrides=[
+        "model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=paged",
+        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.page_size_tokens=16",
+    ])
+    pool_pages = (1 + 8 * 5 + 8 * 2) * 16  # as the GPU plan above counts them
+    assert plan(settings, memory_budget("tpu"), mean_new_tokens=10).analytic["engine_kv_pool"] == pool_pages * 2048
+    assert plan(settings, memory_budget("gpu"), mean_new_tokens=10).analytic["engine_kv_pool"] == pool_pages * 512

@@ -17,14 +17,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any = None) -> tuple[dict[str, Any], int]:
+def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any = None,
+                    platform: str | None = None) -> tuple[dict[str, Any], int]:
     """(the KV fields of a MemoryQuery, the recurrent state's bytes in its `dense_cache_bytes`) for
     `model` (an abstract module of `config`) generating `rows` rows of `seq` tokens, bytes per
-    device of `mesh` (None: one device)."""
+    device of `mesh` (None: one device). On `platform` "tpu" a token's keys and values take the
+    paged pool's lane-packed layout (rl_core.rollout.attention.lane_layout: heads of 80 pad to 128
+    lanes, an odd count of heads of 64 a zero head)."""
     import jax
     import jax.numpy as jnp
     from rl_core.policy import decode_cache
     from rl_core.rollout import per_device
+    from rl_core.rollout.attention import lane_layout
     from rl_core.runtime import mesh as mesh_lib
     from rl_models.paged_window import ring_spec
     from rl_models.transformer import FULL_WINDOW, layer_windows
@@ -49,9 +53,13 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     cache = per_device(jax.tree.map(placed, shapes, axes["cache"]))
     recurrent = model.recurrent_state_bytes(-(-rows // ways)) if config.hybrid else 0
     rings = ring_spec(model)
+    head_lanes = config.num_kv_heads * config.head_dim  # lanes a token's keys (or values) take in a layer
+    if platform == "tpu":
+        pack, lanes = lane_layout(config.num_kv_heads, config.head_dim)
+        head_lanes = -(-config.num_kv_heads // pack) * lanes
     return dict(
         num_kv_heads=config.num_kv_heads, compute_bytes=cbytes,
-        kv_token_bytes=2 * kv_layers * config.num_kv_heads * config.head_dim * cbytes,
+        kv_token_bytes=2 * kv_layers * head_lanes * cbytes,
         dense_cache_bytes=cache,
         state_bytes=model.recurrent_state_bytes if config.hybrid else None,
         window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None,

@@ -198,7 +198,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     )
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     seq = p_len + t_len
-    kv, recurrent_b = kv_query_fields(config, whole_model, rows=batch, seq=seq, mesh=mesh)  # trainer.plan.kv
+    kv, recurrent_b = kv_query_fields(config, whole_model, rows=batch, seq=seq, mesh=mesh,
+                                      platform=budget.platform)  # trainer.plan.kv
     # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
     mean = t_len if mean_new_tokens is None else mean_new_tokens
     held = registry.get_engine(engine_name).memory(MemoryQuery(
