@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -232,34 +233,69 @@ def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
 SERVE_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                      "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
                      "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+# as a script's `trainer serve ... &` starts: the shell has the background job ignore SIGINT
+SERVE_IN_BACKGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                       "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM}); "
+                       "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+class ServeProcess:
+    """`trainer serve` on a free port in a child process started by `preamble`; `stop(signal)` -> exit code."""
+
+    def __init__(self, folder, preamble):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", preamble, "serve", "--model", str(folder), "--port", "0", "--max-new-tokens", "6",
+             "--max-prompt-tokens", "400", "--slots", "2"], stderr=subprocess.PIPE, text=True)
+        self.first = self.process.stderr.readline()
+        self.rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
+        self.reader = threading.Thread(target=lambda: self.rest.extend(self.process.stderr), daemon=True)
+        self.reader.start()
+        found = re.search(r"at (http://\S+/v1)", self.first)
+        self.url = found.group(1) if found else None
+
+    def stop(self, sig):
+        self.process.send_signal(sig)
+        try:  # a hang guard, generous for a loaded machine; a hung server is killed, not left to later tests
+            return self.process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        finally:
+            self.reader.join(timeout=10)
+            self.process.stderr.close()
 
 
 @pytest.mark.e2e
 def test_the_serve_command_serves_until_interrupted(folder):
     """`trainer serve --port 0` prints its URL, answers the client, and Ctrl-C stops it (exit 130)."""
-    process = subprocess.Popen([sys.executable, "-c", SERVE_WITH_CTRL_C, "serve", "--model", str(folder), "--port", "0",
-                                "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
-                               stderr=subprocess.PIPE, text=True)
-    rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
-    reader = threading.Thread(target=lambda: rest.extend(process.stderr), daemon=True)
+    server = ServeProcess(folder, SERVE_WITH_CTRL_C)
     try:
-        line = process.stderr.readline()
-        reader.start()
-        url = re.search(r"at (http://\S+/v1)", line).group(1)
-        with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
+        assert server.first.endswith("; Ctrl-C or SIGTERM (kill PID) stops it\n"), server.first
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
             assert [m.id for m in client.models.list()] == [folder.name]
             assert len(chat(client, model=folder.name, max_tokens=6, extra_body={"return_token_ids": True})
                        .choices[0].token_ids) <= 6
     finally:
-        process.send_signal(signal.SIGINT)
-        try:  # a hang guard, generous for a loaded machine; a hung server is killed, not left to later tests
-            code = process.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise
-        finally:
-            if reader.is_alive():
-                reader.join(timeout=10)
-            process.stderr.close()
-        assert code == 130, "".join(rest)
+        code = server.stop(signal.SIGINT)
+    assert code == 130 and server.rest == ["trainer serve: stopped (SIGINT)\n"], "".join(server.rest)
+
+
+@pytest.mark.e2e
+def test_a_background_server_ignores_sigint_and_stops_on_sigterm(folder):
+    """Started as a script's `trainer serve ... &` (SIGINT ignored), after streamed requests: SIGINT leaves
+    it serving, SIGTERM stops it with one line and exit status 0 (and no C++ abort at exit)."""
+    server = ServeProcess(folder, SERVE_IN_BACKGROUND)
+    try:
+        assert server.first.endswith("; SIGTERM (kill PID; SIGINT is ignored) stops it\n"), server.first
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
+            for _ in range(2):
+                chunks = list(chat(client, model=folder.name, max_tokens=6, stream=True))
+                assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+                assert list(client.completions.create(model=folder.name, prompt="hi", max_tokens=6, stream=True))
+            server.process.send_signal(signal.SIGINT)
+            time.sleep(1)  # room for the signal to arrive: a server that took it would be gone by now
+            assert [m.id for m in client.models.list()] == [folder.name] and server.process.poll() is None
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
