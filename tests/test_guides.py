@@ -20,6 +20,7 @@ As in a shell, a command ending in `&` runs in the background: the next command 
 has printed a URL (a server listening) or ended; `kill %N` sends the N-th one SIGTERM and passes
 when it then exits with 0 or by that signal; `wait` waits for them all; one still running at the
 guide's end fails it. A pipe's reader (`| head`) is left out: the test reads the whole output.
+`cat > FILE <<'EOF'` writes the lines up to `EOF` to FILE.
 
 Commands are run in order, per guide, in a clean copy of the repository (its tracked files, so
 every file a guide uses is made by an earlier command of that guide or shipped), with this
@@ -60,6 +61,8 @@ JOB_CONTROL = ("wait",)
 """Whole lines that are commands too (`wait` for the background jobs)."""
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
 ADDS = re.compile(r"<!--\s*tests/test_guides\.py adds:\s*(.+?)\s*-->")
+HEREDOC = re.compile(r"^cat > (\S+) <<\s*'?(\w+)'?$")
+"""`cat > FILE <<'EOF'` ... `EOF`: a file the guide writes."""
 SHORT_TRAIN = ("training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
                "eval.every_steps=0", "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
 SHORT_WARM_START = "warm_start.steps=2"
@@ -107,10 +110,20 @@ def blocks(guide: Path) -> list[Block]:
         i += 1
         if tag not in SHELL_TAGS:
             continue
-        commands, shown, pending, output = [], [], "", False
+        commands, shown, pending, output, heredoc = [], [], "", False, None
         console = any(line.strip().startswith("$ ") for line in body)  # `$ command` lines, the rest output
         for raw in body:
             text = raw.strip()
+            if heredoc is not None:  # the file's lines as written, up to the delimiter
+                if text == heredoc:
+                    commands.append(pending + "\n")
+                    pending, heredoc = "", None
+                else:
+                    pending += "\n" + raw
+                continue
+            if not console and not pending and (start_file := HEREDOC.match(text)):
+                pending, heredoc = text, start_file.group(2)
+                continue
             if console and not pending:
                 if not text.startswith("$ "):
                     continue
@@ -307,6 +320,15 @@ class Jobs:
         return code in (0, also), f"exit status {code}: {''.join(lines)[-1500:]}"
 
 
+def write_file(command: str, copy: Path) -> tuple[bool, str]:
+    """A `cat > FILE <<'EOF'` command: FILE written in the copy."""
+    first, _, text = command.partition("\n")
+    target = copy / HEREDOC.match(first).group(1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return True, ""
+
+
 def run_command(words: list[str], copy: Path, env: dict[str, str], jobs: Jobs) -> tuple[bool, str]:
     """(passed, why not): one command as a shell would run it (the module's docstring)."""
     if words[-1:] == ["&"]:
@@ -342,6 +364,12 @@ def test_a_guides_commands_run_as_written(guide, tmp_path, tally, request):
                                  f"{command[:80]} (test_a_plan_a_guide_shows_is_the_plan_printed)")
                     if not PLANS_CHECKED[block.where]:
                         failures.append(f"{block.where}: the plan it shows is not the plan printed")
+                    continue
+                if HEREDOC.match(command.partition("\n")[0]):
+                    tally["run"] += 1
+                    tally["passed"] += 1
+                    lines.append(f"passed   {block.where}: {command.partition(chr(10))[0]} (a file written)")
+                    write_file(command, copy)
                     continue
                 words = argv(command)
                 background = words[-1:] == ["&"]
@@ -438,3 +466,22 @@ def test_the_setting_check_tells_a_setting_from_a_typo():
     assert named_settings(ROOT / "docs" / "scaling.md") >= {"training.share_prompts", "training.mesh.fsdp"}
     mixture = named_settings(ROOT / "docs" / "mixture-of-experts.md")
     assert "model.layers" not in mixture and not any(n.startswith("model.layers.") for n in mixture)
+
+
+def test_the_block_reader_knows_jobs_files_pipes_and_shortenings(tmp_path):
+    guide = tmp_path / "guide.md"
+    guide.write_text("\n".join([
+        "<!-- tests/test_guides.py adds: --rounds 1 -->", "```bash",
+        "uv run python tests/support/reward_server.py --port 8765 &   # a server",
+        "cat > ones.yaml <<'EOF'", "rewards:", "  ones: {function: remote_score}", "EOF",
+        "uv run trainer samples runs/g --json | head   # the first lines", "kill %1", "wait", "```",
+    ]))  # fmt: skip
+    (block,) = blocks(guide)
+    assert block.adds == ("--rounds", "1") and block.skip is None
+    server, write, samples, kill, wait = block.commands
+    assert argv(server)[1:] == ["tests/support/reward_server.py", "--port", "8765", "&"]
+    assert write == "cat > ones.yaml <<'EOF'\nrewards:\n  ones: {function: remote_score}\n"  # indentation kept
+    assert argv(samples)[1:] == ["samples", "runs/g", "--json"]  # the pipe's reader left out
+    assert (argv(kill), argv(wait)) == (["kill", "%1"], ["wait"])
+    write_file(write, tmp_path)
+    assert (tmp_path / "ones.yaml").read_text() == "rewards:\n  ones: {function: remote_score}\n"
