@@ -299,3 +299,27 @@ def test_a_background_server_ignores_sigint_and_stops_on_sigterm(folder):
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
+
+
+def test_stop_signals_keep_an_ignored_sigint_and_take_sigterm():
+    from trainer.cli.serve import _StopSignals
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = threading.Thread(target=threading.Event().wait, daemon=True)  # a server thread that never ends
+    server.start()
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+        with _StopSignals() as stop:
+            assert stop.signals == (signal.SIGTERM,) and stop.how == "SIGTERM (kill PID; SIGINT is ignored)"
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.wait(server) == signal.SIGTERM
+        # stopped by a signal: another one while the process exits is ignored, not fatal
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with _StopSignals() as stop:
+            assert stop.signals == (signal.SIGTERM, signal.SIGINT) and stop.how == "Ctrl-C or SIGTERM (kill PID)"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # no signal: the handlers given back
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from trainer.cli.common import location
@@ -128,8 +129,8 @@ def _stop_within(seconds: float, signals: _StopSignals, *steps: Any) -> None:
         done.set()
 
     threading.Thread(target=run, name="serve-shutdown", daemon=True).start()
+    deadline = time.monotonic() + seconds
     while not done.wait(0.5):  # short waits, so that a second signal's handler runs
-        seconds -= 0.5
-        if seconds <= 0:
-            print(f"trainer serve: did not stop within {SHUTDOWN_S:.0f} s; exiting", file=sys.stderr, flush=True)
+        if time.monotonic() > deadline:
+            print(f"trainer serve: did not stop within {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
             os._exit(signals.code())
