@@ -242,10 +242,10 @@ SERVE_IN_BACKGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.
 class ServeProcess:
     """`trainer serve` on a free port in a child process started by `preamble`; `stop(signal)` -> exit code."""
 
-    def __init__(self, folder, preamble):
+    def __init__(self, folder, preamble, max_new_tokens=6):
         self.process = subprocess.Popen(
-            [sys.executable, "-c", preamble, "serve", "--model", str(folder), "--port", "0", "--max-new-tokens", "6",
-             "--max-prompt-tokens", "400", "--slots", "2"], stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-c", preamble, "serve", "--model", str(folder), "--port", "0", "--max-new-tokens",
+             str(max_new_tokens), "--max-prompt-tokens", "400", "--slots", "2"], stderr=subprocess.PIPE, text=True)
         self.first = self.process.stderr.readline()
         self.rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
         self.reader = threading.Thread(target=lambda: self.rest.extend(self.process.stderr), daemon=True)
@@ -254,7 +254,9 @@ class ServeProcess:
         self.url = found.group(1) if found else None
 
     def stop(self, sig):
-        self.process.send_signal(sig)
+        """Send `sig` (None: it was sent) and wait for the exit status."""
+        if sig is not None:
+            self.process.send_signal(sig)
         try:  # a hang guard, generous for a loaded machine; a hung server is killed, not left to later tests
             return self.process.wait(timeout=180)
         except subprocess.TimeoutExpired:
@@ -299,6 +301,31 @@ def test_a_background_server_ignores_sigint_and_stops_on_sigterm(folder):
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
+
+
+@pytest.mark.e2e
+def test_a_stream_open_at_sigterm_ends_with_an_error_event(folder):
+    """The open request fails at the engine's next device call and its stream ends with an error event;
+    the server then stops with its one line (no traceback of a cancelled request)."""
+    server = ServeProcess(folder, SERVE_IN_BACKGROUND, max_new_tokens=1500)
+    chunks, ended, sent = [], [], []
+    try:
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
+            stream = client.completions.create(model=folder.name, prompt="hi", max_tokens=1500, stream=True,
+                                               temperature=0)
+            try:
+                for chunk in stream:
+                    chunks.append(chunk)
+                    if len(chunks) == 1:
+                        server.process.send_signal(signal.SIGTERM)
+                        sent.append(signal.SIGTERM)
+            except openai.APIError as e:  # the error event
+                ended.append(str(e))
+    finally:
+        code = server.stop(None if sent else signal.SIGTERM)
+    assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
+    # cut off: the error event, unless the machine decoded all 1500 tokens before the signal landed
+    assert ended == ["the engine loop closed before this request finished"] or chunks[-1].choices[0].finish_reason
 
 
 def test_stop_signals_keep_an_ignored_sigint_and_take_sigterm():

@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             received = stop.wait(running.thread)
         finally:  # also on an error: the engine's thread is joined before the interpreter exits
-            _stop_within(SHUTDOWN_S, stop, running.stop, served.loop.close)
+            # open requests fail first, so their streams end with an error event and the HTTP server
+            # then finds none running (it would cancel them, logging a traceback each)
+            _stop_within(SHUTDOWN_S, stop, lambda: served.loop.close(abandon=True), running.stop)
     print(f"trainer serve: stopped ({received.name if received else 'the HTTP server ended'})", file=sys.stderr,
           flush=True)
     return 128 + signal.SIGINT if received == signal.SIGINT else 0
