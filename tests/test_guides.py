@@ -11,6 +11,17 @@ A block is not run when the guide says why in an HTML comment on the line before
 
     <!-- not run by tests/test_guides.py: needs an NVIDIA GPU -->
 
+and a block the test runs shorter than written says how, the same way; the words are appended to
+each of its commands (after the rule below, so they win):
+
+    <!-- tests/test_guides.py adds: --rounds 1 -->
+
+As in a shell, a command ending in `&` runs in the background: the next command starts once it
+has printed a URL (a server listening) or ended; `kill %N` sends the N-th one SIGTERM and passes
+when it then exits with 0 or by that signal; `wait` waits for them all; one still running at the
+guide's end fails it. A pipe's reader (`| head`) is left out: the test reads the whole output.
+`cat > FILE <<'EOF'` writes the lines up to `EOF` to FILE.
+
 Commands are run in order, per guide, in a clean copy of the repository (its tracked files, so
 every file a guide uses is made by an earlier command of that guide or shipped), with this
 environment's `trainer` and `python` for `uv run` (a guide's own venv would install for
@@ -34,8 +45,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,8 +56,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = {"", "bash", "sh", "shell", "console"}
-COMMAND_STARTS = ("uv ", "hf ", "python ", "python3 ", "trainer ", "pip ", "git ")
+COMMAND_STARTS = ("uv ", "hf ", "python ", "python3 ", "trainer ", "pip ", "git ", "kill %")
+JOB_CONTROL = ("wait",)
+"""Whole lines that are commands too (`wait` for the background jobs)."""
 SKIP = re.compile(r"<!--\s*not run by tests/test_guides\.py:\s*(.+?)\s*-->")
+ADDS = re.compile(r"<!--\s*tests/test_guides\.py adds:\s*(.+?)\s*-->")
+HEREDOC = re.compile(r"^cat > (\S+) <<\s*'?(\w+)'?$")
+"""`cat > FILE <<'EOF'` ... `EOF`: a file the guide writes."""
 SHORT_TRAIN = ("training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
                "eval.every_steps=0", "eval.heldout_size=4", "eval.samples_per_prompt=1", "eval.pass_k=1")
 SHORT_WARM_START = "warm_start.steps=2"
@@ -62,6 +80,8 @@ class Block:
     commands: list[str]
     shown: list[str]
     skip: str | None
+    adds: tuple[str, ...] = ()
+    """Words the test appends to each command (the guide's `tests/test_guides.py adds:` comment)."""
 
     @property
     def where(self) -> str:
@@ -90,10 +110,20 @@ def blocks(guide: Path) -> list[Block]:
         i += 1
         if tag not in SHELL_TAGS:
             continue
-        commands, shown, pending, output = [], [], "", False
+        commands, shown, pending, output, heredoc = [], [], "", False, None
         console = any(line.strip().startswith("$ ") for line in body)  # `$ command` lines, the rest output
         for raw in body:
             text = raw.strip()
+            if heredoc is not None:  # the file's lines as written, up to the delimiter
+                if text == heredoc:
+                    commands.append(pending + "\n")
+                    pending, heredoc = "", None
+                else:
+                    pending += "\n" + raw
+                continue
+            if not console and not pending and (start_file := HEREDOC.match(text)):
+                pending, heredoc = text, start_file.group(2)
+                continue
             if console and not pending:
                 if not text.startswith("$ "):
                     continue
@@ -107,7 +137,7 @@ def blocks(guide: Path) -> list[Block]:
                 continue
             elif pending:
                 pending += " " + text
-            elif text.startswith(COMMAND_STARTS):
+            elif text.startswith(COMMAND_STARTS) or text.split("#")[0].strip() in JOB_CONTROL:
                 pending = text
             else:
                 continue
@@ -119,14 +149,18 @@ def blocks(guide: Path) -> list[Block]:
         if not commands:
             continue
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
-        skip = SKIP.search(before)
-        out.append(Block(guide, start + 1, commands, [s for s in shown if s], skip.group(1) if skip else None))
+        skip, adds = SKIP.search(before), ADDS.search(before)
+        out.append(Block(guide, start + 1, commands, [s for s in shown if s], skip.group(1) if skip else None,
+                         tuple(shlex.split(adds.group(1))) if adds else ()))
     return out
 
 
 def argv(command: str) -> list[str]:
-    """The command's words without its comment, `uv run` replaced by this environment's program."""
+    """The command's words without its comment and a pipe's reader, `uv run` replaced by this
+    environment's program."""
     words = shlex.split(command, comments=True)
+    if "|" in words:
+        words = words[: words.index("|")]
     if words[:2] == ["uv", "run"]:
         words = words[2:]
     if words and words[0] in ("python", "python3"):
@@ -227,39 +261,131 @@ def environment(copy: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
+class Jobs:
+    """A guide's background commands (`... &`), in the order they started: `kill %N`, `wait`, its end."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[subprocess.Popen, list[str]]] = []
+
+    def start(self, words: list[str], cwd: Path, env: dict[str, str]) -> tuple[bool, str]:
+        """Start it; True once it printed a URL (a server listening) or ended with 0."""
+        process = subprocess.Popen(words, cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"},  # its URL line at once
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            with process.stdout:
+                for line in process.stdout:
+                    lines.append(line)
+                    if "http://" in line:
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        self.started.append((process, lines))
+        if not ready.wait(COMMAND_SECONDS):
+            return False, f"printed no URL within {COMMAND_SECONDS} s"
+        if any("http://" in line for line in lines):
+            return True, ""
+        return process.wait(timeout=COMMAND_SECONDS) == 0, "".join(lines)[-1500:]
+
+    def kill(self, number: int) -> tuple[bool, str]:
+        """`kill %number`: SIGTERM; passes when it then exits with 0 or by the signal, as `kill` does."""
+        if not 1 <= number <= len(self.started):
+            return False, f"no background job %{number} ({len(self.started)} started)"
+        process, lines = self.started[number - 1]
+        process.send_signal(signal.SIGTERM)
+        return self._ended(process, lines, -signal.SIGTERM)
+
+    def wait(self) -> tuple[bool, str]:
+        results = [self._ended(process, lines) for process, lines in self.started]
+        return all(ok for ok, _ in results), "\n".join(why for ok, why in results if not ok)
+
+    def left_running(self) -> list[str]:
+        """The commands still running at the guide's end (killed now)."""
+        running = [" ".join(process.args) for process, _ in self.started if process.poll() is None]
+        for process, _ in self.started:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        return running
+
+    @staticmethod
+    def _ended(process: subprocess.Popen, lines: list[str], also: int = 0) -> tuple[bool, str]:
+        try:
+            code = process.wait(timeout=COMMAND_SECONDS)
+        except subprocess.TimeoutExpired:
+            return False, f"still running {COMMAND_SECONDS} s later"
+        return code in (0, also), f"exit status {code}: {''.join(lines)[-1500:]}"
+
+
+def write_file(command: str, copy: Path) -> tuple[bool, str]:
+    """A `cat > FILE <<'EOF'` command: FILE written in the copy."""
+    first, _, text = command.partition("\n")
+    target = copy / HEREDOC.match(first).group(1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return True, ""
+
+
+def run_command(words: list[str], copy: Path, env: dict[str, str], jobs: Jobs) -> tuple[bool, str]:
+    """(passed, why not): one command as a shell would run it (the module's docstring)."""
+    if words[-1:] == ["&"]:
+        return jobs.start(words[:-1], copy, env)
+    if words[:1] == ["kill"] and len(words) == 2 and words[1].startswith("%") and words[1][1:].isdigit():
+        return jobs.kill(int(words[1][1:]))
+    if words == ["wait"]:
+        return jobs.wait()
+    try:
+        out = subprocess.run(words, cwd=copy, env=env, capture_output=True, text=True, timeout=COMMAND_SECONDS)
+    except subprocess.TimeoutExpired:
+        return False, f"still running after {COMMAND_SECONDS} s"
+    return out.returncode == 0, (out.stderr or out.stdout)[-1500:]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("guide", guides(), ids=lambda g: g.relative_to(ROOT).as_posix())
 def test_a_guides_commands_run_as_written(guide, tmp_path, tally, request):
     copy = clean_copy(tmp_path / "repo")
     env = environment(copy)
-    lines, failures = [], []
-    for block in blocks(guide):
-        for command in block.commands:
-            if block.skip:
-                tally["not run"] += 1
-                lines.append(f"not run  {block.where}: {command[:80]}  ({block.skip})")
-                continue
-            if block.where in PLANS_CHECKED:  # run above, its shown lines compared
+    lines, failures, jobs = [], [], Jobs()
+    try:
+        for block in blocks(guide):
+            for command in block.commands:
+                if block.skip:
+                    tally["not run"] += 1
+                    lines.append(f"not run  {block.where}: {command[:80]}  ({block.skip})")
+                    continue
+                if block.where in PLANS_CHECKED:  # run above, its shown lines compared
+                    tally["run"] += 1
+                    tally["passed"] += PLANS_CHECKED[block.where]
+                    lines.append(f"{'passed' if PLANS_CHECKED[block.where] else 'FAILED'}   {block.where}: "
+                                 f"{command[:80]} (test_a_plan_a_guide_shows_is_the_plan_printed)")
+                    if not PLANS_CHECKED[block.where]:
+                        failures.append(f"{block.where}: the plan it shows is not the plan printed")
+                    continue
+                if HEREDOC.match(command.partition("\n")[0]):
+                    tally["run"] += 1
+                    tally["passed"] += 1
+                    lines.append(f"passed   {block.where}: {command.partition(chr(10))[0]} (a file written)")
+                    write_file(command, copy)
+                    continue
+                words = argv(command)
+                background = words[-1:] == ["&"]
+                words = shortened(words[:-1] if background else words)
+                if block.adds and Path(words[0]).name in ("trainer", Path(sys.executable).name):
+                    words += block.adds
+                start = time.perf_counter()
+                ok, why = run_command(words + ["&"] * background, copy, env, jobs)
                 tally["run"] += 1
-                tally["passed"] += PLANS_CHECKED[block.where]
-                lines.append(f"{'passed' if PLANS_CHECKED[block.where] else 'FAILED'}   {block.where}: {command[:80]} "
-                             "(test_a_plan_a_guide_shows_is_the_plan_printed)")
-                if not PLANS_CHECKED[block.where]:
-                    failures.append(f"{block.where}: the plan it shows is not the plan printed")
-                continue
-            words = shortened(argv(command))
-            start = time.perf_counter()
-            try:
-                out = subprocess.run(words, cwd=copy, env=env, capture_output=True, text=True, timeout=COMMAND_SECONDS)
-                ok, why = out.returncode == 0, (out.stderr or out.stdout)[-1500:]
-            except subprocess.TimeoutExpired:
-                ok, why = False, f"still running after {COMMAND_SECONDS} s"
-            tally["run"] += 1
-            tally["passed"] += ok
-            lines.append(f"{'passed' if ok else 'FAILED'}   {block.where}: {command[:80]} "
-                         f"({time.perf_counter() - start:.0f} s)")
-            if not ok:
-                failures.append(f"{block.where}: {shlex.join(words)}\n{why}")
+                tally["passed"] += ok
+                lines.append(f"{'passed' if ok else 'FAILED'}   {block.where}: {command[:80]} "
+                             f"({time.perf_counter() - start:.0f} s)")
+                if not ok:
+                    failures.append(f"{block.where}: {shlex.join(words)}\n{why}")
+    finally:
+        failures += [f"{guide.name}: still running at the guide's end: {c}" for c in jobs.left_running()]
     shown(request, "", *lines)
     assert not failures, "\n\n".join(failures)
 
@@ -340,3 +466,22 @@ def test_the_setting_check_tells_a_setting_from_a_typo():
     assert named_settings(ROOT / "docs" / "scaling.md") >= {"training.share_prompts", "training.mesh.fsdp"}
     mixture = named_settings(ROOT / "docs" / "mixture-of-experts.md")
     assert "model.layers" not in mixture and not any(n.startswith("model.layers.") for n in mixture)
+
+
+def test_the_block_reader_knows_jobs_files_pipes_and_shortenings(tmp_path):
+    guide = tmp_path / "guide.md"
+    guide.write_text("\n".join([
+        "<!-- tests/test_guides.py adds: --rounds 1 -->", "```bash",
+        "uv run python tests/support/reward_server.py --port 8765 &   # a server",
+        "cat > ones.yaml <<'EOF'", "rewards:", "  ones: {function: remote_score}", "EOF",
+        "uv run trainer samples runs/g --json | head   # the first lines", "kill %1", "wait", "```",
+    ]))  # fmt: skip
+    (block,) = blocks(guide)
+    assert block.adds == ("--rounds", "1") and block.skip is None
+    server, write, samples, kill, wait = block.commands
+    assert argv(server)[1:] == ["tests/support/reward_server.py", "--port", "8765", "&"]
+    assert write == "cat > ones.yaml <<'EOF'\nrewards:\n  ones: {function: remote_score}\n"  # indentation kept
+    assert argv(samples)[1:] == ["samples", "runs/g", "--json"]  # the pipe's reader left out
+    assert (argv(kill), argv(wait)) == (["kill", "%1"], ["wait"])
+    write_file(write, tmp_path)
+    assert (tmp_path / "ones.yaml").read_text() == "rewards:\n  ones: {function: remote_score}\n"

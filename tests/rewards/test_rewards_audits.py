@@ -187,6 +187,24 @@ def test_probe_of_a_weighted_spec_reports_unweighted_scores():
     assert result.flagged == {"one": list(ADVERSARIAL_KINDS)}
 
 
+def test_probe_adds_the_fields_that_depend_on_the_completion():
+    def pays_its_label(prompts, completions, *, label, **_):
+        return [float(x == "empty") for x in label]
+
+    asked = []
+
+    def labels(owner, completions):  # e.g. a multi-turn run's `episode` record of each row
+        asked.append((list(owner), list(completions)))
+        return {"label": ["empty" if c == "" else "other" for c in completions]}
+
+    manager = RewardManager([pays_its_label])
+    result = probe_rewards(_scorer(manager), manager.names, ["a", "b"], {}, max_new_tokens=2,
+                           completion_fields=labels)
+    assert asked == [([0, 0, 0, 1, 1, 1], ["", "a", "the the ", "", "b", "the the "])]  # once, every row
+    assert result.mean["pays_its_label"] == {"empty": 1.0, "echo": 0.0, "repeat": 0.0}
+    assert result.flagged == {"pays_its_label": ["empty"]} and result.failed == {}
+
+
 def test_a_restored_auditor_goes_on_as_if_it_had_not_stopped():
     step = dict(total=[0.0] * 4, per_function={"right": [0.0] * 4}, weights={"right": 1.0}, lengths=[3] * 4,
                 finished=[True] * 4, group_size=2)

@@ -26,7 +26,7 @@ from rl_core.episodes import (
 )
 from rl_core.registry import RegistryError
 from rl_core.episodes.runner import turn_reward_tokens
-from rl_core.episodes.scripted import scripted_episode
+from rl_core.episodes.scripted import first_turn_episodes, scripted_episode
 from rl_core.episodes.tools import (
     JsonToolCalls,
     TagCalls,
@@ -88,6 +88,33 @@ def test_scripted_episode_mask_covers_exactly_the_model_tokens():
     # the warm start's sequence of the same turns is the same one
     text, tokens, mask = scripted_episode(TOK, calc_env(), PROMPT, ["<calc>12*3</calc>", "36"])
     assert text == PROMPT.text and tokens == want and mask == want_mask
+
+
+class PaysSilence:
+    """Ends every episode at its first turn: 1.0 for an empty turn, -0.5 for any other."""
+
+    stop_strings = ()
+    state = None
+
+    def reset(self, prompt):
+        return ""
+
+    def step(self, text):
+        return StepResult("", 1.0 if text == "" else -0.5, True)
+
+
+def test_first_turn_episodes_are_the_records_of_given_turns():
+    empty, right, long = first_turn_episodes(TOK, [PROMPT] * 3, ["", "36", "x" * 100], PaysSilence, limits=LIMITS)
+    assert [r.rewards for r in (empty, right, long)] == [(1.0,), (-0.5,), (-0.5,)]
+    assert empty.turns == ((MODEL, ""),) and empty.turn_ends == (0,) and empty.model_tokens == 1  # the EOS alone
+    assert right.turns == ((MODEL, "36"),) and right.turn_ends == (2,) and right.done
+    assert long.turns == ((MODEL, "x" * 24),) and long.model_tokens == 24  # cut at max_turn_tokens, as a rollout
+    # a tool call is cut at its stop string and answered, and the episode ends there: one turn only
+    (called,) = first_turn_episodes(TOK, [PROMPT], ["<calc>12*3</calc>[36]36"], calc_env, limits=LIMITS)
+    assert called.turns == ((MODEL, "<calc>12*3</calc>"),) and called.rewards == (0.0,)
+    assert not called.done and called.count("tool_calls") == 1
+    with pytest.raises(ValueError, match="first_turn_episodes: 2 prompts but 1 turns"):
+        first_turn_episodes(TOK, [PROMPT] * 2, ["36"], PaysSilence, limits=LIMITS)
 
 
 def test_stop_string_cuts_the_turn_and_keeps_a_following_eos():

@@ -146,3 +146,28 @@ def engine_calls_of_one_rollout(engine) -> int:
     finally:
         del engine.call
     return calls[0]
+
+
+def test_an_abandoning_close_fails_the_running_jobs_at_the_next_device_call(engine):
+    """close(abandon=True), as a stopping server calls it, ends a rollout after the call under way; a plain
+    close lets it finish (its 10 tokens)."""
+    for abandon in (True, False):
+        loop = EngineLoop(engine, load_hf_tokenizer(HF).decode, key=jax.random.key(5))
+        calls: list[int] = []
+
+        def on_tokens(j, tokens, loop=loop, calls=calls):  # on the loop's thread, after each device call
+            calls.append(len(tokens))
+            if len(calls) == 1:
+                threading.Thread(target=loop.close, kwargs={"abandon": abandon}).start()
+                while loop._inbox.empty():  # the close request is in before the next call
+                    pass
+
+        future = loop.submit(Job(PROMPTS[0], GREEDY, max_new_tokens=10, stops=(), on_tokens=on_tokens))
+        if abandon:
+            with pytest.raises(RuntimeError, match="the engine loop closed before this request finished"):
+                future.result(timeout=60)
+            assert calls == [3]  # steps_per_sync = 3: one device call, then none
+        else:  # the whole greedy sample
+            assert future.result(timeout=60)[0].tokens == rollout(engine, [PROMPTS[0]], GREEDY, jax.random.key(5))[0]
+        loop._thread.join(timeout=60)
+        assert not loop._thread.is_alive()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -236,35 +237,121 @@ def test_a_run_folder_is_served_at_its_checkpoint(trained_run):
 SERVE_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                      "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
                      "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+# as a script's `trainer serve ... &` starts: the shell has the background job ignore SIGINT
+SERVE_IN_BACKGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                       "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM}); "
+                       "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+class ServeProcess:
+    """`trainer serve` on a free port in a child process started by `preamble`; `stop(signal)` -> exit code."""
+
+    def __init__(self, folder, preamble, max_new_tokens=6):
+        need_sockets()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", preamble, "serve", "--model", str(folder), "--port", "0", "--max-new-tokens",
+             str(max_new_tokens), "--max-prompt-tokens", "400", "--slots", "2"], stderr=subprocess.PIPE, text=True)
+        self.first = self.process.stderr.readline()
+        self.rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
+        self.reader = threading.Thread(target=lambda: self.rest.extend(self.process.stderr), daemon=True)
+        self.reader.start()
+        found = re.search(r"at (http://\S+/v1)", self.first)
+        self.url = found.group(1) if found else None
+
+    def stop(self, sig):
+        """Send `sig` (None: it was sent) and wait for the exit status."""
+        if sig is not None:
+            self.process.send_signal(sig)
+        try:  # a hang guard, generous for a loaded machine; a hung server is killed, not left to later tests
+            return self.process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        finally:
+            self.reader.join(timeout=10)
+            self.process.stderr.close()
 
 
 @pytest.mark.e2e
 def test_the_serve_command_serves_until_interrupted(folder):
     """`trainer serve --port 0` prints its URL, answers the client, and Ctrl-C stops it (exit 130)."""
-    need_sockets()
-    process = subprocess.Popen([sys.executable, "-c", SERVE_WITH_CTRL_C, "serve", "--model", str(folder), "--port", "0",
-                                "--max-new-tokens", "6", "--max-prompt-tokens", "400", "--slots", "2"],
-                               stderr=subprocess.PIPE, text=True)
-    rest: list[str] = []  # what it writes after the first line, read on so that a full pipe never blocks it
-    reader = threading.Thread(target=lambda: rest.extend(process.stderr), daemon=True)
+    server = ServeProcess(folder, SERVE_WITH_CTRL_C)
     try:
-        line = process.stderr.readline()
-        reader.start()
-        url = re.search(r"at (http://\S+/v1)", line).group(1)
-        with openai.OpenAI(base_url=url, api_key="none", max_retries=0) as client:
+        assert server.first.endswith("; Ctrl-C or SIGTERM (kill PID) stops it\n"), server.first
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
             assert [m.id for m in client.models.list()] == [folder.name]
             assert len(chat(client, model=folder.name, max_tokens=6, extra_body={"return_token_ids": True})
                        .choices[0].token_ids) <= 6
     finally:
-        process.send_signal(signal.SIGINT)
-        try:  # a hang guard, generous for a loaded machine; a hung server is killed, not left to later tests
-            code = process.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise
-        finally:
-            if reader.is_alive():
-                reader.join(timeout=10)
-            process.stderr.close()
-        assert code == 130, "".join(rest)
+        code = server.stop(signal.SIGINT)
+    assert code == 130 and server.rest == ["trainer serve: stopped (SIGINT)\n"], "".join(server.rest)
+
+
+@pytest.mark.e2e
+def test_a_background_server_ignores_sigint_and_stops_on_sigterm(folder):
+    """Started as a script's `trainer serve ... &` (SIGINT ignored), after streamed requests: SIGINT leaves
+    it serving, SIGTERM stops it with one line and exit status 0 (and no C++ abort at exit)."""
+    server = ServeProcess(folder, SERVE_IN_BACKGROUND)
+    try:
+        assert server.first.endswith("; SIGTERM (kill PID; SIGINT is ignored) stops it\n"), server.first
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
+            for _ in range(2):
+                chunks = list(chat(client, model=folder.name, max_tokens=6, stream=True))
+                assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+                assert list(client.completions.create(model=folder.name, prompt="hi", max_tokens=6, stream=True))
+            server.process.send_signal(signal.SIGINT)
+            time.sleep(1)  # room for the signal to arrive: a server that took it would be gone by now
+            assert [m.id for m in client.models.list()] == [folder.name] and server.process.poll() is None
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
+
+
+@pytest.mark.e2e
+def test_a_stream_open_at_sigterm_ends_with_an_error_event(folder):
+    """The open request fails at the engine's next device call and its stream ends with an error event;
+    the server then stops with its one line (no traceback of a cancelled request)."""
+    server = ServeProcess(folder, SERVE_IN_BACKGROUND, max_new_tokens=1500)
+    chunks, ended, sent = [], [], []
+    try:
+        with openai.OpenAI(base_url=server.url, api_key="none", max_retries=0) as client:
+            stream = client.completions.create(model=folder.name, prompt="hi", max_tokens=1500, stream=True,
+                                               temperature=0)
+            try:
+                for chunk in stream:
+                    chunks.append(chunk)
+                    if len(chunks) == 1:
+                        server.process.send_signal(signal.SIGTERM)
+                        sent.append(signal.SIGTERM)
+            except openai.APIError as e:  # the error event
+                ended.append(str(e))
+    finally:
+        code = server.stop(None if sent else signal.SIGTERM)
+    assert code == 0 and server.rest == ["trainer serve: stopped (SIGTERM)\n"], "".join(server.rest)
+    # cut off: the error event, unless the machine decoded all 1500 tokens before the signal landed
+    assert ended == ["the engine loop closed before this request finished"] or chunks[-1].choices[0].finish_reason
+
+
+def test_stop_signals_keep_an_ignored_sigint_and_take_sigterm():
+    from trainer.cli.serve import _StopSignals
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = threading.Thread(target=threading.Event().wait, daemon=True)  # a server thread that never ends
+    server.start()
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+        with _StopSignals() as stop:
+            assert stop.signals == (signal.SIGTERM,) and stop.how == "SIGTERM (kill PID; SIGINT is ignored)"
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.wait(server) == signal.SIGTERM
+        # stopped by a signal: another one while the process exits is ignored, not fatal
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with _StopSignals() as stop:
+            assert stop.signals == (signal.SIGTERM, signal.SIGINT) and stop.how == "Ctrl-C or SIGTERM (kill PID)"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # no signal: the handlers given back
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -133,6 +133,9 @@ def test_samples_filter_by_step_reward_length_and_text():
         "step6/prompt0/sample0", "step6/prompt0/sample2"]  # fmt: skip
     assert {s["length"] for s in select(SAMPLES, SampleFilter(min_length=4, max_length=40))} == {5}
     assert [s["id"] for s in select(SAMPLES, SampleFilter(contains="6 DONE"))] == ["step6/prompt0/sample0"]
+    # the prompt "3+0=" and its completion "3 done" read as one text, "3+0=3 done": a match may span both
+    assert [s["id"] for s in select(SAMPLES, SampleFilter(contains="=3 DONE"))] == ["step3/prompt0/sample0"]
+    assert select(SAMPLES, SampleFilter(contains="=\n3")) == []
     assert len(select(SAMPLES, SampleFilter(regex=r"^x{40}$", max_reward=0.0))) == 6
     best, worst = best_and_worst([s for s in SAMPLES if s["step"] == 1], 3)
     assert [s["reward"] for s in best] == [1.0, 0.5, 0.0] and [s["reward"] for s in worst] == [0.0]

@@ -140,6 +140,7 @@ def probe_rewards(
     *,
     max_new_tokens: int,
     length_of: Callable[[str], int] = len,
+    completion_fields: Callable[[Sequence[int], Sequence[str]], Mapping[str, Sequence[object]]] | None = None,
 ) -> ProbeResult:
     """Score every adversarial completion of every prompt with each function, once.
 
@@ -147,11 +148,15 @@ def probe_rewards(
     (raising to report a failure); ``fields`` hold one entry per prompt (e.g. the
     reference ``answer``) and are repeated per completion, with ``completion_lengths``
     added as the pipeline passes it (``length_of`` the text; the repetition at the limit).
+    ``completion_fields(prompt_indices, completions)``, called once with every row, adds
+    fields that depend on the completion too (a multi-turn run's ``episode``), one entry per row.
     """
     rows = [(p, kind, text) for i, p in enumerate(prompts)
             for kind, text in adversarial_completions(p, max_new_tokens=max_new_tokens).items()]
     owner = [i for i in range(len(prompts)) for _ in ADVERSARIAL_KINDS]
     row_fields = {k: [v[i] for i in owner] for k, v in fields.items()}
+    if completion_fields is not None:
+        row_fields |= {k: list(v) for k, v in completion_fields(owner, [t for _, _, t in rows]).items()}
     row_fields["completion_lengths"] = [
         max_new_tokens if kind == "repeat" else min(length_of(text), max_new_tokens) for _, kind, text in rows
     ]

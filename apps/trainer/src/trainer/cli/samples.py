@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-reward", type=float, metavar="R", help="total reward <= R")
     s.add_argument("--min-length", type=int, metavar="T", help="completion tokens >= T")
     s.add_argument("--max-length", type=int, metavar="T", help="completion tokens <= T")
-    s.add_argument("--contains", metavar="TEXT", help="TEXT in the prompt or the completion (case-insensitive)")
+    s.add_argument("--contains", metavar="TEXT",
+                   help="TEXT in the prompt followed by its completion, e.g. =12 (case-insensitive)")
     s.add_argument("--regex", metavar="PATTERN", help="a regular expression found in the completion")
     s.add_argument("--limit", type=int, default=20, metavar="N", help="print the first N matches as a table (default 20)")
     s.add_argument("--json", action="store_true", help="print every match as a JSON line instead of a table")

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from trainer.cli.common import location
@@ -55,25 +56,73 @@ def run(args: argparse.Namespace) -> int:
         served = served_folder(args.model, options, name=args.served_model_name)
     else:
         served = served_run(args.run, options, step=args.step, name=args.served_model_name)
-    running = serve_in_thread(served, args.host, args.port)
-    if args.print_url:
-        print(running.url, flush=True)
-    print(f"trainer serve: {served.name} at {running.url} (tool calls: {served.tool_format}); Ctrl-C stops",
-          file=sys.stderr, flush=True)
-    try:
-        running.thread.join()
-    finally:
-        _stop_within(SHUTDOWN_S, running.stop, served.loop.close)
-    return 0
+    with _StopSignals() as stop:
+        running = serve_in_thread(served, args.host, args.port)
+        if args.print_url:
+            print(running.url, flush=True)
+        print(f"trainer serve: {served.name} at {running.url} (tool calls: {served.tool_format}); "
+              f"{stop.how} stops it", file=sys.stderr, flush=True)
+        try:
+            received = stop.wait(running.thread)
+        finally:  # also on an error: the engine's thread is joined before the interpreter exits
+            # open requests fail first, so their streams end with an error event and the HTTP server
+            # then finds none running (it would cancel them, logging a traceback each)
+            _stop_within(SHUTDOWN_S, stop, lambda: served.loop.close(abandon=True), running.stop)
+    print(f"trainer serve: stopped ({received.name if received else 'the HTTP server ended'})", file=sys.stderr,
+          flush=True)
+    return 128 + signal.SIGINT if received == signal.SIGINT else 0
 
 
 SHUTDOWN_S = 30.0
-"""How long Ctrl-C waits for the HTTP server and the engine loop to stop before the process exits anyway."""
+"""How long a stop waits for the HTTP server and the engine loop to stop before the process exits anyway."""
 
 
-def _stop_within(seconds: float, *steps: Any) -> None:
-    """Run the shutdown `steps` in order; a server must stop on Ctrl-C, so when they take longer
-    than `seconds` (a request or an engine call that does not end) the process exits with 130."""
+class _StopSignals:
+    """SIGTERM (`kill PID`, `kill %1`) and SIGINT (Ctrl-C) ask the server to stop; a second one exits at once.
+
+    A SIGINT that is ignored when the server starts stays ignored: a shell starts a background job
+    (`trainer serve ... &` in a script) that way, and Ctrl-C is then meant for the script alone."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._event = threading.Event()
+        self._previous: dict[int, Any] = {}
+        catch_int = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        self.signals = (signal.SIGTERM, signal.SIGINT) if catch_int else (signal.SIGTERM,)
+        self.how = "Ctrl-C or SIGTERM (kill PID)" if catch_int else "SIGTERM (kill PID; SIGINT is ignored)"
+
+    def __enter__(self) -> _StopSignals:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            # stopped by a signal, the process is ending: one more (a repeated Ctrl-C) must not kill it in the
+            # interpreter's exit, which would end it by that signal after "stopped"
+            signal.signal(sig, signal.SIG_IGN if self.received is not None else previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # a second signal while stopping
+            print(f"trainer serve: {signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.received = signal.Signals(signum)
+        self._event.set()
+
+    def wait(self, server: threading.Thread) -> signal.Signals | None:
+        """The signal that asked to stop, or None when the HTTP server's thread ended by itself."""
+        while server.is_alive() and not self._event.wait(0.5):  # short waits: handlers run in between
+            pass
+        return self.received
+
+    def code(self) -> int:
+        return 128 + (self.received or signal.SIGINT)
+
+
+def _stop_within(seconds: float, signals: _StopSignals, *steps: Any) -> None:
+    """Run the shutdown `steps` in order (the engine loop's thread joined: no thread is inside JAX when
+    the interpreter exits); a server must stop when asked, so when they take longer than `seconds` (a
+    request or an engine call that does not end) the process exits with 128 + the signal."""
     done = threading.Event()
 
     def run() -> None:
@@ -82,6 +131,8 @@ def _stop_within(seconds: float, *steps: Any) -> None:
         done.set()
 
     threading.Thread(target=run, name="serve-shutdown", daemon=True).start()
-    if not done.wait(seconds):
-        print(f"trainer serve: did not stop within {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
-        os._exit(128 + signal.SIGINT)
+    deadline = time.monotonic() + seconds
+    while not done.wait(0.5):  # short waits, so that a second signal's handler runs
+        if time.monotonic() > deadline:
+            print(f"trainer serve: did not stop within {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
+            os._exit(signals.code())

@@ -4,12 +4,14 @@ rewards.audits / rewards.auditor; docs/reward-audits.md explains them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rewards import RewardManager
 from rewards.auditor import RewardAuditor, summarize
 from rewards.audits import probe_rewards
+from rl_core import environment_factory, Prompt
+from rl_core.episodes import EpisodeLimits, first_turn_episodes, StepResult
 
 from trainer.settings import RunSettings
 from trainer.tasks import Task
@@ -39,7 +41,8 @@ def probe(manager: RewardManager, task: Task, settings: RunSettings, tokenizer: 
     fields = {k: [p.fields.get(k) for p in prompts] for k in sorted({k for p in prompts for k in p.fields})}
     result = probe_rewards(score, list(specs), [p.text for p in prompts], fields,
                            max_new_tokens=settings.rollout.max_new_tokens,
-                           length_of=lambda text: len(tokenizer.encode(text)))
+                           length_of=lambda text: len(tokenizer.encode(text)),
+                           completion_fields=_episodes(settings, prompts, tokenizer))
     for name, kinds in result.flagged.items():
         paid = ", ".join(f"{kind} {result.mean[name][kind]:.2f} ({result.paid[name][kind]}/{result.prompts} prompts)"
                          for kind in kinds)
@@ -49,6 +52,38 @@ def probe(manager: RewardManager, task: Task, settings: RunSettings, tokenizer: 
     if not result.flagged and not result.failed:
         log(f"reward audit probe: no reward pays an empty, echoed or cut-off completion ({result.prompts} prompts)")
     return result.to_json()
+
+
+def _episodes(settings: RunSettings, prompts: Sequence[Prompt], tokenizer: Any,
+              ) -> Callable[[Sequence[int], Sequence[str]], dict[str, list[Any]]] | None:
+    """For a run of episodes, each probed completion's `episode` field, as its reward functions get it in
+    training: the episode whose first model turn it is, answered by the run's environment (an agent run's
+    probe runs no agent: the turn alone, reward 0); None for single-turn completions."""
+    rollout = settings.rollout
+    if rollout.environment is None and rollout.agent is None:
+        return None
+    make_env = (environment_factory(rollout.environment, rollout.environment_options) if rollout.environment
+                else _TurnAlone)
+
+    def episodes(owner: Sequence[int], completions: Sequence[str]) -> dict[str, list[Any]]:
+        records = first_turn_episodes(tokenizer, [prompts[i] for i in owner], completions, make_env,
+                                      limits=EpisodeLimits.from_rollout(rollout))
+        return {"episode": [r.to_json() for r in records]}
+
+    return episodes
+
+
+class _TurnAlone:
+    """An environment that ends the episode after its first turn, paying nothing."""
+
+    stop_strings = ()
+    state = None
+
+    def reset(self, prompt: Prompt) -> str:
+        return ""
+
+    def step(self, text: str) -> StepResult:
+        return StepResult("", 0.0, True)
 
 
 def report(history: Iterable[Mapping[str, float]], probed: dict[str, Any] | None, settings: RunSettings, task: Task,

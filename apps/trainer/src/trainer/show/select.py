@@ -23,7 +23,8 @@ class SampleFilter:
     """Completion tokens (samples.jsonl's `length`; a record without one matches no length bound)."""
     max_length: int | None = None
     contains: str | None = None
-    """Text in the prompt or the completion (case-insensitive)."""
+    """Text in the sample's whole text, the prompt followed by the completion as the model read and wrote
+    them (case-insensitive): `=12` finds `5+7=` answered `12`."""
     regex: str | None = None
     """A regular expression searched in the completion."""
 
@@ -50,7 +51,7 @@ class SampleFilter:
             return False
         if self.max_length is not None and not (isinstance(length, int) and length <= self.max_length):
             return False
-        text = f"{sample.get('prompt', '')}\n{sample.get('completion', '')}"
+        text = f"{sample.get('prompt', '')}{sample.get('completion', '')}"  # one sequence: a match may span both
         if self.contains is not None and self.contains.lower() not in text.lower():
             return False
         return self.regex is None or re.search(self.regex, sample.get("completion", "")) is not None

@@ -38,7 +38,7 @@ from rl_core._faces import lazy_face  # noqa: E402
 __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.episodes.agents": ("AgentError", "EpisodeLog", "Turn", "agent_row", "agent_runtime", "load_agent"),
     "rl_core.episodes.runner": ("Rollout", "turn_reward_tokens"),
-    "rl_core.episodes.scripted": ("scripted_episode",),
+    "rl_core.episodes.scripted": ("first_turn_episodes", "scripted_episode"),
     "rl_core.episodes.tools": ("MAX_RESULT_CHARS", "TagCalls", "Tool", "ToolEnvironment"),
 })
 __all__ = [*__all__, *_LAZY]

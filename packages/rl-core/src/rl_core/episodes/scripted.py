@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from rl_core.data import Prompt
 from rl_core.episodes.env import Environment, checked_result
+from rl_core.episodes.runner import EpisodeLimits, EpisodeRecord, run_episodes
 from rl_core.policy.tokens import Tokenizer
+from rl_core.rollout.sampler import Completions
 
 
 def scripted_episode(
@@ -34,3 +39,29 @@ def scripted_episode(
         tokens += observation
         mask += [0.0] * len(observation)
     return prompt.text + first, tokens, mask
+
+
+def first_turn_episodes(
+    tokenizer: Tokenizer, prompts: Sequence[Prompt], turns: Sequence[str], make_env: Callable[[], Environment],
+    *, limits: EpisodeLimits,
+) -> tuple[EpisodeRecord, ...]:
+    """The record of each episode in which the model's first turn is `turns[i]` (on `prompts[i]`), ended by
+    EOS, and it says no more: a fresh environment answers that one turn, exactly as in a rollout (its stop
+    strings, the limits, a broken contract recorded), so reward functions that read `episode` can score
+    given texts (the reward audit's probe)."""
+    if len(prompts) != len(turns):
+        raise ValueError(f"first_turn_episodes: {len(prompts)} prompts but {len(turns)} turns")
+    rows = [tokenizer.encode(t) + [tokenizer.eos_ids[0]] for t in turns]
+    width = max(map(len, rows), default=1)
+
+    def say(tokens: np.ndarray, mask: np.ndarray, n: int) -> Completions:  # one row per prompt, in order
+        out = np.full((len(rows), width), tokenizer.pad_id, np.int32)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        lengths = np.asarray([len(r) for r in rows], np.int32)
+        return Completions(tokens=out, logp=np.zeros(out.shape, np.float32),
+                           mask=(np.arange(width) < lengths[:, None]).astype(np.float32), lengths=lengths,
+                           truncated=np.zeros(len(rows), bool))
+
+    one_turn = dataclasses.replace(limits, max_turns=1)
+    return run_episodes(say, tokenizer, prompts, make_env, num_samples=1, limits=one_turn).episodes

@@ -97,6 +97,7 @@ class EngineLoop:
         self._commands: list[Callable[[], None]] = []
         self._unseeded = 0
         self._closed = False
+        self._abandon = False  # close(abandon=True): the running rollout's jobs fail at the next device call
         self._stopping = False  # the loop's thread took the close request
         self.calls = 0  # device calls made
         self.rollouts = 0  # busy periods of one sampling setting
@@ -134,11 +135,13 @@ class EngineLoop:
         """New weights for the following rollouts (the running ones finish with the old)."""
         self.call(lambda: self.engine.update_weights(params, version))
 
-    def close(self) -> None:
-        """Stop the thread after the running rollout; waiting jobs fail."""
+    def close(self, *, abandon: bool = False) -> None:
+        """Stop the thread after the running rollout, or with `abandon` after its device call (its jobs
+        fail: a server that stops answers its open requests at once); waiting jobs fail."""
         if self._closed:
             return
         self._closed = True
+        self._abandon = abandon
         self._inbox.put(None)
         self._thread.join()
 
@@ -206,7 +209,9 @@ class EngineLoop:
         try:
             while True:
                 if not self._take(block=False):
-                    self._stopping = True  # finish this rollout first
+                    self._stopping = True  # finish this rollout first, unless abandoned
+                    if self._abandon:
+                        raise RuntimeError("the engine loop closed before this request finished")
                 self._admit(replicas, running, sampling)
                 if not running:
                     break
