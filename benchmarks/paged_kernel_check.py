@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_core.rollout import EngineSettings, PagedBackend, Requests, StaticBackend
-from rl_core.rollout.attention import PallasKV, lane_layout, pack_heads
-from rl_core.rollout.sampler import GREEDY, Sampler
+from rl_core import GREEDY, Sampler
+from rl_core.rollout import EngineSettings, PagedBackend, PallasKV, Requests, StaticBackend, lane_layout, pack_heads
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256), (8, 8, 80), (12, 4, 96)]

@@ -6,7 +6,7 @@ from rl_core._faces import lazy_face  # noqa: E402
 
 __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.rollout.async_rollout": ("Collection",),
-    "rl_core.rollout.attention": ("reference_paged_attention",),
+    "rl_core.rollout.attention": ("PallasKV", "lane_layout", "pack_heads", "reference_paged_attention"),
     "rl_core.rollout.backend": ("Capabilities", "EngineCounters", "Requests"),
     "rl_core.rollout.engines": ("Engine", "EngineBuild"),
     "rl_core.rollout.factory": ("explain_engine", "make_backend", "resolve_engine"),
