@@ -160,7 +160,7 @@ class ModelSettings(Config):
               "must be true, false or null (by platform)")
         for name in ("path", "critic_path"):
             folder = getattr(self, name)
-            if storage.is_url(folder):  # fetched when loaded (trainer.build.model_folder)
+            if storage.is_url(folder):  # fetched when loaded (trainer.model_folders.model_folder)
                 try:
                     storage.filesystem(folder)
                 except storage.StorageError as e:
