@@ -21,7 +21,7 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.moe import MoE
-from rl_models.transformer import MLP
+from rl_models.block import MLP
 
 
 def best_ms(fn, *args, repeats: int = 20) -> float:

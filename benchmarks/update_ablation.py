@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import rl_core.policy.logprobs as logprobs_lib
+import rl_models.attention as attention_lib
+import rl_models.block as block_lib
 import rl_models.layers as layers_lib
-import rl_models.transformer as transformer_lib
 from rl_core.runtime import keep_freed_memory, unroll_threefry_on_cpu
 from rl_core.train import trim_example, trimmed_width
 from trainer import build
@@ -48,6 +49,14 @@ def replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, old)
 
 
+@contextlib.contextmanager
+def attention_replaced(value: object) -> Iterator[None]:
+    """`attend` replaced where the model calls it: the block's cache path and, through
+    `attend_sequence`, the kernels' module (rl_models.attention)."""
+    with replaced(attention_lib, "attend", value), replaced(block_lib, "attend", value):
+        yield
+
+
 def _no_attention(q, k, v, mask):
     b, l, h, dh = q.shape
     kv = (k + v).transpose(0, 2, 1, 3)  # [B, S, K, Dh]: keeps the k and v projections in the program
@@ -63,10 +72,10 @@ def _no_logprobs(model, hidden, targets, **_):
 
 
 PARTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "attention": lambda: replaced(transformer_lib, "attend", _no_attention),
-    "rope": lambda: replaced(transformer_lib, "rotate", lambda x, cos, sin: x),
+    "attention": lambda: attention_replaced(_no_attention),
+    "rope": lambda: replaced(block_lib, "rotate", lambda x, cos, sin: x),
     "norm": lambda: replaced(layers_lib.RMSNorm, "__call__", lambda norm, x: norm.weight[...] * x),
-    "silu": lambda: replaced(transformer_lib.MLP, "__call__", _no_silu),
+    "silu": lambda: replaced(block_lib.MLP, "__call__", _no_silu),
     "logprobs": lambda: replaced(logprobs_lib, "chunked_logprobs", _no_logprobs),
 }
 OPTIMIZER_PARTS = {"adamw": "training.optimizer=sgd"}

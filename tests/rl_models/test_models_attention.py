@@ -12,7 +12,7 @@ from rl_core.policy.logprobs import sequence_inputs
 from rl_core.train.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
-from rl_models.transformer import attend
+from rl_models.attention import attend
 
 from host import about_the_cpu, backend
 from tolerances import close
@@ -212,7 +212,7 @@ import jax, jax.numpy as jnp, numpy as np
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.policy.logprobs import sequence_inputs
 from rl_models import attention
-from rl_models.transformer import attend
+from rl_models.attention import attend
 
 mesh = mesh_lib.make_mesh(fsdp=2, tensor=2)
 with attention.traced_for("tpu"):  # Splash only where it can run: per device, under the layout

@@ -6,7 +6,7 @@ position stays within max_position_embeddings: the llama_bias fixture with rope_
 reference logits (made with the default rope) with a max difference of 0.0
 (docs/results/2026-12-05-dense-biases.md). Past the limit it recomputes every position's
 frequencies from the call's length, which no cached decode matches, so longer runs are refused
-(rl_models.rope_types.DynamicNTKRope, trainer.build.check_positions).
+(rl_models.rope_types.DynamicNTKRope, trainer.checks.check_positions).
 """
 
 import json

@@ -311,7 +311,7 @@ def test_rotate_is_hugging_faces_rotate_half_form():
 def test_cpu_attention_gradient_is_autodiffs():
     """The CPU attention core's own VJP (library-friendly transposes) against autodiff of the
     plain core: causal and padding masks, a fully masked query row, float32; bfloat16 keeps dtypes."""
-    from rl_models.transformer import _attention_core, _attention_core_cpu
+    from rl_models.attention import _attention_core, _attention_core_cpu
 
     b, k, q_len, s, dh = 3, 2, 6, 5, 8
     keys = jax.random.split(jax.random.key(0), 4)

@@ -58,7 +58,7 @@ def test_a_run_is_built_only_when_its_longest_sequence_fits_the_dynamic_ropes_li
     from rl_core.config import RolloutConfig
     from rl_models import TransformerConfig
     from rl_models.rope_types import DynamicNTKRope
-    from trainer.build import check_positions
+    from trainer.checks import check_positions
 
     config = TransformerConfig.tiny(40, rope_scaling=DynamicNTKRope(factor=2.0, max_position_embeddings=64))
     check_positions(config, RolloutConfig(max_prompt_tokens=31, max_new_tokens=32))  # 64 tokens: exact

@@ -153,7 +153,7 @@ def test_a_critic_folder_with_another_vocabulary_fails_before_the_run_folder_is_
 
 def test_micro_batches_must_divide_over_the_devices(monkeypatch):
     # one CPU device here: the rule is checked against the count jax reports, which is faked to 4
-    import trainer.settings.run_settings as settings_module
+    import trainer.settings.schemas as settings_module
 
     monkeypatch.setattr(settings_module.jax, "device_count", lambda: 4)
     with pytest.raises(ConfigError, match=r"micro_batch_size = 6 completions: must divide evenly over 4 devices"):

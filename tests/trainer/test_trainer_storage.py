@@ -20,7 +20,7 @@ from fsspec.registry import known_implementations
 from rl_core.config import ConfigError
 from rl_core.learner.base import RLLearner
 from rl_models.hf import load_hf_model, load_hf_tokenizer
-from trainer import build
+from trainer import build, model_folders
 from trainer.cli import main
 from trainer.settings import build_settings
 
@@ -127,12 +127,12 @@ def test_a_model_folder_at_a_url_is_fetched_into_the_cache(tmp_path, monkeypatch
     memory, url = fsspec.filesystem("memory"), f"memory://{tmp_path.name}/qwen3"
     memory.put(str(FIXTURES / "qwen3"), f"/{tmp_path.name}/qwen3", recursive=True)
     settings = build_settings(algo="grpo", overrides=[f"model.path={url}"])
-    assert build.model_config(url).vocab_size == json.loads((FIXTURES / "qwen3" / "config.json").read_text())[
+    assert model_folders.model_config(url).vocab_size == json.loads((FIXTURES / "qwen3" / "config.json").read_text())[
         "vocab_size"
     ]  # fmt: skip
     tokenizer = build.tokenizer(settings)
     assert tokenizer.encode("2+2") == load_hf_tokenizer(FIXTURES / "qwen3").encode("2+2")
-    local = Path(build.model_folder(url))
+    local = Path(model_folders.model_folder(url))
     assert local.is_relative_to(tmp_path / "cache" / "rl-variants" / "models")
     assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in (FIXTURES / "qwen3").iterdir())
 

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from rewards import RewardManager, RewardSpec
 from jax.sharding import Mesh
 from rl_core.runtime import mesh as mesh_lib, multihost
-from rl_core import ConfigError, Meter, registry, RLLearner, RolloutConfig, Tokenizer
+from rl_core import ConfigError, Meter, registry, RLLearner, Tokenizer
 from rl_core.run import storage
 from rl_core.learner import RewardAudit
 from rl_models import (
@@ -37,17 +36,16 @@ from rl_models import (
     preset,
     value_model_from_policy,
 )
-from rl_models import attention as attention_lib
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer, load_hf_value_model
-from rl_models.transformer import compute_dtype
 from rl_models.lora import add_adapters, quantize_base
 
+from trainer.checks import check_attention, check_positions, check_tensor_parallel
 from trainer.evaluate import evaluate
+from trainer.model_folders import model_folder
 from trainer.settings import RunSettings
 from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import Task
 from trainer.tasks.data_task import EVAL_TASK_OPTIONS, evaluation_set, sft_set
-from trainer.user_cache import user_cache_dir
 from trainer.warmstart import warm_start
 
 
@@ -94,19 +92,6 @@ def base_policy_key(settings: RunSettings, *, devices: int | None = None) -> str
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def model_folder(path: str, *, only: Sequence[str] | None = None) -> str:
-    """`path` itself, or for a URL (model.path=gs://...) a local copy of its files (of those in
-    `only`), fetched once into the user's cache and again when they change there."""
-    if not storage.is_url(path):
-        return path
-    return str(storage.cached_copy(path, user_cache_dir("models"), only=only))
-
-
-def model_config(path: str, **runtime: Any) -> TransformerConfig:
-    """The TransformerConfig of the model folder `path` (of a URL, only config.json is fetched)."""
-    return load_hf_config(model_folder(path, only=("config.json",)), **runtime)
-
-
 def tokenizer(settings: RunSettings) -> Tokenizer:
     """The folder's tokenizer for a loaded model, else the character tokenizer."""
     if settings.model.path:
@@ -136,47 +121,6 @@ def new_model(settings: RunSettings, tokenizer: Tokenizer) -> Transformer:
     return sharded_init(config, m.seed, device_mesh)
 
 
-def check_tensor_parallel(config: TransformerConfig, tensor: int) -> None:
-    """A settings error when the mesh's tensor axis cannot give each device whole heads."""
-    problem = config.tensor_parallel_problem(tensor)
-    if problem:
-        raise ConfigError(f"training.mesh.tensor = {tensor}: {problem}")
-
-
-def check_positions(config: TransformerConfig, rollout: RolloutConfig) -> None:
-    """A settings error when the run's longest sequence (a prompt of max_prompt_tokens, a BOS, and
-    max_new_tokens after it: every turn of an episode included) is one the model does not compute
-    exactly (dynamic NTK rope past its max_position_embeddings)."""
-    longest = rollout.max_prompt_tokens + 1 + rollout.max_new_tokens
-    problem = config.position_problem(longest)
-    if problem:
-        raise ConfigError(f"rollout.max_prompt_tokens + 1 + rollout.max_new_tokens = {longest}: {problem}")
-
-
-def check_attention(config: TransformerConfig, platform: str | None = None) -> None:
-    """A settings error when model.attention names a kernel this run's platform does not have."""
-    try:
-        attention_lib.resolve(config.attention, dtype=compute_dtype(config), head_dim=config.head_dim,
-                              platform=platform)
-    except ValueError as e:
-        raise ConfigError(f"model.{e}") from None
-
-
-def check_critic(settings: RunSettings, policy: Transformer) -> None:
-    """A settings error when `model.critic_path`'s model cannot read the policy's tokens or cannot
-    be laid out on the mesh (reads its config.json only)."""
-    path = settings.model.critic_path
-    if path is None:
-        return
-    config = model_config(path, **settings.model.runtime())
-    if config.vocab_size != policy.config.vocab_size:
-        raise ConfigError(
-            f"model.critic_path = {path!r}: its vocabulary has {config.vocab_size} tokens and the policy's "
-            f"{policy.config.vocab_size}; the critic reads the policy's tokens, so both must share one tokenizer"
-        )
-    check_tensor_parallel(config, mesh(settings).shape["tensor"])
-
-
 def critic(settings: RunSettings, policy: Transformer) -> ValueModel:
     """The critic of an algorithm that trains one (PPO): over the policy's backbone, sharing its
     arrays (with LoRA: its frozen base, with fresh adapters of its own), or from `model.critic_path`."""
@@ -187,22 +131,6 @@ def critic(settings: RunSettings, policy: Transformer) -> ValueModel:
     shardings = lambda state: mesh_lib.param_shardings(state, device_mesh)  # noqa: E731
     return load_hf_value_model(model_folder(settings.model.critic_path), shardings=shardings,
                                confidence=settings.model.critic_confidence, **settings.model.runtime())
-
-
-def check_finite(settings: RunSettings, model: Transformer) -> None:
-    """Refuse a model whose weights hold NaN or inf: every update would be non-finite and skipped."""
-    bad = [
-        "/".join(map(str, path))
-        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
-        if jnp.issubdtype(var[...].dtype, jnp.floating) and not bool(jnp.isfinite(var[...]).all())
-    ]
-    if bad:
-        where = f"model.path = {settings.model.path!r}" if settings.model.path else f"model.preset = {settings.model.preset!r}"
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise ConfigError(
-            f"{where}: the weights hold NaN or infinite values ({shown}); every update from them would be "
-            "non-finite, so the run does not start"
-        )
 
 
 def sharded_init(config: TransformerConfig, seed: int, device_mesh: Mesh) -> Transformer:

@@ -34,7 +34,7 @@ class DAPOLearner(GRPOLearner):
 
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.filter_by = config.filter_reward or self.reward_manager.correctness
+        self._filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
 
     def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
@@ -61,7 +61,7 @@ class DAPOLearner(GRPOLearner):
                 batch, supply = supply.draw(want)
             last = self._score(self._rollout_groups(batch, draw), draw)
             rounds += 1
-            is_uniform = last.uniform(self.filter_by)
+            is_uniform = last.uniform(self._filter_by)
             sampled += last.num_groups
             uniform += int(is_uniform.sum())
             if kept + int((~is_uniform).sum()) > want:

@@ -13,11 +13,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rl_models.attention import attend, attend_sequence
+from rl_models.block import Attention, KVCache, compute_dtype, param_dtype
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear
 from rl_models.rope import rotate
 from rl_models.sharding import constrain
-from rl_models.transformer import Attention, KVCache, attend, attend_sequence, compute_dtype, param_dtype
 
 
 def rotate_partial(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

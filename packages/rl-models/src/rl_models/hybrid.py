@@ -1,6 +1,6 @@
 """A hybrid decoder (Qwen3.5): linear-attention layers (rl_models.gated_deltanet) and
 full-attention layers (rl_models.gated_attention) in the order `config.layer_types` gives,
-each followed by the SwiGLU MLP, pre-norm residual like rl_models.transformer's Block.
+each followed by the SwiGLU MLP, pre-norm residual like rl_models.block's Block.
 
 Parameters: the linear-attention blocks stacked in `linear_layers`, the attention blocks in
 `layers` (each on a leading layer axis, so LoRA, quantization and the sharding rules treat
@@ -30,23 +30,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from rl_models.block import MLP, ROWS, Attention, compute_dtype, param_dtype, stack_layers
 from rl_models.config import TransformerConfig
 from rl_models.gated_attention import GatedAttention
 from rl_models.gated_deltanet import GatedDeltaNet
 from rl_models.layers import Linear, RMSNorm, param
 from rl_models.rope import rope_cos_sin, rope_inv_freq
 from rl_models.sharding import constrain
-from rl_models.transformer import (
-    MLP,
-    ROWS,
-    Attention,
-    Transformer,
-    compute_dtype,
-    param_dtype,
-    remat_policy,
-    scans_layers,
-    stack_layers,
-)
+from rl_models.transformer import Transformer, remat_policy, scans_layers
 
 HybridCache = tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 

@@ -3,7 +3,7 @@
 Shapes: B rows, K KV heads, R ring slots, L tokens of a call, Lq its queries, S the sequence's
 slots (the caller's mask covers S), Dh head dim.
 
-A windowed layer's query at slot q sees the key slots q - W + 1..q only (rl_models.transformer.
+A windowed layer's query at slot q sees the key slots q - W + 1..q only (rl_models.block.
 within_window). A caller that writes each slot once and in order from slot 0 (the static sampler:
 prefill at 0, then one token per step) never needs a windowed layer's older slots again, so its
 cache (`Transformer.init_decode_cache`) gives each such layer a ring of R = min(W, S) slots: slot

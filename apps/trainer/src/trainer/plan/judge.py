@@ -27,7 +27,7 @@ def judge_config(j: Any, runtime: dict[str, Any]) -> Any:
     """The TransformerConfig of judge `j` (trainer.settings.judge.JudgeSettings), without loading a weight."""
     from rl_models import CharTokenizer, preset
 
-    from trainer.build import model_config
+    from trainer.model_folders import model_config
     from trainer.run.folder import settings_of_run
 
     if j.path:

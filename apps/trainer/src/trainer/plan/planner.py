@@ -93,7 +93,8 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype
-    from trainer.build import check_attention, check_critic, check_positions, check_tensor_parallel, model_config
+    from trainer.checks import check_attention, check_critic, check_positions, check_tensor_parallel
+    from trainer.model_folders import model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs

@@ -21,7 +21,7 @@ def teacher_config(settings: Any, runtime: dict[str, Any]) -> Any:
     """The TransformerConfig of the run's teacher, without loading a weight."""
     from rl_models import CharTokenizer, preset
 
-    from trainer.build import model_config
+    from trainer.model_folders import model_config
     from trainer.run.folder import settings_of_run
     from trainer.run.teacher import is_run_folder
 

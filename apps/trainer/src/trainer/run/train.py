@@ -37,7 +37,7 @@ from rl_core.run import (
     CHECKPOINTS, CONFIG, EVAL_BEFORE, fault_point, RUN_FILES, saved_steps, SFT_METRICS, storage, SUMMARY,
 )
 
-from trainer import build
+from trainer import build, checks
 from trainer.evaluate import evaluate
 from trainer.run import devices
 from trainer.run import folder as run_folder
@@ -182,8 +182,8 @@ def train_run(
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)
     model = build.new_model(settings, tokenizer)
-    build.check_finite(settings, model)
-    build.check_critic(settings, model)
+    checks.check_finite(settings, model)
+    checks.check_critic(settings, model)
     extra = tuple(rewards(task, Path(base_cache or run_dir))) if rewards is not None else ()
     # `teacher(settings, tokenizer)`: a distilling run's teacher (trainer.run.teacher.load_teacher), checked
     # against the student's tokenizer before the run folder exists; None for a run that does not distill

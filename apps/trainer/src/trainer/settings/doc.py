@@ -20,7 +20,8 @@ from typing import Any
 
 from rl_core import Config, ConfigError, registry
 
-from trainer.settings.run_settings import RunSettings, settings_from_user, user_settings
+from trainer.settings.loading import settings_from_user, user_settings
+from trainer.settings.schemas import RunSettings
 
 
 @functools.cache

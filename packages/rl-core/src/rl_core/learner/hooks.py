@@ -1,10 +1,12 @@
 """The hooks an algorithm fills, in one place; rl_core.learner.base.RLLearner runs them in its
 step (and rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline).
 
-A step is defined one way: `_collect(prompts, supply)` (rollout and scoring: the batch and the
-supply past it) and `_examples_from(batch)` (train examples under the current weights); the
-rest has defaults but `_loss_function`. How many completions per prompt and passes over a batch
-are the config's (`AlgorithmConfig.group_size`, `.num_iterations`).
+A step is defined one way: a collection (rollout and scoring: the batch and the supply past
+it), which `_collection()` hands the collector either whole, as `_collect(prompts, supply)`, or
+cut in two with the scoring apart (the pipeline's, rl_core.learner.pipeline), then
+`_examples_from(batch)` (train examples under the current weights); the rest has defaults but
+`_loss_function`. How many completions per prompt and passes over a batch are the config's
+(`AlgorithmConfig.group_size`, `.num_iterations`).
 
 The hooks a subclass fills or calls are protected (one underscore): they are the learner's
 interface to its algorithm, not to its callers, whose names (a short list: the settings and
@@ -35,8 +37,12 @@ class AlgorithmHooks(abc.ABC):
     def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
         """The rollout half of a step: sample (through `_generate`) and score; returns the batch and
         `supply` as the collection leaves it (more prompts drawn, the carry, the key past its
-        samples'). With async rollouts it runs beside the update, on the rollout thread: it must
-        not read the trained parameters nor write what `_examples_from` reads."""
+        samples'). The collector runs it when `_collection()` keeps the collection whole; a cut
+        collection runs its own two functions instead. With async rollouts a whole collection
+        runs on the rollout thread beside the update (in a multi-process run, on the calling
+        thread once the update is dispatched), with the weights pinned for it: it samples only
+        through `_generate`, never with the trained parameters, and writes nothing
+        `_examples_from` reads."""
 
     @abc.abstractmethod
     def _examples_from(self, batch: Any) -> StepBatch:

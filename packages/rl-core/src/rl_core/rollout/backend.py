@@ -9,9 +9,13 @@ key on).
 
 Everything a caller may use is here: the protocol's methods and the `Capabilities`
 the backend declares (what it does with per-row limits, retained sequences, weights
-offered mid-rollout, the weights it was given). Callers branch on `capabilities`,
-never on a backend's type, name or other attributes; counters are read through
-`counters()`, never written from outside.
+offered mid-rollout, the weights it was given). Callers of a built backend outside the
+engines' own modules (the learner's generator and pipeline, a judge) use the protocol and
+branch only on its `capabilities`, never on its type or other attributes; counters are
+read through `counters()`, never written from outside. Before one is built, the settings
+still go by the engine's name: `RolloutConfig` checks the remote engines' fields, partial
+rollouts and agent episodes against `engine` (rl_core.config), and `auto` picks an engine
+by name (rl_core.rollout.factory).
 
 Backends are found by name through the entry-point group `rl_core.engines`
 (rl_core.rollout.engines): `static` (rl_core.rollout.static: the one-program

@@ -1,0 +1,253 @@
+"""One decoder block of the transformer (rl_models.transformer) and its parts: grouped-query
+self-attention with rotary positions over the model's KV cache (`Attention`), the gated MLP, and
+the pre-norm residual `Block`, whose parameters `stack_layers` stacks on a leading layer axis.
+
+Shapes as in rl_models.transformer. The attention kernels are rl_models.attention's; a windowed
+layer's ring of key/value slots is rl_models.rings'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from rl_models import attention as attention_lib
+from rl_models.attention import attend, attend_sequence
+from rl_models.config import TransformerConfig
+from rl_models.layers import Linear, RMSNorm, fused_linear, param
+from rl_models.moe import MoE, Routing
+from rl_models.rings import held_slots, key_mask, write_call
+from rl_models.rope import rotate
+from rl_models.sharding import constrain
+
+ROWS = ("act_batch", "act_length", "act_embed")
+"""Logical axes of the residual stream [B, L, D] (rl_models.sharding)."""
+
+# (k, v): each [layers, B, K, S, Dh] when the layers are scanned; unrolled, a tuple of one
+# [B, K, S, Dh] buffer per layer (each layer reads its own, no slice of a stack copied per token)
+KVCache = tuple[jax.Array, jax.Array] | tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
+KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(config: TransformerConfig) -> jnp.dtype:
+    """The jnp dtype of activations, matmuls and the KV cache (`config.dtype`)."""
+    return jnp.dtype(_DTYPES[config.dtype])
+
+
+def param_dtype(config: TransformerConfig) -> jnp.dtype:
+    """The jnp dtype parameters are stored in (`config.param_dtype`)."""
+    return jnp.dtype(_DTYPES[config.param_dtype])
+
+
+def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Array | int) -> jax.Array:
+    """`mask` [B, Lq, S] with each query (at slots first_slot..) kept to the `window` key slots
+    ending at its own, as transformers' sliding-window mask (kv > q - window, by cache slot)."""
+    q_slots = jnp.asarray(first_slot, jnp.int32) + jnp.arange(mask.shape[1], dtype=jnp.int32)
+    near = q_slots[:, None] - jnp.arange(mask.shape[2], dtype=jnp.int32)[None, :] < window
+    return mask & near[None]
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary positions (optionally q/k/v and o_proj biases
+    and q/k RMSNorm)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
+        d, h, kv, dh = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        assert dh is not None
+        bias = config.attention_bias
+        # the fused (heads x head_dim) output axes are named for the heads they hold
+        # ... and split only in whole heads (units of head_dim)
+        heads = {"use_bias": bias, "units": (1, dh), **dtypes, "rngs": rngs}
+        self.q_proj = Linear(d, h * dh, axes=("embed", "heads"), **heads)
+        self.k_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
+        self.v_proj = Linear(d, kv * dh, axes=("embed", "kv_heads"), **heads)
+        self.o_proj = Linear(h * dh, d, axes=("heads", "embed"), use_bias=config.attention_out_bias, units=(dh, 1),
+                             **dtypes, rngs=rngs)
+        self.sinks = param(jnp.zeros((h,), param_dtype(config)), ("heads",)) if config.attention_sinks else None
+        eps, pdt = config.rms_norm_eps, param_dtype(config)
+        norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim", "plus_one": config.norm_plus_one}
+        self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(dh, **norm) if config.qk_norm else None
+        self.config = config
+
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
+                 queries_from: int = 0, window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+        """`kv` is the whole stacked cache; this layer writes and reads its slice
+        `layer` in place (a loop-carried buffer, so decoding copies no cache).
+
+        Every position gives a key and value; only positions `queries_from`.. ask a query,
+        so the output is [B, L - queries_from, D] (the last block's, when no later position
+        reads the earlier ones' outputs). `window` (key slots; None: every earlier one) keeps
+        each query to its sliding window (the paged engine's attention reads only the window's
+        pages; this cache path masks the rest)."""
+        cfg = self.config
+        b, l, _ = x.shape
+        h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        lq = l - queries_from
+        if l == 1:  # decoding: one matmul instead of three (fewer, larger ops per token)
+            qkv = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+            q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
+        else:  # separate matmuls: their backward needs no pad/add of sliced gradients
+            q, k, v = self.q_proj(x[:, queries_from:]), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.reshape(b, lq, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
+        q = constrain(q, ("act_batch", "act_length", "act_heads", None))
+        k, v = (constrain(x, ("act_batch", "act_length", "act_kv_heads", None)) for x in (k, v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
+        if kv is not None and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
+            out, kv = self._ring_attention(q, k, v, mask, kv, cache_index, layer, queries_from, window)
+            return self.o_proj(out), kv
+        mask = mask[:, queries_from:]
+        if window is not None:
+            mask = within_window(mask, window, cache_index + queries_from)
+        scale, windowed = cfg.query_scale, window is not None
+        sinks = None if self.sinks is None else self.sinks[...]
+        if kv is None:
+            out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed,
+                                  sinks=sinks)
+            return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
+        zero = jnp.zeros((), jnp.int32)
+        start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+        new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
+        kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
+              jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        # a windowed layer masks the slots before its window (any read of a slice of the cache next
+        # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
+        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
+            out = attend(q, k_all, v_all, mask, scale, sinks)  # the cache's layout
+        else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
+            offset = cache_index + queries_from if isinstance(cache_index, int) else 0
+            out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
+                                  cfg.attention, offset=offset, scale=scale)
+        return self.o_proj(out), kv
+
+    def _ring_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kv: KVCache,
+                        cache_index: jax.Array | int, layer: jax.Array, queries_from: int,
+                        window: int | jax.Array) -> tuple[jax.Array, KVCache]:
+        """A windowed layer over its ring `kv` (each [layers, B, K, R, Dh], R < S): the attention
+        output [B, Lq, H * Dh] and the ring with the call's keys and values (rl_models.rings)."""
+        r = kv[0].shape[3]
+        if not isinstance(window, int) or r < window:  # Transformer._cache_slots lets no such cache through
+            raise ValueError(f"a {r}-slot ring cannot hold a window of {window} slots")
+        cfg = self.config
+        length = k.shape[1]
+        c = jnp.asarray(cache_index, jnp.int32)
+        layer = jnp.asarray(layer, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+        sinks = None if self.sinks is None else self.sinks[...]
+        new = [x.transpose(0, 2, 1, 3).astype(kv[0].dtype) for x in (k, v)]  # [B, K, L, Dh]
+        if length == 1:  # decoding: written over the slot it replaces, then the whole ring read in place
+            start = (layer, zero, zero, jnp.mod(c, r), zero)
+            kv = (jax.lax.dynamic_update_slice(kv[0], new[0][None], start),
+                  jax.lax.dynamic_update_slice(kv[1], new[1][None], start))
+            k_all, v_all = (jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv)
+            return attend(q, k_all, v_all, key_mask(mask, held_slots(c, r), c[None], window), cfg.query_scale,
+                          sinks), kv
+        rings = [jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv]  # [B, K, R, Dh]
+        slots, keys, values = c + jnp.arange(length, dtype=jnp.int32), new[0], new[1]
+        if not (isinstance(cache_index, int) and cache_index == 0):  # the ring's slots before this call too
+            slots = jnp.concatenate([held_slots(c - 1, r), slots])
+            keys, values = (jnp.concatenate([ring, x], axis=2) for ring, x in zip(rings, new))
+        queries = c + queries_from + jnp.arange(length - queries_from, dtype=jnp.int32)
+        out = attend_sequence(q, keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3),
+                              key_mask(mask[:, queries_from:], slots, queries, window), cfg.attention,
+                              scale=cfg.query_scale, windowed=True, sinks=sinks)
+        start = (layer, zero, zero, zero, zero)
+        kv = tuple(jax.lax.dynamic_update_slice(x, write_call(ring, n, c)[None], start)
+                   for x, ring, n in zip(kv, rings, new))
+        return out, kv  # type: ignore[return-value]
+
+
+ACTIVATION_FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": partial(jax.nn.gelu, approximate=True),  # torch's gelu(approximate="tanh")
+}
+
+
+class MLP(nnx.Module):
+    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu_tanh; each
+    projection with a bias when `mlp_bias`."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
+        d, f = config.hidden_size, config.mlp_hidden_size
+        bias = config.mlp_bias
+        self.gate_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=bias, **dtypes, rngs=rngs)
+        self.up_proj = Linear(d, f, axes=("embed", "mlp"), use_bias=bias, **dtypes, rngs=rngs)
+        self.down_proj = Linear(f, d, axes=("mlp", "embed"), use_bias=bias, **dtypes, rngs=rngs)
+        self.act = config.hidden_act
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATION_FUNCTIONS[self.act]
+        if x.shape[1] != 1:
+            names = ("act_batch", "act_length", "act_mlp")
+            return self.down_proj(act(constrain(self.gate_proj(x), names)) * constrain(self.up_proj(x), names))
+        gate_up = fused_linear(x, (self.gate_proj, self.up_proj))  # decoding: one matmul
+        f = self.gate_proj.kernel.shape[-1]
+        return self.down_proj(act(gate_up[..., :f]) * gate_up[..., f:])
+
+
+def norm(config: TransformerConfig) -> RMSNorm:
+    """An RMSNorm over the hidden size, in the config's style."""
+    return RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=param_dtype(config),
+                   plus_one=config.norm_plus_one)
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x)). With `sandwich_norms`
+    each sub-layer's output is normed too before it is added (Gemma's)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = norm(config)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = norm(config)
+        self.mlp = MoE(config, rngs=rngs) if config.num_experts else MLP(config, rngs=rngs)
+        self.attn_post_norm = norm(config) if config.sandwich_norms else None
+        self.mlp_post_norm = norm(config) if config.sandwich_norms else None
+
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
+                 kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
+                 queries_from: int = 0, window: int | jax.Array | None = None, replay: jax.Array | None = None
+                 ) -> tuple[jax.Array, KVCache | None, Routing | None]:
+        """The block's output at positions `queries_from`.. (see `Attention`), and with experts
+        their routing there (None for a dense MLP); `replay` [B, L - queries_from, k] forces it."""
+        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from, window)
+        if self.attn_post_norm is not None:
+            h = self.attn_post_norm(h)
+        x = constrain(x[:, queries_from:] + h, ROWS)
+        routing = None
+        if isinstance(self.mlp, MoE):
+            h, routing = self.mlp.routed(self.mlp_norm(x), replay)
+        else:
+            h = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            h = self.mlp_post_norm(h)
+        return constrain(x + h, ROWS), kv, routing
+
+
+def stack_layers(blocks: list[Block]) -> Block:
+    """One Block whose every parameter is the blocks' parameters stacked on a new
+    leading axis (logical name "layers"), the layout `lax.scan` runs over."""
+    graphdef, first = nnx.split(blocks[0])
+    states = [first, *(nnx.state(b) for b in blocks[1:])]
+
+    def stack(*variables: nnx.Variable) -> nnx.Variable:
+        axes = variables[0].get_metadata("out_sharding")
+        units = variables[0].get_metadata("axis_units")
+        value = jnp.stack([v[...] for v in variables])
+        return variables[0].replace(value, out_sharding=("layers", *axes), axis_units=(1, *units))
+
+    stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, stacked)
