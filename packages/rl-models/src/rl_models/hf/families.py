@@ -1,6 +1,6 @@
 """What each supported Hugging Face family's config.json says beyond the Llama block.
 
-A `Family` reads its own fields (windows, NoPE layers, Gemma's norms and scales) into
+A `Family` reads its own fields (windows, NoPE layers, Gemma's and OLMo 2's norms and scales) into
 TransformerConfig fields and writes them back; the fields every family shares (sizes, rope,
 tied embeddings) are read in `rl_models.hf.config`. A field a family's folders may set that
 the model here does not implement is refused there or here, naming the file and the field.
@@ -204,6 +204,17 @@ def _write_gpt_oss(config: TransformerConfig) -> dict[str, Any]:
         "swiglu_alpha": config.swiglu_alpha, "router_aux_loss_coef": 0.0, "output_router_logits": False}
 
 
+def _read_olmo2(hf: dict[str, Any]) -> dict[str, Any]:
+    """Norms after the attention and the MLP only (post_attention_layernorm and
+    post_feedforward_layernorm), q/k norms over all heads' projections."""
+    return {"post_norms": True, "qk_norm": True, "qk_norm_all_heads": True}
+
+
+def _write_olmo2(config: TransformerConfig) -> dict[str, Any]:
+    """No special ids: the class's defaults (OLMo 2's own, 50279 for eos) lie outside most vocabularies."""
+    return {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
@@ -224,6 +235,7 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True, fixed_biases=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
+    "olmo2": Family("Olmo2ForCausalLM", _read_olmo2, _write_olmo2),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
                       biases=BOTH_BIASES),
     "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation",
@@ -238,7 +250,7 @@ ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def infer_family(config: TransformerConfig) -> str:
-    """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
+    """The model_type whose block computes what `config` computes (Gemma 3, OLMo 2, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
     name = _family_of_block(config)
     if FAMILIES[name].fixed_biases:  # checked by _family_of_block
@@ -260,6 +272,14 @@ def infer_family(config: TransformerConfig) -> str:
 
 def _family_of_block(config: TransformerConfig) -> str:
     """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
+    if config.post_norms or config.qk_norm_all_heads:
+        olmo2 = config.post_norms and config.qk_norm and config.qk_norm_all_heads
+        if not olmo2 or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu" \
+                or config.nope_layers or config.sliding_window is not None or config.query_scale is not None \
+                or config.rope_local_theta is not None or config.num_experts or config.attention_sinks:
+            raise ValueError("only OLMo 2 (olmo2) has norms after the sub-layers alone and q/k norms over all "
+                             "heads, and it has both, with full attention, Llama's norms and SwiGLU")
+        return "olmo2"
     if config.attention_sinks or config.expert_bias:
         gpt_oss = (config.attention_sinks and config.expert_bias and config.router_bias and config.attention_bias
                    and config.attention_out_bias and config.router == "topk_softmax" and not config.qk_norm
