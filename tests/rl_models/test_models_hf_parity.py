@@ -15,7 +15,7 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
-PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2")
+PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3")
 """The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
 
 
@@ -103,8 +103,11 @@ def test_llama3_rope_scaling_is_exercised(hf_fixtures, hf_reference):
     ("gemma3_text", dict(embed_scale=False)),
     ("qwen3_yarn", dict(rope_scaling=None)),
     ("smollm3", dict(nope_layers=())),
+    ("olmo3", dict(layer_types=("full_attention",) * 4)),
+    ("olmo3", dict(rope_local_theta=None)),
 ], ids=["mistral-window", "gemma3-window", "gemma3-local-theta", "gemma3-linear-rope", "gemma3-query-scale",
-        "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope"])
+        "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope",
+        "olmo3-window", "olmo3-unscaled-windowed-rope"])
 def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_reference):
     """Without the setting, the fixture's logits move by far more than the tolerance: the
     parity tests above really check it (the prompts are longer than the windows)."""

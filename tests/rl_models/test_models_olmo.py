@@ -1,6 +1,6 @@
-"""OLMo 2 beyond the parity suites (tests/rl_models/test_models_hf_parity.py and the engines'
-tests/rl_core/test_core_engine_families.py run it like every family): what its block is made of,
-and the folders and configs it refuses."""
+"""OLMo 2 and 3 beyond the parity suites (tests/rl_models/test_models_hf_parity.py and the engines'
+tests/rl_core/test_core_engine_families.py run them like every family): what their block is made
+of, and the folders and configs refused."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rl_models import TransformerConfig
-from rl_models.hf import HFFolderError, load_hf_model
+from rl_models.hf import HFFolderError, load_hf_config, load_hf_model
 from rl_models.hf.families import infer_family
 from rl_models.transformer import Attention
 
@@ -54,11 +54,14 @@ def test_olmo2_folders_with_settings_it_lacks_are_refused(changes, message, hf_c
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (dict(post_norms=True), r"only OLMo 2 \(olmo2\) has norms after the sub-layers alone"),
-    (dict(qk_norm=True, qk_norm_all_heads=True), r"only OLMo 2 \(olmo2\)"),
-    (dict(post_norms=True, qk_norm=True, qk_norm_all_heads=True, sliding_window=4), r"with full attention"),
+    (dict(post_norms=True), r"only OLMo 2 and 3 \(olmo2, olmo3\) have norms after the sub-layers alone"),
+    (dict(qk_norm=True, qk_norm_all_heads=True), r"only OLMo 2 and 3"),
+    (dict(post_norms=True, qk_norm=True, qk_norm_all_heads=True, sliding_window=4),
+     r"OLMo 3 \(windowed layers\) gives its windowed layers their own unscaled rope"),
+    (dict(post_norms=True, qk_norm=True, qk_norm_all_heads=True, rope_local_theta=1e4),
+     r"OLMo 2 \(full attention\) has no local rope theta"),
 ])
-def test_no_family_but_olmo2_writes_its_norms(overrides, message):
+def test_no_family_but_olmo_writes_its_norms(overrides, message):
     with pytest.raises(ValueError, match=message):
         infer_family(TransformerConfig.tiny(40, **overrides))
 
@@ -70,3 +73,15 @@ def test_no_family_but_olmo2_writes_its_norms(overrides, message):
 def test_config_refuses_norm_settings_that_contradict(overrides, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig.tiny(40, **overrides)
+
+
+def test_an_olmo3_folder_in_the_older_layout_reads_as_the_same_model(hf_fixtures, hf_copy):
+    """rope_theta and rope_scaling (the global layers' scaling) with no layer_types: transformers'
+    three windowed layers to one global, the windowed ones with the unscaled rope."""
+    folder = hf_copy("olmo3")
+    config = json.loads((folder / "config.json").read_text())
+    full = config.pop("rope_parameters")["full_attention"]
+    del config["layer_types"]
+    config |= {"rope_theta": full.pop("rope_theta"), "rope_scaling": full}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_hf_config(folder) == load_hf_config(hf_fixtures / "olmo3")
