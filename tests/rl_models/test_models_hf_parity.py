@@ -119,7 +119,7 @@ def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_referen
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "smollm3"])
+@pytest.mark.parametrize("name", ["gemma3_text", "smollm3", "olmo3"])
 def test_scanned_layers_pick_each_layers_window_and_rotary_table(name, hf_fixtures, hf_reference, greedy_generate):
     """With the layers scanned (as on accelerators: one traced body, the settings picked by the
     layer index) the logits and greedy tokens are those of transformers too."""
