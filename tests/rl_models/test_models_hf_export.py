@@ -50,6 +50,10 @@ def test_export_of_a_loaded_checkpoint_loads_back_exactly(hf_name, hf_fixtures, 
      (dict(sliding_window=4, layer_types=("sliding_attention", "full_attention"), rope_local_theta=1e4,
            hidden_act="gelu_tanh", norm_plus_one=True, sandwich_norms=True, embed_scale=True, qk_norm=True,
            query_scale=24 ** -0.5, tie_embeddings=True, rope_scaling=LinearRope(factor=8.0)), "gemma3_text"),
+     (dict(post_norms=True, qk_norm=True, qk_norm_all_heads=True), "olmo2"),
+     (dict(post_norms=True, qk_norm=True, qk_norm_all_heads=True, sliding_window=4, rope_local_theta=1e4,
+           layer_types=("sliding_attention", "full_attention"),
+           rope_scaling=YarnRope(factor=4.0, original_max_position_embeddings=64)), "olmo3"),
      (dict(qk_norm=True, rope_scaling=YarnRope(factor=4.0, original_max_position_embeddings=64)), "qwen3")],
 )
 def test_export_of_a_fresh_model_infers_its_family(tmp_path, overrides, model_type):
@@ -86,7 +90,7 @@ def test_gpt_oss_exports_with_its_experts_interleaved_and_loads_back_exactly(nam
     _assert_same_params(model, again)
 
 
-@pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "gpt_oss", "olmo2", "olmo3"])
 def test_export_without_the_source_folder_writes_a_config_of_the_same_model(name, hf_fixtures, hf_reference,
                                                                           tmp_path):
     """The config.json written from the model's own config (no source folder to copy) describes

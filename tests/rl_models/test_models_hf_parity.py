@@ -15,7 +15,7 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
-PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3")
+PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3")
 """The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
 
 
@@ -103,8 +103,11 @@ def test_llama3_rope_scaling_is_exercised(hf_fixtures, hf_reference):
     ("gemma3_text", dict(embed_scale=False)),
     ("qwen3_yarn", dict(rope_scaling=None)),
     ("smollm3", dict(nope_layers=())),
+    ("olmo3", dict(layer_types=("full_attention",) * 4)),
+    ("olmo3", dict(rope_local_theta=None)),
 ], ids=["mistral-window", "gemma3-window", "gemma3-local-theta", "gemma3-linear-rope", "gemma3-query-scale",
-        "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope"])
+        "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope",
+        "olmo3-window", "olmo3-unscaled-windowed-rope"])
 def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_reference):
     """Without the setting, the fixture's logits move by far more than the tolerance: the
     parity tests above really check it (the prompts are longer than the windows)."""
@@ -116,7 +119,7 @@ def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_referen
     assert np.abs(logits[valid] - arrays["logits"][valid]).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "smollm3"])
+@pytest.mark.parametrize("name", ["gemma3_text", "smollm3", "olmo3"])
 def test_scanned_layers_pick_each_layers_window_and_rotary_table(name, hf_fixtures, hf_reference, greedy_generate):
     """With the layers scanned (as on accelerators: one traced body, the settings picked by the
     layer index) the logits and greedy tokens are those of transformers too."""

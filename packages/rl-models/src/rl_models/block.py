@@ -74,9 +74,22 @@ class Attention(nnx.Module):
         self.sinks = param(jnp.zeros((h,), param_dtype(config)), ("heads",)) if config.attention_sinks else None
         eps, pdt = config.rms_norm_eps, param_dtype(config)
         norm = {"eps": eps, "param_dtype": pdt, "axis": "head_dim", "plus_one": config.norm_plus_one}
-        self.q_norm = RMSNorm(dh, **norm) if config.qk_norm else None
-        self.k_norm = RMSNorm(dh, **norm) if config.qk_norm else None
+        widths = (dh, dh)
+        if config.qk_norm_all_heads:  # OLMo 2's: over the whole projection (replicated, as other norms)
+            norm["axis"], widths = "norm", (h * dh, kv * dh)
+        self.q_norm = RMSNorm(widths[0], **norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(widths[1], **norm) if config.qk_norm else None
         self.config = config
+
+    def normed(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """q [..., H, Dh] and k [..., K, Dh] through the q/k norms (unchanged without them): over
+        each head's Dh, or with `qk_norm_all_heads` over all heads' H * Dh (K * Dh) at once."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        if not self.config.qk_norm_all_heads:
+            return self.q_norm(q), self.k_norm(k)
+        return (self.q_norm(q.reshape(*q.shape[:-2], -1)).reshape(q.shape),
+                self.k_norm(k.reshape(*k.shape[:-2], -1)).reshape(k.shape))
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
@@ -101,8 +114,7 @@ class Attention(nnx.Module):
         q, k, v = q.reshape(b, lq, h, dh), k.reshape(b, l, kvh, dh), v.reshape(b, l, kvh, dh)
         q = constrain(q, ("act_batch", "act_length", "act_heads", None))
         k, v = (constrain(x, ("act_batch", "act_length", "act_kv_heads", None)) for x in (k, v))
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.normed(q, k)
         q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
         if kv is not None and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
             out, kv = self._ring_attention(q, k, v, mask, kv, cache_index, layer, queries_from, window)
@@ -205,17 +217,24 @@ def norm(config: TransformerConfig) -> RMSNorm:
                    plus_one=config.norm_plus_one)
 
 
+def normed(norm: RMSNorm | None, x: jax.Array) -> jax.Array:
+    """x through `norm`, or x itself where a block has no norm there."""
+    return x if norm is None else norm(x)
+
+
 class Block(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)); x + mlp(norm(x)). With `sandwich_norms`
-    each sub-layer's output is normed too before it is added (Gemma's)."""
+    each sub-layer's output is normed too before it is added (Gemma's); with `post_norms` only
+    the output is (OLMo 2's: x + norm(attn(x)); x + norm(mlp(x)))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.attn_norm = norm(config)
+        self.attn_norm = None if config.post_norms else norm(config)
         self.attn = Attention(config, rngs=rngs)
-        self.mlp_norm = norm(config)
+        self.mlp_norm = None if config.post_norms else norm(config)
         self.mlp = MoE(config, rngs=rngs) if config.num_experts else MLP(config, rngs=rngs)
-        self.attn_post_norm = norm(config) if config.sandwich_norms else None
-        self.mlp_post_norm = norm(config) if config.sandwich_norms else None
+        after = config.sandwich_norms or config.post_norms
+        self.attn_post_norm = norm(config) if after else None
+        self.mlp_post_norm = norm(config) if after else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array,
                  kv: KVCache | None, cache_index: jax.Array | int, layer: jax.Array,
@@ -223,18 +242,14 @@ class Block(nnx.Module):
                  ) -> tuple[jax.Array, KVCache | None, Routing | None]:
         """The block's output at positions `queries_from`.. (see `Attention`), and with experts
         their routing there (None for a dense MLP); `replay` [B, L - queries_from, k] forces it."""
-        h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer, queries_from, window)
-        if self.attn_post_norm is not None:
-            h = self.attn_post_norm(h)
-        x = constrain(x[:, queries_from:] + h, ROWS)
+        h, kv = self.attn(normed(self.attn_norm, x), rope, mask, kv, cache_index, layer, queries_from, window)
+        x = constrain(x[:, queries_from:] + normed(self.attn_post_norm, h), ROWS)
         routing = None
         if isinstance(self.mlp, MoE):
-            h, routing = self.mlp.routed(self.mlp_norm(x), replay)
+            h, routing = self.mlp.routed(normed(self.mlp_norm, x), replay)
         else:
-            h = self.mlp(self.mlp_norm(x))
-        if self.mlp_post_norm is not None:
-            h = self.mlp_post_norm(h)
-        return constrain(x + h, ROWS), kv, routing
+            h = self.mlp(normed(self.mlp_norm, x))
+        return constrain(x + normed(self.mlp_post_norm, h), ROWS), kv, routing
 
 
 def stack_layers(blocks: list[Block]) -> Block:

@@ -99,7 +99,8 @@ class LinearAttention:
 @dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
     """A decoder-only transformer: the Llama block, with the per-layer and per-family settings below
-    (Qwen2 biases, Qwen3 q/k norm, Mistral windows, SmolLM3 NoPE layers, Gemma 3's norms and scales)."""
+    (Qwen2 biases, Qwen3 q/k norm, Mistral windows, SmolLM3 NoPE layers, Gemma 3's norms and scales,
+    OLMo 2's norms after the sub-layers and q/k norms over all heads)."""
 
     vocab_size: int
     """Number of token ids V."""
@@ -128,6 +129,9 @@ class TransformerConfig:
     SmolLM3's and Gemma 3's `attention_bias`)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on queries and keys before rotary (Qwen3)."""
+    qk_norm_all_heads: bool = False
+    """With qk_norm, one RMSNorm over all heads' queries (H * Dh) and one over all keys (K * Dh)
+    instead of one over each head's Dh (OLMo 2)."""
     rope_scaling: RopeScaling | FrequencyRope | None = None
     """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK (the
     default rope within its max_position_embeddings), or None."""
@@ -149,6 +153,9 @@ class TransformerConfig:
     """RMSNorms scale by (1 + w) computed in float32, weights starting at 0 (Gemma)."""
     sandwich_norms: bool = False
     """Norms after the attention and after the MLP too, before each residual add (Gemma 2/3)."""
+    post_norms: bool = False
+    """Norms after the attention and after the MLP only, before each residual add, and none before
+    them (OLMo 2)."""
     embed_scale: bool = False
     """Embeddings multiplied by sqrt(hidden_size), in the parameters' dtype (Gemma)."""
     query_scale: float | None = None
@@ -264,10 +271,15 @@ class TransformerConfig:
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         _require(self.remat in REMAT, name, "remat", self.remat, f"must be one of {REMAT}")
-        for field in ("tie_embeddings", "attention_bias", "qk_norm", "attention_output_gate", "norm_plus_one",
-                      "sandwich_norms", "embed_scale"):
+        for field in ("tie_embeddings", "attention_bias", "qk_norm", "qk_norm_all_heads", "attention_output_gate",
+                      "norm_plus_one", "sandwich_norms", "post_norms", "embed_scale"):
             value = getattr(self, field)
             _require(isinstance(value, bool), name, field, value, "must be a bool")
+        _require(self.qk_norm or not self.qk_norm_all_heads, name, "qk_norm_all_heads", True, "needs qk_norm")
+        _require(not (self.post_norms and self.sandwich_norms), name, "post_norms", True,
+                 "and sandwich_norms exclude each other (norms after the sub-layers only, or before and after)")
+        _require(not (self.post_norms or self.qk_norm_all_heads) or not self.hybrid, name, "post_norms",
+                 self.post_norms, "a hybrid (linear-attention) model has pre-norms and per-head q/k norms")
         _require(self.scan_layers is None or isinstance(self.scan_layers, bool), name, "scan_layers",
                  self.scan_layers, "must be a bool or None (by platform)")
 

@@ -29,6 +29,7 @@ from flax import nnx
 
 from rl_models import lora, paged_hybrid, paged_window
 from rl_models import transformer as tf
+from rl_models.block import normed
 from rl_models.layers import fused_linear
 from rl_models.moe import MoE
 from rl_models.rope import rope_tables, rotate
@@ -56,11 +57,10 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     n = x.shape[0]
     h, kvh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     attn = block.attn
-    qkv = fused_linear(block.attn_norm(x), (attn.q_proj, attn.k_proj, attn.v_proj))
+    qkv = fused_linear(normed(block.attn_norm, x), (attn.q_proj, attn.k_proj, attn.v_proj))
     q, k, v = qkv[..., : h * dh], qkv[..., h * dh : (h + kvh) * dh], qkv[..., (h + kvh) * dh :]
     q, k, v = q.reshape(n, 1, h, dh), k.reshape(n, 1, kvh, dh), v.reshape(n, 1, kvh, dh)
-    if attn.q_norm is not None and attn.k_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = attn.normed(q, k)
     q, k = rotate(q, *rope), rotate(k, *rope)
     extra = {} if window is None else {"window": window}
     if attn.sinks is not None:  # gpt-oss: each head's sink logit joins its softmax
@@ -69,14 +69,14 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
         q = (q.astype(jnp.float32) * (cfg.query_scale * dh ** 0.5)).astype(q.dtype)
     out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions, **extra)
     h = attn.o_proj(out.reshape(n, 1, h * dh).astype(x.dtype))
-    x = x + (h if block.attn_post_norm is None else block.attn_post_norm(h))
+    x = x + normed(block.attn_post_norm, h)
     experts = None
     if isinstance(block.mlp, MoE):
-        h, routing = block.mlp.routed(block.mlp_norm(x))
+        h, routing = block.mlp.routed(normed(block.mlp_norm, x))
         experts = routing.experts[:, 0]
     else:
-        h = block.mlp(block.mlp_norm(x))
-    return x + (h if block.mlp_post_norm is None else block.mlp_post_norm(h)), pages, experts
+        h = block.mlp(normed(block.mlp_norm, x))
+    return x + normed(block.mlp_post_norm, h), pages, experts
 
 
 def paged_forward(model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,

@@ -1,4 +1,4 @@
-"""A decoder-only transformer (Llama / Qwen / Mistral / Gemma 3 / SmolLM3 families) in Flax NNX.
+"""A decoder-only transformer (Llama / Qwen / Mistral / Gemma 3 / SmolLM3 / OLMo 2 families) in Flax NNX.
 
 Shapes: B batch, L query tokens, S key/value slots, D hidden, V vocab,
 H query heads, K key/value heads, G = H // K queries per KV head, Dh head_dim.

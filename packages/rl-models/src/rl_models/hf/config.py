@@ -332,6 +332,11 @@ def hf_config_from_transformer_config(
                 hf["rope_scaling"][key] = getattr(s, key)
     family = FAMILIES[model_type]
     written = family.write(config)
+    if family.rope_by_layer_type:
+        scaled = hf.pop("rope_scaling") or {"rope_type": "default"}
+        hf["rope_parameters"] = {
+            "full_attention": scaled | {"rope_theta": hf.pop("rope_theta")},
+            "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}}
     if family.activation_key != "hidden_act":
         del hf["hidden_act"]
     return hf | written

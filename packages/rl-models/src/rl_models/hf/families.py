@@ -1,6 +1,6 @@
 """What each supported Hugging Face family's config.json says beyond the Llama block.
 
-A `Family` reads its own fields (windows, NoPE layers, Gemma's norms and scales) into
+A `Family` reads its own fields (windows, NoPE layers, Gemma's and OLMo 2's norms and scales) into
 TransformerConfig fields and writes them back; the fields every family shares (sizes, rope,
 tied embeddings) are read in `rl_models.hf.config`. A field a family's folders may set that
 the model here does not implement is refused there or here, naming the file and the field.
@@ -55,6 +55,9 @@ class Family:
     fixed_biases: bool = False
     """Its attention biases are the family's own, not a flag's (Qwen2's q/k/v, gpt-oss's q/k/v/o): an
     `attention_bias` key in its folder says nothing, and it has no MLP biases."""
+    rope_by_layer_type: bool = False
+    """Its config.json is written with `rope_parameters` by layer type (full_attention with the
+    scaling, sliding_attention unscaled), as transformers 5 writes Olmo 3's."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """What transformers' config class assumes for keys a folder leaves out (Gemma 3's
     text_config lists only what differs from them)."""
@@ -204,6 +207,37 @@ def _write_gpt_oss(config: TransformerConfig) -> dict[str, Any]:
         "swiglu_alpha": config.swiglu_alpha, "router_aux_loss_coef": 0.0, "output_router_logits": False}
 
 
+def _read_olmo2(hf: dict[str, Any]) -> dict[str, Any]:
+    """Norms after the attention and the MLP only (post_attention_layernorm and
+    post_feedforward_layernorm), q/k norms over all heads' projections."""
+    return {"post_norms": True, "qk_norm": True, "qk_norm_all_heads": True}
+
+
+def _read_olmo3(hf: dict[str, Any]) -> dict[str, Any]:
+    """OLMo 2's block with three windowed layers to one global (layer_types; transformers' pattern
+    when a folder leaves them out); the windowed layers' rope is the default one (rl_models.hf.config
+    reads its theta from rope_parameters.sliding_attention; with the older layout, rope_theta)."""
+    n = hf["num_hidden_layers"]
+    if hf.get("layer_types") is None and hf.get("sliding_window") is not None:
+        hf = hf | {"layer_types": ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]}
+    windows = _windows(hf, "sliding_attention")
+    if windows:
+        windows["rope_local_theta"] = float(hf.get("rope_theta", OLMO3_DEFAULTS["rope_theta"]))
+    return windows | _read_olmo2(hf)
+
+
+def _write_olmo2(config: TransformerConfig) -> dict[str, Any]:
+    """No special ids: the class's defaults (OLMo 2's own, 50279 for eos) lie outside most vocabularies."""
+    return {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _write_olmo3(config: TransformerConfig) -> dict[str, Any]:
+    return _write_windows(config) | _write_olmo2(config)
+
+
+OLMO3_DEFAULTS: dict[str, Any] = {"rope_theta": 500_000.0, "sliding_window": 4096}
+"""transformers' Olmo3Config defaults (5.x) a folder may leave out."""
+
 GEMMA3_DEFAULTS: dict[str, Any] = {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
@@ -224,6 +258,9 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True, fixed_biases=True),
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
+    "olmo2": Family("Olmo2ForCausalLM", _read_olmo2, _write_olmo2),
+    "olmo3": Family("Olmo3ForCausalLM", _read_olmo3, _write_olmo3, windows=True, rope_by_layer_type=True,
+                    defaults=OLMO3_DEFAULTS),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
                       biases=BOTH_BIASES),
     "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation",
@@ -238,7 +275,7 @@ ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def infer_family(config: TransformerConfig) -> str:
-    """The model_type whose block computes what `config` computes (Gemma 3, SmolLM3, Mistral,
+    """The model_type whose block computes what `config` computes (Gemma 3, OLMo 2, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
     name = _family_of_block(config)
     if FAMILIES[name].fixed_biases:  # checked by _family_of_block
@@ -260,6 +297,20 @@ def infer_family(config: TransformerConfig) -> str:
 
 def _family_of_block(config: TransformerConfig) -> str:
     """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
+    if config.post_norms or config.qk_norm_all_heads:
+        olmo = config.post_norms and config.qk_norm and config.qk_norm_all_heads
+        if not olmo or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu" \
+                or config.nope_layers or config.query_scale is not None or config.num_experts or config.attention_sinks:
+            raise ValueError("only OLMo 2 and 3 (olmo2, olmo3) have norms after the sub-layers alone and q/k norms "
+                             "over all heads, and they have both, with Llama's norms and SwiGLU")
+        if config.sliding_window is None:
+            if config.rope_local_theta is not None:
+                raise ValueError("OLMo 2 (full attention) has no local rope theta")
+            return "olmo2"
+        if config.rope_local_theta is None:
+            raise ValueError("OLMo 3 (windowed layers) gives its windowed layers their own unscaled rope: "
+                             "set rope_local_theta (Olmo 3's is rope_theta)")
+        return "olmo3"
     if config.attention_sinks or config.expert_bias:
         gpt_oss = (config.attention_sinks and config.expert_bias and config.router_bias and config.attention_bias
                    and config.attention_out_bias and config.router == "topk_softmax" and not config.qk_norm

@@ -118,8 +118,11 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
     if config.hybrid:
         return hybrid_parameter_map(config, prefix)
     names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False)}
-    # the block's norms: Llama's two, or Gemma's four (each sub-layer's input and output)
+    # the block's norms: Llama's two, Gemma's four (each sub-layer's input and output), or OLMo 2's
+    # two after the sub-layers (Llama's name for the MLP's input norm is its attention's output norm)
     norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
+    if config.post_norms:
+        norms = {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"}
     if config.sandwich_norms:
         norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
                  "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
