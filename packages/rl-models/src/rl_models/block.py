@@ -54,6 +54,18 @@ def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Arra
     return mask & near[None]
 
 
+def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int, cache_index: jax.Array | int
+                ) -> tuple[KVCache, jax.Array, jax.Array]:
+    """(the cache [layers, B, K, S, Dh] each with k / v [B, L, K, Dh] written in place at `layer`,
+    slots cache_index.., then that layer's keys and values [B, K, S, Dh])."""
+    zero = jnp.zeros((), jnp.int32)
+    start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+    new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
+    kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start), jax.lax.dynamic_update_slice(kv[1], new[1], start))
+    k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+    return kv, k_all, v_all
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary positions (optionally q/k/v and o_proj biases
     and q/k RMSNorm)."""
@@ -128,14 +140,9 @@ class Attention(nnx.Module):
             out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed,
                                   sinks=sinks)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
-        zero = jnp.zeros((), jnp.int32)
-        start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-        new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
-        kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
-              jax.lax.dynamic_update_slice(kv[1], new[1], start))
+        kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
-        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
         if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
             out = attend(q, k_all, v_all, mask, scale, sinks)  # the cache's layout

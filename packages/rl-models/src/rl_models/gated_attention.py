@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_models.attention import attend, attend_sequence
-from rl_models.block import Attention, KVCache, compute_dtype, param_dtype
+from rl_models.block import Attention, KVCache, compute_dtype, param_dtype, write_cache
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear
 from rl_models.rope import rotate
@@ -60,12 +60,7 @@ class GatedAttention(Attention):
         if kv is None:
             out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from)
         else:
-            zero = jnp.zeros((), jnp.int32)
-            start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-            new = [t.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for t in (k, v)]  # [1, B, K, L, Dh]
-            kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start),
-                  jax.lax.dynamic_update_slice(kv[1], new[1], start))
-            k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+            kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
             out = attend(q, k_all, v_all, mask)
         out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), kv
