@@ -49,7 +49,7 @@ def attention_error(heads: int, kv_heads: int, head_dim: int, dtype: str, seed: 
 
     interpret = pltpu.force_tpu_interpret_mode() if jax.default_backend() != "tpu" else contextlib.nullcontext()
     with jax.default_matmul_precision("highest"), interpret:
-        got = jax.jit(lambda *a: kv._attend(*a, None, None, kv_heads=kv_heads))(
+        got = jax.jit(lambda *a: kv.attend(*a, None, None, kv_heads=kv_heads))(
             jnp.asarray(q, dtype), pool(k), pool(v), 0, rows, lengths)
     kk = k[:, rows].reshape(kv_heads, n, m * ps, head_dim)
     vv = v[:, rows].reshape(kv_heads, n, m * ps, head_dim)

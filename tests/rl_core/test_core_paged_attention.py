@@ -308,8 +308,8 @@ def test_tpu_kernel_in_the_interpreter_over_the_packed_pool():
     kv = attention_lib.PallasKV(PS, 2, platform="tpu")
     low = [jnp.asarray(x, jnp.bfloat16) for x in (q, k_pool, v_pool)]
     with pltpu.force_tpu_interpret_mode():
-        got = kv._attend(*low, 0, page_rows, lengths, None, None, kv_heads=2)
+        got = kv.attend(*low, 0, page_rows, lengths, None, None, kv_heads=2)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
-    exact = kv._attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2)
+    exact = kv.attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2)
     np.testing.assert_allclose(exact, want, atol=1e-5)

@@ -217,8 +217,13 @@ class PagedKV:
         """Pool with pages `src` [S] copied onto pages `dst` [S] in every layer (0 -> 0: nothing)."""
         return tuple(p.at[self._pages(dst)].set(p[self._pages(src)]) for p in pages)
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None) -> jax.Array:
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *,
+               kv_heads: int) -> jax.Array:
         raise NotImplementedError
+
+    def _stored(self, x: jax.Array) -> jax.Array:
+        """A token's keys or values [N, K, Dh] as the pool holds them (as they are, but for TPU's packing)."""
+        return x
 
     def init(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, num_pages: int) -> tuple[jax.Array, jax.Array]:
         shape = self.pool_shape(layers, kv_heads, head_dim, num_pages)
@@ -232,9 +237,10 @@ class PagedKV:
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
         slot = self._slot(layer, page, positions % self.page_size)
         # a scatter into the loop-carried pool: in place, nothing else is copied
-        k_pool = pages[0].at[slot].set(k.astype(pages[0].dtype))
-        v_pool = pages[1].at[slot].set(v.astype(pages[1].dtype))
-        return self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks), (k_pool, v_pool)
+        k_pool = pages[0].at[slot].set(self._stored(k).astype(pages[0].dtype))
+        v_pool = pages[1].at[slot].set(self._stored(v).astype(pages[1].dtype))
+        out = self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks, kv_heads=k.shape[1])
+        return out, (k_pool, v_pool)
 
 
 class ReferenceKV(PagedKV):
@@ -251,7 +257,7 @@ class ReferenceKV(PagedKV):
     def _pages(self, page):
         return slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads=None):
         return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
                                          pages_per_block=self.pages_per_block, window=window, sinks=sinks)
 
@@ -280,36 +286,20 @@ class PallasKV(PagedKV):
     def _pages(self, page):
         return slice(None), slice(None), page
 
-    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None):
-        kv_heads, head_dim = k.shape[1], k.shape[2]
-        pack, lanes = self.layout(kv_heads, head_dim)
-        if (pack, lanes) != (1, head_dim):  # the pool holds each token's heads lane-packed
-            k, v = pack_heads(k, pack, lanes), pack_heads(v, pack, lanes)
-        page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
-        slot = self._slot(layer, page, positions % self.page_size)
-        k_pool = pages[0].at[slot].set(k.astype(pages[0].dtype))
-        v_pool = pages[1].at[slot].set(v.astype(pages[1].dtype))
-        out = self._attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks, kv_heads=kv_heads)
-        return out, (k_pool, v_pool)
+    def _stored(self, x):
+        pack, lanes = self.layout(x.shape[1], x.shape[2])
+        return x if (pack, lanes) == (1, x.shape[2]) else pack_heads(x, pack, lanes)
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None):
-        if self.platform == "tpu":
-            raise TypeError("the TPU pool is lane-packed: its kv-head count is the caller's (use __call__)")
-        return self._attend(q, k_pool, v_pool, layer, page_rows, lengths, window, sinks, kv_heads=k_pool.shape[1])
-
-    def _attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window, sinks, *, kv_heads: int):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads: int):
+        """`kv_heads`: the model's (a lane-packed pool's shape holds its groups, not its heads)."""
         pack, _ = self.layout(kv_heads, q.shape[-1])
-        if window is not None or sinks is not None:  # the kernels take neither: the reference over this layout
+        # the kernels take neither a window nor sinks; and Mosaic does not compile the TPU kernel's
+        # float32 products at `highest` precision (at the default they are bfloat16 passes), so float32
+        # pools (checks against the static engine, not real runs) also take XLA's attention over this layout
+        if window is not None or sinks is not None or (self.platform == "tpu" and k_pool.dtype == jnp.float32):
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
                                              sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True,
                                              pack=pack, kv_heads=kv_heads)
-        if self.platform == "tpu" and k_pool.dtype == jnp.float32:
-            # Mosaic does not compile the kernel's float32 products at `highest` precision, and at the
-            # default one they are bfloat16 passes: float32 pools (checks against the static engine,
-            # not real runs) take XLA's attention over this layout, exact at `highest`
-            return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
-                                             pages_per_block=self.pages_per_block, kv_head_major=True, pack=pack,
-                                             kv_heads=kv_heads)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
             return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block, kv_heads=kv_heads,
