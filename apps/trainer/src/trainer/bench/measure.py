@@ -53,6 +53,7 @@ from trainer.bench.flops import (
 )
 from trainer.bench.memory_check import check_memory
 from trainer.bench.presets import PRESETS, BenchPreset
+from trainer.bench.trace import profiled
 from trainer.run import devices, plural
 from trainer.settings import build_settings
 
@@ -172,6 +173,7 @@ def run_bench(
     model: str | None = None,
     overrides: Sequence[str] = (),
     memory_gb: float | None = None,
+    profile: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark; print a table, write JSON to `output` (if given) and return the results.
@@ -179,7 +181,7 @@ def run_bench(
     `model` (a local Hugging Face folder) replaces the preset's model and
     tokenizer with a real architecture; the batch shape stays the preset's.
     `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`), pick the
-    rollout engine or pack the update's rows (`training.packing=true`).
+    rollout engine or pack the update's rows (`training.packing=true`); `profile` traces the timed steps.
     """
     if any(not o.startswith(("model.", "rollout.engine=", "training.packing=")) for o in overrides):
         raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8), "
@@ -238,11 +240,12 @@ def run_bench(
     compiles_before = compile_count()
     records = []
     wall = 0.0
-    for _ in range(steps):
-        start = time.perf_counter()
-        record = learner.train_step()
-        wall += time.perf_counter() - start
-        records.append(split(record) if critic else record)
+    with profiled(profile):  # --profile DIR: a jax.profiler trace of the timed steps (trainer.bench.trace)
+        for _ in range(steps):
+            start = time.perf_counter()
+            record = learner.train_step()
+            wall += time.perf_counter() - start
+            records.append(split(record) if critic else record)
     compiles_after = compile_count()
     flops, needed, tokens = recorder.take()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from trainer.cli.common import SETTINGS_HINT
@@ -25,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a saved bench JSON: print each phase's ratio to it; exit 1 when one is >10%% slower")
     b.add_argument("--memory-gb", type=float, metavar="N",
                    help="GiB per device the benchmark may use (default: what the device or host has free)")
+    b.add_argument("--profile", type=Path, metavar="DIR",
+                   help="write a jax.profiler trace of the timed steps to DIR and print its costliest ops")
     b.add_argument("overrides", nargs="*", metavar="key=value",
                    help="model settings, e.g. model.lora.rank=8 model.quantize=int8 (a LoRA run)")
 
@@ -36,7 +39,15 @@ def run(args: argparse.Namespace) -> int:
 
     baseline = load_baseline(args.baseline) if args.baseline else None  # a bad file fails before the run
     results = run_bench(preset=args.preset, steps=args.steps, output=args.output, algo=args.algo, model=args.model,
-                        overrides=args.overrides, memory_gb=args.memory_gb)
+                        overrides=args.overrides, memory_gb=args.memory_gb, profile=args.profile)
+    if args.profile:
+        from trainer.bench.trace import summarise
+
+        found = summarise(args.profile)
+        print(f"profile of the timed steps: {found['trace']}")
+        print("\n".join(found["lines"]))
+        if args.output:  # beside the results: the ops a later look at the numbers needs
+            args.output.with_suffix(".profile.json").write_text(json.dumps(found, indent=2) + "\n")
     if baseline is None:
         return 0
     rows = compare(results, baseline)
