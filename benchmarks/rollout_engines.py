@@ -1,7 +1,7 @@
 """The static sampler and the paged engine on the same requests: generated tokens/s of each.
 
     uv run python benchmarks/rollout_engines.py [--prompts 64] [--samples 8] [--new-tokens 256 1024 4096]
-        [--model DIR] [--mean-fraction 0.2]
+        [--model DIR] [--mean-fraction 0.2] [--profile DIR]
 
 Model: the sampler benchmark's (D=128, 4 layers, 4 query / 2 KV heads, SwiGLU
 512, character vocabulary, float32, random weights), with an EOS schedule:
@@ -42,6 +42,7 @@ from rl_core.rollout import attention as attention_lib
 from rl_core import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
 from rl_models.hf import load_hf_config, load_hf_model
+from trainer.bench.trace import profiled, summarise
 
 PROMPT_TOKENS = 32
 SIGMA = 1.0
@@ -91,15 +92,16 @@ class ScheduledPaging(TransformerPaging):
         return hidden.at[..., -1].set(positions.astype(hidden.dtype)), pages
 
 
-def run_one(backend, state, requests, hazard, sampling) -> tuple[float, float, np.ndarray]:
+def run_one(backend, state, requests, hazard, sampling, profile=None) -> tuple[float, float, np.ndarray]:
     warm = dict(state)
     warm["hazard"] = jnp.ones_like(state["hazard"])
     backend.update_weights(warm, 0)
     jax.block_until_ready(backend.generate(requests, sampling, jax.random.key(0)).tokens)
     backend.update_weights(state | {"hazard": jnp.asarray(hazard)}, 1)
-    start, cpu = time.perf_counter(), time.process_time()
-    out = backend.generate(requests, sampling, jax.random.key(1))
-    lengths = np.asarray(jax.block_until_ready(out.lengths))
+    with profiled(profile):
+        start, cpu = time.perf_counter(), time.process_time()
+        out = backend.generate(requests, sampling, jax.random.key(1))
+        lengths = np.asarray(jax.block_until_ready(out.lengths))
     return time.perf_counter() - start, time.process_time() - cpu, lengths
 
 
@@ -121,6 +123,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
     parser.add_argument("--mean-fraction", type=float, default=0.2,
                         help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="trace each timed rollout to DIR/<max_new>-<engine> and print its costliest ops")
     args = parser.parse_args()
     keep_freed_memory()
     unroll_threefry_on_cpu()
@@ -166,11 +170,14 @@ def main() -> None:
                 backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
                 if len(runs) > 2:
                     name = f"p{page_size}/b{block_tokens}"
-            seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling)
+            profile = f"{args.profile}/{t}-{name.replace('/', '-')}" if args.profile else None
+            seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling, profile)
             rates[name] = lengths.sum() / cpu
             print(f"{t:>8} {name:>7} {lengths.mean():>8.1f} {lengths.max():>7} {lengths.sum():>8} {seconds:>8.2f} "
                   f"{cpu:>8.2f} {lengths.sum() / seconds:>9.0f} {rates[name]:>9.0f} {compile_count() - before:>8}",
                   flush=True)
+            if profile:
+                print("\n".join(summarise(profile)["lines"]), flush=True)
         if len(rates) == 2 and "paged" in rates:
             print(f"{t:>8}   paged / static tokens per cpu-second: {rates['paged'] / rates['static']:.2f}x", flush=True)
 
