@@ -31,6 +31,7 @@ class DAPOLearner(GRPOLearner):
     """
 
     config: DAPOConfig
+    _draws_on_scores = True  # more prompts are drawn while the groups score alike: collected whole
 
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

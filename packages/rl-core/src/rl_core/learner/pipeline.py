@@ -2,7 +2,8 @@
 overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
 _collect(prompts, supply)            the rollout half (rl_core.learner.base runs it now, or k steps
-                                     ahead; `_collection()` cuts it in two, scoring apart)
+                                     ahead; `_collection()` cuts it in two, scoring on its own,
+                                     unless the variant declares `_draws_on_scores`)
   = _sample_groups(prompts, supply)  the step's groups and the supply past them (DAPO's dynamic
                                      sampling overrides this: more prompts, a carry):
                                      _rollout_groups (rl_core.learner.collection.groups_of_rollout)
@@ -33,7 +34,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -160,11 +161,15 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         groups, supply = self._sample_groups(prompts, supply, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
+    _draws_on_scores: ClassVar[bool] = False
+    """True for a variant whose collection draws on its scores (DAPO draws more prompts while groups
+    score alike) or that overrides `_collect` / `_sample_groups`: its collection then runs whole,
+    `_collect`, and is never cut in two."""
+
     def _collection(self) -> Collection:
         """The collection cut in two, generation then scoring (which async rollouts run on a scoring
-        thread), unless a variant changes it (DAPO draws more prompts as the scores come in)."""
-        own = PolicyGradientLearner
-        if any(getattr(type(self), n) is not getattr(own, n) for n in ("_collect", "_sample_groups")):
+        thread), or whole when the variant declares `_draws_on_scores`."""
+        if self._draws_on_scores:
             return Collection(self._collect, batch=Groups)
         return Collection(self._collect_unscored, score=self._score_collected, batch=Groups)
 
