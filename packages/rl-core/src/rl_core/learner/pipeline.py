@@ -50,7 +50,7 @@ from rl_core.learner import records
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.learner.state import POLICY
 from rl_core.learner.collection import groups_of_rollout, score_groups
-from rl_core.learner.draw import Draw, KeyStream, collection_tally
+from rl_core.learner.draw import KeysAndTally, KeyStream, collection_tally
 from rl_core.learner.groups import Groups
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.pipeline_config import PolicyGradientConfig
@@ -157,7 +157,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
     def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them (its key past the samples' keys)."""
-        draw = Draw(KeyStream(supply.rng), collection_tally())
+        draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
         groups, supply = self._sample_groups(prompts, supply, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
@@ -174,28 +174,28 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         return Collection(self._collect_unscored, score=self._score_collected, batch=Groups)
 
     def _collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
-        draw = Draw(KeyStream(supply.rng), collection_tally())
+        draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
         groups = self._rollout_groups(prompts, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
     def _score_collected(self, groups: Groups) -> Groups:
-        draw = Draw(tally=dict(groups.info))
+        draw = KeysAndTally(tally=dict(groups.info))
         return dataclasses.replace(self._score(groups, draw), info=draw.tally)
 
-    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Draw | None = None
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: KeysAndTally | None = None
                       ) -> tuple[Groups, Supply]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
         them (default: one group per prompt, the supply unchanged), drawing keys from and counting
         into `draw` (the collection's)."""
-        draw = draw or Draw()
+        draw = draw or KeysAndTally()
         return self._score(self._rollout_groups(prompts, draw), draw), supply
 
-    def _rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
+    def _rollout_groups(self, prompts: Sequence[Prompt], draw: KeysAndTally | None = None, *,
                        key: jax.Array | None = None) -> Groups:
         """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
         rewards not yet filled in. Keys from `draw.keys` (without one the state's training stream)
         unless `key` is given (e.g. for an evaluation); costs counted into `draw.tally`."""
-        draw = draw or Draw()
+        draw = draw or KeysAndTally()
         start = time.perf_counter()
         # one prefill per group; every process gets every row (a multi-process run gathers them)
         rolled = self._rollout_prompts(prompts, self._config.group_size, key=key, keys=draw.keys)
@@ -215,9 +215,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                              "engines record a mixture of experts'); set algorithm.routing_replay=off")
         return np.asarray(routing, np.int32)
 
-    def _score(self, groups: Groups, draw: Draw | None = None) -> Groups:
+    def _score(self, groups: Groups, draw: KeysAndTally | None = None) -> Groups:
         """Fill in rewards with the reward manager (rl_core.learner.collection.score_groups)."""
-        return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or Draw()).tally)
+        return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or KeysAndTally()).tally)
 
     def _record_behaviour_logprobs(self, groups: Groups) -> Groups:
         """`groups` with the current policy's log-probs filled in for rows that lack them (a rewritten

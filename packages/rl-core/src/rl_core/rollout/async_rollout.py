@@ -77,7 +77,7 @@ class Collection(NamedTuple):
     score: Callable[[Any], Any] | None = None
     batch: type | None = None
 
-    def whole(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def collect_scored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
         """The batch scored, in line, and the supply past it."""
         batch, supply = self.collect(prompts, supply)
         return (batch if self.score is None else self.score(batch)), supply
@@ -88,12 +88,12 @@ class InFlight(NamedTuple):
 
     batch: Any
     """What the learner's `collect` returned (GRPO: scored groups), or while its scoring runs
-    on a scoring thread a `Future` of it (`settled` waits for it)."""
+    on a scoring thread a `Future` of it (`await_scoring` waits for it)."""
     version: int
     """The step count of the weights that sampled it (0: the initial weights)."""
 
 
-def settled(queue: Sequence[InFlight]) -> tuple[InFlight, ...]:
+def await_scoring(queue: Sequence[InFlight]) -> tuple[InFlight, ...]:
     """`queue` with every batch still being scored waited for (a scoring's error raises here)."""
     return tuple(f._replace(batch=f.batch.result()) if isinstance(f.batch, Future) else f for f in queue)
 
@@ -208,7 +208,7 @@ class Collector:
         queue = tuple(queue)
         while len(queue) < max(self.ahead, 1):
             prompts, supply = supply.draw(self.prompts_per_step)
-            collected, supply = collection.whole(prompts, supply)
+            collected, supply = collection.collect_scored(prompts, supply)
             queue += (InFlight(collected, version),)
         head, rest = queue[0], queue[1:]
         if self.thread is not None and len(rest) < self.ahead:
@@ -216,7 +216,7 @@ class Collector:
             self.generator.pin(version, params)
             self.thread.start(lambda: self._collect_next(collection, prompts, supply, version))
         waited = time.perf_counter()
-        [head] = settled([head])  # its scoring, started k steps ago, may still run
+        [head] = await_scoring([head])  # its scoring, started k steps ago, may still run
         metrics = {"rollout/staleness_version_lag": float(version - head.version)}
         if self.thread is not None:
             metrics |= {"async/staleness": float(version - head.version), "async/sampled_version": float(head.version),
