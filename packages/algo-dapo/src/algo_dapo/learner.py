@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from algo_grpo import GRPOLearner
-from rl_core import Groups, Prompt, Supply
+from rl_core import CollectionInputs, Groups, Prompt
 from rl_core.learner import concat
 
 from algo_dapo.config import DAPOConfig
@@ -38,7 +38,8 @@ class DAPOLearner(GRPOLearner):
         self._filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
 
-    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: CollectionInputs, draw: Any = None
+                       ) -> tuple[Groups, CollectionInputs]:
         if not self._config.dynamic_sampling:
             return super()._sample_groups(prompts, supply, draw)
         want, carry = len(prompts), supply.carry

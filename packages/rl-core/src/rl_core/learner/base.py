@@ -6,7 +6,7 @@
   recorder   metrics, samples, checkpoints (rl_core.run.recorder)
   layout     the mini- and micro-batch split on the mesh (rl_core.train.layout)
 
-`train_step`, top to bottom: the collector takes the step's batch (drawn from the `Supply`:
+`train_step`, top to bottom: the collector takes the step's batch (drawn from the `CollectionInputs`:
 prompts, carry, key; collected in line, or k steps ago with pinned weights while this step
 trains) through the algorithm's `_collection()`; `_examples_from` turns it into train examples
 under the current weights; `run_updates` (rl_core.learner.updates) trains each model on it;
@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
-from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
+from rl_core.data import CollectionInputs, Prompt, PromptDataset, PromptStream
 from rl_core.learner.draw import split_key
 from rl_core.learner.hooks import AlgorithmHooks
 from rl_core.learner.meter import Meter
@@ -132,9 +132,9 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     step = property(lambda self: self._state.step, doc="the steps done")
     params = property(lambda self: self._state.policy.params, doc="the policy's trained parameters (float32 masters)")
 
-    def supply(self) -> Supply:
+    def supply(self) -> CollectionInputs:
         """What the next collection draws on: the prompt stream at the state's position, the carry and the key."""
-        return Supply(self._data, self._state.data_position, self._state.carry, self._state.rng)
+        return CollectionInputs(self._data, self._state.data_position, self._state.carry, self._state.rng)
 
     # -- the policy, as the sampler and evaluation see it -------------------------------------
 

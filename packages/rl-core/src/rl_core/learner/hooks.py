@@ -21,7 +21,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.rollout.async_rollout import Collection
 from rl_core.train.trainable import LossFn
 from rl_core.types import StepBatch
@@ -34,7 +34,7 @@ class AlgorithmHooks(abc.ABC):
     """The trained models by name (the learner's)."""
 
     @abc.abstractmethod
-    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Any, CollectionInputs]:
         """The rollout half of a step: sample (through `_generate`) and score; returns the batch and
         `supply` as the collection leaves it (more prompts drawn, the carry, the key past its
         samples'). The collector runs it when `_collection()` keeps the collection whole; a cut

@@ -42,7 +42,7 @@ import numpy as np
 from rl_core import registry
 from rl_core.config import RolloutConfig
 from rl_core.correction_config import resolve_correction
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.episodes.runner import Rollout
 from rl_core.episodes.segments import expand
@@ -154,7 +154,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     # -- the collection: rollout and scoring ---------------------------------------------------
 
-    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Groups, CollectionInputs]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them (its key past the samples' keys)."""
         draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
@@ -173,7 +173,7 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
             return Collection(self._collect, batch=Groups)
         return Collection(self._collect_unscored, score=self._score_collected, batch=Groups)
 
-    def _collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def _collect_unscored(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Groups, CollectionInputs]:
         draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
         groups = self._rollout_groups(prompts, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
@@ -182,8 +182,8 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
         draw = KeysAndTally(tally=dict(groups.info))
         return dataclasses.replace(self._score(groups, draw), info=draw.tally)
 
-    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: KeysAndTally | None = None
-                      ) -> tuple[Groups, Supply]:
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: CollectionInputs, draw: KeysAndTally | None = None
+                      ) -> tuple[Groups, CollectionInputs]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
         them (default: one group per prompt, the supply unchanged), drawing keys from and counting
         into `draw` (the collection's)."""

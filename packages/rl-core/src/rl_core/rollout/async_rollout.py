@@ -22,7 +22,7 @@ until step n+k needs it (step 2) or a checkpoint saves it (the learner waits for
 first, so a checkpoint holds scored batches). So up to k batches are scored at once while later
 ones generate and earlier ones train: a slow reward (a process, a judge, a sandbox, a remote
 verifier) gets k steps to finish, not one. Only the scoring runs apart: generation threads the
-prompt stream and the key stream (`Supply`) from one batch to the next, so it stays sequential
+prompt stream and the key stream (`CollectionInputs`) from one batch to the next, so it stays sequential
 and the weights pinned for it are one collection's (the scorings in flight hold no weights),
 unpinned when the step ends; evaluation and export then use the current weights. A collection
 that needs its scores to go on (DAPO draws more prompts while groups come out uniform) runs
@@ -47,7 +47,7 @@ thread after the update is dispatched (same results, less overlap).
 A synchronous run uses the same `Collector` with `ahead` = 0: it collects the step's batch in
 line (or trains first on batches an async run's checkpoint left in flight). `Collector.take` and
 `Collector.finish` are given values (the `Collection`'s functions, the queue in flight, the
-`Supply` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
+`CollectionInputs` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
 and the supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
@@ -60,7 +60,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.run.faults import fault_point
 
 
@@ -73,11 +73,11 @@ class Collection(NamedTuple):
     `batch`: the batch's type, with `to_json()` and a classmethod `from_json`, which a
     checkpoint writes the batches in flight and the carry with (None: none; no async rollouts)."""
 
-    collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]]
+    collect: Callable[[Sequence[Prompt], CollectionInputs], tuple[Any, CollectionInputs]]
     score: Callable[[Any], Any] | None = None
     batch: type | None = None
 
-    def collect_scored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def collect_scored(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Any, CollectionInputs]:
         """The batch scored, in line, and the supply past it."""
         batch, supply = self.collect(prompts, supply)
         return (batch if self.score is None else self.score(batch)), supply
@@ -197,8 +197,8 @@ class Collector:
         return cls(ahead=training.max_staleness, prompts_per_step=training.prompts_per_step, generator=generator,
                    thread=thread)
 
-    def take(self, collection: Collection, queue: Sequence[InFlight], supply: Supply, *, version: int, params: Any
-             ) -> tuple[InFlight, tuple[InFlight, ...], Supply, dict[str, float]]:
+    def take(self, collection: Collection, queue: Sequence[InFlight], supply: CollectionInputs, *, version: int,
+             params: Any) -> tuple[InFlight, tuple[InFlight, ...], CollectionInputs, dict[str, float]]:
         """This step's batch (scored), the queue behind it, the supply past what was drawn and the
         metrics of where the batch came from. The batch is the oldest of `queue` (collected by
         earlier steps); a queue shorter than `ahead` (at least one) is filled first, in line, with
@@ -223,8 +223,8 @@ class Collector:
                         "async/queue": float(len(rest)), "time/wait_scoring": time.perf_counter() - waited}
         return head, rest, supply, metrics
 
-    def _collect_next(self, collection: Collection, prompts: Sequence[Prompt], supply: Supply, version: int
-                      ) -> tuple[InFlight, Supply]:
+    def _collect_next(self, collection: Collection, prompts: Sequence[Prompt], supply: CollectionInputs, version: int
+                      ) -> tuple[InFlight, CollectionInputs]:
         if collection.score is None:
             collected, after = collection.collect(prompts, supply)
         else:  # generated here; scored on a scoring thread while the next batches generate
@@ -233,8 +233,8 @@ class Collector:
         fault_point("in_flight", version + 1)  # batch n+k generated, the update maybe not done
         return InFlight(collected, version), after
 
-    def finish(self, rest: tuple[InFlight, ...], supply: Supply, *, publish: tuple[int, Any] | None = None
-               ) -> tuple[tuple[InFlight, ...], Supply, dict[str, float]]:
+    def finish(self, rest: tuple[InFlight, ...], supply: CollectionInputs, *, publish: tuple[int, Any] | None = None
+               ) -> tuple[tuple[InFlight, ...], CollectionInputs, dict[str, float]]:
         """After the update: the queue in flight (`rest` with the batch collected beside the update
         appended), the supply past it and the waits. `publish` (partial rollouts): the new weights
         (version, params), handed to the collection still decoding before the wait; not when the
