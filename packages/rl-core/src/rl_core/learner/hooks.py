@@ -1,10 +1,10 @@
 """The hooks an algorithm fills, in one place; rl_core.learner.base.RLLearner runs them in its
 step (and rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline).
 
-A step is defined one way: a collection (rollout and scoring: the batch and the supply past
-it), which `_collection()` hands the collector either whole, as `_collect(prompts, supply)`, or
-cut in two with the scoring apart (the pipeline's, rl_core.learner.pipeline), then
-`_examples_from(batch)` (train examples under the current weights); the rest has defaults but
+A step is defined by two hooks: a collection (rollout and scoring: the batch and the supply past
+it), which `_collection()` hands the collector either in one piece, as `_collect(prompts,
+supply)`, or cut in two with the scoring on its own (the pipeline's, rl_core.learner.pipeline),
+then `_examples_from(batch)` (train examples under the current weights); the rest has defaults but
 `_loss_function`. How many completions per prompt and passes over a batch are the config's
 (`AlgorithmConfig.group_size`, `.num_iterations`).
 
