@@ -308,6 +308,8 @@ def test_async_without_a_correction_uses_token_tis_at_two():
 
 def test_a_failing_collection_stops_the_step_with_its_error():
     class Broken(GRPOLearner):
+        _draws_on_scores = True  # its own `_collect`: the collection runs whole
+
         def _collect(self, prompts, supply):  # collections after the first step's fail
             if self.step >= 1:
                 raise RuntimeError("the reward sandbox is down")

@@ -110,6 +110,8 @@ def fixed_batch(cls):
     """`cls` with group sampling replaced by the fixed groups above."""
 
     class Fixed(cls):
+        _draws_on_scores = True  # its own `_sample_groups`: the collection runs whole
+
         def _sample_groups(self, prompts, supply, draw=None):
             return FIXED, supply
 

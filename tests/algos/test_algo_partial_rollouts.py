@@ -20,7 +20,7 @@ from flax import nnx
 from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.learner.groups import Groups
-from rl_core.rollout.async_rollout import settled
+from rl_core.rollout.async_rollout import await_scoring
 from rl_core.testing import tree_max_abs_diff
 from rl_core.testing import BAG_PAGING, BagPolicy
 from tolerances import approx
@@ -98,7 +98,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
         assert m["rollout/staleness_token_lag_max"] == 1.0
         assert 0.0 < m["rollout/staleness_current_frac"] < 1.0
         assert m["rollout/staleness_token_lag_mean"] == approx(1.0 - m["rollout/staleness_current_frac"])
-    [flight] = settled(straight.state.in_flight)  # batch 5, collected beside update 4: versions 3 then 4
+    [flight] = await_scoring(straight.state.in_flight)  # batch 5, collected beside update 4: versions 3 then 4
     groups = flight.batch
     assert flight.version == 3
     lengths = groups.lengths
@@ -116,7 +116,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
     stopped.close()
     resumed = make(output_dir=tmp_path / "run")
     assert resumed.resume(log=lambda _: None) and resumed.step == 2
-    [flight] = settled(resumed.state.in_flight)
+    [flight] = await_scoring(resumed.state.in_flight)
     assert set(flight.batch.token_version[flight.batch.completion_mask > 0].tolist()) == {1, 2}
     resumed.train()
     resumed.close()

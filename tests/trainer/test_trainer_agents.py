@@ -166,9 +166,9 @@ def test_an_agent_spec_names_an_async_function(tmp_path):
     (tmp_path / "sync_agent.py").write_text("def agent(client, row):\n    return 1\n")
     with pytest.raises(ValueError, match="must be an async function"):
         load_agent(f"{tmp_path / 'sync_agent.py'}:agent")
-    with pytest.raises(ValueError, match="is not a file"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_agent(f"{tmp_path / 'none.py'}:agent")
-    with pytest.raises(ValueError, match="has no function 'missing'"):
+    with pytest.raises(ValueError, match="defines no 'missing'"):
         load_agent(f"{AGENTS}:missing")
 
 

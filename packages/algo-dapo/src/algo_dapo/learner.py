@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from algo_grpo import GRPOLearner
-from rl_core import Groups, Prompt, Supply
+from rl_core import CollectionInputs, Groups, Prompt
 from rl_core.learner import concat
 
 from algo_dapo.config import DAPOConfig
@@ -31,13 +31,15 @@ class DAPOLearner(GRPOLearner):
     """
 
     config: DAPOConfig
+    _draws_on_scores = True  # more prompts are drawn while the groups score alike: collected whole
 
     def __init__(self, config: DAPOConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._filter_by = config.filter_reward or self.reward_manager.correctness
         config.check_reward_names(self.reward_manager.names)
 
-    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Any = None) -> tuple[Groups, Supply]:
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: CollectionInputs, draw: Any = None
+                       ) -> tuple[Groups, CollectionInputs]:
         if not self._config.dynamic_sampling:
             return super()._sample_groups(prompts, supply, draw)
         want, carry = len(prompts), supply.carry

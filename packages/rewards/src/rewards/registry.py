@@ -6,7 +6,8 @@ A name in a config (``rewards: {x: {function: NAME}}``) is one of:
   factory; ``make_reward(name, **options)`` calls it with the reward's options. This
   package declares its built-ins there like any third-party package declares its own
   (``[project.entry-points."rewards.functions"] mine = "my_pkg.rewards:mine"``); nothing
-  registers by import, and one name from two distributions is an error naming both;
+  registers by import, and one name from two distributions is an error naming both (rl_core.plugins
+  loads the group, as every table of plugins does);
 - ``module:function`` or ``path/to/file.py:function``: the reward function itself (TRL's
   signature works: see ``rewards.manager``); its options are bound as keyword arguments.
 
@@ -19,13 +20,14 @@ from __future__ import annotations
 import difflib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata
+
+from rl_core import plugins
 
 from rewards.code import is_code_reference, load_object
 
 __all__ = ["ENTRY_POINT_GROUP", "REWARD_FUNCTIONS", "RewardFn", "make_reward", "reward_factory"]
 
-ENTRY_POINT_GROUP = "rewards.functions"
+ENTRY_POINT_GROUP = plugins.REWARD_FUNCTIONS
 
 RewardFn = Callable[..., list[float]]
 """``fn(prompts, completions, **fields) -> list[float | None]``, one score per completion."""
@@ -39,18 +41,8 @@ class _Registered(Mapping):
 
     def _load(self) -> dict[str, Callable[..., RewardFn]]:
         if self._table is None:
-            table: dict[str, Callable[..., RewardFn]] = {}
-            providers: dict[str, str] = {}
-            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
-                if ep.name in providers and providers[ep.name] != dist:
-                    raise ValueError(
-                        f"reward function {ep.name!r} is registered by two distributions, {providers[ep.name]!r} and "
-                        f"{dist!r}; uninstall one or rename its entry point"
-                    )
-                providers[ep.name] = dist
-                table[ep.name] = ep.load()
-            self._table = table
+            found = plugins.one_per_name(ENTRY_POINT_GROUP, "reward function")
+            self._table = {name: plugin.load() for name, plugin in found.items()}
         return self._table
 
     def __getitem__(self, name: str) -> Callable[..., RewardFn]:

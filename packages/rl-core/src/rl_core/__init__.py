@@ -29,7 +29,7 @@ def _export(module: str, *names: str) -> None:
 
 _export("config", "AlgorithmConfig", "Config", "ConfigError", "MeshConfig", "RolloutConfig", "TrainingConfig", "check",
         "check_registered")
-_export("data", "Prompt", "PromptDataset", "PromptStream", "Supply")
+_export("data", "CollectionInputs", "Prompt", "PromptDataset", "PromptStream")
 _export("packed", "Packed")
 _export("types", "SharedPrompts", "StepBatch", "TrainExample")
 _export("registry", "Algorithm", "Registry", "RegistryError", "environment_factory", "environment_names", "get",

@@ -64,9 +64,9 @@ class PromptStream:
         return out
 
 
-class Supply(NamedTuple):
-    """What a collection draws on besides its prompts and hands back changed (a value; the
-    learner keeps the one a collection returns): the prompt stream from `position` on (DAPO
+class CollectionInputs(NamedTuple):
+    """A collection's inputs besides its prompts, which it hands back changed (a value, "the
+    supply"; the learner keeps the one a collection returns): the prompt stream from `position` on (DAPO
     draws more prompts), the algorithm's `carry` (DAPO's surplus groups) and the PRNG key
     `rng` its samples' keys are split from."""
 
@@ -75,6 +75,6 @@ class Supply(NamedTuple):
     carry: Any = None
     rng: Any = None
 
-    def draw(self, n: int) -> tuple[list[Prompt], Supply]:
+    def draw(self, n: int) -> tuple[list[Prompt], CollectionInputs]:
         """The next `n` prompts and the supply past them."""
         return self.stream.at(self.position, n), self._replace(position=self.position + n)

@@ -14,8 +14,8 @@ environment's options as keywords and returning a fresh `rl_core.episodes.Enviro
 Rollout engines (`rollout.engine`) one in `rl_core.engines` that points at an
 `rl_core.rollout.engines.Engine` (rl_core's own `static` and `paged` are declared so too).
 
-The registry loads entry points on a lookup miss, so installing a package is all
-it takes. Direct construction without discovery always works too.
+The registry loads entry points on a lookup miss (through rl_core.plugins, which lists every
+group), so installing a package is all it takes. Direct construction without discovery always works too.
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ import importlib.metadata as metadata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from rl_core import plugins
 from rl_core.protocols import SignatureError, check_signature
 
-ENTRY_POINT_GROUP = "rl_core.algorithms"
+ENTRY_POINT_GROUP = plugins.ALGORITHMS
 FUNCTION_CATEGORIES = (
     "advantage_estimator", "token_advantage_estimator", "policy_loss", "loss_aggregation", "kl_estimator",
 )
 ALGORITHM = "algorithm"
 ENVIRONMENT = "environment"
-ENVIRONMENT_GROUP = "rl_core.environments"
+ENVIRONMENT_GROUP = plugins.ENVIRONMENTS
 ENGINE = "engine"
-ENGINE_GROUP = "rl_core.engines"
+ENGINE_GROUP = plugins.ENGINES
 CATEGORIES = (*FUNCTION_CATEGORIES, ALGORITHM, ENVIRONMENT, ENGINE)
 
 # rl_core modules whose decorators register the shared math.
@@ -200,38 +201,34 @@ class Registry:
             return
         self._entry_points_loaded = True
         self._load_builtins()
-        for ep in metadata.entry_points(group=self._group):
-            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+        for plugin in plugins.entry_points(self._group):
             try:
-                value = ep.load()
-            except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
-                self._load_failures[ep.name] = (
-                    f"entry point {ep.name!r} of distribution {dist!r} failed to import "
-                    f"module {ep.module!r}: {type(e).__name__}: {e}"
-                )
+                value = plugin.load()
+            except plugins.PluginError as e:  # a broken plugin must not hide the others
+                self._load_failures[plugin.name] = str(e)
                 continue
             if not isinstance(value, Algorithm):
-                self._load_failures[ep.name] = (
-                    f"entry point {ep.name!r} of distribution {dist!r} points at {ep.value!r}, "
+                self._load_failures[plugin.name] = (
+                    f"entry point {plugin.name!r} of distribution {plugin.distribution!r} points at {plugin.target!r}, "
                     f"which is a {type(value).__name__}, not an rl_core.registry.Algorithm"
                 )
                 continue
             try:
-                self.register_algorithm(value, provider=dist)
+                self.register_algorithm(value, provider=plugin.distribution)
             except SignatureError as e:
-                self._load_failures[ep.name] = f"entry point {ep.name!r} of distribution {dist!r}: {e}"
+                self._load_failures[plugin.name] = f"entry point {plugin.name!r} of distribution {plugin.distribution!r}: {e}"
             except RegistryError as e:
                 # keep loading the others; the clashing name stays an error on every lookup
                 self._conflicts[value.name] = str(e)
         for category, group in ((ENVIRONMENT, self._environment_group), (ENGINE, self._engine_group)):
-            for ep in metadata.entry_points(group=group):
-                dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            for plugin in plugins.entry_points(group):
                 try:
-                    self.register(category, ep.name, ep.load(), provider=dist)
-                except Exception as e:  # noqa: BLE001 - one broken plugin must not hide the others
-                    self._load_failures[ep.name] = (
-                        f"entry point {ep.name!r} of {dist!r} failed to load: {type(e).__name__}: {e}"
-                    )
+                    self.register(category, plugin.name, plugin.load(), provider=plugin.distribution)
+                except plugins.PluginError as e:  # one broken plugin must not hide the others
+                    self._load_failures[plugin.name] = str(e)
+                except Exception as e:  # noqa: BLE001 - loaded, but not an environment or an engine
+                    self._load_failures[plugin.name] = (f"entry point {plugin.name!r} of distribution "
+                                                        f"{plugin.distribution!r} ({plugin.target}): {type(e).__name__}: {e}")
 
     def _load_builtins(self) -> None:
         if self._builtins_loaded:

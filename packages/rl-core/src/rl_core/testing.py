@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec
 
 from rl_core import registry
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig, check
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.learner.draw import KeyStream
 from rl_core.learner.groups import Groups
@@ -54,7 +54,7 @@ class ToyConfig(AlgorithmConfig):
 
 
 class ToyLearner(RLLearner[ToyConfig]):
-    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[StepBatch, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[StepBatch, CollectionInputs]:
         """Samples, rewards and advantages at once: the batch is the step's examples."""
         keys = KeyStream(supply.rng)
         tokens, mask = self.generator.encode(prompts)

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import jax
 import numpy as np
-from rl_core.rollout import Capabilities, Engine, EngineBuild, EngineCounters, nothing_here, Requests
+from rl_core.rollout import Capabilities, Engine, EngineBuild, EngineCounters, memory_elsewhere, Requests
 from rl_core import Completions, SamplingParams
 
 from trainer.remote import weights as weights_lib
@@ -345,5 +345,5 @@ def _build(b: EngineBuild) -> RemoteBackend:
                          partial_rollouts=b.rollout.partial_rollouts)
 
 
-ENGINE = Engine(name="remote", build=_build, memory=nothing_here)
+ENGINE = Engine(name="remote", build=_build, memory=memory_elsewhere)
 """Its servers hold the cache and the weights; on the trainer's devices it holds nothing (`trainer plan`)."""

@@ -35,7 +35,7 @@ import httpx
 import jax
 import numpy as np
 from flax import nnx
-from rl_core.rollout import Capabilities, Engine, EngineBuild, nothing_here, Requests
+from rl_core.rollout import Capabilities, Engine, EngineBuild, memory_elsewhere, Requests
 from rl_core import Completions, SamplingParams
 
 from trainer.remote.engine import RemoteBackend
@@ -165,4 +165,4 @@ def _build(b: EngineBuild) -> VLLMBackend:
                        eos_ids=tuple(b.eos_ids), pad_id=b.pad_id, weights_url=b.rollout.weights_url)
 
 
-ENGINE = Engine(name="vllm", build=_build, memory=nothing_here)
+ENGINE = Engine(name="vllm", build=_build, memory=memory_elsewhere)

@@ -31,7 +31,7 @@ import openai
 from rl_core import Prompt, RolloutConfig, Tokenizer
 from rl_core.episodes import agent_row, AgentError, EpisodeLog, load_agent, Rollout, Turn
 from rl_core.policy import left_pad
-from rl_core.rollout import Job, kept, Sample
+from rl_core.rollout import cut_at_stop, Job, Sample
 
 from trainer.serve import tool_calls
 from trainer.serve.app import Running, Served, make_app
@@ -221,7 +221,7 @@ def _answer(batch: list[Job], generate: Callable[..., Any], tokenizer: Tokenizer
     eos = set(tokenizer.eos_ids)
     for i, job in enumerate(batch):
         n = min(int(out.lengths[i]), max(job.max_new_tokens, 1))  # a backend without row limits decodes on
-        sampled, stopped = kept(np.asarray(out.tokens[i, :n]).tolist(), job.stops, tokenizer.decode)
+        sampled, stopped = cut_at_stop(np.asarray(out.tokens[i, :n]).tolist(), job.stops, tokenizer.decode)
         ended = stopped or (bool(sampled) and sampled[-1] in eos)
         version = int(out.version[i]) if out.version is not None else -1
         logp = np.asarray(out.logp[i, : len(sampled)]).tolist()

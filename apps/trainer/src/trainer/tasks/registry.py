@@ -10,7 +10,8 @@ A task name in the settings (``--task NAME``, ``task.name: NAME``) is one of:
       [project.entry-points."trainer.tasks"]
       my_task = "my_pkg.tasks:my_task"
 
-  nothing registers by import, and one name from two distributions is an error naming both;
+  nothing registers by import, and one name from two distributions is an error naming both (rl_core.plugins
+  loads the group, as every table of plugins does);
 - ``module:function`` or ``path/to/file.py:function``: the factory itself.
 
 ``TASKS`` is the read-only table of registered names (entry points load on first use).
@@ -20,15 +21,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata
 
-from rewards.code import CodeError, is_code_reference, load_object
+from rl_core import plugins
 
 from trainer.tasks.task import Task
 
 __all__ = ["ENTRY_POINT_GROUP", "TASKS", "TaskError", "task_factory"]
 
-ENTRY_POINT_GROUP = "trainer.tasks"
+ENTRY_POINT_GROUP = plugins.TASKS
 
 
 class TaskError(ValueError):
@@ -43,21 +43,11 @@ class _Registered(Mapping):
 
     def _load(self) -> dict[str, Callable[..., Task]]:
         if self._table is None:
-            table: dict[str, Callable[..., Task]] = {}
-            providers: dict[str, str] = {}
-            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
-                if ep.name in providers and providers[ep.name] != dist:
-                    raise TaskError(
-                        f"task {ep.name!r} is registered by two distributions, {providers[ep.name]!r} and {dist!r}; "
-                        "uninstall one or rename its entry point"
-                    )
-                providers[ep.name] = dist
-                try:
-                    table[ep.name] = ep.load()
-                except Exception as e:  # noqa: BLE001 - a broken plugin is named, not a traceback
-                    raise TaskError(f"task {ep.name!r} of distribution {dist!r} failed to load ({ep.value}): "
-                                    f"{type(e).__name__}: {e}") from None
+            try:
+                found = plugins.one_per_name(ENTRY_POINT_GROUP, "task")
+                table = {name: plugin.load() for name, plugin in found.items()}
+            except plugins.PluginError as e:  # a broken plugin is named, not a traceback
+                raise TaskError(str(e)) from None
             self._table = dict(sorted(table.items()))
         return self._table
 
@@ -77,10 +67,10 @@ TASKS: Mapping[str, Callable[..., Task]] = _Registered()
 
 def task_factory(name: str) -> Callable[..., Task]:
     """The factory that `name` names; an unknown name says what exists, the closest name and the fix."""
-    if is_code_reference(name):
+    if plugins.is_code_reference(name):
         try:
-            make = load_object(name, "task")
-        except CodeError as e:
+            make = plugins.load_code(name, "task")
+        except plugins.CodeError as e:
             raise TaskError(str(e)) from None
         if not callable(make):
             raise TaskError(f"task {name!r} is a {type(make).__name__}, not a function that returns a Task")

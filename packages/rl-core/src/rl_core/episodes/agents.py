@@ -29,26 +29,22 @@ calls the model ends its episode with a one-line error (`EpisodeRecord.errors`, 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
-from importlib import metadata
 import json
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rl_core import plugins
 from rl_core.data import Prompt
 from rl_core.episodes.runner import ENVIRONMENT, MODEL, EpisodeRecord, Rollout, _one_line
 from rl_core.episodes.segments import Segments
 from rl_core.policy.tokens import Tokenizer, left_pad
 from rl_core.rollout.sampler import Completions
 
-AGENT_RUNTIME_GROUP = "rl_core.agent_runtimes"
+AGENT_RUNTIME_GROUP = plugins.AGENT_RUNTIMES
 """Entry-point group of what runs agents against a served policy (the trainer app's `openai`)."""
 
 
@@ -57,32 +53,16 @@ class AgentError(ValueError):
 
 
 def load_agent(spec: str) -> Callable[..., Any]:
-    """The function `spec` names: `package.module:function` or `path/to/file.py:function`."""
-    where, _, name = spec.rpartition(":")
-    if not where or not name:
-        raise AgentError(f"agent {spec!r}: expected module:function or file.py:function")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise AgentError(f"agent {spec!r}: {path} is not a file")
-        module_name = f"_rl_agent_{path.stem}_{abs(hash(str(path.resolve())))}"
-        module = sys.modules.get(module_name)
-        if module is None:
-            loaded = importlib.util.spec_from_file_location(module_name, path)
-            assert loaded is not None and loaded.loader is not None
-            module = importlib.util.module_from_spec(loaded)
-            sys.modules[module_name] = module
-            loaded.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise AgentError(f"agent {spec!r}: cannot import {where} ({e})") from None
-    fn = getattr(module, name, None)
-    if fn is None or not callable(fn):
-        raise AgentError(f"agent {spec!r}: {where} has no function {name!r}")
+    """The async function `spec` names: `package.module:function` or `path/to/file.py:function`
+    (rl_core.plugins.load_code)."""
+    try:
+        fn = plugins.load_code(spec, "agent")
+    except plugins.CodeError as e:
+        raise AgentError(str(e)) from None
+    if not callable(fn):
+        raise AgentError(f"agent {spec!r}: is a {type(fn).__name__}, not a function")
     if not inspect.iscoroutinefunction(fn):
-        raise AgentError(f"agent {spec!r}: must be an async function, `async def {name}(client, row)`")
+        raise AgentError(f"agent {spec!r}: must be an async function, `async def {spec.rpartition(':')[2]}(client, row)`")
     return fn
 
 
@@ -335,14 +315,19 @@ def _segments(earlier: Sequence[tuple[int, Segment]], prompt_tokens: np.ndarray,
 
 def agent_runtime(name: str = "openai") -> Callable[..., Rollout]:
     """The installed runtime that runs agents (entry-point group `rl_core.agent_runtimes`)."""
-    found = {ep.name: ep for ep in metadata.entry_points(group=AGENT_RUNTIME_GROUP)}
+    try:
+        found = plugins.one_per_name(AGENT_RUNTIME_GROUP, "agent runtime")
+    except plugins.PluginError as e:
+        raise AgentError(str(e)) from None
     if name not in found:
         raise AgentError(f"rollout.agent needs an agent runtime {name!r} (entry-point group {AGENT_RUNTIME_GROUP!r}); "
                          f"installed: {sorted(found) or 'none'}. Install the trainer app, which serves the policy")
     try:
         return found[name].load()
-    except ImportError as e:
-        raise AgentError(f"the agent runtime {name!r} cannot load ({e}): install the trainer app with its "
+    except plugins.PluginError as e:
+        if not isinstance(e.__cause__, ImportError):
+            raise AgentError(str(e)) from None
+        raise AgentError(f"the agent runtime {name!r} cannot load ({e.__cause__}): install the trainer app with its "
                          f"`agents` extra (the openai client)") from None
 
 

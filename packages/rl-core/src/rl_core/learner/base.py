@@ -6,7 +6,7 @@
   recorder   metrics, samples, checkpoints (rl_core.run.recorder)
   layout     the mini- and micro-batch split on the mesh (rl_core.train.layout)
 
-`train_step`, top to bottom: the collector takes the step's batch (drawn from the `Supply`:
+`train_step`, top to bottom: the collector takes the step's batch (drawn from the `CollectionInputs`:
 prompts, carry, key; collected in line, or k steps ago with pinned weights while this step
 trains) through the algorithm's `_collection()`; `_examples_from` turns it into train examples
 under the current weights; `run_updates` (rl_core.learner.updates) trains each model on it;
@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rl_core.config import AlgorithmConfig, RolloutConfig, TrainingConfig
-from rl_core.data import Prompt, PromptDataset, PromptStream, Supply
+from rl_core.data import CollectionInputs, Prompt, PromptDataset, PromptStream
 from rl_core.learner.draw import split_key
 from rl_core.learner.hooks import AlgorithmHooks
 from rl_core.learner.meter import Meter
@@ -40,7 +40,7 @@ from rl_core.learner.state import POLICY, LearnerState, load_state, state_arrays
 from rl_core.learner.updates import run_updates, update_metrics
 from rl_core.policy.protocols import PagedModel
 from rl_core.policy.tokens import Tokenizer
-from rl_core.rollout.async_rollout import Collector, settled
+from rl_core.rollout.async_rollout import Collector, await_scoring
 from rl_core.rollout.generation import PolicyGenerator
 from rl_core.rollout.sampler import Completions, SamplingParams
 from rl_core.run.faults import fault_point
@@ -132,9 +132,9 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
     step = property(lambda self: self._state.step, doc="the steps done")
     params = property(lambda self: self._state.policy.params, doc="the policy's trained parameters (float32 masters)")
 
-    def supply(self) -> Supply:
+    def supply(self) -> CollectionInputs:
         """What the next collection draws on: the prompt stream at the state's position, the carry and the key."""
-        return Supply(self._data, self._state.data_position, self._state.carry, self._state.rng)
+        return CollectionInputs(self._data, self._state.data_position, self._state.carry, self._state.rng)
 
     # -- the policy, as the sampler and evaluation see it -------------------------------------
 
@@ -208,7 +208,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
             if self._meter is not None:
                 self._meter.trained(batch.example, self._config.num_iterations)
             update_start = time.perf_counter()
-            results, apart = self._update(batch.example)
+            results, update_times = self._update(batch.example)
             publish = (state.step + 1, self.params) if self.rollout.partial_rollouts != "off" else None
             in_flight, supply, waits = collector.finish(rest, supply, publish=publish)
         except BaseException:
@@ -221,7 +221,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         self._recorder.wait()
         now = time.perf_counter()
         counts, trained = update_metrics(results, self._state.updates, self.training, state.step + 1)
-        metrics = {**batch.metrics, **metrics, **waits, **trained, **apart, "time/update": now - update_start,
+        metrics = {**batch.metrics, **metrics, **waits, **trained, **update_times, "time/update": now - update_start,
                    "time/step": now - start}
         if batch.generated_tokens:
             metrics["perf/tokens_per_sec"] = batch.generated_tokens / max(now - start, 1e-9)
@@ -236,7 +236,7 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
 
     def produce_examples(self, prompts: Sequence[Prompt]) -> StepBatch:
         """A step's batch of `prompts` without its update (of the supply, only the key drawn is kept)."""
-        batch, supply = self._collection().whole(prompts, self.supply())
+        batch, supply = self._collection().collect_scored(prompts, self.supply())
         self._state = self._state._replace(rng=supply.rng)
         return self._examples_from(batch)
 
@@ -246,17 +246,17 @@ class RLLearner(AlgorithmHooks, Generic[ConfigT]):
         return self._update(example)[0]
 
     def _update(self, example: TrainExample) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
-        models, results, apart = run_updates(
+        models, results, update_times = run_updates(
             self.models, self._state.models, example, names=list(self._models_to_update()), meter=self._meter,
             iterations=self._config.num_iterations, layout=self.layout, chunk_tokens=self.rollout.logprob_chunk_tokens)
         self._state = self._state._replace(models=models)
-        return results, apart
+        return results, update_times
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def _save_checkpoint(self) -> None:
         # batches still being scored are waited for: the checkpoint holds them scored, as a resume needs
-        self._state = self._state._replace(in_flight=settled(self._state.in_flight))
+        self._state = self._state._replace(in_flight=await_scoring(self._state.in_flight))
         self._recorder.save(self.step, arrays=state_arrays(self._state), meta=state_meta(self._state))
 
     def resume(self, log: Callable[[str], None] = print) -> bool:

@@ -1,6 +1,6 @@
 """What one collection draws on and counts, passed down its steps as values (no thread holds
 them): its own sampling keys (`KeyStream`, split from the supply's key) and its tally (seconds,
-tokens generated, reward failures), together a `Draw`."""
+tokens generated, reward failures), together a `KeysAndTally`."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def collection_tally() -> dict[str, float]:
 
 
 @dataclasses.dataclass
-class Draw:
+class KeysAndTally:
     """A collection's keys (`keys`; None: the learner state's training stream) and its tally."""
 
     keys: KeyStream | None = None

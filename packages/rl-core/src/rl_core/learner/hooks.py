@@ -1,10 +1,10 @@
 """The hooks an algorithm fills, in one place; rl_core.learner.base.RLLearner runs them in its
 step (and rl_core.learner.pipeline.PolicyGradientLearner fills them with the pipeline).
 
-A step is defined one way: a collection (rollout and scoring: the batch and the supply past
-it), which `_collection()` hands the collector either whole, as `_collect(prompts, supply)`, or
-cut in two with the scoring apart (the pipeline's, rl_core.learner.pipeline), then
-`_examples_from(batch)` (train examples under the current weights); the rest has defaults but
+A step is defined by two hooks: a collection (rollout and scoring: the batch and the supply past
+it), which `_collection()` hands the collector either in one piece, as `_collect(prompts,
+supply)`, or cut in two with the scoring on its own (the pipeline's, rl_core.learner.pipeline),
+then `_examples_from(batch)` (train examples under the current weights); the rest has defaults but
 `_loss_function`. How many completions per prompt and passes over a batch are the config's
 (`AlgorithmConfig.group_size`, `.num_iterations`).
 
@@ -21,7 +21,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.rollout.async_rollout import Collection
 from rl_core.train.trainable import LossFn
 from rl_core.types import StepBatch
@@ -34,7 +34,7 @@ class AlgorithmHooks(abc.ABC):
     """The trained models by name (the learner's)."""
 
     @abc.abstractmethod
-    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Any, CollectionInputs]:
         """The rollout half of a step: sample (through `_generate`) and score; returns the batch and
         `supply` as the collection leaves it (more prompts drawn, the carry, the key past its
         samples'). The collector runs it when `_collection()` keeps the collection whole; a cut

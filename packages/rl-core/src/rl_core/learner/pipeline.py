@@ -2,7 +2,8 @@
 overridable steps (sample G completions per prompt, score, advantages, log-probs, records).
 
 _collect(prompts, supply)            the rollout half (rl_core.learner.base runs it now, or k steps
-                                     ahead; `_collection()` cuts it in two, scoring apart)
+                                     ahead; `_collection()` cuts it in two, scoring on its own,
+                                     unless the variant declares `_draws_on_scores`)
   = _sample_groups(prompts, supply)  the step's groups and the supply past them (DAPO's dynamic
                                      sampling overrides this: more prompts, a carry):
                                      _rollout_groups (rl_core.learner.collection.groups_of_rollout)
@@ -33,7 +34,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -41,7 +42,7 @@ import numpy as np
 from rl_core import registry
 from rl_core.config import RolloutConfig
 from rl_core.correction_config import resolve_correction
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.episodes.rollout import collect_rollout
 from rl_core.episodes.runner import Rollout
 from rl_core.episodes.segments import expand
@@ -49,7 +50,7 @@ from rl_core.learner import records
 from rl_core.learner.base import RLLearner, StepBatch
 from rl_core.learner.state import POLICY
 from rl_core.learner.collection import groups_of_rollout, score_groups
-from rl_core.learner.draw import Draw, KeyStream, collection_tally
+from rl_core.learner.draw import KeysAndTally, KeyStream, collection_tally
 from rl_core.learner.groups import Groups
 from rl_core.math.advantages import takes_reward_scores
 from rl_core.pipeline_config import PolicyGradientConfig
@@ -153,44 +154,48 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
 
     # -- the collection: rollout and scoring ---------------------------------------------------
 
-    def _collect(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
+    def _collect(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Groups, CollectionInputs]:
         """Scored groups, with what their collection cost in `info` (timings, tokens, failures),
         and the supply past them (its key past the samples' keys)."""
-        draw = Draw(KeyStream(supply.rng), collection_tally())
+        draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
         groups, supply = self._sample_groups(prompts, supply, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
+    _draws_on_scores: ClassVar[bool] = False
+    """True for a variant whose collection draws on its scores (DAPO draws more prompts while groups
+    score alike) or that overrides `_collect` / `_sample_groups`: its collection then runs whole,
+    `_collect`, and is never cut in two."""
+
     def _collection(self) -> Collection:
         """The collection cut in two, generation then scoring (which async rollouts run on a scoring
-        thread), unless a variant changes it (DAPO draws more prompts as the scores come in)."""
-        own = PolicyGradientLearner
-        if any(getattr(type(self), n) is not getattr(own, n) for n in ("_collect", "_sample_groups")):
+        thread), or whole when the variant declares `_draws_on_scores`."""
+        if self._draws_on_scores:
             return Collection(self._collect, batch=Groups)
         return Collection(self._collect_unscored, score=self._score_collected, batch=Groups)
 
-    def _collect_unscored(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Groups, Supply]:
-        draw = Draw(KeyStream(supply.rng), collection_tally())
+    def _collect_unscored(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Groups, CollectionInputs]:
+        draw = KeysAndTally(KeyStream(supply.rng), collection_tally())
         groups = self._rollout_groups(prompts, draw)
         return dataclasses.replace(groups, info={**groups.info, **draw.tally}), supply._replace(rng=draw.keys.key)
 
     def _score_collected(self, groups: Groups) -> Groups:
-        draw = Draw(tally=dict(groups.info))
+        draw = KeysAndTally(tally=dict(groups.info))
         return dataclasses.replace(self._score(groups, draw), info=draw.tally)
 
-    def _sample_groups(self, prompts: Sequence[Prompt], supply: Supply, draw: Draw | None = None
-                      ) -> tuple[Groups, Supply]:
+    def _sample_groups(self, prompts: Sequence[Prompt], supply: CollectionInputs, draw: KeysAndTally | None = None
+                      ) -> tuple[Groups, CollectionInputs]:
         """The step's scored groups from `prompts` and what `supply` holds, and the supply past
         them (default: one group per prompt, the supply unchanged), drawing keys from and counting
         into `draw` (the collection's)."""
-        draw = draw or Draw()
+        draw = draw or KeysAndTally()
         return self._score(self._rollout_groups(prompts, draw), draw), supply
 
-    def _rollout_groups(self, prompts: Sequence[Prompt], draw: Draw | None = None, *,
+    def _rollout_groups(self, prompts: Sequence[Prompt], draw: KeysAndTally | None = None, *,
                        key: jax.Array | None = None) -> Groups:
         """G sampled completions (or episodes, with `rollout.environment`) per prompt, decoded;
         rewards not yet filled in. Keys from `draw.keys` (without one the state's training stream)
         unless `key` is given (e.g. for an evaluation); costs counted into `draw.tally`."""
-        draw = draw or Draw()
+        draw = draw or KeysAndTally()
         start = time.perf_counter()
         # one prefill per group; every process gets every row (a multi-process run gathers them)
         rolled = self._rollout_prompts(prompts, self._config.group_size, key=key, keys=draw.keys)
@@ -210,9 +215,9 @@ class PolicyGradientLearner(RLLearner[PolicyGradientConfig]):
                              "engines record a mixture of experts'); set algorithm.routing_replay=off")
         return np.asarray(routing, np.int32)
 
-    def _score(self, groups: Groups, draw: Draw | None = None) -> Groups:
+    def _score(self, groups: Groups, draw: KeysAndTally | None = None) -> Groups:
         """Fill in rewards with the reward manager (rl_core.learner.collection.score_groups)."""
-        return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or Draw()).tally)
+        return score_groups(groups, self.reward_manager, step=self.step + 1, tally=(draw or KeysAndTally()).tally)
 
     def _record_behaviour_logprobs(self, groups: Groups) -> Groups:
         """`groups` with the current policy's log-probs filled in for rows that lack them (a rewritten

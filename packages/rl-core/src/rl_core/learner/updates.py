@@ -34,21 +34,22 @@ def run_updates(parts: Mapping[str, TrainableModel], states: Mapping[str, TrainS
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     models = dict(states)
     # with a meter, each other model's updates are timed apart: wait for the work before and after them
-    apart = {name: 0.0 for name in names if name != POLICY} if meter is not None else {}
+    other_update_seconds = {name: 0.0 for name in names if name != POLICY} if meter is not None else {}
     for _ in range(iterations):
         for mini in minis:
             for name in names:
-                if name in apart:
+                if name in other_update_seconds:
                     jax.block_until_ready(models)
                     start = time.perf_counter()
                 models[name], stats = parts[name].update(models[name], mini)
-                if name in apart:
+                if name in other_update_seconds:
                     jax.block_until_ready(models[name])
-                    apart[name] += time.perf_counter() - start
+                    other_update_seconds[name] += time.perf_counter() - start
                 if meter is not None:
                     meter.updated(name, mini)
                 results[name].append(stats)
-    return models, multihost.to_host(results), {f"time/{name}_update": seconds for name, seconds in apart.items()}
+    times = {f"time/{name}_update": seconds for name, seconds in other_update_seconds.items()}
+    return models, multihost.to_host(results), times
 
 
 def update_metrics(results: Mapping[str, list[dict[str, Any]]], counts: UpdateCounts, training: Any, step: int

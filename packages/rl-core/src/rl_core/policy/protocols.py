@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from rl_core.policy.traits import ChunkUnembedding, DecodeCache, LoopView, RoutedPolicy
+
 Cache = Any  # a pytree of arrays owned by the model; rl_core only threads it through.
 
 
@@ -38,9 +40,8 @@ class Policy(Protocol):
     def cache_axes(self) -> Any:
         """The cache's tree with a `jax.sharding.PartitionSpec` of logical axis names
         per leaf: "batch" marks the rows (the sampler copies and splits them), the
-        other names go through the same rules as the parameters'. Optional beside them:
-        `init_decode_cache(batch_size, max_len)` and `decode_cache_axes()`, a cache for callers
-        that write each slot once, in order (`decode_cache`)."""
+        other names go through the same rules as the parameters'. The optional abilities beside
+        these (a decode cache, routing, a loop view, a chunk unembedding) are rl_core.policy.traits'."""
         ...
 
     def __call__(
@@ -74,32 +75,29 @@ def routed_call(policy: Any, *args: Any, replay: jax.Array | None = None, **kwar
     the policy's optional `routed(..., replay=)` (rl_models' transformers: `__call__` plus a `Routing`
     whose `experts` [layers, B, L - outputs_from, k] int32 are the routers' choices and `probs`
     [layers, B, L - outputs_from, E] their softmax). `replay` [layers, B, L, k] (every position of the
-    call; -1 = route freely) makes the routers take those experts (routing replay); a policy without
-    `routed` refuses one."""
-    routed = getattr(policy, "routed", None)
-    if not callable(routed):
+    call; -1 = route freely) makes the routers take those experts (routing replay); a policy that is
+    no `RoutedPolicy` (rl_core.policy.traits) refuses one."""
+    if not isinstance(policy, RoutedPolicy):
         if replay is not None:
             raise ValueError(f"routing replay: {type(policy).__name__} has no routed(), so it takes no experts to replay")
         hidden, cache = policy(*args, **kwargs)
         return hidden, cache, None
-    return routed(*args, replay=replay, **kwargs)
+    return policy.routed(*args, replay=replay, **kwargs)
 
 
 def chunk_unembedding(policy: Policy) -> Callable[[jax.Array], jax.Array]:
-    """What unembeds many chunks of one pass: the policy's optional `unembedding()` (a
+    """What unembeds many chunks of one pass: a `ChunkUnembedding` policy's `unembedding()` (a
     `logits` whose weight is made ready once, e.g. gathered from its FSDP shards),
     else `logits` itself."""
-    unembedding = getattr(policy, "unembedding", None)
-    return unembedding() if callable(unembedding) else policy.logits
+    return policy.unembedding() if isinstance(policy, ChunkUnembedding) else policy.logits
 
 
 def loop_policy(policy: Any) -> Callable[[], Any]:
     """What a loop that runs `policy` at every iteration (a decode loop) calls inside its body
-    to get the policy: the policy's optional `loop_view()` (its weights made ready once, before
+    to get the policy: a `LoopView` policy's `loop_view()` (its weights made ready once, before
     the loop, e.g. rl_models' layers taken out of their stacks), else the policy itself. Call
     this outside the loop."""
-    loop_view = getattr(policy, "loop_view", None)
-    return loop_view() if callable(loop_view) else (lambda: policy)
+    return policy.loop_view() if isinstance(policy, LoopView) else (lambda: policy)
 
 
 def repeat_cache(policy: Policy, cache: Cache, n: int, axes: Any = None) -> Cache:
@@ -112,11 +110,10 @@ def repeat_cache(policy: Policy, cache: Cache, n: int, axes: Any = None) -> Cach
 
 def decode_cache(policy: Policy, batch_size: int, max_len: int) -> tuple[Cache, Any]:
     """(a zeroed cache, its axes) for a loop that writes each slot once, in order from slot 0 (the
-    sampler): the policy's optional `init_decode_cache` and `decode_cache_axes` (rl_models' keep only
-    a ring of each windowed layer's window), else `init_cache` and `cache_axes`."""
-    init = getattr(policy, "init_decode_cache", None)
-    if callable(init):
-        return init(batch_size, max_len), policy.decode_cache_axes()  # type: ignore[attr-defined]
+    sampler): a `DecodeCache` policy's `init_decode_cache` and `decode_cache_axes` (rl_models' keep
+    only a ring of each windowed layer's window), else `init_cache` and `cache_axes`."""
+    if isinstance(policy, DecodeCache):
+        return policy.init_decode_cache(batch_size, max_len), policy.decode_cache_axes()
     return policy.init_cache(batch_size, max_len), policy.cache_axes()
 
 
@@ -128,28 +125,9 @@ class PagedModel(Protocol):
 
     Shapes: N tokens, each its own query; M pages per sequence.
 
-    Optional: `loop_stacks(model) -> tuple[str, ...]`, the top-level parameter entries whose
-    leaves are stacked on a leading layer axis that `forward` reads one slice at a time; the
-    engine keeps them as one array per layer so that no call copies them (rl_core.rollout.unstacked).
-    Optional: `kv_window(model) -> int | None`, the most key slots any layer reads behind a query
-    when every layer is windowed (None otherwise): the engine then frees the pages behind it.
-    Optional: `state_spec(model, max_tokens)`, one sequence's fixed-size recurrent state (a tuple of
-    ShapeDtypeStruct, each [layers, ...]; None: the model has none), for sequences of at most
-    `max_tokens` positions. The engine then keeps a pool of
-    such states ([layers, Q, ...] each) and calls `forward(..., states=pool, state_rows=[N] int32,
-    sequence=bool)`, which returns (hidden, (pages, states)): `sequence` True for a prefill chunk
-    (one sequence's consecutive tokens, real ones first), False for decoding (one token each of N
-    sequences); row 0 is scratch (padding), and a token at position 0 starts its state afresh.
-    (rl_models' states: Qwen3.5's linear-attention states, and the window-sized key/value rings of
-    the windowed layers of a model that also has global layers, Gemma 3's.)
-    Optional: `state_axes(model)`, the logical axis names of each `state_spec` leaf (None: each
-    replica keeps its states whole on its devices).
-    Optional: `fresh_states_share_chunks(model) -> bool`: True when a prefill chunk may hold, after
-    its first sequence, more sequences that start at position 0 (a `sequence` chunk then holds
-    several sequences' consecutive tokens, each by its own state row; rl_models' rings: yes; a
-    linear-attention state: no, one sequence a chunk).
-    Optional: `forward_routed(...)`, `forward` plus the experts a mixture's routers chose; with a
-    `state_spec`, it takes the same state arguments and returns (hidden, (pages, states), experts).
+    Optional abilities, one protocol each in rl_core.policy.traits: `RoutedPaging` (the experts
+    chosen), `WindowedPaging` (a key window), `StatefulPaging` (a recurrent state per sequence)
+    with `ShardedStates` and `ChunkSharingStates`, and `LoopStackedPaging` (layer-stacked weights).
     """
 
     def cache_spec(self, model: Policy) -> tuple[int, int, int, Any]:

@@ -22,7 +22,7 @@ until step n+k needs it (step 2) or a checkpoint saves it (the learner waits for
 first, so a checkpoint holds scored batches). So up to k batches are scored at once while later
 ones generate and earlier ones train: a slow reward (a process, a judge, a sandbox, a remote
 verifier) gets k steps to finish, not one. Only the scoring runs apart: generation threads the
-prompt stream and the key stream (`Supply`) from one batch to the next, so it stays sequential
+prompt stream and the key stream (`CollectionInputs`) from one batch to the next, so it stays sequential
 and the weights pinned for it are one collection's (the scorings in flight hold no weights),
 unpinned when the step ends; evaluation and export then use the current weights. A collection
 that needs its scores to go on (DAPO draws more prompts while groups come out uniform) runs
@@ -47,7 +47,7 @@ thread after the update is dispatched (same results, less overlap).
 A synchronous run uses the same `Collector` with `ahead` = 0: it collects the step's batch in
 line (or trains first on batches an async run's checkpoint left in flight). `Collector.take` and
 `Collector.finish` are given values (the `Collection`'s functions, the queue in flight, the
-`Supply` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
+`CollectionInputs` of prompts, carry and key, the weights to pin) and return new ones: the queue in flight
 and the supply past it. The learner keeps them in its state; nothing here writes the learner.
 """
 
@@ -60,7 +60,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 
-from rl_core.data import Prompt, Supply
+from rl_core.data import CollectionInputs, Prompt
 from rl_core.run.faults import fault_point
 
 
@@ -73,11 +73,11 @@ class Collection(NamedTuple):
     `batch`: the batch's type, with `to_json()` and a classmethod `from_json`, which a
     checkpoint writes the batches in flight and the carry with (None: none; no async rollouts)."""
 
-    collect: Callable[[Sequence[Prompt], Supply], tuple[Any, Supply]]
+    collect: Callable[[Sequence[Prompt], CollectionInputs], tuple[Any, CollectionInputs]]
     score: Callable[[Any], Any] | None = None
     batch: type | None = None
 
-    def whole(self, prompts: Sequence[Prompt], supply: Supply) -> tuple[Any, Supply]:
+    def collect_scored(self, prompts: Sequence[Prompt], supply: CollectionInputs) -> tuple[Any, CollectionInputs]:
         """The batch scored, in line, and the supply past it."""
         batch, supply = self.collect(prompts, supply)
         return (batch if self.score is None else self.score(batch)), supply
@@ -88,12 +88,12 @@ class InFlight(NamedTuple):
 
     batch: Any
     """What the learner's `collect` returned (GRPO: scored groups), or while its scoring runs
-    on a scoring thread a `Future` of it (`settled` waits for it)."""
+    on a scoring thread a `Future` of it (`await_scoring` waits for it)."""
     version: int
     """The step count of the weights that sampled it (0: the initial weights)."""
 
 
-def settled(queue: Sequence[InFlight]) -> tuple[InFlight, ...]:
+def await_scoring(queue: Sequence[InFlight]) -> tuple[InFlight, ...]:
     """`queue` with every batch still being scored waited for (a scoring's error raises here)."""
     return tuple(f._replace(batch=f.batch.result()) if isinstance(f.batch, Future) else f for f in queue)
 
@@ -197,8 +197,8 @@ class Collector:
         return cls(ahead=training.max_staleness, prompts_per_step=training.prompts_per_step, generator=generator,
                    thread=thread)
 
-    def take(self, collection: Collection, queue: Sequence[InFlight], supply: Supply, *, version: int, params: Any
-             ) -> tuple[InFlight, tuple[InFlight, ...], Supply, dict[str, float]]:
+    def take(self, collection: Collection, queue: Sequence[InFlight], supply: CollectionInputs, *, version: int,
+             params: Any) -> tuple[InFlight, tuple[InFlight, ...], CollectionInputs, dict[str, float]]:
         """This step's batch (scored), the queue behind it, the supply past what was drawn and the
         metrics of where the batch came from. The batch is the oldest of `queue` (collected by
         earlier steps); a queue shorter than `ahead` (at least one) is filled first, in line, with
@@ -208,7 +208,7 @@ class Collector:
         queue = tuple(queue)
         while len(queue) < max(self.ahead, 1):
             prompts, supply = supply.draw(self.prompts_per_step)
-            collected, supply = collection.whole(prompts, supply)
+            collected, supply = collection.collect_scored(prompts, supply)
             queue += (InFlight(collected, version),)
         head, rest = queue[0], queue[1:]
         if self.thread is not None and len(rest) < self.ahead:
@@ -216,15 +216,15 @@ class Collector:
             self.generator.pin(version, params)
             self.thread.start(lambda: self._collect_next(collection, prompts, supply, version))
         waited = time.perf_counter()
-        [head] = settled([head])  # its scoring, started k steps ago, may still run
+        [head] = await_scoring([head])  # its scoring, started k steps ago, may still run
         metrics = {"rollout/staleness_version_lag": float(version - head.version)}
         if self.thread is not None:
             metrics |= {"async/staleness": float(version - head.version), "async/sampled_version": float(head.version),
                         "async/queue": float(len(rest)), "time/wait_scoring": time.perf_counter() - waited}
         return head, rest, supply, metrics
 
-    def _collect_next(self, collection: Collection, prompts: Sequence[Prompt], supply: Supply, version: int
-                      ) -> tuple[InFlight, Supply]:
+    def _collect_next(self, collection: Collection, prompts: Sequence[Prompt], supply: CollectionInputs, version: int
+                      ) -> tuple[InFlight, CollectionInputs]:
         if collection.score is None:
             collected, after = collection.collect(prompts, supply)
         else:  # generated here; scored on a scoring thread while the next batches generate
@@ -233,8 +233,8 @@ class Collector:
         fault_point("in_flight", version + 1)  # batch n+k generated, the update maybe not done
         return InFlight(collected, version), after
 
-    def finish(self, rest: tuple[InFlight, ...], supply: Supply, *, publish: tuple[int, Any] | None = None
-               ) -> tuple[tuple[InFlight, ...], Supply, dict[str, float]]:
+    def finish(self, rest: tuple[InFlight, ...], supply: CollectionInputs, *, publish: tuple[int, Any] | None = None
+               ) -> tuple[tuple[InFlight, ...], CollectionInputs, dict[str, float]]:
         """After the update: the queue in flight (`rest` with the batch collected beside the update
         appended), the supply past it and the waits. `publish` (partial rollouts): the new weights
         (version, params), handed to the collection still decoding before the wait; not when the

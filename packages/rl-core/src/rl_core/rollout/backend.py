@@ -162,7 +162,7 @@ class EngineCounters:
                               max(self.peak_pages, other.peak_pages))
 
 
-class WithoutSessions:
+class StatelessBackend:
     """The protocol's session, feed and counter members for an engine that keeps nothing between
     calls (no retained sequences, no weights switched mid-rollout, no pages): subclass it and
     write only `update_weights` and `generate` (rl_core.rollout.static, the trainer's remote engine)."""

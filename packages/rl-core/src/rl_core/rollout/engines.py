@@ -54,7 +54,7 @@ class Engine:
     memory: Callable[[Any], Any]
     """`rl_core.rollout.memory.MemoryQuery` -> `EngineMemory`: the bytes it holds on each of the run's
     devices while it generates (its cache, its weight copy, its temporaries), what `trainer plan`
-    counts for it (`rl_core.rollout.memory.nothing_here` for an engine in another process)."""
+    counts for it (`rl_core.rollout.memory.memory_elsewhere` for an engine in another process)."""
 
 
 def _static(b: EngineBuild) -> Any:

@@ -39,10 +39,10 @@ class PolicyGenerator:
         """`mesh`: devices of the rollouts' own (training.rollout_devices), or None: the policy's;
         `paging`: how the paged engine runs `module` (required by rollout.engine='paged')."""
         self.rollout, self.tokenizer, self.policy = rollout, tokenizer, policy
-        self.apart = mesh is not None and mesh is not policy.layout.mesh
-        self.mesh = mesh if self.apart else policy.layout.mesh
+        self.own_devices = mesh is not None and mesh is not policy.layout.mesh
+        self.mesh = mesh if self.own_devices else policy.layout.mesh
         shardings = policy.shardings
-        if self.apart:  # the policy's layout on the rollout devices; the frozen base moves there once
+        if self.own_devices:  # the policy's layout on the rollout devices; the frozen base moves there once
             _, params, frozen, _ = frozen_lib.split_policy(module)
             self._param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(params, self.mesh))
             frozen_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(frozen, self.mesh))
@@ -78,7 +78,7 @@ class PolicyGenerator:
             self.backend.update_weights(self._whole(params), version)
             self._weights_of = params
         sampling = sampling or SamplingParams.from_rollout(self.rollout)
-        if self.apart:  # the learner's key lives on the training devices
+        if self.own_devices:  # the learner's key lives on the training devices
             key = jax.device_put(key, mesh_lib.replicated(self.mesh))
         decode = self.tokenizer.decode if stop_strings is not None else None
         requests = Requests(prompt_tokens, prompt_mask, num_samples, max_new_tokens=max_new_tokens,
@@ -89,7 +89,7 @@ class PolicyGenerator:
         """Sample with trained `params` as weight `version` until `unpin`, while updates go on:
         a backend that keeps a reference to the weights gets a copy, as the next update donates
         the parameters' buffers."""
-        if self.backend.capabilities.keeps_reference and not self.apart:  # apart: a transfer copies
+        if self.backend.capabilities.keeps_reference and not self.own_devices:  # own devices: a transfer copies
             params = copy_tree(params)
         self.backend.update_weights(self._whole(params), version)
         self._weights_of, self.pinned = None, version  # unpin refreshes to the policy's weights
@@ -109,7 +109,7 @@ class PolicyGenerator:
     def _whole(self, params: Any) -> Any:
         """Trained `params` joined with the frozen base, on the rollout devices, in
         `rollout.weights_dtype` when it is set."""
-        if not self.apart:
+        if not self.own_devices:
             whole = self.policy.whole_params(params)
         else:
             whole = frozen_lib.join(jax.device_put(params, self._param_shardings), self._frozen)

@@ -191,7 +191,7 @@ def paged_memory(q: MemoryQuery) -> EngineMemory:
               ("rollout engine: inference weight copy", None, "engine_weights")))
 
 
-def nothing_here(q: MemoryQuery) -> EngineMemory:
+def memory_elsewhere(q: MemoryQuery) -> EngineMemory:
     """An engine in another process: its cache and weights are on its own devices, none on the trainer's."""
     return EngineMemory(held_bytes=0, rows=((f"rollout engine ({q.rollout.engine}): on its servers, none here",
                                              None, None),))

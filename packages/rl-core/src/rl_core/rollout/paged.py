@@ -72,6 +72,7 @@ from rl_core.config import RolloutConfig
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
+from rl_core.policy.traits import ChunkSharingStates, LoopStackedPaging, ShardedStates, StatefulPaging, WindowedPaging
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
@@ -232,23 +233,21 @@ class PagedBackend:
         self._infer_graphdef = graphdef
         model = nnx.merge(graphdef, abstract)  # shapes only: what the adapter reads the config from
         self._cache_spec = self.paging.cache_spec(model)
-        kv_window = getattr(self.paging, "kv_window", None)
-        self.kv_window = kv_window(model) if callable(kv_window) else None
-        state_spec = getattr(self.paging, "state_spec", None)
+        paging = self.paging  # its optional abilities: rl_core.policy.traits
+        self.kv_window = paging.kv_window(model) if isinstance(paging, WindowedPaging) else None
         max_tokens = self.settings.pages_per_sequence * self.settings.page_size  # no sequence holds more
-        self._state_spec = state_spec(model, max_tokens) if callable(state_spec) else None
-        state_axes = getattr(self.paging, "state_axes", None)
-        self._state_axes = state_axes(model) if callable(state_axes) and self._state_spec is not None else None
-        shares = getattr(self.paging, "fresh_states_share_chunks", None)
+        self._state_spec = paging.state_spec(model, max_tokens) if isinstance(paging, StatefulPaging) else None
+        stateful = self._state_spec is not None
+        self._state_axes = paging.state_axes(model) if stateful and isinstance(paging, ShardedStates) else None
         # a prefill chunk may add prompts that start fresh (the adapter's; default: one sequence a chunk)
-        self.fresh_share_chunks = bool(shares(model)) if callable(shares) and self._state_spec is not None else False
+        self.fresh_share_chunks = (stateful and isinstance(paging, ChunkSharingStates)
+                                   and bool(paging.fresh_states_share_chunks(model)))
         if self._state_spec is not None:
             if self.settings.state_pool_rows < 3:
                 raise ValueError(f"state_rows = {self.settings.state_rows}: a state pool needs at least 3 rows "
                                  f"(a scratch row, a prompt's and its sample's)")
             self.state_pools = [PagePool(self.settings.state_pool_rows) for _ in range(self.replicas)]
-        loop_stacks = getattr(self.paging, "loop_stacks", None)
-        self._stacks = tuple(loop_stacks(model)) if callable(loop_stacks) else ()
+        self._stacks = tuple(paging.loop_stacks(model)) if isinstance(paging, LoopStackedPaging) else ()
         out = self.decode_shardings(abstract)
         if out is not None:
             out = unstack_shardings(out, nnx.to_pure_dict(abstract), self._stacks)

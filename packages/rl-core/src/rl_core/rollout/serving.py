@@ -288,12 +288,12 @@ class EngineLoop:
             for j, sample in enumerate(samples):
                 if len(sample.tokens) > job._seen[j]:
                     job._seen[j] = len(sample.tokens)
-                    job.on_tokens(j, self._kept(job, list(sample.tokens))[0])
+                    job.on_tokens(j, self._cut_at_stop(job, list(sample.tokens))[0])
         if not all(x.done for x in samples):
             return False
         out = []
         for sample in samples:
-            tokens, stopped = self._kept(job, list(sample.tokens))
+            tokens, stopped = self._cut_at_stop(job, list(sample.tokens))
             ended = stopped or (bool(tokens) and tokens[-1] in self.engine.eos_ids)
             version = sample.versions[0] if sample.versions else self.engine.version
             out.append(Sample(tokens, list(sample.logp[: len(tokens)]), version, "stop" if ended else "length",
@@ -301,11 +301,11 @@ class EngineLoop:
         job.future.set_result(out)
         return True
 
-    def _kept(self, job: Job, tokens: list[int]) -> tuple[list[int], bool]:
-        return kept(tokens, job.stops, self.decode)
+    def _cut_at_stop(self, job: Job, tokens: list[int]) -> tuple[list[int], bool]:
+        return cut_at_stop(tokens, job.stops, self.decode)
 
 
-def kept(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> tuple[list[int], bool]:
+def cut_at_stop(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> tuple[list[int], bool]:
     """(the tokens up to the one completing a stop string (all when none holds one), whether one did)."""
     if not stops or not any(stop in decode(tokens) for stop in stops):
         return tokens, False
@@ -316,4 +316,4 @@ def kept(tokens: list[int], stops: Sequence[str], decode: Callable[[list[int]], 
     return tokens[:lo], True
 
 
-__all__ = ["EngineLoop", "Job", "Sample", "kept"]
+__all__ = ["EngineLoop", "Job", "Sample", "cut_at_stop"]

@@ -12,11 +12,11 @@ from typing import Any
 
 import jax
 
-from rl_core.rollout.backend import Capabilities, Requests, WithoutSessions, with_version
+from rl_core.rollout.backend import Capabilities, Requests, StatelessBackend, with_version
 from rl_core.rollout.sampler import Completions, Sampler, SamplingParams
 
 
-class StaticBackend(WithoutSessions):
+class StaticBackend(StatelessBackend):
     """`RolloutBackend` over a `rl_core.rollout.sampler.Sampler`."""
 
     def __init__(self, sampler: Sampler) -> None:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.policy.protocols import PagedModel
+from rl_core.policy.traits import RoutedPaging
 from rl_core.rollout.sampler import SamplingParams, categorical, sample_with, tempered_logits
 
 
@@ -80,7 +81,7 @@ def engine_step(
     `pages` is (the KV pool, the state pool): a model with a recurrent state (`paging.state_spec`)
     keeps one row of it per sequence, read and written by `paging.forward` (each prefill chunk is
     one prompt's tokens); the state pool of a model without one is empty.
-    `routing` [S, k, layers, E_k] int32: with a paging whose optional `forward_routed` reports a mixture
+    `routing` [S, k, layers, E_k] int32: with a `RoutedPaging` paging, whose `forward_routed` reports a mixture
     of experts' choices, the experts of the step that sampled each token (-1 where none was sampled;
     None otherwise); with a state pool it takes it as `forward` does.
     `top` = (ids, log-probs) [S, k, K] of the K = `top_logprobs` likeliest tokens at each step under
@@ -93,7 +94,7 @@ def engine_step(
     """
 
     stateful = bool(jax.tree.leaves(pages[1]))
-    routed = getattr(paging, "forward_routed", None)
+    routed = paging.forward_routed if isinstance(paging, RoutedPaging) else None
 
     def forward(m, tokens, positions, pages, page_rows, state_rows, sequence):
         """(hidden, (the KV pool, the state pool), the experts each layer chose or None)."""
