@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_models.config import TransformerConfig
+from rl_models.rope_types import LongRope
 
 
 class FamilyFieldError(ValueError):
@@ -235,6 +236,28 @@ def _write_olmo3(config: TransformerConfig) -> dict[str, Any]:
     return _write_windows(config) | _write_olmo2(config)
 
 
+def _read_phi3(hf: dict[str, Any]) -> dict[str, Any]:
+    """Partial rotary (rope_parameters' or the top level's partial_rotary_factor; Phi-4-mini's 0.75)
+    and Mistral's windows (every layer), a window no shorter than max_position_embeddings being
+    none (Phi-4-mini's 262144 over 131072 positions). Fused q/k/v and gate/up: rl_models.hf.weights."""
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    window = hf.get("sliding_window")
+    if window is not None and hf.get("max_position_embeddings") is not None and window >= hf["max_position_embeddings"]:
+        hf = hf | {"sliding_window": None}
+    return _windows(hf, "sliding_attention") | {"partial_rotary_factor": float(partial)}
+
+
+def _write_phi3(config: TransformerConfig) -> dict[str, Any]:
+    """No special ids: the class's defaults (Phi-3's 32000) lie outside most vocabularies."""
+    return {"partial_rotary_factor": config.partial_rotary_factor, "sliding_window": config.sliding_window,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+PHI3_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                                 "original_max_position_embeddings": 4096}
+"""transformers' Phi3Config defaults (5.x) a folder may leave out."""
+
 OLMO3_DEFAULTS: dict[str, Any] = {"rope_theta": 500_000.0, "sliding_window": 4096}
 """transformers' Olmo3Config defaults (5.x) a folder may leave out."""
 
@@ -259,6 +282,7 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
     "olmo2": Family("Olmo2ForCausalLM", _read_olmo2, _write_olmo2),
+    "phi3": Family("Phi3ForCausalLM", _read_phi3, _write_phi3, windows=True, defaults=PHI3_DEFAULTS),
     "olmo3": Family("Olmo3ForCausalLM", _read_olmo3, _write_olmo3, windows=True, rope_by_layer_type=True,
                     defaults=OLMO3_DEFAULTS),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
@@ -297,6 +321,15 @@ def infer_family(config: TransformerConfig) -> str:
 
 def _family_of_block(config: TransformerConfig) -> str:
     """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
+    if config.partial_rotary_factor != 1.0 or isinstance(config.rope_scaling, LongRope):
+        phi3 = not (config.qk_norm or config.attention_bias or config.attention_out_bias or config.mlp_bias
+                    or config.num_experts or config.sandwich_norms or config.post_norms or config.norm_plus_one
+                    or config.embed_scale or config.nope_layers or config.query_scale is not None
+                    or config.rope_local_theta is not None or config.hidden_act != "silu" or config.layer_types)
+        if not phi3:
+            raise ValueError("partial rotary and LongRoPE are written as Phi-3 (phi3), which has Llama's block "
+                             "without biases, q/k norms or other per-layer settings")
+        return "phi3"
     if config.post_norms or config.qk_norm_all_heads:
         olmo = config.post_norms and config.qk_norm and config.qk_norm_all_heads
         if not olmo or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu" \
