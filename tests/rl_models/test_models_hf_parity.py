@@ -15,7 +15,8 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
-PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3", "phi3", "llama_dynamic")
+PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3", "phi3", "llama_dynamic",
+                "gemma3_text_softcap", "gemma2")
 """The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
 
 

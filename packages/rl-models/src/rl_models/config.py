@@ -194,6 +194,12 @@ class TransformerConfig:
     attention_sinks: bool = False
     """A learned per-head logit in every query's softmax that takes probability but no value
     (gpt-oss's attention sinks)."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores soft-capped, cap * tanh(scores / cap), after the scale and before the mask
+    (Gemma 2's attn_logit_softcapping); None: not capped."""
+    final_logit_softcapping: float | None = None
+    """Logits soft-capped, cap * tanh(logits / cap), wherever they are computed (Gemma 2's
+    final_logit_softcapping); None: not capped."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -267,6 +273,10 @@ class TransformerConfig:
         _require(factors is None or len(factors) == self.rotary_dim // 2, name, "rope_scaling", "LongRope",
                  f"needs {self.rotary_dim // 2} factors per list (half the {self.rotary_dim} rotary dims), has "
                  f"{len(factors or ())}")
+        for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = getattr(self, field)
+            _require(cap is None or (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0),
+                     name, field, cap, "must be None or a number > 0")
         self._check_layers(name)
         _require((self.linear_attention is not None) == self.hybrid, name, "linear_attention",
                  self.linear_attention, "must be set exactly when layer_types has 'linear_attention' layers")
