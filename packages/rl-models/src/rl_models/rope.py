@@ -79,7 +79,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray | jax.Array, factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray | jax.Array, factor: float = 1.0
+                 ) -> tuple[jax.Array, jax.Array]:
     """(cos, sin) [B, L, 1, Dh] float32 for positions [B, L], in the form `rotate` takes: cos
     over both halves of Dh, sin negated over the first; both times `factor` (YaRN's attention
     factor). Computed once per forward pass and shared by every layer."""

@@ -306,7 +306,8 @@ class PallasKV(PagedKV):
         # float32 products at `highest` precision (at the default they are bfloat16 passes), so float32
         # pools (checks against the static engine, not real runs) also take XLA's attention over this layout
         gpu_cap = softcap is not None and self.platform != "tpu"  # the GPU kernel has no soft cap
-        if window is not None or sinks is not None or gpu_cap or (self.platform == "tpu" and k_pool.dtype == jnp.float32):
+        float32_tpu = self.platform == "tpu" and k_pool.dtype == jnp.float32
+        if window is not None or sinks is not None or gpu_cap or float32_tpu:
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
                                              sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True,
                                              pack=pack, kv_heads=kv_heads, softcap=softcap)
