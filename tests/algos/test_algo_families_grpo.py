@@ -29,7 +29,7 @@ def distinct_characters(prompts, completions, **_):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "qwen3_yarn", "gemma3", "qwen3_moe", "gpt_oss",
-                                  "llama_bias", "smollm3_bias", "olmo2", "olmo3"])
+                                  "llama_bias", "smollm3_bias", "olmo2", "olmo3", "phi3", "gemma2"])
 def test_a_grpo_step_trains_each_family(name):
     _step_moves_the_parameters(GRPOLearner, GRPOConfig(group_size=2, beta=0.04), name)
 

@@ -313,3 +313,46 @@ def test_tpu_kernel_in_the_interpreter_over_the_packed_pool():
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
     exact = kv.attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2)
     np.testing.assert_allclose(exact, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_reference_soft_caps_the_scores_before_the_mask(window):
+    """attn_logit_softcapping (Gemma 2's): scores cap * tanh(s / cap), then the mask and the softmax;
+    on the page-major and the kv-head-major (Pallas) layouts, with and without a window."""
+    q, k_pages, v_pages, page_rows, lengths = problem()
+    q = q * 4  # scores well past the cap
+    cap = 2.0
+    k = k_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    v = v_pages[:, page_rows].reshape(K, N, M * PS, DH)
+    scores = jnp.einsum("nkgd,knsd->nkgs", q.reshape(N, K, H // K, DH), k) / math.sqrt(DH)
+    slots = np.arange(M * PS)[None, :]
+    starts = np.zeros_like(lengths) if window is None else np.maximum(lengths - window, 0)
+    valid = (slots < lengths[:, None]) & (slots >= starts[:, None])
+    probs = jax.nn.softmax(jnp.where(valid[:, None, None], cap * jnp.tanh(scores / cap), -jnp.inf), axis=-1)
+    want = jnp.einsum("nkgs,knsd->nkgd", probs, v).reshape(N, H, DH)
+    got = attention_lib.reference_paged_attention(*page_major(q, k_pages, v_pages, page_rows, lengths), window=window,
+                                                  softcap=cap)
+    np.testing.assert_allclose(got, want, **close(atol=1e-5))
+    head_major = attention_lib.reference_paged_attention(q, k_pages[None], v_pages[None], page_rows, lengths, layer=0,
+                                                         window=window, softcap=cap, kv_head_major=True)
+    np.testing.assert_allclose(head_major, want, **close(atol=1e-5))
+    plain = attention_lib.reference_paged_attention(*page_major(q, k_pages, v_pages, page_rows, lengths), window=window)
+    assert float(jnp.abs(plain - got).max()) > 0.1
+
+
+@about_the_cpu("the TPU kernel in the Pallas interpreter; on a chip benchmarks/paged_kernel_check.py runs it")
+def test_tpu_kernel_soft_caps_the_scores_as_the_reference_does():
+    """The TPU kernel's `attn_logits_soft_cap` over the lane-packed pool, in bfloat16 (hence 3e-2, as
+    above), against the float32 reference over the same pool; the cap moves the output by more."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    q, k_pages, v_pages, page_rows, lengths, k_pool, v_pool = packed_problem(14, 2, 64)
+    q = q * 4
+    kv = attention_lib.PallasKV(PS, 2, platform="tpu")
+    want = kv.attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2, softcap=2.0)
+    uncapped = kv.attend(jnp.asarray(q), k_pool, v_pool, 0, page_rows, lengths, None, None, kv_heads=2)
+    assert float(jnp.abs(want - uncapped).max()) > 0.3
+    low = [jnp.asarray(x, jnp.bfloat16) for x in (q, k_pool, v_pool)]
+    with pltpu.force_tpu_interpret_mode():
+        got = kv.attend(*low, 0, page_rows, lengths, None, None, kv_heads=2, softcap=2.0)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)

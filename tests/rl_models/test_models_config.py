@@ -34,7 +34,7 @@ def test_frozen():
         (dict(remat=1), r"remat=1: must be one of"),
         (dict(remat="sometimes"), r"remat='sometimes': must be one of"),
         (dict(scan_layers="auto"), r"scan_layers='auto': must be a bool or None"),
-        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None, a RopeScaling, LinearRope, YarnRope or DynamicNTKRope"),
+        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope or LongRope"),
         (dict(sliding_window=0), r"sliding_window=0: must be None or a positive int"),
         (dict(sliding_window=8, layer_types=("full_attention",)), r"layer_types=\('full_attention',\): must name one type per layer \(2\)"),
         (dict(layer_types=("full_attention", "sliding_attention")), r"sliding_attention layers need a sliding_window"),

@@ -148,7 +148,7 @@ def test_export_writes_the_biases_back(name, hf_fixtures, hf_reference, tmp_path
 
 @pytest.mark.parametrize(("name", "changes", "message"), [
     ("mistral", dict(attention_bias=True), r"unsupported attention_bias=True: mistral's attention has no biases in "
-                                           r"transformers \(families with attention_bias: gemma3, gemma3_text, llama, "
+                                           r"transformers \(families with attention_bias: gemma2, gemma3, gemma3_text, llama, "
                                            r"qwen3, qwen3_moe, smollm3\)"),
     ("qwen3", dict(mlp_bias=True), r"unsupported mlp_bias=True: qwen3's MLP has no biases in transformers "
                                    r"\(families with mlp_bias: llama, smollm3\)"),

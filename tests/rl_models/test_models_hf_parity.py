@@ -15,7 +15,8 @@ from flax import nnx
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
-PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3")
+PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3", "phi3", "llama_dynamic",
+                "gemma3_text_softcap", "gemma2")
 """The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
 
 
@@ -105,9 +106,15 @@ def test_llama3_rope_scaling_is_exercised(hf_fixtures, hf_reference):
     ("smollm3", dict(nope_layers=())),
     ("olmo3", dict(layer_types=("full_attention",) * 4)),
     ("olmo3", dict(rope_local_theta=None)),
+    ("phi3", dict(rope_scaling=None)),
+    ("llama_dynamic", dict(rope_scaling=None)),
+    ("gemma2", dict(attn_logit_softcapping=None)),
+    ("gemma2", dict(final_logit_softcapping=None)),
+    ("gemma3_text_softcap", dict(final_logit_softcapping=None)),
 ], ids=["mistral-window", "gemma3-window", "gemma3-local-theta", "gemma3-linear-rope", "gemma3-query-scale",
         "gemma3-embed-scale", "qwen3-yarn", "smollm3-nope",
-        "olmo3-window", "olmo3-unscaled-windowed-rope"])
+        "olmo3-window", "olmo3-unscaled-windowed-rope", "phi3-longrope", "llama-dynamic-ntk",
+        "gemma2-attention-cap", "gemma2-final-cap", "gemma3-final-cap"])
 def test_each_family_setting_is_exercised(name, without, hf_fixtures, hf_reference):
     """Without the setting, the fixture's logits move by far more than the tolerance: the
     parity tests above really check it (the prompts are longer than the windows)."""

@@ -235,7 +235,7 @@ def test_lora_finds_gemma3s_seven_projections_and_fresh_adapters_change_nothing(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "llama_bias", "smollm3_bias"])
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral", "smollm3", "llama_bias", "smollm3_bias", "gemma2"])
 def test_lora_and_qlora_target_each_familys_projections(hf_fixtures, tmp_path, name):
     """The families' blocks (biased ones too) have the same seven projections: the default targets
     find them all, fresh adapters change nothing, adapted kernels merge and export to the adapted
@@ -264,3 +264,11 @@ def test_lora_and_qlora_target_each_familys_projections(hf_fixtures, tmp_path, n
         out, cache = step(qlora, tokens[:, t : t + 1], t, cache)
         steps.append(np.asarray(out)[:, 0])
     np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_peft_export_of_phi3s_separate_projection_adapters_is_refused(hf_fixtures, tmp_path):
+    """Phi-3 fuses q/k/v (and gate/up) into one module, which PEFT adapts whole: adapters of the
+    separate projections have no PEFT name there, so the export says so instead of writing q_proj."""
+    model = add_adapters(load_hf_model(hf_fixtures / "phi3"), rank=4, alpha=8.0)
+    with pytest.raises(ValueError, match=r"phi3 fuses q/k/v and gate/up into one module each"):
+        export_peft(model, tmp_path / "adapter")

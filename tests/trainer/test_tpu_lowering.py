@@ -22,9 +22,13 @@ from trainer.settings import build_settings
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256)]
 
 
-def _config(heads: int, kv_heads: int, head_dim: int) -> TransformerConfig:
+def _config(heads: int, kv_heads: int, head_dim: int, **overrides) -> TransformerConfig:
     return TransformerConfig.tiny(96, hidden_size=128, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                                  dtype="bfloat16")
+                                  dtype="bfloat16", **overrides)
+
+
+SOFTCAPS = dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+"""Gemma 2's soft-caps: Splash's and the TPU paged kernel's `attn_logits_soft_cap`, and the capped head."""
 
 
 def _custom_calls(text: str) -> int:
@@ -59,3 +63,27 @@ def test_update_lowers_for_tpu_with_splash(heads, kv_heads, head_dim):
         text = programs.update.trace(programs.state, programs.frozen, batch).lower(
             lowering_platforms=("tpu",)).as_text()
     assert _custom_calls(text) >= 2  # Splash's forward and backward kernels
+
+
+def test_soft_capped_attention_lowers_for_tpu_in_the_engine_and_the_update():
+    """With Gemma 2's caps (at Gemma's head dim 256) both programs still call the kernels."""
+    with traced_for("tpu", kernels=True):
+        model = Transformer(_config(4, 2, 256, **SOFTCAPS), rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
+        engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
+        engine.update_weights(state, 1)
+        text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
+    assert _custom_calls(text) >= 2
+    settings = build_settings(algo="grpo", overrides=[
+        "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
+        "rollout.max_new_tokens=32"])
+    mesh = mesh_lib.training_mesh(settings.training)
+    with traced_for("tpu", kernels=True):
+        abstract = nnx.eval_shape(lambda: Transformer(_config(4, 2, 256, **SOFTCAPS), rngs=nnx.Rngs(0)))
+        graphdef, params, frozen, _ = frozen_lib.split_policy(abstract)
+        programs = policy_programs(settings, mesh, graphdef, params, frozen)
+        batch = programs.mini_batch(programs.layout.num_micro_batches)
+        text = programs.update.trace(programs.state, programs.frozen, batch).lower(
+            lowering_platforms=("tpu",)).as_text()
+    assert _custom_calls(text) >= 2

@@ -124,7 +124,7 @@ def _stand_in_needed() -> bool:
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
-           sinks: jax.Array | None = None) -> jax.Array:
+           sinks: jax.Array | None = None, softcap: float | None = None) -> jax.Array:
     """Grouped-query attention over head-major keys and values (the cache's layout).
 
     q [B, L, H, Dh], k/v [B, K, S, Dh] (the cache's layout), mask [B, L, S]
@@ -135,6 +135,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     float32, so a fully masked row gets a finite uniform distribution, not NaN.
     On CPU the gradient is `_attention_core_cpu`'s (the same values). `sinks` [H] (gpt-oss): each
     head's extra logit in every query's softmax, which takes probability but adds no value.
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2's).
     """
     b, l, h, dh = q.shape
     kv_heads = k.shape[1]
@@ -144,7 +145,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
     if sinks is not None:  # head kv * G + i's sink, for its L query rows
         rows = jnp.repeat(sinks.astype(jnp.float32).reshape(kv_heads, g), l, axis=1)  # [K, G * L]
-        out = _attention_with_sinks(q, k, v, mask, scale, rows)
+        out = _attention_with_sinks(q, k, v, mask, scale, rows, softcap)
+    elif softcap is not None:  # autodiff's gradient (the CPU one below is written for plain scores)
+        out = _attention_core(q, k, v, mask, scale, softcap)
     else:
         core = _attention_core_cpu if target_platform() == "cpu" else _attention_core
         out = core(q, k, v, mask, scale)
@@ -152,18 +155,24 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
 
-def _attention_probs(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def soft_capped(scores: jax.Array, softcap: float | None) -> jax.Array:
+    """softcap * tanh(scores / softcap) (scores as they are with no cap)."""
+    return scores if softcap is None else jnp.float32(softcap) * jnp.tanh(scores / jnp.float32(softcap))
+
+
+def _attention_probs(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float,
+                     softcap: float | None = None) -> jax.Array:
     """float32 softmax(q k^T * scale) [B, K, Q, S] over head-major q [B, K, Q, Dh], k [B, K, S, Dh]
-    where mask [B, K, Q, S] holds."""
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+    where mask [B, K, Q, S] holds (scores soft-capped first with a `softcap`)."""
+    scores = soft_capped(jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
 
 
 def _attention_with_sinks(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                          sinks: jax.Array) -> jax.Array:
+                          sinks: jax.Array, softcap: float | None = None) -> jax.Array:
     """float32 [B, K, Q, Dh] attention whose softmax over each row also holds the row's sink
     logit `sinks` [K, Q] (then dropped): p_s = exp(x_s - m) / (sum_s' exp(x_s' - m) + exp(sink - m))."""
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
+    scores = soft_capped(jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     top = jnp.maximum(jnp.max(scores, axis=-1), sinks[None])  # [B, K, Q]
     e = jnp.exp(scores - top[..., None])
@@ -171,9 +180,10 @@ def _attention_with_sinks(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     return jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
-def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                    softcap: float | None = None) -> jax.Array:
     """float32 [B, K, Q, Dh] attention output of head-major q, k, v (see `_attention_probs`)."""
-    return _attention_core_fwd(q, k, v, mask, scale)[0]  # the residuals are dead code to XLA
+    return _attention_core_fwd(q, k, v, mask, scale, softcap)[0]  # the residuals are dead code to XLA
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -187,9 +197,9 @@ def _attention_core_cpu(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arra
     return _attention_core(q, k, v, mask, scale)
 
 
-def _attention_core_fwd(q, k, v, mask, scale):
-    """(the output, the residuals `_attention_core_bwd` reads)."""
-    probs = _attention_probs(q, k, mask, scale)
+def _attention_core_fwd(q, k, v, mask, scale, softcap=None):
+    """(the output, the residuals `_attention_core_bwd` reads; that backward is for softcap None)."""
+    probs = _attention_probs(q, k, mask, scale, softcap)
     out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out, (q, k, v, mask, probs)
 
@@ -216,7 +226,8 @@ _attention_core_cpu.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                     implementation: str, offset: int = 0, scale: float | None = None,
-                    windowed: bool = False, sinks: jax.Array | None = None) -> jax.Array:
+                    windowed: bool = False, sinks: jax.Array | None = None,
+                    softcap: float | None = None) -> jax.Array:
     """Grouped-query attention over whole sequences (training, prefill): q [B, L, H, Dh] at key
     slots offset..offset+L-1, k/v [B, S, K, Dh], mask [B, L, S] -> [B, L, H * Dh].
 
@@ -227,17 +238,20 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     copies); "cudnn" and "splash": the fused kernels. `scale` multiplies the scores (None:
     1 / sqrt(Dh)). Splash builds its mask from causal blocks and segments, which cannot say a
     sliding window: a `windowed` layer's attention runs as xla there, as does any with `sinks`.
+    `softcap` soft-caps the scores (Splash takes it; cuDNN's does not, so such a layer runs as xla).
     """
     if sinks is not None:  # the fused kernels have no sink logit
-        return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, sinks)
+        return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, sinks, softcap)
     kind = traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
+    if softcap is not None and kind == "cudnn":
+        kind = "xla"
     if scale is not None and kind in ("cudnn", "splash"):  # the kernels scale by 1 / sqrt(Dh): the queries carry the rest
         q = (q.astype(jnp.float32) * (scale * math.sqrt(q.shape[-1]))).astype(q.dtype)
     if kind == "cudnn":
         return cudnn(q, k, v, mask)
     if kind == "splash" and not windowed:
-        return splash(q, k, v, mask, offset=offset)
-    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale)
+        return splash(q, k, v, mask, offset=offset, softcap=softcap)
+    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, softcap=softcap)
 
 
 def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -273,7 +287,7 @@ def _even_lengths(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 
 
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset: int = 0,
-           interpret: bool = False) -> jax.Array:
+           interpret: bool = False, softcap: float | None = None) -> jax.Array:
     """The Splash kernel: q [B, L, H, Dh] at key slots offset..offset+L-1, k/v [B, S, K, Dh],
     mask [B, L, S] (causal within segments, see the module doc) -> [B, L, H * Dh].
 
@@ -300,7 +314,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
                              (seg_q, seg_kv)).transpose(0, 2, 1, 3)
         from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # noqa: PLC0415
 
-        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret)
+        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret, softcap)
         return jax.vmap(kernel)(q, k, v, SegmentIds(seg_q, seg_kv))
 
     heads = partition_spec(("act_batch", "act_kv_heads", None, None), k.shape)
@@ -330,14 +344,16 @@ def _splash_block(length: int) -> int:
     return min(SPLASH_MAX_BLOCK, _round_up(length, 128))
 
 
-def _splash_kernel(heads: int, lq: int, ls: int, offset: int, block_q: int, block_kv: int, interpret: bool):
+def _splash_kernel(heads: int, lq: int, ls: int, offset: int, block_q: int, block_kv: int, interpret: bool,
+                   softcap: float | None = None):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415 (TPU kernels: on use)
 
     mask = sa.MultiHeadMask([sa.CausalMask((lq, ls), offset=offset) for _ in range(heads)])
     blocks = sa.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
                            block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
                            block_q_dq=block_q, block_kv_dq=block_kv)
-    return sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
+    return sa.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret,
+                              attn_logits_soft_cap=softcap)
 
 
 @jax.custom_vjp

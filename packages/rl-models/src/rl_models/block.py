@@ -134,22 +134,22 @@ class Attention(nnx.Module):
         mask = mask[:, queries_from:]
         if window is not None:
             mask = within_window(mask, window, cache_index + queries_from)
-        scale, windowed = cfg.query_scale, window is not None
+        scale, windowed, cap = cfg.query_scale, window is not None, cfg.attn_logit_softcapping
         sinks = None if self.sinks is None else self.sinks[...]
         if kv is None:
             out = attend_sequence(q, k, v, mask, cfg.attention, offset=queries_from, scale=scale, windowed=windowed,
-                                  sinks=sinks)
+                                  sinks=sinks, softcap=cap)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
         if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
-            out = attend(q, k_all, v_all, mask, scale, sinks)  # the cache's layout
+            out = attend(q, k_all, v_all, mask, scale, sinks, cap)  # the cache's layout
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0
             out = attend_sequence(q, k_all.transpose(0, 2, 1, 3), v_all.transpose(0, 2, 1, 3), mask,
-                                  cfg.attention, offset=offset, scale=scale)
+                                  cfg.attention, offset=offset, scale=scale, softcap=cap)
         return self.o_proj(out), kv
 
     def _ring_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kv: KVCache,
@@ -173,7 +173,7 @@ class Attention(nnx.Module):
                   jax.lax.dynamic_update_slice(kv[1], new[1][None], start))
             k_all, v_all = (jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv)
             return attend(q, k_all, v_all, key_mask(mask, held_slots(c, r), c[None], window), cfg.query_scale,
-                          sinks), kv
+                          sinks, cfg.attn_logit_softcapping), kv
         rings = [jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in kv]  # [B, K, R, Dh]
         slots, keys, values = c + jnp.arange(length, dtype=jnp.int32), new[0], new[1]
         if not (isinstance(cache_index, int) and cache_index == 0):  # the ring's slots before this call too
@@ -182,7 +182,7 @@ class Attention(nnx.Module):
         queries = c + queries_from + jnp.arange(length - queries_from, dtype=jnp.int32)
         out = attend_sequence(q, keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3),
                               key_mask(mask[:, queries_from:], slots, queries, window), cfg.attention,
-                              scale=cfg.query_scale, windowed=True, sinks=sinks)
+                              scale=cfg.query_scale, windowed=True, sinks=sinks, softcap=cfg.attn_logit_softcapping)
         start = (layer, zero, zero, zero, zero)
         kv = tuple(jax.lax.dynamic_update_slice(x, write_call(ring, n, c)[None], start)
                    for x, ring, n in zip(kv, rings, new))

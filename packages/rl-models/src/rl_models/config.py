@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from rl_models.rope_types import FREQUENCY_ROPES, DynamicNTKRope, FrequencyRope
+from rl_models.rope_types import CALL_LENGTH_ROPES, FREQUENCY_ROPES, FrequencyRope
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "cudnn", "splash")
@@ -133,8 +133,8 @@ class TransformerConfig:
     """With qk_norm, one RMSNorm over all heads' queries (H * Dh) and one over all keys (K * Dh)
     instead of one over each head's Dh (OLMo 2)."""
     rope_scaling: RopeScaling | FrequencyRope | None = None
-    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK (the
-    default rope within its max_position_embeddings), or None."""
+    """Rotary frequency scaling of the (global) rope: Llama 3.1's, linear, YaRN, dynamic NTK or
+    LongRoPE (these two from each call's longest position), or None."""
     sliding_window: int | None = None
     """A windowed layer's query sees the W key slots up to and including its own (Mistral,
     Gemma 3); None: no layer is windowed."""
@@ -194,6 +194,12 @@ class TransformerConfig:
     attention_sinks: bool = False
     """A learned per-head logit in every query's softmax that takes probability but no value
     (gpt-oss's attention sinks)."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores soft-capped, cap * tanh(scores / cap), after the scale and before the mask
+    (Gemma 2's attn_logit_softcapping); None: not capped."""
+    final_logit_softcapping: float | None = None
+    """Logits soft-capped, cap * tanh(logits / cap), wherever they are computed (Gemma 2's
+    final_logit_softcapping); None: not capped."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -258,11 +264,19 @@ class TransformerConfig:
             self.rope_scaling is None
             or isinstance(self.rope_scaling, (RopeScaling, *FREQUENCY_ROPES)),
             name, "rope_scaling", self.rope_scaling,
-            "must be None, a RopeScaling, LinearRope, YarnRope or DynamicNTKRope",
+            "must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope or LongRope",
         )
         _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
                  name, "partial_rotary_factor", self.partial_rotary_factor,
                  f"must be in (0, 1] and turn an even number of the {self.head_dim} head dims")
+        factors = getattr(self.rope_scaling, "short_factor", None)
+        _require(factors is None or len(factors) == self.rotary_dim // 2, name, "rope_scaling", "LongRope",
+                 f"needs {self.rotary_dim // 2} factors per list (half the {self.rotary_dim} rotary dims), has "
+                 f"{len(factors or ())}")
+        for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = getattr(self, field)
+            _require(cap is None or (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0),
+                     name, field, cap, "must be None or a number > 0")
         self._check_layers(name)
         _require((self.linear_attention is not None) == self.hybrid, name, "linear_attention",
                  self.linear_attention, "must be set exactly when layer_types has 'linear_attention' layers")
@@ -374,8 +388,8 @@ class TransformerConfig:
 
     def position_problem(self, positions: int) -> str | None:
         """Why sequences of `positions` tokens would not be computed as the model's folder says
-        (dynamic NTK rope past its limit); None when they are."""
-        if isinstance(self.rope_scaling, DynamicNTKRope):
+        (dynamic NTK rope or LongRoPE past its limit); None when they are."""
+        if isinstance(self.rope_scaling, CALL_LENGTH_ROPES):
             return self.rope_scaling.position_problem(positions)
         return None
 

@@ -21,12 +21,8 @@ from rl_models.rope import rotate
 from rl_models.sharding import constrain
 
 
-def rotate_partial(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [B, L, N, Dh] with its first cos.shape[-1] dims rotated (`rotate`), the rest as they are."""
-    r = cos.shape[-1]
-    if r == x.shape[-1]:
-        return rotate(x, cos, sin)
-    return jnp.concatenate([rotate(x[..., :r], cos, sin), x[..., r:]], axis=-1)
+rotate_partial = rotate
+"""x [B, L, N, Dh] with its first cos.shape[-1] dims rotated, the rest as they are (`rotate` takes partial tables)."""
 
 
 class GatedAttention(Attention):

@@ -65,6 +65,8 @@ def _layer(block: tf.Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], pag
     extra = {} if window is None else {"window": window}
     if attn.sinks is not None:  # gpt-oss: each head's sink logit joins its softmax
         extra["sinks"] = attn.sinks[...]
+    if cfg.attn_logit_softcapping is not None:
+        extra["softcap"] = cfg.attn_logit_softcapping
     if cfg.query_scale is not None:  # the pool's attention scales by 1 / sqrt(Dh): the queries carry the rest
         q = (q.astype(jnp.float32) * (cfg.query_scale * dh ** 0.5)).astype(q.dtype)
     out, pages = kv(q[:, 0], k[:, 0], v[:, 0], pages, layer, page_rows, positions, **extra)
@@ -96,9 +98,9 @@ def _mixed_forward(model: tf.Transformer, x: jax.Array, settings: tf.LayerSettin
     ones over their rings (indexed among the windowed layers): (x, (pool, rings), experts per layer)."""
     graphdef, stacked = nnx.split(model.layers)
 
-    def ring(q, k, v, rings, layer, page_rows, positions, window, sinks=None):
+    def ring(q, k, v, rings, layer, page_rows, positions, window, sinks=None, softcap=None):
         return paged_window.ring_attention(q, k, v, rings, layer, state_rows, positions, window, sequence=sequence,
-                                           sinks=sinks)
+                                           sinks=sinks, softcap=softcap)
 
     chosen, n_global, n_windowed = [], 0, 0
     for i in range(model.config.num_layers):

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_models import transformer as tf
+from rl_models.attention import soft_capped
 from rl_models.rings import held_slots
 
 
@@ -62,16 +63,18 @@ def ring_spec(model: tf.Transformer, max_tokens: int | None = None
     return shape, shape
 
 
-def _softmax_out(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, sinks: jax.Array | None) -> jax.Array:
+def _softmax_out(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, sinks: jax.Array | None,
+                 softcap: float | None = None) -> jax.Array:
     """q [N, H, Dh] over keys/values [N, S, K, Dh] (each query its own) or [S, K, Dh] (shared: one
     sequence's, never copied per query) where `valid` [N, S]: [N, H, Dh]; scores scaled by
     1/sqrt(Dh) and a float32 softmax, as the paged attention computes them; `sinks` [H]: each
-    head's sink logit joins the denominator."""
+    head's sink logit joins the denominator; `softcap` soft-caps the scores before the mask."""
     n, h, dh = q.shape
     kvh = k.shape[-2]
     keys = "skd" if k.ndim == 3 else "nskd"
     qg = q.reshape(n, kvh, h // kvh, dh)
-    s = jnp.einsum(f"nkgd,{keys}->nkgs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
+    s = soft_capped(jnp.einsum(f"nkgd,{keys}->nkgs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh),
+                    softcap)
     s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
     top = jnp.max(s, axis=-1)
     if sinks is not None:
@@ -88,7 +91,8 @@ def _softmax_out(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, sin
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Array, jax.Array], layer: int,
                    rows: jax.Array, positions: jax.Array, window: int, *, sequence: bool,
-                   sinks: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+                   sinks: jax.Array | None = None, softcap: float | None = None
+                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """q [N, H, Dh], k / v [N, K, Dh] of tokens at `positions` [N] in state rows `rows` [N] (0:
     padding) -> (out [N, H, Dh], rings with their keys and values written); `layer` indexes the
     windowed layers; each query reads its last `window` positions (see the module docstring)."""
@@ -108,7 +112,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
         low = positions[:, None] - window + 1
         valid = (key_ok[None] & (mine[None] == rows[:, None]) & (key_pos[None] >= low)
                  & (key_pos[None] <= positions[:, None]))
-        out = _softmax_out(q, keys, values, valid, sinks)
+        out = _softmax_out(q, keys, values, valid, sinks, softcap)
         # each sequence's ring takes its last W tokens of the chunk (distinct slots) and keeps the rest
         same = rows[:, None] == rows[None, :]
         last = jnp.max(jnp.where(same, positions[None, :], -1), axis=1)  # [N]: its sequence's last position
@@ -123,5 +127,5 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, rings: tuple[jax.Ar
     keys, values = k_ring[layer, rows], v_ring[layer, rows]  # [N, W, K, Dh]
     held = held_slots(positions[:, None], w)  # [N, W]
     valid = (held >= 0) & (held > positions[:, None] - window)
-    return _softmax_out(q, keys, values, valid, sinks), (k_ring, v_ring)
+    return _softmax_out(q, keys, values, valid, sinks, softcap), (k_ring, v_ring)
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_models.config import RopeScaling, TransformerConfig
-from rl_models.rope_types import FREQUENCY_ROPES, FrequencyRope, default_inv_freq
+from rl_models.rope_types import CALL_LENGTH_ROPES, FREQUENCY_ROPES, FrequencyRope, default_inv_freq
 
 GLOBAL, LOCAL, NONE = "global", "local", "none"
 """The rotary tables a layer may read: the model's (scaled) rope, the windowed layers' own
@@ -30,16 +30,24 @@ def layer_tables(config: TransformerConfig) -> tuple[str, ...]:
 
 
 def rope_tables(config: TransformerConfig, positions: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
-    """(cos, sin) of each table some layer reads (see `layer_tables`) at positions [B, L]."""
+    """(cos, sin) of each table some layer reads (see `layer_tables`) at positions [B, L], over the
+    rotary dims (`config.rotary_dim`; `rotate` passes the rest of each head through). A rope whose
+    frequencies follow the call's length (dynamic NTK, LongRoPE) takes them from the call's
+    longest position, as transformers does per forward."""
     tables: dict[str, tuple[jax.Array, jax.Array]] = {}
+    dim, scaling = config.rotary_dim, config.rope_scaling
     for kind in dict.fromkeys(layer_tables(config)):
         if kind == NONE:
-            ones = jnp.ones((*positions.shape, 1, config.head_dim), jnp.float32)
+            ones = jnp.ones((*positions.shape, 1, dim), jnp.float32)
             tables[kind] = (ones, jnp.zeros_like(ones))
         elif kind == LOCAL:
-            tables[kind] = rope_cos_sin(positions, default_inv_freq(config.head_dim, config.rope_local_theta))
+            tables[kind] = rope_cos_sin(positions, default_inv_freq(dim, config.rope_local_theta))
+        elif isinstance(scaling, CALL_LENGTH_ROPES):
+            seq_len = jnp.max(positions).astype(jnp.int32) + 1
+            inv_freq, factor = scaling.call_inv_freq(dim, config.rope_theta, seq_len)
+            tables[kind] = rope_cos_sin(positions, inv_freq, factor)
         else:
-            inv_freq, factor = rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+            inv_freq, factor = rope_frequencies(dim, config.rope_theta, scaling)
             tables[kind] = rope_cos_sin(positions, inv_freq, factor)
     return tables
 
@@ -71,7 +79,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray | jax.Array, factor: float = 1.0
+                 ) -> tuple[jax.Array, jax.Array]:
     """(cos, sin) [B, L, 1, Dh] float32 for positions [B, L], in the form `rotate` takes: cos
     over both halves of Dh, sin negated over the first; both times `factor` (YaRN's attention
     factor). Computed once per forward pass and shared by every layer."""
@@ -84,7 +93,8 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, factor: float = 1.0
 
 
 def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate x [B, L, N, Dh] by (cos, sin) from `rope_cos_sin`.
+    """Rotate x [B, L, N, Dh] by (cos, sin) from `rope_cos_sin`; with cos narrower than Dh (partial
+    rotary) only the first cos.shape[-1] dims turn and the rest pass through.
 
     Hugging Face's x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) taken as
     the halves swapped (a reverse over a [2, Dh/2] view) times the signed sin: the same
@@ -92,6 +102,9 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     becomes slices, concatenations, pads and adds in the backward pass, which cost XLA:CPU
     5-6% of a tiny-qwen2 update.
     """
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return jnp.concatenate([rotate(x[..., :r], cos, sin), x[..., r:]], axis=-1)
     x32 = x.astype(jnp.float32)
     *lead, dh = x.shape
     swapped = jnp.flip(x32.reshape(*lead, 2, dh // 2), axis=-2).reshape(x32.shape)

@@ -3,10 +3,10 @@ real Qwen3, Mistral and Gemma 3 folders set, as Hugging Face computes them.
 
 Each is a frozen dataclass with `inv_freq(head_dim, theta) -> (inverse frequencies [Dh/2] float32,
 attention factor)`: the factor multiplies cos and sin (so both queries and keys), as transformers
-applies it. Only rope types whose frequencies are fixed at load time are here: "longrope" changes
-its frequencies with the length of the running sequence and is refused (rl_models.hf.config);
-"dynamic" NTK does too, but only past max_position_embeddings, and is read as `DynamicNTKRope`,
-the default rope up to there.
+applies it. Two change their frequencies with the length of the call (`CALL_LENGTH_ROPES`: dynamic
+NTK and LongRoPE): each also has `call_inv_freq(head_dim, theta, seq_len)`, the frequencies of a
+call whose longest position is seq_len - 1, as transformers' `dynamic_rope_update` recomputes them
+at each forward; `inv_freq` gives those of a call within the short context.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -40,20 +42,20 @@ class LinearRope:
 
 @dataclass(frozen=True, kw_only=True)
 class DynamicNTKRope:
-    """Dynamic NTK scaling ("dynamic"), exact up to `max_position_embeddings` positions.
+    """Dynamic NTK scaling ("dynamic"): the default rope while a call's longest position stays
+    within `max_position_embeddings`; past it, every position of the call rotates by the base
+    theta * (factor * L / max_position_embeddings - factor + 1) ^ (Dh / (Dh - 2)) for the call's
+    length L (transformers 5's `dynamic_rope_update` from a fresh model: a forward, a prefill and
+    each decode step recompute it from their own longest position).
 
-    transformers (5.x, `dynamic_rope_update`) starts from the default frequencies and, once a call's
-    longest position reaches max_position_embeddings, recomputes them with the base theta *
-    (factor * L / max_position_embeddings - factor + 1) ^ (Dh / (Dh - 2)) for that call's length L,
-    for every position of the call. So past the limit a full forward rotates its early positions
-    otherwise than a decode step did when it cached their keys (on a 2-layer Llama limited to 8
-    positions, a 24-token full forward and token-by-token decoding differ by 1.6 in the logits of
-    positions 0-7): no training pass matches the engines there, nor transformers itself. Up to the
-    limit it is the default rope bit for bit; `position_problem` says when a run would go past it
+    So past the limit a full forward rotates its early positions otherwise than a decode step did
+    when it cached their keys (on a 2-layer Llama limited to 8 positions, a 24-token full forward and
+    token-by-token decoding differ by 1.6 in the logits of positions 0-7): no training pass matches
+    the engines there, nor transformers itself; `position_problem` says when a run would go past it
     (the trainer refuses such settings)."""
 
     factor: float
-    """The NTK factor applied past the limit (never reached here)."""
+    """The NTK factor applied past the limit."""
     max_position_embeddings: int
     """Positions up to which the frequencies are the default ones (config.json's max_position_embeddings)."""
 
@@ -67,8 +69,19 @@ class DynamicNTKRope:
     def inv_freq(self, head_dim: int, theta: float) -> tuple[np.ndarray, float]:
         return default_inv_freq(head_dim, theta), 1.0
 
+    def call_inv_freq(self, head_dim: int, theta: float, seq_len: jax.Array) -> tuple[jax.Array, float]:
+        """The frequencies [Dh/2] of a call whose longest position is seq_len - 1 (traced int32 scalar),
+        in float32 steps as transformers' `_compute_dynamic_ntk_parameters` takes them."""
+        f32, limit = jnp.float32, self.max_position_embeddings
+        length = jnp.maximum(seq_len, limit).astype(f32)
+        stretch = (f32(self.factor) * length / f32(limit) - f32(self.factor - 1)) ** f32(head_dim / (head_dim - 2))
+        base = f32(theta) * stretch
+        exponents = jnp.asarray(np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim))
+        scaled = 1.0 / base ** exponents
+        return jnp.where(seq_len > limit, scaled, jnp.asarray(default_inv_freq(head_dim, theta))), 1.0
+
     def position_problem(self, positions: int) -> str | None:
-        """Why sequences of `positions` tokens are not computed exactly (None: they are)."""
+        """Why sequences of `positions` tokens are not computed alike in training and decoding (None: they are)."""
         if positions <= self.max_position_embeddings:
             return None
         return (f"sequences of up to {positions} tokens pass the model's max_position_embeddings "
@@ -76,6 +89,80 @@ class DynamicNTKRope:
                 "frequencies from the call's length (training and decoding would rotate keys differently); "
                 f"keep prompt + completion within {self.max_position_embeddings} tokens, or set the folder's "
                 "rope_scaling to a fixed type (\"yarn\" or \"linear\") for longer contexts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongRope:
+    """LongRoPE ("longrope"; Phi-3, Phi-4-mini): each frequency theta^(-2i/Dh) divided by its own
+    factor, `short_factor` while a call's longest position stays within
+    `original_max_position_embeddings`, `long_factor` for a call past it (all of that call's
+    positions, as transformers' `dynamic_rope_update` picks them per forward); cos and sin times
+    the attention factor either way.
+
+    A sequence that crosses the limit while it is decoded has its earlier keys rotated with the short
+    factors and a training pass over it rotates them with the long ones (as in transformers):
+    `position_problem` says when a run could do that."""
+
+    short_factor: tuple[float, ...]
+    """Per-frequency divisors [rotary dims / 2] within the original context."""
+    long_factor: tuple[float, ...]
+    """Per-frequency divisors [rotary dims / 2] past it."""
+    original_max_position_embeddings: int
+    """The pre-training context (4096 for Phi-4-mini)."""
+    max_position_embeddings: int
+    """The extended context (131072 for Phi-4-mini); with no `factor`, factor = this / the original."""
+    factor: float | None = None
+    """The extension factor the default attention factor is computed from (None: see max_position_embeddings)."""
+    attention_factor: float | None = None
+    """Multiplier of cos and sin; None: sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            value = tuple(float(x) for x in getattr(self, name))
+            if not value or not all(x > 0 for x in value):
+                raise ValueError(f"LongRope.{name}={getattr(self, name)!r}: must be a non-empty list of numbers > 0")
+            object.__setattr__(self, name, value)
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(f"LongRope.long_factor has {len(self.long_factor)} entries: must have as many as "
+                             f"short_factor ({len(self.short_factor)})")
+        for name in ("original_max_position_embeddings", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"LongRope.{name}={value!r}: must be a positive int")
+
+    def attention_scale(self) -> float:
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        factor = self.factor if self.factor is not None else (
+            self.max_position_embeddings / self.original_max_position_embeddings)
+        if factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(factor) / math.log(self.original_max_position_embeddings))
+
+    def _scaled(self, head_dim: int, theta: float, factors: tuple[float, ...]) -> np.ndarray:
+        if len(factors) != head_dim // 2:
+            raise ValueError(f"LongRope factors have {len(factors)} entries: the {head_dim} rotary dims need "
+                             f"{head_dim // 2}")
+        exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+        return (1.0 / (np.asarray(factors, np.float32) * np.float32(theta) ** exponents)).astype(np.float32)
+
+    def inv_freq(self, head_dim: int, theta: float) -> tuple[np.ndarray, float]:
+        return self._scaled(head_dim, theta, self.short_factor), self.attention_scale()
+
+    def call_inv_freq(self, head_dim: int, theta: float, seq_len: jax.Array) -> tuple[jax.Array, float]:
+        """The frequencies [Dh/2] of a call whose longest position is seq_len - 1 (traced int32 scalar)."""
+        short, long = (jnp.asarray(self._scaled(head_dim, theta, f)) for f in (self.short_factor, self.long_factor))
+        return jnp.where(seq_len > self.original_max_position_embeddings, long, short), self.attention_scale()
+
+    def position_problem(self, positions: int) -> str | None:
+        """Why sequences of `positions` tokens could be rotated otherwise in training than in decoding."""
+        if positions <= self.original_max_position_embeddings:
+            return None
+        return (f"sequences of up to {positions} tokens pass the model's original_max_position_embeddings "
+                f"({self.original_max_position_embeddings}), past which LongRoPE switches from its short to its long "
+                "factors for every position of a call (a sequence that crosses it while decoding keeps keys rotated "
+                "with the short factors, which its training pass rotates with the long ones); keep prompt + "
+                f"completion within {self.original_max_position_embeddings} tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +228,9 @@ class YarnRope:
         return inv_freq.astype(np.float32), self.attention_scale()
 
 
-FREQUENCY_ROPES = (LinearRope, DynamicNTKRope, YarnRope)
+FREQUENCY_ROPES = (LinearRope, DynamicNTKRope, YarnRope, LongRope)
 """The rope settings that give their own frequencies (`inv_freq`); Llama 3's `RopeScaling` is
 rl_models.config's and `rope_inv_freq` applies it."""
-FrequencyRope = LinearRope | DynamicNTKRope | YarnRope
+FrequencyRope = LinearRope | DynamicNTKRope | YarnRope | LongRope
+CALL_LENGTH_ROPES = (DynamicNTKRope, LongRope)
+"""The rope settings whose frequencies depend on a call's longest position (`call_inv_freq`)."""

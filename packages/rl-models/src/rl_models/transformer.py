@@ -388,6 +388,14 @@ class Transformer(nnx.Module):
         return self.unembedding()(hidden)
 
     def unembedding(self) -> Callable[[jax.Array], jax.Array]:
+        """`logits` with the weight made ready once (see `_unembedding`), soft-capped,
+        cap * tanh(logits / cap), with `final_logit_softcapping`: every caller's logits are."""
+        unembed, cap = self._unembedding(), self.config.final_logit_softcapping
+        if cap is None:
+            return unembed
+        return lambda hidden: jnp.float32(cap) * jnp.tanh(unembed(hidden) / jnp.float32(cap))
+
+    def _unembedding(self) -> Callable[[jax.Array], jax.Array]:
         """`logits` with the weight made ready once (cast to the compute dtype and, under a
         mesh, gathered over fsdp), for callers that unembed many chunks (rl_core.policy.logprobs):
         FSDP then gathers the [V, D] table once per pass, not once per chunk."""

@@ -30,7 +30,9 @@ slots 0..pos of its sequence, scores scaled by 1/sqrt(Dh), softmax in float32.
 A sliding-window layer passes `window=W`: its tokens attend to slots pos-W+1..pos
 only, and the reference attention reads only the pages those slots are in (the
 Pallas kernels take no window: such a layer runs the reference attention over
-the kernel's layout).
+the kernel's layout). `softcap=c` soft-caps the scores, c * tanh(s / c), before the
+mask (Gemma 2's attn_logit_softcapping): the reference attention and JAX's TPU kernel
+(`attn_logits_soft_cap`) apply it; the GPU kernel has no cap, so there it runs the reference.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
                               lengths: jax.Array, *, layer: jax.Array | int | None = None,
                               pages_per_block: int = 8, window: jax.Array | int | None = None,
                               sinks: jax.Array | None = None, kv_head_major: bool = False,
-                              pack: int = 1, kv_heads: int | None = None) -> jax.Array:
+                              pack: int = 1, kv_heads: int | None = None, softcap: float | None = None) -> jax.Array:
     """Attention of q [N, H, Dh] over page-major pages [P, ps, K, Dh] (or the whole pool
     [L, P, ps, K, Dh] and a `layer`: only the pages read are gathered; slicing the layer
     out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1, or
@@ -136,6 +138,8 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
             k = k_pages[layer, ids].reshape(n, width, kv_heads, dh)
             v = v_pages[layer, ids].reshape(n, width, kv_heads, dh)
         s = jnp.einsum("nkgd,nskd->nkgs", qg, k, preferred_element_type=jnp.float32) * scale
+        if softcap is not None:
+            s = jnp.float32(softcap) * jnp.tanh(s / jnp.float32(softcap))
         slots = (j * width + jnp.arange(width))[None, :]
         valid = (slots < lengths[:, None]) & (slots >= starts[:, None])  # [N, width]
         s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
@@ -170,7 +174,8 @@ def _padded_rows(page_rows: jax.Array, multiple: int) -> jax.Array:
     return jnp.pad(page_rows, ((0, 0), (0, -page_rows.shape[1] % multiple)))
 
 
-def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int, kv_heads: int, pack: int):
+def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int, kv_heads: int, pack: int,
+                softcap: float | None = None):
     """JAX's TPU kernel over the lane-packed pool [groups, P, ps, lanes] (see `lane_layout`)."""
     from jax.experimental.pallas.ops.tpu import paged_attention  # noqa: PLC0415 (TPU only)
 
@@ -182,7 +187,7 @@ def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int
     with jax.default_matmul_precision("default"):
         out = paged_attention.paged_attention(_packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
                                               v_pages, lengths, _padded_rows(page_rows, block),
-                                              pages_per_compute_block=block)
+                                              pages_per_compute_block=block, attn_logits_soft_cap=softcap)
     return _unpacked_output(out, kv_heads, heads, dh, pack)
 
 
@@ -218,7 +223,7 @@ class PagedKV:
         return tuple(p.at[self._pages(dst)].set(p[self._pages(src)]) for p in pages)
 
     def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *,
-               kv_heads: int) -> jax.Array:
+               kv_heads: int, softcap: float | None = None) -> jax.Array:
         raise NotImplementedError
 
     def _stored(self, x: jax.Array) -> jax.Array:
@@ -229,17 +234,18 @@ class PagedKV:
         shape = self.pool_shape(layers, kv_heads, head_dim, num_pages)
         return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
-    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None
+    def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None, softcap=None
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """q [N, H, Dh], k / v [N, K, Dh] of tokens at `positions` [N] -> (out [N, H, Dh], pages);
         `window` (int or traced int; None: none) keeps each token to its last `window` slots;
-        `sinks` [H] (None: none) are the heads' sink logits."""
+        `sinks` [H] (None: none) are the heads' sink logits; `softcap` (None: none) caps the scores."""
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
         slot = self._slot(layer, page, positions % self.page_size)
         # a scatter into the loop-carried pool: in place, nothing else is copied
         k_pool = pages[0].at[slot].set(self._stored(k).astype(pages[0].dtype))
         v_pool = pages[1].at[slot].set(self._stored(v).astype(pages[1].dtype))
-        out = self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks, kv_heads=k.shape[1])
+        out = self.attend(q, k_pool, v_pool, layer, page_rows, positions + 1, window, sinks, kv_heads=k.shape[1],
+                          softcap=softcap)
         return out, (k_pool, v_pool)
 
 
@@ -257,9 +263,11 @@ class ReferenceKV(PagedKV):
     def _pages(self, page):
         return slice(None), page
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads=None):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads=None,
+               softcap=None):
         return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer,
-                                         pages_per_block=self.pages_per_block, window=window, sinks=sinks)
+                                         pages_per_block=self.pages_per_block, window=window, sinks=sinks,
+                                         softcap=softcap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,20 +298,23 @@ class PallasKV(PagedKV):
         pack, lanes = self.layout(x.shape[1], x.shape[2])
         return x if (pack, lanes) == (1, x.shape[2]) else pack_heads(x, pack, lanes)
 
-    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads: int):
+    def attend(self, q, k_pool, v_pool, layer, page_rows, lengths, window=None, sinks=None, *, kv_heads: int,
+               softcap=None):
         """`kv_heads`: the model's (a lane-packed pool's shape holds its groups, not its heads)."""
         pack, _ = self.layout(kv_heads, q.shape[-1])
         # the kernels take neither a window nor sinks; and Mosaic does not compile the TPU kernel's
         # float32 products at `highest` precision (at the default they are bfloat16 passes), so float32
         # pools (checks against the static engine, not real runs) also take XLA's attention over this layout
-        if window is not None or sinks is not None or (self.platform == "tpu" and k_pool.dtype == jnp.float32):
+        gpu_cap = softcap is not None and self.platform != "tpu"  # the GPU kernel has no soft cap
+        float32_tpu = self.platform == "tpu" and k_pool.dtype == jnp.float32
+        if window is not None or sinks is not None or gpu_cap or float32_tpu:
             return reference_paged_attention(q, k_pool, v_pool, page_rows, lengths, layer=layer, window=window,
                                              sinks=sinks, pages_per_block=self.pages_per_block, kv_head_major=True,
-                                             pack=pack, kv_heads=kv_heads)
+                                             pack=pack, kv_heads=kv_heads, softcap=softcap)
         k, v = k_pool[layer], v_pool[layer]
         if self.platform == "tpu":
             return _pallas_tpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block, kv_heads=kv_heads,
-                               pack=pack)
+                               pack=pack, softcap=softcap)
         return _pallas_gpu(q, k, v, page_rows, lengths, pages_per_block=self.pages_per_block,
                            interpret=self.interpret)
 

@@ -4,8 +4,7 @@ Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
 Each family's own fields are read by rl_models.hf.families. Anything the model here
 does not implement (another architecture, a bias flag the family's transformers code
-lacks, a rope type whose frequencies change with the running length, logit soft-capping)
-is an error naming the file and the field, never silently ignored.
+lacks, another rope type) is an error naming the file and the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
 from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, Family, FamilyFieldError, infer_family
-from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, LongRope, YarnRope
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
@@ -49,9 +48,9 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
     return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic")
-"""Rope types read ("dynamic": the default rope up to max_position_embeddings, rl_models.rope_types.DynamicNTKRope);
-"longrope" (Phi-3's) switches its frequencies with the running length and is refused."""
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic", "longrope")
+"""Rope types read ("dynamic" and "longrope" recompute their frequencies from each call's longest
+position, as transformers does: rl_models.rope_types.DynamicNTKRope, LongRope)."""
 Scaling = RopeScaling | FrequencyRope
 
 
@@ -81,8 +80,7 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
         return float(theta), None, None if local is None else float(local)
     if rope_type not in ROPE_TYPES:
         raise _unsupported(source, f"{field}.rope_type", rope_type,
-                           f"supported rope types are {list(ROPE_TYPES)} (longrope switches its frequencies "
-                           "with the running length)")
+                           f"supported rope types are {list(ROPE_TYPES)}")
     original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
     try:
         if rope_type == "linear":
@@ -93,6 +91,8 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
                                     "(the length up to which it is the default rope)")
             scaling = DynamicNTKRope(factor=float(params["factor"]),
                                      max_position_embeddings=int(hf["max_position_embeddings"]))
+        elif rope_type == "longrope":
+            scaling = _longrope(hf, params, source, field)
         elif rope_type == "yarn":
             optional = {k: params[k] for k in ("beta_fast", "beta_slow", "attention_factor", "mscale",
                                                "mscale_all_dim") if params.get(k) is not None}
@@ -112,6 +112,19 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
     except (TypeError, ValueError) as e:
         raise HFFolderError(f"{source}: {field} of rope_type {rope_type!r}: {e}") from e
     return float(theta), scaling, None if local is None else float(local)
+
+
+def _longrope(hf: dict[str, Any], params: dict[str, Any], source: str, field: str) -> LongRope:
+    """LongRoPE's factor lists; its original context from config.json's top level first (where Phi-3
+    keeps it, and where transformers takes it from first), then the rope's parameters."""
+    original = hf.get("original_max_position_embeddings", params.get("original_max_position_embeddings"))
+    if original is None or hf.get("max_position_embeddings") is None:
+        raise HFFolderError(f"{source}: {field} of rope_type 'longrope' needs original_max_position_embeddings and "
+                            "max_position_embeddings")
+    optional = {k: float(params[k]) for k in ("factor", "attention_factor") if params.get(k) is not None}
+    return LongRope(short_factor=tuple(params["short_factor"]), long_factor=tuple(params["long_factor"]),
+                    original_max_position_embeddings=int(original),
+                    max_position_embeddings=int(hf["max_position_embeddings"]), **optional)
 
 
 def _having(flag: str) -> str:
@@ -321,6 +334,12 @@ def hf_config_from_transformer_config(
         hf["rope_scaling"] = {"rope_type": "linear", "factor": s.factor}
     elif isinstance(s, DynamicNTKRope):
         hf["rope_scaling"] = {"rope_type": "dynamic", "factor": s.factor}
+        hf["max_position_embeddings"] = s.max_position_embeddings
+    elif isinstance(s, LongRope):
+        hf["rope_scaling"] = {"rope_type": "longrope", "short_factor": list(s.short_factor),
+                              "long_factor": list(s.long_factor)}
+        hf["rope_scaling"] |= {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}
+        hf["original_max_position_embeddings"] = s.original_max_position_embeddings
         hf["max_position_embeddings"] = s.max_position_embeddings
     elif isinstance(s, YarnRope):
         hf["rope_scaling"] = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast,

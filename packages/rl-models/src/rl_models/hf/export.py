@@ -18,7 +18,7 @@ from rl_models.hf.config import (
     transformer_config_from_hf,
 )
 from rl_models.hf.families import FAMILIES
-from rl_models.hf.weights import SINGLE_FILE, save_params
+from rl_models.hf.weights import FUSED_FAMILIES, SINGLE_FILE, save_params
 from rl_models.transformer import Transformer
 
 # Copied from the source folder when present (config.json is handled apart).
@@ -74,5 +74,5 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
     for stale in [*out.glob("model-*.safetensors"), out / "model.safetensors.index.json"]:
         stale.unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    save_params(model, out / SINGLE_FILE)
+    save_params(model, out / SINGLE_FILE, fused=hf.get("model_type") in FUSED_FAMILIES)
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_models.config import TransformerConfig
+from rl_models.rope_types import LongRope
 
 
 class FamilyFieldError(ValueError):
@@ -115,9 +116,11 @@ def _write_smollm3(config: TransformerConfig) -> dict[str, Any]:
 
 
 def _read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
-    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if hf.get(cap) is not None:
-            raise FamilyFieldError(cap, hf[cap], "logit soft-capping is not implemented (Gemma 3 folders set null)")
+    """Gemma 3's windows, norms and scales; `final_logit_softcapping` when a folder sets it (Gemma 3
+    folders set null). `attn_logit_softcapping` is not read: transformers' Gemma 3 (5.x) keeps it in
+    its config but never passes it to its attention, so a folder's value changes nothing there."""
+    caps = {} if hf.get("final_logit_softcapping") is None else {
+        "final_logit_softcapping": float(hf["final_logit_softcapping"])}
     if hf.get("use_bidirectional_attention", False):
         raise FamilyFieldError("use_bidirectional_attention", True, "only causal attention")
     pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
@@ -129,7 +132,7 @@ def _read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     fields |= {"norm_plus_one": True, "sandwich_norms": True, "embed_scale": True, "qk_norm": True,
                "query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
-    return fields
+    return fields | caps
 
 
 def _number(x: float) -> int | float:
@@ -143,7 +146,7 @@ def _write_gemma3(config: TransformerConfig) -> dict[str, Any]:
     return _write_windows(config) | {
         "query_pre_attn_scalar": _number(config.query_scale ** -2),
         "rope_local_base_freq": config.rope_local_theta if config.rope_local_theta is not None else config.rope_theta,
-        "attn_logit_softcapping": None, "final_logit_softcapping": None,
+        "attn_logit_softcapping": None, "final_logit_softcapping": config.final_logit_softcapping,
         "hidden_activation": "gelu_pytorch_tanh",
     }
 
@@ -235,6 +238,61 @@ def _write_olmo3(config: TransformerConfig) -> dict[str, Any]:
     return _write_windows(config) | _write_olmo2(config)
 
 
+def _read_phi3(hf: dict[str, Any]) -> dict[str, Any]:
+    """Partial rotary (rope_parameters' or the top level's partial_rotary_factor; Phi-4-mini's 0.75)
+    and Mistral's windows (every layer), a window no shorter than max_position_embeddings being
+    none (Phi-4-mini's 262144 over 131072 positions). Fused q/k/v and gate/up: rl_models.hf.weights."""
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    window = hf.get("sliding_window")
+    if window is not None and hf.get("max_position_embeddings") is not None and window >= hf["max_position_embeddings"]:
+        hf = hf | {"sliding_window": None}
+    return _windows(hf, "sliding_attention") | {"partial_rotary_factor": float(partial)}
+
+
+def _write_phi3(config: TransformerConfig) -> dict[str, Any]:
+    """No special ids: the class's defaults (Phi-3's 32000) lie outside most vocabularies."""
+    return {"partial_rotary_factor": config.partial_rotary_factor, "sliding_window": config.sliding_window,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _read_gemma2(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's block without q/k norms or a local theta (every layer the one rope), windowed and
+    global layers alternating (the windowed first when a folder leaves out layer_types), and both
+    soft-caps, which transformers' Gemma 2 applies (30 on the logits and 50 on the attention scores
+    unless a folder says otherwise; null: none)."""
+    if hf.get("use_bidirectional_attention", False):
+        raise FamilyFieldError("use_bidirectional_attention", True, "only causal attention")
+    if hf.get("layer_types") is None and hf.get("sliding_window") is not None:
+        hf = hf | {"layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                   for i in range(hf["num_hidden_layers"])]}
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    caps = {cap: float(hf[cap]) for cap in ("attn_logit_softcapping", "final_logit_softcapping")
+            if hf.get(cap) is not None}
+    return _windows(hf, "sliding_attention") | caps | {
+        "norm_plus_one": True, "sandwich_norms": True, "embed_scale": True,
+        "query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
+
+
+def _write_gemma2(config: TransformerConfig) -> dict[str, Any]:
+    assert config.query_scale is not None
+    return _write_windows(config) | {
+        "query_pre_attn_scalar": _number(config.query_scale ** -2), "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": config.attn_logit_softcapping,
+        "final_logit_softcapping": config.final_logit_softcapping}
+
+
+GEMMA2_DEFAULTS: dict[str, Any] = {
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0,
+}
+"""transformers' Gemma2Config defaults (5.x) a folder may leave out."""
+
+PHI3_DEFAULTS: dict[str, Any] = {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                                 "original_max_position_embeddings": 4096}
+"""transformers' Phi3Config defaults (5.x) a folder may leave out."""
+
 OLMO3_DEFAULTS: dict[str, Any] = {"rope_theta": 500_000.0, "sliding_window": 4096}
 """transformers' Olmo3Config defaults (5.x) a folder may leave out."""
 
@@ -259,6 +317,9 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
     "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
     "olmo2": Family("Olmo2ForCausalLM", _read_olmo2, _write_olmo2),
+    "phi3": Family("Phi3ForCausalLM", _read_phi3, _write_phi3, windows=True, defaults=PHI3_DEFAULTS),
+    "gemma2": Family("Gemma2ForCausalLM", _read_gemma2, _write_gemma2, activation_key="hidden_activation",
+                     windows=True, defaults=GEMMA2_DEFAULTS, biases=ATTENTION_BIAS),
     "olmo3": Family("Olmo3ForCausalLM", _read_olmo3, _write_olmo3, windows=True, rope_by_layer_type=True,
                     defaults=OLMO3_DEFAULTS),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
@@ -278,6 +339,11 @@ def infer_family(config: TransformerConfig) -> str:
     """The model_type whose block computes what `config` computes (Gemma 3, OLMo 2, SmolLM3, Mistral,
     Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
     name = _family_of_block(config)
+    if config.attn_logit_softcapping is not None and name != "gemma2":
+        raise ValueError(f"attention soft-capping is Gemma 2's (transformers' Gemma 3 does not apply it), and this "
+                         f"config is {name}'s")
+    if config.final_logit_softcapping is not None and name not in ("gemma2", "gemma3_text"):
+        raise ValueError(f"final logit soft-capping is Gemma 2's and 3's, and this config is {name}'s")
     if FAMILIES[name].fixed_biases:  # checked by _family_of_block
         if config.mlp_bias:
             raise ValueError(f"{name} has no MLP biases")
@@ -297,6 +363,15 @@ def infer_family(config: TransformerConfig) -> str:
 
 def _family_of_block(config: TransformerConfig) -> str:
     """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
+    if config.partial_rotary_factor != 1.0 or isinstance(config.rope_scaling, LongRope):
+        phi3 = not (config.qk_norm or config.attention_bias or config.attention_out_bias or config.mlp_bias
+                    or config.num_experts or config.sandwich_norms or config.post_norms or config.norm_plus_one
+                    or config.embed_scale or config.nope_layers or config.query_scale is not None
+                    or config.rope_local_theta is not None or config.hidden_act != "silu" or config.layer_types)
+        if not phi3:
+            raise ValueError("partial rotary and LongRoPE are written as Phi-3 (phi3), which has Llama's block "
+                             "without biases, q/k norms or other per-layer settings")
+        return "phi3"
     if config.post_norms or config.qk_norm_all_heads:
         olmo = config.post_norms and config.qk_norm and config.qk_norm_all_heads
         if not olmo or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu" \
@@ -328,10 +403,14 @@ def _family_of_block(config: TransformerConfig) -> str:
                              "full attention, no biases but q/k/v/o ones, Llama's norms and SwiGLU")
         return "qwen3_moe"
     if config.sandwich_norms or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu":
-        gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale and config.qk_norm
-        if not gemma or config.hidden_act != "gelu_tanh" or config.nope_layers:
-            raise ValueError("only Gemma 3 (gemma3_text) has (1 + w) norms, sandwich norms, scaled embeddings "
-                             "and GeGLU, and it has all of them with q/k norm")
+        gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale
+        if gemma and not config.qk_norm and config.rope_local_theta is None and config.hidden_act == "gelu_tanh" \
+                and not config.nope_layers:
+            return "gemma2"
+        if not (gemma and config.qk_norm) or config.hidden_act != "gelu_tanh" or config.nope_layers:
+            raise ValueError("only Gemma 2 and 3 (gemma2, gemma3_text) have (1 + w) norms, sandwich norms, scaled "
+                             "embeddings and GeGLU, and they have all of them (Gemma 3 with q/k norm, Gemma 2 "
+                             "without q/k norm or a local theta)")
         return "gemma3_text"
     if config.rope_local_theta is not None or config.query_scale is not None:
         raise ValueError("a local rope theta or a query scale is Gemma 3's, which this config is not")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rl_models.hf.weights import parameter_map, save_safetensors
+from rl_models.hf.families import infer_family
+from rl_models.hf.weights import FUSED_FAMILIES, parameter_map, save_safetensors
 from rl_models.lora import linears
 from rl_models.transformer import Transformer
 
@@ -25,6 +26,10 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 def peft_tensors(model: Transformer) -> dict[str, np.ndarray]:
     """PEFT name -> float32 array of every adapter of `model`."""
+    if not model.config.hybrid and infer_family(model.config) in FUSED_FAMILIES:
+        raise ValueError(f"{infer_family(model.config)} fuses q/k/v and gate/up into one module each, which PEFT "
+                         "adapts as one: adapters of the separate projections are not written in its layout "
+                         "(merge them into the weights and export_hf the model instead)")
     adapted = {path: lin for path, lin in linears(model).items() if lin.lora_a is not None}
     tensors = {}
     for key, slot in parameter_map(model.config).items():

@@ -52,10 +52,27 @@ _TAKE = re.compile(r"(.+)\[(\d+)::(\d+)\]")
 interleaves each expert's gate and up columns in one gate_up_proj)."""
 
 
+_ROWS = re.compile(r"(.+)\[(\d+):(\d+)\]")
+"""A key naming rows start..stop of a tensor's first axis, `<key>[start:stop]` (Phi-3's fused
+qkv_proj and gate_up_proj hold q, k and v, or gate and up, one after the other)."""
+
+FUSED_FAMILIES = ("phi3",)
+"""The model_types whose folders fuse q/k/v and gate/up into one Linear each (`parameter_map(fused=True)`)."""
+
+
 def split_key(key: str) -> tuple[str, int, int]:
     """(the tensor's key, first column, column step) of a parameter_map key."""
     m = _TAKE.fullmatch(key)
-    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else (key, 0, 1)
+    if m:
+        return m.group(1), int(m.group(2)), int(m.group(3))
+    rows = _ROWS.fullmatch(key)
+    return (rows.group(1), 0, 1) if rows else (key, 0, 1)
+
+
+def row_range(key: str) -> tuple[int, int] | None:
+    """(start, stop) of a `<key>[start:stop]` parameter_map key's rows; None for a whole tensor."""
+    m = _ROWS.fullmatch(key)
+    return (int(m.group(2)), int(m.group(3))) if m else None
 
 
 class _Tensors:
@@ -112,9 +129,11 @@ class Slot(NamedTuple):
         return tuple(i for i in (self.layer, self.expert) if i is not None)
 
 
-def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight") -> dict[str, Slot]:
+def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight",
+                  fused: bool = False) -> dict[str, Slot]:
     """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
-    `layers` params. `prefix` and `head`: the text model's keys (see TEXT_LAYOUTS)."""
+    `layers` params. `prefix` and `head`: the text model's keys (see TEXT_LAYOUTS). `fused`:
+    q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj` (Phi-3), each projection its rows."""
     if config.hybrid:
         return hybrid_parameter_map(config, prefix)
     names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False)}
@@ -134,8 +153,8 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
 
         for name, ours in norms.items():
             names[f"{hf}.{name}.weight"] = at(ours, "weight")
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
+        for proj, key in _projection_keys(config, fused):
+            names[f"{hf}.self_attn.{key}"] = at("attn", proj, "kernel", transposed=True)
         if config.attention_bias:
             for proj in ("q_proj", "k_proj", "v_proj"):
                 names[f"{hf}.self_attn.{proj}.bias"] = at("attn", proj, "bias")
@@ -161,14 +180,27 @@ def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str =
                 for proj in ("gate_proj", "up_proj", "down_proj"):
                     names[f"{hf}.mlp.experts.{e}.{proj}.weight"] = Slot(("layers", "mlp", proj), i, True, expert=e)
             continue
+        f = config.mlp_hidden_size
+        mlp = {"gate_proj": f"gate_up_proj.weight[0:{f}]", "up_proj": f"gate_up_proj.weight[{f}:{2 * f}]"} if fused \
+            else {"gate_proj": "gate_proj.weight", "up_proj": "up_proj.weight"}
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+            names[f"{hf}.mlp.{mlp.get(proj, proj + '.weight')}"] = at("mlp", proj, "kernel", transposed=True)
             if config.mlp_bias:
                 names[f"{hf}.mlp.{proj}.bias"] = at("mlp", proj, "bias")
     names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
     if not config.tie_embeddings:
         names[head] = Slot(("lm_head", "kernel"), None, True)
     return names
+
+
+def _projection_keys(config: TransformerConfig, fused: bool) -> list[tuple[str, str]]:
+    """(our projection, its key under self_attn) for q, k, v and o: Phi-3's fused qkv_proj holds q's
+    H * Dh rows, then k's and v's K * Dh each."""
+    if not fused:
+        return [(proj, f"{proj}.weight") for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim  # type: ignore[operator]
+    return [("q_proj", f"qkv_proj.weight[0:{q}]"), ("k_proj", f"qkv_proj.weight[{q}:{q + kv}]"),
+            ("v_proj", f"qkv_proj.weight[{q + kv}:{q + 2 * kv}]"), ("o_proj", "o_proj.weight")]
 
 
 def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str, Slot]:
@@ -259,7 +291,7 @@ def load_params(folder: Path, config: TransformerConfig,
     """
     files = weight_files(folder)
     prefix, head = text_layout(files)
-    expected = parameter_map(config, prefix, head)
+    expected = parameter_map(config, prefix, head, fused=f"{prefix}layers.0.self_attn.qkv_proj.weight" in files)
     multimodal = prefix != TEXT_LAYOUTS[0][0]
     with ExitStack() as stack:
         names = _Tensors(files, {path: stack.enter_context(_open(path)) for path in set(files.values())}).names
@@ -310,6 +342,9 @@ def load_params(folder: Path, config: TransformerConfig,
             base, _, step = split_key(key)
             want_hf = (*want_hf[:-1], want_hf[-1] * step)
             got, kind = tensors.shape_dtype(base)
+            rows = row_range(key)
+            if rows is not None and want_hf[0] == rows[1] - rows[0] and got[0] >= rows[1]:
+                want_hf = (got[0], *want_hf[1:])  # rows of a fused tensor: the rest of its shape must match
             if got != want_hf:
                 raise HFFolderError(
                     f"{tensors.file(base)}: key {base!r} has shape {list(got)}, but config.json "
@@ -325,6 +360,10 @@ def load_params(folder: Path, config: TransformerConfig,
             """One tensor's block `index` (in our [in, out] orientation)."""
             base, start, step = split_key(key)
             hf_index = index[::-1] if transposed else index
+            rows = row_range(key)
+            if rows is not None:  # rows of a fused tensor: the block's, shifted to where they start
+                first, stop, _ = hf_index[0].indices(rows[1] - rows[0])
+                hf_index = (slice(rows[0] + first, rows[0] + stop), *hf_index[1:])
             if step > 1:  # the block's columns, every step-th from start (read whole, then strided)
                 first, stop, _ = hf_index[-1].indices(10**12)
                 cols = slice(start + step * first, start + step * (stop - 1) + 1)
@@ -358,23 +397,30 @@ def load_params(folder: Path, config: TransformerConfig,
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def save_params(model: Transformer, path: Path) -> None:
+def save_params(model: Transformer, path: Path, fused: bool = False) -> None:
     """Write `model`'s params to one safetensors file under Hugging Face names,
-    in the dtype they are stored in."""
+    in the dtype they are stored in (`fused`: Phi-3's qkv_proj and gate_up_proj, see `parameter_map`)."""
     slots = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
-    for key, slot in parameter_map(model.config).items():
+    row_blocks: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
+    for key, slot in parameter_map(model.config, fused=fused).items():
         array = arrays[slot.path][slot.index()]
         array = array.T if slot.transposed else array
         if slot.offset:
             array = (array.astype(np.float32) - np.float32(slot.offset)).astype(array.dtype)
         base, start, step = split_key(key)
+        rows = row_range(key)
+        if rows is not None:  # rows of a fused tensor, joined below in order
+            row_blocks[base].append((rows[0], array))
+            continue
         if step > 1:  # every step-th column of one tensor (gpt-oss's interleaved gate and up)
             whole = tensors.setdefault(base, np.empty((*array.shape[:-1], array.shape[-1] * step), array.dtype))
             whole[..., start::step] = array
             continue
         tensors[key] = np.ascontiguousarray(array)
+    for base, blocks in row_blocks.items():
+        tensors[base] = np.ascontiguousarray(np.concatenate([a for _, a in sorted(blocks, key=lambda b: b[0])]))
     save_safetensors(tensors, path)
 
 
