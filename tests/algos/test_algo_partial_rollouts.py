@@ -45,8 +45,9 @@ def make(*, output_dir=None, num_steps=4, partial="continue"):
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, learning_rate=0.3, num_steps=num_steps, checkpoint_every_steps=1,
                                 async_rollout="one_step"),
-        rollout=RolloutConfig(max_new_tokens=8, max_prompt_tokens=8, temperature=1.0, engine="paged", decode_slots=8,
-                              page_size_tokens=4, steps_per_sync=STEPS_PER_CALL, partial_rollouts=partial),
+        rollout=RolloutConfig(max_new_tokens=8, max_prompt_tokens=8, temperature=1.0, engine="paged",
+                              options={"slots": 8, "page_size": 4, "steps_per_sync": STEPS_PER_CALL},
+                              partial_rollouts=partial),
         reward_manager=rewards.RewardManager([even_start]),
         output_dir=output_dir,
     )
