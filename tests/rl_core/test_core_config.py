@@ -245,3 +245,13 @@ def test_old_engine_keys_are_read_into_the_engines_options_with_a_one_line_notic
         RolloutConfig.from_dict({"engine": "paged", "decode_slots": 8, "options": {"slots": 4}})
     # what a run records is the new spelling
     assert "decode_slots" not in paged.to_dict() and paged.to_dict()["options"] == {"page_size": 32, "slots": 8}
+
+
+def test_old_engine_keys_at_their_old_defaults_say_nothing():
+    """Every run folder an older release wrote holds every engine setting at the top of `rollout`:
+    at their defaults they are dropped quietly (this suite turns a notice into an error)."""
+    old = {"decode_slots": 64, "page_size_tokens": 16, "prefill_chunk_tokens": 64, "steps_per_sync": 8,
+           "kv_pages": 0, "attention": "auto", "servers": [], "local_servers": 0, "weights_url": None,
+           "server_max_lag": 0}
+    assert RolloutConfig.from_dict({"engine": "static", **old}).options == {}
+    assert RolloutConfig.from_dict({"engine": "paged", **old}).engine_settings() == RolloutConfig(engine="paged").engine_settings()

@@ -204,7 +204,7 @@ def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
     data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(8)))
     served = served_folder(HF, EngineOptions(
         max_prompt_tokens=256, max_new_tokens=16, top_logprobs=0, partial_rollouts="continue",
-        engine=PagedSettings(slots=8, page_size=4, steps_per_sync=2, prefill_chunk=64))))
+        engine=PagedSettings(slots=8, page_size=4, steps_per_sync=2, prefill_chunk=64)))
     gate(served.loop.engine, beside_from=3, at=7)  # rollouts 1-2 fill the queue; 12 calls a rollout here
     running = serve_in_thread(served)
     try:

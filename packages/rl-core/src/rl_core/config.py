@@ -170,6 +170,9 @@ MOVED_ROLLOUT_KEYS = {
 """Old `rollout.<key>` spellings of engine settings -> their `rollout.options.<key>`: still read, with a
 one-line notice, for one release (the paged engine's, given for an engine without them, were ignored
 before and still are)."""
+_OLD_DEFAULTS = {"servers": (), "local_servers": 0, "weights_url": None, "server_max_lag": 0, "page_size_tokens": 16,
+                 "decode_slots": 64, "prefill_chunk_tokens": 64, "steps_per_sync": 8, "kv_pages": 0, "attention": "auto"}
+"""Their defaults then: what every run folder's config.yaml of those releases holds (saying nothing)."""
 _PAGED_KNOBS = ("page_size_tokens", "decode_slots", "prefill_chunk_tokens", "steps_per_sync", "kv_pages", "attention")
 
 
@@ -242,7 +245,7 @@ class RolloutConfig(Config):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         """As `Config.from_dict`, reading the old spellings of engine settings (`MOVED_ROLLOUT_KEYS`)."""
-        return super().from_dict(_moved_into_options(data))
+        return super().from_dict(moved_into_options(data))
 
     def engine_record(self, *, pageable: bool = True) -> Any:
         """The record of the engine this config runs (`rl_core.rollout.engines.Engine`; "auto" resolved for
@@ -299,13 +302,19 @@ class RolloutConfig(Config):
                 raise ConfigError(f"RolloutConfig.environment = {self.environment!r}: {e}") from None
 
 
-def _moved_into_options(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with the old spellings of engine settings moved into `options`, each with a one-line notice;
-    the paged engine's knobs given for an engine without them dropped, as they were ignored before."""
-    moved = {key: data[key] for key in MOVED_ROLLOUT_KEYS if key in data}
+def moved_into_options(data: dict[str, Any]) -> dict[str, Any]:
+    """A rollout section `data` with the old spellings of engine settings moved into `options`, each with
+    a one-line notice; at their old defaults (every old run folder's config.yaml holds them) they are
+    dropped quietly, and the paged engine's knobs given for an engine without them with a notice, as
+    they were ignored before."""
+    given = {key: data[key] for key in MOVED_ROLLOUT_KEYS if key in data}
+    if not given:
+        return data
+    data = {k: v for k, v in data.items() if k not in given}
+    moved = {k: v for k, v in given.items()
+             if not (v == _OLD_DEFAULTS[k] or (isinstance(v, list) and tuple(v) == _OLD_DEFAULTS[k]))}
     if not moved:
         return data
-    data = {k: v for k, v in data.items() if k not in moved}
     options = dict(data.get("options") or {})
     try:
         from rl_core.rollout.engines import engine_record
