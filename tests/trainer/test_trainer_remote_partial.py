@@ -160,8 +160,10 @@ def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_ge
 
 
 def test_partial_rollouts_take_the_paged_engine_in_process_or_on_servers():
-    assert RolloutConfig(engine="remote", options={"local_servers": 2}, partial_rollouts="recompute").partial_rollouts == "recompute"
-    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs rollout.engine='paged' or 'remote'"):
+    remote = RolloutConfig(engine="remote", options={"local_servers": 2}, partial_rollouts="recompute")
+    assert remote.partial_rollouts == "recompute"
+    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs an engine that takes weights "
+                                         r"mid-rollout; rollout.engine='vllm' does not \(engines that do: paged, remote\)"):
         RolloutConfig(engine="vllm", options={"servers": ("http://127.0.0.1:1/v1",)}, partial_rollouts="continue")
 
 
