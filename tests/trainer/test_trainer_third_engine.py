@@ -87,6 +87,13 @@ def test_it_takes_partial_rollouts_and_refuses_agents_as_its_record_says(third_e
         RolloutConfig(engine="third", agent="agents:run")
 
 
+def test_routing_replay_needs_an_engine_whose_record_offers_routing(third_engine):
+    replay = [*TINY, "algorithm.routing_replay=rollout"]
+    assert build_settings(algo="grpo", overrides=[*replay, "rollout.engine=third"]).rollout.engine == "third"
+    with pytest.raises(ConfigError, match=r"rollout.engine='remote' records no routing to replay"):
+        build_settings(algo="grpo", overrides=[*replay, "rollout.engine=remote", "rollout.options.local_servers=1"])
+
+
 def test_a_run_trains_with_it_and_its_setting(third_engine, tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--algo", "grpo", "--no-progress", *TINY, "training.num_steps=2",
