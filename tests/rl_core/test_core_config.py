@@ -39,7 +39,8 @@ RULES = [
     (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {"engine": "paged"}, "partial_rollouts", "always",
      "must be one of ('off', 'continue', 'recompute')"),
-    (RolloutConfig, {}, "partial_rollouts", "continue", "rollout.engine='static' does not (engines that do: paged, remote)"),
+    (RolloutConfig, {}, "partial_rollouts", "continue",
+     "rollout.engine='static' does not (engines that do: paged, remote)"),
     (RolloutConfig, {}, "max_turns", 0, "must be >= 1"),
     (RolloutConfig, {}, "max_turns", 2, "more than one turn needs an environment"),
     (RolloutConfig, {}, "max_turn_tokens", 17, "must be in [0, max_new_tokens = 16]"),
@@ -254,4 +255,5 @@ def test_old_engine_keys_at_their_old_defaults_say_nothing():
            "kv_pages": 0, "attention": "auto", "servers": [], "local_servers": 0, "weights_url": None,
            "server_max_lag": 0}
     assert RolloutConfig.from_dict({"engine": "static", **old}).options == {}
-    assert RolloutConfig.from_dict({"engine": "paged", **old}).engine_settings() == RolloutConfig(engine="paged").engine_settings()
+    paged = RolloutConfig.from_dict({"engine": "paged", **old})
+    assert paged.options == {} and paged.engine_settings() == RolloutConfig(engine="paged").engine_settings()

@@ -44,8 +44,8 @@ ENGINE = Engine(name="third", build=build, memory=STATIC.memory, settings=ThirdS
                 offers=Capabilities(keeps_reference=True, takes_published=True, routing=True))
 '''
 
-TINY = ["model.preset=tiny", "warm_start.steps=0", "training.prompts_per_step=2", "algorithm.group_size=2", "algorithm.beta=0.0",
-        "rollout.max_prompt_tokens=15", "rollout.max_new_tokens=8"]
+TINY = ["model.preset=tiny", "warm_start.steps=0", "training.prompts_per_step=2", "algorithm.group_size=2",
+        "algorithm.beta=0.0", "rollout.max_prompt_tokens=15", "rollout.max_new_tokens=8"]
 
 
 @pytest.fixture
@@ -54,7 +54,8 @@ def third_engine(tmp_path, monkeypatch):
     fresh process registry that discovers it as a run's would (tests/trainer/test_trainer_plan_engines.py)."""
     site = tmp_path / "site"
     site.mkdir()
-    distributions.install(site, "third_engine_mod", THIRD_ENGINE, "rl_core.engines", "third = third_engine_mod:ENGINE\n")
+    distributions.install(site, "third_engine_mod", THIRD_ENGINE, "rl_core.engines",
+                          "third = third_engine_mod:ENGINE\n")
     monkeypatch.syspath_prepend(str(site))
     process = registry.registry
     process.names(registry.ENGINE)  # every provider loaded
@@ -81,7 +82,7 @@ def test_its_own_setting_is_checked_by_its_settings_class(third_engine):
 
 def test_it_takes_partial_rollouts_and_refuses_agents_as_its_record_says(third_engine):
     assert RolloutConfig(engine="third", partial_rollouts="continue").partial_rollouts == "continue"
-    with pytest.raises(ConfigError, match=r"rollout.engine='static' does not \(engines that do: paged, remote, third\)"):
+    with pytest.raises(ConfigError, match=r"'static' does not \(engines that do: paged, remote, third\)"):
         RolloutConfig(engine="static", partial_rollouts="continue")
     with pytest.raises(ConfigError, match=r"rollout.engine='third' is not \(engines that are: paged\)"):
         RolloutConfig(engine="third", agent="agents:run")

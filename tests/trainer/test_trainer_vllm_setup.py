@@ -34,7 +34,8 @@ def test_servers_and_a_readable_folder_are_required():
 
 
 def test_a_run_takes_vllm_servers_and_a_weights_folder():
-    rollout = RolloutConfig(engine="vllm", options={"servers": ["http://127.0.0.1:8000/v1"], "weights_url": "/shared/weights"})
+    rollout = RolloutConfig(engine="vllm", options={"servers": ["http://127.0.0.1:8000/v1"],
+                                                    "weights_url": "/shared/weights"})
     assert rollout.engine_settings().servers == ("http://127.0.0.1:8000/v1",)
 
 

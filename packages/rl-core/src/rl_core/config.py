@@ -170,8 +170,9 @@ MOVED_ROLLOUT_KEYS = {
 """Old `rollout.<key>` spellings of engine settings -> their `rollout.options.<key>`: still read, with a
 one-line notice, for one release (the paged engine's, given for an engine without them, were ignored
 before and still are)."""
-_OLD_DEFAULTS = {"servers": (), "local_servers": 0, "weights_url": None, "server_max_lag": 0, "page_size_tokens": 16,
-                 "decode_slots": 64, "prefill_chunk_tokens": 64, "steps_per_sync": 8, "kv_pages": 0, "attention": "auto"}
+_OLD_DEFAULTS = {"servers": (), "local_servers": 0, "weights_url": None, "server_max_lag": 0,
+                 "page_size_tokens": 16, "decode_slots": 64, "prefill_chunk_tokens": 64, "steps_per_sync": 8,
+                 "kv_pages": 0, "attention": "auto"}
 """Their defaults then: what every run folder's config.yaml of those releases holds (saying nothing)."""
 _PAGED_KNOBS = ("page_size_tokens", "decode_slots", "prefill_chunk_tokens", "steps_per_sync", "kv_pages", "attention")
 

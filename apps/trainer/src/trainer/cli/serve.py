@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     s.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per device call (default: %(default)s)")
     s.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per call (default: %(default)s)")
-    s.add_argument("--num-pages", type=int, default=0, help="KV pages (default: %(default)s: every slot at full length)")
+    s.add_argument("--num-pages", type=int, default=0,
+                   help="KV pages (default: %(default)s: every slot at full length)")
     s.add_argument("--attention", default="auto", choices=("auto", "reference", "pallas"),
                    help="the paged engine's attention kernels (default: %(default)s)")
     s.add_argument("--print-url", action="store_true",
