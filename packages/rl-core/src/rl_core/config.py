@@ -12,7 +12,6 @@ import difflib
 import math
 import types
 import typing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -162,19 +161,6 @@ class AlgorithmConfig(Config):
 
 ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
 PARTIAL_ROLLOUTS = ("off", "continue", "recompute")
-MOVED_ROLLOUT_KEYS = {
-    "servers": "servers", "local_servers": "local_servers", "weights_url": "weights_url", "server_max_lag": "max_lag",
-    "page_size_tokens": "page_size", "decode_slots": "slots", "prefill_chunk_tokens": "prefill_chunk",
-    "steps_per_sync": "steps_per_sync", "kv_pages": "num_pages", "attention": "attention",
-}
-"""Old `rollout.<key>` spellings of engine settings -> their `rollout.options.<key>`: still read, with a
-one-line notice, for one release (the paged engine's, given for an engine without them, were ignored
-before and still are)."""
-_OLD_DEFAULTS = {"servers": (), "local_servers": 0, "weights_url": None, "server_max_lag": 0,
-                 "page_size_tokens": 16, "decode_slots": 64, "prefill_chunk_tokens": 64, "steps_per_sync": 8,
-                 "kv_pages": 0, "attention": "auto"}
-"""Their defaults then: what every run folder's config.yaml of those releases holds (saying nothing)."""
-_PAGED_KNOBS = ("page_size_tokens", "decode_slots", "prefill_chunk_tokens", "steps_per_sync", "kv_pages", "attention")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -245,7 +231,9 @@ class RolloutConfig(Config):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """As `Config.from_dict`, reading the old spellings of engine settings (`MOVED_ROLLOUT_KEYS`)."""
+        """As `Config.from_dict`, reading the old spellings of engine settings (rl_core.rollout.moved_keys)."""
+        from rl_core.rollout.moved_keys import moved_into_options  # reads the engines' records
+
         return super().from_dict(moved_into_options(data))
 
     def engine_record(self, *, pageable: bool = True) -> Any:
@@ -301,43 +289,6 @@ class RolloutConfig(Config):
                 registry.get_environment(self.environment)
             except registry.RegistryError as e:
                 raise ConfigError(f"RolloutConfig.environment = {self.environment!r}: {e}") from None
-
-
-def moved_into_options(data: dict[str, Any]) -> dict[str, Any]:
-    """A rollout section `data` with the old spellings of engine settings moved into `options`, each with
-    a one-line notice; at their old defaults (every old run folder's config.yaml holds them) they are
-    dropped quietly, and the paged engine's knobs given for an engine without them with a notice, as
-    they were ignored before."""
-    given = {key: data[key] for key in MOVED_ROLLOUT_KEYS if key in data}
-    if not given:
-        return data
-    data = {k: v for k, v in data.items() if k not in given}
-    moved = {k: v for k, v in given.items()
-             if not (v == _OLD_DEFAULTS[k] or (isinstance(v, list) and tuple(v) == _OLD_DEFAULTS[k]))}
-    if not moved:
-        return data
-    options = dict(data.get("options") or {})
-    try:
-        from rl_core.rollout.engines import engine_record
-
-        new_tokens = int(data.get("max_new_tokens", RolloutConfig.max_new_tokens))
-        record = engine_record(str(data.get("engine", "auto")), new_tokens)
-        known = {f.name for f in dataclasses.fields(record.settings)}
-    except (ConfigError, TypeError, ValueError):  # the config's own checks say what is wrong
-        record, known = None, set(MOVED_ROLLOUT_KEYS.values())
-    for old, value in moved.items():
-        new = MOVED_ROLLOUT_KEYS[old]
-        if new not in known and old in _PAGED_KNOBS:
-            warnings.warn(f"rollout.{old} is deprecated and ignored: rollout.engine={record.name!r} has no setting "
-                          f"{new!r} (remove it)", FutureWarning)
-            continue
-        if new in options:
-            raise ConfigError(f"rollout.{old} (deprecated) and rollout.options.{new} are both set; keep "
-                              f"rollout.options.{new}")
-        warnings.warn(f"rollout.{old} is deprecated: write rollout.options.{new} (read for one more release)",
-                      FutureWarning)
-        options[new] = value
-    return data | {"options": options}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
