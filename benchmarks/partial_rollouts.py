@@ -59,7 +59,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
         training=TrainingConfig(prompts_per_step=args.prompts, learning_rate=1e-4, num_steps=args.steps + 2,
                                 async_rollout="one_step"),
         rollout=RolloutConfig(max_new_tokens=args.new_tokens, max_prompt_tokens=16, temperature=1.0, engine="paged",
-                              decode_slots=args.slots, partial_rollouts=mode),
+                              options={"slots": args.slots}, partial_rollouts=mode),
         reward_manager=rewards.RewardManager([slow_reward(args.delay)]),
     )
     for _ in range(2):

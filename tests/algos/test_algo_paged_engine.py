@@ -37,8 +37,8 @@ def learner(cls, config, engine, paging=BAG_PAGING):
         tokenizer=TOK,
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, optimizer="sgd", learning_rate=1.0, max_grad_norm=None),
-        rollout=RolloutConfig(max_new_tokens=6, max_prompt_tokens=8, engine=engine, decode_slots=3,
-                              page_size_tokens=4, steps_per_sync=2),
+        rollout=RolloutConfig(max_new_tokens=6, max_prompt_tokens=8, engine=engine,
+                              options={"slots": 3, "page_size": 4, "steps_per_sync": 2} if engine == "paged" else {}),
         reward_manager=rewards.RewardManager([rewards.numeric_answer_reward(), digit_fraction]),
     )
 

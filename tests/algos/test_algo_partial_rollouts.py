@@ -45,8 +45,9 @@ def make(*, output_dir=None, num_steps=4, partial="continue"):
         train_data=PROMPTS,
         training=TrainingConfig(prompts_per_step=2, learning_rate=0.3, num_steps=num_steps, checkpoint_every_steps=1,
                                 async_rollout="one_step"),
-        rollout=RolloutConfig(max_new_tokens=8, max_prompt_tokens=8, temperature=1.0, engine="paged", decode_slots=8,
-                              page_size_tokens=4, steps_per_sync=STEPS_PER_CALL, partial_rollouts=partial),
+        rollout=RolloutConfig(max_new_tokens=8, max_prompt_tokens=8, temperature=1.0, engine="paged",
+                              options={"slots": 8, "page_size": 4, "steps_per_sync": STEPS_PER_CALL},
+                              partial_rollouts=partial),
         reward_manager=rewards.RewardManager([even_start]),
         output_dir=output_dir,
     )
@@ -127,7 +128,7 @@ def test_tokens_after_the_update_sample_with_its_weights_and_resume_is_exact(tmp
 
 
 def test_partial_rollouts_need_async_rollouts_and_the_paged_engine():
-    with pytest.raises(ValueError, match="partial_rollouts = 'continue': needs rollout.engine='paged'"):
+    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': .* rollout.engine='static' does not"):
         RolloutConfig(partial_rollouts="continue")
     with pytest.raises(ValueError, match="partial_rollouts = 'recompute': needs training.async_rollout='one_step'"):
         GRPOLearner(GRPO, policy=BagPolicy(TOK.vocab_size, rngs=nnx.Rngs(0)), paging=BAG_PAGING, tokenizer=TOK,

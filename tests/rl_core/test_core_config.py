@@ -20,24 +20,27 @@ RULES = [
     (RolloutConfig, {}, "logprob_chunk_tokens", 0, "must be >= 1"),
     (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
     (RolloutConfig, {}, "engine", "sglang", "unknown engine 'sglang'. Known: paged, static (from rl-core)"),
-    (RolloutConfig, {}, "local_servers", -1, "must be >= 0"),
-    (RolloutConfig, {}, "local_servers", 2, "needs rollout.engine='remote'"),
-    (RolloutConfig, {"engine": "vllm"}, "local_servers", 2, "needs rollout.engine='remote'"),  # vLLM: the user's
-    (RolloutConfig, {"engine": "remote"}, "servers", ("10.0.0.2:8000",), "must be base URLs"),
-    (RolloutConfig, {}, "servers", ("http://10.0.0.2:8000/v1",), "needs an engine on servers"),
-    (RolloutConfig, {}, "weights_url", "s3://bucket/weights", "needs an engine on servers"),
-    (RolloutConfig, {"engine": "remote"}, "server_max_lag", -1, "must be an integer >= 0"),
-    (RolloutConfig, {}, "server_max_lag", 1, "needs rollout.engine='remote'"),
-    (RolloutConfig, {}, "attention", "flash", "must be one of ('auto', 'reference', 'pallas')"),
+    # an engine's own settings (rollout.options), checked by the settings class its record names
+    (RolloutConfig, {"engine": "paged"}, "options", {"page_size": 0}, "PagedSettings.page_size = 0: must be >= 1"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"slots": 0}, "PagedSettings.slots = 0: must be >= 1"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"prefill_chunk": 0}, "PagedSettings.prefill_chunk = 0"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"steps_per_sync": 0}, "PagedSettings.steps_per_sync = 0"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"num_pages": -1}, "must be >= 0 (0 = sized for the batch)"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"attention": "flash"},
+     "must be one of ('auto', 'reference', 'pallas')"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"slot": 4}, "has no setting 'slot'; did you mean 'slots'?"),
+    (RolloutConfig, {"engine": "static"}, "options", {"slots": 4}, "rollout.engine='static' has no setting 'slots'"),
+    (RolloutConfig, {"engine": "paged"}, "options", [1], "must be a mapping of the engine's settings"),
+    (RolloutConfig, {"engine": "remote"}, "options", {"local_servers": -1}, "RemoteSettings.local_servers = -1"),
+    (RolloutConfig, {"engine": "remote"}, "options", {"servers": ("10.0.0.2:8000",)}, "must be base URLs"),
+    (RolloutConfig, {"engine": "remote"}, "options", {"max_lag": -1}, "must be an integer >= 0"),
+    (RolloutConfig, {"engine": "vllm"}, "options", {"local_servers": 2}, "'vllm' has no setting 'local_servers'"),
+    (RolloutConfig, {"engine": "vllm"}, "options", {"weights_url": "s3://bucket/w"}, "must be a folder"),
     (RolloutConfig, {}, "weights_dtype", "float16", "must be one of (None, 'bfloat16')"),
     (RolloutConfig, {"engine": "paged"}, "partial_rollouts", "always",
      "must be one of ('off', 'continue', 'recompute')"),
-    (RolloutConfig, {}, "partial_rollouts", "continue", "needs rollout.engine='paged'"),
-    (RolloutConfig, {}, "page_size_tokens", 0, "must be >= 1"),
-    (RolloutConfig, {}, "decode_slots", 0, "must be >= 1"),
-    (RolloutConfig, {}, "prefill_chunk_tokens", 0, "must be >= 1"),
-    (RolloutConfig, {}, "steps_per_sync", 0, "must be >= 1"),
-    (RolloutConfig, {}, "kv_pages", -1, "must be >= 0 (0 = sized for the batch)"),
+    (RolloutConfig, {}, "partial_rollouts", "continue",
+     "rollout.engine='static' does not (engines that do: paged, remote)"),
     (RolloutConfig, {}, "max_turns", 0, "must be >= 1"),
     (RolloutConfig, {}, "max_turns", 2, "more than one turn needs an environment"),
     (RolloutConfig, {}, "max_turn_tokens", 17, "must be in [0, max_new_tokens = 16]"),
@@ -45,6 +48,7 @@ RULES = [
     (RolloutConfig, {}, "environment_options", [1], "must be a mapping"),
     (RolloutConfig, {"engine": "paged"}, "agent", "agents.py", "must be module:function or file.py:function"),
     (RolloutConfig, {"engine": "paged", "agent": "a:b"}, "agent_timeout_s", 0.0, "must be > 0"),
+    (RolloutConfig, {"engine": "remote"}, "agent", "a:b", "rollout.engine='remote' is not (engines that are: paged)"),
     (TrainingConfig, {}, "optimizer", "adamww", "must be one of ('adamw', 'adam', 'sgd')"),
     (TrainingConfig, {}, "async_rollout", "two_steps", "must be one of ('off', 'one_step')"),
     (TrainingConfig, {"async_rollout": "one_step"}, "rollout_devices", -1, "must be >= 0"),
@@ -215,3 +219,41 @@ def test_non_finite_numbers_are_rejected_however_the_config_is_built(cls, field,
     # inf passes `learning_rate > 0` and NaN passes `not temperature < 0`-style rules
     with pytest.raises(ConfigError, match=rf"{cls.__name__}\.{field} = {value!r}: must be a finite number"):
         cls(**{field: value})
+
+
+def test_old_engine_keys_are_read_into_the_engines_options_with_a_one_line_notice():
+    """`rollout.decode_slots`, `rollout.servers`, ... (before engines carried their settings) still work
+    for one release: each is read as its `rollout.options` key, with a notice naming the new spelling."""
+    with pytest.warns(FutureWarning) as notices:
+        paged = RolloutConfig.from_dict({"engine": "paged", "decode_slots": 8, "page_size_tokens": 32})
+    assert [str(n.message) for n in notices] == [
+        "rollout.page_size_tokens is deprecated: write rollout.options.page_size (read for one more release)",
+        "rollout.decode_slots is deprecated: write rollout.options.slots (read for one more release)"]
+    assert paged.options == {"page_size": 32, "slots": 8} and paged.engine_settings().slots == 8
+    with pytest.warns(FutureWarning) as notices:
+        remote = RolloutConfig.from_dict({"engine": "remote", "servers": ["http://10.0.0.2:8000/v1"],
+                                          "server_max_lag": 1})
+    assert "rollout.server_max_lag is deprecated: write rollout.options.max_lag" in str(notices[1].message)
+    settings = remote.engine_settings()
+    assert settings.servers == ("http://10.0.0.2:8000/v1",) and settings.max_lag == 1
+    # the paged engine's knobs given for an engine without them were ignored before, and still are
+    with pytest.warns(FutureWarning, match="rollout.decode_slots is deprecated and ignored: rollout.engine='static'"):
+        assert RolloutConfig.from_dict({"engine": "static", "decode_slots": 8}).options == {}
+    # a server's setting for an engine without servers was refused before, and still is
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match="'static' has no setting 'servers'"):
+        RolloutConfig.from_dict({"engine": "static", "servers": ["http://10.0.0.2:8000/v1"]})
+    with pytest.raises(ConfigError, match=r"rollout.decode_slots \(deprecated\) and rollout.options.slots are both"):
+        RolloutConfig.from_dict({"engine": "paged", "decode_slots": 8, "options": {"slots": 4}})
+    # what a run records is the new spelling
+    assert "decode_slots" not in paged.to_dict() and paged.to_dict()["options"] == {"page_size": 32, "slots": 8}
+
+
+def test_old_engine_keys_at_their_old_defaults_say_nothing():
+    """Every run folder an older release wrote holds every engine setting at the top of `rollout`:
+    at their defaults they are dropped quietly (this suite turns a notice into an error)."""
+    old = {"decode_slots": 64, "page_size_tokens": 16, "prefill_chunk_tokens": 64, "steps_per_sync": 8,
+           "kv_pages": 0, "attention": "auto", "servers": [], "local_servers": 0, "weights_url": None,
+           "server_max_lag": 0}
+    assert RolloutConfig.from_dict({"engine": "static", **old}).options == {}
+    paged = RolloutConfig.from_dict({"engine": "paged", **old})
+    assert paged.options == {} and paged.engine_settings() == RolloutConfig(engine="paged").engine_settings()

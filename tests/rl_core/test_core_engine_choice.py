@@ -1,10 +1,14 @@
 """rollout.engine = "auto": the paged engine from 512 new tokens, the static sampler below;
 explicit choices stand (rl_core.rollout.factory.resolve_engine)."""
 
+import dataclasses
+
 import pytest
 from flax import nnx
 
+from rl_core import registry
 from rl_core.config import RolloutConfig
+from rl_core.rollout.engines import PAGED, STATIC
 from rl_core.rollout.factory import PAGED_FROM_NEW_TOKENS, explain_engine, make_backend, resolve_engine
 from rl_core.rollout.paged import PagedBackend
 from rl_core.rollout.static import StaticBackend
@@ -39,6 +43,22 @@ def test_the_choice_explained():
     assert explain_engine(RolloutConfig(max_new_tokens=512, engine="static")) == "static (rollout.engine=static)"
     assert explain_engine(RolloutConfig(max_new_tokens=512), pageable=False) == (
         "static (auto: the policy has no paged adapter)")
+
+
+def test_auto_reads_the_records_thresholds_not_names(monkeypatch):
+    """A package's engine that declares `auto_from_new_tokens` joins the choice with no change to rl_core:
+    the highest threshold at or below the run's new tokens wins; one that needs a paged adapter is
+    passed over for a policy without one."""
+    fresh = registry.Registry(engine_group="rl_core.engines.none")
+    monkeypatch.setattr(registry, "registry", fresh)
+    long = dataclasses.replace(PAGED, name="long", auto_from_new_tokens=2048)
+    for record in (STATIC, PAGED, long):
+        fresh.register(registry.ENGINE, record.name, record)
+    picks = {n: resolve_engine(RolloutConfig(max_new_tokens=n)) for n in (16, 512, 2047, 2048, 4096)}
+    assert picks == {16: "static", 512: "paged", 2047: "paged", 2048: "long", 4096: "long"}
+    assert explain_engine(RolloutConfig(max_new_tokens=4096)) == "long (auto: 4096 new tokens >= 2048)"
+    assert explain_engine(RolloutConfig(max_new_tokens=16)) == "static (auto: 16 new tokens < 512)"
+    assert resolve_engine(RolloutConfig(max_new_tokens=4096), pageable=False) == "static"
 
 
 def test_make_backend_builds_the_resolved_engine():

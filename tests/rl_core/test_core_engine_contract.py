@@ -7,6 +7,7 @@ weights, counters), and greedy tokens equal to the static sampler's on the same 
 engine that passes here works with the learner, the episodes and the planner's callers.
 """
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +23,7 @@ from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Capabilities, EngineCounters, Requests, RolloutBackend
 from rl_core.rollout.engines import STATIC, Engine, EngineBuild
 from rl_core.rollout.factory import make_backend
-from rl_core.rollout.paged import EngineSettings
+from rl_core.rollout.paged_settings import EngineSettings, PagedSettings
 from rl_core.rollout.memory import EngineMemory, MemoryQuery, per_device
 from rl_core.rollout.sampler import GREEDY
 from rl_models import PAGED_TRANSFORMER, Transformer
@@ -50,8 +51,7 @@ def servers():
     need_sockets()
     from trainer.serve import EngineOptions, serve_in_thread, served_folder
 
-    options = EngineOptions(max_prompt_tokens=8, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,
-                            prefill_chunk=8, top_logprobs=0)
+    options = EngineOptions(max_prompt_tokens=8, max_new_tokens=T, engine=PagedSettings(**PAGED), top_logprobs=0)
     served = [served_folder(HF / "qwen2", options) for _ in range(2)]
     running = [serve_in_thread(s) for s in served]
     yield tuple(r.url for r in running)
@@ -91,9 +91,17 @@ def case_model(name, model, request):
     return load_hf_model(request.getfixturevalue("wide_folder")) if name == "vllm" else model
 
 
+PAGED = {"page_size": 4, "slots": 4, "prefill_chunk": 8, "steps_per_sync": 2}
+"""The paged engine's small shapes, for every engine whose settings take them (its record's `settings`)."""
+
+
 def rollout(engine: str, servers: tuple[str, ...] = ()) -> RolloutConfig:
-    return RolloutConfig(engine=engine, max_prompt_tokens=8, max_new_tokens=T, temperature=0.0, page_size_tokens=4,
-                         decode_slots=4, prefill_chunk_tokens=8, steps_per_sync=2, servers=servers)
+    try:
+        takes = {f.name for f in dataclasses.fields(registry.get_engine(engine).settings)}
+    except registry.RegistryError:
+        takes = set()  # RolloutConfig says it is unknown
+    options = {k: v for k, v in PAGED.items() if k in takes} | ({"servers": servers} if servers else {})
+    return RolloutConfig(engine=engine, max_prompt_tokens=8, max_new_tokens=T, temperature=0.0, options=options)
 
 
 def make(name: str, model, request) -> RolloutBackend:
@@ -136,6 +144,9 @@ def test_engine_meets_the_contract(name, model, static_greedy, request):
     assert isinstance(backend, RolloutBackend)  # every protocol member, capabilities included
     caps = backend.capabilities
     assert isinstance(caps, Capabilities) and backend.version == 3
+    offers = registry.get_engine(name).offers  # what its record declared before it was built: no less
+    beyond = [f.name for f in dataclasses.fields(Capabilities) if getattr(caps, f.name) and not getattr(offers, f.name)]
+    assert beyond == []
     before = backend.counters()
     assert isinstance(before, EngineCounters)
 

@@ -191,8 +191,8 @@ def test_the_step_metrics_tell_decoded_from_kept_tokens(tiny):
     algorithm = registry.get_algorithm("grpo")
     rollout = RolloutConfig(max_prompt_tokens=LIMITS.max_prompt_tokens, max_new_tokens=T, engine="paged",
                             environment="test-stop-env", max_turns=LIMITS.max_turns,
-                            max_turn_tokens=LIMITS.max_turn_tokens, page_size_tokens=4, steps_per_sync=K,
-                            prefill_chunk_tokens=16, decode_slots=8)
+                            max_turn_tokens=LIMITS.max_turn_tokens,
+                            options={"page_size": 4, "steps_per_sync": K, "prefill_chunk": 16, "slots": 8})
     learner = algorithm.learner(
         dataclasses.replace(algorithm.config(), group_size=2), policy=tiny, tokenizer=TOK, train_data=PROMPTS * 4,
         training=TrainingConfig(prompts_per_step=2, num_steps=1, checkpoint_every_steps=0),

@@ -30,7 +30,7 @@ VERSION = 4
 
 def settings(agent, **overrides):
     return RolloutConfig(**({"engine": "paged", "agent": f"{AGENTS}:{agent}", "max_prompt_tokens": 64,
-                             "max_new_tokens": 80, "max_turns": 4, "decode_slots": 8, "page_size_tokens": 8,
+                             "max_new_tokens": 80, "max_turns": 4, "options": {"slots": 8, "page_size": 8},
                              "agent_timeout_s": 20.0} | overrides))
 
 
@@ -153,7 +153,7 @@ def test_untrusted_agents_end_their_own_episodes_with_one_counted_line(engine, t
 
 @pytest.mark.parametrize("overrides, says", [
     (dict(environment="calculator"), "an agent and an environment cannot both run the episodes"),
-    (dict(engine="static"), "agent episodes need rollout.engine='paged'"),
+    (dict(engine="static", options={}), r"rollout.engine='static' is not \(engines that are: paged\)"),
 ])
 def test_agent_settings_are_checked_before_anything_runs(overrides, says):
     with pytest.raises(ConfigError, match=says):

@@ -45,6 +45,25 @@ def test_a_resume_picks_again_rather_than_refusing(tmp_path):
                                                                               "rollout.engine=static"]))
 
 
+def test_a_run_started_before_engines_carried_their_settings_resumes(tmp_path):
+    """An older release wrote every engine setting at the top of `rollout` (config.yaml and
+    settings_at_start.json: `decode_slots: 64`, `servers: []`, ...): at their defaults they are no
+    change and no notice; a set one is read as its `rollout.options` key, with a notice, and is no change."""
+    settings = build_settings(overrides=["rollout.engine=paged", "rollout.options.slots=8"])
+    run_folder.write_config(tmp_path, settings)
+    path = tmp_path / "settings_at_start.json"
+    started = json.loads(path.read_text())
+    old = {k: v for k, v in started["rollout"].items() if k != "options"} | {
+        "decode_slots": 8, "page_size_tokens": 16, "prefill_chunk_tokens": 64, "steps_per_sync": 8, "kv_pages": 0,
+        "attention": "auto", "servers": [], "local_servers": 0, "weights_url": None, "server_max_lag": 0}
+    path.write_text(json.dumps(started | {"rollout": old}))
+    with pytest.warns(FutureWarning, match="rollout.decode_slots is deprecated: write rollout.options.slots"):
+        run_folder.refuse_changed_settings(tmp_path, settings)
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match=r"rollout.options.slots: 8 -> 4"):
+        run_folder.refuse_changed_settings(tmp_path, build_settings(
+            overrides=["rollout.engine=paged", "rollout.options.slots=4"]))
+
+
 def test_compare_default_keeps_the_static_engine():
     """`trainer compare` with no config ran the static engine before auto: its numbers stay."""
     user = merge(parse_overrides(COMPARE_DEFAULTS), {})
@@ -57,6 +76,8 @@ def test_plan_search_offers_the_paged_engine_only_where_auto_does_not_pick_it():
     short, long = (build_settings(overrides=[f"rollout.max_new_tokens={n}"]) for n in (16, 512))
     assert next(rollout_candidates(short)) == ("rollout.engine=paged",)
     assert all("rollout.engine=paged" not in c for c in rollout_candidates(long))
+    # then fewer slots, spelled as the paged engine's settings: 64 (8 prompts x 8 samples on one device), halved
+    assert list(rollout_candidates(long))[:2] == [("rollout.options.slots=32",), ("rollout.options.slots=16",)]
 
 
 @pytest.mark.e2e

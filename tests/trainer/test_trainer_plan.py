@@ -97,7 +97,7 @@ def test_plan_counts_the_paged_engine_pool_its_use_and_weight_copy():
 
     settings = build_settings(algo="grpo", overrides=[
         "model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=paged",
-        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.page_size_tokens=16",
+        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.options.page_size=16",
     ])
     result = plan(settings, memory_budget("gpu"), mean_new_tokens=10)
     a = result.analytic
@@ -253,7 +253,7 @@ def test_the_search_tries_the_cheapest_changes_first():
         (auto, "model.remat=dots_saveable", "training.micro_batch_size=4"),
     ]
     assert list(rollout_candidates(settings)) == [
-        ("rollout.engine=paged",), *(("rollout.engine=paged", f"rollout.decode_slots={n}") for n in (16, 8, 4, 2, 1))]
+        ("rollout.engine=paged",), *(("rollout.engine=paged", f"rollout.options.slots={n}") for n in (16, 8, 4, 2, 1))]
 
 
 @pytest.mark.e2e
@@ -390,7 +390,7 @@ def test_plan_of_a_model_whose_every_layer_is_windowed_counts_a_windows_pages_in
     def analytic(new_tokens):
         settings = build_settings(algo="grpo", overrides=[
             f"model.path={folder}", "training.prompts_per_step=1", "algorithm.group_size=2", "rollout.engine=paged",
-            "rollout.page_size_tokens=4", f"rollout.max_new_tokens={new_tokens}"])
+            "rollout.options.page_size=4", f"rollout.max_new_tokens={new_tokens}"])
         return plan(settings, memory_budget("gpu")).analytic
 
     short, long = analytic(32), analytic(64)
@@ -415,7 +415,7 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
     folder = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "gemma3_text"
     settings = build_settings(algo="grpo", overrides=[
         f"model.path={folder}", "training.prompts_per_step=1", "algorithm.group_size=2", "rollout.engine=paged",
-        "rollout.page_size_tokens=4", "rollout.max_new_tokens=32"])
+        "rollout.options.page_size=4", "rollout.max_new_tokens=32"])
     result = plan(settings, memory_budget("gpu"))
     a = result.analytic
     engine = EngineSettings.from_rollout(settings.rollout, batch_size=2)
@@ -463,7 +463,7 @@ def test_plan_for_tpu_counts_the_lane_packed_pool():
 
     settings = build_settings(algo="grpo", overrides=[
         "model.preset=tiny", "training.prompts_per_step=2", "algorithm.group_size=4", "rollout.engine=paged",
-        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.page_size_tokens=16",
+        "rollout.max_prompt_tokens=31", "rollout.max_new_tokens=32", "rollout.options.page_size=16",
     ])
     pool_pages = (1 + 8 * 5 + 8 * 2) * 16  # as the GPU plan above counts them
     assert plan(settings, memory_budget("tpu"), mean_new_tokens=10).analytic["engine_kv_pool"] == pool_pages * 2048

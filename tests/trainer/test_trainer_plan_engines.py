@@ -64,7 +64,8 @@ def test_an_engine_from_an_entry_point_is_planned_by_its_own_figure(fake_engine_
 
 
 def test_a_remote_engine_holds_nothing_on_the_trainers_devices():
-    remote = plan(build_settings(algo="grpo", overrides=[*TINY, "rollout.engine=remote", "rollout.local_servers=2"]),
+    remote = plan(build_settings(algo="grpo", overrides=[*TINY, "rollout.engine=remote",
+                                                         "rollout.options.local_servers=2"]),
                   memory_budget("gpu"))
     assert remote.engine == "remote" and remote.program_bytes["rollout"] == 0
     assert remote.peak_bytes == max(remote.resident_bytes + max(remote.program_bytes.values()), remote.startup_bytes)

@@ -18,6 +18,7 @@ from flax import nnx
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests, RolloutBackend
 from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.paged_settings import PagedSettings
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model
@@ -29,8 +30,8 @@ from host import need_sockets
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 T = 6
-OPTIONS = EngineOptions(max_prompt_tokens=16, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2,
-                        prefill_chunk=8, top_logprobs=0)
+OPTIONS = EngineOptions(max_prompt_tokens=16, max_new_tokens=T, top_logprobs=0,
+                        engine=PagedSettings(slots=4, page_size=4, steps_per_sync=2, prefill_chunk=8))
 PROMPTS = ([5, 17, 40], [9, 200, 31, 7, 3, 88], [11, 12], [250, 3, 4, 5])
 SAMPLED = SamplingParams(temperature=1.0)
 
@@ -196,7 +197,7 @@ def busy(served) -> threading.Event:
 
 @pytest.mark.e2e  # about 5 s: five versions on two servers
 def test_a_server_lagging_within_the_allowance_is_used_and_one_further_behind_is_not(lag_servers, tmp_path):
-    """rollout.server_max_lag=1: each completion carries the version that sampled it; a server two
+    """rollout.options.max_lag=1: each completion carries the version that sampled it; a server two
     versions behind gets no requests until it has caught up; one version behind still does."""
     (a, b), (served_a, served_b) = lag_servers
     state = nnx.split(trained())[1]

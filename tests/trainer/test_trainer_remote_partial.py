@@ -21,6 +21,7 @@ from rl_core.config import RolloutConfig
 from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.paged_settings import PagedSettings
 from rl_core.rollout.sampler import SamplingParams
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
@@ -34,6 +35,8 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2"
 T = 10
 SWITCH = 2  # device calls under version 1 before the publish lands (2 decode steps a call)
 SHAPES = dict(max_prompt_tokens=16, max_new_tokens=T, slots=4, page_size=4, steps_per_sync=2, prefill_chunk=8)
+LENGTHS = dict(max_prompt_tokens=16, max_new_tokens=T)
+ENGINE = PagedSettings(slots=4, page_size=4, steps_per_sync=2, prefill_chunk=8)
 PROMPTS = ([5, 17, 40], [9, 200, 31, 7, 3, 88], [11, 12])
 SAMPLED = SamplingParams(temperature=1.0)
 
@@ -76,7 +79,7 @@ def v1_v2():
 def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, stream, tmp_path):
     """Each mode, the snapshot through a folder (continue) or streamed to the server (recompute)."""
     v1, v2 = v1_v2
-    served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0, partial_rollouts=mode))
+    served = served_folder(HF, EngineOptions(**LENGTHS, engine=ENGINE, top_logprobs=0, partial_rollouts=mode))
     running = serve_in_thread(served)
     remote = RemoteBackend([running.url], max_new_tokens=T, pad_id=0,
                            weights_url="stream" if stream else str(tmp_path), partial_rollouts=mode)
@@ -136,7 +139,7 @@ def test_a_publish_reaches_the_generation_running_on_a_server(v1_v2, mode, strea
 
 @pytest.mark.e2e  # a server on a thread
 def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_generation(v1_v2, tmp_path):
-    served = served_folder(HF, EngineOptions(**SHAPES, top_logprobs=0))
+    served = served_folder(HF, EngineOptions(**LENGTHS, engine=ENGINE, top_logprobs=0))
     running = serve_in_thread(served)
     try:
         off = RemoteBackend([running.url], max_new_tokens=T, pad_id=0, weights_url=str(tmp_path))
@@ -157,9 +160,11 @@ def test_a_server_started_without_partial_rollouts_refuses_a_publish_into_its_ge
 
 
 def test_partial_rollouts_take_the_paged_engine_in_process_or_on_servers():
-    assert RolloutConfig(engine="remote", local_servers=2, partial_rollouts="recompute").partial_rollouts == "recompute"
-    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs rollout.engine='paged' or 'remote'"):
-        RolloutConfig(engine="vllm", servers=("http://127.0.0.1:1/v1",), partial_rollouts="continue")
+    remote = RolloutConfig(engine="remote", options={"local_servers": 2}, partial_rollouts="recompute")
+    assert remote.partial_rollouts == "recompute"
+    with pytest.raises(ValueError, match=r"partial_rollouts = 'continue': needs an engine that takes weights "
+                                         r"mid-rollout; rollout.engine='vllm' does not \(engines that do: paged, remote\)"):
+        RolloutConfig(engine="vllm", options={"servers": ("http://127.0.0.1:1/v1",)}, partial_rollouts="continue")
 
 
 def gate(engine, *, beside_from: int, at: int):
@@ -199,9 +204,9 @@ def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
     weights W(n+1)) its tokens lag 2 (calls 1-2) and 1 (after the switch), in the same rows."""
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(8)))
-    served = served_folder(HF, EngineOptions(max_prompt_tokens=256, max_new_tokens=16, slots=8, page_size=4,
-                                             steps_per_sync=2, prefill_chunk=64, top_logprobs=0,
-                                             partial_rollouts="continue"))
+    served = served_folder(HF, EngineOptions(
+        max_prompt_tokens=256, max_new_tokens=16, top_logprobs=0, partial_rollouts="continue",
+        engine=PagedSettings(slots=8, page_size=4, steps_per_sync=2, prefill_chunk=64)))
     gate(served.loop.engine, beside_from=3, at=7)  # rollouts 1-2 fill the queue; 12 calls a rollout here
     running = serve_in_thread(served)
     try:
@@ -211,7 +216,7 @@ def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
             "algorithm.group_size=2", "rollout.seed=3", "task.options.heldout_size=2",
             "task.options.max_new_tokens=16", "eval.every_steps=0", "eval.samples_per_prompt=1", "eval.pass_k=1",
             "training.async_rollout=one_step", "training.max_staleness=2", "rollout.engine=remote",
-            f"rollout.servers=[{running.url}]", "rollout.partial_rollouts=continue", "rollout.temperature=1.0",
+            f"rollout.options.servers=[{running.url}]", "rollout.partial_rollouts=continue", "rollout.temperature=1.0",
         ]) == 0  # fmt: skip
     finally:
         running.stop()
@@ -229,7 +234,7 @@ def test_an_async_grpo_run_on_a_server_samples_rows_with_two_versions(tmp_path):
 
 @pytest.mark.e2e  # a `trainer serve` process
 def test_a_local_server_started_with_the_run_s_mode_takes_a_publish_into_its_generation(v1_v2, tmp_path):
-    """`rollout.local_servers` start `trainer serve --partial-rollouts <mode>` (trainer.remote.local):
+    """`rollout.options.local_servers` start `trainer serve --partial-rollouts <mode>` (trainer.remote.local):
     such a process takes a publish into its generation, and reports the version it then holds
     once its next generation has switched."""
     from trainer.remote import local

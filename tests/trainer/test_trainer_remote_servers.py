@@ -88,7 +88,7 @@ def test_grpo_on_two_local_servers_trains_and_resumes_as_in_process(tmp_path):
     ]  # fmt: skip
     try:  # each: one step, then the trainer again (--resume) for a second (remote: with its fleet)
         for name, engine in (("paged", ["rollout.engine=paged"]),
-                             ("remote", ["rollout.engine=remote", "rollout.local_servers=2"])):
+                             ("remote", ["rollout.engine=remote", "rollout.options.local_servers=2"])):
             assert main([*common, *engine, "--output", str(tmp_path / name)]) == 0
             assert main(["train", "--resume", str(tmp_path / name), "--no-progress", "training.num_steps=2"]) == 0
     finally:

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from rl_models.hf import load_hf_tokenizer
+from rl_core.rollout.paged_settings import PagedSettings
 from trainer.cli import main
 from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 from trainer.serve.tool_calls import choose, parse
@@ -27,8 +28,8 @@ HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen3"
 # the Hermes tool section of Qwen's templates, shortened: tools listed in the system turn, calls as
 # <tool_call> JSON, tool results as user turns holding <tool_response>
 TOOL_TEMPLATE = (Path(__file__).resolve().parent / "fixtures" / "tool_chat_template.jinja").read_text()
-OPTIONS = EngineOptions(max_prompt_tokens=400, max_new_tokens=12, slots=4, page_size=8, steps_per_sync=4,
-                        prefill_chunk=64, top_logprobs=3)
+OPTIONS = EngineOptions(max_prompt_tokens=400, max_new_tokens=12, top_logprobs=3,
+                        engine=PagedSettings(slots=4, page_size=8, steps_per_sync=4, prefill_chunk=64))
 HELLO = [{"role": "user", "content": "hello"}]
 TOOLS = [{"type": "function", "function": {"name": "multiply", "description": "the product of two numbers",
                                            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]

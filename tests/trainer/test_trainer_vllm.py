@@ -182,7 +182,7 @@ def test_a_grpo_run_takes_its_rollouts_from_vllm(server, folder, tmp_path):
         "--output", str(run), "--no-progress",
         "training.num_steps=2", "training.prompts_per_step=2", "algorithm.group_size=2",
         "task.options.heldout_size=2", "task.options.max_new_tokens=16", "eval.every_steps=0",
-        "rollout.engine=vllm", f"rollout.servers=[{server.url}]", f"rollout.weights_url={weights}",
+        "rollout.engine=vllm", f"rollout.options.servers=[{server.url}]", f"rollout.options.weights_url={weights}",
     ]  # fmt: skip
     assert main(argv) == 0
     assert json.loads((run / "summary.json").read_text())["skipped_updates"] == 0

@@ -26,7 +26,7 @@ def test_the_weight_routes_are_at_the_servers_root():
 
 
 def test_servers_and_a_readable_folder_are_required():
-    with pytest.raises(ValueError, match=r"needs rollout.servers=\[urls of vLLM servers\]"):
+    with pytest.raises(ValueError, match=r"needs rollout.options.servers=\[urls of vLLM servers\]"):
         VLLMBackend([], graphdef=None, max_new_tokens=4, eos_ids=(2,), pad_id=0)
     with pytest.raises(ValueError, match="must be a folder every vLLM server reads"):
         VLLMBackend(["http://127.0.0.1:9/v1"], graphdef=None, max_new_tokens=4, eos_ids=(2,), pad_id=0,
@@ -34,8 +34,9 @@ def test_servers_and_a_readable_folder_are_required():
 
 
 def test_a_run_takes_vllm_servers_and_a_weights_folder():
-    rollout = RolloutConfig(engine="vllm", servers=["http://127.0.0.1:8000/v1"], weights_url="/shared/weights")
-    assert rollout.servers == ("http://127.0.0.1:8000/v1",)
+    rollout = RolloutConfig(engine="vllm", options={"servers": ["http://127.0.0.1:8000/v1"],
+                                                    "weights_url": "/shared/weights"})
+    assert rollout.engine_settings().servers == ("http://127.0.0.1:8000/v1",)
 
 
 def test_a_missing_environment_says_how_to_make_it(tmp_path):

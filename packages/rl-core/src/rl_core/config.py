@@ -159,9 +159,6 @@ class AlgorithmConfig(Config):
         algorithm's own), checked before any model loads; raises ConfigError. None by default."""
 
 
-ROLLOUT_ENGINES = ("auto", "static", "paged")
-"""rl_core's own engine choices; `rollout.engine` takes any registered engine (rl_core.rollout.engines)."""
-ROLLOUT_ATTENTION = ("auto", "reference", "pallas")
 ROLLOUT_WEIGHTS_DTYPES = (None, "bfloat16")
 PARTIAL_ROLLOUTS = ("off", "continue", "recompute")
 
@@ -190,24 +187,14 @@ class RolloutConfig(Config):
     """Rollout backend: "static" (one program, KV cache preallocated to the longest completion),
     "paged" (paged KV cache, continuous batching, own inference weights; see rl_core.rollout) or
     another engine a package registers (entry-point group rl_core.engines), or
-    "auto" (the default): paged from 512 new tokens, where it wins, static below, where it is as fast or
-    faster (benchmarks/rollout_engines.py; docs/rollout-engines.md). See rl_core.rollout.factory.resolve_engine."""
-    attention: str = "auto"
-    """Paged engine's attention: "auto" (Pallas kernels on TPU/GPU, plain JAX on CPU), "reference"
-    (plain JAX everywhere) or "pallas"."""
-    page_size_tokens: int = 16
-    """Paged engine: tokens per KV page."""
-    decode_slots: int = 64
-    """Paged engine: sequences decoded together by each replica (one replica per data/fsdp device,
-    each decoding its share of the prompts); a finished one's slot takes the next waiting one."""
-    prefill_chunk_tokens: int = 64
-    """Paged engine: prompt tokens prefilled per device call, interleaved with decoding."""
-    steps_per_sync: int = 8
-    """Paged engine: decode steps per device call (the host refills slots between calls)."""
-    kv_pages: int = 0
-    """Paged engine: pages in each replica's KV pool; 0 sizes it so that every slot can reach max_new_tokens
-    with its prompt and the next prompts' prefill (never preempts). Smaller pools preempt and
-    recompute the youngest sequence when they run out."""
+    "auto" (the default): of the registered engines that declare a threshold, the one with the highest
+    at or below max_new_tokens: paged from 512 new tokens, where it wins, static below, where it is as
+    fast or faster (benchmarks/rollout_engines.py; docs/rollout-engines.md; rl_core.rollout.engines)."""
+    options: dict = dataclasses.field(default_factory=dict)
+    """The engine's own settings, checked by its settings class (`Engine.settings`): for "paged" its
+    `PagedSettings` (e.g. options.page_size=32, options.slots=16; rl_core.rollout.paged_settings), for
+    "remote" its servers and weight routes (options.servers=[urls]; docs/remote-engines.md), for
+    "vllm" its servers (docs/vllm.md); "static" takes none."""
     environment: str | None = None
     """Multi-turn episodes: the registered environment (entry-point group `rl_core.environments`)
     that answers each model turn; None = one completion per sample. With an environment,
@@ -218,8 +205,9 @@ class RolloutConfig(Config):
     agent: str | None = None
     """Agent episodes: `module:function` or `file.py:function` naming `async def agent(client, row)`,
     run G times per prompt against the policy served as an OpenAI endpoint (`client` an
-    `openai.AsyncOpenAI`; see rl_core.episodes.agents and docs/agents.md). Needs the paged engine; as
-    with an environment, max_new_tokens is the episode's budget after its first prompt."""
+    `openai.AsyncOpenAI`; see rl_core.episodes.agents and docs/agents.md). Needs an engine that serves
+    agents (`Engine.serves_agents`: the paged engine); as with an environment, max_new_tokens is the
+    episode's budget after its first prompt."""
     agent_timeout_s: float = 120.0
     """Wall-clock budget of one agent episode; an agent still running then ends with an error."""
     max_turns: int = 1
@@ -233,56 +221,36 @@ class RolloutConfig(Config):
     bfloat16 inference server does, which the rollout correction is for: docs/rollout-correction.md).
     Evaluation samples with the trained weights."""
     partial_rollouts: str = "off"
-    """Paged engine with async rollouts: what a collection does when the update publishes newer
+    """With async rollouts, on an engine that takes weights mid-rollout (`Engine.offers.takes_published`:
+    the paged engine, in process or on servers): what a collection does when the update publishes newer
     weights while it decodes (rl_core.rollout.feed; docs/async-rollouts.md). "off": nothing, one
     weight version per collection; "continue": running sequences keep the keys and values older
     weights computed and decode on under the new ones (PipelineRL); "recompute": their keys and
     values are recomputed under the new weights first. Either way each token keeps the version
     that sampled it and its log-prob under that version (the rollout correction weighs it)."""
-    servers: tuple[str, ...] = ()
-    """rollout.engine=remote: base URLs of engine servers (`trainer serve`, e.g. http://10.0.0.2:8000/v1)
-    that generate the rollouts (docs/remote-engines.md); rollout.engine=vllm: of vLLM servers (docs/vllm.md)."""
-    local_servers: int = 0
-    """rollout.engine=remote: engine servers the run starts on this host beside `servers` (and stops)."""
-    weights_url: str | None = None
-    """rollout.engine=remote: where each weight version's snapshot is written for the servers to read
-    (an fsspec URL or folder every server sees); "stream": sent to each server over its connection
-    instead; None: a temporary folder on this host (servers on this host). rollout.engine=vllm: a folder
-    every vLLM server reads, each version a Hugging Face folder in it (docs/vllm.md)."""
-    server_max_lag: int = 0
-    """rollout.engine=remote: how many weight versions a server may lag behind the trainer's and
-    still get requests. 0: every update waits until each server took it, and only servers at the
-    current version generate. N > 0: servers load each version in the background, one still
-    loading generates with what it holds (each token carries the version that sampled it), and one
-    more than N behind gets no requests until it catches up."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """As `Config.from_dict`, reading the old spellings of engine settings (rl_core.rollout.moved_keys)."""
+        from rl_core.rollout.moved_keys import moved_into_options  # reads the engines' records
+
+        return super().from_dict(moved_into_options(data))
+
+    def engine_record(self, *, pageable: bool = True) -> Any:
+        """The record of the engine this config runs (`rl_core.rollout.engines.Engine`; "auto" resolved for
+        a policy with a paged adapter unless `pageable` is False)."""
+        from rl_core.rollout.engines import engine_record  # the records are read when asked, not on import
+
+        return engine_record(self.engine, self.max_new_tokens, pageable=pageable)
+
+    def engine_settings(self, *, pageable: bool = True) -> Any:
+        """Its engine's settings (an instance of `Engine.settings`) from `options`."""
+        return self.engine_record(pageable=pageable).parse(self.options)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.local_servers >= 0, self, "local_servers", "must be >= 0")
-        check(isinstance(self.server_max_lag, int) and self.server_max_lag >= 0, self, "server_max_lag",
-              "must be an integer >= 0")
-        check(isinstance(self.servers, (list, tuple)) and all(
-            isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers), self, "servers",
-              "must be base URLs (http://host:port/v1)")
-        object.__setattr__(self, "servers", tuple(self.servers))  # YAML gives a list; frozen configs hold tuples
-        for field in ("local_servers", "server_max_lag"):  # what the remote engine alone reads
-            check(not getattr(self, field) or self.engine == "remote", self, field, "needs rollout.engine='remote'")
-        for field in ("servers", "weights_url"):  # read by engines on servers (remote, vllm, a package's)
-            check(not getattr(self, field) or self.engine not in ROLLOUT_ENGINES, self, field,
-                  "needs an engine on servers (rollout.engine='remote', 'vllm' or a package's)")
-        if self.engine != "auto":  # a registered engine (rl_core.rollout.engines; entry points)
-            check_registered(self, "engine", registry.ENGINE)
-        check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
-              f"must be one of {PARTIAL_ROLLOUTS}")
-        check(self.partial_rollouts == "off" or self.engine in ("paged", "remote"), self, "partial_rollouts",
-              "needs rollout.engine='paged' or 'remote': only the paged engine (in process or on servers) "
-              "switches weights between device calls")
         check(self.weights_dtype in ROLLOUT_WEIGHTS_DTYPES, self, "weights_dtype",
               f"must be one of {ROLLOUT_WEIGHTS_DTYPES}")
-        check(self.attention in ROLLOUT_ATTENTION, self, "attention", f"must be one of {ROLLOUT_ATTENTION}")
-        for name in ("page_size_tokens", "decode_slots", "prefill_chunk_tokens", "steps_per_sync"):
-            check(getattr(self, name) >= 1, self, name, "must be >= 1")
-        check(self.kv_pages >= 0, self, "kv_pages", "must be >= 0 (0 = sized for the batch)")
         check(self.max_prompt_tokens >= 1, self, "max_prompt_tokens", "must be >= 1")
         check(self.max_new_tokens >= 1, self, "max_new_tokens", "must be >= 1")
         check(self.temperature >= 0.0, self, "temperature", "must be >= 0 (0 = greedy)")
@@ -291,11 +259,26 @@ class RolloutConfig(Config):
         check(self.logprob_chunk_tokens >= 1, self, "logprob_chunk_tokens", "must be >= 1")
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
         check(self.max_turns >= 1, self, "max_turns", "must be >= 1")
+        check(self.partial_rollouts in PARTIAL_ROLLOUTS, self, "partial_rollouts",
+              f"must be one of {PARTIAL_ROLLOUTS}")
+        check(isinstance(self.options, dict), self, "options", "must be a mapping of the engine's settings")
+        # what the engine is and offers, from its record (rl_core.rollout.engines), never from its name
+        from rl_core.rollout.engines import offering
+
+        record = self.engine_record()  # an unknown engine: the registered ones and the closest
+        record.parse(self.options)
+        if self.partial_rollouts != "off" and not record.offers.takes_published:  # names listed only on failure
+            raise ConfigError(f"RolloutConfig.partial_rollouts = {self.partial_rollouts!r}: needs an engine that takes "
+                              f"weights mid-rollout; rollout.engine={record.name!r} does not (engines that do: "
+                              f"{', '.join(offering(lambda r: r.offers.takes_published))})")
         check(self.max_turns == 1 or self.environment is not None or self.agent is not None, self, "max_turns",
               "more than one turn needs an environment to answer the turns (rollout.environment) or an agent")
         if self.agent is not None:
             check(self.environment is None, self, "agent", "an agent and an environment cannot both run the episodes")
-            check(self.engine == "paged", self, "agent", "agent episodes need rollout.engine='paged' (the served engine)")
+            if not record.serves_agents:
+                raise ConfigError(f"RolloutConfig.agent = {self.agent!r}: agent episodes need an engine served in "
+                                  f"process as an OpenAI endpoint; rollout.engine={record.name!r} is not (engines "
+                                  f"that are: {', '.join(offering(lambda r: r.serves_agents))})")
             check(":" in self.agent, self, "agent", "must be module:function or file.py:function")
             check(self.agent_timeout_s > 0, self, "agent_timeout_s", "must be > 0")
         check(0 <= self.max_turn_tokens <= self.max_new_tokens, self, "max_turn_tokens",

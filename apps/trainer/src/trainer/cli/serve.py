@@ -32,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     s.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per device call (default: %(default)s)")
     s.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per call (default: %(default)s)")
+    s.add_argument("--num-pages", type=int, default=0,
+                   help="KV pages (default: %(default)s: every slot at full length)")
+    s.add_argument("--attention", default="auto", choices=("auto", "reference", "pallas"),
+                   help="the paged engine's attention kernels (default: %(default)s)")
     s.add_argument("--print-url", action="store_true",
                    help="print the base URL alone on stdout once it listens (for a process that started it)")
     s.add_argument("--tool-format", default="auto", choices=("auto", "hermes", "qwen3_coder", "harmony"),
@@ -46,11 +50,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above
+    from rl_core.rollout import PagedSettings
+
     from trainer.serve import EngineOptions, serve_in_thread, served_folder, served_run
 
+    # the paged engine's settings, spelled as a run's rollout.options (--page-size: options.page_size)
+    engine = PagedSettings(slots=args.slots, page_size=args.page_size, steps_per_sync=args.steps_per_sync,
+                           prefill_chunk=args.prefill_chunk, num_pages=args.num_pages, attention=args.attention)
     options = EngineOptions(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-                            slots=args.slots, page_size=args.page_size, steps_per_sync=args.steps_per_sync,
-                            prefill_chunk=args.prefill_chunk, tool_format=args.tool_format, seed=args.seed,
+                            engine=engine, tool_format=args.tool_format, seed=args.seed,
                             top_logprobs=args.top_logprobs, partial_rollouts=args.partial_rollouts)
     if args.model is not None:
         served = served_folder(args.model, options, name=args.served_model_name)

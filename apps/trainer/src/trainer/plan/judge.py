@@ -88,7 +88,7 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
         args, out, temp = sizes(first_logprobs_program(graphdef), stored, tokens, mask, ids)
         weights = args - per_device((tokens, mask, ids))
         temp += out
-    else:  # its engine's own count, one device, built as trainer.judge.model builds it (rollout.decode_slots slots)
+    else:  # its engine's own count, one device, built as trainer.judge.model builds it (its paged default slots)
         held = registry.get_engine(resolve_engine(rollout)).memory(MemoryQuery(
             rollout=rollout, graphdef=graphdef, weights=stored, variables=params, prompts=batch, samples=1,
             batch_size=None, prompt_tokens=j.max_prompt_tokens, new_tokens=j.max_new_tokens,

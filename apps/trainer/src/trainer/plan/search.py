@@ -35,7 +35,7 @@ from typing import Any
 
 import jax
 from rl_core import ConfigError
-from rl_core.rollout import resolve_engine
+from rl_core.rollout import PagedSettings, resolve_engine
 
 from trainer.plan.device_memory import GIB
 from trainer.plan.experts import expert_layouts
@@ -177,10 +177,11 @@ def rollout_candidates(settings: Any) -> Iterator[tuple[str, ...]]:
     if engine:
         yield engine
     batch, replicas = _rows(settings)
-    slots = min(rollout.decode_slots, -(-batch // replicas))  # more slots than completions would idle
+    knobs = rollout.engine_settings() if not engine else PagedSettings()  # the paged engine's settings
+    slots = min(knobs.slots, -(-batch // replicas))  # more slots than completions would idle
     while slots > 1:
         slots //= 2
-        yield (*engine, f"rollout.decode_slots={slots}")
+        yield (*engine, f"rollout.options.slots={slots}")
 
 
 def micro_batches(settings: Any) -> list[int]:

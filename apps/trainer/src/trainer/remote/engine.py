@@ -1,11 +1,11 @@
 """The `remote` rollout engine: a step's requests sent to engine servers (`trainer serve`).
 
-`rollout.engine=remote` with `rollout.servers=[urls]` (and/or `rollout.local_servers=N`, which the
-run starts: trainer.remote.local). Per step:
+`rollout.engine=remote` with `rollout.options.servers=[urls]` (and/or `rollout.options.local_servers=N`,
+which the run starts: trainer.remote.local); its settings are `trainer.remote.settings.RemoteSettings`. Per step:
 
 - weights: `update_weights` writes the whole tree once as a safetensors snapshot
-  (`rollout.weights_url`, trainer.remote.weights) and every server loads it as that version
-  between its rollouts (`rollout.weights_url=stream`: the snapshot's bytes are sent to each
+  (`rollout.options.weights_url`, trainer.remote.weights) and every server loads it as that version
+  between its rollouts (`rollout.options.weights_url=stream`: the snapshot's bytes are sent to each
   server instead); a server that cannot is left out until a later version reaches it;
 - requests: each prompt (with all its samples) goes to the server with the least work assigned
   so far (new tokens to decode), with its prompt id, so its completions use the keys the
@@ -42,6 +42,7 @@ from rl_core.rollout import Capabilities, Engine, EngineBuild, EngineCounters, m
 from rl_core import Completions, SamplingParams
 
 from trainer.remote import weights as weights_lib
+from trainer.remote.settings import RemoteSettings
 
 
 class NoServerLeft(RuntimeError):
@@ -55,7 +56,7 @@ class RemoteBackend:
     """Each row stops at its own limit; sessions are kept on the server that holds them (`trainer
     serve`'s paged engine retains sequences; one that did not would prefill each turn whole, with
     the same numbers). With `partial_rollouts` on, also `takes_published`: `publish` reaches the
-    generations running on the servers (started with `--partial-rollouts`, as `rollout.local_servers`
+    generations running on the servers (started with `--partial-rollouts`, as `rollout.options.local_servers`
     are), as the in-process paged engine's does with its own mode on."""
     engine_name = "remote"
     """Its `rollout.engine` name, for its errors."""
@@ -63,7 +64,8 @@ class RemoteBackend:
     def __init__(self, servers: Sequence[str], *, max_new_tokens: int, pad_id: int, weights_url: str | None = None,
                  timeout_s: float = 600.0, max_lag: int = 0, partial_rollouts: str = "off") -> None:
         if not servers:
-            raise ValueError("rollout.engine=remote needs rollout.servers=[urls] or rollout.local_servers=N")
+            raise ValueError("rollout.engine=remote needs rollout.options.servers=[urls] or "
+                             "rollout.options.local_servers=N")
         self.servers = [s.rstrip("/") for s in servers]
         if partial_rollouts != "off":  # the servers' engines switch mid-rollout (`publish`)
             self.capabilities = dataclasses.replace(self.capabilities, takes_published=True)
@@ -339,11 +341,15 @@ def _why(e: Exception) -> str:
 def _build(b: EngineBuild) -> RemoteBackend:
     from trainer.remote import local
 
-    servers = list(b.rollout.servers) + local.start(b.rollout)
+    settings: RemoteSettings = b.settings if b.settings is not None else b.rollout.engine_settings()
+    servers = list(settings.servers) + local.start(settings)
     return RemoteBackend(servers, max_new_tokens=b.rollout.max_new_tokens, pad_id=b.pad_id,
-                         weights_url=b.rollout.weights_url, max_lag=b.rollout.server_max_lag,
+                         weights_url=settings.weights_url, max_lag=settings.max_lag,
                          partial_rollouts=b.rollout.partial_rollouts)
 
 
-ENGINE = Engine(name="remote", build=_build, memory=memory_elsewhere)
-"""Its servers hold the cache and the weights; on the trainer's devices it holds nothing (`trainer plan`)."""
+ENGINE = Engine(name="remote", build=_build, memory=memory_elsewhere, settings=RemoteSettings,
+                offers=Capabilities(row_limits=True, retains=True, takes_published=True))
+"""Its servers hold the cache and the weights; on the trainer's devices it holds nothing (`trainer plan`).
+It takes weights mid-rollout (partial rollouts) on servers started with --partial-rollouts; it records
+no routing, and agents are not served over it."""

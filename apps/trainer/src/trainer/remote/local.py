@@ -1,6 +1,7 @@
-"""Engine servers a run starts on its own host (`rollout.local_servers=N`): `trainer serve`
-processes of the run's model folder with its rollout's shapes, started before the learner and
-stopped when the process exits (a run resumed in the same process keeps them)."""
+"""Engine servers a run starts on its own host (`rollout.options.local_servers=N` with rollout.engine=remote):
+`trainer serve` processes of the run's model folder with its rollout's shapes and the paged engine's
+settings in its options, started before the learner and stopped when the process exits (a run resumed
+in the same process keeps them)."""
 
 from __future__ import annotations
 
@@ -22,33 +23,35 @@ def _alive() -> list[str]:
     return [url for proc, url in FLEET if proc.poll() is None]
 
 
-def start(rollout: Any) -> list[str]:
-    """URLs of the servers `launch_for` started for this run (none without rollout.local_servers)."""
-    if not rollout.local_servers:
+def start(remote: Any) -> list[str]:
+    """URLs of the servers `launch_for` started for this run (none without `local_servers` in the
+    remote engine's settings, `remote`)."""
+    if not remote.local_servers:
         return []
     alive = _alive()
-    if len(alive) < rollout.local_servers:
-        raise ValueError(f"rollout.local_servers={rollout.local_servers}: `trainer train` starts them from "
-                         f"model.path; building the engine alone, give rollout.servers=[urls]")
-    return alive[-rollout.local_servers:]
+    if len(alive) < remote.local_servers:
+        raise ValueError(f"rollout.options.local_servers={remote.local_servers}: `trainer train` starts them from "
+                         f"model.path; building the engine alone, give rollout.options.servers=[urls]")
+    return alive[-remote.local_servers:]
 
 
 def launch_for(settings: Any, log: Any = print) -> list[str]:
-    """The run's `rollout.local_servers` servers of its model folder, with its rollout's shapes."""
+    """The run's `rollout.options.local_servers` servers of its model folder, with its rollout's shapes."""
     from rl_core.rollout import EngineSettings
 
     rollout = settings.rollout
+    wanted = rollout.engine_settings().local_servers
     alive = _alive()
-    if len(alive) >= rollout.local_servers:  # a run resumed in this process keeps its fleet
-        return alive[-rollout.local_servers:]
+    if len(alive) >= wanted:  # a run resumed in this process keeps its fleet
+        return alive[-wanted:]
     if not settings.model.path:
-        raise ValueError("rollout.local_servers needs model.path (a model folder the servers load)")
+        raise ValueError("rollout.options.local_servers needs model.path (a model folder the servers load)")
     shapes = EngineSettings.from_rollout(rollout)
-    urls = launch(settings.model.path, rollout.local_servers - len(alive), max_prompt_tokens=shapes.max_prompt_tokens,
+    urls = launch(settings.model.path, wanted - len(alive), max_prompt_tokens=shapes.max_prompt_tokens,
                   max_new_tokens=shapes.max_new_tokens, slots=shapes.slots, page_size=shapes.page_size,
                   steps_per_sync=shapes.steps_per_sync, prefill_chunk=shapes.prefill_chunk,
                   partial_rollouts=rollout.partial_rollouts)
-    log(f"rollout.local_servers: engine servers at {', '.join(alive + urls)}")
+    log(f"rollout.options.local_servers: engine servers at {', '.join(alive + urls)}")
     return alive + urls
 
 

@@ -1,6 +1,6 @@
 """The `vllm` rollout engine: the remote engine's fleet logic driving vLLM's OpenAI-compatible servers.
 
-`rollout.engine=vllm` with `rollout.servers=[http://host:port/v1, ...]`, each a vLLM server of the
+`rollout.engine=vllm` with `rollout.options.servers=[http://host:port/v1, ...]`, each a vLLM server of the
 run's model folder started as docs/vllm.md shows (`VLLM_SERVER_DEV_MODE=1`, for its weight routes;
 `--logprobs-mode processed_logprobs`, for log-probs under the tempered softmax). What differs from
 `rollout.engine=remote` (trainer.remote.engine: dealing, faults and rejoining are the same):
@@ -11,7 +11,7 @@ run's model folder started as docs/vllm.md shows (`VLLM_SERVER_DEV_MODE=1`, for 
   seed drawn from the step's key and the prompt id (vLLM gives sample j seed + j), so a prompt's
   samples do not depend on which server decodes it or what shares its batch;
 - weights: `update_weights` writes the policy once per version as a Hugging Face folder
-  (`<rollout.weights_url>/v<version>/`: config.json and model.safetensors under Hugging Face names,
+  (`<rollout.options.weights_url>/v<version>/`: config.json and model.safetensors under Hugging Face names,
   rl_models.hf.export_hf), and each server reloads it in place (`POST /collective_rpc`,
   `reload_weights` with `weights_path`), drops its prefix cache (computed with the old weights),
   takes the version as its weight version (`/update_weight_version`) and reports it
@@ -39,6 +39,7 @@ from rl_core.rollout import Capabilities, Engine, EngineBuild, memory_elsewhere,
 from rl_core import Completions, SamplingParams
 
 from trainer.remote.engine import RemoteBackend
+from trainer.remote.settings import VLLMSettings
 
 
 def root(server: str) -> str:
@@ -58,10 +59,10 @@ class VLLMBackend(RemoteBackend):
                  pad_id: int, weights_url: str | None = None, timeout_s: float = 600.0,
                  keep_versions: int = 2) -> None:
         if not servers:
-            raise ValueError("rollout.engine=vllm needs rollout.servers=[urls of vLLM servers] (docs/vllm.md)")
+            raise ValueError("rollout.engine=vllm needs rollout.options.servers=[urls of vLLM servers] (docs/vllm.md)")
         if weights_url is not None and "://" in weights_url:
-            raise ValueError(f"rollout.engine=vllm: rollout.weights_url={weights_url!r} must be a folder every "
-                             "vLLM server reads (vLLM reloads weights from a path, not a URL)")
+            raise ValueError(f"rollout.engine=vllm: rollout.options.weights_url={weights_url!r} must be a folder "
+                             "every vLLM server reads (vLLM reloads weights from a path, not a URL)")
         super().__init__([root(s) for s in servers], max_new_tokens=max_new_tokens, pad_id=pad_id,
                          weights_url=weights_url, timeout_s=timeout_s)
         self.graphdef, self.eos_ids, self.keep_versions = graphdef, tuple(int(i) for i in eos_ids), keep_versions
@@ -161,8 +162,11 @@ class VLLMBackend(RemoteBackend):
 
 
 def _build(b: EngineBuild) -> VLLMBackend:
-    return VLLMBackend(list(b.rollout.servers), graphdef=b.graphdef, max_new_tokens=b.rollout.max_new_tokens,
-                       eos_ids=tuple(b.eos_ids), pad_id=b.pad_id, weights_url=b.rollout.weights_url)
+    settings: VLLMSettings = b.settings if b.settings is not None else b.rollout.engine_settings()
+    return VLLMBackend(list(settings.servers), graphdef=b.graphdef, max_new_tokens=b.rollout.max_new_tokens,
+                       eos_ids=tuple(b.eos_ids), pad_id=b.pad_id, weights_url=settings.weights_url)
 
 
-ENGINE = Engine(name="vllm", build=_build, memory=memory_elsewhere)
+ENGINE = Engine(name="vllm", build=_build, memory=memory_elsewhere, settings=VLLMSettings,
+                offers=Capabilities(row_limits=True))
+"""vLLM reloads weights between requests only (no partial rollouts) and keeps no sequence between turns."""

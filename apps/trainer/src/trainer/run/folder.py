@@ -23,6 +23,7 @@ from rl_core.run import (
     SETTINGS_AT_START, storage, SUMMARY,
 )
 from rl_core import ConfigError
+from rl_core.rollout.moved_keys import moved_into_options
 from rl_core.rollout import resolve_engine
 
 from trainer.settings import RunSettings, build_settings, load_yaml
@@ -139,6 +140,8 @@ def refuse_changed_settings(run_dir: Path, settings: RunSettings) -> None:
         return
     record = json.loads(path.read_text())
     record.pop(PICKED, None)  # not settings (see PICKED)
+    if isinstance(record.get("rollout"), dict):  # a run started before engines carried their settings
+        record["rollout"] = moved_into_options(record["rollout"])
     started, now = flat(record), flat(_comparable(settings))
     written = flat(load_yaml(run_dir / CONFIG)) if (run_dir / CONFIG).exists() else {}
     added_since = {key for key in now if key not in started and key not in written}  # the run never had them

@@ -198,7 +198,7 @@ def train_run(
             metrics_path=run_dir / SFT_METRICS,
         )
         policy = build.adapted(settings, policy)
-        if settings.rollout.local_servers:  # rollout.engine=remote: this host's servers, stopped at exit
+        if settings.rollout.options.get("local_servers"):  # rollout.engine=remote: this host's servers, stopped at exit
             from trainer.remote import local
 
             local.launch_for(settings, log)

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from flax import nnx
 from rl_core import ConfigError
-from rl_core.rollout import EngineLoop, EngineSettings, PagedBackend
+from rl_core.rollout import EngineLoop, EngineSettings, PagedBackend, PagedSettings
 from rl_models import PAGED_TRANSFORMER
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 
@@ -18,21 +18,21 @@ from trainer.serve import tool_calls
 from trainer.serve.responses import Served
 
 
+SERVED_ENGINE = PagedSettings(slots=32, prefill_chunk=256)
+"""`trainer serve`'s engine by default: fewer slots than a training rollout's, longer prefill chunks."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineOptions:
-    """The engine's shapes (`rl_core.rollout.paged.EngineSettings`) and the endpoint's settings."""
+    """The endpoint's settings: its lengths, the paged engine's settings (the `PagedSettings` a run's
+    `rollout.options` holds with rollout.engine=paged; `--slots`, `--page-size`, ...) and its own."""
 
     max_prompt_tokens: int = 2048
     """Longest prompt (tokens): a longer one is answered 400 context_length_exceeded."""
     max_new_tokens: int = 1024
     """Most new tokens of a sample: a request's max_tokens above it is capped (finish_reason "length")."""
-    slots: int = 32
-    """Samples decoded at once."""
-    page_size: int = 16
-    steps_per_sync: int = 8
-    prefill_chunk: int = 256
-    num_pages: int = 0
-    """KV pages; 0: every slot at full length."""
+    engine: PagedSettings = SERVED_ENGINE
+    """The paged engine's settings (slots: samples decoded at once; num_pages 0: every slot at full length)."""
     tool_format: str = "auto"
     """auto (from the chat template), hermes or qwen3_coder (trainer.serve.tool_calls)."""
     seed: int = 0
@@ -44,10 +44,8 @@ class EngineOptions:
     `partial_rollouts`: off, continue, recompute); a trainer's `rollout.partial_rollouts`."""
 
     def settings(self) -> EngineSettings:
-        return EngineSettings(max_prompt_tokens=self.max_prompt_tokens, max_new_tokens=self.max_new_tokens,
-                              page_size=self.page_size, slots=self.slots, prefill_chunk=self.prefill_chunk,
-                              steps_per_sync=self.steps_per_sync, num_pages=self.num_pages,
-                              top_logprobs=self.top_logprobs)
+        return EngineSettings(**self.engine.knobs(), max_prompt_tokens=self.max_prompt_tokens,
+                              max_new_tokens=self.max_new_tokens, top_logprobs=self.top_logprobs)
 
 
 def serve_model(name: str, model: nnx.Module, tokenizer: Any, options: EngineOptions, *, version: int = 0) -> Served:

@@ -316,6 +316,14 @@ class RunSettings(Config):
                   "model folder or a trainer run folder (same tokenizer as the student) to distill from")
             check(storage.is_url(teacher) or Path(teacher).is_dir(), config, "teacher",
                   "must be an existing folder (a Hugging Face model or a trainer run) or a URL")
+        if getattr(config, "routing_replay", "off") == "rollout" and not self.rollout.engine_record().offers.routing:
+            from rl_core.rollout.engines import offering  # what the records offer, before any engine is built
+
+            raise ConfigError(
+                f"algorithm.routing_replay = 'rollout': rollout.engine={self.rollout.engine_record().name!r} records "
+                f"no routing to replay; use one that does ({', '.join(offering(lambda r: r.offers.routing))}) "
+                "or algorithm.routing_replay=off"
+            )
         if self.model.critic_path is not None and "critic" not in registry.get_algorithm(self.algo).learner.extra_models:
             raise ConfigError(
                 f"ModelSettings.critic_path = {self.model.critic_path!r}: algorithm {self.algo!r} trains no critic; "

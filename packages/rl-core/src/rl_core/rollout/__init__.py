@@ -11,7 +11,8 @@ __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.rollout.engines": ("Engine", "EngineBuild"),
     "rl_core.rollout.factory": ("explain_engine", "make_backend", "resolve_engine"),
     "rl_core.rollout.memory": ("MemoryQuery", "memory_elsewhere", "per_device"),
-    "rl_core.rollout.paged": ("EngineSettings", "PagedBackend"),
+    "rl_core.rollout.paged": ("PagedBackend",),
+    "rl_core.rollout.paged_settings": ("EngineSettings", "PagedSettings"),
     "rl_core.rollout.serving": ("EngineLoop", "Job", "Sample", "cut_at_stop"),
     "rl_core.rollout.static": ("StaticBackend",),
 })

@@ -327,7 +327,7 @@ TPU_BLOCK_TOKENS = 1024
 def choose(attention: str, page_size: int, platform: str | None = None, *, pages_per_block: int = 8) -> PagedKV:
     """The PagedKV for `attention` (auto | reference | pallas) on `platform` (default: JAX's backend)."""
     if attention not in ATTENTION_CHOICES:
-        raise ValueError(f"rollout.attention = {attention!r}: must be one of {ATTENTION_CHOICES}")
+        raise ValueError(f"rollout.options.attention = {attention!r}: must be one of {ATTENTION_CHOICES}")
     platform = platform or jax.default_backend()
     if attention == "auto":
         attention = "pallas" if platform in ("tpu", *GPU_PLATFORMS) else "reference"
@@ -341,6 +341,6 @@ def choose(attention: str, page_size: int, platform: str | None = None, *, pages
     if platform in GPU_PLATFORMS:
         return PallasKV(page_size, pages_per_block, platform="gpu")
     raise ValueError(
-        f"rollout.attention = 'pallas': JAX has paged-attention kernels for TPU and GPU only, and this "
+        f"rollout.options.attention = 'pallas': JAX has paged-attention kernels for TPU and GPU only, and this "
         f"run's platform is {platform!r}; use 'reference' (or 'auto')"
     )

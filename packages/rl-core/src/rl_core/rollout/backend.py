@@ -8,14 +8,13 @@ version that produced it (what asynchronous rollouts and importance weights
 key on).
 
 Everything a caller may use is here: the protocol's methods and the `Capabilities`
-the backend declares (what it does with per-row limits, retained sequences, weights
-offered mid-rollout, the weights it was given). Callers of a built backend outside the
-engines' own modules (the learner's generator and pipeline, a judge) use the protocol and
-branch only on its `capabilities`, never on its type or other attributes; counters are
-read through `counters()`, never written from outside. Before one is built, the settings
-still go by the engine's name: `RolloutConfig` checks the remote engines' fields, partial
-rollouts and agent episodes against `engine` (rl_core.config), and `auto` picks an engine
-by name (rl_core.rollout.factory).
+the backend declares (rl_core.rollout.capabilities: what it does with per-row limits, retained
+sequences, weights offered mid-rollout, the weights it was given). Callers of a built backend
+outside the engines' own modules (the learner's generator and pipeline, a judge) use the protocol
+and branch only on its `capabilities`, never on its type or other attributes; counters are read
+through `counters()`, never written from outside. Before one is built, callers read its engine's
+record (rl_core.rollout.engines.Engine): its settings class and what it `offers`; `RolloutConfig`
+checks partial rollouts and agent episodes against it, and `auto` picks by the records' thresholds.
 
 Backends are found by name through the entry-point group `rl_core.engines`
 (rl_core.rollout.engines): `static` (rl_core.rollout.static: the one-program
@@ -32,6 +31,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+from rl_core.rollout.capabilities import Capabilities
 from rl_core.rollout.sampler import Completions, SamplingParams
 
 
@@ -118,27 +118,6 @@ def stop_index(tokens: list[int], stops: Sequence[str], decode: Callable[[list[i
         return None
     before = decode(tokens[:-1])
     return len(tokens) if any(s in before for s in stops) else len(tokens) + 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Capabilities:
-    """What a backend does beyond the protocol's minimum; callers branch on these only."""
-
-    row_limits: bool = False
-    """It stops each sample at its prompt's `Requests.max_new_tokens` and `stop_strings`, and any
-    number of rows runs the same program (a caller need not pad them). False: it decodes every row
-    to its own length and the caller cuts what it keeps."""
-    retains: bool = False
-    """It keeps the sequences of rows with `Requests.sessions` handles for a next request to continue
-    (`new_sessions`, `release`). False: `new_sessions` gives -1 handles (nothing held)."""
-    keeps_reference: bool = False
-    """It samples from the very arrays `update_weights` was given (a caller that goes on updating
-    them in place, donating their buffers, hands it a copy)."""
-    takes_published: bool = False
-    """`publish` reaches a running rollout: its following device calls decode with the newer weights
-    (the paged engine with rollout.partial_rollouts on)."""
-    counts_prefill: bool = False
-    """`counters()` counts the prompt tokens it prefilled and reused."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,6 @@ The engine reaches the model only through the adapter it is built with (`paging`
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,7 +67,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl_core.config import RolloutConfig
 from rl_core.runtime import mesh as mesh_lib
 from rl_core.runtime import multihost
 from rl_core.policy.protocols import PagedModel
@@ -78,6 +76,7 @@ from rl_core.rollout import scheduler
 from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
 from rl_core.rollout.feed import WeightFeed
 from rl_core.rollout.pages import PagePool, PoolExhausted
+from rl_core.rollout.paged_settings import EngineSettings
 from rl_core.rollout.retained import Retained
 from rl_core.rollout.step import Prefill, Slots, engine_step
 from rl_core.rollout.unstacked import restack, unstack, unstack_shardings
@@ -89,57 +88,6 @@ device's replica decodes alone, so a mixture's experts are all there too)."""
 
 REPLICAS = mesh_lib.BATCH
 """The mesh axes the engine's replicas are laid over (the leading axis of its pools, slots and chunks)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EngineSettings:
-    """The engine's shapes, per replica (one compiled program per settings and sampling parameters)."""
-
-    max_prompt_tokens: int
-    max_new_tokens: int
-    page_size: int = 16
-    slots: int = 64  # decode slots of each replica
-    prefill_chunk: int = 64
-    steps_per_sync: int = 8
-    num_pages: int = 0  # pages of each replica's pool; 0: every slot at full length plus a prefill lookahead
-    attention: str = "auto"
-    top_logprobs: int = 0  # K: each token's K likeliest alternatives and their log-probs (the OpenAI endpoint's)
-    state_rows: int = 0  # rows of each replica's state pool (recurrent states, rings); 0: 2 * slots + 2
-
-    @classmethod
-    def from_rollout(cls, rollout: RolloutConfig, *, batch_size: int | None = None, replicas: int = 1
-                     ) -> EngineSettings:
-        """The shapes (per replica) the rollout settings ask for; `batch_size` (completions per
-        rollout, shared by `replicas` replicas) caps each replica's slots, since more slots than
-        completions would only idle.
-
-        Prompts get one token of room beyond max_prompt_tokens (a BOS the tokenizer adds); with an
-        environment or an agent, a later turn's prompt is the episode so far, up to max_new_tokens longer."""
-        episodes = rollout.environment is not None or rollout.agent is not None
-        slots = rollout.decode_slots if batch_size is None else min(rollout.decode_slots, -(-batch_size // replicas))
-        return cls(
-            max_prompt_tokens=rollout.max_prompt_tokens + 1 + (rollout.max_new_tokens if episodes else 0),
-            max_new_tokens=rollout.max_new_tokens,
-            page_size=rollout.page_size_tokens, slots=slots, prefill_chunk=rollout.prefill_chunk_tokens,
-            steps_per_sync=rollout.steps_per_sync, num_pages=rollout.kv_pages, attention=rollout.attention,
-        )
-
-    @property
-    def pages_per_sequence(self) -> int:  # M: the longest prompt plus every new token
-        return -(-(self.max_prompt_tokens + self.max_new_tokens) // self.page_size)
-
-    @property
-    def state_pool_rows(self) -> int:
-        """Rows of a replica's state pool: a scratch row, one per running sample, the rest for the
-        prompts their samples copy from and for retained sequences (rl_core.rollout.scheduler)."""
-        return self.state_rows or 2 * self.slots + 2
-
-    @property
-    def pool_pages(self) -> int:
-        if self.num_pages:
-            return self.num_pages
-        prefixes = -(-self.max_prompt_tokens // self.page_size) * self.slots  # prompts waiting for slots
-        return 1 + self.slots * (self.pages_per_sequence + 1) + prefixes
 
 
 PAGING_METHODS = ("cache_spec", "forward", "inference_copy")
@@ -208,7 +156,7 @@ class PagedBackend:
         # it stops each sample at its own limits and stop strings with one program for any number of
         # rows; it retains sequences by handle; with a feed, published weights reach a running rollout
         self.capabilities = Capabilities(row_limits=True, retains=True, takes_published=self.feed is not None,
-                                         counts_prefill=True)
+                                         counts_prefill=True, routing=True)
         self.switches = 0  # weight versions taken from the feed mid-rollout
 
     # -- weights ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ class StaticBackend(StatelessBackend):
         self.version = -1
         self._params: Any = None
 
-    capabilities = Capabilities(keeps_reference=True)
+    capabilities = Capabilities(keeps_reference=True, routing=True)
     """It decodes every row to max_new_tokens (or until every row ended), ignoring `Requests.max_new_tokens`
     and `stop_strings`, with a program per row count (callers pad rows to a few counts); it samples from
     the very arrays `update_weights` was given (a pinned caller copies them); it holds nothing between calls."""
