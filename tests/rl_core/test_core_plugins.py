@@ -1,4 +1,4 @@
-"""rl_core.plugins: one list of entry-point groups and one loader, which the algorithm, engine,
+"""rl_plugins: one list of entry-point groups and one loader, which the algorithm, engine,
 environment, reward, task and agent-runtime tables share, so a broken plugin is the same one line
 in each (its name, its distribution, what it points at, why); and one loader of user code."""
 
@@ -8,7 +8,8 @@ import uuid
 import distributions
 import pytest
 
-from rl_core import plugins, registry
+import rl_plugins as plugins
+from rl_core import registry
 from rl_core.episodes import AgentError, agent_runtime, load_agent
 from rewards import code as reward_code
 

@@ -6,7 +6,7 @@ A name in a config (``rewards: {x: {function: NAME}}``) is one of:
   factory; ``make_reward(name, **options)`` calls it with the reward's options. This
   package declares its built-ins there like any third-party package declares its own
   (``[project.entry-points."rewards.functions"] mine = "my_pkg.rewards:mine"``); nothing
-  registers by import, and one name from two distributions is an error naming both (rl_core.plugins
+  registers by import, and one name from two distributions is an error naming both (rl_plugins
   loads the group, as every table of plugins does);
 - ``module:function`` or ``path/to/file.py:function``: the reward function itself (TRL's
   signature works: see ``rewards.manager``); its options are bound as keyword arguments.
@@ -21,7 +21,7 @@ import difflib
 import functools
 from collections.abc import Callable, Iterator, Mapping
 
-from rl_core import plugins
+import rl_plugins as plugins
 
 from rewards.code import is_code_reference, load_object
 

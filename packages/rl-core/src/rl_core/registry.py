@@ -14,7 +14,7 @@ environment's options as keywords and returning a fresh `rl_core.episodes.Enviro
 Rollout engines (`rollout.engine`) one in `rl_core.engines` that points at an
 `rl_core.rollout.engines.Engine` (rl_core's own `static` and `paged` are declared so too).
 
-The registry loads entry points on a lookup miss (through rl_core.plugins, which lists every
+The registry loads entry points on a lookup miss (through rl_plugins, which lists every
 group), so installing a package is all it takes. Direct construction without discovery always works too.
 """
 
@@ -28,7 +28,7 @@ import importlib.metadata as metadata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from rl_core import plugins
+import rl_plugins as plugins
 from rl_core.protocols import SignatureError, check_signature
 
 ENTRY_POINT_GROUP = plugins.ALGORITHMS

@@ -10,7 +10,7 @@ A task name in the settings (``--task NAME``, ``task.name: NAME``) is one of:
       [project.entry-points."trainer.tasks"]
       my_task = "my_pkg.tasks:my_task"
 
-  nothing registers by import, and one name from two distributions is an error naming both (rl_core.plugins
+  nothing registers by import, and one name from two distributions is an error naming both (rl_plugins
   loads the group, as every table of plugins does);
 - ``module:function`` or ``path/to/file.py:function``: the factory itself.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 
-from rl_core import plugins
+import rl_plugins as plugins
 
 from trainer.tasks.task import Task
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_core import plugins
+import rl_plugins as plugins
 from rl_core.data import Prompt
 from rl_core.episodes.runner import ENVIRONMENT, MODEL, EpisodeRecord, Rollout, _one_line
 from rl_core.episodes.segments import Segments
@@ -54,7 +54,7 @@ class AgentError(ValueError):
 
 def load_agent(spec: str) -> Callable[..., Any]:
     """The async function `spec` names: `package.module:function` or `path/to/file.py:function`
-    (rl_core.plugins.load_code)."""
+    (rl_plugins.load_code)."""
     try:
         fn = plugins.load_code(spec, "agent")
     except plugins.CodeError as e:
