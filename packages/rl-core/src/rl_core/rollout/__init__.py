@@ -12,6 +12,7 @@ __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.rollout.factory": ("explain_engine", "make_backend", "resolve_engine"),
     "rl_core.rollout.memory": ("MemoryQuery", "nothing_here", "per_device"),
     "rl_core.rollout.paged": ("EngineSettings", "PagedBackend"),
+    "rl_core.rollout.scheduler": ("HostLoop", "LoopEngine"),
     "rl_core.rollout.serving": ("EngineLoop", "Job", "Sample", "kept"),
     "rl_core.rollout.static": ("StaticBackend",),
 })

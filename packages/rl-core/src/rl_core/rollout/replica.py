@@ -7,13 +7,12 @@ sample the pages its next k tokens need, oldest first; when its pool is dry it f
 first, the prefixes of prompts with no running sample, then running samples younger than the
 one growing (both are recomputed later), but first the idle retained sequences
 (rl_core.rollout.retained) and the reused pages of waiting prompts (prefilled whole later);
-(2) when nothing runs, frees other prompts' prefixes until the first waiting sample can start; (3) fills its
-prefill chunk with prompt prefixes, at most S samples ahead of the free slots,
-leaving free what the running samples may still need and what the first
-waiting sample needs to start; (4) starts waiting samples in free slots.
-After the call it records the tokens and retires finished samples, freeing
-their pages, or keeping them as a retained sequence when their row has a
-session handle. A prompt continuing a retained sequence starts with its pages
+(2) when nothing runs, frees other prompts' prefixes until the first waiting sample can start;
+(3) fills its prefill chunk with prompt prefixes, at most S samples ahead of the free slots,
+leaving free what the running samples may still need and what the first waiting sample needs
+to start; (4) starts waiting samples in free slots. After the call it records the tokens and
+retires finished samples, freeing their pages, or keeping them as a retained sequence when
+their row has a session handle. A prompt continuing a retained sequence starts with its pages
 and prefills only past the part of it that it shares.
 
 A model with a recurrent state (Qwen3.5's linear-attention layers, or the window-sized key/value
@@ -28,7 +27,7 @@ running, rows are taken back like pages until it starts.
 
 Why it always finishes: nothing ever takes pages from the oldest running
 sample, and once everything else is freed its prompt and its completion fit
-(checked before the first call: one completion must fit the pool), so every
+(checked when it is admitted: one completion must fit the pool), so every
 call with a running sample advances the oldest one by k tokens; a call with
 none prefills or starts one. Waiting work never preempts running work.
 

@@ -135,22 +135,23 @@ class HostLoop:
 
     def admit(self, prompts: Sequence[PromptRecord], replicas: Sequence[int] | None = None) -> None:
         """Let `prompts` join from the next call on: prompt i on the replica holding the sequence it
-        continues, else on replica `replicas[i]` (None: the least busy one, fewest unfinished samples). A ValueError, before any is
-        taken, when a completion of one could never fit a pool, or a continued prompt has more
-        than one sample."""
+        continues, else on replica `replicas[i]` (None: the least busy one, fewest unfinished
+        samples). A ValueError, before any is taken, when a completion of one could never fit a
+        pool or a continued prompt has more than one sample."""
         engine, s = self.engine, self.engine.settings
         if prompts:  # the prompt needing most pages (not always the longest: a partly filled prefix page is held twice)
             worst = max((len(p.tokens) for p in prompts), key=lambda n: pages_for_one(s.page_size, n, s.max_new_tokens))
             # a resumed completion's own prompt may hold one more partly filled page, copied
             check_fits(engine.pools[0].num_pages - 1, s.page_size, worst, s.max_new_tokens,
                        spare=int(engine.partial_rollouts == "recompute"))
-        for i, prompt in enumerate(prompts):
-            handle = prompt.samples[0].session
-            where = engine.retained.replica_of(handle) if handle >= 0 else None
+        handles = [p.samples[0].session for p in prompts]
+        held = [engine.retained.replica_of(h) if h >= 0 else None for h in handles]
+        for prompt, handle, where in zip(prompts, handles, held, strict=True):
             if where is not None and len(prompt.samples) > 1:
                 raise ValueError(f"prompt {prompt.samples[0].ids[0]} continues the sequence held under handle "
                                  f"{handle} with {len(prompt.samples)} samples; a continued prompt has one "
                                  f"(num_samples=1)")
+        for i, (prompt, handle, where) in enumerate(zip(prompts, handles, held, strict=True)):
             if where is not None:
                 prompt.pages, prompt.reused, prompt.state = engine.retained.take(
                     handle, where, prompt.tokens, prompt.prefix, engine.pools[where], s.page_size,

@@ -212,6 +212,7 @@ class EngineLoop:
         """One busy period: device calls while any job with `sampling` waits or runs, admitting new ones."""
         running: list[Job] = []
         self.rollouts += 1
+        loop: HostLoop | None = None
         try:
             with HostLoop(self.engine, sampling, self.key, decode=self.decode) as loop:
                 while True:
@@ -225,7 +226,11 @@ class EngineLoop:
                     loop.step()
                     self.calls += 1
                     running[:] = [job for job in running if not self._progress(job)]
-        except BaseException as e:  # the host loop reset the engine
+        except BaseException as e:  # a host loop that started reset the engine
+            if loop is None:  # it could not start (no pool, no program): the jobs waiting for it fail
+                running = [job for job in self._waiting if job.sampling == sampling
+                           and job.future.set_running_or_notify_cancel()]
+                self._waiting = collections.deque(job for job in self._waiting if job.sampling != sampling)
             for job in running:
                 job.future.set_exception(e)
             if not running and isinstance(e, Exception):  # no job to tell: a bookkeeping bug after the last one
