@@ -1,6 +1,6 @@
 """The `paged` rollout backend: paged KV cache, continuous batching, own weights.
 
-How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`):
+How a rollout runs (the host loop, `rollout.scheduler.HostLoop`, around one jitted call, `rollout.step.engine_step`):
 - Each prompt's prefix (all but its last token) is prefilled once, in chunks of
   C tokens interleaved with decoding, into pages the prompt holds.
 - Each of its G samples then takes a decode slot: it shares the prefix's full
@@ -46,11 +46,12 @@ program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
 decoding never gathers a weight; with unrolled layers (the adapter's `loop_stacks`),
 one array per layer, so no call copies a weight (see `rl_core.rollout.unstacked`).
-Partial rollouts (`partial_rollouts`, rl_core.rollout.feed): between device calls the engine
-reads its `feed`; weights published there with a newer version decode the following calls
-("continue": the running samples keep the keys and values older weights wrote; "recompute":
-`rl_core.rollout.replica.Replica.recompute` has them, and every held prompt prefix, prefilled again under the
-new weights first). Each token records the version that sampled it (`Completions.token_version`).
+Partial rollouts (`partial_rollouts`, rl_core.rollout.feed): between device calls the host loop
+(a rollout's or the server's) reads the engine's `feed`; weights published there with a newer
+version decode the following calls ("continue": the running samples keep the keys and values
+older weights wrote; "recompute": `rl_core.rollout.replica.Replica.recompute` has them, and
+every held prompt prefix, prefilled again under the new weights first). Each token records the
+version that sampled it (`Completions.token_version`).
 The engine reaches the model only through the adapter it is built with (`paging`, an
 `rl_core.policy.protocols.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
