@@ -5,8 +5,9 @@ prompt's token ids, sampled `num_samples` times, with its own limit, stop string
 seed and session handle) and get a `concurrent.futures.Future` of its samples. The loop admits
 every waiting job with the same sampling parameters between two device calls into one
 `rl_core.rollout.scheduler.HostLoop` (the loop training rollouts run too), so concurrent requests
-share the continuous batching of one rollout: a job that arrives while others decode starts at the next call, not after them. Jobs
-with other sampling parameters (another compiled program) wait until the running ones finish.
+share the continuous batching of one rollout: a job that arrives while others decode starts at
+the next call, not after them. Jobs with other sampling parameters (another compiled program)
+wait until the running ones finish.
 
 Each sample draws with its own key, fold_in(fold_in(loop key, prompt id), sample index), as in a
 rollout (rl_core.rollout.step.completion_keys): a job with a `seed` takes it as its prompt id, so
@@ -218,8 +219,10 @@ class EngineLoop:
                 while True:
                     if not self._take(block=False):
                         self._stopping = True  # finish this rollout first, unless abandoned
-                        if self._abandon:
+                        if self._abandon and running:
                             raise RuntimeError("the engine loop closed before this request finished")
+                        if self._abandon:  # the waiting jobs fail as the thread ends
+                            break
                     self._admit(loop, running, sampling)
                     if not running:
                         break
