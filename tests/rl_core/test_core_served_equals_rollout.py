@@ -15,7 +15,6 @@ from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import SamplingParams
-from rl_core.rollout.scheduler import LoopEngine
 from rl_core.rollout.serving import EngineLoop, Job, kept
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 from rl_models.hf import load_hf_model, load_hf_tokenizer
@@ -146,16 +145,3 @@ def test_a_served_job_records_the_rollouts_routing():
         assert sample.routing is not None and sample.routing.shape == (n, *out.routing.shape[2:])
         np.testing.assert_array_equal(sample.routing, out.routing[j, :n])
 
-
-def test_the_paged_engine_has_everything_the_host_loop_reads():
-    """`LoopEngine` names what the loop reads; the paged engine it drives has each member."""
-    graphdef, state = nnx.split(tiny(0))
-    engine = PagedBackend(graphdef, EngineSettings(max_prompt_tokens=4, max_new_tokens=4), paging=PAGED_TRANSFORMER,
-                          eos_ids=(65,), pad_id=0)
-    engine.update_weights(state, 0)
-    members = set(LoopEngine.__annotations__) | {n for n, v in vars(LoopEngine).items() if callable(v)
-                                                 and not n.startswith("_")}
-    assert {"settings", "pools", "retained", "call", "step_program", "follow_feed", "reset_after_failure",
-            "count"} <= members
-    missing = [n for n in sorted(members) if not hasattr(engine, n)]
-    assert not missing, f"PagedBackend lacks {missing}"
