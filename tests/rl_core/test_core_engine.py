@@ -141,7 +141,8 @@ def test_a_pool_too_small_for_one_completion_is_a_clear_error(model):
     engine = paged(model, (301,), num_pages=4)
     engine.call = None  # the error comes before any device call
     # the 14-token prompt: 4 prefix pages, then its own pages for positions 12..24 (4): 8 pages
-    with pytest.raises(ValueError, match=r"rollout.kv_pages = 4: 3 usable .* need 8 pages. Set rollout.kv_pages >= 9"):
+    with pytest.raises(ValueError, match=r"rollout.options.num_pages = 4: 3 usable .* need 8 pages. "
+                                         r"Set rollout.options.num_pages >= 9"):
         engine.generate(Requests(*prompts()), SAMPLED, jax.random.key(0))
     assert engine.pools[0].in_use == 0  # nothing was taken
 

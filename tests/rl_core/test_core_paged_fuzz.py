@@ -147,8 +147,8 @@ def test_a_pool_that_cannot_hold_a_short_prompts_completion_is_a_clear_error(eng
     assert pages_for_one(4, 5, 12) == 4 and pages_for_one(4, 2, 12) == 5
     engine.call = None  # never reached
     try:
-        with pytest.raises(ValueError, match=r"kv_pages = 5: 4 usable .*page_size_tokens = 4.* 12 new tokens "
-                                             r".* 2-token prompt need 5 pages. Set rollout.kv_pages >= 6"):
+        with pytest.raises(ValueError, match=r"num_pages = 5: 4 usable .*page_size = 4.* 12 new tokens "
+                                             r".* 2-token prompt need 5 pages. Set rollout.options.num_pages >= 6"):
             engine.generate(requests((2, 5), 1, seed=0), SAMPLED, jax.random.key(0))
     finally:
         del engine.call

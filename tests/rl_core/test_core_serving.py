@@ -171,3 +171,20 @@ def test_an_abandoning_close_fails_the_running_jobs_at_the_next_device_call(engi
             assert future.result(timeout=60)[0].tokens == rollout(engine, [PROMPTS[0]], GREEDY, jax.random.key(5))[0]
         loop._thread.join(timeout=60)
         assert not loop._thread.is_alive()
+
+
+def test_a_rollout_that_cannot_start_fails_the_jobs_waiting_for_it_and_the_loop_goes_on(engine, loop):
+    """No program for the jobs' settings (here: an engine that cannot build one): they fail, the loop
+    does not retry them forever, and the next job runs."""
+    want = loop.generate(Job(PROMPTS[0], GREEDY))[0].tokens
+
+    def broken(sampling):
+        raise RuntimeError("no program for these settings")
+
+    engine.step_program = broken
+    try:
+        with pytest.raises(RuntimeError, match="no program for these settings"):
+            loop.generate(Job(PROMPTS[0], GREEDY))
+    finally:
+        del engine.step_program
+    assert loop.generate(Job(PROMPTS[0], GREEDY))[0].tokens == want

@@ -1,6 +1,6 @@
 """The `paged` rollout backend: paged KV cache, continuous batching, own weights.
 
-How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`):
+How a rollout runs (the host loop, `rollout.scheduler.HostLoop`, around one jitted call, `rollout.step.engine_step`):
 - Each prompt's prefix (all but its last token) is prefilled once, in chunks of
   C tokens interleaved with decoding, into pages the prompt holds.
 - Each of its G samples then takes a decode slot: it shares the prefix's full
@@ -33,7 +33,7 @@ How a rollout runs (host loop around one jitted call, `rollout.step.engine_step`
 - A model with a recurrent state (the adapter's optional `state_spec`: Qwen3.5's linear-attention
   layers) also gets a pool of state rows per replica beside the page pool (`EngineSettings.state_rows`):
   one row per prompt prefix, running sample and retained sequence, taken and given back with their
-  pages (rl_core.rollout.scheduler); each prefill chunk then holds one prompt's tokens. A model
+  pages (rl_core.rollout.replica); each prefill chunk then holds one prompt's tokens. A model
   mixing windowed and global layers (Gemma 3) keeps its windowed layers' keys and values in those
   rows too, a ring of W slots per sequence (rl_models.paged_window), and its global layers in pages;
   its chunks may add prompts that start at position 0 after the first (the adapter's optional
@@ -46,11 +46,12 @@ program (the adapter's `inference_copy`: compute dtype, adapters merged), laid
 out for decoding (split over `tensor`, whole on every data/fsdp device), so
 decoding never gathers a weight; with unrolled layers (the adapter's `loop_stacks`),
 one array per layer, so no call copies a weight (see `rl_core.rollout.unstacked`).
-Partial rollouts (`partial_rollouts`, rl_core.rollout.feed): between device calls the engine
-reads its `feed`; weights published there with a newer version decode the following calls
-("continue": the running samples keep the keys and values older weights wrote; "recompute":
-`scheduler._Replica.recompute` has them, and every held prompt prefix, prefilled again under the
-new weights first). Each token records the version that sampled it (`Completions.token_version`).
+Partial rollouts (`partial_rollouts`, rl_core.rollout.feed): between device calls the host loop
+(a rollout's or the server's) reads the engine's `feed`; weights published there with a newer
+version decode the following calls ("continue": the running samples keep the keys and values
+older weights wrote; "recompute": `rl_core.rollout.replica.Replica.recompute` has them, and
+every held prompt prefix, prefilled again under the new weights first). Each token records the
+version that sampled it (`Completions.token_version`).
 The engine reaches the model only through the adapter it is built with (`paging`, an
 `rl_core.policy.protocols.PagedModel`: the pool's shape, the paged forward, the inference copy).
 """
@@ -235,7 +236,7 @@ class PagedBackend:
         return self._counters
 
     def count(self, tally: EngineCounters) -> None:
-        """Add what one host loop (rl_core.rollout.scheduler, rl_core.rollout.serving) tallied."""
+        """Add what one host loop (rl_core.rollout.scheduler.HostLoop) tallied."""
         self._counters = self._counters + tally
 
     @property
@@ -413,13 +414,8 @@ class PagedBackend:
     def generate(self, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
         if self.weights is None:
             raise RuntimeError("PagedBackend.generate before update_weights: no weights to decode with")
-        self.ensure_pages()
-        try:
-            out = scheduler.run(self, requests, key, sampling)  # the host loop (frees every page on any exit)
-        except BaseException:
-            self.reset_after_failure()
-            raise
-        return out  # each row and token stamped with the version that sampled it
+        # the host loop (it frees every page on any exit); each row and token stamped with the version that sampled it
+        return scheduler.rollout(self, requests, sampling, key)
 
 
 __all__ = ["EngineSettings", "PagedBackend", "PoolExhausted"]

@@ -94,7 +94,7 @@ class EngineSettings(PagedSettings):
     @property
     def state_pool_rows(self) -> int:
         """Rows of a replica's state pool: a scratch row, one per running sample, the rest for the
-        prompts their samples copy from and for retained sequences (rl_core.rollout.scheduler)."""
+        prompts their samples copy from and for retained sequences (rl_core.rollout.replica)."""
         return self.state_rows or 2 * self.slots + 2
 
     @property

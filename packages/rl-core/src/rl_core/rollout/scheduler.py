@@ -1,630 +1,206 @@
-"""The paged engine's host loop: pages, prefill chunks and decode slots between calls.
+"""The paged engine's host loop: one loop for training rollouts and for the server.
 
-See rl_core.rollout.paged for the whole picture. The prompts are dealt to the
-engine's R data replicas (prompt i to replica i mod R), each with its own page
-pool and S slots; one device call advances every replica. Before each call,
-each replica (1) gives every running sample the pages its next k tokens need,
-oldest first; when its pool is dry it frees, youngest first, the prefixes of
-prompts with no running sample, then running samples younger than the one
-growing (both are recomputed later), but first the idle retained sequences
-(rl_core.rollout.retained) and the reused pages of waiting prompts (prefilled
-whole later); (2) when nothing runs, frees other
-prompts' prefixes until the first waiting sample can start; (3) fills its
-prefill chunk with prompt prefixes, at most S samples ahead of the free slots,
-leaving free what the running samples may still need and what the first
-waiting sample needs to start; (4) starts waiting samples in free slots.
-After the call it records the tokens and retires finished samples, freeing
-their pages, or keeping them as a retained sequence when their row has a
-session handle. A prompt continuing a retained sequence starts with its pages
-and prefills only past the part of it that it shares.
+`HostLoop` drives an engine (anything with the reads of `LoopEngine`: rl_core.rollout.paged's
+`PagedBackend`) through device calls. Prompts (`rl_core.rollout.records.PromptRecord`) are
+`admit`ted between calls to one of the engine's R data replicas (rl_core.rollout.replica: each
+its own page pool and S slots; one call advances them all): a prompt continuing a retained
+sequence to the replica holding it, with the pages it reuses taken; else to the replica its
+caller names (a rollout deals prompt i to replica i mod R) or the least busy. Each `step` first
+takes weights published to the engine's feed (partial rollouts: with `recompute`, every
+replica recomputes what it holds), then plans every replica's inputs, makes the call and
+records each sample's tokens, log-probs, weight versions, top alternatives (the engine's
+`top_logprobs`) and a mixture's routing, ending samples at their limits and stop strings.
 
-A model with a recurrent state (Qwen3.5's linear-attention layers, or the window-sized key/value
-rings of a mixed windowed/global model's windowed layers: Gemma 3's) also takes state rows from
-its replica's state pool (`PagedBackend.state_pools`): a prompt holds one from its prefill's
-start (the state after its prefix; each prefill chunk then holds one prompt's tokens, or, where
-the adapter allows it (rings), after the first more prompts that start at position 0), each
-running sample one (its prompt's, copied when it starts), each retained sequence its sample's.
-Rows are freed with the pages of whoever holds them, so preemption and eviction give them back
-the same way; a new prefix leaves a row free for the first waiting sample, and with nothing
-running, rows are taken back like pages until it starts.
+Used as a context manager: leaving it after a failure (any exception, an interrupt) resets the
+engine (nothing retained, every page free); leaving it normally checks that the pools hold only
+the retained sequences (anything else is a bookkeeping bug); either way what the replicas did is
+added to the engine's counters.
 
-Why it always finishes: nothing ever takes pages from the oldest running
-sample, and once everything else is freed its prompt and its completion fit
-(checked before the first call: one completion must fit the pool), so every
-call with a running sample advances the oldest one by k tokens; a call with
-none prefills or starts one. Waiting work never preempts running work.
-
-Every process of a multi-process run runs every replica's bookkeeping (the
-same deterministic work on the same gathered tokens), so all keep in step.
+`rollout` is a training rollout through it (`PagedBackend.generate`); rl_core.rollout.serving's
+`EngineLoop` admits the server's jobs into one as they arrive.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
 
-from rl_core.rollout.backend import EngineCounters, Requests, stop_index
-from rl_core.rollout.step import Prefill, Slots
+from rl_core.rollout.backend import EngineCounters, Requests
+from rl_core.rollout.pages import PagePool
+from rl_core.rollout.records import PromptRecord, completions, requested_prompts
+from rl_core.rollout.replica import Replica
+from rl_core.rollout.retained import Retained
 from rl_core.rollout.sampler import Completions, SamplingParams
+from rl_core.rollout.sizing import check_fits, pages_for_one
+from rl_core.rollout.step import Prefill, Slots
+
+if TYPE_CHECKING:  # the engine's module imports this one
+    from rl_core.rollout.paged_settings import EngineSettings
 
 
-@dataclasses.dataclass(eq=False)
-class _Prompt:
-    tokens: np.ndarray  # its real tokens
-    samples: list[_Sample] = dataclasses.field(default_factory=list)
-    pages: list[int] = dataclasses.field(default_factory=list)  # the prefix's pages (all but the last token)
-    scheduled: int = 0  # prefix tokens sent to prefill
-    unfinished: int = 0
-    limit: int = 0  # most new tokens of its samples (at most the engine's max_new_tokens)
-    stops: tuple[str, ...] = ()  # its samples end soon after their text holds one (`stop_index`)
-    reused: int = 0  # leading prefix tokens its pages hold from a retained sequence (not prefilled)
-    resumed: int = 0  # a resumed sample's own prompt: its last `resumed` tokens are that sample's first ones
-    state: int = 0  # its state row, the state after its prefix (a model with a recurrent state; 0: none)
+class LoopEngine(Protocol):
+    """What the host loop reads from the engine (rl_core.rollout.paged.PagedBackend has all of it)."""
 
-    @property
-    def prefix(self) -> int:
-        return len(self.tokens) - 1
+    settings: EngineSettings
+    """Its shapes per replica: page size, slots, prefill chunk, k decode steps per call, most new tokens."""
+    pools: list[PagePool]
+    """Each replica's page pool (R of them)."""
+    state_pools: list[PagePool] | None
+    """Each replica's state rows (None: the model keeps no recurrent state)."""
+    retained: Retained
+    """The sequences it holds for a next turn (rl_core.rollout.retained)."""
+    kv_window: int | None
+    """Every layer's window (pages wholly behind it are given back), None when a layer sees everything."""
+    fresh_share_chunks: bool
+    """Prompts starting at position 0 may join a state model's prefill chunk after the first."""
+    partial_rollouts: str
+    """off, continue or recompute: what a running rollout does with weights published to its feed."""
+    version: int
+    """The weight version its next call decodes with."""
+    pad_id: int
+    eos_ids: tuple[int, ...]
 
+    def rows_of(self, replica: int) -> PagePool | None:
+        """`replica`'s state rows (None without a recurrent state)."""
+        ...
 
-@dataclasses.dataclass(eq=False)
-class _Sample:
-    row: int
-    prompt: _Prompt
-    ids: tuple[int, int]  # (prompt id, sample index): its key
-    own: list[int] = dataclasses.field(default_factory=list)  # its pages (first: its copy of a partial prefix page)
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logp: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)  # the weight version of each token
-    top: list[tuple[list[int], list[float]]] = dataclasses.field(default_factory=list)  # per token (EngineSettings.top_logprobs)
-    routing: list[np.ndarray] = dataclasses.field(default_factory=list)  # per token, [layers, k] (a mixture of experts)
-    started: int = -1  # start order (unique): the smallest running one is the oldest, never preempted
-    done: bool = False
-    session: int = -1  # the handle its sequence is retained under when it ends (-1: freed)
-    state: int = 0  # its state row while it runs (a model with a recurrent state; 0: none)
-    dropped: int = 0  # leading entries of its page row given back, wholly behind every layer's window
+    def ensure_pages(self) -> None:
+        """Allocate the device pools unless it holds them."""
+        ...
 
+    def step_program(self, sampling: SamplingParams) -> Any:
+        """The compiled device step for `sampling`."""
+        ...
 
-def _prompts(settings: Any, requests: Requests) -> list[_Prompt]:
-    """The requests as prompts with their samples (rows in request order), checked against the engine."""
-    g, ps, m, t = requests.num_samples, settings.page_size, settings.pages_per_sequence, settings.max_new_tokens
-    tokens, mask = np.asarray(requests.prompt_tokens), np.asarray(requests.prompt_mask) > 0
-    ids, limits, stops, handles = requests.ids(), requests.limits(t), requests.stops(), requests.handles()
-    prompts = []
-    for i in range(len(tokens)):
-        prompt = _Prompt(tokens[i][mask[i]].astype(np.int32), unfinished=g, limit=int(limits[i]), stops=stops[i])
-        if not len(prompt.tokens):
-            raise ValueError(f"prompt {i} has no token")
-        if (prompt.prefix + t - 1) // ps + 1 > m:
-            raise ValueError(f"prompt {i} has {len(prompt.tokens)} tokens: longer than the engine's "
-                             f"max_prompt_tokens ({settings.max_prompt_tokens}) allows")
-        prompt.samples = [_Sample(i * g + j, prompt, (int(ids[i]), j), session=int(handles[i * g + j]))
-                          for j in range(g)]
-        prompts.append(prompt)
-    return prompts
+    def call(self, step: Any, prefill: Prefill, copy_src: np.ndarray, copy_dst: np.ndarray, slots: Slots,
+             key: jax.Array) -> tuple[np.ndarray, np.ndarray, Slots, tuple[np.ndarray, np.ndarray], np.ndarray | None]:
+        """One device call on every replica's inputs: tokens, log-probs, slots after, top, routing."""
+        ...
 
+    def follow_feed(self) -> bool:
+        """Take weights published since the last call (True when it did)."""
+        ...
 
-def pages_for_one(page_size: int, prompt_tokens: int, max_new_tokens: int) -> int:
-    """Pages one completion holds at its longest: its prompt's prefix pages (all but the last
-    token) and its own pages (a copy of a partly filled prefix page, then its new tokens)."""
-    prefix = prompt_tokens - 1
-    last = prefix + max_new_tokens - 1  # the last position it writes
-    return -(-prefix // page_size) + last // page_size + 1 - prefix // page_size
+    def reset_after_failure(self) -> None:
+        """Nothing retained, every page free, a pool a failed call deleted dropped."""
+        ...
 
-
-def check_fits(usable: int, page_size: int, prompt_tokens: int, max_new_tokens: int, *, spare: int = 0) -> None:
-    """A ValueError, before any device call, when one completion can never fit the pool: the
-    scheduler could never finish it (a smaller batch would not help). `spare`: pages it needs
-    beyond that (1 when a completion may resume on a prompt of its own: `_Replica.recompute`)."""
-    one = pages_for_one(page_size, prompt_tokens, max_new_tokens) + spare
-    if one > usable:
-        raise ValueError(
-            f"the KV pool (rollout.kv_pages = {usable + 1}: {usable} usable pages and a scratch one, "
-            f"rollout.page_size_tokens = {page_size}) cannot hold one completion: {max_new_tokens} new tokens "
-            f"(rollout.max_new_tokens) after a {prompt_tokens}-token prompt need {one} pages. Set "
-            f"rollout.kv_pages >= {one + 1} (0 sizes the pool for the batch) or lower max_new_tokens"
-        )
-
-
-class _Replica:
-    """One data replica: its page pool, its share of the prompts and its S decode slots."""
-
-    def __init__(self, engine: Any, index: int, prompts: list[_Prompt],
-                 decode: Callable[[list[int]], str] | None = None) -> None:
-        s = engine.settings
-        self.engine, self.index, self.pool, self.decode = engine, index, engine.pools[index], decode
-        self.rows = engine.rows_of(index)  # its state rows (None: the model keeps no recurrent state)
-        self.ps, self.slots, self.m, self.k, self.t = s.page_size, s.slots, s.pages_per_sequence, s.steps_per_sync, s.max_new_tokens
-        self.chunk = s.prefill_chunk
-        self.prompts = prompts
-        self.samples = [x for p in prompts for x in p.samples]
-        self.remaining = len(self.samples)
-        # the prompt needing most pages, not always the longest: a partly filled prefix page is held
-        # twice (shared and copied)
-        worst = max((len(p.tokens) for p in self.prompts), key=lambda n: pages_for_one(self.ps, n, self.t), default=1)
-        # a resumed completion's own prompt may hold one more partly filled page, copied
-        check_fits(self.pool.num_pages - 1, self.ps, worst, self.t, spare=int(engine.partial_rollouts == "recompute"))
-        self.to_prefill = collections.deque(self.prompts)
-        self.prefilling: _Prompt | None = None
-        self.prefilled: list[_Prompt] = []  # prompts holding their whole prefix, oldest first
-        self.ready: collections.deque[_Sample] = collections.deque()
-        self.running: list[_Sample | None] = [None] * self.slots
-        self.calls = 0
-        self.starts = 0
-        # what this replica did, added to the engine's counters when the loop ends (`tally`)
-        self.prefill_tokens = self.reused_tokens = self.preemptions = self.evictions = self.peak_pages = 0
-        self.before = np.zeros(self.slots, np.int32)
-        self.host = {
-            "token": np.zeros(self.slots, np.int32), "position": np.zeros(self.slots, np.int32),
-            "count": np.zeros(self.slots, np.int32), "limit": np.full(self.slots, self.t, np.int32),
-            "active": np.zeros(self.slots, bool), "page_rows": np.zeros((self.slots, self.m), np.int32),
-            "ids": np.zeros((self.slots, 2), np.int32),
-            "state_row": np.zeros(self.slots, np.int32), "state_from": np.zeros(self.slots, np.int32),
-        }
-
-    def tally(self) -> EngineCounters:
-        return EngineCounters(self.prefill_tokens, self.reused_tokens, self.preemptions, self.evictions,
-                              self.peak_pages)
-
-    def admit(self, prompts: list[_Prompt]) -> None:
-        """Prompts joining this replica between calls (the serving loop's requests,
-        rl_core.rollout.serving), each checked to fit the pool alone as at the start; a prompt
-        continuing a retained sequence comes with its pages taken (`Retained.take`)."""
-        spare = int(self.engine.partial_rollouts == "recompute")
-        for prompt in prompts:
-            check_fits(self.pool.num_pages - 1, self.ps, len(prompt.tokens), self.t, spare=spare)
-        self.remaining += sum(len(p.samples) for p in prompts)
-        self.to_prefill.extend(prompts)
-
-    def _pages_to(self, position: int) -> int:
-        """Pages a sequence needs to hold positions 0..position."""
-        return position // self.ps + 1
-
-    def _rows_short(self, need: int) -> bool:
-        """Whether fewer than `need` state rows are free (never without a recurrent state)."""
-        return self.rows is not None and self.rows.free < need
-
-    def _free_row(self, holder: _Prompt | _Sample) -> None:
-        if self.rows is not None and holder.state:
-            self.rows.release([holder.state])
-        holder.state = 0
-
-    def _held(self, sample: _Sample) -> list[int]:
-        """The pages `sample` still holds: its page row but the entries it dropped (`_drop_behind`)."""
-        return (self._shared(sample) + sample.own)[sample.dropped:]
-
-    def _drop_behind(self, sample: _Sample, position: int) -> None:
-        """When every layer is windowed (`engine.kv_window` W), give back the pages wholly behind
-        the window of the query at `position` (no later query reads them; the reference attention
-        reads only blocks holding a window's slots, and their page-row entries point at scratch);
-        a sample with a session keeps its whole sequence for the next turn."""
-        w = self.engine.kv_window
-        if w is None or sample.session >= 0:
-            return
-        behind = max(0, (position - w + 1) // self.ps)
-        if behind > sample.dropped:
-            self.pool.release((self._shared(sample) + sample.own)[sample.dropped:behind])
-            sample.dropped = behind
-
-    def _row(self, pages: list[int]) -> np.ndarray:
-        return np.pad(np.asarray(pages, np.int32), (0, self.m - len(pages)))
-
-    def _shared(self, sample: _Sample) -> list[int]:
-        return sample.prompt.pages[: sample.prompt.prefix // self.ps]  # full prefix pages only
-
-    def _own_pages(self, sample: _Sample, upto: int) -> int:
-        """Own pages `sample` needs to hold positions up to `upto` (at most its last one)."""
-        last = sample.prompt.prefix + sample.prompt.limit - 1
-        return self._pages_to(min(upto, last)) - len(self._shared(sample))
-
-    def _start_need(self, sample: _Sample) -> int:
-        return self._own_pages(sample, sample.prompt.prefix + self.k - 1)
-
-    def _still_needed(self) -> int:
-        """Pages the running samples may still take (each to its full length)."""
-        return sum(self._own_pages(x, self.t + x.prompt.prefix) - len(x.own) for x in self._running())
-
-    def _running(self) -> list[_Sample]:
-        """The running samples, oldest first."""
-        return sorted((x for x in self.running if x is not None), key=lambda x: x.started)
-
-    def _idle_prompts(self, keep: _Prompt | None = None) -> list[_Prompt]:
-        """Prompts holding prefix pages that no running sample reads (but `keep`), youngest first."""
-        busy = {x.prompt for x in self._running()}
-        held = ([self.prefilling] if self.prefilling is not None else []) + self.prefilled[::-1]
-        return [p for p in held if (p.pages or p.state) and p not in busy and p is not keep]
-
-    # -- freeing pages ---------------------------------------------------------------------
-
-    def _preempt(self, sample: _Sample) -> None:
-        """Free a running sample's pages and requeue it first; it restarts from its prompt (a
-        resumed sample keeps the tokens its own prompt holds)."""
-        slot = self.running.index(sample)
-        self.pool.release(self._held(sample))
-        self._free_row(sample)
-        keep = sample.prompt.resumed
-        sample.own, sample.dropped = [], 0
-        del sample.tokens[keep:], sample.logp[keep:], sample.versions[keep:], sample.top[keep:], sample.routing[keep:]
-        self.running[slot] = None
-        self.host["active"][slot] = False
-        self.ready.appendleft(sample)
-        self.preemptions += 1
-
-    def _unprefill(self, prompt: _Prompt, *, preempted: bool = True) -> None:
-        """Free the prefix of a prompt that no running sample reads; it is prefilled again later,
-        ahead of the prompts never prefilled (freeing youngest first keeps their order)."""
-        self.pool.release(prompt.pages)
-        self._free_row(prompt)
-        prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
-        if prompt is self.prefilling:
-            self.prefilling = None
-        else:
-            self.prefilled.remove(prompt)
-            self.ready = collections.deque(x for x in self.ready if x.prompt is not prompt)
-        self.to_prefill.appendleft(prompt)
-        self.preemptions += preempted
-
-    def _give_back(self, keep: _Prompt | None = None, *, waiting: bool = True) -> bool:
-        """Free pages no call reads: the oldest idle retained sequence, else (`waiting`) the reused
-        prefix of the youngest waiting prompt but `keep` (prefilled whole later: the same tokens).
-        False when there is none."""
-        retained = self.engine.retained
-        handle = retained.oldest(self.index)
-        if handle is not None:
-            retained.drop(handle, self.pool, self.rows)
-        else:
-            held = [p for p in self.to_prefill if (p.pages or p.state) and p is not keep] if waiting else []
-            if not held:
-                return False
-            self.pool.release(held[-1].pages)
-            self._free_row(held[-1])
-            held[-1].pages, held[-1].scheduled, held[-1].reused = [], 0, 0
-        self.evictions += 1
-        return True
-
-    # -- pages of running samples --------------------------------------------------------
-
-    def _grow_running(self) -> None:
-        """Pages for every running sample's next k tokens, oldest first. A dry pool frees waiting
-        work first, then younger samples; a sample preempts itself only when nothing younger is
-        left, which never happens to the oldest (its completion fits the pool alone)."""
-        oldest = True
-        for sample in self._running():
-            if sample not in self.running:  # preempted for an older one
-                continue
-            slot = self.running.index(sample)
-            need = self._own_pages(sample, int(self.host["position"][slot]) + self.k - 1) - len(sample.own)
-            while need > self.pool.free:
-                if self._give_back():
-                    continue
-                idle = self._idle_prompts()
-                younger = [x for x in self._running() if x.started > sample.started]
-                if idle:
-                    self._unprefill(idle[0])
-                elif younger:
-                    self._preempt(younger[-1])
-                elif oldest:
-                    raise RuntimeError(f"scheduler bug: the oldest running sample needs {need} pages, "
-                                       f"{self.pool.free} free and nothing left to free")
-                else:
-                    self._preempt(sample)
-                    break
-            if self.running[slot] is sample:
-                sample.own += self.pool.allocate(max(need, 0))
-                self._drop_behind(sample, int(self.host["position"][slot]))
-                row = self._row(self._shared(sample) + sample.own)
-                row[: sample.dropped] = 0  # scratch: never read
-                self.host["page_rows"][slot] = row
-            oldest = False
-
-    def _room_to_start(self) -> None:
-        """With nothing running, free other prompts' prefixes until the first waiting sample can
-        start (it fits alone), so that a call always makes progress."""
-        if not self.ready or self._running():
-            return
-        first = self.ready[0]
-        while self._start_need(first) > self.pool.free or self._rows_short(1):
-            if self._give_back():
-                continue
-            idle = self._idle_prompts(keep=first.prompt)
-            if not idle:
-                raise RuntimeError(f"scheduler bug: a waiting sample needs {self._start_need(first)} pages, "
-                                   f"{self.pool.free} free and nothing left to free")
-            self._unprefill(idle[0])
-
-    # -- the prefill chunk -----------------------------------------------------------------
-
-    def _plan_prefill(self) -> tuple[Prefill, int]:
-        tokens, positions, rows, states = [], [], [], []
-        while len(tokens) < self.chunk:
-            if self.prefilling is None:
-                if not self.to_prefill or len(self.ready) >= self.slots:
-                    break
-                prompt = self.to_prefill[0]
-                # a recurrent state: one prompt's tokens per chunk, unless the adapter lets prompts that
-                # start at position 0 join it (rings with nothing to read yet)
-                if self.rows is not None and tokens and not (self.engine.fresh_share_chunks and not prompt.state
-                                                             and prompt.scheduled == 0):
-                    break
-                # a new prefix never takes what running samples or the next start need (no thrashing);
-                # it takes idle retained sequences' pages, and other waiting prompts' reused ones only
-                # when nothing else could run
-                reserve = self._still_needed() + (self._start_need(self.ready[0]) if self.ready else 0)
-                # a state row for it, and one left for the first waiting sample
-                new_rows = int(self.rows is not None and not prompt.state) + bool(self.ready)
-                stuck = not self.ready and not self._running()
-                while ((self.pool.free - (-(-prompt.prefix // self.ps) - len(prompt.pages)) < reserve
-                        or self._rows_short(new_rows)) and self._give_back(keep=prompt, waiting=stuck)):
-                    pass
-                n = -(-prompt.prefix // self.ps) - len(prompt.pages)  # beyond the pages it reuses
-                if self.pool.free - n < reserve or self._rows_short(new_rows):
-                    break
-                prompt.pages += self.pool.allocate(n)
-                if self.rows is not None and not prompt.state:
-                    prompt.state = self.rows.allocate(1)[0]
-                self.to_prefill.popleft()
-                self.prefilling = prompt
-            prompt = self.prefilling
-            take = min(self.chunk - len(tokens), prompt.prefix - prompt.scheduled)
-            span = np.arange(prompt.scheduled, prompt.scheduled + take)
-            tokens.extend(prompt.tokens[span])
-            positions.extend(span)
-            rows.extend([self._row(prompt.pages)] * take)
-            states.extend([prompt.state] * take)
-            prompt.scheduled += take
-            self.prefill_tokens += take
-            if prompt.scheduled == prompt.prefix:  # written by this call, before its decode steps
-                self.reused_tokens += prompt.reused
-                # all but the finished and those resumed on a prompt of their own
-                self.ready.extend(x for x in prompt.samples if not x.done and x.prompt is prompt)
-                self.prefilled.append(prompt)
-                self.prefilling = None
-        pad = self.chunk - len(tokens)
-        prefill = Prefill(
-            np.asarray(tokens + [0] * pad, np.int32),
-            np.asarray(positions + [0] * pad, np.int32),
-            np.asarray(rows + [np.zeros(self.m, np.int32)] * pad, np.int32).reshape(self.chunk, self.m),
-            np.asarray(states + [0] * pad, np.int32),
-        )
-        return prefill, len(tokens)
-
-    # -- starting samples ------------------------------------------------------------------
-
-    def _start_waiting(self) -> tuple[np.ndarray, np.ndarray]:
-        src, dst = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
-        for slot in range(self.slots):
-            if self.running[slot] is not None or not self.ready:
-                continue
-            sample = self.ready[0]
-            prompt = sample.prompt
-            shared = self._shared(sample)
-            need = self._start_need(sample)
-            # nothing runs and a fully reused prompt left no prefill for this call: room, or it has nothing to do
-            while (need > self.pool.free or self._rows_short(1)) and not self._running() and self._give_back():
-                pass
-            if need > self.pool.free or self._rows_short(1):
-                break
-            self.ready.popleft()
-            sample.own = self.pool.allocate(need)
-            self.pool.retain(shared)
-            if self.rows is not None:  # its own state row, its prompt's copied in before decoding
-                sample.state = self.rows.allocate(1)[0]
-                self.host["state_row"][slot], self.host["state_from"][slot] = sample.state, prompt.state
-            if prompt.prefix % self.ps:  # its own copy of the partly filled prefix page
-                src[slot], dst[slot] = prompt.pages[len(shared)], sample.own[0]
-            sample.started, self.starts = self.starts, self.starts + 1
-            self.running[slot] = sample
-            h = self.host
-            h["token"][slot], h["position"][slot], h["count"][slot] = prompt.tokens[-1], prompt.prefix, prompt.resumed
-            h["limit"][slot] = prompt.limit + prompt.resumed  # counts the resumed tokens too (their keys)
-            h["active"][slot], h["ids"][slot] = True, sample.ids
-            h["page_rows"][slot] = self._row(shared + sample.own)
-        return src, dst
-
-    def _finish(self, slot: int) -> None:
-        sample = self.running[slot]
-        assert sample is not None
-        pages = self._shared(sample) + sample.own  # its page row
-        if sample.session >= 0:  # kept for a next turn: every token but the last was run
-            base = sample.prompt.tokens[: len(sample.prompt.tokens) - sample.prompt.resumed]  # a resumed one's own
-            tokens = np.concatenate([base, np.asarray(sample.tokens[:-1], np.int32)])
-            self.engine.retained.keep(sample.session, self.index, tokens, pages, self.pool, self.ps, self.rows,
-                                      sample.state)
-            sample.state = 0  # the retained sequence's now
-        else:
-            self.pool.release(pages[sample.dropped:])
-            self._free_row(sample)
-        sample.own, sample.done, sample.dropped = [], True, 0
-        self.running[slot] = None
-        prompt = sample.prompt
-        prompt.unfinished -= 1
-        if prompt.unfinished == 0:
-            self.pool.release(prompt.pages)
-            self._free_row(prompt)
-            prompt.pages = []
-            self.prefilled.remove(prompt)
-
-    # -- new weights mid-rollout (rollout.partial_rollouts = recompute) ----------------------
-
-    def recompute(self) -> None:
-        """Every key and value computed so far is recomputed under the new weights: running
-        samples stop, keep their tokens (with the versions and log-probs that sampled them) and
-        resume, oldest first, from a prompt of their own, their prompt followed by those tokens;
-        every held prompt prefix (reused ones too) is freed and prefilled again, and the replica's
-        retained sequences are dropped. Nothing is lost but the pages."""
-        running = self._running()
-        limits = {id(x): int(self.host["limit"][self.running.index(x)]) for x in running}  # stop strings lower them
-        for sample in running:
-            slot = self.running.index(sample)
-            self.pool.release(self._held(sample))
-            self._free_row(sample)
-            sample.own, sample.dropped, self.running[slot] = [], 0, None
-            self.host["active"][slot] = False
-        for prompt in self._idle_prompts():  # every held prefix now, youngest first
-            self._unprefill(prompt, preempted=False)
-        for prompt in self.to_prefill:  # waiting prompts holding a retained sequence's pages
-            self.pool.release(prompt.pages)
-            self._free_row(prompt)
-            prompt.pages, prompt.scheduled, prompt.reused = [], 0, 0
-        retained = self.engine.retained
-        while (handle := retained.oldest(self.index)) is not None:
-            retained.drop(handle, self.pool, self.rows)
-        for sample in reversed(running):
-            self.to_prefill.appendleft(self._resumed(sample, limits[id(sample)]))
-
-    def _resumed(self, sample: _Sample, limit: int) -> _Prompt:
-        """`sample` moved to a prompt of its own: its original prompt and its `len(sample.tokens)`
-        tokens (`limit`: most tokens in all, its slot's)."""
-        old, n = sample.prompt, len(sample.tokens)
-        base = old.tokens[: len(old.tokens) - old.resumed]
-        prompt = _Prompt(np.concatenate([base, np.asarray(sample.tokens, np.int32)]), samples=[sample], unfinished=1,
-                         limit=limit - n, stops=old.stops, resumed=n)
-        old.unfinished -= 1
-        if not old.unfinished and old in self.to_prefill:  # no sample left to read its prefix
-            self.to_prefill.remove(old)
-        sample.prompt = prompt
-        return prompt
-
-    # -- one call ---------------------------------------------------------------------------
-
-    def plan(self) -> tuple[Prefill, np.ndarray, np.ndarray, Slots]:
-        """This replica's inputs to the next call (pages grown, prefill chunk, new samples started)."""
-        self._grow_running()
-        self._room_to_start()
-        prefill, prefilling = self._plan_prefill()
-        self.host["state_from"][:] = 0  # copied once, when a sample starts
-        src, dst = self._start_waiting()
-        self.peak_pages = max(self.peak_pages, self.pool.in_use)
-        if self.remaining and not self.host["active"].any() and not prefilling:  # cannot happen (see above)
-            raise RuntimeError(f"scheduler bug: a call with nothing to do ({self.pool.free} of "
-                               f"{self.pool.num_pages - 1} pages free, {len(self.ready)} samples waiting)")
-        self.before = self.host["count"].copy()
-        return prefill, src, dst, Slots(**self.host)
-
-    def absorb(self, tokens: np.ndarray, logp: np.ndarray, after: Slots, version: int,
-               top: tuple[np.ndarray, np.ndarray] | None = None, routing: np.ndarray | None = None) -> None:
-        """Record the call's tokens [S, k], sampled by weight `version` (with their top alternatives
-        [S, k, K] when K > 0, and a mixture of experts' routing [S, k, layers, E_k]), and retire the
-        samples that ended."""
-        self.calls += 1
-        for name in ("token", "position", "count", "active"):
-            self.host[name] = np.array(getattr(after, name))
-        for slot, sample in enumerate(self.running):
-            if sample is None:
-                continue
-            n = int(self.host["count"][slot] - self.before[slot])
-            sample.tokens.extend(tokens[slot, :n].tolist())
-            sample.logp.extend(logp[slot, :n].tolist())
-            sample.versions.extend([version] * n)
-            if routing is not None:
-                sample.routing.extend(routing[slot, :n])
-            if top is not None and top[0].shape[-1]:
-                sample.top.extend((top[0][slot, t].tolist(), top[1][slot, t].tolist()) for t in range(n))
-            if self.host["active"][slot] and n and sample.prompt.stops:
-                assert self.decode is not None  # Requests.stops checked it
-                end = stop_index(sample.tokens, sample.prompt.stops, self.decode)
-                if end is not None and end <= len(sample.tokens):  # a stop string: it ends here
-                    self.host["active"][slot] = False
-                elif end is not None:  # the stop ended with its last token: one more (an EOS may follow)
-                    self.host["limit"][slot] = min(int(self.host["limit"][slot]), end)
-            if not self.host["active"][slot]:
-                self._finish(slot)
-                self.remaining -= 1
-
-
-def _completions(engine: Any, samples: list[_Sample], t: int) -> Completions:
-    """The samples' rows; a row's `version` is its oldest token's (the engine's for an empty one),
-    its `token_version` past its end its last token's."""
-    b = len(samples)
-    tokens = np.full((b, t), engine.pad_id, np.int32)
-    logp = np.zeros((b, t), np.float32)
-    lengths = np.zeros(b, np.int32)
-    versions = np.full((b, t), engine.version, np.int32)
-    for sample in samples:
-        n = len(sample.tokens)
-        tokens[sample.row, :n], logp[sample.row, :n], lengths[sample.row] = sample.tokens, sample.logp, n
-        if n:
-            versions[sample.row, :n], versions[sample.row, n:] = sample.versions, sample.versions[-1]
-    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
-    ended = np.isin(tokens[np.arange(b), np.maximum(lengths - 1, 0)], engine.eos_ids)
-    return Completions(tokens, logp, mask, lengths, ~ended, versions.min(axis=1), versions,
-                       routing=_routing(samples, b, t))
-
-
-def _routing(samples: list[_Sample], b: int, t: int) -> np.ndarray | None:
-    """[B, T, layers, k] int32: each sample's recorded routing, -1 past its end; None when no token
-    recorded one (a dense model). A token kept through a preemption keeps the routing that sampled it."""
-    shape = next((s.routing[0].shape for s in samples if s.routing), None)
-    if shape is None:
-        return None
-    out = np.full((b, t, *shape), -1, np.int32)
-    for sample in samples:
-        if sample.routing:
-            out[sample.row, :len(sample.routing)] = np.stack(sample.routing)
-    return out
+    def count(self, tally: EngineCounters) -> None:
+        """Add what a loop's replicas did to its counters."""
+        ...
 
 
 def _stack(trees: list[Any]) -> Any:
     return jax.tree.map(lambda *xs: np.stack(xs), *trees)
 
 
-def _deal(engine: Any, prompts: list[_Prompt], r: int) -> list[list[_Prompt]]:
-    """Each replica's prompts: prompt i to replica i mod R, but a prompt continuing a retained
-    sequence to the replica holding it, with the pages it reuses taken (`Retained.take`)."""
-    shares: list[list[_Prompt]] = [[] for _ in range(r)]
-    for i, prompt in enumerate(prompts):
-        handle = prompt.samples[0].session
-        where = engine.retained.replica_of(handle) if handle >= 0 else None
-        if where is not None and len(prompt.samples) > 1:
-            raise ValueError(f"prompt {i} continues the sequence held under handle {handle} with "
-                             f"{len(prompt.samples)} samples; a continued prompt has one (num_samples=1)")
-        if where is None:
-            shares[i % r].append(prompt)
-            continue
-        prompt.pages, prompt.reused, prompt.state = engine.retained.take(
-            handle, where, prompt.tokens, prompt.prefix, engine.pools[where], engine.settings.page_size,
-            engine.rows_of(where))
-        prompt.scheduled = prompt.reused
-        shares[where].append(prompt)
-    return shares
+class HostLoop:
+    """Device calls of `engine` with one sampling setting over the prompts admitted between them
+    (see the module docstring)."""
 
+    def __init__(self, engine: LoopEngine, sampling: SamplingParams, key: jax.Array, *,
+                 decode: Callable[[list[int]], str] | None = None) -> None:
+        """`key`: every sample draws with fold_in(fold_in(key, prompt id), sample index); `decode`
+        (token ids to text) checks the prompts' stop strings."""
+        self.engine, self.key = engine, key
+        engine.ensure_pages()
+        self.replicas = [Replica(engine, i, decode) for i in range(len(engine.pools))]
+        self.program = engine.step_program(sampling)
+        self.calls = 0  # device calls made
 
-def run(engine: Any, requests: Requests, key: jax.Array, sampling: SamplingParams) -> Completions:
-    """Completions of every request (rows in request order). Afterwards the pools hold only the
-    retained sequences (`Requests.sessions`); however else the rollout ends (an exception, an
-    interrupt), every page is free and nothing is retained."""
-    prompts = _prompts(engine.settings, requests)
-    r = len(engine.pools)
-    replicas: list[_Replica] = []
-    try:
-        shares = _deal(engine, prompts, r)
-        replicas = [_Replica(engine, i, share, requests.decode) for i, share in enumerate(shares)]
-        step = engine.step_program(sampling)
-        while any(x.remaining for x in replicas):
-            if engine.follow_feed() and engine.partial_rollouts == "recompute":  # newer weights from here on
-                for replica in replicas:
-                    replica.recompute()
-            prefill, src, dst, slots = _stack([x.plan() for x in replicas])
-            tokens, logp, after, _, routing = engine.call(step, prefill, src, dst, slots, key)
-            for i, replica in enumerate(replicas):
-                replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023
-                               routing=None if routing is None else routing[i])
-        # a finished rollout released everything it does not retain: anything else is a bookkeeping bug
+    def __enter__(self) -> HostLoop:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            if kind is None:
+                self._check_released()
+        except BaseException:
+            self.engine.reset_after_failure()
+            raise
+        finally:
+            if kind is not None:
+                self.engine.reset_after_failure()
+            self.engine.count(sum((x.tally() for x in self.replicas), EngineCounters()))
+
+    @property
+    def busy(self) -> bool:
+        """Whether an admitted sample has not finished."""
+        return any(x.remaining for x in self.replicas)
+
+    def admit(self, prompts: Sequence[PromptRecord], replicas: Sequence[int] | None = None) -> None:
+        """Let `prompts` join from the next call on: prompt i on the replica holding the sequence it
+        continues, else on replica `replicas[i]` (None: the least busy one, fewest unfinished
+        samples). A ValueError, before any is taken, when a completion of one could never fit a
+        pool or a continued prompt has more than one sample."""
+        engine, s = self.engine, self.engine.settings
+        if prompts:  # the prompt needing most pages (not always the longest: a partly filled prefix page is held twice)
+            worst = max((len(p.tokens) for p in prompts), key=lambda n: pages_for_one(s.page_size, n, s.max_new_tokens))
+            # a resumed completion's own prompt may hold one more partly filled page, copied
+            check_fits(engine.pools[0].num_pages - 1, s.page_size, worst, s.max_new_tokens,
+                       spare=int(engine.partial_rollouts == "recompute"))
+        handles = [p.samples[0].session for p in prompts]
+        held = [engine.retained.replica_of(h) if h >= 0 else None for h in handles]
+        for prompt, handle, where in zip(prompts, handles, held, strict=True):
+            if where is not None and len(prompt.samples) > 1:
+                raise ValueError(f"prompt {prompt.samples[0].ids[0]} continues the sequence held under handle "
+                                 f"{handle} with {len(prompt.samples)} samples; a continued prompt has one "
+                                 f"(num_samples=1)")
+        for i, (prompt, handle, where) in enumerate(zip(prompts, handles, held, strict=True)):
+            if where is not None:
+                prompt.pages, prompt.reused, prompt.state = engine.retained.take(
+                    handle, where, prompt.tokens, prompt.prefix, engine.pools[where], s.page_size,
+                    engine.rows_of(where))
+                prompt.scheduled = prompt.reused
+            elif replicas is not None:
+                where = replicas[i]
+            else:
+                where = min(range(len(self.replicas)), key=lambda j: self.replicas[j].remaining)
+            self.replicas[where].admit(prompt)
+
+    def step(self) -> None:
+        """One device call advancing every replica (weights published to the engine's feed first)."""
+        engine = self.engine
+        if engine.follow_feed() and engine.partial_rollouts == "recompute":  # newer weights from here on
+            for replica in self.replicas:
+                replica.recompute()
+        prefill, src, dst, slots = _stack([x.plan() for x in self.replicas])
+        tokens, logp, after, top, routing = engine.call(self.program, prefill, src, dst, slots, self.key)
+        self.calls += 1
+        for i, replica in enumerate(self.replicas):
+            replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023
+                           (top[0][i], top[1][i]), None if routing is None else routing[i])
+
+    def _check_released(self) -> None:
+        """A RuntimeError unless the pools hold only the retained sequences (with nothing busy)."""
+        engine = self.engine
+        if self.busy:
+            raise RuntimeError("the host loop was left with samples unfinished")
         leaked = [pool.in_use - engine.retained.pages_on(i) for i, pool in enumerate(engine.pools)]
         if any(leaked):
             raise RuntimeError(f"scheduler bug: pages still held after the rollout ({leaked} per replica)")
         rows = [pool.in_use - engine.retained.rows_on(i) for i, pool in enumerate(engine.state_pools or [])]
         if any(rows):
             raise RuntimeError(f"scheduler bug: state rows still held after the rollout ({rows} per replica)")
-    except BaseException:
-        engine.retained.forget()
-        for pool in engine.pools + (engine.state_pools or []):
-            pool.reset()
-        raise
-    finally:
-        engine.count(sum((x.tally() for x in replicas), EngineCounters()))
-    return _completions(engine, [x for p in prompts for x in p.samples], engine.settings.max_new_tokens)
+
+
+def rollout(engine: LoopEngine, requests: Requests, sampling: SamplingParams, key: jax.Array) -> Completions:
+    """Completions of every request (rows in request order): prompt i dealt to replica i mod R.
+    Afterwards the pools hold only the retained sequences (`Requests.sessions`); however else the
+    rollout ends (an exception, an interrupt), every page is free and nothing is retained."""
+    prompts = requested_prompts(engine.settings, requests)
+    r = len(engine.pools)
+    with HostLoop(engine, sampling, key, decode=requests.decode) as loop:
+        loop.admit(prompts, [i % r for i in range(len(prompts))])
+        while loop.busy:
+            loop.step()
+    return completions([x for p in prompts for x in p.samples], engine.settings.max_new_tokens,
+                       pad_id=engine.pad_id, eos_ids=engine.eos_ids, version=engine.version)
+
+
+__all__ = ["HostLoop", "LoopEngine", "check_fits", "pages_for_one", "rollout"]

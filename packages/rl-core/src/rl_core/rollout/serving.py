@@ -3,10 +3,11 @@
 `EngineLoop` owns a `PagedBackend` on one thread. Callers on any thread `submit` a `Job` (one
 prompt's token ids, sampled `num_samples` times, with its own limit, stop strings and optional
 seed and session handle) and get a `concurrent.futures.Future` of its samples. The loop admits
-every waiting job with the same sampling parameters between two device calls
-(`scheduler._Replica.admit`), so concurrent requests share the continuous batching of one
-rollout: a job that arrives while others decode starts at the next call, not after them. Jobs
-with other sampling parameters (another compiled program) wait until the running ones finish.
+every waiting job with the same sampling parameters between two device calls into one
+`rl_core.rollout.scheduler.HostLoop` (the loop training rollouts run too), so concurrent requests
+share the continuous batching of one rollout: a job that arrives while others decode starts at
+the next call, not after them. Jobs with other sampling parameters (another compiled program)
+wait until the running ones finish.
 
 Each sample draws with its own key, fold_in(fold_in(loop key, prompt id), sample index), as in a
 rollout (rl_core.rollout.step.completion_keys): a job with a `seed` takes it as its prompt id, so
@@ -15,9 +16,11 @@ the same seed, prompt and weights give the same tokens whatever else runs beside
 A sample ends at an end-of-sequence token, its job's limit, or soon after a stop string (the
 engine may decode up to k - 1 tokens past it: `Sample.tokens` is cut just after the token that
 completes the stop string, as `finish` reports). A job with a session handle leaves its sequence
-retained for a next job continuing it (rl_core.rollout.retained). Weights change only between
-rollouts (`update_weights`); any exception inside a rollout fails every job of it, frees every
-page, and the loop goes on with the next jobs.
+retained for a next job continuing it (rl_core.rollout.retained). Weights change between
+rollouts (`update_weights`), or, on an engine with partial rollouts, at the next device call
+after one is published to its feed (`PagedBackend.publish`: each token records the version that
+sampled it, `recompute` recomputes what the pages hold). Any exception inside a rollout fails
+every job of it, frees every page, and the loop goes on with the next jobs.
 """
 
 from __future__ import annotations
@@ -25,18 +28,22 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import numpy as np
 
-from rl_core.rollout import scheduler
-from rl_core.rollout.backend import EngineCounters
+from rl_core.rollout.records import PromptRecord, SampleRecord, prompt_record
 from rl_core.rollout.sampler import SamplingParams
+from rl_core.rollout.scheduler import HostLoop
+
+if TYPE_CHECKING:
+    from rl_core.rollout.paged import PagedBackend
 
 SEED_IDS = 1 << 30
 """Prompt ids below this are seeds (`Job.seed` mod SEED_IDS); unseeded jobs count from here."""
@@ -50,11 +57,15 @@ class Sample(NamedTuple):
     logp: list[float]
     """The sampler's log-prob of each token (under the whole tempered softmax)."""
     version: int
-    """The weight version that sampled its tokens."""
+    """The weight version that sampled its first token (a later one may sample the rest on an engine
+    with partial rollouts)."""
     finish: str
     """"stop" (an end-of-sequence token or a stop string) or "length" (the job's limit)."""
     top: Sequence[tuple[list[int], list[float]]] = ()
     """Per token, the engine's `top_logprobs` likeliest tokens and their log-probs (empty when it computes none)."""
+    routing: np.ndarray | None = None
+    """[tokens, layers, k]: the experts each layer's router chose for each token (a mixture of experts;
+    None for a dense model), as a rollout's `Completions.routing` holds them."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,14 +85,14 @@ class Job:
     on_tokens: Callable[[int, list[int]], None] | None = None
     """Called on the loop's thread after each device call that gave sample j new tokens: (j, its tokens so far)."""
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
-    _samples: list[Any] = dataclasses.field(default_factory=list)
+    _samples: list[SampleRecord] = dataclasses.field(default_factory=list)
     _seen: list[int] = dataclasses.field(default_factory=list)
 
 
 class EngineLoop:
     """Serves `Job`s on one thread with `engine` (a PagedBackend holding weights); see the module docstring."""
 
-    def __init__(self, engine: Any, decode: Callable[[list[int]], str], *, key: jax.Array | None = None,
+    def __init__(self, engine: PagedBackend, decode: Callable[[list[int]], str], *, key: jax.Array | None = None,
                  linger_s: float = 0.005, linger_max_s: float = 0.05) -> None:
         """`linger_s`, `linger_max_s`: an idle engine woken by a job waits while more keep coming, each
         within `linger_s` of the last, `linger_max_s` at most, so that a burst of requests starts as one
@@ -200,38 +211,37 @@ class EngineLoop:
 
     def _rollout(self, sampling: SamplingParams) -> None:
         """One busy period: device calls while any job with `sampling` waits or runs, admitting new ones."""
-        engine = self.engine
-        engine.ensure_pages()
-        replicas = [scheduler._Replica(engine, i, [], self.decode) for i in range(len(engine.pools))]
-        step = engine.step_program(sampling)
         running: list[Job] = []
         self.rollouts += 1
+        loop: HostLoop | None = None
         try:
-            while True:
-                if not self._take(block=False):
-                    self._stopping = True  # finish this rollout first, unless abandoned
-                    if self._abandon:
-                        raise RuntimeError("the engine loop closed before this request finished")
-                self._admit(replicas, running, sampling)
-                if not running:
-                    break
-                prefill, src, dst, slots = scheduler._stack([x.plan() for x in replicas])
-                tokens, logp, after, top, _ = engine.call(step, prefill, src, dst, slots, self.key)
-                self.calls += 1
-                for i, replica in enumerate(replicas):
-                    replica.absorb(tokens[i], logp[i], jax.tree.map(lambda a: a[i], after), engine.version,  # noqa: B023
-                                   (top[0][i], top[1][i]))
-                running[:] = [job for job in running if not self._progress(job)]
-        except BaseException as e:
-            engine.reset_after_failure()
+            with HostLoop(self.engine, sampling, self.key, decode=self.decode) as loop:
+                while True:
+                    if not self._take(block=False):
+                        self._stopping = True  # finish this rollout first, unless abandoned
+                        if self._abandon and running:
+                            raise RuntimeError("the engine loop closed before this request finished")
+                        if self._abandon:  # the waiting jobs fail as the thread ends
+                            break
+                    self._admit(loop, running, sampling)
+                    if not running:
+                        break
+                    loop.step()
+                    self.calls += 1
+                    running[:] = [job for job in running if not self._progress(job)]
+        except BaseException as e:  # a host loop that started reset the engine
+            if loop is None:  # it could not start (no pool, no program): the jobs waiting for it fail
+                running = [job for job in self._waiting if job.sampling == sampling
+                           and job.future.set_running_or_notify_cancel()]
+                self._waiting = collections.deque(job for job in self._waiting if job.sampling != sampling)
             for job in running:
                 job.future.set_exception(e)
+            if not running and isinstance(e, Exception):  # no job to tell: a bookkeeping bug after the last one
+                logging.getLogger(__name__).error("the engine loop's rollout failed after its jobs", exc_info=e)
             if not isinstance(e, Exception):
                 raise
-        finally:
-            engine.count(sum((x.tally() for x in replicas), EngineCounters()))
 
-    def _admit(self, replicas: list[Any], running: list[Job], sampling: SamplingParams) -> None:
+    def _admit(self, loop: HostLoop, running: list[Job], sampling: SamplingParams) -> None:
         """Start every waiting job with `sampling`, each on the replica holding its session or the least busy."""
         later: collections.deque[Job] = collections.deque()
         while self._waiting:
@@ -242,44 +252,31 @@ class EngineLoop:
             if not job.future.set_running_or_notify_cancel():
                 continue
             try:
-                prompt, where = self._prompt(job, replicas)
+                prompt = self._prompt(job)
+                loop.admit([prompt])
             except ValueError as e:
                 job.future.set_exception(e)
                 continue
-            replicas[where].admit([prompt])
+            if job.seed is None:  # only an admitted job takes an unseeded id
+                self._unseeded = (self._unseeded + 1) % SEED_IDS
             job._samples, job._seen = prompt.samples, [0] * job.num_samples
             running.append(job)
         self._waiting = later
 
-    def _prompt(self, job: Job, replicas: list[Any]) -> tuple[Any, int]:
-        engine, s = self.engine, self.engine.settings
-        tokens = np.asarray(job.tokens, np.int32)
-        if not len(tokens):
-            raise ValueError("the prompt has no token")
-        if (len(tokens) - 1 + s.max_new_tokens - 1) // s.page_size + 1 > s.pages_per_sequence:
-            raise ValueError(f"the prompt has {len(tokens)} tokens: more than the engine's max_prompt_tokens "
-                             f"({s.max_prompt_tokens})")
+    def _prompt(self, job: Job) -> PromptRecord:
+        """`job` as a prompt record keyed by its seed (else the next unseeded prompt id); a ValueError
+        when the engine cannot take it."""
+        s = self.engine.settings
+        limit = s.max_new_tokens if job.max_new_tokens <= 0 else min(job.max_new_tokens, s.max_new_tokens)
+        pid = int(job.seed) % SEED_IDS if job.seed is not None else SEED_IDS + self._unseeded
+        prompt = prompt_record(np.asarray(job.tokens, np.int32), s, name="the prompt", prompt_id=pid,
+                               num_samples=max(job.num_samples, 0), limit=limit, stops=job.stops,
+                               sessions=[job.session] * max(job.num_samples, 0))
         if job.num_samples < 1:
             raise ValueError(f"num_samples = {job.num_samples}: must be >= 1")
         if job.session >= 0 and job.num_samples > 1:
             raise ValueError(f"a job with a session has one sample, not {job.num_samples}")
-        scheduler.check_fits(engine.pools[0].num_pages - 1, s.page_size, len(tokens), s.max_new_tokens)
-        limit = s.max_new_tokens if job.max_new_tokens <= 0 else min(job.max_new_tokens, s.max_new_tokens)
-        if job.seed is not None:
-            pid = int(job.seed) % SEED_IDS
-        else:
-            pid, self._unseeded = SEED_IDS + self._unseeded, (self._unseeded + 1) % SEED_IDS
-        prompt = scheduler._Prompt(tokens, unfinished=job.num_samples, limit=limit, stops=tuple(job.stops))
-        session = job.session if job.num_samples == 1 else -1
-        prompt.samples = [scheduler._Sample(j, prompt, (pid, j), session=session) for j in range(job.num_samples)]
-        where = engine.retained.replica_of(session) if session >= 0 else None
-        if where is None:
-            where = min(range(len(replicas)), key=lambda i: replicas[i].remaining)
-        else:
-            prompt.pages, prompt.reused, prompt.state = engine.retained.take(
-                session, where, prompt.tokens, prompt.prefix, engine.pools[where], s.page_size, engine.rows_of(where))
-            prompt.scheduled = prompt.reused
-        return prompt, where
+        return prompt
 
     def _progress(self, job: Job) -> bool:
         """Stream `job`'s new tokens; resolve it when every sample ended (True)."""
@@ -296,8 +293,9 @@ class EngineLoop:
             tokens, stopped = self._cut_at_stop(job, list(sample.tokens))
             ended = stopped or (bool(tokens) and tokens[-1] in self.engine.eos_ids)
             version = sample.versions[0] if sample.versions else self.engine.version
+            routing = np.stack(sample.routing[: len(tokens)]) if sample.routing and tokens else None
             out.append(Sample(tokens, list(sample.logp[: len(tokens)]), version, "stop" if ended else "length",
-                              list(sample.top[: len(tokens)])))
+                              list(sample.top[: len(tokens)]), routing))
         job.future.set_result(out)
         return True
 
