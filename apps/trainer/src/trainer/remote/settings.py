@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rl_core.config import Config, check
-from rl_core.rollout.paged_settings import PagedSettings
+from rl_core import Config, check
+from rl_core.rollout import PagedSettings
 
 
 def _check_urls(config: Config) -> None:

@@ -23,8 +23,7 @@ from rl_core.run import (
     SETTINGS_AT_START, storage, SUMMARY,
 )
 from rl_core import ConfigError
-from rl_core.rollout.moved_keys import moved_into_options
-from rl_core.rollout import resolve_engine
+from rl_core.rollout import moved_into_options, resolve_engine
 
 from trainer.settings import RunSettings, build_settings, load_yaml
 

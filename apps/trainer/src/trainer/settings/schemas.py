@@ -317,7 +317,7 @@ class RunSettings(Config):
             check(storage.is_url(teacher) or Path(teacher).is_dir(), config, "teacher",
                   "must be an existing folder (a Hugging Face model or a trainer run) or a URL")
         if getattr(config, "routing_replay", "off") == "rollout" and not self.rollout.engine_record().offers.routing:
-            from rl_core.rollout.engines import offering  # what the records offer, before any engine is built
+            from rl_core.rollout import offering  # what the records offer, before any engine is built
 
             raise ConfigError(
                 f"algorithm.routing_replay = 'rollout': rollout.engine={self.rollout.engine_record().name!r} records "
