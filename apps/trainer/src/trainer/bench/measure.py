@@ -194,7 +194,7 @@ def run_bench(
                           "uv run trainer convert --gguf FILE --out DIR; docs/real-models.md)")
     settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
     log(f"bench {preset}: {devices.describe()}")
-    check_memory(settings, preset, memory_gb=memory_gb, log=log)  # before anything is allocated
+    settings = check_memory(settings, preset, memory_gb=memory_gb, log=log)  # picks remat=auto; before anything is allocated
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)

@@ -51,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
                            headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX
+    from trainer.plan.choice import Choice, NothingFits, pick_memory
     from trainer.plan.refusal import ProgramRefused
     from trainer.plan.search import search
+    from trainer.plan.tpu_compile import calibrated, tpu_compiler
     from trainer.settings import build_settings
 
     shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset),
@@ -62,11 +64,27 @@ def run(args: argparse.Namespace) -> int:
         return build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides, *extra])
 
     programs: dict = {}  # compiled once, shared by the candidates of the search
+    # on TPU: XLA:TPU ahead of time where libtpu is importable, else XLA:CPU calibrated (trainer.plan.tpu_compile)
+    compiler = tpu_compiler(args.devices) if args.platform == "tpu" else None
+    options = compiler.plan_options() if compiler else {}
 
     def plan_of(settings):
-        return plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs)
+        planned = plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs, **options)
+        return calibrated(planned, compiler.calibration) if compiler and compiler.calibration else planned
 
+    note = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    if compiler:
+        note(f"tpu: {compiler.description}")
     settings = settings_with(())
+    picked = ()
+    try:
+        # model.remat and training.micro_batch_size left at auto: what a run on this device would pick
+        settings, choice = pick_memory(settings, budget.limit_bytes, plan_of, args.platform, log=note)
+        picked = choice.overrides() if choice.auto else ()
+    except NothingFits as e:
+        note(str(e))
+        picked = Choice(e.last, "", ("model.remat",)).overrides()
+        settings = settings_with(picked)
     try:
         result = plan_of(settings)
     except ProgramRefused as e:  # compiled for a TPU, whose compiler refuses what does not fit
@@ -79,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
         log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
             lambda line: print(line, flush=True))
         log("searching for settings that fit, cheapest first:")
-        fit = search(result, settings, settings_with, plan_of, log=log)
+        fit = search(result, settings, lambda extra: settings_with((*picked, *extra)), plan_of, log=log)
         if not args.json:
             print(f"fits with: {' '.join(fit.overrides)}" if fit else
                   "nothing searched fits (attention, remat, micro-batch size, an expert axis, rollout engine and slots)")
     if args.json:
-        out = result.to_dict() | {"fit": None if fit is None else {"overrides": list(fit.overrides),
+        out = result.to_dict() | {"memory_settings": list(picked), "fit": None if fit is None else {"overrides": list(fit.overrides),
                                                                      "plan": fit.plan.to_dict()}}
         print(json.dumps(out, indent=2))
     return 0

@@ -157,7 +157,8 @@ def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
     """Attention, then remat policies, then smaller micro-batches (module doc)."""
     model = settings.model
     attention = ("model.attention=auto",) if base.attention == "xla" and base.auto_attention != "xla" else ()
-    current = "dots_with_no_batch_dims_saveable" if model.remat == "offload" else model.remat
+    # offload keeps what dots_with_no_batch_dims_saveable keeps; auto not yet picked keeps everything
+    current = {"offload": "dots_with_no_batch_dims_saveable", "auto": "none"}.get(model.remat, model.remat)
     remats = REMAT_ORDER[REMAT_ORDER.index(current):]
     micros = micro_batches(settings)
     training = settings.training

@@ -38,6 +38,7 @@ from rl_core.run import (
 )
 
 from trainer import build, checks
+from trainer.bench.memory_check import fit_memory
 from trainer.evaluate import evaluate
 from trainer.run import devices
 from trainer.run import folder as run_folder
@@ -157,6 +158,9 @@ def train_run(
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
     run_folder.check_can_make(run_dir)
+    # model.remat and training.micro_batch_size at "auto": picked to fit this device, written into config.yaml
+    # below (a resume reads them back, so it keeps them); a user's own values are only checked
+    settings = fit_memory(settings, log=log)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
