@@ -274,7 +274,10 @@ def run_bench(
     lora = settings.model.lora
     results["lora"] = {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets),
                        "quantize": settings.model.quantize} if lora.rank else None
-    results["memory"] = memory
+    results["memory"] = memory | device_peak(settings)
+    if results["memory"]["device_peak_bytes"]:
+        log(f"device memory: peak {results['memory']['device_peak_bytes'] / 2**30:.2f} GiB in use (the allocator's), "
+            f"remat={settings.model.remat}, micro_batch_size={settings.training.micro_batch_size}")
     results["rollout"]["engine"] = resolve_engine(settings.rollout)  # "auto" picks by max_new_tokens
     print_table(results)
     if output is not None:
@@ -441,6 +444,15 @@ def _summarise(
         "mfu_step_mean": phases["step"]["model_flops"] / phases["step"]["mean_seconds"] / peak_rate,
         "compile_count": compiles,
     }
+
+
+def device_peak(settings: Any) -> dict[str, Any]:
+    """The allocator's peak bytes in use on device 0 so far (an accelerator's; none on CPU), beside the
+    memory settings the run took (model.remat=auto picked: trainer.plan.choice): what `trainer plan`'s
+    peak is compared with."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"device_peak_bytes": stats.get("peak_bytes_in_use"), "remat": settings.model.remat,
+            "micro_batch_size": settings.training.micro_batch_size}
 
 
 def resident_memory(learner: Any) -> dict[str, int]:
