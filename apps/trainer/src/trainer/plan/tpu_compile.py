@@ -9,7 +9,7 @@ else changes. A program over the chip's memory is refused by that compiler as on
 (trainer.plan.refusal).
 
 Without libtpu the programs are compiled by XLA:CPU, whose buffer assignment is not the TPU's: its
-update temporaries were 2.4x the chip's (`CPU_OVER_TPU`), and `calibrated` scales them by that
+update temporaries were 4.85x the chip's at the one point measured (`CPU_OVER_TPU`), and `calibrated` scales them by that
 measured factor, labelled as a calibration wherever it is printed.
 """
 
@@ -24,13 +24,12 @@ V5E_SLICES = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8
 V5E_HOST = (2, 4)
 """A v5e host's chips at most (a slice of up to 8 chips is one host)."""
 
-CPU_OVER_TPU = 2.41
-"""XLA:CPU's update temporaries over XLA:TPU's for the same program: measured on a TPU v5e for the
-Qwen2.5-0.5B shape (bfloat16, 16 prompts x 8 completions, 256 new tokens, remat=full), where the CPU
-plan's peak was 14.37 GiB and the chip's 6.14 GiB, with 4.00 GiB of resident state (float32 weights
-and AdamW moments) on both: (14.37 - 4.00) / (6.14 - 4.00) = 4.85 over all temporaries; 2.41 is the
-same ratio for the update's temporaries alone as the plan tables them (see docs/on-a-tpu.md). One
-point: a calibration, not a model of XLA:TPU."""
+CPU_OVER_TPU = 4.85
+"""XLA:CPU's update temporaries over XLA:TPU's for the same program: one point, measured for the
+Qwen2.5-0.5B shape (bfloat16, 16 prompts x 8 completions, 256 new tokens, remat=full, beta 0) on a v5e,
+where the CPU plan's peak was 14.37 GiB and the chip's 6.14 GiB, both over the same 4.00 GiB of resident
+state (float32 weights and AdamW moments): (14.37 - 4.00) / (6.14 - 4.00) = 4.85. A calibration, not a
+model of XLA:TPU: other shapes and remat policies may differ (docs/on-a-tpu.md)."""
 
 
 def libtpu_importable() -> bool:
