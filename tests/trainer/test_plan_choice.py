@@ -153,3 +153,17 @@ def test_the_count_of_the_qwen2_5_0_5b_shape():
     limit = int(14 * GIB)
     assert estimate.settled(estimate.training_bytes(shape, "none"), limit) is False
     assert estimate.settled(estimate.training_bytes(shape, "full"), limit) is None  # compiled to tell
+
+
+def test_the_training_peak_alone_is_the_whole_plans():
+    """The pick compiles only the update and the reference pass (training_peak); the same bytes as the whole
+    plan's resident state plus its larger training program (beta > 0: the reference pass is compiled too)."""
+    from trainer.plan import memory_budget, plan, training_peak
+    from trainer.plan.choice import plan_training_peak
+
+    settings = build_settings(algo="grpo", overrides=["model.preset=tiny", "training.prompts_per_step=2",
+                                                      "algorithm.group_size=4", "algorithm.beta=0.04",
+                                                      "model.remat=full", "training.micro_batch_size=4"])
+    whole = plan(settings, memory_budget("cpu"))
+    assert whole.compiled["reference_temporaries"] is not None and whole.compiled["reference"] > 0
+    assert training_peak(settings, memory_budget("cpu")) == plan_training_peak(whole)

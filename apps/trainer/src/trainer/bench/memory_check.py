@@ -63,13 +63,13 @@ def fit_memory(settings: Any, *, memory_gb: float | None = None, log: Callable[[
     """`settings` with model.remat and training.micro_batch_size picked where they are "auto"
     (trainer.plan.choice): what fits this device, less DEFAULT_HEADROOM; the pick is one logged line.
     Raises `NothingFits` when nothing does. `programs` keeps compiled programs for a later plan."""
-    from trainer.plan import plan
+    from trainer.plan import training_peak
     from trainer.plan.choice import pick_memory
 
     budget = device_budget(memory_gb, headroom=DEFAULT_HEADROOM)
     memo = {} if programs is None else programs
     picked, _ = pick_memory(settings, budget.limit_bytes,
-                            lambda s: plan(as_run(s, budget.platform), budget, compiled_programs=memo),
+                            lambda s: training_peak(as_run(s, budget.platform), budget, compiled_programs=memo),
                             budget.platform, log=log)
     return picked
 

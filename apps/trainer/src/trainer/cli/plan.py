@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                            headroom=args.headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX
-    from trainer.plan.choice import Choice, NothingFits, pick_memory
+    from trainer.plan.choice import Choice, NothingFits, pick_memory, plan_training_peak
     from trainer.plan.refusal import ProgramRefused
     from trainer.plan.search import search
     from trainer.plan.tpu_compile import calibrated, tpu_compiler
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     picked = ()
     try:
         # model.remat and training.micro_batch_size left at auto: what a run on this device would pick
-        settings, choice = pick_memory(settings, budget.limit_bytes, plan_of, args.platform, log=note)
+        settings, choice = pick_memory(settings, budget.limit_bytes, lambda s: plan_training_peak(plan_of(s)),
+                                       args.platform, log=note)
         picked = choice.overrides() if choice.auto else ()
     except NothingFits as e:
         note(str(e))
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"fits with: {' '.join(fit.overrides)}" if fit else
                   "nothing searched fits (attention, remat, micro-batch size, an expert axis, rollout engine and slots)")
     if args.json:
-        out = result.to_dict() | {"memory_settings": list(picked), "fit": None if fit is None else {"overrides": list(fit.overrides),
-                                                                     "plan": fit.plan.to_dict()}}
+        found = None if fit is None else {"overrides": list(fit.overrides), "plan": fit.plan.to_dict()}
+        out = result.to_dict() | {"memory_settings": list(picked), "fit": found}
         print(json.dumps(out, indent=2))
     return 0

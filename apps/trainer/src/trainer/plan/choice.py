@@ -122,11 +122,18 @@ def decide(options: Sequence[Candidate], count: Callable[[Candidate], int],
     return None
 
 
-def choose(settings: Any, limit: int, plan_of: Callable[[Any], Any], platform: str,
+def plan_training_peak(plan: Any) -> int:
+    """A compiled plan's (trainer.plan.result.Plan) resident state plus its largest training program:
+    what `trainer.plan.planner.training_peak` compiles alone."""
+    return plan.resident_bytes + max(plan.program_bytes[n] for n in TRAINING_PROGRAMS if n in plan.program_bytes)
+
+
+def choose(settings: Any, limit: int, peak_of: Callable[[Any], int], platform: str,
            log: Callable[[str], None] = lambda _: None, warn: Callable[[str], None] = print,
            shape_of: Callable[[Any, Candidate], estimate.Shape] | None = None) -> Choice:
     """The remat and micro-batch of a run with `settings` on a `platform` device under `limit` bytes;
-    `plan_of(settings)` compiles a plan (trainer.plan.planner.plan with the run's budget). `log` gets a
+    `peak_of(settings)` compiles its training programs (trainer.plan.planner.training_peak, or
+    `plan_training_peak` of a whole plan) and may raise ProgramRefused. `log` gets a
     line per candidate tried; `warn` the line for settings the user gave that surely do not fit. Raises
     ConfigError when nothing searched fits (the line names what to change)."""
     auto = auto_settings(settings)
@@ -138,10 +145,9 @@ def choose(settings: Any, limit: int, plan_of: Callable[[Any], Any], platform: s
 
     def compiled(c: Candidate) -> int | None:
         try:
-            p = plan_of(Choice(c, "", auto).apply(settings))
+            return peak_of(Choice(c, "", auto).apply(settings))
         except ProgramRefused:
             return None
-        return p.resident_bytes + max(p.program_bytes[n] for n in TRAINING_PROGRAMS if n in p.program_bytes)
 
     if not auto:  # the user's settings win: only a count that is surely too much is said
         c = options[0]
@@ -209,16 +215,17 @@ def model_shape(settings: Any, platform: str) -> Callable[[Any, Candidate], esti
     return shape_of
 
 
-def pick_memory(settings: Any, limit: int, plan_of: Callable[[Any], Any], platform: str,
+def pick_memory(settings: Any, limit: int, peak_of: Callable[[Any], int], platform: str,
                 log: Callable[[str], None] = print,
                 detail: Callable[[str], None] = lambda _: None) -> tuple[Any, Choice]:
     """`settings` with remat and micro-batch picked (module doc), and the choice, whose line is logged
     when something was picked; `detail` gets a line per candidate tried."""
-    choice = choose(settings, limit, plan_of, platform, log=detail, warn=log)
+    choice = choose(settings, limit, peak_of, platform, log=detail, warn=log)
     if choice.auto:
         log(choice.line())
         return choice.apply(settings), choice
     return settings, choice
 
 
-__all__ = ["Candidate", "Choice", "NothingFits", "auto_settings", "candidates", "choose", "decide", "pick_memory"]
+__all__ = ["Candidate", "Choice", "NothingFits", "auto_settings", "candidates", "choose", "decide", "pick_memory",
+           "plan_training_peak"]

@@ -82,6 +82,15 @@ def planned_config(m: Any) -> tuple[Any, dict[str, Any]]:
     return preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime), runtime
 
 
+def training_peak(settings: Any, budget: MemoryBudget, *, compiled_programs: dict | None = None,
+                  devices: Any = None, kernels: bool = False) -> int:
+    """The resident state plus the larger of the update's and the reference pass's temporaries,
+    compiled as `plan` compiles them, and nothing else (no rollout engine, critic, teacher or judge):
+    what a remat or micro-batch setting changes (trainer.plan.choice), at a compile or two."""
+    return _plan(settings, budget, compiled_programs=compiled_programs, devices=devices, kernels=kernels,
+                 training_only=True)
+
+
 def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
          compiled_programs: dict[str, tuple[int, int, int]] | None = None, devices: Any = None,
          kernels: bool = False) -> Plan:
@@ -94,6 +103,13 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     program's sizes by its lowered text, so plans that share a program compile it once. `devices`
     (default this host's) are those the mesh is laid over: a TPU topology's, compiled ahead of time
     with no chip (trainer.plan.tpu_compile), with the platform's real kernels (`kernels`)."""
+    return _plan(settings, budget, mean_new_tokens=mean_new_tokens, compiled_programs=compiled_programs,
+                 devices=devices, kernels=kernels)
+
+
+def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
+          compiled_programs: dict | None = None, devices: Any = None, kernels: bool = False,
+          training_only: bool = False) -> Any:
     # imported here, not at the top: `trainer plan` imports this module before simulate_devices
     # sets the device count, which must come before anything starts JAX's backend
     import jax
@@ -194,6 +210,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         ref_args, ref_out, ref_temp = sizes(programs.logprobs, master if lora.rank else stored, frozen, ref_inputs)
         ref_temp += ref_out
 
+    if training_only:  # resident (as Plan.resident_bytes counts it) + the larger training program
+        update_batch_b, ref_batch_b = per_device(update_batch), per_device(ref_inputs)
+        reference = ref_args - ref_batch_b - per_device(frozen) if ref_args is not None else 0
+        return update_args - update_batch_b + reference + max(update_temp, ref_temp or 0)
     ways = mesh_lib.batch_devices(mesh)
 
     params_b = per_device(master)
