@@ -24,13 +24,14 @@ def test_the_v5e_slice_of_each_chip_count():
 
 def test_the_calibration_scales_the_update_temporaries_alone():
     """10 GiB of float32 weights and AdamW moments are the same on both compilers; 4.82 GiB of XLA:CPU
-    update temporaries are 4.82 / CPU_OVER_TPU on the chip."""
+    update temporaries are 4.82 / 0.957 = 5.04 GiB on XLA:TPU."""
     compiled = {"parameters_and_optimizer_state": 10 * GIB, "frozen_base": 0, "reference": 0,
                 "update_temporaries": int(4.82 * GIB), "rollout_temporaries": 0, "reference_temporaries": None}
     plan = Plan("m", {"data": 1, "fsdp": 1, "tensor": 1}, 1, 1, compiled, {"loaded_model": 0}, memory_budget("tpu"))
     scaled = calibrated(plan, CPU_OVER_TPU)
     assert scaled.resident_bytes == plan.resident_bytes == 10 * GIB
-    assert scaled.program_bytes["update"] == int(int(4.82 * GIB) / CPU_OVER_TPU)
+    assert CPU_OVER_TPU == 0.957 and scaled.program_bytes["update"] == int(int(4.82 * GIB) / 0.957)
+    assert round(scaled.program_bytes["update"] / GIB, 2) == 5.04
     assert scaled.peak_bytes == 10 * GIB + int(int(4.82 * GIB) / CPU_OVER_TPU)
 
 

@@ -8,9 +8,14 @@ CPU hosts). The CPU backend stays JAX's default (`trainer plan` sets JAX_PLATFOR
 else changes. A program over the chip's memory is refused by that compiler as on the chip
 (trainer.plan.refusal).
 
-Without libtpu the programs are compiled by XLA:CPU, whose buffer assignment is not the TPU's: its
-update temporaries were 4.85x the chip's at the one point measured (`CPU_OVER_TPU`), and `calibrated` scales them by that
-measured factor, labelled as a calibration wherever it is printed.
+Without libtpu the programs are compiled by XLA:CPU, whose buffer assignment is not the TPU's; the
+update's temporaries are scaled by a measured ratio (`CPU_OVER_TPU`, `calibrated`), labelled as a
+calibration wherever it is printed.
+
+What the chip "uses" is the TPU compiler's figure: `Device.memory_stats()["peak_bytes_in_use"]` on a
+TPU leaves out a program's temporaries (a program that XLA:TPU gives 13.0 GiB of temporaries left
+the peak at 1.01 GiB, its 1 GiB argument and output), so a peak read from the allocator (6.14 GiB for
+the Qwen2.5-0.5B shape's remat=full step) is the resident state and arguments alone.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ V5E_SLICES = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8
 V5E_HOST = (2, 4)
 """A v5e host's chips at most (a slice of up to 8 chips is one host)."""
 
-CPU_OVER_TPU = 4.85
-"""XLA:CPU's update temporaries over XLA:TPU's for the same program: one point, measured for the
-Qwen2.5-0.5B shape (bfloat16, 16 prompts x 8 completions, 256 new tokens, remat=full, beta 0) on a v5e,
-where the CPU plan's peak was 14.37 GiB and the chip's 6.14 GiB, both over the same 4.00 GiB of resident
-state (float32 weights and AdamW moments): (14.37 - 4.00) / (6.14 - 4.00) = 4.85. A calibration, not a
-model of XLA:TPU: other shapes and remat policies may differ (docs/on-a-tpu.md)."""
+CPU_OVER_TPU = 0.957
+"""XLA:CPU's update temporaries over XLA:TPU's for the same program, one point: the Qwen2.5-0.5B shape
+(bfloat16, 16 prompts x 8 completions, 256 new tokens, remat=full, beta 0, one v5e), 10.37 GiB on XLA:CPU
+and 10.83 GiB on XLA:TPU ahead of time (10.37 / 10.83 = 0.957; resident state 4.00 GiB on both, peaks
+14.37 and 14.84). At remat=none XLA:TPU refuses 70.66 GiB of temporaries, the figure the chip's own
+compile gave. A calibration, not a model of XLA:TPU: other shapes and policies may differ."""
 
 
 def libtpu_importable() -> bool:
@@ -79,7 +84,8 @@ def tpu_compiler(chips: int) -> Compiler:
         return Compiler(topology_devices(chips), f"compiled ahead of time by XLA:TPU for {topology_name(chips)} "
                                                  "(libtpu, no chip needed)")
     return Compiler(None, f"compiled by XLA:CPU (libtpu is not installed: `uv sync --extra tpu` compiles for the "
-                          f"TPU); update temporaries calibrated / {CPU_OVER_TPU} (measured on a v5e)", CPU_OVER_TPU)
+                          f"TPU); update temporaries calibrated: XLA:CPU's / {CPU_OVER_TPU}, a ratio measured on one shape",
+                    CPU_OVER_TPU)
 
 
 def calibrated(plan: Any, factor: float) -> Any:
