@@ -21,15 +21,13 @@ import jax
 from rl_core import ConfigError
 
 from trainer.plan import GIB, MemoryBudget
-from trainer.plan.device_memory import DEFAULT_HEADROOM
+from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM
 from trainer.plan.refusal import ProgramRefused
 
 
-FIT_HEADROOM = {"tpu": 0.05}
-"""The share of a device's free memory a pick leaves unplanned. On a TPU the pick's figures are XLA:TPU's
-own, the temporaries the chip will hold (trainer.plan.refusal): 5% is for the runtime and fragmentation.
-The Qwen2.5-0.5B shape's step at remat=full needs 14.84 of the v5e's 15.75 GiB and ran there. Elsewhere
-DEFAULT_HEADROOM (10%), as `trainer plan` keeps."""
+FIT_HEADROOM = {"tpu": COMPILER_HEADROOM}
+"""The share of a device's free memory a pick leaves unplanned: on a TPU its figures are XLA:TPU's own;
+elsewhere DEFAULT_HEADROOM, as `trainer plan` keeps."""
 
 
 class DoesNotFit(ConfigError):

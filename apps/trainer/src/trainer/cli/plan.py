@@ -31,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--memory-fraction", type=float, default=None,
                     help="share of it the runtime lets a run use (default: gpu XLA_CLIENT_MEM_FRACTION or 0.75, "
                          "JAX's preallocation; tpu 0.97; cpu 1)")
-    pl.add_argument("--headroom", type=float, default=0.10,
-                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10)")
+    pl.add_argument("--headroom", type=float, default=None,
+                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10; "
+                         "0.05 for tpu where libtpu compiles the plan, as a run on the chip keeps)")
     pl.add_argument("--no-search", action="store_true",
                     help="when the run does not fit, do not search for settings that make it fit")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -44,11 +45,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.plan import memory_budget, plan, simulate_devices
+    from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM
+    from trainer.plan.tpu_compile import libtpu_importable
 
     if args.devices < 1:
         raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
+    # XLA:TPU's own figures need less room than another compiler's standing in for it
+    headroom = args.headroom if args.headroom is not None else (
+        COMPILER_HEADROOM if args.platform == "tpu" and libtpu_importable() else DEFAULT_HEADROOM)
     budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
-                           headroom=args.headroom)
+                           headroom=headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX
     from trainer.plan.choice import Choice, NothingFits, pick_memory, plan_training_peak
