@@ -461,7 +461,7 @@ class TrainingConfig(Config):
         check(self.mini_batch_size is None or self.mini_batch_size >= 1, self, "mini_batch_size", "must be >= 1")
         check(self.micro_batch_size in (None, MICRO_AUTO) or (isinstance(self.micro_batch_size, int)
                                                                and self.micro_batch_size >= 1),
-              self, "micro_batch_size", f"must be an int >= 1, null (the whole mini-batch) or {MICRO_AUTO!r}")
+              self, "micro_batch_size", f"must be >= 1, null (the whole mini-batch) or {MICRO_AUTO!r}")
         if self.mini_batch_size and isinstance(self.micro_batch_size, int):
             check(
                 self.mini_batch_size % self.micro_batch_size == 0,
