@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # model.remat and training.micro_batch_size left at auto: what a run on this device would pick
         settings, choice = pick_memory(settings, budget.limit_bytes, lambda s: plan_training_peak(plan_of(s)),
-                                       args.platform, log=note)
+                                       args.platform, log=note, detail=note)
         picked = choice.overrides() if choice.auto else ()
     except NothingFits as e:
         note(str(e))
