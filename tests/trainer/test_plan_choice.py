@@ -167,3 +167,21 @@ def test_the_training_peak_alone_is_the_whole_plans():
     whole = plan(settings, memory_budget("cpu"))
     assert whole.compiled["reference_temporaries"] is not None and whole.compiled["reference"] > 0
     assert training_peak(settings, memory_budget("cpu")) == plan_training_peak(whole)
+
+
+def test_weights_and_optimizer_state_over_the_device_are_refused_in_one_line_before_any_compile():
+    """The Qwen2.5-1.5B shape trained in full: 1,310,492,672 parameters (28 blocks of 46,797,824, the final
+    norm's 1,536 and a tied 99 x 1,536 character embedding), 16 B each of float32 weights, AdamW moments and
+    gradients = 19.53 GiB, over a v5e's 15 GiB whatever the remat and micro-batch; the line names LoRA and FSDP."""
+    from trainer.plan.choice import NothingFits
+
+    settings = build_settings(algo="grpo", overrides=["model.preset=qwen2_1_5b_shape", "model.dtype=bfloat16",
+                                                      "algorithm.beta=0.0"])
+
+    def never(s):
+        raise AssertionError("compiled a plan")
+
+    with pytest.raises(NothingFits, match=r"^memory: the float32 weights, AdamW state and gradients alone take 19\.5 "
+                                          r"GiB per device, over the 15\.0 this device has: train adapters "
+                                          r"\(model\.lora\.rank=16\) or spread them over more devices"):
+        choose(settings, int(15 * GIB), never, "tpu")
