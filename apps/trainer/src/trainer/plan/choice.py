@@ -100,11 +100,11 @@ def candidates(settings: Any) -> list[Candidate]:
 def decide(options: Sequence[Candidate], count: Callable[[Candidate], int],
            compiled: Callable[[Candidate], int | None], limit: int,
            log: Callable[[str], None] = lambda _: None) -> tuple[Candidate, str] | None:
-    """The first of `options` that fits `limit` bytes, and why the ones before it did not (or why it
+    """The first of `options` that fits `limit` bytes, and why the first and last before it did not (or why it
     fits); None when none does. `count` is the quick count (trainer.plan.estimate); `compiled` the
     compiled plan's training peak, or None when the compiler refused the program, asked only where
     the count does not settle it."""
-    first_miss = None
+    first_miss = last_miss = None
     for option in options:
         counted = count(option)
         verdict = estimate.settled(counted, limit)
@@ -116,9 +116,11 @@ def decide(options: Sequence[Candidate], count: Callable[[Candidate], int],
         else:
             fits, how = verdict, f"counted {counted / GIB:.1f} GiB"
         log(f"  {option.describe()}: {how} of {limit / GIB:.1f} -> {'fits' if fits else 'too much'}")
-        if fits:
-            return option, first_miss or f"{how} of {limit / GIB:.1f}"
-        first_miss = first_miss or f"{option.describe()} {how} of {limit / GIB:.1f}"
+        if fits:  # why: the first candidate passed over and, when another, the last
+            misses = [m for m in (first_miss, last_miss) if m]
+            return option, "; ".join(dict.fromkeys(misses)) or f"{how} of {limit / GIB:.1f}"
+        last_miss = f"{option.describe()} {how} of {limit / GIB:.1f}"
+        first_miss = first_miss or last_miss
     return None
 
 
