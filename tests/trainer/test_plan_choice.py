@@ -188,3 +188,16 @@ def test_weights_and_optimizer_state_over_the_device_are_refused_in_one_line_bef
                                           r"GiB per device, over the 15\.0 this device has: train adapters "
                                           r"\(model\.lora\.rank=16\) or spread them over more devices"):
         choose(settings, int(15 * GIB), never, "tpu")
+
+
+def test_a_run_start_logs_the_pick_in_one_line_and_returns_plain_values():
+    """trainer train and trainer bench call fit_memory before anything is built; for the tiny model the count
+    settles it (nothing compiled) and the values written into config.yaml are those runs had before auto."""
+    from trainer.bench.memory_check import fit_memory
+
+    lines = []
+    picked = fit_memory(build_settings(algo="grpo", overrides=["model.preset=tiny"]), memory_gb=8, log=lines.append)
+    assert lines == ["memory: remat=none, micro_batch_size=whole mini-batch (picked: counted 0.0 GiB of 7.2)"]
+    resolved = picked.resolved()
+    assert resolved["model"]["remat"] == "none" and resolved["training"]["micro_batch_size"] is None
+    assert fit_memory(picked, memory_gb=8, log=lines.append) is picked and len(lines) == 1  # as set: only checked

@@ -160,7 +160,8 @@ def train_run(
     run_folder.check_can_make(run_dir)
     # model.remat and training.micro_batch_size at "auto": picked to fit this device, written into config.yaml
     # below (a resume reads them back, so it keeps them); a user's own values are only checked
-    settings = fit_memory(settings, log=log)
+    memory: list[str] = []  # said after the run's first lines (devices, folder)
+    settings = fit_memory(settings, log=memory.append)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
@@ -182,6 +183,8 @@ def train_run(
 
     log(f"{settings.name}: {devices.describe()}")
     log(f"{settings.name}: run folder {run_dir}")  # without --output its name is made here: say where it went
+    for line in memory:
+        log(f"{settings.name}: {line}")
     # everything that reads user files, before the run folder exists
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)
