@@ -13,6 +13,10 @@ Qwen2.5-0.5B-shape step on a v5e compiles only the candidate the count cannot se
 
 The pick is one line (`Choice.line`), logged by `trainer train` and `trainer bench` when a run starts
 and printed by `trainer plan`; the run's config.yaml holds the values picked, so a resume keeps them.
+Only the policy's training side is counted and compiled: a critic (PPO), a distillation teacher or a
+judge model is not (`trainer plan`'s table shows them), and neither is the rollout engine, which no
+remat or micro-batch changes. Weights, optimizer state and gradients that are over the device alone
+stop the run at once (`NothingFits`), naming LoRA and FSDP.
 """
 
 from __future__ import annotations
