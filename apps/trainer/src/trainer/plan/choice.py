@@ -166,10 +166,9 @@ def choose(settings: Any, limit: int, peak_of: Callable[[Any], int], platform: s
     first = shape_of(settings, options[0])
     floor = estimate.resident_bytes(first) + 4 * first.trainable
     if floor > limit:  # no remat or micro-batch changes the weights, the optimizer state or the gradients
-        raise NothingFits(f"memory: the float32 weights, AdamW state and gradients alone take {floor / GIB:.1f} GiB per "
-                          f"device, "
-                          f"over the {limit / GIB:.1f} this device has: train adapters (model.lora.rank=16) or spread "
-                          "them over more devices (training.mesh.fsdp)", options[-1])
+        raise NothingFits(f"memory: the float32 weights, AdamW state and gradients alone take {floor / GIB:.1f} GiB "
+                          f"per device, over the {limit / GIB:.1f} this device has: train adapters "
+                          "(model.lora.rank=16) or spread them over more devices (training.mesh.fsdp)", options[-1])
     found = decide(options, count, compiled, limit, log)
     if found is None:
         raise NothingFits(f"memory: no remat and micro-batch fits {limit / GIB:.1f} GiB per device "
