@@ -67,7 +67,11 @@ def test_plan_answers_a_refusal_with_its_verdict_in_one_line(refusing_compiler, 
     code = main(["plan", "--preset", "tiny", "--platform", "tpu", "training.prompts_per_step=2",
                  "algorithm.group_size=2"])
     out, err = capsys.readouterr()
-    assert (code, out, err) == (1, VERDICT + "\n", "") and refusing_compiler  # the update was compiled, and refused
+    # which compiler, and the memory settings picked (counted, not compiled: model.remat=auto), then the verdict
+    *notes, verdict = out.splitlines()
+    assert (code, verdict, err) == (1, VERDICT, "") and refusing_compiler  # the update was compiled, and refused
+    assert notes[0].startswith("tpu: ") and notes[1].startswith("  remat=none, micro-batch the whole mini-batch: counted")
+    assert notes[2].startswith("memory: remat=none, micro_batch_size=whole mini-batch (picked: counted")
     assert main(["plan", "--json", "--preset", "tiny", "--platform", "tpu", "training.prompts_per_step=2",
                  "algorithm.group_size=2"]) == 1
     answer = json.loads(capsys.readouterr().out)

@@ -342,6 +342,8 @@ ON_NONFINITE = ("skip", "stop")
 LOGGERS = ("tensorboard", "wandb", "mlflow", "trackio")
 CONSOLE_SAMPLES = ("auto", "always", "never")
 ASYNC_ROLLOUT = ("off", "one_step")
+MICRO_AUTO = "auto"
+"""TrainingConfig.micro_batch_size's default: picked to fit the device when a run starts."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -364,8 +366,10 @@ class TrainingConfig(Config):
     """Prompts (groups) per training step: B."""
     mini_batch_size: int | None = None
     """Completions per optimizer step; None = the whole step's batch."""
-    micro_batch_size: int | None = None
-    """Completions per gradient-accumulation chunk; None = the whole mini-batch."""
+    micro_batch_size: int | str | None = MICRO_AUTO
+    """Completions per gradient-accumulation chunk; None = the whole mini-batch; "auto" = as many as
+    fit the device: the trainer's plan picks the number when a run starts and writes it into the
+    run's config (a learner built without the trainer takes the whole mini-batch)."""
     num_steps: int = 100
     """Training steps (batches of prompts)."""
     checkpoint_every_steps: int = 0
@@ -438,8 +442,10 @@ class TrainingConfig(Config):
         check(self.max_grad_norm is None or self.max_grad_norm > 0, self, "max_grad_norm", "must be > 0 or None")
         check(self.prompts_per_step >= 1, self, "prompts_per_step", "must be >= 1")
         check(self.mini_batch_size is None or self.mini_batch_size >= 1, self, "mini_batch_size", "must be >= 1")
-        check(self.micro_batch_size is None or self.micro_batch_size >= 1, self, "micro_batch_size", "must be >= 1")
-        if self.mini_batch_size and self.micro_batch_size:
+        check(self.micro_batch_size in (None, MICRO_AUTO) or (isinstance(self.micro_batch_size, int)
+                                                               and self.micro_batch_size >= 1),
+              self, "micro_batch_size", f"must be >= 1, null (the whole mini-batch) or {MICRO_AUTO!r}")
+        if self.mini_batch_size and isinstance(self.micro_batch_size, int):
             check(
                 self.mini_batch_size % self.micro_batch_size == 0,
                 self,
@@ -464,7 +470,7 @@ class TrainingConfig(Config):
         """(mini-batches per iteration, micro-batches per mini-batch) for `batch_size` completions
         whose micro-batches are split over `devices`."""
         mini = self.mini_batch_size or batch_size
-        micro = self.micro_batch_size or mini
+        micro = self.micro_batch_size if isinstance(self.micro_batch_size, int) else mini  # "auto" unpicked: whole
         if batch_size % mini:
             raise ConfigError(
                 f"TrainingConfig.mini_batch_size = {mini}: must divide the completions per step ({batch_size})"

@@ -6,6 +6,8 @@ allocator limit less what is in use) or, on CPU, the host's available memory (Me
 `--memory-gb` says. A preset that would not fit (`long-generation`'s 16 x 8 completions of 1024
 tokens on a small host) stops with one line instead of an out-of-memory traceback mid-run, and so
 does one whose program the TPU compiler refuses while the plan compiles it (trainer.plan.refusal).
+Before that, model.remat and training.micro_batch_size left at "auto" are picked to fit (`fit_memory`,
+trainer.plan.choice); `trainer train` picks them the same way when a run starts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import jax
 from rl_core import ConfigError
 
 from trainer.plan import GIB, MemoryBudget
+from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM
 from trainer.plan.refusal import ProgramRefused
+
+
+FIT_HEADROOM = {"tpu": COMPILER_HEADROOM}
+"""The share of a device's free memory a pick leaves unplanned: on a TPU its figures are XLA:TPU's own;
+elsewhere DEFAULT_HEADROOM, as `trainer plan` keeps."""
 
 
 class DoesNotFit(ConfigError):
@@ -42,21 +50,52 @@ def available(memory_gb: float | None = None) -> tuple[int, str]:
     raise ConfigError("cannot tell the memory this machine has free; give it with --memory-gb N")
 
 
-def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
-                 log: Callable[[str], None] = print) -> int:
-    """Plan `settings` on this backend, log the need against what is free, and stop when it does not fit.
-    Returns the planned peak in bytes."""
-    from trainer.plan import plan
-
+def device_budget(memory_gb: float | None = None, *, headroom: float = 0.0) -> MemoryBudget:
+    """What one device of this backend offers (`available`), keeping `headroom` of it free."""
     free, source = available(memory_gb)
     platform = jax.default_backend()
-    platform = platform if platform in ("cpu", "tpu") else "gpu"
-    # the programs as this backend runs them: layers looped on accelerators, unrolled on CPU
-    model = dataclasses.replace(settings.model, scan_layers=platform != "cpu" if settings.model.scan_layers is None
-                                else settings.model.scan_layers)
-    budget = MemoryBudget(platform, free, 1.0, source, headroom=0.0)
+    return MemoryBudget(platform if platform in ("cpu", "tpu") else "gpu", free, 1.0, source, headroom=headroom)
+
+
+def as_run(settings: Any, platform: str) -> Any:
+    """`settings` as this backend runs them: layers looped on accelerators, unrolled on CPU."""
+    scan = platform != "cpu" if settings.model.scan_layers is None else settings.model.scan_layers
+    return dataclasses.replace(settings, model=dataclasses.replace(settings.model, scan_layers=scan))
+
+
+def fit_memory(settings: Any, *, memory_gb: float | None = None, log: Callable[[str], None] = print,
+               programs: dict | None = None) -> Any:
+    """`settings` with model.remat and training.micro_batch_size picked where they are "auto"
+    (trainer.plan.choice): what fits this device, less a headroom (`FIT_HEADROOM`); the pick is one
+    logged line. Raises `NothingFits` when nothing does. `programs` keeps compiled programs for a later plan."""
+    from trainer.plan import training_peak
+    from trainer.plan.choice import pick_memory
+
+    budget = device_budget(memory_gb)
+    budget = dataclasses.replace(budget, headroom=FIT_HEADROOM.get(budget.platform, DEFAULT_HEADROOM))
+    memo = {} if programs is None else programs
+    picked, _ = pick_memory(settings, budget.limit_bytes,
+                            lambda s: training_peak(as_run(s, budget.platform), budget, compiled_programs=memo),
+                            budget.platform, log=log)
+    return picked
+
+
+def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
+                 log: Callable[[str], None] = print) -> Any:
+    """Pick the "auto" memory settings (`fit_memory`), plan the result on this backend, log the need against
+    what is free, and stop when it does not fit. Returns the settings to run."""
+    from trainer.plan import plan
+    from trainer.plan.choice import Choice, NothingFits
+
+    programs: dict = {}
     try:
-        planned = plan(dataclasses.replace(settings, model=model), budget)
+        settings = fit_memory(settings, memory_gb=memory_gb, log=log, programs=programs)
+    except NothingFits as e:  # the plan of what keeps the least says by how much
+        settings = Choice(e.last, "", ("model.remat",)).apply(settings)
+    budget = device_budget(memory_gb)
+    free, source = budget.device_memory_bytes, budget.fraction_source
+    try:
+        planned = plan(as_run(settings, budget.platform), budget, compiled_programs=programs)
     except ProgramRefused as e:  # XLA:TPU refuses at compile time what XLA:CPU would size
         raise DoesNotFit(f"trainer bench --preset {preset} {e.verdict()}; run it on a machine with more memory, "
                           "choose a smaller preset, or keep less for the backward pass (model.remat=full)") from None
@@ -67,7 +106,7 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
             f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
             f"({source}); run it on a machine with more memory, choose a smaller preset, or give the memory it may "
             "use with --memory-gb")
-    return need
+    return settings
 
 
 def _size(n: int) -> str:

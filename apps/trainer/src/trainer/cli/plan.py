@@ -31,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--memory-fraction", type=float, default=None,
                     help="share of it the runtime lets a run use (default: gpu XLA_CLIENT_MEM_FRACTION or 0.75, "
                          "JAX's preallocation; tpu 0.97; cpu 1)")
-    pl.add_argument("--headroom", type=float, default=0.10,
-                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10)")
+    pl.add_argument("--headroom", type=float, default=None,
+                    help="share of the usable memory a plan keeps free before it says it fits (default 0.10; "
+                         "0.05 for tpu where libtpu compiles the plan, as a run on the chip keeps)")
     pl.add_argument("--no-search", action="store_true",
                     help="when the run does not fit, do not search for settings that make it fit")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -44,15 +45,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.plan import memory_budget, plan, simulate_devices
+    from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM
+    from trainer.plan.tpu_compile import libtpu_importable
 
     if args.devices < 1:
         raise ConfigError(f"--devices = {args.devices}: must be >= 1 (the devices to plan for)")
+    # XLA:TPU's own figures need less room than another compiler's standing in for it
+    headroom = args.headroom if args.headroom is not None else (
+        COMPILER_HEADROOM if args.platform == "tpu" and libtpu_importable() else DEFAULT_HEADROOM)
     budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
-                           headroom=args.headroom)
+                           headroom=headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX
+    from trainer.plan.choice import Choice, NothingFits, pick_memory, plan_training_peak
     from trainer.plan.refusal import ProgramRefused
     from trainer.plan.search import search
+    from trainer.plan.tpu_compile import calibrated, tpu_compiler
     from trainer.settings import build_settings
 
     shortcuts = [f"{k}={v}" for k, v in (("model.path", args.model), ("model.preset", args.preset),
@@ -62,11 +70,28 @@ def run(args: argparse.Namespace) -> int:
         return build_settings(algo=args.algo, config_file=args.config, overrides=[*shortcuts, *args.overrides, *extra])
 
     programs: dict = {}  # compiled once, shared by the candidates of the search
+    # on TPU: XLA:TPU ahead of time where libtpu is importable, else XLA:CPU calibrated (trainer.plan.tpu_compile)
+    compiler = tpu_compiler(args.devices) if args.platform == "tpu" else None
+    options = compiler.plan_options() if compiler else {}
 
     def plan_of(settings):
-        return plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs)
+        planned = plan(settings, budget, mean_new_tokens=args.mean_new_tokens, compiled_programs=programs, **options)
+        return calibrated(planned, compiler.calibration) if compiler and compiler.calibration else planned
 
+    note = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    if compiler:
+        note(f"tpu: {compiler.description}")
     settings = settings_with(())
+    picked = ()
+    try:
+        # model.remat and training.micro_batch_size left at auto: what a run on this device would pick
+        settings, choice = pick_memory(settings, budget.limit_bytes, lambda s: plan_training_peak(plan_of(s)),
+                                       args.platform, log=note, detail=note)
+        picked = choice.overrides() if choice.auto else ()
+    except NothingFits as e:
+        note(str(e))
+        picked = Choice(e.last, "", ("model.remat",)).overrides()
+        settings = settings_with(picked)
     try:
         result = plan_of(settings)
     except ProgramRefused as e:  # compiled for a TPU, whose compiler refuses what does not fit
@@ -79,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
         log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (
             lambda line: print(line, flush=True))
         log("searching for settings that fit, cheapest first:")
-        fit = search(result, settings, settings_with, plan_of, log=log)
+        fit = search(result, settings, lambda extra: settings_with((*picked, *extra)), plan_of, log=log)
         if not args.json:
             print(f"fits with: {' '.join(fit.overrides)}" if fit else
                   "nothing searched fits (attention, remat, micro-batch size, an expert axis, rollout engine and slots)")
     if args.json:
-        out = result.to_dict() | {"fit": None if fit is None else {"overrides": list(fit.overrides),
-                                                                     "plan": fit.plan.to_dict()}}
+        found = None if fit is None else {"overrides": list(fit.overrides), "plan": fit.plan.to_dict()}
+        out = result.to_dict() | {"memory_settings": list(picked), "fit": found}
         print(json.dumps(out, indent=2))
     return 0

@@ -123,7 +123,7 @@ def settings_for(algo: str, user: Mapping[str, Any]) -> RunSettings:
     training = settings.training
     completions = training.prompts_per_step * settings.algorithm_config().group_size
     mini = completions // MINI_BATCHES
-    if completions % MINI_BATCHES or (training.micro_batch_size and mini % training.micro_batch_size):
+    if completions % MINI_BATCHES or (isinstance(training.micro_batch_size, int) and mini % training.micro_batch_size):
         return settings
     return dataclasses.replace(settings, training=dataclasses.replace(training, mini_batch_size=mini))
 

@@ -6,7 +6,7 @@ the search for settings that fit is `trainer.plan.search`, imported after it.
 """
 
 from trainer.plan.device_memory import GIB, MemoryBudget, memory_budget
-from trainer.plan.planner import plan, simulate_devices
+from trainer.plan.planner import plan, simulate_devices, training_peak
 from trainer.plan.result import LOADED_MODEL, Plan
 
-__all__ = ["GIB", "LOADED_MODEL", "MemoryBudget", "Plan", "memory_budget", "plan", "simulate_devices"]
+__all__ = ["GIB", "LOADED_MODEL", "MemoryBudget", "Plan", "memory_budget", "plan", "simulate_devices", "training_peak"]

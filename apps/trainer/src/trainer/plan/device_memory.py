@@ -32,6 +32,11 @@ GPU_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
 GPU_DEFAULT_FRACTION = 0.75
 TPU_FRACTION = 0.97
 DEFAULT_HEADROOM = 0.10
+COMPILER_HEADROOM = 0.05
+"""The headroom where the figures are the target's own compiler's (XLA:TPU, on the chip or ahead of time:
+trainer.plan.tpu_compile): the temporaries it gives are those the chip holds, so only the runtime's
+own use and fragmentation need room. The Qwen2.5-0.5B shape's remat=full step needs 14.84 of a v5e's
+15.75 GiB and runs there."""
 
 
 @dataclasses.dataclass(frozen=True)

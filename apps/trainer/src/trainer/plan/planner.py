@@ -70,15 +70,46 @@ def simulate_devices(count: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+def planned_config(m: Any) -> tuple[Any, dict[str, Any]]:
+    """(TransformerConfig, runtime settings) of model settings `m` as a plan counts them: the
+    programs an accelerator would run, by default looping over the layers."""
+    from rl_models import CharTokenizer, preset
+    from trainer.model_folders import model_config
+
+    runtime = m.runtime() | {"scan_layers": True if m.scan_layers is None else m.scan_layers}
+    if m.path:
+        return model_config(m.path, **runtime), runtime  # of a URL, config.json alone is fetched
+    return preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime), runtime
+
+
+def training_peak(settings: Any, budget: MemoryBudget, *, compiled_programs: dict | None = None,
+                  devices: Any = None, kernels: bool = False) -> int:
+    """The resident state plus the larger of the update's and the reference pass's temporaries,
+    compiled as `plan` compiles them, and nothing else (no rollout engine, critic, teacher or judge):
+    what a remat or micro-batch setting changes (trainer.plan.choice), at a compile or two."""
+    return _plan(settings, budget, compiled_programs=compiled_programs, devices=devices, kernels=kernels,
+                 training_only=True)
+
+
 def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
-         compiled_programs: dict[str, tuple[int, int, int]] | None = None) -> Plan:
+         compiled_programs: dict[str, tuple[int, int, int]] | None = None, devices: Any = None,
+         kernels: bool = False) -> Plan:
     """The per-device memory of a run with `settings` (a RunSettings) on the current devices,
     for `budget`'s platform and against its limit.
 
     `mean_new_tokens` (default max_new_tokens) is the mean completion length at which an
     engine's KV in use is counted (the paged engine's: prompts once per group, each completion its own
     tokens rounded up to whole pages. `compiled_programs`, when given, keeps each compiled
-    program's sizes by its lowered text, so plans that share a program compile it once."""
+    program's sizes by its lowered text, so plans that share a program compile it once. `devices`
+    (default this host's) are those the mesh is laid over: a TPU topology's, compiled ahead of time
+    with no chip (trainer.plan.tpu_compile), with the platform's real kernels (`kernels`)."""
+    return _plan(settings, budget, mean_new_tokens=mean_new_tokens, compiled_programs=compiled_programs,
+                 devices=devices, kernels=kernels)
+
+
+def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = None,
+          compiled_programs: dict | None = None, devices: Any = None, kernels: bool = False,
+          training_only: bool = False) -> Any:
     # imported here, not at the top: `trainer plan` imports this module before simulate_devices
     # sets the device count, which must come before anything starts JAX's backend
     import jax
@@ -88,13 +119,12 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
     from rl_core.rollout import MemoryQuery, per_device
-    from rl_models import CharTokenizer, model_class, preset
+    from rl_models import model_class
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
     from rl_models.lora import add_adapters, quantize_base
     from rl_models.transformer import compute_dtype
     from trainer.checks import check_attention, check_critic, check_positions, check_tensor_parallel
-    from trainer.model_folders import model_config
     from trainer.plan.critic import PolicyLayout, critic_plan, has_critic
     from trainer.plan.experts import expert_rows
     from trainer.plan.programs import policy_programs
@@ -104,13 +134,9 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     from trainer.plan.teacher import teacher_plan
 
     m = settings.model
-    # the programs an accelerator would run: by default they loop over the layers there
-    runtime = m.runtime() | {"scan_layers": True if m.scan_layers is None else m.scan_layers}
-    if m.path:
-        config = model_config(m.path, **runtime)  # of a URL, config.json alone is fetched
-    else:
-        config = preset(m.preset, vocab_size=CharTokenizer().vocab_size, **runtime)
-    mesh = mesh_lib.training_mesh(settings.training)
+    config, runtime = planned_config(m)
+    mesh = mesh_lib.training_mesh(settings.training) if devices is None else mesh_lib.make_mesh(
+        **settings.training.mesh.to_dict(), devices=list(devices))
     check_tensor_parallel(config, mesh.shape["tensor"])
     check_attention(config, budget.platform)
     check_positions(config, settings.rollout)
@@ -149,7 +175,7 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
     def sizes(jitted, *args) -> tuple[int, int, int]:
         """(argument, output, temporary) bytes per device of `jitted` compiled for `args`, traced
         as for the budget's platform."""
-        with attention_lib.traced_for(budget.platform):
+        with attention_lib.traced_for(budget.platform, kernels=kernels):
             lowered = jitted.lower(*args)
         key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
         if key not in memo:
@@ -184,6 +210,10 @@ def plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = N
         ref_args, ref_out, ref_temp = sizes(programs.logprobs, master if lora.rank else stored, frozen, ref_inputs)
         ref_temp += ref_out
 
+    if training_only:  # resident (as Plan.resident_bytes counts it) + the larger training program
+        update_batch_b, ref_batch_b = per_device(update_batch), per_device(ref_inputs)
+        reference = ref_args - ref_batch_b - per_device(frozen) if ref_args is not None else 0
+        return update_args - update_batch_b + reference + max(update_temp, ref_temp or 0)
     ways = mesh_lib.batch_devices(mesh)
 
     params_b = per_device(master)

@@ -157,7 +157,9 @@ def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
     """Attention, then remat policies, then smaller micro-batches (module doc)."""
     model = settings.model
     attention = ("model.attention=auto",) if base.attention == "xla" and base.auto_attention != "xla" else ()
-    current = "dots_with_no_batch_dims_saveable" if model.remat == "offload" else model.remat
+    # offload keeps what dots_with_no_batch_dims_saveable keeps; auto not yet picked keeps everything
+    current = {"offload": "dots_with_no_batch_dims_saveable", "auto": "none"}.get(model.remat, model.remat)
+    given = "none" if model.remat == "auto" else model.remat  # what the plan as given compiled
     remats = REMAT_ORDER[REMAT_ORDER.index(current):]
     micros = micro_batches(settings)
     training = settings.training
@@ -166,7 +168,7 @@ def training_candidates(base: Plan, settings: Any) -> Iterator[tuple[str, ...]]:
     for micro in micros:
         for remat in remats:
             for layout in layouts:
-                yield (*attention, *layout, *((f"model.remat={remat}",) if remat != model.remat else ()),
+                yield (*attention, *layout, *((f"model.remat={remat}",) if remat != given else ()),
                        *((f"training.micro_batch_size={micro}",) if micro != micros[0] else ()))
 
 

@@ -38,6 +38,7 @@ from rl_core.run import (
 )
 
 from trainer import build, checks
+from trainer.bench.memory_check import fit_memory
 from trainer.evaluate import evaluate
 from trainer.run import devices
 from trainer.run import folder as run_folder
@@ -157,6 +158,10 @@ def train_run(
     if not multihost.is_primary():
         log = _quiet  # process 0 speaks for the run
     run_folder.check_can_make(run_dir)
+    # model.remat and training.micro_batch_size at "auto": picked to fit this device, written into config.yaml
+    # below (a resume reads them back, so it keeps them); a user's own values are only checked
+    memory: list[str] = []  # said after the run's first lines (devices, folder)
+    settings = fit_memory(settings, log=memory.append)
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output {run_dir} is a file, not a folder; choose a folder for the run")
     if resume:
@@ -178,6 +183,8 @@ def train_run(
 
     log(f"{settings.name}: {devices.describe()}")
     log(f"{settings.name}: run folder {run_dir}")  # without --output its name is made here: say where it went
+    for line in memory:
+        log(f"{settings.name}: {line}")
     # everything that reads user files, before the run folder exists
     tokenizer = build.tokenizer(settings)
     task = load_task(settings, tokenizer, log)

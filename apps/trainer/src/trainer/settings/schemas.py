@@ -24,6 +24,8 @@ from trainer.settings.reward_functions import reward_specs
 from trainer.tasks import DataError, Task, TaskError, task_factory
 
 LONG_PROMPTS = ("drop", "error")
+REMAT_AUTO = "auto"
+"""model.remat's default: picked to fit the device when a run starts."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,10 +121,12 @@ class ModelSettings(Config):
     param_dtype: str = "float32"
     """Storage dtype of the loaded model and the reference copy: float32 or bfloat16. Training
     always updates float32 master weights with float32 optimizer state."""
-    remat: str | bool = "none"
+    remat: str | bool = REMAT_AUTO
     """What each layer keeps for the backward pass (less memory, more compute): none, full (only
     its input), dots_saveable, dots_with_no_batch_dims_saveable (projection and MLP outputs;
-    attention recomputed) or offload (those in host memory). true / false mean full / none."""
+    attention recomputed) or offload (those in host memory). true / false mean full / none.
+    auto: the least recomputation that fits the device, picked with training.micro_batch_size=auto
+    when a run starts (trainer.plan.choice) and written into the run's config."""
     attention: str = "auto"
     """Attention in training and prefill: auto (cudnn on NVIDIA GPUs when the dtype and head size
     allow it, splash on TPU, xla elsewhere), xla (runs everywhere), cudnn (fused flash attention on
@@ -152,7 +156,8 @@ class ModelSettings(Config):
             check(getattr(self, name) in ("float32", "bfloat16"), self, name, "must be float32 or bfloat16")
         if isinstance(self.remat, bool):  # the boolean setting of earlier versions (run folders keep it)
             object.__setattr__(self, "remat", "full" if self.remat else "none")
-        check(self.remat in REMAT, self, "remat", f"must be one of {', '.join(REMAT)} (or true / false)")
+        check(self.remat in (*REMAT, REMAT_AUTO), self, "remat",
+              f"must be one of {', '.join(REMAT)}, {REMAT_AUTO} (or true / false)")
         check(self.attention in ATTENTION, self, "attention", f"must be one of {', '.join(ATTENTION)}")
         check(self.attention != "cudnn" or self.dtype == "bfloat16", self, "attention",
               "cudnn attention needs model.dtype=bfloat16")
@@ -173,8 +178,10 @@ class ModelSettings(Config):
         check(0 <= self.seed < 2**32, self, "seed", "must be in [0, 2**32)")
 
     def runtime(self) -> dict[str, Any]:
-        """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS)."""
-        return {field: getattr(self, field) for field in RUNTIME_FIELDS}
+        """The model settings that say how it runs (rl_models.config.RUNTIME_FIELDS). remat=auto not yet
+        picked (a model that is evaluated, served or exported: nothing runs backward) keeps everything."""
+        out = {field: getattr(self, field) for field in RUNTIME_FIELDS}
+        return out | ({"remat": "none"} if self.remat == REMAT_AUTO else {})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
