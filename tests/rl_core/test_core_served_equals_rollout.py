@@ -15,7 +15,7 @@ from rl_core.policy.tokens import left_pad
 from rl_core.rollout.backend import Requests
 from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.sampler import SamplingParams
-from rl_core.rollout.serving import EngineLoop, Job, kept
+from rl_core.rollout.serving import EngineLoop, Job, cut_at_stop
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 from rl_models.hf import load_hf_model, load_hf_tokenizer
 from engines import paged_engine
@@ -59,7 +59,7 @@ def test_served_jobs_give_the_rollouts_tokens_for_the_same_prompt_and_key():
     cut = 0
     for i, (_, _, limit, stops) in enumerate(JOBS):
         for j, (sample, row) in enumerate(zip(served[i], rows(out, i), strict=True)):
-            want, stopped = kept(row, stops, tokenizer.decode)  # the rollout may run a token past a stop
+            want, stopped = cut_at_stop(row, stops, tokenizer.decode)  # the rollout may run a token past a stop
             assert sample.tokens == want, (i, j)
             assert len(want) <= limit and sample.version == 3
             assert sample.logp == approx(np.asarray(out.logp)[i * G + j, : len(want)].tolist(), abs=1e-5)
