@@ -19,12 +19,12 @@
    with max_new_tokens=1 (prefill plus the first sampled token). Each prompt is
    prefilled once for its whole group.
 
-Model FLOPs: trainer.bench.flops; presets: trainer.bench.presets.
+Model FLOPs: trainer.bench.flops; presets: trainer.bench.presets; the results record and its table:
+trainer.bench.summary.
 """
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,10 +41,8 @@ from trainer import build
 from trainer.bench.critic import CRITIC, critic_config, critic_flops, critic_memory, split
 from trainer.bench.critic import PHASE as CRITIC_PHASE
 from trainer.bench.flops import (
-    block_matmul_weights,
     matmul_peak,
     merge_peaks,
-    parameter_count,
     prefill_flops,
     sampling_flops,
     scoring_flops,
@@ -53,6 +51,7 @@ from trainer.bench.flops import (
 )
 from trainer.bench.memory_check import check_memory
 from trainer.bench.presets import PRESETS, BenchPreset
+from trainer.bench.summary import PHASES, print_table, summarise
 from trainer.bench.trace import profiled
 from trainer.run import devices, plural
 from trainer.settings import build_settings
@@ -120,9 +119,6 @@ class _Recorder:
 def example_tokens(example: Any) -> tuple[np.ndarray, np.ndarray]:
     """Real prompt tokens and loss-masked completion tokens per row."""
     return np.asarray(example.prompt_mask).sum(axis=1), np.asarray(example.completion_mask).sum(axis=1)
-
-
-PHASES = ("rollout", "reward", "logprob", "update")
 
 
 def architecture(cfg: TransformerConfig) -> str:
@@ -251,7 +247,7 @@ def run_bench(
 
     prefill, decode = _prefill_decode(learner, task, p)
     peak = merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
-    results = _summarise(
+    results = summarise(
         preset=preset,
         description=description,
         algo=algo,
@@ -338,118 +334,6 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     )
 
 
-def _summarise(
-    *,
-    preset: str,
-    description: str,
-    algo: str,
-    p: BenchPreset,
-    cfg: TransformerConfig,
-    peak: dict[str, float],
-    records: Sequence[dict[str, Any]],
-    flops: dict[str, float],
-    needed: dict[str, float],
-    tokens: dict[str, int],
-    wall: float,
-    compiles: dict[str, int],
-    prefill: dict[str, float],
-    decode: dict[str, float],
-    model: str | None = None,
-    phase_names: Sequence[str] = PHASES,
-) -> dict[str, Any]:
-    n = len(records)
-    peak_rate = peak["flops_per_sec"]
-
-    def times(key: str) -> np.ndarray:
-        return np.asarray([r.get(key, 0.0) for r in records], np.float64)
-
-    # Medians: on a shared machine a step that another process interrupts says little about this one.
-    phases: dict[str, dict[str, float]] = {}
-    for name in phase_names:
-        seconds = float(np.median(times(f"time/{name}")))
-        phase_flops, phase_needed = flops.get(name, 0.0) / n, needed.get(name, 0.0) / n
-        rate = phase_flops / seconds if seconds > 0 else 0.0
-        phases[name] = {
-            "seconds": seconds,
-            "mean_seconds": float(times(f"time/{name}").mean()),
-            "model_flops": phase_flops,
-            "flops_per_sec": rate,
-            "mfu": rate / peak_rate,
-            "needed_flops": phase_needed,
-            "needed_of_peak": (phase_needed / seconds if seconds > 0 else 0.0) / peak_rate,
-        }
-    step = times("time/step")
-    step_seconds = float(np.median(step))
-    other = step - sum(times(f"time/{name}") for name in phase_names)
-    phases["other"] = {
-        "seconds": float(np.median(other)),
-        "mean_seconds": float(other.mean()),
-        "model_flops": 0.0,
-        "flops_per_sec": 0.0,
-        "mfu": 0.0,
-        "needed_flops": 0.0,
-        "needed_of_peak": 0.0,
-    }
-    step_flops, step_needed = sum(flops.values()) / n, sum(needed.values()) / n
-    phases["step"] = {
-        "seconds": step_seconds,
-        "mean_seconds": float(step.mean()),
-        "model_flops": step_flops,
-        "flops_per_sec": step_flops / step_seconds,
-        "mfu": step_flops / step_seconds / peak_rate,
-        "needed_flops": step_needed,
-        "needed_of_peak": step_needed / step_seconds / peak_rate,
-    }
-    for part in (prefill, decode):
-        part["flops_per_sec"] = part["flops"] / part["seconds"] if part["seconds"] > 0 else 0.0
-        part["mfu"] = part["flops_per_sec"] / peak_rate
-        part["needed_of_peak"] = (part["needed_flops"] / part["seconds"] if part["seconds"] > 0 else 0.0) / peak_rate
-    rollout_seconds = sum(r["time/rollout"] for r in records)
-    return {
-        "preset": preset,
-        "description": description,
-        "algo": algo,
-        "machine": {
-            "device": str(jax.devices()[0]),
-            "platform": jax.default_backend(),
-            "cpu_count": os.cpu_count(),
-            "jax": jax.__version__,
-        },
-        "model": {
-            "preset": None if model else p.model,
-            "path": model,
-            "hidden": cfg.hidden_size,
-            "layers": cfg.num_layers,
-            "heads": cfg.num_heads,
-            "kv_heads": cfg.num_kv_heads,
-            "mlp": cfg.mlp_hidden_size,
-            "vocab": cfg.vocab_size,
-            "tied_embeddings": cfg.tie_embeddings,
-            "block_matmul_weights": block_matmul_weights(cfg),
-            "parameters": parameter_count(cfg),
-        },
-        "batch": {
-            "prompts": p.prompts,
-            "group_size": p.group_size,
-            "completions": p.prompts * p.group_size,
-            "max_new_tokens": p.max_new_tokens,
-        },
-        "steps": {"warmup": p.warmup_steps, "timed": n, "wall_seconds": wall},
-        "matmul_peak": peak,
-        "rollout": {
-            "tokens_per_sec": tokens["generated"] / rollout_seconds if rollout_seconds > 0 else 0.0,
-            "generated_tokens_per_step": tokens["generated"] / n,
-            "prompt_tokens_per_step": tokens["prompt"] / n,
-        },
-        "prefill": prefill,
-        "decode": decode,
-        "phases": phases,
-        "mfu_step": phases["step"]["mfu"],
-        "mfu_step_mean": phases["step"]["model_flops"] / phases["step"]["mean_seconds"] / peak_rate,
-        "compile_count": compiles,
-    }
-
-
 def device_peak(settings: Any) -> dict[str, Any]:
     """The allocator's peak bytes in use on device 0 so far (an accelerator's; none on CPU), beside the
     memory settings the run took (model.remat=auto picked: trainer.plan.choice). On a TPU it leaves out
@@ -473,45 +357,3 @@ def resident_memory(learner: Any) -> dict[str, int]:
         "optimizer_state_bytes": per_device(learner.state.policy.opt_state),
         "frozen_bytes": per_device(learner.policy.frozen),
     }
-
-
-def print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    peak = results["matmul_peak"]["flops_per_sec"]
-    table = Table(title=f"trainer bench {results['preset']} ({results['algo']}): {results['steps']['timed']} timed "
-                        "steps (median seconds; MFU: model FLOPs; of peak: needed FLOPs)")
-    for column, justify in (("phase", "left"), ("seconds", "right"), ("model GFLOP", "right"),
-                            ("GFLOP/s", "right"), ("MFU", "right"), ("needed GFLOP", "right"),
-                            ("of peak", "right")):  # fmt: skip
-        table.add_column(column, justify=justify)
-    rows = [(name, ph["model_flops"], ph) for name, ph in results["phases"].items()]
-    rows += [(f"{name} alone", results[name]["flops"], results[name]) for name in ("prefill", "decode")]
-    for name, flops, ph in rows:
-        table.add_row(
-            name,
-            f"{ph['seconds']:.4f}",
-            f"{flops / 1e9:.3f}",
-            f"{ph['flops_per_sec'] / 1e9:.2f}",
-            f"{ph['mfu']:.1%}",
-            f"{ph['needed_flops'] / 1e9:.3f}",
-            f"{ph['needed_of_peak']:.1%}",
-            style="bold" if name == "step" else None,
-        )
-    console = Console()
-    console.print(table)
-    decode = results["decode"]
-    console.print(
-        f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32, best of "
-        + ", ".join(f"{n}^2 {r / 1e9:.0f}" for n, r in results["matmul_peak"]["by_size"].items())
-        + "); "
-        f"rollout {results['rollout']['tokens_per_sec']:.0f} tokens/s "
-        f"({results['rollout']['generated_tokens_per_step']:.0f} generated tokens/step); "
-        f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration; "
-        f"compiles: {results['compile_count']['first_step']} in the first step, "
-        f"{results['compile_count']['after_first_step']} after it "
-        f"({results['compile_count']['timed_delta']} during the timed steps); "
-        f"whole-step MFU {results['mfu_step']:.1%} (median step; {results['mfu_step_mean']:.1%} on the mean), "
-        f"needed work {results['phases']['step']['needed_of_peak']:.1%} of the peak"
-    )
