@@ -58,7 +58,7 @@ def test_counts_far_over_the_limit_are_not_compiled_and_the_first_that_fits_is_t
     lines = []
     picked, why = decide(_options(), lambda c: int(counts[c.remat] * GIB), compiled, 10 * GIB, lines.append)
     assert picked == Candidate("full", None) and asked == ["dots_with_no_batch_dims_saveable", "full"]
-    assert why == ("remat=none, micro-batch the whole mini-batch counted 30.0 GiB of 10.0; remat=dots_with_no_batch_dims_"
+    assert why == ("passed over remat=none, micro-batch the whole mini-batch counted 30.0 GiB of 10.0; remat=dots_with_no_batch_dims_"
                    "saveable, micro-batch the whole mini-batch needs 11.0 GiB (counted 12.0) of 10.0")
     assert lines[-1] == "  remat=full, micro-batch the whole mini-batch: needs 4.0 GiB (counted 6.0) of 10.0 -> fits"
 
@@ -68,7 +68,7 @@ def test_a_program_the_compiler_refuses_is_too_much():
     picked, why = decide(_options(), lambda c: int(counts[c.remat] * GIB),
                          lambda c: None if c.remat != "full" else int(9 * GIB), 10 * GIB)
     assert picked.remat == "full"
-    assert why == ("remat=none, micro-batch the whole mini-batch refused by the compiler (counted 12.0) of 10.0; "
+    assert why == ("passed over remat=none, micro-batch the whole mini-batch refused by the compiler (counted 12.0) of 10.0; "
                    "remat=dots_with_no_batch_dims_saveable, micro-batch the whole mini-batch refused by the compiler "
                    "(counted 12.0) of 10.0")
 

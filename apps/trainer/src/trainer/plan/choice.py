@@ -122,7 +122,9 @@ def decide(options: Sequence[Candidate], count: Callable[[Candidate], int],
         log(f"  {option.describe()}: {how} of {limit / GIB:.1f} -> {'fits' if fits else 'too much'}")
         if fits:  # why: the first candidate passed over and, when another, the last
             misses = [m for m in (first_miss, last_miss) if m]
-            return option, "; ".join(dict.fromkeys(misses)) or f"{how} of {limit / GIB:.1f}"
+            if misses:
+                return option, "passed over " + "; ".join(dict.fromkeys(misses))
+            return option, f"{how} of {limit / GIB:.1f}"
         last_miss = f"{option.describe()} {how} of {limit / GIB:.1f}"
         first_miss = first_miss or last_miss
     return None
