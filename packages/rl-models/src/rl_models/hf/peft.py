@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rl_models.hf.weights import parameter_map, save_safetensors
+from rl_models.hf.families import infer_family
+from rl_models.hf.weights import save_safetensors
 from rl_models.lora import linears
 from rl_models.transformer import Transformer
 
@@ -27,7 +28,7 @@ def peft_tensors(model: Transformer) -> dict[str, np.ndarray]:
     """PEFT name -> float32 array of every adapter of `model`."""
     adapted = {path: lin for path, lin in linears(model).items() if lin.lora_a is not None}
     tensors = {}
-    for key, slot in parameter_map(model.config).items():
+    for key, slot in infer_family(model.config).weights(model.config).items():
         owner = "/".join(slot.path[:-1])
         if slot.path[-1] != "kernel" or owner not in adapted:
             continue
