@@ -74,8 +74,8 @@ class Family:
     varies: tuple[str, ...] = field(default=())
     """TransformerConfig block fields its config.json sets (`read` reads them, `write` writes them)."""
     claims: Callable[[TransformerConfig], str | None] = _no_relations
-    """Why it refuses a config whose fields are each its own (a relation between them: Mistral
-    windows every layer, Ministral not), or None."""
+    """Why it refuses a config, in its own words, before its fields are compared one by one (a
+    relation between them: Mistral windows every layer, Ministral not), or None."""
     required: tuple[str, ...] = field(default=())
     """config.json keys it needs beyond the sizes every family has."""
     rope_parameters: bool = False
@@ -155,4 +155,4 @@ def claimant(config: TransformerConfig, records: Mapping[str, Family]) -> Family
         return records[claiming[0]]
     if claiming:
         raise ValueError(f"several families claim this config ({', '.join(claiming)}); their records overlap")
-    raise ValueError("no Hugging Face family computes this config: " + "; ".join(refusals.values()))
+    raise ValueError("no Hugging Face family computes this config: " + "; ".join(map(str, refusals.values())))
