@@ -14,8 +14,10 @@ from rl_models.config import LinearAttention
 from rl_models.hf import export_hf, hf_config_from_transformer_config, load_hf_config, load_hf_model
 from rl_models.hf.config import transformer_config_from_hf
 from rl_models.hf.families import FAMILIES, infer_family
-from rl_models.hf.family import Family, claimant, named
-from rl_models.rope_types import YarnRope
+from rl_models.hf.family import Family, claimant, named, refusal
+from rl_models.hf.peft import peft_tensors
+from rl_models.lora import add_adapters
+from rl_models.rope_types import LongRope, YarnRope
 
 ROOT = Path(__file__).resolve().parents[2]
 HF = ROOT / "tests" / "fixtures" / "hf"
@@ -142,3 +144,47 @@ def test_the_weight_map_is_the_records():
     config = load_hf_config(HF / "qwen35_text")
     assert set(FAMILIES["qwen3_5_text"].weights(config)) == keys
     assert not set(FAMILIES["qwen3"].weights(config)) <= keys
+
+
+def _longrope(config: TransformerConfig) -> LongRope:
+    half = int(config.head_dim * config.partial_rotary_factor) // 2
+    return LongRope(short_factor=(1.0,) * half, long_factor=(2.0,) * half, original_max_position_embeddings=8,
+                    max_position_embeddings=40)
+
+
+def test_phi3_claims_only_what_llamas_block_does_not_compute():
+    """A plain config is llama's alone (phi3's block is Llama's with fused weights); partial rotary or
+    LongRoPE (phi3's own rope: every other record refuses it) is phi3's alone, windowed or not."""
+    plain = TransformerConfig.tiny(40)
+    assert infer_family(plain).model_type == "llama"
+    assert "phi3 rotates part of each head" in refusal(FAMILIES["phi3"], plain, FAMILIES)
+    for changes in (dict(partial_rotary_factor=0.5), dict(sliding_window=16)):
+        config = dataclasses.replace(plain, **changes)
+        config = dataclasses.replace(config, rope_scaling=_longrope(config))
+        assert infer_family(config).model_type == "phi3"
+        assert refusal(FAMILIES["llama"], config, FAMILIES) == "llama writes no LongRope (it is phi3's)"
+        assert transformer_config_from_hf(hf_config_from_transformer_config(config)) == config
+
+
+def test_each_soft_cap_is_claimed_by_the_family_that_reads_it():
+    """gemma2 varies both caps; gemma3_text the final one only (transformers' Gemma 3 never applies
+    the attention cap); every other record keeps Llama's none."""
+    gemma2 = load_hf_config(HF / "gemma2")
+    gemma3 = load_hf_config(HF / "gemma3_text_softcap")
+    assert infer_family(dataclasses.replace(gemma2, attn_logit_softcapping=None)).model_type == "gemma2"
+    assert refusal(FAMILIES["gemma3_text"], dataclasses.replace(gemma3, attn_logit_softcapping=3.0), FAMILIES) == (
+        "gemma3_text has attn_logit_softcapping=None, this config 3.0")
+    assert refusal(FAMILIES["llama"], TransformerConfig.tiny(40, final_logit_softcapping=8.0), FAMILIES) == (
+        "llama has final_logit_softcapping=None, this config 8.0")
+
+
+def test_whether_a_family_fuses_projections_is_its_weight_maps():
+    """phi3's record maps q/k/v and gate/up to rows of one tensor each; PEFT refuses adapters of
+    those rows only (o_proj's is written)."""
+    config = load_hf_config(HF / "phi3")
+    keys = set(FAMILIES["phi3"].weights(config))
+    assert "model.layers.0.self_attn.qkv_proj.weight[0:64]" in keys
+    assert "model.layers.0.mlp.gate_up_proj.weight[128:256]" in keys
+    assert not any("[" in key for key in FAMILIES["llama"].weights(config))
+    model = add_adapters(load_hf_model(HF / "phi3"), rank=4, alpha=8.0, targets=("o_proj", "down_proj"))
+    assert sorted(peft_tensors(model))[0] == "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"
