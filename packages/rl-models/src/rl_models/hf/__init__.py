@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (Llama 3, Qwen2/2.5/3, Mistral, Gemma 3, SmolLM3) from and to local folders.
+"""Hugging Face checkpoints (every family of rl_models.hf.families) from and to local folders.
 
 Nothing here downloads: every function takes a folder on disk.
 """
@@ -14,6 +14,7 @@ from flax import nnx
 from rl_models.hf.config import (
     ARCHITECTURES,
     HFFolderError,
+    folder_family,
     hf_config_from_transformer_config,
     read_json,
     transformer_config_from_hf,
@@ -43,8 +44,10 @@ def load_hf_model(
     `shardings` (abstract param state -> a tree of shardings) places each
     parameter as it is read, one device shard at a time; see `load_params`.
     """
-    config = load_hf_config(folder, **runtime)
-    return load_params(Path(folder), config, shardings)
+    path = Path(folder) / "config.json"
+    hf = read_json(path)
+    config = transformer_config_from_hf(hf, source=str(path), **runtime)
+    return load_params(Path(folder), config, folder_family(hf, str(path)), shardings)
 
 
 def load_hf_value_model(

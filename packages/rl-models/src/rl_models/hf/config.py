@@ -2,9 +2,10 @@
 
 Both config.json layouts are read: the older one (`rope_theta`, `rope_scaling`)
 that most published checkpoints have, and transformers 5's `rope_parameters`.
-Each family's own fields are read by rl_models.hf.families. Anything the model here
-does not implement (another architecture, a bias flag the family's transformers code
-lacks, another rope type) is an error naming the file and the field, never silently ignored.
+Each family's own fields are read and written by its record (rl_models.hf.families); the code
+here names no family. Anything the model here does not implement (another architecture, a
+bias flag the family's transformers code lacks, another rope type) is an error naming the
+file and the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl_models.config import RUNTIME_FIELDS, LinearAttention, RopeScaling, TransformerConfig
-from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, Family, FamilyFieldError, infer_family
+from rl_models.config import RUNTIME_FIELDS, RopeScaling, TransformerConfig
+from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, infer_family
+from rl_models.hf.family import LLAMA_BLOCK, Family, FamilyFieldError, refusal
 from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, LongRope, YarnRope
+
 
 class HFFolderError(ValueError):
     """A file of a Hugging Face folder that cannot be read as a supported model;
     the message names the file and the field, key or value."""
 
 
-HYBRID_ARCHITECTURES = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"}
-"""The hybrid (linear-attention) model_types: rl_models.hybrid, read by _qwen35_config."""
-ARCHITECTURES = {model_type: family.architecture for model_type, family in FAMILIES.items()} | HYBRID_ARCHITECTURES
+ARCHITECTURES = {model_type: family.architecture for model_type, family in FAMILIES.items()}
 """Every supported model_type -> its architecture class (rl_models.hf.families)."""
 
 
@@ -131,12 +132,12 @@ def _having(flag: str) -> str:
     return ", ".join(sorted(name for name, family in FAMILIES.items() if flag in family.biases))
 
 
-def _biases(hf: dict[str, Any], model_type: str, family: Family, source: str) -> dict[str, bool]:
+def _biases(hf: dict[str, Any], family: Family, source: str) -> dict[str, bool]:
     """The TransformerConfig bias fields of a family's `attention_bias` / `mlp_bias` (the flags its
     transformers config has, `family.biases`): attention_bias puts a bias on q, k, v and o_proj,
-    mlp_bias on gate, up and down. A family with `fixed_biases` reads its own (not these flags)."""
+    mlp_bias on gate, up and down. A family with `fixed_biases` has its own (`family.fixes`)."""
     fields: dict[str, bool] = {}
-    flags = family.biases
+    flags, model_type = family.biases, family.model_type
     if hf.get("attention_bias", False) and not family.fixed_biases:
         if "attention_bias" not in flags:
             raise _unsupported(source, "attention_bias", hf["attention_bias"],
@@ -151,6 +152,34 @@ def _biases(hf: dict[str, Any], model_type: str, family: Family, source: str) ->
     return fields
 
 
+def folder_family(hf: dict[str, Any], source: str = "config.json") -> Family:
+    """The record of a config.json's `model_type` (its `architectures` checked against it)."""
+    model_type = hf.get("model_type")
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise _unsupported(
+            source, "model_type", model_type,
+            f"supported model_type values: {sorted(ARCHITECTURES)} "
+            f"({', '.join(ARCHITECTURES.values())}); architectures={hf.get('architectures')}",
+        )
+    family = FAMILIES[model_type]
+    architectures = hf.get("architectures") or [family.architecture]
+    if architectures != [family.architecture]:
+        raise _unsupported(source, "architectures", architectures,
+                           f"model_type {model_type!r} needs [{family.architecture!r}]")
+    return family
+
+
+def _text_model(hf: dict[str, Any], family: Family, source: str) -> tuple[dict[str, Any], str]:
+    """A multimodal folder's text model config (the rest is refused by the weights) and its name in
+    errors; tie_word_embeddings is the top level's where it has one (transformers ties by that)."""
+    text = hf.get(family.text_config)  # type: ignore[arg-type]
+    if not isinstance(text, dict):
+        raise HFFolderError(f"{source}: model_type {family.model_type!r} needs a {family.text_config!r} object")
+    if "tie_word_embeddings" in hf:
+        text = text | {"tie_word_embeddings": hf["tie_word_embeddings"]}
+    return text, f"{source} ({family.text_config})"
+
+
 def transformer_config_from_hf(
     hf: dict[str, Any], *, source: str = "config.json", **runtime: Any,
 ) -> TransformerConfig:
@@ -159,50 +188,33 @@ def transformer_config_from_hf(
     unknown = sorted(set(runtime) - set(RUNTIME_FIELDS))
     if unknown:
         raise TypeError(f"transformer_config_from_hf: {unknown} are not runtime fields {RUNTIME_FIELDS}")
-    model_type = hf.get("model_type")
-    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-        raise _unsupported(
-            source, "model_type", model_type,
-            f"supported model_type values: {sorted(ARCHITECTURES)} "
-            f"({', '.join(ARCHITECTURES.values())}); architectures={hf.get('architectures')}",
-        )
-    architectures = hf.get("architectures") or [ARCHITECTURES[model_type]]
-    if architectures != [ARCHITECTURES[model_type]]:
-        raise _unsupported(source, "architectures", architectures,
-                           f"model_type {model_type!r} needs [{ARCHITECTURES[model_type]!r}]")
-    if model_type in HYBRID_ARCHITECTURES:
-        return _qwen35_config(hf, model_type, source, runtime)
-    family = FAMILIES[model_type]
-    if family.text_config is not None:  # a multimodal folder: its text model (the rest is refused by the weights)
-        text = hf.get(family.text_config)
-        if not isinstance(text, dict):
-            raise HFFolderError(f"{source}: model_type {model_type!r} needs a {family.text_config!r} object")
-        hf, source = text, f"{source} ({family.text_config})"
+    family = folder_family(hf, source)
+    if family.text_config is not None:
+        hf, source = _text_model(hf, family, source)
     hf = family.defaults | hf
     activation = hf.get(family.activation_key, "silu")
     if activation not in ACTIVATION_NAMES or (family.activation_key == "hidden_act") != (activation == "silu"):
         want = "'silu' (SwiGLU)" if family.activation_key == "hidden_act" else "'gelu_pytorch_tanh' (GeGLU)"
         raise _unsupported(source, family.activation_key, activation, f"only {want}")
-    biases = _biases(hf, model_type, family, source)
     for key in family.refused:
         if hf.get(key, False):
             raise _unsupported(source, key, hf[key], "only full attention")
-    if not family.windows:
+    if "layer_types" not in family.varies:
         layer_types = set(hf.get("layer_types") or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise _unsupported(source, "layer_types", sorted(layer_types), "only full attention")
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads"):
+                "num_attention_heads", *family.required):
         if key not in hf:
             raise HFFolderError(f"{source}: missing required field {key!r}")
     try:
         extra = family.read(hf)
+        biases = _biases(hf, family, source)
         theta, scaling, local = _rope(hf, source, family.windows)
         if local is not None and extra.get("sliding_window") is not None:
             extra["rope_local_theta"] = local
         extra["hidden_act"] = ACTIVATION_NAMES[activation]
-        extra |= biases
-        return _transformer_config(hf, model_type, theta, scaling, extra, runtime)
+        return _transformer_config(hf, theta, scaling, dict(family.fixes) | extra | biases, runtime)
     except FamilyFieldError as e:
         raise _unsupported(source, e.field, e.value, e.why) from e
     except HFFolderError:
@@ -212,8 +224,7 @@ def transformer_config_from_hf(
 
 
 def _transformer_config(
-    hf: dict[str, Any], model_type: str, theta: float, scaling: Scaling | None,
-    extra: dict[str, Any], runtime: dict[str, Any],
+    hf: dict[str, Any], theta: float, scaling: Scaling | None, extra: dict[str, Any], runtime: dict[str, Any],
 ) -> TransformerConfig:
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"],
@@ -227,84 +238,85 @@ def _transformer_config(
         rope_scaling=scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention_bias=model_type == "qwen2",
-        qk_norm=model_type == "qwen3",
     )
     return TransformerConfig(**(fields | extra | runtime))
 
 
-def _qwen35_config(hf: dict[str, Any], model_type: str, source: str, runtime: dict[str, Any]) -> TransformerConfig:
-    """Qwen3.5 dense: the text model's fields (for "qwen3_5", the multimodal folder Qwen3.5 ships
-    as, those of `text_config`; the vision tower beside it is not read). Rotary positions are
-    Qwen3.5's multimodal rope on text alone: its three position streams are equal there, which is
-    the plain rope over the first partial_rotary_factor of each head."""
-    text = hf
-    if model_type == "qwen3_5":
-        text = hf.get("text_config")
-        if not isinstance(text, dict):
-            raise HFFolderError(f"{source}: model_type 'qwen3_5' needs a 'text_config' object")
-        source = f"{source} text_config"
-    if text.get("hidden_act", "silu") != "silu":
-        raise _unsupported(source, "hidden_act", text["hidden_act"], "only 'silu' (SwiGLU)")
-    if text.get("attention_bias", False):
-        raise _unsupported(source, "attention_bias", True, "Qwen3.5's attention has no biases here")
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
-        if key not in text:
-            raise HFFolderError(f"{source}: missing required field {key!r}")
-    layers = text["num_hidden_layers"]
-    interval = text.get("full_attention_interval", 4)
-    layer_types = text.get("layer_types") or [
-        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    tie = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    try:
-        theta, scaling, _ = _rope(text, source, False)
-        linear = LinearAttention(
-            num_key_heads=text["linear_num_key_heads"], num_value_heads=text["linear_num_value_heads"],
-            key_head_dim=text["linear_key_head_dim"], value_head_dim=text["linear_value_head_dim"],
-            conv_kernel_size=text.get("linear_conv_kernel_dim", 4),
-        )
-        return TransformerConfig(
-            vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], num_layers=layers,
-            num_heads=text["num_attention_heads"],
-            num_kv_heads=text.get("num_key_value_heads") or text["num_attention_heads"],
-            head_dim=text.get("head_dim", 256), mlp_hidden_size=text["intermediate_size"],
-            rope_theta=theta, rope_scaling=scaling,
-            partial_rotary_factor=float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(tie), qk_norm=True,
-            attention_output_gate=True, layer_types=tuple(layer_types), linear_attention=linear, **runtime,
-        )
-    except HFFolderError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise HFFolderError(f"{source}: {e}") from e
+def export_family(config: TransformerConfig, model_type: str | None = None) -> Family:
+    """The record `config` is written as: `model_type`'s, which must claim it, or the one that does."""
+    if model_type is None:
+        return infer_family(config)
+    if model_type not in FAMILIES:
+        raise ValueError(f"model_type={model_type!r}: supported model_type values: {sorted(FAMILIES)}")
+    why = refusal(FAMILIES[model_type], config, FAMILIES)
+    if why is not None:
+        raise ValueError(f"model_type={model_type!r} cannot express this config: {why}")
+    return FAMILIES[model_type]
 
 
-def infer_model_type(config: TransformerConfig) -> str:
-    """The Hugging Face family that computes exactly what `config` computes."""
-    if config.hybrid:
-        return "qwen3_5_text"
-    return infer_family(config)
+def text_model_hf(hf: dict[str, Any], family: Family, config: TransformerConfig) -> dict[str, Any]:
+    """A multimodal folder's config.json as its text model's (`family.written_as`), which is what was
+    trained and what export writes: the text sub-config, as the text architecture reads it."""
+    text = FAMILIES[family.written_as]  # type: ignore[index]
+    return hf[family.text_config] | {"architectures": [text.architecture], "model_type": text.model_type,  # type: ignore[index]
+                                     "tie_word_embeddings": config.tie_embeddings}
+
+
+def _rope_scaling(s: Scaling | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the rope scaling's config.json object or None, the top-level keys it needs)."""
+    if isinstance(s, RopeScaling):
+        return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings}, {}
+    if isinstance(s, LinearRope):
+        return {"rope_type": "linear", "factor": s.factor}, {}
+    if isinstance(s, DynamicNTKRope):
+        return {"rope_type": "dynamic", "factor": s.factor}, {"max_position_embeddings": s.max_position_embeddings}
+    if isinstance(s, LongRope):
+        scaled = {"rope_type": "longrope", "short_factor": list(s.short_factor), "long_factor": list(s.long_factor)}
+        scaled |= {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}
+        return scaled, {"original_max_position_embeddings": s.original_max_position_embeddings,
+                        "max_position_embeddings": s.max_position_embeddings}
+    if isinstance(s, YarnRope):
+        scaled = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast, "beta_slow": s.beta_slow,
+                  "truncate": s.truncate, "original_max_position_embeddings": s.original_max_position_embeddings}
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if getattr(s, key) is not None:
+                scaled[key] = getattr(s, key)
+        return scaled, {"max_position_embeddings": int(s.original_max_position_embeddings * s.factor)}
+    return None, {}
+
+
+def _rope_written(config: TransformerConfig, family: Family) -> dict[str, Any]:
+    """The rope's config.json fields in the family's layout: the older one (rope_theta and
+    rope_scaling), transformers 5's rope_parameters, or rope_parameters by layer type."""
+    scaled, top = _rope_scaling(config.rope_scaling)
+    if family.rope_by_layer_type:
+        local = config.rope_local_theta or config.rope_theta
+        return top | {"rope_parameters": {
+            "full_attention": (scaled or {"rope_type": "default"}) | {"rope_theta": config.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
+    if family.rope_parameters:
+        return top | {"rope_parameters": (scaled or {"rope_type": "default"}) | {
+            "rope_theta": config.rope_theta, "partial_rotary_factor": config.partial_rotary_factor}}
+    partial = {} if config.partial_rotary_factor == LLAMA_BLOCK["partial_rotary_factor"] else {
+        "partial_rotary_factor": config.partial_rotary_factor}
+    return top | {"rope_theta": config.rope_theta, "rope_scaling": scaled} | partial
 
 
 def hf_config_from_transformer_config(
     config: TransformerConfig, model_type: str | None = None
 ) -> dict[str, Any]:
-    """A config.json dict (older layout, which transformers 4 and 5 both read)."""
-    inferred = infer_model_type(config)
-    model_type = model_type or inferred
-    if model_type != inferred:
-        raise ValueError(
-            f"model_type={model_type!r} cannot express this config "
-            f"(qk_norm={config.qk_norm}, attention_bias={config.attention_bias}); "
-            f"it is a {inferred!r} model"
-        )
-    if model_type == "qwen3_5_text":
-        return _qwen35_hf_config(config)
+    """A config.json dict (the family's layout, which transformers 4 and 5 both read) of the family
+    `model_type` names, or of the one whose block computes `config`."""
+    return family_hf_config(config, export_family(config, model_type))
+
+
+def family_hf_config(config: TransformerConfig, family: Family) -> dict[str, Any]:
+    """`config` as `family`'s config.json (the family claims it: `export_family`)."""
     hf: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[model_type]],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.mlp_hidden_size,
@@ -312,69 +324,14 @@ def hf_config_from_transformer_config(
         "num_attention_heads": config.num_heads,
         "num_key_value_heads": config.num_kv_heads,
         "head_dim": config.head_dim,
-        "hidden_act": "silu",
         "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": None,
         "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": config.param_dtype,
-    }
-    if model_type != "qwen2":
-        hf["attention_bias"] = config.attention_out_bias  # with q/k/v biases (infer_model_type checked)
+    } | _rope_written(config, family)
+    if family.activation_key == "hidden_act":
+        hf["hidden_act"] = "silu"
+    if not family.fixed_biases:
+        hf["attention_bias"] = config.attention_out_bias  # with q/k/v biases (its record's claim checked)
     if config.mlp_bias:
         hf["mlp_bias"] = True
-    s = config.rope_scaling
-    if isinstance(s, RopeScaling):
-        hf["rope_scaling"] = {
-            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        }
-    elif isinstance(s, LinearRope):
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": s.factor}
-    elif isinstance(s, DynamicNTKRope):
-        hf["rope_scaling"] = {"rope_type": "dynamic", "factor": s.factor}
-        hf["max_position_embeddings"] = s.max_position_embeddings
-    elif isinstance(s, LongRope):
-        hf["rope_scaling"] = {"rope_type": "longrope", "short_factor": list(s.short_factor),
-                              "long_factor": list(s.long_factor)}
-        hf["rope_scaling"] |= {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}
-        hf["original_max_position_embeddings"] = s.original_max_position_embeddings
-        hf["max_position_embeddings"] = s.max_position_embeddings
-    elif isinstance(s, YarnRope):
-        hf["rope_scaling"] = {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast,
-                              "beta_slow": s.beta_slow, "truncate": s.truncate,
-                              "original_max_position_embeddings": s.original_max_position_embeddings}
-        hf["max_position_embeddings"] = int(s.original_max_position_embeddings * s.factor)
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            if getattr(s, key) is not None:
-                hf["rope_scaling"][key] = getattr(s, key)
-    family = FAMILIES[model_type]
-    written = family.write(config)
-    if family.rope_by_layer_type:
-        scaled = hf.pop("rope_scaling") or {"rope_type": "default"}
-        hf["rope_parameters"] = {
-            "full_attention": scaled | {"rope_theta": hf.pop("rope_theta")},
-            "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}}
-    if family.activation_key != "hidden_act":
-        del hf["hidden_act"]
-    return hf | written
-
-
-def _qwen35_hf_config(config: TransformerConfig) -> dict[str, Any]:
-    """A qwen3_5_text config.json (Qwen3_5ForCausalLM) for a hybrid config."""
-    la = config.linear_attention
-    assert la is not None
-    return {
-        "architectures": [ARCHITECTURES["qwen3_5_text"]], "model_type": "qwen3_5_text",
-        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "intermediate_size": config.mlp_hidden_size, "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim, "hidden_act": "silu", "rms_norm_eps": config.rms_norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
-                            "partial_rotary_factor": config.partial_rotary_factor},
-        "layer_types": list(config.kinds()), "linear_conv_kernel_dim": la.conv_kernel_size,
-        "linear_key_head_dim": la.key_head_dim, "linear_value_head_dim": la.value_head_dim,
-        "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads,
-        "attention_bias": False, "tie_word_embeddings": config.tie_embeddings, "torch_dtype": config.param_dtype,
-    }
+    return hf | family.write(config)

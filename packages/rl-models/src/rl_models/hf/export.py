@@ -13,12 +13,15 @@ import shutil
 from pathlib import Path
 
 from rl_models.hf.config import (
-    hf_config_from_transformer_config,
+    export_family,
+    family_hf_config,
+    folder_family,
     read_json,
+    text_model_hf,
     transformer_config_from_hf,
 )
 from rl_models.hf.families import FAMILIES
-from rl_models.hf.weights import FUSED_FAMILIES, SINGLE_FILE, save_params
+from rl_models.hf.weights import SINGLE_FILE, save_params
 from rl_models.transformer import Transformer
 
 # Copied from the source folder when present (config.json is handled apart).
@@ -35,10 +38,10 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
 
     With `source_dir` (the folder the model was loaded from), its config.json is
     kept (with torch_dtype updated) after checking that it describes this model (of a
-    multimodal Qwen3.5 folder, its text model's: the vision tower is not written),
-    and its tokenizer/generation files are copied. Without it, config.json is
-    written from the model's config (`model_type` inferred: qwen3 with qk_norm,
-    qwen2 with q/k/v biases, llama otherwise).
+    multimodal folder, its text model's: the vision tower is not written), and its
+    tokenizer/generation files are copied. Without it, config.json is written from the
+    model's config by its family's record: `model_type`'s, or the one record that claims
+    the config (rl_models.hf.families.infer_family).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,9 +52,7 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
         described = transformer_config_from_hf(
             hf, source=str(source / "config.json"), **config.runtime()
         )
-        if FAMILIES.get(hf.get("model_type"), FAMILIES["llama"]).text_config is not None:
-            # a multimodal folder: its text model is what was trained and what is written
-            hf = hf_config_from_transformer_config(config) | {"torch_dtype": config.param_dtype}
+        family = folder_family(hf)
         if described != config:
             diffs = [
                 f"{f.name}: config.json {getattr(described, f.name)!r} vs model "
@@ -60,9 +61,8 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
                 if getattr(described, f.name) != getattr(config, f.name)
             ]
             raise ValueError(f"{source / 'config.json'} does not describe this model: {diffs}")
-        if hf.get("model_type") == "qwen3_5":  # the text model alone, as Qwen3_5ForCausalLM reads it
-            hf = hf["text_config"] | {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
-                                      "tie_word_embeddings": config.tie_embeddings}
+        if family.written_as is not None:  # a multimodal folder: its text model is what was trained
+            hf, family = text_model_hf(hf, family, config), FAMILIES[family.written_as]
         # weights are written as floats: a quantised source's quantization_config no longer holds
         hf = {k: v for k, v in hf.items() if k not in ("dtype", "quantization_config")} | {
             "torch_dtype": config.param_dtype}
@@ -70,9 +70,10 @@ def export_hf(model: Transformer, out_dir: str | Path, *, source_dir: str | Path
             if (source / name).is_file():
                 shutil.copy(source / name, out / name)
     else:
-        hf = hf_config_from_transformer_config(config, model_type)
+        family = export_family(config, model_type)
+        hf = family_hf_config(config, family)
     for stale in [*out.glob("model-*.safetensors"), out / "model.safetensors.index.json"]:
         stale.unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    save_params(model, out / SINGLE_FILE, fused=hf.get("model_type") in FUSED_FAMILIES)
+    save_params(model, out / SINGLE_FILE, family)
     return out

@@ -1,67 +1,22 @@
-"""What each supported Hugging Face family's config.json says beyond the Llama block.
+"""The supported Hugging Face families: one `Family` record each (rl_models.hf.family), in FAMILIES.
 
-A `Family` reads its own fields (windows, NoPE layers, Gemma's and OLMo 2's norms and scales) into
-TransformerConfig fields and writes them back; the fields every family shares (sizes, rope,
-tied embeddings) are read in `rl_models.hf.config`. A field a family's folders may set that
-the model here does not implement is refused there or here, naming the file and the field.
+A record reads its own config.json fields (windows, NoPE layers, experts, Qwen3.5's linear-attention
+layers) into TransformerConfig fields and writes them back, fixes the fields its block always has
+(Gemma's and OLMo 2's norms and scales, Qwen2's biases, Qwen3's q/k norm), and says which configs
+its block computes; the fields every family shares (sizes, rope, tied embeddings) are read in
+`rl_models.hf.config`. A field a family's folders may set that the model here does not implement
+is refused there or here, naming the file and the field. Adding a family is adding its record here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
-from rl_models.config import TransformerConfig
+from rl_models.config import LinearAttention, TransformerConfig
+from rl_models.hf.family import Family, FamilyFieldError, claimant, named
+from rl_models.hf.weight_maps import fused_parameter_map, hybrid_parameter_map
 from rl_models.rope_types import LongRope
-
-
-class FamilyFieldError(ValueError):
-    """A family field the model does not implement: (field, value, why)."""
-
-    def __init__(self, field: str, value: object, why: str):
-        super().__init__(field, value, why)
-        self.field, self.value, self.why = field, value, why
-
-
-def _no_fields(hf: dict[str, Any]) -> dict[str, Any]:
-    return {}
-
-
-def _nothing_written(config: TransformerConfig) -> dict[str, Any]:
-    return {}
-
-
-@dataclass(frozen=True)
-class Family:
-    """One `model_type`: its architecture class name and its own config.json fields."""
-
-    architecture: str
-    """The `architectures` entry transformers writes for it."""
-    read: Callable[[dict[str, Any]], dict[str, Any]] = _no_fields
-    """config.json (the text part) -> the TransformerConfig fields only this family sets."""
-    write: Callable[[TransformerConfig], dict[str, Any]] = _nothing_written
-    """TransformerConfig -> the config.json fields only this family writes."""
-    activation_key: str = "hidden_act"
-    """The config.json key naming the MLP's activation."""
-    windows: bool = False
-    """Whether its folders may window layers (`sliding_window`, `layer_types`)."""
-    text_config: str | None = None
-    """A multimodal folder's key holding the text model's config (Gemma 3's "text_config")."""
-    refused: tuple[str, ...] = field(default=())
-    """config.json keys that must be absent or false (a setting not implemented)."""
-    biases: tuple[str, ...] = field(default=())
-    """The bias flags its transformers config class has: "attention_bias" (q, k, v and o_proj)
-    and "mlp_bias" (gate, up and down); a flag it lacks must be absent or false."""
-    fixed_biases: bool = False
-    """Its attention biases are the family's own, not a flag's (Qwen2's q/k/v, gpt-oss's q/k/v/o): an
-    `attention_bias` key in its folder says nothing, and it has no MLP biases."""
-    rope_by_layer_type: bool = False
-    """Its config.json is written with `rope_parameters` by layer type (full_attention with the
-    scaling, sliding_attention unscaled), as transformers 5 writes Olmo 3's."""
-    defaults: dict[str, Any] = field(default_factory=dict)
-    """What transformers' config class assumes for keys a folder leaves out (Gemma 3's
-    text_config lists only what differs from them)."""
 
 
 def _windows(hf: dict[str, Any], default_type: str) -> dict[str, Any]:
@@ -116,7 +71,7 @@ def _write_smollm3(config: TransformerConfig) -> dict[str, Any]:
 
 
 def _read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3's windows, norms and scales; `final_logit_softcapping` when a folder sets it (Gemma 3
+    """Gemma 3's windows and scales; `final_logit_softcapping` when a folder sets it (Gemma 3
     folders set null). `attn_logit_softcapping` is not read: transformers' Gemma 3 (5.x) keeps it in
     its config but never passes it to its attention, so a folder's value changes nothing there."""
     caps = {} if hf.get("final_logit_softcapping") is None else {
@@ -130,9 +85,7 @@ def _read_gemma3(hf: dict[str, Any]) -> dict[str, Any]:
                                    for i in range(n)]}
     fields = _windows(hf, "sliding_attention")
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    fields |= {"norm_plus_one": True, "sandwich_norms": True, "embed_scale": True, "qk_norm": True,
-               "query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
-    return fields | caps
+    return fields | caps | {"query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
 
 
 def _number(x: float) -> int | float:
@@ -168,9 +121,8 @@ def _read_qwen3_moe(hf: dict[str, Any]) -> dict[str, Any]:
     for key in ("num_experts_per_tok", "moe_intermediate_size"):
         if key not in hf:
             raise FamilyFieldError(key, None, "is required with experts")
-    return {"qk_norm": True, "num_experts": experts, "experts_per_token": hf["num_experts_per_tok"],
-            "moe_hidden_size": hf["moe_intermediate_size"], "router": "softmax_topk",
-            "norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
+    return {"num_experts": experts, "experts_per_token": hf["num_experts_per_tok"],
+            "moe_hidden_size": hf["moe_intermediate_size"], "norm_topk_prob": bool(hf.get("norm_topk_prob", False))}
 
 
 def _write_qwen3_moe(config: TransformerConfig) -> dict[str, Any]:
@@ -195,9 +147,7 @@ def _read_gpt_oss(hf: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
         raise FamilyFieldError("num_local_experts", experts, "must be a positive int")
     return _windows(hf, "sliding_attention") | {
-        "attention_bias": True, "attention_out_bias": True, "attention_sinks": True, "num_experts": experts,
-        "experts_per_token": k, "moe_hidden_size": hf["intermediate_size"], "router": "topk_softmax",
-        "norm_topk_prob": False, "router_bias": True, "expert_bias": True,
+        "num_experts": experts, "experts_per_token": k, "moe_hidden_size": hf["intermediate_size"],
         "swiglu_limit": float(hf.get("swiglu_limit", 7.0)), "swiglu_alpha": float(hf.get("swiglu_alpha", 1.702))}
 
 
@@ -210,12 +160,6 @@ def _write_gpt_oss(config: TransformerConfig) -> dict[str, Any]:
         "swiglu_alpha": config.swiglu_alpha, "router_aux_loss_coef": 0.0, "output_router_logits": False}
 
 
-def _read_olmo2(hf: dict[str, Any]) -> dict[str, Any]:
-    """Norms after the attention and the MLP only (post_attention_layernorm and
-    post_feedforward_layernorm), q/k norms over all heads' projections."""
-    return {"post_norms": True, "qk_norm": True, "qk_norm_all_heads": True}
-
-
 def _read_olmo3(hf: dict[str, Any]) -> dict[str, Any]:
     """OLMo 2's block with three windowed layers to one global (layer_types; transformers' pattern
     when a folder leaves them out); the windowed layers' rope is the default one (rl_models.hf.config
@@ -226,7 +170,7 @@ def _read_olmo3(hf: dict[str, Any]) -> dict[str, Any]:
     windows = _windows(hf, "sliding_attention")
     if windows:
         windows["rope_local_theta"] = float(hf.get("rope_theta", OLMO3_DEFAULTS["rope_theta"]))
-    return windows | _read_olmo2(hf)
+    return windows
 
 
 def _write_olmo2(config: TransformerConfig) -> dict[str, Any]:
@@ -241,7 +185,7 @@ def _write_olmo3(config: TransformerConfig) -> dict[str, Any]:
 def _read_phi3(hf: dict[str, Any]) -> dict[str, Any]:
     """Partial rotary (rope_parameters' or the top level's partial_rotary_factor; Phi-4-mini's 0.75)
     and Mistral's windows (every layer), a window no shorter than max_position_embeddings being
-    none (Phi-4-mini's 262144 over 131072 positions). Fused q/k/v and gate/up: rl_models.hf.weights."""
+    none (Phi-4-mini's 262144 over 131072 positions). Its fused q/k/v and gate/up: its weight map."""
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     window = hf.get("sliding_window")
@@ -251,9 +195,9 @@ def _read_phi3(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_phi3(config: TransformerConfig) -> dict[str, Any]:
-    """No special ids: the class's defaults (Phi-3's 32000) lie outside most vocabularies."""
-    return {"partial_rotary_factor": config.partial_rotary_factor, "sliding_window": config.sliding_window,
-            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    """The window (every layer's); no special ids: the class's defaults (Phi-3's 32000) lie outside
+    most vocabularies. partial_rotary_factor is written with the rope (rl_models.hf.config)."""
+    return {"sliding_window": config.sliding_window, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def _read_gemma2(hf: dict[str, Any]) -> dict[str, Any]:
@@ -267,10 +211,8 @@ def _read_gemma2(hf: dict[str, Any]) -> dict[str, Any]:
         hf = hf | {"layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention"
                                    for i in range(hf["num_hidden_layers"])]}
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    caps = {cap: float(hf[cap]) for cap in ("attn_logit_softcapping", "final_logit_softcapping")
-            if hf.get(cap) is not None}
+    caps = {cap: float(hf[cap]) for cap in SOFTCAPS if hf.get(cap) is not None}
     return _windows(hf, "sliding_attention") | caps | {
-        "norm_plus_one": True, "sandwich_norms": True, "embed_scale": True,
         "query_scale": float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5}
 
 
@@ -280,6 +222,99 @@ def _write_gemma2(config: TransformerConfig) -> dict[str, Any]:
         "query_pre_attn_scalar": _number(config.query_scale ** -2), "hidden_activation": "gelu_pytorch_tanh",
         "attn_logit_softcapping": config.attn_logit_softcapping,
         "final_logit_softcapping": config.final_logit_softcapping}
+
+
+def _read_qwen35(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5 (dense): Gated DeltaNet layers with a gated full-attention layer every
+    full_attention_interval-th (layer_types when a folder has them). Rotary positions are Qwen3.5's
+    multimodal rope on text alone: its three position streams are equal there, which is the plain
+    rope over the first partial_rotary_factor of each head."""
+    if hf.get("attention_bias", False):
+        raise FamilyFieldError("attention_bias", hf["attention_bias"], "Qwen3.5's attention has no biases here")
+    n, interval = hf["num_hidden_layers"], hf.get("full_attention_interval", 4)
+    types = hf.get("layer_types") or ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    linear = LinearAttention(
+        num_key_heads=hf["linear_num_key_heads"], num_value_heads=hf["linear_num_value_heads"],
+        key_head_dim=hf["linear_key_head_dim"], value_head_dim=hf["linear_value_head_dim"],
+        conv_kernel_size=hf.get("linear_conv_kernel_dim", 4))
+    return {"layer_types": tuple(types), "linear_attention": linear,
+            "partial_rotary_factor": float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))}
+
+
+def _write_qwen35(config: TransformerConfig) -> dict[str, Any]:
+    la = config.linear_attention
+    assert la is not None
+    return {"layer_types": list(config.kinds()), "linear_conv_kernel_dim": la.conv_kernel_size,
+            "linear_key_head_dim": la.key_head_dim, "linear_value_head_dim": la.value_head_dim,
+            "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads}
+
+
+def _claims_mistral(config: TransformerConfig) -> str | None:
+    if config.sliding_window is None or not all(config.windowed()):
+        return "mistral windows every layer (a sliding_window and no full-attention layer_types)"
+    return None
+
+
+def _claims_ministral(config: TransformerConfig) -> str | None:
+    if config.sliding_window is None or all(config.windowed()):
+        return "ministral mixes windowed and full-attention layers (layer_types)"
+    return None
+
+
+def _olmo_block(config: TransformerConfig) -> str | None:
+    if not (config.post_norms and config.qk_norm and config.qk_norm_all_heads):
+        return ("only OLMo 2 and 3 (olmo2, olmo3) have norms after the sub-layers alone and q/k norms over all "
+                "heads, and they have both (post_norms, qk_norm, qk_norm_all_heads)")
+    return None
+
+
+def _claims_olmo2(config: TransformerConfig) -> str | None:
+    if config.rope_local_theta is not None:
+        return "OLMo 2 (full attention) has no local rope theta"
+    return _olmo_block(config)
+
+
+def _claims_olmo3(config: TransformerConfig) -> str | None:
+    if config.sliding_window is None:
+        return "olmo3 windows three layers in four (sliding_window)"
+    if config.rope_local_theta is None:
+        return ("OLMo 3 (windowed layers) gives its windowed layers their own unscaled rope: "
+                "set rope_local_theta (Olmo 3's is rope_theta)")
+    return _olmo_block(config)
+
+
+def _claims_smollm3(config: TransformerConfig) -> str | None:
+    return None if config.nope_layers else "smollm3 has layers without rotary positions (nope_layers)"
+
+
+def _claims_gemma3(config: TransformerConfig) -> str | None:
+    if config.query_scale is None:
+        return "gemma3_text scales its scores by query_pre_attn_scalar ** -0.5 (query_scale)"
+    return None
+
+
+def _claims_gemma2(config: TransformerConfig) -> str | None:
+    if config.query_scale is None:
+        return "gemma2 scales its scores by query_pre_attn_scalar ** -0.5 (query_scale)"
+    return None
+
+
+def _claims_phi3(config: TransformerConfig) -> str | None:
+    if config.partial_rotary_factor == 1.0 and not isinstance(config.rope_scaling, LongRope):
+        return ("phi3 rotates part of each head or scales its rope by LongRoPE (partial_rotary_factor, "
+                "rope_scaling), without which its block is llama's")
+    if config.sliding_window is not None and not all(config.windowed()):
+        return "phi3 windows every layer or none (a sliding_window and no full-attention layer_types)"
+    return None
+
+
+def _claims_qwen3_moe(config: TransformerConfig) -> str | None:
+    return None if config.num_experts else "qwen3_moe has experts (num_experts)"
+
+
+def _claims_qwen35(config: TransformerConfig) -> str | None:
+    return None if config.hybrid else "qwen3_5_text has linear-attention layers (layer_types)"
 
 
 GEMMA2_DEFAULTS: dict[str, Any] = {
@@ -304,127 +339,77 @@ GEMMA3_DEFAULTS: dict[str, Any] = {
 }
 """transformers' Gemma3TextConfig defaults (5.x)."""
 
+GEMMA_BLOCK: dict[str, Any] = {"hidden_act": "gelu_tanh", "norm_plus_one": True, "sandwich_norms": True,
+                               "embed_scale": True}
+"""Gemma 2's and 3's GeGLU, (1 + w) norms before and after each sub-layer and scaled embeddings."""
+
+OLMO_BLOCK: dict[str, Any] = {"post_norms": True, "qk_norm": True, "qk_norm_all_heads": True}
+"""OLMo 2's and 3's norms after the attention and the MLP only (post_attention_layernorm and
+post_feedforward_layernorm), q/k norms over all heads' projections."""
+
+
 ATTENTION_BIAS = ("attention_bias",)
 BOTH_BIASES = ("attention_bias", "mlp_bias")
+WINDOWS = ("sliding_window", "layer_types")
+EXPERTS = ("num_experts", "experts_per_token", "moe_hidden_size")
+SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 
-FAMILIES: dict[str, Family] = {
+GEMMA3_TEXT = Family(
+    "Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation", windows=True,
+    defaults=GEMMA3_DEFAULTS, biases=ATTENTION_BIAS, claims=_claims_gemma3, fixes=GEMMA_BLOCK | {"qk_norm": True},
+    varies=(*WINDOWS, "rope_local_theta", "query_scale", "final_logit_softcapping"))
+QWEN35_TEXT = Family(
+    "Qwen3_5ForCausalLM", _read_qwen35, _write_qwen35, defaults={"head_dim": 256}, claims=_claims_qwen35,
+    fixes={"qk_norm": True, "attention_output_gate": True},
+    varies=("layer_types", "linear_attention", "partial_rotary_factor"),
+    required=("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+    rope_parameters=True, weights=hybrid_parameter_map,
+    ignored_keys=r"(model\.visual|mtp)\..*")  # the vision tower and the multi-token-prediction head
+
+FAMILIES: dict[str, Family] = named({
     "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",), biases=BOTH_BIASES),
-    "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",), fixed_biases=True),
-    "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",), biases=ATTENTION_BIAS),
+    "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",), fixed_biases=True,
+                    fixes={"attention_bias": True, "attention_out_bias": False}),
+    "qwen3": Family("Qwen3ForCausalLM", refused=("use_sliding_window",), biases=ATTENTION_BIAS,
+                    fixes={"qk_norm": True}),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", _read_qwen3_moe, _write_qwen3_moe, refused=("use_sliding_window",),
-                        biases=ATTENTION_BIAS),
-    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True, fixed_biases=True),
-    "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True),
-    "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True),
-    "olmo2": Family("Olmo2ForCausalLM", _read_olmo2, _write_olmo2),
-    "phi3": Family("Phi3ForCausalLM", _read_phi3, _write_phi3, windows=True, defaults=PHI3_DEFAULTS),
+                        biases=ATTENTION_BIAS, fixes={"qk_norm": True, "router": "softmax_topk"},
+                        varies=(*EXPERTS, "norm_topk_prob"), claims=_claims_qwen3_moe),
+    "gpt_oss": Family("GptOssForCausalLM", _read_gpt_oss, _write_gpt_oss, windows=True, fixed_biases=True,
+                      fixes={"attention_bias": True, "attention_out_bias": True, "attention_sinks": True,
+                             "router": "topk_softmax", "norm_topk_prob": False, "router_bias": True,
+                             "expert_bias": True},
+                      varies=(*WINDOWS, *EXPERTS, "swiglu_limit", "swiglu_alpha")),
+    "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, windows=True, varies=WINDOWS,
+                      claims=_claims_mistral),
+    "ministral": Family("MinistralForCausalLM", _read_mistral, _write_windows, windows=True, varies=WINDOWS,
+                        claims=_claims_ministral),
+    "olmo2": Family("Olmo2ForCausalLM", write=_write_olmo2, fixes=OLMO_BLOCK, claims=_claims_olmo2),
+    "phi3": Family("Phi3ForCausalLM", _read_phi3, _write_phi3, windows=True, defaults=PHI3_DEFAULTS,
+                   varies=(*WINDOWS, "partial_rotary_factor"), claims=_claims_phi3, own_ropes=(LongRope,),
+                   weights=fused_parameter_map),
     "gemma2": Family("Gemma2ForCausalLM", _read_gemma2, _write_gemma2, activation_key="hidden_activation",
-                     windows=True, defaults=GEMMA2_DEFAULTS, biases=ATTENTION_BIAS),
+                     windows=True, defaults=GEMMA2_DEFAULTS, biases=ATTENTION_BIAS, fixes=GEMMA_BLOCK,
+                     varies=(*WINDOWS, "query_scale", *SOFTCAPS), claims=_claims_gemma2),
     "olmo3": Family("Olmo3ForCausalLM", _read_olmo3, _write_olmo3, windows=True, rope_by_layer_type=True,
-                    defaults=OLMO3_DEFAULTS),
+                    defaults=OLMO3_DEFAULTS, fixes=OLMO_BLOCK, varies=(*WINDOWS, "rope_local_theta"),
+                    claims=_claims_olmo3),
     "smollm3": Family("SmolLM3ForCausalLM", _read_smollm3, _write_smollm3, defaults={"tie_word_embeddings": True},
-                      biases=BOTH_BIASES),
-    "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, activation_key="hidden_activation",
-                          windows=True, defaults=GEMMA3_DEFAULTS, biases=ATTENTION_BIAS),
-    "gemma3": Family("Gemma3ForConditionalGeneration", _read_gemma3, _write_gemma3,
-                     activation_key="hidden_activation", windows=True, text_config="text_config",
-                     defaults=GEMMA3_DEFAULTS, biases=ATTENTION_BIAS),
-}
+                      biases=BOTH_BIASES, varies=("nope_layers",), claims=_claims_smollm3),
+    "gemma3_text": GEMMA3_TEXT,
+    "gemma3": replace(GEMMA3_TEXT, architecture="Gemma3ForConditionalGeneration", text_config="text_config",
+                      written_as="gemma3_text", ignored_keys=r"(model\.)?(vision_tower|multi_modal_projector)\..*"),
+    "qwen3_5_text": QWEN35_TEXT,
+    "qwen3_5": replace(QWEN35_TEXT, architecture="Qwen3_5ForConditionalGeneration", text_config="text_config",
+                       written_as="qwen3_5_text"),
+})
+"""Every supported model_type -> its record."""
 
 ACTIVATION_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 """config.json activation -> TransformerConfig.hidden_act."""
 
 
-def infer_family(config: TransformerConfig) -> str:
-    """The model_type whose block computes what `config` computes (Gemma 3, OLMo 2, SmolLM3, Mistral,
-    Qwen3, Qwen2, Llama), its biases included; ValueError when none does."""
-    name = _family_of_block(config)
-    if config.attn_logit_softcapping is not None and name != "gemma2":
-        raise ValueError(f"attention soft-capping is Gemma 2's (transformers' Gemma 3 does not apply it), and this "
-                         f"config is {name}'s")
-    if config.final_logit_softcapping is not None and name not in ("gemma2", "gemma3_text"):
-        raise ValueError(f"final logit soft-capping is Gemma 2's and 3's, and this config is {name}'s")
-    if FAMILIES[name].fixed_biases:  # checked by _family_of_block
-        if config.mlp_bias:
-            raise ValueError(f"{name} has no MLP biases")
-        return name
-    biases = FAMILIES[name].biases
-    if config.attention_bias or config.attention_out_bias:
-        if "attention_bias" not in biases:
-            raise ValueError(f"{name} has no attention biases")
-        if not (config.attention_bias and config.attention_out_bias):
-            raise ValueError(f"{name}'s attention_bias puts biases on q, k, v and o_proj together; "
-                             f"this config has attention_bias={config.attention_bias}, "
-                             f"attention_out_bias={config.attention_out_bias}")
-    if config.mlp_bias and "mlp_bias" not in biases:
-        raise ValueError(f"{name} has no MLP biases (only llama's and smollm3's mlp_bias)")
-    return name
-
-
-def _family_of_block(config: TransformerConfig) -> str:
-    """The model_type whose block (biases aside but for Qwen2's q/k/v-only ones) is `config`'s."""
-    if config.partial_rotary_factor != 1.0 or isinstance(config.rope_scaling, LongRope):
-        phi3 = not (config.qk_norm or config.attention_bias or config.attention_out_bias or config.mlp_bias
-                    or config.num_experts or config.sandwich_norms or config.post_norms or config.norm_plus_one
-                    or config.embed_scale or config.nope_layers or config.query_scale is not None
-                    or config.rope_local_theta is not None or config.hidden_act != "silu" or config.layer_types)
-        if not phi3:
-            raise ValueError("partial rotary and LongRoPE are written as Phi-3 (phi3), which has Llama's block "
-                             "without biases, q/k norms or other per-layer settings")
-        return "phi3"
-    if config.post_norms or config.qk_norm_all_heads:
-        olmo = config.post_norms and config.qk_norm and config.qk_norm_all_heads
-        if not olmo or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu" \
-                or config.nope_layers or config.query_scale is not None or config.num_experts or config.attention_sinks:
-            raise ValueError("only OLMo 2 and 3 (olmo2, olmo3) have norms after the sub-layers alone and q/k norms "
-                             "over all heads, and they have both, with Llama's norms and SwiGLU")
-        if config.sliding_window is None:
-            if config.rope_local_theta is not None:
-                raise ValueError("OLMo 2 (full attention) has no local rope theta")
-            return "olmo2"
-        if config.rope_local_theta is None:
-            raise ValueError("OLMo 3 (windowed layers) gives its windowed layers their own unscaled rope: "
-                             "set rope_local_theta (Olmo 3's is rope_theta)")
-        return "olmo3"
-    if config.attention_sinks or config.expert_bias:
-        gpt_oss = (config.attention_sinks and config.expert_bias and config.router_bias and config.attention_bias
-                   and config.attention_out_bias and config.router == "topk_softmax" and not config.qk_norm
-                   and config.hidden_act == "silu" and not (config.sandwich_norms or config.nope_layers))
-        if not gpt_oss:
-            raise ValueError("attention sinks and expert biases are gpt-oss's, and it has both with q/k/v/o and "
-                             "router biases, a top-k-then-softmax router and no q/k norm")
-        return "gpt_oss"
-    if config.num_experts:
-        if config.router != "softmax_topk" or not config.qk_norm or config.attention_bias != config.attention_out_bias \
-                or config.sliding_window \
-                or config.nope_layers or config.sandwich_norms or config.norm_plus_one or config.embed_scale \
-                or config.hidden_act != "silu" or config.query_scale is not None:
-            raise ValueError("with experts only Qwen3-MoE is written: a softmax-then-top-k router, q/k norm, "
-                             "full attention, no biases but q/k/v/o ones, Llama's norms and SwiGLU")
-        return "qwen3_moe"
-    if config.sandwich_norms or config.norm_plus_one or config.embed_scale or config.hidden_act != "silu":
-        gemma = config.sandwich_norms and config.norm_plus_one and config.embed_scale
-        if gemma and not config.qk_norm and config.rope_local_theta is None and config.hidden_act == "gelu_tanh" \
-                and not config.nope_layers:
-            return "gemma2"
-        if not (gemma and config.qk_norm) or config.hidden_act != "gelu_tanh" or config.nope_layers:
-            raise ValueError("only Gemma 2 and 3 (gemma2, gemma3_text) have (1 + w) norms, sandwich norms, scaled "
-                             "embeddings and GeGLU, and they have all of them (Gemma 3 with q/k norm, Gemma 2 "
-                             "without q/k norm or a local theta)")
-        return "gemma3_text"
-    if config.rope_local_theta is not None or config.query_scale is not None:
-        raise ValueError("a local rope theta or a query scale is Gemma 3's, which this config is not")
-    if config.nope_layers:
-        if config.sliding_window is not None or config.qk_norm:
-            raise ValueError("SmolLM3 (NoPE layers) has no windows or q/k norm here")
-        return "smollm3"
-    if config.sliding_window is not None:
-        if config.qk_norm:
-            raise ValueError("Mistral (windowed layers) has no q/k norm")
-        return "mistral" if all(config.windowed()) else "ministral"
-    qkv_only = config.attention_bias and not config.attention_out_bias
-    if config.qk_norm and qkv_only:
-        raise ValueError("no Hugging Face architecture has both qk_norm and q/k/v-only attention biases")
-    if config.qk_norm:
-        return "qwen3"
-    return "qwen2" if qkv_only else "llama"
+def infer_family(config: TransformerConfig) -> Family:
+    """The family whose block computes what `config` computes, its biases included: the one record
+    that claims it (ValueError listing each record's refusal when none does)."""
+    return claimant(config, FAMILIES)

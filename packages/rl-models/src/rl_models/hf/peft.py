@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from rl_models.hf.families import infer_family
-from rl_models.hf.weights import FUSED_FAMILIES, parameter_map, save_safetensors
+from rl_models.hf.weight_maps import row_range, split_key
+from rl_models.hf.weights import save_safetensors
 from rl_models.lora import linears
 from rl_models.transformer import Transformer
 
@@ -26,13 +27,17 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 def peft_tensors(model: Transformer) -> dict[str, np.ndarray]:
     """PEFT name -> float32 array of every adapter of `model`."""
-    if not model.config.hybrid and infer_family(model.config) in FUSED_FAMILIES:
-        raise ValueError(f"{infer_family(model.config)} fuses q/k/v and gate/up into one module each, which PEFT "
-                         "adapts as one: adapters of the separate projections are not written in its layout "
-                         "(merge them into the weights and export_hf the model instead)")
     adapted = {path: lin for path, lin in linears(model).items() if lin.lora_a is not None}
+    family = infer_family(model.config)
+    weights = family.weights(model.config)
+    fused = sorted({split_key(key)[0].split(".")[-2] for key, slot in weights.items()
+                    if row_range(key) is not None and "/".join(slot.path[:-1]) in adapted})
+    if fused:  # PEFT adapts a fused module whole: an adapter of some of its rows has no PEFT name
+        raise ValueError(f"{family.model_type} fuses q/k/v and gate/up into one module each ({', '.join(fused)}), "
+                         "which PEFT adapts as one: adapters of the separate projections are not written in its "
+                         "layout (merge them into the weights and export_hf the model instead)")
     tensors = {}
-    for key, slot in parameter_map(model.config).items():
+    for key, slot in weights.items():
         owner = "/".join(slot.path[:-1])
         if slot.path[-1] != "kernel" or owner not in adapted:
             continue

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -25,8 +25,10 @@ from safetensors.numpy import save_file
 
 from rl_models.config import TransformerConfig
 from rl_models.hf.config import HFFolderError, read_json
-from rl_models.hybrid import model_class
+from rl_models.hf.family import Family
 from rl_models.hf.mxfp4 import dequantize_mxfp4
+from rl_models.hf.weight_maps import Path_, row_range, split_key
+from rl_models.hybrid import model_class
 from rl_models.transformer import Transformer, param_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -34,45 +36,12 @@ SINGLE_FILE = "model.safetensors"
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 # Buffers some older checkpoints carry; recomputed here from config.json.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
-# Qwen3.5's vision tower and multi-token-prediction head: not part of the text model.
-_IGNORED_HYBRID = re.compile(r"(model\.visual|mtp)\..*")
-# A multimodal folder's other towers (Gemma 3): its text model is read, they are not.
-_OTHER_TOWERS = re.compile(r"(model\.)?(vision_tower|multi_modal_projector)\..*")
 
 TEXT_LAYOUTS = (("model.", "lm_head.weight"),
                 ("model.language_model.", "lm_head.weight"),
                 ("language_model.model.", "language_model.lm_head.weight"))
 """(prefix of the text model's keys, key of its unembedding): a causal LM's, then a multimodal
 model's as transformers 5 saves it and as older folders (Gemma 3 on the Hub) hold it."""
-
-Path_ = tuple[str | int, ...]
-
-_TAKE = re.compile(r"(.+)\[(\d+)::(\d+)\]")
-"""A key naming every step-th column of a tensor from start on, `<key>[start::step]` (gpt-oss
-interleaves each expert's gate and up columns in one gate_up_proj)."""
-
-
-_ROWS = re.compile(r"(.+)\[(\d+):(\d+)\]")
-"""A key naming rows start..stop of a tensor's first axis, `<key>[start:stop]` (Phi-3's fused
-qkv_proj and gate_up_proj hold q, k and v, or gate and up, one after the other)."""
-
-FUSED_FAMILIES = ("phi3",)
-"""The model_types whose folders fuse q/k/v and gate/up into one Linear each (`parameter_map(fused=True)`)."""
-
-
-def split_key(key: str) -> tuple[str, int, int]:
-    """(the tensor's key, first column, column step) of a parameter_map key."""
-    m = _TAKE.fullmatch(key)
-    if m:
-        return m.group(1), int(m.group(2)), int(m.group(3))
-    rows = _ROWS.fullmatch(key)
-    return (rows.group(1), 0, 1) if rows else (key, 0, 1)
-
-
-def row_range(key: str) -> tuple[int, int] | None:
-    """(start, stop) of a `<key>[start:stop]` parameter_map key's rows; None for a whole tensor."""
-    m = _ROWS.fullmatch(key)
-    return (int(m.group(2)), int(m.group(3))) if m else None
 
 
 class _Tensors:
@@ -115,131 +84,6 @@ def _open(path: Path) -> Iterator[Any]:
         raise HFFolderError(f"{path}: not a readable safetensors file ({size} bytes; {e}); is it truncated?") from e
 
 
-class Slot(NamedTuple):
-    """Where a Hugging Face tensor lives in the NNX params."""
-
-    path: Path_  # the param's path in the model's state
-    layer: int | None  # index on the stacked layer axis, or None for unstacked params
-    transposed: bool  # HF Linear weights are [out, in]; kernels here are [in, out]
-    offset: float = 0.0  # added on reading, taken off on writing: Qwen3.5's (1 + w) norms hold 1 + w here
-    expert: int | None = None  # index on the expert axis (after the layer's) of an expert weight
-
-    def index(self) -> tuple[int, ...]:
-        """The leading indices of the param that the tensor fills."""
-        return tuple(i for i in (self.layer, self.expert) if i is not None)
-
-
-def parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight",
-                  fused: bool = False) -> dict[str, Slot]:
-    """Hugging Face key -> its Slot. Layer i's tensors are row i of the stacked
-    `layers` params. `prefix` and `head`: the text model's keys (see TEXT_LAYOUTS). `fused`:
-    q/k/v in one `qkv_proj` and gate/up in one `gate_up_proj` (Phi-3), each projection its rows."""
-    if config.hybrid:
-        return hybrid_parameter_map(config, prefix)
-    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False)}
-    # the block's norms: Llama's two, Gemma's four (each sub-layer's input and output), or OLMo 2's
-    # two after the sub-layers (Llama's name for the MLP's input norm is its attention's output norm)
-    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"}
-    if config.post_norms:
-        norms = {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"}
-    if config.sandwich_norms:
-        norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
-                 "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
-    for i in range(config.num_layers):
-        hf = f"{prefix}layers.{i}"
-
-        def at(*path: str, transposed: bool = False, i: int = i) -> Slot:
-            return Slot(("layers", *path), i, transposed)
-
-        for name, ours in norms.items():
-            names[f"{hf}.{name}.weight"] = at(ours, "weight")
-        for proj, key in _projection_keys(config, fused):
-            names[f"{hf}.self_attn.{key}"] = at("attn", proj, "kernel", transposed=True)
-        if config.attention_bias:
-            for proj in ("q_proj", "k_proj", "v_proj"):
-                names[f"{hf}.self_attn.{proj}.bias"] = at("attn", proj, "bias")
-        if config.qk_norm:
-            for norm in ("q_norm", "k_norm"):
-                names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
-        if config.attention_out_bias:
-            names[f"{hf}.self_attn.o_proj.bias"] = at("attn", "o_proj", "bias")
-        if config.attention_sinks:
-            names[f"{hf}.self_attn.sinks"] = at("attn", "sinks")
-        if config.num_experts and config.expert_bias:  # as gpt-oss ships them: every expert in one tensor
-            names[f"{hf}.mlp.router.weight"] = at("mlp", "router", "kernel", transposed=True)
-            names[f"{hf}.mlp.router.bias"] = at("mlp", "router", "bias")
-            experts = f"{hf}.mlp.experts"
-            for ours, key in (("gate_proj", "gate_up_proj[0::2]"), ("up_proj", "gate_up_proj[1::2]"),
-                              ("gate_bias", "gate_up_proj_bias[0::2]"), ("up_bias", "gate_up_proj_bias[1::2]"),
-                              ("down_proj", "down_proj"), ("down_bias", "down_proj_bias")):
-                names[f"{experts}.{key}"] = at("mlp", ours)
-            continue
-        if config.num_experts:  # as Qwen3-MoE ships them: a router and one tensor per expert and projection
-            names[f"{hf}.mlp.gate.weight"] = at("mlp", "router", "kernel", transposed=True)
-            for e in range(config.num_experts):
-                for proj in ("gate_proj", "up_proj", "down_proj"):
-                    names[f"{hf}.mlp.experts.{e}.{proj}.weight"] = Slot(("layers", "mlp", proj), i, True, expert=e)
-            continue
-        f = config.mlp_hidden_size
-        mlp = {"gate_proj": f"gate_up_proj.weight[0:{f}]", "up_proj": f"gate_up_proj.weight[{f}:{2 * f}]"} if fused \
-            else {"gate_proj": "gate_proj.weight", "up_proj": "up_proj.weight"}
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{hf}.mlp.{mlp.get(proj, proj + '.weight')}"] = at("mlp", proj, "kernel", transposed=True)
-            if config.mlp_bias:
-                names[f"{hf}.mlp.{proj}.bias"] = at("mlp", proj, "bias")
-    names[f"{prefix}norm.weight"] = Slot(("final_norm", "weight"), None, False)
-    if not config.tie_embeddings:
-        names[head] = Slot(("lm_head", "kernel"), None, True)
-    return names
-
-
-def _projection_keys(config: TransformerConfig, fused: bool) -> list[tuple[str, str]]:
-    """(our projection, its key under self_attn) for q, k, v and o: Phi-3's fused qkv_proj holds q's
-    H * Dh rows, then k's and v's K * Dh each."""
-    if not fused:
-        return [(proj, f"{proj}.weight") for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim  # type: ignore[operator]
-    return [("q_proj", f"qkv_proj.weight[0:{q}]"), ("k_proj", f"qkv_proj.weight[{q}:{q + kv}]"),
-            ("v_proj", f"qkv_proj.weight[{q + kv}:{q + 2 * kv}]"), ("o_proj", "o_proj.weight")]
-
-
-def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.") -> dict[str, Slot]:
-    """Qwen3.5's keys (under `prefix`: "model." or the multimodal folder's "model.language_model.")
-    -> their Slots: the k-th linear-attention layer is row k of `linear_layers`, the k-th
-    full-attention layer row k of `layers`. Every RMSNorm but the linear attention's gated one
-    scales by (1 + w): its weight is stored here as 1 + w."""
-    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False),
-                              f"{prefix}norm.weight": Slot(("final_norm", "weight"), None, False, 1.0)}
-    counts = {"linear_attention": 0, "full_attention": 0}
-    for i, kind in enumerate(config.kinds()):
-        hf, j = f"{prefix}layers.{i}", counts[kind]
-        counts[kind] += 1
-        stack = "linear_layers" if kind == "linear_attention" else "layers"
-
-        def at(*path: str, transposed: bool = False, offset: float = 0.0, j: int = j, stack: str = stack) -> Slot:
-            return Slot((stack, *path), j, transposed, offset)
-
-        names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight", offset=1.0)
-        names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight", offset=1.0)
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
-        if kind == "linear_attention":
-            for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
-                names[f"{hf}.linear_attn.{proj}.weight"] = at("linear_attn", proj, "kernel", transposed=True)
-            names[f"{hf}.linear_attn.conv1d.weight"] = at("linear_attn", "conv_weight")
-            names[f"{hf}.linear_attn.dt_bias"] = at("linear_attn", "dt_bias")
-            names[f"{hf}.linear_attn.A_log"] = at("linear_attn", "A_log")
-            names[f"{hf}.linear_attn.norm.weight"] = at("linear_attn", "norm_weight")
-        else:
-            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
-            for norm in ("q_norm", "k_norm"):
-                names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight", offset=1.0)
-    if not config.tie_embeddings:
-        names["lm_head.weight"] = Slot(("lm_head", "kernel"), None, True)
-    return names
-
-
 def text_layout(keys: set[str] | dict[str, Path]) -> tuple[str, str]:
     """(prefix, unembedding key) of the folder's text model (TEXT_LAYOUTS; the first by default)."""
     for prefix, head in TEXT_LAYOUTS:
@@ -278,10 +122,10 @@ def weight_files(folder: Path) -> dict[str, Path]:
     )
 
 
-def load_params(folder: Path, config: TransformerConfig,
+def load_params(folder: Path, config: TransformerConfig, family: Family,
                 shardings: Callable[[nnx.State], Any] | None = None) -> Transformer:
     """A Transformer (a HybridTransformer for Qwen3.5) with `config` whose params are read from `folder`, cast to
-    `config.param_dtype`.
+    `config.param_dtype`, where `family`'s weight map places them.
 
     `shardings` maps the abstract param state to a same-shaped tree of
     `jax.sharding.Sharding`s (default: everything on the default device). Each
@@ -291,8 +135,8 @@ def load_params(folder: Path, config: TransformerConfig,
     """
     files = weight_files(folder)
     prefix, head = text_layout(files)
-    expected = parameter_map(config, prefix, head, fused=f"{prefix}layers.0.self_attn.qkv_proj.weight" in files)
-    multimodal = prefix != TEXT_LAYOUTS[0][0]
+    expected = family.weights(config, prefix, head)
+    ignored = re.compile(family.ignored_keys) if family.ignored_keys else None
     with ExitStack() as stack:
         names = _Tensors(files, {path: stack.enter_context(_open(path)) for path in set(files.values())}).names
     read_keys = {split_key(k)[0] for k in expected}
@@ -300,8 +144,7 @@ def load_params(folder: Path, config: TransformerConfig,
         k for k in names
         if k not in read_keys and not _IGNORED.fullmatch(k)
         and not (config.tie_embeddings and k == head)
-        and not (multimodal and _OTHER_TOWERS.fullmatch(k))
-        and not (config.hybrid and _IGNORED_HYBRID.fullmatch(k))
+        and not (ignored and ignored.fullmatch(k))
     )
     if unknown:
         shown = ", ".join(f"{k!r} in {files.get(k, files.get(k + '_blocks'))}" for k in unknown[:10])
@@ -397,14 +240,14 @@ def load_params(folder: Path, config: TransformerConfig,
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def save_params(model: Transformer, path: Path, fused: bool = False) -> None:
-    """Write `model`'s params to one safetensors file under Hugging Face names,
-    in the dtype they are stored in (`fused`: Phi-3's qkv_proj and gate_up_proj, see `parameter_map`)."""
+def save_params(model: Transformer, path: Path, family: Family) -> None:
+    """Write `model`'s params to one safetensors file under `family`'s Hugging Face names,
+    in the dtype they are stored in."""
     slots = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     arrays = {p: np.asarray(v[...]) for p, v in slots.items()}
     tensors = {}
     row_blocks: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
-    for key, slot in parameter_map(model.config, fused=fused).items():
+    for key, slot in family.weights(model.config).items():
         array = arrays[slot.path][slot.index()]
         array = array.T if slot.transposed else array
         if slot.offset:
