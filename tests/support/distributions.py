@@ -21,3 +21,23 @@ def run_with(site: Path, *args: str, timeout: float = 300) -> subprocess.Complet
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, *args], env={**os.environ, "PYTHONPATH": path},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def engine_installed(site: Path, monkeypatch, name: str, source: str, entry_point: str):
+    """A generator for a fixture: module `name` (holding `source`) installed in `site` with
+    `entry_point` in the group `rl_core.engines`, and a fresh process registry that knows what
+    the process's knows but has not read the entry points yet, so the first unknown name makes it
+    read them all, the new distribution's included (as a run's would)."""
+    from rl_core import registry
+
+    install(site, name, source, "rl_core.engines", entry_point)
+    monkeypatch.syspath_prepend(str(site))
+    process = registry.registry
+    process.names(registry.ENGINE)  # every provider loaded
+    fresh = registry.Registry()
+    for category, entries in process._entries.items():
+        fresh._entries[category].update(entries)
+    fresh._builtins_loaded = True
+    monkeypatch.setattr(registry, "registry", fresh)
+    yield
+    sys.modules.pop(name, None)

@@ -4,11 +4,9 @@ with no change to the planner; a remote engine holds nothing on the trainer's de
 
 from __future__ import annotations
 
-import sys
 
 import distributions
 import pytest
-from rl_core import registry
 from trainer.plan import memory_budget, plan
 from trainer.settings import build_settings
 
@@ -35,19 +33,8 @@ ENGINE = Engine(name="fake", build=STATIC.build, memory=memory)
 def fake_engine_installed(tmp_path, monkeypatch):
     """A distribution `fake-engine` on sys.path whose entry point declares the engine `fake`, and a
     fresh process registry that discovers it as a run's would."""
-    distributions.install(tmp_path, "fake_engine_mod", FAKE_ENGINE, "rl_core.engines", "fake = fake_engine_mod:ENGINE\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    # a registry that knows what the process's knows but has not read the entry points yet: the
-    # first unknown name (`fake`) makes it read them all, the new distribution's included
-    process = registry.registry
-    process.names(registry.ENGINE)  # every provider loaded
-    fresh = registry.Registry()
-    for category, entries in process._entries.items():
-        fresh._entries[category].update(entries)
-    fresh._builtins_loaded = True
-    monkeypatch.setattr(registry, "registry", fresh)
-    yield
-    sys.modules.pop("fake_engine_mod", None)
+    yield from distributions.engine_installed(tmp_path, monkeypatch, "fake_engine_mod", FAKE_ENGINE,
+                                              "fake = fake_engine_mod:ENGINE\n")
 
 
 def test_an_engine_from_an_entry_point_is_planned_by_its_own_figure(fake_engine_installed):

@@ -6,7 +6,6 @@ offers partial rollouts and no agents; a run trains with it."""
 from __future__ import annotations
 
 import json
-import sys
 
 import distributions
 import pytest
@@ -51,21 +50,11 @@ TINY = ["model.preset=tiny", "warm_start.steps=0", "training.prompts_per_step=2"
 @pytest.fixture
 def third_engine(tmp_path, monkeypatch):
     """A distribution `third-engine` on sys.path whose entry point declares the engine `third`, and a
-    fresh process registry that discovers it as a run's would (tests/trainer/test_trainer_plan_engines.py)."""
+    fresh process registry that discovers it as a run's would (distributions.engine_installed)."""
     site = tmp_path / "site"
     site.mkdir()
-    distributions.install(site, "third_engine_mod", THIRD_ENGINE, "rl_core.engines",
-                          "third = third_engine_mod:ENGINE\n")
-    monkeypatch.syspath_prepend(str(site))
-    process = registry.registry
-    process.names(registry.ENGINE)  # every provider loaded
-    fresh = registry.Registry()
-    for category, entries in process._entries.items():
-        fresh._entries[category].update(entries)
-    fresh._builtins_loaded = True
-    monkeypatch.setattr(registry, "registry", fresh)
-    yield
-    sys.modules.pop("third_engine_mod", None)
+    yield from distributions.engine_installed(site, monkeypatch, "third_engine_mod", THIRD_ENGINE,
+                                              "third = third_engine_mod:ENGINE\n")
 
 
 def test_its_own_setting_is_checked_by_its_settings_class(third_engine):
