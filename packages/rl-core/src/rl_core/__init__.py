@@ -27,8 +27,8 @@ def _export(module: str, *names: str) -> None:
     _MODULES.setdefault(f"rl_core.{module}", []).extend(names)
 
 
-_export("config", "AlgorithmConfig", "Config", "ConfigError", "MeshConfig", "RolloutConfig", "TrainingConfig", "check",
-        "check_registered")
+_export("config", "AlgorithmConfig", "Config", "ConfigError", "MICRO_AUTO", "MeshConfig", "RolloutConfig", "TrainingConfig",
+        "check", "check_registered")
 _export("data", "CollectionInputs", "Prompt", "PromptDataset", "PromptStream")
 _export("packed", "Packed")
 _export("types", "SharedPrompts", "StepBatch", "TrainExample")

@@ -25,8 +25,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rl_core import ConfigError
-from rl_core.config import MICRO_AUTO
+from rl_core import MICRO_AUTO, ConfigError
 
 from trainer.plan import estimate
 from trainer.plan.device_memory import GIB
