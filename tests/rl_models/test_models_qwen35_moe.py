@@ -123,3 +123,20 @@ def test_dense_qwen35_and_qwen3_moe_do_not_claim_the_moe_hybrid(models):
 
     config = models["qwen35_moe"].config
     assert infer_family(config).model_type == "qwen3_5_moe_text"
+
+
+def test_the_layers_scanned_by_group_give_the_unrolled_logits_routing_and_replay(hf_reference, models):
+    """The accelerators' path (one scan over the groups of three linear-attention layers and one
+    attention layer) on CPU: the same logits, every layer's routing in model order, and a replay."""
+    arrays, _ = hf_reference("qwen35_moe")
+    scanned = load_hf_model(FOLDERS / "qwen35_moe", scan_layers=True)
+    valid = arrays["attention_mask"] > 0
+    own, routing = _routed(models["qwen35_moe"], arrays)
+    logits, scanned_routing = _routed(scanned, arrays)
+    np.testing.assert_allclose(logits[valid], own[valid], atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(scanned_routing.experts), np.asarray(routing.experts))
+    other = (routing.experts + 1) % 8
+    moved, _ = _routed(models["qwen35_moe"], arrays, replay=other)
+    scanned_moved, forced = _routed(scanned, arrays, replay=other)
+    np.testing.assert_array_equal(np.asarray(forced.experts), np.asarray(other))
+    np.testing.assert_allclose(scanned_moved[valid], moved[valid], atol=2e-5)
