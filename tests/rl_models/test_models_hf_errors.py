@@ -68,7 +68,7 @@ def test_shape_mismatch(hf_copy):
 def test_unsupported_architecture(hf_copy):
     folder = hf_copy("llama3")
     _edit_config(folder, model_type="gemma", architectures=["GemmaForCausalLM"])
-    with pytest.raises(HFFolderError, match=r"config\.json: unsupported model_type='gemma': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"):
+    with pytest.raises(HFFolderError, match=r"config\.json: unsupported model_type='gemma': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"):
         load_hf_model(folder)
 
 
@@ -135,7 +135,7 @@ def test_invalid_config_json_names_the_file(hf_copy, text, message):
         (dict(num_attention_heads=3), r"config\.json: TransformerConfig\.num_kv_heads=.*must divide num_heads \(3\)"),
         (dict(rope_theta="fast"), r"config\.json: could not convert string to float: 'fast'"),
         (dict(model_type=["llama"]), r"config\.json: unsupported model_type=\['llama'\]"),
-        (dict(model_type="mixtral"), r"config\.json: unsupported model_type='mixtral': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"),
+        (dict(model_type="mixtral"), r"config\.json: unsupported model_type='mixtral': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"),
     ],
     ids=["field-type", "heads", "rope-theta", "model-type-list", "model-type-unknown"],
 )

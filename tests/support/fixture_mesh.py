@@ -19,9 +19,10 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
-def measure_on_mesh(name: str, devices: Any) -> tuple[Any, dict]:
-    """(the sharded model, {device_count, logit_gap, same_greedy_as_transformers}) of fixture `name`."""
-    mesh = mesh_lib.make_mesh(data=1, fsdp=2, tensor=2, devices=devices)
+def measure_on_mesh(name: str, devices: Any, **axes: int) -> tuple[Any, dict]:
+    """(the sharded model, {device_count, logit_gap, same_greedy_as_transformers}) of fixture `name`
+    on a mesh of `axes` (make_mesh's sizes; fsdp=2, tensor=2 when none are given)."""
+    mesh = mesh_lib.make_mesh(devices=devices, **({"data": 1, "fsdp": 2, "tensor": 2} | axes))
     ref = load_file(str(HF / "reference" / f"{name}.safetensors"))
     alone = load_hf_model(HF / name)
     sharded = load_hf_model(HF / name, shardings=lambda state: mesh_lib.param_shardings(state, mesh))

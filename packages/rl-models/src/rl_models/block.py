@@ -218,6 +218,14 @@ class MLP(nnx.Module):
         return self.down_proj(act(gate_up[..., :f]) * gate_up[..., f:])
 
 
+def feed_forward(config: TransformerConfig, *, rngs: nnx.Rngs) -> MLP | MoE:
+    """A block's MLP: the gated MLP, or with experts the MoE (and, with `shared_expert`, the gated
+    MLP as its shared expert)."""
+    if not config.num_experts:
+        return MLP(config, rngs=rngs)
+    return MoE(config, rngs=rngs, shared_expert=MLP(config, rngs=rngs) if config.shared_expert else None)
+
+
 def norm(config: TransformerConfig) -> RMSNorm:
     """An RMSNorm over the hidden size, in the config's style."""
     return RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=param_dtype(config),
@@ -238,7 +246,7 @@ class Block(nnx.Module):
         self.attn_norm = None if config.post_norms else norm(config)
         self.attn = Attention(config, rngs=rngs)
         self.mlp_norm = None if config.post_norms else norm(config)
-        self.mlp = MoE(config, rngs=rngs) if config.num_experts else MLP(config, rngs=rngs)
+        self.mlp = feed_forward(config, rngs=rngs)
         after = config.sandwich_norms or config.post_norms
         self.attn_post_norm = norm(config) if after else None
         self.mlp_post_norm = norm(config) if after else None

@@ -178,6 +178,10 @@ class TransformerConfig:
     norm_topk_prob: bool = True
     """With "softmax_topk", renormalise the k chosen probabilities to sum to 1 (Qwen3-MoE's
     norm_topk_prob)."""
+    shared_expert: bool = False
+    """With experts, a shared expert every token goes through beside its k routed ones: a gated
+    MLP of mlp_hidden_size whose output is scaled by sigmoid(a learned gate of the token)
+    (Qwen3.5-MoE)."""
     router_bias: bool = False
     """A bias on the router's logits (gpt-oss)."""
     expert_bias: bool = False
@@ -353,12 +357,13 @@ class TransformerConfig:
         _require(isinstance(self.norm_topk_prob, bool), name, "norm_topk_prob", self.norm_topk_prob, "must be a bool")
         _require(self.swiglu_limit is None or self.swiglu_limit > 0, name, "swiglu_limit", self.swiglu_limit,
                  "must be None or > 0")
-        for field in ("router_bias", "expert_bias", "attention_out_bias", "attention_sinks", "mlp_bias"):
+        for field in ("shared_expert", "router_bias", "expert_bias", "attention_out_bias", "attention_sinks", "mlp_bias"):
             _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
         if e == 0:
             for field in ("router_bias", "expert_bias"):
                 _require(not getattr(self, field), name, field, True, "needs experts (num_experts > 0)")
             _require(self.swiglu_limit is None, name, "swiglu_limit", self.swiglu_limit, "needs experts")
+            _require(not self.shared_expert, name, "shared_expert", True, "needs experts (num_experts > 0)")
         else:
             _require(not self.mlp_bias, name, "mlp_bias", True, "is the dense MLP's (experts have expert_bias)")
 

@@ -1,6 +1,8 @@
 """A hybrid decoder (Qwen3.5): linear-attention layers (rl_models.gated_deltanet) and
 full-attention layers (rl_models.gated_attention) in the order `config.layer_types` gives,
-each followed by the SwiGLU MLP, pre-norm residual like rl_models.block's Block.
+each followed by the SwiGLU MLP, or with experts (Qwen3.5-MoE) by rl_models.moe's MoE and its
+shared expert, pre-norm residual like rl_models.block's Block. With experts, `routed` returns every
+layer's routing in model order and takes a replay, as the transformer's does.
 
 Parameters: the linear-attention blocks stacked in `linear_layers`, the attention blocks in
 `layers` (each on a leading layer axis, so LoRA, quantization and the sharding rules treat
@@ -30,11 +32,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from rl_models.block import MLP, ROWS, Attention, compute_dtype, param_dtype, stack_layers
+from rl_models.block import ROWS, Attention, compute_dtype, feed_forward, param_dtype, stack_layers
 from rl_models.config import TransformerConfig
 from rl_models.gated_attention import GatedAttention
 from rl_models.gated_deltanet import GatedDeltaNet
 from rl_models.layers import Linear, RMSNorm, param
+from rl_models.moe import MoE, Routing
 from rl_models.rope import rope_cos_sin, rope_inv_freq
 from rl_models.sharding import constrain
 from rl_models.transformer import Transformer, remat_policy, scans_layers
@@ -42,20 +45,29 @@ from rl_models.transformer import Transformer, remat_policy, scans_layers
 HybridCache = tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
+def _mlp(block: nnx.Module, x: jax.Array, replay: jax.Array | None) -> tuple[jax.Array, Routing | None]:
+    """x + mlp(norm(x)) and, with experts, their routing (`replay` [B, L, k] forces it)."""
+    if isinstance(block.mlp, MoE):
+        h, routing = block.mlp.routed(block.mlp_norm(x), replay)
+    else:
+        h, routing = block.mlp(block.mlp_norm(x)), None
+    return constrain(x + h, ROWS), routing
+
+
 class LinearBlock(nnx.Module):
-    """x + linear_attn(norm(x)); x + mlp(norm(x))."""
+    """x + linear_attn(norm(x)); x + mlp(norm(x)) (the MoE with experts)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         pdt = param_dtype(config)
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
         self.linear_attn = GatedDeltaNet(config, dtype=compute_dtype(config), param_dtype=pdt, rngs=rngs)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = feed_forward(config, rngs=rngs)
 
-    def __call__(self, x, valid, reset, state):
+    def __call__(self, x, valid, reset, state, replay=None):
         h, state = self.linear_attn(self.attn_norm(x), valid, reset, state)
-        x = constrain(x + h, ROWS)
-        return constrain(x + self.mlp(self.mlp_norm(x)), ROWS), state
+        x, routing = _mlp(self, constrain(x + h, ROWS), replay)
+        return x, state, routing
 
 
 class AttentionBlock(nnx.Module):
@@ -66,12 +78,12 @@ class AttentionBlock(nnx.Module):
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
         self.attn = GatedAttention(config, rngs=rngs) if config.attention_output_gate else Attention(config, rngs=rngs)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=pdt)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = feed_forward(config, rngs=rngs)
 
-    def __call__(self, x, rope, mask, kv, cache_index, layer):
+    def __call__(self, x, rope, mask, kv, cache_index, layer, replay=None):
         h, kv = self.attn(self.attn_norm(x), rope, mask, kv, cache_index, layer)
-        x = constrain(x + h, ROWS)
-        return constrain(x + self.mlp(self.mlp_norm(x)), ROWS), kv
+        x, routing = _mlp(self, constrain(x + h, ROWS), replay)
+        return x, kv, routing
 
 
 def sequence_flags(mask: jax.Array, cache_index: jax.Array | int) -> tuple[jax.Array, jax.Array]:
@@ -139,7 +151,17 @@ class HybridTransformer(Transformer):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                  cache: HybridCache | None = None, cache_index: jax.Array | int = 0, *,
-                 outputs_from: int = 0) -> tuple[jax.Array, HybridCache | None]:
+                 outputs_from: int = 0, replay: jax.Array | None = None) -> tuple[jax.Array, HybridCache | None]:
+        hidden, cache, _ = self.routed(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from,
+                                       replay=replay)
+        return hidden, cache
+
+    def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+               cache: HybridCache | None = None, cache_index: jax.Array | int = 0, *, outputs_from: int = 0,
+               replay: jax.Array | None = None) -> tuple[jax.Array, HybridCache | None, Routing | None]:
+        """`__call__` and, with experts (Qwen3.5-MoE), every layer's routing in model order
+        (Transformer.routed's contract: each field [layers, B, L - outputs_from, ...]; `replay`
+        [layers, B, L, k] forces it); None without experts."""
         b, l = tokens.shape
         if not 0 <= outputs_from < l:
             raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
@@ -152,23 +174,20 @@ class HybridTransformer(Transformer):
         if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
             raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
         cfg = self.config
+        if replay is not None:
+            want = (cfg.num_layers, b, l, cfg.experts_per_token)
+            if not cfg.num_experts or replay.shape != want:
+                raise ValueError(f"replay of shape {replay.shape}: the model needs {want} chosen experts"
+                                 if cfg.num_experts else "replay: the model has no experts to replay")
         x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(compute_dtype(cfg)), ROWS)
         rope = rope_cos_sin(positions, rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling))
         valid, reset = sequence_flags(attention_mask, cache_index if cache is not None else 0)
-        x, cache = self._run_hybrid(x, rope, attention_mask, valid, reset, cache, cache_index)
-        return self.final_norm(x[:, outputs_from:]), cache
+        x, cache, routing = self._run_hybrid(x, rope, attention_mask, valid, reset, cache, cache_index, replay)
+        return self.final_norm(x[:, outputs_from:]), cache, jax.tree.map(lambda a: a[:, :, outputs_from:], routing)
 
-    def routed(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-               cache: HybridCache | None = None, cache_index: jax.Array | int = 0, *, outputs_from: int = 0,
-               replay: jax.Array | None = None) -> tuple[jax.Array, HybridCache | None, None]:
-        """`__call__` and no routing (Transformer.routed's contract): these layers have no experts."""
-        if replay is not None:
-            raise ValueError("replay: the model has no experts to replay")
-        hidden, cache = self(tokens, positions, attention_mask, cache, cache_index, outputs_from=outputs_from)
-        return hidden, cache, None
-
-    def _run_hybrid(self, x, rope, mask, valid, reset, cache, cache_index):
-        """Every block in model order, each reading its slice of its stack."""
+    def _run_hybrid(self, x, rope, mask, valid, reset, cache, cache_index, replay=None):
+        """Every block in model order, each reading its slice of its stack; (x, cache, routing
+        stacked over the layers in model order, None without experts)."""
         linear_def, linear_stack = nnx.split(self.linear_layers)
         attn_def, attn_stack = nnx.split(self.layers) if self.layers is not None else (None, None)
         wrap: Callable[[Callable], Callable] = (
@@ -176,60 +195,69 @@ class HybridTransformer(Transformer):
             if self.config.remat != "none" else (lambda f: f))
 
         @wrap
-        def linear(x, params, recurrent):
-            return nnx.merge(linear_def, params)(x, valid, reset, recurrent)
+        def linear(x, params, recurrent, replay):
+            return nnx.merge(linear_def, params)(x, valid, reset, recurrent, replay)
 
         @wrap
-        def attention(x, kv, params, layer):
-            return nnx.merge(attn_def, params)(x, rope, mask, kv, cache_index, layer)
+        def attention(x, kv, params, layer, replay):
+            return nnx.merge(attn_def, params)(x, rope, mask, kv, cache_index, layer, replay)
 
         kv = None if cache is None else cache[0]
         period = repeating_group(self.config.kinds())
         if scans_layers(self.config) and period is not None:
-            return self._scan_groups(x, linear, attention, linear_stack, attn_stack, kv, cache, period)
-        convs, states = [], []
+            return self._scan_groups(x, linear, attention, linear_stack, attn_stack, kv, cache, period, replay)
+        convs, states, routings = [], [], []
         i_linear = i_attn = 0
-        for kind in self.config.kinds():
+        for i, kind in enumerate(self.config.kinds()):
+            replay_i = None if replay is None else replay[i]
             if kind == "linear_attention":
                 params = jax.tree.map(lambda a, i=i_linear: a[i], linear_stack)
                 recurrent = None if cache is None else (cache[1][0][i_linear], cache[1][1][i_linear])
-                x, (conv, state) = linear(x, params, recurrent)
+                x, (conv, state), routing = linear(x, params, recurrent, replay_i)
                 convs.append(conv)
                 states.append(state)
                 i_linear += 1
             else:
                 params = jax.tree.map(lambda a, i=i_attn: a[i], attn_stack)
-                x, kv = attention(x, kv, params, jnp.int32(i_attn))
+                x, kv, routing = attention(x, kv, params, jnp.int32(i_attn), replay_i)
                 i_attn += 1
+            routings.append(routing)
+        routing = jax.tree.map(lambda *a: jnp.stack(a), *routings)
         if cache is None:
-            return x, None
-        return x, (kv, (jnp.stack(convs).astype(cache[1][0].dtype), jnp.stack(states)))
+            return x, None, routing
+        return x, (kv, (jnp.stack(convs).astype(cache[1][0].dtype), jnp.stack(states))), routing
 
-    def _scan_groups(self, x, linear, attention, linear_stack, attn_stack, kv, cache, period):
+    def _scan_groups(self, x, linear, attention, linear_stack, attn_stack, kv, cache, period, replay):
         """The blocks as one `lax.scan` over the repeating group (period - 1 linear-attention blocks,
         then an attention block; Qwen3.5: 3 + 1), so a program's size does not grow with depth."""
         groups, r = self.config.num_layers // period, period - 1
         grouped = jax.tree.map(lambda a: a.reshape(groups, r, *a.shape[1:]), linear_stack)
         recurrent = None if cache is None else jax.tree.map(lambda a: a.reshape(groups, r, *a.shape[1:]), cache[1])
+        replays = None if replay is None else replay.reshape(groups, period, *replay.shape[1:])
 
         def body(carry, xs):
             x, kv = carry
-            lin_params, attn_params, group_state, g = xs
-            convs, states = [], []
-            for j in range(r):
-                state = None if group_state is None else (group_state[0][j], group_state[1][j])
-                x, (conv, st) = linear(x, jax.tree.map(lambda a, j=j: a[j], lin_params), state)
-                convs.append(conv)
-                states.append(st)
-            x, kv = attention(x, kv, attn_params, g)
-            return (x, kv), (jnp.stack(convs), jnp.stack(states))
+            lin_params, attn_params, group_state, g, group_replay = xs
+            convs, states, routings = [], [], []
+            for j in range(r + 1):
+                replay_j = None if group_replay is None else group_replay[j]
+                if j == r:
+                    x, kv, routing = attention(x, kv, attn_params, g, replay_j)
+                else:
+                    state = None if group_state is None else (group_state[0][j], group_state[1][j])
+                    x, (conv, st), routing = linear(x, jax.tree.map(lambda a, j=j: a[j], lin_params), state, replay_j)
+                    convs.append(conv)
+                    states.append(st)
+                routings.append(routing)
+            return (x, kv), (jnp.stack(convs), jnp.stack(states), jax.tree.map(lambda *a: jnp.stack(a), *routings))
 
-        xs = (grouped, attn_stack, recurrent, jnp.arange(groups, dtype=jnp.int32))
-        (x, kv), (convs, states) = jax.lax.scan(body, (x, kv), xs)
+        xs = (grouped, attn_stack, recurrent, jnp.arange(groups, dtype=jnp.int32), replays)
+        (x, kv), (convs, states, routing) = jax.lax.scan(body, (x, kv), xs)
+        routing = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), routing)  # [groups, period, ...] -> model order
         if cache is None:
-            return x, None
+            return x, None, routing
         flat = (convs.reshape(-1, *convs.shape[2:]).astype(cache[1][0].dtype), states.reshape(-1, *states.shape[2:]))
-        return x, (kv, flat)
+        return x, (kv, flat), routing
 
     def loop_view(self) -> Callable[[], HybridTransformer]:
         """The model itself: its blocks already read their slices where they are."""

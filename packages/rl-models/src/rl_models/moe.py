@@ -18,7 +18,9 @@ numbers are those of one device (tests/algos/test_algo_expert_mesh.py).
 
 Routers (`TransformerConfig.router`): "softmax_topk" (Qwen3-MoE) takes a float32 softmax over all
 E logits, then the top k, renormalised to sum to 1 with `norm_topk_prob`; "topk_softmax"
-(gpt-oss) takes the top k logits, then a softmax over those k.
+(gpt-oss) takes the top k logits, then a softmax over those k. With `shared_expert` (Qwen3.5-MoE)
+every token also goes through one dense gated MLP whose output is scaled by sigmoid(a learned
+gate of the token) and added.
 """
 
 from __future__ import annotations
@@ -213,16 +215,21 @@ class MoE(nnx.Module):
     """The block's MLP as E gated experts (SwiGLU, or gpt-oss's clamped form) behind a router
     (see the module docstring).
 
-    Parameters: router [D, E] (a Linear, with gpt-oss's bias); gate_proj / up_proj [E, D, F] and
+    Parameters: router [D, E] (a Linear, with gpt-oss's bias); Qwen3.5-MoE's shared_expert (a gated
+    MLP, given by the caller) and shared_expert_gate [D, 1], adding sigmoid(gate(x)) * shared(x); gate_proj / up_proj [E, D, F] and
     down_proj [E, F, D], with gpt-oss's biases gate_bias / up_bias [E, F] and down_bias [E, D];
     logical axes ("experts", ...), so a mesh rule can place the experts on their own axis."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, shared_expert: nnx.Module | None = None):
         dtype, pdt = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         d, e, f = config.hidden_size, config.num_experts, config.moe_hidden_size
         assert f is not None
         self.router = Linear(d, e, axes=("embed", None), use_bias=config.router_bias, dtype=dtype, param_dtype=pdt,
                              rngs=rngs)
+        # Qwen3.5-MoE's shared expert (a gated MLP every token goes through) and its gate [D, 1]
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = None if shared_expert is None else Linear(
+            d, 1, axes=("embed", None), use_bias=False, dtype=dtype, param_dtype=pdt, rngs=rngs)
         init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
         self.gate_proj = param(init(rngs.params(), (e, d, f), pdt), ("experts", "embed", "mlp"))
         self.up_proj = param(init(rngs.params(), (e, d, f), pdt), ("experts", "embed", "mlp"))
@@ -278,6 +285,8 @@ class MoE(nnx.Module):
             outs = grouped_experts(x2, experts, self.num_experts,
                                    lambda rows, sizes, row_experts: self.expert_mlp(rows, sizes, row_experts,
                                                                                     weights_in))  # [N, k, D]
-        y = jnp.einsum("nkd,nk->nd", outs, weights.astype(outs.dtype))
+        y = jnp.einsum("nkd,nk->nd", outs, weights.astype(outs.dtype)).reshape(b, l, d)
+        if self.shared_expert is not None:
+            y = y + jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         routing = Routing(experts.reshape(b, l, self.k), probs.reshape(b, l, self.num_experts))
-        return y.reshape(b, l, d).astype(x.dtype), routing
+        return y.astype(x.dtype), routing

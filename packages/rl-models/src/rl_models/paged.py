@@ -226,8 +226,8 @@ class TransformerPaging:
 
     def forward_routed(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
                        page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any, jax.Array | None]:
-        if model.config.hybrid:  # dense: no routing
-            return (*paged_hybrid.paged_hybrid_forward(model, tokens, positions, pages, page_rows, kv, **state), None)
+        if model.config.hybrid:  # its experts' routing with experts (Qwen3.5-MoE), else None
+            return paged_hybrid.paged_hybrid_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
         return paged_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
 
     def inference_copy(self, model: tf.Transformer) -> tf.Transformer:

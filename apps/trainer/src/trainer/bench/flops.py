@@ -58,7 +58,8 @@ def query_side_weights(cfg: TransformerConfig) -> int:
 
 def _hybrid_block_weights(cfg: TransformerConfig) -> int:
     """W of a hybrid model: attention layers (q with its gate, k, v, o), linear-attention layers
-    (in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj), the MLP of each."""
+    (in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj), the MLP of each: with experts
+    (Qwen3.5-MoE) the router, the k experts a token runs and the shared expert with its gate."""
     d, h, dh, f, la = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size, cfg.linear_attention
     assert la is not None
     q = (2 if cfg.attention_output_gate else 1) * d * h * dh
@@ -66,7 +67,12 @@ def _hybrid_block_weights(cfg: TransformerConfig) -> int:
     keys, values = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
     linear = d * (2 * keys + values) + d * values + 2 * d * la.num_value_heads + values * d
     kinds = cfg.kinds()
-    return kinds.count("full_attention") * attention + kinds.count("linear_attention") * linear + len(kinds) * 3 * d * f
+    mlp = 3 * d * f
+    if cfg.num_experts:
+        assert cfg.moe_hidden_size is not None
+        mlp = d * cfg.num_experts + cfg.experts_per_token * 3 * d * cfg.moe_hidden_size + (
+            3 * d * f + d if cfg.shared_expert else 0)
+    return kinds.count("full_attention") * attention + kinds.count("linear_attention") * linear + len(kinds) * mlp
 
 
 def linear_attention_token_flops(cfg: TransformerConfig) -> int:

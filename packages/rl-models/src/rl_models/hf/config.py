@@ -203,7 +203,7 @@ def transformer_config_from_hf(
         layer_types = set(hf.get("layer_types") or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise _unsupported(source, "layer_types", sorted(layer_types), "only full attention")
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    for key in ("vocab_size", "hidden_size", family.mlp_size_key, "num_hidden_layers",
                 "num_attention_heads", *family.required):
         if key not in hf:
             raise HFFolderError(f"{source}: missing required field {key!r}")
@@ -214,7 +214,8 @@ def transformer_config_from_hf(
         if local is not None and extra.get("sliding_window") is not None:
             extra["rope_local_theta"] = local
         extra["hidden_act"] = ACTIVATION_NAMES[activation]
-        return _transformer_config(hf, theta, scaling, dict(family.fixes) | extra | biases, runtime)
+        return _transformer_config(hf, theta, scaling, dict(family.fixes) | extra | biases, runtime,
+                                   family.mlp_size_key)
     except FamilyFieldError as e:
         raise _unsupported(source, e.field, e.value, e.why) from e
     except HFFolderError:
@@ -225,6 +226,7 @@ def transformer_config_from_hf(
 
 def _transformer_config(
     hf: dict[str, Any], theta: float, scaling: Scaling | None, extra: dict[str, Any], runtime: dict[str, Any],
+    mlp_size_key: str = "intermediate_size",
 ) -> TransformerConfig:
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"],
@@ -233,7 +235,7 @@ def _transformer_config(
         num_heads=hf["num_attention_heads"],
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         head_dim=hf.get("head_dim"),
-        mlp_hidden_size=hf["intermediate_size"],
+        mlp_hidden_size=hf[mlp_size_key],
         rope_theta=theta,
         rope_scaling=scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -319,7 +321,7 @@ def family_hf_config(config: TransformerConfig, family: Family) -> dict[str, Any
         "model_type": family.model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
-        "intermediate_size": config.mlp_hidden_size,
+        family.mlp_size_key: config.mlp_hidden_size,
         "num_hidden_layers": config.num_layers,
         "num_attention_heads": config.num_heads,
         "num_key_value_heads": config.num_kv_heads,

@@ -1,7 +1,7 @@
 """The supported Hugging Face families: one `Family` record each (rl_models.hf.family), in FAMILIES.
 
 A record reads its own config.json fields (windows, NoPE layers, experts, Qwen3.5's linear-attention
-layers) into TransformerConfig fields and writes them back, fixes the fields its block always has
+layers, Qwen3.5-MoE's both) into TransformerConfig fields and writes them back, fixes the fields its block always has
 (Gemma's and OLMo 2's norms and scales, Qwen2's biases, Qwen3's q/k norm), and says which configs
 its block computes; the fields every family shares (sizes, rope, tied embeddings) are read in
 `rl_models.hf.config`. A field a family's folders may set that the model here does not implement
@@ -250,6 +250,26 @@ def _write_qwen35(config: TransformerConfig) -> dict[str, Any]:
             "linear_num_key_heads": la.num_key_heads, "linear_num_value_heads": la.num_value_heads}
 
 
+def _read_qwen35_moe(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's hybrid with experts in every layer: softmax over the experts, the top k always
+    renormalised, and a shared expert (shared_expert_intermediate_size, read as the dense MLP's
+    width) scaled by sigmoid(shared_expert_gate(x))."""
+    experts = hf.get("num_experts")
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
+        raise FamilyFieldError("num_experts", experts, "must be a positive int")
+    for key in ("num_experts_per_tok", "moe_intermediate_size"):
+        if key not in hf:
+            raise FamilyFieldError(key, None, "is required with experts")
+    return _read_qwen35(hf) | {"num_experts": experts, "experts_per_token": hf["num_experts_per_tok"],
+                               "moe_hidden_size": hf["moe_intermediate_size"]}
+
+
+def _write_qwen35_moe(config: TransformerConfig) -> dict[str, Any]:
+    return _write_qwen35(config) | {"num_experts": config.num_experts, "num_experts_per_tok": config.experts_per_token,
+                                    "moe_intermediate_size": config.moe_hidden_size, "router_aux_loss_coef": 0.0,
+                                    "output_router_logits": False}
+
+
 def _claims_mistral(config: TransformerConfig) -> str | None:
     if config.sliding_window is None or not all(config.windowed()):
         return "mistral windows every layer (a sliding_window and no full-attention layer_types)"
@@ -317,6 +337,12 @@ def _claims_qwen35(config: TransformerConfig) -> str | None:
     return None if config.hybrid else "qwen3_5_text has linear-attention layers (layer_types)"
 
 
+def _claims_qwen35_moe(config: TransformerConfig) -> str | None:
+    if not config.hybrid:
+        return "qwen3_5_moe_text has linear-attention layers (layer_types)"
+    return None if config.num_experts else "qwen3_5_moe_text has experts (num_experts)"
+
+
 GEMMA2_DEFAULTS: dict[str, Any] = {
     "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
@@ -366,6 +392,13 @@ QWEN35_TEXT = Family(
     rope_parameters=True, weights=hybrid_parameter_map,
     ignored_keys=r"(model\.visual|mtp)\..*")  # the vision tower and the multi-token-prediction head
 
+QWEN35_MOE_TEXT = replace(
+    QWEN35_TEXT, architecture="Qwen3_5MoeForCausalLM", read=_read_qwen35_moe, write=_write_qwen35_moe,
+    mlp_size_key="shared_expert_intermediate_size", claims=_claims_qwen35_moe,
+    fixes=dict(QWEN35_TEXT.fixes) | {"router": "softmax_topk", "norm_topk_prob": True, "shared_expert": True},
+    varies=(*QWEN35_TEXT.varies, *EXPERTS),
+    required=(*QWEN35_TEXT.required, "num_experts", "num_experts_per_tok", "moe_intermediate_size"))
+
 FAMILIES: dict[str, Family] = named({
     "llama": Family("LlamaForCausalLM", refused=("use_sliding_window",), biases=BOTH_BIASES),
     "qwen2": Family("Qwen2ForCausalLM", refused=("use_sliding_window",), fixed_biases=True,
@@ -402,6 +435,9 @@ FAMILIES: dict[str, Family] = named({
     "qwen3_5_text": QWEN35_TEXT,
     "qwen3_5": replace(QWEN35_TEXT, architecture="Qwen3_5ForConditionalGeneration", text_config="text_config",
                        written_as="qwen3_5_text"),
+    "qwen3_5_moe_text": QWEN35_MOE_TEXT,
+    "qwen3_5_moe": replace(QWEN35_MOE_TEXT, architecture="Qwen3_5MoeForConditionalGeneration",
+                           text_config="text_config", written_as="qwen3_5_moe_text"),
 })
 """Every supported model_type -> its record."""
 

@@ -49,6 +49,9 @@ class Family:
     """TransformerConfig -> the config.json fields only this family writes."""
     activation_key: str = "hidden_act"
     """The config.json key naming the MLP's activation."""
+    mlp_size_key: str = "intermediate_size"
+    """The config.json key holding the dense MLP's width (mlp_hidden_size; Qwen3.5-MoE's is its
+    shared expert's, shared_expert_intermediate_size)."""
     windows: bool = False
     """Whether its folders may window layers (`sliding_window`, `layer_types`)."""
     text_config: str | None = None

@@ -138,7 +138,8 @@ def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.", head
                          ) -> dict[str, Slot]:
     """Qwen3.5's keys (under `prefix`: "model." or the multimodal folder's "model.language_model.")
     -> their Slots: the k-th linear-attention layer is row k of `linear_layers`, the k-th
-    full-attention layer row k of `layers`. Every RMSNorm but the linear attention's gated one
+    full-attention layer row k of `layers`; with experts (Qwen3.5-MoE) each layer's MLP is
+    Qwen3-MoE's layout plus the shared expert. Every RMSNorm but the linear attention's gated one
     scales by (1 + w): its weight is stored here as 1 + w."""
     names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False),
                               f"{prefix}norm.weight": Slot(("final_norm", "weight"), None, False, 1.0)}
@@ -153,8 +154,18 @@ def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.", head
 
         names[f"{hf}.input_layernorm.weight"] = at("attn_norm", "weight", offset=1.0)
         names[f"{hf}.post_attention_layernorm.weight"] = at("mlp_norm", "weight", offset=1.0)
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+        if config.num_experts:  # Qwen3.5-MoE: a router, one tensor per expert and projection, the shared expert
+            names[f"{hf}.mlp.gate.weight"] = at("mlp", "router", "kernel", transposed=True)
+            for e in range(config.num_experts):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    names[f"{hf}.mlp.experts.{e}.{proj}.weight"] = Slot((stack, "mlp", proj), j, True, expert=e)
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                names[f"{hf}.mlp.shared_expert.{proj}.weight"] = at("mlp", "shared_expert", proj, "kernel",
+                                                                    transposed=True)
+            names[f"{hf}.mlp.shared_expert_gate.weight"] = at("mlp", "shared_expert_gate", "kernel", transposed=True)
+        else:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
         if kind == "linear_attention":
             for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
                 names[f"{hf}.linear_attn.{proj}.weight"] = at("linear_attn", proj, "kernel", transposed=True)
