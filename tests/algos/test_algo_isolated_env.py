@@ -17,7 +17,7 @@ from host import need_uv
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-MEMBERS = ["rl-core", "rl-models", "rewards", "algo-grpo", "algo-dapo"]
+MEMBERS = ["rl-plugins", "rl-core", "rl-models", "rewards", "algo-grpo", "algo-dapo"]
 
 SCRIPT = textwrap.dedent(
     """
