@@ -14,18 +14,13 @@ from rl_models.hf import load_hf_config
 from trainer.bench.flops import block_matmul_weights, forward_flops, parameter_count
 from trainer.cli import main
 
+from gsm8k_step import one_step_argv
+
 QWEN35_MOE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen35_moe"
 
 
 def _argv(tmp_path: Path, *extra: str) -> list[str]:
-    data = tmp_path / "gsm8k.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{a}+1?", "answer": f"#### {a + 1}"}) + "\n" for a in range(6)))
-    return [
-        "train", "--model", str(QWEN35_MOE), "--task", "gsm8k", "--data", str(data), "--algo", "grpo",
-        "--output", str(tmp_path / "run"), "--no-progress", "training.num_steps=1", "training.prompts_per_step=2",
-        "algorithm.group_size=2", "task.options.heldout_size=2", "task.options.max_new_tokens=8",
-        "eval.samples_per_prompt=2", "eval.pass_k=1", "eval.every_steps=0", *extra,
-    ]  # fmt: skip
+    return one_step_argv(QWEN35_MOE, tmp_path, *extra)
 
 
 @pytest.mark.e2e
