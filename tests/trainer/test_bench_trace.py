@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -19,11 +20,15 @@ def _meta(pid, name, tid=None):
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def _op(pid, tid, name, dur, module=None, long_name=None):
+_apart = itertools.count(0, 100_000)  # start times far apart: no two hand-made ops nest by accident
+
+
+def _op(pid, tid, name, dur, module=None, long_name=None, ts=None):
     args = {} if module is None else {"hlo_module": module}
     if long_name:
         args["long_name"] = long_name
-    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "dur": dur, "ts": 0, "args": args}
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "dur": dur,
+            "ts": next(_apart) if ts is None else ts, "args": args}
 
 
 def test_device_ops_are_summed_by_program_and_name_and_programs_apart():
@@ -43,6 +48,24 @@ def test_device_ops_are_summed_by_program_and_name_and_programs_apart():
     assert ops[0].share == pytest.approx(550 / 1000) and ops[1].share == pytest.approx(400 / 1000)
     assert ops[1].detail == "%fusion.1 = bf16[8,128] fusion(...)"
     assert programs == {"jit_update": pytest.approx(2e-3)}
+
+
+def test_a_loop_counts_its_own_time_and_its_body_ops_theirs():
+    # a TPU's op line nests a while's body ops inside the while's event; the steps line is not ops
+    events = [
+        _meta(2, "/device:TPU:0"), _meta(2, "XLA Ops", 10), _meta(2, "Steps", 12),
+        _op(2, 10, "while.54", 1000.0, "jit_roll", ts=0.0),
+        _op(2, 10, "while.55", 800.0, "jit_roll", ts=100.0),  # the layer loop inside the decode loop
+        _op(2, 10, "fusion.7", 300.0, "jit_roll", ts=150.0),
+        _op(2, 10, "fusion.8", 400.0, "jit_roll", ts=500.0),
+        _op(2, 10, "fusion.7", 50.0, "jit_roll", ts=950.0),  # in the outer loop, after the inner one
+        _op(2, 12, "3", 5000.0, ts=0.0),
+    ]
+    ops, _ = op_times(events)
+    own = {o.name: round(o.seconds * 1e6, 3) for o in ops}
+    assert own == {"jit_roll/fusion.8": 400.0, "jit_roll/fusion.7": 350.0,
+                   "jit_roll/while.54": 150.0, "jit_roll/while.55": 100.0}
+    assert sum(o.share for o in ops) == pytest.approx(1.0)
 
 
 def test_a_cpu_host_takes_xla_worker_threads_without_the_runtime_spans():

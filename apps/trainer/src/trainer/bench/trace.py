@@ -6,6 +6,10 @@ so it needs nothing beyond the standard library. An accelerator's ops are the ev
 `/device:...` processes (their "XLA Ops" lines; the "XLA Modules" lines hold whole programs and are
 counted apart); on a CPU-only host the compiled programs' work runs on the XLA client's threads of
 `/host:CPU`, which are taken instead.
+
+An op's time is its own (exclusive) time: a TPU's op line nests the ops a `while` or a `call` runs
+inside that op's own event, so inclusive times would rank the decode loop, its layer loop and the
+fusions inside them all at once, counting the same microseconds three times.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import jax
 
 MODULE_LINE = "XLA Modules"
 """The device line whose events are whole compiled programs (jit_step, ...), not ops."""
+OPS_LINE = "XLA Ops"
+"""The device line of the programs' ops; a device's other lines (steps, name scopes) are not ops."""
 HOST_XLA = ("XLAPjRtCpuClient", "XLAEigen")
 """Thread names of XLA:CPU's workers: where a CPU-only host's compiled ops run."""
 
@@ -62,6 +68,26 @@ def load_events(path: Path) -> list[dict[str, Any]]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+def own_times(events: Sequence[dict[str, Any]]) -> list[float]:
+    """Each complete event's duration less its direct children's, the children being the events
+    of its line (pid, tid) that start inside it (a `while` op and the ops of its body)."""
+    own = [float(e.get("dur", 0.0)) for e in events]
+    by_line: dict[tuple[Any, Any], list[int]] = {}
+    for i, e in enumerate(events):
+        by_line.setdefault((e["pid"], e.get("tid")), []).append(i)
+    for indices in by_line.values():
+        indices.sort(key=lambda i: (events[i].get("ts", 0.0), -float(events[i].get("dur", 0.0))))
+        open_: list[tuple[float, int]] = []  # (end, index) of the events enclosing the current one
+        for i in indices:
+            start = float(events[i].get("ts", 0.0))
+            while open_ and open_[-1][0] <= start:
+                open_.pop()
+            if open_:
+                own[open_[-1][1]] -= float(events[i].get("dur", 0.0))
+            open_.append((start + float(events[i].get("dur", 0.0)), i))
+    return own
+
+
 def op_times(events: Sequence[dict[str, Any]], top: int = 10) -> tuple[list[OpTime], dict[str, float]]:
     """(the `top` ops by total time, seconds of each compiled program) from trace events.
 
@@ -75,30 +101,37 @@ def op_times(events: Sequence[dict[str, Any]], top: int = 10) -> tuple[list[OpTi
     def line(e: dict[str, Any]) -> str:
         return threads.get((e["pid"], e.get("tid")), "")
 
+    with_ops_line = {pid for (pid, _), name in threads.items() if pid in devices and name == OPS_LINE}
+
     def on_op_line(e: dict[str, Any]) -> bool:
         if "::" in e["name"]:  # the runtime's own spans (ThunkExecutor::Execute), which enclose ops
             return False
         if devices:
-            return e["pid"] in devices and line(e) != MODULE_LINE
+            if e["pid"] not in devices or line(e) == MODULE_LINE:
+                return False
+            return line(e) == OPS_LINE or e["pid"] not in with_ops_line
         # an XLA:CPU op names its program; the workers' other spans ("end: ...") do not
         return any(worker in line(e) for worker in HOST_XLA) and "hlo_module" in e.get("args", {})
 
     totals: dict[str, list[float]] = {}
     details: dict[str, str] = {}
     modules: dict[str, float] = {}
+    ops = []
     for e in events:
         if e.get("ph") != "X":
             continue
         if e["pid"] in devices and line(e) == MODULE_LINE:
             modules[e["name"]] = modules.get(e["name"], 0.0) + e.get("dur", 0.0) / 1e6
         elif on_op_line(e):
-            args = e.get("args", {})
-            # op names repeat across programs (fusion.3 of the update and of the rollout): name both
-            name = f"{args['hlo_module']}/{e['name']}" if "hlo_module" in args else e["name"]
-            seconds_count = totals.setdefault(name, [0.0, 0])
-            seconds_count[0] += e.get("dur", 0.0) / 1e6
-            seconds_count[1] += 1
-            details.setdefault(name, str(args.get("long_name", "")))
+            ops.append(e)
+    for e, own in zip(ops, own_times(ops)):
+        args = e.get("args", {})
+        # op names repeat across programs (fusion.3 of the update and of the rollout): name both
+        name = f"{args['hlo_module']}/{e['name']}" if "hlo_module" in args else e["name"]
+        seconds_count = totals.setdefault(name, [0.0, 0])
+        seconds_count[0] += own / 1e6
+        seconds_count[1] += 1
+        details.setdefault(name, str(args.get("long_name", "")))
     whole = sum(s for s, _ in totals.values()) or 1.0
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
     ops = [OpTime(name, s, int(n), s / whole, details[name]) for name, (s, n) in ranked]
