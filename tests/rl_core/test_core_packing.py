@@ -43,15 +43,15 @@ def test_pack_places_every_real_token_once_and_cuts_the_padding(batch):
     real = sum(n + m for n, m in zip(PROMPTS, COMPLETIONS, strict=True) if m)  # 17+5+10+2+11 = 45
     assert real == 45
     # first-fit decreasing (17, 11, 10, 5, 2) into rows of P + T = 20: [17, 2], [11, 5], [10]: 3 rows,
-    # rounded up to 4
-    assert packed.tokens.shape == (4, 20) and packed_rows(3) == 4
+    # a row count of its own (packed_rows(3) == 3)
+    assert packed.tokens.shape == (3, 20) and packed_rows(3) == 3
     assert (np.asarray(packed.segments) > 0).sum() == real
-    assert padded_positions(packed) == 4 * 20 - 45 == 35
+    assert padded_positions(packed) == 3 * 20 - 45 == 15
     unpacked_padding = len(PROMPTS) * (P + T) - real  # 120 - 45 = 75 computed on nothing
     assert padded_positions(packed) < unpacked_padding
     # positions restart in each segment; completion token j is predicted by the token before it
     seg, pos, tok = (np.asarray(x) for x in (packed.segments, packed.positions, packed.tokens))
-    for r in range(4):
+    for r in range(3):
         for k in range(1, seg[r].max(initial=0) + 1):
             np.testing.assert_array_equal(pos[r][seg[r] == k], np.arange((seg[r] == k).sum()))
     flat = tok.reshape(-1)
@@ -144,3 +144,11 @@ def test_a_mask_with_holes_packs_through_them(batch, split):
     padded, _ = completion_logprobs(model, prompt, prompt_mask, completion, temperature=1.0, chunk_tokens=4)
     packed_logp, _ = packed_logprobs(model, packed, completion, temperature=1.0, chunk_tokens=4)
     np.testing.assert_allclose(np.asarray(packed_logp) * holes, np.asarray(padded) * holes, **close(atol=1e-5))
+
+
+def test_packed_row_counts_take_four_steps_an_octave():
+    """128 completions that pack into 90 rows compile 96, not the unpacked 128 (the next power of two)."""
+    assert [packed_rows(u) for u in (0, 1, 3, 5, 8, 9, 13, 17, 65, 90, 100, 128, 129)] == \
+        [1, 1, 3, 5, 8, 10, 14, 20, 80, 96, 112, 128, 160]
+    assert packed_rows(90, cap=64) == 64  # never more rows than sequences
+    assert len({packed_rows(u) for u in range(65, 129)}) == 4  # 80, 96, 112, 128: four programs at most

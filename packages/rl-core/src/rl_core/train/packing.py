@@ -20,8 +20,8 @@ token reads its hidden state from is local to its block (rl_core.packed.unpack g
 each block), so no device ever needs another's activations.
 
 The packing is planned on the host, where the lengths are known (first-fit
-decreasing); `pack` returns the arrays a jitted pass takes. R is rounded up to a
-power of two so that a run compiles few shapes.
+decreasing); `pack` returns the arrays a jitted pass takes. R is rounded up to one
+of four steps an octave (`packed_rows`) so that a run compiles few shapes.
 """
 
 from __future__ import annotations
@@ -54,9 +54,14 @@ def _first_fit_decreasing(lengths: np.ndarray, width: int) -> tuple[np.ndarray, 
 
 
 def packed_rows(used: int, cap: int | None = None) -> int:
-    """The row count a pass compiles for `used` rows: the next power of two (at most `cap`,
-    the sequence count: one per row always fits)."""
-    rows = 1 << max(used - 1, 0).bit_length()
+    """The row count a pass compiles for `used` rows: the next of 4 steps an octave (1, 2, 3, 4, 5,
+    6, 7, 8, 10, 12, 14, 16, 20, ...), at most `cap`, the sequence count (one per row always fits).
+
+    Four shapes an octave, not one: 128 completions that pack into 90 rows run 96, where the next
+    power of two, 128, is the unpacked batch again (a program per shape, and few shapes in a run)."""
+    used = max(used, 1)
+    step = 1 << max((used - 1).bit_length() - 3, 0)
+    rows = -(-used // step) * step
     return rows if cap is None else min(rows, max(cap, 1))
 
 
