@@ -249,3 +249,23 @@ def test_splash_runs_per_device_under_the_activation_layout():
                JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_a_decode_steps_attention_equals_attend(dtype, softcap):
+    """`attend_one` (an accelerator's decode step: the values' product as a float32 sum, which reads
+    the cache in place on a TPU) gives `attend`'s output for one query per row, under jit too: the same
+    scores and probabilities, only the order of the float32 sum over slots differs."""
+    rng = np.random.default_rng(0)
+    b, h, kv, s, dh = 3, 6, 2, 11, 8
+    q = jnp.asarray(rng.normal(size=(b, 1, h, dh)), dtype)
+    k, v = (jnp.asarray(rng.normal(size=(b, kv, s, dh)), dtype) for _ in "kv")
+    mask = jnp.asarray(np.arange(s)[None, None, :] < np.array([4, 11, 1])[:, None, None])  # live slots per row
+    want = attend(q, k, v, mask, 0.3, softcap=softcap)
+    for fn in (attention.attend_one, jax.jit(attention.attend_one, static_argnums=(4, 5))):
+        got = fn(q, k, v, mask, 0.3, softcap)
+        assert got.shape == want.shape == (b, 1, h * dh) and got.dtype == want.dtype
+        # float32: summation order only; bfloat16: the output's rounding of those sums may differ by an ulp
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   **close(rtol=1e-5, atol=1e-6) if dtype == F32 else close(rtol=1e-2, atol=1e-2, dtype=BF16))

@@ -144,7 +144,11 @@ class Attention(nnx.Module):
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
-        if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
+        # a decode step on an accelerator reads the cache in place (attention_lib.attend_one)
+        in_place = attention_lib.DECODE_VALUES == "sum" and attention_lib.target_platform() != "cpu"
+        if l == 1 and sinks is None and in_place:
+            out = attention_lib.attend_one(q, k_all, v_all, mask, scale, cap)
+        elif kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
             out = attend(q, k_all, v_all, mask, scale, sinks, cap)  # the cache's layout
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0
