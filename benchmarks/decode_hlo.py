@@ -2,12 +2,12 @@
 step's large ops, read from the optimized HLO, and XLA's cost analysis.
 
     uv sync --extra tpu
-    uv run python benchmarks/decode_hlo.py [--rows 128] [--new-tokens 256] [--decode-values sum dot]
+    uv run python benchmarks/decode_hlo.py [--rows 128] [--new-tokens 256] [--decode-attention masked live]
 
 Model: the Qwen2.5-0.5B shape (rl_models preset qwen2_0_5b_shape, bfloat16 compute, float32 master
 weights as the trainer holds them), character vocabulary, prompts of 32 tokens, 8 samples a prompt, the
-sampler's program as the trainer jits it. For each way a decode step takes the values' product
-(rl_models.attention.DECODE_VALUES) it prints XLA's bytes accessed for the whole program (each loop's
+sampler's program as the trainer jits it. For each decode attention (rl_models.attention.DECODE_ATTENTION:
+"masked" over every slot, "live" over the live blocks in place) it prints XLA's bytes accessed for the whole program (each loop's
 body counted once: one decode step's layer), and every op of at least --min-mib MiB in the decode loop's
 body and in its layer loop (run once per layer per step), with the HLO written to --out.
 """
@@ -108,6 +108,10 @@ def large_ops(comps: dict[str, list[str]], name: str, min_bytes: int, depth: int
         if opcode == "while":
             lines.append(f"{'  ' * depth}loop {op_name}:")
             lines += large_ops(comps, re.search(r"body=%([\w.\-]+)", line).group(1), min_bytes, depth + 1)
+        elif opcode == "conditional":
+            branches = re.search(r"branch_computations=\{([^}]*)\}", line).group(1)
+            lines.append(f"{'  ' * depth}switch {op_name}, its last branch (the whole cache):")
+            lines += large_ops(comps, branches.split(",")[-1].strip().lstrip("%"), min_bytes, depth + 1)
         elif opcode not in ("parameter", "get-tuple-element", "tuple", "constant", "bitcast") and \
                 array_bytes(shape) >= min_bytes:
             kind = re.search(r"kind=(\w+)", line)
@@ -120,12 +124,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--decode-values", nargs="+", default=["dot", "sum"], choices=["sum", "dot"])
+    parser.add_argument("--decode-attention", nargs="+", default=["masked", "live"], choices=["live", "masked"])
     parser.add_argument("--min-mib", type=float, default=4.0)
     parser.add_argument("--out", default="/tmp", help="folder for the HLO text")
     args = parser.parse_args()
-    for way in args.decode_values:
-        attention_lib.DECODE_VALUES = way
+    for way in args.decode_attention:
+        attention_lib.DECODE_ATTENTION = way
         text, cost = compiled_text(args.rows, args.new_tokens)
         path = f"{args.out}/decode-{args.rows}x{args.new_tokens}-{way}.hlo"
         with open(path, "w") as f:
@@ -133,7 +137,7 @@ def main() -> None:
         comps = computations(text)
         entry = next(n for n in comps if re.search(rf"^ENTRY %{re.escape(n)} ", text, re.M))
         loops = [re.search(r"body=%([\w.\-]+)", line).group(1) for line in comps[entry] if " while(" in line]
-        print(f"== {args.rows} rows x {args.new_tokens} new tokens, values as a {way}: bytes accessed "
+        print(f"== {args.rows} rows x {args.new_tokens} new tokens, {way} decode attention: bytes accessed "
               f"{cost['bytes accessed'] / 1e9:.3f} GB (loop bodies once), HLO in {path}")
         decode = loops[-1]  # the prefill's layer loop comes first, the decode loop last
         print("\n".join(large_ops(comps, decode, int(args.min_mib * 2**20))))

@@ -1,7 +1,7 @@
 """The static sampler and the paged engine on the same requests: generated tokens/s of each.
 
     uv run python benchmarks/rollout_engines.py [--prompts 64] [--samples 8] [--new-tokens 256 1024 4096]
-        [--model DIR] [--mean-fraction 0.2] [--profile DIR] [--decode-values sum dot]
+        [--model DIR] [--mean-fraction 0.2] [--profile DIR] [--decode-attention live masked]
 
 Model: the sampler benchmark's (D=128, 4 layers, 4 query / 2 KV heads, SwiGLU
 512, character vocabulary, float32, random weights), with an EOS schedule:
@@ -25,8 +25,8 @@ the process's CPU time, which other processes on a shared core do not inflate
 (the ratio is taken on it). `ms/step` is the rollout's seconds over its longest completion (prefill
 included) and `floor` the time to read, once per step, the weights as the engine holds them and the
 mean live KV cache at the device's HBM bandwidth (`HBM_BYTES_PER_SEC`; blank for other devices).
-`--decode-values sum dot` runs the static engine once per way its decode step takes the values'
-product (rl_models.attention.DECODE_VALUES: "dot" is the way before the in-place read).
+`--decode-attention live masked` runs the static engine once per decode attention on an accelerator
+(rl_models.attention.DECODE_ATTENTION: "masked" is the one before the live blocks read in place).
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
     parser.add_argument("--mean-fraction", type=float, default=0.2,
                         help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
-    parser.add_argument("--decode-values", nargs="+", default=["sum"], choices=["sum", "dot"],
-                        help="static engine: how a decode step takes the values' product (several: one run each)")
+    parser.add_argument("--decode-attention", nargs="+", default=["live"], choices=["live", "masked"],
+                        help="static engine on an accelerator: a decode step's attention (several: one run each)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace each timed rollout to DIR/<max_new>-<engine> and print its costliest ops")
     args = parser.parse_args()
@@ -179,14 +179,14 @@ def main() -> None:
         hazard = lognormal_hazard(t, args.mean_fraction)
         slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
-        runs = [(f"static/{way}" if len(args.decode_values) > 1 else "static", 0, 0, way)
-                for way in args.decode_values] if "static" in args.engines else []
+        runs = [(f"static/{way}" if len(args.decode_attention) > 1 else "static", 0, 0, way)
+                for way in args.decode_attention] if "static" in args.engines else []
         if "paged" in args.engines:
-            runs += [("paged", ps, bt, "sum") for ps in args.page_size for bt in args.tpu_block_tokens]
+            runs += [("paged", ps, bt, "live") for ps in args.page_size for bt in args.tpu_block_tokens]
         for name, page_size, block_tokens, way in runs:
             before = compile_count()
             if name.startswith("static"):
-                attention_lib_models.DECODE_VALUES = way  # read when the program is traced
+                attention_lib_models.DECODE_ATTENTION = way  # read when the program is traced
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
                 attention_lib.TPU_BLOCK_TOKENS = block_tokens  # read when the engine picks its kernel

@@ -47,10 +47,11 @@ ATTENTION = ("auto", "xla", "cudnn", "splash")
 GPU_PLATFORMS = ("gpu", "cuda")
 CUDNN_MAX_HEAD_DIM = 128
 """cuDNN's flash attention takes head sizes that are multiples of 8 up to 128 (256 on Hopper)."""
-DECODE_VALUES = "sum"
-"""How a decode step on an accelerator takes its values' product (`attend_one`): "sum" (a multiply and a
-float32 sum, the cache read in place) or "dot" (`attend`'s dot, which XLA:TPU runs after copying each
-layer's values; kept to measure the two side by side: benchmarks/rollout_engines.py --decode-values)."""
+DECODE_ATTENTION = "live"
+"""A decode step's attention over the stacked cache on an accelerator: "live" (the blocks of slots that
+hold live ones, read in place: rl_models.block.attend_live) or "masked" (`attend` over every slot, which
+XLA:TPU runs after copying each layer's values; kept to measure the two side by side:
+benchmarks/rollout_engines.py --decode-attention)."""
 SPLASH_MAX_BLOCK = 512
 """Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
 
@@ -156,29 +157,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
         core = _attention_core_cpu if target_platform() == "cpu" else _attention_core
         out = core(q, k, v, mask, scale)
     out = out.reshape(b, kv_heads, g, l, dh).transpose(0, 3, 1, 2, 4)
-    return out.reshape(b, l, h * dh).astype(v.dtype)
-
-
-def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
-               softcap: float | None = None) -> jax.Array:
-    """`attend` for one query per row (a decode step): q [B, 1, H, Dh], k/v [B, K, S, Dh], mask
-    [B, 1, S] -> [B, 1, H * Dh]; the same scores and probabilities as `attend`, and its output up
-    to the order of a float32 sum.
-
-    The values' product is a multiply and a float32 sum over the slots, not a dot: with one query
-    row per head it is a matrix-vector product, memory-bound either way, and as a dot XLA:TPU
-    wants the values laid out slots-minor where the in-place write of the new token lays them out
-    otherwise, so every layer's values were copied and transposed at every step (a copy of the
-    whole value cache per token; docs/results/2026-12-06-decode-hlo.md). The sum reads them in
-    place. The scores stay a dot: XLA lays the keys out for it and reads them in place."""
-    b, l, h, dh = q.shape
-    kv_heads = k.shape[1]
-    g = h // kv_heads
-    scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    qg = q.reshape(b, kv_heads, g, dh)  # l == 1: the G heads of a kv head are its query rows
-    mask = jnp.broadcast_to(mask[:, None], (b, kv_heads, g, mask.shape[-1]))
-    probs = _attention_probs(qg, k, mask, scale, softcap).astype(v.dtype)  # [B, K, G, S], as `attend` rounds them
-    out = jnp.sum(probs[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32), axis=-2)
     return out.reshape(b, l, h * dh).astype(v.dtype)
 
 
