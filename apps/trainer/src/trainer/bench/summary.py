@@ -171,7 +171,7 @@ def print_table(results: dict[str, Any]) -> None:
         f"({results['rollout']['generated_tokens_per_step']:.0f} generated tokens/step); "
         f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration, "
         + (f"{decode['over_floor']:.1f}x its floor {decode['floor_seconds_per_iteration'] * 1e3:.2f} ms (weights + "
-           f"mean live KV cache, {decode['floor_bytes_per_iteration'] / 1e9:.3f} GB at "
+           f"mean live KV cache, {decode['floor_bytes_per_iteration'] / 1e6:.1f} MB at "
            f"{decode['memory_bytes_per_sec'] / 1e9:.0f} GB/s measured); " if decode.get("over_floor") else "; ")
         + f"prefill {results['prefill']['over_floor']:.1f}x its matmul floor "
         f"{results['prefill']['floor_seconds'] * 1e3:.2f} ms; "
