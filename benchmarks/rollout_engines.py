@@ -1,7 +1,7 @@
 """The static sampler and the paged engine on the same requests: generated tokens/s of each.
 
     uv run python benchmarks/rollout_engines.py [--prompts 64] [--samples 8] [--new-tokens 256 1024 4096]
-        [--model DIR] [--mean-fraction 0.2] [--profile DIR]
+        [--model DIR] [--mean-fraction 0.2] [--profile DIR] [--decode-attention live masked]
 
 Model: the sampler benchmark's (D=128, 4 layers, 4 query / 2 KV heads, SwiGLU
 512, character vocabulary, float32, random weights), with an EOS schedule:
@@ -22,7 +22,11 @@ completion ends at its first token: compiles everything, costs nothing), then
 the timed rollout. Tokens/s counts generated tokens (EOS included) over the
 wall time of the whole rollout (prefill, decode, host loop); tokens/cpu-s over
 the process's CPU time, which other processes on a shared core do not inflate
-(the ratio is taken on it).
+(the ratio is taken on it). `ms/step` is the rollout's seconds over its longest completion (prefill
+included) and `floor` the time to read, once per step, the weights as the engine holds them and the
+mean live KV cache at the device's HBM bandwidth (`HBM_BYTES_PER_SEC`; blank for other devices).
+`--decode-attention live masked` runs the static engine once per decode attention on an accelerator
+(rl_models.attention.DECODE_ATTENTION: "masked" is the one before the live blocks read in place).
 """
 
 from __future__ import annotations
@@ -41,11 +45,28 @@ from rl_core.rollout import EngineSettings, PagedBackend, Requests, StaticBacken
 from rl_core.rollout import attention as attention_lib
 from rl_core import Sampler, SamplingParams
 from rl_models import CharTokenizer, Transformer, TransformerConfig, TransformerPaging, preset
+from rl_models import attention as attention_lib_models
 from rl_models.hf import load_hf_config, load_hf_model
 from trainer.bench.trace import profiled, summarise
 
 PROMPT_TOKENS = 32
 SIGMA = 1.0
+HBM_BYTES_PER_SEC = {"TPU v5 lite": 819e9, "TPU v5e": 819e9, "TPU v6 lite": 1640e9, "TPU v4": 1228e9}
+"""Nominal HBM bandwidth per device kind (Google's figures), for the decode floor."""
+
+
+def decode_floor_ms(config: TransformerConfig, rows: int, mean_length: float) -> float | None:
+    """Milliseconds to read the weights (in the compute dtype, as the sampler's loop holds them) and the
+    mean live KV cache (prompt + half the mean completion, every layer's keys and values) once."""
+    rate = HBM_BYTES_PER_SEC.get(jax.devices()[0].device_kind)
+    if rate is None:
+        return None
+    size = jnp.dtype(config.dtype).itemsize
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    weights = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) * size
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * size
+    live = rows * (PROMPT_TOKENS + mean_length / 2) * per_token
+    return 1e3 * (weights + live) / rate
 
 
 def lognormal_hazard(max_new_tokens: int, mean_fraction: float = 0.2) -> np.ndarray:
@@ -123,6 +144,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
     parser.add_argument("--mean-fraction", type=float, default=0.2,
                         help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
+    parser.add_argument("--decode-attention", nargs="+", default=["live"], choices=["live", "masked"],
+                        help="static engine on an accelerator: a decode step's attention (several: one run each)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace each timed rollout to DIR/<max_new>-<engine> and print its costliest ops")
     args = parser.parse_args()
@@ -148,7 +171,7 @@ def main() -> None:
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; {args.prompts} prompts x "
           f"{args.samples} samples, prompt {PROMPT_TOKENS} tokens")
     print(f"{'max_new':>8} {'engine':>7} {'mean_len':>8} {'max_len':>7} {'tokens':>8} {'seconds':>8} "
-          f"{'cpu_s':>8} {'tokens/s':>9} {'tok/cpu-s':>9} {'programs':>8}")
+          f"{'cpu_s':>8} {'tokens/s':>9} {'tok/cpu-s':>9} {'programs':>8} {'ms/step':>8} {'floor':>6}")
     for t in args.new_tokens:
         model = scheduled_model(config, eos, t)(config, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
@@ -156,12 +179,14 @@ def main() -> None:
         hazard = lognormal_hazard(t, args.mean_fraction)
         slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
-        runs = [("static", 0, 0)] if "static" in args.engines else []
+        runs = [(f"static/{way}" if len(args.decode_attention) > 1 else "static", 0, 0, way)
+                for way in args.decode_attention] if "static" in args.engines else []
         if "paged" in args.engines:
-            runs += [("paged", ps, bt) for ps in args.page_size for bt in args.tpu_block_tokens]
-        for name, page_size, block_tokens in runs:
+            runs += [("paged", ps, bt, "live") for ps in args.page_size for bt in args.tpu_block_tokens]
+        for name, page_size, block_tokens, way in runs:
             before = compile_count()
-            if name == "static":
+            if name.startswith("static"):
+                attention_lib_models.DECODE_ATTENTION = way  # read when the program is traced
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
                 attention_lib.TPU_BLOCK_TOKENS = block_tokens  # read when the engine picks its kernel
@@ -173,12 +198,13 @@ def main() -> None:
             profile = f"{args.profile}/{t}-{name.replace('/', '-')}" if args.profile else None
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling, profile)
             rates[name] = lengths.sum() / cpu
+            floor = decode_floor_ms(config, len(tokens) * args.samples, float(lengths.mean()))
             print(f"{t:>8} {name:>7} {lengths.mean():>8.1f} {lengths.max():>7} {lengths.sum():>8} {seconds:>8.2f} "
-                  f"{cpu:>8.2f} {lengths.sum() / seconds:>9.0f} {rates[name]:>9.0f} {compile_count() - before:>8}",
-                  flush=True)
+                  f"{cpu:>8.2f} {lengths.sum() / seconds:>9.0f} {rates[name]:>9.0f} {compile_count() - before:>8} "
+                  f"{1e3 * seconds / lengths.max():>8.2f} {'' if floor is None else f'{floor:.2f}':>6}", flush=True)
             if profile:
                 print("\n".join(summarise(profile)["lines"]), flush=True)
-        if len(rates) == 2 and "paged" in rates:
+        if len(rates) == 2 and "paged" in rates and "static" in rates:
             print(f"{t:>8}   paged / static tokens per cpu-second: {rates['paged'] / rates['static']:.2f}x", flush=True)
 
 

@@ -23,6 +23,8 @@ from rl_core.rollout import sampler as sampler_module
 from rl_core.rollout.sampler import GREEDY, Sampler, SamplingParams, categorical, filter_logits, first_argmax
 from rl_core.policy.tokens import left_pad
 from rl_models import CharTokenizer, Transformer, TransformerConfig
+from rl_models import attention as attention_lib
+from rl_models import block as block_lib
 from tolerances import close
 
 TOKENIZER = CharTokenizer()
@@ -325,3 +327,28 @@ def test_sampling_has_no_two_operand_reduction():
     for fn in (first_argmax, functools.partial(categorical, jax.random.PRNGKey(0))):
         text = jax.jit(fn).lower(logits).as_text()
         assert "stablehlo.reduce" in text and not TWO_OPERAND_REDUCE.search(text)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_an_accelerators_decode_over_the_live_blocks_samples_what_the_masked_attention_does(prompts, sampling):
+    """The sampler traced as for a TPU (scanned layers, `attention: xla` so that it runs here) decodes with
+    `rl_models.block.attend_live` (the live blocks of the cache, online softmax, values read in place):
+    the same tokens and log-probs as with the masked attention over every slot (`DECODE_ATTENTION =
+    "masked"`, the program before), in blocks of 8 slots so that 8 + 10 slots make three of them."""
+    config = TransformerConfig.tiny(V, attention="xla")
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    outs = {}
+    old = block_lib.BLOCK_SLOTS, block_lib.LIVE_BLOCKS, attention_lib.DECODE_ATTENTION
+    try:
+        block_lib.BLOCK_SLOTS, block_lib.LIVE_BLOCKS = 8, 3
+        for way in ("masked", "live"):
+            attention_lib.DECODE_ATTENTION = way
+            with attention_lib.traced_for("tpu"):
+                sampler = Sampler(graphdef, max_new_tokens=T, eos_ids=(TOKENIZER.eos_id,), pad_id=TOKENIZER.pad_id)
+                outs[way] = sampler(state, *prompts, jax.random.key(3), sampling, 2)
+    finally:
+        block_lib.BLOCK_SLOTS, block_lib.LIVE_BLOCKS, attention_lib.DECODE_ATTENTION = old
+    np.testing.assert_array_equal(outs["live"].tokens, outs["masked"].tokens)
+    np.testing.assert_array_equal(outs["live"].mask, outs["masked"].mask)
+    np.testing.assert_allclose(outs["live"].logp, outs["masked"].logp, **close(rtol=1e-5, atol=1e-5))

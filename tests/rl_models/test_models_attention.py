@@ -12,6 +12,7 @@ from rl_core.policy.logprobs import sequence_inputs
 from rl_core.train.packing import pack
 from rl_models import Transformer, TransformerConfig
 from rl_models import attention
+from rl_models import block as block_lib
 from rl_models.attention import attend
 
 from host import about_the_cpu, backend
@@ -249,3 +250,27 @@ def test_splash_runs_per_device_under_the_activation_layout():
                JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SPLASH_ON_A_MESH], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("live", [1, 5, 9, 16, 23])
+def test_a_decode_step_over_the_live_blocks_equals_attend_over_the_whole_cache(live):
+    """`attend_live` (an accelerator's decode step over the static engine's stacked cache, its values'
+    product a float32 sum that XLA:TPU reads in place) reads only the
+    blocks of slots up to `live` (online softmax; the last block ends at the last slot, overlapping the one
+    before, whose slots it must not count twice), and gives `attend`'s output over the whole masked cache:
+    23 slots in blocks of 128 slots would be one block, so the test narrows them to 8."""
+    rng = np.random.default_rng(1)
+    b, h, kv, s, dh, layers = 3, 6, 2, 23, 8, 3
+    q = jnp.asarray(rng.normal(size=(b, 1, h, dh)), F32)
+    stack = tuple(jnp.asarray(rng.normal(size=(layers, b, kv, s, dh)), F32) for _ in "kv")
+    padding = np.array([0, min(2, live - 1), 0])[:, None]  # row 1's first slots are prompt padding (it sees its own)
+    mask = jnp.asarray((np.arange(s)[None] < live) & (np.arange(s)[None] >= padding))[:, None]
+    want = attend(q, stack[0][1], stack[1][1], mask, 0.3, softcap=5.0)
+    old = block_lib.LIVE_BLOCKS
+    try:
+        block_lib.LIVE_BLOCKS, block_lib.BLOCK_SLOTS = 3, 8  # blocks of 8 slots: 0-7, 8-15, 15-22
+        run = jax.jit(block_lib.attend_live, static_argnums=(5, 6))
+        got = run(q, stack, jnp.int32(1), mask, jnp.int32(live), 0.3, 5.0)
+    finally:
+        block_lib.LIVE_BLOCKS, block_lib.BLOCK_SLOTS = old, 128
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), **close(rtol=1e-5, atol=1e-6))

@@ -18,7 +18,9 @@ from rl_core.types import SharedPrompts
 from rl_models import CharTokenizer, Transformer, TransformerConfig, preset
 from trainer.bench.flops import (
     block_matmul_weights,
+    decode_floor_bytes,
     forward_flops,
+    parameter_count,
     sampling_flops,
     scoring_flops,
     training_flops,
@@ -127,6 +129,10 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     )
     for part in ("prefill", "decode"):
         assert r[part]["seconds"] >= 0 and r[part]["flops"] > 0
+    # each against its floor: the prefill at the matmul peak, a decode step's bytes at the measured bandwidth
+    assert r["prefill"]["floor_seconds"] > 0 and r["prefill"]["over_floor"] > 0
+    assert r["decode"]["memory_bytes_per_sec"] > 0 and r["decode"]["floor_bytes_per_iteration"] > 0
+    assert r["decode"]["floor_seconds_per_iteration"] > 0
     assert r["mfu_step"] == r["phases"]["step"]["mfu"]
     # needed FLOPs: what the implementation runs of the model FLOPs (the prefill's unread queries,
     # the completions' last tokens and the shared prompts skipped), the step their sum
@@ -295,3 +301,11 @@ def test_a_preset_that_does_not_fit_says_what_it_needs_before_allocating(capsys,
 def test_the_memory_a_bench_may_use_must_be_positive(capsys):
     assert main(["bench", "--preset", "tiny", "--memory-gb", "0"]) == 2
     assert "--memory-gb = 0.0: must be > 0" in capsys.readouterr().err
+
+
+def test_a_decode_steps_floor_is_the_weights_and_the_mean_live_cache():
+    """2 layers, 2 KV heads of 16, bfloat16: a slot of one row holds 2 layers x (k, v) x 2 x 16 x 2 bytes
+    = 256 bytes; 4 rows from 8 prompt slots over 3 steps see 8 + (3 + 1) / 2 = 10 slots on average."""
+    cfg = TransformerConfig(vocab_size=11, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                            mlp_hidden_size=64, dtype="bfloat16")
+    assert decode_floor_bytes(cfg, 4, 8, 3) == parameter_count(cfg) * 2 + 4 * 256 * 10

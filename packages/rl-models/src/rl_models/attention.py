@@ -47,6 +47,11 @@ ATTENTION = ("auto", "xla", "cudnn", "splash")
 GPU_PLATFORMS = ("gpu", "cuda")
 CUDNN_MAX_HEAD_DIM = 128
 """cuDNN's flash attention takes head sizes that are multiples of 8 up to 128 (256 on Hopper)."""
+DECODE_ATTENTION = "live"
+"""A decode step's attention over the stacked cache on an accelerator: "live" (the blocks of slots that
+hold live ones, read in place: rl_models.block.attend_live) or "masked" (`attend` over every slot, which
+XLA:TPU runs after copying each layer's values; kept to measure the two side by side:
+benchmarks/rollout_engines.py --decode-attention)."""
 SPLASH_MAX_BLOCK = 512
 """Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
 

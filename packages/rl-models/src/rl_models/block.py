@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+import math
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,61 @@ def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int,
     kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start), jax.lax.dynamic_update_slice(kv[1], new[1], start))
     k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
     return kv, k_all, v_all
+
+
+LIVE_BLOCKS = 8
+"""A decode step's attention reads the cache in at most this many blocks of slots, only as many as
+hold a live slot (`attend_live`)."""
+BLOCK_SLOTS = 128
+"""A block's slots are a multiple of this (a TPU vector register's lanes)."""
+
+
+def attend_live(q: jax.Array, kv: KVCache, layer: jax.Array | int, mask: jax.Array, live: jax.Array,
+                scale: float | None, softcap: float | None) -> jax.Array:
+    """A decode step's attention of q [B, 1, H, Dh] over layer `layer` of the stacked cache `kv` (each
+    [layers, B, K, S, Dh]) -> [B, 1, H * Dh], reading only the blocks of slots that hold slots
+    0..live-1 (an online softmax over them, as flash decoding). `mask` [B, 1, S] must hide the slots
+    from `live` on (a decode loop's have not been written yet).
+
+    The static engine's cache holds every slot a completion may reach (P + T); a masked attention over
+    all of them read about twice the live cache over a rollout that runs to its end. Each block is
+    sliced out of the stack inside the loop, where XLA fuses the slice into its reads (a layer sliced
+    out before it would be a copy). The values' product is a multiply and a float32 sum, not a dot: one
+    query row per head makes it a matrix-vector product, memory-bound either way, and as a dot XLA:TPU
+    wants the values slots-minor where the in-place write of the new token lays them out otherwise, so
+    it copied and transposed every layer's values at every step (docs/results/2026-12-06-decode-hlo.md);
+    the sum reads them in whatever layout they have."""
+    b, _, h, dh = q.shape
+    _, _, kv_heads, slots, _ = kv[0].shape
+    g = h // kv_heads
+    width = min(slots, -(-(-(-slots // LIVE_BLOCKS)) // BLOCK_SLOTS) * BLOCK_SLOTS)
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    qg = q.reshape(b, kv_heads, g, dh)
+    layer = jnp.asarray(layer, jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+
+    def block(j, carry):
+        top, total, acc = carry  # running max [B, K, G], denominator [B, K, G], numerator [B, K, G, Dh]
+        start = jnp.minimum(j * width, slots - width)  # the last block ends at the last slot (it may overlap)
+        k, v = (jax.lax.dynamic_slice(x, (layer, zero, zero, start, zero), (1, b, kv_heads, width, dh))[0] for x in kv)
+        s = jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32) * scale
+        s = attention_lib.soft_capped(s, softcap)
+        at = start + jnp.arange(width, dtype=jnp.int32)
+        seen = jax.lax.dynamic_slice_in_dim(mask[:, 0], start, width, axis=1) & (at >= j * width)[None]  # [B, W]
+        s = jnp.where(seen[:, None, None, :], s, -jnp.inf)
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1))
+        safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)  # a block with none of a row's slots
+        p = jnp.exp(s - safe_top[..., None])
+        correction = jnp.exp(top - safe_top)
+        pv = jnp.sum(p.astype(v.dtype)[..., None].astype(jnp.float32) * v[:, :, None].astype(jnp.float32), axis=-2)
+        return new_top, total * correction + jnp.sum(p, axis=-1), acc * correction[..., None] + pv
+
+    init = (jnp.full((b, kv_heads, g), -jnp.inf, jnp.float32), jnp.zeros((b, kv_heads, g), jnp.float32),
+            jnp.zeros((b, kv_heads, g, dh), jnp.float32))
+    blocks = jnp.clip((live + width - 1) // width, 1, -(-slots // width))
+    _, total, acc = jax.lax.fori_loop(0, blocks, block, init)
+    # every row sees its own slot in a decode loop; a row that sees none gets zeros, not NaN
+    return (acc / jnp.where(total > 0, total, 1.0)[..., None]).reshape(b, 1, h * dh).astype(kv[1].dtype)
 
 
 class Attention(nnx.Module):
@@ -144,7 +200,11 @@ class Attention(nnx.Module):
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
-        if kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
+        # a decode step on an accelerator reads the live blocks of the cache in place (attend_live)
+        in_place = attention_lib.DECODE_ATTENTION == "live" and attention_lib.target_platform() != "cpu"
+        if l == 1 and sinks is None and in_place:
+            out = attend_live(q, kv, layer, mask, jnp.asarray(cache_index, jnp.int32) + 1, scale, cap)
+        elif kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
             out = attend(q, k_all, v_all, mask, scale, sinks, cap)  # the cache's layout
         else:  # prefill through the fused kernel (Splash's causal blocks need a static offset)
             offset = cache_index + queries_from if isinstance(cache_index, int) else 0

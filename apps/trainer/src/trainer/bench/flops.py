@@ -179,6 +179,25 @@ def matmul_rate(n: int, repeats: int, min_seconds: float = 0.0) -> float:
     return 2.0 * n**3 / min(times)
 
 
+def memory_rate(mebibytes: int = 256, repeats: int = 5) -> float:
+    """Best bytes/s of a jitted pass that reads a float32 array of `mebibytes` and writes one as large
+    (x + 1): the device memory's bandwidth as a program sees it (HBM on an accelerator), for the decode floor."""
+    x = jnp.zeros((mebibytes * 2**18,), jnp.float32)
+    bump = jax.jit(lambda a: a + 1.0)
+    bump(x).block_until_ready()  # compile
+    return 2.0 * x.nbytes / min(timed(lambda: bump(x).block_until_ready()) for _ in range(repeats))
+
+
+def decode_floor_bytes(cfg: TransformerConfig, rows: int, prompt_slots: int, steps: int) -> float:
+    """Bytes a static-engine decode step must read at least, on average over `steps` steps: the weights
+    in the compute dtype (the decode loop holds them so) and the live KV cache of `rows` rows, whose
+    live slots grow from the prompt's `prompt_slots` by one a step (every layer's keys and values)."""
+    size = jnp.dtype(cfg.dtype).itemsize
+    weights = parameter_count(cfg) * size
+    per_slot = rows * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * size
+    return weights + per_slot * (prompt_slots + (steps + 1) / 2)
+
+
 def matmul_peak(sizes: Sequence[int], repeats: int, min_seconds: float = 0.0) -> dict[str, Any]:
     """The best rate of each size and the peak: the best of them all."""
     rates = {str(n): matmul_rate(n, repeats, min_seconds) for n in sizes}

@@ -42,6 +42,8 @@ from trainer.bench.critic import CRITIC, critic_config, critic_flops, critic_mem
 from trainer.bench.critic import PHASE as CRITIC_PHASE
 from trainer.bench.flops import (
     matmul_peak,
+    memory_rate,
+    decode_floor_bytes,
     merge_peaks,
     prefill_flops,
     sampling_flops,
@@ -247,6 +249,9 @@ def run_bench(
 
     prefill, decode = _prefill_decode(learner, task, p)
     peak = merge_peaks(peak_before, matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds))
+    bandwidth = memory_rate()
+    decode["memory_bytes_per_sec"] = bandwidth
+    decode["floor_seconds_per_iteration"] = decode["floor_bytes_per_iteration"] / bandwidth
     results = summarise(
         preset=preset,
         description=description,
@@ -319,6 +324,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
     decode_flops = sampling_flops(model_cfg, prompt, lengths, n) - prefill["needed_flops"]  # the same in both counts
     steps = int(lengths.max()) - 1  # decode iterations of the while loop after the prefill's token
     decode_seconds = max(full - first, 0.0)
+    floor_bytes = decode_floor_bytes(model_cfg, len(tokens) * n, tokens.shape[1], steps)
     return (
         {"seconds": first, "tokens": float(prompt.sum()), **prefill},
         {
@@ -330,6 +336,7 @@ def _prefill_decode(learner: Any, task: Any, p: BenchPreset) -> tuple[dict[str, 
             "tokens_per_sec": float(lengths.sum()) / full,
             "flops": decode_flops,
             "needed_flops": decode_flops,
+            "floor_bytes_per_iteration": floor_bytes,
         },
     )
 

@@ -84,6 +84,12 @@ def summarise(
         part["flops_per_sec"] = part["flops"] / part["seconds"] if part["seconds"] > 0 else 0.0
         part["mfu"] = part["flops_per_sec"] / peak_rate
         part["needed_of_peak"] = (part["needed_flops"] / part["seconds"] if part["seconds"] > 0 else 0.0) / peak_rate
+    # each against its floor: the prefill's needed FLOPs at the matmul peak, a decode step's bytes at the
+    # measured memory bandwidth (trainer.bench.flops.decode_floor_bytes)
+    prefill["floor_seconds"] = prefill["needed_flops"] / peak_rate
+    prefill["over_floor"] = prefill["seconds"] / prefill["floor_seconds"] if prefill["floor_seconds"] > 0 else 0.0
+    floor = decode.get("floor_seconds_per_iteration", 0.0)
+    decode["over_floor"] = decode["seconds_per_iteration"] / floor if floor > 0 else 0.0
     rollout_seconds = sum(r["time/rollout"] for r in records)
     return {
         "preset": preset,
@@ -163,7 +169,12 @@ def print_table(results: dict[str, Any]) -> None:
         + "); "
         f"rollout {results['rollout']['tokens_per_sec']:.0f} tokens/s "
         f"({results['rollout']['generated_tokens_per_step']:.0f} generated tokens/step); "
-        f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration; "
+        f"decode {decode['seconds_per_iteration'] * 1e3:.2f} ms/iteration, "
+        + (f"{decode['over_floor']:.1f}x its floor {decode['floor_seconds_per_iteration'] * 1e3:.2f} ms (weights + "
+           f"mean live KV cache, {decode['floor_bytes_per_iteration'] / 1e6:.1f} MB at "
+           f"{decode['memory_bytes_per_sec'] / 1e9:.0f} GB/s measured); " if decode.get("over_floor") else "; ")
+        + f"prefill {results['prefill']['over_floor']:.1f}x its matmul floor "
+        f"{results['prefill']['floor_seconds'] * 1e3:.2f} ms; "
         f"compiles: {results['compile_count']['first_step']} in the first step, "
         f"{results['compile_count']['after_first_step']} after it "
         f"({results['compile_count']['timed_delta']} during the timed steps); "
