@@ -90,3 +90,30 @@ def test_trainer_plan_for_tpu_compiles_with_xla_tpu_ahead_of_time():
     assert "tpu: compiled ahead of time by XLA:TPU for v5e:1x1 (libtpu, no chip needed)" in out.stdout
     assert "memory: remat=none, micro_batch_size=whole mini-batch (picked: counted" in out.stdout
     assert "attention splash on tpu" in out.stdout and "fits: peak" in out.stdout
+
+
+@needs_libtpu
+def test_the_paged_engines_tpu_attention_compiles_for_a_v5e_at_every_head_dim():
+    """Mosaic compiles (not only lowers) the paged engine's TPU attention ahead of time, at the 0.5B
+    shape's pool (page 64, 17 pages a row, 256 rows) for head dims 64 (packed pairs, and SmolLM2's 3
+    heads), 80, 96 and 128 (JAX's ragged kernel) and 256 (JAX's paged_attention: the ragged kernel's
+    strided K/V load takes 128-lane rows only, which is what this test caught)."""
+    out = _run("""
+        import jax, jax.numpy as jnp
+        from jax.sharding import SingleDeviceSharding
+        from rl_core.rollout.ragged import RaggedKV
+        from trainer.plan.tpu_compile import topology_devices
+        (device,) = topology_devices(1)
+        one = SingleDeviceSharding(device)
+        kv = RaggedKV(64, 8)
+        jax.set_mesh(jax.sharding.Mesh([device], ("chip",)))  # where Mosaic's lowering reads the chip's kind
+        for heads, kv_heads, dh in [(14, 2, 64), (9, 3, 64), (8, 8, 80), (12, 4, 96), (6, 3, 128), (4, 2, 256)]:
+            s = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+            pools = tuple(s(p.shape, jnp.bfloat16) for p in jax.eval_shape(lambda: kv.init(2, kv_heads, dh,
+                                                                                            jnp.bfloat16, 600)))
+            step = jax.jit(lambda q, k, v, pools, rows, pos: kv(q, k, v, pools, jnp.int32(1), rows, pos)[0])
+            step.lower(s((256, heads, dh), jnp.bfloat16), s((256, kv_heads, dh), jnp.bfloat16),
+                       s((256, kv_heads, dh), jnp.bfloat16), pools, s((256, 17)), s((256,))).compile()
+            print("compiled", heads, kv_heads, dh, len(pools))
+    """)
+    assert out.count("compiled") == 6, out

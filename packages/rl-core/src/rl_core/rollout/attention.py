@@ -236,6 +236,10 @@ class PagedKV:
                kv_heads: int, softcap: float | None = None) -> jax.Array:
         raise NotImplementedError
 
+    def pool_axes(self, pools: int) -> tuple:
+        """Logical names of the axes of a pool of `pools` arrays."""
+        return self.axes
+
     def _stored(self, x: jax.Array) -> jax.Array:
         """A token's keys or values [N, K, Dh] as the pool holds them (as they are, but for TPU's packing)."""
         return x

@@ -334,8 +334,8 @@ class PagedBackend:
 
     def pool_sharding(self) -> Any:
         """The pools [R, ...] split over the replicas, and over `tensor` on their kv heads."""
-        shape = jax.eval_shape(self._init_pages)[0].shape[1:]
-        spec = mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES)
+        pools = jax.eval_shape(self._init_pages)
+        spec = mesh_lib.logical_spec(self.kv.pool_axes(len(pools)), pools[0].shape[1:], self.mesh, DECODE_RULES)
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
 
     def state_sharding(self) -> Any:

@@ -17,6 +17,11 @@ pool for it would copy the layer (tens of MB per layer per step at the 0.5B shap
 its own sequence to it (query length 1, kv length its position + 1), so a decode step and a prefill
 chunk are the same call, as in the engine.
 
+Head dims over 128 (Gemma's 256) keep JAX's `paged_attention` kernel over its own two pools
+(`PallasKV`'s lane-packed [L, K, P, ps, lanes] keys and values): the ragged kernel's strided load of
+K/V bitcasts 128-lane rows only (Mosaic, compiling it ahead of time for a v5e: "The last dim size is
+not 128 in original base memref"), and `paged_attention` compiles at 256.
+
 What the kernel does not do runs XLA's attention over this same layout (`reference_paged_attention`
 with `combined=True`), decided in `RaggedKV.kernel_refuses`, the one place:
 - a float32 pool: Mosaic compiles the kernel's float32 products only at the default precision
@@ -37,8 +42,8 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from rl_core.rollout.attention import (PagedKV, _packed_queries, _unpacked_output, lane_layout, pack_heads,
-                                       reference_paged_attention)
+from rl_core.rollout.attention import (LANES, PagedKV, PallasKV, _packed_queries, _unpacked_output, lane_layout,
+                                       pack_heads, reference_paged_attention)
 
 VMEM_KV_BYTES = 4 << 20
 """The kernel's double-buffered block of pages is kept under this (v5e's default scoped VMEM is 16 MiB)."""
@@ -75,6 +80,17 @@ def ragged_layout(kv_heads: int, head_dim: int) -> tuple[int, int, int]:
     """(kv heads per lane group, lanes per group, lane groups C) of the combined pool."""
     pack, lanes = lane_layout(kv_heads, head_dim)
     return pack, lanes, tiled_groups(-(-kv_heads // pack))
+
+
+def wide(kv_heads: int, head_dim: int) -> bool:
+    """Whether a head takes more than 128 lanes: the pool is then `PallasKV`'s (see the module docstring)."""
+    return lane_layout(kv_heads, head_dim)[1] > LANES
+
+
+def token_lanes(kv_heads: int, head_dim: int) -> int:
+    """Lanes a token's keys (or its values) take in one layer of the TPU pool."""
+    pack, lanes, groups = ragged_layout(kv_heads, head_dim)
+    return (-(-kv_heads // pack) if wide(kv_heads, head_dim) else groups) * lanes
 
 
 def combined_slots(k: jax.Array, v: jax.Array, pack: int, lanes: int, groups: int) -> jax.Array:
@@ -136,15 +152,29 @@ class RaggedKV(PagedKV):
 
     axes = ("layers", None, None, "kv_heads", "head_dim")
 
+    def paged(self) -> PallasKV:
+        """The layout and kernel of heads over 128 lanes (`wide`)."""
+        return PallasKV(self.page_size, self.pages_per_block, platform="tpu")
+
+    def pool_axes(self, pools: int) -> tuple:
+        return PallasKV.axes if pools == 2 else self.axes
+
     def pool_shape(self, layers, kv_heads, head_dim, num_pages):
+        if wide(kv_heads, head_dim):
+            return self.paged().pool_shape(layers, kv_heads, head_dim, num_pages)
         _, lanes, groups = ragged_layout(kv_heads, head_dim)
         return (layers, num_pages, self.page_size, 2 * groups, lanes)
 
     def init(self, layers, kv_heads, head_dim, dtype, num_pages):
+        if wide(kv_heads, head_dim):
+            return self.paged().init(layers, kv_heads, head_dim, dtype, num_pages)
         return (jnp.zeros(self.pool_shape(layers, kv_heads, head_dim, num_pages), dtype),)
 
     def _pages(self, page):
         return slice(None), page
+
+    def copy_pages(self, pages, src, dst):
+        return self.paged().copy_pages(pages, src, dst) if len(pages) == 2 else super().copy_pages(pages, src, dst)
 
     @staticmethod
     def kernel_refuses(pool: jax.Array, window, sinks) -> str | None:
@@ -166,7 +196,9 @@ class RaggedKV(PagedKV):
                           queries_per_block=self.queries_per_block, window=window, softcap=softcap)
 
     def __call__(self, q, k, v, pages, layer, page_rows, positions, window=None, sinks=None, softcap=None):
-        """`PagedKV.__call__` over the one combined pool: `pages` is (pool,)."""
+        """`PagedKV.__call__` over the one combined pool: `pages` is (pool,) (or `PallasKV`'s two, `wide`)."""
+        if len(pages) == 2:
+            return self.paged()(q, k, v, pages, layer, page_rows, positions, window, sinks, softcap)
         (pool,) = pages
         pack, lanes, groups = ragged_layout(k.shape[1], k.shape[2])
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
