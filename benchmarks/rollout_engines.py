@@ -112,10 +112,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--steps-per-sync", type=int, default=8)
-    parser.add_argument("--page-size", type=int, nargs="+", default=[16],
-                        help="paged engine: tokens a page (several: one paged run each)")
+    parser.add_argument("--page-size", type=int, nargs="+", default=[0],
+                        help="paged engine: tokens a page (several: one paged run each; 0: 64 on TPU, 16 elsewhere)")
     parser.add_argument("--tpu-block-tokens", type=int, nargs="+", default=[attention_lib.TPU_BLOCK_TOKENS],
                         help="paged engine on TPU: tokens a Pallas kernel block of pages (several: one run each)")
+    parser.add_argument("--tpu-queries-per-block", type=int, nargs="+", default=[attention_lib.TPU_QUERIES_PER_BLOCK],
+                        help="paged engine on TPU: query tokens a ragged-kernel grid step takes (several: one run each)")
     parser.add_argument("--engines", nargs="+", default=["static", "paged"])
     parser.add_argument("--model-preset", default=None,
                         help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
@@ -156,20 +158,22 @@ def main() -> None:
         hazard = lognormal_hazard(t, args.mean_fraction)
         slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
-        runs = [("static", 0, 0)] if "static" in args.engines else []
+        runs = [("static", 0, 0, 0)] if "static" in args.engines else []
         if "paged" in args.engines:
-            runs += [("paged", ps, bt) for ps in args.page_size for bt in args.tpu_block_tokens]
-        for name, page_size, block_tokens in runs:
+            runs += [("paged", ps, bt, qb) for ps in args.page_size for bt in args.tpu_block_tokens
+                     for qb in args.tpu_queries_per_block]
+        for name, page_size, block_tokens, queries in runs:
             before = compile_count()
             if name == "static":
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
                 attention_lib.TPU_BLOCK_TOKENS = block_tokens  # read when the engine picks its kernel
+                attention_lib.TPU_QUERIES_PER_BLOCK = queries
                 settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=page_size,
                                           slots=slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
                 backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
                 if len(runs) > 2:
-                    name = f"p{page_size}/b{block_tokens}"
+                    name = f"p{settings.page_size}/b{block_tokens}" + (f"/q{queries}" if queries > 1 else "")
             profile = f"{args.profile}/{t}-{name.replace('/', '-')}" if args.profile else None
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling, profile)
             rates[name] = lengths.sum() / cpu

@@ -337,6 +337,8 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 TPU_BLOCK_TOKENS = 512
 """Tokens of a TPU kernel block of pages (its double-buffered k/v: 512 x 2 x 128 lanes x 2 bytes x 2 = 512 KiB
 of VMEM a lane group; JAX's paged_attention measured best at 512 on a v5e, docs/results/2026-12-06-tpu-chip.md)."""
+TPU_QUERIES_PER_BLOCK = 1
+"""Query tokens a grid step of the TPU ragged kernel takes (`RaggedKV.queries_per_block`)."""
 
 
 def choose(attention: str, page_size: int, platform: str | None = None, *, pages_per_block: int = 8) -> PagedKV:
@@ -353,7 +355,7 @@ def choose(attention: str, page_size: int, platform: str | None = None, *, pages
 
         # JAX's ragged kernel over the combined pool; its blocks of pages are copied whole (past a
         # row's length too), and fewer, larger blocks cost fewer loop steps: 512 tokens measured best
-        return RaggedKV(page_size, max(1, TPU_BLOCK_TOKENS // page_size))
+        return RaggedKV(page_size, max(1, TPU_BLOCK_TOKENS // page_size), TPU_QUERIES_PER_BLOCK)
     if platform in GPU_PLATFORMS:
         return PallasKV(page_size, pages_per_block, platform="gpu")
     raise ValueError(

@@ -133,11 +133,13 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
     options = dict(sm_scale=1.0 / math.sqrt(dh), sliding_window=window, soft_cap=softcap)
     if as_its_reference:
         out = kernel.ref_ragged_paged_attention(*args, **options)
-    else:
-        out = kernel.ragged_paged_attention(
-            *args, **options, num_queries_per_block=max(1, min(queries_per_block, n)),
-            num_kv_pages_per_block=block_pages(pages_per_block, m, page_size, combined_per_block, lanes,
-                                               pool.dtype.itemsize))
+    else:  # its probabilities (float32) times the pool's bfloat16 values compile only at the default
+        # precision (Mosaic refused them under a caller's `highest`: docs/results/2026-12-06-tpu-chip.md)
+        with jax.default_matmul_precision("default"):
+            out = kernel.ragged_paged_attention(
+                *args, **options, num_queries_per_block=max(1, min(queries_per_block, n)),
+                num_kv_pages_per_block=block_pages(pages_per_block, m, page_size, combined_per_block, lanes,
+                                                   pool.dtype.itemsize))
     return _unpacked_output(out[:, : -(-kv_heads // pack) * per_group], kv_heads, heads, dh, pack).astype(q.dtype)
 
 
