@@ -16,6 +16,7 @@ reference (`ref_ragged_paged_attention`) of the same inputs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
@@ -23,10 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental.pallas import tpu as pltpu
 
 from rl_core import GREEDY, Sampler
 from rl_core.rollout import EngineSettings, PagedBackend, RaggedKV, Requests, StaticBackend
-from rl_core.rollout.ragged import combined_slots, ragged_layout, ragged_tpu
+from rl_core.rollout.attention import pack_heads
+from rl_core.rollout.ragged import combined_slots, ragged_layout, ragged_tpu, wide
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256), (8, 8, 80), (12, 4, 96)]
@@ -41,16 +44,33 @@ def attention_error(heads: int, kv_heads: int, head_dim: int, dtype: str, seed: 
     lengths = rng.integers(1, m * ps + 1, size=n).astype(np.int32)
     pack, lanes, groups = ragged_layout(kv_heads, head_dim)
     slots = lambda x: jnp.asarray(x).transpose(1, 2, 0, 3).reshape(pages * ps, kv_heads, head_dim)  # noqa: E731
+    on_tpu = jax.default_backend() == "tpu"
+    kv = RaggedKV(ps, 4)
+    if wide(kv_heads, head_dim):  # heads over 128 lanes: JAX's paged_attention over PallasKV's two pools
+        two = [pack_heads(slots(x), pack, lanes).reshape(pages, ps, -1, lanes).transpose(2, 0, 1, 3)[None]
+               for x in (k, v)]
+        two = [jnp.concatenate([jnp.zeros_like(p), p]).astype(dtype) for p in two]
+        interpret = contextlib.nullcontext() if on_tpu or dtype == "float32" else pltpu.force_tpu_interpret_mode()
+        with jax.default_matmul_precision("highest"), interpret:
+            got = jax.jit(lambda *a: kv.paged().attend(*a, None, None, kv_heads=kv_heads))(
+                jnp.asarray(q, dtype), *two, 1, rows, lengths)
+        return _error(q, k, v, rows, lengths, got)
     pool = combined_slots(slots(k), slots(v), pack, lanes, groups).reshape(1, pages, ps, 2 * groups, lanes)
     pool = jnp.concatenate([jnp.zeros_like(pool), pool]).astype(dtype)  # layer 1 of 2: page ids offset by a layer
-    kv = RaggedKV(ps, 4)
     with jax.default_matmul_precision("highest"):
-        if jax.default_backend() == "tpu" or dtype == "float32":
+        if on_tpu or dtype == "float32":
             got = jax.jit(lambda *a: kv.attend(*a, None, None, kv_heads=kv_heads))(
                 jnp.asarray(q, dtype), pool, 1, rows, lengths)
         else:  # no interpreter runs the kernel: its own reference, of the same inputs
             got = ragged_tpu(jnp.asarray(q, dtype), pool, 1, rows, lengths, kv_heads=kv_heads, pages_per_block=4,
                              as_its_reference=True)
+    return _error(q, k, v, rows, lengths, got)
+
+
+def _error(q, k, v, rows, lengths, got) -> float:
+    """Largest |got - a float64 masked softmax of the same pages|."""
+    n, heads, head_dim = q.shape
+    kv_heads, m, ps = k.shape[0], rows.shape[1], k.shape[2]
     kk = k[:, rows].reshape(kv_heads, n, m * ps, head_dim)
     vv = v[:, rows].reshape(kv_heads, n, m * ps, head_dim)
     s = np.einsum("nkgd,knsd->nkgs", q.reshape(n, kv_heads, heads // kv_heads, head_dim).astype(np.float64), kk)
