@@ -55,7 +55,7 @@ def attention_error(heads: int, kv_heads: int, head_dim: int, dtype: str, seed: 
             got = jax.jit(lambda *a: kv.paged().attend(*a, None, None, kv_heads=kv_heads))(
                 jnp.asarray(q, dtype), *two, 1, rows, lengths)
         return _error(q, k, v, rows, lengths, got)
-    pool = combined_slots(slots(k), slots(v), pack, lanes, groups).reshape(1, pages, ps, 2 * groups, lanes)
+    pool = combined_slots(slots(k), slots(v), pack, lanes, groups).reshape(1, pages, ps * 2 * groups, lanes)
     pool = jnp.concatenate([jnp.zeros_like(pool), pool]).astype(dtype)  # layer 1 of 2: page ids offset by a layer
     with jax.default_matmul_precision("highest"):
         if on_tpu or dtype == "float32":

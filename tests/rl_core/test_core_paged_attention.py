@@ -365,7 +365,7 @@ def combined_problem(heads, kv_heads, head_dim, seed=0):
     q, k_pages, v_pages, page_rows, lengths, _, _ = packed_problem(heads, kv_heads, head_dim, seed)
     pack, lanes, groups = ragged_layout(kv_heads, head_dim)
     slots = lambda x: jnp.asarray(x).transpose(1, 2, 0, 3).reshape(PAGES * PS, kv_heads, head_dim)  # noqa: E731
-    pool = combined_slots(slots(k_pages), slots(v_pages), pack, lanes, groups).reshape(1, PAGES, PS, 2 * groups, lanes)
+    pool = combined_slots(slots(k_pages), slots(v_pages), pack, lanes, groups).reshape(1, PAGES, PS * 2 * groups, lanes)
     return q, k_pages, v_pages, page_rows, lengths, jnp.concatenate([jnp.zeros_like(pool), pool])
 
 

@@ -59,6 +59,15 @@ def lane_layout(kv_heads: int, head_dim: int) -> tuple[int, int]:
     return 1, -(-head_dim // LANES) * LANES
 
 
+def tiled_groups(groups: int) -> int:
+    """The lane-group count the kernel tiles (its 2C combined heads fill a bfloat16 tile of 16 rows, or
+    are 2, 4 or 8 of them): `groups` rounded up to 1, 2, 4 or a multiple of 8."""
+    for allowed in (1, 2, 4):
+        if groups <= allowed:
+            return allowed
+    return -(-groups // 8) * 8
+
+
 def pack_heads(x: jax.Array, pack: int, lanes: int) -> jax.Array:
     """[N, K, Dh] -> [N, ceil(K / pack), lanes]: kv heads v*pack .. v*pack + pack - 1 side by side
     in group v's lanes (zero heads and zero lanes pad the rest)."""
@@ -107,7 +116,7 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
     with a `window` only the last `window` of them (the blocks before are not read);
     `sinks` [H]: each head's sink logit joins its softmax's denominator. `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's);
     with `pack` > 1 (or lanes wider than Dh) it is TPU's lane-packed [L, groups, P, ps, lanes] of `kv_heads` heads.
-    `combined`: `k_pages` is the ragged kernel's pool [L, P, ps, 2C, lanes] of `kv_heads` heads (keys at
+    `combined`: `k_pages` is the ragged kernel's pool [L, P, ps * 2C, lanes] of `kv_heads` heads (keys at
     combined head 2c, values at 2c + 1; rl_core.rollout.ragged) and `v_pages` is None."""
     q, k_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, page_rows, lengths))
     v_pages = None if combined else jnp.asarray(v_pages)
@@ -116,8 +125,10 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
         v_pages = None if combined else v_pages[None]
     n, h, dh = q.shape
     packed = kv_head_major and (pack > 1 or k_pages.shape[-1] != dh)
-    if combined:
-        page_size, pack = k_pages.shape[2], lane_layout(kv_heads, dh)[0]
+    if combined:  # [L, P, ps * 2C, lanes]: C lane groups (a count the kernel tiles, rl_core.rollout.ragged)
+        pack = lane_layout(kv_heads, dh)[0]
+        pairs = 2 * tiled_groups(-(-kv_heads // pack))
+        page_size = k_pages.shape[2] // pairs
     elif kv_head_major:
         _, groups, _, page_size, _ = k_pages.shape
         kv_heads = kv_heads if packed else groups
@@ -137,7 +148,7 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
         top, total, acc = carry  # running max [N, K, G], denominator [N, K, G], numerator [N, K, G, Dh]
         ids = jax.lax.dynamic_slice_in_dim(page_rows, j * per_block, per_block, axis=1)  # [N, b]
         if combined:  # [N, b, ps, 2C, lanes]: keys at even combined heads, values at odd -> [N, b * ps, K, Dh]
-            both = k_pages[layer, ids]
+            both = k_pages[layer, ids].reshape(n, per_block, page_size, pairs, -1)
             k, v = (unpack_heads(both[..., i::2, :], kv_heads, dh, pack).reshape(n, width, kv_heads, dh) for i in (0, 1))
         elif packed:  # [groups, N, b, ps, lanes] -> [N, b * ps, K, Dh]
             k, v = (unpack_heads(p[layer][:, ids].transpose(1, 2, 3, 0, 4), kv_heads, dh, pack).reshape(

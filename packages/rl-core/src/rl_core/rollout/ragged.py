@@ -4,8 +4,13 @@
 Shapes as in rl_core.rollout.attention: N queries (one token each), H query heads, K kv heads
 (G = H // K per kv head), Dh head dim, P pages, ps tokens per page, M pages per sequence, L layers.
 
-The pool is [L, P, ps, 2 * C, lanes]: C lane groups (`ragged_layout`), each one's keys at combined
-head 2c and its values at 2c + 1, the layout the kernel reads. A group is `lane_layout`'s: heads of
+The pool is [L, P, ps * 2C, lanes]: C lane groups (`ragged_layout`), each one's keys at combined
+head 2c and its values at 2c + 1 of a slot's 2C rows, the layout the kernel reads as
+[L * P, ps, 2C, lanes]. It is stored with slots and heads in one axis because XLA:TPU lays an array
+whose second-minor axis is as small as 2C out with that axis moved (less padding), and then copies
+the whole pool into the kernel's row-major layout before every call (seen compiling the engine's
+step for a v5e ahead of time: three copies of the pool a call); 128 rows keep the usual tiling, the
+same bytes as the kernel's view. A group is `lane_layout`'s: heads of
 64 (or 32, 16) are packed side by side into 128 lanes, 80 and 96 are zero-padded to 128, 128 and
 256 are the kernel's own widths; the queries are spread so that each one is zero outside its own
 head's lanes (`_packed_queries`), so its scores and output over the group are exactly its own
@@ -43,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from rl_core.rollout.attention import (LANES, PagedKV, PallasKV, _packed_queries, _unpacked_output, lane_layout,
-                                       pack_heads, reference_paged_attention)
+                                       pack_heads, reference_paged_attention, tiled_groups)
 
 VMEM_KV_BYTES = 4 << 20
 """The kernel's double-buffered block of pages is kept under this (v5e's default scoped VMEM is 16 MiB)."""
@@ -65,15 +70,6 @@ def tpu_kind_for_lowering() -> Iterator[None]:
     device = jax.sharding.AbstractDevice(device_kind=LOWERING_DEVICE_KIND, num_cores=1, platform="tpu")
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("chip",), abstract_device=device)):
         yield
-
-
-def tiled_groups(groups: int) -> int:
-    """The lane-group count the kernel tiles (its 2C combined heads fill a bfloat16 tile of 16 rows, or
-    are 2, 4 or 8 of them): `groups` rounded up to 1, 2, 4 or a multiple of 8."""
-    for allowed in (1, 2, 4):
-        if groups <= allowed:
-            return allowed
-    return -(-groups // 8) * 8
 
 
 def ragged_layout(kv_heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -112,7 +108,7 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
                kv_heads: int, pages_per_block: int, queries_per_block: int = 1, window: int | None = None,
                softcap: float | None = None, as_its_reference: bool = False) -> jax.Array:
     """JAX's `ragged_paged_attention` of q [N, H, Dh] over layer `layer` of the combined pool
-    [L, P, ps, 2C, lanes] -> [N, H, Dh]; query n is its own sequence of length `lengths[n]`. Block
+    [L, P, ps * 2C, lanes] -> [N, H, Dh]; query n is its own sequence of length `lengths[n]`. Block
     sizes are given (the kernel's own table asks the device kind, which a CPU host lowering for TPU
     has not). `as_its_reference`: the same inputs to the kernel's plain-JAX statement of what it
     computes (`ref_ragged_paged_attention`, eager only): how a CPU checks these inputs, since neither
@@ -120,8 +116,10 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel  # noqa: PLC0415 (TPU only)
 
     n, heads, dh = q.shape
-    layers, num_pages, page_size, combined, lanes = pool.shape
-    pack, groups = lane_layout(kv_heads, dh)[0], combined // 2
+    pack, lanes, groups = ragged_layout(kv_heads, dh)
+    layers, num_pages, rows_per_page, _ = pool.shape
+    combined = 2 * groups
+    page_size = rows_per_page // combined
     packed = _packed_queries(q, kv_heads, pack, lanes)  # [N, ceil(K / pack) * pack * G, lanes]
     per_group = packed.shape[1] // -(-kv_heads // pack)
     packed = jnp.pad(packed, ((0, 0), (0, groups * per_group - packed.shape[1]), (0, 0))).astype(pool.dtype)
@@ -145,7 +143,7 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
 
 @dataclasses.dataclass(frozen=True)
 class RaggedKV(PagedKV):
-    """The combined pool [L, P, ps, 2C, lanes] (one array: `init` gives a 1-tuple) and JAX's ragged
+    """The combined pool [L, P, ps * 2C, lanes] (one array: `init` gives a 1-tuple) and JAX's ragged
     paged-attention kernel over it (see the module docstring)."""
 
     queries_per_block: int = 1
@@ -165,7 +163,7 @@ class RaggedKV(PagedKV):
         if wide(kv_heads, head_dim):
             return self.paged().pool_shape(layers, kv_heads, head_dim, num_pages)
         _, lanes, groups = ragged_layout(kv_heads, head_dim)
-        return (layers, num_pages, self.page_size, 2 * groups, lanes)
+        return (layers, num_pages, self.page_size * 2 * groups, lanes)
 
     def init(self, layers, kv_heads, head_dim, dtype, num_pages):
         if wide(kv_heads, head_dim):
@@ -205,7 +203,8 @@ class RaggedKV(PagedKV):
         pack, lanes, groups = ragged_layout(k.shape[1], k.shape[2])
         page = jnp.take_along_axis(page_rows, (positions // self.page_size)[:, None], axis=1)[:, 0]
         # a scatter into the loop-carried pool: in place, nothing else is copied
-        pool = pool.at[layer, page, positions % self.page_size].set(
+        first = (positions % self.page_size) * 2 * groups  # the slot's first row in its page
+        pool = pool.at[layer, page[:, None], first[:, None] + jnp.arange(2 * groups)].set(
             combined_slots(k, v, pack, lanes, groups).astype(pool.dtype))
         out = self.attend(q, pool, layer, page_rows, positions + 1, window, sinks, kv_heads=k.shape[1], softcap=softcap)
         return out, (pool,)
