@@ -117,3 +117,48 @@ def test_the_paged_engines_tpu_attention_compiles_for_a_v5e_at_every_head_dim():
             print("compiled", heads, kv_heads, dh, len(pools))
     """)
     assert out.count("compiled") == 6, out
+
+
+@needs_libtpu
+def test_the_paged_engines_tpu_step_copies_no_pool():
+    """The paged engine's whole step (prefill chunk and decode, bfloat16, heads of 64 packed in pairs)
+    compiled by XLA:TPU for a v5e ahead of time copies neither a layer of the pool (what slicing it out
+    for JAX's paged_attention cost: 80 MB of keys and of values a layer at the 0.5B shape) nor the
+    whole pool (what a pool whose second-minor axis was 2 cost: XLA moved that axis and copied the
+    pool back for the kernel): no copy or dynamic-slice is as large as a layer of the pool."""
+    out = _run("""
+        import re
+        import jax, numpy as np
+        from flax import nnx
+        from jax.sharding import Mesh, SingleDeviceSharding
+        from rl_core.rollout.paged import EngineSettings, PagedBackend
+        from rl_core.rollout.sampler import SamplingParams
+        from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
+        from rl_models.attention import traced_for
+        from trainer.plan.tpu_compile import topology_devices
+        (device,) = topology_devices(1)
+        config = TransformerConfig.tiny(512, hidden_size=256, num_layers=2, num_heads=14, num_kv_heads=2,
+                                        head_dim=64, mlp_hidden_size=512, dtype="bfloat16")
+        with traced_for("tpu", kernels=True):
+            graphdef, state = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
+            settings = EngineSettings(slots=64, page_size=64, max_prompt_tokens=33, max_new_tokens=512,
+                                      prefill_chunk=64, steps_per_sync=4)
+            engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0,
+                                  platform="tpu")
+            engine.update_weights(state, 1)
+            one = SingleDeviceSharding(device)
+            engine.weights = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+                                          engine.weights)
+            pool = jax.eval_shape(engine._init_pages)[0].shape
+            sampling, key = SamplingParams(temperature=1.0), jax.random.key(0)
+            with jax.set_mesh(Mesh([device], ("chip",))):
+                text = engine.lower_step(sampling, key, platforms=("tpu",)).compile().as_text()
+        layer = int(np.prod(pool[2:]))  # [R, L, P, rows, lanes]: one layer's elements
+        sizes = [int(np.prod([int(d) for d in m.group(1).split(",")]))
+                 for line in text.splitlines() if " copy(" in line or "dynamic-slice(" in line
+                 for m in [re.search(r"= bf16\\[([0-9,]+)\\]", line)] if m]
+        print("pool", pool, "layer", layer, "largest", max(sizes))
+    """)
+    pool_line = next(line for line in out.splitlines() if line.startswith("pool"))
+    layer, largest = (int(x) for x in pool_line.split()[-3::2])
+    assert largest < layer, pool_line
