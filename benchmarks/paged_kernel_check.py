@@ -27,9 +27,8 @@ from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 
 from rl_core import GREEDY, Sampler
-from rl_core.rollout import EngineSettings, PagedBackend, RaggedKV, Requests, StaticBackend
-from rl_core.rollout.attention import pack_heads
-from rl_core.rollout.ragged import combined_slots, ragged_layout, ragged_tpu, wide
+from rl_core.rollout import (EngineSettings, PagedBackend, RaggedKV, Requests, StaticBackend, combined_slots, pack_heads,
+                             ragged_layout, ragged_tpu, wide)
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
 
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256), (8, 8, 80), (12, 4, 96)]

@@ -27,8 +27,7 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     import jax
     import jax.numpy as jnp
     from rl_core.policy import decode_cache
-    from rl_core.rollout import per_device
-    from rl_core.rollout.ragged import token_lanes
+    from rl_core.rollout import per_device, token_lanes
     from rl_core.runtime import mesh as mesh_lib
     from rl_models.paged_window import ring_spec
     from rl_models.transformer import FULL_WINDOW, layer_windows
