@@ -21,7 +21,8 @@ best layout depends on who reads it:
   is read back from its own lanes. No memory is added when f divides K (Qwen2.5-0.5B,
   Llama 3.2 1B); other head dims are zero-padded up to a multiple of 128 lanes
   (`lane_layout` says which).
-`auto` picks pallas on TPU and GPU, reference on CPU.
+`auto` (and `pallas`) picks on TPU `RaggedKV` (rl_core.rollout.ragged: JAX's ragged kernel over one
+K/V-combined pool; heads over 128 lanes keep `PallasKV` there), on GPU `PallasKV`, on CPU the reference.
 
 Called by the model once per layer as `kv(q, k, v, pages, layer, page_rows,
 positions) -> (out [N, H, Dh], pages)`: token n's key/value go to its position's
