@@ -26,7 +26,7 @@ the process's CPU time, which other processes on a shared core do not inflate
 included) and `floor` the time to read, once per step, the weights as the engine holds them and the
 mean live KV cache at the device's HBM bandwidth (`HBM_BYTES_PER_SEC`; blank for other devices).
 `--decode-attention live masked` runs the static engine once per decode attention on an accelerator
-(rl_models.attention.DECODE_ATTENTION: "masked" is the one before the live blocks read in place).
+(rl_models.attention.DECODE_ATTENTION: "masked", the default, over every slot; "live", the live blocks read in place).
 """
 
 from __future__ import annotations
@@ -133,10 +133,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--steps-per-sync", type=int, default=8)
-    parser.add_argument("--page-size", type=int, nargs="+", default=[16],
-                        help="paged engine: tokens a page (several: one paged run each)")
+    parser.add_argument("--page-size", type=int, nargs="+", default=[0],
+                        help="paged engine: tokens a page (several: one paged run each; 0: 64 on TPU, 16 elsewhere)")
     parser.add_argument("--tpu-block-tokens", type=int, nargs="+", default=[attention_lib.TPU_BLOCK_TOKENS],
                         help="paged engine on TPU: tokens a Pallas kernel block of pages (several: one run each)")
+    parser.add_argument("--tpu-queries-per-block", type=int, nargs="+", default=[attention_lib.TPU_QUERIES_PER_BLOCK],
+                        help="paged engine on TPU: query tokens a ragged-kernel grid step takes (several: one run each)")
     parser.add_argument("--engines", nargs="+", default=["static", "paged"])
     parser.add_argument("--model-preset", default=None,
                         help="an rl_models preset (e.g. qwen2_0_5b_shape) instead of the small model")
@@ -144,7 +146,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
     parser.add_argument("--mean-fraction", type=float, default=0.2,
                         help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
-    parser.add_argument("--decode-attention", nargs="+", default=["live"], choices=["live", "masked"],
+    parser.add_argument("--decode-attention", nargs="+", default=["masked"], choices=["live", "masked"],
                         help="static engine on an accelerator: a decode step's attention (several: one run each)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace each timed rollout to DIR/<max_new>-<engine> and print its costliest ops")
@@ -179,22 +181,24 @@ def main() -> None:
         hazard = lognormal_hazard(t, args.mean_fraction)
         slots = min(args.slots, args.prompts * args.samples)  # as rl_core.rollout.factory caps them
         rates = {}
-        runs = [(f"static/{way}" if len(args.decode_attention) > 1 else "static", 0, 0, way)
+        runs = [(f"static/{way}" if len(args.decode_attention) > 1 else "static", 0, 0, 0, way)
                 for way in args.decode_attention] if "static" in args.engines else []
         if "paged" in args.engines:
-            runs += [("paged", ps, bt, "live") for ps in args.page_size for bt in args.tpu_block_tokens]
-        for name, page_size, block_tokens, way in runs:
+            runs += [("paged", ps, bt, qb, "masked") for ps in args.page_size for bt in args.tpu_block_tokens
+                     for qb in args.tpu_queries_per_block]
+        for name, page_size, block_tokens, queries, way in runs:
             before = compile_count()
             if name.startswith("static"):
                 attention_lib_models.DECODE_ATTENTION = way  # read when the program is traced
                 backend = StaticBackend(Sampler(graphdef, max_new_tokens=t, eos_ids=(eos,), pad_id=0))
             else:
                 attention_lib.TPU_BLOCK_TOKENS = block_tokens  # read when the engine picks its kernel
+                attention_lib.TPU_QUERIES_PER_BLOCK = queries
                 settings = EngineSettings(max_prompt_tokens=PROMPT_TOKENS, max_new_tokens=t, page_size=page_size,
                                           slots=slots, prefill_chunk=64, steps_per_sync=args.steps_per_sync)
                 backend = PagedBackend(graphdef, settings, paging=ScheduledPaging(), eos_ids=(eos,), pad_id=0)
                 if len(runs) > 2:
-                    name = f"p{page_size}/b{block_tokens}"
+                    name = f"p{settings.page_size}/b{block_tokens}" + (f"/q{queries}" if queries > 1 else "")
             profile = f"{args.profile}/{t}-{name.replace('/', '-')}" if args.profile else None
             seconds, cpu, lengths = run_one(backend, state, requests, hazard, sampling, profile)
             rates[name] = lengths.sum() / cpu

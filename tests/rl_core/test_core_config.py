@@ -21,7 +21,7 @@ RULES = [
     (RolloutConfig, {}, "seed", -1, "must be in [0, 2**32)"),
     (RolloutConfig, {}, "engine", "sglang", "unknown engine 'sglang'. Known: paged, static (from rl-core)"),
     # an engine's own settings (rollout.options), checked by the settings class its record names
-    (RolloutConfig, {"engine": "paged"}, "options", {"page_size": 0}, "PagedSettings.page_size = 0: must be >= 1"),
+    (RolloutConfig, {"engine": "paged"}, "options", {"page_size": -1}, "PagedSettings.page_size = -1: must be >= 0"),
     (RolloutConfig, {"engine": "paged"}, "options", {"slots": 0}, "PagedSettings.slots = 0: must be >= 1"),
     (RolloutConfig, {"engine": "paged"}, "options", {"prefill_chunk": 0}, "PagedSettings.prefill_chunk = 0"),
     (RolloutConfig, {"engine": "paged"}, "options", {"steps_per_sync": 0}, "PagedSettings.steps_per_sync = 0"),

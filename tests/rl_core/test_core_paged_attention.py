@@ -10,6 +10,7 @@ import pytest
 
 from rl_core.rollout import attention as attention_lib
 from rl_core.rollout.pages import PagePool, PoolExhausted
+from rl_core.rollout.ragged import RaggedKV, combined_slots, ragged_layout, ragged_tpu, tiled_groups
 from host import about_the_cpu
 from tolerances import close
 
@@ -78,8 +79,9 @@ def test_reference_under_vmap_and_blind_to_pages_past_the_length():
 def test_choice_by_platform():
     choose = attention_lib.choose
     assert choose("auto", 16, "cpu") == attention_lib.ReferenceKV(16)
-    # TPU: blocks of 1024 tokens (fewer kernel grid steps; it loads only a row's live pages)
-    assert choose("auto", 16, "tpu") == attention_lib.PallasKV(16, 64, platform="tpu")
+    # TPU: the ragged kernel, blocks of 512 tokens
+    assert choose("auto", 16, "tpu") == RaggedKV(16, 32)
+    assert choose("pallas", 64, "tpu") == RaggedKV(64, 8)
     assert choose("auto", 16, "gpu") == attention_lib.PallasKV(16, platform="gpu")
     assert choose("reference", 16, "tpu") == attention_lib.ReferenceKV(16)
     with pytest.raises(ValueError, match="TPU and GPU only"):
@@ -356,3 +358,72 @@ def test_tpu_kernel_soft_caps_the_scores_as_the_reference_does():
     with pltpu.force_tpu_interpret_mode():
         got = kv.attend(*low, 0, page_rows, lengths, None, None, kv_heads=2, softcap=2.0)
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=3e-2)
+
+
+def combined_problem(heads, kv_heads, head_dim, seed=0):
+    """`packed_problem`'s keys and values in the ragged kernel's combined pool, as layer 1 of two."""
+    q, k_pages, v_pages, page_rows, lengths, _, _ = packed_problem(heads, kv_heads, head_dim, seed)
+    pack, lanes, groups = ragged_layout(kv_heads, head_dim)
+    slots = lambda x: jnp.asarray(x).transpose(1, 2, 0, 3).reshape(PAGES * PS, kv_heads, head_dim)  # noqa: E731
+    pool = combined_slots(slots(k_pages), slots(v_pages), pack, lanes, groups).reshape(1, PAGES, PS * 2 * groups, lanes)
+    return q, k_pages, v_pages, page_rows, lengths, jnp.concatenate([jnp.zeros_like(pool), pool])
+
+
+def test_ragged_layout_pads_lane_groups_to_a_count_the_kernel_tiles():
+    """Qwen2.5-0.5B's 2 heads of 64 share one group; SmolLM2's 3 take 2; 3 heads of 128 take 4
+    (one zero group), 12 heads of 128 take 16; 80 and 96 pad to 128 lanes, 256 keeps its own."""
+    assert [tiled_groups(g) for g in (1, 2, 3, 4, 5, 8, 9, 12, 16)] == [1, 2, 4, 4, 8, 8, 16, 16, 16]
+    assert ragged_layout(2, 64) == (2, 128, 1)
+    assert ragged_layout(3, 64) == (2, 128, 2)
+    assert ragged_layout(3, 128) == (1, 128, 4)
+    assert ragged_layout(8, 80) == (1, 128, 8)
+    assert ragged_layout(4, 256) == (1, 256, 4)
+
+
+RAGGED_SHAPES = [(14, 2, 64), (9, 3, 64), (4, 2, 80), (12, 4, 96), (8, 2, 128), (6, 3, 128), (4, 2, 256)]
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (6, None), (None, 2.0)], ids=["plain", "window", "cap"])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), RAGGED_SHAPES, ids=lambda x: str(x))
+def test_ragged_kernel_inputs_give_each_heads_own_attention(heads, kv_heads, head_dim, window, softcap):
+    """The inputs `ragged_tpu` gives the kernel (spread queries, the flattened pool of every layer with
+    page ids offset by layer, one sequence a token), through the kernel's own statement of what it
+    computes (`ref_ragged_paged_attention`: neither Pallas interpreter runs the kernel in JAX 0.10.2;
+    benchmarks/paged_kernel_check.py runs it on a chip), equal the reference attention of each head
+    over its own pages, with a window and with a soft cap; and so does the float32 path (XLA's
+    attention over the combined pool)."""
+    q, k_pages, v_pages, page_rows, lengths, pool = combined_problem(heads, kv_heads, head_dim)
+    q = q * (4 if softcap else 1)  # scores past the cap
+    want = attention_lib.reference_paged_attention(q, k_pages.transpose(1, 2, 0, 3), v_pages.transpose(1, 2, 0, 3),
+                                                   page_rows, lengths, window=window, softcap=softcap)
+    got = ragged_tpu(jnp.asarray(q), pool, 1, page_rows, lengths, kv_heads=kv_heads, pages_per_block=2,
+                     window=window, softcap=softcap, as_its_reference=True)
+    np.testing.assert_allclose(got, want, **close(atol=1e-5))
+    xla = RaggedKV(PS, 2).attend(jnp.asarray(q), pool, 1, page_rows, lengths, window, kv_heads=kv_heads,
+                                 softcap=softcap)
+    np.testing.assert_allclose(xla, want, **close(atol=1e-5))
+
+
+def test_ragged_pool_write_then_attend():
+    """`RaggedKV` writes a token's key and value where its attention reads them, in its layer only."""
+    q, k_pages, v_pages, page_rows, lengths, pool = combined_problem(14, 2, 64)
+    rng = np.random.default_rng(5)
+    k_new, v_new = (rng.normal(size=(N, 2, 64)).astype(np.float32) for _ in range(2))
+    positions = lengths - 1
+    out, (after,) = RaggedKV(PS, 2)(jnp.asarray(q), k_new, v_new, (pool,), 1, page_rows, positions)
+    k_want, v_want = (np.array(x) for x in (k_pages, v_pages))
+    for n in range(N):
+        page, offset = page_rows[n, positions[n] // PS], positions[n] % PS
+        k_want[:, page, offset], v_want[:, page, offset] = k_new[n], v_new[n]
+    np.testing.assert_allclose(out, dense_heads(q, k_want, v_want, page_rows, lengths), **close(atol=1e-5))
+    assert not np.asarray(after[0]).any()  # layer 0 untouched
+
+
+def test_ragged_kernel_refuses_only_what_it_cannot_do():
+    """The one place the TPU path leaves the kernel: a float32 pool, a traced window, sink logits."""
+    bf16, f32 = jnp.zeros((1,), jnp.bfloat16), jnp.zeros((1,), jnp.float32)
+    assert RaggedKV.kernel_refuses(bf16, None, None) is None
+    assert RaggedKV.kernel_refuses(bf16, 4096, None) is None
+    assert "float32" in RaggedKV.kernel_refuses(f32, None, None)
+    assert "traced window" in RaggedKV.kernel_refuses(bf16, jnp.int32(4), None)
+    assert "sink" in RaggedKV.kernel_refuses(bf16, None, jnp.zeros(4))

@@ -90,3 +90,75 @@ def test_trainer_plan_for_tpu_compiles_with_xla_tpu_ahead_of_time():
     assert "tpu: compiled ahead of time by XLA:TPU for v5e:1x1 (libtpu, no chip needed)" in out.stdout
     assert "memory: remat=none, micro_batch_size=whole mini-batch (picked: counted" in out.stdout
     assert "attention splash on tpu" in out.stdout and "fits: peak" in out.stdout
+
+
+@needs_libtpu
+def test_the_paged_engines_tpu_attention_compiles_for_a_v5e_at_every_head_dim():
+    """Mosaic compiles (not only lowers) the paged engine's TPU attention ahead of time, at the 0.5B
+    shape's pool (page 64, 17 pages a row, 256 rows) for head dims 64 (packed pairs, and SmolLM2's 3
+    heads), 80, 96 and 128 (JAX's ragged kernel) and 256 (JAX's paged_attention: the ragged kernel's
+    strided K/V load takes 128-lane rows only, which is what this test caught)."""
+    out = _run("""
+        import jax, jax.numpy as jnp
+        from jax.sharding import SingleDeviceSharding
+        from rl_core.rollout.ragged import RaggedKV
+        from trainer.plan.tpu_compile import topology_devices
+        (device,) = topology_devices(1)
+        one = SingleDeviceSharding(device)
+        kv = RaggedKV(64, 8)
+        jax.set_mesh(jax.sharding.Mesh([device], ("chip",)))  # where Mosaic's lowering reads the chip's kind
+        for heads, kv_heads, dh in [(14, 2, 64), (9, 3, 64), (8, 8, 80), (12, 4, 96), (6, 3, 128), (4, 2, 256)]:
+            s = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+            pools = tuple(s(p.shape, jnp.bfloat16) for p in jax.eval_shape(lambda: kv.init(2, kv_heads, dh,
+                                                                                            jnp.bfloat16, 600)))
+            step = jax.jit(lambda q, k, v, pools, rows, pos: kv(q, k, v, pools, jnp.int32(1), rows, pos)[0])
+            step.lower(s((256, heads, dh), jnp.bfloat16), s((256, kv_heads, dh), jnp.bfloat16),
+                       s((256, kv_heads, dh), jnp.bfloat16), pools, s((256, 17)), s((256,))).compile()
+            print("compiled", heads, kv_heads, dh, len(pools))
+    """)
+    assert out.count("compiled") == 6, out
+
+
+@needs_libtpu
+def test_the_paged_engines_tpu_step_copies_no_pool():
+    """The paged engine's whole step (prefill chunk and decode, bfloat16, heads of 64 packed in pairs)
+    compiled by XLA:TPU for a v5e ahead of time copies neither a layer of the pool (what slicing it out
+    for JAX's paged_attention cost: 80 MB of keys and of values a layer at the 0.5B shape) nor the
+    whole pool (what a pool whose second-minor axis was 2 cost: XLA moved that axis and copied the
+    pool back for the kernel): no copy or dynamic-slice is as large as a layer of the pool."""
+    out = _run("""
+        import re
+        import jax, numpy as np
+        from flax import nnx
+        from jax.sharding import Mesh, SingleDeviceSharding
+        from rl_core.rollout.paged import EngineSettings, PagedBackend
+        from rl_core.rollout.sampler import SamplingParams
+        from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
+        from rl_models.attention import traced_for
+        from trainer.plan.tpu_compile import topology_devices
+        (device,) = topology_devices(1)
+        config = TransformerConfig.tiny(512, hidden_size=256, num_layers=2, num_heads=14, num_kv_heads=2,
+                                        head_dim=64, mlp_hidden_size=512, dtype="bfloat16")
+        with traced_for("tpu", kernels=True):
+            graphdef, state = nnx.split(Transformer(config, rngs=nnx.Rngs(0)))
+            settings = EngineSettings(slots=64, page_size=64, max_prompt_tokens=33, max_new_tokens=512,
+                                      prefill_chunk=64, steps_per_sync=4)
+            engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0,
+                                  platform="tpu")
+            engine.update_weights(state, 1)
+            one = SingleDeviceSharding(device)
+            engine.weights = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+                                          engine.weights)
+            pool = jax.eval_shape(engine._init_pages)[0].shape
+            sampling, key = SamplingParams(temperature=1.0), jax.random.key(0)
+            with jax.set_mesh(Mesh([device], ("chip",))):
+                text = engine.lower_step(sampling, key, platforms=("tpu",)).compile().as_text()
+        layer = int(np.prod(pool[2:]))  # [R, L, P, rows, lanes]: one layer's elements
+        sizes = [int(np.prod([int(d) for d in m.group(1).split(",")]))
+                 for line in text.splitlines() if " copy(" in line or "dynamic-slice(" in line
+                 for m in [re.search(r"= bf16\\[([0-9,]+)\\]", line)] if m]
+        print("pool", pool, "layer", layer, "largest", max(sizes))
+    """)
+    pool_line = next(line for line in out.splitlines() if line.startswith("pool"))
+    layer, largest = (int(x) for x in pool_line.split()[-3::2])
+    assert largest < layer, pool_line

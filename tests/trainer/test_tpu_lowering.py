@@ -1,5 +1,5 @@
 """Every TPU program lowers for TPU on this CPU host: the paged engine's step (prefill chunk and
-decode, JAX's Pallas paged-attention kernel over the lane-packed pool) and the learner's update
+decode, JAX's Pallas ragged paged-attention kernel over the combined lane-packed pool) and the learner's update
 (Splash attention forward and backward), for head dims 64, 128 and 256. Mosaic refuses a block
 shape at lowering time, so a kernel that could not run on a chip fails here, in CI, without one."""
 
@@ -7,8 +7,8 @@ import jax
 import pytest
 from flax import nnx
 from rl_core.policy import frozen as frozen_lib
-from rl_core.rollout.attention import PallasKV
 from rl_core.rollout.paged import EngineSettings, PagedBackend
+from rl_core.rollout.ragged import RaggedKV
 from rl_core.rollout.sampler import SamplingParams
 from rl_core.runtime import mesh as mesh_lib
 from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
@@ -20,6 +20,8 @@ from trainer.settings import build_settings
 # heads packed in one lane group), an odd kv count at 64 (SmolLM2's 3: a zero head pads the pair),
 # Llama's 128, Gemma's 256
 SHAPES = [(14, 2, 64), (9, 3, 64), (8, 2, 128), (4, 2, 256)]
+MORE_SHAPES = [(8, 8, 80), (12, 4, 96), (6, 3, 128)]
+"""Phi's 80 and 96 (zero-padded to 128 lanes) and 3 kv heads of 128 (lane groups padded to 4)."""
 
 
 def _config(heads: int, kv_heads: int, head_dim: int, **overrides) -> TransformerConfig:
@@ -35,14 +37,14 @@ def _custom_calls(text: str) -> int:
     return text.count("tpu_custom_call")
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES, ids=lambda x: str(x))
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES + MORE_SHAPES, ids=lambda x: str(x))
 def test_paged_engine_step_lowers_for_tpu(heads, kv_heads, head_dim):
     with traced_for("tpu", kernels=True):
         model = Transformer(_config(heads, kv_heads, head_dim), rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
         engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
-        assert isinstance(engine.kv, PallasKV) and engine.kv.platform == "tpu"
+        assert isinstance(engine.kv, RaggedKV)
         engine.update_weights(state, 1)
         text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
     # the Pallas kernel is in the program (one call a layer in the prefill and in the decode)

@@ -47,11 +47,12 @@ ATTENTION = ("auto", "xla", "cudnn", "splash")
 GPU_PLATFORMS = ("gpu", "cuda")
 CUDNN_MAX_HEAD_DIM = 128
 """cuDNN's flash attention takes head sizes that are multiples of 8 up to 128 (256 on Hopper)."""
-DECODE_ATTENTION = "live"
-"""A decode step's attention over the stacked cache on an accelerator: "live" (the blocks of slots that
-hold live ones, read in place: rl_models.block.attend_live) or "masked" (`attend` over every slot, which
-XLA:TPU runs after copying each layer's values; kept to measure the two side by side:
-benchmarks/rollout_engines.py --decode-attention)."""
+DECODE_ATTENTION = "masked"
+"""A decode step's attention over the stacked cache on an accelerator: "masked" (`attend` over every slot)
+or "live" (the blocks of slots that hold live ones, read in place: rl_models.block.attend_live). "live"
+moves half the bytes in XLA:TPU's compiled program, yet on a v5e it ran 7.05 ms a step where "masked"
+ran 5.59 (0.5B shape, 128 rows, 256 new tokens: docs/results/2026-12-06-decode-hlo.md), so it is kept
+only to measure: benchmarks/rollout_engines.py --decode-attention masked live."""
 SPLASH_MAX_BLOCK = 512
 """Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
 

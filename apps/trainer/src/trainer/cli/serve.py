@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=2048, help="longest prompt (default: %(default)s)")
     s.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens a sample (default: %(default)s)")
     s.add_argument("--slots", type=int, default=32, help="samples decoded at once (default: %(default)s)")
-    s.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
+    s.add_argument("--page-size", type=int, default=0, help="tokens per KV page (default: 64 on TPU, 16 elsewhere)")
     s.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per device call (default: %(default)s)")
     s.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per call (default: %(default)s)")
     s.add_argument("--num-pages", type=int, default=0,

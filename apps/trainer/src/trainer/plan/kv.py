@@ -22,12 +22,12 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     """(the KV fields of a MemoryQuery, the recurrent state's bytes in its `dense_cache_bytes`) for
     `model` (an abstract module of `config`) generating `rows` rows of `seq` tokens, bytes per
     device of `mesh` (None: one device). On `platform` "tpu" a token's keys and values take the
-    paged pool's lane-packed layout (rl_core.rollout.attention.lane_layout: heads of 80 pad to 128
-    lanes, an odd count of heads of 64 a zero head)."""
+    paged pool's lane-packed layout (rl_core.rollout.ragged.token_lanes: heads of 80 pad to 128
+    lanes, an odd count of heads of 64 a zero head, lane groups up to a count the kernel tiles)."""
     import jax
     import jax.numpy as jnp
     from rl_core.policy import decode_cache
-    from rl_core.rollout import lane_layout, per_device
+    from rl_core.rollout import per_device, token_lanes
     from rl_core.runtime import mesh as mesh_lib
     from rl_models.paged_window import ring_spec
     from rl_models.transformer import FULL_WINDOW, layer_windows
@@ -54,8 +54,7 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     rings = ring_spec(model)
     head_lanes = config.num_kv_heads * config.head_dim  # lanes a token's keys (or values) take in a layer
     if platform == "tpu":
-        pack, lanes = lane_layout(config.num_kv_heads, config.head_dim)
-        head_lanes = -(-config.num_kv_heads // pack) * lanes
+        head_lanes = token_lanes(config.num_kv_heads, config.head_dim)
     return dict(
         num_kv_heads=config.num_kv_heads, compute_bytes=cbytes,
         kv_token_bytes=2 * kv_layers * head_lanes * cbytes,

@@ -13,6 +13,7 @@ __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.rollout.memory": ("MemoryQuery", "memory_elsewhere", "per_device"),
     "rl_core.rollout.moved_keys": ("moved_into_options",),
     "rl_core.rollout.paged": ("PagedBackend",),
+    "rl_core.rollout.ragged": ("RaggedKV", "combined_slots", "ragged_layout", "ragged_tpu", "token_lanes", "wide"),
     "rl_core.rollout.paged_settings": ("EngineSettings", "PagedSettings"),
     "rl_core.rollout.scheduler": ("HostLoop", "LoopEngine"),
     "rl_core.rollout.serving": ("EngineLoop", "Job", "Sample", "cut_at_stop"),

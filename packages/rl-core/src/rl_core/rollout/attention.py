@@ -21,7 +21,8 @@ best layout depends on who reads it:
   is read back from its own lanes. No memory is added when f divides K (Qwen2.5-0.5B,
   Llama 3.2 1B); other head dims are zero-padded up to a multiple of 128 lanes
   (`lane_layout` says which).
-`auto` picks pallas on TPU and GPU, reference on CPU.
+`auto` (and `pallas`) picks on TPU `RaggedKV` (rl_core.rollout.ragged: JAX's ragged kernel over one
+K/V-combined pool; heads over 128 lanes keep `PallasKV` there), on GPU `PallasKV`, on CPU the reference.
 
 Called by the model once per layer as `kv(q, k, v, pages, layer, page_rows,
 positions) -> (out [N, H, Dh], pages)`: token n's key/value go to its position's
@@ -57,6 +58,15 @@ def lane_layout(kv_heads: int, head_dim: int) -> tuple[int, int]:
     if LANES % head_dim == 0:
         return max(1, min(LANES // head_dim, kv_heads)), LANES
     return 1, -(-head_dim // LANES) * LANES
+
+
+def tiled_groups(groups: int) -> int:
+    """The lane-group count the kernel tiles (its 2C combined heads fill a bfloat16 tile of 16 rows, or
+    are 2, 4 or 8 of them): `groups` rounded up to 1, 2, 4 or a multiple of 8."""
+    for allowed in (1, 2, 4):
+        if groups <= allowed:
+            return allowed
+    return -(-groups // 8) * 8
 
 
 def pack_heads(x: jax.Array, pack: int, lanes: int) -> jax.Array:
@@ -99,19 +109,28 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
                               lengths: jax.Array, *, layer: jax.Array | int | None = None,
                               pages_per_block: int = 8, window: jax.Array | int | None = None,
                               sinks: jax.Array | None = None, kv_head_major: bool = False,
-                              pack: int = 1, kv_heads: int | None = None, softcap: float | None = None) -> jax.Array:
+                              pack: int = 1, kv_heads: int | None = None, softcap: float | None = None,
+                              combined: bool = False) -> jax.Array:
     """Attention of q [N, H, Dh] over page-major pages [P, ps, K, Dh] (or the whole pool
     [L, P, ps, K, Dh] and a `layer`: only the pages read are gathered; slicing the layer
     out first would copy it whole) -> [N, H, Dh]; query n sees slots 0..lengths[n] - 1, or
     with a `window` only the last `window` of them (the blocks before are not read);
     `sinks` [H]: each head's sink logit joins its softmax's denominator. `kv_head_major`: the pool is laid out [L, K, P, ps, Dh] (PallasKV's);
-    with `pack` > 1 (or lanes wider than Dh) it is TPU's lane-packed [L, groups, P, ps, lanes] of `kv_heads` heads."""
-    q, k_pages, v_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, v_pages, page_rows, lengths))
+    with `pack` > 1 (or lanes wider than Dh) it is TPU's lane-packed [L, groups, P, ps, lanes] of `kv_heads` heads.
+    `combined`: `k_pages` is the ragged kernel's pool [L, P, ps * 2C, lanes] of `kv_heads` heads (keys at
+    combined head 2c, values at 2c + 1; rl_core.rollout.ragged) and `v_pages` is None."""
+    q, k_pages, page_rows, lengths = map(jnp.asarray, (q, k_pages, page_rows, lengths))
+    v_pages = None if combined else jnp.asarray(v_pages)
     if layer is None:
-        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+        k_pages, layer = k_pages[None], 0
+        v_pages = None if combined else v_pages[None]
     n, h, dh = q.shape
     packed = kv_head_major and (pack > 1 or k_pages.shape[-1] != dh)
-    if kv_head_major:
+    if combined:  # [L, P, ps * 2C, lanes]: C lane groups (a count the kernel tiles, rl_core.rollout.ragged)
+        pack = lane_layout(kv_heads, dh)[0]
+        pairs = 2 * tiled_groups(-(-kv_heads // pack))
+        page_size = k_pages.shape[2] // pairs
+    elif kv_head_major:
         _, groups, _, page_size, _ = k_pages.shape
         kv_heads = kv_heads if packed else groups
     else:
@@ -129,7 +148,10 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
     def block(j, carry):
         top, total, acc = carry  # running max [N, K, G], denominator [N, K, G], numerator [N, K, G, Dh]
         ids = jax.lax.dynamic_slice_in_dim(page_rows, j * per_block, per_block, axis=1)  # [N, b]
-        if packed:  # [groups, N, b, ps, lanes] -> [N, b * ps, K, Dh]
+        if combined:  # [N, b, ps, 2C, lanes]: keys at even combined heads, values at odd -> [N, b * ps, K, Dh]
+            both = k_pages[layer, ids].reshape(n, per_block, page_size, pairs, -1)
+            k, v = (unpack_heads(both[..., i::2, :], kv_heads, dh, pack).reshape(n, width, kv_heads, dh) for i in (0, 1))
+        elif packed:  # [groups, N, b, ps, lanes] -> [N, b * ps, K, Dh]
             k, v = (unpack_heads(p[layer][:, ids].transpose(1, 2, 3, 0, 4), kv_heads, dh, pack).reshape(
                 n, width, kv_heads, dh) for p in (k_pages, v_pages))
         elif kv_head_major:  # [K, N, b, ps, Dh] -> [N, b * ps, K, Dh]
@@ -226,6 +248,10 @@ class PagedKV:
                kv_heads: int, softcap: float | None = None) -> jax.Array:
         raise NotImplementedError
 
+    def pool_axes(self, pools: int) -> tuple:
+        """Logical names of the axes of a pool of `pools` arrays."""
+        return self.axes
+
     def _stored(self, x: jax.Array) -> jax.Array:
         """A token's keys or values [N, K, Dh] as the pool holds them (as they are, but for TPU's packing)."""
         return x
@@ -320,8 +346,11 @@ class PallasKV(PagedKV):
 
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-TPU_BLOCK_TOKENS = 1024
-"""Tokens of a TPU kernel block of pages (its k/v buffers: 1024 x 128 lanes x 2 bytes x 2 x 2 = 1 MiB of VMEM)."""
+TPU_BLOCK_TOKENS = 512
+"""Tokens of a TPU kernel block of pages (its double-buffered k/v: 512 x 2 x 128 lanes x 2 bytes x 2 = 512 KiB
+of VMEM a lane group; JAX's paged_attention measured best at 512 on a v5e, docs/results/2026-12-06-tpu-chip.md)."""
+TPU_QUERIES_PER_BLOCK = 1
+"""Query tokens a grid step of the TPU ragged kernel takes (`RaggedKV.queries_per_block`)."""
 
 
 def choose(attention: str, page_size: int, platform: str | None = None, *, pages_per_block: int = 8) -> PagedKV:
@@ -334,10 +363,11 @@ def choose(attention: str, page_size: int, platform: str | None = None, *, pages
     if attention == "reference":
         return ReferenceKV(page_size, pages_per_block)
     if platform == "tpu":
-        # one grid step of the kernel per (row, lane group, block of pages), each a few hundred ns of
-        # overhead: blocks of 1024 tokens (it loads only a row's live pages of a block) make a decode
-        # step of 256 rows at 1k tokens 6k grid steps where blocks of 8 pages made 49k
-        return PallasKV(page_size, max(pages_per_block, TPU_BLOCK_TOKENS // page_size), platform="tpu")
+        from rl_core.rollout.ragged import RaggedKV  # noqa: PLC0415 (it builds on this module)
+
+        # JAX's ragged kernel over the combined pool; its blocks of pages are copied whole (past a
+        # row's length too), and fewer, larger blocks cost fewer loop steps: 512 tokens measured best
+        return RaggedKV(page_size, max(1, TPU_BLOCK_TOKENS // page_size), TPU_QUERIES_PER_BLOCK)
     if platform in GPU_PLATFORMS:
         return PallasKV(page_size, pages_per_block, platform="gpu")
     raise ValueError(

@@ -58,6 +58,7 @@ The engine reaches the model only through the adapter it is built with (`paging`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +79,7 @@ from rl_core.rollout.backend import Capabilities, EngineCounters, Requests
 from rl_core.rollout.feed import WeightFeed
 from rl_core.rollout.pages import PagePool, PoolExhausted
 from rl_core.rollout.paged_settings import EngineSettings
+from rl_core.rollout.ragged import tpu_kind_for_lowering
 from rl_core.rollout.retained import Retained
 from rl_core.rollout.step import Prefill, Slots, engine_step
 from rl_core.rollout.unstacked import restack, unstack, unstack_shardings
@@ -332,8 +334,8 @@ class PagedBackend:
 
     def pool_sharding(self) -> Any:
         """The pools [R, ...] split over the replicas, and over `tensor` on their kv heads."""
-        shape = jax.eval_shape(self._init_pages)[0].shape[1:]
-        spec = mesh_lib.logical_spec(self.kv.axes, shape, self.mesh, DECODE_RULES)
+        pools = jax.eval_shape(self._init_pages)
+        spec = mesh_lib.logical_spec(self.kv.pool_axes(len(pools)), pools[0].shape[1:], self.mesh, DECODE_RULES)
         return NamedSharding(self.mesh, P(REPLICAS, *spec))
 
     def state_sharding(self) -> Any:
@@ -388,8 +390,10 @@ class PagedBackend:
         slots = Slots(zeros(n), zeros(n), zeros(n), zeros(n), np.zeros((r, n), bool), zeros(n, m), zeros(n, 2),
                       zeros(n), zeros(n))
         pages = (jax.eval_shape(self._init_pages), jax.eval_shape(self._init_states))
-        traced = self.step_program(sampling).trace(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
-        return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
+        # a TPU kernel's lowering asks the chip's kind, which jit reads from the mesh it traced under
+        with tpu_kind_for_lowering() if platforms and "tpu" in platforms else contextlib.nullcontext():
+            traced = self.step_program(sampling).trace(self.weights, pages, prefill, zeros(n), zeros(n), slots, key)
+            return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
     # -- the host loop -----------------------------------------------------------------------
 
