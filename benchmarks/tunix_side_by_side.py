@@ -41,6 +41,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rl_core.runtime import compile_count
 from trainer import build
 from trainer.bench.measure import bench_settings
 from trainer.bench.memory_check import check_memory
@@ -228,6 +229,13 @@ def warm(leg: str, step: Any, count: int) -> None:
         print(f"warm-up {leg} {i + 1}: {time.perf_counter() - start:.2f} s (the first compiles)")
 
 
+def counted(step: Any) -> dict[str, float]:
+    """One step's phases, with the programs compiled during it (0 once warm: a recompile shows here)."""
+    before = compile_count()
+    out = step()
+    return out | {"compiles": compile_count() - before}
+
+
 def seconds(steps: list[dict[str, float]]) -> str:
     return ", ".join(f"{s['step']:.3f}" for s in steps)
 
@@ -245,6 +253,8 @@ def main() -> None:
                     help="alternate: both legs built, one step of each a round; sequential: the project's steps, "
                          "its arrays freed, then Tunix's (where both legs' weights, AdamW state and the update "
                          "do not fit one device together)")
+    ap.add_argument("--only", default=None, choices=("project", "tunix"),
+                    help="one leg alone (sequential schedule): for a host where the pair would not finish in one call")
     ap.add_argument("--remat", default="auto", choices=("auto", "none", "full"),
                     help="the project's remat (Tunix's follows); auto: trainer bench's memory pick")
     ap.add_argument("--memory-gb", type=float, default=None, help="GiB the project's memory pick may plan for")
@@ -252,6 +262,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    if args.only and args.schedule != "sequential":
+        ap.error("--only runs one leg: it needs --schedule sequential")
 
     import tunix  # noqa: PLC0415 (imported above; its version for the record)
 
@@ -282,31 +294,38 @@ def main() -> None:
         warm("project", project, args.warmup)
         warm("tunix", tunix_leg_step, args.warmup)
         for r in range(args.rounds):
-            timed["project"].append(project())
-            timed["tunix"].append(tunix_leg_step())
+            timed["project"].append(counted(project))
+            timed["tunix"].append(counted(tunix_leg_step))
             print(f"round {r + 1}: project {timed['project'][-1]['step']:.3f} s, tunix {timed['tunix'][-1]['step']:.3f} s")
     else:
-        warm("project", project, args.warmup)
-        timed["project"] = [project() for _ in range(args.rounds)]
-        print(f"project steps: {seconds(timed['project'])} s")
+        if args.only != "tunix":
+            warm("project", project, args.warmup)
+            timed["project"] = [counted(project) for _ in range(args.rounds)]
+            print(f"project steps: {seconds(timed['project'])} s", flush=True)
         before = live_device_bytes()
         del learner, project  # the project's weights, AdamW state and caches go before Tunix's arrive
         gc.collect()
         print(f"project freed: live arrays {before / 2**30:.2f} -> {live_device_bytes() / 2**30:.2f} GiB")
-        tunix_leg_step, cluster = new_tunix()
-        warm("tunix", tunix_leg_step, args.warmup)
-        timed["tunix"] = [tunix_leg_step() for _ in range(args.rounds)]
-        print(f"tunix steps: {seconds(timed['tunix'])} s")
-    cluster.finish()
+        if args.only != "project":
+            tunix_leg_step, cluster = new_tunix()
+            warm("tunix", tunix_leg_step, args.warmup)
+            timed["tunix"] = [counted(tunix_leg_step) for _ in range(args.rounds)]
+            print(f"tunix steps: {seconds(timed['tunix'])} s", flush=True)
+            cluster.finish()
+    if args.schedule == "alternate":
+        cluster.finish()
+    timed = {leg: steps for leg, steps in timed.items() if steps}
 
     results = {leg: medians(steps) for leg, steps in timed.items()}
     print(f"\nmedian of {args.rounds} steps a leg, seconds ({rows} rows):")
-    print(f"| leg | {' | '.join(PHASES)} | generated tokens |")
-    print(f"|---|{'---:|' * (len(PHASES) + 1)}")
+    print(f"| leg | {' | '.join(PHASES)} | generated tokens | compiles in timed steps |")
+    print(f"|---|{'---:|' * (len(PHASES) + 2)}")
     for leg, m in results.items():
-        print(f"| {leg} | {' | '.join(f'{m[p]:.3f}' for p in PHASES)} | {m['generated_tokens']:.0f} |")
-    ratio = results["project"]["step"] / results["tunix"]["step"]
-    print(f"step-time ratio project/Tunix: {ratio:.2f}")
+        print(f"| {leg} | {' | '.join(f'{m[p]:.3f}' for p in PHASES)} | {m['generated_tokens']:.0f} | "
+              f"{sum(s['compiles'] for s in timed[leg])} |")
+    ratio = results["project"]["step"] / results["tunix"]["step"] if len(results) == 2 else None
+    if ratio is not None:
+        print(f"step-time ratio project/Tunix: {ratio:.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"preset": args.preset, "schedule": args.schedule, "steps": timed,
