@@ -1,7 +1,8 @@
 """One GRPO step of this project beside one of Tunix's GRPO learner, on the same chip, shape and batch.
 
     PYTHONPATH=.tunix-site uv run python benchmarks/tunix_side_by_side.py [--preset tiny-qwen2] [--rounds 3]
-        [--warmup 1] [--beta 0] [--out result.json]
+        [--warmup 1] [--schedule alternate|sequential] [--only project|tunix] [--remat auto|none|full]
+        [--beta 0] [--out result.json]
 
 Tunix (`google-tunix`, pinned with what it needs beyond this workspace in
 benchmarks/tunix-requirements.txt) is never a dependency of the workspace: install it into its own
@@ -21,8 +22,11 @@ Tunix's is one `GRPOLearner.train` call over a one-batch iterator; its phases ar
 subclass of its `RLCluster` around the calls its learner makes (generate; reference and old
 log-probs; update_actor), each waiting for its arrays. After --warmup untimed steps of each leg
 (the first compiles), --rounds rounds alternate one project step and one Tunix step, so both see
-the same machine. Prints per leg the median step and phase times, generated tokens, and the
-project/Tunix step-time ratio.
+the same machine; `--schedule sequential` runs the project's steps, frees its arrays and then runs
+Tunix's (one v5e does not hold both legs' weights, AdamW state and the project's update at once).
+--remat auto is `trainer bench`'s memory pick (it compiles the plan's programs first); none/full
+give it without that compile. Prints per leg the median step and phase times, the tokens
+generated, the programs compiled during timed steps, and the project/Tunix step-time ratio.
 """
 
 from __future__ import annotations
