@@ -2,7 +2,7 @@
 
     PYTHONPATH=.tunix-site uv run python benchmarks/tunix_side_by_side.py [--preset tiny-qwen2] [--rounds 3]
         [--warmup 1] [--schedule alternate|sequential] [--only project|tunix] [--remat auto|none|full]
-        [--beta 0] [--out result.json]
+        [--tunix-micro-batch N] [--beta 0] [--out result.json]
 
 Tunix (`google-tunix`, pinned with what it needs beyond this workspace in
 benchmarks/tunix-requirements.txt) is never a dependency of the workspace: install it into its own
@@ -169,8 +169,11 @@ def tunix_config(cfg: Any, remat: str) -> Any:
     )
 
 
-def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: float, seed: int) -> tuple[Any, Any]:
-    """Tunix's GRPO learner on a one-device mesh with its vanilla rollout, and its cluster."""
+def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: float, seed: int,
+              micro_batch: int | None = None) -> tuple[Any, Any]:
+    """Tunix's GRPO learner on a one-device mesh with its vanilla rollout, and its cluster; `micro_batch`
+    (prompts) accumulates the update's gradients over micro-batches, the rollout still takes all prompts."""
+    prompts = settings.training.prompts_per_step
     # axes of automatic sharding, as Tunix's models expect (jax.make_mesh's default is explicit)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
     config = tunix_config(cfg, settings.model.remat)
@@ -186,7 +189,9 @@ def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: 
             offload_to_cpu=False,
             training_config=tunix_cluster.RLTrainingConfig(
                 actor_optimizer=optax.adamw(settings.training.learning_rate), eval_every_n_steps=10**9,
-                max_steps=10**9, pbar_description=None),
+                max_steps=10**9, pbar_description=None,
+                mini_batch_size=prompts if micro_batch else None, train_micro_batch_size=micro_batch,
+                rollout_micro_batch_size=prompts, compute_logps_micro_batch_size=prompts),
             rollout_config=tunix_rollout.RolloutConfig(
                 max_tokens_to_generate=new_tokens, max_prompt_length=prompt_width, kv_cache_size=prompt_width + new_tokens,
                 temperature=settings.rollout.temperature, top_p=1.0, top_k=None),
@@ -261,6 +266,9 @@ def main() -> None:
                     help="one leg alone (sequential schedule): for a host where the pair would not finish in one call")
     ap.add_argument("--remat", default="auto", choices=("auto", "none", "full"),
                     help="the project's remat (Tunix's follows); auto: trainer bench's memory pick")
+    ap.add_argument("--tunix-micro-batch", type=int, default=None,
+                    help="prompts per micro-batch of Tunix's update (gradients accumulated; default: all of them), "
+                         "should its update not fit")
     ap.add_argument("--memory-gb", type=float, default=None, help="GiB the project's memory pick may plan for")
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (non-zero adds the reference pass)")
     ap.add_argument("--seed", type=int, default=0)
@@ -289,7 +297,8 @@ def main() -> None:
         return project_step(learner, rows)
 
     def new_tunix() -> tuple[Any, TimedCluster]:
-        tunix_learner, cluster = tunix_leg(settings, cfg, tokenizer, width, args.beta, settings.model.seed)
+        tunix_learner, cluster = tunix_leg(settings, cfg, tokenizer, width, args.beta, settings.model.seed,
+                                           args.tunix_micro_batch)
         return (lambda: tunix_step(tunix_learner, batch, cluster)), cluster
 
     timed: dict[str, list[dict[str, float]]] = {"project": [], "tunix": []}
