@@ -318,6 +318,7 @@ def main() -> None:
         before = live_device_bytes()
         del learner, project  # the project's weights, AdamW state and caches go before Tunix's arrive
         gc.collect()
+        jax.clear_caches()  # and its compiled programs, with any array they hold
         print(f"project freed: live arrays {before / 2**30:.2f} -> {live_device_bytes() / 2**30:.2f} GiB")
         if args.only != "project":
             tunix_leg_step, cluster = new_tunix()
