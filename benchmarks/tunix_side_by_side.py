@@ -2,7 +2,7 @@
 
     PYTHONPATH=.tunix-site uv run python benchmarks/tunix_side_by_side.py [--preset tiny-qwen2] [--rounds 3]
         [--warmup 1] [--schedule alternate|sequential] [--only project|tunix] [--remat auto|none|full]
-        [--tunix-micro-batch N] [--beta 0] [--out result.json]
+        [--tunix-micro-batch N] [--beta 0] [--compile-cache DIR] [--against earlier.json] [--out result.json]
 
 Tunix (`google-tunix`, pinned with what it needs beyond this workspace in
 benchmarks/tunix-requirements.txt) is never a dependency of the workspace: install it into its own
@@ -45,7 +45,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rl_core.runtime import compile_count
+from rl_core.runtime import compile_count, use_persistent_cache
 from trainer import build
 from trainer.bench.measure import bench_settings
 from trainer.bench.memory_check import check_memory
@@ -272,10 +272,16 @@ def main() -> None:
     ap.add_argument("--memory-gb", type=float, default=None, help="GiB the project's memory pick may plan for")
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (non-zero adds the reference pass)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--against", type=Path, default=None,
+                    help="an earlier --only run's JSON (--out): its leg joins this run's in the table and the ratio")
+    ap.add_argument("--compile-cache", type=Path, default=None,
+                    help="keep both legs' compiled programs here: a second call on the same host loads them")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     if args.only and args.schedule != "sequential":
         ap.error("--only runs one leg: it needs --schedule sequential")
+    if args.compile_cache:
+        use_persistent_cache(args.compile_cache)
 
     import tunix  # noqa: PLC0415 (imported above; its version for the record)
 
@@ -329,9 +335,16 @@ def main() -> None:
     if args.schedule == "alternate":
         cluster.finish()
     timed = {leg: steps for leg, steps in timed.items() if steps}
+    if args.against:  # the other leg, from an earlier call (e.g. on a chip where one call holds one leg)
+        earlier = json.loads(args.against.read_text())
+        if earlier["preset"] != args.preset:
+            raise SystemExit(f"--against {args.against}: its preset is {earlier['preset']}, this run's {args.preset}")
+        timed = {leg: earlier["steps"][leg] for leg in earlier["steps"] if leg not in timed} | timed
+        print(f"from {args.against}: {', '.join(leg for leg in earlier['steps'] if leg in timed)}")
 
     results = {leg: medians(steps) for leg, steps in timed.items()}
-    print(f"\nmedian of {args.rounds} steps a leg, seconds ({rows} rows):")
+    print(f"\nmedian of each leg's timed steps ({', '.join(f'{leg} {len(t)}' for leg, t in timed.items())}), "
+          f"seconds ({rows} rows):")
     print(f"| leg | {' | '.join(PHASES)} | generated tokens | compiles in timed steps |")
     print(f"|---|{'---:|' * (len(PHASES) + 2)}")
     for leg, m in results.items():
