@@ -45,7 +45,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from rl_core import encode_prompts
 from rl_core.runtime import compile_count, use_persistent_cache
+from rl_models import preset
 from trainer import build
 from trainer.bench.measure import bench_settings
 from trainer.bench.memory_check import check_memory
@@ -139,23 +141,22 @@ class TimedCluster(tunix_cluster.RLCluster):
         return times, tokens
 
 
-def project_leg(preset: str, *, steps: int, beta: float, remat: str, memory_gb: float | None,
-                log: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """`trainer bench`'s learner for `preset`, with its settings, task, tokenizer and model config.
-
-    remat "auto": `trainer bench`'s memory pick and check (it compiles the plan's programs first);
-    "none" / "full": that remat over the whole mini-batch, with no plan (minutes less on a TPU)."""
+def project_settings(preset: str, *, steps: int, beta: float, remat: str, memory_gb: float | None,
+                     log: Any) -> Any:
+    """`trainer bench`'s settings for `preset`. remat "auto": its memory pick and check (it compiles the
+    plan's programs first); "none" / "full": that remat over the whole mini-batch, with no plan (minutes
+    less on a TPU)."""
     overrides = [f"algorithm.beta={beta}"]
     if remat != "auto":
         overrides += [f"model.remat={remat}", "training.micro_batch_size=null"]
     settings = bench_settings(PRESETS[preset], steps=steps, overrides=overrides)
-    if remat == "auto":
-        settings = check_memory(settings, preset, memory_gb=memory_gb, log=log)
-    task = settings.task.build()
-    tokenizer = build.tokenizer(settings)
+    return check_memory(settings, preset, memory_gb=memory_gb, log=log) if remat == "auto" else settings
+
+
+def project_learner(settings: Any, task: Any, tokenizer: Any) -> Any:
+    """`trainer bench`'s learner: random weights from the settings' seed, no warm start."""
     policy = build.adapted(settings, build.new_model(settings, tokenizer))
-    learner = build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
-    return learner, settings, task, tokenizer, policy.config
+    return build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
 
 
 def tunix_config(cfg: Any, remat: str) -> Any:
@@ -286,13 +287,15 @@ def main() -> None:
     import tunix  # noqa: PLC0415 (imported above; its version for the record)
 
     print(f"devices: {jax.devices()}; jax {jax.__version__}, tunix {tunix.__version__}")
-    learner, settings, task, tokenizer, cfg = project_leg(
-        args.preset, steps=args.warmup + args.rounds + 1, beta=args.beta, remat=args.remat,
-        memory_gb=args.memory_gb, log=print)
+    settings = project_settings(args.preset, steps=args.warmup + args.rounds + 1, beta=args.beta, remat=args.remat,
+                                memory_gb=args.memory_gb, log=print)
+    task, tokenizer = settings.task.build(), build.tokenizer(settings)
+    cfg = preset(settings.model.preset, vocab_size=tokenizer.vocab_size, **settings.model.runtime())
     prompts = task.train[: settings.training.prompts_per_step]
-    width = learner.generator.encode(prompts)[0].shape[1]
+    width = encode_prompts(tokenizer, [p.text for p in prompts], max_tokens=settings.rollout.max_prompt_tokens)[0].shape[1]
     batch = {"prompts": np.array([p.text for p in prompts]),
              "answer": np.array([str(p.fields.get("answer", "")) for p in prompts])}
+    learner = project_learner(settings, task, tokenizer) if args.only != "tunix" else None
     rows = settings.training.prompts_per_step * settings.algorithm["group_size"]
     print(f"{args.preset}: {settings.training.prompts_per_step} prompts x {settings.algorithm['group_size']} samples, "
           f"prompt width {width}, up to {settings.rollout.max_new_tokens} new tokens, {settings.model.dtype} "
