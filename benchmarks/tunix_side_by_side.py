@@ -189,7 +189,8 @@ def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: 
             rollout_engine="vanilla",
             offload_to_cpu=False,
             training_config=tunix_cluster.RLTrainingConfig(
-                actor_optimizer=optax.adamw(settings.training.learning_rate), eval_every_n_steps=10**9,
+                actor_optimizer=optax.adamw(settings.training.learning_rate, weight_decay=settings.training.weight_decay),
+                eval_every_n_steps=10**9,
                 max_steps=10**9, pbar_description=None,
                 mini_batch_size=prompts if micro_batch else None, train_micro_batch_size=micro_batch,
                 rollout_micro_batch_size=prompts, compute_logps_micro_batch_size=prompts),
