@@ -11,6 +11,11 @@ a registry.
   python3 scripts/wheelhouse.py install wheelhouse --target ~/rl-site
   export PYTHONPATH=$PYTHONPATH:~/rl-site PATH=~/rl-site/bin:$PATH
 
+  # a second wheelhouse beside it: a pinned requirements file kept out of the workspace (Tunix for
+  # benchmarks/tunix_side_by_side.py), each wheel without its declared dependencies
+  python3 scripts/wheelhouse.py extra benchmarks/tunix-requirements.txt --out tunix-wheelhouse
+  python3 scripts/wheelhouse.py install tunix-wheelhouse --target ~/tunix-site
+
 `build` writes `wheelhouse/`: `ws/` (the workspace's own wheels), `wheels/` (the locked
 dependencies, exact versions from `uv export --frozen`), `requirements.txt` (their pins) and
 `manifest.json` (the lock's JAX version, the target, what was left to the host). `install` checks
@@ -150,6 +155,48 @@ def build(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_pins(path: Path) -> dict[str, str]:
+    """name -> version of a requirements file's `name==version` lines (comments and blanks skipped)."""
+    pins = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = PIN.match(line)
+        if not match:
+            raise SystemExit(f"wheelhouse extra: {path}:{number}: {line!r} is not an exact pin (name==version)")
+        pins[canonical(match.group(1))] = match.group(3)
+    return pins
+
+
+def build_extra(args: argparse.Namespace) -> int:
+    """A wheelhouse of `args.requirements`' pins alone, for the same `install` (no workspace wheels)."""
+    pins = read_pins(Path(args.requirements))
+    locked = locked_pins(["tpu"], [], target_environment(args.python, args.platform[0]))
+    clash = sorted(n for n in pins if n in locked)
+    if clash:
+        print(f"wheelhouse extra refused: {', '.join(clash)} pinned in {args.requirements} and locked by the workspace "
+              f"({', '.join(f'{n}=={locked[n]}' for n in clash)}): take them from the workspace's wheelhouse, drop "
+              "the lines", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "wheels").mkdir(parents=True)
+    (out / "ws").mkdir()
+    (out / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+    built = download(pins, out / "wheels", args.python, args.platform)
+    manifest = {"python": args.python, "platforms": args.platform, "requirements": str(args.requirements),
+                "workspace": [], "host_has": {}, "index_has": {}, "left_out": [], "jax": locked.get("jax"),
+                "built_from_source": built}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"wheelhouse: {len(pins)} pinned wheels of {args.requirements} in {out} ({size / 2**20:.1f} MiB) for "
+          f"cp{args.python.replace('.', '')} {' '.join(args.platform)}; their other dependencies come from the "
+          "workspace's wheelhouse")
+    return 0
+
+
 def workspace_pins(house: Path) -> list[str]:
     """name==version of the workspace's own wheels: pinned, so that a same-named project on a host's
     index (PyPI has a `trainer`) is never taken instead."""
@@ -195,8 +242,9 @@ def install(args: argparse.Namespace) -> int:
     result = subprocess.run(cmd, env=env)
     if result.returncode:
         return result.returncode
-    print(f"wheelhouse: installed {len(manifest['workspace'])} workspace packages and their locked dependencies "
-          f"into {target}; add it to the end of PYTHONPATH (and {target / 'bin'} to PATH)")
+    what = (f"{len(manifest['workspace'])} workspace packages and their locked dependencies" if manifest["workspace"]
+            else f"the pins of {manifest.get('requirements', 'the requirements')}")
+    print(f"wheelhouse: installed {what} into {target}; add it to the end of PYTHONPATH (and {target / 'bin'} to PATH)")
     return 0
 
 
@@ -214,13 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--index-has", nargs="*", default=[], help="locked packages the target's own index holds")
     b.add_argument("--leave-out", nargs="*", default=[],
                    help="locked packages not to install at all (optional ones, to fit a size limit; their tests skip)")
+    e = sub.add_parser("extra", help="a wheelhouse of a pinned requirements file alone (each wheel without its "
+                                     "dependencies), installed beside the workspace's")
+    e.add_argument("requirements", help="a file of name==version lines, none of them a package the lock holds")
+    e.add_argument("--out", default="extra-wheelhouse")
+    e.add_argument("--python", default="3.11", help="the target's Python (major.minor)")
+    e.add_argument("--platform", nargs="+", default=["manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                                                    "manylinux2014_x86_64"], help="pip platform tags the target takes")
     i = sub.add_parser("install", help="install a wheelhouse on this host, without a registry")
     i.add_argument("wheelhouse")
     i.add_argument("--target", required=True, help="folder to install into (then on PYTHONPATH)")
     i.add_argument("--from-index", help="the host's own wheel index (file:// URL) for the --index-has packages")
     i.add_argument("--pin-index", action="store_true", help="take the --index-has packages at the locked versions")
     args = parser.parse_args(argv)
-    return build(args) if args.command == "build" else install(args)
+    return {"build": build, "extra": build_extra, "install": install}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -117,3 +117,34 @@ def test_build_then_install_without_a_registry(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith(str(site))
+
+
+def test_extra_reads_exact_pins_and_refuses_anything_else(tmp_path):
+    """`extra`'s requirements file: name==version lines (comments and blanks skipped), names canonical."""
+    good = tmp_path / "good.txt"
+    good.write_text("# Tunix\ngoogle-tunix==0.1.7  # the learner\n\nWadler_Lindig==0.1.8\n")
+    assert wheelhouse.read_pins(good) == {"google-tunix": "0.1.7", "wadler-lindig": "0.1.8"}
+    loose = tmp_path / "loose.txt"
+    loose.write_text("pandas>=3\n")
+    with pytest.raises(SystemExit, match=r"loose.txt:1: 'pandas>=3' is not an exact pin"):
+        wheelhouse.read_pins(loose)
+
+
+def test_extra_refuses_a_package_the_lock_holds(tmp_path, capsys):
+    """A pin of a locked package would install a second version beside the workspace's: refused before
+    anything is downloaded, naming the locked version."""
+    need_uv()
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("google-tunix==0.1.7\nflax==0.11.1\n")
+    assert wheelhouse.main(["extra", str(reqs), "--out", str(tmp_path / "house")]) == 2
+    err = capsys.readouterr().err
+    assert "wheelhouse extra refused: flax pinned in" in err and "flax==0.12.8" in err
+    assert not (tmp_path / "house").exists()
+
+
+def test_tunix_requirements_hold_no_locked_package():
+    """benchmarks/tunix-requirements.txt brings only what the workspace's lock lacks."""
+    need_uv()
+    pins = wheelhouse.read_pins(ROOT / "benchmarks" / "tunix-requirements.txt")
+    assert "google-tunix" in pins
+    assert not set(pins) & set(wheelhouse.locked_pins(["tpu"], [], TARGET))
