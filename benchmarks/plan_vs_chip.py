@@ -2,7 +2,8 @@
 
 The cases: presets qwen2.5-0.5b-shape and qwen2.5-1.5b-shape, full fine-tune and LoRA rank 16, model.remat
 none and full; the micro-batch is what the plan picks at `auto` for one v5e (what `trainer bench` on the chip
-picks), saved with the predictions so the chip runs the same settings without searching again.
+picks), saved with the predictions so the chip runs the same settings without searching again (a case with
+no saved prediction has its micro-batch picked on the chip, as `trainer bench` picks it: compiles more).
 
     # on a CPU host with libtpu (`uv sync --extra tpu`): the predictions alone, XLA:TPU ahead of time
     uv run python benchmarks/plan_vs_chip.py --dry --save benchmarks/data/plan_vs_chip.json
@@ -144,8 +145,24 @@ def predicted_line(row: dict) -> str:
 
 # ---- the chip: the learner's own programs, compiled and (--step) run ------------------------------------------
 
-def measure(case: Case, micro_batch_size: int | None, step: bool) -> dict:
-    """What the chip's compiler and allocator report for `case`'s learner (see the module docstring)."""
+def chip_settings(case: Case, row: dict | None):
+    """`case`'s settings with the micro-batch the prediction picked; without one, picked here as `trainer bench`
+    picks it (trainer.bench.memory_check.fit_memory: compiled by the chip's XLA:TPU)."""
+    from trainer.bench.memory_check import fit_memory
+    from trainer.plan.choice import NothingFits
+
+    if row is not None:
+        return case_settings(case, row["micro_batch_size"])
+    try:
+        return fit_memory(case_settings(case), log=print)
+    except NothingFits as e:  # measured at what keeps the least, as `trainer bench` then plans it
+        print(f"{case.name:<26} pick: {str(e).splitlines()[0]}", flush=True)
+        return case_settings(case, e.last.micro_batch_size)
+
+
+def measure(case: Case, settings, step: bool) -> dict:
+    """What the chip's compiler and allocator report for `case`'s learner with `settings` (see the module
+    docstring)."""
     import jax
     from jax.errors import JaxRuntimeError
     from rl_core.policy import frozen as frozen_lib
@@ -156,8 +173,7 @@ def measure(case: Case, micro_batch_size: int | None, step: bool) -> dict:
     device = jax.devices()[0]
     in_use = lambda key="bytes_in_use": (device.memory_stats() or {}).get(key, 0)  # noqa: E731 - none on a CPU
     before = in_use()
-    settings = case_settings(case, micro_batch_size)
-    out: dict = {"case": case.name}
+    out: dict = {"case": case.name, "micro_batch_size": settings.training.micro_batch_size}
     try:
         task = settings.task.build()
         tokenizer = build.tokenizer(settings)
@@ -198,8 +214,10 @@ def measured_line(row: dict) -> str:
         return f"{row['case']:<26} measured: {row['refused']}"
     step = (f"; step peak_bytes_in_use {gib(row['step_peak_bytes'])} (no temporaries), {row['step_seconds']} s"
             if "step_peak_bytes" in row else f"; step failed: {row['step_failed']}" if "step_failed" in row else "")
+    micro = row.get("micro_batch_size") or "whole"
     return (f"{row['case']:<26} measured: resident + update temporaries {gib(row['compiler_peak_bytes'])} GiB "
-            f"(resident {gib(row['resident_bytes'])}, update {gib(row['update_temporaries'])}){step}")
+            f"(resident {gib(row['resident_bytes'])}, update {gib(row['update_temporaries'])}; micro-batch "
+            f"{micro}){step}")
 
 
 def chip(cases, predicted: list[dict], step: bool, budget_s: float) -> None:
@@ -217,9 +235,8 @@ def chip(cases, predicted: list[dict], step: bool, budget_s: float) -> None:
         row = by_name.get(case.name)
         if row is not None:
             print(predicted_line(row), flush=True)
-        micro = row["micro_batch_size"] if row else None  # without predictions: the whole mini-batch
         case_start = time.perf_counter()
-        result = measure(case, micro, step)
+        result = measure(case, chip_settings(case, row), step)
         print(f"{measured_line(result)} [{time.perf_counter() - case_start:.0f} s]", flush=True)
         gc.collect()
         jax.clear_caches()
@@ -234,11 +251,11 @@ def main() -> int:
     parser.add_argument("--step", action="store_true", help="on the chip: run one train_step too (peak_bytes_in_use)")
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no case after this many seconds")
     args = parser.parse_args()
-    names = {c.name for c in CASES}
     for name in args.case or ():
-        if name not in names:
+        if name not in {c.name for c in CASES}:
             parser.error(f"--case {name!r}: the cases are {', '.join(sorted(names))}")
-    cases = [c for c in CASES if not args.case or c.name in args.case]
+    by_name = {c.name: c for c in CASES}
+    cases = [by_name[name] for name in dict.fromkeys(args.case)] if args.case else list(CASES)  # in the order asked
     if args.dry:
         dry(cases, args.save)
         return 0

@@ -54,11 +54,12 @@ def test_the_lines_set_the_prediction_beside_the_chips_figures_or_the_refusal(sc
                 "compiler_peak_bytes": int(14.83 * GIB), "step_peak_bytes": int(6.14 * GIB), "step_seconds": 40.0}
     assert script.measured_line(measured) == (
         "0.5b full remat=full       measured: resident + update temporaries 14.83 GiB (resident 4.00, update "
-        "10.83); step peak_bytes_in_use 6.14 (no temporaries), 40.0 s")
+        "10.83; micro-batch whole); step peak_bytes_in_use 6.14 (no temporaries), 40.0 s")
 
 
 @pytest.mark.e2e  # builds the tiny model's learner, compiles its update and runs a step (a minute on 2 cores)
 def test_the_chip_path_runs_on_cpu_with_the_tiny_preset(script):
-    row = script.measure(script.Case("tiny", True, "full"), None, step=True)
+    case = script.Case("tiny", True, "full")
+    row = script.measure(case, script.case_settings(case, None), step=True)
     # a CPU's allocator reports nothing: the sizes are 0, but every program was built, compiled and run
     assert set(row) >= {"resident_bytes", "update_temporaries", "compiler_peak_bytes", "step_peak_bytes"}, row
