@@ -10,7 +10,9 @@ import textwrap
 
 import pytest
 from rl_core import ConfigError
-from trainer.plan import GIB, Plan, memory_budget
+from trainer.bench.memory_check import FIT_HEADROOM
+from trainer.plan import GIB, MemoryBudget, Plan, memory_budget
+from trainer.plan.device_memory import COMPILER_HEADROOM, tpu_chip_memory_gb
 from trainer.plan.tpu_compile import CPU_OVER_TPU, calibrated, libtpu_importable, topology_name, tpu_compiler
 
 needs_libtpu = pytest.mark.skipif(not libtpu_importable(), reason="libtpu is not installed (uv sync --extra tpu)")
@@ -20,6 +22,30 @@ def test_the_v5e_slice_of_each_chip_count():
     assert [topology_name(n) for n in (1, 4, 8, 16)] == ["v5e:1x1", "v5e:2x2", "v5e:2x4", "v5e:4x4"]
     with pytest.raises(ConfigError, match="a TPU v5e slice has 1, 4, 8, 16"):
         topology_name(3)
+
+
+@pytest.mark.parametrize("chips", [1, 4, 8, 16])
+def test_a_tpu_plan_by_default_counts_a_v5e_chips_allocator_limit_on_every_slice(chips):
+    """Each chip of a v5e slice offers 15.75 GiB (its allocator's `bytes_limit`, the "available HBM (15.75G)"
+    XLA:TPU compiles against), all of it usable. Less the 5% a plan compiled by XLA:TPU keeps, that is
+    15.75 x 0.95 = 14.96 GiB: what `trainer bench` on the chip plans against (its device's free memory less
+    the same 5%), so both pick the same settings."""
+    budget = memory_budget("tpu", device_memory_gb=tpu_chip_memory_gb(chips), headroom=COMPILER_HEADROOM)
+    assert (budget.device_memory_bytes, budget.fraction) == (int(15.75 * GIB), 1.0)
+    assert round(budget.limit_bytes / GIB, 2) == 14.96
+    on_the_chip = MemoryBudget("tpu", int(15.75 * GIB), 1.0, "tpu device, free of its allocator limit",
+                               headroom=FIT_HEADROOM["tpu"])
+    assert budget.limit_bytes == on_the_chip.limit_bytes
+    assert memory_budget("tpu").device_memory_bytes == budget.device_memory_bytes  # with no --devices either
+
+
+def test_a_tpu_plan_for_a_chip_count_no_v5e_slice_has_is_one_line(capsys):
+    from trainer.cli import main
+
+    assert main(["plan", "--platform", "tpu", "--devices", "3", "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["trainer plan: error: --devices = 3: a TPU v5e slice has 1, 4, 8, 16, 32, 64, "
+                                        "128, 256 chips"], err
 
 
 def test_the_calibration_scales_the_update_temporaries_alone():

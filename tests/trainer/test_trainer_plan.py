@@ -128,7 +128,7 @@ def test_plan_counts_the_static_engines_bfloat16_weight_copy():
 
 def test_the_memory_a_run_may_plan_for_on_each_platform():
     """GPU: JAX preallocates 75% (XLA_CLIENT_MEM_FRACTION or the older XLA_PYTHON_CLIENT_MEM_FRACTION
-    changes it; --memory-fraction wins); TPU: 3% kept by the runtime (assumed); CPU: all. A plan
+    changes it; --memory-fraction wins); TPU: a v5e chip's allocator limit, all usable; CPU: all. A plan
     fits under (1 - headroom) of that."""
     gpu = memory_budget("gpu", environ={})
     assert (gpu.device_memory_bytes, gpu.fraction, gpu.usable_bytes) == (80 * GIB, 0.75, 60 * GIB)
@@ -139,8 +139,8 @@ def test_the_memory_a_run_may_plan_for_on_each_platform():
     assert memory_budget("gpu", fraction=0.5, environ={"XLA_CLIENT_MEM_FRACTION": ".95"}).fraction == 0.5
     with pytest.raises(ConfigError, match="XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are both set"):
         memory_budget("gpu", environ={"XLA_CLIENT_MEM_FRACTION": ".9", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"})
-    tpu = memory_budget("tpu")
-    assert (tpu.device_memory_bytes, tpu.fraction) == (16 * GIB, 0.97)
+    tpu = memory_budget("tpu")  # a v5e chip's allocator limit, all of it (test_plan_tpu_compile.py: per slice)
+    assert (tpu.device_memory_bytes, tpu.fraction) == (int(15.75 * GIB), 1.0)
     cpu = memory_budget("cpu", device_memory_gb=8, headroom=0)
     assert cpu.limit_bytes == cpu.usable_bytes == 8 * GIB
     for bad, match in [(dict(headroom=1.0), "--headroom = 1.0"), (dict(fraction=0.0), "must be in \\(0, 1\\]"),
@@ -158,12 +158,13 @@ def made_up_plan(budget, *, resident_gib, update_gib, loaded_gib=0.0, loaded="fr
 
 
 def test_fits_means_under_the_runtimes_share_less_the_headroom():
-    """15.4 GiB on a 16 GiB TPU chip: 15.52 GiB usable, 13.97 with 10% headroom: it does not fit."""
+    """15.4 GiB on a v5e chip: 15.75 GiB usable (its allocator's limit), 15.75 x 0.9 = 14.175 with 10% headroom
+    (printed 14.17: the bytes are whole): it does not fit; with no headroom it does, 0.35 GiB to spare."""
     tight = made_up_plan(memory_budget("tpu"), resident_gib=10.0, update_gib=5.4)
     assert tight.peak_bytes == int(10.0 * GIB) + int(5.4 * GIB) and not tight.fits
-    assert tight.verdict() == "does NOT fit: peak 15.40 GiB is 1.43 GiB over the 13.97 GiB limit"
+    assert tight.verdict() == "does NOT fit: peak 15.40 GiB is 1.22 GiB over the 14.17 GiB limit"
     roomy = made_up_plan(memory_budget("tpu", headroom=0.0), resident_gib=10.0, update_gib=5.4)
-    assert roomy.fits and roomy.verdict() == "fits: peak 15.40 of 15.52 GiB (margin 0.12 GiB)"
+    assert roomy.fits and roomy.verdict() == "fits: peak 15.40 of 15.75 GiB (margin 0.35 GiB)"
 
 
 def test_the_weights_as_loaded_count_at_startup_when_freed_and_as_the_reference_when_kept():

@@ -27,10 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="what the devices are (default gpu): picks model.attention=auto's kernel, the memory "
                          "the runtime reserves and the default --device-memory-gb")
     pl.add_argument("--device-memory-gb", type=float, default=None,
-                    help="memory per device in GiB (default 80 on gpu, 16 on tpu: a v5e chip, 80 on cpu)")
+                    help="memory per device in GiB (default 80 on gpu; on tpu 15.75, a v5e chip's allocator limit "
+                         "on every slice; 80 on cpu)")
     pl.add_argument("--memory-fraction", type=float, default=None,
                     help="share of it the runtime lets a run use (default: gpu XLA_CLIENT_MEM_FRACTION or 0.75, "
-                         "JAX's preallocation; tpu 0.97; cpu 1)")
+                         "JAX's preallocation; tpu 1, the limit being the allocator's; cpu 1)")
     pl.add_argument("--headroom", type=float, default=None,
                     help="share of the usable memory a plan keeps free before it says it fits (default 0.10; "
                          "0.05 for tpu where libtpu compiles the plan, as a run on the chip keeps)")
@@ -45,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here, not at the top: see the note above (train joins before any of this)
     from trainer.plan import memory_budget, plan, simulate_devices
-    from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM
+    from trainer.plan.device_memory import COMPILER_HEADROOM, DEFAULT_HEADROOM, tpu_chip_memory_gb
     from trainer.plan.tpu_compile import libtpu_importable
 
     if args.devices < 1:
@@ -53,7 +54,11 @@ def run(args: argparse.Namespace) -> int:
     # XLA:TPU's own figures need less room than another compiler's standing in for it
     headroom = args.headroom if args.headroom is not None else (
         COMPILER_HEADROOM if args.platform == "tpu" and libtpu_importable() else DEFAULT_HEADROOM)
-    budget = memory_budget(args.platform, device_memory_gb=args.device_memory_gb, fraction=args.memory_fraction,
+    # a TPU slice's chips each offer their allocator's limit: what `trainer bench` on the chip plans against
+    memory_gb = args.device_memory_gb
+    if memory_gb is None and args.platform == "tpu":
+        memory_gb = tpu_chip_memory_gb(args.devices)
+    budget = memory_budget(args.platform, device_memory_gb=memory_gb, fraction=args.memory_fraction,
                            headroom=headroom)
     simulate_devices(args.devices)  # before anything starts JAX's backend
     # after simulate_devices: the search and the settings import JAX

@@ -5,9 +5,10 @@
        is an error) says otherwise. XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand but
        keeps the same limit. Newer JAX releases may grow the pool past 75% when nothing else holds
        the memory; the plan counts on the fraction only.
-  tpu  the TPU runtime keeps a little of each chip's memory for itself; assumed 3% (the exact
-       figure is `jax.devices()[0].memory_stats()["bytes_limit"]` on the host: pass it as
-       --device-memory-gb with --memory-fraction 1).
+  tpu  a chip's allocator limit, all of it: what `jax.devices()[0].memory_stats()["bytes_limit"]`
+       gives on the host and what XLA:TPU compiles against ("exceeds available HBM (15.75G)"). For a
+       TPU v5e, the only generation `trainer plan --platform tpu` plans for, that is 15.75 GiB per chip
+       on every slice (v5e-1 to v5e-256: the chip is the same; `tpu_chip_memory_gb`).
   cpu  host memory, nothing reserved.
 
 A plan fits when its peak is at most (1 - headroom) of the usable memory: fragmentation, the
@@ -26,11 +27,16 @@ from rl_core import ConfigError
 
 GIB = 1024**3
 PLATFORMS = ("gpu", "tpu", "cpu")
-DEFAULT_DEVICE_MEMORY_GB = {"gpu": 80.0, "tpu": 16.0, "cpu": 80.0}
-"""An 80 GB GPU (A100, H100), a TPU v5e chip (16 GiB); for cpu, a round number."""
+V5E_CHIP_GB = 15.75
+"""A TPU v5e chip's allocator limit in GiB (16 GiB of HBM less what the runtime keeps): `bytes_limit` of
+`Device.memory_stats()` on a v5e host, and the "available HBM (15.75G)" XLA:TPU compiles against, on the
+chip and ahead of time for a v5e topology (2026-12-06)."""
+DEFAULT_DEVICE_MEMORY_GB = {"gpu": 80.0, "tpu": V5E_CHIP_GB, "cpu": 80.0}
+"""An 80 GB GPU (A100, H100), a TPU v5e chip's allocator limit; for cpu, a round number."""
 GPU_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 GPU_DEFAULT_FRACTION = 0.75
-TPU_FRACTION = 0.97
+TPU_FRACTION = 1.0
+"""The share of `V5E_CHIP_GB` a run may use: all of it, the limit being the allocator's own already."""
 DEFAULT_HEADROOM = 0.10
 COMPILER_HEADROOM = 0.05
 """The headroom where the figures are the target's own compiler's (XLA:TPU, on the chip or ahead of time:
@@ -84,12 +90,21 @@ def memory_budget(platform: str = "gpu", *, device_memory_gb: float | None = Non
     elif platform == "gpu":
         fraction, source = _gpu_fraction(os.environ if environ is None else environ)
     elif platform == "tpu":
-        fraction, source = TPU_FRACTION, "assumed: the TPU runtime keeps ~3%"
+        fraction, source = TPU_FRACTION, "a v5e chip's allocator limit, all usable"
     else:
         fraction, source = 1.0, "host memory, nothing reserved"
     if not 0 < fraction <= 1:
         raise ConfigError(f"memory fraction = {fraction} ({source}): must be in (0, 1]")
     return MemoryBudget(platform, int(memory * GIB), fraction, source, headroom)
+
+
+def tpu_chip_memory_gb(chips: int) -> float:
+    """The default memory per device of `trainer plan --platform tpu --devices chips`: a v5e chip's
+    allocator limit, the same on every slice; ConfigError for a chip count no v5e slice has."""
+    from trainer.plan.tpu_compile import topology_name
+
+    topology_name(chips)  # a slice v5e has, or the error naming those it has
+    return V5E_CHIP_GB
 
 
 def _gpu_fraction(environ: Mapping[str, str]) -> tuple[float, str]:
