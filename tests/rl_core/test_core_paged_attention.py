@@ -270,13 +270,13 @@ def dense_heads(q, k_pages, v_pages, page_rows, lengths):
 def test_lane_packed_queries_give_each_heads_own_attention(heads, kv_heads, head_dim):
     """What the TPU kernel computes over the packed pool (plain attention of the packed queries, G'
     = pack x G of them a lane group, over lane groups as kv heads), read back through
-    `_unpacked_output`, is each head's own attention: the zero lanes of the other heads add nothing."""
+    `unpacked_output`, is each head's own attention: the zero lanes of the other heads add nothing."""
     q, k_pages, v_pages, page_rows, lengths, k_pool, v_pool = packed_problem(heads, kv_heads, head_dim)
     pack, lanes = attention_lib.lane_layout(kv_heads, head_dim)
     scaled = q / math.sqrt(head_dim) * math.sqrt(lanes)  # `dense_heads` scales by 1/sqrt(its dim): lanes
-    packed_q = attention_lib._packed_queries(jnp.asarray(scaled), kv_heads, pack, lanes)
+    packed_q = attention_lib.packed_queries(jnp.asarray(scaled), kv_heads, pack, lanes)
     as_kernel = dense_heads(packed_q, k_pool[0], v_pool[0], page_rows, lengths)
-    got = attention_lib._unpacked_output(as_kernel, kv_heads, heads, head_dim, pack)
+    got = attention_lib.unpacked_output(as_kernel, kv_heads, heads, head_dim, pack)
     np.testing.assert_allclose(got, dense_heads(q, k_pages, v_pages, page_rows, lengths), **close(atol=1e-5))
 
 

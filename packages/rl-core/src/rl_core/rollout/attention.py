@@ -85,7 +85,7 @@ def unpack_heads(x: jax.Array, kv_heads: int, head_dim: int, pack: int) -> jax.A
     return x[..., :kv_heads, :]
 
 
-def _packed_queries(q: jax.Array, kv_heads: int, pack: int, lanes: int) -> jax.Array:
+def packed_queries(q: jax.Array, kv_heads: int, pack: int, lanes: int) -> jax.Array:
     """q [N, H, Dh] (heads kv-major, G per kv head) -> [N, groups * pack * G, lanes]: head (k, g)
     sits at row (k // pack, k % pack, g) of its group, in lanes (k % pack) * Dh .. + Dh, zeros elsewhere."""
     n, h, dh = q.shape
@@ -96,7 +96,7 @@ def _packed_queries(q: jax.Array, kv_heads: int, pack: int, lanes: int) -> jax.A
     return jnp.pad(spread, ((0, 0), (0, 0), (0, 0), (0, lanes - pack * dh))).reshape(n, groups * pack * g, lanes)
 
 
-def _unpacked_output(o: jax.Array, kv_heads: int, heads: int, head_dim: int, pack: int) -> jax.Array:
+def unpacked_output(o: jax.Array, kv_heads: int, heads: int, head_dim: int, pack: int) -> jax.Array:
     """The kernel's out [N, groups * pack * G, lanes] -> [N, H, Dh]: each head's own lanes."""
     n, g = o.shape[0], heads // kv_heads
     groups = -(-kv_heads // pack)
@@ -207,10 +207,10 @@ def _pallas_tpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int
     # the kernel multiplies float32 queries by the pool's bfloat16 keys, which Mosaic compiles only at
     # the default precision (not under a caller's `highest`)
     with jax.default_matmul_precision("default"):
-        out = paged_attention.paged_attention(_packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
+        out = paged_attention.paged_attention(packed_queries(scaled, kv_heads, pack, k_pages.shape[-1]), k_pages,
                                               v_pages, lengths, _padded_rows(page_rows, block),
                                               pages_per_compute_block=block, attn_logits_soft_cap=softcap)
-    return _unpacked_output(out, kv_heads, heads, dh, pack)
+    return unpacked_output(out, kv_heads, heads, dh, pack)
 
 
 def _pallas_gpu(q, k_pages, v_pages, page_rows, lengths, *, pages_per_block: int, interpret: bool = False):

@@ -13,7 +13,7 @@ step for a v5e ahead of time: three copies of the pool a call); 128 rows keep th
 same bytes as the kernel's view. A group is `lane_layout`'s: heads of
 64 (or 32, 16) are packed side by side into 128 lanes, 80 and 96 are zero-padded to 128, 128 and
 256 are the kernel's own widths; the queries are spread so that each one is zero outside its own
-head's lanes (`_packed_queries`), so its scores and output over the group are exactly its own
+head's lanes (`packed_queries`), so its scores and output over the group are exactly its own
 head's. C is padded up to a count the kernel tiles (1, 2, 4 or a multiple of 8) with zero groups.
 
 The kernel gets the whole pool as [L * P, ps, 2C, lanes] (a free reshape) and page ids offset by
@@ -47,7 +47,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-from rl_core.rollout.attention import (LANES, PagedKV, PallasKV, _packed_queries, _unpacked_output, lane_layout,
+from rl_core.rollout.attention import (LANES, PagedKV, PallasKV, packed_queries, unpacked_output, lane_layout,
                                        pack_heads, reference_paged_attention, tiled_groups)
 
 VMEM_KV_BYTES = 4 << 20
@@ -120,7 +120,7 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
     layers, num_pages, rows_per_page, _ = pool.shape
     combined = 2 * groups
     page_size = rows_per_page // combined
-    packed = _packed_queries(q, kv_heads, pack, lanes)  # [N, ceil(K / pack) * pack * G, lanes]
+    packed = packed_queries(q, kv_heads, pack, lanes)  # [N, ceil(K / pack) * pack * G, lanes]
     per_group = packed.shape[1] // -(-kv_heads // pack)
     packed = jnp.pad(packed, ((0, 0), (0, groups * per_group - packed.shape[1]), (0, 0))).astype(pool.dtype)
     _, combined_per_block = kernel.get_min_heads_per_blk(packed.shape[1], combined, packed.dtype, pool.dtype)
@@ -138,7 +138,7 @@ def ragged_tpu(q: jax.Array, pool: jax.Array, layer: jax.Array | int, page_rows:
                 *args, **options, num_queries_per_block=max(1, min(queries_per_block, n)),
                 num_kv_pages_per_block=block_pages(pages_per_block, m, page_size, combined_per_block, lanes,
                                                    pool.dtype.itemsize))
-    return _unpacked_output(out[:, : -(-kv_heads // pack) * per_group], kv_heads, heads, dh, pack).astype(q.dtype)
+    return unpacked_output(out[:, : -(-kv_heads // pack) * per_group], kv_heads, heads, dh, pack).astype(q.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
