@@ -35,7 +35,7 @@ def test_the_count_of_resident_state_and_the_update():
     assert estimate.resident_bytes(lora) == 12 * 100 + 1000 * 4  # the frozen base in its float32 storage
 
 
-@pytest.mark.parametrize(("count", "verdict"), [(40, True), (41, None), (150, None), (151, False)])
+@pytest.mark.parametrize(("count", "verdict"), [(25, True), (26, None), (40, None), (150, None), (151, False)])
 def test_a_count_settles_only_far_from_the_limit(count, verdict):
     assert estimate.settled(count, 100) is verdict
 
