@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from rl_models import attention as attention_lib
 from rl_models.attention import attend, attend_sequence
 from rl_models.block import ACTIVATION_FUNCTIONS, MLP, ROWS, compute_dtype, norm, param_dtype, stack_layers, within_window
 from rl_models.config import TransformerConfig
@@ -133,8 +134,13 @@ class LayeredAttention(nnx.Module):
         if window is not None:
             mask = within_window(mask, window, first_slot)
         cap, scale = cfg.attn_logit_softcapping, cfg.query_scale
-        if cached:
-            out = attend(q, kv[0], kv[1], mask, scale, None, cap)
+        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        if cached and (kind == "xla" or (kind == "splash" and (window is not None or not isinstance(first_slot, int)))):
+            out = attend(q, kv[0], kv[1], mask, scale, None, cap)  # the cache's layout
+        elif cached:  # a prefill through the fused kernel (Splash's causal blocks need a static offset)
+            offset = first_slot if isinstance(first_slot, int) else 0
+            out = attend_sequence(q, kv[0].transpose(0, 2, 1, 3), kv[1].transpose(0, 2, 1, 3), mask, cfg.attention,
+                                  offset=offset, scale=scale, softcap=cap)
         else:
             out = attend_sequence(q, kv[0], kv[1], mask, cfg.attention, scale=scale, windowed=window is not None,
                                   softcap=cap)
