@@ -48,3 +48,21 @@ def test_forward_flops_and_parameters_of_the_tiny_gemma4_by_hand():
     with safe_open(GEMMA4 / "model.safetensors", framework="np") as f:
         stored = sum(prod(f.get_slice(k).get_shape()) for k in f.keys())
     assert parameter_count(config) == stored
+
+
+def test_the_plan_counts_the_keys_and_values_of_the_layers_that_compute_them():
+    """Of 6 layers, 4 compute keys and values (the last two share layer 3's and layer 2's): three
+    windowed of 2 KV heads of 16, one global of 1 KV head of 32, float32: a token's keys and values
+    take 2 * (3 * 32 + 32) * 4 = 1024 bytes, 768 of them the windowed layers' (their rings')."""
+    from flax import nnx
+
+    from rl_models import model_class
+    from rl_models.hf import load_hf_config
+    from trainer.plan.kv import kv_query_fields
+
+    config = load_hf_config(GEMMA4)
+    model = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
+    fields, _ = kv_query_fields(config, model, rows=2, seq=16)
+    assert fields["kv_token_bytes"] == 1024 and fields["ring_token_bytes"] == 768 and fields["ring_window"] == 4
+    # the static sampler's cache: those 4 layers at full length, 2 rows of 16 slots
+    assert fields["dense_cache_bytes"] == 2 * 16 * 1024
