@@ -94,8 +94,8 @@ def test_unsupported_features(hf_copy, changes, message):
 
 @pytest.mark.parametrize(("changes", "message"), [
     (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
-     r"unsupported enable_moe_block=True: Gemma 4's mixture-of-experts block and double-wide MLP"),
-    (dict(use_double_wide_mlp=True), r"unsupported use_double_wide_mlp=True: Gemma 4's mixture-of-experts"),
+     r"unsupported enable_moe_block=True: Gemma 4's mixture-of-experts block \(experts beside each layer's MLP\) "
+     r"is not implemented"),
     (dict(use_bidirectional_attention="vision"), r"use_bidirectional_attention='vision': only causal attention"),
     (dict(per_layer_config={"2": {"head_dim": 32}}), r"per_layer_config=.*every full-attention layer"),
 ])

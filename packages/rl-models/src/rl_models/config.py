@@ -227,6 +227,8 @@ class TransformerConfig:
     """Rows V' of the per-layer token embedding (vocab_size_per_layer_input); None: vocab_size."""
     layer_scalars: bool = False
     """Each block's output times its own learned scalar (Gemma 4's layer_scalar)."""
+    wide_shared_mlp: bool = False
+    """The `kv_shared_layers` layers' MLP is twice mlp_hidden_size wide (Gemma 4's use_double_wide_mlp)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -370,7 +372,7 @@ class TransformerConfig:
         `global_head_dim` to `layer_scalars`): an rl_models.gemma4.Gemma4Transformer."""
         return (self.global_head_dim is not None or self.global_kv_heads is not None or self.keys_as_values
                 or self.value_norm or self.kv_shared_layers > 0 or self.per_layer_input_size > 0
-                or self.layer_scalars)
+                or self.layer_scalars or self.wide_shared_mlp)
 
     def kv_source(self) -> tuple[int, ...]:
         """Per layer, the layer whose keys and values it reads: itself, or for one of the last
@@ -393,7 +395,7 @@ class TransformerConfig:
             value = getattr(self, field)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, field, value,
                      "must be an int >= 0")
-        for field in ("keys_as_values", "value_norm", "layer_scalars"):
+        for field in ("keys_as_values", "value_norm", "layer_scalars", "wide_shared_mlp"):
             _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
         _require(self.kv_shared_layers < self.num_layers, name, "kv_shared_layers", self.kv_shared_layers,
                  f"must leave a layer that computes keys and values (of {self.num_layers})")

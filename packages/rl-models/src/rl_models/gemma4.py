@@ -13,7 +13,8 @@ What it adds to Gemma 3's block (GeGLU, norms before and after each sub-layer, s
     have a KV cache;
   - per-layer inputs (`per_layer_input_size` P): a per-layer token embedding plus a normed projection
     of the embeddings, [B, L, layers, P], fed into each block after its MLP through a gate;
-  - each block's output times its learned `layer_scalar`.
+  - each block's output times its learned `layer_scalar`;
+  - with `wide_shared_mlp`, the sharing layers' MLP of twice the width.
 
 Parameters: blocks of one shape are stacked together (`stack_of`: "layers" the windowed layers that
 compute keys and values, "global_layers" the full-attention ones, "shared_layers" and
@@ -27,6 +28,7 @@ call's keys and values into it. As everywhere, the attention mask [B, L, S] is t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -157,7 +159,9 @@ class LayeredBlock(nnx.Module):
         self.attn = LayeredAttention(config, i, rngs=rngs)
         self.attn_post_norm = norm(config)
         self.mlp_norm = norm(config)
-        self.mlp = MLP(config, rngs=rngs)
+        wide = config.wide_shared_mlp and config.kv_source()[i] != i  # a sharing layer's double-wide MLP
+        self.mlp = MLP(dataclasses.replace(config, mlp_hidden_size=2 * config.mlp_hidden_size) if wide else config,
+                       rngs=rngs)
         self.mlp_post_norm = norm(config)
         p, d = config.per_layer_input_size, config.hidden_size
         self.per_layer_gate = Linear(d, p, axes=("embed", None), use_bias=False, **dtypes, rngs=rngs) if p else None

@@ -82,14 +82,16 @@ def _hybrid_block_weights(cfg: TransformerConfig) -> int:
 def _layered_block_weights(cfg: TransformerConfig) -> int:
     """W of a layered model (Gemma 4): each layer's q and o at its own head size, k and v only where
     it computes them (k alone on a global layer with keys as values), the MLP, and with per-layer
-    inputs each block's gate and projection and the model's projection of the embeddings."""
+    inputs each block's gate and projection and the model's projection of the embeddings; a sharing
+    layer's MLP twice as wide with `wide_shared_mlp`."""
     d, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.mlp_hidden_size, cfg.per_layer_input_size
     sources, windowed = cfg.kv_source(), cfg.windowed()
     total = cfg.num_layers * p * d if p else 0  # per_layer_model_projection: D -> layers * P
     for i in range(cfg.num_layers):
         kv, dh = cfg.layer_shape(i)
         own = 0 if sources[i] != i else (1 if cfg.keys_as_values and not windowed[i] else 2) * d * kv * dh
-        total += 2 * d * h * dh + own + 3 * d * f + 2 * d * p
+        wide = 2 if cfg.wide_shared_mlp and sources[i] != i else 1
+        total += 2 * d * h * dh + own + 3 * d * f * wide + 2 * d * p
     return total
 
 

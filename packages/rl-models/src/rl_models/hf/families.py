@@ -247,12 +247,11 @@ def _gemma4_shapes(hf: dict[str, Any], types: list[str]) -> dict[str, Any]:
 def _read_gemma4(hf: dict[str, Any]) -> dict[str, Any]:
     """Gemma 4's text model: windowed and global layers (five to one unless layer_types says, the
     last always global, as transformers forces it), the global layers' own head size and KV heads
-    and their keys as values, KV shared by the last layers, per-layer inputs and the final soft-cap.
-    The MoE block and the double-wide MLP of the shared layers are not implemented."""
-    for key in ("enable_moe_block", "use_double_wide_mlp"):
-        if hf.get(key, False):
-            raise FamilyFieldError(key, hf[key], "Gemma 4's mixture-of-experts block and double-wide MLP of the "
-                                   "KV-sharing layers are not implemented")
+    and their keys as values, KV shared by the last layers (their MLP double-wide with
+    use_double_wide_mlp), per-layer inputs and the final soft-cap. The MoE block is not implemented."""
+    if hf.get("enable_moe_block", False):
+        raise FamilyFieldError("enable_moe_block", hf["enable_moe_block"], "Gemma 4's mixture-of-experts block "
+                               "(experts beside each layer's MLP) is not implemented")
     if hf.get("use_bidirectional_attention") is not None:
         raise FamilyFieldError("use_bidirectional_attention", hf["use_bidirectional_attention"], "only causal attention")
     n = hf["num_hidden_layers"]
@@ -268,6 +267,7 @@ def _read_gemma4(hf: dict[str, Any]) -> dict[str, Any]:
     return _windows(hf | {"layer_types": types}, "sliding_attention") | shapes | caps | {
         "keys_as_values": bool(hf.get("attention_k_eq_v", False)),
         "kv_shared_layers": int(hf.get("num_kv_shared_layers", 0)),
+        "wide_shared_mlp": bool(hf.get("use_double_wide_mlp", False)) and bool(hf.get("num_kv_shared_layers", 0)),
         "per_layer_input_size": int(hf.get("hidden_size_per_layer_input") or 0),
         "per_layer_vocab_size": hf.get("vocab_size_per_layer_input") if hf.get("hidden_size_per_layer_input") else None}
 
@@ -282,7 +282,7 @@ def _write_gemma4(config: TransformerConfig) -> dict[str, Any]:
         "attention_k_eq_v": config.keys_as_values, "num_kv_shared_layers": config.kv_shared_layers,
         "hidden_size_per_layer_input": config.per_layer_input_size,
         "vocab_size_per_layer_input": config.per_layer_vocab_size or config.vocab_size,
-        "enable_moe_block": False, "use_double_wide_mlp": False, "use_bidirectional_attention": None,
+        "enable_moe_block": False, "use_double_wide_mlp": config.wide_shared_mlp, "use_bidirectional_attention": None,
         "per_layer_config": {str(i): shape for i, w in enumerate(config.windowed()) if not w}}
 
 
@@ -519,7 +519,7 @@ FAMILIES: dict[str, Family] = named({
                           windows=True, rope_by_layer_type=True, defaults=GEMMA4_DEFAULTS, fixes=GEMMA4_BLOCK,
                           varies=(*WINDOWS, "rope_local_theta", "final_logit_softcapping", "global_head_dim",
                                   "global_kv_heads", "keys_as_values", "kv_shared_layers", "per_layer_input_size",
-                                  "per_layer_vocab_size"),
+                                  "per_layer_vocab_size", "wide_shared_mlp"),
                           claims=_claims_gemma4, weights=layered_parameter_map),
     "qwen3_5_text": QWEN35_TEXT,
     "qwen3_5": replace(QWEN35_TEXT, architecture="Qwen3_5ForConditionalGeneration", text_config="text_config",
