@@ -32,6 +32,15 @@ def gemma4():
     return load_hf_model(HF / "gemma4_text")
 
 
+def test_the_wide_folder_gives_its_sharing_layers_mlps_of_twice_the_width():
+    wide = load_hf_model(HF / "gemma4_text_wide")
+    assert wide.config.wide_shared_mlp and wide.config.kv_source() == (0, 1, 2, 2, 2, 1)
+    assert wide.layers.mlp.up_proj.kernel.shape == (2, 64, 64)  # windowed layers 0 and 2
+    assert wide.shared_layers.mlp.up_proj.kernel.shape == (2, 64, 128)  # layers 3 and 4
+    assert wide.global_shared_layers.mlp.up_proj.kernel.shape == (1, 64, 128)  # layer 5
+    assert wide.global_layers.attn.v_proj.kernel.shape == (1, 64, 2 * 32) and wide.per_layer_embed is None
+
+
 def test_the_folder_loads_with_global_layers_of_their_own_shape_and_shared_keys_and_values(gemma4):
     cfg = gemma4.config
     assert isinstance(gemma4, Gemma4Transformer)
@@ -71,9 +80,13 @@ def test_the_cache_holds_the_keys_of_the_call_the_sharing_layers_read(gemma4):
     np.testing.assert_allclose(np.asarray(gemma4.logits(cached)), np.asarray(gemma4.logits(plain)), atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["gemma4_text", "gemma4_text_wide"])
 @pytest.mark.parametrize("engine", ["static", "paged"])
-def test_both_engines_generate_transformers_greedy_tokens(gemma4, hf_reference, engine):
-    arrays, _ = hf_reference("gemma4_text")
+def test_both_engines_generate_transformers_greedy_tokens(gemma4, hf_reference, engine, name):
+    """Both fixtures: gemma4_text_wide has three sharing layers with double-wide MLPs and global
+    layers with values of their own (make_gemma4_fixtures.py)."""
+    arrays, _ = hf_reference(name)
+    gemma4 = gemma4 if name == "gemma4_text" else load_hf_model(HF / name)
     want = arrays["greedy_ids"]
     if engine == "static":
         backend = static_engine(gemma4, max_new_tokens=want.shape[1], eos_ids=NO_EOS)
