@@ -201,8 +201,9 @@ class Gemma4Transformer(Transformer):
         p = config.per_layer_input_size
         if p:
             rows, width = config.per_layer_vocab_size or config.vocab_size, config.num_layers * p
+            # split like the token embedding (its width over fsdp): at Gemma 4's sizes it is the largest tensor
             self.per_layer_embed = param(embed_init(rngs.params(), (rows, width), dtypes["param_dtype"]),
-                                         ("vocab", None))
+                                         ("vocab", "embed"))
             self.per_layer_projection = Linear(config.hidden_size, width, axes=("embed", None), use_bias=False,
                                                **dtypes, rngs=rngs)
             self.per_layer_norm = RMSNorm(p, eps=config.rms_norm_eps, param_dtype=dtypes["param_dtype"],
