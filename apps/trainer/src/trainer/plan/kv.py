@@ -67,7 +67,7 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     kv_shapes = ([config.layer_shape(i) for i in cache_layers(config)] if config.layered
                  else [(config.num_kv_heads, config.head_dim)] * kv_layers)
     return dict(
-        num_kv_heads=min(k for k, _ in kv_shapes), compute_bytes=cbytes,
+        num_kv_heads=min((k for k, _ in kv_shapes), default=config.num_kv_heads), compute_bytes=cbytes,
         kv_token_bytes=2 * sum(lanes_of(k, dh) for k, dh in kv_shapes) * cbytes,
         dense_cache_bytes=cache,
         state_bytes=model.recurrent_state_bytes if config.hybrid else None,
