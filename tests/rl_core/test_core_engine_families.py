@@ -33,7 +33,7 @@ SMALL = dict(max_prompt_tokens=16, max_new_tokens=T, page_size=4, slots=3, prefi
 NO_EOS = (10_000,)  # outside the vocabulary: every completion runs T tokens
 
 
-@pytest.fixture(scope="module", params=["gemma3_text", "gemma2", "olmo2", "olmo3", *(pytest.param(name, marks=pytest.mark.e2e)
+@pytest.fixture(scope="module", params=["gemma3_text", "gemma2", "olmo2", "olmo3", "gemma4_text", *(pytest.param(name, marks=pytest.mark.e2e)
                                                          for name in ("mistral", "smollm3", "qwen3_yarn"))])
 def model(request):
     return load_hf_model(HF / request.param)

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 HF_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 HF_NAMES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "qwen3_moe",
-            "olmo2", "olmo3", "phi3", "llama_dynamic", "gemma3_text_softcap", "gemma2")
+            "olmo2", "olmo3", "phi3", "llama_dynamic", "gemma3_text_softcap", "gemma2", "gemma4_text", "gemma4_text_wide")
 
 
 

@@ -34,7 +34,7 @@ def test_frozen():
         (dict(remat=1), r"remat=1: must be one of"),
         (dict(remat="sometimes"), r"remat='sometimes': must be one of"),
         (dict(scan_layers="auto"), r"scan_layers='auto': must be a bool or None"),
-        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope or LongRope"),
+        (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}: must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope, LongRope or ProportionalRope"),
         (dict(sliding_window=0), r"sliding_window=0: must be None or a positive int"),
         (dict(sliding_window=8, layer_types=("full_attention",)), r"layer_types=\('full_attention',\): must name one type per layer \(2\)"),
         (dict(layer_types=("full_attention", "sliding_attention")), r"sliding_attention layers need a sliding_window"),
@@ -66,3 +66,22 @@ def test_rope_scaling_validation():
 def test_unknown_preset_suggests_the_closest():
     with pytest.raises(ValueError, match=r"unknown model preset 'tiny_qwen'.*Did you mean 'tiny_qwen2'"):
         preset("tiny_qwen", vocab_size=50)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(kv_shared_layers=2), r"kv_shared_layers=2: must leave a layer|each shared layer needs an earlier layer"),
+    (dict(layer_types=("full_attention", "sliding_attention"), sliding_window=4, kv_shared_layers=1),
+     r"kv_shared_layers=1: each shared layer needs an earlier layer of its type"),
+    (dict(global_kv_heads=3), r"global_kv_heads=3: must divide num_heads \(4\)"),
+    (dict(global_head_dim=33), r"global_head_dim=33: must be even"),
+])
+def test_gemma4_fields_are_validated_in_one_line(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.tiny(64, **overrides)
+
+
+def test_a_shared_layer_reads_the_last_earlier_layer_of_its_type():
+    config = TransformerConfig.tiny(64, num_layers=6, sliding_window=4, kv_shared_layers=3,
+                                    layer_types=("sliding_attention", "full_attention", "sliding_attention") * 2)
+    assert config.layered and config.kv_source() == (0, 1, 2, 2, 1, 2)
+    assert not TransformerConfig.tiny(64).layered

@@ -10,6 +10,14 @@ Counts, by hand (D hidden, F MLP, H/K heads of Dh, V vocab, n layers):
   mistral-7b     D 4096, F 14336, H 32, K 8, Dh 128, V 32000, n 32, untied: 7,241,732,096
   smollm3-3b     D 2048, F 11008, H 16, K 4, Dh 128, V 128256, n 36, tied: 3,075,098,624
   qwen3-8b       D 4096, F 12288, H 32, K 8, Dh 128, V 151936, n 36, untied, q/k norms: 8,190,735,360
+  gemma-4-text-defaults  (not a published folder: transformers' Gemma4TextConfig() as it writes it)
+                 D 2304, F 9216, H 8, K 4, Dh 256 (global layers 512), V 262144, n 30 (25 windowed,
+                 5 global), per-layer inputs P 256, tied. A windowed layer 79,048,449 (q, o 9,437,184;
+                 k, v 4,718,592; MLP 63,700,992; 5 norms of D and q/k norms of Dh; gate and projection
+                 of P 1,179,648; its layer_scalar), a global one 93,204,737 (q, o 18,874,368; k, v
+                 9,437,184; q/k norms of 512); embeddings V*D 603,979,776, per-layer embeddings
+                 V*n*P 2,013,265,920, their projection D*n*P 17,694,720 and norm P, the final norm D:
+                 5,077,177,886 (transformers' Gemma4ForCausalLM of that config counts the same)
 """
 
 import math
@@ -19,7 +27,7 @@ import jax
 import pytest
 from flax import nnx
 
-from rl_models import Transformer
+from rl_models import Transformer, model_class
 from rl_models.hf import load_hf_config
 from rl_models.rope_types import LinearRope, YarnRope
 from tolerances import approx
@@ -29,11 +37,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
 @pytest.mark.parametrize(("name", "count"), [
     ("gemma-3-1b-it", 999_885_952), ("gemma-3-4b-it", 3_880_263_168), ("mistral-7b-v0.1", 7_241_732_096),
-    ("smollm3-3b", 3_075_098_624), ("qwen3-8b-yarn", 8_190_735_360),
+    ("smollm3-3b", 3_075_098_624), ("qwen3-8b-yarn", 8_190_735_360), ("gemma-4-text-defaults", 5_077_177_886),
 ])
 def test_published_configs_count_the_published_parameters(name, count):
     config = load_hf_config(CONFIGS / name)
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(abstract))) == count
 
 

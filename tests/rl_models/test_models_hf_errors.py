@@ -68,7 +68,7 @@ def test_shape_mismatch(hf_copy):
 def test_unsupported_architecture(hf_copy):
     folder = hf_copy("llama3")
     _edit_config(folder, model_type="gemma", architectures=["GemmaForCausalLM"])
-    with pytest.raises(HFFolderError, match=r"config\.json: unsupported model_type='gemma': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"):
+    with pytest.raises(HFFolderError, match=r"config\.json: unsupported model_type='gemma': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gemma4_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"):
         load_hf_model(folder)
 
 
@@ -76,7 +76,7 @@ def test_unsupported_architecture(hf_copy):
     ("changes", "message"),
     [
         (dict(rope_scaling={"rope_type": "su", "factor": 4.0}),
-         r"rope_scaling\.rope_type='su': supported rope types are \['default', 'llama3', 'linear', 'yarn', 'dynamic', 'longrope'\]"),
+         r"rope_scaling\.rope_type='su': supported rope types are \['default', 'llama3', 'linear', 'yarn', 'dynamic', 'longrope', 'proportional'\]"),
         (dict(rope_scaling={"rope_type": "longrope", "factor": 4.0, "long_factor": [1.0] * 8},
               original_max_position_embeddings=16),
          r"rope_scaling of rope_type 'longrope' lacks 'short_factor'"),
@@ -89,6 +89,20 @@ def test_unsupported_features(hf_copy, changes, message):
     folder = hf_copy("llama3")
     _edit_config(folder, **changes)
     with pytest.raises(ValueError, match=message):
+        load_hf_model(folder)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+     r"unsupported enable_moe_block=True: Gemma 4's mixture-of-experts block \(experts beside each layer's MLP\) "
+     r"is not implemented"),
+    (dict(use_bidirectional_attention="vision"), r"use_bidirectional_attention='vision': only causal attention"),
+    (dict(per_layer_config={"2": {"head_dim": 32}}), r"per_layer_config=.*every full-attention layer"),
+])
+def test_gemma4_options_not_implemented_are_refused_in_one_line(hf_copy, changes, message):
+    folder = hf_copy("gemma4_text")
+    _edit_config(folder, **changes)
+    with pytest.raises(HFFolderError, match=message):
         load_hf_model(folder)
 
 
@@ -135,7 +149,7 @@ def test_invalid_config_json_names_the_file(hf_copy, text, message):
         (dict(num_attention_heads=3), r"config\.json: TransformerConfig\.num_kv_heads=.*must divide num_heads \(3\)"),
         (dict(rope_theta="fast"), r"config\.json: could not convert string to float: 'fast'"),
         (dict(model_type=["llama"]), r"config\.json: unsupported model_type=\['llama'\]"),
-        (dict(model_type="mixtral"), r"config\.json: unsupported model_type='mixtral': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"),
+        (dict(model_type="mixtral"), r"config\.json: unsupported model_type='mixtral': supported model_type values: \['gemma2', 'gemma3', 'gemma3_text', 'gemma4_text', 'gpt_oss', 'llama', 'ministral', 'mistral', 'olmo2', 'olmo3', 'phi3', 'qwen2', 'qwen3', 'qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe', 'smollm3'\]"),
     ],
     ids=["field-type", "heads", "rope-theta", "model-type-list", "model-type-unknown"],
 )

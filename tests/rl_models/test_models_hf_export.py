@@ -91,7 +91,7 @@ def test_gpt_oss_exports_with_its_experts_interleaved_and_loads_back_exactly(nam
 
 
 @pytest.mark.parametrize("name", ["mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "gpt_oss", "olmo2", "olmo3", "phi3", "llama_dynamic",
-                                  "gemma3_text_softcap", "gemma2"])
+                                  "gemma3_text_softcap", "gemma2", "gemma4_text", "gemma4_text_wide"])
 def test_export_without_the_source_folder_writes_a_config_of_the_same_model(name, hf_fixtures, hf_reference,
                                                                           tmp_path):
     """The config.json written from the model's own config (no source folder to copy) describes

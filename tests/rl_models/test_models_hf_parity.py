@@ -16,8 +16,13 @@ from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
 
 PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3", "phi3", "llama_dynamic",
-                "gemma3_text_softcap", "gemma2")
+                "gemma3_text_softcap", "gemma2", "gemma4_text", "gemma4_text_wide")
 """The fixtures whose references include a packed batch (those made after llama3 / qwen2 / qwen3)."""
+
+BF16_SHARE = {"gemma4_text": 0.25, "gemma4_text_wide": 0.25}
+"""Fixtures whose bfloat16 logits stray further: Gemma 4's attention scale is 1 over normed queries
+and keys (scores up to head_dim, whose bfloat16 rounding moves them by ~0.1), over 6 layers;
+transformers' own bfloat16 forward of the fixture is 0.62 off its float32 logits (range 3.1)."""
 
 
 def _logits(model, arrays, replay=None):
@@ -151,4 +156,4 @@ def test_bfloat16_compute_is_close_to_float32(hf_name, hf_fixtures, hf_reference
     logits, valid = _logits(model, arrays, replay)
     ref = arrays["logits"][valid]
     # bfloat16 keeps ~3 significant digits; 2 layers of it stay within 5% of the logit range.
-    assert np.abs(logits[valid] - ref).max() < 0.05 * (ref.max() - ref.min())
+    assert np.abs(logits[valid] - ref).max() < BF16_SHARE.get(hf_name, 0.05) * (ref.max() - ref.min())

@@ -11,7 +11,7 @@ from rl_core.rollout.paged import EngineSettings, PagedBackend
 from rl_core.rollout.ragged import RaggedKV
 from rl_core.rollout.sampler import SamplingParams
 from rl_core.runtime import mesh as mesh_lib
-from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig
+from rl_models import PAGED_TRANSFORMER, Transformer, TransformerConfig, model_class
 from rl_models.attention import traced_for
 from trainer.plan.programs import policy_programs
 from trainer.settings import build_settings
@@ -89,3 +89,41 @@ def test_soft_capped_attention_lowers_for_tpu_in_the_engine_and_the_update():
         text = programs.update.trace(programs.state, programs.frozen, batch).lower(
             lowering_platforms=("tpu",)).as_text()
     assert _custom_calls(text) >= 2
+
+
+def _gemma4_config() -> TransformerConfig:
+    """Gemma 4's shapes at small width: windowed layers of 2 KV heads of 256, global ones of 1 KV
+    head of 512 with keys as values and proportional rope, the last two layers sharing keys and
+    values, per-layer inputs (rl_models.gemma4)."""
+    from rl_models.rope_types import ProportionalRope
+
+    return _config(4, 2, 256, num_layers=6, layer_types=("sliding_attention", "sliding_attention", "full_attention") * 2,
+                   sliding_window=8, global_head_dim=512, global_kv_heads=1, keys_as_values=True, value_norm=True,
+                   kv_shared_layers=2, per_layer_input_size=16, layer_scalars=True, qk_norm=True, query_scale=1.0,
+                   sandwich_norms=True, embed_scale=True, hidden_act="gelu_tanh", rope_local_theta=1e4,
+                   rope_scaling=ProportionalRope(partial_rotary_factor=0.25), final_logit_softcapping=30.0)
+
+
+def test_gemma4_layers_lower_for_tpu_in_the_engine_and_the_update():
+    """The paged engine's pool at the global layers' 1 KV head of 512 (the Pallas kernel) beside the
+    windowed layers' rings, and the update with Splash on the global layers (head size 512)."""
+    with traced_for("tpu", kernels=True):
+        model = model_class(_gemma4_config())(_gemma4_config(), rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
+        engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
+        engine.update_weights(state, 1)
+        text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
+    assert _custom_calls(text) >= 2
+    settings = build_settings(algo="grpo", overrides=[
+        "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
+        "rollout.max_new_tokens=32"])
+    mesh = mesh_lib.training_mesh(settings.training)
+    with traced_for("tpu", kernels=True):
+        abstract = nnx.eval_shape(lambda: model_class(_gemma4_config())(_gemma4_config(), rngs=nnx.Rngs(0)))
+        graphdef, params, frozen, _ = frozen_lib.split_policy(abstract)
+        programs = policy_programs(settings, mesh, graphdef, params, frozen)
+        batch = programs.mini_batch(programs.layout.num_micro_batches)
+        text = programs.update.trace(programs.state, programs.frozen, batch).lower(
+            lowering_platforms=("tpu",)).as_text()
+    assert _custom_calls(text) >= 2  # Splash's forward and backward kernels on the global layers

@@ -204,6 +204,31 @@ class TransformerConfig:
     final_logit_softcapping: float | None = None
     """Logits soft-capped, cap * tanh(logits / cap), wherever they are computed (Gemma 2's
     final_logit_softcapping); None: not capped."""
+    global_head_dim: int | None = None
+    """Head size of the full-attention layers when it differs from the windowed ones' `head_dim`
+    (Gemma 4's global_head_dim); None: head_dim. Such a model is an rl_models.gemma4.Gemma4Transformer,
+    as is one with any of the fields below up to `layer_scalars`."""
+    global_kv_heads: int | None = None
+    """KV heads of the full-attention layers (Gemma 4's num_global_key_value_heads); None: num_kv_heads."""
+    keys_as_values: bool = False
+    """The full-attention layers have no v_proj: their values are the key projection's output,
+    before the key norm and rotary positions (Gemma 4's attention_k_eq_v)."""
+    value_norm: bool = False
+    """An RMSNorm without weight over each value head (Gemma 4's v_norm)."""
+    kv_shared_layers: int = 0
+    """The last n layers compute no keys or values: each reuses those of the last earlier layer of
+    its own type (windowed or full) that computes them, and keeps no KV cache of its own (Gemma 4's
+    num_kv_shared_layers)."""
+    per_layer_input_size: int = 0
+    """Width P of each layer's own input (Gemma 4's hidden_size_per_layer_input): a per-layer token
+    embedding [V', layers * P] plus a projection of the embeddings, added to each block's output
+    through a gate and a projection back to D; 0: none."""
+    per_layer_vocab_size: int | None = None
+    """Rows V' of the per-layer token embedding (vocab_size_per_layer_input); None: vocab_size."""
+    layer_scalars: bool = False
+    """Each block's output times its own learned scalar (Gemma 4's layer_scalar)."""
+    wide_shared_mlp: bool = False
+    """The `kv_shared_layers` layers' MLP is twice mlp_hidden_size wide (Gemma 4's use_double_wide_mlp)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype: activations, matmuls and the KV cache (softmax, norms and logits run in float32)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -268,7 +293,7 @@ class TransformerConfig:
             self.rope_scaling is None
             or isinstance(self.rope_scaling, (RopeScaling, *FREQUENCY_ROPES)),
             name, "rope_scaling", self.rope_scaling,
-            "must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope or LongRope",
+            "must be None, a RopeScaling, LinearRope, YarnRope, DynamicNTKRope, LongRope or ProportionalRope",
         )
         _require(0 < self.partial_rotary_factor <= 1 and int(self.head_dim * self.partial_rotary_factor) % 2 == 0,
                  name, "partial_rotary_factor", self.partial_rotary_factor,
@@ -282,6 +307,7 @@ class TransformerConfig:
             _require(cap is None or (isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0),
                      name, field, cap, "must be None or a number > 0")
         self._check_layers(name)
+        self._check_layered(name)
         _require((self.linear_attention is not None) == self.hybrid, name, "linear_attention",
                  self.linear_attention, "must be set exactly when layer_types has 'linear_attention' layers")
         _require(not (self.hybrid and self.sliding_window is not None), name, "sliding_window",
@@ -339,6 +365,52 @@ class TransformerConfig:
         _require(self.query_scale is None or self.query_scale > 0, name, "query_scale", self.query_scale,
                  "must be None or > 0")
         self._check_experts(name)
+
+    @property
+    def layered(self) -> bool:
+        """Whether layers differ in shape or share keys and values (Gemma 4's fields, from
+        `global_head_dim` to `layer_scalars`): an rl_models.gemma4.Gemma4Transformer."""
+        return (self.global_head_dim is not None or self.global_kv_heads is not None or self.keys_as_values
+                or self.value_norm or self.kv_shared_layers > 0 or self.per_layer_input_size > 0
+                or self.layer_scalars or self.wide_shared_mlp)
+
+    def kv_source(self) -> tuple[int, ...]:
+        """Per layer, the layer whose keys and values it reads: itself, or for one of the last
+        `kv_shared_layers` the last earlier layer of its type that computes its own."""
+        kinds, first = self.windowed(), self.num_layers - self.kv_shared_layers
+        owners = {w: max(i for i in range(first) if kinds[i] == w) for w in set(kinds[:first])}
+        return tuple(i if i < first else owners[kinds[i]] for i in range(self.num_layers))
+
+    def _check_layered(self, name: str) -> None:
+        """Gemma 4's fields: sizes positive, shared layers each with an earlier layer of its type."""
+        for field in ("global_head_dim", "global_kv_heads", "per_layer_vocab_size"):
+            value = getattr(self, field)
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+                     name, field, value, "must be None or a positive int")
+        _require(self.global_head_dim is None or self.global_head_dim % 2 == 0, name, "global_head_dim",
+                 self.global_head_dim, "must be even (rotary halves)")
+        _require(self.global_kv_heads is None or self.num_heads % self.global_kv_heads == 0, name,
+                 "global_kv_heads", self.global_kv_heads, f"must divide num_heads ({self.num_heads})")
+        for field in ("kv_shared_layers", "per_layer_input_size"):
+            value = getattr(self, field)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, field, value,
+                     "must be an int >= 0")
+        for field in ("keys_as_values", "value_norm", "layer_scalars", "wide_shared_mlp"):
+            _require(isinstance(getattr(self, field), bool), name, field, getattr(self, field), "must be a bool")
+        _require(self.kv_shared_layers < self.num_layers, name, "kv_shared_layers", self.kv_shared_layers,
+                 f"must leave a layer that computes keys and values (of {self.num_layers})")
+        kinds, first = self.windowed(), self.num_layers - self.kv_shared_layers
+        _require(set(kinds[first:]) <= set(kinds[:first]), name, "kv_shared_layers", self.kv_shared_layers,
+                 "each shared layer needs an earlier layer of its type (windowed or full) to share with")
+        _require(not (self.layered and (self.hybrid or self.num_experts)), name, "kv_shared_layers",
+                 self.kv_shared_layers, "Gemma 4's layered block has no linear-attention layers or experts")
+
+    def layer_shape(self, i: int) -> tuple[int, int]:
+        """(KV heads, head size) of layer i: a full-attention layer's own (`global_kv_heads`,
+        `global_head_dim`) when set, else num_kv_heads and head_dim."""
+        if self.windowed()[i]:
+            return self.num_kv_heads, self.head_dim  # type: ignore[return-value]
+        return self.global_kv_heads or self.num_kv_heads, self.global_head_dim or self.head_dim  # type: ignore[return-value]
 
     def _check_experts(self, name: str) -> None:
         """The mixture-of-experts settings: all unset (dense), or E >= k >= 1 with a width."""

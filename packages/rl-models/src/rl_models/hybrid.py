@@ -36,6 +36,7 @@ from rl_models.block import ROWS, Attention, compute_dtype, feed_forward, param_
 from rl_models.config import TransformerConfig
 from rl_models.gated_attention import GatedAttention
 from rl_models.gated_deltanet import GatedDeltaNet
+from rl_models.gemma4 import Gemma4Transformer
 from rl_models.layers import Linear, RMSNorm, param
 from rl_models.moe import MoE, Routing
 from rl_models.rope import rope_cos_sin, rope_inv_freq
@@ -276,5 +277,8 @@ def repeating_group(kinds: tuple[str, ...]) -> int | None:
 
 
 def model_class(config: TransformerConfig) -> type[Transformer]:
-    """The module that computes `config`: a HybridTransformer when some layers are linear attention."""
+    """The module that computes `config`: a HybridTransformer when some layers are linear attention,
+    a Gemma4Transformer when layers differ in shape or share keys and values (`config.layered`)."""
+    if config.layered:
+        return Gemma4Transformer
     return HybridTransformer if config.hybrid else Transformer

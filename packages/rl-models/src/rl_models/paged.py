@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rl_models import lora, paged_hybrid, paged_window
+from rl_models import gemma4, lora, paged_hybrid, paged_layered, paged_window
 from rl_models import transformer as tf
 from rl_models.block import normed
 from rl_models.layers import fused_linear
@@ -186,6 +186,8 @@ class TransformerPaging:
     `forward` see a plain model). Subclass it to wrap one of them (e.g. a benchmark's timing)."""
 
     def cache_spec(self, model: tf.Transformer) -> tuple[int, int, int, Any]:
+        if model.config.layered:  # Gemma 4: the global layers with their own keys and values
+            return paged_layered.pool_spec(model)  # type: ignore[arg-type]
         return paged_cache_spec(model)
 
     def state_spec(self, model: tf.Transformer, max_tokens: int | None = None) -> Any:
@@ -194,11 +196,15 @@ class TransformerPaging:
         longer than `max_tokens`, the most positions a sequence holds); None for a model with neither."""
         if model.config.hybrid:
             return paged_hybrid.state_spec(model)
+        if model.config.layered:
+            return paged_layered.ring_spec(model, max_tokens)  # type: ignore[arg-type]
         return paged_window.ring_spec(model, max_tokens)
 
     def state_axes(self, model: tf.Transformer) -> Any:
         """Logical axes of each `state_spec` leaf ([layers, ...]): a ring's kv heads split over `tensor`
         as the page pool's do; None (whole on each replica's devices) for a hybrid's states."""
+        if model.config.layered:
+            return None if paged_layered.ring_spec(model) is None else (paged_window.RING_AXES,) * 2  # type: ignore[arg-type]
         if model.config.hybrid or paged_window.windowed_layers(model.config) is None:
             return None
         return (paged_window.RING_AXES,) * 2
@@ -206,13 +212,15 @@ class TransformerPaging:
     def fresh_states_share_chunks(self, model: tf.Transformer) -> bool:
         """A mixed windowed/global model's prefill chunk may add prompts that start at position 0
         (their rings hold nothing yet to read); a hybrid's linear-attention chunk is one sequence's."""
+        if model.config.layered:
+            return paged_layered.ring_spec(model) is not None  # type: ignore[arg-type]
         return not model.config.hybrid and paged_window.windowed_layers(model.config) is not None
 
     def kv_window(self, model: tf.Transformer) -> int | None:
         """The most key slots any layer still reads behind a query when every attention layer is
         windowed (Mistral v0.1); None when some layer reads the whole sequence."""
         windows = tf.layer_windows(model.config)
-        if model.config.hybrid or not windows or tf.FULL_WINDOW in windows:
+        if model.config.layered or model.config.hybrid or not windows or tf.FULL_WINDOW in windows:
             return None
         return max(windows)
 
@@ -222,12 +230,16 @@ class TransformerPaging:
         `rl_models.paged_hybrid.paged_hybrid_forward`, whose second output is (pool, states)."""
         if model.config.hybrid:
             return paged_hybrid.paged_hybrid_forward(model, tokens, positions, pages, page_rows, kv, **state)
+        if model.config.layered:
+            return paged_layered.paged_layered_forward(model, tokens, positions, pages, page_rows, kv, **state)[:2]  # type: ignore[arg-type]
         return paged_forward(model, tokens, positions, pages, page_rows, kv, **state)
 
     def forward_routed(self, model: tf.Transformer, tokens: jax.Array, positions: jax.Array, pages: Any,
                        page_rows: jax.Array, kv: Any, **state: Any) -> tuple[jax.Array, Any, jax.Array | None]:
         if model.config.hybrid:  # its experts' routing with experts (Qwen3.5-MoE), else None
             return paged_hybrid.paged_hybrid_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
+        if model.config.layered:  # no experts: routing None
+            return paged_layered.paged_layered_forward(model, tokens, positions, pages, page_rows, kv, **state)  # type: ignore[arg-type]
         return paged_forward_routed(model, tokens, positions, pages, page_rows, kv, **state)
 
     def inference_copy(self, model: tf.Transformer) -> tf.Transformer:
@@ -238,6 +250,8 @@ class TransformerPaging:
         the stacked blocks when they run unrolled (CPU), none when scanned (the scan reads its slices)."""
         if model.config.hybrid:  # its paged forward runs unrolled on every platform
             return ("layers", "linear_layers")
+        if model.config.layered:  # so does Gemma 4's, over its stacks of each shape
+            return tuple(s for s in gemma4.STACKS if getattr(model, s) is not None)
         if paged_window.windowed_layers(model.config) is not None:  # so does a mixed model's (rings or pool per layer)
             return ("layers",)
         return () if tf.scans_layers(model.config) else ("layers",)

@@ -228,9 +228,35 @@ class YarnRope:
         return inv_freq.astype(np.float32), self.attention_scale()
 
 
-FREQUENCY_ROPES = (LinearRope, DynamicNTKRope, YarnRope, LongRope)
+@dataclass(frozen=True, kw_only=True)
+class ProportionalRope:
+    """Proportional RoPE ("proportional"; Gemma 4's global layers): the default frequencies
+    theta^(-2i/Dh) over the whole head for the first partial_rotary_factor * Dh / 2 pairs, and 0
+    (no turn) for the rest, all divided by `factor`. Unlike a partial rotary, the exponents count
+    the whole head's Dh and the turned pairs are (i, i + Dh/2) of the whole head."""
+
+    partial_rotary_factor: float
+    """The fraction of the head's frequency pairs that turn."""
+    factor: float = 1.0
+    """Divisor of every frequency."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"ProportionalRope.partial_rotary_factor={self.partial_rotary_factor!r}: must be in (0, 1]")
+        if not self.factor > 0:
+            raise ValueError(f"ProportionalRope.factor={self.factor!r}: must be > 0")
+
+    def inv_freq(self, head_dim: int, theta: float) -> tuple[np.ndarray, float]:
+        angles = int(self.partial_rotary_factor * head_dim // 2)
+        exponents = np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+        turned = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+        freq = np.concatenate([turned, np.zeros(head_dim // 2 - angles, np.float32)])
+        return (freq / np.float32(self.factor)).astype(np.float32), 1.0
+
+
+FREQUENCY_ROPES = (LinearRope, DynamicNTKRope, YarnRope, LongRope, ProportionalRope)
 """The rope settings that give their own frequencies (`inv_freq`); Llama 3's `RopeScaling` is
 rl_models.config's and `rope_inv_freq` applies it."""
-FrequencyRope = LinearRope | DynamicNTKRope | YarnRope | LongRope
+FrequencyRope = LinearRope | DynamicNTKRope | YarnRope | LongRope | ProportionalRope
 CALL_LENGTH_ROPES = (DynamicNTKRope, LongRope)
 """The rope settings whose frequencies depend on a call's longest position (`call_inv_freq`)."""

@@ -130,6 +130,9 @@ class Transformer(nnx.Module):
         if config.hybrid:
             raise ValueError("a config with linear-attention layers is a rl_models.HybridTransformer "
                              "(rl_models.model_class(config) picks the class)")
+        if config.layered:
+            raise ValueError("a config whose layers differ in shape or share keys and values is a "
+                             "rl_models.gemma4.Gemma4Transformer (rl_models.model_class(config) picks the class)")
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
         embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)

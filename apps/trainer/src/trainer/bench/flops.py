@@ -7,7 +7,9 @@ whose hidden states are read at its last o positions:
   + 2 * D * V * u       unembedding
   less, in the last block, the query side (q, o and the MLP, and the attention of those
   queries) of the n - o positions no output reads: they give only keys and values.
-The embedding lookup, norms, rotary and softmax are not counted. A hybrid model (Qwen3.5) counts
+The embedding lookup, norms, rotary and softmax are not counted. A layered model (Gemma 4) counts
+each layer's projections at its own head size, k and v only where a layer computes them, its
+per-layer inputs' matmuls, and runs every position. A hybrid model (Qwen3.5) counts
 its attention layers' scores only, and for each linear-attention layer and token 6 * Hv * Dk * Dv
 (the state's read, delta-rule update and output: three [Dk, Dv] products per value head) plus
 2 * K * C for the convolution; it runs every position of every block (no query side skipped).
@@ -44,13 +46,15 @@ def block_matmul_weights(cfg: TransformerConfig) -> int:
     """W: weights of every matmul in the blocks (q, k, v, o projections and the SwiGLU MLP), all layers."""
     if cfg.hybrid:
         return _hybrid_block_weights(cfg)
+    if cfg.layered:
+        return _layered_block_weights(cfg)
     return cfg.num_layers * (query_side_weights(cfg) + 2 * cfg.hidden_size * cfg.num_kv_heads * cfg.head_dim)
 
 
 def query_side_weights(cfg: TransformerConfig) -> int:
     """One block's matmul weights that act per query position: q, o and the MLP (not k, v); none
-    for a hybrid model, whose last block runs every position."""
-    if cfg.hybrid:
+    for a hybrid or layered model, whose last block runs every position."""
+    if cfg.hybrid or cfg.layered:
         return 0
     d, h, dh, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_hidden_size
     return d * h * dh + h * dh * d + 3 * d * f
@@ -75,6 +79,22 @@ def _hybrid_block_weights(cfg: TransformerConfig) -> int:
     return kinds.count("full_attention") * attention + kinds.count("linear_attention") * linear + len(kinds) * mlp
 
 
+def _layered_block_weights(cfg: TransformerConfig) -> int:
+    """W of a layered model (Gemma 4): each layer's q and o at its own head size, k and v only where
+    it computes them (k alone on a global layer with keys as values), the MLP, and with per-layer
+    inputs each block's gate and projection and the model's projection of the embeddings; a sharing
+    layer's MLP twice as wide with `wide_shared_mlp`."""
+    d, h, f, p = cfg.hidden_size, cfg.num_heads, cfg.mlp_hidden_size, cfg.per_layer_input_size
+    sources, windowed = cfg.kv_source(), cfg.windowed()
+    total = cfg.num_layers * p * d if p else 0  # per_layer_model_projection: D -> layers * P
+    for i in range(cfg.num_layers):
+        kv, dh = cfg.layer_shape(i)
+        own = 0 if sources[i] != i else (1 if cfg.keys_as_values and not windowed[i] else 2) * d * kv * dh
+        wide = 2 if cfg.wide_shared_mlp and sources[i] != i else 1
+        total += 2 * d * h * dh + own + 3 * d * f * wide + 2 * d * p
+    return total
+
+
 def linear_attention_token_flops(cfg: TransformerConfig) -> int:
     """Per token, all linear-attention layers: the recurrence (6 * Hv * Dk * Dv) and the convolution."""
     la = cfg.linear_attention
@@ -92,9 +112,9 @@ def forward_flops(cfg: TransformerConfig, tokens: np.ndarray, unembedded: np.nda
     n = np.asarray(tokens, np.float64)
     u = np.asarray(unembedded, np.float64)
     skipped = 0.0 if outputs is None else n - np.asarray(outputs, np.float64)  # the first n - o queries
-    if cfg.hybrid:  # every position of every block runs
+    if cfg.hybrid or cfg.layered:  # every position of every block runs
         skipped = 0.0
-    per_score = 4.0 * cfg.num_heads * cfg.head_dim
+    per_score = 4.0 * cfg.num_heads * (cfg.global_head_dim or cfg.head_dim)  # the full-attention layers' heads
     dense = 2.0 * (block_matmul_weights(cfg) * n - query_side_weights(cfg) * skipped)
     attention = per_score * (cfg.kinds().count("full_attention") * n * (n + 1) - skipped * (skipped + 1)) / 2
     attention = attention + linear_attention_token_flops(cfg) * n

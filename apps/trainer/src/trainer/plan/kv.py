@@ -9,7 +9,9 @@ takes it: one count for the policy's engine (trainer.plan.planner) and a judge's
     hybrid's recurrent state), split over the mesh by its own axes as the sampler places it;
   - every layer windowed (Mistral v0.1): the window, whose pages the paged engine gives back;
   - windowed and global layers mixed (Gemma 3): the windowed layers' share per token and their
-    ring's slots (rl_models.paged_window), which the paged engine keeps in state rows.
+    ring's slots (rl_models.paged_window), which the paged engine keeps in state rows;
+  - layers sharing keys and values (Gemma 4's last num_kv_shared_layers): only the layers that
+    compute them count, each at its own KV heads and head size (rl_models.paged_layered).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     from rl_core.policy import decode_cache
     from rl_core.rollout import per_device, token_lanes
     from rl_core.runtime import mesh as mesh_lib
+    from rl_models import paged_layered
+    from rl_models.gemma4 import cache_layers
     from rl_models.paged_window import ring_spec
     from rl_models.transformer import FULL_WINDOW, layer_windows
 
@@ -51,13 +55,17 @@ def kv_query_fields(config: Any, model: Any, *, rows: int, seq: int, mesh: Any =
     shapes = jax.eval_shape(init)
     cache = per_device(jax.tree.map(placed, shapes, axes["cache"]))
     recurrent = model.recurrent_state_bytes(-(-rows // ways)) if config.hybrid else 0
-    rings = ring_spec(model)
-    head_lanes = config.num_kv_heads * config.head_dim  # lanes a token's keys (or values) take in a layer
-    if platform == "tpu":
-        head_lanes = token_lanes(config.num_kv_heads, config.head_dim)
+    rings = paged_layered.ring_spec(model) if config.layered else ring_spec(model)
+
+    def lanes_of(kv_heads: int, head_dim: int) -> int:  # lanes a token's keys (or values) take in a layer
+        return token_lanes(kv_heads, head_dim) if platform == "tpu" else kv_heads * head_dim
+
+    # every layer with its own keys and values (Gemma 4's sharing layers keep none), each of its own shape
+    kv_shapes = ([config.layer_shape(i) for i in cache_layers(config)] if config.layered
+                 else [(config.num_kv_heads, config.head_dim)] * kv_layers)
     return dict(
-        num_kv_heads=config.num_kv_heads, compute_bytes=cbytes,
-        kv_token_bytes=2 * kv_layers * head_lanes * cbytes,
+        num_kv_heads=min((k for k, _ in kv_shapes), default=config.num_kv_heads), compute_bytes=cbytes,
+        kv_token_bytes=2 * sum(lanes_of(k, dh) for k, dh in kv_shapes) * cbytes,
         dense_cache_bytes=cache,
         state_bytes=model.recurrent_state_bytes if config.hybrid else None,
         window=max(windows) if not config.hybrid and FULL_WINDOW not in windows else None,

@@ -17,7 +17,7 @@ from typing import Any
 from rl_models.config import RUNTIME_FIELDS, RopeScaling, TransformerConfig
 from rl_models.hf.families import ACTIVATION_NAMES, FAMILIES, infer_family
 from rl_models.hf.family import LLAMA_BLOCK, Family, FamilyFieldError, refusal
-from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, LongRope, YarnRope
+from rl_models.rope_types import DynamicNTKRope, FrequencyRope, LinearRope, LongRope, ProportionalRope, YarnRope
 
 
 class HFFolderError(ValueError):
@@ -49,7 +49,7 @@ def _unsupported(source: str, field: str, value: object, why: str) -> HFFolderEr
     return HFFolderError(f"{source}: unsupported {field}={value!r}: {why}")
 
 
-ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic", "longrope")
+ROPE_TYPES = ("default", "llama3", "linear", "yarn", "dynamic", "longrope", "proportional")
 """Rope types read ("dynamic" and "longrope" recompute their frequencies from each call's longest
 position, as transformers does: rl_models.rope_types.DynamicNTKRope, LongRope)."""
 Scaling = RopeScaling | FrequencyRope
@@ -92,6 +92,9 @@ def _rope(hf: dict[str, Any], source: str, windows: bool
                                     "(the length up to which it is the default rope)")
             scaling = DynamicNTKRope(factor=float(params["factor"]),
                                      max_position_embeddings=int(hf["max_position_embeddings"]))
+        elif rope_type == "proportional":
+            scaling = ProportionalRope(partial_rotary_factor=float(params.get("partial_rotary_factor", 1.0)),
+                                       factor=float(params.get("factor", 1.0)))
         elif rope_type == "longrope":
             scaling = _longrope(hf, params, source, field)
         elif rope_type == "yarn":
@@ -274,6 +277,9 @@ def _rope_scaling(s: Scaling | None) -> tuple[dict[str, Any] | None, dict[str, A
         return {"rope_type": "linear", "factor": s.factor}, {}
     if isinstance(s, DynamicNTKRope):
         return {"rope_type": "dynamic", "factor": s.factor}, {"max_position_embeddings": s.max_position_embeddings}
+    if isinstance(s, ProportionalRope):
+        factor = {} if s.factor == 1.0 else {"factor": s.factor}  # transformers warns of a factor it takes as 1
+        return {"rope_type": "proportional", "partial_rotary_factor": s.partial_rotary_factor} | factor, {}
     if isinstance(s, LongRope):
         scaled = {"rope_type": "longrope", "short_factor": list(s.short_factor), "long_factor": list(s.long_factor)}
         scaled |= {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}

@@ -15,7 +15,7 @@ from typing import Any
 
 from rl_models.config import LinearAttention, TransformerConfig
 from rl_models.hf.family import Family, FamilyFieldError, claimant, named
-from rl_models.hf.weight_maps import fused_parameter_map, hybrid_parameter_map
+from rl_models.hf.weight_maps import fused_parameter_map, hybrid_parameter_map, layered_parameter_map
 from rl_models.rope_types import LongRope
 
 
@@ -224,6 +224,68 @@ def _write_gemma2(config: TransformerConfig) -> dict[str, Any]:
         "final_logit_softcapping": config.final_logit_softcapping}
 
 
+def _gemma4_shapes(hf: dict[str, Any], types: list[str]) -> dict[str, Any]:
+    """The full-attention layers' head size and KV heads: `per_layer_config` as transformers 5
+    writes it (the same override on every full-attention layer, none on a windowed one), else
+    `global_head_dim` (512 unless set) and, with attention_k_eq_v, `num_global_key_value_heads`."""
+    per_layer = hf.get("per_layer_config")
+    if per_layer is None:
+        kv = hf.get("num_global_key_value_heads") if hf.get("attention_k_eq_v", False) else None
+        return {"global_head_dim": hf.get("global_head_dim", 512), "global_kv_heads": kv}
+    overrides = {int(k): v for k, v in per_layer.items()} if isinstance(per_layer, dict) else None
+    full = {i for i, t in enumerate(types) if t == "full_attention"}
+    shapes = {tuple(sorted(v.items())) for v in (overrides or {}).values() if isinstance(v, dict)}
+    if overrides is None or set(overrides) != full or len(shapes) != 1 or not {
+            k for k, _ in next(iter(shapes))} <= {"head_dim", "num_key_value_heads"}:
+        raise FamilyFieldError("per_layer_config", per_layer, "must give every full-attention layer, and only "
+                               "those, the same head_dim and num_key_value_heads")
+    shape = dict(next(iter(shapes)))
+    return {"global_head_dim": shape.get("head_dim", hf.get("head_dim")),
+            "global_kv_heads": shape.get("num_key_value_heads")}
+
+
+def _read_gemma4(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's text model: windowed and global layers (five to one unless layer_types says, the
+    last always global, as transformers forces it), the global layers' own head size and KV heads
+    and their keys as values, KV shared by the last layers (their MLP double-wide with
+    use_double_wide_mlp), per-layer inputs and the final soft-cap. The MoE block is not implemented."""
+    if hf.get("enable_moe_block", False):
+        raise FamilyFieldError("enable_moe_block", hf["enable_moe_block"], "Gemma 4's mixture-of-experts block "
+                               "(experts beside each layer's MLP) is not implemented")
+    if hf.get("use_bidirectional_attention") is not None:
+        raise FamilyFieldError("use_bidirectional_attention", hf["use_bidirectional_attention"], "only causal attention")
+    n = hf["num_hidden_layers"]
+    types = list(hf.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                           for i in range(n)])
+    types[-1] = "full_attention"
+    shapes = _gemma4_shapes(hf, types)
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    if shapes["global_head_dim"] == head_dim:
+        shapes["global_head_dim"] = None
+    caps = {} if hf.get("final_logit_softcapping") is None else {
+        "final_logit_softcapping": float(hf["final_logit_softcapping"])}
+    return _windows(hf | {"layer_types": types}, "sliding_attention") | shapes | caps | {
+        "keys_as_values": bool(hf.get("attention_k_eq_v", False)),
+        "kv_shared_layers": int(hf.get("num_kv_shared_layers", 0)),
+        "wide_shared_mlp": bool(hf.get("use_double_wide_mlp", False)) and bool(hf.get("num_kv_shared_layers", 0)),
+        "per_layer_input_size": int(hf.get("hidden_size_per_layer_input") or 0),
+        "per_layer_vocab_size": hf.get("vocab_size_per_layer_input") if hf.get("hidden_size_per_layer_input") else None}
+
+
+def _write_gemma4(config: TransformerConfig) -> dict[str, Any]:
+    """Gemma 4's own keys; the global layers' shape as `per_layer_config`, as transformers 5 writes it."""
+    shape = {"head_dim": config.global_head_dim or config.head_dim}
+    if config.global_kv_heads is not None:
+        shape["num_key_value_heads"] = config.global_kv_heads
+    return _write_windows(config) | {
+        "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": config.final_logit_softcapping,
+        "attention_k_eq_v": config.keys_as_values, "num_kv_shared_layers": config.kv_shared_layers,
+        "hidden_size_per_layer_input": config.per_layer_input_size,
+        "vocab_size_per_layer_input": config.per_layer_vocab_size or config.vocab_size,
+        "enable_moe_block": False, "use_double_wide_mlp": config.wide_shared_mlp, "use_bidirectional_attention": None,
+        "per_layer_config": {str(i): shape for i, w in enumerate(config.windowed()) if not w}}
+
+
 def _read_qwen35(hf: dict[str, Any]) -> dict[str, Any]:
     """Qwen3.5 (dense): Gated DeltaNet layers with a gated full-attention layer every
     full_attention_interval-th (layer_types when a folder has them). Rotary positions are Qwen3.5's
@@ -343,6 +405,12 @@ def _claims_qwen35_moe(config: TransformerConfig) -> str | None:
     return None if config.num_experts else "qwen3_5_moe_text has experts (num_experts)"
 
 
+def _claims_gemma4(config: TransformerConfig) -> str | None:
+    if config.sliding_window is None or all(config.windowed()):
+        return "gemma4_text mixes windowed and full-attention layers (layer_types)"
+    return None
+
+
 GEMMA2_DEFAULTS: dict[str, Any] = {
     "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
@@ -364,6 +432,21 @@ GEMMA3_DEFAULTS: dict[str, Any] = {
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
 }
 """transformers' Gemma3TextConfig defaults (5.x)."""
+
+GEMMA4_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 512, "vocab_size_per_layer_input": 262_144,
+    "hidden_size_per_layer_input": 256, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}},
+}
+"""transformers' Gemma4TextConfig defaults (5.x)."""
+
+GEMMA4_BLOCK: dict[str, Any] = {"hidden_act": "gelu_tanh", "sandwich_norms": True, "embed_scale": True, "qk_norm": True,
+                                "value_norm": True, "query_scale": 1.0, "layer_scalars": True}
+"""Gemma 4's GeGLU, plain (w, not 1 + w) norms before and after each sub-layer, scaled embeddings,
+q/k norms and an unscaled norm on the values (so scores are not scaled), each block's layer_scalar."""
 
 GEMMA_BLOCK: dict[str, Any] = {"hidden_act": "gelu_tanh", "norm_plus_one": True, "sandwich_norms": True,
                                "embed_scale": True}
@@ -432,6 +515,12 @@ FAMILIES: dict[str, Family] = named({
     "gemma3_text": GEMMA3_TEXT,
     "gemma3": replace(GEMMA3_TEXT, architecture="Gemma3ForConditionalGeneration", text_config="text_config",
                       written_as="gemma3_text", ignored_keys=r"(model\.)?(vision_tower|multi_modal_projector)\..*"),
+    "gemma4_text": Family("Gemma4ForCausalLM", _read_gemma4, _write_gemma4, activation_key="hidden_activation",
+                          windows=True, rope_by_layer_type=True, defaults=GEMMA4_DEFAULTS, fixes=GEMMA4_BLOCK,
+                          varies=(*WINDOWS, "rope_local_theta", "final_logit_softcapping", "global_head_dim",
+                                  "global_kv_heads", "keys_as_values", "kv_shared_layers", "per_layer_input_size",
+                                  "per_layer_vocab_size", "wide_shared_mlp"),
+                          claims=_claims_gemma4, weights=layered_parameter_map),
     "qwen3_5_text": QWEN35_TEXT,
     "qwen3_5": replace(QWEN35_TEXT, architecture="Qwen3_5ForConditionalGeneration", text_config="text_config",
                        written_as="qwen3_5_text"),

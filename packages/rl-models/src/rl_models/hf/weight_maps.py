@@ -12,6 +12,7 @@ import re
 from typing import NamedTuple
 
 from rl_models.config import TransformerConfig
+from rl_models.gemma4 import layer_rows
 
 Path_ = tuple[str | int, ...]
 
@@ -178,6 +179,50 @@ def hybrid_parameter_map(config: TransformerConfig, prefix: str = "model.", head
                 names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
             for norm in ("q_norm", "k_norm"):
                 names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight", offset=1.0)
+    if not config.tie_embeddings:
+        names[head] = Slot(("lm_head", "kernel"), None, True)
+    return names
+
+
+def layered_parameter_map(config: TransformerConfig, prefix: str = "model.", head: str = "lm_head.weight"
+                          ) -> dict[str, Slot]:
+    """Gemma 4's keys -> their Slots: layer i is a row of its stack (rl_models.gemma4.layer_rows);
+    a layer that reuses another's keys and values has no k_proj, v_proj or k_norm, a full-attention
+    layer with keys as values no v_proj; the per-layer inputs' embedding, projection and norm, each
+    block's gate, projection and norm of its per-layer input, and its layer_scalar. Norms scale by w."""
+    names: dict[str, Slot] = {f"{prefix}embed_tokens.weight": Slot(("embed",), None, False),
+                              f"{prefix}norm.weight": Slot(("final_norm", "weight"), None, False)}
+    if config.per_layer_input_size:
+        names |= {f"{prefix}embed_tokens_per_layer.weight": Slot(("per_layer_embed",), None, False),
+                  f"{prefix}per_layer_model_projection.weight": Slot(("per_layer_projection", "kernel"), None, True),
+                  f"{prefix}per_layer_projection_norm.weight": Slot(("per_layer_norm", "weight"), None, False)}
+    sources, windowed = config.kv_source(), config.windowed()
+    norms = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
+             "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"}
+    for i, (stack, row) in enumerate(layer_rows(config)):
+        hf = f"{prefix}layers.{i}"
+
+        def at(*path: str, transposed: bool = False, row: int = row, stack: str = stack) -> Slot:
+            return Slot((stack, *path), row, transposed)
+
+        for name, ours in norms.items():
+            names[f"{hf}.{name}.weight"] = at(ours, "weight")
+        projections = ["q_proj", "o_proj"]
+        if sources[i] == i:
+            projections += ["k_proj"] if config.keys_as_values and not windowed[i] else ["k_proj", "v_proj"]
+        for proj in projections:
+            names[f"{hf}.self_attn.{proj}.weight"] = at("attn", proj, "kernel", transposed=True)
+        if config.qk_norm:
+            for norm in ("q_norm", "k_norm") if sources[i] == i else ("q_norm",):
+                names[f"{hf}.self_attn.{norm}.weight"] = at("attn", norm, "weight")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names[f"{hf}.mlp.{proj}.weight"] = at("mlp", proj, "kernel", transposed=True)
+        if config.per_layer_input_size:
+            names[f"{hf}.per_layer_input_gate.weight"] = at("per_layer_gate", "kernel", transposed=True)
+            names[f"{hf}.per_layer_projection.weight"] = at("per_layer_proj", "kernel", transposed=True)
+            names[f"{hf}.post_per_layer_input_norm.weight"] = at("per_layer_norm", "weight")
+        if config.layer_scalars:
+            names[f"{hf}.layer_scalar"] = at("layer_scalar")
     if not config.tie_embeddings:
         names[head] = Slot(("lm_head", "kernel"), None, True)
     return names
