@@ -98,7 +98,7 @@ def test_sft_on_conversations_then_rl_starts_from_it(tmp_path):
     # 30 steps of imitating "a+0=" -> "a" answer all ten held-out rows; the random model none of them
     assert before == {"sft": 1.0, "none": 0.0}
     # the warm start's own metrics file, packed by default with warm_start.data: 32 sequences of 7 tokens
-    # (BOS "a+0=" "a" EOS) a step, 9 to a row of 64 tokens: 4 rows (a power of two) where unpacked 32
+    # (BOS "a+0=" "a" EOS) a step, 9 to a row of 64 tokens: 4 rows where unpacked 32
     from trainer.warmstart import SFT_METRIC_KEYS
 
     records = [json.loads(line) for line in (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()]
@@ -192,7 +192,7 @@ def test_the_packed_loss_and_its_gradients_are_the_unpacked_ones(tmp_path):
     task = build.warm_start_task(settings, None, tokenizer)
     batch = sft_arrays(task, tokenizer, task.train[:8], np.random.default_rng(0))
     packed = pack(*batch)
-    assert packed.tokens.shape == (4, 32)  # 8 sequences of 7 or 15 tokens: four rows of 32
+    assert packed.tokens.shape == (3, 32)  # 8 sequences of 7 or 15 tokens: three rows of 32
     model = Transformer(preset("tiny", vocab_size=tokenizer.vocab_size), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
 
