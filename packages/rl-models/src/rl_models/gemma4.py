@@ -47,7 +47,7 @@ from rl_models.moe import Routing
 from rl_models.rope import rope_cos_sin, rope_frequencies, rotate
 from rl_models.rope_types import default_inv_freq
 from rl_models.sharding import constrain
-from rl_models.transformer import Transformer, embed_tokens, remat_policy
+from rl_models.transformer import Transformer, check_call, embed_tokens, remat_policy
 
 LayeredCache = tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
 STACKS = ("layers", "global_layers", "shared_layers", "global_shared_layers")
@@ -237,16 +237,8 @@ class Gemma4Transformer(Transformer):
                replay: jax.Array | None = None) -> tuple[jax.Array, LayeredCache | None, Routing | None]:
         """Transformer.routed's contract (no experts: routing None, no replay)."""
         b, l = tokens.shape
-        if not 0 <= outputs_from < l:
-            raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
-        s = l if cache is None else cache[0][0].shape[2]
-        if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
-            raise ValueError(
-                f"tokens {tokens.shape} need positions of shape {(b, l)} (got {positions.shape}) and "
-                f"attention_mask of shape {(b, l, s)} (got {attention_mask.shape}); S is "
-                f"{'L' if cache is None else 'the cache length'}")
-        if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
-            raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        check_call(tokens, positions, attention_mask, None if cache is None else cache[0][0].shape[2], cache_index,
+                   outputs_from)
         if replay is not None:
             raise ValueError("replay: the model has no experts to replay")
         x = constrain(embed_tokens(self, tokens), ROWS)

@@ -41,7 +41,7 @@ from rl_models.layers import Linear, RMSNorm, param
 from rl_models.moe import MoE, Routing
 from rl_models.rope import rope_cos_sin, rope_inv_freq
 from rl_models.sharding import constrain
-from rl_models.transformer import Transformer, remat_policy, scans_layers
+from rl_models.transformer import Transformer, check_call, remat_policy, scans_layers
 
 HybridCache = tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
@@ -164,16 +164,8 @@ class HybridTransformer(Transformer):
         (Transformer.routed's contract: each field [layers, B, L - outputs_from, ...]; `replay`
         [layers, B, L, k] forces it); None without experts."""
         b, l = tokens.shape
-        if not 0 <= outputs_from < l:
-            raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
-        s = l if cache is None else cache[0][0].shape[3]
-        if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
-            raise ValueError(
-                f"tokens {tokens.shape} need positions of shape {(b, l)} (got {positions.shape}) and "
-                f"attention_mask of shape {(b, l, s)} (got {attention_mask.shape}); S is "
-                f"{'L' if cache is None else 'the cache length'}")
-        if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
-            raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        check_call(tokens, positions, attention_mask, None if cache is None else cache[0][0].shape[3], cache_index,
+                   outputs_from)
         cfg = self.config
         if replay is not None:
             want = (cfg.num_layers, b, l, cfg.experts_per_token)

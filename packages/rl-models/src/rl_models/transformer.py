@@ -105,6 +105,25 @@ class LayerSettings:
         return rope, jnp.asarray(self.windows, jnp.int32)[i]
 
 
+def check_call(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, slots: int | None,
+               cache_index: jax.Array | int, outputs_from: int) -> None:
+    """The shapes every model's `routed` takes: tokens [B, L], positions [B, L], attention_mask
+    [B, L, S] (S: L without a cache, else the cache's `slots`), a static cache_index that leaves room
+    for L tokens, and outputs_from inside the call. Raises ValueError naming what is off."""
+    b, l = tokens.shape
+    if not 0 <= outputs_from < l:
+        raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
+    s = l if slots is None else slots
+    if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
+        raise ValueError(
+            f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
+            f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
+            f"{attention_mask.shape}); S is {'L' if slots is None else 'the cache length'}"
+        )
+    if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
+        raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+
+
 def embed_tokens(model: Transformer, tokens: jax.Array) -> jax.Array:
     """Token embeddings [B, L, D] in the compute dtype (times sqrt(D) in the parameters' dtype
     with `embed_scale`, as Gemma's scaled embedding): the rows gathered first, then cast, so no
@@ -221,17 +240,8 @@ class Transformer(nnx.Module):
         router's choice (routing replay); a position whose entry is -1 routes freely (a prompt's
         positions, which the engines do not record); a dense model refuses it."""
         b, l = tokens.shape
-        if not 0 <= outputs_from < l:
-            raise ValueError(f"outputs_from={outputs_from}: the call has {l} positions")
-        s = l if cache is None else self._cache_slots(cache, attention_mask.shape[-1])
-        if positions.shape != (b, l) or attention_mask.shape != (b, l, s):
-            raise ValueError(
-                f"tokens {tokens.shape} need positions of shape {(b, l)} (got "
-                f"{positions.shape}) and attention_mask of shape {(b, l, s)} (got "
-                f"{attention_mask.shape}); S is {'L' if cache is None else 'the cache length'}"
-            )
-        if isinstance(cache_index, int) and not 0 <= cache_index <= s - l:
-            raise ValueError(f"cache_index={cache_index}: {l} tokens do not fit {s} cache slots")
+        slots = None if cache is None else self._cache_slots(cache, attention_mask.shape[-1])
+        check_call(tokens, positions, attention_mask, slots, cache_index, outputs_from)
         if replay is not None:
             want = (self.config.num_layers, b, l, self.config.experts_per_token)
             if not self.config.num_experts or replay.shape != want:
