@@ -67,28 +67,34 @@ def test_update_lowers_for_tpu_with_splash(heads, kv_heads, head_dim):
     assert _custom_calls(text) >= 2  # Splash's forward and backward kernels
 
 
-def test_soft_capped_attention_lowers_for_tpu_in_the_engine_and_the_update():
-    """With Gemma 2's caps (at Gemma's head dim 256) both programs still call the kernels."""
+def _engine_and_update_texts(config: TransformerConfig) -> tuple[str, str]:
+    """The paged engine's step and the GRPO update of a model of `config`, lowered for TPU on this host."""
     with traced_for("tpu", kernels=True):
-        model = Transformer(_config(4, 2, 256, **SOFTCAPS), rngs=nnx.Rngs(0))
+        model = model_class(config)(config, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
         engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
         engine.update_weights(state, 1)
-        text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
-    assert _custom_calls(text) >= 2
+        step = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
     settings = build_settings(algo="grpo", overrides=[
         "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
         "rollout.max_new_tokens=32"])
     mesh = mesh_lib.training_mesh(settings.training)
     with traced_for("tpu", kernels=True):
-        abstract = nnx.eval_shape(lambda: Transformer(_config(4, 2, 256, **SOFTCAPS), rngs=nnx.Rngs(0)))
+        abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
         graphdef, params, frozen, _ = frozen_lib.split_policy(abstract)
         programs = policy_programs(settings, mesh, graphdef, params, frozen)
         batch = programs.mini_batch(programs.layout.num_micro_batches)
-        text = programs.update.trace(programs.state, programs.frozen, batch).lower(
+        update = programs.update.trace(programs.state, programs.frozen, batch).lower(
             lowering_platforms=("tpu",)).as_text()
-    assert _custom_calls(text) >= 2
+    return step, update
+
+
+def test_soft_capped_attention_lowers_for_tpu_in_the_engine_and_the_update():
+    """With Gemma 2's caps (at Gemma's head dim 256) both programs still call the kernels."""
+    step, update = _engine_and_update_texts(_config(4, 2, 256, **SOFTCAPS))
+    assert _custom_calls(step) >= 2
+    assert _custom_calls(update) >= 2
 
 
 def _gemma4_config() -> TransformerConfig:
@@ -107,23 +113,6 @@ def _gemma4_config() -> TransformerConfig:
 def test_gemma4_layers_lower_for_tpu_in_the_engine_and_the_update():
     """The paged engine's pool at the global layers' 1 KV head of 512 (the Pallas kernel) beside the
     windowed layers' rings, and the update with Splash on the global layers (head size 512)."""
-    with traced_for("tpu", kernels=True):
-        model = model_class(_gemma4_config())(_gemma4_config(), rngs=nnx.Rngs(0))
-        graphdef, state = nnx.split(model)
-        settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
-        engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
-        engine.update_weights(state, 1)
-        text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
-    assert _custom_calls(text) >= 2
-    settings = build_settings(algo="grpo", overrides=[
-        "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
-        "rollout.max_new_tokens=32"])
-    mesh = mesh_lib.training_mesh(settings.training)
-    with traced_for("tpu", kernels=True):
-        abstract = nnx.eval_shape(lambda: model_class(_gemma4_config())(_gemma4_config(), rngs=nnx.Rngs(0)))
-        graphdef, params, frozen, _ = frozen_lib.split_policy(abstract)
-        programs = policy_programs(settings, mesh, graphdef, params, frozen)
-        batch = programs.mini_batch(programs.layout.num_micro_batches)
-        text = programs.update.trace(programs.state, programs.frozen, batch).lower(
-            lowering_platforms=("tpu",)).as_text()
-    assert _custom_calls(text) >= 2  # Splash's forward and backward kernels on the global layers
+    step, update = _engine_and_update_texts(_gemma4_config())
+    assert _custom_calls(step) >= 2
+    assert _custom_calls(update) >= 2  # Splash's forward and backward kernels on the global layers
