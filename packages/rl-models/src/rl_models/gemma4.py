@@ -47,7 +47,7 @@ from rl_models.moe import Routing
 from rl_models.rope import rope_cos_sin, rope_frequencies, rotate
 from rl_models.rope_types import default_inv_freq
 from rl_models.sharding import constrain
-from rl_models.transformer import Transformer, check_call, embed_tokens, remat_policy
+from rl_models.transformer import EMBED_INIT, Transformer, check_call, embed_tokens, remat_policy, token_embedding
 
 LayeredCache = tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
 STACKS = ("layers", "global_layers", "shared_layers", "global_shared_layers")
@@ -191,9 +191,7 @@ class Gemma4Transformer(Transformer):
             raise ValueError("Gemma4Transformer needs a layered config (TransformerConfig.layered)")
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
-        embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-        self.embed = param(
-            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"]), ("vocab", "embed"))
+        self.embed = token_embedding(config, rngs)
         blocks = [LayeredBlock(config, i, rngs=rngs) for i in range(config.num_layers)]
         for stack in STACKS:
             mine = [b for i, b in enumerate(blocks) if stack_of(config, i) == stack]
@@ -202,7 +200,7 @@ class Gemma4Transformer(Transformer):
         if p:
             rows, width = config.per_layer_vocab_size or config.vocab_size, config.num_layers * p
             # split like the token embedding (its width over fsdp): at Gemma 4's sizes it is the largest tensor
-            self.per_layer_embed = param(embed_init(rngs.params(), (rows, width), dtypes["param_dtype"]),
+            self.per_layer_embed = param(EMBED_INIT(rngs.params(), (rows, width), dtypes["param_dtype"]),
                                          ("vocab", "embed"))
             self.per_layer_projection = Linear(config.hidden_size, width, axes=("embed", None), use_bias=False,
                                                **dtypes, rngs=rngs)

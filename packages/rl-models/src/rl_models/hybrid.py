@@ -37,11 +37,11 @@ from rl_models.config import TransformerConfig
 from rl_models.gated_attention import GatedAttention
 from rl_models.gated_deltanet import GatedDeltaNet
 from rl_models.gemma4 import Gemma4Transformer
-from rl_models.layers import Linear, RMSNorm, param
+from rl_models.layers import Linear, RMSNorm
 from rl_models.moe import MoE, Routing
 from rl_models.rope import rope_cos_sin, rope_inv_freq
 from rl_models.sharding import constrain
-from rl_models.transformer import Transformer, check_call, remat_policy, scans_layers
+from rl_models.transformer import Transformer, check_call, remat_policy, scans_layers, token_embedding
 
 HybridCache = tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
@@ -108,9 +108,7 @@ class HybridTransformer(Transformer):
             raise ValueError("HybridTransformer needs layer_types with 'linear_attention' layers")
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
-        embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-        self.embed = param(
-            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"]), ("vocab", "embed"))
+        self.embed = token_embedding(config, rngs)
         kinds = config.kinds()
         blocks = [LinearBlock(config, rngs=rngs) if k == "linear_attention" else AttentionBlock(config, rngs=rngs)
                   for k in kinds]

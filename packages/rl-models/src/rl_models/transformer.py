@@ -105,6 +105,16 @@ class LayerSettings:
         return rope, jnp.asarray(self.windows, jnp.int32)[i]
 
 
+EMBED_INIT = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+"""How every model class draws its embedding tables (unit variance over the hidden axis)."""
+
+
+def token_embedding(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Param:
+    """The [vocab, hidden] token embedding every model class starts from, drawn by `EMBED_INIT`."""
+    return param(EMBED_INIT(rngs.params(), (config.vocab_size, config.hidden_size), param_dtype(config)),
+                 ("vocab", "embed"))
+
+
 def check_call(tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, slots: int | None,
                cache_index: jax.Array | int, outputs_from: int) -> None:
     """The shapes every model's `routed` takes: tokens [B, L], positions [B, L], attention_mask
@@ -154,11 +164,7 @@ class Transformer(nnx.Module):
                              "rl_models.gemma4.Gemma4Transformer (rl_models.model_class(config) picks the class)")
         dtypes = {"dtype": compute_dtype(config), "param_dtype": param_dtype(config)}
         self.config = config
-        embed_init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-        self.embed = param(
-            embed_init(rngs.params(), (config.vocab_size, config.hidden_size), dtypes["param_dtype"]),
-            ("vocab", "embed"),
-        )
+        self.embed = token_embedding(config, rngs)
         # Built one by one (the same random draws as unstacked blocks), then stacked.
         self.layers = stack_layers([Block(config, rngs=rngs) for _ in range(config.num_layers)])
         self.final_norm = norm(config)
