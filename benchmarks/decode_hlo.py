@@ -34,10 +34,10 @@ PROMPT_TOKENS, SAMPLES = 32, 8
 ITEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
 
 
-def compiled_text(rows: int, new_tokens: int) -> tuple[str, dict]:
+def compiled_text(rows: int, new_tokens: int, prompt_tokens: int = PROMPT_TOKENS, **shape: int) -> tuple[str, dict]:
     """(optimized HLO, cost analysis) of the static sampler's program for `rows` completions."""
     vocab = CharTokenizer().vocab_size
-    config = preset("qwen2_0_5b_shape", vocab_size=vocab, dtype="bfloat16")
+    config = preset("qwen2_0_5b_shape", vocab_size=vocab, dtype="bfloat16", **shape)
     mesh = mesh_lib.make_mesh(devices=topology_devices(1))
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
     shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
@@ -45,7 +45,7 @@ def compiled_text(rows: int, new_tokens: int) -> tuple[str, dict]:
                          nnx.to_pure_dict(state), shardings)
     sampler = Sampler(graphdef, max_new_tokens=new_tokens, eos_ids=(vocab - 1,), pad_id=0, mesh=mesh,
                       param_shardings=shardings)
-    prompts = jax.ShapeDtypeStruct((rows // SAMPLES, PROMPT_TOKENS), jnp.int32, sharding=mesh_lib.rows(mesh))
+    prompts = jax.ShapeDtypeStruct((rows // SAMPLES, prompt_tokens), jnp.int32, sharding=mesh_lib.rows(mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
     with attention_lib.traced_for("tpu", kernels=True):
         lowered = sampler._jit(True, True).lower(state, prompts, prompts, key, SamplingParams(temperature=1.0), SAMPLES)
@@ -125,12 +125,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--decode-attention", nargs="+", default=["masked", "live"], choices=["live", "masked"])
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="7: trainer bench's preset")
+    parser.add_argument("--head-dim", type=int, default=64, help="the 0.5B shape's 64, or another (e.g. 128)")
     parser.add_argument("--min-mib", type=float, default=4.0)
     parser.add_argument("--out", default="/tmp", help="folder for the HLO text")
     args = parser.parse_args()
     for way in args.decode_attention:
         attention_lib.DECODE_ATTENTION = way
-        text, cost = compiled_text(args.rows, args.new_tokens)
+        text, cost = compiled_text(args.rows, args.new_tokens, args.prompt_tokens, head_dim=args.head_dim)
         path = f"{args.out}/decode-{args.rows}x{args.new_tokens}-{way}.hlo"
         with open(path, "w") as f:
             f.write(text)
