@@ -15,7 +15,6 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import PartitionSpec
 
 from rl_models import attention as attention_lib
@@ -56,11 +55,6 @@ def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Arra
     return mask & near[None]
 
 
-SLOTS_MINOR = Layout(major_to_minor=(0, 1, 2, 4, 3))
-"""[layers, B, K, S, Dh] with the slots minor, then Dh: the layout of K^T and V^T that a decode step's
-two dots read in place (a head_dim of 64 minor would fill half of each 128-lane tile)."""
-
-
 def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int, cache_index: jax.Array | int
                 ) -> tuple[KVCache, jax.Array, jax.Array]:
     """(the cache [layers, B, K, S, Dh] each with k / v [B, L, K, Dh] written in place at `layer`,
@@ -68,11 +62,6 @@ def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int,
     zero = jnp.zeros((), jnp.int32)
     start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
     new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
-    if attention_lib.target_platform() == "tpu" and k.shape[-1] % 128:
-        # the new slots in the layout the attention's dots read the cache in (slots minor): left
-        # free with a head_dim under a lane tile, XLA:TPU lays a stack out like its update (rows
-        # minor) and copies the layer's cache to slots-minor at every token (docs/results/2026-12-06-decode-layout.md)
-        new = [with_layout_constraint(x, SLOTS_MINOR) for x in new]
     kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start), jax.lax.dynamic_update_slice(kv[1], new[1], start))
     k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
     return kv, k_all, v_all
