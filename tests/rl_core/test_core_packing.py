@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from rl_core.policy.logprobs import completion_logprobs, packed_logprobs
 from rl_core.packed import unpack
-from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions
+from rl_core.train.packing import pack, pack_micro_batches, packed_rows, padded_positions, reused_rows
 from rl_models import CharTokenizer, Transformer, TransformerConfig
 from tolerances import close
 
@@ -152,3 +152,33 @@ def test_packed_row_counts_take_four_steps_an_octave():
         [1, 1, 3, 5, 8, 10, 14, 20, 80, 96, 112, 128, 160]
     assert packed_rows(90, cap=64) == 64  # never more rows than sequences
     assert len({packed_rows(u) for u in range(65, 129)}) == 4  # 80, 96, 112, 128: four programs at most
+
+
+def test_a_run_reuses_a_larger_row_count_it_compiled_before_compiling_a_smaller_one():
+    compiled: set[tuple[int, ...]] = set()
+    assert [reused_rows(n, compiled, (1, 263)) for n in (96, 80, 112, 80, 128)] == [96, 96, 112, 96, 128]
+    assert reused_rows(80, compiled, (2, 263)) == 80  # another micro-batch count is another program
+    assert reused_rows(80, compiled, (1, 100)) == 80  # and another width
+    assert compiled == {(1, 263, 96), (1, 263, 112), (1, 263, 128), (2, 263, 80), (1, 100, 80)}
+    assert reused_rows(80, None) == 80  # nothing kept: each pack its own count
+
+
+def test_a_pack_into_more_rows_than_it_needs_holds_the_same_sequences(batch):
+    """After a step whose blocks took 3 rows, one that needs 2 runs the 3-row shape: the same
+    tokens, positions and gather indices (local to each block), and a third row of padding."""
+    prompt, prompt_mask, completion, mask, _ = batch
+    stack = lambda x: x[None]  # noqa: E731  one micro-batch
+    compiled: set[tuple[int, ...]] = set()
+    long = np.ones_like(mask)
+    first = pack_micro_batches(stack(prompt), stack(np.ones_like(prompt_mask)), stack(completion), stack(long),
+                               shards=2, compiled=compiled)
+    assert first.tokens.shape == (1, 2 * 3, 20) and compiled == {(1, 20, 3)}  # 20 tokens a sequence: one a row
+    alone = pack_micro_batches(stack(prompt), stack(prompt_mask), stack(completion), stack(mask), shards=2)
+    reused = pack_micro_batches(stack(prompt), stack(prompt_mask), stack(completion), stack(mask), shards=2,
+                                compiled=compiled)
+    assert alone.tokens.shape == (1, 2 * 2, 20) and reused.tokens.shape == (1, 2 * 3, 20)
+    for got, want in zip(reused[:3], alone[:3], strict=True):  # tokens, positions, segments
+        got, want = np.asarray(got).reshape(2, 3, 20), np.asarray(want).reshape(2, 2, 20)
+        np.testing.assert_array_equal(got[:, :2], want)
+        assert not got[:, 2].any()
+    np.testing.assert_array_equal(np.asarray(reused.index), np.asarray(alone.index))

@@ -143,6 +143,16 @@ def test_bench_writes_json_with_flat_compile_count(tmp_path, capsys):
     assert 0 < r["phases"]["step"]["needed_of_peak"] < r["mfu_step"]
 
 
+def test_bench_times_a_micro_batch_the_user_sets_and_refuses_a_batch_change(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--preset", "tiny", "--steps", "1", "--output", str(out), "model.remat=full",
+                 "training.micro_batch_size=4"]) == 0
+    memory = json.loads(out.read_text())["memory"]
+    assert (memory["remat"], memory["micro_batch_size"]) == ("full", 4)  # as set: nothing picked
+    assert main(["bench", "--preset", "tiny", "--steps", "1", "training.prompts_per_step=4"]) == 2
+    assert "training.packing and training.micro_batch_size" in capsys.readouterr().err
+
+
 def test_bench_rejects_unknown_preset(capsys):
     assert main(["bench", "--preset", "huge", "--steps", "1"]) == 2
     assert "tiny-qwen2" in capsys.readouterr().err

@@ -162,6 +162,10 @@ def bench_settings(p: BenchPreset, *, steps: int, algo: str = "grpo", model: str
     )
 
 
+BENCH_OVERRIDES = ("model.", "rollout.engine=", "training.packing=", "training.micro_batch_size=")
+"""What a bench may change: the model and its memory settings, the engine, packing; not the batch or the algorithm."""
+
+
 def run_bench(
     *,
     preset: str = "tiny-qwen2",
@@ -179,11 +183,13 @@ def run_bench(
     `model` (a local Hugging Face folder) replaces the preset's model and
     tokenizer with a real architecture; the batch shape stays the preset's.
     `overrides` (dotted settings, last) may make it a LoRA run (`model.lora.rank=8`), pick the
-    rollout engine or pack the update's rows (`training.packing=true`); `profile` traces the timed steps.
+    rollout engine, pack the update's rows (`training.packing=true`) or set its micro-batch
+    (`training.micro_batch_size=16`, with `model.remat` the memory settings a run picks when left
+    at auto); `profile` traces the timed steps.
     """
-    if any(not o.startswith(("model.", "rollout.engine=", "training.packing=")) for o in overrides):
+    if any(not o.startswith(BENCH_OVERRIDES) for o in overrides):
         raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8), "
-                          "rollout.engine and training.packing")
+                          "rollout.engine, training.packing and training.micro_batch_size")
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:

@@ -56,6 +56,8 @@ class BatchLayout:
         # prompts are shared by groups of this many rows when each device holds whole groups
         whole_groups = group_size > 1 and (self.micro_size // devices) % group_size == 0
         self.prompt_group = group_size if training.share_prompts and not training.packing and whole_groups else 1
+        self.packed_shapes: set[tuple[int, ...]] = set()
+        """The packed shapes (micro-batches, width, rows) its passes were given so far (packing.reused_rows)."""
 
     def rows(self, axis: int = 0) -> NamedSharding:
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""
@@ -130,7 +132,8 @@ class BatchLayout:
     def pack(self, prompt_tokens: Any, prompt_mask: Any, completion_tokens: Any, completion_mask: Any) -> Any:
         """The micro-batches [M, mb, ...] packed per device (rl_core.train.packing), on the host."""
         return pack_micro_batches(_host(prompt_tokens), _host(prompt_mask), _host(completion_tokens),
-                                  _host(completion_mask), shards=mesh_lib.batch_devices(self.mesh))
+                                  _host(completion_mask), shards=mesh_lib.batch_devices(self.mesh),
+                                  compiled=self.packed_shapes)
 
     def micro_batched(self, program: Callable[..., Any], params: Any, frozen: Any, prompt_tokens: Any,
                       prompt_mask: Any, completion_tokens: Any, *per_token: Any, mask: Any = None,

@@ -21,7 +21,8 @@ each block), so no device ever needs another's activations.
 
 The packing is planned on the host, where the lengths are known (first-fit
 decreasing); `pack` returns the arrays a jitted pass takes. R is rounded up to one
-of four steps an octave (`packed_rows`) so that a run compiles few shapes.
+of four steps an octave (`packed_rows`), and a run reuses a larger R it already
+compiled (`reused_rows`), so that it compiles few shapes.
 """
 
 from __future__ import annotations
@@ -137,14 +138,30 @@ def _fill(plan: _Plan, prompt_tokens: np.ndarray, prompt_mask: np.ndarray, compl
     return Packed(tokens, positions, segments, index)
 
 
+def reused_rows(rows: int, compiled: set[tuple[int, ...]] | None, shape: tuple[int, ...] = ()) -> int:
+    """`rows`, or the fewest rows of the packed shapes already `compiled` ((*shape, rows) tuples) that
+    hold them; the pick is added to `compiled`.
+
+    A packed pass compiles a program per row count; on a TPU a 0.5B update takes minutes to compile,
+    so a step whose sequences pack into 80 rows after one that took 96 runs the 96-row program on
+    padding rather than compile another (the chip's 0.5B bench did not finish its warm-up steps in 7
+    minutes of such compiles). `shape`: what else fixes the program (micro-batches, row width)."""
+    if compiled is None:
+        return rows
+    rows = min((r for *s, r in compiled if tuple(s) == shape and r >= rows), default=rows)
+    compiled.add((*shape, rows))
+    return rows
+
+
 def pack_micro_batches(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, completion_tokens: np.ndarray,
-                       completion_mask: np.ndarray, *, shards: int) -> Packed:
+                       completion_mask: np.ndarray, *, shards: int, compiled: set[tuple[int, ...]] | None = None) -> Packed:
     """`pack` of every micro-batch of [M, mb, ...] stacks, all into the same number of rows
-    (the most any micro-batch's block needs): a Packed whose arrays lead with M."""
+    (the most any micro-batch's block needs, or a larger count already `compiled`: `reused_rows`):
+    a Packed whose arrays lead with M."""
     m, mb, p = np.shape(prompt_mask)
     width = p + np.shape(completion_mask)[2]
     plans = [_plan(prompt_mask[k], completion_mask[k], width, shards) for k in range(m)]
-    rows = packed_rows(max(plan.used for plan in plans), mb // shards)
+    rows = reused_rows(packed_rows(max(plan.used for plan in plans), mb // shards), compiled, (m, width))
     packs = [_fill(plan, np.asarray(prompt_tokens[k]), np.asarray(prompt_mask[k]) > 0,
                    np.asarray(completion_tokens[k]), width=width, rows=rows, shards=shards)
              for k, plan in enumerate(plans)]
