@@ -5,7 +5,9 @@
 #   scripts/tpu-tests.sh OUT [pytest arguments, e.g. test paths or -k ...]
 #
 # OUT gets junit.xml, pytest.log (as it runs) and summary.md (passed / skipped by reason / failed).
-# PYTHON names the interpreter (default python3). docs/development.md says what skips and why.
+# PYTHON names the interpreter (default python3); SHARD=I/N runs only shard I of N of the test files
+# (a call each on a chip lent for minutes; scripts/tpu_tests.py merge tallies the shards' reports).
+# docs/development.md says what skips and why.
 set -euo pipefail
 out=${1:?usage: scripts/tpu-tests.sh OUT [pytest arguments]}
 shift
@@ -15,6 +17,10 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$root"
 mapfile -t args < <("$python" scripts/tpu_tests.py args)
+if [[ -n ${SHARD:-} ]]; then
+  mapfile -t files < <("$python" scripts/tpu_tests.py shard "${SHARD%/*}" "${SHARD#*/}")
+  args+=("${files[@]}")
+fi
 status=0
 # -o addopts= drops pyproject's (pytest-xdist's options with them); `args` restores the rest
 "$python" -m pytest -o addopts= "${args[@]}" --junitxml="$out/junit.xml" "$@" 2>&1 | tee "$out/pytest.log" \

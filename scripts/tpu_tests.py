@@ -3,6 +3,11 @@ from wheels, and the summary of its junit report.
 
     python3 scripts/tpu_tests.py args              pytest's options, one a line
     python3 scripts/tpu_tests.py summary JUNIT OUT  OUT (Markdown): the tally, skips by reason, failures
+    python3 scripts/tpu_tests.py shard I N         the test files of shard I of N (1..N), one a line
+    python3 scripts/tpu_tests.py merge OUT JUNIT...  one summary of several reports (the shards' calls)
+
+A chip lent for minutes at a time runs the fast tier in shards (each test compiles its programs for
+the TPU: seconds a test), one a call, and `merge` makes the shards' reports one tally.
 
 Standard library only: the TPU host has pytest but not the project's dev tools.
 """
@@ -40,9 +45,27 @@ def pytest_args() -> list[str]:
     return [*kept, "-p", "no:xdist", *(f"-W{w}" for w in HOST_WARNINGS)]
 
 
-def summary(junit: Path) -> str:
-    """The report's tally, its skips grouped by reason (most first) and its failures, in Markdown."""
-    cases = ET.parse(junit).getroot().iter("testcase")
+def test_files(tests: Path = ROOT / "tests") -> dict[Path, int]:
+    """Each test file under `tests` and its count of test functions (`def test_`, as written)."""
+    return {path: path.read_text().count("def test_") for path in sorted(tests.rglob("test_*.py"))}
+
+
+def shard(index: int, count: int, files: dict[Path, int]) -> list[Path]:
+    """The files of shard `index` (1..count): the files, most tests first, each to the shard with
+    the fewest tests so far (ties to the lowest), so the shards hold about as many tests each."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index} of {count}: the shard is 1..{count}")
+    loads, out = [0] * count, [[] for _ in range(count)]
+    for path, n in sorted(files.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+        k = loads.index(min(loads))
+        loads[k] += n
+        out[k].append(path)
+    return sorted(out[index - 1])
+
+
+def summary(*junits: Path) -> str:
+    """The reports' tally, their skips grouped by reason (most first) and failures, in Markdown."""
+    cases = (case for junit in junits for case in ET.parse(junit).getroot().iter("testcase"))
     passed, skipped, failed = [], defaultdict(list), []
     for case in cases:
         name = f"{case.get('classname')}::{case.get('name')}"
@@ -79,6 +102,14 @@ def main(argv: list[str]) -> int:
         text = summary(Path(argv[1]))
         Path(argv[2]).write_text(text)
         print(text)
+        return 0
+    if argv[:1] == ["merge"] and len(argv) >= 3:
+        text = summary(*map(Path, argv[2:]))
+        Path(argv[1]).write_text(text)
+        print(text)
+        return 0
+    if argv[:1] == ["shard"] and len(argv) == 3:
+        print("\n".join(str(p.relative_to(ROOT)) for p in shard(int(argv[1]), int(argv[2]), test_files())))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -46,6 +46,30 @@ def test_the_summary_counts_groups_skips_by_reason_and_lists_failures(tmp_path):
     assert "- `tests.c::test_loss` (failure): AssertionError: 1e-3 apart" in text.splitlines()
 
 
+def test_the_shards_hold_every_test_file_once_and_about_as_many_tests_each():
+    files = tpu_tests.test_files()
+    assert len(files) > 100 and all(p.name.startswith("test_") for p in files)
+    shards = [tpu_tests.shard(i, 6, files) for i in range(1, 7)]
+    assert sorted(p for s in shards for p in s) == sorted(files)  # each file in exactly one shard
+    loads = [sum(files[p] for p in s) for s in shards]
+    assert max(loads) - min(loads) <= max(files.values())  # greedy: within the largest file's count
+    # by hand: files of 5, 4, 3, 2, 1 tests into two shards: 5 | 4, then 3 to the lighter (5 | 7),
+    # 2 to the first (7 | 7), 1 to the first of a tie (8 | 7)
+    toy = {Path(f"t{n}.py"): n for n in (1, 2, 3, 4, 5)}
+    assert {str(p) for p in tpu_tests.shard(1, 2, toy)} == {"t5.py", "t2.py", "t1.py"}
+    assert {str(p) for p in tpu_tests.shard(2, 2, toy)} == {"t4.py", "t3.py"}
+    with pytest.raises(ValueError, match="shard 3 of 2"):
+        tpu_tests.shard(3, 2, toy)
+
+
+def test_merge_tallies_the_shards_reports_as_one(tmp_path):
+    (tmp_path / "a.xml").write_text(JUNIT)
+    (tmp_path / "b.xml").write_text(JUNIT)
+    assert tpu_tests.main(["merge", str(tmp_path / "all.md"), str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 0
+    text = (tmp_path / "all.md").read_text()
+    assert text.splitlines()[0] == "passed 4, skipped 6, failed 2"
+
+
 @about_the_cpu("the marker's own test: on CPU it runs, and pretends to be elsewhere")
 def test_a_test_about_the_cpu_skips_elsewhere_saying_why(request, monkeypatch):
     host.skip_unless_cpu(request.node)  # on CPU: runs
