@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from rl_core.runtime import compile_count, mesh as mesh_lib
+from rl_core.runtime import compile_count, compile_seconds, mesh as mesh_lib
 from rl_core import ConfigError, Sampler, SamplingParams
 from rl_core.rollout import resolve_engine
 from rl_models import TransformerConfig
@@ -200,7 +200,9 @@ def run_bench(
                           "uv run trainer convert --gguf FILE --out DIR; docs/real-models.md)")
     settings = bench_settings(p, steps=p.warmup_steps + steps, algo=algo, model=model, overrides=overrides)
     log(f"bench {preset}: {devices.describe()}")
+    seconds_start = compile_seconds()
     settings = check_memory(settings, preset, memory_gb=memory_gb, log=log)  # picks remat=auto; before anything is allocated
+    seconds_checked = compile_seconds()
     task = settings.task.build()
     tokenizer = build.tokenizer(settings)
     policy = build.new_model(settings, tokenizer)
@@ -235,9 +237,9 @@ def run_bench(
     peak_before = matmul_peak(p.matmul_sizes, p.matmul_repeats, p.matmul_min_seconds)
 
     log(f"{plural(p.warmup_steps, 'warm-up step')}, then {steps} timed")
-    compiles_start = compile_count()
+    compiles_start, seconds_before_steps = compile_count(), compile_seconds()
     learner.train_step()
-    compiles_first = compile_count()
+    compiles_first, seconds_first = compile_count(), compile_seconds()
     for _ in range(p.warmup_steps - 1):
         learner.train_step()
     recorder.take()
@@ -276,6 +278,9 @@ def run_bench(
             "warmup": compiles_before - compiles_start,
             "after_first_step": compiles_after - compiles_first,
             "timed_delta": compiles_after - compiles_before,
+            # XLA's seconds compiling (or loading from the cache): the memory check's plan, the first step
+            "memory_check_seconds": seconds_checked - seconds_start,
+            "first_step_seconds": seconds_first - seconds_before_steps,
         },
         prefill=prefill,
         decode=decode,

@@ -175,7 +175,9 @@ def print_table(results: dict[str, Any]) -> None:
            f"{decode['memory_bytes_per_sec'] / 1e9:.0f} GB/s measured); " if decode.get("over_floor") else "; ")
         + f"prefill {results['prefill']['over_floor']:.1f}x its matmul floor "
         f"{results['prefill']['floor_seconds'] * 1e3:.2f} ms; "
-        f"compiles: {results['compile_count']['first_step']} in the first step, "
+        f"compiles: {results['compile_count']['first_step']} in the first step "
+        f"({results['compile_count'].get('first_step_seconds', 0.0):.1f} s; the memory check's "
+        f"{results['compile_count'].get('memory_check_seconds', 0.0):.1f} s before), "
         f"{results['compile_count']['after_first_step']} after it "
         f"({results['compile_count']['timed_delta']} during the timed steps); "
         f"whole-step MFU {results['mfu_step']:.1%} (median step; {results['mfu_step_mean']:.1%} on the mean), "

@@ -4,7 +4,7 @@
 from rl_core._faces import lazy_face  # noqa: E402
 
 __getattr__, __dir__, _LAZY = lazy_face(__name__, {
-    "rl_core.runtime.compiles": ("compile_count", "use_persistent_cache"),
+    "rl_core.runtime.compiles": ("compile_count", "compile_seconds", "use_persistent_cache"),
     "rl_core.runtime.cpu_random": ("unroll_threefry_on_cpu",),
     "rl_core.runtime.host_memory": ("keep_freed_memory",),
 })

@@ -1,9 +1,9 @@
 """XLA programs: count them, and keep them on disk between runs.
 
 `compile_count()` is the number of programs this process has compiled or
-loaded from the persistent cache so far; a run whose count stops growing after
-its first step has a fixed set of programs. Eager array ops compile too, so
-compare counts around steps.
+loaded from the persistent cache so far, and `compile_seconds()` the seconds
+that took; a run whose count stops growing after its first step has a fixed
+set of programs. Eager array ops compile too, so compare counts around steps.
 
 `use_persistent_cache(directory)` turns on JAX's persistent compilation cache:
 a later run, seed or process that builds the same program (same HLO, devices
@@ -23,6 +23,7 @@ _EVENT = "/jax/core/compile/backend_compile_duration"
 """Timed around compiling or loading from the persistent cache: every new program counts."""
 _lock = threading.Lock()
 _count = 0
+_seconds = 0.0
 _installed = False
 
 CACHE_MAX_BYTES = 2 * 1024**3
@@ -32,10 +33,11 @@ CACHE_MIN_COMPILE_SECS = 0.1
 
 
 def _listener(event: str, duration_secs: float, **_: object) -> None:
-    global _count
+    global _count, _seconds
     if event == _EVENT:
         with _lock:
             _count += 1
+            _seconds += duration_secs
 
 
 def install() -> None:
@@ -50,6 +52,13 @@ def install() -> None:
 def compile_count() -> int:
     install()
     return _count
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling programs or loading them from the persistent cache
+    (XLA's part: tracing and lowering before it are not counted)."""
+    install()
+    return _seconds
 
 
 def use_persistent_cache(
