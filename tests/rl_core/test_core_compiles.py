@@ -49,3 +49,18 @@ def test_settings_reach_child_processes_through_the_environment():
     assert os.environ["JAX_COMPILATION_CACHE_DIR"].endswith("jax-compilation-cache")
     assert float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]) == CACHE_MIN_COMPILE_SECS
     assert int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]) > 0
+
+
+def test_the_seconds_count_each_new_program_and_not_a_cached_call():
+    import jax
+    import jax.numpy as jnp
+    from rl_core.runtime import compile_count, compile_seconds
+
+    x = jnp.ones(7)  # eager ops compile programs of their own: before the counts
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + jnp.arange(7.0))
+    count, seconds = compile_count(), compile_seconds()
+    f(x).block_until_ready()  # a new program: compiled (or loaded), timed
+    compiled = compile_seconds()
+    assert compile_count() == count + 1 and compiled > seconds
+    f(x).block_until_ready()  # the same program again: nothing compiled, no seconds added
+    assert compile_count() == count + 1 and compile_seconds() == compiled
