@@ -156,10 +156,12 @@ def test_packed_row_counts_take_four_steps_an_octave():
 
 def test_a_run_reuses_a_larger_row_count_it_compiled_before_compiling_a_smaller_one():
     compiled: set[tuple[int, ...]] = set()
-    assert [reused_rows(n, compiled, (1, 263)) for n in (96, 80, 112, 80, 128)] == [96, 96, 112, 96, 128]
-    assert reused_rows(80, compiled, (2, 263)) == 80  # another micro-batch count is another program
-    assert reused_rows(80, compiled, (1, 100)) == 80  # and another width
-    assert compiled == {(1, 263, 96), (1, 263, 112), (1, 263, 128), (2, 263, 80), (1, 100, 80)}
+    assert [reused_rows(n, compiled, (1, 128, 263)) for n in (96, 80, 112, 80, 128)] == [96, 96, 112, 96, 128]
+    assert reused_rows(80, compiled, (2, 128, 263)) == 80  # another micro-batch count is another program
+    assert reused_rows(80, compiled, (1, 96, 263)) == 80  # another micro-batch size (the log-prob pass's all rows)
+    assert reused_rows(80, compiled, (1, 128, 100)) == 80  # and another width
+    assert compiled == {(1, 128, 263, 96), (1, 128, 263, 112), (1, 128, 263, 128), (2, 128, 263, 80),
+                        (1, 96, 263, 80), (1, 128, 100, 80)}
     assert reused_rows(80, None) == 80  # nothing kept: each pack its own count
 
 
@@ -172,7 +174,7 @@ def test_a_pack_into_more_rows_than_it_needs_holds_the_same_sequences(batch):
     long = np.ones_like(mask)
     first = pack_micro_batches(stack(prompt), stack(np.ones_like(prompt_mask)), stack(completion), stack(long),
                                shards=2, compiled=compiled)
-    assert first.tokens.shape == (1, 2 * 3, 20) and compiled == {(1, 20, 3)}  # 20 tokens a sequence: one a row
+    assert first.tokens.shape == (1, 2 * 3, 20) and compiled == {(1, 6, 20, 3)}  # 20 tokens a sequence: one a row
     alone = pack_micro_batches(stack(prompt), stack(prompt_mask), stack(completion), stack(mask), shards=2)
     reused = pack_micro_batches(stack(prompt), stack(prompt_mask), stack(completion), stack(mask), shards=2,
                                 compiled=compiled)

@@ -57,7 +57,7 @@ class BatchLayout:
         whole_groups = group_size > 1 and (self.micro_size // devices) % group_size == 0
         self.prompt_group = group_size if training.share_prompts and not training.packing and whole_groups else 1
         self.packed_shapes: set[tuple[int, ...]] = set()
-        """The packed shapes (micro-batches, width, rows) its passes were given so far (packing.reused_rows)."""
+        """The packed shapes (micro-batches, their size, width, rows) its passes were given so far (packing.reused_rows)."""
 
     def rows(self, axis: int = 0) -> NamedSharding:
         """Split `axis` (the rows) over the mesh's (data, fsdp) axes."""

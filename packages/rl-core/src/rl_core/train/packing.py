@@ -145,7 +145,8 @@ def reused_rows(rows: int, compiled: set[tuple[int, ...]] | None, shape: tuple[i
     A packed pass compiles a program per row count; on a TPU a 0.5B update takes minutes to compile,
     so a step whose sequences pack into 80 rows after one that took 96 runs the 96-row program on
     padding rather than compile another (the chip's 0.5B bench did not finish its warm-up steps in 7
-    minutes of such compiles). `shape`: what else fixes the program (micro-batches, row width)."""
+    minutes of such compiles). `shape`: what else fixes the program (micro-batches, sequences in
+    each, row width)."""
     if compiled is None:
         return rows
     rows = min((r for *s, r in compiled if tuple(s) == shape and r >= rows), default=rows)
@@ -161,7 +162,7 @@ def pack_micro_batches(prompt_tokens: np.ndarray, prompt_mask: np.ndarray, compl
     m, mb, p = np.shape(prompt_mask)
     width = p + np.shape(completion_mask)[2]
     plans = [_plan(prompt_mask[k], completion_mask[k], width, shards) for k in range(m)]
-    rows = reused_rows(packed_rows(max(plan.used for plan in plans), mb // shards), compiled, (m, width))
+    rows = reused_rows(packed_rows(max(plan.used for plan in plans), mb // shards), compiled, (m, mb, width))
     packs = [_fill(plan, np.asarray(prompt_tokens[k]), np.asarray(prompt_mask[k]) > 0,
                    np.asarray(completion_tokens[k]), width=width, rows=rows, shards=shards)
              for k, plan in enumerate(plans)]
