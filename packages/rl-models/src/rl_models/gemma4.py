@@ -285,7 +285,7 @@ class Gemma4Transformer(Transformer):
             if cfg.remat != "none" else (lambda f: f))
         first = 0 if cache is None else cache_index
 
-        def run(i: int, row: int, stack: str) -> Callable:
+        def run(i: int, stack: str) -> Callable:
             graphdef, state = splits[stack]
 
             @wrap
@@ -310,7 +310,7 @@ class Gemma4Transformer(Transformer):
         if cache is not None:
             kvs = {i: (cache[0][j], cache[1][j]) for j, i in enumerate(owners)}
         for i, (stack, row) in enumerate(layer_rows(cfg)):
-            layer, state = run(i, row, stack)
+            layer, state = run(i, stack)
             params = jax.tree.map(lambda a, row=row: a[row], state)
             per_layer_i = None if per_layer is None else per_layer[:, :, i]
             x, kv = layer(x, params, kvs.get(sources[i]), per_layer_i)
