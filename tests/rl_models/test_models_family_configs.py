@@ -69,16 +69,14 @@ def test_the_sharding_rules_place_every_gemma3_weight():
     """Every parameter of Gemma 3 1B (the post-sub-layer norms, q/k norms included) has logical
     names the rules table maps: on data 1 x fsdp 4 x tensor 2, projections split over fsdp and
     tensor (its single KV head stays whole on tensor), norms are replicated."""
+    from fixture_mesh import param_specs
     from jax.sharding import AbstractMesh, PartitionSpec as P
 
-    from rl_core.runtime.mesh import MESH_AXES, logical_spec
+    from rl_core.runtime.mesh import MESH_AXES
 
-    mesh = AbstractMesh((1, 4, 1, 2), MESH_AXES)
     config = load_hf_config(CONFIGS / "gemma-3-1b-it")
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    specs = {"/".join(map(str, path)): logical_spec(v.get_metadata("out_sharding"), v.shape, mesh,
-                                                    units=v.get_metadata("axis_units"))
-             for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+    specs = param_specs(abstract, AbstractMesh((1, 4, 1, 2), MESH_AXES))
     assert specs["layers/attn/q_proj/kernel"] == P(None, "fsdp", "tensor")  # 4 heads of 256 over 2
     assert specs["layers/attn/k_proj/kernel"] == P(None, "fsdp", None)  # 1 KV head: whole
     assert specs["layers/mlp/down_proj/kernel"] == P(None, "tensor", "fsdp")

@@ -102,17 +102,15 @@ def test_the_sharding_rules_split_the_per_layer_embedding_like_the_token_embeddi
     262144 x 30 * 256) splits as the token embedding does, and the global layers' projections in
     whole heads of their own size."""
     from flax import nnx
+    from fixture_mesh import param_specs
     from jax.sharding import AbstractMesh
     from jax.sharding import PartitionSpec as P
 
-    from rl_core.runtime.mesh import MESH_AXES, logical_spec
+    from rl_core.runtime.mesh import MESH_AXES
     from rl_models.hf import load_hf_config
 
-    mesh = AbstractMesh((1, 4, 1, 2), MESH_AXES)
     config = load_hf_config(HF / "gemma4_text")
     abstract = nnx.eval_shape(lambda: Gemma4Transformer(config, rngs=nnx.Rngs(0)))
-    specs = {"/".join(map(str, path)): logical_spec(v.get_metadata("out_sharding"), v.shape, mesh,
-                                                    units=v.get_metadata("axis_units"))
-             for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+    specs = param_specs(abstract, AbstractMesh((1, 4, 1, 2), MESH_AXES))
     assert specs["per_layer_embed"] == specs["embed"] == P("tensor", "fsdp")
     assert specs["global_layers/attn/q_proj/kernel"] == P(None, "fsdp", "tensor")  # 4 heads of 32 over 2

@@ -19,6 +19,13 @@ from rl_models.hf import load_hf_model, load_hf_tokenizer
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 
 
+def param_specs(model: Any, mesh: Any) -> dict[str, Any]:
+    """Each parameter's PartitionSpec ("layers/attn/q_proj/kernel": spec) on `mesh` (an AbstractMesh
+    does) as the runtime places it (rl_core.runtime.mesh.param_shardings), of an abstract or real model."""
+    shardings = mesh_lib.param_shardings(nnx.state(model, nnx.Param), mesh)
+    return {"/".join(map(str, path)): v.get_value().spec for path, v in nnx.to_flat_state(shardings)}
+
+
 def measure_on_mesh(name: str, devices: Any, **axes: int) -> tuple[Any, dict]:
     """(the sharded model, {device_count, logit_gap, same_greedy_as_transformers}) of fixture `name`
     on a mesh of `axes` (make_mesh's sizes; fsdp=2, tensor=2 when none are given)."""
