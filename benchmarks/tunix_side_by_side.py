@@ -32,6 +32,7 @@ generated, the programs compiled during timed steps, and the project/Tunix step-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -105,7 +106,8 @@ class TimedCluster(tunix_cluster.RLCluster):
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = super().generate(*args, **kwargs)
+        with remat_off(self.model_config):
+            out = super().generate(*args, **kwargs)
         jax.block_until_ready(out.tokens)
         self._add("rollout", start)
         self.generated_tokens += sum(len(t) for t in out.tokens)
@@ -159,6 +161,20 @@ def project_learner(settings: Any, task: Any, tokenizer: Any) -> Any:
     return build.learner(settings, task, tokenizer, policy, output_dir=None, progress=False)
 
 
+@contextlib.contextmanager
+def remat_off(config: Any) -> Any:
+    """Tunix's decoder layers wrap themselves in nnx.remat in its sampler too, where flax 0.12.8 raises
+    TraceContextError (the remat'ed layer writes the KV cache inside the decode loop). A forward pass keeps
+    nothing for a backward one, so its rollout traces with no remat, as the project's does; the update
+    keeps the leg's remat."""
+    saved = config.remat_config
+    object.__setattr__(config, "remat_config", tunix_qwen2.RematConfig.NONE)
+    try:
+        yield
+    finally:
+        object.__setattr__(config, "remat_config", saved)
+
+
 def tunix_config(cfg: Any, remat: str) -> Any:
     """Tunix's Qwen2 ModelConfig of the project's TransformerConfig `cfg`."""
     return tunix_qwen2.ModelConfig(
@@ -199,6 +215,7 @@ def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: 
                 temperature=settings.rollout.temperature, top_p=1.0, top_k=None),
         ),
     )
+    cluster.model_config = config  # the rollout turns its remat off (remat_off)
     learner = tunix_grpo.GRPOLearner(
         rl_cluster=cluster, reward_fns=[answer_reward],
         algo_config=tunix_grpo.GRPOConfig(num_generations=settings.algorithm["group_size"], num_iterations=1, beta=beta),
