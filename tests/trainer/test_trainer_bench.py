@@ -154,7 +154,19 @@ def test_bench_times_a_micro_batch_the_user_sets_and_refuses_a_batch_change(tmp_
     memory = json.loads(out.read_text())["memory"]
     assert (memory["remat"], memory["micro_batch_size"]) == ("full", 4)  # as set: nothing picked
     assert main(["bench", "--preset", "tiny", "--steps", "1", "training.prompts_per_step=4"]) == 2
-    assert "training.packing and training.micro_batch_size" in capsys.readouterr().err
+    assert "training.share_prompts and training.micro_batch_size" in capsys.readouterr().err
+
+
+def test_bench_takes_share_prompts_off_and_counts_each_rows_prompt(tmp_path):
+    runs = {}
+    for share in ("true", "false"):
+        out = tmp_path / f"{share}.json"
+        assert main(["bench", "--preset", "tiny", "--steps", "1", "--output", str(out), "model.remat=none",
+                     "training.micro_batch_size=null", f"training.share_prompts={share}"]) == 0
+        runs[share] = json.loads(out.read_text())["phases"]["update"]
+    # the same model FLOPs; without sharing the update runs every row's prompt (needed FLOPs up)
+    assert runs["false"]["model_flops"] == pytest.approx(runs["true"]["model_flops"])
+    assert runs["true"]["needed_flops"] < runs["false"]["needed_flops"] < runs["false"]["model_flops"]
 
 
 def test_bench_rejects_unknown_preset(capsys):

@@ -162,8 +162,10 @@ def bench_settings(p: BenchPreset, *, steps: int, algo: str = "grpo", model: str
     )
 
 
-BENCH_OVERRIDES = ("model.", "rollout.engine=", "training.packing=", "training.micro_batch_size=")
-"""What a bench may change: the model and its memory settings, the engine, packing; not the batch or the algorithm."""
+BENCH_OVERRIDES = ("model.", "rollout.engine=", "training.packing=", "training.share_prompts=",
+                   "training.micro_batch_size=")
+"""What a bench may change: the model and its memory settings, the engine, how the update lays out its rows
+(packing, each group's prompt once); not the batch or the algorithm."""
 
 
 def run_bench(
@@ -189,7 +191,7 @@ def run_bench(
     """
     if any(not o.startswith(BENCH_OVERRIDES) for o in overrides):
         raise ConfigError(f"bench overrides {list(overrides)}: only model.* settings (e.g. model.lora.rank=8), "
-                          "rollout.engine, training.packing and training.micro_batch_size")
+                          "rollout.engine, training.packing, training.share_prompts and training.micro_batch_size")
     if preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r}: unknown; presets are {', '.join(sorted(PRESETS))}")
     if steps < 1:
