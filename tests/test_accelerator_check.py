@@ -37,10 +37,20 @@ def steps() -> dict[str, list[str]]:
 
 
 def test_the_script_runs_every_step_it_describes():
-    assert list(steps()) == ["device", "sampler", "engines", "bench-0.5b-remat-full", "bench-0.5b", "bench-1.5b",
-                             "plan"]
+    names = ["device", "sampler", "engines", "bench-0.5b", "bench-1.5b-lora", "bench-1.5b", "plan"]
+    assert list(steps()) == names
     text = SCRIPT.read_text()
     assert 'PY=(python3)' in text and "summary.md" in text
+    assert f'NAMES="{" ".join(names)}"' in text  # what STEPS may name
+
+
+def test_steps_naming_no_step_is_refused_before_anything_runs(tmp_path):
+    import subprocess
+
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, timeout=60,
+                         env={"STEPS": "bench-0.5b benchh", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2 and "STEPS: no step named benchh" in run.stderr
+    assert not (tmp_path / "out" / "summary.md").exists()
 
 
 def test_the_benchmark_scripts_take_the_flags_the_check_passes():
@@ -58,7 +68,7 @@ def test_the_bench_steps_name_presets_and_settings_the_bench_takes():
     from trainer.bench.presets import PRESETS
 
     module = check_module()
-    for name in ("bench-0.5b-remat-full", "bench-0.5b", "bench-1.5b"):
+    for name in ("bench-0.5b", "bench-1.5b-lora", "bench-1.5b"):
         script, *args = steps()[name]
         assert script == "benchmarks/accelerator_check.py"
         parsed = module.parser().parse_args(args)
