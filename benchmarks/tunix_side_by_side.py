@@ -1,7 +1,7 @@
 """One GRPO step of this project beside one of Tunix's GRPO learner, on the same chip, shape and batch.
 
     PYTHONPATH=.tunix-site uv run python benchmarks/tunix_side_by_side.py [--preset tiny-qwen2] [--rounds 3]
-        [--warmup 1] [--schedule alternate|sequential] [--only project|tunix] [--remat auto|none|full]
+        [--warmup 1] [--schedule alternate|sequential] [--only project|tunix] [--remat auto|none|full] [--packing]
         [--tunix-micro-batch N] [--beta 0] [--compile-cache DIR] [--against earlier.json] [--out result.json]
 
 Tunix (`google-tunix`, pinned with what it needs beyond this workspace in
@@ -144,11 +144,11 @@ class TimedCluster(tunix_cluster.RLCluster):
 
 
 def project_settings(preset: str, *, steps: int, beta: float, remat: str, memory_gb: float | None,
-                     log: Any) -> Any:
+                     log: Any, packing: bool = False) -> Any:
     """`trainer bench`'s settings for `preset`. remat "auto": its memory pick and check (it compiles the
     plan's programs first); "none" / "full": that remat over the whole mini-batch, with no plan (minutes
-    less on a TPU)."""
-    overrides = [f"algorithm.beta={beta}"]
+    less on a TPU). `packing`: the project's update packs its rows (training.packing)."""
+    overrides = [f"algorithm.beta={beta}", f"training.packing={str(packing).lower()}"]
     if remat != "auto":
         overrides += [f"model.remat={remat}", "training.micro_batch_size=null"]
     settings = bench_settings(PRESETS[preset], steps=steps, overrides=overrides)
@@ -285,6 +285,8 @@ def main() -> None:
                     help="one leg alone (sequential schedule): for a host where the pair would not finish in one call")
     ap.add_argument("--remat", default="auto", choices=("auto", "none", "full"),
                     help="the project's remat (Tunix's follows); auto: trainer bench's memory pick")
+    ap.add_argument("--packing", action="store_true",
+                    help="the project's update packs its rows (training.packing; Tunix has no packing)")
     ap.add_argument("--tunix-micro-batch", type=int, default=None,
                     help="prompts per micro-batch of Tunix's update (gradients accumulated; default: all of them), "
                          "should its update not fit")
@@ -306,7 +308,7 @@ def main() -> None:
 
     print(f"devices: {jax.devices()}; jax {jax.__version__}, tunix {tunix.__version__}")
     settings = project_settings(args.preset, steps=args.warmup + args.rounds + 1, beta=args.beta, remat=args.remat,
-                                memory_gb=args.memory_gb, log=print)
+                                memory_gb=args.memory_gb, log=print, packing=args.packing)
     task, tokenizer = settings.task.build(), build.tokenizer(settings)
     cfg = preset(settings.model.preset, vocab_size=tokenizer.vocab_size, **settings.model.runtime())
     prompts = task.train[: settings.training.prompts_per_step]
@@ -317,7 +319,8 @@ def main() -> None:
     rows = settings.training.prompts_per_step * settings.algorithm["group_size"]
     print(f"{args.preset}: {settings.training.prompts_per_step} prompts x {settings.algorithm['group_size']} samples, "
           f"prompt width {width}, up to {settings.rollout.max_new_tokens} new tokens, {settings.model.dtype} "
-          f"compute, remat {settings.model.remat} (Tunix {REMAT.get(settings.model.remat, 'DECODER')}), beta "
+          f"compute, remat {settings.model.remat} (Tunix {REMAT.get(settings.model.remat, 'DECODER')}), "
+          f"{'packed' if settings.training.packing else 'unpacked'}, beta "
           f"{args.beta}, {args.schedule}")
 
     def project() -> dict[str, float]:
