@@ -13,8 +13,8 @@ a registry.
 
   # a second wheelhouse beside it: a pinned requirements file kept out of the workspace (Tunix for
   # benchmarks/tunix_side_by_side.py), each wheel without its declared dependencies
-  python3 scripts/wheelhouse.py extra benchmarks/tunix-requirements.txt --out tunix-wheelhouse
-  python3 scripts/wheelhouse.py install tunix-wheelhouse --target ~/tunix-site
+  python3 scripts/wheelhouse.py extra benchmarks/tunix-requirements.txt --out tunix-wheelhouse  # [--index-has pandas]
+  python3 scripts/wheelhouse.py install tunix-wheelhouse --target ~/tunix-site  # [--from-index URL]
 
 `build` writes `wheelhouse/`: `ws/` (the workspace's own wheels), `wheels/` (the locked
 dependencies, exact versions from `uv export --frozen`), `requirements.txt` (their pins) and
@@ -179,21 +179,27 @@ def build_extra(args: argparse.Namespace) -> int:
               f"({', '.join(f'{n}=={locked[n]}' for n in clash)}): take them from the workspace's wheelhouse, drop "
               "the lines", file=sys.stderr)
         return 2
+    index = {canonical(n) for n in args.index_has}
+    if unknown := sorted(index - set(pins)):
+        print(f"wheelhouse extra refused: --index-has {', '.join(unknown)}: not pinned in {args.requirements}",
+              file=sys.stderr)
+        return 2
+    bring = {n: v for n, v in pins.items() if n not in index}
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
     (out / "wheels").mkdir(parents=True)
     (out / "ws").mkdir()
-    (out / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-    built = download(pins, out / "wheels", args.python, args.platform)
+    (out / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(bring.items())))
+    built = download(bring, out / "wheels", args.python, args.platform)
     manifest = {"python": args.python, "platforms": args.platform, "requirements": str(args.requirements),
-                "workspace": [], "host_has": {}, "index_has": {}, "left_out": [], "jax": locked.get("jax"),
-                "built_from_source": built}
+                "workspace": [], "host_has": {}, "index_has": {n: pins[n] for n in sorted(index)}, "left_out": [],
+                "jax": locked.get("jax"), "built_from_source": built}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(f"wheelhouse: {len(pins)} pinned wheels of {args.requirements} in {out} ({size / 2**20:.1f} MiB) for "
+    print(f"wheelhouse: {len(bring)} pinned wheels of {args.requirements} in {out} ({size / 2**20:.1f} MiB) for "
           f"cp{args.python.replace('.', '')} {' '.join(args.platform)}; their other dependencies come from the "
-          "workspace's wheelhouse")
+          f"workspace's wheelhouse; from the host's index: {', '.join(manifest['index_has']) or 'nothing'}")
     return 0
 
 
@@ -269,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--python", default="3.11", help="the target's Python (major.minor)")
     e.add_argument("--platform", nargs="+", default=["manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
                                                     "manylinux2014_x86_64"], help="pip platform tags the target takes")
+    e.add_argument("--index-has", nargs="*", default=[],
+                   help="pinned packages the target's own index holds (installed from it: install --from-index)")
     i = sub.add_parser("install", help="install a wheelhouse on this host, without a registry")
     i.add_argument("wheelhouse")
     i.add_argument("--target", required=True, help="folder to install into (then on PYTHONPATH)")

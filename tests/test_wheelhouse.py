@@ -142,6 +142,23 @@ def test_extra_refuses_a_package_the_lock_holds(tmp_path, capsys):
     assert not (tmp_path / "house").exists()
 
 
+def test_extra_leaves_what_the_hosts_index_has_to_it(tmp_path, capsys):
+    """`extra --index-has`: those pins are not downloaded (a wheelhouse under a size limit), the manifest
+    says so, and `install` then needs the host's index; a name the file does not pin is refused."""
+    need_uv()
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("pandas==3.1.1\n")
+    assert wheelhouse.main(["extra", str(reqs), "--out", str(tmp_path / "bad"), "--index-has", "numpyy"]) == 2
+    assert "--index-has numpyy: not pinned in" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    house = tmp_path / "house"
+    assert wheelhouse.main(["extra", str(reqs), "--out", str(house), "--index-has", "Pandas"]) == 0
+    manifest = json.loads((house / "manifest.json").read_text())
+    assert manifest["index_has"] == {"pandas": "3.1.1"} and not list((house / "wheels").iterdir())
+    assert (house / "requirements.txt").read_text() == ""
+    assert wheelhouse.main(["install", str(house), "--target", str(tmp_path / "site")]) == 2
+    assert "pandas must come from the host's index (--from-index URL)" in capsys.readouterr().err
+
+
 def test_tunix_requirements_hold_no_locked_package():
     """benchmarks/tunix-requirements.txt brings only what the workspace's lock lacks."""
     need_uv()
