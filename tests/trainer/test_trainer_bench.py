@@ -157,6 +157,7 @@ def test_bench_times_a_micro_batch_the_user_sets_and_refuses_a_batch_change(tmp_
     assert "training.share_prompts and training.micro_batch_size" in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # two tiny benches (about 35 s of CPU)
 def test_bench_takes_share_prompts_off_and_counts_each_rows_prompt(tmp_path):
     runs = {}
     for share in ("true", "false"):
