@@ -96,8 +96,9 @@ class TimedCluster(tunix_cluster.RLCluster):
     """Tunix's RLCluster, timing the calls its GRPO learner makes (each waits for its arrays), and
     kept open between `train` calls (the learner closes its cluster at the end of each)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, model_config: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.model_config = model_config  # its rollout turns the model's remat off (remat_off)
         self.times: dict[str, float] = {}
         self.generated_tokens = 0
 
@@ -164,9 +165,9 @@ def project_learner(settings: Any, task: Any, tokenizer: Any) -> Any:
 @contextlib.contextmanager
 def remat_off(config: Any) -> Any:
     """Tunix's decoder layers wrap themselves in nnx.remat in its sampler too, where flax 0.12.8 raises
-    TraceContextError (the remat'ed layer writes the KV cache inside the decode loop). A forward pass keeps
-    nothing for a backward one, so its rollout traces with no remat, as the project's does; the update
-    keeps the leg's remat."""
+    TraceContextError ("Cannot mutate Param from a different trace level", inside the sampler's jitted decode
+    loop). A forward pass keeps nothing for a backward one, so its rollout traces with no remat, as the
+    project's does; the update keeps the leg's remat."""
     saved = config.remat_config
     object.__setattr__(config, "remat_config", tunix_qwen2.RematConfig.NONE)
     try:
@@ -198,7 +199,7 @@ def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: 
     reference = tunix_qwen2.Qwen2(config, rngs=nnx.Rngs(seed)) if beta else None
     new_tokens = settings.rollout.max_new_tokens
     cluster = TimedCluster(
-        actor=actor, reference=reference, tokenizer=TokenizerForTunix(tokenizer),
+        model_config=config, actor=actor, reference=reference, tokenizer=TokenizerForTunix(tokenizer),
         cluster_config=tunix_cluster.ClusterConfig(
             role_to_mesh={role: mesh for role in (tunix_cluster.Role.ACTOR, tunix_cluster.Role.REFERENCE,
                                                   tunix_cluster.Role.ROLLOUT)},
@@ -215,7 +216,6 @@ def tunix_leg(settings: Any, cfg: Any, tokenizer: Any, prompt_width: int, beta: 
                 temperature=settings.rollout.temperature, top_p=1.0, top_k=None),
         ),
     )
-    cluster.model_config = config  # the rollout turns its remat off (remat_off)
     learner = tunix_grpo.GRPOLearner(
         rl_cluster=cluster, reward_fns=[answer_reward],
         algo_config=tunix_grpo.GRPOConfig(num_generations=settings.algorithm["group_size"], num_iterations=1, beta=beta),
