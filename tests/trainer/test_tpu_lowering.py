@@ -37,18 +37,29 @@ def _custom_calls(text: str) -> int:
     return text.count("tpu_custom_call")
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES + MORE_SHAPES, ids=lambda x: str(x))
-def test_paged_engine_step_lowers_for_tpu(heads, kv_heads, head_dim):
+def _paged_step_text(heads: int, kv_heads: int, head_dim: int, mesh=None) -> str:
     with traced_for("tpu", kernels=True):
         model = Transformer(_config(heads, kv_heads, head_dim), rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         settings = EngineSettings(slots=8, page_size=16, max_prompt_tokens=24, max_new_tokens=40, prefill_chunk=16)
-        engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu")
+        engine = PagedBackend(graphdef, settings, paging=PAGED_TRANSFORMER, eos_ids=(1,), pad_id=0, platform="tpu",
+                              mesh=mesh)
         assert isinstance(engine.kv, RaggedKV)
         engine.update_weights(state, 1)
-        text = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
+        return engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES + MORE_SHAPES, ids=lambda x: str(x))
+def test_paged_engine_step_lowers_for_tpu(heads, kv_heads, head_dim):
     # the Pallas kernel is in the program (one call a layer in the prefill and in the decode)
-    assert _custom_calls(text) >= 2
+    assert _custom_calls(_paged_step_text(heads, kv_heads, head_dim)) >= 2
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES[1:3], ids=lambda x: str(x))
+def test_paged_engine_step_lowers_for_tpu_on_the_trainers_mesh(heads, kv_heads, head_dim):
+    """As `trainer train` builds it: laid out on a mesh, whose pool sharding names one axis per pool
+    dimension (the combined 4-D pool first stopped here on the chip: 5 names for 4 axes)."""
+    assert _custom_calls(_paged_step_text(heads, kv_heads, head_dim, mesh=mesh_lib.make_mesh())) >= 2
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), SHAPES[::2] + SHAPES[3:], ids=lambda x: str(x))

@@ -150,7 +150,9 @@ class RaggedKV(PagedKV):
     """Query tokens a kernel grid step takes. Each is its own sequence here, and the kernel computes a
     block's every query against each of its sequences' pages: one is the least work for decode."""
 
-    axes = ("layers", None, None, "kv_heads", "head_dim")
+    axes = ("layers", None, None, None)
+    """The combined pool's [L, P, ps * 2C, lanes]: its kv heads share lanes and slots with each other,
+    so no axis is theirs alone to split over `tensor` (each tensor shard holds every head's pages)."""
 
     def paged(self) -> PallasKV:
         """The layout and kernel of heads over 128 lanes (`wide`)."""
