@@ -38,6 +38,13 @@ def test_auto_picks_by_platform(platform, dtype, head_dim, expected):
     assert attention.resolve("auto", dtype=dtype, head_dim=head_dim, platform=platform) == expected
 
 
+@pytest.mark.parametrize(("length", "expected"), [(None, "splash"), (127, "xla"), (128, "splash"), (15, "xla")])
+def test_auto_on_tpu_runs_short_sequences_as_xla(length, expected):
+    """Under one Splash block (128 queries) `auto` is xla on a TPU; an explicit splash stands."""
+    assert attention.resolve("auto", dtype=BF16, head_dim=64, platform="tpu", length=length) == expected
+    assert attention.resolve("splash", dtype=BF16, head_dim=64, platform="tpu", length=length) == "splash"
+
+
 @about_the_cpu("a program traced on this host is traced for the CPU unless told otherwise")
 def test_an_explicit_choice_stands_and_a_kernel_the_platform_lacks_is_a_clear_error():
     assert attention.resolve("xla", dtype=BF16, head_dim=128, platform="tpu") == "xla"

@@ -66,7 +66,7 @@ def test_paged_engine_step_lowers_for_tpu_on_the_trainers_mesh(heads, kv_heads, 
 def test_update_lowers_for_tpu_with_splash(heads, kv_heads, head_dim):
     settings = build_settings(algo="grpo", overrides=[
         "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
-        "rollout.max_new_tokens=32"])
+        "rollout.max_new_tokens=129"])  # 128 completion queries: `auto` runs fewer as xla
     mesh = mesh_lib.training_mesh(settings.training)
     with traced_for("tpu", kernels=True):
         abstract = nnx.eval_shape(lambda: Transformer(_config(heads, kv_heads, head_dim), rngs=nnx.Rngs(0)))
@@ -89,7 +89,7 @@ def _engine_and_update_texts(config: TransformerConfig) -> tuple[str, str]:
         step = engine.lower_step(SamplingParams(temperature=1.0), jax.random.key(0), platforms=("tpu",)).as_text()
     settings = build_settings(algo="grpo", overrides=[
         "training.prompts_per_step=2", "algorithm.group_size=2", "rollout.max_prompt_tokens=31",
-        "rollout.max_new_tokens=32"])
+        "rollout.max_new_tokens=129"])  # 128 completion queries: `auto` runs fewer as xla
     mesh = mesh_lib.training_mesh(settings.training)
     with traced_for("tpu", kernels=True):
         abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))

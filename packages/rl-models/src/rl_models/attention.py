@@ -6,7 +6,8 @@
           runs everywhere.
   cudnn   cuDNN's fused flash attention through `jax.nn.dot_product_attention` (NVIDIA GPUs, bfloat16).
   splash  the Splash kernel of `jax.experimental.pallas.ops.tpu.splash_attention` (TPU).
-  auto    cudnn on a GPU when the dtype and head size allow it, splash on TPU, xla elsewhere.
+  auto    cudnn on a GPU when the dtype and head size allow it, splash on TPU for sequences of
+          `SPLASH_MIN_LENGTH` queries or more, xla elsewhere.
 
 `resolve` picks, when a program is traced, for the platform it is traced for; on CPU `auto` is
 xla, so CPU programs are those of `attention: xla`, number for number.
@@ -55,6 +56,11 @@ ran 5.59 (0.5B shape, 128 rows, 256 new tokens: docs/results/2026-12-06-decode-h
 only to measure: benchmarks/rollout_engines.py --decode-attention masked live."""
 SPLASH_MAX_BLOCK = 512
 """Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
+SPLASH_MIN_LENGTH = 128
+"""`auto` on TPU runs sequences of fewer queries as xla: Splash pads them to a whole block of 128 and
+pays its kernels' fixed cost each call. On a v5e, tiny-qwen2's update (15 positions) ran its program
+in 3.5 ms with Splash and 0.54 ms with xla (docs/results/2026-12-06-tpu-chip-sixth.md); MaxText's
+`autoselected` draws the same line."""
 
 KERNELS = {
     "cudnn": ("cuDNN's flash attention", "NVIDIA GPUs", GPU_PLATFORMS),
@@ -92,14 +98,17 @@ def cudnn_problem(dtype: jnp.dtype, head_dim: int) -> str | None:
     return None
 
 
-def resolve(attention: str, *, dtype: jnp.dtype, head_dim: int, platform: str | None = None) -> str:
+def resolve(attention: str, *, dtype: jnp.dtype, head_dim: int, platform: str | None = None,
+            length: int | None = None) -> str:
     """The implementation ("xla", "cudnn" or "splash") that `attention` means on `platform`
-    (default: `target_platform()`); ValueError for a fused kernel the platform does not have."""
+    (default: `target_platform()`) for sequences of `length` queries (None: long ones);
+    ValueError for a fused kernel the platform does not have."""
     where = platform or target_platform()
     if attention == "auto":
         if where in GPU_PLATFORMS:
             return "xla" if cudnn_problem(dtype, head_dim) or _rocm(where) else "cudnn"
-        return "splash" if where == "tpu" else "xla"
+        short = length is not None and length < SPLASH_MIN_LENGTH
+        return "splash" if where == "tpu" and not short else "xla"
     if attention not in ATTENTION:
         raise ValueError(f"attention={attention!r}: must be one of {ATTENTION}")
     if attention in KERNELS and where not in KERNELS[attention][2]:
@@ -109,12 +118,12 @@ def resolve(attention: str, *, dtype: jnp.dtype, head_dim: int, platform: str | 
     return attention
 
 
-def traced_kernel(attention: str, *, dtype: jnp.dtype, head_dim: int) -> str:
+def traced_kernel(attention: str, *, dtype: jnp.dtype, head_dim: int, length: int | None = None) -> str:
     """`resolve` for the program being traced, except that Splash, one opaque call per device that
     XLA cannot split, runs only on one device or under a mesh layout (it then runs in shard_map);
     a program traced for several devices without one (the static sampler's prefill, the warm
     start) gets xla."""
-    kind = resolve(attention, dtype=dtype, head_dim=head_dim)
+    kind = resolve(attention, dtype=dtype, head_dim=head_dim, length=length)
     if kind == "splash" and jax.device_count() > 1 and partition_spec(("act_batch",), (1,)) is None:
         return "xla"
     return kind
@@ -248,7 +257,7 @@ def attend_sequence(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """
     if sinks is not None:  # the fused kernels have no sink logit
         return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale, sinks, softcap)
-    kind = traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1])
+    kind = traced_kernel(implementation, dtype=q.dtype, head_dim=q.shape[-1], length=q.shape[1])
     if softcap is not None and kind == "cudnn":
         kind = "xla"
     if scale is not None and kind in ("cudnn", "splash"):  # the kernels scale by 1 / sqrt(Dh): the queries carry the rest

@@ -199,7 +199,8 @@ class Attention(nnx.Module):
         kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
-        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh,
+                                           length=q.shape[1]) if l > 1 else "xla"
         # a decode step on an accelerator reads the live blocks of the cache in place (attend_live)
         in_place = attention_lib.DECODE_ATTENTION == "live" and attention_lib.target_platform() != "cpu"
         if l == 1 and sinks is None and in_place:

@@ -136,7 +136,8 @@ class LayeredAttention(nnx.Module):
         if window is not None:
             mask = within_window(mask, window, first_slot)
         cap, scale = cfg.attn_logit_softcapping, cfg.query_scale
-        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh) if l > 1 else "xla"
+        kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh,
+                                           length=q.shape[1]) if l > 1 else "xla"
         if cached and (kind == "xla" or (kind == "splash" and (window is not None or not isinstance(first_slot, int)))):
             out = attend(q, kv[0], kv[1], mask, scale, None, cap)  # the cache's layout
         elif cached:  # a prefill through the fused kernel (Splash's causal blocks need a static offset)

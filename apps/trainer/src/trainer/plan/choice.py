@@ -211,8 +211,9 @@ def model_shape(settings: Any, platform: str) -> Callable[[Any, Candidate], esti
     algo = settings.algorithm_config()
     batch = training.prompts_per_step * algo.group_size
     whole = batch // training.batch_layout(batch)[0]
+    seq = settings.rollout.max_prompt_tokens + 1 + settings.rollout.max_new_tokens
     fused = attention_lib.resolve(config.attention, dtype=compute_dtype(config), head_dim=config.head_dim,
-                                  platform=platform) != "xla"
+                                  platform=platform, length=seq) != "xla"
     itemsize = lambda name: np.dtype(name).itemsize if name != "bfloat16" else 2  # noqa: E731
 
     def shape_of(_: Any, c: Candidate) -> estimate.Shape:
@@ -221,7 +222,7 @@ def model_shape(settings: Any, platform: str) -> Callable[[Any, Candidate], esti
             parameters=(trainable + base) // shards, trainable=trainable // shards, layers=config.num_layers,
             hidden=config.hidden_size, mlp_hidden=config.mlp_hidden_size // tensor,
             heads=max(config.num_heads // tensor, 1), vocab=config.vocab_size, rows=max(micro // rows_ways, 1),
-            seq=settings.rollout.max_prompt_tokens + 1 + settings.rollout.max_new_tokens,
+            seq=seq,
             chunk_tokens=settings.rollout.logprob_chunk_tokens, compute_bytes=itemsize(config.dtype),
             param_bytes=itemsize(config.param_dtype), fused_attention=fused, frozen_base=bool(lora.rank),
             reference=bool(algo.beta) and not lora.rank)

@@ -140,8 +140,9 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
     check_tensor_parallel(config, mesh.shape["tensor"])
     check_attention(config, budget.platform)
     check_positions(config, settings.rollout)
+    row = settings.rollout.max_prompt_tokens + 1 + settings.rollout.max_new_tokens  # the update's longest row
     kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,
-                                          platform=budget.platform) for a in (config.attention, "auto"))
+                                          platform=budget.platform, length=row) for a in (config.attention, "auto"))
     lora = m.lora
 
     def build():
@@ -247,7 +248,7 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
         probabilities (split by heads; a fused kernel keeps a float32 log-sum-exp per query and head)."""
         size = jnp.dtype(cfg.dtype).itemsize
         fused = attention_lib.resolve(cfg.attention, dtype=compute_dtype(cfg), head_dim=cfg.head_dim,
-                                      platform=budget.platform) != "xla"
+                                      platform=budget.platform, length=seq) != "xla"
         kept = (4 * cfg.hidden_size + 3 * cfg.mlp_hidden_size // tensor) * size
         if cfg.remat in ("full", "offload"):  # the layer's input stays (offload keeps the rest on the host)
             kept = cfg.hidden_size * size
