@@ -246,7 +246,8 @@ class TransformerConfig:
     (batch, KV head) with a float32 softmax) runs everywhere; "cudnn" is
     `jax.nn.dot_product_attention`'s fused flash-attention kernel (NVIDIA GPUs, bfloat16 compute);
     "splash" is JAX's Splash kernel (TPU); "auto" picks when a program is traced: cudnn on a GPU
-    when the dtype and head size allow it, splash on TPU, xla elsewhere (so on CPU it is xla)."""
+    when the dtype and head size allow it, splash on TPU for 128 queries or more, xla elsewhere (so on
+    CPU it is xla)."""
     scan_layers: bool | None = None
     """Run the blocks as one `lax.scan` (True: a program's size and compile time do not grow
     with depth) or unrolled (False: no loop; XLA:CPU runs the tiny-qwen2 update 40% faster).

@@ -129,8 +129,9 @@ class ModelSettings(Config):
     when a run starts (trainer.plan.choice) and written into the run's config."""
     attention: str = "auto"
     """Attention in training and prefill: auto (cudnn on NVIDIA GPUs when the dtype and head size
-    allow it, splash on TPU, xla elsewhere), xla (runs everywhere), cudnn (fused flash attention on
-    NVIDIA GPUs; needs dtype bfloat16) or splash (JAX's Splash kernel on TPU)."""
+    allow it, splash on TPU for sequences of 128 queries or more, xla elsewhere), xla (runs everywhere),
+    cudnn (fused flash attention on NVIDIA GPUs; needs dtype bfloat16) or splash (JAX's Splash kernel
+    on TPU)."""
     scan_layers: bool | None = None
     """Run the blocks as a lax.scan loop (true: compile time flat in depth) or unrolled (false:
     faster on CPU); null picks by platform: unrolled on CPU, scanned on accelerators."""
