@@ -140,9 +140,6 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
     check_tensor_parallel(config, mesh.shape["tensor"])
     check_attention(config, budget.platform)
     check_positions(config, settings.rollout)
-    row = settings.rollout.max_prompt_tokens + 1 + settings.rollout.max_new_tokens  # the update's longest row
-    kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,
-                                          platform=budget.platform, length=row) for a in (config.attention, "auto"))
     lora = m.lora
 
     def build():
@@ -230,6 +227,8 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
     )
     saved_b = per_device(full_stored) - ref_b if beta and lora.rank else 0
     seq = p_len + t_len
+    kernel, auto = (attention_lib.resolve(a, dtype=compute_dtype(config), head_dim=config.head_dim,
+                                          platform=budget.platform, length=seq) for a in (config.attention, "auto"))
     kv, recurrent_b = kv_query_fields(config, whole_model, rows=batch, seq=seq, mesh=mesh,
                                       platform=budget.platform)  # trainer.plan.kv
     # what the run's engine holds while it generates, by its own count (rl_core.rollout.memory)
