@@ -144,7 +144,8 @@ def warm_start(
             rows = rng.integers(0, len(task.train), batch_size)
             batch = tuple(a[rows] for a in arrays)
             packed = pack(*batch, width=width) if packing else None
-            params, opt_state, loss = step(params, opt_state, tuple(jnp.asarray(a) for a in batch), packed)
+            # numpy in: the program's dispatch places it (jnp.asarray would run an eager op a field)
+            params, opt_state, loss = step(params, opt_state, batch, packed)
             metrics.add(done, loss, batch, packed)
             if done % LOG_EVERY == 0 or done == steps:  # reading the loss waits for the step
                 last = metrics.flush()
