@@ -119,7 +119,7 @@ def fetch(tree: Any, *, pack: bool | None = None) -> Any:
     for ids, vectors in zip(groups.values(), packed):
         offsets = dict.fromkeys(vectors, 0)
         for i in ids:
-            key, n = np.dtype(leaves[i].dtype).name, leaves[i].size
+            key, n = leaves[i].dtype.str, leaves[i].size
             rest[i] = vectors[key][offsets[key]: offsets[key] + n].reshape(leaves[i].shape)
             offsets[key] += n
     return jax.tree.unflatten(treedef, rest)
@@ -128,14 +128,14 @@ def fetch(tree: Any, *, pack: bool | None = None) -> Any:
 def _packable(x: Any) -> bool:
     if not isinstance(x, jax.Array) or x.size > PACKED_ELEMENTS or not x.is_fully_addressable:
         return False
-    return not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) and np.dtype(x.dtype).kind in "biufc"
+    return isinstance(x.dtype, np.dtype) and x.dtype.kind in "biufc"  # not a PRNG key, nor bfloat16 ("V")
 
 
 @jax.jit
 def _concatenated(arrays: tuple[jax.Array, ...]) -> dict[str, jax.Array]:
     by_dtype: dict[str, list[jax.Array]] = {}
     for x in arrays:
-        by_dtype.setdefault(np.dtype(x.dtype).name, []).append(x.ravel())
+        by_dtype.setdefault(x.dtype.str, []).append(x.ravel())
     return {key: jnp.concatenate(xs) for key, xs in by_dtype.items()}
 
 
