@@ -91,3 +91,19 @@ def test_a_host_without_sockets_skips_what_needs_them(monkeypatch):
             host.need_sockets()
     finally:
         host.sockets_missing.cache_clear()  # probed again, on the real socket, by the next caller
+
+
+def test_tolerance_floors_follow_the_backend_and_the_depth_of_the_comparison():
+    from tolerances import floor
+
+    # on the CPU a test's own bounds hold, whatever the comparison
+    assert floor("float32", on="cpu") == 0.0 and floor("float32", on="cpu", of="model logits") == 0.0
+    # on a TPU: one composite 2e-5; a whole model's logits and a kernel's gradients what was measured, x2
+    assert floor("float32", on="tpu") == 2e-5
+    assert floor("float32", on="tpu", of="model logits") == 3e-4
+    assert floor("float32", on="tpu", of="kernel gradients") == 1.5e-4
+    # a backend not measured takes the loosest listed; bfloat16's own floor is looser than any kind's
+    assert floor("float32", on="gpu", of="model logits") == 3e-4
+    assert floor("bfloat16", on="tpu", of="model logits") == 2e-2
+    with pytest.raises(KeyError):
+        floor("float32", on="tpu", of="a kind nobody measured")

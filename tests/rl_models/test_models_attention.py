@@ -139,7 +139,44 @@ def test_splash_equals_xla_on_real_tokens_with_gradients(layout):
     got = jax.grad(loss(splash), argnums=(0, 1, 2))(q, k, v)
     want = jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5))
+        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5, of="kernel gradients"))
+
+
+def kernel_dot_precisions(jaxpr) -> list:
+    """The precision of every matrix product inside the Pallas kernels of `jaxpr`, at any depth."""
+    found = []
+
+    def walk(jaxpr, in_kernel):
+        for eqn in jaxpr.eqns:
+            if in_kernel and eqn.primitive.name == "dot_general":
+                found.append(eqn.params["precision"])
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner, in_kernel or eqn.primitive.name == "pallas_call")
+
+    walk(jaxpr.jaxpr, False)
+    return found
+
+
+def test_splash_on_bfloat16_runs_forward_and_backward_at_the_default_precision_under_highest():
+    """Mosaic compiles no bfloat16 product at a float32 contract precision ("Bad lhs type" on a v5e
+    under the suite's `highest`): Splash's kernels, backward ones included, trace theirs at the
+    default whatever the caller's, while the float32 kernels keep the caller's."""
+    mask = padded_layout()
+
+    def grad_jaxpr(dtype):
+        q, k, v = qkv(2, 16, 16, dtype=dtype)
+        loss = lambda q, k, v: jnp.sum(attention.splash(q, k, v, mask, interpret=True).astype(F32))  # noqa: E731
+        with jax.default_matmul_precision("highest"):
+            return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    bf16 = kernel_dot_precisions(grad_jaxpr(jnp.bfloat16))
+    assert len(bf16) >= 6 and highest not in bf16  # forward, dq and dkv kernels: 2 products each at least
+    f32 = kernel_dot_precisions(grad_jaxpr(F32))
+    assert len(f32) == len(bf16) and set(f32) == {highest}
 
 
 def test_splash_segments_of_a_mask():
@@ -182,6 +219,8 @@ def test_cudnn_gets_even_lengths_and_the_padding_changes_no_row():
     np.testing.assert_allclose(sdpa(*padded)[:, :9] * real, sdpa(q, k, v, mask) * real, **close(rtol=1e-6, atol=1e-6))
 
 
+@about_the_cpu("a program traced on this host for another platform: the stand-in runs where the kernel cannot "
+               "(on a TPU Splash itself compiles, and XLA:TPU reports 0 temporary bytes for this tiny model)")
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_a_plan_for_an_accelerator_compiles_the_fused_kernels_stand_in_with_their_memory(platform):
     """On this CPU, traced for a GPU (cuDNN) or a TPU (Splash): the kernel is a stand-in that

@@ -20,6 +20,7 @@ from rl_models.hf import HFFolderError, export_hf, load_hf_config, load_hf_model
 from safetensors.numpy import load_file
 
 from engines import full_forward_greedy, paged_engine, static_engine
+from tolerances import close
 
 BIASED = ("llama_bias", "qwen3_bias", "smollm3_bias", "gemma3_text_bias", "qwen3_moe_bias")
 FAMILY = {"llama_bias": "llama", "qwen3_bias": "qwen3", "smollm3_bias": "smollm3", "gemma3_text_bias": "gemma3_text",
@@ -64,11 +65,11 @@ def test_logits_match_transformers_left_padded_and_packed(name, hf_fixtures, hf_
     arrays, _ = hf_reference(name)
     model = load_hf_model(hf_fixtures / name)
     logits, valid = _padded_logits(model, arrays)
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
     segments = jnp.asarray(arrays["packed_segments"])
     mask = jnp.tril(jnp.ones((12, 12), bool))[None] & (segments[:, :, None] == segments[:, None, :])
     packed = _logits(model, arrays["packed_ids"], arrays["packed_positions"], mask)
-    np.testing.assert_allclose(packed, arrays["packed_logits"], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(packed, arrays["packed_logits"], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 @pytest.mark.parametrize("name", BIASED)
@@ -143,7 +144,7 @@ def test_export_writes_the_biases_back(name, hf_fixtures, hf_reference, tmp_path
         again = load_hf_model(out)
         assert again.config == model.config
         logits, valid = _padded_logits(again, arrays)
-        np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 @pytest.mark.parametrize(("name", "changes", "message"), [

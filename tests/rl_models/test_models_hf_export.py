@@ -10,6 +10,7 @@ from flax import nnx
 from rl_models import Transformer, TransformerConfig
 from rl_models.hf import export_hf, load_hf_model, load_hf_tokenizer
 from rl_models.rope_types import LinearRope, YarnRope
+from tolerances import close
 
 
 def _assert_same_params(a, b):
@@ -108,4 +109,4 @@ def test_export_without_the_source_folder_writes_a_config_of_the_same_model(name
     valid = np.asarray(arrays["attention_mask"], bool)
     mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
     hidden, _ = model(ids, positions, mask)
-    np.testing.assert_allclose(np.asarray(model.logits(hidden))[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(model.logits(hidden))[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))

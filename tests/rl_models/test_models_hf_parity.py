@@ -14,6 +14,7 @@ from flax import nnx
 
 from rl_models import Transformer
 from rl_models.hf import load_hf_config, load_hf_model, load_hf_tokenizer
+from tolerances import close
 
 PACKED_NAMES = ("mistral", "qwen3_yarn", "smollm3", "gemma3_text", "gemma3", "olmo2", "olmo3", "phi3", "llama_dynamic",
                 "gemma3_text_softcap", "gemma2", "gemma4_text", "gemma4_text_wide")
@@ -42,7 +43,7 @@ def test_logits_match_transformers(hf_name, hf_fixtures, hf_reference):
     logits, valid = _logits(model, arrays)
     assert logits.shape == arrays["logits"].shape == (2, 12, 320)
     # Row 1 is left-padded by 3: compare real tokens only (pad queries attend to nothing).
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 @pytest.mark.parametrize("name", PACKED_NAMES)
@@ -56,7 +57,7 @@ def test_packed_rows_match_each_sequence_run_alone_in_transformers(name, hf_fixt
     length = ids.shape[1]
     mask = jnp.tril(jnp.ones((length, length), bool))[None] & (segments[:, :, None] == segments[:, None, :])
     hidden, _ = jax.jit(lambda m: m(ids, positions, mask))(model)
-    np.testing.assert_allclose(np.asarray(model.logits(hidden)), arrays["packed_logits"], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(model.logits(hidden)), arrays["packed_logits"], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 def test_greedy_generation_matches_transformers_token_for_token(
@@ -138,7 +139,7 @@ def test_scanned_layers_pick_each_layers_window_and_rotary_table(name, hf_fixtur
     arrays, meta = hf_reference(name)
     model = load_hf_model(hf_fixtures / name, scan_layers=True)
     logits, valid = _logits(model, arrays)
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
     want = arrays["greedy_ids"]
     got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], want.shape[1], meta["eos_ids"],
                           meta["pad_id"])

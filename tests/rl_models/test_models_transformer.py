@@ -11,6 +11,7 @@ from flax import nnx
 
 from rl_models import Transformer, TransformerConfig
 from rl_models.transformer import scans_layers
+from host import about_the_cpu
 from tolerances import close
 from host import about_the_cpu
 
@@ -217,6 +218,8 @@ def test_each_remat_policy_gives_the_same_loss_and_gradients(remat, scan_layers)
     chex.assert_trees_all_close(g1, g2, **close(rtol=1e-5, atol=1e-5))
 
 
+@about_the_cpu("XLA:CPU's memory analysis of a tiny program: XLA:TPU reports 0 temporary bytes for it under "
+               "every policy (v5e, 2026-12-06)")
 def test_remat_policies_keep_less_for_the_backward_pass():
     """What the policies save, read off the compiled programs: a gradient step's temporary
     bytes fall from none to dots_with_no_batch_dims_saveable to full."""
@@ -491,6 +494,7 @@ def test_unrolled_last_block_computes_its_query_side_only_for_the_output_positio
     assert 0.98 * saved <= full - part <= 1.1 * saved, (full, part, saved)
 
 
+@about_the_cpu("the unrolled layers loop_view serves are XLA:CPU's layout; accelerators scan a stack")
 def test_unrolled_decoding_reads_each_layers_cache_without_slicing_it_out():
     """The compiled decode loop of an unrolled model: with init_cache's per-layer buffers no
     dynamic-slice is left (each layer reads its own buffer and updates it in place); the same

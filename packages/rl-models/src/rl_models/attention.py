@@ -36,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -329,8 +330,10 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
                              (seg_q, seg_kv)).transpose(0, 2, 1, 3)
         from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # noqa: PLC0415
 
-        kernel = _splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret, softcap)
-        return jax.vmap(kernel)(q, k, v, SegmentIds(seg_q, seg_kv))
+        kernel = jax.vmap(_splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret, softcap))
+        if q.dtype != jnp.float32:  # Mosaic refuses bfloat16 operands at a float32 contract precision
+            kernel = at_default_precision(kernel)
+        return kernel(q, k, v, SegmentIds(seg_q, seg_kv))
 
     heads = partition_spec(("act_batch", "act_kv_heads", None, None), k.shape)
     if heads is not None:  # per device: the kernel is one opaque call that XLA would not split
@@ -338,6 +341,30 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
         run = jax.shard_map(run, in_specs=(heads, heads, heads, rows, rows), out_specs=heads, check_vma=False)
     out = run(q, k, v, seg_q, seg_kv)
     return out.transpose(0, 2, 1, 3)[:, :l].reshape(b, l, h * dh)
+
+
+def at_default_precision(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with its forward and backward passes traced at the default matmul precision, whatever
+    the caller's (`jax.default_matmul_precision`, JAX_DEFAULT_MATMUL_PRECISION): a Pallas TPU
+    kernel's products of bfloat16 operands compile only there (Mosaic: "Bad lhs type" at `highest`),
+    and are exact there. A `with` around the call alone would miss the backward pass, which is
+    traced after the forward has returned."""
+
+    @jax.custom_vjp
+    def run(*args):
+        with jax.default_matmul_precision("default"):
+            return fn(*args)
+
+    def forward(*args):
+        with jax.default_matmul_precision("default"):
+            return jax.vjp(fn, *args)
+
+    def backward(vjp, cotangent):
+        with jax.default_matmul_precision("default"):
+            return vjp(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
 
 
 def segment_ids(mask: jax.Array, offset: int, slots: int) -> tuple[jax.Array, jax.Array]:
