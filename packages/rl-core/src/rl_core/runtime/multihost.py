@@ -96,7 +96,9 @@ def to_host(tree: Any) -> Any:
 
 
 PACKED_ELEMENTS = 4096
-"""A leaf of at most this many elements comes to the host packed with the other small ones."""
+"""A leaf of at most this many elements comes to the host packed with the other small ones (an
+update's statistics, a small rollout's tokens). Each set of shapes compiles its packing program
+once: a run's shapes settle after its first steps."""
 
 
 def fetch(tree: Any, *, pack: bool | None = None) -> Any:
