@@ -5,6 +5,8 @@
 #
 # Steps, each with its own time limit and its output in OUT_DIR/<step>.txt:
 #   device         the devices (stops here on a host without an accelerator)
+#   resume         a short GRPO run killed twice and resumed equals the uninterrupted one, bit for bit
+#                  (benchmarks/resume_check.py: each run its own process on the accelerator)
 #   sampler        the sampler benchmark (small model, 64 rows, 128 + 256 tokens)
 #   engines        both rollout engines on the 0.5B shape: 32 prompts x 8 = 256 rows of up to 1024 new
 #                  tokens (trimmed from 4096 to keep the check short)
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.."
 OUT="${1:-runs/accelerator-check}"
 BUDGET_S="${BUDGET_S:-1800}"
 STEPS="${STEPS:-}"
-NAMES="device sampler engines bench-0.5b bench-1.5b-lora bench-1.5b plan"
+NAMES="device resume sampler engines bench-0.5b bench-1.5b-lora bench-1.5b plan"
 for name in $STEPS; do
   [[ " $NAMES " == *" $name "* ]] || { echo "STEPS: no step named $name (the steps: $NAMES)" >&2; exit 2; }
 done
@@ -77,6 +79,7 @@ step() {
 
 step device 60 '^devices:' "${PY[@]}" benchmarks/accelerator_check.py device || {
   echo "no accelerator: stopped after the device step" >> "$SUMMARY"; cat "$SUMMARY"; exit 1; }
+step resume 300 '^(resume check|differs): ' "${PY[@]}" benchmarks/resume_check.py "$OUT/resume"
 step sampler 75 '^(generated tokens/s|decode ms|compiled programs)' \
   "${PY[@]}" benchmarks/sampler.py --batch 64 --prompt-tokens 128 --new-tokens 256
 step engines 120 '^ +[0-9]+ ' \

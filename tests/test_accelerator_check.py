@@ -37,7 +37,7 @@ def steps() -> dict[str, list[str]]:
 
 
 def test_the_script_runs_every_step_it_describes():
-    names = ["device", "sampler", "engines", "bench-0.5b", "bench-1.5b-lora", "bench-1.5b", "plan"]
+    names = ["device", "resume", "sampler", "engines", "bench-0.5b", "bench-1.5b-lora", "bench-1.5b", "plan"]
     assert list(steps()) == names
     text = SCRIPT.read_text()
     assert 'PY=(python3)' in text and "summary.md" in text
