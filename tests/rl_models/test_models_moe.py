@@ -16,7 +16,7 @@ from rl_models import Transformer, TransformerConfig
 from rl_models.attention import traced_for
 from rl_models.hf import HFFolderError, load_hf_config, load_hf_model
 from rl_models.lora import add_adapters, targeted
-from rl_models.moe import MoE, route, tiled_grouped_matmul
+from rl_models.moe import MoE, grouped_matmul, route, tiled_grouped_matmul
 from tolerances import close
 
 E_2_1_0_M1 = [[2.0, 1.0, 0.0, -1.0]]
@@ -120,6 +120,38 @@ def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
              for f in (tiled_grouped_matmul, jax.lax.ragged_dot)]
     for got, want in zip(*grads, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_bfloat16_grouped_matmuls_run_forward_and_backward_at_the_default_precision_under_highest():
+    """On a TPU ragged_dot is a Mosaic kernel, which compiles no bfloat16 product at a float32
+    contract precision ("Bad lhs type" on a v5e under the suite's `highest`, qwen3_moe in bfloat16):
+    the grouped matmuls of bfloat16 rows, backward ones included, run at the default whatever the
+    caller's; float32 ones keep the caller's; the gradient is ragged_dot's."""
+    sizes = jnp.asarray([5, 0, 3], jnp.int32)
+
+    def grad_of(dtype, f=grouped_matmul):
+        rows = jax.random.normal(jax.random.key(4), (8, 16)).astype(dtype)
+        w = jax.random.normal(jax.random.key(5), (3, 16, 8)).astype(dtype)
+        loss = lambda r, w: jnp.sum(jnp.sin(f(r, w, sizes).astype(jnp.float32)))  # noqa: E731
+        with traced_for("tpu"), jax.default_matmul_precision("highest"):
+            return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(rows, w), jax.grad(loss, argnums=(0, 1))(rows, w)
+
+    def precisions(jaxpr):
+        eqns, inner = [], list(jaxpr.jaxpr.eqns)
+        while inner:
+            eqns += inner
+            inner = [e for sub in (s for e in inner for s in jax.extend.core.jaxprs_in_params(e.params))
+                     for e in sub.eqns]
+        return [e.params["precision"] for e in eqns if e.primitive.name == "ragged_dot_general"]
+
+    highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    bf16_jaxpr, bf16_grads = grad_of(jnp.bfloat16)
+    bf16 = precisions(bf16_jaxpr)
+    assert len(bf16) >= 3 and highest not in bf16  # the forward product, d rows and d w
+    f32 = precisions(grad_of(jnp.float32)[0])
+    assert len(f32) >= 3 and set(f32) == {highest}
+    for got, want in zip(bf16_grads, grad_of(jnp.bfloat16, jax.lax.ragged_dot)[1], strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_replaying_the_models_own_routing_changes_nothing_and_other_experts_change_the_output():

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rl_models.attention import target_platform
+from rl_models.attention import at_default_precision, target_platform
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, param
 from rl_models.sharding import gathered, mesh_axes
@@ -208,6 +208,8 @@ def grouped_matmul(rows: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array
     accelerators), `tiled_grouped_matmul` on CPU."""
     if target_platform() == "cpu":
         return tiled_grouped_matmul(rows, w, sizes)
+    if rows.dtype != jnp.float32:  # a TPU runs ragged_dot as a Mosaic kernel: see at_default_precision
+        return at_default_precision(jax.lax.ragged_dot)(rows, w, sizes)
     return jax.lax.ragged_dot(rows, w, sizes)
 
 
