@@ -79,14 +79,23 @@ def test_a_test_about_the_cpu_skips_elsewhere_saying_why(request, monkeypatch):
 
 
 def test_a_host_without_sockets_skips_what_needs_them(monkeypatch):
-    def refuse(self, address):
-        raise PermissionError(1, "Operation not permitted")
+    class Refused:  # a socket whose bind is refused (the TPU host refuses socket() itself already)
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            raise PermissionError(1, "Operation not permitted")
 
     host.sockets_missing.cache_clear()
-    monkeypatch.setattr(socket.socket, "bind", refuse)
+    monkeypatch.setattr(socket, "socket", Refused)
     try:
-        # here the refused bind; on a host without sockets, socket() itself already
-        assert host.sockets_missing().startswith("PermissionError: [Errno ")
+        assert host.sockets_missing() == "PermissionError: [Errno 1] Operation not permitted"
         with pytest.raises(pytest.skip.Exception, match="needs sockets"):
             host.need_sockets()
     finally:
@@ -98,12 +107,12 @@ def test_tolerance_floors_follow_the_backend_and_the_depth_of_the_comparison():
 
     # on the CPU a test's own bounds hold, whatever the comparison
     assert floor("float32", on="cpu") == 0.0 and floor("float32", on="cpu", of="model logits") == 0.0
-    # on a TPU: one composite 2e-5; a whole model's logits and a kernel's gradients what was measured, x2
-    assert floor("float32", on="tpu") == 2e-5
-    assert floor("float32", on="tpu", of="model logits") == 3e-4
+    # on a TPU: one composite 1e-4; a whole model's logits and a kernel's gradients what was measured, x2
+    assert floor("float32", on="tpu") == 1e-4
+    assert floor("float32", on="tpu", of="model logits") == 1.5e-3
     assert floor("float32", on="tpu", of="kernel gradients") == 1.5e-4
     # a backend not measured takes the loosest listed; bfloat16's own floor is looser than any kind's
-    assert floor("float32", on="gpu", of="model logits") == 3e-4
+    assert floor("float32", on="gpu", of="model logits") == 1.5e-3
     assert floor("bfloat16", on="tpu", of="model logits") == 2e-2
     with pytest.raises(KeyError):
         floor("float32", on="tpu", of="a kind nobody measured")

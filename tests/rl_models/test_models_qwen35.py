@@ -55,7 +55,7 @@ def test_left_padded_logits_match_transformers(name, hf_reference, models):
     mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
     logits = _forward(models[name], arrays["input_ids"], arrays["position_ids"], mask)
     # row 1 has 3 left pads: their inputs are zeroed, so the row's state starts at its first real token
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 def test_packed_rows_match_each_sequence_run_alone(name, hf_reference, models):
@@ -70,7 +70,8 @@ def test_packed_rows_match_each_sequence_run_alone(name, hf_reference, models):
     mask = jnp.tril(jnp.ones((width, width), bool)) & (s[:, :, None] == s[:, None, :]) & (s[:, None, :] > 0)
     logits = _forward(models[name], arrays["packed_ids"], positions, mask)
     real = seg > 0
-    np.testing.assert_allclose(logits[real], arrays["packed_logits"][real], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[real], arrays["packed_logits"][real],
+                               **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 def test_a_sequence_over_several_chunks_matches_transformers(name, hf_reference, models):
@@ -79,7 +80,7 @@ def test_a_sequence_over_several_chunks_matches_transformers(name, hf_reference,
     ids = arrays["long_ids"]
     length = ids.shape[1]
     logits = _forward(models[name], ids, np.arange(length)[None], jnp.tril(jnp.ones((length, length), bool))[None])
-    np.testing.assert_allclose(logits[:, ::5], arrays["long_logits"], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[:, ::5], arrays["long_logits"], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 def test_greedy_decoding_from_the_recurrent_state_matches_transformers(name, hf_fixtures, hf_reference, models,
@@ -173,7 +174,7 @@ def test_the_scanned_groups_compute_what_the_unrolled_blocks_do(hf_fixtures, hf_
     valid = arrays["attention_mask"] > 0
     mask = jnp.tril(jnp.ones((12, 12), bool))[None] & jnp.asarray(valid)[:, None, :]
     logits = _forward(model, arrays["input_ids"], arrays["position_ids"], mask)
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
     tok = load_hf_tokenizer(hf_fixtures / "qwen35")
     got = greedy_generate(model, arrays["prompt_ids"], arrays["prompt_mask"], 10, tok.eos_ids, tok.pad_id)
     np.testing.assert_array_equal(got, arrays["greedy_ids"])

@@ -18,6 +18,7 @@ from flax import nnx
 
 from rl_models import HybridTransformer
 from rl_models.hf import export_hf, load_hf_config, load_hf_model, load_hf_tokenizer
+from tolerances import close
 
 NAMES = ("qwen35_moe", "qwen35_moe_text")
 FOLDERS = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -64,7 +65,7 @@ def test_left_padded_logits_and_routing_match_transformers(name, hf_reference, m
     arrays, _ = hf_reference(name)
     valid = arrays["attention_mask"] > 0
     logits, routing = _routed(models[name], arrays)
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
     # every layer (model order: three linear-attention layers, then the attention layer) chose
     # transformers' experts, best first, at every real token
     experts = np.asarray(routing.experts)
@@ -115,7 +116,7 @@ def test_export_loads_back_exactly_and_without_the_source_writes_the_text_model(
     assert written["shared_expert_intermediate_size"] == 48
     valid = arrays["attention_mask"] > 0
     logits, _ = _routed(load_hf_model(out), arrays)
-    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits[valid], arrays["logits"][valid], **close(atol=1e-4, rtol=1e-4, of="model logits"))
 
 
 def test_dense_qwen35_and_qwen3_moe_do_not_claim_the_moe_hybrid(models):

@@ -12,6 +12,7 @@ from rl_models.config import TransformerConfig
 from rl_models.hf import load_hf_config, load_hf_model
 from rl_models.rope import rope_tables
 from rl_models.rope_types import DynamicNTKRope, LongRope
+from tolerances import close
 
 SHORT, LONG = (1.0, 1.5, 2.0, 3.0), (2.0, 4.0, 8.0, 16.0)
 
@@ -24,11 +25,11 @@ def test_dynamic_ntk_is_the_default_rope_within_its_limit_and_stretches_theta_pa
     rope = DynamicNTKRope(factor=4.0, max_position_embeddings=64)
     for seq_len in (1, 64):
         inv, factor = rope.call_inv_freq(16, 10000.0, jnp.int32(seq_len))
-        np.testing.assert_allclose(np.asarray(inv), by_hand(10000.0, 16), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(inv), by_hand(10000.0, 16), **close(rtol=1e-6))
         assert factor == 1.0
     base = 10000.0 * (4.0 * 100 / 64 - 3.0) ** (16 / 14)  # 100 positions: theta * (f L / M - f + 1)^(d/(d-2))
     inv, _ = rope.call_inv_freq(16, 10000.0, jnp.int32(100))
-    np.testing.assert_allclose(np.asarray(inv), by_hand(base, 16), rtol=2e-6)
+    np.testing.assert_allclose(np.asarray(inv), by_hand(base, 16), **close(rtol=2e-6))
 
 
 def test_longrope_divides_by_the_short_factors_within_the_original_context_and_the_long_ones_past_it():
@@ -37,7 +38,7 @@ def test_longrope_divides_by_the_short_factors_within_the_original_context_and_t
     scale = math.sqrt(1 + math.log(40 / 8) / math.log(8))  # the default attention factor of factor 5
     for seq_len, factors in ((8, SHORT), (9, LONG), (30, LONG)):
         inv, factor = rope.call_inv_freq(8, 10000.0, jnp.int32(seq_len))
-        np.testing.assert_allclose(np.asarray(inv), by_hand(10000.0, 8, factors), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(inv), by_hand(10000.0, 8, factors), **close(rtol=1e-6))
         assert factor == pytest.approx(scale)
     assert LongRope(short_factor=SHORT, long_factor=LONG, original_max_position_embeddings=8,
                     max_position_embeddings=8).attention_scale() == 1.0
@@ -56,8 +57,10 @@ def test_a_batch_takes_the_long_factors_for_every_position_once_one_row_passes_t
     cos_long = rope_tables(config, both)["global"][0]
     assert cos_short.shape[-1] == 8  # the rotary dims only (half of head_dim 16)
     scale = rope.attention_scale()
-    np.testing.assert_allclose(np.asarray(cos_short[0, 5, 0, :4]), scale * np.cos(5 * by_hand(1e4, 8, SHORT)), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(cos_long[0, 5, 0, :4]), scale * np.cos(5 * by_hand(1e4, 8, LONG)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(cos_short[0, 5, 0, :4]), scale * np.cos(5 * by_hand(1e4, 8, SHORT)),
+                               **close(rtol=1e-5))
+    np.testing.assert_allclose(np.asarray(cos_long[0, 5, 0, :4]), scale * np.cos(5 * by_hand(1e4, 8, LONG)),
+                               **close(rtol=1e-5))
 
 
 def test_longrope_factor_lists_must_cover_half_the_rotary_dims():

@@ -52,7 +52,7 @@ def test_xla_attention_caps_the_scores_before_the_mask():
     mask = causal_mask(2, 8)
     got = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, softcap=CAP)
     np.testing.assert_allclose(got[mask.any(-1)], by_formula(q, k, v, mask, CAP)[np.asarray(mask.any(-1))],
-                               atol=1e-5, rtol=1e-5)
+                               **close(atol=1e-5, rtol=1e-5))
     plain = attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
     assert float(jnp.abs(plain - got).max()) > 0.1  # the cap bites on these scores
 
@@ -90,7 +90,7 @@ def test_splash_takes_the_cap_and_equals_xla_with_gradients():
     got = jax.grad(lambda *a: jnp.sum(splash(*a) * weights), argnums=(0, 1, 2))(q, k, v)
     want = jax.grad(lambda *a: jnp.sum(xla(*a) * weights), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5))
+        np.testing.assert_allclose(g, w, **close(rtol=1e-5, atol=1e-5, of="kernel gradients"))
 
 
 def test_final_logit_softcapping_caps_every_logit():
@@ -99,8 +99,8 @@ def test_final_logit_softcapping_caps_every_logit():
     uncapped = Transformer(dataclasses.replace(config, final_logit_softcapping=None), rngs=nnx.Rngs(0))
     hidden = jax.random.normal(jax.random.key(2), (2, 5, 64)) * 10
     want = CAP * np.tanh(np.asarray(uncapped.logits(hidden)) / CAP)
-    np.testing.assert_allclose(model.logits(hidden), want, atol=1e-6, rtol=1e-6)
-    np.testing.assert_allclose(model.unembedding()(hidden), want, atol=1e-6, rtol=1e-6)  # the log-prob passes' path
+    np.testing.assert_allclose(model.logits(hidden), want, **close(atol=1e-6, rtol=1e-6))
+    np.testing.assert_allclose(model.unembedding()(hidden), want, **close(atol=1e-6, rtol=1e-6))  # log-probs' path
     assert float(jnp.abs(model.logits(hidden)).max()) <= CAP
 
 

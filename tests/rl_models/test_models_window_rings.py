@@ -148,8 +148,8 @@ def test_a_model_over_its_rings_computes_what_it_computes_over_the_full_cache(na
 
 
 def test_a_cache_of_the_wrong_slots_is_refused_with_one_line():
-    model = load_hf_model(HF / "gemma3_text")  # windows of 4
-    tokens, positions = jnp.ones((B, 1), jnp.int32), jnp.zeros((B, 1), jnp.int32)
+    model = load_hf_model(HF / "gemma3_text", scan_layers=False)  # windows of 4; a cache per layer (a TPU's
+    tokens, positions = jnp.ones((B, 1), jnp.int32), jnp.zeros((B, 1), jnp.int32)  # default scans: below)
     rings = model.init_decode_cache(B, 30)
     with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 1, 30\)"):  # the global layer's 30 slots
         model(tokens, positions, jnp.ones((B, 1, 20), bool), rings, 5)

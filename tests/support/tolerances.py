@@ -7,9 +7,11 @@ raised to that backend's floor for the dtype, the agreement its arithmetic can d
 
 - TPU float32: matrix products run as bfloat16 passes by default (about 3 digits); the suite
   runs them at `highest` on an accelerator (`SUITE_MATMUL_PRECISION`, applied by
-  tests/conftest.py), which gives about 7 digits, and then exp and log, which TPU computes by
-  its own approximations, agree with a CPU's to 5-6 digits: a composite (a log-softmax over the
-  vocabulary, a ratio exp(a - b) and a loss of it) to about 2e-5.
+  tests/conftest.py), which gives about 7 digits, and then log, exp and tanh, which TPU computes
+  by its own approximations, agree with a CPU's to 4-5 digits (a v5e, 2026-12-06: log(1.5) 6.1e-5
+  off, so exp(log 1.5) = 1.5000914; a log-softmax over 10 logits 5.4e-5 relative; tanh-capped
+  logits 3.2e-5): a composite (a log-softmax over the vocabulary, a ratio exp(a - b) and a loss of
+  it) to about 6e-5.
 - bfloat16 anywhere: 8 bits of mantissa, 2^-8 = 4e-3 a rounding, a few roundings deep.
 
     np.testing.assert_allclose(got, want, **close(rtol=1e-6, atol=1e-6))
@@ -34,7 +36,7 @@ run at full float32 precision (the faster default passes are a speed setting, wh
 FLOORS: dict[tuple[str, str], float] = {
     ("cpu", "float32"): 0.0,
     ("cpu", "bfloat16"): 0.0,
-    ("tpu", "float32"): 2e-5,
+    ("tpu", "float32"): 1e-4,
     ("tpu", "bfloat16"): 2e-2,
 }
 """(backend, dtype) -> the least rtol and atol a comparison gets there. CPU: none (the test's own
@@ -43,9 +45,10 @@ not measured: at `highest` it is IEEE float32, within the TPU's)."""
 
 
 DEEPER_FLOORS: dict[str, dict[tuple[str, str], float]] = {
-    # gemma2's softcapped logits (tanh at two depths) against transformers': 1.5e-4 off on a v5e
-    # (2026-12-06), where the other families stay within 1e-4
-    "model logits": {("cpu", "float32"): 0.0, ("tpu", "float32"): 3e-4},
+    # a whole model's logits against transformers' (or another program's), on a v5e (2026-12-06):
+    # gemma2 (tanh softcaps at two depths) 1.5e-4 off, qwen3.5's gated delta rule (exp of summed
+    # log-decays) 5.7e-4, qwen3.5-MoE 7.5e-4, gemma4_text's packed rows 8.2e-4; the others within 1e-4
+    "model logits": {("cpu", "float32"): 0.0, ("tpu", "float32"): 1.5e-3},
     # Splash's dq, dk, dv (its blockwise softmax, recomputed in the kernel's order) against XLA's
     # attention: 7.1e-5 off on a v5e (2026-12-06)
     "kernel gradients": {("cpu", "float32"): 0.0, ("tpu", "float32"): 1.5e-4},
