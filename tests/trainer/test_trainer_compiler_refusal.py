@@ -90,6 +90,18 @@ def test_bench_answers_a_refusal_in_one_line_before_allocating(refusing_compiler
     assert not output.exists()
 
 
+def test_bench_names_what_to_change_when_the_weights_and_optimizer_alone_do_not_fit(refusing_compiler, capsys):
+    """Full fine-tuning whose float32 weights, AdamW state and gradients exceed the device (the 1.5B
+    shape on a v5e): no remat helps, so the one line says to train adapters or shard, not remat=full."""
+    assert main(["bench", "--preset", "tiny", "--memory-gb", "0.0001"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("trainer bench: error: trainer bench --preset tiny does NOT fit: the CPU compiler needs "
+                           "70.66 GiB of temporaries, the device has 15.75 GiB; the float32 weights, AdamW state and "
+                           "gradients alone take ")
+    assert line.endswith("train adapters (model.lora.rank=16) or spread them over more devices (training.mesh.fsdp)")
+    assert "model.remat=full" not in line
+
+
 def test_the_search_counts_a_refused_candidate_as_too_much():
     """remat none fits nothing (20 GiB of temporaries); the compiler refuses dots_saveable's update;
     dots_with_no_batch_dims_saveable's fits: the search goes past the refusal to it."""

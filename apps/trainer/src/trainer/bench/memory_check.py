@@ -90,22 +90,24 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
     programs: dict = {}
     try:
         settings = fit_memory(settings, memory_gb=memory_gb, log=log, programs=programs)
-    except NothingFits as e:  # the plan of what keeps the least says by how much
+        refused = "run it on a machine with more memory, choose a smaller preset" + (
+            ", or keep less for the backward pass (model.remat=full)" if settings.model.remat != "full" else "")
+        over = ("run it on a machine with more memory, choose a smaller preset, or give the memory it may use "
+                "with --memory-gb")
+    except NothingFits as e:  # the plan of what keeps the least says by how much; the search, what to change
         settings = Choice(e.last, "", ("model.remat",)).apply(settings)
+        refused = over = str(e).removeprefix("memory: ")
     budget = device_budget(memory_gb)
     free, source = budget.device_memory_bytes, budget.fraction_source
     try:
         planned = plan(as_run(settings, budget.platform), budget, compiled_programs=programs)
     except ProgramRefused as e:  # XLA:TPU refuses at compile time what XLA:CPU would size
-        raise DoesNotFit(f"trainer bench --preset {preset} {e.verdict()}; run it on a machine with more memory, "
-                          "choose a smaller preset, or keep less for the backward pass (model.remat=full)") from None
+        raise DoesNotFit(f"trainer bench --preset {preset} {e.verdict()}; {refused}") from None
     need = planned.peak_bytes
     log(f"memory: needs {_size(need)} per device (trainer plan's peak of these programs); {_size(free)} free ({source})")
     if need > free:
         raise DoesNotFit(
-            f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
-            f"({source}); run it on a machine with more memory, choose a smaller preset, or give the memory it may "
-            "use with --memory-gb")
+            f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free ({source}); {over}")
     return settings
 
 
