@@ -4,7 +4,8 @@ from wheels, and the summary of its junit report.
     python3 scripts/tpu_tests.py args              pytest's options, one a line
     python3 scripts/tpu_tests.py summary JUNIT OUT  OUT (Markdown): the tally, skips by reason, failures
     python3 scripts/tpu_tests.py shard I N         the test files of shard I of N (1..N), one a line
-    python3 scripts/tpu_tests.py merge OUT JUNIT...  one summary of several reports (the shards' calls)
+    python3 scripts/tpu_tests.py merge OUT JUNIT...  one summary of several reports (the shards' calls,
+                                                     oldest first: a test's last result counts)
 
 A chip lent for minutes at a time runs the fast tier in shards (each test compiles its programs for
 the TPU: seconds a test), one a call, and `merge` makes the shards' reports one tally.
@@ -64,11 +65,13 @@ def shard(index: int, count: int, files: dict[Path, int]) -> list[Path]:
 
 
 def summary(*junits: Path) -> str:
-    """The reports' tally, their skips grouped by reason (most first) and failures, in Markdown."""
-    cases = (case for junit in junits for case in ET.parse(junit).getroot().iter("testcase"))
+    """The reports' tally, their skips grouped by reason (most first) and failures, in Markdown. A test
+    in several reports counts once, as the last report has it (reports in the order they ran: a test
+    re-run after a fix, on a later call or commit, stands for that test)."""
+    latest = {f"{case.get('classname')}::{case.get('name')}": case
+              for junit in junits for case in ET.parse(junit).getroot().iter("testcase")}
     passed, skipped, failed = [], defaultdict(list), []
-    for case in cases:
-        name = f"{case.get('classname')}::{case.get('name')}"
+    for name, case in latest.items():
         outcome = next((c for c in case if c.tag in ("skipped", "failure", "error")), None)
         if outcome is None:
             passed.append(name)

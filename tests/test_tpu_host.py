@@ -46,6 +46,16 @@ def test_the_summary_counts_groups_skips_by_reason_and_lists_failures(tmp_path):
     assert "- `tests.c::test_loss` (failure): AssertionError: 1e-3 apart" in text.splitlines()
 
 
+def test_a_merge_counts_each_test_once_as_its_last_report_has_it(tmp_path):
+    (tmp_path / "first.xml").write_text(JUNIT)
+    rerun = JUNIT.replace('<failure message="AssertionError: 1e-3 apart&#10;more">...</failure>', "")
+    (tmp_path / "rerun.xml").write_text(rerun.replace('name="test_two"/>', 'name="test_two"><failure message="new"/>'
+                                                                         '</testcase>'))
+    text = tpu_tests.summary(tmp_path / "first.xml", tmp_path / "rerun.xml")
+    assert text.splitlines()[0] == "passed 2, skipped 3, failed 1"  # test_loss fixed, test_two broken since
+    assert "- `tests.a::test_two` (failure): new" in text.splitlines() and "test_loss" not in text
+
+
 def test_the_shards_hold_every_test_file_once_and_about_as_many_tests_each():
     files = tpu_tests.test_files()
     assert len(files) > 100 and all(p.name.startswith("test_") for p in files)
@@ -64,7 +74,7 @@ def test_the_shards_hold_every_test_file_once_and_about_as_many_tests_each():
 
 def test_merge_tallies_the_shards_reports_as_one(tmp_path):
     (tmp_path / "a.xml").write_text(JUNIT)
-    (tmp_path / "b.xml").write_text(JUNIT)
+    (tmp_path / "b.xml").write_text(JUNIT.replace('classname="tests.', 'classname="tests.other.'))  # other files
     assert tpu_tests.main(["merge", str(tmp_path / "all.md"), str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 0
     text = (tmp_path / "all.md").read_text()
     assert text.splitlines()[0] == "passed 4, skipped 6, failed 2"
