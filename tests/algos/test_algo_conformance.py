@@ -336,7 +336,7 @@ def test_the_plan_check_tells_sapos_gate_from_the_registered_function():
     At ratio 1 the gate's value is -2A / tau: tau_pos 2 halves the positive rows' terms."""
     learner, passes, _, trained = planned_and_trained("sapo")
     registered = policy_loss_function(learner._config, learner.rollout, beta=passes.loss_beta)
-    assert float(loss_on_toy(registered).total) != pytest.approx(float(loss_on_toy(trained).total), rel=1e-3)
+    assert float(loss_on_toy(registered).total) != approx(float(loss_on_toy(trained).total), rel=1e-3)
 
 
 @pytest.mark.parametrize("name", EVERY_ALGORITHM_ACROSS_TIERS)

@@ -67,7 +67,8 @@ def test_the_learner_passes_every_functions_scores_and_weights():
                                weights=jnp.asarray([1.0, 0.5]))  # fmt: skip
     np.testing.assert_allclose(got, np.asarray(expected), **close(atol=1e-6))
     # not the estimator on the weighted total alone
-    assert not np.allclose(got, np.asarray(gdpo_advantages(jnp.asarray(groups.rewards), G)), rtol=1e-5, atol=1e-3)
+    assert not np.allclose(got, np.asarray(gdpo_advantages(jnp.asarray(groups.rewards), G)),
+                           **close(rtol=1e-5, atol=1e-3))
     # groups without per-function scores: the total is the one reward
     bare = dataclasses.replace(groups, reward_scores={})
     np.testing.assert_allclose(learner._compute_advantages(bare), gdpo_advantages(jnp.asarray(groups.rewards), G),

@@ -36,6 +36,7 @@ from rl_core.train.objective import high_entropy_mask, policy_gradient_loss
 
 import invariance_contract as contract
 from rl_core.testing import BagPolicy
+from tolerances import close
 
 registry.registry.names("algorithm")  # loads every algorithm package: their losses register too
 # each registered function once (GRPO's clipped surrogate is registered under two names)
@@ -108,9 +109,9 @@ def assert_invariant(results: dict) -> None:
         whole, whole_grad = by_size[8]
         assert abs(float(whole)) > 1e-3 and np.max(np.abs(whole_grad)) > 1e-3, label  # a real loss is compared
         for micro, (loss, grad) in by_size.items():
-            np.testing.assert_allclose(loss, whole, atol=TOL, rtol=TOL,
+            np.testing.assert_allclose(loss, whole, **close(rtol=TOL, atol=TOL),
                                        err_msg=f"{label}: loss, micro-batches of {micro}")
-            np.testing.assert_allclose(grad, whole_grad, atol=TOL, rtol=TOL,
+            np.testing.assert_allclose(grad, whole_grad, **close(rtol=TOL, atol=TOL),
                                        err_msg=f"{label}: gradient, micro-batches of {micro}")
 
 
@@ -172,7 +173,7 @@ def test_high_entropy_selection_is_per_micro_batch_by_definition():
     expected = jax.device_get(per_micro_batch_selection())
     got = sweep({"top-half": kwargs}, sizes)["top-half"]
     for micro in MICRO_SIZES:
-        np.testing.assert_allclose(got[micro][0], expected[micro], atol=TOL, rtol=TOL)
+        np.testing.assert_allclose(got[micro][0], expected[micro], **close(rtol=TOL, atol=TOL))
         assert abs(float(got[micro][0]) - float(got[8][0])) > 1e-3  # another selection: not the whole batch's
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from simulated_devices import script_result
+from tolerances import approx
 
 pytestmark = pytest.mark.multidevice
 
@@ -85,4 +86,4 @@ def test_async_rollouts_on_devices_of_their_own_train_as_on_the_training_devices
     assert run["param_devices"] == [0, 1, 2, 3] and run["rollout_weight_devices"] == [4, 5, 6, 7]
     assert run["staleness"] == [0.0, 1.0, 1.0]
     assert run["params_max_abs_diff"] <= 1e-6
-    assert run["losses"][0] == pytest.approx(run["losses"][1], abs=1e-6)
+    assert run["losses"][0] == approx(run["losses"][1], abs=1e-6)

@@ -151,7 +151,7 @@ def test_on_an_on_policy_step_it_needs_no_behaviour_pass():
     assert batch.example.old_logp is None and batch.example.sampler_logp is not None
     metrics = tis.train_step()
     # sampler and trainer run the same float32 policy here: weights 1, nothing capped
-    assert metrics["drift/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["drift/tis_weight_mean"] == approx(1.0, abs=1e-4)
     assert metrics["drift/tis_capped_frac"] == 0.0
 
 
@@ -164,7 +164,7 @@ def test_a_learner_with_a_mismatched_sampler_weighs_each_token_by_the_capped_rat
     weights = np.minimum(np.exp(old - sampler), CAP)  # ~0.5, 1.5 and 2 (3 capped): trainer vs sampler
     real = mask > 0
     assert real.sum() >= 6 and {0.5, 1.5, 2.0} <= {round(float(w), 2) for w in weights[real]}
-    assert metrics["drift/tis_weight_mean"] == pytest.approx(weights[real].mean(), rel=1e-4)
+    assert metrics["drift/tis_weight_mean"] == approx(weights[real].mean(), rel=1e-4)
     assert metrics["drift/tis_capped_frac"] == approx((weights[real] >= CAP).mean(), abs=1e-6)
     # one iteration, one mini-batch: rho = 1, so GRPO's token term is -A * w; its default
     # aggregation (seq-mean-token-mean) averages tokens within each completion, then completions

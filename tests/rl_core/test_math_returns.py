@@ -77,7 +77,7 @@ def test_lambda_one_and_zero_have_their_closed_forms(variant, lam, closed_form):
     adv, _ = variant(functools.partial(gae, gamma=0.9, lam=lam))(rewards, values, mask)
     for i, n in enumerate(lengths):
         for t in range(n):
-            assert adv[i, t] == pytest.approx(closed_form(rewards[i], values[i], n, t, 0.9), abs=1e-4)
+            assert adv[i, t] == approx(closed_form(rewards[i], values[i], n, t, 0.9), abs=1e-4)
 
 
 def test_gae_by_hand():
@@ -139,7 +139,7 @@ def test_the_gae_estimator_whitens_advantages_not_returns():
     np.testing.assert_allclose(adv, whiten(raw, mask), **close(atol=1e-6))
     np.testing.assert_array_equal(returns, raw_returns)
     real = np.asarray(adv)[mask > 0]
-    assert abs(real.mean()) < 1e-5 and real.std(ddof=1) == pytest.approx(1.0, abs=1e-4)
+    assert abs(real.mean()) < 1e-5 and real.std(ddof=1) == approx(1.0, abs=1e-4)
     assert registry.get("token_advantage_estimator", "gae") is gae_advantages
     check_signature("token_advantage_estimator", "gae", gae_advantages)
 
