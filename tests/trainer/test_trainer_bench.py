@@ -26,6 +26,7 @@ from trainer.bench.flops import (
     training_flops,
 )
 from trainer.cli import main
+from host import about_the_cpu
 
 
 def test_block_matmul_weights_of_tiny_qwen2():
@@ -82,6 +83,8 @@ def test_forward_flops_by_hand():
         full_prefill + 2 * per_sample)
 
 
+@about_the_cpu("XLA:CPU's cost analysis of a tiny program (the band measured there); the count it checks is "
+               "the same on any host")
 def test_shared_prompts_skip_in_the_compiled_update_what_the_count_says():
     """XLA's cost analysis of a compiled gradient of the log-probs: running each of 2 prompts of
     16 tokens once for its 4 rows, not once per row, saves what `training_flops` says (unrolled

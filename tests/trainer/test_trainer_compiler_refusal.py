@@ -14,6 +14,7 @@ from jax.errors import JaxRuntimeError
 from trainer.cli import main
 from trainer.plan import GIB, Plan, memory_budget
 from trainer.plan.refusal import ProgramRefused, refusal, refusals_as_verdicts
+from host import backend
 
 TEMPORARIES = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
                "(70.66G) exceeds available HBM (15.75G).")
@@ -83,10 +84,10 @@ def test_bench_answers_a_refusal_in_one_line_before_allocating(refusing_compiler
     output = tmp_path / "bench.json"
     assert main(["bench", "--preset", "tiny", "--output", str(output)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    # this host's backend compiled (and was refused): the verdict names it
-    assert line == ("trainer bench: error: trainer bench --preset tiny does NOT fit: the CPU compiler needs 70.66 GiB "
-                    "of temporaries, the device has 15.75 GiB; run it on a machine with more memory, choose a "
-                    "smaller preset, or keep less for the backward pass (model.remat=full)")
+    # this host's backend compiled (and was refused): the verdict names it (CPU here, TPU on a chip)
+    assert line == (f"trainer bench: error: trainer bench --preset tiny does NOT fit: the {backend().upper()} compiler "
+                    "needs 70.66 GiB of temporaries, the device has 15.75 GiB; run it on a machine with more memory, "
+                    "choose a smaller preset, or keep less for the backward pass (model.remat=full)")
     assert not output.exists()
 
 
@@ -95,9 +96,9 @@ def test_bench_names_what_to_change_when_the_weights_and_optimizer_alone_do_not_
     shape on a v5e): no remat helps, so the one line says to train adapters or shard, not remat=full."""
     assert main(["bench", "--preset", "tiny", "--memory-gb", "0.0001"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("trainer bench: error: trainer bench --preset tiny does NOT fit: the CPU compiler needs "
-                           "70.66 GiB of temporaries, the device has 15.75 GiB; the float32 weights, AdamW state and "
-                           "gradients alone take ")
+    assert line.startswith(f"trainer bench: error: trainer bench --preset tiny does NOT fit: the {backend().upper()} "
+                           "compiler needs 70.66 GiB of temporaries, the device has 15.75 GiB; the float32 weights, "
+                           "AdamW state and gradients alone take ")
     assert line.endswith("train adapters (model.lora.rank=16) or spread them over more devices (training.mesh.fsdp)")
     assert "model.remat=full" not in line
 

@@ -10,6 +10,7 @@ import math
 import pytest
 from trainer.cli import main
 from trainer.explain import ExplainInputError, explain, explain_algorithm, parse_group
+from tolerances import approx
 
 # rewards 1,0,0,1: mean 0.5, std (ddof=1) = sqrt(4 * 0.25 / 3) = 0.57735
 GRPO_A = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # 0.866024
@@ -36,12 +37,12 @@ def test_clip_higher_discriminates_grpo_from_dapo():
     assert grpo.clip == ("high", "low", "none", "none")
     assert dapo.clip == ("none", "low", "none", "none")
     # grpo: -min(1.25 A, 1.2 A) = -1.2 A = -1.03923; dapo: -1.25 A = -1.08253
-    assert grpo.surrogate[0] == pytest.approx(-1.2 * GRPO_A, abs=1e-5)
-    assert dapo.surrogate[0] == pytest.approx(-1.25 * GRPO_A, abs=1e-5)
+    assert grpo.surrogate[0] == approx(-1.2 * GRPO_A, abs=1e-5)
+    assert dapo.surrogate[0] == approx(-1.25 * GRPO_A, abs=1e-5)
     # negative advantage, ratio 0.7: -min(0.7 * -A, 0.8 * -A) = 0.8 A = 0.69282
-    assert grpo.surrogate[1] == pytest.approx(0.8 * GRPO_A, abs=1e-5)
+    assert grpo.surrogate[1] == approx(0.8 * GRPO_A, abs=1e-5)
     # ratio 1 gives -A
-    assert grpo.surrogate[2:] == pytest.approx([GRPO_A, -GRPO_A], abs=1e-5)
+    assert grpo.surrogate[2:] == approx([GRPO_A, -GRPO_A], abs=1e-5)
 
 
 def test_aggregation_modes_with_lengths():
@@ -50,18 +51,18 @@ def test_aggregation_modes_with_lengths():
     a = GRPO_A
     # grpo, seq-mean-token-mean: each sequence's token mean is its per-token loss -> plain mean
     grpo = explain_algorithm("grpo", group)
-    assert grpo.policy_loss == pytest.approx((-1.2 * a + 0.8 * a + a - a) / 4, abs=1e-5)  # -0.0866
+    assert grpo.policy_loss == approx((-1.2 * a + 0.8 * a + a - a) / 4, abs=1e-5)  # -0.0866
     # the KL term: beta * KL = 0.04 * 0.01 = 4e-4 per token, and its sequence means are 4e-4 too
     assert grpo.kl_term == pytest.approx(4e-4)
     assert grpo.kl_loss == pytest.approx(4e-4, abs=1e-7)
-    assert grpo.loss == pytest.approx(grpo.policy_loss + 4e-4, abs=1e-6)
+    assert grpo.loss == approx(grpo.policy_loss + 4e-4, abs=1e-6)
     # dapo, token-mean: (2 * -1.25A + 4 * 0.8A + 3 * A + 4 * -A) / 13 tokens = -0.3A / 13 = -0.019985
     dapo = explain_algorithm("dapo", group)
-    assert dapo.loss == pytest.approx((2 * -1.25 * a + 4 * 0.8 * a + 3 * a - 4 * a) / 13, abs=1e-5)
+    assert dapo.loss == approx((2 * -1.25 * a + 4 * 0.8 * a + 3 * a - 4 * a) / 13, abs=1e-5)
     assert dapo.kl_loss == 0.0  # beta = 0: no KL term at all
     # dr_grpo, seq-mean-token-sum-norm: token sums (-1.2, 1.6, 1.5, -2.0) / L_max 4, mean of 4 = -0.00625
     dr = explain_algorithm("dr_grpo", group)
-    assert dr.loss == pytest.approx((-1.2 + 1.6 + 1.5 - 2.0) / 4 / 4, abs=1e-6)
+    assert dr.loss == approx((-1.2 + 1.6 + 1.5 - 2.0) / 4 / 4, abs=1e-6)
 
 
 def test_tied_group_has_exact_zero_advantages():
@@ -135,5 +136,5 @@ def test_a_sequence_level_loss_is_explained_per_completion():
     # Clip [1 - 3e-4, 1 + 4e-4]: rho 1.25 with A > 0 -> -(1.0004 a); rho 0.7 with A < 0 -> +(0.9997 a).
     a = 0.5 / math.sqrt(1 / 3)
     gspo = explain_algorithm("gspo", parse_group("1,0,0,1", "1.25,0.7,1,1"))
-    assert gspo.surrogate == pytest.approx((-1.0004 * a, 0.9997 * a, a, -a), abs=1e-4)
+    assert gspo.surrogate == approx((-1.0004 * a, 0.9997 * a, a, -a), abs=1e-4)
     assert gspo.clip == ("high", "low", "none", "none")

