@@ -107,7 +107,8 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
     log(f"memory: needs {_size(need)} per device (trainer plan's peak of these programs); {_size(free)} free ({source})")
     if need > free:
         raise DoesNotFit(
-            f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free ({source}); {over}")
+            f"trainer bench --preset {preset} needs {_size(need)} per device and {_size(free)} are free "
+            f"({source}); {over}")
     return settings
 
 
