@@ -19,7 +19,7 @@ from rl_core.config import RolloutConfig, TrainingConfig
 from rl_core.data import Prompt
 from rl_core.correction_config import RolloutCorrection
 from rl_core.testing import BagPolicy, make_groups, tree_max_abs_diff
-from tolerances import approx, close, floor
+from tolerances import approx, bound, close
 
 TOK = rl_models.CharTokenizer()
 PROMPTS = [Prompt(f"{a}+{b}=", {"answer": str(a + b)}) for a in range(1, 5) for b in range(1, 5)]
@@ -160,7 +160,7 @@ def test_micro_batch_sizes_give_the_same_update(one_step_updates, mode):
     assert tree_max_abs_diff(full, jax.tree.map(np.zeros_like, full)) > 1e-4  # a real update
     for micro in (1, 2):
         delta, loss = one_step_updates[mode, micro]
-        assert tree_max_abs_diff(delta, full) < max(1e-5, floor()), f"{mode}: micro_batch_size={micro} differs"
+        assert tree_max_abs_diff(delta, full) < bound(1e-5), f"{mode}: micro_batch_size={micro} differs"
         assert loss == approx(full_loss, rel=1e-6, abs=1e-6)
 
 
@@ -249,7 +249,7 @@ def test_sharing_each_groups_prompt_changes_no_logprob_and_no_update():
     np.testing.assert_allclose(shared_example.ref_logp, rows_example.ref_logp, **close(atol=1e-5))
     scale = tree_max_abs_diff(shared_delta, jax.tree.map(np.zeros_like, shared_delta))
     assert scale > 1e-3  # a real update (the largest entry moves by about 14 at learning rate 1)
-    assert tree_max_abs_diff(shared_delta, rows_delta) < max(1e-5, floor()) * scale  # float32 round-off
+    assert tree_max_abs_diff(shared_delta, rows_delta) < bound(1e-5) * scale  # float32 round-off
 
 
 # -- the reward audit's streaks are the learner's state --------------------------------------

@@ -16,6 +16,7 @@ raised to that backend's floor for the dtype, the agreement its arithmetic can d
 
     np.testing.assert_allclose(got, want, **close(rtol=1e-6, atol=1e-6))
     assert loss == approx(0.25, abs=1e-6)
+    assert gap < bound(1e-5)
 """
 
 from __future__ import annotations
@@ -70,22 +71,26 @@ def _listed(floors: dict[tuple[str, str], float], where: str, name: str) -> floa
     return max((v for (_, d), v in floors.items() if d == name), default=0.0)
 
 
+def bound(value: float, dtype: Any = jnp.float32, of: str | None = None) -> float:
+    """A bound written as `value` on CPU, at least this backend's floor elsewhere: for bounds that
+    are not an allclose (`assert gap < bound(1e-5)`)."""
+    return max(value, floor(dtype, of=of))
+
+
 def close(rtol: float = 1e-7, atol: float = 0.0, dtype: Any = jnp.float32, of: str | None = None) -> dict[str, float]:
     """`rtol` and `atol` for `np.testing.assert_allclose` (whose defaults these are; also
     `np.allclose`, chex): the test's own where they hold (CPU), at least this backend's floor for
     `dtype` (and the kind `of` comparison) elsewhere. An atol of 0 stays 0: a purely relative bound
     is about values of any size, down to the smallest, which an absolute floor would make vacuous."""
-    least = floor(dtype, of=of)
-    return {"rtol": max(rtol, least), "atol": max(atol, least) if atol > 0 else 0.0}
+    return {"rtol": bound(rtol, dtype, of), "atol": bound(atol, dtype, of) if atol > 0 else 0.0}
 
 
 def approx(expected: Any, rel: float | None = None, abs: float | None = None,  # noqa: A002 (pytest's names)
            dtype: Any = jnp.float32) -> Any:
     """`pytest.approx(expected, rel=, abs=)` with the floors of `close`, an abs of 0 staying 0
     (neither given: pytest.approx's default, rel=1e-6)."""
-    least = floor(dtype)
     if rel is None and abs is None:
         rel = 1e-6
-    return pytest.approx(expected, rel=None if rel is None else max(rel, least),
-                         abs=None if abs is None else max(abs, least) if abs > 0 else 0.0)
+    return pytest.approx(expected, rel=None if rel is None else bound(rel, dtype),
+                         abs=None if abs is None else bound(abs, dtype) if abs > 0 else 0.0)
 
