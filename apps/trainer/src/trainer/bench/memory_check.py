@@ -90,10 +90,10 @@ def check_memory(settings: Any, preset: str, *, memory_gb: float | None = None,
     programs: dict = {}
     try:
         settings = fit_memory(settings, memory_gb=memory_gb, log=log, programs=programs)
-        refused = "run it on a machine with more memory, choose a smaller preset" + (
-            ", or keep less for the backward pass (model.remat=full)" if settings.model.remat != "full" else "")
-        over = ("run it on a machine with more memory, choose a smaller preset, or give the memory it may use "
-                "with --memory-gb")
+        more = "run it on a machine with more memory, choose a smaller preset"
+        refused = more + (", or keep less for the backward pass (model.remat=full)"
+                          if settings.model.remat != "full" else "")
+        over = more + ", or give the memory it may use with --memory-gb"
     except NothingFits as e:  # the plan of what keeps the least says by how much; the search, what to change
         settings = Choice(e.last, "", ("model.remat",)).apply(settings)
         refused = over = str(e).removeprefix("memory: ")
