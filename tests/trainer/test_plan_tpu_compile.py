@@ -188,3 +188,38 @@ def test_the_paged_engines_tpu_step_copies_no_pool():
     pool_line = next(line for line in out.splitlines() if line.startswith("pool"))
     layer, largest = (int(x) for x in pool_line.split()[-3::2])
     assert largest < layer, pool_line
+
+
+@needs_libtpu
+@pytest.mark.e2e  # compiles the tiny model's programs with XLA:TPU
+def test_a_tpu_plans_compiled_column_splits_the_arguments_as_xla_tpu_lays_them_out():
+    """XLA:TPU pads each argument to its tiles: the tiny preset's 346,880 bytes of float32 weights take
+    461,312 on a v5e. A plan's compiled column takes each program's inputs (and those it never reads)
+    out of its argument size as laid out, so what is left is exactly the weights' laid-out bytes: the
+    reference model, and PPO's critic with its two AdamW moments and two int32 step counters."""
+    out = _run("""
+        import sys
+        sys.path.insert(0, "tests/support")
+        import jax
+        from plan_bytes import planned_parts, step_counters
+        from rl_core.rollout import argument_bytes, per_device
+        from trainer.plan import memory_budget, plan
+        from trainer.plan.tpu_compile import topology_devices
+        from trainer.settings import build_settings
+        devices = topology_devices(1)
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        on_tpu = lambda t: jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), t)
+        common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2"]
+        grpo = build_settings(algo="grpo", overrides=common)
+        weights, _ = planned_parts(grpo)
+        print("reference", plan(grpo, memory_budget("tpu"), devices=devices).compiled["reference"],
+              argument_bytes(on_tpu(weights)), per_device(weights))
+        ppo = build_settings(algo="ppo", overrides=common)
+        critic, _ = planned_parts(ppo, critic=True)
+        state = 3 * argument_bytes(on_tpu(critic)) + argument_bytes(on_tpu(step_counters()))
+        print("critic", plan(ppo, memory_budget("tpu"), devices=devices).compiled["critic_parameters_and_optimizer_state"],
+              state)
+    """)
+    assert "reference 461312 461312 346880" in out, out
+    (critic,) = [line.split()[1:] for line in out.splitlines() if line.startswith("critic")]
+    assert critic[0] == critic[1], out

@@ -14,6 +14,8 @@ from rl_models import CharTokenizer
 from rl_models.hf import load_hf_tokenizer
 from trainer import build
 from trainer.compare.sweep import default_algos
+from plan_bytes import planned_parts
+from rl_core.rollout import argument_bytes
 from trainer.run.teacher import check_same_tokenizer, load_teacher
 from trainer.settings import build_settings
 
@@ -97,7 +99,8 @@ def test_plan_counts_the_teachers_bytes(tmp_path):
     opd = plan(build_settings(algo="opd", overrides=[*common, f"algorithm.teacher={tmp_path}"]), memory_budget("cpu"))
     alone = plan(build_settings(algo="dapo", overrides=common), memory_budget("cpu"))  # beta = 0, no teacher
     assert opd.teacher_parameters == opd.parameters  # the teacher is the student's size here
-    assert opd.compiled["teacher"] == opd.analytic["teacher"] == 4 * opd.parameters  # float32, one device
+    assert opd.analytic["teacher"] == 4 * opd.parameters  # float32, one device; compiled: as laid out
+    assert opd.compiled["teacher"] == argument_bytes(planned_parts(build_settings(overrides=["model.preset=tiny"]))[0])
     assert opd.resident_bytes == alone.resident_bytes + opd.compiled["teacher"]
     assert opd.program_bytes["teacher"] == opd.compiled["teacher_temporaries"] > 0
     assert "distillation teacher" in opd.table() and "teacher" not in alone.program_bytes

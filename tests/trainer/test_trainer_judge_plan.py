@@ -4,6 +4,8 @@ scores a step's completions (trainer.plan.judge)."""
 import pytest
 from trainer.plan import memory_budget, plan
 from trainer.settings import build_settings
+from plan_bytes import planned_parts
+from rl_core.rollout import argument_bytes
 
 pytestmark = pytest.mark.e2e
 
@@ -20,8 +22,10 @@ def test_plan_adds_the_judges_weights_and_its_scoring_program():
     assert without.judge_parameters == 0 and "judge" not in without.program_bytes
     assert judged.judge_parameters == TINY_PARAMETERS
     a, c = judged.analytic, judged.compiled
-    assert a["judge"] == c["judge"] == 4 * TINY_PARAMETERS  # float32 weights, counted and compiled alike
-    assert judged.resident_bytes == without.resident_bytes + 4 * TINY_PARAMETERS
+    # float32 weights, counted and compiled alike (compiled: as the compiler lays them out)
+    laid_out = argument_bytes(planned_parts(build_settings(overrides=COMMON))[0])
+    assert a["judge"] == 4 * TINY_PARAMETERS and c["judge"] == laid_out
+    assert judged.resident_bytes == without.resident_bytes + laid_out
     # the forward pass over 8 judge prompts of 32 tokens holds at least its [8, 32, 64] float32 activations
     assert judged.program_bytes["judge"] >= 8 * 32 * 64 * 4
     assert "judge model" in judged.table()
@@ -45,7 +49,8 @@ def test_plan_counts_each_judge_entry_of_rewards():
     overrides = [*COMMON, *(f"rewards.{name}.{o}" for name in ("first", "second") for o in ("kind=judge", *judge))]
     result = plan(build_settings(algo="grpo", overrides=overrides), memory_budget("gpu"))
     assert result.judge_parameters == 2 * TINY_PARAMETERS
-    assert result.analytic["judge"] == result.compiled["judge"] == 2 * 4 * TINY_PARAMETERS
+    assert result.analytic["judge"] == 2 * 4 * TINY_PARAMETERS
+    assert result.compiled["judge"] == 2 * argument_bytes(planned_parts(build_settings(overrides=COMMON))[0])
 
 
 def test_a_windowed_judges_engine_holds_the_global_layers_pages_and_the_windowed_layers_rings():

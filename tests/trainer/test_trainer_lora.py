@@ -22,6 +22,8 @@ from trainer.cli import main
 from trainer.run import load_run_policy
 from trainer.settings import build_settings
 from tolerances import close
+from plan_bytes import planned_parts, step_counters
+from rl_core.rollout import argument_bytes, per_device
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 TINY_RANK8 = 16_384  # see tests/rl_models/test_models_lora.py for the count per projection
@@ -232,13 +234,19 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     compiled, analytic = result["compiled"], result["analytic"]
     assert result["trainable"] == TINY_RANK8 and result["parameters"] == 86_720 + TINY_RANK8
     assert analytic["parameters"] == 4 * TINY_RANK8  # float32 adapters
-    assert compiled["frozen_base"] == analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy for both models
-    assert compiled["reference"] == analytic["reference"] == 4 * TINY_RANK8  # zero adapters, not a base copy
+    settings = build_settings(algo="ppo", overrides=["model.preset=tiny", "model.lora.rank=8"])
+    adapters, base = planned_parts(settings)  # compiled: as the compiler lays them out (XLA:CPU: dense)
+    assert analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy for both models
+    assert compiled["frozen_base"] == argument_bytes(base)
+    assert analytic["reference"] == 4 * TINY_RANK8 and compiled["reference"] == argument_bytes(adapters)  # zero adapters
     assert analytic["reference_saved"] == 4 * 86_720 - 4 * TINY_RANK8
     critic = TINY_RANK8 + 65 + 320  # its own rank-8 adapters, a value head of D + 1, a confidence head of 5 x 64
     assert result["critic_trainable"] == critic and analytic["critic_parameters"] == 4 * critic
     # float32 adapters and head, two AdamW moments and two int32 step counters; no base of its own
-    assert compiled["critic_parameters_and_optimizer_state"] == 3 * 4 * critic + 8
+    critic_adapters, _ = planned_parts(settings, critic=True)
+    assert per_device(critic_adapters) == 4 * critic
+    assert compiled["critic_parameters_and_optimizer_state"] == 3 * argument_bytes(critic_adapters) + argument_bytes(
+        step_counters())
 
 
 @pytest.mark.e2e

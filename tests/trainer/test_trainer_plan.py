@@ -22,6 +22,8 @@ from trainer.plan import GIB, memory_budget
 from trainer.plan import Plan
 from trainer.cli import main
 from host import backend as jax_backend
+from plan_bytes import planned_parts, step_counters
+from rl_core.rollout import argument_bytes, per_device
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
@@ -228,9 +230,12 @@ def test_plan_says_where_the_weights_as_loaded_go():
     assert dapo.analytic["loaded_model"] == dapo.parameters * 4  # float32, one device
     assert dapo.startup_bytes == dapo.resident_bytes + dapo.analytic["loaded_model"]
     assert "freed once the learner has its float32 copy" in dapo.table()
-    grpo = plan(build_settings(algo="grpo", overrides=common), memory_budget("cpu"))
+    settings = build_settings(algo="grpo", overrides=common)
+    grpo = plan(settings, memory_budget("cpu"))
     assert grpo.loaded_model == "reference" and grpo.startup_bytes == grpo.resident_bytes
-    assert grpo.compiled["reference"] == grpo.analytic["loaded_model"]
+    weights, _ = planned_parts(settings)  # the reference is the model as loaded (float32), as laid out
+    assert grpo.analytic["loaded_model"] == per_device(weights)
+    assert grpo.compiled["reference"] == argument_bytes(weights)
 
 
 def test_the_search_tries_the_cheapest_changes_first():
@@ -297,19 +302,23 @@ def test_plan_of_ppo_adds_the_critics_exact_bytes():
     critic_trains = TINY_PARAMETERS - TINY_LM_HEAD + 65 + 320
     common = ["model.preset=tiny", "training.prompts_per_step=4", "algorithm.group_size=2", "algorithm.beta=0.0"]
     programs: dict = {}
-    ppo = plan(build_settings(algo="ppo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
+    settings = build_settings(algo="ppo", overrides=common)
+    ppo = plan(settings, memory_budget("gpu"), compiled_programs=programs)
     grpo = plan(build_settings(algo="grpo", overrides=common), memory_budget("gpu"), compiled_programs=programs)
     a, c = ppo.analytic, ppo.compiled
     assert grpo.critic_trainable == 0 and "critic_update" not in grpo.program_bytes
     assert ppo.critic_trainable == critic_trains
     assert a["critic_parameters"] == a["critic_gradients"] == 4 * critic_trains
     assert a["critic_optimizer_state"] == 2 * 4 * critic_trains + 8
-    assert c["critic_parameters_and_optimizer_state"] == 3 * 4 * critic_trains + 8  # compiled: the same bytes
+    # compiled: the same arrays as the compiler lays them out (on XLA:CPU, the same bytes)
+    critic, _ = planned_parts(settings, critic=True)
+    critic_state = 3 * argument_bytes(critic) + argument_bytes(step_counters())
+    assert c["critic_parameters_and_optimizer_state"] == critic_state
     # the policy's part is GRPO's, and the critic adds its own state only
     for key in ("parameters_and_optimizer_state", "frozen_base", "update_temporaries", "rollout_temporaries"):
         assert c[key] == grpo.compiled[key], key
-    assert ppo.resident_bytes == grpo.resident_bytes + 3 * 4 * critic_trains + 8
-    assert ppo.startup_bytes == grpo.startup_bytes + 3 * 4 * critic_trains + 8  # it shares the loaded weights
+    assert ppo.resident_bytes == grpo.resident_bytes + critic_state
+    assert ppo.startup_bytes == grpo.startup_bytes + critic_state  # it shares the loaded weights
     # its update holds at least its gradients (read from XLA:CPU's memory analysis: XLA:TPU counts other, often
     # no, temporary bytes for a tiny program); its values pass, one micro-batch's forward
     if jax_backend() == "cpu":

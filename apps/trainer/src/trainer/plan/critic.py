@@ -70,6 +70,7 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     from rl_core import registry
     from rl_core.train import abstract_model, forward_program, model_shardings, update_program
     from rl_core.policy import completion_values
+    from rl_core.rollout import argument_bytes
     from rl_models import ValueModel, model_class, value_model_from_policy
     from rl_models.hf import load_hf_config
 
@@ -99,10 +100,11 @@ def critic_plan(settings: Any, policy: Callable[[], Any], layout: PolicyLayout
     # a critic_path model as loaded: its own Params in their storage dtype, laid out like the trained ones
     loaded = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nnx.to_pure_dict(trained), shardings.params)
-    frozen_b = layout.per_device(frozen)  # the policy's frozen base, shared: an argument, not the critic's own
+    # the policy's frozen base, shared: an argument, not the critic's own (each as the compiler lays it out)
+    frozen_b, inputs_b = (argument_bytes(t, layout.sizes) for t in (frozen, update_inputs))
     params_b = layout.per_device(master)
     compiled = {
-        "critic_parameters_and_optimizer_state": update_args - layout.per_device(update_inputs) - frozen_b,
+        "critic_parameters_and_optimizer_state": update_args - inputs_b - frozen_b,
         "critic_update_temporaries": update_temp,
         "critic_values_temporaries": values_temp + values_out,
     }

@@ -65,7 +65,7 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
     from rl_core import registry
     from rl_core import RolloutConfig
     from rl_core.rollout import resolve_engine
-    from rl_core.rollout import MemoryQuery
+    from rl_core.rollout import MemoryQuery, argument_bytes
     from rl_models import model_class
 
     from trainer.judge.model import first_logprobs_program
@@ -86,7 +86,7 @@ def judge_plan(j: Any, *, batch: int, runtime: dict[str, Any], sizes: Callable[.
     if j.verdict == YES_PROBABILITY:
         ids = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one)
         args, out, temp = sizes(first_logprobs_program(graphdef), stored, tokens, mask, ids)
-        weights = args - per_device((tokens, mask, ids))
+        weights = args - argument_bytes((tokens, mask, ids), sizes)  # as laid out
         temp += out
     else:  # its engine's own count, one device, built as trainer.judge.model builds it (its paged default slots)
         held = registry.get_engine(resolve_engine(rollout)).memory(MemoryQuery(

@@ -46,7 +46,6 @@ refusal is raised as `trainer.plan.refusal.ProgramRefused`, whose verdict is one
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from typing import Any
 
@@ -118,7 +117,7 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
     from flax import nnx
     from rl_core.runtime import mesh as mesh_lib
     from rl_core import registry
-    from rl_core.rollout import MemoryQuery, per_device
+    from rl_core.rollout import MemoryQuery, argument_bytes, per_device
     from rl_models import model_class
     from rl_core.policy import frozen as frozen_lib
     from rl_models import attention as attention_lib
@@ -187,13 +186,11 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
     def unread_bytes(lowered, args) -> int:
         """Per-device bytes of the inputs `jax.jit` dropped from the compiled program because it never
         reads them (e.g. each row's prompt where the update reads each group's once): the caller still
-        holds them on the device, so the program's arguments count them."""
+        holds them on the device, so the program's arguments count them, as the compiler lays them out."""
         kept = getattr(lowered, "_lowering", None) and lowered._lowering.compile_args.get("kept_var_idx")
         if kept is None:
             return 0
-        leaves = jax.tree.leaves(args)
-        return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
-                   for i, x in enumerate(leaves) if i not in kept and hasattr(x, "sharding"))
+        return argument_bytes([x for i, x in enumerate(jax.tree.leaves(args)) if i not in kept], sizes)
 
     # the learner's update (rl_core.train.trainable.update_program) of the algorithm's own loss, on one mini-batch
     update_batch = programs.mini_batch(n_micro)
@@ -208,9 +205,13 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
         ref_args, ref_out, ref_temp = sizes(programs.logprobs, master if lora.rank else stored, frozen, ref_inputs)
         ref_temp += ref_out
 
+    def laid_out(tree: Any) -> int:
+        """Bytes of `tree` as the programs' arguments lay it out (XLA:TPU pads to tiles)."""
+        return argument_bytes(tree, sizes)
+
     if training_only:  # resident (as Plan.resident_bytes counts it) + the larger training program
-        update_batch_b, ref_batch_b = per_device(update_batch), per_device(ref_inputs)
-        reference = ref_args - ref_batch_b - per_device(frozen) if ref_args is not None else 0
+        update_batch_b, ref_batch_b = laid_out(update_batch), laid_out(ref_inputs)
+        reference = ref_args - ref_batch_b - laid_out(frozen) if ref_args is not None else 0
         return update_args - update_batch_b + reference + max(update_temp, ref_temp or 0)
     ways = mesh_lib.batch_devices(mesh)
 
@@ -254,12 +255,13 @@ def _plan(settings: Any, budget: MemoryBudget, *, mean_new_tokens: int | None = 
         elif cfg.remat != "dots_with_no_batch_dims_saveable":  # that policy lets attention's probabilities go
             kept += cfg.num_heads // tensor * (1 if fused else seq) * 4
         return cfg.num_layers * rows_per_device * seq * kept
-    update_batch_b, ref_batch_b = per_device(update_batch), per_device(ref_inputs)
+    # the compiled column splits the programs' arguments as the compiler lays each part out
+    update_batch_b, ref_batch_b, frozen_laid = laid_out(update_batch), laid_out(ref_inputs), laid_out(frozen)
     compiled = {
         # the programs' arguments less their (small) batch inputs
-        "parameters_and_optimizer_state": update_args - update_batch_b - frozen_b,
-        "frozen_base": frozen_b,  # an argument of every program, counted once
-        "reference": ref_args - ref_batch_b - frozen_b if ref_args is not None else 0,
+        "parameters_and_optimizer_state": update_args - update_batch_b - frozen_laid,
+        "frozen_base": frozen_laid,  # an argument of every program, counted once
+        "reference": ref_args - ref_batch_b - frozen_laid if ref_args is not None else 0,
         "update_temporaries": update_temp,
         "rollout_temporaries": None,  # the engine's compiled program, where it measures one
         "reference_temporaries": ref_temp,

@@ -43,6 +43,7 @@ def teacher_plan(settings: Any, *, mesh: Any, runtime: dict[str, Any], layout: A
     batch `layout`."""
     import jax
     from flax import nnx
+    from rl_core.rollout import argument_bytes
     from rl_core.runtime import mesh as mesh_lib
     from rl_core.train import logprob_fn
     from rl_core.train import ModelShardings, forward_program
@@ -57,6 +58,6 @@ def teacher_plan(settings: Any, *, mesh: Any, runtime: dict[str, Any], layout: A
                               packs=layout.packing, shares=True)
     args, out, temp = sizes(program, stored, {}, inputs)
     weights = per_device(stored)
-    compiled = {"teacher": args - per_device(inputs), "teacher_temporaries": temp + out}
+    compiled = {"teacher": args - argument_bytes(inputs, sizes), "teacher_temporaries": temp + out}
     analytic = {"teacher": weights}
     return sum(int(x.size) for x in jax.tree.leaves(stored)), compiled, analytic

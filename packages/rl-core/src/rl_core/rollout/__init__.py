@@ -10,7 +10,7 @@ __getattr__, __dir__, _LAZY = lazy_face(__name__, {
     "rl_core.rollout.backend": ("Capabilities", "EngineCounters", "Requests"),
     "rl_core.rollout.engines": ("Engine", "EngineBuild", "offering"),
     "rl_core.rollout.factory": ("explain_engine", "make_backend", "resolve_engine"),
-    "rl_core.rollout.memory": ("MemoryQuery", "memory_elsewhere", "per_device"),
+    "rl_core.rollout.memory": ("MemoryQuery", "argument_bytes", "memory_elsewhere", "per_device"),
     "rl_core.rollout.moved_keys": ("moved_into_options",),
     "rl_core.rollout.paged": ("PagedBackend",),
     "rl_core.rollout.ragged": ("RaggedKV", "combined_slots", "ragged_layout", "ragged_tpu", "token_lanes", "wide"),
