@@ -50,6 +50,24 @@ def test_device_ops_are_summed_by_program_and_name_and_programs_apart():
     assert programs == {"jit_update": pytest.approx(2e-3)}
 
 
+def test_a_tpus_ops_are_named_after_the_program_run_that_encloses_them():
+    """A TPU's op events carry no `hlo_module` (v5e, 2026-12-06): the program is the run on the
+    device's module line around the op, named without its "(id)"; an op outside every run keeps its name."""
+    events = [
+        _meta(2, "/device:TPU:0"), _meta(2, "XLA Ops", 10), _meta(2, "XLA Modules", 11),
+        _op(2, 11, "jit__traced(3448367993810972466)", 1000.0, ts=0.0),
+        _op(2, 11, "jit_update(11840457483755941301)", 500.0, ts=2000.0),
+        _op(2, 10, "fusion.3", 300.0, ts=100.0), _op(2, 10, "fusion.3", 200.0, ts=600.0),
+        _op(2, 10, "fusion.3", 400.0, ts=2050.0),  # the same name in the other program
+        _op(2, 10, "copy.9", 50.0, ts=1500.0),  # between the runs
+    ]
+    ops, programs = op_times(events)
+    assert {o.name: (round(o.seconds * 1e6, 3), o.count) for o in ops} == {
+        "jit__traced/fusion.3": (500.0, 2), "jit_update/fusion.3": (400.0, 1), "copy.9": (50.0, 1)}
+    assert programs == {"jit__traced(3448367993810972466)": pytest.approx(1e-3),
+                        "jit_update(11840457483755941301)": pytest.approx(5e-4)}
+
+
 def test_a_loop_counts_its_own_time_and_its_body_ops_theirs():
     # a TPU's op line nests a while's body ops inside the while's event; the steps line is not ops
     events = [

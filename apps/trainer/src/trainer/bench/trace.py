@@ -14,9 +14,11 @@ fusions inside them all at once, counting the same microseconds three times.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
 import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,18 +118,36 @@ def op_times(events: Sequence[dict[str, Any]], top: int = 10) -> tuple[list[OpTi
     totals: dict[str, list[float]] = {}
     details: dict[str, str] = {}
     modules: dict[str, float] = {}
+    runs: dict[Any, list[tuple[float, float, str]]] = {}  # each device's program runs: (start, end, name)
     ops = []
     for e in events:
         if e.get("ph") != "X":
             continue
         if e["pid"] in devices and line(e) == MODULE_LINE:
             modules[e["name"]] = modules.get(e["name"], 0.0) + e.get("dur", 0.0) / 1e6
+            start = float(e.get("ts", 0.0))
+            runs.setdefault(e["pid"], []).append((start, start + float(e.get("dur", 0.0)), e["name"]))
         elif on_op_line(e):
             ops.append(e)
+    for line_runs in runs.values():
+        line_runs.sort()
+
+    def program_of(e: dict[str, Any]) -> str | None:
+        """The program an op ran in: XLA:CPU names it on the op; a TPU's op line does not, so it is the
+        program run on the device's module line that encloses the op (its name less the "(id)")."""
+        if "hlo_module" in e.get("args", {}):
+            return e["args"]["hlo_module"]
+        line_runs, ts = runs.get(e["pid"], []), float(e.get("ts", 0.0))
+        i = bisect.bisect_right(line_runs, (ts, math.inf, "")) - 1
+        if i >= 0 and ts < line_runs[i][1]:
+            return line_runs[i][2].split("(")[0]
+        return None
+
     for e, own in zip(ops, own_times(ops)):
-        args = e.get("args", {})
         # op names repeat across programs (fusion.3 of the update and of the rollout): name both
-        name = f"{args['hlo_module']}/{e['name']}" if "hlo_module" in args else e["name"]
+        program = program_of(e)
+        name = f"{program}/{e['name']}" if program else e["name"]
+        args = e.get("args", {})
         seconds_count = totals.setdefault(name, [0.0, 0])
         seconds_count[0] += own / 1e6
         seconds_count[1] += 1
