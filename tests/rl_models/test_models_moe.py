@@ -2,6 +2,7 @@
 load-balancing loss; Qwen3-MoE's routing decisions against transformers'."""
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -150,8 +151,10 @@ def test_bfloat16_grouped_matmuls_run_forward_and_backward_at_the_default_precis
     assert len(bf16) >= 3 and highest not in bf16  # the forward product, d rows and d w
     f32 = precisions(grad_of(jnp.float32)[0])
     assert len(f32) >= 3 and set(f32) == {highest}
-    for got, want in zip(bf16_grads, grad_of(jnp.bfloat16, jax.lax.ragged_dot)[1], strict=True):
-        np.testing.assert_array_equal(got, want)
+    # ragged_dot's own gradient at the default precision (a TPU compiles no bfloat16 one at `highest`)
+    default = functools.partial(jax.lax.ragged_dot, precision=jax.lax.Precision.DEFAULT)
+    for got, want in zip(bf16_grads, grad_of(jnp.bfloat16, default)[1], strict=True):
+        np.testing.assert_allclose(np.float32(got), np.float32(want), **close(atol=1e-7, dtype=jnp.bfloat16))
 
 
 def test_replaying_the_models_own_routing_changes_nothing_and_other_experts_change_the_output():
