@@ -119,8 +119,9 @@ def argument_bytes(tree: Any, sizes: Callable[..., tuple[int, int, int]] | None 
     """Bytes one device holds of the abstract arrays in `tree` as a compiled program's arguments, as
     the compiler lays them out: what to take from a program's argument size to leave the rest of its
     arguments. XLA:CPU lays arrays out dense (`per_device`); XLA:TPU pads each to its tiles (on a
-    v5e a float32 [64] vector takes 512 bytes, the tiny preset's 346,880 bytes of weights 461,312). `sizes` (a planner's `MemoryQuery.compiled`) compiles
-    as the planner does, for its platform; without it, for the arrays' own devices."""
+    v5e a float32 [64] vector takes 512 bytes, the tiny preset's 346,880 bytes of weights 461,312).
+    `sizes` (a planner's `MemoryQuery.compiled`) compiles as the planner does, for its platform;
+    without it, for the arrays' own devices."""
     leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype")]
     if not leaves:
         return 0
