@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from host import uv_missing
 
 REPO = Path(__file__).resolve().parents[1]
