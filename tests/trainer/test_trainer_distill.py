@@ -16,6 +16,7 @@ from trainer import build
 from trainer.compare.sweep import default_algos
 from plan_bytes import planned_parts
 from rl_core.rollout import argument_bytes
+from host import backend as jax_backend
 from trainer.run.teacher import check_same_tokenizer, load_teacher
 from trainer.settings import build_settings
 
@@ -101,6 +102,7 @@ def test_plan_counts_the_teachers_bytes(tmp_path):
     assert opd.teacher_parameters == opd.parameters  # the teacher is the student's size here
     assert opd.analytic["teacher"] == 4 * opd.parameters  # float32, one device; compiled: as laid out
     assert opd.compiled["teacher"] == argument_bytes(planned_parts(build_settings(overrides=["model.preset=tiny"]))[0])
+    assert jax_backend() != "cpu" or opd.compiled["teacher"] == 4 * opd.parameters  # dense there: the hand count
     assert opd.resident_bytes == alone.resident_bytes + opd.compiled["teacher"]
     assert opd.program_bytes["teacher"] == opd.compiled["teacher_temporaries"] > 0
     assert "distillation teacher" in opd.table() and "teacher" not in alone.program_bytes

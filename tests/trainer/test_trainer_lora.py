@@ -22,6 +22,7 @@ from trainer.cli import main
 from trainer.run import load_run_policy
 from trainer.settings import build_settings
 from tolerances import close
+from host import backend as jax_backend
 from plan_bytes import planned_parts, step_counters
 from rl_core.rollout import argument_bytes, per_device
 
@@ -239,6 +240,8 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     assert analytic["frozen_base"] == 4 * 86_720  # float32 storage, one copy for both models
     assert compiled["frozen_base"] == argument_bytes(base)
     assert analytic["reference"] == 4 * TINY_RANK8 and compiled["reference"] == argument_bytes(adapters)  # zero adapters
+    if jax_backend() == "cpu":  # laid out dense: the hand counts
+        assert (compiled["frozen_base"], compiled["reference"]) == (4 * 86_720, 4 * TINY_RANK8)
     assert analytic["reference_saved"] == 4 * 86_720 - 4 * TINY_RANK8
     critic = TINY_RANK8 + 65 + 320  # its own rank-8 adapters, a value head of D + 1, a confidence head of 5 x 64
     assert result["critic_trainable"] == critic and analytic["critic_parameters"] == 4 * critic
@@ -247,6 +250,7 @@ def test_plan_of_a_lora_run_counts_the_adapters_and_the_saved_reference():
     assert per_device(critic_adapters) == 4 * critic
     assert compiled["critic_parameters_and_optimizer_state"] == 3 * argument_bytes(critic_adapters) + argument_bytes(
         step_counters())
+    assert jax_backend() != "cpu" or compiled["critic_parameters_and_optimizer_state"] == 3 * 4 * critic + 8
 
 
 @pytest.mark.e2e
