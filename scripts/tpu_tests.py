@@ -4,8 +4,13 @@ from wheels, and the summary of its junit report.
     python3 scripts/tpu_tests.py args              pytest's options, one a line
     python3 scripts/tpu_tests.py summary JUNIT OUT  OUT (Markdown): the tally, skips by reason, failures
     python3 scripts/tpu_tests.py shard I N         the test files of shard I of N (1..N), one a line
-    python3 scripts/tpu_tests.py merge OUT JUNIT...  one summary of several reports (the shards' calls,
-                                                     oldest first: a test's last result counts)
+    python3 scripts/tpu_tests.py merge OUT REPORT...  one summary of several reports (the shards' calls,
+                                                      oldest first: a test's last result counts)
+    python3 scripts/tpu_tests.py record OUT REPORT... the reports' outcomes, a test a line, for a results page
+    python3 scripts/tpu_tests.py deselect REPORT...   `--deselect=NODE_ID` for each test the reports hold
+                                                      (missing reports are none): a cut run resumes
+
+A report is pytest's junit XML or a file `record` wrote.
 
 A chip lent for minutes at a time runs the fast tier in shards (each test compiles its programs for
 the TPU: seconds a test), one a call, and `merge` makes the shards' reports one tally.
@@ -64,21 +69,69 @@ def shard(index: int, count: int, files: dict[Path, int]) -> list[Path]:
     return sorted(out[index - 1])
 
 
-def summary(*junits: Path) -> str:
-    """The reports' tally, their skips grouped by reason (most first) and failures, in Markdown. A test
-    in several reports counts once, as the last report has it (reports in the order they ran: a test
-    re-run after a fix, on a later call or commit, stands for that test)."""
-    latest = {f"{case.get('classname')}::{case.get('name')}": case
-              for junit in junits for case in ET.parse(junit).getroot().iter("testcase")}
-    passed, skipped, failed = [], defaultdict(list), []
-    for name, case in latest.items():
-        outcome = next((c for c in case if c.tag in ("skipped", "failure", "error")), None)
-        if outcome is None:
-            passed.append(name)
-        elif outcome.tag == "skipped":
-            skipped[_reason(outcome.get("message", ""))].append(name)
+Outcome = tuple[str, str]
+"""A test's result in a report: ("passed" | "skipped" | "failure" | "error", the reason or message's first line)."""
+
+
+def node_id(classname: str, name: str, root: Path = ROOT) -> str:
+    """pytest's node id of a junit test case (`tests/a/test_b.py::Class::test_c[x]`): the longest
+    dotted prefix of its class name that is a file under `root`; the dotted name where none is."""
+    parts = classname.split(".")
+    for i in range(len(parts), 0, -1):
+        if (root / Path(*parts[:i])).with_suffix(".py").is_file():
+            return "::".join(["/".join(parts[:i]) + ".py", *parts[i:], name])
+    return f"{classname}::{name}"
+
+
+def outcomes(report: Path) -> dict[str, Outcome]:
+    """Each test of a report and its outcome. A report is pytest's junit XML or a file that
+    `outcomes` wrote (`OUTCOME NODE_ID  # DETAIL` a line: the record a results page keeps, since a
+    host's scratch files do not outlive it). A cut run's entry without a class name is left out."""
+    if report.suffix != ".xml":
+        cases = {}
+        for line in report.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                head, _, detail = line.partition("  # ")
+                tag, _, node = head.partition(" ")
+                cases[node.strip()] = (tag, detail.strip())
+        return cases
+    cases = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if not case.get("classname") or not case.get("name"):
+            continue
+        result = next((c for c in case if c.tag in ("skipped", "failure", "error")), None)
+        if result is None:
+            cases[node_id(case.get("classname"), case.get("name"))] = ("passed", "")
         else:
-            failed.append((name, outcome.tag, (outcome.get("message") or "").splitlines()[:1]))
+            message = result.get("message") or ""
+            detail = _reason(message) if result.tag == "skipped" else (message.splitlines() or [""])[0]
+            cases[node_id(case.get("classname"), case.get("name"))] = (result.tag, detail)
+    return cases
+
+
+def latest(*reports: Path) -> dict[str, Outcome]:
+    """The reports' tests, each as the last report has it (reports in the order they ran: a test
+    re-run after a fix, on a later call or commit, stands for that test)."""
+    return {node: outcome for report in reports for node, outcome in outcomes(report).items()}
+
+
+def record(*reports: Path) -> str:
+    """The reports' outcomes as one text, a test a line, sorted: the file a results page commits."""
+    return "".join(f"{tag} {node}{'  # ' + detail if detail else ''}\n"
+                   for node, (tag, detail) in sorted(latest(*reports).items()))
+
+
+def summary(*reports: Path) -> str:
+    """The reports' tally, their skips grouped by reason (most first) and failures, in Markdown. A test
+    in several reports counts once, as the last report has it."""
+    passed, skipped, failed = [], defaultdict(list), []
+    for name, (tag, detail) in sorted(latest(*reports).items()):
+        if tag == "passed":
+            passed.append(name)
+        elif tag == "skipped":
+            skipped[detail or "(no reason given)"].append(name)
+        else:
+            failed.append((name, tag, [detail]))
     lines = [f"passed {len(passed)}, skipped {sum(map(len, skipped.values()))}, failed {len(failed)}", ""]
     if skipped:
         lines += ["## Skipped, by reason", ""]
@@ -110,6 +163,12 @@ def main(argv: list[str]) -> int:
         text = summary(*map(Path, argv[2:]))
         Path(argv[1]).write_text(text)
         print(text)
+        return 0
+    if argv[:1] == ["record"] and len(argv) >= 3:
+        Path(argv[1]).write_text(record(*map(Path, argv[2:])))
+        return 0
+    if argv[:1] == ["deselect"]:
+        print("\n".join(f"--deselect={node}" for node in latest(*(Path(r) for r in argv[1:] if Path(r).is_file()))))
         return 0
     if argv[:1] == ["shard"] and len(argv) == 3:
         print("\n".join(str(p.relative_to(ROOT)) for p in shard(int(argv[1]), int(argv[2]), test_files())))

@@ -41,7 +41,7 @@ def test_the_summary_counts_groups_skips_by_reason_and_lists_failures(tmp_path):
     (tmp_path / "junit.xml").write_text(JUNIT)
     text = tpu_tests.summary(tmp_path / "junit.xml")
     assert text.splitlines()[0] == "passed 2, skipped 3, failed 1"
-    assert "- 2: needs sockets: no (e.g. `tests.b::test_server`)" in text  # most first
+    assert "- 2: needs sockets: no (e.g. `tests.b::test_client`)" in text  # most first, then by name
     assert text.index("needs sockets") < text.index("about XLA:CPU: its HLO")
     assert "- `tests.c::test_loss` (failure): AssertionError: 1e-3 apart" in text.splitlines()
 
@@ -78,6 +78,32 @@ def test_merge_tallies_the_shards_reports_as_one(tmp_path):
     assert tpu_tests.main(["merge", str(tmp_path / "all.md"), str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 0
     text = (tmp_path / "all.md").read_text()
     assert text.splitlines()[0] == "passed 4, skipped 6, failed 2"
+
+
+def test_a_junit_case_is_named_by_its_node_id_where_its_file_is_found():
+    assert tpu_tests.node_id("tests.test_tpu_host", "test_x[a.b]") == "tests/test_tpu_host.py::test_x[a.b]"
+    assert tpu_tests.node_id("tests.rl_core.test_core_engine.TestSlots", "test_y") == \
+        "tests/rl_core/test_core_engine.py::TestSlots::test_y"
+    assert tpu_tests.node_id("tests.nowhere", "test_z") == "tests.nowhere::test_z"  # no such file: as junit has it
+
+
+def test_a_record_keeps_each_outcome_and_resumes_a_cut_run(tmp_path, capsys):
+    (tmp_path / "junit.xml").write_text(JUNIT.replace('classname="tests.a"', 'classname="tests.test_tpu_host"')
+                                        .replace("</testsuite>", '<testcase classname="" name="cut"/></testsuite>'))
+    assert tpu_tests.main(["record", str(tmp_path / "record.txt"), str(tmp_path / "junit.xml")]) == 0
+    lines = (tmp_path / "record.txt").read_text().splitlines()
+    assert lines == ["skipped tests.b::test_client  # needs sockets: no",
+                     "skipped tests.b::test_server  # needs sockets: no",
+                     "skipped tests.c::test_hlo  # about XLA:CPU: its HLO",
+                     "failure tests.c::test_loss  # AssertionError: 1e-3 apart",
+                     "passed tests/test_tpu_host.py::test_one",
+                     "passed tests/test_tpu_host.py::test_two"]  # the cut run's entry left out
+    assert tpu_tests.outcomes(tmp_path / "record.txt") == tpu_tests.outcomes(tmp_path / "junit.xml")
+    assert tpu_tests.summary(tmp_path / "record.txt") == tpu_tests.summary(tmp_path / "junit.xml")
+    capsys.readouterr()
+    assert tpu_tests.main(["deselect", str(tmp_path / "record.txt"), str(tmp_path / "missing.xml")]) == 0
+    deselected = capsys.readouterr().out.splitlines()
+    assert len(deselected) == 6 and "--deselect=tests/test_tpu_host.py::test_one" in deselected
 
 
 @about_the_cpu("the marker's own test: on CPU it runs, and pretends to be elsewhere")
