@@ -143,7 +143,8 @@ def test_settings_the_user_gave_are_kept_and_a_count_far_over_the_limit_is_said(
 
 def test_the_count_of_the_qwen2_5_0_5b_shape():
     """357,986,816 parameters (24 blocks of 14,912,384, the final norm's 896 and a tied 99 x 896
-    character embedding): 12 B each resident = 4.00 GiB; 16 x 8 rows of 25 + 1 + 256 tokens."""
+    character embedding): 12 B each resident = 4.00 GiB; 16 x 8 rows of 7 + 256 tokens (the prompt's BOS
+    among its 7, as the run encodes it: the update's width there is 263)."""
     settings = build_settings(algo="grpo", overrides=[
         "model.preset=qwen2_0_5b_shape", "model.dtype=bfloat16", "training.prompts_per_step=16",
         "algorithm.group_size=8", "rollout.max_new_tokens=256", "algorithm.beta=0.0"])
@@ -151,7 +152,7 @@ def test_the_count_of_the_qwen2_5_0_5b_shape():
     assert shape.parameters == shape.trainable == 24 * 14_912_384 + 896 + 99 * 896 == 357_986_816
     assert estimate.resident_bytes(shape) == 12 * 357_986_816
     assert shape.rows == 128 and shape.fused_attention and not shape.reference
-    assert shape.seq == settings.rollout.max_prompt_tokens + 1 + 256
+    assert shape.seq == settings.rollout.max_prompt_tokens + 256 == 263
     # remat=none keeps 24 layers x 128 rows x seq tokens x (4 x 896 + 3 x 4864) x 2 B (+ a log-sum-exp): far over
     # a v5e's 14 GiB, so never compiled; full keeps one 896-wide input per layer and token
     limit = int(14 * GIB)

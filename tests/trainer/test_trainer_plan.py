@@ -446,8 +446,8 @@ def test_plan_of_a_mixed_windowed_and_global_model_counts_window_sized_rings_on_
 @pytest.mark.e2e  # compiles the update and the sampler twice
 def test_plan_counts_the_static_samplers_windowed_layers_at_their_window():
     """The tiny Gemma 3 (five 4-slot windowed layers to one global; 2 KV heads of 16, float32) on the
-    static sampler, 2 rows of 65 + T tokens (a BOS before the 64-token prompt): the count holds
-    5 x 4 + 1 x (65 + T) slots per row (rl_models.rings); 192 more new tokens grow the sampler's
+    static sampler, 2 rows of 64 + T tokens (the 64-token prompt, its BOS among them as a run encodes
+    it): the count holds 5 x 4 + 1 x (64 + T) slots per row (rl_models.rings); 192 more new tokens grow the sampler's
     compiled program (cache included) by less than they would grow a full-length cache of every
     layer (6 x 192 slots per row)."""
     from trainer.plan import plan
@@ -463,7 +463,7 @@ def test_plan_counts_the_static_samplers_windowed_layers_at_their_window():
 
     short, long = planned(64), planned(256)
     slot = 2 * 2 * 16 * 4  # keys and values of 2 heads of 16, float32
-    assert short.analytic["kv_cache"] == 2 * (5 * 4 + 129) * slot
+    assert short.analytic["kv_cache"] == 2 * (5 * 4 + 128) * slot
     assert long.analytic["kv_cache"] - short.analytic["kv_cache"] == 2 * 192 * slot  # the global layer's only
     grown = long.compiled["rollout_temporaries"] - short.compiled["rollout_temporaries"]
     assert 0 < grown < 2 * 6 * 192 * slot

@@ -41,9 +41,10 @@ def test_an_engine_from_an_entry_point_is_planned_by_its_own_figure(fake_engine_
     fake = plan(build_settings(algo="grpo", overrides=[*TINY, "rollout.engine=fake"]), memory_budget("gpu"))
     assert fake.engine == "fake"
     # tiny: 2 layers x 2 KV heads x 16 dims x (key, value) x float32 = 512 bytes a token; 8 rows of
-    # 16 prompt tokens (15 and a BOS's room) and 16 new ones: 1000 x 512 x 8 x 32
-    arena = 1000 * 512 * 8 * 32
-    assert fake.analytic["fake_arena"] == arena == 131_072_000
+    # 15 prompt tokens (max_prompt_tokens, its BOS among them as a run encodes prompts) and 16 new ones:
+    # 1000 x 512 x 8 x 31
+    arena = 1000 * 512 * 8 * 31
+    assert fake.analytic["fake_arena"] == arena == 126_976_000
     assert fake.program_bytes["rollout"] == arena and fake.compiled["rollout_temporaries"] is None
     assert fake.peak_bytes == fake.resident_bytes + arena  # the largest program by far
     assert "rollout engine (fake): its arena" in fake.table() and "0.12" in fake.table()  # 131 MB in GiB

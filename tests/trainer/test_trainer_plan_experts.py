@@ -69,7 +69,7 @@ def test_plan_of_the_tiny_qwen3_moe_on_an_expert_axis_counts_its_experts():
     # 2 layers x 3 kernels x 8 experts x 64 x 32 float32 masters, one expert of each on a device
     assert analytic["expert_parameters"] == 2 * 3 * 8 * 64 * 32 * 4 // 8
     assert analytic["expert_optimizer_state"] == 2 * analytic["expert_parameters"]  # AdamW's two moments
-    # 16 rows of 9 prompt tokens (a BOS added) + 8 over 8 devices: 2 x 17 = 34 tokens, 68 pairs;
-    # four all-to-all buffers of 8 slots of 68 rows
-    assert analytic["dispatch_buffers"] == ((2 * 68 + 4 * 8 * 68) * 64 + 3 * 8 * 68 * 32) * 4
+    # 16 rows of 8 prompt tokens (a BOS among them, as a run encodes prompts) + 8 over 8 devices: 2 x 16 = 32
+    # tokens, 64 pairs; four all-to-all buffers of 8 slots of 64 rows
+    assert analytic["dispatch_buffers"] == ((2 * 64 + 4 * 8 * 64) * 64 + 3 * 8 * 64 * 32) * 4
     assert analytic["gathered_expert_weights"] == 3 * 1 * 64 * 32 * 4

@@ -211,7 +211,7 @@ def model_shape(settings: Any, platform: str) -> Callable[[Any, Candidate], esti
     algo = settings.algorithm_config()
     batch = training.prompts_per_step * algo.group_size
     whole = batch // training.batch_layout(batch)[0]
-    seq = settings.rollout.max_prompt_tokens + 1 + settings.rollout.max_new_tokens
+    seq = settings.rollout.max_prompt_tokens + settings.rollout.max_new_tokens  # BOS included (programs.py)
     fused = attention_lib.resolve(config.attention, dtype=compute_dtype(config), head_dim=config.head_dim,
                                   platform=platform, length=seq) != "xla"
     itemsize = lambda name: np.dtype(name).itemsize if name != "bfloat16" else 2  # noqa: E731
