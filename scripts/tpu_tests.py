@@ -85,7 +85,7 @@ def node_id(classname: str, name: str, root: Path = ROOT) -> str:
 
 def outcomes(report: Path) -> dict[str, Outcome]:
     """Each test of a report and its outcome. A report is pytest's junit XML or a file that
-    `outcomes` wrote (`OUTCOME NODE_ID  # DETAIL` a line: the record a results page keeps, since a
+    `record` wrote (`OUTCOME NODE_ID  # DETAIL` a line: the record a results page keeps, since a
     host's scratch files do not outlive it). A cut run's entry without a class name is left out."""
     if report.suffix != ".xml":
         cases = {}

@@ -90,9 +90,8 @@ def policy_programs(settings: Any, mesh: Any, graphdef: Any, params: Any, frozen
     update = update_program(graphdef, tx, loss_fn, shardings, mesh)
     logprobs = forward_program(graphdef, logprob_fn(rollout), shardings, mesh, packs=layout.packing, shares=True)
 
-    # a run's prompts are at most rollout.max_prompt_tokens wide, BOS included (rl_core.policy.encode_prompts):
-    # at the widest prompts and completions these are the very programs the run compiles, so its first step
-    # loads them from the compilation cache this plan filled instead of compiling them again
+    # a run's prompts are at most rollout.max_prompt_tokens wide, BOS included (rl_core.policy.encode_prompts),
+    # so these are the shapes a run's programs take at its widest prompts and completions
     p_len, t_len = rollout.max_prompt_tokens, rollout.max_new_tokens
     # one micro-batch of the examples the learner makes (its own `example_spec`)
     micro = registry.get_algorithm(settings.algo).learner.example_spec(
