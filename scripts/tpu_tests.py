@@ -100,12 +100,10 @@ def outcomes(report: Path) -> dict[str, Outcome]:
         if not case.get("classname") or not case.get("name"):
             continue
         result = next((c for c in case if c.tag in ("skipped", "failure", "error")), None)
-        if result is None:
-            cases[node_id(case.get("classname"), case.get("name"))] = ("passed", "")
-        else:
-            message = result.get("message") or ""
-            detail = _reason(message) if result.tag == "skipped" else (message.splitlines() or [""])[0]
-            cases[node_id(case.get("classname"), case.get("name"))] = (result.tag, detail)
+        message = "" if result is None else result.get("message") or ""
+        outcome = ("passed", "") if result is None else (result.tag, _reason(message) if result.tag == "skipped"
+                                                            else (message.splitlines() or [""])[0])
+        cases[node_id(case.get("classname"), case.get("name"))] = outcome
     return cases
 
 
@@ -131,7 +129,7 @@ def summary(*reports: Path) -> str:
         elif tag == "skipped":
             skipped[detail or "(no reason given)"].append(name)
         else:
-            failed.append((name, tag, [detail]))
+            failed.append((name, tag, detail))
     lines = [f"passed {len(passed)}, skipped {sum(map(len, skipped.values()))}, failed {len(failed)}", ""]
     if skipped:
         lines += ["## Skipped, by reason", ""]
@@ -140,7 +138,7 @@ def summary(*reports: Path) -> str:
         lines.append("")
     if failed:
         lines += ["## Failed", ""]
-        lines += [f"- `{name}` ({tag}): {message[0] if message else ''}" for name, tag, message in failed]
+        lines += [f"- `{name}` ({tag}): {detail}" for name, tag, detail in failed]
         lines.append("")
     return "\n".join(lines)
 

@@ -168,8 +168,9 @@ class RolloutConfig(Config):
     """How completions are sampled."""
 
     max_prompt_tokens: int = 64
-    """Longest prompt in tokens (after the BOS token). The sampler refuses a longer one; the
-    trainer drops longer prompts when the task is loaded, or stops, per task.long_prompts (default drop)."""
+    """Longest prompt in tokens, its BOS included (as `rl_core.policy.encode_prompts` counts). The
+    sampler refuses a longer one; the trainer drops longer prompts when the task is loaded, or stops,
+    per task.long_prompts (default drop)."""
     max_new_tokens: int = 16
     """Most tokens generated per completion (L_max)."""
     temperature: float = 1.0
