@@ -179,6 +179,24 @@ def test_splash_on_bfloat16_runs_forward_and_backward_at_the_default_precision_u
     assert len(f32) == len(bf16) and set(f32) == {highest}
 
 
+def test_splash_on_bfloat16_in_a_remat_layer_traces_again_in_a_second_program():
+    """`trainer bench` plans the update (one trace) then the learner jits its own (another): JAX reuses
+    its trace of a remat'd layer, so a bfloat16 Splash whose backward closed over the kernel's mask
+    arrays of the first trace leaked them into the second (UnexpectedTracerError on the v5e, 1.5B LoRA
+    bench). Both programs run and give the same gradient, equal to the XLA path's within bfloat16."""
+    mask = padded_layout()
+    real = mask.any(axis=-1)[..., None]
+    q, k, v = qkv(2, 16, 16, dtype=jnp.bfloat16)
+    layer = jax.checkpoint(lambda q, k, v: attention.splash(q, k, v, mask, interpret=interpret()))
+    loss = lambda q, k, v: jnp.sum((layer(q, k, v) * real).astype(F32))  # noqa: E731
+    jax.jit(jax.grad(loss)).lower(q, k, v)  # the plan's trace
+    first = jax.jit(jax.grad(loss))(q, k, v)
+    second = jax.jit(jax.grad(loss))(q, k, v)
+    np.testing.assert_array_equal(first, second)
+    xla = lambda q, k, v: jnp.sum((xla_attention(q, k, v, mask) * real).astype(F32))  # noqa: E731
+    np.testing.assert_allclose(first.astype(F32), jax.grad(xla)(q, k, v).astype(F32), rtol=0.05, atol=0.05)
+
+
 def test_splash_segments_of_a_mask():
     """The packed layout's rows: 9 + 7 tokens, and 5 + 3 tokens then 8 slots of padding; a query's
     segment is the first slot it may see, padding's -1, and so are the slots past the queries."""

@@ -330,7 +330,12 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, offset:
                              (seg_q, seg_kv)).transpose(0, 2, 1, 3)
         from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds  # noqa: PLC0415
 
-        kernel = jax.vmap(_splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret, softcap))
+        def kernel(q, k, v, segments):
+            # made where it is called: the kernel holds its mask as arrays of the trace that makes it, and
+            # a custom_vjp closing over them would leak them into a later trace of a cached remat'd layer
+            return jax.vmap(_splash_kernel(q.shape[1], lq, ls, offset, block_q, block_kv, interpret, softcap))(
+                q, k, v, segments)
+
         if q.dtype != jnp.float32:  # Mosaic refuses bfloat16 operands at a float32 contract precision
             kernel = at_default_precision(kernel)
         return kernel(q, k, v, SegmentIds(seg_q, seg_kv))
