@@ -158,6 +158,10 @@ def main(argv: list[str]) -> int:
         print(text)
         return 0
     if argv[:1] == ["merge"] and len(argv) >= 3:
+        if Path(argv[1]).suffix == ".xml" or Path(argv[1]) in map(Path, argv[2:]):
+            print(f"merge OUT REPORT...: OUT {argv[1]} looks like a report; name the summary to write first "
+                  "(e.g. all.md)", file=sys.stderr)
+            return 2
         text = summary(*map(Path, argv[2:]))
         Path(argv[1]).write_text(text)
         print(text)

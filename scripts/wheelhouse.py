@@ -121,6 +121,13 @@ def download(pins: dict[str, str], folder: Path, python: str, platforms: list[st
     return built
 
 
+def source_commit() -> str | None:
+    """The checkout the workspace wheels are built from (`git describe --always --dirty`), or None outside
+    git: `install` says it, so a wheelhouse older than the code beside it on a host shows."""
+    result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
 def build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():
@@ -145,7 +152,7 @@ def build(args: argparse.Namespace) -> int:
         "host_has": {n: pins[n] for n in sorted(host) if n in pins},
         "index_has": {n: pins[n] for n in sorted(index) if n in pins},
         "left_out": sorted(left_out & set(pins)),
-        "jax": pins.get("jax"), "built_from_source": built,
+        "jax": pins.get("jax"), "built_from_source": built, "commit": source_commit(),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -248,7 +255,8 @@ def install(args: argparse.Namespace) -> int:
     result = subprocess.run(cmd, env=env)
     if result.returncode:
         return result.returncode
-    what = (f"{len(manifest['workspace'])} workspace packages and their locked dependencies" if manifest["workspace"]
+    what = (f"{len(manifest['workspace'])} workspace packages (built from {manifest.get('commit') or 'an unknown commit'}) "
+            "and their locked dependencies" if manifest["workspace"]
             else f"the pins of {manifest.get('requirements', 'the requirements')}")
     print(f"wheelhouse: installed {what} into {target}; add it to the end of PYTHONPATH (and {target / 'bin'} to PATH)")
     return 0

@@ -80,6 +80,16 @@ def test_merge_tallies_the_shards_reports_as_one(tmp_path):
     assert text.splitlines()[0] == "passed 4, skipped 6, failed 2"
 
 
+def test_merge_refuses_to_write_its_summary_over_a_report(tmp_path, capsys):
+    """`merge a.xml b.xml` (the summary's name forgotten) would overwrite the first report: refused, the
+    report kept as it was."""
+    (tmp_path / "a.xml").write_text(JUNIT)
+    (tmp_path / "b.xml").write_text(JUNIT)
+    assert tpu_tests.main(["merge", str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 2
+    assert "looks like a report" in capsys.readouterr().err
+    assert (tmp_path / "a.xml").read_text() == JUNIT
+
+
 def test_a_junit_case_is_named_by_its_node_id_where_its_file_is_found():
     assert tpu_tests.node_id("tests.test_tpu_host", "test_x[a.b]") == "tests/test_tpu_host.py::test_x[a.b]"
     assert tpu_tests.node_id("tests.rl_core.test_core_engine.TestSlots", "test_y") == \
