@@ -124,8 +124,10 @@ def download(pins: dict[str, str], folder: Path, python: str, platforms: list[st
 def source_commit() -> str | None:
     """The checkout the workspace wheels are built from (`git describe --always --dirty`), or None outside
     git: `install` says it, so a wheelhouse older than the code beside it on a host shows."""
+    if shutil.which("git") is None:
+        return None
     result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
-    return result.stdout.strip() or None if result.returncode == 0 else None
+    return (result.stdout.strip() or None) if result.returncode == 0 else None
 
 
 def build(args: argparse.Namespace) -> int:
