@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from rl_core.policy import frozen as frozen_lib
 from rl_core.runtime import mesh as mesh_lib
@@ -254,13 +254,28 @@ def update_program(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformati
     """A TrainableModel's `update_step`: `make_update` jitted with the state donated (never the frozen
     base, argument 1), traced under the mesh's activation layout (rows split, weights gathered; see
     rl_core.runtime.mesh), the batch's micro-batches stacked on axis 0 and their rows split on axis 1."""
-    state = shardings.state
+    state, rows = shardings.state, mesh_lib.rows(mesh, axis=1)
     return jax.jit(
-        mesh_lib.with_activation_layout(mesh, make_update(graphdef, optimizer, loss_fn, shardings.params)),
+        mesh_lib.with_activation_layout(mesh, typed_inputs(make_update(graphdef, optimizer, loss_fn, shardings.params),
+                                                           rows)),
         donate_argnums=0,
-        in_shardings=(state, shardings.frozen, mesh_lib.rows(mesh, axis=1)),
+        in_shardings=(state, shardings.frozen, rows),
         out_shardings=(state, mesh_lib.replicated(mesh)),
     )
+
+
+def typed_inputs(fn: Callable[..., Any], rows: NamedSharding) -> Callable[..., Any]:
+    """`fn(params, frozen, inputs)` with `inputs` constrained to `rows`, the layout the program takes them
+    in (a no-op in the compiled program). Host arrays (one process) trace as arrays of no mesh where
+    device arrays and the plan's abstract ones carry it; values of both kinds meeting in one op trace
+    apart, so the run's first program differed from the one `trainer plan` compiled for it, and the
+    persistent cache served neither with the other."""
+
+    @functools.wraps(fn)  # the program keeps fn's name (jit_update in profiles and the compile cache)
+    def typed(params: Any, frozen: Any, inputs: Any) -> Any:
+        return fn(params, frozen, jax.lax.with_sharding_constraint(inputs, rows))
+
+    return typed
 
 
 def forward_program(graphdef: nnx.GraphDef, fn: Callable[..., Any], shardings: ModelShardings, mesh: Mesh, *,
@@ -278,9 +293,10 @@ def forward_program(graphdef: nnx.GraphDef, fn: Callable[..., Any], shardings: M
         out = jax.lax.map(lambda xs: one(model, xs), inputs)
         return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
+    rows = mesh_lib.rows(mesh, axis=1)
     return jax.jit(
-        mesh_lib.with_activation_layout(mesh, program),
-        in_shardings=(shardings.params, shardings.frozen, mesh_lib.rows(mesh, axis=1)),
+        mesh_lib.with_activation_layout(mesh, typed_inputs(program, rows)),
+        in_shardings=(shardings.params, shardings.frozen, rows),
         out_shardings=mesh_lib.rows(mesh),
     )
 
