@@ -100,9 +100,11 @@ def outcomes(report: Path) -> dict[str, Outcome]:
         if not case.get("classname") or not case.get("name"):
             continue
         result = next((c for c in case if c.tag in ("skipped", "failure", "error")), None)
-        message = "" if result is None else result.get("message") or ""
-        outcome = ("passed", "") if result is None else (result.tag, _reason(message) if result.tag == "skipped"
-                                                            else (message.splitlines() or [""])[0])
+        if result is None:
+            outcome = ("passed", "")
+        else:  # a skip's reason, or a failure's first line
+            message = result.get("message") or ""
+            outcome = (result.tag, _reason(message) if result.tag == "skipped" else (message.splitlines() or [""])[0])
         cases[node_id(case.get("classname"), case.get("name"))] = outcome
     return cases
 
