@@ -198,6 +198,14 @@ def test_a_damaged_checkpoints_reason_is_the_cause_orbax_wrapped_not_a_bound_met
         'ValueError: DATA_LOSS: Error reading "w/.zarray": Error decoding manifest: Encoded length (3) is less '
         "than minimum length (16)"
     )
+    # tensorstore 0.1.85 (a TPU host's index, 2026-12-07) ends the message in the C++ lines it passed through
+    located = ValueError(
+        'OUT_OF_RANGE: Error reading "w/.zarray": Requested byte range [0, 239) is not valid for value of size 3'
+        " [source locations='tensorstore/kvstore/batch_util.h:439\\ntensorstore/driver/driver.cc:116']"
+    )
+    assert damage_reason(located) == (
+        'ValueError: OUT_OF_RANGE: Error reading "w/.zarray": Requested byte range [0, 239) is not valid for value of size 3'
+    )
     long = damage_reason(ValueError("x" * 500 + " the detail at the end"), limit=100)
     assert len(long) <= len("ValueError: ") + 100 and long.endswith("the detail at the end")
 

@@ -78,7 +78,8 @@ def damage_reason(error: BaseException, limit: int = 300) -> str:
 
     Orbax wraps tensorstore's error in an Exception whose text ends in a bound method's
     repr ("See full TensorStore details: <bound method ...>"), and tensorstore appends
-    its whole JSON spec: both are cut, so what is left names the file and what is wrong
+    its whole JSON spec (and, in some releases such as 0.1.85, the C++ source lines it passed
+    through): these are cut, so what is left names the file and what is wrong
     with it (e.g. "Error decoding manifest: Encoded length (3) is less than minimum length
     (16)"); a long message keeps its start and its end, where that detail is.
     """
@@ -87,7 +88,7 @@ def damage_reason(error: BaseException, limit: int = 300) -> str:
         inner = inner.__cause__
         seen.add(id(inner))
     text = str(inner)
-    for noise in (" [tensorstore_spec", " See full TensorStore details", "See full TensorStore details"):
+    for noise in (" [tensorstore_spec", " [source locations=", " See full TensorStore details", "See full TensorStore details"):
         text = text.split(noise, 1)[0]
     text = " ".join(text.split()) or "no message"
     if len(text) > limit:
