@@ -3,7 +3,10 @@
 Prefill writes the left-padded prompt into the cache; a `lax.while_loop`
 then decodes one token per iteration and stops as soon as every row has
 emitted EOS or reached `max_new_tokens`. The program depends only on
-(batch, prompt bucket) shapes, so a run compiles a fixed handful of them.
+(batch, prompt bucket) shapes, so a run compiles a fixed handful of them; the
+tokenizer's end and pad ids are its arguments, not constants, so a memory
+check that compiles it before the tokenizer is read compiles the run's very
+program (one persistent-cache entry).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -132,8 +136,8 @@ def generate(
     key: jax.Array,
     *,
     max_new_tokens: int,
-    eos_ids: Sequence[int],
-    pad_id: int,
+    eos_ids: Sequence[int] | jax.Array,
+    pad_id: int | jax.Array,
     params: SamplingParams,
     num_samples: int = 1,
     shard_cache: Callable[[Any, Any], Any] = lambda cache, axes: cache,
@@ -144,13 +148,14 @@ def generate(
     is prefilled once and its KV cache copied to its samples, so a GRPO group
     of G completions pays for one prefill, not G. The cache is the model's decode cache
     (`decode_cache`: a windowed layer keeps only its window's slots). `shard_cache(cache, axes)`
-    lays out a cache on the devices (the Sampler splits it over rows and KV heads).
+    lays out a cache on the devices (the Sampler splits it over rows and KV heads). `eos_ids`
+    may hold negative fillers (no token is one); `eos_ids` and `pad_id` may be traced.
     """
     u, p = prompt_tokens.shape
     b = u * num_samples
     t_max = max_new_tokens
     slots = p + t_max
-    eos = jnp.asarray(tuple(eos_ids), jnp.int32)
+    eos = jnp.asarray(eos_ids if isinstance(eos_ids, jax.Array | np.ndarray) else tuple(eos_ids), jnp.int32)
     valid_prompt = prompt_mask > 0
     prompt_len = jnp.sum(valid_prompt, axis=1).astype(jnp.int32)
 
@@ -215,6 +220,24 @@ def generate(
     return Completions(tokens, logps * mask, mask, lengths, ~jnp.any(is_eos, axis=1), routing=routing)
 
 
+EOS_SLOTS = 8
+"""End ids a sampler's program has room for (tokenizers name one to three): the program takes them
+as an argument of this fixed width, filled with -1, so its module is the same for every tokenizer."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerProgram:
+    """A Sampler's jitted program and its stop ids, which it takes as arguments: lowered as
+    `(state, prompt_tokens, prompt_mask, key, params, num_samples)`, as the sampler is called."""
+
+    jitted: Callable[..., Completions]
+    stops: tuple[np.ndarray, np.ndarray]
+    """(end ids [EOS_SLOTS] int32 filled with -1, pad id [] int32)."""
+
+    def lower(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1):
+        return self.jitted.lower(state, prompt_tokens, prompt_mask, key, self.stops, params, num_samples)
+
+
 class Sampler:
     """Jitted generation for one model structure; call with its parameters.
 
@@ -239,34 +262,39 @@ class Sampler:
     ) -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
+        if len(eos_ids) > EOS_SLOTS:
+            raise ValueError(f"eos_ids has {len(eos_ids)} ids; a sampler's program takes at most {EOS_SLOTS}")
         if (mesh is None) != (param_shardings is None):
             raise ValueError("give both mesh and param_shardings, or neither")
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.pad_id = pad_id
+        self._stops = (np.array(self.eos_ids + (-1,) * (EOS_SLOTS - len(self.eos_ids)), np.int32),
+                       np.array(pad_id, np.int32))
         self.mesh = mesh
         self.param_shardings = param_shardings
         self.compiles = 0
         # one jitted function per (prompt rows split, completion rows split) layout
-        self._jitted: dict[tuple[bool, bool], Callable[..., Completions]] = {}
+        self._jitted: dict[tuple[bool, bool], SamplerProgram] = {}
 
-    def _jit(self, split_in: bool, split_out: bool) -> Callable[..., Completions]:
+    def _jit(self, split_in: bool, split_out: bool) -> SamplerProgram:
         key = (split_in, split_out)
         if key not in self._jitted:
-            static = (4, 5)  # params, num_samples
+            static = (5, 6)  # params, num_samples
             if self.mesh is None:
-                self._jitted[key] = jax.jit(self._traced, static_argnums=static)
+                jitted = jax.jit(self._traced, static_argnums=static)
             else:
                 whole = mesh_lib.replicated(self.mesh)
                 rows_in = mesh_lib.rows(self.mesh) if split_in else whole
                 rows_out = mesh_lib.rows(self.mesh) if split_out else whole
-                self._jitted[key] = jax.jit(
+                jitted = jax.jit(
                     self._traced,
                     static_argnums=static,
-                    in_shardings=(self.param_shardings, rows_in, rows_in, whole),
+                    in_shardings=(self.param_shardings, rows_in, rows_in, whole, whole),
                     out_shardings=rows_out,
                 )
+            self._jitted[key] = SamplerProgram(jitted, self._stops)
         return self._jitted[key]
 
     def _shard_cache(self, cache: Any, axes: Any) -> Any:
@@ -278,7 +306,7 @@ class Sampler:
         return jax.lax.with_sharding_constraint(cache, shardings)
 
     def _traced(
-        self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1
+        self, state, prompt_tokens, prompt_mask, key, stops, params: SamplingParams, num_samples: int = 1
     ) -> Completions:
         self.compiles += 1  # runs once per trace, i.e. per compiled program
         model = nnx.merge(self.graphdef, state)
@@ -288,8 +316,8 @@ class Sampler:
             prompt_mask,
             key,
             max_new_tokens=self.max_new_tokens,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
+            eos_ids=stops[0],
+            pad_id=stops[1],
             params=params,
             num_samples=num_samples,
             shard_cache=self._shard_cache,
@@ -307,8 +335,10 @@ class Sampler:
         if self.mesh is not None:  # global arrays: each process places the prompt rows of its own devices
             rows = mesh_lib.rows(self.mesh) if split_in else mesh_lib.replicated(self.mesh)
             prompt_tokens, prompt_mask = multihost.program_inputs((prompt_tokens, prompt_mask), rows)
-            key = multihost.program_inputs(key, mesh_lib.replicated(self.mesh))
+            key, stops = multihost.program_inputs((key, self._stops), mesh_lib.replicated(self.mesh))
+        else:
+            stops = self._stops
         run = self._jit(split_in, u * num_samples % ways == 0)
-        return run(state, prompt_tokens, prompt_mask, key, params, num_samples)
+        return run.jitted(state, prompt_tokens, prompt_mask, key, stops, params, num_samples)
 
 
