@@ -235,6 +235,17 @@ def host_problem(manifest: dict) -> str | None:
     return None
 
 
+def index_drift(locked: dict[str, str], target: Path) -> str | None:
+    """What the host's index gave at other versions than the lock's, as installed in `target`
+    (pip takes the index's newest where `--pin-index` is not given): one line, or None."""
+    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=[str(target)])}
+    other = [f"{n} {installed[n]} (locked {v})" for n, v in sorted(locked.items()) if n in installed and installed[n] != v]
+    if not other:
+        return None
+    return (f"from the host's index at other versions than the lock's: {', '.join(other)}; "
+            "--pin-index takes the locked ones, where the index has them")
+
+
 def install(args: argparse.Namespace) -> int:
     house = Path(args.wheelhouse)
     manifest = json.loads((house / "manifest.json").read_text())
@@ -257,6 +268,9 @@ def install(args: argparse.Namespace) -> int:
     result = subprocess.run(cmd, env=env)
     if result.returncode:
         return result.returncode
+    drift = index_drift(manifest["index_has"], target)
+    if drift:
+        print(f"wheelhouse: {drift}")
     what = (f"{len(manifest['workspace'])} workspace packages (built from {manifest.get('commit') or 'an unknown commit'}) "
             "and their locked dependencies" if manifest["workspace"]
             else f"the pins of {manifest.get('requirements', 'the requirements')}")

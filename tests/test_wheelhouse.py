@@ -168,3 +168,17 @@ def test_tunix_requirements_hold_no_locked_package():
     pins = wheelhouse.read_pins(ROOT / "benchmarks" / "tunix-requirements.txt")
     assert "google-tunix" in pins
     assert not set(pins) & set(wheelhouse.locked_pins(["tpu"], [], TARGET))
+
+
+def test_install_says_which_packages_the_hosts_index_gave_at_other_versions(tmp_path):
+    """A TPU host's index had tensorstore 0.1.85 where the lock holds 0.1.86 (2026-12-07), and a test
+    then failed on 0.1.85's messages: the install names such a package in one line."""
+    for name, version in (("tensorstore", "0.1.85"), ("Pillow", "12.0.0")):
+        info = tmp_path / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    locked = {"tensorstore": "0.1.86", "pillow": "12.0.0", "pyarrow": "22.0.0"}
+    assert wheelhouse.index_drift(locked, tmp_path) == (
+        "from the host's index at other versions than the lock's: tensorstore 0.1.85 (locked 0.1.86); "
+        "--pin-index takes the locked ones, where the index has them")
+    assert wheelhouse.index_drift({"pillow": "12.0.0"}, tmp_path) is None
