@@ -150,13 +150,14 @@ def static_memory(q: MemoryQuery) -> EngineMemory:
     prompts = jax.ShapeDtypeStruct((q.prompts, q.prompt_tokens), jnp.int32, sharding=one)
     mask = jax.ShapeDtypeStruct((q.prompts, q.prompt_tokens), jnp.float32, sharding=one)
     rows = q.prompts * q.samples
-    args, out, temp = q.compiled(sampler._jit(q.prompts % ways == 0, rows % ways == 0), weights, prompts, mask,
-                                 jax.random.key(0), SamplingParams.from_rollout(q.rollout), q.samples)
+    program = sampler._jit(q.prompts % ways == 0, rows % ways == 0)
+    args, out, temp = q.compiled(program, weights, prompts, mask, jax.random.key(0),
+                                 SamplingParams.from_rollout(q.rollout), q.samples)
     lines = [("rollout: KV cache + sampler temporaries", "rollout_temporaries", "kv_cache")]
     if q.rollout.weights_dtype is not None and copy:
         lines.append(("rollout: weight copy in rollout.weights_dtype", None, "rollout_weight_copy"))
     return EngineMemory(held_bytes=out + temp + copy, cache_bytes=q.dense_cache_bytes, weight_bytes=copy,
-                        compiled_weight_bytes=args - argument_bytes((prompts, mask), q.compiled),
+                        compiled_weight_bytes=args - argument_bytes((prompts, mask, program.stops), q.compiled),
                         compiled={"rollout_temporaries": out + temp}, analytic={"rollout_weight_copy": copy},
                         rows=tuple(lines))
 

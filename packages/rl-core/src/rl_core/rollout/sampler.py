@@ -221,8 +221,8 @@ def generate(
 
 
 EOS_SLOTS = 8
-"""End ids a sampler's program has room for (tokenizers name one to three): the program takes them
-as an argument of this fixed width, filled with -1, so its module is the same for every tokenizer."""
+"""End ids a sampler's program takes them in a multiple of (tokenizers name one to three): an argument
+of this fixed width, filled with -1, so its module is the same for every tokenizer of up to 8."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +232,7 @@ class SamplerProgram:
 
     jitted: Callable[..., Completions]
     stops: tuple[np.ndarray, np.ndarray]
-    """(end ids [EOS_SLOTS] int32 filled with -1, pad id [] int32)."""
+    """(end ids [a multiple of EOS_SLOTS] int32 filled with -1, pad id [] int32)."""
 
     def lower(self, state, prompt_tokens, prompt_mask, key, params: SamplingParams, num_samples: int = 1):
         return self.jitted.lower(state, prompt_tokens, prompt_mask, key, self.stops, params, num_samples)
@@ -262,15 +262,13 @@ class Sampler:
     ) -> None:
         if not eos_ids:
             raise ValueError("eos_ids is empty: generation could never stop early")
-        if len(eos_ids) > EOS_SLOTS:
-            raise ValueError(f"eos_ids has {len(eos_ids)} ids; a sampler's program takes at most {EOS_SLOTS}")
         if (mesh is None) != (param_shardings is None):
             raise ValueError("give both mesh and param_shardings, or neither")
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
         self.eos_ids = tuple(int(e) for e in eos_ids)
         self.pad_id = pad_id
-        self._stops = (np.array(self.eos_ids + (-1,) * (EOS_SLOTS - len(self.eos_ids)), np.int32),
+        self._stops = (np.array(self.eos_ids + (-1,) * (-len(self.eos_ids) % EOS_SLOTS), np.int32),
                        np.array(pad_id, np.int32))
         self.mesh = mesh
         self.param_shardings = param_shardings
