@@ -155,7 +155,7 @@ def generate(
     b = u * num_samples
     t_max = max_new_tokens
     slots = p + t_max
-    eos = jnp.asarray(eos_ids if isinstance(eos_ids, jax.Array | np.ndarray) else tuple(eos_ids), jnp.int32)
+    eos = jnp.asarray(eos_ids, jnp.int32)
     valid_prompt = prompt_mask > 0
     prompt_len = jnp.sum(valid_prompt, axis=1).astype(jnp.int32)
 
@@ -221,8 +221,8 @@ def generate(
 
 
 EOS_SLOTS = 8
-"""End ids a sampler's program takes them in a multiple of (tokenizers name one to three): an argument
-of this fixed width, filled with -1, so its module is the same for every tokenizer of up to 8."""
+"""A sampler's program takes the end ids as an argument this wide (a multiple of it for more), filled
+with -1: tokenizers name one to three, so its module is the same for every tokenizer of up to 8."""
 
 
 @dataclasses.dataclass(frozen=True)
