@@ -266,10 +266,8 @@ class Sampler:
             raise ValueError("give both mesh and param_shardings, or neither")
         self.graphdef = graphdef
         self.max_new_tokens = max_new_tokens
-        self.eos_ids = tuple(int(e) for e in eos_ids)
-        self.pad_id = pad_id
-        self._stops = (np.array(self.eos_ids + (-1,) * (-len(self.eos_ids) % EOS_SLOTS), np.int32),
-                       np.array(pad_id, np.int32))
+        eos = tuple(int(e) for e in eos_ids)
+        self._stops = (np.array(eos + (-1,) * (-len(eos) % EOS_SLOTS), np.int32), np.array(pad_id, np.int32))
         self.mesh = mesh
         self.param_shardings = param_shardings
         self.compiles = 0
