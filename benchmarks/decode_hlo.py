@@ -2,12 +2,12 @@
 step's large ops, read from the optimized HLO, and XLA's cost analysis.
 
     uv sync --extra tpu
-    uv run python benchmarks/decode_hlo.py [--rows 128] [--new-tokens 256] [--decode-attention masked live]
+    uv run python benchmarks/decode_hlo.py [--rows 128] [--new-tokens 256] [--decode-attention lanes masked live]
 
 Model: the Qwen2.5-0.5B shape (rl_models preset qwen2_0_5b_shape, bfloat16 compute, float32 master
 weights as the trainer holds them), character vocabulary, prompts of 32 tokens, 8 samples a prompt, the
 sampler's program as the trainer jits it. For each decode attention (rl_models.attention.DECODE_ATTENTION:
-"masked" over every slot, "live" over the live blocks in place) it prints XLA's bytes accessed for the whole program (each loop's
+"lanes" over the lane-packed cache, "masked" over every slot, "live" over the live blocks in place) it prints XLA's bytes accessed for the whole program (each loop's
 body counted once: one decode step's layer), and every op of at least --min-mib MiB in the decode loop's
 body and in its layer loop (run once per layer per step), with the HLO written to --out.
 """
@@ -124,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--decode-attention", nargs="+", default=["masked", "live"], choices=["live", "masked"])
+    parser.add_argument("--decode-attention", nargs="+", default=["lanes", "masked"], choices=["lanes", "live", "masked"])
     parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="7: trainer bench's preset")
     parser.add_argument("--head-dim", type=int, default=64, help="the 0.5B shape's 64, or another (e.g. 128)")
     parser.add_argument("--min-mib", type=float, default=4.0)

@@ -26,7 +26,8 @@ the process's CPU time, which other processes on a shared core do not inflate
 included) and `floor` the time to read, once per step, the weights as the engine holds them and the
 mean live KV cache at the device's HBM bandwidth (`HBM_BYTES_PER_SEC`; blank for other devices).
 `--decode-attention live masked` runs the static engine once per decode attention on an accelerator
-(rl_models.attention.DECODE_ATTENTION: "masked", the default, over every slot; "live", the live blocks read in place).
+(rl_models.attention.DECODE_ATTENTION: "lanes", the default, heads of under 128 lanes cached side by side;
+"masked", the heads' layout over every slot; "live", the live blocks read in place).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face folder whose model to run (real weights)")
     parser.add_argument("--mean-fraction", type=float, default=0.2,
                         help="mean completion length over max_new_tokens (0: every completion runs to the maximum)")
-    parser.add_argument("--decode-attention", nargs="+", default=["masked"], choices=["live", "masked"],
+    parser.add_argument("--decode-attention", nargs="+", default=["lanes"], choices=["lanes", "live", "masked"],
                         help="static engine on an accelerator: a decode step's attention (several: one run each)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace each timed rollout to DIR/<max_new>-<engine> and print its costliest ops")

@@ -352,3 +352,27 @@ def test_an_accelerators_decode_over_the_live_blocks_samples_what_the_masked_att
     np.testing.assert_array_equal(outs["live"].tokens, outs["masked"].tokens)
     np.testing.assert_array_equal(outs["live"].mask, outs["masked"].mask)
     np.testing.assert_allclose(outs["live"].logp, outs["masked"].logp, **close(rtol=1e-5, atol=1e-5))
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
+def test_an_accelerators_lane_packed_cache_samples_what_the_heads_layout_does(prompts, sampling):
+    """The sampler traced as for a TPU on a model of 2 KV heads of 64 (Qwen2.5-0.5B's), which keeps a
+    `rl_models.block.LaneKV` (its heads side by side in 128 lanes): the same tokens and log-probs as the
+    heads' layout [.., K, S, Dh] with the masked attention (`DECODE_ATTENTION = "masked"`)."""
+    config = TransformerConfig.tiny(V, hidden_size=256, num_heads=4, num_kv_heads=2, attention="xla")
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    outs = {}
+    old = attention_lib.DECODE_ATTENTION
+    try:
+        for way in ("masked", "lanes"):
+            attention_lib.DECODE_ATTENTION = way
+            with attention_lib.traced_for("tpu"):
+                assert block_lib.lane_packed(config) == (way == "lanes")
+                sampler = Sampler(graphdef, max_new_tokens=T, eos_ids=(TOKENIZER.eos_id,), pad_id=TOKENIZER.pad_id)
+                outs[way] = sampler(state, *prompts, jax.random.key(3), sampling, 2)
+    finally:
+        attention_lib.DECODE_ATTENTION = old
+    np.testing.assert_array_equal(outs["lanes"].tokens, outs["masked"].tokens)
+    np.testing.assert_array_equal(outs["lanes"].mask, outs["masked"].mask)
+    np.testing.assert_allclose(outs["lanes"].logp, outs["masked"].logp, **close(rtol=1e-5, atol=1e-5))

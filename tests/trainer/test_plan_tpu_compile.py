@@ -237,3 +237,53 @@ def test_a_tpu_plans_compiled_column_splits_the_arguments_as_xla_tpu_lays_them_o
     assert "reference 461312 461312 346880" in out, out
     (critic,) = [line.split()[1:] for line in out.splitlines() if line.startswith("critic")]
     assert critic[0] == critic[1], out
+
+
+@needs_libtpu
+def test_the_static_decode_of_a_lane_packed_cache_compiled_for_a_v5e_copies_no_layer_of_it():
+    """The static engine's sampler at the 0.5B shape's layer (896 wide, 14 query and 2 KV heads of 64,
+    bfloat16; 2 layers, 128 rows x 288 slots) compiled by XLA:TPU for a v5e ahead of time: with the heads'
+    layout [L, B, K, S, Dh] every decode step copies a layer of the cache into the attention's layout
+    (what the 0.5B shape's profile on the chip showed); with the lane-packed cache
+    (rl_models.block.LaneKV, keys rotated by rl_models.rope.rotate_lanes) no copy in the program is as
+    large as a layer of the cache (a layer sliced out of the stack may change its layout within the slice's
+    own fusion: one pass either way)."""
+    out = _run("""
+        import re
+        import jax, jax.numpy as jnp, numpy as np
+        from flax import nnx
+        from rl_core import Sampler, SamplingParams
+        from rl_core.runtime import mesh as mesh_lib
+        from rl_models import Transformer, TransformerConfig
+        from rl_models import attention as attention_lib
+        from trainer.plan.tpu_compile import topology_devices
+        config = TransformerConfig.tiny(99, hidden_size=896, num_layers=2, num_heads=14, num_kv_heads=2,
+                                        mlp_hidden_size=4864, dtype="bfloat16", attention_bias=True)
+        mesh = mesh_lib.make_mesh(devices=topology_devices(1))
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+        shardings = nnx.to_pure_dict(mesh_lib.param_shardings(state, mesh))
+        state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                             nnx.to_pure_dict(state), shardings)
+        prompts = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=mesh_lib.rows(mesh))
+        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
+        for way in ("masked", "lanes"):
+            attention_lib.DECODE_ATTENTION = way
+            sampler = Sampler(graphdef, max_new_tokens=256, eos_ids=(98,), pad_id=0, mesh=mesh,
+                              param_shardings=shardings)
+            with attention_lib.traced_for("tpu", kernels=True):
+                text = sampler._jit(True, True).lower(state, prompts, prompts, key, SamplingParams(temperature=1.0),
+                                                      8).compile().as_text()
+            sizes, fused = [], False
+            for line in text.splitlines():
+                if not line.startswith(" "):  # a computation's header: a fusion's body copies nothing on its own
+                    fused = "fused" in line.split("(")[0] or "fusion" in line.split("(")[0]
+                m = re.search(r"= bf16\\[([0-9,]+)\\]", line)
+                if not fused and " copy(" in line and m:
+                    sizes.append(int(np.prod([int(d) for d in m.group(1).split(",")])))
+            print(way, "layer", 128 * 2 * 288 * 64, "largest copy", max(sizes, default=0))
+    """)
+    lines = {line.split()[0]: [int(x) for x in line.split()[2::3]] for line in out.splitlines()
+             if line.split()[:1] in (["masked"], ["lanes"])}
+    (layer, masked), (_, lanes) = lines["masked"], lines["lanes"]
+    assert masked >= layer, out  # the heads' layout: a layer copied a step
+    assert lanes < layer, out

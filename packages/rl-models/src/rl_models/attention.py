@@ -49,12 +49,14 @@ ATTENTION = ("auto", "xla", "cudnn", "splash")
 GPU_PLATFORMS = ("gpu", "cuda")
 CUDNN_MAX_HEAD_DIM = 128
 """cuDNN's flash attention takes head sizes that are multiples of 8 up to 128 (256 on Hopper)."""
-DECODE_ATTENTION = "masked"
-"""A decode step's attention over the stacked cache on an accelerator: "masked" (`attend` over every slot)
-or "live" (the blocks of slots that hold live ones, read in place: rl_models.block.attend_live). "live"
-moves half the bytes in XLA:TPU's compiled program, yet on a v5e it ran 7.05 ms a step where "masked"
-ran 5.59 (0.5B shape, 128 rows, 256 new tokens: docs/results/2026-12-06-decode-hlo.md), so it is kept
-only to measure: benchmarks/rollout_engines.py --decode-attention masked live."""
+DECODE_ATTENTION = "lanes"
+"""A decode step's attention over the stacked cache of a scanned model (accelerators): "lanes" (heads
+narrower than 128 lanes cached side by side, `rl_models.block.LaneKV`, read by `attend_lanes`; other
+heads as "masked"), "masked" (`attend` over every slot of the heads' layout [.., K, S, Dh]) or "live"
+(the blocks of slots that hold live ones, read in place: rl_models.block.attend_live). "live" moves
+half the bytes in XLA:TPU's compiled program, yet on a v5e it ran 7.05 ms a step where "masked" ran
+5.59 (0.5B shape, 128 rows, 256 new tokens: docs/results/2026-12-06-decode-hlo.md). "masked" and
+"live" are kept to measure: benchmarks/rollout_engines.py --decode-attention lanes masked live."""
 SPLASH_MAX_BLOCK = 512
 """Largest Splash block (queries or keys); a block is a multiple of 128 (TPU lanes)."""
 SPLASH_MIN_LENGTH = 128

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +24,43 @@ from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
 from rl_models.moe import MoE, Routing
 from rl_models.rings import held_slots, key_mask, write_call
-from rl_models.rope import rotate
+from rl_models.rope import rotate, rotate_lanes
 from rl_models.sharding import constrain
 
 ROWS = ("act_batch", "act_length", "act_embed")
 """Logical axes of the residual stream [B, L, D] (rl_models.sharding)."""
 
-# (k, v): each [layers, B, K, S, Dh] when the layers are scanned; unrolled, a tuple of one
-# [B, K, S, Dh] buffer per layer (each layer reads its own, no slice of a stack copied per token)
+# (k, v): each [layers, B, K, S, Dh] when the layers are scanned (a `LaneKV` for heads narrower
+# than a vector's lanes); unrolled, a tuple of one [B, K, S, Dh] buffer per layer (each layer
+# reads its own, no slice of a stack copied per token)
 KVCache = tuple[jax.Array, jax.Array] | tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
+
+LANES = 128
+"""A TPU vector register's lanes: the minor dimension of an array is laid out in tiles of 128."""
+
+
+class LaneKV(NamedTuple):
+    """A scanned model's (k, v) cache with each slot's KV heads side by side, each [layers, B, S,
+    K * Dh], for heads narrower than 128 lanes (`lane_packed`).
+
+    Head-major [.., K, S, Dh] with Dh = 64 leaves half of every 128-lane tile empty, and XLA:TPU lays
+    such a stack out rows-minor for the in-place write of each token, then slices and relays each
+    layer's cache out of it for the attention's dot at every decode step (on a v5e, a third of the
+    0.5B shape's decode step: docs/results/2026-12-06-tpu-chip-sixth.md). Lane-packed, a slot's
+    heads fill whole tiles, the write and the dots read the layer in place, and a decode step's
+    attention (`attend_lanes`) contracts over whole 128-lane groups."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def lane_packed(config: TransformerConfig) -> bool:
+    """Whether a scanned model of `config` keeps a `LaneKV`: heads narrower than 128 lanes that fill
+    whole ones side by side (Dh divides 128, K * Dh a multiple of 128), as Qwen2.5-0.5B's 2 of 64,
+    unless `rl_models.attention.DECODE_ATTENTION` asks for another way (to measure)."""
+    dh, kv_heads = config.head_dim, config.num_kv_heads
+    assert dh is not None
+    return attention_lib.DECODE_ATTENTION == "lanes" and dh < LANES and LANES % dh == 0 and kv_heads * dh % LANES == 0
 KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -58,13 +87,46 @@ def within_window(mask: jax.Array, window: int | jax.Array, first_slot: jax.Arra
 def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int, cache_index: jax.Array | int
                 ) -> tuple[KVCache, jax.Array, jax.Array]:
     """(the cache [layers, B, K, S, Dh] each with k / v [B, L, K, Dh] written in place at `layer`,
-    slots cache_index.., then that layer's keys and values [B, K, S, Dh])."""
+    slots cache_index.., then that layer's keys and values [B, K, S, Dh]; of a `LaneKV`, [B, S, K * Dh])."""
     zero = jnp.zeros((), jnp.int32)
+    if isinstance(kv, LaneKV):
+        start = (jnp.asarray(layer, jnp.int32), zero, jnp.asarray(cache_index, jnp.int32), zero)
+        new = [x.reshape(*x.shape[:2], -1)[None].astype(kv.k.dtype) for x in (k, v)]  # [1, B, L, K * Dh]
+        kv = LaneKV(jax.lax.dynamic_update_slice(kv.k, new[0], start), jax.lax.dynamic_update_slice(kv.v, new[1], start))
+        k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
+        return kv, k_all, v_all
     start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
     new = [x.transpose(0, 2, 1, 3)[None].astype(kv[0].dtype) for x in (k, v)]  # [1, B, K, L, Dh]
     kv = (jax.lax.dynamic_update_slice(kv[0], new[0], start), jax.lax.dynamic_update_slice(kv[1], new[1], start))
     k_all, v_all = (jax.lax.dynamic_index_in_dim(c, layer, axis=0, keepdims=False) for c in kv)
     return kv, k_all, v_all
+
+
+def attend_lanes(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None,
+                 softcap: float | None) -> jax.Array:
+    """A decode step's attention of q [B, 1, H, Dh] over one layer of a `LaneKV`, k / v [B, S, K * Dh],
+    where mask [B, 1, S] holds -> [B, 1, H * Dh]; the numbers of `attend`.
+
+    Each group of 128 lanes holds 128 / Dh heads. A query is set beside zeros in the lanes of its
+    group's other heads, so its scores are one dot over the group's whole lanes (the zeros add
+    nothing), and the values' product is a dot over the slots giving every lane of the group, of
+    which each query keeps its own head's. The arithmetic is 128 / Dh times the heads' own; a decode
+    step reads each cached byte once either way, and it is bound by those reads."""
+    b, _, h, dh = q.shape
+    slots, width = k.shape[1], k.shape[2]
+    groups, per = width // LANES, LANES // dh
+    g = h // (width // dh)  # query heads a KV head
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    own = jnp.eye(per, dtype=q.dtype)
+    qg = q.reshape(b, groups, per, g, dh)  # KV head j * per + p's queries
+    wide = (qg[:, :, :, :, None, :] * own[None, None, :, None, :, None]).reshape(b, groups, per * g, LANES)
+    k, v = k.reshape(b, slots, groups, LANES), v.reshape(b, slots, groups, LANES)
+    scores = jnp.einsum("bjrc,bsjc->bjrs", wide, k, preferred_element_type=jnp.float32) * scale
+    scores = attention_lib.soft_capped(scores, softcap)
+    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min), axis=-1)
+    out = jnp.einsum("bjrs,bsjc->bjrc", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = jnp.einsum("bjpgqd,pq->bjpgd", out.reshape(b, groups, per, g, per, dh), own.astype(jnp.float32))
+    return out.reshape(b, 1, h * dh).astype(v.dtype)
 
 
 LIVE_BLOCKS = 8
@@ -183,8 +245,10 @@ class Attention(nnx.Module):
         q = constrain(q, ("act_batch", "act_length", "act_heads", None))
         k, v = (constrain(x, ("act_batch", "act_length", "act_kv_heads", None)) for x in (k, v))
         q, k = self.normed(q, k)
-        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate(k, *rope)
-        if kv is not None and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
+        lanes = isinstance(kv, LaneKV)
+        # a decode step's keys written to a lane-packed cache stay lanes-minor (rotate_lanes)
+        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), (rotate_lanes if lanes and l == 1 else rotate)(k, *rope)
+        if kv is not None and not lanes and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
             out, kv = self._ring_attention(q, k, v, mask, kv, cache_index, layer, queries_from, window)
             return self.o_proj(out), kv
         mask = mask[:, queries_from:]
@@ -197,13 +261,17 @@ class Attention(nnx.Module):
                                   sinks=sinks, softcap=cap)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
+        if lanes and l == 1 and sinks is None:
+            return self.o_proj(attend_lanes(q, k_all, v_all, mask, scale, cap)), kv
+        if lanes:  # a prompt's queries (once a rollout): the layer in the heads' layout
+            k_all, v_all = (x.reshape(b, x.shape[1], kvh, dh).transpose(0, 2, 1, 3) for x in (k_all, v_all))
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
         # to its in-place update makes XLA:CPU copy the whole cache per token: slower than the mask)
         kind = attention_lib.traced_kernel(cfg.attention, dtype=q.dtype, head_dim=dh,
                                            length=q.shape[1]) if l > 1 else "xla"
         # a decode step on an accelerator reads the live blocks of the cache in place (attend_live)
         in_place = attention_lib.DECODE_ATTENTION == "live" and attention_lib.target_platform() != "cpu"
-        if l == 1 and sinks is None and in_place:
+        if l == 1 and sinks is None and in_place and not lanes:
             out = attend_live(q, kv, layer, mask, jnp.asarray(cache_index, jnp.int32) + 1, scale, cap)
         elif kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
             out = attend(q, k_all, v_all, mask, scale, sinks, cap)  # the cache's layout

@@ -111,6 +111,36 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos + swapped * sin).astype(x.dtype)
 
 
+LANES = 128
+"""A TPU vector register's lanes (rl_models.block.LANES)."""
+
+
+def rotate_lanes(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """`rotate` of x [B, L, K, Dh] whose K * Dh fills whole groups of 128 lanes, with each head's
+    halves swapped by a product with a permutation matrix over each group instead of `jnp.flip`:
+    the same numbers (each swapped value is one input times 1, summed with zeros in float32).
+
+    A flip inside a vector's lanes is a lane permute, and XLA:TPU lays such an array out with the rows
+    in the lanes to make it cheap: a decode step's new keys so laid out made it keep the whole
+    lane-packed key cache rows-minor, and copy each layer's keys into the attention's layout at every
+    step (rl_models.block.LaneKV). As a product the keys stay lanes-minor, as the cache is."""
+    *lead, heads, dh = x.shape
+    if cos.shape[-1] < dh:  # partial rotary: the plain form
+        return rotate(x, cos, sin)
+    half, per = dh // 2, LANES // dh
+    swap = np.zeros((dh, dh), np.float32)
+    swap[np.arange(half) + half, np.arange(half)] = swap[np.arange(half), np.arange(half) + half] = 1
+    group = np.kron(np.eye(per, dtype=np.float32), swap)  # [128, 128]: each of a group's heads its own swap
+    x32 = x.astype(jnp.float32)
+    groups = x.reshape(*lead, heads * dh // LANES, LANES)
+    swapped = jnp.einsum("...jc,ce->...je", groups, jnp.asarray(group, x.dtype), preferred_element_type=jnp.float32,
+                         precision=jax.lax.Precision.HIGHEST).reshape(*lead, heads * dh)
+    flat = (*lead, heads * dh)
+    out = (x32.reshape(flat) * jnp.broadcast_to(cos, x.shape).reshape(flat)
+           + swapped * jnp.broadcast_to(sin, x.shape).reshape(flat))
+    return out.astype(x.dtype).reshape(x.shape)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotate x [B, L, N, Dh] by positions [B, L] ("rotate_half" convention:
     the first and second halves of Dh are the two coordinates of each pair)."""

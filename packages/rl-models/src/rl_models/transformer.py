@@ -32,7 +32,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from rl_models import attention as attention_lib
-from rl_models.block import ROWS, Block, KVCache, KVCacheAxes, compute_dtype, norm, param_dtype, stack_layers
+from rl_models.block import (ROWS, Block, KVCache, KVCacheAxes, LaneKV, compute_dtype, lane_packed, norm, param_dtype,
+                             stack_layers)
 from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, param
 from rl_models.moe import Routing
@@ -179,10 +180,14 @@ class Transformer(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
         """Zeroed (k, v) in the compute dtype: each [layers, batch_size, K, max_len, Dh] when the
-        layers are scanned, else a tuple of one [batch_size, K, max_len, Dh] per layer."""
+        layers are scanned (a `LaneKV` of [layers, batch_size, max_len, K * Dh] for heads narrower
+        than 128 lanes: `lane_packed`), else a tuple of one [batch_size, K, max_len, Dh] per layer."""
         cfg = self.config
         shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         dtype = compute_dtype(cfg)
+        if scans_layers(cfg) and lane_packed(cfg):
+            lanes = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads * cfg.head_dim)
+            return LaneKV(jnp.zeros(lanes, dtype), jnp.zeros(lanes, dtype))
         if scans_layers(cfg):
             return jnp.zeros((cfg.num_layers, *shape), dtype), jnp.zeros((cfg.num_layers, *shape), dtype)
         return tuple(tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)) for _ in "kv")
@@ -190,6 +195,9 @@ class Transformer(nnx.Module):
     def cache_axes(self) -> KVCacheAxes:
         """Logical axis names of (k, v), shaped like `init_cache`'s: split over rows and KV
         heads, never over slots."""
+        if scans_layers(self.config) and lane_packed(self.config):  # split in whole heads, as the heads' axis
+            lanes = PartitionSpec("layers", "batch", "cache_slots", "kv_heads")
+            return LaneKV(lanes, lanes)
         if scans_layers(self.config):
             names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")
             return names, names
@@ -271,6 +279,8 @@ class Transformer(nnx.Module):
                                  f"and {want[1]}")
             slots = [cache.ring[0].shape[3] if w != FULL_WINDOW else cache.full[0].shape[3]  # type: ignore[index]
                      for w in windows]
+        elif isinstance(cache, LaneKV):
+            slots = [cache.k.shape[2]] * cache.k.shape[0]
         elif isinstance(cache[0], tuple):
             slots = [c.shape[2] for c in cache[0]]
         else:
