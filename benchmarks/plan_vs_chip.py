@@ -253,7 +253,7 @@ def main() -> int:
     args = parser.parse_args()
     for name in args.case or ():
         if name not in {c.name for c in CASES}:
-            parser.error(f"--case {name!r}: the cases are {', '.join(sorted(names))}")
+            parser.error(f"--case {name!r}: the cases are {', '.join(sorted(c.name for c in CASES))}")
     by_name = {c.name: c for c in CASES}
     cases = [by_name[name] for name in dict.fromkeys(args.case)] if args.case else list(CASES)  # in the order asked
     if args.dry:
