@@ -59,6 +59,16 @@ def test_fused_head_axes_split_only_in_whole_heads():
         logical_spec(("embed", "heads"), (64, 3584), tensor8, units=(1, 100))
 
 
+def test_a_lane_packed_cache_splits_only_in_whole_128_lane_groups():
+    """rl_models.block.LaneKV [layers, B, S, K x Dh]: Qwen2.5-0.5B's 2 heads of 64 are one group of 128
+    lanes, which 2 tensor devices do not split (the heads' layout would give each a head; a group split
+    in half would be re-gathered for every decode step's products); Llama 3.2 1B's 8 heads of 64 are 4
+    groups, 2 a device."""
+    cache = ("layers", "batch", "cache_slots", "kv_lanes")
+    assert logical_spec(cache, (24, 64, 288, 128), MESH) == P(None, ("data", "fsdp"), None, None)
+    assert logical_spec(cache, (16, 64, 288, 512), MESH) == P(None, ("data", "fsdp"), None, "tensor")
+
+
 def test_model_parameters_carry_whole_head_units():
     from flax import nnx
     from rl_models import Transformer, TransformerConfig

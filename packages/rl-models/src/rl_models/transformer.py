@@ -195,8 +195,8 @@ class Transformer(nnx.Module):
     def cache_axes(self) -> KVCacheAxes:
         """Logical axis names of (k, v), shaped like `init_cache`'s: split over rows and KV
         heads, never over slots."""
-        if scans_layers(self.config) and lane_packed(self.config):  # split in whole heads, as the heads' axis
-            lanes = PartitionSpec("layers", "batch", "cache_slots", "kv_heads")
+        if scans_layers(self.config) and lane_packed(self.config):  # split in whole 128-lane groups
+            lanes = PartitionSpec("layers", "batch", "cache_slots", "kv_lanes")
             return LaneKV(lanes, lanes)
         if scans_layers(self.config):
             names = PartitionSpec("layers", "batch", "kv_heads", "cache_slots", "head_dim")

@@ -46,6 +46,7 @@ RULES: dict[str, MeshAxes] = {
     "embed": ("fsdp", "expert"),  # an expert weight takes `expert` on its experts axis first
     "heads": "tensor",
     "kv_heads": "tensor",
+    "kv_lanes": "tensor",  # a lane-packed cache's K x Dh (rl_models.block.LaneKV), in whole 128-lane groups
     "mlp": "tensor",
     "head_dim": None,
     "norm": None,
@@ -64,6 +65,11 @@ RULES: dict[str, MeshAxes] = {
     "act_experts": "expert",  # expert weights stay split over experts where they are used
 }
 """Logical axis name -> mesh axes (None: never split)."""
+
+UNITS: dict[str, int] = {"kv_lanes": 128}
+"""Logical axis name -> the multiple it splits in (default 1): a lane-packed cache's heads sit side by
+side in groups of a TPU vector's 128 lanes, and each device keeps whole groups (else the cache stays
+whole on the tensor axis, as KV heads the devices do not divide do)."""
 
 
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None, *,
@@ -123,11 +129,11 @@ def logical_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
     """The PartitionSpec of an array with logical axis `names` and `shape` on `mesh`.
 
     `units[i]`: dimension i splits only in whole multiples of it (a fused heads x
-    head_dim axis has unit head_dim, so each device gets whole heads).
+    head_dim axis has unit head_dim, so each device gets whole heads); by default each name's `UNITS`.
     """
     if len(names) != len(shape):
         raise ValueError(f"logical axes {tuple(names)} do not match shape {tuple(shape)}")
-    units = tuple(units) if units is not None else (1,) * len(shape)
+    units = tuple(units) if units is not None else tuple(UNITS.get(n, 1) if n else 1 for n in names)
     if len(units) != len(shape) or any(u < 1 or size % u for u, size in zip(units, shape, strict=True)):
         raise ValueError(f"axis units {units} do not divide shape {tuple(shape)}")
     used: set[str] = set()
