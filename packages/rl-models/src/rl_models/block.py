@@ -34,6 +34,7 @@ ROWS = ("act_batch", "act_length", "act_embed")
 # than a vector's lanes); unrolled, a tuple of one [B, K, S, Dh] buffer per layer (each layer
 # reads its own, no slice of a stack copied per token)
 KVCache = tuple[jax.Array, jax.Array] | tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
+KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
 
 LANES = 128
 """A TPU vector register's lanes: the minor dimension of an array is laid out in tiles of 128."""
@@ -46,9 +47,11 @@ class LaneKV(NamedTuple):
     Head-major [.., K, S, Dh] with Dh = 64 leaves half of every 128-lane tile empty, and XLA:TPU lays
     such a stack out rows-minor for the in-place write of each token, then slices and relays each
     layer's cache out of it for the attention's dot at every decode step (on a v5e, a third of the
-    0.5B shape's decode step: docs/results/2026-12-06-tpu-chip-sixth.md). Lane-packed, a slot's
-    heads fill whole tiles, the write and the dots read the layer in place, and a decode step's
-    attention (`attend_lanes`) contracts over whole 128-lane groups."""
+    0.5B shape's decode step). Lane-packed, a slot's heads fill whole tiles, the dots read the layer
+    as it is stored, and a decode step's attention (`attend_lanes`) contracts over whole 128-lane
+    groups; the new keys are rotated by `rotate_lanes`, which keeps them lanes-minor. A 0.5B decode
+    step of 128 rows on a v5e: 5.57 ms in the heads' layout, 3.96 lane-packed
+    (docs/results/2026-12-07-tpu-chip-thirteenth.md)."""
 
     k: jax.Array
     v: jax.Array
@@ -61,7 +64,6 @@ def lane_packed(config: TransformerConfig) -> bool:
     dh, kv_heads = config.head_dim, config.num_kv_heads
     assert dh is not None
     return attention_lib.DECODE_ATTENTION == "lanes" and dh < LANES and LANES % dh == 0 and kv_heads * dh % LANES == 0
-KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -247,8 +249,10 @@ class Attention(nnx.Module):
         q, k = self.normed(q, k)
         lanes = isinstance(kv, LaneKV)
         # a decode step's keys written to a lane-packed cache stay lanes-minor (rotate_lanes)
-        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), (rotate_lanes if lanes and l == 1 else rotate)(k, *rope)
-        if kv is not None and not lanes and window is not None and kv[0].shape[3] < mask.shape[-1]:  # a ring: rl_models.rings
+        rotate_keys = rotate_lanes if lanes and l == 1 else rotate
+        q, k = rotate(q, *(r[:, queries_from:] for r in rope)), rotate_keys(k, *rope)
+        ring = kv is not None and not lanes and window is not None and kv[0].shape[3] < mask.shape[-1]
+        if ring:  # rl_models.rings
             out, kv = self._ring_attention(q, k, v, mask, kv, cache_index, layer, queries_from, window)
             return self.o_proj(out), kv
         mask = mask[:, queries_from:]
