@@ -24,7 +24,7 @@ from rl_models.config import TransformerConfig
 from rl_models.layers import Linear, RMSNorm, fused_linear, param
 from rl_models.moe import MoE, Routing
 from rl_models.rings import held_slots, key_mask, write_call
-from rl_models.rope import rotate, rotate_lanes
+from rl_models.rope import LANES, rotate, rotate_lanes
 from rl_models.sharding import constrain
 
 ROWS = ("act_batch", "act_length", "act_embed")
@@ -35,10 +35,6 @@ ROWS = ("act_batch", "act_length", "act_embed")
 # reads its own, no slice of a stack copied per token)
 KVCache = tuple[jax.Array, jax.Array] | tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
 KVCacheAxes = tuple[PartitionSpec, PartitionSpec] | tuple[tuple[PartitionSpec, ...], tuple[PartitionSpec, ...]]
-
-LANES = 128
-"""A TPU vector register's lanes: the minor dimension of an array is laid out in tiles of 128."""
-
 
 class LaneKV(NamedTuple):
     """A scanned model's (k, v) cache with each slot's KV heads side by side, each [layers, B, S,

@@ -112,7 +112,8 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 LANES = 128
-"""A TPU vector register's lanes (rl_models.block.LANES)."""
+"""A TPU vector register's lanes: an array's minor dimension is laid out in tiles of 128 (the
+lane-packed cache, rl_models.block.LaneKV, fills them with heads side by side)."""
 
 
 def rotate_lanes(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
