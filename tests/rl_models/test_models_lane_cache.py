@@ -47,10 +47,10 @@ def test_rotate_lanes_of_a_partial_rotary_is_rotate():
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), GEOMETRIES)
-@pytest.mark.parametrize("softcap", [None, 5.0])
-def test_attend_lanes_is_attend_over_the_heads_layout(heads, kv_heads, head_dim, softcap):
+@pytest.mark.parametrize(("softcap", "with_sinks"), [(None, False), (5.0, False), (None, True)])
+def test_attend_lanes_is_attend_over_the_heads_layout(heads, kv_heads, head_dim, softcap, with_sinks):
     """One query a row over 9 slots: row 0 sees them all, row 1 the last 4 (a left-padded prompt),
-    row 2 none (its output is finite, the mean of the values, as `attend` gives)."""
+    row 2 none (its output is finite, as `attend` gives); with gpt-oss's sinks, one per query head."""
     b, s = 3, 9
     kq, kk, kv = jax.random.split(jax.random.key(2), 3)
     q = jax.random.normal(kq, (b, 1, heads, head_dim))
@@ -58,8 +58,9 @@ def test_attend_lanes_is_attend_over_the_heads_layout(heads, kv_heads, head_dim,
     v = jax.random.normal(kv, (b, kv_heads, s, head_dim))
     mask = jnp.stack([jnp.ones(s, bool), jnp.arange(s) >= 5, jnp.zeros(s, bool)])[:, None, :]
     lanes = [x.transpose(0, 2, 1, 3).reshape(b, s, kv_heads * head_dim) for x in (k, v)]
-    got = attend_lanes(q, *lanes, mask, None, softcap)
-    want = attend(q, k, v, mask, None, None, softcap)
+    sinks = jnp.linspace(-1.0, 2.0, heads) if with_sinks else None
+    got = attend_lanes(q, *lanes, mask, None, softcap, sinks)
+    want = attend(q, k, v, mask, None, sinks, softcap)
     assert got.shape == want.shape == (b, 1, heads * head_dim)
     np.testing.assert_allclose(got, want, **close(rtol=1e-5, atol=1e-6))
     assert bool(jnp.all(jnp.isfinite(got)))

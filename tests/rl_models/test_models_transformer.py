@@ -13,7 +13,6 @@ from rl_models import Transformer, TransformerConfig
 from rl_models.transformer import scans_layers
 from host import about_the_cpu
 from tolerances import close
-from host import about_the_cpu
 
 V = 37
 

@@ -191,11 +191,16 @@ def _attention_with_sinks(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     """float32 [B, K, Q, Dh] attention whose softmax over each row also holds the row's sink
     logit `sinks` [K, Q] (then dropped): p_s = exp(x_s - m) / (sum_s' exp(x_s' - m) + exp(sink - m))."""
     scores = soft_capped(jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale, softcap)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    top = jnp.maximum(jnp.max(scores, axis=-1), sinks[None])  # [B, K, Q]
-    e = jnp.exp(scores - top[..., None])
-    probs = e / (jnp.sum(e, axis=-1) + jnp.exp(sinks[None] - top))[..., None]
+    probs = softmax_with_sinks(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), sinks[None])
     return jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+
+
+def softmax_with_sinks(scores: jax.Array, sinks: jax.Array) -> jax.Array:
+    """float32 softmax over the last axis of scores [..., Q, S] with each row's sink logit sinks
+    [..., Q] (broadcast) in its denominator, then dropped: exp(x_s - m) / (sum exp(x - m) + exp(sink - m))."""
+    top = jnp.maximum(jnp.max(scores, axis=-1), sinks)
+    e = jnp.exp(scores - top[..., None])
+    return e / (jnp.sum(e, axis=-1) + jnp.exp(sinks - top))[..., None]
 
 
 def _attention_core(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,

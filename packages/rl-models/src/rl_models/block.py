@@ -101,9 +101,9 @@ def write_cache(kv: KVCache, k: jax.Array, v: jax.Array, layer: jax.Array | int,
 
 
 def attend_lanes(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None,
-                 softcap: float | None) -> jax.Array:
+                 softcap: float | None, sinks: jax.Array | None = None) -> jax.Array:
     """A decode step's attention of q [B, 1, H, Dh] over one layer of a `LaneKV`, k / v [B, S, K * Dh],
-    where mask [B, 1, S] holds -> [B, 1, H * Dh]; the numbers of `attend`.
+    where mask [B, 1, S] holds -> [B, 1, H * Dh]; the numbers of `attend` (with `sinks` [H], its).
 
     Each group of 128 lanes holds 128 / Dh heads. A query is set beside zeros in the lanes of its
     group's other heads, so its scores are one dot over the group's whole lanes (the zeros add
@@ -121,7 +121,11 @@ def attend_lanes(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scal
     k, v = k.reshape(b, slots, groups, LANES), v.reshape(b, slots, groups, LANES)
     scores = jnp.einsum("bjrc,bsjc->bjrs", wide, k, preferred_element_type=jnp.float32) * scale
     scores = attention_lib.soft_capped(scores, softcap)
-    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min), axis=-1)
+    scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
+    if sinks is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:  # rows in the queries' order: group j, its head p, that head's query g
+        probs = attention_lib.softmax_with_sinks(scores, sinks.astype(jnp.float32).reshape(groups, per * g)[None])
     out = jnp.einsum("bjrs,bsjc->bjrc", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     out = jnp.einsum("bjpgqd,pq->bjpgd", out.reshape(b, groups, per, g, per, dh), own.astype(jnp.float32))
     return out.reshape(b, 1, h * dh).astype(v.dtype)
@@ -261,8 +265,8 @@ class Attention(nnx.Module):
                                   sinks=sinks, softcap=cap)
             return self.o_proj(constrain(out, ("act_batch", "act_length", "act_heads"))), None
         kv, k_all, v_all = write_cache(kv, k, v, layer, cache_index)
-        if lanes and l == 1 and sinks is None:
-            return self.o_proj(attend_lanes(q, k_all, v_all, mask, scale, cap)), kv
+        if lanes and l == 1:
+            return self.o_proj(attend_lanes(q, k_all, v_all, mask, scale, cap, sinks)), kv
         if lanes:  # a prompt's queries (once a rollout): the layer in the heads' layout
             k_all, v_all = (x.reshape(b, x.shape[1], kvh, dh).transpose(0, 2, 1, 3) for x in (k_all, v_all))
         # a windowed layer masks the slots before its window (any read of a slice of the cache next
@@ -271,7 +275,7 @@ class Attention(nnx.Module):
                                            length=q.shape[1]) if l > 1 else "xla"
         # a decode step on an accelerator reads the live blocks of the cache in place (attend_live)
         in_place = attention_lib.DECODE_ATTENTION == "live" and attention_lib.target_platform() != "cpu"
-        if l == 1 and sinks is None and in_place and not lanes:
+        if l == 1 and sinks is None and in_place:  # (a LaneKV only with "lanes")
             out = attend_live(q, kv, layer, mask, jnp.asarray(cache_index, jnp.int32) + 1, scale, cap)
         elif kind == "xla" or sinks is not None or (kind == "splash" and (windowed or not isinstance(cache_index, int))):
             out = attend(q, k_all, v_all, mask, scale, sinks, cap)  # the cache's layout
